@@ -1,0 +1,94 @@
+// The scenario: one YAML file that describes a training job (model, batch, data, parallel layout,
+// runtime and profiling). The same scenario runs for real (`orrery run`) and in simulation
+// (`orrery sim`). Every key is documented in scenarios/README.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace orrery {
+
+struct ModelConfig {
+  int layers = 4;      // L, transformer blocks
+  int d_model = 256;   // C, hidden size
+  int heads = 4;       // H, attention heads (C % H == 0)
+  int vocab = 8192;    // V
+  int seq = 128;       // T, sequence length (also the size of the position embedding)
+  std::string name;    // optional label, e.g. "gpt-tiny"
+};
+
+struct TrainingConfig {
+  int steps = 10;
+  int global_batch = 8;  // sequences per step over all data-parallel replicas
+  int micro_batch = 8;   // sequences per micro-batch per rank; global/(dp*micro) accumulated per step
+  uint64_t seed = 1234;
+  double lr = 3e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  int warmup_steps = 1;  // steps excluded from step-time statistics
+};
+
+struct DataConfig {
+  std::string source = "synthetic";  // synthetic | text
+  std::string path;                  // for text: a plain-text file, byte-level tokens
+};
+
+struct ParallelConfig {
+  int dp = 1;
+  int tp = 1;
+  int pp = 1;
+  int zero = 0;                      // 0..3, over the dp group
+  std::string schedule = "1f1b";     // gpipe | 1f1b | interleaved
+  int virtual_stages = 1;            // model chunks per pipeline rank (interleaved)
+  double bucket_mb = 25.0;           // DDP gradient bucket size, MiB
+  bool overlap = true;               // overlap gradient communication with backward
+  std::string placement = "tp,dp,pp";  // fastest-varying first (Megatron's default)
+};
+
+struct RuntimeConfig {
+  std::string device = "cpu";  // cpu | cuda
+  int threads = 1;             // compute threads per rank
+  double watchdog_s = 300.0;   // a collective not done after this long ends the job
+};
+
+struct ProfileConfig {
+  bool enabled = true;
+};
+
+struct Scenario {
+  std::string path;  // file it was read from ("" when built in code)
+  std::string text;  // the YAML text after --set overrides (stored in traces)
+  std::string name;  // scenario name (file stem unless `name:` is given)
+  ModelConfig model;
+  TrainingConfig training;
+  DataConfig data;
+  ParallelConfig parallel;
+  RuntimeConfig runtime;
+  ProfileConfig profile;
+
+  int world_size() const { return parallel.dp * parallel.tp * parallel.pp; }
+  // Micro-batches each data-parallel replica accumulates per step.
+  int micro_batches_per_step() const {
+    return training.global_batch / (parallel.dp * training.micro_batch);
+  }
+};
+
+// Reads and validates a scenario file. `overrides` are "a.b.c=value" strings (from --set), applied
+// before validation. Throws InputError naming the file, the line and the key: unknown keys (with a
+// "did you mean"), wrong types, values out of range, batches that do not divide.
+Scenario load_scenario(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from YAML text; `origin` names it in messages.
+Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
+                        const std::vector<std::string>& overrides = {});
+
+// Checks the parallel layout against the model (heads % tp, layers % (pp*virtual), zero needs dp>1
+// for stages that shard, batch divisibility). Throws InputError with the reason.
+void validate_layout(const Scenario& s);
+
+// Serialises back to YAML (all keys, defaults included).
+std::string to_yaml(const Scenario& s);
+
+}  // namespace orrery

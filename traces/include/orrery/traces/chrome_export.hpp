@@ -1,0 +1,16 @@
+// Chrome trace JSON (the Trace Event Format), which Perfetto UI and chrome://tracing open:
+// pid = rank, tid = stream, complete ("X") events with ts/dur in microseconds, args with bytes,
+// flops, communicator, step; process and thread names as metadata ("M") events; counters as "C".
+#pragma once
+
+#include <ostream>
+#include <string>
+
+#include "orrery/traces/trace.hpp"
+
+namespace orrery::traces {
+
+void export_chrome_json(const Trace& t, std::ostream& out);
+void export_chrome_json_file(const Trace& t, const std::string& path);
+
+}  // namespace orrery::traces

@@ -1,0 +1,117 @@
+// The SQLite trace store: a versioned schema, a buffered thread-safe writer, a read-only reader.
+//
+// One trace file per run; in a multi-process run each rank writes its own file while it runs and
+// the run ends with merge_traces() into one file. Readers open files read-only and can read a
+// file that is still being written (WAL mode).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "orrery/traces/trace.hpp"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace orrery::traces {
+
+inline constexpr int kSchemaVersion = 1;
+
+// Buffered writer. Spans and counters are appended to an in-memory batch and flushed in one
+// transaction when the batch fills, on flush(), and on close(). All methods are safe to call from
+// several threads of one process.
+class TraceWriter {
+ public:
+  // Creates (truncates) `path`. Throws InputError if the file cannot be created.
+  explicit TraceWriter(const std::string& path, size_t batch_spans = 65536);
+  ~TraceWriter();  // close()s, swallowing errors
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+
+  void set_meta(const RunMeta& meta);
+  void add_rank(const RankInfo& r);
+  void add_stream(const StreamInfo& s);
+  void add_communicator(const CommunicatorInfo& c);
+  NameId intern(std::string_view name);
+  void add_span(const Span& s);
+  void add_spans(const std::vector<Span>& spans);
+  void add_counter(const CounterSample& c);
+  void flush();
+  // Flushes, builds the indexes and marks the file complete. Idempotent.
+  void close();
+  const std::string& path() const { return path_; }
+
+ private:
+  void flush_locked();
+  std::string path_;
+  size_t batch_spans_;
+  std::mutex mu_;
+  sqlite3* db_ = nullptr;
+  StringTable strings_;
+  size_t strings_written_ = 0;
+  std::vector<Span> span_buf_;
+  std::vector<CounterSample> counter_buf_;
+  bool closed_ = false;
+};
+
+// Writes a whole in-memory trace to `path` (used by synth, sim, import, merge).
+void write_trace(const Trace& t, const std::string& path);
+
+// Read-only access. Open throws InputError naming the file and the problem: missing, not SQLite,
+// corrupt, another schema version ("schema version 7, expected 1"), no Orrery tables.
+class TraceReader {
+ public:
+  explicit TraceReader(const std::string& path);
+  ~TraceReader();
+  TraceReader(const TraceReader&) = delete;
+  TraceReader& operator=(const TraceReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  int schema_version() const { return schema_version_; }
+  bool complete() const;  // false for a trace whose writer never close()d (a run that died)
+
+  RunMeta meta() const;
+  std::vector<RankInfo> ranks() const;
+  std::vector<StreamInfo> streams() const;
+  std::vector<CommunicatorInfo> communicators() const;
+  StringTable strings() const;
+  int64_t span_count() const;
+
+  // Spans of one rank and stream overlapping [t0, t1), sorted by start.
+  std::vector<Span> spans_in_window(int32_t rank, int32_t stream, int64_t t0, int64_t t1) const;
+  // The collectives/transfers of a communicator in sequence order (all ranks).
+  std::vector<Span> collectives_of(int32_t comm) const;
+
+  struct StepAggregate {
+    int32_t rank;
+    int32_t step;
+    int64_t start_ns;  // earliest span start in the step
+    int64_t end_ns;    // latest span end in the step
+    int64_t compute_ns;     // sum of compute-kind span durations (not merged)
+    int64_t collective_ns;  // sum of collective + p2p durations (not merged)
+    int64_t span_count;
+  };
+  std::vector<StepAggregate> step_aggregates() const;
+
+  std::vector<CounterSample> counters() const;
+  // Everything, spans sorted by (rank, stream, start_ns).
+  Trace load_all() const;
+
+ private:
+  std::string path_;
+  sqlite3* db_ = nullptr;
+  int schema_version_ = 0;
+};
+
+// Convenience: TraceReader(path).load_all().
+Trace load_trace(const std::string& path);
+
+// Merges per-rank trace files into one. Metadata, ranks and communicators are united (by id);
+// string tables are remapped. Inputs that are incomplete are still merged (and the output says so
+// in meta.extra_json). Throws InputError on unreadable inputs.
+void merge_traces(const std::vector<std::string>& inputs, const std::string& output);
+
+}  // namespace orrery::traces
