@@ -1,0 +1,373 @@
+// Scenario parsing and validation. The YAML tree is checked against one table of known keys
+// (kKeys), so an unknown key gets a "did you mean" and every message names file, line and key.
+#include "orrery/common/scenario.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "orrery/common/error.hpp"
+
+namespace orrery {
+namespace {
+
+enum class Type { Int, Uint, Double, Bool, String };
+
+const char* type_name(Type t) {
+  switch (t) {
+    case Type::Int: return "an integer";
+    case Type::Uint: return "a non-negative integer";
+    case Type::Double: return "a number";
+    case Type::Bool: return "true or false";
+    case Type::String: return "a string";
+  }
+  return "?";
+}
+
+struct KeySpec {
+  const char* path;  // "model.layers"
+  Type type;
+  std::function<void(Scenario&, const YAML::Node&)> set;
+  std::function<void(const Scenario&, YAML::Emitter&)> emit;
+};
+
+#define ORRERY_KEY(path, type, field, T)                                            \
+  KeySpec {                                                                          \
+    path, type, [](Scenario& s, const YAML::Node& n) { s.field = n.as<T>(); },       \
+        [](const Scenario& s, YAML::Emitter& e) { e << s.field; }                    \
+  }
+
+const std::vector<KeySpec>& key_table() {
+  static const std::vector<KeySpec> keys = {
+      ORRERY_KEY("name", Type::String, name, std::string),
+      ORRERY_KEY("model.name", Type::String, model.name, std::string),
+      ORRERY_KEY("model.layers", Type::Int, model.layers, int),
+      ORRERY_KEY("model.d_model", Type::Int, model.d_model, int),
+      ORRERY_KEY("model.heads", Type::Int, model.heads, int),
+      ORRERY_KEY("model.vocab", Type::Int, model.vocab, int),
+      ORRERY_KEY("model.seq", Type::Int, model.seq, int),
+      ORRERY_KEY("training.steps", Type::Int, training.steps, int),
+      ORRERY_KEY("training.global_batch", Type::Int, training.global_batch, int),
+      ORRERY_KEY("training.micro_batch", Type::Int, training.micro_batch, int),
+      ORRERY_KEY("training.seed", Type::Uint, training.seed, uint64_t),
+      ORRERY_KEY("training.lr", Type::Double, training.lr, double),
+      ORRERY_KEY("training.beta1", Type::Double, training.beta1, double),
+      ORRERY_KEY("training.beta2", Type::Double, training.beta2, double),
+      ORRERY_KEY("training.eps", Type::Double, training.eps, double),
+      ORRERY_KEY("training.weight_decay", Type::Double, training.weight_decay, double),
+      ORRERY_KEY("training.warmup_steps", Type::Int, training.warmup_steps, int),
+      ORRERY_KEY("data.source", Type::String, data.source, std::string),
+      ORRERY_KEY("data.path", Type::String, data.path, std::string),
+      ORRERY_KEY("parallel.dp", Type::Int, parallel.dp, int),
+      ORRERY_KEY("parallel.tp", Type::Int, parallel.tp, int),
+      ORRERY_KEY("parallel.pp", Type::Int, parallel.pp, int),
+      ORRERY_KEY("parallel.zero", Type::Int, parallel.zero, int),
+      ORRERY_KEY("parallel.schedule", Type::String, parallel.schedule, std::string),
+      ORRERY_KEY("parallel.virtual_stages", Type::Int, parallel.virtual_stages, int),
+      ORRERY_KEY("parallel.bucket_mb", Type::Double, parallel.bucket_mb, double),
+      ORRERY_KEY("parallel.overlap", Type::Bool, parallel.overlap, bool),
+      ORRERY_KEY("parallel.placement", Type::String, parallel.placement, std::string),
+      ORRERY_KEY("runtime.device", Type::String, runtime.device, std::string),
+      ORRERY_KEY("runtime.threads", Type::Int, runtime.threads, int),
+      ORRERY_KEY("runtime.watchdog_s", Type::Double, runtime.watchdog_s, double),
+      ORRERY_KEY("profile.enabled", Type::Bool, profile.enabled, bool),
+  };
+  return keys;
+}
+#undef ORRERY_KEY
+
+// Levenshtein distance, for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string suggestion(const std::string& key) {
+  // Candidates: every key path and every section name.
+  std::set<std::string> candidates;
+  for (const auto& k : key_table()) {
+    const std::string p = k.path;
+    candidates.insert(p);
+    if (p.find('.') != std::string::npos) candidates.insert(p.substr(0, p.find('.')));
+  }
+  const auto last_of = [](const std::string& s) {
+    return s.substr(s.rfind('.') == std::string::npos ? 0 : s.rfind('.') + 1);
+  };
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const auto& p : candidates) {
+    // Whole paths, or last components (+1), so "model.layer" and "layers" both find model.layers.
+    const size_t d = std::min(edit_distance(key, p), edit_distance(last_of(key), last_of(p)) + 1);
+    if (d < best_d) {
+      best_d = d;
+      best = p;
+    }
+  }
+  if (best_d <= std::max<size_t>(2, key.size() / 3)) return " (did you mean '" + best + "'?)";
+  return "";
+}
+
+std::string where(const std::string& origin, const YAML::Node& n, const std::string& key) {
+  std::ostringstream os;
+  os << origin;
+  if (n.IsDefined() && n.Mark().line >= 0) os << ":" << (n.Mark().line + 1);
+  os << ": key '" << key << "'";
+  return os.str();
+}
+
+bool is_known_prefix(const std::string& prefix) {
+  for (const auto& k : key_table()) {
+    const std::string p = k.path;
+    if (p.size() > prefix.size() && p.compare(0, prefix.size(), prefix) == 0 && p[prefix.size()] == '.')
+      return true;
+  }
+  return false;
+}
+
+const KeySpec* find_key(const std::string& path) {
+  for (const auto& k : key_table())
+    if (path == k.path) return &k;
+  return nullptr;
+}
+
+// Walks the tree: every leaf must be a known key, every map a known section.
+void walk(const YAML::Node& node, const std::string& prefix, const std::string& origin,
+          std::vector<std::pair<std::string, YAML::Node>>& leaves) {
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    const std::string k = it->first.as<std::string>();
+    const std::string path = prefix.empty() ? k : prefix + "." + k;
+    const YAML::Node& v = it->second;
+    if (is_known_prefix(path)) {
+      if (!v.IsMap()) {
+        throw InputError(where(origin, it->first, path) + ": expected a section (a map of keys)");
+      }
+      walk(v, path, origin, leaves);
+    } else if (find_key(path)) {
+      leaves.emplace_back(path, v);
+    } else {
+      throw InputError(where(origin, it->first, path) + ": unknown key" + suggestion(path));
+    }
+  }
+}
+
+void apply_override(YAML::Node& root, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw InputError("--set '" + assignment + "': expected key=value, e.g. --set training.steps=20");
+  }
+  const std::string key = assignment.substr(0, eq);
+  const std::string value = assignment.substr(eq + 1);
+  if (!find_key(key)) {
+    throw InputError("--set '" + assignment + "': unknown key '" + key + "'" + suggestion(key));
+  }
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  // yaml-cpp's operator[] on a non-const node returns a reference-like proxy; walk by reassigning.
+  std::vector<YAML::Node> chain{root};
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node next = chain.back()[parts[i]];
+    if (!next.IsDefined() || next.IsNull()) {
+      chain.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      next.reset(chain.back()[parts[i]]);  // rebind; operator= would assign into the tree
+    }
+    chain.push_back(next);
+  }
+  YAML::Node parsed;
+  try {
+    parsed = YAML::Load(value);
+  } catch (const YAML::Exception&) {
+    parsed = YAML::Node(value);
+  }
+  if (!parsed.IsDefined() || parsed.IsNull()) parsed = YAML::Node(value);
+  chain.back()[parts.back()] = parsed;
+}
+
+void check_range(bool ok, const std::string& origin, const std::string& key, const std::string& what) {
+  if (!ok) throw InputError(origin + ": key '" + key + "': " + what);
+}
+
+}  // namespace
+
+Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
+                        const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    throw InputError(origin + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
+  }
+  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) throw InputError(origin + ": expected a YAML map of sections (model, training, ...)");
+  for (const auto& o : overrides) apply_override(root, o);
+
+  Scenario s;
+  std::vector<std::pair<std::string, YAML::Node>> leaves;
+  walk(root, "", origin, leaves);
+  for (const auto& [path, node] : leaves) {
+    const KeySpec* spec = find_key(path);
+    if (!node.IsScalar()) {
+      throw InputError(where(origin, node, path) + ": expected " + type_name(spec->type));
+    }
+    try {
+      if (spec->type == Type::Uint && !node.Scalar().empty() && node.Scalar()[0] == '-') {
+        throw YAML::BadConversion(node.Mark());
+      }
+      spec->set(s, node);
+    } catch (const YAML::BadConversion&) {
+      throw InputError(where(origin, node, path) + ": expected " + type_name(spec->type) + ", got '" +
+                       node.Scalar() + "'");
+    }
+  }
+  if (s.name.empty()) s.name = s.model.name;
+  if (s.name.empty()) s.name = "scenario";
+
+  // Ranges of single keys.
+  const auto& m = s.model;
+  check_range(m.layers >= 1, origin, "model.layers", "must be >= 1");
+  check_range(m.d_model >= 1, origin, "model.d_model", "must be >= 1");
+  check_range(m.heads >= 1, origin, "model.heads", "must be >= 1");
+  check_range(m.d_model % m.heads == 0, origin, "model.heads",
+              "model.d_model (" + std::to_string(m.d_model) + ") must be divisible by model.heads (" +
+                  std::to_string(m.heads) + ")");
+  check_range(m.vocab >= 2, origin, "model.vocab", "must be >= 2");
+  check_range(m.seq >= 1, origin, "model.seq", "must be >= 1");
+  const auto& t = s.training;
+  check_range(t.steps >= 1, origin, "training.steps", "must be >= 1");
+  check_range(t.global_batch >= 1, origin, "training.global_batch", "must be >= 1");
+  check_range(t.micro_batch >= 1, origin, "training.micro_batch", "must be >= 1");
+  check_range(t.lr > 0, origin, "training.lr", "must be > 0");
+  check_range(t.warmup_steps >= 0, origin, "training.warmup_steps", "must be >= 0");
+  check_range(s.data.source == "synthetic" || s.data.source == "text", origin, "data.source",
+              "expected 'synthetic' or 'text', got '" + s.data.source + "'");
+  check_range(s.data.source != "text" || !s.data.path.empty(), origin, "data.path",
+              "data.source is 'text' but data.path is not set");
+  check_range(s.data.source != "text" || m.vocab >= 256, origin, "model.vocab",
+              "text data uses byte-level tokens: model.vocab must be >= 256");
+  const auto& p = s.parallel;
+  check_range(p.dp >= 1, origin, "parallel.dp", "must be >= 1");
+  check_range(p.tp >= 1, origin, "parallel.tp", "must be >= 1");
+  check_range(p.pp >= 1, origin, "parallel.pp", "must be >= 1");
+  check_range(p.zero >= 0 && p.zero <= 3, origin, "parallel.zero", "expected 0, 1, 2 or 3");
+  check_range(p.schedule == "gpipe" || p.schedule == "1f1b" || p.schedule == "interleaved", origin,
+              "parallel.schedule", "expected gpipe, 1f1b or interleaved, got '" + p.schedule + "'");
+  check_range(p.virtual_stages >= 1, origin, "parallel.virtual_stages", "must be >= 1");
+  check_range(p.bucket_mb > 0, origin, "parallel.bucket_mb", "must be > 0");
+  {
+    std::vector<std::string> dims;
+    std::stringstream ss(p.placement);
+    for (std::string d; std::getline(ss, d, ',');) dims.push_back(d);
+    std::vector<std::string> sorted = dims;
+    std::sort(sorted.begin(), sorted.end());
+    check_range(sorted == std::vector<std::string>{"dp", "pp", "tp"}, origin, "parallel.placement",
+                "expected a permutation of tp,dp,pp (fastest-varying first), got '" + p.placement + "'");
+  }
+  check_range(s.runtime.device == "cpu" || s.runtime.device == "cuda", origin, "runtime.device",
+              "expected 'cpu' or 'cuda', got '" + s.runtime.device + "'");
+  check_range(s.runtime.threads >= 1, origin, "runtime.threads", "must be >= 1");
+  check_range(s.runtime.watchdog_s > 0, origin, "runtime.watchdog_s", "must be > 0");
+
+  s.path = origin;
+  YAML::Emitter out;
+  out << root;
+  s.text = out.c_str();
+  s.text += "\n";
+  try {
+    validate_layout(s);
+  } catch (const InputError& e) {
+    throw InputError(origin + ": " + e.what());
+  }
+  return s;
+}
+
+Scenario load_scenario(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) {
+    throw InputError(path + ": cannot open scenario file (" +
+                     (std::filesystem::exists(path) ? "permission denied" : "no such file") + ")");
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Scenario s = parse_scenario(ss.str(), path, overrides);
+  if (s.name == "scenario") s.name = std::filesystem::path(path).stem().string();
+  return s;
+}
+
+void validate_layout(const Scenario& s) {
+  const auto& m = s.model;
+  const auto& p = s.parallel;
+  const auto& t = s.training;
+  const std::string layout = "dp=" + std::to_string(p.dp) + " tp=" + std::to_string(p.tp) +
+                             " pp=" + std::to_string(p.pp);
+  if (m.heads % p.tp != 0) {
+    throw InputError("key 'parallel.tp': " + layout + ": model.heads (" + std::to_string(m.heads) +
+                     ") must be divisible by tp");
+  }
+  if ((4 * m.d_model) % p.tp != 0) {
+    throw InputError("key 'parallel.tp': " + layout + ": the MLP width 4*d_model (" +
+                     std::to_string(4 * m.d_model) + ") must be divisible by tp");
+  }
+  const int chunks = p.pp * (p.schedule == "interleaved" ? p.virtual_stages : 1);
+  if (chunks > m.layers) {
+    throw InputError("key 'parallel.pp': " + layout + ": " + std::to_string(chunks) +
+                     " pipeline stages but only " + std::to_string(m.layers) + " layers");
+  }
+  if (m.layers % chunks != 0) {
+    throw InputError("key 'parallel.pp': " + layout + ": model.layers (" + std::to_string(m.layers) +
+                     ") must be divisible by the number of pipeline stages (" + std::to_string(chunks) +
+                     ")");
+  }
+  if (p.zero > 0 && p.dp < 2) {
+    throw InputError("key 'parallel.zero': ZeRO stage " + std::to_string(p.zero) +
+                     " shards over the data-parallel group, which needs parallel.dp >= 2 (got " +
+                     std::to_string(p.dp) + ")");
+  }
+  if (t.global_batch % (p.dp * t.micro_batch) != 0) {
+    throw InputError("key 'training.global_batch': " + std::to_string(t.global_batch) +
+                     " sequences must be divisible by dp (" + std::to_string(p.dp) +
+                     ") x training.micro_batch (" + std::to_string(t.micro_batch) + ")");
+  }
+  if (p.schedule == "interleaved" && p.pp > 1 && s.micro_batches_per_step() % p.pp != 0) {
+    throw InputError("key 'parallel.schedule': interleaved 1F1B needs the micro-batches per step (" +
+                     std::to_string(s.micro_batches_per_step()) + ") to be a multiple of pp (" +
+                     std::to_string(p.pp) + ")");
+  }
+}
+
+std::string to_yaml(const Scenario& s) {
+  YAML::Emitter e;
+  e << YAML::BeginMap;
+  std::string section;
+  for (const auto& k : key_table()) {
+    const std::string path = k.path;
+    const auto dot = path.find('.');
+    const std::string sec = dot == std::string::npos ? "" : path.substr(0, dot);
+    const std::string leaf = dot == std::string::npos ? path : path.substr(dot + 1);
+    if (sec != section) {
+      if (!section.empty()) e << YAML::EndMap;
+      section = sec;
+      if (!section.empty()) e << YAML::Key << section << YAML::Value << YAML::BeginMap;
+    }
+    e << YAML::Key << leaf << YAML::Value;
+    k.emit(s, e);
+  }
+  if (!section.empty()) e << YAML::EndMap;
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+}  // namespace orrery

@@ -1,0 +1,101 @@
+// Tests of scenario parsing: defaults, overrides, and the messages for bad input.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "orrery/common/error.hpp"
+#include "orrery/common/scenario.hpp"
+
+namespace orrery {
+namespace {
+
+std::string error_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_scenario(yaml, "s.yaml", overrides);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Scenario, ParsesKeysAndDefaults) {
+  const Scenario s = parse_scenario(
+      "model:\n  layers: 6\n  d_model: 384\n  heads: 6\ntraining:\n  global_batch: 16\n  micro_batch: 4\n"
+      "parallel:\n  dp: 2\n  overlap: false\n",
+      "s.yaml");
+  EXPECT_EQ(s.model.layers, 6);
+  EXPECT_EQ(s.model.d_model, 384);
+  EXPECT_EQ(s.model.vocab, 8192);  // default
+  EXPECT_EQ(s.parallel.dp, 2);
+  EXPECT_FALSE(s.parallel.overlap);
+  EXPECT_EQ(s.world_size(), 2);
+  EXPECT_EQ(s.micro_batches_per_step(), 2);  // 16 / (2 * 4)
+}
+
+TEST(Scenario, OverridesApplyAndAreTyped) {
+  const Scenario s =
+      parse_scenario("model:\n  layers: 4\n", "s.yaml",
+                     {"model.layers=8", "parallel.schedule=gpipe", "training.lr=0.001", "profile.enabled=false"});
+  EXPECT_EQ(s.model.layers, 8);
+  EXPECT_EQ(s.parallel.schedule, "gpipe");
+  EXPECT_DOUBLE_EQ(s.training.lr, 0.001);
+  EXPECT_FALSE(s.profile.enabled);
+  // The stored text carries the override, so traces record what actually ran.
+  const Scenario again = parse_scenario(s.text, "again");
+  EXPECT_EQ(again.model.layers, 8);
+}
+
+TEST(Scenario, UnknownKeyNamesLineAndSuggests) {
+  EXPECT_EQ(error_of("model:\n  layers: 4\n  layer: 3\n"),
+            "s.yaml:3: key 'model.layer': unknown key (did you mean 'model.layers'?)");
+  EXPECT_EQ(error_of("trainng:\n  steps: 3\n"),
+            "s.yaml:1: key 'trainng': unknown key (did you mean 'training'?)");
+}
+
+TEST(Scenario, WrongTypeNamesLine) {
+  EXPECT_EQ(error_of("training:\n  steps: ten\n"),
+            "s.yaml:2: key 'training.steps': expected an integer, got 'ten'");
+  EXPECT_EQ(error_of("parallel:\n  overlap: maybe\n"),
+            "s.yaml:2: key 'parallel.overlap': expected true or false, got 'maybe'");
+}
+
+TEST(Scenario, BadOverride) {
+  EXPECT_EQ(error_of("", {"model.layres=3"}),
+            "--set 'model.layres=3': unknown key 'model.layres' (did you mean 'model.layers'?)");
+  EXPECT_EQ(error_of("", {"noequals"}), "--set 'noequals': expected key=value, e.g. --set training.steps=20");
+}
+
+TEST(Scenario, ImpossibleLayoutsAreRefused) {
+  EXPECT_NE(error_of("model:\n  heads: 4\nparallel:\n  tp: 3\n").find("model.heads (4) must be divisible by tp"),
+            std::string::npos);
+  EXPECT_NE(error_of("model:\n  layers: 2\nparallel:\n  pp: 4\n").find("4 pipeline stages but only 2 layers"),
+            std::string::npos);
+  EXPECT_NE(error_of("parallel:\n  zero: 2\n").find("needs parallel.dp >= 2"), std::string::npos);
+  EXPECT_NE(error_of("training:\n  global_batch: 10\n  micro_batch: 4\n").find("must be divisible by dp (1)"),
+            std::string::npos);
+  EXPECT_NE(error_of("parallel:\n  zero: 5\n").find("expected 0, 1, 2 or 3"), std::string::npos);
+}
+
+TEST(Scenario, MalformedYamlAndMissingFile) {
+  EXPECT_NE(error_of("model: [1, 2\n").find("s.yaml:"), std::string::npos);
+  EXPECT_NE(error_of("model: [1, 2\n").find("malformed YAML"), std::string::npos);
+  try {
+    load_scenario("/nonexistent/x.yaml");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "/nonexistent/x.yaml: cannot open scenario file (no such file)");
+  }
+}
+
+TEST(Scenario, RoundTripsThroughYaml) {
+  Scenario s = parse_scenario("model:\n  layers: 8\nparallel:\n  dp: 2\n  bucket_mb: 4.5\ntraining:\n  global_batch: 16\n", "s.yaml");
+  const Scenario r = parse_scenario(to_yaml(s), "r.yaml");
+  EXPECT_EQ(r.model.layers, 8);
+  EXPECT_EQ(r.parallel.dp, 2);
+  EXPECT_DOUBLE_EQ(r.parallel.bucket_mb, 4.5);
+  EXPECT_EQ(r.training.global_batch, 16);
+}
+
+}  // namespace orrery
