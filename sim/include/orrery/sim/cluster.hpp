@@ -1,0 +1,135 @@
+// Clusters: devices (peak FLOP/s per precision, memory), how many nodes and GPUs per node, and the
+// topology that connects them, read from scenarios/clusters/*.yaml (keys documented in
+// scenarios/clusters/README.md). Topologies are built from parameters and route structurally, so a
+// 16,384-GPU fat-tree costs no all-pairs search.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace orrery::sim {
+
+enum class Precision { FP32, TF32, BF16, FP16 };
+std::string_view to_string(Precision p);
+std::optional<Precision> precision_from_string(std::string_view s);  // fp32, tf32, bf16, fp16
+
+struct Device {
+  std::string name;                  // "H100-SXM"
+  double peak_fp32_flops = 0;        // FLOP/s, dense, non-tensor-core FP32
+  double peak_tf32_flops = 0;        // FLOP/s, dense
+  double peak_bf16_flops = 0;        // FLOP/s, dense (FP16 the same)
+  double mem_bandwidth_bytes_per_s = 0;
+  int64_t mem_capacity_bytes = 0;
+  double peak_flops(Precision p) const;
+};
+
+// Presets: "A100-SXM-80GB", "H100-SXM", "H200", "cpu" (rough; scenarios/clusters/cpu-local.yaml
+// overrides it with the calibrated machine's figures). Lookup is case-insensitive.
+std::optional<Device> device_preset(std::string_view name);
+std::vector<std::string> device_preset_names();
+
+enum class TopologyKind {
+  Crossbar,  // each node: GPUs on an NVSwitch-like crossbar; nodes must be 1
+  FatTree,   // DGX-style nodes (crossbar inside, one NIC per GPU) on a 2- or 3-tier fat-tree
+  Ring,      // GPUs on a bidirectional ring
+  Torus,     // GPUs on a 2D or 3D torus (dims)
+};
+std::string_view to_string(TopologyKind k);
+
+// Topology parameters as read from the cluster file. Bandwidths in GB/s (1e9 bytes/s, which is also
+// bytes per ns) per direction; latencies per link traversal.
+struct TopologyConfig {
+  TopologyKind kind = TopologyKind::Crossbar;
+  // Crossbar and the intra-node part of FatTree: GPU<->switch links.
+  double nvlink_gb_per_s = 450;
+  int64_t nvlink_latency_ns = 500;
+  // FatTree: NIC<->leaf and switch<->switch links.
+  double nic_gb_per_s = 50;
+  int64_t nic_latency_ns = 1000;   // GPU<->NIC<->leaf hop
+  int64_t switch_latency_ns = 500; // each switch<->switch hop
+  bool rail_optimized = true;      // NIC i of every node on the leaves of rail i
+  int tiers = 2;                   // 2 (leaf, spine) or 3 (leaf, aggregation, core)
+  int radix = 64;                  // switch ports
+  double oversubscription = 1.0;   // leaf down-ports : up-ports
+  // Ring and Torus: GPU<->GPU links.
+  double link_gb_per_s = 50;
+  int64_t link_latency_ns = 1000;
+  std::vector<int> dims;           // Torus: 2 or 3 sizes whose product is the GPU count
+};
+
+// A directed link between two vertices of the topology graph (GPUs are vertices 0..gpus-1).
+struct Link {
+  int32_t src = 0;
+  int32_t dst = 0;
+  double gb_per_s = 0;   // capacity, GB/s == bytes/ns
+  int64_t latency_ns = 0;
+};
+
+class Topology {
+ public:
+  virtual ~Topology() = default;
+  int num_gpus() const { return gpus_; }
+  int num_vertices() const { return static_cast<int>(vertex_names_.size()); }
+  const std::vector<Link>& links() const { return links_; }
+  const std::string& vertex_name(int v) const { return vertex_names_.at(v); }
+  // Appends to `out` the link ids of one shortest path from GPU `src` to GPU `dst` (src != dst).
+  // Among equal-cost paths `hash` chooses (ECMP): the same hash always gives the same path.
+  virtual void route(int32_t src, int32_t dst, uint64_t hash, std::vector<int32_t>& out) const = 0;
+  // The same by breadth-first search over the graph (small topologies; tests check route() with it).
+  void route_bfs(int32_t src, int32_t dst, uint64_t hash, std::vector<int32_t>& out) const;
+  int64_t path_latency_ns(const std::vector<int32_t>& path) const;
+  // Minimum capacity along a path.
+  double path_gb_per_s(const std::vector<int32_t>& path) const;
+  std::string describe() const { return description_; }
+
+ protected:
+  int add_vertex(std::string name);
+  int add_link(int src, int dst, double gb_per_s, int64_t latency_ns);
+  int gpus_ = 0;
+  std::vector<std::string> vertex_names_;
+  std::vector<Link> links_;
+  std::vector<std::vector<int32_t>> out_links_;  // per vertex
+  std::string description_;
+};
+
+// Per-algorithm-step software/protocol latency and the NCCL-like channel count.
+struct CollectiveConfig {
+  int64_t step_latency_ns = 0;  // added to the path latency in every algorithm step (alpha)
+  int channels = 0;             // 0: automatic (gpus_per_node for multi-node rings, else 1... see README)
+};
+
+struct Cluster {
+  std::string name;
+  std::string path;   // file it came from, "" when built in code
+  Device device;
+  int nodes = 1;
+  int gpus_per_node = 8;
+  TopologyConfig topo;
+  CollectiveConfig coll;
+  std::shared_ptr<const Topology> topology;  // built by build_topology()
+
+  int num_gpus() const { return nodes * gpus_per_node; }
+  int node_of(int gpu) const { return gpu / gpus_per_node; }
+  int local_of(int gpu) const { return gpu % gpus_per_node; }
+};
+
+// Builds (or rebuilds) cluster.topology from cluster.topo, nodes and gpus_per_node. Throws InputError
+// when the parameters cannot describe a topology (e.g. a crossbar with several nodes, torus dims that
+// do not multiply to the GPU count, a 2-tier fat-tree too large for the radix).
+void build_topology(Cluster& cluster);
+
+// Reads a cluster file. Unknown keys, devices or topologies throw InputError naming the file, the
+// line and the key.
+Cluster load_cluster(const std::string& path);
+Cluster parse_cluster(const std::string& yaml_text, const std::string& origin);
+
+// The same cluster design with `gpus` GPUs (for sweeps): nodes = ceil(gpus / gpus_per_node) (a single
+// partial node when gpus < gpus_per_node), a fat-tree grows to 3 tiers if 2 no longer fit, a ring
+// resizes, a torus needs explicit dims (InputError). Rebuilds the topology.
+Cluster resize_cluster(const Cluster& c, int gpus);
+
+}  // namespace orrery::sim
