@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,7 @@ class TraceWriter {
 
  private:
   void flush_locked();
+  struct Impl;  // prepared statements and per-stream bounds, private to store.cpp
   std::string path_;
   size_t batch_spans_;
   std::mutex mu_;
@@ -55,6 +57,7 @@ class TraceWriter {
   std::vector<Span> span_buf_;
   std::vector<CounterSample> counter_buf_;
   bool closed_ = false;
+  std::unique_ptr<Impl> impl_;
 };
 
 // Writes a whole in-memory trace to `path` (used by synth, sim, import, merge).
@@ -80,7 +83,25 @@ class TraceReader {
   StringTable strings() const;
   int64_t span_count() const;
 
-  // Spans of one rank and stream overlapping [t0, t1), sorted by start.
+  // Earliest span start and latest span end over all spans; nullopt when the trace has none.
+  struct TimeRange {
+    int64_t start_ns;
+    int64_t end_ns;
+  };
+  std::optional<TimeRange> time_range() const;
+  // Per (rank, stream): span count, first start, last end, longest span (kept by the writer).
+  struct StreamBounds {
+    int32_t rank = 0;
+    int32_t stream = 0;
+    int64_t count = 0;
+    int64_t start_ns = 0;
+    int64_t end_ns = 0;
+    int64_t max_dur_ns = 0;
+  };
+  std::vector<StreamBounds> stream_bounds() const;
+
+  // Spans of one rank and stream overlapping [t0, t1), sorted by start: start < t1 and
+  // (end > t0, or a zero-length span starting at or after t0).
   std::vector<Span> spans_in_window(int32_t rank, int32_t stream, int64_t t0, int64_t t1) const;
   // The collectives/transfers of a communicator in sequence order (all ranks).
   std::vector<Span> collectives_of(int32_t comm) const;
