@@ -1,0 +1,275 @@
+// The reference GPT (shared/reference/gpt.md) on CPUs: configuration, parameters in one flat
+// allocation with named pointers carved out, activations per micro-batch, and forward/backward per
+// piece (embedding, each block, head + loss) so that data, tensor and pipeline parallelism can be
+// built on top without touching the maths.
+//
+// Memory layout of the flat parameter array (the gradient array has the same layout):
+//   [segment -1: wte (V,C), wpe (T,C)]            only the tensors this shard holds
+//   [segment l:  block l, for l in [layer_begin, layer_end)]
+//   [segment L:  final LayerNorm lnfw (C), lnfb (C)]   when has_head
+// A segment is a contiguous range whose gradients are complete at the same moment of the backward
+// pass: GptHooks::on_grads_ready(segment) fires in the order L, L-1, ..., layer_begin, -1 (the
+// embedding last: wte is tied to the LM head, its gradient is complete only after the embedding
+// backward). Gradients accumulate (+=) until gpt_zero_grad.
+//
+// Pipeline parallelism: a GptShard holds blocks [layer_begin, layer_end), the embedding when
+// has_embed (first stage) and the head when has_head (last stage). A last stage that is not also
+// the first holds its own copy of wte (segment -1) for the tied LM head; the trainer keeps the two
+// copies equal by summing their gradients over the first and last stage (Megatron's embedding
+// group) before the optimizer step. Stage boundaries: before gpt_forward on a stage without the
+// embedding, write the received activation (B,T,C) to GptActivations::stage_input(); after it, send
+// stage_output(). Before gpt_backward on a stage without the head, write the received gradient
+// (B,T,C) to GptGradScratch::dres; after it, dres holds the gradient of stage_input() to send back.
+// Each micro-batch in flight needs its own GptActivations; one GptGradScratch is enough per rank.
+//
+// Tensor parallelism (Megatron): with tp_size > 1 each block holds NH/tp heads (qkv columns, i.e.
+// rows of the (3C, C) weight for q, k and v of those heads; the matching columns of the attention
+// output projection) and 4C/tp of the MLP width (rows of fc1, columns of fc2). LayerNorms, the
+// row-parallel biases (attention projection, fc2), the embedding and the head are replicated. The
+// block calls GptHooks::tp_all_reduce at the four points where Megatron sums over the tp group:
+// forward after the attention-projection and fc2 matmuls (before their bias and residual, so those
+// are added once), backward on the gradient of the ln2 and ln1 outputs (before the LayerNorm
+// backward, so LayerNorm gradients come out identical on every tp rank).
+//
+// Initialisation depends only on (seed, tensor, layer): every tensor is drawn whole from its own
+// random stream and then sliced, so any shard holds exactly the values of the full model.
+//
+// Spans (OpObserver), names and FLOPs (flops.hpp):
+//   "fwd.embed" layer -1 | "fwd.block" layer l | "fwd.head" layer L
+//   "bwd.head"  layer L  | "bwd.block" layer l | "bwd.embed" layer -1
+// With tp_size > 1 each block span is split into three pieces with the same name and layer, ended
+// before each tp_all_reduce and begun again after it, so collectives never sit inside a compute
+// span: forward pieces carry flops::block_attention_forward, flops::block_mlp_forward, 0; backward
+// pieces 2 x block_mlp_forward, 2 x block_attention_forward, 0.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "orrery/runtime/tensor.hpp"
+
+namespace orrery {
+struct ModelConfig;
+}
+
+namespace orrery::runtime {
+
+struct GptConfig {
+  int n_layer = 4;    // L
+  int n_embd = 256;   // C
+  int n_head = 4;     // H
+  int vocab = 8192;   // V
+  int max_seq = 128;  // T of the position embedding; a batch may use any T <= max_seq
+};
+GptConfig gpt_config(const orrery::ModelConfig& m);
+
+// The part of the model one rank holds.
+struct GptShard {
+  int layer_begin = 0;
+  int layer_end = -1;      // exclusive; -1 means n_layer
+  bool has_embed = true;   // first pipeline stage: wte, wpe, embedding forward/backward
+  bool has_head = true;    // last pipeline stage: final LayerNorm, tied LM head, loss
+  int tp_rank = 0;
+  int tp_size = 1;
+  // Blocks split as evenly as possible over `stages`, earlier stages taking the remainder.
+  static GptShard pipeline_stage(const GptConfig& cfg, int stage, int stages);
+};
+
+// Sizes inside one block of this shard (the local slice under tensor parallelism).
+struct BlockDims {
+  int C = 0;   // model width (LayerNorms, residual stream)
+  int NH = 0;  // heads held: n_head / tp
+  int hs = 0;  // head size C / n_head
+  int Cl = 0;  // attention channels held: NH * hs
+  int F = 0;   // MLP width held: 4C / tp
+};
+
+struct BlockParams {
+  float* ln1w;     // (C)
+  float* ln1b;     // (C)
+  float* qkvw;     // (3*Cl, C): rows [q of the held heads | k | v]
+  float* qkvb;     // (3*Cl)
+  float* projw;    // (C, Cl): the held columns of the attention output projection
+  float* projb;    // (C) row-parallel bias, added once after the tp sum
+  float* ln2w;     // (C)
+  float* ln2b;     // (C)
+  float* fcw;      // (F, C)
+  float* fcb;      // (F)
+  float* fcprojw;  // (C, F)
+  float* fcprojb;  // (C) row-parallel bias, added once after the tp sum
+};
+struct EmbedParams {
+  float* wte = nullptr;  // (V, C), also the LM head
+  float* wpe = nullptr;  // (max_seq, C); null on a head-only stage
+};
+struct HeadParams {
+  float* lnfw = nullptr;  // (C)
+  float* lnfb = nullptr;  // (C)
+};
+
+inline constexpr int kEmbedSegment = -1;
+
+// One named tensor of the flat array.
+struct ParamTensor {
+  std::string name;  // e.g. "wte", "h.3.qkvw", "lnfw"
+  int segment = 0;   // kEmbedSegment, a layer, or n_layer for the final LayerNorm
+  std::size_t offset = 0;
+  std::size_t count = 0;
+  int rows = 1;      // local shape (rows, cols); vectors have rows == 1
+  int cols = 1;
+  bool decay = false;  // AdamW weight decay: matrices only (dim >= 2)
+};
+
+struct Gpt {
+  GptConfig config;
+  GptShard shard;  // layer_end resolved
+  BlockDims dims;
+  std::vector<ParamTensor> tensors;  // memory order
+  FloatArray params;                 // all parameters of this shard
+  FloatArray grads;                  // same layout
+  EmbedParams embed, dembed;         // pointers into params / grads
+  std::vector<BlockParams> blocks, dblocks;  // index layer - layer_begin
+  HeadParams head, dhead;
+
+  int num_blocks() const { return shard.layer_end - shard.layer_begin; }
+  std::size_t num_params() const { return params.size(); }
+  // The contiguous range of `segment` in params/grads (count 0 when this shard holds none of it).
+  ParamRange segment_range(int segment) const;
+  // Ranges that get weight decay (the matrices), in memory order.
+  std::vector<ParamRange> decay_ranges() const;
+  // Looks a tensor up by name; throws std::out_of_range when absent.
+  const ParamTensor& tensor(const std::string& name) const;
+};
+
+// Allocates and initialises (gpt.md): linear and embedding weights N(0, 0.02), attention output
+// projection and fc2 N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1 and biases 0.
+// Throws InputError for an impossible config or shard (heads % tp, 4C % tp, layers out of range).
+Gpt gpt_create(const GptConfig& config, const GptShard& shard, uint64_t seed);
+void gpt_zero_grad(Gpt& model);
+
+struct BlockActivations {
+  float* ln1;       // (B,T,C)
+  float* ln1_mean;  // (B,T)
+  float* ln1_rstd;  // (B,T)
+  float* qkv;       // (B,T,3*Cl)
+  float* atty;      // (B,T,Cl)
+  float* att;       // (B,NH,T,T) softmax probabilities
+  float* attproj;   // (B,T,C) projection product, before bias (a partial sum under tp)
+  float* res2;      // (B,T,C) residual after attention
+  float* ln2;       // (B,T,C)
+  float* ln2_mean;  // (B,T)
+  float* ln2_rstd;  // (B,T)
+  float* fch;       // (B,T,F)
+  float* fch_gelu;  // (B,T,F)
+  float* fcproj;    // (B,T,C) fc2 product, before bias (a partial sum under tp)
+};
+
+// Everything the backward of one micro-batch needs from its forward.
+struct GptActivations {
+  int B = 0;
+  int T = 0;
+  FloatArray memory;
+  std::vector<int32_t> inputs;   // (B,T) copy, for the embedding backward
+  std::vector<int32_t> targets;  // (B,T) copy, for the loss backward
+  float* stream = nullptr;       // (num_blocks+1, B,T,C) residual stream at each block boundary
+  std::vector<BlockActivations> blocks;
+  float* lnf = nullptr;       // (B,T,C)
+  float* lnf_mean = nullptr;  // (B,T)
+  float* lnf_rstd = nullptr;  // (B,T)
+  float* logits = nullptr;    // (B,T,V) logits, then probabilities, then dlogits (in place)
+  float* losses = nullptr;    // (B,T)
+  float loss = 0.0f;          // mean over B*T, set by the head forward
+
+  std::size_t boundary_elems = 0;  // B*T*C: one residual-stream tensor, what crosses a stage boundary
+
+  float* stage_input() { return stream; }
+  float* stage_output() { return stream + blocks.size() * boundary_elems; }
+  const float* stage_output() const { return stream + blocks.size() * boundary_elems; }
+};
+GptActivations gpt_activations(const Gpt& model, int B, int T);
+
+// Backward scratch, reusable across micro-batches.
+struct GptGradScratch {
+  int B = 0;
+  int T = 0;
+  FloatArray memory;
+  float* dres = nullptr;       // (B,T,C) gradient of the residual stream at the current boundary
+  float* dln = nullptr;        // (B,T,C)
+  float* dqkv = nullptr;       // (B,T,3*Cl)
+  float* datty = nullptr;      // (B,T,Cl)
+  float* datt = nullptr;       // (B,NH,T,T)
+  float* dfch = nullptr;       // (B,T,F)
+  float* dfch_gelu = nullptr;  // (B,T,F)
+};
+GptGradScratch gpt_grad_scratch(const Gpt& model, int B, int T);
+
+// Observer of compute spans (profiling). begin/end pairs never nest.
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  virtual void begin(const char* name, int layer, double flops) = 0;
+  virtual void end() = 0;
+};
+
+// The four tensor-parallel sum points (see the top of this file).
+enum class TpPoint {
+  kAttnProjForward,  // attproj (B,T,C) after the output-projection matmul
+  kMlpProjForward,   // fcproj (B,T,C) after the fc2 matmul
+  kMlpInputBackward,   // dln (B,T,C): gradient of the ln2 output, before the ln2 backward
+  kAttnInputBackward,  // dln (B,T,C): gradient of the ln1 output, before the ln1 backward
+};
+// Must replace data[0..count) by its sum over the tensor-parallel group (an in-place all-reduce).
+using TpAllReduce = std::function<void(TpPoint point, int layer, float* data, std::size_t count)>;
+
+struct GptHooks {
+  OpObserver* observer = nullptr;
+  TpAllReduce tp_all_reduce;  // required when shard.tp_size > 1, unused otherwise
+  std::function<void(int segment)> on_grads_ready;  // see the layout note at the top
+};
+
+// --- pieces, in execution order. Each reads/writes the micro-batch's GptActivations.
+// stream[0] = wte[inputs] + wpe (needs has_embed).
+void gpt_embed_forward(const Gpt& model, GptActivations& acts, const int32_t* inputs,
+                       const GptHooks& hooks = {});
+// stream[l-lb+1] = block_l(stream[l-lb]).
+void gpt_block_forward(const Gpt& model, GptActivations& acts, int layer, const GptHooks& hooks = {});
+// Final LayerNorm, LM head, softmax cross-entropy on stage_output(); returns and stores the mean
+// loss (needs has_head).
+float gpt_head_forward(const Gpt& model, GptActivations& acts, const int32_t* targets,
+                       const GptHooks& hooks = {});
+// Sets scratch.dres = d(objective)/d(stage_output()), where objective = loss_scale * mean loss
+// (use loss_scale = 1/M to average M accumulated micro-batches). Fires on_grads_ready(n_layer).
+void gpt_head_backward(Gpt& model, GptActivations& acts, GptGradScratch& scratch, float loss_scale,
+                       const GptHooks& hooks = {});
+// Turns scratch.dres from the gradient of block l's output into that of its input; accumulates the
+// block's parameter gradients; fires on_grads_ready(l).
+void gpt_block_backward(Gpt& model, GptActivations& acts, GptGradScratch& scratch, int layer,
+                        const GptHooks& hooks = {});
+// Accumulates wte/wpe gradients from scratch.dres; fires on_grads_ready(kEmbedSegment).
+void gpt_embed_backward(Gpt& model, GptActivations& acts, GptGradScratch& scratch,
+                        const GptHooks& hooks = {});
+
+// The block's halves, for trainers that schedule the tensor-parallel sums themselves. Forward:
+// attention_part writes attproj; attention_epilogue res2 = x + attproj + projb; mlp_part writes
+// fcproj; mlp_epilogue y = res2 + fcproj + fcprojb.
+void block_attention_part(const BlockDims& d, const BlockParams& p, BlockActivations& a, const float* x,
+                          int B, int T);
+void block_attention_epilogue(const BlockDims& d, const BlockParams& p, BlockActivations& a,
+                              const float* x, int B, int T);
+void block_mlp_part(const BlockDims& d, const BlockParams& p, BlockActivations& a, int B, int T);
+void block_mlp_epilogue(const BlockDims& d, const BlockParams& p, BlockActivations& a, float* y, int B,
+                        int T);
+
+// --- whole stage: embedding (if held), blocks, head (if held). Returns the mean loss, or 0 on a
+// stage without the head.
+float gpt_forward(const Gpt& model, GptActivations& acts, const int32_t* inputs, const int32_t* targets,
+                  const GptHooks& hooks = {});
+// Head (if held; otherwise scratch.dres must hold the output gradient), blocks in reverse,
+// embedding (if held). On a head-only stage that holds wte, fires on_grads_ready(kEmbedSegment) last.
+void gpt_backward(Gpt& model, GptActivations& acts, GptGradScratch& scratch, float loss_scale = 1.0f,
+                  const GptHooks& hooks = {});
+
+}  // namespace orrery::runtime
