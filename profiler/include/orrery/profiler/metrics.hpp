@@ -7,6 +7,43 @@
 //   exposed comm         = |comm \ compute|
 //   idle                 = window length - |compute ∪ comm ∪ memcpy|
 //   comm/comp ratio      = |comm| / |compute|
+//
+// Time window (MetricsOptions::window_*, the GUI's range selection): spans are clipped to the window
+// before merging. A rank's window is the window ∩ [its first span start, its last span end].
+// Collective statistics count every collective overlapping the window at its whole duration and
+// bytes (clipping would distort bandwidth); FLOPs of a clipped span are pro-rated by the kept time.
+//
+// Steps: when the trace has Phase spans named "step", step s on a rank is that rank's "step" span
+// (its `step` field, or its ordinal on the rank when -1); otherwise it is the extent of the rank's
+// spans tagged with `step` = s. StepStats is the union over ranks: [earliest start, latest end].
+// Only steps lying wholly inside the window are reported; the first `skip_steps` steps of the
+// trace (by step id) are flagged warm-up and left out of the step statistics, tokens/s, FLOP/s,
+// MFU and bubble. Per-rank by_step breakdowns use the global step window, so time a rank spends
+// waiting for the slowest rank shows as idle. Percentiles interpolate linearly between order
+// statistics (numpy's default): p_q = x[floor(q(n-1))] + frac * (x[...+1] - x[...]).
+//
+// Throughput: achieved FLOP/s = FLOPs of compute spans inside the counted steps, all ranks, ÷ the
+// summed duration of those steps (without steps: ÷ the analysed extent). MFU uses model FLOPs
+// when the trace gives them (meta.model_flops_per_step ÷ mean step time, recomputation excluded,
+// as in Narayanan et al.), else the span FLOPs; divided by peak per rank × ranks.
+//
+// Pipeline bubble (traces with pp > 1 in meta or in the ranks' coordinates): per rank and counted
+// step, bubble = |step window \ (compute ∪ collectives)|. Point-to-point transfers count as bubble:
+// on a blocking transport a recv span covers the wait for the neighbouring stage, which is the
+// bubble itself. Collectives (dp/tp all-reduce) count as busy. On an ideal GPipe or 1F1B schedule
+// with p equal stages and m micro-batches (forward f, backward b per micro-batch and stage) every
+// stage is busy m(f+b) of a step of (m+p-1)(f+b), so bubble = (p-1)/(m+p-1) of the step, i.e.
+// (p-1)/m of the ideal time. bubble_pct = mean over ranks of 100 · Σ bubble ÷ Σ step time.
+//
+// Stragglers: collectives (kind Collective, seq >= 0) are grouped by (comm, seq) across ranks; a
+// rank's lateness in one is its start minus the median start of the group (mean of the two middle
+// values for an even count). A rank is a straggler when it is late by more than
+// straggler_threshold_ns in more than straggler_late_fraction of the grouped collectives it took
+// part in. late_ns_mean is its mean signed lateness.
+//
+// Memory: counters named "mem.<category>"; peak per counter name, and the peak over time of the
+// sum of the categories' latest values (samples with equal timestamps applied together), or the
+// peak of "mem.total" when the trace has that counter.
 #pragma once
 
 #include <cstdint>
@@ -50,12 +87,14 @@ struct CollectiveStats {
   int64_t time_ns = 0;     // summed durations
   double algbw_gbps = 0;   // bytes / time, GB/s (decimal)
   double busbw_gbps = 0;   // algbw * nccl-tests factor
+  int64_t ops = 0;         // distinct operations: (comm, seq) pairs, or count / comm_size without seq
 };
 
 struct StepStats {
   int32_t step = 0;
   int64_t start_ns = 0;  // earliest start over ranks
   int64_t end_ns = 0;    // latest end over ranks
+  bool warmup = false;   // among the first skip_steps steps: not in the statistics
   int64_t duration_ns() const { return end_ns - start_ns; }
 };
 
@@ -66,6 +105,10 @@ struct RankMetrics {
   int64_t bubble_ns = 0;       // pipeline bubble (idle inside steps on a pp>1 rank)
   double late_ns_mean = 0;     // mean lateness at step start / collective entry vs. the median rank
   std::map<std::string, double> peak_memory_bytes;  // counter name -> peak
+  double peak_memory_total_bytes = 0;  // peak of the sum over "mem.*" categories (or "mem.total")
+  int64_t collectives_checked = 0;     // grouped (comm, seq) collectives this rank took part in
+  int64_t collectives_late = 0;        // ... of which it was late by more than the threshold
+  int64_t counted_step_ns = 0;         // summed duration of the counted steps (bubble denominator)
 };
 
 struct Metrics {
@@ -79,7 +122,12 @@ struct Metrics {
   double bubble_pct = 0;         // mean over pp ranks
   std::vector<CollectiveStats> collectives;
   std::vector<int32_t> stragglers;  // ranks consistently late
-  int64_t span_count = 0;
+  int64_t span_count = 0;  // spans overlapping the window
+  int32_t counted_steps = 0;       // steps in the statistics (not warm-up, inside the window)
+  double model_flops_per_s = 0;    // meta.model_flops_per_step / mean step time, 0 when unknown
+  double peak_flops_per_rank = 0;  // the peak used for MFU (option, else the trace's)
+  bool pipeline = false;           // pp > 1: bubble computed
+  int64_t start_ns = 0, end_ns = 0;  // analysed extent: earliest / latest span time in the window
 };
 
 struct MetricsOptions {
@@ -87,7 +135,12 @@ struct MetricsOptions {
   int64_t window_end_ns = INT64_MAX;
   int skip_steps = 0;                    // warm-up steps excluded from step statistics
   double peak_flops_per_rank = 0;        // overrides the trace's value when > 0
+  int64_t straggler_threshold_ns = 100'000;  // lateness that counts as late
+  double straggler_late_fraction = 0.5;      // late in more than this fraction -> straggler
 };
+
+// Percentile q in [0, 1] of the values, linear interpolation (see above); 0 for an empty input.
+double percentile(std::vector<double> values, double q);
 
 Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt = {});
 

@@ -1,0 +1,78 @@
+// A plausible synthetic trace of data-parallel (DDP-style) training, deterministic from a seed, whose
+// totals are known in closed form: for tests of the metrics, benchmarks and GUI demos.
+//
+// Per rank and step (all times in ns, relative to the step's start):
+//   stream 0 "compute": Data "data_load" (data_ns, plus a uniform [0, jitter_ns] draw per rank and
+//     step from the seed), then L Compute spans "layers.<i>.forward" (forward_ns, forward_flops
+//     each), then L Compute spans "layers.<i>.backward" in reverse layer order (backward_ns,
+//     backward_flops each), then one Optimizer span "optimizer" (optimizer_ns, no FLOPs);
+//   stream 1 "comm": gradient buckets of k = layers_per_bucket layers, nb = L / k of them, in
+//     backward order; bucket j is ready when the backward of its last layer ends and runs as one
+//     Collective all_reduce "all_reduce" on communicator 0 ("world", all ranks) with
+//     bytes = k·grad_bytes_per_layer, seq = step·nb + j. The all-reduce is synchronous: it starts
+//     on each rank when the bucket is ready there and the previous bucket is done, and it ends on
+//     every rank c = k·comm_ns_per_layer after the last rank started it. The optimizer starts after
+//     the last bucket. The next step starts when the optimizer ends;
+//   stream 2 "phases": Phase spans "step", "forward", "backward" (first backward start to last
+//     backward end) and "optimizer";
+//   counters per rank: "mem.parameters" = L·grad_bytes_per_layer and "mem.optimizer" = twice that
+//     (Adam moments), sampled at each step start; "mem.activations" = L·activation_bytes_per_layer
+//     at forward end and 0 at backward end; "mem.gradients" = L·grad_bytes_per_layer at backward
+//     end and 0 at optimizer end (zero_grad), 0 at step start.
+//
+// Closed forms with jitter_ns = 0 and straggler_delay_ns = 0 (f = forward_ns, b = backward_ns,
+// o = optimizer_ns, d = data_ns, c = k·comm_ns_per_layer, nb = L/k, R ranks, S steps):
+//   compute per step and rank   = L·(f + b) + o
+//   comm per step and rank      = nb·c
+//   exposed comm per step, rank = c + (nb−1)·max(0, c − k·b)   (only the last bucket when c <= k·b)
+//   overlap per step and rank   = nb·c − exposed
+//   step time                   = d + L·(f + b) + exposed + o   (every step, on every rank)
+//   idle per step and rank      = d
+//   all-reduce bytes per step   = L·grad_bytes_per_layer per rank; nb calls per rank and step
+//   algbw = grad_bytes_per_layer / comm_ns_per_layer GB/s; busbw = algbw · 2(R−1)/R
+//   FLOPs per step              = R·L·(forward_flops + backward_flops) (= meta.model_flops_per_step)
+//   peak memory per rank        = 3·P + L·max(activation_bytes_per_layer, grad_bytes_per_layer),
+//                                 P = L·grad_bytes_per_layer
+//   spans                       = R·S·(2L + nb + 6); counters = R·S·7
+// A straggler rank (straggler_rank >= 0) loads its data straggler_delay_ns longer every step, so
+// it arrives late at every all-reduce and the other ranks wait inside theirs.
+#pragma once
+
+#include <cstdint>
+
+#include "orrery/traces/trace.hpp"
+
+namespace orrery::traces {
+
+struct SynthOptions {
+  int32_t ranks = 4;
+  int32_t steps = 10;
+  int32_t layers = 12;
+  int32_t layers_per_bucket = 2;          // must divide layers
+  uint64_t seed = 1;
+  int64_t data_ns = 200'000;
+  int64_t forward_ns = 1'000'000;         // per layer
+  int64_t backward_ns = 2'000'000;        // per layer
+  int64_t optimizer_ns = 500'000;
+  int64_t comm_ns_per_layer = 1'500'000;  // all-reduce time per layer's gradients
+  int64_t grad_bytes_per_layer = 12LL << 20;
+  int64_t activation_bytes_per_layer = 32LL << 20;
+  double forward_flops = 2.0e9;           // per layer
+  double backward_flops = 4.0e9;          // per layer
+  int64_t tokens_per_step = 0;            // meta.tokens_per_step; 0 -> ranks * 8 * 1024
+  double peak_flops_per_rank = 0;         // meta.peak_flops_per_rank
+  int64_t jitter_ns = 0;                  // uniform extra data-loading time per rank and step
+  int32_t straggler_rank = -1;            // a rank that is consistently late, -1 for none
+  int64_t straggler_delay_ns = 0;
+};
+
+// Spans the options produce: ranks · steps · (2·layers + layers/layers_per_bucket + 6).
+int64_t synth_span_count(const SynthOptions& o);
+// The number of steps that reaches at least `target_spans` with the other options unchanged.
+int32_t synth_steps_for_spans(const SynthOptions& o, int64_t target_spans);
+
+// Throws InputError for impossible options (non-positive counts, layers % layers_per_bucket != 0,
+// negative durations, straggler_rank out of range). Spans come sorted by (rank, stream, start).
+Trace synthesize(const SynthOptions& o);
+
+}  // namespace orrery::traces
