@@ -533,6 +533,35 @@ void write_trace(const Trace& t, const std::string& path) {
 // ---------------------------------------------------------------------------------------------
 // Reader
 
+namespace {
+
+// SQLite reports a truncated file as "database disk image is malformed"; the header says how big
+// the file should be, so name the problem exactly. Skipped while a WAL exists beside the file (the
+// main file lags the WAL there) and for files whose header size field is not valid.
+void check_not_truncated(const std::string& path, uintmax_t file_size) {
+  std::error_code ec;
+  if (fs::exists(path + "-wal", ec)) return;
+  unsigned char h[100] = {};
+  std::ifstream f(path, std::ios::binary);
+  if (!f.read(reinterpret_cast<char*>(h), sizeof h)) return;
+  if (std::memcmp(h, "SQLite format 3", 16) != 0) return;
+  auto be32 = [&](int o) {
+    return (uint32_t{h[o]} << 24) | (uint32_t{h[o + 1]} << 16) | (uint32_t{h[o + 2]} << 8) |
+           uint32_t{h[o + 3]};
+  };
+  uint32_t page_size = (uint32_t{h[16]} << 8) | h[17];
+  if (page_size == 1) page_size = 65536;
+  const uint32_t pages = be32(28);
+  if (pages == 0 || be32(24) != be32(92)) return;
+  const uintmax_t expected = uintmax_t{page_size} * pages;
+  if (file_size < expected) {
+    throw InputError(path + ": truncated trace file (" + std::to_string(file_size) +
+                     " bytes, its header says " + std::to_string(expected) + ")");
+  }
+}
+
+}  // namespace
+
 TraceReader::TraceReader(const std::string& path) : path_(path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw InputError(path + ": no such trace file");
@@ -541,6 +570,7 @@ TraceReader::TraceReader(const std::string& path) : path_(path) {
   if (!ec && file_size == 0) {
     throw InputError(path + ": empty file, not an Orrery trace");
   }
+  check_not_truncated(path, file_size);
   const int rc = sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READONLY, nullptr);
   if (rc != SQLITE_OK) {
     const std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
@@ -581,20 +611,6 @@ TraceReader::TraceReader(const std::string& path) : path_(path) {
                        std::to_string(version) + ")");
     }
     schema_version_ = version;
-    // A truncated file: SQLite only notices when it reaches a missing page, so compare the size the
-    // header promises with the file's. Skipped while a WAL exists (the header lags the WAL there).
-    if (!fs::exists(path + "-wal", ec)) {
-      int64_t page_count = 0, page_size = 0;
-      auto pc = rprep(db_, path_, "PRAGMA page_count");
-      if (rstep(db_, path_, pc)) page_count = sqlite3_column_int64(pc.get(), 0);
-      auto ps = rprep(db_, path_, "PRAGMA page_size");
-      if (rstep(db_, path_, ps)) page_size = sqlite3_column_int64(ps.get(), 0);
-      const auto expected = static_cast<uintmax_t>(page_count * page_size);
-      if (!ec && file_size < expected) {
-        throw InputError(path + ": truncated trace file (" + std::to_string(file_size) +
-                         " bytes, its header says " + std::to_string(expected) + ")");
-      }
-    }
   } catch (...) {
     sqlite3_close(db_);
     db_ = nullptr;

@@ -31,12 +31,12 @@ const CommunicatorInfo* Trace::comm(int32_t id) const {
 }
 
 void Trace::sort_spans() {
-  // Stable, so spans with equal keys keep their recorded order (e.g. zero-length markers).
+  // Stable, so spans with equal starts keep their recorded order: the order TraceReader::load_all()
+  // returns (the store breaks ties by arrival), so sort -> write -> load is the identity.
   std::stable_sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
     if (a.rank != b.rank) return a.rank < b.rank;
     if (a.stream != b.stream) return a.stream < b.stream;
-    if (a.start_ns != b.start_ns) return a.start_ns < b.start_ns;
-    return a.end_ns > b.end_ns;  // enclosing span first
+    return a.start_ns < b.start_ns;
   });
 }
 
