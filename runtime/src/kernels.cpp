@@ -1,0 +1,408 @@
+// fp32 CPU kernels of the reference GPT (see kernels.hpp for the conventions). Matrix products go
+// to OpenBLAS; everything else is a loop over rows, parallel with OpenMP when it is available.
+// Compiled with -O3 (and -march=native unless ORRERY_NATIVE=OFF): the loops below are written so
+// that GCC vectorises them (no calls to libm in the hot loops: exp_approx instead of expf).
+#include "orrery/runtime/kernels.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace orrery::runtime {
+namespace {
+
+int g_threads = 1;
+
+// e^x for x in about [-87, 88] (clamped outside), relative error < 1e-7: Cody-Waite reduction to
+// [-ln2/2, ln2/2] and the Cephes expf polynomial. Written branch-free so loops vectorise.
+inline float exp_approx(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float t = x * 1.4426950408889634f;
+  const float r = (t + 12582912.0f) - 12582912.0f;  // round to nearest integer (1.5 * 2^23 trick)
+  const float f = (x - r * 0.693359375f) - r * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * f + 1.3981999507e-3f;
+  p = p * f + 8.3334519073e-3f;
+  p = p * f + 4.1665795894e-2f;
+  p = p * f + 1.6666665459e-1f;
+  p = p * f + 5.0000001201e-1f;
+  p = p * f * f + f + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(r) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+inline float tanh_approx(float u) { return 1.0f - 2.0f / (1.0f + exp_approx(2.0f * u)); }
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluCubic = 0.044715f;
+
+// OpenBLAS (pthread build) must not start its own threads inside our OpenMP regions; while one is
+// active every sgemm runs on the calling thread.
+class BlasSingleThreaded {
+ public:
+  BlasSingleThreaded() : saved_(g_threads) {
+    if (saved_ > 1) openblas_set_num_threads(1);
+  }
+  ~BlasSingleThreaded() {
+    if (saved_ > 1) openblas_set_num_threads(saved_);
+  }
+  BlasSingleThreaded(const BlasSingleThreaded&) = delete;
+  BlasSingleThreaded& operator=(const BlasSingleThreaded&) = delete;
+
+ private:
+  int saved_;
+};
+
+// Rows per OpenMP chunk is left to the runtime; tiny problems stay on one thread.
+inline bool parallel_worth(std::size_t work) { return g_threads > 1 && work >= 16384; }
+
+}  // namespace
+
+void set_compute_threads(int threads) {
+  g_threads = std::max(1, threads);
+  openblas_set_num_threads(g_threads);
+#ifdef _OPENMP
+  omp_set_num_threads(g_threads);
+#endif
+}
+
+int compute_threads() { return g_threads; }
+
+// ------------------------------------------------------------------------------------ embedding
+
+void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
+                     int C) {
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      float* o = out + (static_cast<std::size_t>(b) * T + t) * C;
+      const float* we = wte + static_cast<std::size_t>(inp[b * T + t]) * C;
+      const float* pe = wpe + static_cast<std::size_t>(t) * C;
+      for (int c = 0; c < C; ++c) o[c] = we[c] + pe[c];
+    }
+  }
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
+                      int C) {
+  // Serial: two positions may hold the same token, and the work is tiny next to the matmuls.
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      const float* d = dout + (static_cast<std::size_t>(b) * T + t) * C;
+      if (dwte != nullptr) {
+        float* dw = dwte + static_cast<std::size_t>(inp[b * T + t]) * C;
+        for (int c = 0; c < C; ++c) dw[c] += d[c];
+      }
+      if (dwpe != nullptr) {
+        float* dp = dwpe + static_cast<std::size_t>(t) * C;
+        for (int c = 0; c < C; ++c) dp[c] += d[c];
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------ layernorm
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int B, int T, int C) {
+  const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
+#pragma omp parallel for schedule(static) if (parallel_worth(static_cast<std::size_t>(N) * C))
+  for (std::ptrdiff_t i = 0; i < N; ++i) {
+    const float* x = inp + i * C;
+    float* o = out + i * C;
+    float s = 0.0f;
+    for (int c = 0; c < C; ++c) s += x[c];
+    const float m = s / static_cast<float>(C);
+    float v = 0.0f;
+    for (int c = 0; c < C; ++c) {
+      const float d = x[c] - m;
+      v += d * d;
+    }
+    v /= static_cast<float>(C);
+    const float r = 1.0f / std::sqrt(v + 1e-5f);
+    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+    mean[i] = m;
+    rstd[i] = r;
+  }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int B, int T, int C) {
+  const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
+#pragma omp parallel if (parallel_worth(static_cast<std::size_t>(N) * C))
+  {
+    // Per-thread parameter-gradient partial sums, added under a lock at the end.
+    std::vector<float> dw(static_cast<std::size_t>(C), 0.0f), db(static_cast<std::size_t>(C), 0.0f);
+    float* dwp = dw.data();
+    float* dbp = db.data();
+#pragma omp for schedule(static)
+    for (std::ptrdiff_t i = 0; i < N; ++i) {
+      const float* x = inp + i * C;
+      const float* d = dout + i * C;
+      float* di = dinp + i * C;
+      const float m = mean[i];
+      const float r = rstd[i];
+      float dnorm_mean = 0.0f;
+      float dnorm_norm_mean = 0.0f;
+      for (int c = 0; c < C; ++c) {
+        const float norm = (x[c] - m) * r;
+        const float dnorm = weight[c] * d[c];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+        dbp[c] += d[c];
+        dwp[c] += norm * d[c];
+      }
+      dnorm_mean /= static_cast<float>(C);
+      dnorm_norm_mean /= static_cast<float>(C);
+      for (int c = 0; c < C; ++c) {
+        const float norm = (x[c] - m) * r;
+        const float dnorm = weight[c] * d[c];
+        di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+      }
+    }
+#pragma omp critical(orrery_layernorm_backward)
+    {
+      for (int c = 0; c < C; ++c) {
+        dweight[c] += dwp[c];
+        dbias[c] += dbp[c];
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------ matmul
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int B, int T,
+                    int C, int OC) {
+  const int N = B * T;
+  float beta = 0.0f;
+  if (bias != nullptr) {
+    // Start from the bias and let sgemm accumulate: one pass over out instead of two.
+#pragma omp parallel for schedule(static) if (parallel_worth(static_cast<std::size_t>(N) * OC))
+    for (int i = 0; i < N; ++i) std::memcpy(out + static_cast<std::size_t>(i) * OC, bias, sizeof(float) * OC);
+    beta = 1.0f;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+}
+
+void bias_backward(float* dbias, const float* dout, int B, int T, int C) {
+  const std::size_t N = static_cast<std::size_t>(B) * T;
+  for (std::size_t i = 0; i < N; ++i) {
+    const float* d = dout + i * C;
+    for (int c = 0; c < C; ++c) dbias[c] += d[c];
+  }
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int B, int T, int C, int OC) {
+  const int N = B * T;
+  if (dinp != nullptr) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+  }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  if (dbias != nullptr) bias_backward(dbias, dout, B, T, OC);
+}
+
+// ------------------------------------------------------------------------------------ attention
+//
+// Per (batch, head): S = scale * Q K^T, P = causal softmax(S), Y = P V, all with sgemm on strided
+// views of the fused qkv. Causality is exploited in row blocks of kBlock: rows [r0, r1) only need
+// keys [0, r1), which halves the work for long sequences.
+
+namespace {
+constexpr int kBlock = 64;
+}
+
+void attention_forward(float* out, float* att, const float* inp, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const int C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  BlasSingleThreaded blas_guard;
+#pragma omp parallel for schedule(dynamic, 1) collapse(2) if (g_threads > 1)
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const float* q = inp + static_cast<std::size_t>(b) * T * C3 + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* P = att + (static_cast<std::size_t>(b) * NH + h) * T * T;
+      float* y = out + static_cast<std::size_t>(b) * T * C + h * hs;
+      for (int r0 = 0; r0 < T; r0 += kBlock) {
+        const int r1 = std::min(T, r0 + kBlock);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale,
+                    q + static_cast<std::size_t>(r0) * C3, C3, k, C3, 0.0f,
+                    P + static_cast<std::size_t>(r0) * T, T);
+      }
+      for (int t = 0; t < T; ++t) {
+        float* row = P + static_cast<std::size_t>(t) * T;
+        float mx = row[0];
+        for (int j = 1; j <= t; ++j) mx = std::max(mx, row[j]);
+        float sum = 0.0f;
+        for (int j = 0; j <= t; ++j) {
+          const float e = exp_approx(row[j] - mx);
+          row[j] = e;
+          sum += e;
+        }
+        const float inv = 1.0f / sum;
+        for (int j = 0; j <= t; ++j) row[j] *= inv;
+        for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
+      }
+      for (int r0 = 0; r0 < T; r0 += kBlock) {
+        const int r1 = std::min(T, r0 + kBlock);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f,
+                    P + static_cast<std::size_t>(r0) * T, T, v, C3, 0.0f,
+                    y + static_cast<std::size_t>(r0) * C, C);
+      }
+    }
+  }
+}
+
+void attention_backward(float* dinp, float* datt, const float* dout, const float* inp, const float* att,
+                        int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const int C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  BlasSingleThreaded blas_guard;
+#pragma omp parallel for schedule(dynamic, 1) collapse(2) if (g_threads > 1)
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const std::size_t qoff = static_cast<std::size_t>(b) * T * C3 + h * hs;
+      const float* q = inp + qoff;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* dq = dinp + qoff;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      const float* P = att + (static_cast<std::size_t>(b) * NH + h) * T * T;
+      float* dP = datt + (static_cast<std::size_t>(b) * NH + h) * T * T;
+      const float* dy = dout + static_cast<std::size_t>(b) * T * C + h * hs;
+      for (int r0 = 0; r0 < T; r0 += kBlock) {
+        const int r1 = std::min(T, r0 + kBlock);
+        // dP[r0:r1, 0:r1] = dY[r0:r1] V[0:r1]^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f,
+                    dy + static_cast<std::size_t>(r0) * C, C, v, C3, 0.0f,
+                    dP + static_cast<std::size_t>(r0) * T, T);
+        // dV[r0:r1] += P[r0:T, r0:r1]^T dY[r0:T]  (P is zero above the diagonal)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, 1.0f,
+                    P + static_cast<std::size_t>(r0) * T + r0, T, dy + static_cast<std::size_t>(r0) * C, C,
+                    1.0f, dv + static_cast<std::size_t>(r0) * C3, C3);
+      }
+      // Softmax backward: dS = P * (dP - sum_j P dP), scale folded into the next products.
+      for (int t = 0; t < T; ++t) {
+        const float* p = P + static_cast<std::size_t>(t) * T;
+        float* d = dP + static_cast<std::size_t>(t) * T;
+        float dot = 0.0f;
+        for (int j = 0; j <= t; ++j) dot += p[j] * d[j];
+        for (int j = 0; j <= t; ++j) d[j] = p[j] * (d[j] - dot);
+        for (int j = t + 1; j < T; ++j) d[j] = 0.0f;
+      }
+      for (int r0 = 0; r0 < T; r0 += kBlock) {
+        const int r1 = std::min(T, r0 + kBlock);
+        // dQ[r0:r1] += scale * dS[r0:r1, 0:r1] K[0:r1]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, scale,
+                    dP + static_cast<std::size_t>(r0) * T, T, k, C3, 1.0f,
+                    dq + static_cast<std::size_t>(r0) * C3, C3);
+        // dK[r0:r1] += scale * dS[r0:T, r0:r1]^T Q[r0:T]
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, scale,
+                    dP + static_cast<std::size_t>(r0) * T + r0, T, q + static_cast<std::size_t>(r0) * C3, C3,
+                    1.0f, dk + static_cast<std::size_t>(r0) * C3, C3);
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------ gelu
+
+void gelu_forward(float* out, const float* inp, std::size_t N) {
+  const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(N);
+#pragma omp parallel for schedule(static) if (parallel_worth(N))
+  for (std::ptrdiff_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+    out[i] = 0.5f * x * (1.0f + tanh_approx(u));
+  }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t N) {
+  const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(N);
+#pragma omp parallel for schedule(static) if (parallel_worth(N))
+  for (std::ptrdiff_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+    const float th = tanh_approx(u);
+    const float sech2 = 1.0f - th * th;
+    const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    dinp[i] += grad * dout[i];
+  }
+}
+
+// ------------------------------------------------------------------------------------ residual
+
+void residual_forward(float* out, const float* inp1, const float* inp2, std::size_t N) {
+  const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(N);
+#pragma omp parallel for schedule(static) if (parallel_worth(N))
+  for (std::ptrdiff_t i = 0; i < n; ++i) out[i] = inp1[i] + inp2[i];
+}
+
+void bias_residual_forward(float* out, const float* residual, const float* partial, const float* bias,
+                           int B, int T, int C) {
+  const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
+#pragma omp parallel for schedule(static) if (parallel_worth(static_cast<std::size_t>(N) * C))
+  for (std::ptrdiff_t i = 0; i < N; ++i) {
+    float* o = out + i * C;
+    const float* r = residual + i * C;
+    const float* p = partial + i * C;
+    if (bias != nullptr) {
+      for (int c = 0; c < C; ++c) o[c] = r[c] + p[c] + bias[c];
+    } else {
+      for (int c = 0; c < C; ++c) o[c] = r[c] + p[c];
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------ loss
+
+float softmax_crossentropy_forward(float* losses, float* logits, const int32_t* targets, int B, int T,
+                                   int V) {
+  const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
+  double total = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : total) if (parallel_worth(static_cast<std::size_t>(N) * V))
+  for (std::ptrdiff_t i = 0; i < N; ++i) {
+    float* row = logits + i * V;
+    float mx = row[0];
+    for (int j = 1; j < V; ++j) mx = std::max(mx, row[j]);
+    const float target_logit = row[targets[i]];
+    float sum = 0.0f;
+    for (int j = 0; j < V; ++j) {
+      const float e = exp_approx(row[j] - mx);
+      row[j] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / sum;
+    for (int j = 0; j < V; ++j) row[j] *= inv;
+    // -log softmax from the logits (not from the rounded probability): exact for tiny p too.
+    const float loss = std::log(sum) - (target_logit - mx);
+    losses[i] = loss;
+    total += loss;
+  }
+  return static_cast<float>(total / static_cast<double>(N));
+}
+
+void softmax_crossentropy_backward(float* probs, const int32_t* targets, float dloss, int B, int T, int V) {
+  const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
+#pragma omp parallel for schedule(static) if (parallel_worth(static_cast<std::size_t>(N) * V))
+  for (std::ptrdiff_t i = 0; i < N; ++i) {
+    float* row = probs + i * V;
+    row[targets[i]] -= 1.0f;
+    for (int j = 0; j < V; ++j) row[j] *= dloss;
+  }
+}
+
+}  // namespace orrery::runtime
