@@ -1,0 +1,92 @@
+// The compute cost model: what each piece of a training step costs on a device.
+//
+// Every compute op of the workload is a short list of kernels, each with an op class, the FLOPs it
+// executes and the bytes it moves through device memory. A kernel's time is the roofline
+//     t = max(flops / (peak · flops_efficiency), bytes / (bandwidth · bandwidth_efficiency)) + overhead
+// with the efficiencies and overhead of its class from the hardware profile; an op's time is the sum
+// of its kernels' times (kernels of one stream run one after another).
+//
+// FLOPs: the kernels of a block reproduce the runtime's model-FLOPs counting exactly
+// (runtime/include/orrery/runtime/flops.hpp, gpt.md): per token, 2 FLOPs per parameter of each
+// linear layer (weights and biases) and LayerNorm, 2·T·C per layer for attention (the causal count
+// of scores plus weighted sum), 2·C·V for the tied LM head; GELU, softmax, the loss and embedding
+// lookups count zero FLOPs but do move bytes. Backward is 2× forward, kernel by kernel. Tensor
+// parallelism divides every block kernel by tp (as the runtime's counting does); the head is not
+// sliced. Bytes: each kernel reads its inputs and weights and writes its outputs once, with the
+// scenario's activation element size (2 for bf16, 4 for fp32); backward moves twice the bytes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "orrery/sim/hardware.hpp"
+
+namespace orrery {
+struct Scenario;
+}
+
+namespace orrery::sim {
+
+// Shapes of one micro-batch on one rank.
+struct ModelDims {
+  int64_t batch = 1;    // B, sequences per micro-batch
+  int64_t seq = 1;      // T
+  int64_t d_model = 1;  // C
+  int64_t heads = 1;    // H
+  int64_t vocab = 1;    // V
+  int64_t layers = 1;   // L (whole model)
+  int64_t tp = 1;
+  int64_t act_bytes = 4;  // bytes per activation element
+};
+ModelDims model_dims(const Scenario& s, int64_t act_bytes);
+
+struct Kernel {
+  OpClass cls = OpClass::Elementwise;
+  double flops = 0;
+  double bytes = 0;
+};
+
+// Kernels of each compute op of the step (one micro-batch, one rank).
+std::vector<Kernel> embedding_forward_kernels(const ModelDims& d);
+std::vector<Kernel> embedding_backward_kernels(const ModelDims& d);
+// The attention half of a block (ln1, qkv, attention, projection) and the MLP half (ln2, fc1,
+// GELU, fc2); the row-parallel epilogue (bias + residual) is in each half.
+std::vector<Kernel> attention_forward_kernels(const ModelDims& d);
+std::vector<Kernel> mlp_forward_kernels(const ModelDims& d);
+std::vector<Kernel> attention_backward_kernels(const ModelDims& d);
+std::vector<Kernel> mlp_backward_kernels(const ModelDims& d);
+// Final LayerNorm, tied LM head and softmax cross-entropy.
+std::vector<Kernel> head_forward_kernels(const ModelDims& d);
+std::vector<Kernel> head_backward_kernels(const ModelDims& d);
+// AdamW over `params` parameters held by this rank, moving `bytes_per_param` bytes of parameters,
+// gradients and moments per parameter (28 in fp32: p, m, v read and written, g read), 12 FLOPs per
+// parameter (not model FLOPs: the workload reports optimizer ops with zero model FLOPs).
+std::vector<Kernel> optimizer_kernels(double params, double bytes_per_param);
+
+double total_flops(const std::vector<Kernel>& ks);
+double total_bytes(const std::vector<Kernel>& ks);
+
+// Roofline timing of kernels with a profile and a device's peaks.
+class CostModel {
+ public:
+  // `peak_flops` and `memory_bandwidth_bytes_per_s` are the device's (the profile's non-zero
+  // overrides take precedence).
+  CostModel(HardwareProfile profile, double peak_flops, double memory_bandwidth_bytes_per_s);
+  int64_t kernel_ns(const Kernel& k) const;
+  int64_t op_ns(const std::vector<Kernel>& ks) const;
+  double peak_flops() const { return peak_flops_; }
+  double memory_bandwidth() const { return bandwidth_; }
+  const HardwareProfile& profile() const { return profile_; }
+
+ private:
+  HardwareProfile profile_;
+  double peak_flops_;
+  double bandwidth_;
+};
+
+// Model FLOPs of one training step over the whole job (all ranks), the runtime's counting:
+// 3 × (L · block_forward + head_forward) per micro-batch of every data-parallel replica, with
+// tp = 1 (MFU counts model FLOPs once, not per tensor-parallel slice).
+double model_flops_per_step(const Scenario& s);
+
+}  // namespace orrery::sim

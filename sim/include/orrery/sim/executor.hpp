@@ -1,0 +1,77 @@
+// The executor: runs the workload's op programs of a set of simulated ranks on the event engine.
+//
+// Each stream of a rank runs its ops in program order; an op starts when its stream is free and its
+// deps (same rank) are done. Compute ops take the cost model's time. A collective starts on the
+// network model once every simulated member of its group has reached it; members that are not
+// simulated are, by the symmetry argument of workload.hpp, identical to a simulated representative
+// and arrive at the same time, so they never hold a collective back. The network times the
+// collective over the FULL group (all its GPUs on the cluster's topology). A send and its matching
+// receive (k-th send of a rank to a peer = k-th receive of the peer from it) transfer once both are
+// posted; with an unsimulated peer, when this side posts.
+//
+// By default the simulated ranks are one representative per pipeline stage (dp = 0, tp = 0): every
+// other rank runs the same program with the same timing. What this leaves out: contention between
+// the collectives of symmetric groups on shared links (on a rail-optimized fat-tree these use
+// disjoint NICs and rails; on oversubscribed fabrics run with all_ranks to see it).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "orrery/sim/cluster.hpp"
+#include "orrery/sim/collectives.hpp"
+#include "orrery/sim/hardware.hpp"
+#include "orrery/sim/network.hpp"
+#include "orrery/sim/workload.hpp"
+#include "orrery/traces/trace.hpp"
+
+namespace orrery::sim {
+
+struct ExecutorOptions {
+  NetworkModel network = NetworkModel::Flow;
+  bool all_ranks = false;       // simulate every rank (contention between symmetric groups)
+  std::vector<int32_t> ranks;   // explicit simulated ranks (overrides the default and all_ranks)
+  // Collective alpha-beta overrides (HardwareProfile::collectives), applied before the network.
+  const HardwareProfile* profile = nullptr;
+  // Replaces the network entirely (tests): the duration of each collective or transfer.
+  std::function<int64_t(const CollectiveRequest&)> comm_time;
+};
+
+struct OpTiming {
+  int64_t start_ns = -1;   // the rank reached the op (stream free, deps done)
+  int64_t active_ns = -1;  // communication: every member arrived and the transfer began; compute: start
+  int64_t end_ns = -1;
+};
+
+struct RankRun {
+  int32_t rank = 0;
+  Layout::Coord coord{};
+  const StageProgram* program = nullptr;
+  std::vector<OpTiming> ops;  // indexed like program->ops
+};
+
+struct ExecResult {
+  std::vector<RankRun> ranks;  // in rank order
+  int64_t makespan_ns = 0;
+  uint64_t events = 0;         // engine events processed
+  NetworkStats network;
+};
+
+// The ranks simulated by default: one per pipeline stage (dp = 0, tp = 0), or all.
+std::vector<int32_t> representative_ranks(const Layout& l, bool all_ranks);
+
+// The global ranks (= GPU ids) of the group `role` of `rank`, in communicator-rank order.
+std::vector<int32_t> group_members(const Layout& l, int rank, GroupRole role);
+
+// Runs the workload. The cluster needs at least layout.world() GPUs; rank r runs on GPU r. Throws
+// InternalError if the programs deadlock (a bug), InputError if the cluster is too small.
+ExecResult execute(const Workload& w, const Cluster& cluster, const ExecutorOptions& opt = {});
+
+// The simulated trace (source = sim): one span per op of each simulated rank, phase spans ("step",
+// "forward" and "backward" per micro-batch, "optimizer"), the communicators of the simulated ranks,
+// rank coordinates, streams, and run metadata (tokens, model FLOPs, device peak).
+traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& cluster, double peak_flops_per_rank);
+
+}  // namespace orrery::sim

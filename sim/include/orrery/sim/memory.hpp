@@ -1,0 +1,49 @@
+// Memory estimate per rank (per pipeline stage: every dp × tp rank of a stage holds the same).
+//
+// Model states (ZeRO, Rajbhandari et al. SC20), Ψ = parameters of the rank's tp slice of its stage,
+// N = dp, bytes per parameter p/g/o from the precision (fp32 Adam 4/4/8; mixed bf16 2/2/12 with the
+// fp32 master copy and moments in o):
+//   stage 0: (p + g + o)·Ψ     stage 1: (p + g)·Ψ + o·Ψ/N
+//   stage 2: p·Ψ + (g + o)·Ψ/N  stage 3: (p + g + o)·Ψ/N
+// Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation"), per layer per
+// micro-batch, without recomputation, in 16-bit: s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes (t = tp;
+// with t = 1 this is s·b·h·(34 + 5·a·s/h)); fp32 activations double it. Micro-batches in flight on
+// stage s: 1F1B min(p - s, m), GPipe m. The last stage adds its logits and their gradient,
+// b·s·V·4·2 bytes for one micro-batch (fp32 loss); stage 0 adds the embedding output s·b·h·2.
+// Not counted: communication buffers, allocator fragmentation, workspace (cuBLAS, NCCL).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "orrery/common/scenario.hpp"
+#include "orrery/sim/workload.hpp"
+
+namespace orrery::sim {
+
+struct MemoryEstimate {
+  int stage = 0;
+  int64_t param_count = 0;      // Ψ of one rank (tp slice, unsharded)
+  double parameters_bytes = 0;
+  double gradients_bytes = 0;
+  double optimizer_bytes = 0;
+  double activations_bytes = 0;
+  int micro_batches_in_flight = 0;
+  double total_bytes = 0;
+  int64_t capacity_bytes = 0;   // the device's memory (0: unknown, always fits)
+  bool fits = true;
+};
+
+// Model-state bytes of one rank: {parameters, gradients, optimizer}, by the formulas above.
+struct ModelStateBytes {
+  double parameters = 0, gradients = 0, optimizer = 0;
+};
+ModelStateBytes model_state_bytes(double params, int zero_stage, int dp, const PrecisionConfig& p);
+
+// Activation bytes of one layer for one micro-batch on one rank (16-bit formula × act_bytes/2).
+double activation_bytes_per_layer(const Scenario& s, const PrecisionConfig& p);
+
+// One estimate per pipeline stage.
+std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionConfig& p, int64_t capacity_bytes);
+
+}  // namespace orrery::sim

@@ -1,0 +1,183 @@
+// The training workload: from a scenario, the graph of compute and communication ops that each rank
+// executes in one or more training steps, with streams, dependencies, FLOPs, bytes and collectives;
+// the same ops, names and order as the runtime's trainer, so simulated and real traces line up.
+//
+// Symmetry. Under Megatron tensor parallelism every tp rank of a stage runs the same ops on its
+// slice, and every data-parallel replica runs the same ops on its own data; only the pipeline stage
+// changes the program. So the workload holds ONE program per pipeline stage (StageProgram), shared
+// by all dp × tp ranks of that stage. Ops name their communicator by role (tp, dp, the next or
+// previous stage, the tied-embedding pair), and the executor resolves a role to the concrete group
+// of the rank that runs it. Building GPT-3 175B on 16,384 GPUs therefore costs pp programs, not
+// 16,384 graphs.
+//
+// Per step, per micro-batch, in the schedule's order (GPipe: all forwards, then all backwards;
+// 1F1B: p-s-1 warm-up forwards on stage s, then one forward one backward, then the cool-down):
+//   forward:  [data] [recv act] embed? (attn [tp all-reduce] mlp [tp all-reduce]) per layer, head?,
+//             [send act]
+//   backward: [recv grad] head? (mlp [tp ar] attn [tp ar]) per layer in reverse, embed?, [send grad]
+//   gradient sync on the last micro-batch: per DDP bucket (bucket_mb, last layers first) an
+//   all-reduce (ZeRO 1/2: a reduce-scatter; ZeRO 2/3 reduce-scatter every micro-batch), as soon as
+//   the backward op that produces the bucket's last gradient is done (overlap: true), or after the
+//   whole backward (overlap: false); the tied-embedding all-reduce between the first and last stage;
+//   then the optimizer (after every gradient op), then for ZeRO 1/2 per bucket an all-gather of the
+//   updated parameters. ZeRO 3 all-gathers each block's parameters before its forward and before its
+//   backward (prefetch depth one layer).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "orrery/common/scenario.hpp"
+#include "orrery/sim/cost_model.hpp"
+#include "orrery/traces/span.hpp"
+
+namespace orrery::sim {
+
+// Streams of a rank. TP and DP collectives have their own streams (NCCL communicators run on their
+// own streams; a TP all-reduce still blocks compute through its dependency); sends and receives of
+// the pipeline have one each, so that a stage can receive while it sends.
+inline constexpr int kStreamCompute = 0;
+inline constexpr int kStreamDp = 1;
+inline constexpr int kStreamTp = 2;
+inline constexpr int kStreamPpSend = 3;
+inline constexpr int kStreamPpRecv = 4;
+inline constexpr int kStreamCount = 5;
+std::string_view stream_name(int stream);  // "compute", "comm.dp", ...
+
+// The one table of op and phase names (kept equal to the runtime's span names).
+namespace names {
+inline constexpr std::string_view kStep = "step";
+inline constexpr std::string_view kForward = "forward";
+inline constexpr std::string_view kBackward = "backward";
+inline constexpr std::string_view kOptimizer = "optimizer";
+inline constexpr std::string_view kDataLoad = "data";
+inline constexpr std::string_view kEmbedForward = "embed.forward";
+inline constexpr std::string_view kEmbedBackward = "embed.backward";
+inline constexpr std::string_view kAttnForward = "attn.forward";
+inline constexpr std::string_view kAttnBackward = "attn.backward";
+inline constexpr std::string_view kMlpForward = "mlp.forward";
+inline constexpr std::string_view kMlpBackward = "mlp.backward";
+inline constexpr std::string_view kHeadForward = "head.forward";  // final LayerNorm, LM head, loss
+inline constexpr std::string_view kHeadBackward = "head.backward";
+inline constexpr std::string_view kOptimizerStep = "adamw";
+inline constexpr std::string_view kTpAllReduce = "tp.all_reduce";
+inline constexpr std::string_view kDpAllReduce = "dp.all_reduce";
+inline constexpr std::string_view kDpReduceScatter = "dp.reduce_scatter";
+inline constexpr std::string_view kDpAllGather = "dp.all_gather";
+inline constexpr std::string_view kZeroAllGather = "zero.all_gather";  // ZeRO-3 per-layer parameters
+inline constexpr std::string_view kEmbedAllReduce = "embed.all_reduce";  // tied wte, first+last stage
+inline constexpr std::string_view kSendActivation = "pp.send_act";
+inline constexpr std::string_view kRecvActivation = "pp.recv_act";
+inline constexpr std::string_view kSendGradient = "pp.send_grad";
+inline constexpr std::string_view kRecvGradient = "pp.recv_grad";
+}  // namespace names
+
+// The communicator of an op, by role relative to the rank that runs it.
+enum class GroupRole : uint8_t {
+  None = 0,
+  TP,         // the rank's tensor-parallel group
+  DP,         // the rank's data-parallel group
+  PPNext,     // point-to-point with the next stage (same dp, tp)
+  PPPrev,     // point-to-point with the previous stage
+  Embedding,  // the first and the last stage (same dp, tp): tied embedding gradients
+};
+
+enum class PhaseKind : uint8_t { None = 0, Forward, Backward, Optimizer };
+
+struct Op {
+  uint32_t name = 0;  // index into Workload::names
+  traces::SpanKind kind = traces::SpanKind::Compute;
+  uint8_t stream = kStreamCompute;
+  GroupRole group = GroupRole::None;
+  PhaseKind phase = PhaseKind::None;
+  traces::CollOp coll = traces::CollOp::None;
+  int32_t step = -1;
+  int32_t micro_batch = -1;
+  int32_t layer = -1;
+  int32_t seq = -1;          // sequence number within its communicator (ops of the rank on that group)
+  int64_t bytes = 0;         // collectives: nccl-tests' size; p2p: the message; compute: memory traffic
+  double flops = 0;          // model FLOPs (the runtime's counting)
+  int64_t duration_ns = 0;   // compute: the cost model's time; communication: 0 (the network decides)
+  uint32_t dep_begin = 0;    // deps: Program::deps[dep_begin, dep_begin + dep_count)
+  uint32_t dep_count = 0;
+};
+
+// What every rank of one pipeline stage executes. Ops are in program order; each stream runs its
+// ops in that order, and an op also waits for its deps (ops of the same rank, any stream).
+struct StageProgram {
+  int stage = 0;
+  std::vector<Op> ops;
+  std::vector<uint32_t> deps;  // op indices
+  std::array<std::vector<uint32_t>, kStreamCount> stream_ops;  // op indices per stream, in order
+  int64_t param_count = 0;     // parameters held by one rank of this stage (tp slice, unsharded)
+  std::vector<int64_t> bucket_params;  // parameters of each gradient bucket, in all-reduce order
+};
+
+// The rank grid: dp × tp × pp ranks, placed fastest-varying first (scenario's parallel.placement,
+// default "tp,dp,pp": tp neighbours on one node).
+struct Layout {
+  int dp = 1, tp = 1, pp = 1;
+  std::array<int, 3> order{1, 0, 2};  // axes fastest first; axis ids 0 = dp, 1 = tp, 2 = pp
+  struct Coord {
+    int dp, tp, pp;
+  };
+  int world() const { return dp * tp * pp; }
+  int rank_of(int d, int t, int p) const;
+  Coord coord(int rank) const;
+  static Layout from(const Scenario& s);
+};
+
+// A parameter tensor held by one rank of a stage, in registration order, with the op whose
+// backward produces its (final) gradient.
+struct ParamTensor {
+  std::string name;  // "h3.fc1.w"
+  int64_t count = 0;
+  int layer = -1;    // block index, -1 for embeddings and the final LayerNorm
+};
+std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage);
+
+// Bytes per parameter, per gradient and of optimizer state per parameter, and per activation.
+struct PrecisionConfig {
+  std::string name = "fp32";  // fp32 | mixed
+  int param_bytes = 4;
+  int grad_bytes = 4;
+  int optimizer_bytes = 8;    // Adam moments (mixed: + fp32 master copy = 12)
+  int act_bytes = 4;
+};
+// "fp32" (4/4/8, activations 4) or "mixed" (bf16 parameters and gradients with fp32 master and
+// moments: 2/2/12, activations 2), per ZeRO's paper; InputError otherwise.
+PrecisionConfig precision_config(const std::string& name);
+
+struct WorkloadOptions {
+  int steps = 1;
+  PrecisionConfig precision;
+};
+
+struct Workload {
+  Scenario scenario;
+  Layout layout;
+  PrecisionConfig precision;
+  int steps = 1;
+  int micro_batches = 1;           // per step per data-parallel replica
+  std::vector<StageProgram> stages;
+  std::vector<std::string> names;  // op names
+  double model_flops_per_step = 0;  // all ranks, the runtime's counting
+  int64_t tokens_per_step = 0;
+
+  const StageProgram& program_of_rank(int rank) const { return stages[layout.coord(rank).pp]; }
+  size_t op_count() const;  // over the stage programs
+  uint32_t name_id(std::string_view n) const;  // UINT32_MAX when absent
+};
+
+// Builds the workload. `cost` times the compute ops. Throws InputError when the layout does not fit
+// the model (validate_layout) or the schedule is not supported (interleaved).
+Workload build_workload(const Scenario& s, const CostModel& cost, const WorkloadOptions& opt = {});
+
+// The order of forward (+mb) and backward (-mb-1) passes of stage `stage` for the schedule, e.g.
+// 1F1B p=4 m=8 stage 0: F0 F1 F2 F3 B0 F4 B1 ... The same function orders the runtime's passes.
+std::vector<int> schedule_order(const std::string& schedule, int stages, int stage, int micro_batches);
+
+}  // namespace orrery::sim

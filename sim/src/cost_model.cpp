@@ -1,0 +1,166 @@
+// Kernel lists of the training step's compute ops and their roofline timing (see cost_model.hpp).
+#include "orrery/sim/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "orrery/common/error.hpp"
+#include "orrery/common/scenario.hpp"
+// The runtime's FLOP counting, header-only and self-contained by design: the simulator includes it
+// so that simulated and real spans carry the same FLOPs (checked in test_cost_model.cpp).
+#include "../../runtime/include/orrery/runtime/flops.hpp"
+
+namespace orrery::sim {
+
+ModelDims model_dims(const Scenario& s, int64_t act_bytes) {
+  ModelDims d;
+  d.batch = s.training.micro_batch;
+  d.seq = s.model.seq;
+  d.d_model = s.model.d_model;
+  d.heads = s.model.heads;
+  d.vocab = s.model.vocab;
+  d.layers = s.model.layers;
+  d.tp = s.parallel.tp;
+  d.act_bytes = act_bytes;
+  return d;
+}
+
+namespace {
+
+struct Shape {
+  double n, c, t, v, tp, e;  // tokens, channels, sequence, vocabulary, tp slices, element bytes
+};
+Shape shape(const ModelDims& d) {
+  return {double(d.batch) * double(d.seq), double(d.d_model), double(d.seq), double(d.vocab), double(d.tp),
+          double(d.act_bytes)};
+}
+
+// Scales a forward kernel list into its backward: 2x FLOPs (gpt.md) and 2x bytes (gradients of
+// inputs and weights are written, forward activations re-read).
+std::vector<Kernel> backward_of(std::vector<Kernel> ks) {
+  for (auto& k : ks) {
+    k.flops *= 2;
+    k.bytes *= 2;
+  }
+  return ks;
+}
+
+// A LayerNorm over n tokens of c channels: 2 FLOPs per gain and shift per token (the runtime's
+// counting, divided by tp like the rest of the block), reads and writes the activations.
+Kernel layernorm(const Shape& x, bool sliced_flops) {
+  return {OpClass::LayerNorm, x.n * 4.0 * x.c / (sliced_flops ? x.tp : 1.0), x.e * (2.0 * x.n * x.c + 2.0 * x.c)};
+}
+// out (n, oc) = in (n, ic) @ W^T + bias: 2 FLOPs per weight and bias per token.
+Kernel linear(const Shape& x, double ic, double oc, bool bias) {
+  return {OpClass::Gemm, x.n * 2.0 * (ic * oc + (bias ? oc : 0.0)), x.e * (x.n * ic + ic * oc + x.n * oc)};
+}
+// Row-parallel epilogue: out = residual + partial (summed over tp) + bias.
+Kernel bias_residual(const Shape& x) { return {OpClass::Elementwise, 0.0, x.e * 3.0 * x.n * x.c}; }
+
+}  // namespace
+
+std::vector<Kernel> embedding_forward_kernels(const ModelDims& d) {
+  const Shape x = shape(d);
+  // Gather wte rows and wpe rows, write the sum.
+  return {{OpClass::Elementwise, 0.0, x.e * 3.0 * x.n * x.c}};
+}
+std::vector<Kernel> embedding_backward_kernels(const ModelDims& d) {
+  const Shape x = shape(d);
+  // Read dout, read-modify-write the touched rows of dwte and dwpe.
+  return {{OpClass::Elementwise, 0.0, x.e * 5.0 * x.n * x.c}};
+}
+
+std::vector<Kernel> attention_forward_kernels(const ModelDims& d) {
+  const Shape x = shape(d);
+  const double cs = x.c / x.tp;  // channels of this rank's heads
+  return {
+      layernorm(x, true),
+      linear(x, x.c, 3.0 * cs, true),
+      // Fused causal attention (scores, softmax, weighted sum): 2·T·C/tp FLOPs per token (the
+      // model count); reads q, k, v and writes the heads' output.
+      {OpClass::Attention, x.n * 2.0 * x.t * cs, x.e * 4.0 * x.n * cs},
+      linear(x, cs, x.c, true),
+      bias_residual(x),
+  };
+}
+
+std::vector<Kernel> mlp_forward_kernels(const ModelDims& d) {
+  const Shape x = shape(d);
+  const double fs = 4.0 * x.c / x.tp;  // this rank's slice of the 4C hidden layer
+  Kernel fc2 = linear(x, fs, x.c, true);
+  return {
+      layernorm(x, true),
+      linear(x, x.c, fs, true),
+      {OpClass::Elementwise, 0.0, x.e * 2.0 * x.n * fs},  // GELU
+      fc2,
+      bias_residual(x),
+  };
+}
+
+std::vector<Kernel> attention_backward_kernels(const ModelDims& d) { return backward_of(attention_forward_kernels(d)); }
+std::vector<Kernel> mlp_backward_kernels(const ModelDims& d) { return backward_of(mlp_forward_kernels(d)); }
+
+std::vector<Kernel> head_forward_kernels(const ModelDims& d) {
+  const Shape x = shape(d);
+  Kernel lm = linear(x, x.c, x.v, false);  // tied to wte, not sliced over tp (as the runtime)
+  return {
+      layernorm(x, false),
+      lm,
+      // Softmax and cross-entropy in place over the logits: read and write (n, V).
+      {OpClass::SoftmaxLoss, 0.0, x.e * 2.0 * x.n * x.v},
+  };
+}
+std::vector<Kernel> head_backward_kernels(const ModelDims& d) { return backward_of(head_forward_kernels(d)); }
+
+std::vector<Kernel> optimizer_kernels(double params, double bytes_per_param) {
+  return {{OpClass::Optimizer, 12.0 * params, bytes_per_param * params}};
+}
+
+double total_flops(const std::vector<Kernel>& ks) {
+  double f = 0;
+  for (const auto& k : ks) f += k.flops;
+  return f;
+}
+double total_bytes(const std::vector<Kernel>& ks) {
+  double b = 0;
+  for (const auto& k : ks) b += k.bytes;
+  return b;
+}
+
+CostModel::CostModel(HardwareProfile profile, double peak_flops, double memory_bandwidth_bytes_per_s)
+    : profile_(std::move(profile)),
+      peak_flops_(profile_.peak_flops > 0 ? profile_.peak_flops : peak_flops),
+      bandwidth_(profile_.memory_bandwidth_bytes_per_s > 0 ? profile_.memory_bandwidth_bytes_per_s
+                                                             : memory_bandwidth_bytes_per_s) {
+  if (!(peak_flops_ > 0) || !(bandwidth_ > 0))
+    throw InputError("hardware profile '" + profile_.name +
+                     "': the device has no peak FLOP/s or memory bandwidth (set peak_flops and "
+                     "memory_bandwidth_gbps in the profile or the cluster's device)");
+}
+
+int64_t CostModel::kernel_ns(const Kernel& k) const {
+  const ClassCost& c = profile_.cost(k.cls);
+  const double compute_s = k.flops / (peak_flops_ * c.flops_efficiency);
+  const double memory_s = k.bytes / (bandwidth_ * c.bandwidth_efficiency);
+  // Rounded up to whole nanoseconds so that a non-empty kernel never takes zero time.
+  return static_cast<int64_t>(std::ceil(std::max(compute_s, memory_s) * 1e9)) + c.overhead_ns;
+}
+
+int64_t CostModel::op_ns(const std::vector<Kernel>& ks) const {
+  int64_t t = 0;
+  for (const auto& k : ks) t += kernel_ns(k);
+  return t;
+}
+
+double model_flops_per_step(const Scenario& s) {
+  runtime::flops::Dims d;
+  d.batch = s.training.micro_batch;
+  d.seq = s.model.seq;
+  d.d_model = s.model.d_model;
+  d.vocab = s.model.vocab;
+  d.tp = 1;
+  const double per_micro_batch = runtime::flops::model_step(d, s.model.layers);
+  return per_micro_batch * double(s.micro_batches_per_step()) * double(s.parallel.dp);
+}
+
+}  // namespace orrery::sim

@@ -1,0 +1,420 @@
+// Runs the stage programs of the simulated ranks on the event engine (see executor.hpp).
+#include "orrery/sim/executor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <sstream>
+#include <unordered_map>
+
+#include "orrery/common/error.hpp"
+#include "orrery/sim/engine.hpp"
+
+namespace orrery::sim {
+
+std::vector<int32_t> representative_ranks(const Layout& l, bool all_ranks) {
+  std::vector<int32_t> r;
+  if (all_ranks) {
+    for (int i = 0; i < l.world(); ++i) r.push_back(i);
+  } else {
+    for (int s = 0; s < l.pp; ++s) r.push_back(l.rank_of(0, 0, s));
+    std::sort(r.begin(), r.end());
+  }
+  return r;
+}
+
+std::vector<int32_t> group_members(const Layout& l, int rank, GroupRole role) {
+  const auto c = l.coord(rank);
+  std::vector<int32_t> m;
+  switch (role) {
+    case GroupRole::TP:
+      for (int t = 0; t < l.tp; ++t) m.push_back(l.rank_of(c.dp, t, c.pp));
+      break;
+    case GroupRole::DP:
+      for (int d = 0; d < l.dp; ++d) m.push_back(l.rank_of(d, c.tp, c.pp));
+      break;
+    case GroupRole::PPNext:
+    case GroupRole::PPPrev:
+      for (int p = 0; p < l.pp; ++p) m.push_back(l.rank_of(c.dp, c.tp, p));
+      break;
+    case GroupRole::Embedding:
+      m.push_back(l.rank_of(c.dp, c.tp, 0));
+      if (l.pp > 1) m.push_back(l.rank_of(c.dp, c.tp, l.pp - 1));
+      break;
+    case GroupRole::None:
+      m.push_back(rank);
+      break;
+  }
+  return m;
+}
+
+namespace {
+
+class Executor {
+ public:
+  Executor(const Workload& w, const Cluster& c, const ExecutorOptions& opt) : w_(w), c_(c), opt_(opt) {
+    const Layout& l = w.layout;
+    if (c.num_gpus() < l.world())
+      throw InputError("cluster '" + c.name + "' has " + std::to_string(c.num_gpus()) + " GPUs; the layout dp=" +
+                       std::to_string(l.dp) + " tp=" + std::to_string(l.tp) + " pp=" + std::to_string(l.pp) +
+                       " needs " + std::to_string(l.world()));
+    std::vector<int32_t> ranks = opt.ranks.empty() ? representative_ranks(l, opt.all_ranks) : opt.ranks;
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+    sim_index_.assign(l.world(), -1);
+    for (int32_t r : ranks) {
+      if (r < 0 || r >= l.world()) throw InputError("simulated rank " + std::to_string(r) + " is not in the layout");
+      sim_index_[r] = static_cast<int32_t>(runs_.size());
+      RankRun run;
+      run.rank = r;
+      run.coord = l.coord(r);
+      run.program = &w.stages[run.coord.pp];
+      run.ops.assign(run.program->ops.size(), OpTiming{});
+      runs_.push_back(std::move(run));
+    }
+    // Reverse dependencies per stage program (CSR).
+    dependents_.resize(w.stages.size());
+    for (size_t s = 0; s < w.stages.size(); ++s) {
+      const auto& p = w.stages[s];
+      auto& d = dependents_[s];
+      d.begin.assign(p.ops.size() + 1, 0);
+      for (const auto& op : p.ops)
+        for (uint32_t k = 0; k < op.dep_count; ++k) ++d.begin[p.deps[op.dep_begin + k] + 1];
+      for (size_t i = 1; i < d.begin.size(); ++i) d.begin[i] += d.begin[i - 1];
+      d.list.resize(d.begin.back());
+      std::vector<uint32_t> fill(d.begin.begin(), d.begin.end() - 1);
+      for (uint32_t i = 0; i < p.ops.size(); ++i) {
+        const auto& op = p.ops[i];
+        for (uint32_t k = 0; k < op.dep_count; ++k) d.list[fill[p.deps[op.dep_begin + k]]++] = i;
+      }
+    }
+    state_.resize(runs_.size());
+    for (size_t i = 0; i < runs_.size(); ++i) {
+      const auto& p = *runs_[i].program;
+      state_[i].pending.resize(p.ops.size());
+      for (size_t k = 0; k < p.ops.size(); ++k) state_[i].pending[k] = p.ops[k].dep_count;
+    }
+    if (!opt.comm_time) net_ = make_network(opt.network, c, engine_);
+  }
+
+  ExecResult run() {
+    for (size_t i = 0; i < runs_.size(); ++i)
+      for (int s = 0; s < kStreamCount; ++s) try_start(static_cast<int32_t>(i), s);
+    engine_.run();
+    // Every op must have run; anything left is a cycle in the programs (a bug, not bad input).
+    for (size_t i = 0; i < runs_.size(); ++i) {
+      const auto& p = *runs_[i].program;
+      for (int s = 0; s < kStreamCount; ++s) {
+        if (state_[i].cursor[s] < p.stream_ops[s].size()) {
+          const Op& op = p.ops[p.stream_ops[s][state_[i].cursor[s]]];
+          std::ostringstream o;
+          o << "simulation deadlock: rank " << runs_[i].rank << " stream " << stream_name(s) << " stuck at op '"
+            << w_.names[op.name] << "' (step " << op.step << ", micro-batch " << op.micro_batch << ", layer "
+            << op.layer << ")";
+          throw InternalError(o.str());
+        }
+      }
+    }
+    ExecResult r;
+    r.events = engine_.events_processed();
+    if (net_) r.network = net_->stats();
+    for (const auto& run : runs_)
+      for (const auto& t : run.ops) r.makespan_ns = std::max(r.makespan_ns, t.end_ns);
+    r.ranks = std::move(runs_);
+    return r;
+  }
+
+ private:
+  struct RankState {
+    std::vector<uint32_t> pending;  // deps not yet done, per op
+    std::array<uint32_t, kStreamCount> cursor{};
+    std::array<bool, kStreamCount> busy{};
+  };
+  struct Dependents {
+    std::vector<uint32_t> begin, list;
+  };
+  using Member = std::pair<int32_t, uint32_t>;  // (simulated rank index, op)
+  struct Pending {
+    int arrived = 0;
+    std::vector<Member> members;
+  };
+  struct GroupInfo {
+    std::vector<int32_t> members;
+    int simulated = 0;  // members that are simulated
+    bool intra_node = true;
+  };
+  struct Channel {
+    Member send{-1, 0};
+    Member recv{-1, 0};
+  };
+
+  const GroupInfo& group(int32_t rank, GroupRole role) {
+    const uint64_t key = (uint64_t(role) << 32) | uint32_t(rank);
+    auto it = groups_.find(key);
+    if (it != groups_.end()) return it->second;
+    GroupInfo g;
+    g.members = group_members(w_.layout, rank, role);
+    for (int32_t m : g.members) {
+      if (sim_index_[m] >= 0) ++g.simulated;
+      if (c_.node_of(m) != c_.node_of(g.members[0])) g.intra_node = false;
+    }
+    return groups_.emplace(key, std::move(g)).first->second;
+  }
+
+  void try_start(int32_t ri, int stream) {
+    RankState& st = state_[ri];
+    const StageProgram& p = *runs_[ri].program;
+    if (st.busy[stream] || st.cursor[stream] >= p.stream_ops[stream].size()) return;
+    const uint32_t id = p.stream_ops[stream][st.cursor[stream]];
+    if (st.pending[id] > 0) return;
+    st.busy[stream] = true;
+    const Op& op = p.ops[id];
+    OpTiming& t = runs_[ri].ops[id];
+    t.start_ns = engine_.now();
+    switch (op.kind) {
+      case traces::SpanKind::Collective:
+        arrive_collective(ri, id, op);
+        break;
+      case traces::SpanKind::P2P:
+        post_p2p(ri, id, op);
+        break;
+      default:
+        t.active_ns = t.start_ns;
+        engine_.schedule_at(engine_.now() + op.duration_ns, [this, ri, id] { complete(ri, id); });
+        break;
+    }
+  }
+
+  void complete(int32_t ri, uint32_t id) {
+    RankState& st = state_[ri];
+    const StageProgram& p = *runs_[ri].program;
+    runs_[ri].ops[id].end_ns = engine_.now();
+    const int stream = p.ops[id].stream;
+    st.busy[stream] = false;
+    ++st.cursor[stream];
+    const Dependents& d = dependents_[p.stage];
+    for (uint32_t k = d.begin[id]; k < d.begin[id + 1]; ++k) {
+      const uint32_t dep = d.list[k];
+      if (--st.pending[dep] == 0) try_start(ri, p.ops[dep].stream);
+    }
+    try_start(ri, stream);
+  }
+
+  void arrive_collective(int32_t ri, uint32_t id, const Op& op) {
+    const GroupInfo& g = group(runs_[ri].rank, op.group);
+    const uint64_t key = (uint64_t(op.group) << 32) | uint32_t(g.members[0]);
+    Pending& pend = pending_[key];
+    pend.members.emplace_back(ri, id);
+    if (++pend.arrived < g.simulated) return;
+    std::vector<Member> members = std::move(pend.members);
+    pending_.erase(key);
+    CollectiveRequest req;
+    req.op = op.coll;
+    req.members = g.members;
+    req.bytes = op.bytes;
+    launch(req, g.intra_node, std::move(members));
+  }
+
+  void post_p2p(int32_t ri, uint32_t id, const Op& op) {
+    const auto& run = runs_[ri];
+    const Layout& l = w_.layout;
+    const int peer_pp = run.coord.pp + (op.group == GroupRole::PPNext ? 1 : -1);
+    const int32_t peer = l.rank_of(run.coord.dp, run.coord.tp, peer_pp);
+    const bool is_send = op.coll == traces::CollOp::Send;
+    const int32_t src = is_send ? run.rank : peer, dst = is_send ? peer : run.rank;
+    Channel& ch = channels_[(uint64_t(uint32_t(src)) << 32) | uint32_t(dst)];
+    (is_send ? ch.send : ch.recv) = Member{ri, id};
+    const bool peer_simulated = sim_index_[peer] >= 0;
+    if (peer_simulated && (ch.send.first < 0 || ch.recv.first < 0)) return;
+    std::vector<Member> members;
+    if (ch.send.first >= 0) members.push_back(ch.send);
+    if (ch.recv.first >= 0) members.push_back(ch.recv);
+    ch = Channel{};
+    CollectiveRequest req;
+    req.op = traces::CollOp::Send;
+    req.members = {src, dst};
+    req.bytes = op.bytes;
+    launch(req, c_.node_of(src) == c_.node_of(dst), std::move(members));
+  }
+
+  void launch(const CollectiveRequest& req, bool intra_node, std::vector<Member> members) {
+    const int64_t now = engine_.now();
+    for (const auto& [ri, id] : members) runs_[ri].ops[id].active_ns = now;
+    auto done = [this, members = std::move(members)] {
+      for (const auto& [ri, id] : members) complete(ri, id);
+    };
+    if (opt_.comm_time) {
+      engine_.schedule_at(now + opt_.comm_time(req), std::move(done));
+      return;
+    }
+    if (opt_.profile) {
+      // A send/recv override is stored under `send`.
+      if (const CollectiveOverride* o = opt_.profile->find_override(req.op, intra_node)) {
+        const double factor = traces::busbw_factor(req.op, static_cast<int>(req.members.size()));
+        const double secs = double(req.bytes) * factor / o->bus_bandwidth_bytes_per_s;
+        engine_.schedule_at(now + o->latency_ns + static_cast<int64_t>(std::ceil(secs * 1e9)), std::move(done));
+        return;
+      }
+    }
+    net_->start(req, std::move(done));
+  }
+
+  const Workload& w_;
+  const Cluster& c_;
+  const ExecutorOptions& opt_;
+  Engine engine_;
+  std::unique_ptr<NetworkSim> net_;
+  std::vector<int32_t> sim_index_;
+  std::vector<RankRun> runs_;
+  std::vector<RankState> state_;
+  std::vector<Dependents> dependents_;
+  std::unordered_map<uint64_t, GroupInfo> groups_;
+  std::unordered_map<uint64_t, Pending> pending_;
+  std::unordered_map<uint64_t, Channel> channels_;
+};
+
+}  // namespace
+
+ExecResult execute(const Workload& w, const Cluster& cluster, const ExecutorOptions& opt) {
+  Executor e(w, cluster, opt);
+  return e.run();
+}
+
+traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& cluster, double peak_flops_per_rank) {
+  traces::Trace t;
+  const Layout& l = w.layout;
+  t.meta.source = traces::TraceSource::Sim;
+  t.meta.scenario_text = w.scenario.text.empty() ? to_yaml(w.scenario) : w.scenario.text;
+  t.meta.scenario_name = w.scenario.name;
+  t.meta.host = cluster.name;
+  t.meta.world_size = l.world();
+  t.meta.dp = l.dp, t.meta.tp = l.tp, t.meta.pp = l.pp;
+  t.meta.tokens_per_step = w.tokens_per_step;
+  t.meta.model_flops_per_step = w.model_flops_per_step;
+  t.meta.peak_flops_per_rank = peak_flops_per_rank;
+  {
+    std::ostringstream extra;
+    extra << "{\"cluster\":\"" << cluster.name << "\",\"simulated_ranks\":" << r.ranks.size()
+          << ",\"precision\":\"" << w.precision.name << "\",\"steps\":" << w.steps << "}";
+    t.meta.extra_json = extra.str();
+  }
+
+  // Communicators of the simulated ranks, ids in order of first use (deterministic).
+  std::unordered_map<uint64_t, int32_t> comm_ids;
+  auto comm_of = [&](int32_t rank, GroupRole role) -> int32_t {
+    const auto members = group_members(l, rank, role);
+    const GroupRole key_role = role == GroupRole::PPPrev ? GroupRole::PPNext : role;
+    const uint64_t key = (uint64_t(key_role) << 32) | uint32_t(members[0]);
+    auto it = comm_ids.find(key);
+    if (it != comm_ids.end()) return it->second;
+    traces::CommunicatorInfo ci;
+    ci.id = static_cast<int32_t>(t.comms.size());
+    ci.ranks = members;
+    const auto c = l.coord(rank);
+    switch (key_role) {
+      case GroupRole::TP:
+        ci.kind = traces::CommKind::TP;
+        ci.name = "tp[dp=" + std::to_string(c.dp) + ",pp=" + std::to_string(c.pp) + "]";
+        break;
+      case GroupRole::DP:
+        ci.kind = traces::CommKind::DP;
+        ci.name = "dp[tp=" + std::to_string(c.tp) + ",pp=" + std::to_string(c.pp) + "]";
+        break;
+      case GroupRole::Embedding:
+        ci.kind = traces::CommKind::Other;
+        ci.name = "embed[dp=" + std::to_string(c.dp) + ",tp=" + std::to_string(c.tp) + "]";
+        break;
+      default:
+        ci.kind = traces::CommKind::PP;
+        ci.name = "pp[dp=" + std::to_string(c.dp) + ",tp=" + std::to_string(c.tp) + "]";
+        break;
+    }
+    t.comms.push_back(ci);
+    comm_ids.emplace(key, ci.id);
+    return ci.id;
+  };
+
+  std::vector<traces::NameId> name_ids(w.names.size());
+  for (size_t i = 0; i < w.names.size(); ++i) name_ids[i] = t.strings.intern(w.names[i]);
+  const traces::NameId step_name = t.strings.intern(names::kStep), fwd_name = t.strings.intern(names::kForward),
+                       bwd_name = t.strings.intern(names::kBackward), opt_name = t.strings.intern(names::kOptimizer);
+
+  size_t total = 0;
+  for (const auto& run : r.ranks) total += run.ops.size();
+  t.spans.reserve(total + total / 8);
+  for (const auto& run : r.ranks) {
+    const auto& p = *run.program;
+    traces::RankInfo ri;
+    ri.rank = run.rank;
+    ri.host = "node" + std::to_string(cluster.node_of(run.rank));
+    ri.device = cluster.device.name + ":" + std::to_string(cluster.local_of(run.rank));
+    ri.dp = run.coord.dp, ri.tp = run.coord.tp, ri.pp = run.coord.pp;
+    t.ranks.push_back(ri);
+    for (int s = 0; s < kStreamCount; ++s)
+      if (!p.stream_ops[s].empty()) t.streams.push_back({run.rank, s, std::string(stream_name(s))});
+    // Phase extents: step per step; forward/backward per (step, micro-batch); optimizer per step.
+    struct Extent {
+      int64_t start = INT64_MAX, end = INT64_MIN;
+      void add(const OpTiming& x) {
+        start = std::min(start, x.start_ns);
+        end = std::max(end, x.end_ns);
+      }
+    };
+    std::vector<Extent> step_ext(w.steps), opt_ext(w.steps);
+    std::vector<Extent> fwd_ext(size_t(w.steps) * w.micro_batches), bwd_ext(size_t(w.steps) * w.micro_batches);
+    for (size_t i = 0; i < p.ops.size(); ++i) {
+      const Op& op = p.ops[i];
+      const OpTiming& tm = run.ops[i];
+      traces::Span sp;
+      sp.rank = run.rank;
+      sp.stream = op.stream;
+      sp.kind = op.kind;
+      sp.name = name_ids[op.name];
+      sp.start_ns = tm.start_ns;
+      sp.end_ns = tm.end_ns;
+      sp.step = op.step;
+      sp.micro_batch = op.micro_batch;
+      sp.layer = op.layer;
+      sp.bytes = op.bytes;
+      sp.flops = op.flops;
+      sp.op = op.coll;
+      if (op.group != GroupRole::None) {
+        sp.comm = comm_of(run.rank, op.group);
+        sp.seq = op.seq;
+        if (op.group == GroupRole::PPNext || op.group == GroupRole::PPPrev)
+          sp.peer = l.rank_of(run.coord.dp, run.coord.tp, run.coord.pp + (op.group == GroupRole::PPNext ? 1 : -1));
+      }
+      t.spans.push_back(sp);
+      if (op.step >= 0) step_ext[op.step].add(tm);
+      const size_t k = size_t(op.step) * w.micro_batches + op.micro_batch;
+      if (op.phase == PhaseKind::Forward && op.micro_batch >= 0) fwd_ext[k].add(tm);
+      if (op.phase == PhaseKind::Backward && op.micro_batch >= 0) bwd_ext[k].add(tm);
+      if (op.phase == PhaseKind::Optimizer) opt_ext[op.step].add(tm);
+    }
+    auto phase = [&](traces::NameId name, const Extent& e, int step, int mb) {
+      if (e.start > e.end) return;
+      traces::Span sp;
+      sp.rank = run.rank;
+      sp.stream = kStreamCompute;
+      sp.kind = traces::SpanKind::Phase;
+      sp.name = name;
+      sp.start_ns = e.start;
+      sp.end_ns = e.end;
+      sp.step = step;
+      sp.micro_batch = mb;
+      t.spans.push_back(sp);
+    };
+    for (int s = 0; s < w.steps; ++s) {
+      phase(step_name, step_ext[s], s, -1);
+      for (int mb = 0; mb < w.micro_batches; ++mb) {
+        phase(fwd_name, fwd_ext[size_t(s) * w.micro_batches + mb], s, mb);
+        phase(bwd_name, bwd_ext[size_t(s) * w.micro_batches + mb], s, mb);
+      }
+      phase(opt_name, opt_ext[s], s, -1);
+    }
+  }
+  t.sort_spans();
+  return t;
+}
+
+}  // namespace orrery::sim

@@ -1,0 +1,50 @@
+// Per-stage memory estimate: ZeRO model states plus activations in flight (see memory.hpp).
+#include "orrery/sim/memory.hpp"
+
+#include <algorithm>
+
+namespace orrery::sim {
+
+ModelStateBytes model_state_bytes(double params, int zero_stage, int dp, const PrecisionConfig& p) {
+  const double n = std::max(1, dp);
+  ModelStateBytes m;
+  m.parameters = p.param_bytes * params / (zero_stage >= 3 ? n : 1.0);
+  m.gradients = p.grad_bytes * params / (zero_stage >= 2 ? n : 1.0);
+  m.optimizer = p.optimizer_bytes * params / (zero_stage >= 1 ? n : 1.0);
+  return m;
+}
+
+double activation_bytes_per_layer(const Scenario& s, const PrecisionConfig& p) {
+  const double sq = s.model.seq, b = s.training.micro_batch, h = s.model.d_model, a = s.model.heads,
+               t = s.parallel.tp;
+  return sq * b * h * (10.0 + 24.0 / t + 5.0 * a * sq / (h * t)) * (p.act_bytes / 2.0);
+}
+
+std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionConfig& p, int64_t capacity_bytes) {
+  const int pp = s.parallel.pp;
+  const int m = s.micro_batches_per_step();
+  const int per_stage = s.model.layers / pp;
+  const double per_layer = activation_bytes_per_layer(s, p);
+  std::vector<MemoryEstimate> out;
+  for (int st = 0; st < pp; ++st) {
+    MemoryEstimate e;
+    e.stage = st;
+    for (const auto& t : stage_parameters(s, st)) e.param_count += t.count;
+    const auto ms = model_state_bytes(double(e.param_count), s.parallel.zero, s.parallel.dp, p);
+    e.parameters_bytes = ms.parameters;
+    e.gradients_bytes = ms.gradients;
+    e.optimizer_bytes = ms.optimizer;
+    e.micro_batches_in_flight = s.parallel.schedule == "gpipe" ? m : std::min(pp - st, m);
+    double act = per_layer * per_stage;
+    if (st == 0) act += double(s.model.seq) * s.training.micro_batch * s.model.d_model * 2.0;
+    e.activations_bytes = act * e.micro_batches_in_flight;
+    if (st == pp - 1) e.activations_bytes += double(s.training.micro_batch) * s.model.seq * s.model.vocab * 4.0 * 2.0;
+    e.total_bytes = e.parameters_bytes + e.gradients_bytes + e.optimizer_bytes + e.activations_bytes;
+    e.capacity_bytes = capacity_bytes;
+    e.fits = capacity_bytes <= 0 || e.total_bytes <= double(capacity_bytes);
+    out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace orrery::sim
