@@ -1,0 +1,371 @@
+// Collective algorithms as phases of steady flows (see collectives.hpp and sim/README.md).
+#include "orrery/sim/collectives.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "orrery/common/error.hpp"
+#include "orrery/sim/network.hpp"
+
+namespace orrery::sim {
+
+using traces::CollOp;
+
+std::string_view to_string(Algorithm a) {
+  switch (a) {
+    case Algorithm::Auto: return "auto";
+    case Algorithm::Ring: return "ring";
+    case Algorithm::Tree: return "tree";
+    case Algorithm::HalvingDoubling: return "halving-doubling";
+    case Algorithm::Direct: return "direct";
+    case Algorithm::Hierarchical: return "hierarchical";
+  }
+  return "?";
+}
+
+std::optional<Algorithm> algorithm_from_string(std::string_view s) {
+  std::string l(s);
+  for (char& ch : l) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (l == "auto") return Algorithm::Auto;
+  if (l == "ring") return Algorithm::Ring;
+  if (l == "tree" || l == "dbtree" || l == "double-binary-tree") return Algorithm::Tree;
+  if (l == "hd" || l == "halving-doubling" || l == "rhd" || l == "recursive-halving-doubling")
+    return Algorithm::HalvingDoubling;
+  if (l == "direct") return Algorithm::Direct;
+  if (l == "hier" || l == "hierarchical") return Algorithm::Hierarchical;
+  return std::nullopt;
+}
+
+namespace {
+
+// Accumulates flows of one phase, aggregating identical (src, dst, bytes) entries into weights.
+class PhaseBuilder {
+ public:
+  void add(int32_t src, int32_t dst, double bytes, double weight = 1.0) {
+    if (src == dst || bytes <= 0) return;
+    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(src)) << 32) | static_cast<uint32_t>(dst);
+    auto [it, inserted] = index_.try_emplace(key, phase_.flows.size());
+    if (inserted) {
+      phase_.flows.push_back(FlowSpec{src, dst, bytes, weight});
+    } else {
+      FlowSpec& f = phase_.flows[it->second];
+      if (f.bytes == bytes) {
+        f.weight += weight;
+      } else {  // same pair, different size (never in the built-in algorithms): keep both
+        phase_.flows.push_back(FlowSpec{src, dst, bytes, weight});
+      }
+    }
+  }
+  Phase take(int32_t steps) {
+    phase_.latency_steps = steps;
+    index_.clear();
+    return std::move(phase_);
+  }
+
+ private:
+  Phase phase_;
+  std::unordered_map<uint64_t, size_t> index_;
+};
+
+// Members grouped by node, in order of first appearance; members keep their order within a node.
+std::vector<std::vector<int32_t>> by_node(const Cluster& c, const std::vector<int32_t>& m) {
+  std::vector<std::vector<int32_t>> groups;
+  std::unordered_map<int, size_t> idx;
+  for (int32_t g : m) {
+    auto [it, ins] = idx.try_emplace(c.node_of(g), groups.size());
+    if (ins) groups.emplace_back();
+    groups[it->second].push_back(g);
+  }
+  return groups;
+}
+
+// Ring order of channel ch: nodes in order, each node's GPUs rotated by ch, so that channel ch
+// crosses between nodes on a different GPU (and NIC) of each node, as NCCL's rings do.
+std::vector<int32_t> ring_order(const std::vector<std::vector<int32_t>>& groups, int ch) {
+  std::vector<int32_t> o;
+  for (const auto& g : groups) {
+    const size_t r = static_cast<size_t>(ch) % g.size();
+    for (size_t i = 0; i < g.size(); ++i) o.push_back(g[(i + r) % g.size()]);
+  }
+  return o;
+}
+
+bool is_pow2(size_t n) { return n && !(n & (n - 1)); }
+
+// NCCL's in-order binary tree over n positions (ncclGetBtree): parent of position r, -1 for the root.
+int btree_parent(int n, int r) {
+  if (r == 0) return -1;
+  int bit = 1;
+  while (bit < n && !(bit & r)) bit <<= 1;
+  int up = (r ^ bit) | (bit << 1);
+  if (up >= n) up = r ^ bit;
+  return up;
+}
+
+// Double binary tree: tree 1 is tree 0 mirrored (even n) or shifted by one (odd n), so that most
+// ranks are interior in at most one tree.
+int dtree_parent(int n, int r, int tree) {
+  if (tree == 0) return btree_parent(n, r);
+  if (n % 2 == 0) {
+    const int p = btree_parent(n, n - 1 - r);
+    return p < 0 ? -1 : n - 1 - p;
+  }
+  const int p = btree_parent(n, (r - 1 + n) % n);
+  return p < 0 ? -1 : (p + 1) % n;
+}
+
+int tree_depth(int n, int tree) {
+  int depth = 0;
+  for (int r = 0; r < n; ++r) {
+    int d = 0;
+    for (int p = dtree_parent(n, r, tree); p >= 0; p = dtree_parent(n, p, tree)) ++d;
+    depth = std::max(depth, d);
+  }
+  return depth;
+}
+
+void add_ring(PhaseBuilder& b, const std::vector<int32_t>& o, double bytes, double weight = 1.0) {
+  const size_t n = o.size();
+  if (n < 2) return;
+  for (size_t i = 0; i < n; ++i) b.add(o[i], o[(i + 1) % n], bytes, weight);
+}
+
+void validate(const Cluster& c, const CollectiveRequest& r) {
+  if (r.members.empty()) throw InputError("collective with no members");
+  if (r.bytes < 0) throw InputError("collective size must be >= 0 bytes");
+  std::unordered_set<int32_t> seen;
+  for (int32_t g : r.members) {
+    if (g < 0 || g >= c.num_gpus()) {
+      throw InputError("collective member GPU " + std::to_string(g) + " is outside the cluster (" +
+                       std::to_string(c.num_gpus()) + " GPUs)");
+    }
+    if (!seen.insert(g).second) throw InputError("collective member GPU " + std::to_string(g) + " appears twice");
+  }
+  if ((r.op == CollOp::Send || r.op == CollOp::Recv) && r.members.size() != 2) {
+    throw InputError("send/recv needs exactly two members {source, destination}");
+  }
+  if ((r.op == CollOp::Broadcast || r.op == CollOp::Reduce) &&
+      (r.root < 0 || r.root >= static_cast<int32_t>(r.members.size()))) {
+    throw InputError("broadcast/reduce root " + std::to_string(r.root) + " is not a member index");
+  }
+}
+
+[[noreturn]] void unsupported(CollOp op, Algorithm a) {
+  throw InputError("algorithm '" + std::string(to_string(a)) + "' does not implement " +
+                   std::string(traces::to_string(op)));
+}
+
+}  // namespace
+
+int effective_channels(const Cluster& c, const CollectiveRequest& req) {
+  if (req.channels > 0) return req.channels;
+  if (c.coll.channels > 0) return c.coll.channels;
+  bool multi_node = false;
+  for (int32_t g : req.members) multi_node = multi_node || c.node_of(g) != c.node_of(req.members.front());
+  return multi_node ? c.gpus_per_node : 1;
+}
+
+CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
+  validate(c, req);
+  CollectivePlan plan;
+  plan.algo = req.algo == Algorithm::Auto ? choose_algorithm(c, req) : req.algo;
+  const int C = effective_channels(c, req);
+  plan.channels = C;
+  const auto& m = req.members;
+  const int n = static_cast<int>(m.size());
+  const double S = static_cast<double>(req.bytes);
+  const double Sc = S / C;
+  const auto groups = by_node(c, m);
+  const CollOp op = req.op == CollOp::Barrier ? CollOp::AllReduce : req.op;
+
+  if (op == CollOp::Send || op == CollOp::Recv) {
+    PhaseBuilder b;
+    b.add(m[0], m[1], Sc, C);
+    plan.algo = Algorithm::Direct;
+    plan.phases.push_back(b.take(1));
+    return plan;
+  }
+  if (n < 2) return plan;  // a collective of one rank moves nothing
+
+  // Members rotated so the root comes first (broadcast, reduce).
+  auto rooted = [&](const std::vector<int32_t>& o) {
+    std::vector<int32_t> r = o;
+    auto it = std::find(r.begin(), r.end(), m[req.root]);
+    std::rotate(r.begin(), it, r.end());
+    return r;
+  };
+
+  switch (plan.algo) {
+    case Algorithm::Ring: {
+      PhaseBuilder b;
+      int steps = 0;
+      for (int ch = 0; ch < C; ++ch) {
+        const auto o = ring_order(groups, ch);
+        switch (op) {
+          case CollOp::AllReduce: add_ring(b, o, 2.0 * (n - 1) / n * Sc); steps = 2 * (n - 1); break;
+          case CollOp::ReduceScatter:
+          case CollOp::AllGather: add_ring(b, o, 1.0 * (n - 1) / n * Sc); steps = n - 1; break;
+          case CollOp::Broadcast:
+          case CollOp::Reduce: {
+            // A pipelined chain from the root (broadcast) or towards it (reduce).
+            const auto r = rooted(o);
+            for (int i = 0; i + 1 < n; ++i) {
+              if (op == CollOp::Broadcast) b.add(r[i], r[i + 1], Sc);
+              else b.add(r[i + 1], r[i], Sc);
+            }
+            steps = n - 1;
+            break;
+          }
+          default: unsupported(req.op, plan.algo);
+        }
+      }
+      plan.phases.push_back(b.take(steps));
+      return plan;
+    }
+    case Algorithm::Tree: {
+      PhaseBuilder b;
+      int steps = 0;
+      for (int ch = 0; ch < C; ++ch) {
+        const auto o = ring_order(groups, ch);
+        if (op == CollOp::AllReduce) {
+          // Each tree reduces then broadcasts half the data, pipelined: both directions at once.
+          for (int t = 0; t < 2; ++t)
+            for (int r = 0; r < n; ++r) {
+              const int p = dtree_parent(n, r, t);
+              if (p < 0) continue;
+              b.add(o[r], o[p], Sc / 2);
+              b.add(o[p], o[r], Sc / 2);
+            }
+          steps = 2 * std::max(tree_depth(n, 0), tree_depth(n, 1));
+        } else if (op == CollOp::Broadcast || op == CollOp::Reduce) {
+          const auto ro = rooted(o);
+          for (int r = 1; r < n; ++r) {
+            const int p = btree_parent(n, r);
+            if (op == CollOp::Broadcast) b.add(ro[p], ro[r], Sc);
+            else b.add(ro[r], ro[p], Sc);
+          }
+          steps = tree_depth(n, 0);
+        } else {
+          unsupported(req.op, plan.algo);
+        }
+      }
+      plan.phases.push_back(b.take(steps));
+      return plan;
+    }
+    case Algorithm::HalvingDoubling: {
+      if (!is_pow2(static_cast<size_t>(n))) {
+        throw InputError("halving-doubling needs a power-of-two number of ranks; got " + std::to_string(n));
+      }
+      if (op != CollOp::AllReduce && op != CollOp::ReduceScatter && op != CollOp::AllGather) unsupported(req.op, plan.algo);
+      // Reduce-scatter by recursive halving: step k exchanges S/2^(k+1) with the rank n/2^(k+1) away.
+      std::vector<Phase> rs;
+      for (int d = n / 2; d >= 1; d /= 2) {
+        PhaseBuilder b;
+        const double bytes = S * d / n;  // S/2, S/4, ..., S/n
+        for (int r = 0; r < n; ++r) b.add(m[r], m[r ^ d], bytes / C, C);
+        rs.push_back(b.take(1));
+      }
+      if (op != CollOp::AllGather)
+        for (auto& p : rs) plan.phases.push_back(p);
+      if (op != CollOp::ReduceScatter)  // all-gather by recursive doubling: the same steps reversed
+        for (auto it = rs.rbegin(); it != rs.rend(); ++it) plan.phases.push_back(*it);
+      return plan;
+    }
+    case Algorithm::Direct: {
+      auto exchange = [&](double bytes) {
+        PhaseBuilder b;
+        for (int i = 0; i < n; ++i)
+          for (int j = 0; j < n; ++j) b.add(m[i], m[j], bytes);
+        return b.take(1);
+      };
+      switch (op) {
+        case CollOp::AllToAll:
+        case CollOp::AllGather:
+        case CollOp::ReduceScatter: plan.phases.push_back(exchange(S / n)); break;
+        case CollOp::AllReduce:
+          plan.phases.push_back(exchange(S / n));
+          plan.phases.push_back(exchange(S / n));
+          break;
+        case CollOp::Broadcast:
+        case CollOp::Reduce: {
+          PhaseBuilder b;
+          for (int i = 0; i < n; ++i) {
+            if (i == req.root) continue;
+            if (op == CollOp::Broadcast) b.add(m[req.root], m[i], S);
+            else b.add(m[i], m[req.root], S);
+          }
+          plan.phases.push_back(b.take(1));
+          break;
+        }
+        default: unsupported(req.op, plan.algo);
+      }
+      return plan;
+    }
+    case Algorithm::Hierarchical: {
+      if (op != CollOp::AllReduce && op != CollOp::ReduceScatter && op != CollOp::AllGather) unsupported(req.op, plan.algo);
+      const int g = static_cast<int>(groups.front().size());
+      const int nodes = static_cast<int>(groups.size());
+      for (const auto& grp : groups)
+        if (static_cast<int>(grp.size()) != g) {
+          throw InputError("hierarchical collectives need the same number of members on every node");
+        }
+      auto intra = [&](double factor_bytes) {  // a ring inside every node, all channels
+        PhaseBuilder b;
+        for (int ch = 0; ch < C; ++ch)
+          for (const auto& grp : groups) add_ring(b, ring_order({grp}, ch), factor_bytes / C);
+        return b.take(g - 1);
+      };
+      auto inter = [&](double bytes, int steps_per_hop) {  // a ring per local index across nodes
+        PhaseBuilder b;
+        for (int j = 0; j < g; ++j) {
+          std::vector<int32_t> o;
+          for (const auto& grp : groups) o.push_back(grp[j]);
+          add_ring(b, o, bytes / C, C);
+        }
+        return b.take(steps_per_hop * (nodes - 1));
+      };
+      const double gd = g, nd = nodes;
+      const double inter_part = S / gd;  // what each GPU owns after the intra-node reduce-scatter
+      if (op == CollOp::AllReduce) {
+        if (g > 1) plan.phases.push_back(intra((gd - 1) / gd * S));
+        if (nodes > 1) plan.phases.push_back(inter(2 * (nd - 1) / nd * inter_part, 2));
+        if (g > 1) plan.phases.push_back(intra((gd - 1) / gd * S));
+      } else if (op == CollOp::ReduceScatter) {
+        if (g > 1) plan.phases.push_back(intra((gd - 1) / gd * S));
+        if (nodes > 1) plan.phases.push_back(inter((nd - 1) / nd * inter_part, 1));
+      } else {
+        if (nodes > 1) plan.phases.push_back(inter((nd - 1) / nd * inter_part, 1));
+        if (g > 1) plan.phases.push_back(intra((gd - 1) / gd * S));
+      }
+      return plan;
+    }
+    case Algorithm::Auto: break;
+  }
+  throw InternalError("unresolved collective algorithm");
+}
+
+Algorithm choose_algorithm(const Cluster& c, const CollectiveRequest& req) {
+  switch (req.op) {
+    case CollOp::AllToAll:
+    case CollOp::Send:
+    case CollOp::Recv: return Algorithm::Direct;
+    case CollOp::AllReduce:
+    case CollOp::Barrier: {
+      // Like NCCL: trees only across nodes; pick the lower analytical estimate at this size.
+      bool multi_node = false;
+      for (int32_t g : req.members) multi_node = multi_node || c.node_of(g) != c.node_of(req.members.front());
+      if (!multi_node || req.members.size() < 3) return Algorithm::Ring;
+      CollectiveRequest r = req;
+      r.algo = Algorithm::Ring;
+      const int64_t ring = collective_time_ns(c, r, NetworkModel::Analytical);
+      r.algo = Algorithm::Tree;
+      const int64_t tree = collective_time_ns(c, r, NetworkModel::Analytical);
+      return tree < ring ? Algorithm::Tree : Algorithm::Ring;
+    }
+    default: return Algorithm::Ring;
+  }
+}
+
+}  // namespace orrery::sim

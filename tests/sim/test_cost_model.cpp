@@ -1,0 +1,163 @@
+// Cost model: roofline closed forms, the runtime's FLOP counting reproduced kernel by kernel, and
+// hardware profile files (parsing, errors, round trip, shipped defaults).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "../../runtime/include/orrery/runtime/flops.hpp"
+#include "orrery/common/error.hpp"
+#include "orrery/sim/cluster.hpp"
+#include "orrery/sim/cost_model.hpp"
+#include "orrery/sim/hardware.hpp"
+
+namespace orrery::sim {
+namespace {
+
+HardwareProfile flat_profile(double fe, double be, int64_t overhead_ns) {
+  HardwareProfile p;
+  p.name = "flat";
+  for (auto& c : p.classes) c = ClassCost{fe, be, overhead_ns};
+  return p;
+}
+
+TEST(Roofline, ComputeBoundAndMemoryBound) {
+  // Peak 100 TFLOP/s at 50 %, bandwidth 1 TB/s at 80 %, 3 us overhead.
+  const CostModel cm(flat_profile(0.5, 0.8, 3000), 100e12, 1e12);
+  // 1e12 FLOPs, 1 MB: compute-bound, 1e12 / 50e12 s = 20 ms.
+  EXPECT_EQ(cm.kernel_ns({OpClass::Gemm, 1e12, 1e6}), 20'000'000 + 3000);
+  // 1e6 FLOPs, 8e9 bytes: memory-bound, 8e9 / 0.8e12 s = 10 ms.
+  EXPECT_EQ(cm.kernel_ns({OpClass::Elementwise, 1e6, 8e9}), 10'000'000 + 3000);
+  // Exactly balanced: 5e10 FLOPs and 8e8 bytes both take 1 ms.
+  EXPECT_EQ(cm.kernel_ns({OpClass::Attention, 5e10, 8e8}), 1'000'000 + 3000);
+  // An op is its kernels in sequence.
+  EXPECT_EQ(cm.op_ns({{OpClass::Gemm, 1e12, 1e6}, {OpClass::Elementwise, 1e6, 8e9}}), 30'000'000 + 6000);
+  // Zero work costs the overhead only.
+  EXPECT_EQ(cm.kernel_ns({OpClass::LayerNorm, 0, 0}), 3000);
+}
+
+TEST(Roofline, PerClassEfficiencyAndProfileOverrides) {
+  HardwareProfile p = flat_profile(1.0, 1.0, 0);
+  p.classes[int(OpClass::Gemm)].flops_efficiency = 0.25;
+  p.peak_flops = 10e12;  // overrides the device's
+  const CostModel cm(p, 999e12, 1e12);
+  EXPECT_EQ(cm.peak_flops(), 10e12);
+  EXPECT_EQ(cm.kernel_ns({OpClass::Gemm, 1e10, 0}), 4'000'000);       // 1e10 / 2.5e12
+  EXPECT_EQ(cm.kernel_ns({OpClass::Attention, 1e10, 0}), 1'000'000);  // 1e10 / 10e12
+  EXPECT_THROW(CostModel(flat_profile(1, 1, 0), 0, 1e12), InputError);
+}
+
+TEST(Kernels, FlopsEqualTheRuntimeCounting) {
+  for (int64_t tp : {1, 2, 4}) {
+    ModelDims d;
+    d.batch = 4, d.seq = 256, d.d_model = 384, d.heads = 6, d.vocab = 8192, d.layers = 6, d.tp = tp, d.act_bytes = 4;
+    runtime::flops::Dims r{4, 256, 384, 8192, tp};
+    auto near = [](double a, double b) { return std::abs(a - b) <= 1e-12 * std::abs(b); };
+    EXPECT_TRUE(near(total_flops(attention_forward_kernels(d)), runtime::flops::block_attention_forward(r))) << tp;
+    EXPECT_TRUE(near(total_flops(mlp_forward_kernels(d)), runtime::flops::block_mlp_forward(r))) << tp;
+    EXPECT_TRUE(near(total_flops(attention_backward_kernels(d)) + total_flops(mlp_backward_kernels(d)),
+                     runtime::flops::block_backward(r)));
+    EXPECT_TRUE(near(total_flops(head_forward_kernels(d)), runtime::flops::head_forward(r)));
+    EXPECT_TRUE(near(total_flops(head_backward_kernels(d)), runtime::flops::head_backward(r)));
+    EXPECT_EQ(total_flops(embedding_forward_kernels(d)), 0.0);
+  }
+}
+
+TEST(Kernels, GemmBytesClosedForm) {
+  // qkv of the attention half: reads x (n·C), W (3C/tp·C), writes (n·3C/tp), in act_bytes.
+  ModelDims d;
+  d.batch = 2, d.seq = 64, d.d_model = 128, d.heads = 4, d.vocab = 512, d.tp = 2, d.act_bytes = 2;
+  const auto ks = attention_forward_kernels(d);
+  ASSERT_EQ(ks[1].cls, OpClass::Gemm);
+  const double n = 128, c = 128;
+  EXPECT_EQ(ks[1].bytes, 2 * (n * c + 3 * c / 2 * c + n * 3 * c / 2));
+}
+
+TEST(Kernels, ModelFlopsPerStep) {
+  Scenario s;
+  s.model = {4, 256, 4, 8192, 128, "gpt-tiny"};
+  s.training.micro_batch = 8;
+  s.training.global_batch = 32;
+  s.parallel.dp = 2;
+  // 2 micro-batches per replica, 2 replicas: 4 × 3 × forward of 8 sequences.
+  runtime::flops::Dims r{8, 128, 256, 8192, 1};
+  EXPECT_DOUBLE_EQ(model_flops_per_step(s), 4 * runtime::flops::model_step(r, 4));
+}
+
+TEST(HardwareProfile, ParsesEveryKey) {
+  const char* yaml = R"(
+name: test
+device: H100-SXM
+precision: bf16
+peak_flops: 9.0e14
+memory_bandwidth_gbps: 3000
+data_load_us: 12.5
+kernels:
+  gemm: {flops_efficiency: 0.8, bandwidth_efficiency: 0.9, overhead_us: 4}
+  softmax_loss: {flops_efficiency: 1.0, bandwidth_efficiency: 0.5, overhead_us: 2.5}
+collectives:
+  - {op: all_reduce, scope: intra_node, latency_us: 8, bus_bandwidth_gbps: 360}
+  - {op: all_reduce, latency_us: 20, bus_bandwidth_gbps: 40}
+machine:
+  host: dgx01
+  gpus: 8x H100
+)";
+  const HardwareProfile p = parse_hardware_profile(yaml, "t.yaml");
+  EXPECT_EQ(p.name, "test");
+  EXPECT_EQ(p.peak_flops, 9e14);
+  EXPECT_EQ(p.memory_bandwidth_bytes_per_s, 3e12);
+  EXPECT_EQ(p.data_load_ns, 12'500);
+  EXPECT_EQ(p.cost(OpClass::Gemm).flops_efficiency, 0.8);
+  EXPECT_EQ(p.cost(OpClass::SoftmaxLoss).overhead_ns, 2'500);
+  EXPECT_EQ(p.cost(OpClass::Attention).flops_efficiency, 1.0);  // absent: the default
+  ASSERT_EQ(p.collectives.size(), 2u);
+  EXPECT_EQ(p.find_override(traces::CollOp::AllReduce, true)->latency_ns, 8'000);
+  EXPECT_EQ(p.find_override(traces::CollOp::AllReduce, false)->latency_ns, 20'000);
+  EXPECT_EQ(p.find_override(traces::CollOp::AllGather, false), nullptr);
+  EXPECT_EQ(p.machine.at("host"), "dgx01");
+  // Round trip through to_yaml.
+  const HardwareProfile q = parse_hardware_profile(to_yaml(p), "round");
+  EXPECT_EQ(q.cost(OpClass::Gemm).bandwidth_efficiency, 0.9);
+  EXPECT_EQ(q.collectives.size(), 2u);
+  EXPECT_EQ(q.data_load_ns, p.data_load_ns);
+}
+
+TEST(HardwareProfile, BadInputIsAnInputError) {
+  EXPECT_THROW(parse_hardware_profile("kernels: {gemm: {flops_efficiency: 1.5}}", "x"), InputError);
+  EXPECT_THROW(parse_hardware_profile("kernels: {gemmm: {}}", "x"), InputError);
+  EXPECT_THROW(parse_hardware_profile("speed: 3", "x"), InputError);
+  EXPECT_THROW(parse_hardware_profile("precision: fp8", "x"), InputError);
+  EXPECT_THROW(parse_hardware_profile("collectives: [{op: shuffle, bus_bandwidth_gbps: 1}]", "x"), InputError);
+  EXPECT_THROW(parse_hardware_profile("data_load_us: -1", "x"), InputError);
+  EXPECT_THROW(load_hardware_profile("/nonexistent/profile.yaml"), InputError);
+  try {
+    parse_hardware_profile("name: a\nkernels:\n  gemm: {flops_efficiency: 2}\n", "p.yaml");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("p.yaml:3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("kernels.gemm.flops_efficiency"), std::string::npos) << e.what();
+  }
+}
+
+TEST(HardwareProfile, ShippedDefaultsLoadAndMatchTheBuiltIns) {
+  const std::filesystem::path dir = std::filesystem::path(ORRERY_SOURCE_DIR) / "scenarios" / "hardware";
+  int n = 0;
+  for (const auto& name : device_preset_names()) {
+    const auto file = dir / (name + ".yaml");
+    ASSERT_TRUE(std::filesystem::exists(file)) << file;
+    const HardwareProfile p = load_hardware_profile(file.string());
+    const HardwareProfile b = default_hardware_profile(name, name != "cpu");
+    EXPECT_EQ(p.device, name);
+    EXPECT_EQ(p.precision, b.precision);
+    for (int c = 0; c < kOpClassCount; ++c) {
+      EXPECT_EQ(p.classes[c].flops_efficiency, b.classes[c].flops_efficiency) << name << " " << c;
+      EXPECT_EQ(p.classes[c].bandwidth_efficiency, b.classes[c].bandwidth_efficiency) << name << " " << c;
+      EXPECT_EQ(p.classes[c].overhead_ns, b.classes[c].overhead_ns) << name << " " << c;
+    }
+    ++n;
+  }
+  EXPECT_GE(n, 4);
+}
+
+}  // namespace
+}  // namespace orrery::sim

@@ -1,0 +1,208 @@
+// Workload builder: exact op counts per schedule and layout, textbook 1F1B/GPipe orders, buckets,
+// names, placement, and that GPT-3 175B builds cheaply.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "orrery/common/error.hpp"
+#include "orrery/sim/workload.hpp"
+#include "test_workload_util.hpp"
+
+namespace orrery::sim {
+namespace {
+
+using testing::h100_cost;
+using testing::small_scenario;
+
+std::string order_string(const std::vector<int>& order) {
+  std::string s;
+  for (int x : order) s += (s.empty() ? "" : " ") + (x >= 0 ? "F" + std::to_string(x) : "B" + std::to_string(-x - 1));
+  return s;
+}
+
+TEST(Schedule, OneFOneBTextbookOrderP4M8) {
+  // Narayanan et al. 2021, Fig. 4 (top): p - s - 1 warm-up forwards, then 1F1B, then cool-down.
+  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 0, 8)), "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 1, 8)), "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
+  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 2, 8)), "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7");
+  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 3, 8)), "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+}
+
+TEST(Schedule, GPipeOrderP4M8) {
+  for (int s = 0; s < 4; ++s)
+    EXPECT_EQ(order_string(schedule_order("gpipe", 4, s, 8)), "F0 F1 F2 F3 F4 F5 F6 F7 B0 B1 B2 B3 B4 B5 B6 B7");
+}
+
+TEST(Schedule, FewerMicroBatchesThanStages) {
+  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 0, 2)), "F0 F1 B0 B1");
+  EXPECT_THROW(schedule_order("zigzag", 4, 0, 2), InputError);
+}
+
+// Counts ops of a program by name.
+std::map<std::string, int> count_by_name(const Workload& w, const StageProgram& p) {
+  std::map<std::string, int> n;
+  for (const auto& op : p.ops) ++n[w.names[op.name]];
+  return n;
+}
+
+TEST(Workload, OpCountsPerStage1F1B) {
+  // 8 layers, pp 4 (2 per stage), tp 2, dp 2, m 8.
+  const int L = 8, pp = 4, tp = 2, dp = 2, m = 8, lps = L / pp;
+  const Scenario s = small_scenario(L, dp, tp, pp, m);
+  const Workload w = build_workload(s, h100_cost());
+  ASSERT_EQ(w.micro_batches, m);
+  ASSERT_EQ(w.stages.size(), size_t(pp));
+  for (int st = 0; st < pp; ++st) {
+    const auto& p = w.stages[st];
+    auto n = count_by_name(w, p);
+    EXPECT_EQ(n[std::string(names::kAttnForward)], m * lps);
+    EXPECT_EQ(n[std::string(names::kMlpForward)], m * lps);
+    EXPECT_EQ(n[std::string(names::kAttnBackward)], m * lps);
+    EXPECT_EQ(n[std::string(names::kMlpBackward)], m * lps);
+    EXPECT_EQ(n[std::string(names::kTpAllReduce)], 4 * m * lps);  // 2 in forward + 2 in backward per block
+    EXPECT_EQ(n[std::string(names::kEmbedForward)], st == 0 ? m : 0);
+    EXPECT_EQ(n[std::string(names::kEmbedBackward)], st == 0 ? m : 0);
+    EXPECT_EQ(n[std::string(names::kHeadForward)], st == pp - 1 ? m : 0);
+    EXPECT_EQ(n[std::string(names::kHeadBackward)], st == pp - 1 ? m : 0);
+    EXPECT_EQ(n[std::string(names::kSendActivation)], st < pp - 1 ? m : 0);
+    EXPECT_EQ(n[std::string(names::kRecvActivation)], st > 0 ? m : 0);
+    EXPECT_EQ(n[std::string(names::kSendGradient)], st > 0 ? m : 0);
+    EXPECT_EQ(n[std::string(names::kRecvGradient)], st < pp - 1 ? m : 0);
+    EXPECT_EQ(n[std::string(names::kDataLoad)], (st == 0 || st == pp - 1) ? m : 0);
+    // One gradient all-reduce per bucket, on the last micro-batch only.
+    EXPECT_EQ(n[std::string(names::kDpAllReduce)], int(p.bucket_params.size()));
+    EXPECT_EQ(n[std::string(names::kEmbedAllReduce)], (st == 0 || st == pp - 1) ? 1 : 0);
+    EXPECT_EQ(n[std::string(names::kOptimizerStep)], 1);
+    // Buckets hold every parameter of the rank exactly once.
+    int64_t sum = 0;
+    for (auto b : p.bucket_params) sum += b;
+    EXPECT_EQ(sum, p.param_count);
+    // Streams: every op is on exactly one stream list.
+    size_t on_streams = 0;
+    for (const auto& so : p.stream_ops) on_streams += so.size();
+    EXPECT_EQ(on_streams, p.ops.size());
+  }
+}
+
+TEST(Workload, ComputeOrderFollowsTheSchedule) {
+  for (const char* sched : {"1f1b", "gpipe"}) {
+    const Scenario s = small_scenario(4, 1, 1, 4, 8, sched);
+    const Workload w = build_workload(s, h100_cost());
+    for (int st = 0; st < 4; ++st) {
+      // The passes as they appear on the compute stream: a forward starts with attn.forward of the
+      // stage's first layer, a backward with mlp.backward of its last layer.
+      std::vector<int> seen;
+      for (uint32_t id : w.stages[st].stream_ops[kStreamCompute]) {
+        const Op& op = w.stages[st].ops[id];
+        if (w.names[op.name] == names::kAttnForward && op.layer == st) seen.push_back(op.micro_batch);
+        if (w.names[op.name] == names::kMlpBackward && op.layer == st) seen.push_back(-op.micro_batch - 1);
+      }
+      EXPECT_EQ(seen, schedule_order(sched, 4, st, 8)) << sched << " stage " << st;
+    }
+  }
+}
+
+TEST(Workload, BucketsFromBucketSize) {
+  Scenario s = small_scenario(4, 2, 1, 1, 2);
+  s.parallel.bucket_mb = 1e6;  // everything in one bucket
+  const Workload one = build_workload(s, h100_cost());
+  EXPECT_EQ(one.stages[0].bucket_params.size(), 1u);
+  s.parallel.bucket_mb = 1e-9;  // every tensor closes its bucket: 12 per block + wte, wpe, lnf.w, lnf.b
+  const Workload each = build_workload(s, h100_cost());
+  EXPECT_EQ(each.stages[0].bucket_params.size(), size_t(12 * 4 + 4));
+  // Last layers first: the first bucket holds the final LayerNorm's bias (C parameters).
+  EXPECT_EQ(each.stages[0].bucket_params.front(), 256);
+  // Without overlap the all-reduces wait for the whole backward: they all depend on the last op.
+  s.parallel.overlap = false;
+  const Workload no = build_workload(s, h100_cost());
+  const auto& p = no.stages[0];
+  uint32_t last_bwd = 0;
+  for (uint32_t i = 0; i < p.ops.size(); ++i)
+    if (no.names[p.ops[i].name] == names::kEmbedBackward) last_bwd = i;
+  for (const auto& op : p.ops) {
+    if (no.names[op.name] != names::kDpAllReduce) continue;
+    ASSERT_EQ(op.dep_count, 1u);
+    EXPECT_EQ(p.deps[op.dep_begin], last_bwd);
+  }
+}
+
+TEST(Workload, ZeroStagesOps) {
+  const int m = 4;
+  for (int zero = 1; zero <= 3; ++zero) {
+    Scenario s = small_scenario(4, 4, 1, 1, m);
+    s.parallel.zero = zero;
+    const Workload w = build_workload(s, h100_cost());
+    auto n = count_by_name(w, w.stages[0]);
+    const int buckets = int(w.stages[0].bucket_params.size());
+    EXPECT_EQ(n[std::string(names::kDpAllReduce)], 0);
+    // ZeRO 1 reduce-scatters once per step, ZeRO 2/3 after every micro-batch's backward.
+    EXPECT_EQ(n[std::string(names::kDpReduceScatter)], zero == 1 ? buckets : m * buckets) << zero;
+    EXPECT_EQ(n[std::string(names::kDpAllGather)], zero <= 2 ? buckets : 0) << zero;
+    // ZeRO 3: each layer's parameters before its forward and its backward, every micro-batch.
+    EXPECT_EQ(n[std::string(names::kZeroAllGather)], zero == 3 ? 2 * 4 * m : 0) << zero;
+  }
+}
+
+TEST(Workload, ModelFlopsMatchTheSpans) {
+  // The model FLOPs of the step equal the FLOPs on the compute ops, summed over all ranks (each
+  // tp rank's block ops carry 1/tp; the head is computed by every tp rank, counted once in the model).
+  const Scenario s = small_scenario(8, 2, 1, 4, 4);
+  const Workload w = build_workload(s, h100_cost());
+  double span_flops = 0;
+  for (const auto& p : w.stages)
+    for (const auto& op : p.ops) span_flops += op.flops;
+  EXPECT_NEAR(span_flops * s.parallel.dp, w.model_flops_per_step, 1e-9 * w.model_flops_per_step);
+}
+
+TEST(Workload, PlacementTpFastest) {
+  Scenario s = small_scenario(8, 2, 4, 2, 2);
+  const Layout l = Layout::from(s);
+  EXPECT_EQ(l.rank_of(0, 1, 0), 1);
+  EXPECT_EQ(l.rank_of(1, 0, 0), 4);
+  EXPECT_EQ(l.rank_of(0, 0, 1), 8);
+  for (int r = 0; r < l.world(); ++r) {
+    const auto c = l.coord(r);
+    EXPECT_EQ(l.rank_of(c.dp, c.tp, c.pp), r);
+  }
+  s.parallel.placement = "pp,dp,tp";
+  const Layout l2 = Layout::from(s);
+  EXPECT_EQ(l2.rank_of(0, 0, 1), 1);
+  EXPECT_EQ(l2.rank_of(1, 0, 0), 2);
+  EXPECT_EQ(l2.rank_of(0, 1, 0), 4);
+}
+
+TEST(Workload, BadLayoutsAreInputErrors) {
+  Scenario s = small_scenario(8, 1, 3, 1, 2);  // 8 heads % tp 3
+  EXPECT_THROW(build_workload(s, h100_cost()), InputError);
+  s = small_scenario(6, 1, 1, 4, 4);  // 6 layers % pp 4
+  EXPECT_THROW(build_workload(s, h100_cost()), InputError);
+  s = small_scenario(8, 1, 1, 2, 4, "interleaved");
+  EXPECT_THROW(build_workload(s, h100_cost()), InputError);
+  EXPECT_THROW(precision_config("fp8"), InputError);
+}
+
+TEST(Workload, Gpt3On1024GpusBuildsOneProgramPerStage) {
+  const Scenario s = testing::gpt3_175b(8);
+  const Workload w = build_workload(s, h100_cost(), {1, precision_config("mixed")});
+  EXPECT_EQ(w.micro_batches, 192);
+  ASSERT_EQ(w.stages.size(), 16u);
+  // Middle stage: 6 layers × 192 micro-batches × (2 fwd + 2 bwd compute + 4 tp all-reduces)
+  // + 192 × (recv act, send act, recv grad, send grad) + buckets + optimizer.
+  const auto& p = w.stages[5];
+  const size_t expected = size_t(6) * 192 * 8 + 192 * 4 + p.bucket_params.size() + 1;
+  EXPECT_EQ(p.ops.size(), expected);
+  // Parameters summed over the stages and the tp slices: the blocks' 12C^2 + 7C are sliced, the
+  // replicated LayerNorms and row-parallel biases (6C) are held by every tp rank, and so are the
+  // (unsliced, as in the runtime) wte, wpe, the final LayerNorm and the last stage's copy of wte.
+  double total = 0;
+  for (const auto& st : w.stages) total += double(st.param_count);
+  const double c = 12288, v = 51200, t = 2048, tp = 8;
+  const double expected_total = 96 * (12 * c * c + 7 * c + 6 * c * tp) / tp * tp + tp * (2 * v * c + t * c + 2 * c);
+  EXPECT_EQ(total * tp, expected_total);
+  // The model itself is GPT-3's 175B (Narayanan et al.'s P formula): blocks and one embedding.
+  EXPECT_NEAR((96 * (12 * c * c + 13 * c) + v * c + t * c + 2 * c) / 1e9, 174.6, 0.1);
+}
+
+}  // namespace
+}  // namespace orrery::sim
