@@ -36,6 +36,15 @@ Expected closed_form(const SynthOptions& o) {
 
 void expect_closed_forms(const SynthOptions& o, const Metrics& m) {
   const Expected e = closed_form(o);
+  // The generator's own statement of its totals agrees with the formulas written out here.
+  const traces::SynthTotals x = traces::synth_totals(o);
+  EXPECT_EQ(x.compute_ns, e.compute);
+  EXPECT_EQ(x.comm_ns, e.comm);
+  EXPECT_EQ(x.exposed_comm_ns, e.exposed);
+  EXPECT_EQ(x.overlap_ns, e.overlap);
+  EXPECT_EQ(x.idle_ns, e.idle);
+  EXPECT_EQ(x.step_ns, e.step);
+  EXPECT_EQ(x.allreduce_bytes, int64_t(o.layers) * o.grad_bytes_per_layer);
   const int64_t S = o.steps, R = o.ranks, L = o.layers;
   ASSERT_EQ(m.ranks.size(), size_t(R));
   ASSERT_EQ(m.steps.size(), size_t(S));

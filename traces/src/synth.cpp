@@ -39,6 +39,26 @@ void validate(const SynthOptions& o) {
 
 }  // namespace
 
+SynthTotals synth_totals(const SynthOptions& o) {
+  validate(o);
+  const int64_t L = o.layers, k = o.layers_per_bucket, nb = L / k;
+  const int64_t c = k * o.comm_ns_per_layer;
+  SynthTotals x;
+  x.compute_ns = L * (o.forward_ns + o.backward_ns) + o.optimizer_ns;
+  x.comm_ns = nb * c;
+  x.exposed_comm_ns = c + (nb - 1) * std::max<int64_t>(0, c - k * o.backward_ns);
+  x.overlap_ns = x.comm_ns - x.exposed_comm_ns;
+  x.idle_ns = o.data_ns;
+  x.step_ns = o.data_ns + L * (o.forward_ns + o.backward_ns) + x.exposed_comm_ns + o.optimizer_ns;
+  x.allreduce_bytes = L * o.grad_bytes_per_layer;
+  x.allreduce_calls = nb;
+  x.flops = double(o.ranks) * double(L) * (o.forward_flops + o.backward_flops);
+  const double params = double(L) * double(o.grad_bytes_per_layer);
+  x.peak_memory_bytes =
+      3 * params + double(L) * double(std::max(o.activation_bytes_per_layer, o.grad_bytes_per_layer));
+  return x;
+}
+
 int64_t synth_span_count(const SynthOptions& o) {
   const int64_t nb = o.layers_per_bucket > 0 ? o.layers / o.layers_per_bucket : 0;
   return int64_t(o.ranks) * o.steps * (2LL * o.layers + nb + 6);

@@ -66,6 +66,21 @@ struct SynthOptions {
   int64_t straggler_delay_ns = 0;
 };
 
+// The closed forms above, per rank and step (exact when jitter_ns = 0 and there is no straggler).
+struct SynthTotals {
+  int64_t compute_ns = 0;
+  int64_t comm_ns = 0;
+  int64_t exposed_comm_ns = 0;
+  int64_t overlap_ns = 0;
+  int64_t idle_ns = 0;
+  int64_t step_ns = 0;
+  int64_t allreduce_bytes = 0;  // per rank and step
+  int64_t allreduce_calls = 0;  // per rank and step
+  double flops = 0;             // per step, all ranks
+  double peak_memory_bytes = 0; // per rank, sum of the categories
+};
+SynthTotals synth_totals(const SynthOptions& o);
+
 // Spans the options produce: ranks · steps · (2·layers + layers/layers_per_bucket + 6).
 int64_t synth_span_count(const SynthOptions& o);
 // The number of steps that reaches at least `target_spans` with the other options unchanged.

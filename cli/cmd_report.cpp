@@ -1,0 +1,320 @@
+// `orrery report`: the first metrics a performance engineer asks for (profiler/metrics.hpp), as
+// readable tables or one JSON object; --compare puts two traces' summaries side by side.
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "command.hpp"
+#include "orrery/common/error.hpp"
+#include "orrery/common/format.hpp"
+#include "orrery/profiler/metrics.hpp"
+#include "orrery/traces/store.hpp"
+
+namespace orrery::cli {
+namespace {
+
+using nlohmann::json;
+using profiler::Metrics;
+using profiler::TimeBreakdown;
+
+struct ReportArgs {
+  std::string trace;
+  std::string compare;
+  bool json = false;
+  profiler::MetricsOptions opt;
+  double peak_tflops = 0;
+};
+
+struct Loaded {
+  traces::Trace trace;
+  Metrics m;
+};
+
+Loaded load_and_compute(const std::string& path, const profiler::MetricsOptions& opt) {
+  Loaded l{traces::load_trace(path), {}};
+  l.trace.path = path;
+  l.m = profiler::compute_metrics(l.trace, opt);
+  return l;
+}
+
+json breakdown_json(const TimeBreakdown& t) {
+  return {{"window_ns", t.window_ns},       {"compute_ns", t.compute_ns},
+          {"comm_ns", t.comm_ns},           {"memcpy_ns", t.memcpy_ns},
+          {"overlap_ns", t.overlap_ns},     {"exposed_comm_ns", t.exposed_comm_ns},
+          {"idle_ns", t.idle_ns},           {"overlap_pct", t.overlap_pct()},
+          {"comm_comp_ratio", t.comm_comp_ratio()}};
+}
+
+json report_json(const Loaded& l) {
+  const Metrics& m = l.m;
+  json j;
+  j["trace"] = l.trace.path;
+  j["source"] = std::string(traces::to_string(l.trace.meta.source));
+  j["span_count"] = m.span_count;
+  j["start_ns"] = m.start_ns;
+  j["end_ns"] = m.end_ns;
+  j["summary"] = {{"steps", m.steps.size()},
+                  {"counted_steps", m.counted_steps},
+                  {"step_mean_ns", m.step_mean_ns},
+                  {"step_p50_ns", m.step_p50_ns},
+                  {"step_p90_ns", m.step_p90_ns},
+                  {"tokens_per_s", m.tokens_per_s},
+                  {"achieved_flops", m.achieved_flops},
+                  {"model_flops_per_s", m.model_flops_per_s},
+                  {"peak_flops_per_rank", m.peak_flops_per_rank},
+                  {"mfu", m.mfu},
+                  {"pipeline", m.pipeline},
+                  {"bubble_pct", m.bubble_pct},
+                  {"stragglers", m.stragglers},
+                  {"total", breakdown_json(m.total)}};
+  json ranks = json::array();
+  for (const auto& r : m.ranks) {
+    json jr = breakdown_json(r.total);
+    jr["rank"] = r.rank;
+    jr["bubble_ns"] = r.bubble_ns;
+    jr["late_ns_mean"] = r.late_ns_mean;
+    jr["collectives_checked"] = r.collectives_checked;
+    jr["collectives_late"] = r.collectives_late;
+    jr["peak_memory_bytes"] = r.peak_memory_bytes;
+    jr["peak_memory_total_bytes"] = r.peak_memory_total_bytes;
+    json steps = json::object();
+    for (const auto& [s, tb] : r.by_step) steps[std::to_string(s)] = breakdown_json(tb);
+    jr["by_step"] = std::move(steps);
+    ranks.push_back(std::move(jr));
+  }
+  j["ranks"] = std::move(ranks);
+  json steps = json::array();
+  for (const auto& s : m.steps) {
+    steps.push_back({{"step", s.step},
+                     {"start_ns", s.start_ns},
+                     {"end_ns", s.end_ns},
+                     {"duration_ns", s.duration_ns()},
+                     {"warmup", s.warmup}});
+  }
+  j["steps"] = std::move(steps);
+  json colls = json::array();
+  for (const auto& c : m.collectives) {
+    colls.push_back({{"op", c.op},
+                     {"comm", c.comm},
+                     {"comm_name", c.comm_name},
+                     {"comm_size", c.comm_size},
+                     {"count", c.count},
+                     {"ops", c.ops},
+                     {"bytes", c.bytes},
+                     {"time_ns", c.time_ns},
+                     {"algbw_gbps", c.algbw_gbps},
+                     {"busbw_gbps", c.busbw_gbps}});
+  }
+  j["collectives"] = std::move(colls);
+  return j;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string pad(const std::string& s, size_t w, bool right = true) {
+  if (s.size() >= w) return s;
+  return right ? std::string(w - s.size(), ' ') + s : s + std::string(w - s.size(), ' ');
+}
+
+void print_report(const Loaded& l, std::ostream& os) {
+  const Metrics& m = l.m;
+  const auto& meta = l.trace.meta;
+  os << "trace " << l.trace.path << " (" << traces::to_string(meta.source) << ", "
+     << m.ranks.size() << " ranks, dp " << meta.dp << " tp " << meta.tp << " pp " << meta.pp
+     << ", " << m.span_count << " spans, " << format_duration_ns(double(m.end_ns - m.start_ns))
+     << ")\n\n";
+
+  os << "Summary\n";
+  const int warm = int(m.steps.size()) - m.counted_steps;
+  os << "  steps             " << m.steps.size() << " (" << warm << " warm-up skipped)\n";
+  if (m.counted_steps > 0) {
+    os << "  step time         mean " << format_duration_ns(m.step_mean_ns) << "   p50 "
+       << format_duration_ns(m.step_p50_ns) << "   p90 " << format_duration_ns(m.step_p90_ns)
+       << "\n";
+  } else {
+    os << "  step time         n/a (no steps in the trace or window)\n";
+  }
+  os << "  tokens/s          "
+     << (m.tokens_per_s > 0 ? fmt("%.0f", m.tokens_per_s) : "n/a (tokens per step unknown)")
+     << "\n";
+  os << "  achieved          " << fmt("%.3f", m.achieved_flops / 1e12) << " TFLOP/s (span FLOPs, "
+     << fmt("%.3f", m.ranks.empty() ? 0.0 : m.achieved_flops / 1e12 / double(m.ranks.size()))
+     << " per rank)";
+  if (m.model_flops_per_s > 0) os << ", model " << fmt("%.3f", m.model_flops_per_s / 1e12) << " TFLOP/s";
+  os << "\n";
+  if (m.peak_flops_per_rank > 0) {
+    os << "  MFU               " << fmt("%.2f", 100 * m.mfu) << " % of "
+       << fmt("%.1f", m.peak_flops_per_rank / 1e12) << " TFLOP/s per rank\n";
+  } else {
+    os << "  MFU               n/a (peak unknown: pass --peak-tflops)\n";
+  }
+  os << "  pipeline bubble   "
+     << (m.pipeline ? fmt("%.2f", m.bubble_pct) + " %" : std::string("n/a (pp = 1)")) << "\n";
+  os << "  stragglers        ";
+  if (m.stragglers.empty()) {
+    os << "none";
+  } else {
+    for (size_t i = 0; i < m.stragglers.size(); ++i) {
+      const int32_t r = m.stragglers[i];
+      for (const auto& rm : m.ranks) {
+        if (rm.rank != r) continue;
+        os << (i ? "; " : "") << "rank " << r << " (late in " << rm.collectives_late << "/"
+           << rm.collectives_checked << " collectives, mean "
+           << (rm.late_ns_mean >= 0 ? "+" : "") << format_duration_ns(rm.late_ns_mean) << ")";
+      }
+    }
+  }
+  os << "\n\n";
+
+  os << "Per rank (whole window)\n";
+  os << pad("rank", 6) << pad("compute", 12) << pad("comm", 12) << pad("overlap", 9)
+     << pad("exposed", 12) << pad("idle", 12) << pad("memcpy", 11) << pad("comm/comp", 11)
+     << pad("late", 11) << pad("peak mem", 12) << "\n";
+  for (const auto& r : m.ranks) {
+    const TimeBreakdown& t = r.total;
+    os << pad(std::to_string(r.rank), 6) << pad(format_duration_ns(double(t.compute_ns)), 12)
+       << pad(format_duration_ns(double(t.comm_ns)), 12) << pad(fmt("%.1f %%", t.overlap_pct()), 9)
+       << pad(format_duration_ns(double(t.exposed_comm_ns)), 12)
+       << pad(format_duration_ns(double(t.idle_ns)), 12)
+       << pad(format_duration_ns(double(t.memcpy_ns)), 11)
+       << pad(fmt("%.3f", t.comm_comp_ratio()), 11)
+       << pad(r.collectives_checked ? format_duration_ns(r.late_ns_mean) : "-", 11)
+       << pad(r.peak_memory_total_bytes > 0 ? format_bytes(r.peak_memory_total_bytes) : "-", 12)
+       << "\n";
+  }
+  os << "\n";
+
+  os << "Collectives (bytes per call as nccl-tests' size; time summed over ranks' calls)\n";
+  if (m.collectives.empty()) {
+    os << "  none\n";
+    return;
+  }
+  os << pad("op", 16, false) << pad("communicator", 16, false) << pad("size", 5) << pad("calls", 9)
+     << pad("ops", 8) << pad("bytes", 12) << pad("time", 12) << pad("algbw", 13)
+     << pad("busbw", 13) << "\n";
+  for (const auto& c : m.collectives) {
+    const std::string comm = c.comm_name.empty() ? std::to_string(c.comm) : c.comm_name;
+    os << pad(c.op, 16, false) << pad(comm, 16, false) << pad(std::to_string(c.comm_size), 5)
+       << pad(std::to_string(c.count), 9) << pad(std::to_string(c.ops), 8)
+       << pad(format_bytes(double(c.bytes)), 12) << pad(format_duration_ns(double(c.time_ns)), 12)
+       << pad(fmt("%.2f GB/s", c.algbw_gbps), 13) << pad(fmt("%.2f GB/s", c.busbw_gbps), 13)
+       << "\n";
+  }
+}
+
+// Mean over ranks of a breakdown field per counted step (per rank over the window without steps),
+// so traces with different step counts compare.
+double per_rank_step(const Metrics& m, int64_t TimeBreakdown::*field) {
+  if (m.ranks.empty()) return 0;
+  double sum = 0;
+  for (const auto& r : m.ranks) {
+    if (m.counted_steps > 0) {
+      double s = 0;
+      for (const auto& st : m.steps) {
+        if (!st.warmup) s += double(r.by_step.at(st.step).*field);
+      }
+      sum += s / m.counted_steps;
+    } else {
+      sum += double(r.total.*field);
+    }
+  }
+  return sum / double(m.ranks.size());
+}
+
+struct Row {
+  std::string name;
+  double a, b;
+  bool time;  // format as a duration
+};
+
+std::vector<Row> compare_rows(const Metrics& a, const Metrics& b) {
+  const auto ov = [](const Metrics& m) { return m.total.overlap_pct(); };
+  return {
+      {"step time mean", a.step_mean_ns, b.step_mean_ns, true},
+      {"step time p90", a.step_p90_ns, b.step_p90_ns, true},
+      {"compute", per_rank_step(a, &TimeBreakdown::compute_ns),
+       per_rank_step(b, &TimeBreakdown::compute_ns), true},
+      {"comm", per_rank_step(a, &TimeBreakdown::comm_ns), per_rank_step(b, &TimeBreakdown::comm_ns),
+       true},
+      {"exposed comm", per_rank_step(a, &TimeBreakdown::exposed_comm_ns),
+       per_rank_step(b, &TimeBreakdown::exposed_comm_ns), true},
+      {"idle", per_rank_step(a, &TimeBreakdown::idle_ns), per_rank_step(b, &TimeBreakdown::idle_ns),
+       true},
+      {"overlap %", ov(a), ov(b), false},
+      {"tokens/s", a.tokens_per_s, b.tokens_per_s, false},
+      {"TFLOP/s", a.achieved_flops / 1e12, b.achieved_flops / 1e12, false},
+      {"bubble %", a.bubble_pct, b.bubble_pct, false},
+  };
+}
+
+double diff_pct(double a, double b) { return a != 0 ? 100.0 * (b - a) / a : 0.0; }
+
+int run_report(const ReportArgs& args) {
+  if (args.peak_tflops < 0) throw InputError("--peak-tflops: expected a value >= 0");
+  profiler::MetricsOptions opt = args.opt;
+  opt.peak_flops_per_rank = args.peak_tflops * 1e12;
+  const Loaded a = load_and_compute(args.trace, opt);
+  if (args.compare.empty()) {
+    if (args.json) {
+      std::cout << report_json(a).dump(2) << "\n";
+    } else {
+      print_report(a, std::cout);
+    }
+    return 0;
+  }
+  const Loaded b = load_and_compute(args.compare, opt);
+  const auto rows = compare_rows(a.m, b.m);
+  if (args.json) {
+    json j;
+    j["a"] = report_json(a);
+    j["b"] = report_json(b);
+    json d = json::object();
+    for (const auto& r : rows) d[r.name] = {{"a", r.a}, {"b", r.b}, {"diff_pct", diff_pct(r.a, r.b)}};
+    j["compare"] = std::move(d);
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "A: " << a.trace.path << " (" << traces::to_string(a.trace.meta.source) << ", "
+            << a.m.ranks.size() << " ranks, " << a.m.counted_steps << " steps)\n"
+            << "B: " << b.trace.path << " (" << traces::to_string(b.trace.meta.source) << ", "
+            << b.m.ranks.size() << " ranks, " << b.m.counted_steps << " steps)\n"
+            << "(compute, comm, exposed comm, idle: mean per rank and step)\n\n";
+  std::cout << pad("", 16, false) << pad("A", 14) << pad("B", 14) << pad("B vs A", 11) << "\n";
+  for (const auto& r : rows) {
+    const auto show = [&](double v) { return r.time ? format_duration_ns(v) : fmt("%.2f", v); };
+    std::cout << pad(r.name, 16, false) << pad(show(r.a), 14) << pad(show(r.b), 14)
+              << pad(r.a != 0 ? fmt("%+.1f %%", diff_pct(r.a, r.b)) : "-", 11) << "\n";
+  }
+  return 0;
+}
+
+Command setup(CLI::App& root) {
+  auto args = std::make_shared<ReportArgs>();
+  CLI::App* app = root.add_subcommand(
+      "report", "Metrics of a trace: per-rank compute/comm/overlap, steps, collectives");
+  app->add_option("TRACE", args->trace, "Trace file")->required();
+  app->add_flag("--json", args->json, "Print one JSON object");
+  app->add_option("--skip-steps", args->opt.skip_steps, "Warm-up steps left out of step statistics")
+      ->capture_default_str();
+  app->add_option("--peak-tflops", args->peak_tflops,
+                  "Peak TFLOP/s per rank for MFU (overrides the trace's)");
+  app->add_option("--compare", args->compare, "A second trace to compare against");
+  app->add_option("--window-start-ns", args->opt.window_start_ns, "Analyse only from this time");
+  app->add_option("--window-end-ns", args->opt.window_end_ns, "Analyse only up to this time");
+  app->add_option("--straggler-threshold-ns", args->opt.straggler_threshold_ns,
+                  "Lateness at a collective that counts as late")
+      ->capture_default_str();
+  return {app, [args]() { return run_report(*args); }};
+}
+
+const Registrar kRegistrar{setup};
+
+}  // namespace
+}  // namespace orrery::cli
