@@ -1,0 +1,142 @@
+// The Communicator interface: collectives and point-to-point transfers between ranks, and
+// sub-communicators for the data/tensor/pipeline-parallel groups.
+//
+// Implementations: MpiCommunicator (runtime/src/mpi/, CPUs, OpenMPI) and the single-rank
+// LocalCommunicator (comm_local.cpp, a process without a launcher); an NCCL communicator fits the
+// same interface:
+//  - Buffers are raw pointers into the memory of the communicator's device (host memory for MPI,
+//    device memory of its GPU for NCCL). Nothing here allocates or copies on the caller's behalf.
+//  - Every operation is asynchronous: it is queued on the communicator's stream (MPI: one
+//    communication thread per process, trace stream 1 "comm"; NCCL: its CUDA stream) and returns a
+//    Handle. Operations of one process run in the order they were issued, over all its
+//    communicators, so every rank must issue the operations of a communicator in the same order
+//    (the same rule as NCCL on one stream).
+//  - The caller must not touch a buffer until the handle's wait() returns.
+//  - Each operation is recorded (when a recorder is attached) as a span on the comm stream: kind
+//    Collective or P2P, op, bytes (nccl-tests' size: the buffer for all-reduce/broadcast/send/recv,
+//    the total for reduce-scatter/all-gather), communicator id, peer (global rank; the root for
+//    broadcast), and the operation's sequence number in its communicator.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "orrery/traces/span.hpp"
+
+namespace orrery::profiler {
+class Recorder;
+}
+
+namespace orrery::runtime {
+
+enum class DType : int32_t { F32 = 0, F64 = 1, I32 = 2, I64 = 3, U8 = 4 };
+size_t dtype_size(DType t);
+
+enum class ReduceOp : int32_t { Sum = 0, Avg = 1, Max = 2, Min = 3 };
+
+// Completion of an asynchronous operation.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the operation is complete; rethrows its error. A watchdog ends the wait with an
+  // InternalError naming the operation when it takes longer than the communicator's timeout.
+  virtual void wait() = 0;
+  virtual bool done() const = 0;
+};
+
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(std::shared_ptr<Work> w) : work_(std::move(w)) {}
+  void wait() {
+    if (work_) work_->wait();
+  }
+  bool done() const { return !work_ || work_->done(); }
+  bool valid() const { return work_ != nullptr; }
+
+ private:
+  std::shared_ptr<Work> work_;
+};
+
+// What the trace says about an operation besides its own parameters: a name (default: the op,
+// e.g. "all_reduce") and the training context. The name is copied at issue time.
+struct OpLabel {
+  std::string_view name = {};
+  int32_t step = -1;
+  int32_t micro_batch = -1;
+  int32_t layer = -1;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;  // rank within this communicator
+  virtual int size() const = 0;
+  // Trace identity: id (unique in the job, the same on every member), kind, name, member global
+  // ranks in communicator-rank order.
+  virtual const traces::CommunicatorInfo& info() const = 0;
+  int32_t id() const { return info().id; }
+  int global_rank(int r) const { return info().ranks.at(static_cast<size_t>(r)); }
+
+  // In place: every rank ends with the reduction of everyone's `data` (Avg divides by size()).
+  virtual Handle all_reduce(void* data, size_t count, DType dtype, ReduceOp op,
+                            const OpLabel& label = {}) = 0;
+  // `send` holds size()*recv_count elements; rank r receives the reduction of block r.
+  virtual Handle reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                                ReduceOp op, const OpLabel& label = {}) = 0;
+  // `recv` receives size()*send_count elements, block r from rank r.
+  virtual Handle all_gather(const void* send, void* recv, size_t send_count, DType dtype,
+                            const OpLabel& label = {}) = 0;
+  virtual Handle broadcast(void* data, size_t count, DType dtype, int root,
+                           const OpLabel& label = {}) = 0;
+  // Point-to-point; `peer` is a rank of this communicator. Matching is in issue order per pair.
+  virtual Handle send(const void* data, size_t count, DType dtype, int peer,
+                      const OpLabel& label = {}) = 0;
+  virtual Handle recv(void* data, size_t count, DType dtype, int peer,
+                      const OpLabel& label = {}) = 0;
+  virtual Handle barrier(const OpLabel& label = {}) = 0;
+
+  // Blocks until every operation this process issued before the call is complete.
+  virtual void synchronize() = 0;
+
+  // Collective over this communicator: ranks passing the same `color` form a new communicator,
+  // ordered by `key`. The result carries `kind` and `name` into the trace.
+  virtual std::unique_ptr<Communicator> split(int color, int key, traces::CommKind kind,
+                                              const std::string& name) = 0;
+
+  // Where operations are recorded (nullptr: nowhere). Shared by the communicators of a process.
+  virtual void set_recorder(profiler::Recorder* rec) = 0;
+
+  // Ends the whole job at once with `code` (MPI_Abort): the way out when one rank fails and the
+  // others would otherwise wait forever in a collective.
+  [[noreturn]] virtual void abort(int code) = 0;
+};
+
+struct WorldOptions {
+  double watchdog_s = 300.0;  // an operation not complete after this long fails its wait()
+};
+
+// True when this process was started by a launcher (mpirun, srun) with its rank and world size in
+// the environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK, or SLURM_STEP_ID with SLURM_NTASKS).
+bool started_by_launcher();
+// The world size the launcher announced (1 when not started by one).
+int launcher_world_size();
+// The world rank the launcher announced (0 when not started by one).
+int launcher_world_rank();
+
+// Whether this build has the MPI communicator.
+bool mpi_available();
+
+// The world communicator of this process: MPI when started by a launcher and built with MPI
+// (MPI is initialised on the communication thread), otherwise a single-rank communicator. Call it
+// once per process. Throws InputError when a launcher started several ranks but the build has no
+// MPI.
+std::unique_ptr<Communicator> make_world_communicator(const WorldOptions& opt = {});
+// A single-rank communicator, no MPI (tests, serial reference runs).
+std::unique_ptr<Communicator> make_local_communicator();
+
+}  // namespace orrery::runtime

@@ -1,0 +1,86 @@
+// Data parallelism (DDP): gradient buckets all-reduced (averaged) over the data-parallel group as
+// soon as all their gradients exist, overlapping the rest of the backward pass.
+//
+// Buckets are runs of consecutive model segments in gradient-ready order (the head's LayerNorm,
+// block L-1, ..., block 0, the embedding: "last layers first", as PyTorch's DDP). Because the model
+// lays segments out in memory in the reverse of that order, every bucket is one contiguous range of
+// the flat gradient array and is all-reduced in place: no copy into bucket buffers. A bucket is
+// closed before the segment that would take it past `bucket_mb` (a segment is never split; a
+// segment larger than the cap is a bucket of its own).
+//
+// Gradient accumulation: the model accumulates (+=) over micro-batches; only the last micro-batch of
+// a step is synchronised (`sync` = true), as PyTorch's no_sync() on the others. With overlap off,
+// the same buckets are all-reduced one after another once the backward pass is over.
+//
+// Trace: each bucket's all-reduce is a Collective span named "ddp.all_reduce" on the comm stream,
+// with step, micro_batch, layer = the lowest layer in the bucket (-1 for the embedding), and the
+// bucket's bytes; buckets go out in index order 0, 1, ... every step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "orrery/runtime/comm.hpp"
+#include "orrery/runtime/model.hpp"
+
+namespace orrery::runtime {
+
+struct DdpOptions {
+  double bucket_mb = 25.0;  // MiB; parallel.bucket_mb
+  bool overlap = true;      // parallel.overlap
+};
+
+struct DdpBucket {
+  int index = 0;
+  ParamRange range;           // in the flat gradient array
+  std::vector<int> segments;  // in ready order
+  int lowest_layer = 0;       // smallest segment id (kEmbedSegment = -1 for the embedding)
+  size_t bytes() const { return range.count * sizeof(float); }
+};
+
+// Splits the model's segments into buckets (pure function; used by DataParallel and the tests).
+std::vector<DdpBucket> make_ddp_buckets(const Gpt& model, double bucket_mb);
+
+class DataParallel {
+ public:
+  // `dp` is the data-parallel group; the model must outlive this object.
+  DataParallel(Gpt& model, Communicator& dp, const DdpOptions& opt);
+
+  const std::vector<DdpBucket>& buckets() const { return buckets_; }
+  const DdpOptions& options() const { return opt_; }
+
+  // Starts the backward pass of one micro-batch. With `sync` (the step's last micro-batch) buckets
+  // will be all-reduced as they complete (overlap) or after finish_backward() is called.
+  void begin_backward(bool sync, int32_t step, int32_t micro_batch);
+  // The GptHooks::on_grads_ready callback for the current backward pass.
+  void on_grads_ready(int segment);
+  // Issues the buckets still due (all of them without overlap) and waits for every all-reduce of
+  // this backward pass. After it, gradients are averaged over the group (when `sync` was set).
+  void finish_backward();
+
+  // Makes every replica's parameters equal to rank 0's (a broadcast; replicas initialised from the
+  // same seed are equal already, this makes it a guarantee rather than an assumption).
+  void broadcast_parameters();
+
+  // Bytes of communication buffers DDP holds beyond the gradients (0: buckets are views).
+  size_t comm_buffer_bytes() const { return 0; }
+
+ private:
+  void issue(DdpBucket& b);
+
+  Gpt& model_;
+  Communicator& dp_;
+  DdpOptions opt_;
+  std::vector<DdpBucket> buckets_;
+  std::vector<int> bucket_of_segment_;  // index segment + 1 (the embedding is -1)
+  std::vector<int> pending_;            // segments still to come, per bucket
+  std::vector<Handle> handles_;
+  int next_to_issue_ = 0;  // buckets go out in index order, so every rank issues the same sequence
+  bool sync_ = false;
+  int32_t step_ = -1;
+  int32_t micro_batch_ = -1;
+};
+
+}  // namespace orrery::runtime

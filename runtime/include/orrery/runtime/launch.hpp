@@ -1,0 +1,68 @@
+// Launching a run: re-starting `orrery run` under mpirun when several ranks are asked for, and
+// running this process's rank of a scenario with profiling (per-rank trace files merged by rank 0
+// at the end).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "orrery/common/scenario.hpp"
+#include "orrery/runtime/comm.hpp"
+#include "orrery/runtime/trainer.hpp"
+
+namespace orrery::runtime {
+
+// The absolute path of `name` found on PATH (or `name` itself when it contains a '/' and is
+// executable); "" when absent.
+std::string find_executable(const std::string& name);
+// This process's executable (/proc/self/exe).
+std::string self_executable();
+
+struct MpirunOptions {
+  int nproc = 1;
+  bool oversubscribe = false;  // needed when nproc exceeds the cores
+  bool allow_run_as_root = false;
+};
+// mpirun -n N [--oversubscribe] [--allow-run-as-root] --bind-to none <program...>. Ranks run a
+// compute thread pool and a communication thread each, so they are not pinned to one core.
+std::vector<std::string> mpirun_command(const std::string& mpirun, const MpirunOptions& opt,
+                                        const std::vector<std::string>& program);
+// The options for this machine: oversubscribe when nproc > hardware threads, allow root as root.
+MpirunOptions mpirun_options_for(int nproc);
+
+// Runs argv[0] with argv (PATH lookup) and waits; returns its exit status, 128 + signal when
+// killed. SIGINT/SIGTERM reaching this process are passed on to the child.
+int run_and_wait(const std::vector<std::string>& argv);
+
+// Per-rank trace file of a run whose merged trace is `out`: "<out>.rank<k>.db".
+std::string rank_trace_path(const std::string& out, int rank);
+// "out/<scenario>-<UTC yyyymmdd-hhmmss>.db".
+std::string default_trace_path(const std::string& scenario_name);
+
+struct RankRunOptions {
+  std::string out;       // merged trace path (rank 0 writes it); "" = default_trace_path
+  bool profile = true;   // record spans (per-rank files, merged at the end)
+  // Called on every rank after each step with the step's result (rank 0 usually prints).
+  std::function<void(const StepResult&)> on_step;
+};
+
+struct RankRunResult {
+  int rank = 0;
+  int world_size = 1;
+  std::vector<StepResult> steps;  // this rank's
+  std::vector<float> mean_loss;   // per step, averaged over the data-parallel replicas
+  std::vector<int64_t> max_duration_ns;  // per step, the slowest rank's wall time
+  std::string trace_path;         // the merged trace (written by rank 0; "" without profiling)
+  int64_t tokens_per_step = 0;
+  int64_t params = 0;
+};
+
+// Runs this process's rank of `s` on `world` (which must have s.world_size() ranks): trainer,
+// recorder, per-rank trace file, merge on rank 0. Call check_supported(s) and validate inputs
+// before creating `world`, so bad input fails before any MPI work.
+RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOptions& opt);
+
+}  // namespace orrery::runtime

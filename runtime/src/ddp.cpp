@@ -1,0 +1,132 @@
+// Data parallelism: bucketed, overlapped gradient all-reduce (see ddp.hpp).
+#include "orrery/runtime/ddp.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "orrery/common/error.hpp"
+
+namespace orrery::runtime {
+namespace {
+
+constexpr const char* kBucketSpanName = "ddp.all_reduce";
+constexpr const char* kBroadcastSpanName = "ddp.broadcast_parameters";
+
+// Segments of the model in the order their gradients complete: head LayerNorm (n_layer), blocks
+// from the last, the embedding (kEmbedSegment) last. Segments this shard does not hold are skipped.
+std::vector<int> ready_order(const Gpt& model) {
+  std::vector<int> order;
+  const int L = model.config.n_layer;
+  for (int seg = L; seg >= kEmbedSegment; --seg) {
+    if (model.segment_range(seg).count > 0) order.push_back(seg);
+  }
+  return order;
+}
+
+}  // namespace
+
+std::vector<DdpBucket> make_ddp_buckets(const Gpt& model, double bucket_mb) {
+  if (!(bucket_mb > 0)) {
+    throw InputError("parallel.bucket_mb: expected a size in MiB > 0, got " + std::to_string(bucket_mb));
+  }
+  const double cap_bytes = bucket_mb * 1024.0 * 1024.0;
+  std::vector<DdpBucket> buckets;
+  for (int seg : ready_order(model)) {
+    const ParamRange r = model.segment_range(seg);
+    const double seg_bytes = static_cast<double>(r.count) * sizeof(float);
+    const bool open_new = buckets.empty() ||
+                          static_cast<double>(buckets.back().bytes()) + seg_bytes > cap_bytes;
+    if (open_new) {
+      DdpBucket b;
+      b.index = static_cast<int>(buckets.size());
+      b.range = r;
+      b.lowest_layer = seg;
+      buckets.push_back(b);
+    } else {
+      DdpBucket& b = buckets.back();
+      // Ready order walks memory backwards, so the new segment must end where the bucket begins.
+      if (r.end() != b.range.offset) {
+        throw InternalError("DDP: model segment " + std::to_string(seg) +
+                            " is not adjacent to its bucket in the gradient array");
+      }
+      b.range.offset = r.offset;
+      b.range.count += r.count;
+      b.lowest_layer = std::min(b.lowest_layer, seg);
+    }
+    buckets.back().segments.push_back(seg);
+  }
+  return buckets;
+}
+
+DataParallel::DataParallel(Gpt& model, Communicator& dp, const DdpOptions& opt)
+    : model_(model), dp_(dp), opt_(opt), buckets_(make_ddp_buckets(model, opt.bucket_mb)) {
+  bucket_of_segment_.assign(static_cast<size_t>(model.config.n_layer) + 2, -1);
+  for (const auto& b : buckets_) {
+    for (int seg : b.segments) bucket_of_segment_[static_cast<size_t>(seg + 1)] = b.index;
+  }
+  pending_.assign(buckets_.size(), 0);
+}
+
+void DataParallel::begin_backward(bool sync, int32_t step, int32_t micro_batch) {
+  sync_ = sync && dp_.size() > 1;
+  step_ = step;
+  micro_batch_ = micro_batch;
+  next_to_issue_ = 0;
+  handles_.clear();
+  for (const auto& b : buckets_) pending_[static_cast<size_t>(b.index)] = static_cast<int>(b.segments.size());
+}
+
+void DataParallel::on_grads_ready(int segment) {
+  if (!sync_) return;
+  const size_t slot = static_cast<size_t>(segment + 1);
+  if (slot >= bucket_of_segment_.size() || bucket_of_segment_[slot] < 0) {
+    throw InternalError("DDP: gradients ready for segment " + std::to_string(segment) +
+                        ", which is in no bucket");
+  }
+  const int bi = bucket_of_segment_[slot];
+  if (--pending_[static_cast<size_t>(bi)] < 0) {
+    throw InternalError("DDP: segment " + std::to_string(segment) + " reported ready twice");
+  }
+  if (!opt_.overlap) return;
+  // Issue in index order only, so every rank sends the same sequence of all-reduces.
+  while (next_to_issue_ < static_cast<int>(buckets_.size()) &&
+         pending_[static_cast<size_t>(next_to_issue_)] == 0) {
+    issue(buckets_[static_cast<size_t>(next_to_issue_++)]);
+  }
+}
+
+void DataParallel::issue(DdpBucket& b) {
+  OpLabel label;
+  label.name = kBucketSpanName;
+  label.step = step_;
+  label.micro_batch = micro_batch_;
+  label.layer = b.lowest_layer;
+  handles_.push_back(dp_.all_reduce(model_.grads.data() + b.range.offset, b.range.count,
+                                    DType::F32, ReduceOp::Avg, label));
+}
+
+void DataParallel::finish_backward() {
+  if (sync_) {
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      if (pending_[i] != 0) {
+        throw InternalError("DDP: backward finished with " + std::to_string(pending_[i]) +
+                            " segment(s) of bucket " + std::to_string(i) + " never ready");
+      }
+    }
+    while (next_to_issue_ < static_cast<int>(buckets_.size())) {
+      issue(buckets_[static_cast<size_t>(next_to_issue_++)]);
+    }
+  }
+  for (auto& h : handles_) h.wait();
+  handles_.clear();
+  sync_ = false;
+}
+
+void DataParallel::broadcast_parameters() {
+  if (dp_.size() <= 1) return;
+  OpLabel label;
+  label.name = kBroadcastSpanName;
+  dp_.broadcast(model_.params.data(), model_.params.size(), DType::F32, 0, label).wait();
+}
+
+}  // namespace orrery::runtime

@@ -1,0 +1,270 @@
+// Launching a run: mpirun re-launch, and one rank's run with its per-rank trace and the merge.
+#include "orrery/runtime/launch.hpp"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <thread>
+
+#include "orrery/common/error.hpp"
+#include "orrery/profiler/ranges.hpp"
+#include "orrery/profiler/recorder.hpp"
+#include "orrery/runtime/flops.hpp"
+#include "orrery/traces/store.hpp"
+
+namespace orrery::runtime {
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_executable(const std::string& p) {
+  struct stat st{};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+int64_t unix_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+volatile sig_atomic_t g_child_pid = 0;
+void forward_signal(int sig) {
+  if (g_child_pid > 0) ::kill(g_child_pid, sig);
+}
+
+// Rank 0 chooses the default output path (it holds a timestamp) and tells the others.
+std::string agree_on_path(Communicator& world, const std::string& mine) {
+  if (world.size() == 1) return mine;
+  constexpr size_t kMax = 4096;
+  std::vector<char> buf(kMax, 0);
+  if (world.rank() == 0) std::strncpy(buf.data(), mine.c_str(), kMax - 1);
+  world.broadcast(buf.data(), kMax, DType::U8, 0, OpLabel{"launch.out_path"}).wait();
+  return std::string(buf.data());
+}
+
+}  // namespace
+
+std::string find_executable(const std::string& name) {
+  if (name.find('/') != std::string::npos) return is_executable(name) ? name : "";
+  const char* path = std::getenv("PATH");
+  if (!path) return "";
+  std::string dirs(path);
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    std::string dir = dirs.substr(start, end - start);
+    if (dir.empty()) dir = ".";
+    const std::string candidate = dir + "/" + name;
+    if (is_executable(candidate)) return candidate;
+    start = end + 1;
+  }
+  return "";
+}
+
+std::string self_executable() {
+  std::error_code ec;
+  const auto p = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) throw InternalError("cannot find this program's path (/proc/self/exe): " + ec.message());
+  return p.string();
+}
+
+MpirunOptions mpirun_options_for(int nproc) {
+  MpirunOptions o;
+  o.nproc = nproc;
+  const unsigned cores = std::thread::hardware_concurrency();
+  o.oversubscribe = cores == 0 || static_cast<unsigned>(nproc) > cores;
+  o.allow_run_as_root = ::geteuid() == 0;
+  return o;
+}
+
+std::vector<std::string> mpirun_command(const std::string& mpirun, const MpirunOptions& opt,
+                                        const std::vector<std::string>& program) {
+  std::vector<std::string> cmd{mpirun, "-n", std::to_string(opt.nproc)};
+  if (opt.oversubscribe) cmd.push_back("--oversubscribe");
+  if (opt.allow_run_as_root) cmd.push_back("--allow-run-as-root");
+  cmd.insert(cmd.end(), {"--bind-to", "none"});
+  cmd.insert(cmd.end(), program.begin(), program.end());
+  return cmd;
+}
+
+int run_and_wait(const std::vector<std::string>& argv) {
+  if (argv.empty()) throw InternalError("run_and_wait: empty command");
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw InternalError(std::string("fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::execvp(args[0], args.data());
+    std::fprintf(stderr, "orrery: cannot start %s: %s\n", args[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  g_child_pid = pid;
+  struct sigaction sa{}, old_int{}, old_term{};
+  sa.sa_handler = forward_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, &old_int);
+  ::sigaction(SIGTERM, &sa, &old_term);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) {
+      status = -1;
+      break;
+    }
+  }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  g_child_pid = 0;
+  if (status == -1) throw InternalError(std::string("waitpid failed: ") + std::strerror(errno));
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string rank_trace_path(const std::string& out, int rank) {
+  return out + ".rank" + std::to_string(rank) + ".db";
+}
+
+std::string default_trace_path(const std::string& scenario_name) {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  return "out/" + (scenario_name.empty() ? std::string("run") : scenario_name) + "-" + stamp + ".db";
+}
+
+RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOptions& opt) {
+  RankRunResult result;
+  result.rank = world.rank();
+  result.world_size = world.size();
+  const std::string out = agree_on_path(world, opt.out.empty() ? default_trace_path(s.name) : opt.out);
+
+  // Per-rank trace file, written while the run goes.
+  std::unique_ptr<traces::TraceWriter> writer;
+  const std::string rank_file = rank_trace_path(out, world.rank());
+  if (opt.profile) {
+    const fs::path parent = fs::path(out).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) fs::create_directories(parent, ec);
+    writer = std::make_unique<traces::TraceWriter>(rank_file);
+  }
+  profiler::Recorder rec(writer.get(), world.rank());
+  profiler::Recorder::set_current(&rec);
+  world.set_recorder(&rec);
+  struct Detach {
+    Communicator& w;
+    ~Detach() {
+      w.set_recorder(nullptr);
+      profiler::Recorder::set_current(nullptr);
+    }
+  } detach{world};
+
+  Trainer trainer(s, world, &rec);
+  const Layout& lay = trainer.layout();
+  result.tokens_per_step = static_cast<int64_t>(s.training.global_batch) * s.model.seq;
+  result.params = static_cast<int64_t>(trainer.model().num_params());
+
+  if (writer) {
+    traces::RunMeta meta;
+    meta.source = traces::TraceSource::Real;
+    meta.scenario_text = s.text;
+    meta.scenario_name = s.name;
+    meta.host = host_name();
+    meta.start_time_unix_ns = unix_now_ns();
+    meta.world_size = world.size();
+    meta.dp = lay.dp;
+    meta.tp = lay.tp;
+    meta.pp = lay.pp;
+    meta.tokens_per_step = result.tokens_per_step;
+    flops::Dims d;
+    d.batch = s.training.global_batch;
+    d.seq = s.model.seq;
+    d.d_model = s.model.d_model;
+    d.vocab = s.model.vocab;
+    meta.model_flops_per_step = flops::model_step(d, s.model.layers);
+    meta.extra_json = "{\"threads\": " + std::to_string(s.runtime.threads) +
+                      ", \"micro_batches\": " + std::to_string(trainer.micro_batches()) +
+                      ", \"ddp_buckets\": " + std::to_string(trainer.ddp().buckets().size()) +
+                      ", \"params\": " + std::to_string(result.params) + "}";
+    writer->set_meta(meta);
+    traces::RankInfo ri;
+    ri.rank = world.rank();
+    ri.host = meta.host;
+    ri.device = "cpu";
+    ri.dp = lay.dp_rank;
+    ri.tp = lay.tp_rank;
+    ri.pp = lay.pp_rank;
+    writer->add_rank(ri);
+    rec.add_stream(profiler::kComputeStream, "compute");
+    rec.add_stream(profiler::kCommStream, "comm");
+  }
+
+  trainer.prepare();
+  for (int i = 0; i < s.training.steps; ++i) {
+    StepResult r = trainer.step();
+    result.steps.push_back(r);
+    if (opt.on_step) opt.on_step(r);
+  }
+
+  // The loss of each step averaged over the data-parallel replicas (one all-reduce at the end, so
+  // the steps' traces hold only the training's own communication).
+  result.mean_loss.resize(result.steps.size());
+  for (size_t i = 0; i < result.steps.size(); ++i) result.mean_loss[i] = result.steps[i].loss;
+  result.max_duration_ns.resize(result.steps.size());
+  for (size_t i = 0; i < result.steps.size(); ++i) {
+    result.max_duration_ns[i] = result.steps[i].duration_ns;
+  }
+  if (!result.steps.empty()) {
+    trainer.dp_group()
+        .all_reduce(result.mean_loss.data(), result.mean_loss.size(), DType::F32, ReduceOp::Avg,
+                    OpLabel{"report.loss"})
+        .wait();
+    world
+        .all_reduce(result.max_duration_ns.data(), result.max_duration_ns.size(), DType::I64,
+                    ReduceOp::Max, OpLabel{"report.step_time"})
+        .wait();
+  }
+
+  world.set_recorder(nullptr);
+  world.synchronize();
+  if (writer) {
+    rec.flush();
+    writer->close();
+  }
+  // Every rank's file is complete before rank 0 merges.
+  world.barrier().wait();
+  if (writer && world.rank() == 0) {
+    std::vector<std::string> inputs;
+    for (int r = 0; r < world.size(); ++r) inputs.push_back(rank_trace_path(out, r));
+    std::error_code ec;
+    fs::remove(out, ec);
+    traces::merge_traces(inputs, out);
+    for (const auto& f : inputs) {
+      fs::remove(f, ec);
+      fs::remove(f + "-wal", ec);
+      fs::remove(f + "-shm", ec);
+    }
+    result.trace_path = out;
+  } else if (writer) {
+    result.trace_path = out;
+  }
+  return result;
+}
+
+}  // namespace orrery::runtime

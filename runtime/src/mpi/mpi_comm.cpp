@@ -1,0 +1,614 @@
+// MpiCommunicator: the Communicator over MPI (OpenMPI), for CPU ranks.
+//
+// One communication thread per process makes every MPI call, MPI_Init_thread and MPI_Finalize
+// included (MPI_THREAD_FUNNELED: the thread that initialised MPI is the only one that calls it), so
+// any MPI build works and compute threads never block in MPI. Callers queue operations and get a
+// Handle. The thread runs collectives one at a time in issue order (blocking MPI calls, MPI's tuned
+// algorithms); sends and receives are posted non-blocking and completed by polling, so exchanges in
+// both directions cannot deadlock. Every operation is recorded as a span on the comm stream.
+// The one exception to the funnel is MPI_Abort, which the failing thread calls directly: it must
+// work while the communication thread is stuck in a collective.
+// The C API only: Open MPI's mpi.h pulls in the deprecated C++ bindings (libmpi_cxx) otherwise.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "orrery/common/error.hpp"
+#include "orrery/profiler/recorder.hpp"
+#include "orrery/runtime/comm.hpp"
+
+namespace orrery::runtime {
+namespace {
+
+using traces::CollOp;
+using traces::CommKind;
+
+std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+#define ORRERY_MPI_CHECK(call)                                                          \
+  do {                                                                                  \
+    const int orrery_rc_ = (call);                                                      \
+    if (orrery_rc_ != MPI_SUCCESS) {                                                    \
+      throw InternalError(std::string(#call) + " failed at " + __FILE__ + ":" +          \
+                          std::to_string(__LINE__) + ": " + mpi_error_string(orrery_rc_)); \
+    }                                                                                   \
+  } while (0)
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return MPI_FLOAT;
+    case DType::F64:
+      return MPI_DOUBLE;
+    case DType::I32:
+      return MPI_INT32_T;
+    case DType::I64:
+      return MPI_INT64_T;
+    case DType::U8:
+      return MPI_UINT8_T;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:  // summed, then divided on the communication thread
+      return MPI_SUM;
+    case ReduceOp::Max:
+      return MPI_MAX;
+    case ReduceOp::Min:
+      return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+int checked_count(size_t count) {
+  if (count > static_cast<size_t>(INT_MAX)) {
+    throw InternalError("MPI communicator: " + std::to_string(count) +
+                        " elements in one operation exceed MPI's int count");
+  }
+  return static_cast<int>(count);
+}
+
+void divide_in_place(void* data, size_t count, DType t, int n) {
+  if (t == DType::F32) {
+    auto* p = static_cast<float*>(data);
+    const float inv = 1.0f / static_cast<float>(n);
+    for (size_t i = 0; i < count; ++i) p[i] *= inv;
+  } else if (t == DType::F64) {
+    auto* p = static_cast<double*>(data);
+    const double inv = 1.0 / n;
+    for (size_t i = 0; i < count; ++i) p[i] *= inv;
+  } else {
+    throw InternalError("MPI communicator: ReduceOp::Avg needs a floating-point dtype");
+  }
+}
+
+// One queued operation and its completion.
+class Task final : public Work {
+ public:
+  enum class Kind { Collective, Send, Recv, Fence, Stop };
+
+  Kind kind = Kind::Collective;
+  std::function<void()> run;  // Collective: the blocking MPI work
+  // Send / Recv:
+  const void* send_buf = nullptr;
+  void* recv_buf = nullptr;
+  int count = 0;
+  MPI_Datatype type = MPI_BYTE;
+  int peer = 0;
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Request request = MPI_REQUEST_NULL;
+  // Trace:
+  bool record = false;
+  traces::Span span;
+  std::string what;  // "all_reduce seq 12 on dp[...]": for watchdog and error messages
+  double watchdog_s = 300;
+
+  void complete(std::exception_ptr err = nullptr) {
+    {
+      std::lock_guard lock(mu_);
+      error_ = std::move(err);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+  void wait() override {
+    std::unique_lock lock(mu_);
+    const auto limit = std::chrono::duration<double>(watchdog_s);
+    if (!cv_.wait_for(lock, limit, [&] { return done_; })) {
+      std::ostringstream msg;
+      msg << "watchdog: " << what << " not complete after " << watchdog_s
+          << " s (runtime.watchdog_s); a rank is missing from this operation or issued "
+             "operations in another order";
+      throw InternalError(msg.str());
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool done() const override {
+    std::lock_guard lock(mu_);
+    return done_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+// The process's communication thread and its queue.
+class Engine {
+ public:
+  static Engine& instance() {
+    static Engine e;
+    return e;
+  }
+
+  // Starts the thread (which initialises MPI) and waits until MPI is up. Idempotent.
+  void start() {
+    std::unique_lock lock(mu_);
+    if (started_) return;
+    started_ = true;
+    thread_ = std::thread([this] { loop(); });
+    cv_.wait(lock, [&] { return init_done_; });
+    if (init_error_) std::rethrow_exception(init_error_);
+  }
+
+  // Finalises MPI and joins the thread (at process exit).
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      if (!started_ || stopping_) return;
+      stopping_ = true;
+    }
+    auto t = std::make_shared<Task>();
+    t->kind = Task::Kind::Stop;
+    submit(t);
+    if (thread_.joinable()) thread_.join();
+  }
+
+  ~Engine() {
+    try {
+      stop();
+    } catch (...) {
+    }
+  }
+
+  void submit(const std::shared_ptr<Task>& t) {
+    {
+      std::lock_guard lock(mu_);
+      if (finalized_) {
+        t->complete(std::make_exception_ptr(
+            InternalError("MPI communicator used after MPI_Finalize (process exiting)")));
+        return;
+      }
+      queue_.push_back(t);
+    }
+    cv_.notify_one();
+  }
+
+  // Runs `fn` on the communication thread and waits for it (setup calls such as MPI_Comm_split).
+  void call(std::function<void()> fn) {
+    auto t = std::make_shared<Task>();
+    t->kind = Task::Kind::Collective;
+    t->run = std::move(fn);
+    t->what = "communicator setup";
+    t->watchdog_s = watchdog_s_;
+    submit(t);
+    t->wait();
+  }
+
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return world_size_; }
+  double watchdog_s() const { return watchdog_s_; }
+  void set_watchdog_s(double s) { watchdog_s_ = s; }
+  profiler::Recorder* recorder() const { return recorder_.load(std::memory_order_acquire); }
+  void set_recorder(profiler::Recorder* r) { recorder_.store(r, std::memory_order_release); }
+
+ private:
+  Engine() = default;
+
+  void loop() {
+    profiler::Recorder::set_thread_stream(profiler::kCommStream);
+    try {
+      int provided = 0;
+      ORRERY_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+      // Errors come back as codes and become exceptions in the waiting thread.
+      MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+      MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+      MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+    } catch (...) {
+      std::lock_guard lock(mu_);
+      init_error_ = std::current_exception();
+      init_done_ = true;
+      cv_.notify_all();
+      return;
+    }
+    {
+      std::lock_guard lock(mu_);
+      init_done_ = true;
+    }
+    cv_.notify_all();
+
+    std::vector<std::shared_ptr<Task>> in_flight;  // posted sends and receives
+    std::shared_ptr<Task> fence;                   // waiting for in_flight to drain
+    for (;;) {
+      std::shared_ptr<Task> t;
+      {
+        std::unique_lock lock(mu_);
+        if (queue_.empty() || fence) {
+          if (in_flight.empty() && !fence) {
+            cv_.wait(lock, [&] { return !queue_.empty(); });
+          } else {
+            // Posted transfers progress only inside MPI calls: poll, briefly yielding the core.
+            lock.unlock();
+            progress(in_flight);
+            if (fence && in_flight.empty()) {
+              fence->complete();
+              fence.reset();
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+            continue;
+          }
+        }
+        t = queue_.front();
+        queue_.pop_front();
+      }
+      switch (t->kind) {
+        case Task::Kind::Stop:
+          while (!in_flight.empty()) progress(in_flight);
+          MPI_Finalize();
+          {
+            std::lock_guard lock(mu_);
+            finalized_ = true;
+            for (auto& late : queue_) {
+              late->complete(std::make_exception_ptr(
+                  InternalError("MPI communicator used after MPI_Finalize (process exiting)")));
+            }
+            queue_.clear();
+          }
+          t->complete();
+          return;
+        case Task::Kind::Fence:
+          if (in_flight.empty()) {
+            t->complete();
+          } else {
+            fence = t;
+          }
+          break;
+        case Task::Kind::Send:
+        case Task::Kind::Recv:
+          post(t);
+          if (!t->done()) in_flight.push_back(t);
+          break;
+        case Task::Kind::Collective:
+          run_collective(t);
+          break;
+      }
+      if (!in_flight.empty()) progress(in_flight);
+    }
+  }
+
+  void finish(const std::shared_ptr<Task>& t, std::exception_ptr err) {
+    if (t->record && !err) {
+      t->span.end_ns = profiler::steady_now_ns();
+      if (auto* rec = recorder()) rec->record(t->span);
+    }
+    t->complete(std::move(err));
+  }
+
+  void run_collective(const std::shared_ptr<Task>& t) {
+    t->span.start_ns = profiler::steady_now_ns();
+    std::exception_ptr err;
+    try {
+      t->run();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    finish(t, err);
+  }
+
+  void post(const std::shared_ptr<Task>& t) {
+    t->span.start_ns = profiler::steady_now_ns();
+    try {
+      if (t->kind == Task::Kind::Send) {
+        ORRERY_MPI_CHECK(MPI_Isend(t->send_buf, t->count, t->type, t->peer, 0, t->comm, &t->request));
+      } else {
+        ORRERY_MPI_CHECK(MPI_Irecv(t->recv_buf, t->count, t->type, t->peer, 0, t->comm, &t->request));
+      }
+    } catch (...) {
+      finish(t, std::current_exception());
+    }
+  }
+
+  void progress(std::vector<std::shared_ptr<Task>>& in_flight) {
+    for (size_t i = 0; i < in_flight.size();) {
+      auto& t = in_flight[i];
+      int flag = 0;
+      const int rc = MPI_Test(&t->request, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS || flag) {
+        finish(t, rc == MPI_SUCCESS ? nullptr
+                                    : std::make_exception_ptr(InternalError(
+                                          t->what + ": " + mpi_error_string(rc))));
+        in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Task>> queue_;
+  std::thread thread_;
+  bool started_ = false;
+  bool stopping_ = false;
+  bool init_done_ = false;
+  bool finalized_ = false;
+  std::exception_ptr init_error_;
+  int world_rank_ = 0;
+  int world_size_ = 1;
+  double watchdog_s_ = 300;
+  std::atomic<profiler::Recorder*> recorder_{nullptr};
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, traces::CommunicatorInfo info, bool owns)
+      : comm_(comm), info_(std::move(info)), owns_(owns) {
+    Engine::instance().call([&] {
+      MPI_Comm_rank(comm_, &rank_);
+      MPI_Comm_size(comm_, &size_);
+    });
+  }
+  ~MpiCommunicator() override {
+    if (!owns_) return;
+    try {
+      synchronize();
+      MPI_Comm c = comm_;
+      Engine::instance().call([&] { MPI_Comm_free(&c); });
+    } catch (...) {
+      // A communicator torn down after a failure: the job is ending anyway.
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const traces::CommunicatorInfo& info() const override { return info_; }
+
+  Handle all_reduce(void* data, size_t count, DType dtype, ReduceOp op,
+                    const OpLabel& label) override {
+    const int n = checked_count(count);
+    auto t = make_task(CollOp::AllReduce, label, count * dtype_size(dtype), -1);
+    const int size = size_;
+    MPI_Comm comm = comm_;
+    t->run = [=] {
+      ORRERY_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, n, mpi_type(dtype), mpi_op(op), comm));
+      if (op == ReduceOp::Avg) divide_in_place(data, count, dtype, size);
+    };
+    return submit(t);
+  }
+
+  Handle reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op,
+                        const OpLabel& label) override {
+    const int n = checked_count(recv_count);
+    checked_count(recv_count * static_cast<size_t>(size_));
+    auto t = make_task(CollOp::ReduceScatter, label, recv_count * size_ * dtype_size(dtype), -1);
+    const int size = size_;
+    MPI_Comm comm = comm_;
+    t->run = [=] {
+      ORRERY_MPI_CHECK(
+          MPI_Reduce_scatter_block(send, recv, n, mpi_type(dtype), mpi_op(op), comm));
+      if (op == ReduceOp::Avg) divide_in_place(recv, recv_count, dtype, size);
+    };
+    return submit(t);
+  }
+
+  Handle all_gather(const void* send, void* recv, size_t send_count, DType dtype,
+                    const OpLabel& label) override {
+    const int n = checked_count(send_count);
+    checked_count(send_count * static_cast<size_t>(size_));
+    auto t = make_task(CollOp::AllGather, label, send_count * size_ * dtype_size(dtype), -1);
+    MPI_Comm comm = comm_;
+    const int my_rank = rank_;
+    const size_t block_bytes = send_count * dtype_size(dtype);
+    t->run = [=] {
+      // In place when the caller passes its own block of `recv` as `send`.
+      const bool in_place = send == static_cast<const uint8_t*>(recv) + block_bytes * my_rank;
+      ORRERY_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n,
+                                     mpi_type(dtype), comm));
+    };
+    return submit(t);
+  }
+
+  Handle broadcast(void* data, size_t count, DType dtype, int root,
+                   const OpLabel& label) override {
+    const int n = checked_count(count);
+    check_peer(root);
+    auto t = make_task(CollOp::Broadcast, label, count * dtype_size(dtype), global_rank(root));
+    MPI_Comm comm = comm_;
+    t->run = [=] { ORRERY_MPI_CHECK(MPI_Bcast(data, n, mpi_type(dtype), root, comm)); };
+    return submit(t);
+  }
+
+  Handle send(const void* data, size_t count, DType dtype, int peer,
+              const OpLabel& label) override {
+    check_peer(peer);
+    auto t = make_task(CollOp::Send, label, count * dtype_size(dtype), global_rank(peer));
+    t->kind = Task::Kind::Send;
+    t->send_buf = data;
+    t->count = checked_count(count);
+    t->type = mpi_type(dtype);
+    t->peer = peer;
+    t->comm = comm_;
+    return submit(t);
+  }
+
+  Handle recv(void* data, size_t count, DType dtype, int peer, const OpLabel& label) override {
+    check_peer(peer);
+    auto t = make_task(CollOp::Recv, label, count * dtype_size(dtype), global_rank(peer));
+    t->kind = Task::Kind::Recv;
+    t->recv_buf = data;
+    t->count = checked_count(count);
+    t->type = mpi_type(dtype);
+    t->peer = peer;
+    t->comm = comm_;
+    return submit(t);
+  }
+
+  Handle barrier(const OpLabel& label) override {
+    auto t = make_task(CollOp::Barrier, label, 0, -1);
+    MPI_Comm comm = comm_;
+    t->run = [=] { ORRERY_MPI_CHECK(MPI_Barrier(comm)); };
+    return submit(t);
+  }
+
+  void synchronize() override {
+    auto t = std::make_shared<Task>();
+    t->kind = Task::Kind::Fence;
+    t->what = "synchronize on " + info_.name;
+    t->watchdog_s = Engine::instance().watchdog_s();
+    Engine::instance().submit(t);
+    t->wait();
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key, CommKind kind,
+                                      const std::string& name) override {
+    const int ordinal = ++splits_;
+    MPI_Comm out = MPI_COMM_NULL;
+    std::vector<int> members;
+    const MPI_Comm parent = comm_;
+    Engine::instance().call([&] {
+      ORRERY_MPI_CHECK(MPI_Comm_split(parent, color < 0 ? MPI_UNDEFINED : color, key, &out));
+      if (out == MPI_COMM_NULL) return;
+      MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN);
+      // Member global ranks, from the groups (local, no communication).
+      MPI_Group world_group, group;
+      MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+      MPI_Comm_group(out, &group);
+      int n = 0;
+      MPI_Group_size(group, &n);
+      std::vector<int> local(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) local[static_cast<size_t>(i)] = i;
+      members.resize(static_cast<size_t>(n));
+      MPI_Group_translate_ranks(group, n, local.data(), world_group, members.data());
+      MPI_Group_free(&group);
+      MPI_Group_free(&world_group);
+    });
+    if (out == MPI_COMM_NULL) return nullptr;
+    traces::CommunicatorInfo info;
+    // The same id on every member and distinct between groups: the split's ordinal on its parent
+    // (every member issues the parent's splits in the same order) and the group's lowest global
+    // rank (which only one group of a split can have).
+    int min_rank = INT_MAX;
+    for (int r : members) min_rank = std::min(min_rank, r);
+    const int64_t id =
+        (static_cast<int64_t>(info_.id) * 97 + ordinal) * Engine::instance().world_size() + min_rank;
+    if (id > INT32_MAX) throw InternalError("communicator ids exhausted (splits nested too deep)");
+    info.id = static_cast<int32_t>(id);
+    info.kind = kind;
+    info.name = name;
+    info.ranks.assign(members.begin(), members.end());
+    auto c = std::make_unique<MpiCommunicator>(out, std::move(info), true);
+    if (auto* rec = Engine::instance().recorder()) rec->add_communicator(c->info());
+    return c;
+  }
+
+  void set_recorder(profiler::Recorder* rec) override {
+    Engine::instance().set_recorder(rec);
+    if (rec) rec->add_communicator(info_);
+  }
+
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
+
+ private:
+  void check_peer(int peer) const {
+    if (peer < 0 || peer >= size_) {
+      throw InternalError("MPI communicator " + info_.name + ": peer " + std::to_string(peer) +
+                          " out of range for " + std::to_string(size_) + " ranks");
+    }
+  }
+
+  std::shared_ptr<Task> make_task(CollOp op, const OpLabel& label, size_t bytes, int peer_global) {
+    auto t = std::make_shared<Task>();
+    const int64_t seq = seq_++;
+    t->watchdog_s = Engine::instance().watchdog_s();
+    t->what = std::string(traces::to_string(op)) + " seq " + std::to_string(seq) + " on " +
+              info_.name + " (" + std::to_string(bytes) + " bytes)";
+    profiler::Recorder* rec = Engine::instance().recorder();
+    if (rec && rec->enabled()) {
+      t->record = true;
+      auto& s = t->span;
+      s.stream = profiler::kCommStream;
+      s.kind = (op == CollOp::Send || op == CollOp::Recv) ? traces::SpanKind::P2P
+                                                          : traces::SpanKind::Collective;
+      s.name = rec->intern(label.name.empty() ? traces::to_string(op) : label.name);
+      s.step = label.step;
+      s.micro_batch = label.micro_batch;
+      s.layer = label.layer;
+      s.bytes = static_cast<int64_t>(bytes);
+      s.comm = info_.id;
+      s.peer = peer_global;
+      s.seq = seq;
+      s.op = op;
+    }
+    return t;
+  }
+
+  Handle submit(const std::shared_ptr<Task>& t) {
+    Engine::instance().submit(t);
+    return Handle(t);
+  }
+
+  MPI_Comm comm_;
+  traces::CommunicatorInfo info_;
+  bool owns_;
+  int rank_ = 0;
+  int size_ = 1;
+  int64_t seq_ = 0;
+  int splits_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_world_communicator(const WorldOptions& opt) {
+  Engine& e = Engine::instance();
+  e.set_watchdog_s(opt.watchdog_s);
+  e.start();
+  // MPI_Finalize on the communication thread when the process exits normally.
+  static const bool registered = [] {
+    std::atexit([] { Engine::instance().stop(); });
+    return true;
+  }();
+  (void)registered;
+  traces::CommunicatorInfo info;
+  info.id = 0;
+  info.kind = CommKind::World;
+  info.name = "world";
+  for (int r = 0; r < e.world_size(); ++r) info.ranks.push_back(r);
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, std::move(info), false);
+}
+
+}  // namespace orrery::runtime
