@@ -50,9 +50,10 @@ std::vector<Kernel> backward_of(std::vector<Kernel> ks) {
 Kernel layernorm(const Shape& x, bool sliced_flops) {
   return {OpClass::LayerNorm, x.n * 4.0 * x.c / (sliced_flops ? x.tp : 1.0), x.e * (2.0 * x.n * x.c + 2.0 * x.c)};
 }
-// out (n, oc) = in (n, ic) @ W^T + bias: 2 FLOPs per weight and bias per token.
-Kernel linear(const Shape& x, double ic, double oc, bool bias) {
-  return {OpClass::Gemm, x.n * 2.0 * (ic * oc + (bias ? oc : 0.0)), x.e * (x.n * ic + ic * oc + x.n * oc)};
+// out (n, oc) = in (n, ic) @ W^T + bias: 2 FLOPs per weight and per counted bias element per token.
+// A row-parallel layer's bias is replicated but counted as sliced (bias_count = oc/tp), as the runtime.
+Kernel linear(const Shape& x, double ic, double oc, double bias_count) {
+  return {OpClass::Gemm, x.n * 2.0 * (ic * oc + bias_count), x.e * (x.n * ic + ic * oc + x.n * oc)};
 }
 // Row-parallel epilogue: out = residual + partial (summed over tp) + bias.
 Kernel bias_residual(const Shape& x) { return {OpClass::Elementwise, 0.0, x.e * 3.0 * x.n * x.c}; }
@@ -75,11 +76,11 @@ std::vector<Kernel> attention_forward_kernels(const ModelDims& d) {
   const double cs = x.c / x.tp;  // channels of this rank's heads
   return {
       layernorm(x, true),
-      linear(x, x.c, 3.0 * cs, true),
+      linear(x, x.c, 3.0 * cs, 3.0 * cs),
       // Fused causal attention (scores, softmax, weighted sum): 2·T·C/tp FLOPs per token (the
       // model count); reads q, k, v and writes the heads' output.
       {OpClass::Attention, x.n * 2.0 * x.t * cs, x.e * 4.0 * x.n * cs},
-      linear(x, cs, x.c, true),
+      linear(x, cs, x.c, x.c / x.tp),
       bias_residual(x),
   };
 }
@@ -87,10 +88,10 @@ std::vector<Kernel> attention_forward_kernels(const ModelDims& d) {
 std::vector<Kernel> mlp_forward_kernels(const ModelDims& d) {
   const Shape x = shape(d);
   const double fs = 4.0 * x.c / x.tp;  // this rank's slice of the 4C hidden layer
-  Kernel fc2 = linear(x, fs, x.c, true);
+  Kernel fc2 = linear(x, fs, x.c, x.c / x.tp);
   return {
       layernorm(x, true),
-      linear(x, x.c, fs, true),
+      linear(x, x.c, fs, fs),
       {OpClass::Elementwise, 0.0, x.e * 2.0 * x.n * fs},  // GELU
       fc2,
       bias_residual(x),
@@ -102,7 +103,7 @@ std::vector<Kernel> mlp_backward_kernels(const ModelDims& d) { return backward_o
 
 std::vector<Kernel> head_forward_kernels(const ModelDims& d) {
   const Shape x = shape(d);
-  Kernel lm = linear(x, x.c, x.v, false);  // tied to wte, not sliced over tp (as the runtime)
+  Kernel lm = linear(x, x.c, x.v, 0.0);  // tied to wte, not sliced over tp (as the runtime)
   return {
       layernorm(x, false),
       lm,

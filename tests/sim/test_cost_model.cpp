@@ -7,6 +7,7 @@
 
 #include "../../runtime/include/orrery/runtime/flops.hpp"
 #include "orrery/common/error.hpp"
+#include "orrery/common/scenario.hpp"
 #include "orrery/sim/cluster.hpp"
 #include "orrery/sim/cost_model.hpp"
 #include "orrery/sim/hardware.hpp"

@@ -1,0 +1,224 @@
+// Executor: the pipeline bubble on equal-cost stages equals (p-1)/(m+p-1) of the step (closed form)
+// for GPipe and 1F1B, 1F1B start times follow the textbook, collectives take the network model's
+// isolated time, all-ranks equals representatives on a symmetric layout, runs are bit-identical,
+// and GPT-3 175B on 1,024 GPUs runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "orrery/common/error.hpp"
+#include "orrery/sim/executor.hpp"
+#include "test_workload_util.hpp"
+
+namespace orrery::sim {
+namespace {
+
+using testing::h100_cluster;
+using testing::h100_cost;
+using testing::small_scenario;
+
+// Sets every compute op of a pure pipeline workload (tp = dp = 1) to equal stage costs: the forward
+// of a micro-batch on a stage takes tf, its backward tb, everything else zero.
+void equalize(Workload& w, int64_t tf, int64_t tb) {
+  for (auto& p : w.stages) {
+    const int per_stage = w.scenario.model.layers / w.scenario.parallel.pp;
+    for (auto& op : p.ops) {
+      const std::string& n = w.names[op.name];
+      if (n == names::kAttnForward || n == names::kMlpForward) op.duration_ns = tf / (2 * per_stage);
+      else if (n == names::kAttnBackward || n == names::kMlpBackward) op.duration_ns = tb / (2 * per_stage);
+      else op.duration_ns = 0;
+    }
+  }
+}
+
+ExecutorOptions zero_cost_network() {
+  ExecutorOptions o;
+  o.comm_time = [](const CollectiveRequest&) { return int64_t(0); };
+  return o;
+}
+
+int64_t busy_compute_ns(const RankRun& r) {
+  int64_t busy = 0;
+  for (size_t i = 0; i < r.ops.size(); ++i)
+    if (r.program->ops[i].stream == kStreamCompute) busy += r.ops[i].end_ns - r.ops[i].start_ns;
+  return busy;
+}
+
+TEST(Executor, BubbleClosedFormGPipeAnd1F1B) {
+  const Cluster c = h100_cluster(8);
+  for (const char* sched : {"gpipe", "1f1b"}) {
+    for (auto [p, m] : {std::pair{4, 8}, std::pair{4, 4}, std::pair{2, 6}, std::pair{8, 16}}) {
+      const int64_t tf = 1000, tb = 2000;
+      Workload w = build_workload(small_scenario(p * 2, 1, 1, p, m, sched), h100_cost());
+      equalize(w, tf, tb);
+      const auto opt = zero_cost_network();
+      const ExecResult r = execute(w, c, opt);
+      ASSERT_EQ(r.ranks.size(), size_t(p));
+      // Step = (m + p - 1)(tf + tb); each stage busy m(tf + tb): bubble (p-1)/(m+p-1) of the step.
+      EXPECT_EQ(r.makespan_ns, (m + p - 1) * (tf + tb)) << sched << " p=" << p << " m=" << m;
+      for (const auto& rank : r.ranks) {
+        EXPECT_EQ(busy_compute_ns(rank), m * (tf + tb));
+        const double bubble = 1.0 - double(busy_compute_ns(rank)) / double(r.makespan_ns);
+        EXPECT_DOUBLE_EQ(bubble, double(p - 1) / double(m + p - 1));
+      }
+    }
+  }
+}
+
+TEST(Executor, OneFOneBTextbookStartTimes) {
+  // p = 4, m = 8, tf = 1, tb = 2 (units of 1 us): warm-up forward i of stage s starts at (s + i)·tf;
+  // the last stage alternates F_i at i·(tf+tb) + 3·tf, B_i right after it.
+  const int p = 4, m = 8;
+  const int64_t tf = 1000, tb = 2000;
+  Workload w = build_workload(small_scenario(p, 1, 1, p, m, "1f1b"), h100_cost());
+  equalize(w, tf, tb);
+  const auto opt = zero_cost_network();
+  const ExecResult r = execute(w, h100_cluster(8), opt);
+  std::map<std::tuple<int, int, bool>, int64_t> start;  // (stage, mb, backward) -> start
+  for (const auto& rank : r.ranks)
+    for (size_t i = 0; i < rank.ops.size(); ++i) {
+      const Op& op = rank.program->ops[i];
+      const std::string& n = w.names[op.name];
+      if (n == names::kAttnForward) start[{rank.coord.pp, op.micro_batch, false}] = rank.ops[i].start_ns;
+      if (n == names::kMlpBackward) start[{rank.coord.pp, op.micro_batch, true}] = rank.ops[i].start_ns;
+    }
+  for (int s = 0; s < p; ++s)
+    for (int i = 0; i < p - s; ++i) EXPECT_EQ((start[{s, i, false}]), (s + i) * tf) << s << " " << i;
+  for (int i = 0; i < m; ++i) {
+    EXPECT_EQ((start[{p - 1, i, false}]), (p - 1) * tf + i * (tf + tb)) << i;
+    EXPECT_EQ((start[{p - 1, i, true}]), p * tf + i * (tf + tb)) << i;
+  }
+  // Stage 0's last backward ends the step.
+  EXPECT_EQ(r.makespan_ns, (m + p - 1) * (tf + tb));
+}
+
+TEST(Executor, TensorParallelAllReducesTakeTheNetworkTime) {
+  const Cluster c = h100_cluster(8);
+  const Workload w = build_workload(small_scenario(2, 1, 8, 1, 2), h100_cost(), {1, precision_config("mixed")});
+  ExecutorOptions opt;
+  opt.network = NetworkModel::Analytical;
+  const ExecResult r = execute(w, c, opt);
+  ASSERT_EQ(r.ranks.size(), 1u);
+  CollectiveRequest req;
+  req.op = traces::CollOp::AllReduce;
+  req.members = {0, 1, 2, 3, 4, 5, 6, 7};
+  req.bytes = 2 * 128 * 256 * 2;  // B·T·C·2 (mixed precision)
+  const int64_t expected = collective_time_ns(c, req, NetworkModel::Analytical);
+  ASSERT_GT(expected, 0);
+  int n = 0;
+  const auto& rank = r.ranks[0];
+  for (size_t i = 0; i < rank.ops.size(); ++i) {
+    const Op& op = rank.program->ops[i];
+    if (w.names[op.name] != names::kTpAllReduce) continue;
+    EXPECT_EQ(op.bytes, req.bytes);
+    EXPECT_EQ(rank.ops[i].end_ns - rank.ops[i].active_ns, expected);
+    ++n;
+  }
+  EXPECT_EQ(n, 2 * 2 * 4);
+}
+
+TEST(Executor, ProfileCollectiveOverride) {
+  const Cluster c = h100_cluster(8);
+  const Workload w = build_workload(small_scenario(2, 1, 8, 1, 2), h100_cost(), {1, precision_config("mixed")});
+  HardwareProfile hw = default_hardware_profile("H100-SXM", true);
+  hw.collectives.push_back({traces::CollOp::AllReduce, CollectiveScope::IntraNode, 10'000, 100e9});
+  ExecutorOptions opt;
+  opt.profile = &hw;
+  const ExecResult r = execute(w, c, opt);
+  const auto& rank = r.ranks[0];
+  const int64_t bytes = 2 * 128 * 256 * 2;
+  for (size_t i = 0; i < rank.ops.size(); ++i) {
+    if (w.names[rank.program->ops[i].name] != names::kTpAllReduce) continue;
+    // latency + S · 2(n-1)/n / busbw
+    EXPECT_EQ(rank.ops[i].end_ns - rank.ops[i].active_ns, 10'000 + int64_t(std::ceil(bytes * 1.75 / 100e9 * 1e9)));
+  }
+}
+
+TEST(Executor, AllRanksEqualsRepresentativesOnASymmetricLayout) {
+  // dp 2 × tp 2 × pp 2 inside one node, analytical network (no contention): every rank of a stage
+  // has exactly its representative's timeline.
+  const Cluster c = h100_cluster(8);
+  const Workload w = build_workload(small_scenario(4, 2, 2, 2, 4), h100_cost());
+  ExecutorOptions rep, all;
+  rep.network = all.network = NetworkModel::Analytical;
+  all.all_ranks = true;
+  const ExecResult a = execute(w, c, rep), b = execute(w, c, all);
+  ASSERT_EQ(a.ranks.size(), 2u);
+  ASSERT_EQ(b.ranks.size(), 8u);
+  EXPECT_EQ(a.makespan_ns, b.makespan_ns);
+  for (const auto& full : b.ranks) {
+    const RankRun& r = a.ranks[full.coord.pp];
+    ASSERT_EQ(r.coord.pp, full.coord.pp);
+    for (size_t i = 0; i < r.ops.size(); ++i) {
+      EXPECT_EQ(r.ops[i].start_ns, full.ops[i].start_ns);
+      EXPECT_EQ(r.ops[i].end_ns, full.ops[i].end_ns);
+    }
+  }
+}
+
+TEST(Executor, DeterministicBitIdentical) {
+  const Cluster c = h100_cluster(64);
+  Scenario s = small_scenario(8, 4, 4, 4, 8);
+  s.parallel.zero = 1;
+  const Workload w = build_workload(s, h100_cost(), {2, precision_config("mixed")});
+  ExecutorOptions opt;
+  opt.network = NetworkModel::Flow;
+  const ExecResult a = execute(w, c, opt), b = execute(w, c, opt);
+  ASSERT_EQ(a.ranks.size(), b.ranks.size());
+  EXPECT_EQ(a.makespan_ns, b.makespan_ns);
+  EXPECT_EQ(a.events, b.events);
+  for (size_t k = 0; k < a.ranks.size(); ++k)
+    for (size_t i = 0; i < a.ranks[k].ops.size(); ++i) {
+      ASSERT_EQ(a.ranks[k].ops[i].start_ns, b.ranks[k].ops[i].start_ns);
+      ASSERT_EQ(a.ranks[k].ops[i].active_ns, b.ranks[k].ops[i].active_ns);
+      ASSERT_EQ(a.ranks[k].ops[i].end_ns, b.ranks[k].ops[i].end_ns);
+    }
+}
+
+TEST(Executor, TraceHasEverySpanAndCommunicator) {
+  const Cluster c = h100_cluster(8);
+  const Workload w = build_workload(small_scenario(4, 2, 2, 2, 4), h100_cost());
+  const ExecResult r = execute(w, c, {});
+  const traces::Trace t = make_trace(w, r, c, 989e12);
+  EXPECT_EQ(t.meta.source, traces::TraceSource::Sim);
+  EXPECT_EQ(t.ranks.size(), 2u);
+  size_t ops = 0, phases = 0;
+  for (const auto& sp : t.spans) (sp.kind == traces::SpanKind::Phase ? phases : ops)++;
+  EXPECT_EQ(ops, w.op_count());
+  // Per rank: 1 step + 4 forward + 4 backward + 1 optimizer phase spans.
+  EXPECT_EQ(phases, 2u * (1 + 4 + 4 + 1));
+  // Communicators: for each simulated rank its tp, dp and pp group; the stage 0/1 pair shares pp
+  // and embedding groups.
+  std::map<traces::CommKind, int> kinds;
+  for (const auto& cm : t.comms) ++kinds[cm.kind];
+  EXPECT_EQ(kinds[traces::CommKind::TP], 2);
+  EXPECT_EQ(kinds[traces::CommKind::DP], 2);
+  EXPECT_EQ(kinds[traces::CommKind::PP], 1);
+  EXPECT_EQ(kinds[traces::CommKind::Other], 1);
+  for (const auto& sp : t.spans) {
+    EXPECT_LE(sp.start_ns, sp.end_ns);
+    if (sp.kind == traces::SpanKind::Collective || sp.kind == traces::SpanKind::P2P) EXPECT_GE(sp.comm, 0);
+  }
+}
+
+TEST(Executor, ClusterTooSmallIsAnInputError) {
+  const Workload w = build_workload(small_scenario(4, 2, 2, 2, 4), h100_cost());
+  EXPECT_THROW(execute(w, h100_cluster(4), {}), InputError);
+}
+
+TEST(Executor, Gpt3On1024GpusRuns) {
+  const Workload w = build_workload(testing::gpt3_175b(8), h100_cost(), {1, precision_config("mixed")});
+  const Cluster c = h100_cluster(1024);
+  ExecutorOptions opt;
+  opt.network = NetworkModel::Analytical;
+  const ExecResult r = execute(w, c, opt);
+  ASSERT_EQ(r.ranks.size(), 16u);
+  // At least the compute of 192 micro-batches on one stage, and a bubble on top.
+  int64_t busy = 0;
+  for (const auto& rk : r.ranks) busy = std::max(busy, busy_compute_ns(rk));
+  EXPECT_GT(r.makespan_ns, busy);
+}
+
+}  // namespace
+}  // namespace orrery::sim

@@ -1,0 +1,84 @@
+// Memory estimate: ZeRO model-state formulas exactly, Korthikanti's activation formula, micro-batches
+// in flight per schedule, and the fits check.
+#include <gtest/gtest.h>
+
+#include "orrery/sim/memory.hpp"
+#include "test_workload_util.hpp"
+
+namespace orrery::sim {
+namespace {
+
+TEST(Memory, ZeroStagesMixedPrecision) {
+  // Rajbhandari et al.: Ψ parameters, N = 8, K = 12: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N.
+  const double psi = 7.5e9, n = 8;
+  const auto p = precision_config("mixed");
+  auto total = [&](int z) {
+    const auto m = model_state_bytes(psi, z, int(n), p);
+    return m.parameters + m.gradients + m.optimizer;
+  };
+  EXPECT_EQ(total(0), 16 * psi);
+  EXPECT_EQ(total(1), 4 * psi + 12 * psi / n);
+  EXPECT_EQ(total(2), 2 * psi + 14 * psi / n);
+  EXPECT_EQ(total(3), 16 * psi / n);
+  // The paper's example: 7.5B parameters, N = 64, stage 3: 120 GB / 64 = 1.875 GB.
+  EXPECT_EQ(model_state_bytes(psi, 3, 64, p).parameters + model_state_bytes(psi, 3, 64, p).gradients +
+                model_state_bytes(psi, 3, 64, p).optimizer,
+            1.875e9);
+}
+
+TEST(Memory, ZeroStagesFp32) {
+  const double psi = 1e6;
+  const auto p = precision_config("fp32");
+  const auto z0 = model_state_bytes(psi, 0, 4, p);
+  EXPECT_EQ(z0.parameters, 4 * psi);
+  EXPECT_EQ(z0.gradients, 4 * psi);
+  EXPECT_EQ(z0.optimizer, 8 * psi);
+  const auto z2 = model_state_bytes(psi, 2, 4, p);
+  EXPECT_EQ(z2.parameters, 4 * psi);
+  EXPECT_EQ(z2.gradients, psi);
+  EXPECT_EQ(z2.optimizer, 2 * psi);
+}
+
+TEST(Memory, ActivationsKorthikanti) {
+  // GPT-3 175B, b = 1, t = 1: s·b·h·(34 + 5·a·s/h) bytes per layer in 16-bit.
+  Scenario s = testing::gpt3_175b(8);
+  s.parallel.tp = 1;
+  const double sbh = 2048.0 * 1 * 12288;
+  EXPECT_EQ(activation_bytes_per_layer(s, precision_config("mixed")), sbh * (34 + 5.0 * 96 * 2048 / 12288));
+  EXPECT_EQ(activation_bytes_per_layer(s, precision_config("fp32")), 2 * sbh * (34 + 5.0 * 96 * 2048 / 12288));
+  // With tp = 8 (no sequence parallelism): s·b·h·(10 + 24/t + 5·a·s/(h·t)).
+  s.parallel.tp = 8;
+  EXPECT_EQ(activation_bytes_per_layer(s, precision_config("mixed")), sbh * (10 + 24.0 / 8 + 5.0 * 96 * 2048 / (12288 * 8)));
+}
+
+TEST(Memory, MicroBatchesInFlight) {
+  Scenario s = testing::small_scenario(8, 1, 1, 4, 8, "1f1b");
+  auto e = estimate_memory(s, precision_config("fp32"), 0);
+  ASSERT_EQ(e.size(), 4u);
+  for (int st = 0; st < 4; ++st) EXPECT_EQ(e[st].micro_batches_in_flight, 4 - st);
+  s.parallel.schedule = "gpipe";
+  e = estimate_memory(s, precision_config("fp32"), 0);
+  for (int st = 0; st < 4; ++st) EXPECT_EQ(e[st].micro_batches_in_flight, 8);
+  // Middle stage: activations = in flight × layers per stage × per-layer bytes.
+  EXPECT_EQ(e[1].activations_bytes, 8 * 2 * activation_bytes_per_layer(s, precision_config("fp32")));
+  EXPECT_TRUE(e[1].fits);  // capacity 0: unknown
+}
+
+TEST(Memory, Gpt3FitsOnlyWhenSharded) {
+  // tp 8, pp 16 on 80 GB: 6 layers of 12·12288²/8 ≈ 1.36B parameters per rank; mixed precision
+  // 16 bytes each = 21.7 GB of states, plus up to 16 micro-batches of activations on stage 0.
+  const auto p = precision_config("mixed");
+  const Scenario s = testing::gpt3_175b(8);
+  const auto e = estimate_memory(s, p, 80'000'000'000);
+  EXPECT_EQ(e[5].param_count, 6 * (12LL * 12288 * 12288 / 8 + 7 * 12288 / 8 + 6 * 12288));
+  EXPECT_EQ(e[5].micro_batches_in_flight, 11);
+  for (const auto& x : e) EXPECT_EQ(x.total_bytes, x.parameters_bytes + x.gradients_bytes + x.optimizer_bytes + x.activations_bytes);
+  // The same model on tp 1, pp 1 does not fit one GPU.
+  Scenario one = s;
+  one.parallel.tp = 1, one.parallel.pp = 1, one.parallel.dp = 1;
+  const auto e1 = estimate_memory(one, p, 80'000'000'000);
+  EXPECT_FALSE(e1[0].fits);
+}
+
+}  // namespace
+}  // namespace orrery::sim
