@@ -84,7 +84,8 @@ class FatTreeTopology final : public Topology {
       nvs_gpu_.push_back(add_link(nvs_[k], g, t.nvlink_gb_per_s, t.nvlink_latency_ns));
       gpu_nic_.push_back(add_link(g, nic_v_[g], t.nic_gb_per_s, 0));
       nic_gpu_.push_back(add_link(nic_v_[g], g, t.nic_gb_per_s, 0));
-      nvs_nic_.push_back(add_link(nvs_[k], nic_v_[g], t.nvlink_gb_per_s, 0));
+      // PXN path (NVSwitch to another GPU's NIC), used on rail-optimized fabrics only.
+      nvs_nic_.push_back(rail_ ? add_link(nvs_[k], nic_v_[g], t.nvlink_gb_per_s, 0) : -1);
       nic_up_.push_back(add_link(nic_v_[g], leaf_v_[nic_leaf_idx_[g]], t.nic_gb_per_s, t.nic_latency_ns));
       nic_down_.push_back(add_link(leaf_v_[nic_leaf_idx_[g]], nic_v_[g], t.nic_gb_per_s, t.nic_latency_ns));
     }

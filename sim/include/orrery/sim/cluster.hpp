@@ -77,9 +77,12 @@ class Topology {
   const std::vector<Link>& links() const { return links_; }
   const std::string& vertex_name(int v) const { return vertex_names_.at(v); }
   // Appends to `out` the link ids of one shortest path from GPU `src` to GPU `dst` (src != dst).
-  // Among equal-cost paths `hash` chooses (ECMP): the same hash always gives the same path.
+  // Among equal-cost paths `hash` chooses (ECMP): the same hash always gives the same path. One
+  // policy on top: on a rail-optimized fat-tree a transfer between nodes and rails first crosses
+  // NVLink to the source node's NIC on the destination's rail (NCCL's PXN), then takes a shortest path.
   virtual void route(int32_t src, int32_t dst, uint64_t hash, std::vector<int32_t>& out) const = 0;
-  // The same by breadth-first search over the graph (small topologies; tests check route() with it).
+  // A shortest path between any two vertices by breadth-first search (small topologies; tests check
+  // route() with it).
   void route_bfs(int32_t src, int32_t dst, uint64_t hash, std::vector<int32_t>& out) const;
   int64_t path_latency_ns(const std::vector<int32_t>& path) const;
   // Minimum capacity along a path.
