@@ -1,0 +1,57 @@
+// A trace opened in the GUI: the in-memory trace, its timeline index and derived per-step figures.
+// Loading (SQLite read + indexing) is plain C++ so the GUI runs it on a worker thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "orrery/gui/trace_index.hpp"
+#include "orrery/profiler/metrics.hpp"
+#include "orrery/traces/trace.hpp"
+
+namespace orrery::gui {
+
+struct TraceDocument {
+  std::string path;
+  traces::Trace trace;
+  TraceIndex index;  // all kinds; the timeline rebuilds its own when kinds are filtered
+};
+
+// Reads `path` with traces::load_trace and indexes it. Throws InputError (the reader's message)
+// for a missing, corrupt or foreign file.
+std::shared_ptr<TraceDocument> load_document(const std::string& path);
+// Wraps an in-memory trace (tests, benchmarks, generated traces).
+std::shared_ptr<TraceDocument> make_document(traces::Trace t, std::string path = {});
+
+// Per rank and step: where the step's time went. Compute and exposed communication come from the
+// metrics' per-step breakdown; the idle time of a rank in a pipeline-parallel run (pp > 1) is the
+// pipeline bubble, as the metrics define it, and is reported as bubble instead of idle.
+struct StepBreakdown {
+  int32_t rank = 0;
+  int32_t step = 0;
+  int64_t compute_ns = 0;
+  int64_t exposed_comm_ns = 0;
+  int64_t bubble_ns = 0;
+  int64_t idle_ns = 0;
+  int64_t window_ns = 0;
+};
+std::vector<StepBreakdown> step_breakdowns(const profiler::Metrics& m, const traces::Trace& t);
+// Mean over the steps of each rank (one entry per rank, step = -1).
+std::vector<StepBreakdown> mean_per_rank(const std::vector<StepBreakdown>& per_step);
+
+// Per-step comparison of two runs, aligned by step number (steps present in both).
+struct StepDiff {
+  int32_t step = 0;
+  int64_t a_ns = 0, b_ns = 0;                   // step durations (earliest start to latest end)
+  int64_t a_compute_ns = 0, b_compute_ns = 0;   // mean over ranks
+  int64_t a_exposed_ns = 0, b_exposed_ns = 0;   // mean over ranks
+  int64_t diff_ns() const { return b_ns - a_ns; }
+  double diff_pct() const { return a_ns ? 100.0 * static_cast<double>(b_ns - a_ns) / a_ns : 0.0; }
+};
+std::vector<StepDiff> diff_steps(const profiler::Metrics& a, const profiler::Metrics& b);
+
+// Start time of a step (earliest over ranks), or INT64_MIN when the metrics have no such step.
+int64_t step_start_ns(const profiler::Metrics& m, int32_t step);
+
+}  // namespace orrery::gui

@@ -1,0 +1,24 @@
+// Sweep results for the scaling charts: the CSV that `orrery sweep --csv` writes.
+//
+// Accepted format: a header line naming the columns, comma-separated, in any order. Required:
+// `gpus` (integer) and `tokens_per_s`. Optional: `efficiency` (a fraction, 1.0 = linear scaling;
+// when absent it is computed against the smallest GPU count: (tps/gpus) / (tps0/gpus0)). Other
+// columns are ignored. When several rows share a GPU count (a layout search), the fastest is kept.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace orrery::gui {
+
+struct SweepPoint {
+  int gpus = 0;
+  double tokens_per_s = 0;
+  double efficiency = 0;
+};
+
+// Parses CSV text; `source` names the file in error messages. Throws InputError.
+std::vector<SweepPoint> parse_sweep_csv(const std::string& text, const std::string& source);
+std::vector<SweepPoint> load_sweep_csv(const std::string& path);
+
+}  // namespace orrery::gui

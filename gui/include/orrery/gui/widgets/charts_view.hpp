@@ -1,0 +1,45 @@
+// Charts (Qt Charts): the per-step breakdown of each rank as stacked bars (compute, exposed
+// communication, bubble, idle), and scaling curves from a sweep CSV (tokens/s and efficiency
+// against the GPU count).
+#pragma once
+
+#include <QWidget>
+#include <memory>
+#include <vector>
+
+#include "orrery/gui/document.hpp"
+#include "orrery/gui/sweep_csv.hpp"
+
+class QChartView;
+class QComboBox;
+class QLabel;
+
+namespace orrery::gui {
+
+class ChartsView : public QWidget {
+  Q_OBJECT
+ public:
+  explicit ChartsView(QWidget* parent = nullptr);
+  // The trace whose breakdown is shown, and its metrics (null while they are being computed).
+  void set_breakdown(const TraceDocument* doc, std::shared_ptr<const profiler::Metrics> m);
+  void set_sweep(std::vector<SweepPoint> points, const QString& source);
+  // What the breakdown chart shows now (tests): bar values per set name, in ms.
+  std::vector<double> breakdown_values(const QString& set_name) const;
+  int breakdown_categories() const;
+
+ private:
+  void rebuild_breakdown();
+  void rebuild_scaling();
+
+  QChartView* breakdown_view_ = nullptr;
+  QChartView* scaling_view_ = nullptr;
+  QComboBox* step_combo_ = nullptr;
+  QLabel* breakdown_note_ = nullptr;
+  const TraceDocument* doc_ = nullptr;
+  std::shared_ptr<const profiler::Metrics> metrics_;
+  std::vector<StepBreakdown> per_step_;
+  std::vector<SweepPoint> sweep_;
+  QString sweep_source_;
+};
+
+}  // namespace orrery::gui

@@ -1,0 +1,46 @@
+// Compare: two traces one above the other (a real run and its simulated twin, or two runs) with
+// one shared time axis, the second shifted so that a chosen step starts where the first one's does,
+// and a table of per-step differences.
+#pragma once
+
+#include <QWidget>
+#include <memory>
+
+#include "orrery/gui/document.hpp"
+#include "orrery/gui/models.hpp"
+
+class QLabel;
+class QSpinBox;
+class QTableView;
+
+namespace orrery::gui {
+
+class TimelineView;
+
+class CompareView : public QWidget {
+  Q_OBJECT
+ public:
+  explicit CompareView(QWidget* parent = nullptr);
+  // Metrics may be null while they are computed; call again when they arrive.
+  void set_documents(std::shared_ptr<TraceDocument> a, std::shared_ptr<const profiler::Metrics> ma,
+                     std::shared_ptr<TraceDocument> b, std::shared_ptr<const profiler::Metrics> mb);
+  TimelineView* view_a() const { return a_; }
+  TimelineView* view_b() const { return b_; }
+  const StepDiffModel* diff_model() const { return &diff_model_; }
+  void align_on_step(int step);
+
+ private:
+  void sync_from(TimelineView* src, TimelineView* dst);
+
+  TimelineView* a_ = nullptr;
+  TimelineView* b_ = nullptr;
+  QLabel* a_label_ = nullptr;
+  QLabel* b_label_ = nullptr;
+  QSpinBox* align_step_ = nullptr;
+  QTableView* table_ = nullptr;
+  StepDiffModel diff_model_;
+  std::shared_ptr<const profiler::Metrics> ma_, mb_;
+  bool syncing_ = false;
+};
+
+}  // namespace orrery::gui

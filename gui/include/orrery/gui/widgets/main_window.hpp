@@ -1,0 +1,129 @@
+// The main window of orrery-gui: the timeline, compare and charts tabs, the side panels (selected
+// span, range metrics, lanes), search, kind filters, File > Open / recent files / drag and drop,
+// and loading off the GUI thread.
+#pragma once
+
+#include <QFutureWatcher>
+#include <QMainWindow>
+#include <QStringList>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "orrery/gui/document.hpp"
+#include "orrery/gui/models.hpp"
+#include "orrery/gui/span_search.hpp"
+
+class QAction;
+class QComboBox;
+class QLabel;
+class QLineEdit;
+class QMenu;
+class QMessageBox;
+class QProgressBar;
+class QTabWidget;
+class QTableView;
+class QTreeView;
+
+namespace orrery::gui {
+
+class ChartsView;
+class CompareView;
+class TimelineView;
+
+class MainWindow : public QMainWindow {
+  Q_OBJECT
+ public:
+  explicit MainWindow(QWidget* parent = nullptr);
+  ~MainWindow() override;
+
+  // Opens traces (and sweep CSVs) on worker threads; errors show a dialog and leave the window as
+  // it was. documentLoaded / loadFailed tell when each one is done.
+  void open_files(const QStringList& paths);
+  // The same, on the calling thread; throws InputError with the reader's message (screenshot mode).
+  void open_files_now(const QStringList& paths);
+  // Blocks until every metrics computation started so far is done (screenshot mode).
+  void wait_for_metrics();
+
+  int document_count() const { return static_cast<int>(docs_.size()); }
+  std::shared_ptr<TraceDocument> current_document() const;
+  void set_current_document(int i);
+  void show_tab(const QString& name);  // "timeline", "compare", "charts"
+  void search(const QString& text);
+  void search_next();
+  void search_previous();
+  void set_kind_visible(traces::SpanKind k, bool visible);
+  // Selects a range on the timeline (trace time) and computes its metrics.
+  void select_range(int64_t t0_ns, int64_t t1_ns);
+
+  TimelineView* timeline() const { return timeline_; }
+  CompareView* compare() const { return compare_; }
+  ChartsView* charts() const { return charts_; }
+  const SpanDetailsModel* details_model() const { return &details_; }
+  const RangeMetricsModel* range_model() const { return &range_metrics_; }
+  const CollectiveModel* collective_model() const { return &collectives_; }
+  const LaneTreeModel* lane_model() const { return &lanes_; }
+  const SpanSearch& span_search() const { return search_; }
+  QMessageBox* last_error() const { return last_error_; }
+  QStringList recent_files() const;
+
+ signals:
+  void documentLoaded(const QString& path);
+  void loadFailed(const QString& path, const QString& reason);
+  void rangeMetricsReady();
+  void metricsReady();
+
+ protected:
+  void dragEnterEvent(QDragEnterEvent* e) override;
+  void dropEvent(QDropEvent* e) override;
+  void closeEvent(QCloseEvent* e) override;
+
+ private:
+  void build_menus();
+  void build_docks();
+  void add_document(std::shared_ptr<TraceDocument> doc);
+  void add_sweep(const QString& path);
+  void show_error(const QString& path, const QString& reason);
+  void add_recent(const QString& path);
+  void rebuild_recent_menu();
+  void start_metrics(const std::shared_ptr<TraceDocument>& doc);
+  void refresh_compare_and_charts();
+  void on_span_selected(qint64 span);
+  void on_range_selected(qint64 t0, qint64 t1);
+  void update_status();
+  void update_loading();
+
+  std::vector<std::shared_ptr<TraceDocument>> docs_;
+  std::map<const TraceDocument*, std::shared_ptr<const profiler::Metrics>> metrics_;
+  int current_ = -1;
+  int pending_loads_ = 0;
+  uint64_t range_generation_ = 0;
+  std::vector<QFutureWatcherBase*> jobs_;  // running workers, waited for on close
+
+  QTabWidget* tabs_ = nullptr;
+  TimelineView* timeline_ = nullptr;
+  CompareView* compare_ = nullptr;
+  ChartsView* charts_ = nullptr;
+  QComboBox* trace_combo_ = nullptr;
+  QComboBox* group_combo_ = nullptr;
+  QLineEdit* search_edit_ = nullptr;
+  QLabel* search_label_ = nullptr;
+  QLabel* status_label_ = nullptr;
+  QProgressBar* progress_ = nullptr;
+  QMenu* recent_menu_ = nullptr;
+  QAction* kind_actions_[traces::kSpanKindCount] = {};
+  QTableView* details_view_ = nullptr;
+  QTableView* range_view_ = nullptr;
+  QTableView* coll_view_ = nullptr;
+  QTreeView* lanes_view_ = nullptr;
+  QLabel* range_note_ = nullptr;
+  QMessageBox* last_error_ = nullptr;
+
+  SpanDetailsModel details_;
+  RangeMetricsModel range_metrics_;
+  CollectiveModel collectives_;
+  LaneTreeModel lanes_;
+  SpanSearch search_;
+};
+
+}  // namespace orrery::gui

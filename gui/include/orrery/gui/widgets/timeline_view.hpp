@@ -1,0 +1,128 @@
+// The timeline widget: lanes per rank and stream, spans coloured by kind, a time axis, zoom and pan
+// with the mouse and W/A/S/D keys, hover details, click selection and shift-drag range selection.
+//
+// Painting asks the core's fold_row for each visible row, so the work per frame is bounded by the
+// number of pixels, not of spans. The view's time ("view time") is the trace's time plus shift_ns,
+// which the compare view uses to align a second run on the first one's steps.
+#pragma once
+
+#include <QAbstractScrollArea>
+#include <memory>
+#include <set>
+#include <utility>
+
+#include "orrery/gui/document.hpp"
+#include "orrery/gui/lane_layout.hpp"
+#include "orrery/gui/time_mapping.hpp"
+
+namespace orrery::gui {
+
+QColor kind_color(traces::SpanKind k);
+
+class TimelineView : public QAbstractScrollArea {
+  Q_OBJECT
+ public:
+  static constexpr int kLabelWidth = 170;  // lane names, left
+  static constexpr int kAxisHeight = 28;   // time axis, top
+  static constexpr double kFoldPx = 3;     // spans narrower than this fold (Tracy's MinVisSize)
+
+  explicit TimelineView(QWidget* parent = nullptr);
+
+  void set_document(std::shared_ptr<TraceDocument> doc);
+  const std::shared_ptr<TraceDocument>& document() const { return doc_; }
+  const TraceIndex* index() const { return index_; }
+  const LaneLayout& lane_layout() const { return layout_; }
+
+  void set_kind_mask(KindMask kinds);
+  KindMask kind_mask() const { return kinds_; }
+  void set_group_by(GroupBy by);
+  GroupBy group_by() const { return group_by_; }
+  void set_hidden_lanes(const std::set<std::pair<int32_t, int32_t>>& hidden);
+  void toggle_collapsed(const std::string& key);
+
+  // The mapping of view time to x in the track area (x = 0 at its left edge).
+  const TimeMapping& mapping() const { return map_; }
+  void set_mapping(const TimeMapping& m);
+  int64_t shift_ns() const { return shift_ns_; }
+  void set_shift_ns(int64_t shift);
+  int track_width() const;
+  // The trace time under the left / right edge of the track area.
+  int64_t visible_start_ns() const;
+  int64_t visible_end_ns() const;
+
+  void fit_all();
+  void zoom_to(int64_t t0_ns, int64_t t1_ns);  // trace time, with a small margin
+  void zoom_by(double factor, double anchor_x_track);
+  void pan_by_px(double dx);
+
+  // Selection (span index into the trace's spans, -1 for none). reveal: expand its rank, scroll it
+  // into view and zoom so it is at least a few pixels wide.
+  void select_span(int64_t span, bool reveal = false);
+  int64_t selected_span() const { return selected_; }
+  bool has_range() const { return has_range_; }
+  std::pair<int64_t, int64_t> range() const { return {range_t0_, range_t1_}; }
+  void set_range(int64_t t0_ns, int64_t t1_ns);  // trace time; emits rangeSelected
+  void clear_range();
+  void zoom_to_selection();  // the range, else the selected span
+
+  // Centre of a span in viewport coordinates, or (-1, -1) when it is not on screen (tests click
+  // there). The span under a viewport point, or -1 (folded blocks and gaps are -1).
+  QPoint point_of_span(int64_t span) const;
+  int64_t span_at_point(QPoint p) const;
+  // Draw items of the last paint (for the benchmark's report).
+  size_t last_frame_items() const { return last_items_; }
+
+ signals:
+  void spanSelected(qint64 span);
+  void rangeSelected(qint64 t0_ns, qint64 t1_ns);
+  void rangeCleared();
+  void mappingChanged();
+  void spanHovered(qint64 span);
+
+ protected:
+  void paintEvent(QPaintEvent* e) override;
+  void resizeEvent(QResizeEvent* e) override;
+  void wheelEvent(QWheelEvent* e) override;
+  void mousePressEvent(QMouseEvent* e) override;
+  void mouseMoveEvent(QMouseEvent* e) override;
+  void mouseReleaseEvent(QMouseEvent* e) override;
+  void mouseDoubleClickEvent(QMouseEvent* e) override;
+  void keyPressEvent(QKeyEvent* e) override;
+  void leaveEvent(QEvent* e) override;
+  void scrollContentsBy(int dx, int dy) override;
+  bool viewportEvent(QEvent* e) override;
+
+ private:
+  void rebuild_index();
+  void relayout();
+  void changed_mapping();
+  TimeMapping trace_mapping() const;  // maps trace time (view time minus shift)
+  double lane_top() const;            // viewport y of layout y = 0
+  void show_tooltip(QPoint pos, QPoint global);
+
+  std::shared_ptr<TraceDocument> doc_;
+  std::unique_ptr<TraceIndex> filtered_;  // when some kinds are hidden
+  const TraceIndex* index_ = nullptr;
+  KindMask kinds_ = kAllKinds;
+  GroupBy group_by_ = GroupBy::Rank;
+  std::set<std::pair<int32_t, int32_t>> hidden_;
+  LaneLayout layout_;
+  TimeMapping map_;
+  int64_t shift_ns_ = 0;
+  bool fitted_ = false;
+
+  int64_t selected_ = -1;
+  int64_t hovered_ = -1;
+  bool has_range_ = false;
+  int64_t range_t0_ = 0, range_t1_ = 0;
+
+  enum class Drag { None, Pan, Range } drag_ = Drag::None;
+  QPoint press_pos_;
+  TimeMapping press_map_;
+  int press_scroll_ = 0;
+  bool moved_ = false;
+  QPoint last_mouse_{-1, -1};
+  size_t last_items_ = 0;
+};
+
+}  // namespace orrery::gui

@@ -1,0 +1,130 @@
+// Loading a trace for the GUI, and the per-step figures the charts and the compare view show.
+#include "orrery/gui/document.hpp"
+
+#include <map>
+
+#include "orrery/traces/store.hpp"
+
+namespace orrery::gui {
+
+std::shared_ptr<TraceDocument> load_document(const std::string& path) {
+  return make_document(traces::load_trace(path), path);
+}
+
+std::shared_ptr<TraceDocument> make_document(traces::Trace t, std::string path) {
+  auto doc = std::make_shared<TraceDocument>();
+  doc->path = path.empty() ? t.path : std::move(path);
+  doc->trace = std::move(t);
+  doc->index = TraceIndex(doc->trace);
+  return doc;
+}
+
+std::vector<StepBreakdown> step_breakdowns(const profiler::Metrics& m, const traces::Trace& t) {
+  std::map<int32_t, int> pp_of;
+  for (const auto& r : t.ranks) pp_of[r.rank] = r.pp;
+  const bool pipelined = t.meta.pp > 1;
+  std::vector<StepBreakdown> out;
+  for (const auto& rm : m.ranks) {
+    for (const auto& [step, tb] : rm.by_step) {
+      StepBreakdown b;
+      b.rank = rm.rank;
+      b.step = step;
+      b.compute_ns = tb.compute_ns;
+      b.exposed_comm_ns = tb.exposed_comm_ns;
+      b.window_ns = tb.window_ns;
+      if (pipelined) {
+        b.bubble_ns = tb.idle_ns;
+      } else {
+        b.idle_ns = tb.idle_ns;
+      }
+      out.push_back(b);
+    }
+  }
+  return out;
+}
+
+std::vector<StepBreakdown> mean_per_rank(const std::vector<StepBreakdown>& per_step) {
+  std::map<int32_t, std::pair<StepBreakdown, int64_t>> acc;
+  for (const auto& b : per_step) {
+    auto& [sum, n] = acc[b.rank];
+    sum.rank = b.rank;
+    sum.step = -1;
+    sum.compute_ns += b.compute_ns;
+    sum.exposed_comm_ns += b.exposed_comm_ns;
+    sum.bubble_ns += b.bubble_ns;
+    sum.idle_ns += b.idle_ns;
+    sum.window_ns += b.window_ns;
+    ++n;
+  }
+  std::vector<StepBreakdown> out;
+  for (auto& [rank, p] : acc) {
+    auto [s, n] = p;
+    s.compute_ns /= n;
+    s.exposed_comm_ns /= n;
+    s.bubble_ns /= n;
+    s.idle_ns /= n;
+    s.window_ns /= n;
+    out.push_back(s);
+  }
+  return out;
+}
+
+namespace {
+
+struct StepMeans {
+  int64_t compute_ns = 0, exposed_ns = 0;
+};
+
+std::map<int32_t, StepMeans> means_by_step(const profiler::Metrics& m) {
+  std::map<int32_t, std::pair<StepMeans, int64_t>> acc;
+  for (const auto& rm : m.ranks) {
+    for (const auto& [step, tb] : rm.by_step) {
+      auto& [s, n] = acc[step];
+      s.compute_ns += tb.compute_ns;
+      s.exposed_ns += tb.exposed_comm_ns;
+      ++n;
+    }
+  }
+  std::map<int32_t, StepMeans> out;
+  for (auto& [step, p] : acc) {
+    out[step] = {p.first.compute_ns / p.second, p.first.exposed_ns / p.second};
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<StepDiff> diff_steps(const profiler::Metrics& a, const profiler::Metrics& b) {
+  std::map<int32_t, const profiler::StepStats*> bs;
+  for (const auto& s : b.steps) bs[s.step] = &s;
+  const auto ma = means_by_step(a);
+  const auto mb = means_by_step(b);
+  std::vector<StepDiff> out;
+  for (const auto& s : a.steps) {
+    auto it = bs.find(s.step);
+    if (it == bs.end()) continue;
+    StepDiff d;
+    d.step = s.step;
+    d.a_ns = s.duration_ns();
+    d.b_ns = it->second->duration_ns();
+    if (auto x = ma.find(s.step); x != ma.end()) {
+      d.a_compute_ns = x->second.compute_ns;
+      d.a_exposed_ns = x->second.exposed_ns;
+    }
+    if (auto x = mb.find(s.step); x != mb.end()) {
+      d.b_compute_ns = x->second.compute_ns;
+      d.b_exposed_ns = x->second.exposed_ns;
+    }
+    out.push_back(d);
+  }
+  return out;
+}
+
+int64_t step_start_ns(const profiler::Metrics& m, int32_t step) {
+  for (const auto& s : m.steps) {
+    if (s.step == step) return s.start_ns;
+  }
+  return INT64_MIN;
+}
+
+}  // namespace orrery::gui

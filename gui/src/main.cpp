@@ -1,0 +1,114 @@
+// orrery-gui: the desktop application. `orrery-gui [TRACE...]` opens traces (the first in the
+// timeline, the first two in the compare view); `--screenshot FILE.png [--size WxH]` renders the
+// window as a user first sees it and exits (for documentation, bug reports and tests).
+#include <QApplication>
+#include <QCommandLineParser>
+#include <QPixmap>
+#include <QTimer>
+#include <cstdio>
+#include <exception>
+
+#include "orrery/common/error.hpp"
+#include "orrery/gui/widgets/main_window.hpp"
+#include "orrery/gui/widgets/timeline_view.hpp"
+
+namespace {
+
+bool parse_pair(const QString& text, QChar sep, qlonglong& a, qlonglong& b) {
+  const auto parts = text.split(sep);
+  if (parts.size() != 2) return false;
+  bool ok1 = false, ok2 = false;
+  a = parts[0].trimmed().toLongLong(&ok1);
+  b = parts[1].trimmed().toLongLong(&ok2);
+  return ok1 && ok2;
+}
+
+int fail(const QString& msg, int rc) {
+  std::fprintf(stderr, "orrery-gui: error: %s\n", msg.toLocal8Bit().constData());
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  QApplication app(argc, argv);
+  QCoreApplication::setOrganizationName("orrery");
+  QCoreApplication::setApplicationName("orrery-gui");
+  QCoreApplication::setApplicationVersion("0.1.0");
+
+  QCommandLineParser cli;
+  cli.setApplicationDescription("Orrery: timelines of real and simulated training runs, metrics and charts.");
+  cli.addHelpOption();
+  cli.addVersionOption();
+  cli.addPositionalArgument("TRACE", "Trace files (.db) to open; a .csv from `orrery sweep --csv` opens as scaling curves.",
+                            "[TRACE...]");
+  QCommandLineOption shot(QString("screenshot"), "Render the window to FILE.png and exit.", "FILE.png");
+  QCommandLineOption size(QString("size"), "Window size for --screenshot (default 1600x1000).", "WxH", "1600x1000");
+  QCommandLineOption tab(QString("tab"), "Tab to show: timeline, compare or charts.", "NAME", "timeline");
+  QCommandLineOption select(QString("select"), "Select (and reveal) the first span whose name contains TEXT.", "TEXT");
+  QCommandLineOption range(QString("range"), "Select the range T0:T1 (ns from the trace start) and show its metrics.", "T0:T1");
+  QCommandLineOption zoom(QString("zoom"), "Show T0:T1 (ns from the trace start).", "T0:T1");
+  QCommandLineOption group(QString("group"), "Group lanes by rank, dp, tp or pp.", "BY", "rank");
+  cli.addOptions({shot, size, tab, select, range, zoom, group});
+  cli.process(app);
+
+  const bool screenshot = cli.isSet(shot);
+  qlonglong w = 1600, h = 1000;
+  if (!parse_pair(cli.value(size), 'x', w, h) || w < 200 || h < 150 || w > 10000 || h > 10000) {
+    return fail("--size: expected WxH such as 1600x1000, got '" + cli.value(size) + "'", 2);
+  }
+  qlonglong r0 = 0, r1 = 0, z0 = 0, z1 = 0;
+  if (cli.isSet(range) && !parse_pair(cli.value(range), ':', r0, r1)) {
+    return fail("--range: expected T0:T1 in ns, got '" + cli.value(range) + "'", 2);
+  }
+  if (cli.isSet(zoom) && !parse_pair(cli.value(zoom), ':', z0, z1)) {
+    return fail("--zoom: expected T0:T1 in ns, got '" + cli.value(zoom) + "'", 2);
+  }
+
+  orrery::gui::MainWindow win;
+  win.resize(static_cast<int>(w), static_cast<int>(h));
+  const QStringList files = cli.positionalArguments();
+  auto apply_view_options = [&] {
+    const QString by = cli.value(group);
+    const int gi = by == "dp" ? 1 : by == "tp" ? 2 : by == "pp" ? 3 : 0;
+    win.timeline()->set_group_by(static_cast<orrery::gui::GroupBy>(gi));
+    auto doc = win.current_document();
+    const int64_t zero = doc ? doc->index.start_ns() : 0;
+    if (cli.isSet(zoom)) win.timeline()->zoom_to(zero + z0, zero + z1);
+    if (cli.isSet(range)) win.select_range(zero + r0, zero + r1);
+    if (cli.isSet(select)) {
+      win.search(cli.value(select));
+      win.search_next();
+    }
+    win.show_tab(cli.value(tab));
+  };
+
+  if (screenshot) {
+    try {
+      win.open_files_now(files);
+    } catch (const orrery::InputError& e) {
+      return fail(QString::fromUtf8(e.what()), 2);
+    } catch (const std::exception& e) {
+      return fail(QString::fromUtf8(e.what()), 1);
+    }
+    win.show();
+    QCoreApplication::processEvents();
+    win.wait_for_metrics();
+    apply_view_options();
+    win.wait_for_metrics();
+    QCoreApplication::processEvents();
+    const QPixmap pm = win.grab();
+    if (!pm.save(cli.value(shot), "PNG")) return fail("cannot write " + cli.value(shot), 2);
+    return 0;
+  }
+
+  win.show();
+  if (!files.isEmpty()) {
+    win.open_files(files);
+    if (cli.isSet(zoom) || cli.isSet(range) || cli.isSet(select) || cli.isSet(tab) || cli.isSet(group)) {
+      QObject::connect(&win, &orrery::gui::MainWindow::documentLoaded, &win, [&] { apply_view_options(); },
+                       Qt::SingleShotConnection);
+    }
+  }
+  return app.exec();
+}

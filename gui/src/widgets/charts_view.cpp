@@ -1,0 +1,235 @@
+// The charts tab (see charts_view.hpp).
+#include "orrery/gui/widgets/charts_view.hpp"
+
+#include <QBarCategoryAxis>
+#include <QBarSet>
+#include <QChart>
+#include <QChartView>
+#include <QComboBox>
+#include <QFileInfo>
+#include <QHBoxLayout>
+#include <QLabel>
+#include <QLegend>
+#include <QLegendMarker>
+#include <QLineSeries>
+#include <QLogValueAxis>
+#include <QScatterSeries>
+#include <QSplitter>
+#include <QStackedBarSeries>
+#include <QVBoxLayout>
+#include <QValueAxis>
+#include <map>
+#include <set>
+
+namespace orrery::gui {
+
+ChartsView::ChartsView(QWidget* parent) : QWidget(parent) {
+  auto* layout = new QVBoxLayout(this);
+  layout->setContentsMargins(2, 2, 2, 2);
+  auto* bar = new QHBoxLayout();
+  bar->addWidget(new QLabel(tr("Breakdown of"), this));
+  step_combo_ = new QComboBox(this);
+  step_combo_->setMinimumWidth(160);
+  bar->addWidget(step_combo_);
+  breakdown_note_ = new QLabel(this);
+  bar->addWidget(breakdown_note_, 1);
+  layout->addLayout(bar);
+  auto* split = new QSplitter(Qt::Horizontal, this);
+  breakdown_view_ = new QChartView(split);
+  breakdown_view_->setRenderHint(QPainter::Antialiasing);
+  scaling_view_ = new QChartView(split);
+  scaling_view_->setRenderHint(QPainter::Antialiasing);
+  split->addWidget(breakdown_view_);
+  split->addWidget(scaling_view_);
+  split->setSizes({600, 500});
+  layout->addWidget(split, 1);
+  connect(step_combo_, &QComboBox::currentIndexChanged, this, [this] { rebuild_breakdown(); });
+  rebuild_breakdown();
+  rebuild_scaling();
+}
+
+void ChartsView::set_breakdown(const TraceDocument* doc, std::shared_ptr<const profiler::Metrics> m) {
+  if (doc == doc_ && m == metrics_) return;
+  doc_ = doc;
+  metrics_ = std::move(m);
+  per_step_ = (doc_ && metrics_) ? step_breakdowns(*metrics_, doc_->trace) : std::vector<StepBreakdown>{};
+  std::set<int32_t> steps;
+  for (const auto& b : per_step_) steps.insert(b.step);
+  step_combo_->blockSignals(true);
+  step_combo_->clear();
+  step_combo_->addItem(tr("mean over steps"), -1);
+  for (int32_t s : steps) step_combo_->addItem(tr("step %1").arg(s), s);
+  step_combo_->blockSignals(false);
+  rebuild_breakdown();
+}
+
+void ChartsView::rebuild_breakdown() {
+  auto* chart = new QChart();
+  chart->setAnimationOptions(QChart::NoAnimation);
+  const int step = step_combo_->currentIndex() >= 0 ? step_combo_->currentData().toInt() : -1;
+  std::vector<StepBreakdown> rows;
+  if (step < 0) {
+    rows = mean_per_rank(per_step_);
+  } else {
+    for (const auto& b : per_step_) {
+      if (b.step == step) rows.push_back(b);
+    }
+  }
+  if (!doc_) {
+    chart->setTitle(tr("Per-step breakdown: open a trace"));
+    breakdown_note_->clear();
+  } else if (!metrics_) {
+    chart->setTitle(tr("Per-step breakdown: computing metrics..."));
+  } else if (rows.empty()) {
+    chart->setTitle(tr("Per-step breakdown: the trace has no steps"));
+  } else {
+    chart->setTitle(tr("Per-step breakdown per rank (%1)").arg(step < 0 ? tr("mean over steps") : tr("step %1").arg(step)));
+    auto* series = new QStackedBarSeries();
+    struct SetDef {
+      const char* name;
+      QColor color;
+      int64_t StepBreakdown::*field;
+    };
+    const SetDef defs[] = {{"compute", QColor(0x4C8BF5), &StepBreakdown::compute_ns},
+                           {"exposed communication", QColor(0xE8710A), &StepBreakdown::exposed_comm_ns},
+                           {"bubble", QColor(0xA142F4), &StepBreakdown::bubble_ns},
+                           {"idle", QColor(0xBDC1C6), &StepBreakdown::idle_ns}};
+    double max_ms = 0;
+    std::vector<double> totals(rows.size(), 0);
+    for (const auto& d : defs) {
+      auto* set = new QBarSet(tr(d.name));
+      set->setColor(d.color);
+      set->setBorderColor(d.color.darker(120));
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const double ms = static_cast<double>(rows[i].*d.field) / 1e6;
+        *set << ms;
+        totals[i] += ms;
+      }
+      series->append(set);
+    }
+    for (double t : totals) max_ms = std::max(max_ms, t);
+    chart->addSeries(series);
+    QStringList cats;
+    for (const auto& r : rows) cats << QString::number(r.rank);
+    auto* ax = new QBarCategoryAxis();
+    ax->append(cats);
+    ax->setTitleText(tr("rank"));
+    auto* ay = new QValueAxis();
+    ay->setTitleText(tr("time per step (ms)"));
+    ay->setRange(0, max_ms > 0 ? max_ms * 1.08 : 1);
+    ay->applyNiceNumbers();
+    chart->addAxis(ax, Qt::AlignBottom);
+    chart->addAxis(ay, Qt::AlignLeft);
+    series->attachAxis(ax);
+    series->attachAxis(ay);
+    chart->legend()->setAlignment(Qt::AlignBottom);
+    breakdown_note_->setText(tr("  %1: %2 ranks, %3 steps%4")
+                                 .arg(QFileInfo(QString::fromStdString(doc_->path)).fileName())
+                                 .arg(metrics_->ranks.size())
+                                 .arg(metrics_->steps.size())
+                                 .arg(doc_->trace.meta.pp > 1 ? tr("; idle inside a step of a pipelined run is the bubble") : QString()));
+  }
+  auto* old = breakdown_view_->chart();
+  breakdown_view_->setChart(chart);
+  delete old;
+}
+
+void ChartsView::set_sweep(std::vector<SweepPoint> points, const QString& source) {
+  sweep_ = std::move(points);
+  sweep_source_ = source;
+  rebuild_scaling();
+}
+
+void ChartsView::rebuild_scaling() {
+  auto* chart = new QChart();
+  chart->setAnimationOptions(QChart::NoAnimation);
+  if (sweep_.empty()) {
+    chart->setTitle(tr("Scaling: open a sweep CSV (orrery sweep --csv FILE)"));
+  } else {
+    chart->setTitle(tr("Scaling (%1)").arg(QFileInfo(sweep_source_).fileName()));
+    auto* tps = new QLineSeries();
+    tps->setName(tr("tokens/s"));
+    auto* tps_pts = new QScatterSeries();
+    tps_pts->setMarkerSize(8);
+    auto* eff = new QLineSeries();
+    eff->setName(tr("efficiency"));
+    auto* eff_pts = new QScatterSeries();
+    eff_pts->setMarkerSize(8);
+    double max_tps = 0, max_eff = 1;
+    int min_g = sweep_.front().gpus, max_g = sweep_.front().gpus;
+    for (const auto& p : sweep_) {
+      tps->append(p.gpus, p.tokens_per_s);
+      tps_pts->append(p.gpus, p.tokens_per_s);
+      eff->append(p.gpus, p.efficiency);
+      eff_pts->append(p.gpus, p.efficiency);
+      max_tps = std::max(max_tps, p.tokens_per_s);
+      max_eff = std::max(max_eff, p.efficiency);
+      min_g = std::min(min_g, p.gpus);
+      max_g = std::max(max_g, p.gpus);
+    }
+    tps->setColor(QColor(0x1A73E8));
+    tps_pts->setColor(QColor(0x1A73E8));
+    eff->setColor(QColor(0xD93025));
+    eff_pts->setColor(QColor(0xD93025));
+    for (auto* s : {static_cast<QXYSeries*>(tps), static_cast<QXYSeries*>(tps_pts), static_cast<QXYSeries*>(eff),
+                    static_cast<QXYSeries*>(eff_pts)}) {
+      chart->addSeries(s);
+    }
+    auto* ax = new QLogValueAxis();
+    ax->setBase(2);
+    ax->setLabelFormat("%d");
+    ax->setTitleText(tr("GPUs"));
+    ax->setRange(std::max(1, min_g) / 1.3, max_g * 1.3);
+    auto* ay = new QValueAxis();
+    ay->setTitleText(tr("tokens/s"));
+    ay->setRange(0, max_tps * 1.1);
+    ay->applyNiceNumbers();
+    ay->setLabelFormat("%.3g");
+    auto* ae = new QValueAxis();
+    ae->setTitleText(tr("efficiency"));
+    ae->setRange(0, std::max(1.05, max_eff * 1.05));
+    ae->setLabelsColor(QColor(0xD93025));
+    chart->addAxis(ax, Qt::AlignBottom);
+    chart->addAxis(ay, Qt::AlignLeft);
+    chart->addAxis(ae, Qt::AlignRight);
+    for (auto* s : {static_cast<QXYSeries*>(tps), static_cast<QXYSeries*>(tps_pts)}) {
+      s->attachAxis(ax);
+      s->attachAxis(ay);
+    }
+    for (auto* s : {static_cast<QXYSeries*>(eff), static_cast<QXYSeries*>(eff_pts)}) {
+      s->attachAxis(ax);
+      s->attachAxis(ae);
+    }
+    chart->legend()->setAlignment(Qt::AlignBottom);
+    // The scatter series only mark the points; keep them out of the legend.
+    for (auto* m : chart->legend()->markers(tps_pts)) m->setVisible(false);
+    for (auto* m : chart->legend()->markers(eff_pts)) m->setVisible(false);
+  }
+  auto* old = scaling_view_->chart();
+  scaling_view_->setChart(chart);
+  delete old;
+}
+
+std::vector<double> ChartsView::breakdown_values(const QString& set_name) const {
+  std::vector<double> out;
+  for (auto* s : breakdown_view_->chart()->series()) {
+    auto* bars = qobject_cast<QStackedBarSeries*>(s);
+    if (!bars) continue;
+    for (auto* set : bars->barSets()) {
+      if (set->label() != set_name) continue;
+      for (int i = 0; i < set->count(); ++i) out.push_back(set->at(i));
+    }
+  }
+  return out;
+}
+
+int ChartsView::breakdown_categories() const {
+  for (auto* s : breakdown_view_->chart()->series()) {
+    if (auto* bars = qobject_cast<QStackedBarSeries*>(s); bars && !bars->barSets().isEmpty()) {
+      return static_cast<int>(bars->barSets().front()->count());
+    }
+  }
+  return 0;
+}
+
+}  // namespace orrery::gui

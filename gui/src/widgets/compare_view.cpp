@@ -1,0 +1,117 @@
+// The compare view (see compare_view.hpp).
+#include "orrery/gui/widgets/compare_view.hpp"
+
+#include <QFileInfo>
+#include <QHBoxLayout>
+#include <QHeaderView>
+#include <QLabel>
+#include <QSpinBox>
+#include <QSplitter>
+#include <QTableView>
+#include <QVBoxLayout>
+
+#include "orrery/gui/widgets/timeline_view.hpp"
+
+namespace orrery::gui {
+
+CompareView::CompareView(QWidget* parent) : QWidget(parent) {
+  auto* layout = new QVBoxLayout(this);
+  layout->setContentsMargins(2, 2, 2, 2);
+  auto* bar = new QHBoxLayout();
+  bar->addWidget(new QLabel(tr("Align on step"), this));
+  align_step_ = new QSpinBox(this);
+  align_step_->setRange(0, 1'000'000);
+  bar->addWidget(align_step_);
+  bar->addWidget(new QLabel(tr("  The lower trace is shifted so this step starts where it starts in the upper one; "
+                               "zoom and pan move both."),
+                            this));
+  bar->addStretch(1);
+  layout->addLayout(bar);
+
+  auto* split = new QSplitter(Qt::Vertical, this);
+  auto make_half = [&](QLabel*& label, TimelineView*& view) {
+    auto* w = new QWidget(split);
+    auto* l = new QVBoxLayout(w);
+    l->setContentsMargins(0, 0, 0, 0);
+    l->setSpacing(1);
+    label = new QLabel(tr("Open two traces to compare them."), w);
+    label->setStyleSheet("QLabel { background: #dde3ea; padding: 3px; font-weight: bold; }");
+    l->addWidget(label);
+    view = new TimelineView(w);
+    l->addWidget(view, 1);
+    split->addWidget(w);
+  };
+  make_half(a_label_, a_);
+  make_half(b_label_, b_);
+  table_ = new QTableView(split);
+  table_->setModel(&diff_model_);
+  table_->verticalHeader()->hide();
+  table_->verticalHeader()->setDefaultSectionSize(20);
+  table_->horizontalHeader()->setSectionResizeMode(QHeaderView::Stretch);
+  table_->setAlternatingRowColors(true);
+  split->addWidget(table_);
+  split->setSizes({400, 400, 200});
+  layout->addWidget(split, 1);
+
+  connect(a_, &TimelineView::mappingChanged, this, [this] { sync_from(a_, b_); });
+  connect(b_, &TimelineView::mappingChanged, this, [this] { sync_from(b_, a_); });
+  connect(align_step_, &QSpinBox::valueChanged, this, &CompareView::align_on_step);
+}
+
+void CompareView::sync_from(TimelineView* src, TimelineView* dst) {
+  if (syncing_) return;
+  syncing_ = true;
+  dst->set_mapping(src->mapping());
+  syncing_ = false;
+}
+
+void CompareView::set_documents(std::shared_ptr<TraceDocument> a, std::shared_ptr<const profiler::Metrics> ma,
+                                std::shared_ptr<TraceDocument> b, std::shared_ptr<const profiler::Metrics> mb) {
+  const bool same = a_->document() == a && b_->document() == b;
+  ma_ = std::move(ma);
+  mb_ = std::move(mb);
+  auto name = [](const std::shared_ptr<TraceDocument>& d) {
+    return QFileInfo(QString::fromStdString(d->path)).fileName() + "  (" +
+           QString::fromUtf8(traces::to_string(d->trace.meta.source).data()) + ")";
+  };
+  a_label_->setText(tr("A: %1").arg(name(a)));
+  b_label_->setText(tr("B: %1").arg(name(b)));
+  if (!same) {
+    a_->set_document(a);
+    b_->set_document(b);
+  }
+  if (ma_ && mb_) {
+    diff_model_.set_diffs(diff_steps(*ma_, *mb_), "A", "B");
+    int first = -1;
+    for (const auto& s : ma_->steps) {
+      if (step_start_ns(*mb_, s.step) != INT64_MIN) {
+        first = s.step;
+        break;
+      }
+    }
+    if (!same || align_step_->value() == 0) {
+      if (first >= 0) {
+        align_step_->blockSignals(true);
+        align_step_->setValue(first);
+        align_step_->blockSignals(false);
+      }
+    }
+    align_on_step(align_step_->value());
+  } else {
+    diff_model_.set_diffs({}, "A", "B");
+  }
+  if (!same) {
+    a_->fit_all();
+  }
+}
+
+void CompareView::align_on_step(int step) {
+  if (!ma_ || !mb_) return;
+  const int64_t sa = step_start_ns(*ma_, step);
+  const int64_t sb = step_start_ns(*mb_, step);
+  if (sa == INT64_MIN || sb == INT64_MIN) return;
+  b_->set_shift_ns(sa - sb);
+  sync_from(a_, b_);
+}
+
+}  // namespace orrery::gui

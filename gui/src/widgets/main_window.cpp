@@ -1,0 +1,570 @@
+// The main window (see main_window.hpp).
+#include "orrery/gui/widgets/main_window.hpp"
+
+#include <QApplication>
+#include <QCloseEvent>
+#include <QComboBox>
+#include <QDockWidget>
+#include <QDragEnterEvent>
+#include <QDropEvent>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QHBoxLayout>
+#include <QHeaderView>
+#include <QLabel>
+#include <QLineEdit>
+#include <QMenuBar>
+#include <QMessageBox>
+#include <QMimeData>
+#include <QPainter>
+#include <QProgressBar>
+#include <QSettings>
+#include <QShortcut>
+#include <QSplitter>
+#include <QStatusBar>
+#include <QTabWidget>
+#include <QTableView>
+#include <QToolBar>
+#include <QToolButton>
+#include <QTreeView>
+#include <QVBoxLayout>
+#include <QtConcurrent/QtConcurrentRun>
+
+#include "orrery/common/error.hpp"
+#include "orrery/common/format.hpp"
+#include "orrery/gui/widgets/charts_view.hpp"
+#include "orrery/gui/widgets/compare_view.hpp"
+#include "orrery/gui/widgets/timeline_view.hpp"
+
+namespace orrery::gui {
+namespace {
+
+constexpr int kMaxRecent = 10;
+const char* kRecentKey = "recentFiles";
+
+// Result of a worker: the document, or the reason it could not be opened.
+struct LoadResult {
+  std::shared_ptr<TraceDocument> doc;
+  QString error;
+};
+
+LoadResult load_job(const QString& path) {
+  LoadResult r;
+  try {
+    r.doc = load_document(path.toStdString());
+  } catch (const std::exception& e) {
+    r.error = QString::fromUtf8(e.what());
+  }
+  return r;
+}
+
+QIcon kind_icon(traces::SpanKind k) {
+  QPixmap pm(14, 14);
+  pm.fill(Qt::transparent);
+  QPainter p(&pm);
+  p.fillRect(1, 1, 12, 12, kind_color(k));
+  p.setPen(kind_color(k).darker(150));
+  p.drawRect(1, 1, 11, 11);
+  return QIcon(pm);
+}
+
+QTableView* make_table(QAbstractItemModel* m, QWidget* parent) {
+  auto* t = new QTableView(parent);
+  t->setModel(m);
+  t->verticalHeader()->hide();
+  t->verticalHeader()->setDefaultSectionSize(20);
+  t->horizontalHeader()->setStretchLastSection(true);
+  t->setSelectionBehavior(QAbstractItemView::SelectRows);
+  t->setAlternatingRowColors(true);
+  t->setWordWrap(false);
+  return t;
+}
+
+}  // namespace
+
+MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
+  setWindowTitle(tr("Orrery"));
+  setAcceptDrops(true);
+  resize(1600, 1000);
+
+  tabs_ = new QTabWidget(this);
+  timeline_ = new TimelineView(tabs_);
+  compare_ = new CompareView(tabs_);
+  charts_ = new ChartsView(tabs_);
+  tabs_->addTab(timeline_, tr("Timeline"));
+  tabs_->addTab(compare_, tr("Compare"));
+  tabs_->addTab(charts_, tr("Charts"));
+  setCentralWidget(tabs_);
+
+  connect(timeline_, &TimelineView::spanSelected, this, &MainWindow::on_span_selected);
+  connect(timeline_, &TimelineView::rangeSelected, this, &MainWindow::on_range_selected);
+  connect(timeline_, &TimelineView::rangeCleared, this, [this] {
+    ++range_generation_;
+    range_metrics_.clear();
+    collectives_.set_collectives({});
+    range_note_->setText(tr("Shift-drag on the timeline to select a range."));
+  });
+  connect(&lanes_, &LaneTreeModel::visibilityChanged, this,
+          [this] { timeline_->set_hidden_lanes(lanes_.hidden_lanes()); });
+
+  build_menus();
+  build_docks();
+
+  status_label_ = new QLabel(tr("No trace open"), this);
+  progress_ = new QProgressBar(this);
+  progress_->setRange(0, 0);  // indeterminate: SQLite gives no progress, the bar says we are busy
+  progress_->setMaximumWidth(200);
+  progress_->setFormat(tr("loading"));
+  progress_->hide();
+  statusBar()->addWidget(status_label_, 1);
+  statusBar()->addPermanentWidget(progress_);
+}
+
+MainWindow::~MainWindow() {
+  for (auto* j : jobs_) j->waitForFinished();
+}
+
+void MainWindow::closeEvent(QCloseEvent* e) {
+  for (auto* j : jobs_) j->waitForFinished();
+  QMainWindow::closeEvent(e);
+}
+
+void MainWindow::build_menus() {
+  auto* file = menuBar()->addMenu(tr("&File"));
+  auto* open = file->addAction(tr("&Open..."), this, [this] {
+    const QStringList paths = QFileDialog::getOpenFileNames(
+        this, tr("Open trace"), QString(), tr("Orrery traces (*.db *.sqlite *.trace);;Sweep CSV (*.csv);;All files (*)"));
+    if (!paths.isEmpty()) open_files(paths);
+  });
+  open->setShortcut(QKeySequence::Open);
+  recent_menu_ = file->addMenu(tr("Open &Recent"));
+  rebuild_recent_menu();
+  file->addSeparator();
+  file->addAction(tr("Save &Screenshot..."), this, [this] {
+    const QString path = QFileDialog::getSaveFileName(this, tr("Save screenshot"), "orrery.png", "PNG (*.png)");
+    if (!path.isEmpty()) grab().save(path, "PNG");
+  });
+  file->addSeparator();
+  auto* quit = file->addAction(tr("&Quit"), this, &QWidget::close);
+  quit->setShortcut(QKeySequence::Quit);
+
+  auto* view = menuBar()->addMenu(tr("&View"));
+  auto* fit = view->addAction(tr("&Fit all"), timeline_, &TimelineView::fit_all);
+  fit->setShortcut(Qt::Key_0);
+  auto* zsel = view->addAction(tr("&Zoom to selection"), timeline_, &TimelineView::zoom_to_selection);
+  zsel->setShortcut(Qt::Key_F);
+  // The timeline handles W/A/S/D, 0 and F itself when it has focus; the menu shortcuts would
+  // otherwise steal them, so they only show the keys.
+  fit->setShortcutContext(Qt::WidgetShortcut);
+  zsel->setShortcutContext(Qt::WidgetShortcut);
+  view->addSeparator();
+  auto* kinds = view->addMenu(tr("Span &kinds"));
+
+  auto* tb = addToolBar(tr("Main"));
+  tb->setObjectName("mainToolbar");
+  tb->setMovable(false);
+  tb->addAction(open);
+  tb->addAction(fit);
+  tb->addAction(zsel);
+  tb->addSeparator();
+  trace_combo_ = new QComboBox(tb);
+  trace_combo_->setMinimumWidth(200);
+  trace_combo_->setToolTip(tr("The trace shown in the timeline"));
+  tb->addWidget(trace_combo_);
+  connect(trace_combo_, &QComboBox::activated, this, &MainWindow::set_current_document);
+  group_combo_ = new QComboBox(tb);
+  for (auto g : {GroupBy::Rank, GroupBy::DP, GroupBy::TP, GroupBy::PP}) {
+    group_combo_->addItem(g == GroupBy::Rank ? tr("group: rank") : tr("group: %1 groups").arg(to_string(g)),
+                          static_cast<int>(g));
+  }
+  tb->addWidget(group_combo_);
+  connect(group_combo_, &QComboBox::currentIndexChanged, this, [this](int i) {
+    const auto by = static_cast<GroupBy>(group_combo_->itemData(i).toInt());
+    timeline_->set_group_by(by);
+    if (auto d = current_document()) lanes_.set_trace(timeline_->index(), d->trace.ranks, by);
+    lanes_view_->expandToDepth(0);
+  });
+  tb->addSeparator();
+  search_edit_ = new QLineEdit(tb);
+  search_edit_->setPlaceholderText(tr("Search spans by name"));
+  search_edit_->setClearButtonEnabled(true);
+  search_edit_->setMaximumWidth(260);
+  tb->addWidget(search_edit_);
+  connect(search_edit_, &QLineEdit::returnPressed, this, [this] {
+    if (search_.size() == 0 || search_edit_->isModified()) {
+      search(search_edit_->text());
+      search_edit_->setModified(false);
+    }
+    search_next();
+  });
+  tb->addAction(tr("Previous"), this, &MainWindow::search_previous)->setShortcut(QKeySequence::FindPrevious);
+  tb->addAction(tr("Next"), this, &MainWindow::search_next)->setShortcut(QKeySequence::FindNext);
+  search_label_ = new QLabel(tb);
+  search_label_->setMinimumWidth(90);
+  tb->addWidget(search_label_);
+  auto* find = new QShortcut(QKeySequence::Find, this);
+  connect(find, &QShortcut::activated, this, [this] {
+    search_edit_->setFocus();
+    search_edit_->selectAll();
+  });
+  tb->addSeparator();
+  // Kind filters, coloured: they double as the legend.
+  for (int k = 0; k < traces::kSpanKindCount; ++k) {
+    const auto kind = static_cast<traces::SpanKind>(k);
+    auto* a = new QAction(kind_icon(kind), QString::fromUtf8(traces::to_string(kind).data()), this);
+    a->setCheckable(true);
+    a->setChecked(true);
+    a->setToolTip(tr("Show %1 spans").arg(a->text()));
+    connect(a, &QAction::toggled, this, [this, kind](bool on) { set_kind_visible(kind, on); });
+    kinds->addAction(a);
+    tb->addAction(a);
+    kind_actions_[k] = a;
+  }
+  tb->setToolButtonStyle(Qt::ToolButtonTextBesideIcon);
+}
+
+void MainWindow::build_docks() {
+  // Right: the selected span and the metrics of the selected range.
+  auto* right = new QDockWidget(tr("Details"), this);
+  right->setObjectName("detailsDock");
+  auto* split = new QSplitter(Qt::Vertical, right);
+  auto* sel_box = new QWidget(split);
+  auto* sel_layout = new QVBoxLayout(sel_box);
+  sel_layout->setContentsMargins(4, 4, 4, 4);
+  auto* sel_title = new QLabel(tr("<b>Selected span</b>"), sel_box);
+  sel_layout->addWidget(sel_title);
+  details_view_ = make_table(&details_, sel_box);
+  details_view_->setObjectName("detailsView");
+  sel_layout->addWidget(details_view_);
+  auto* range_box = new QWidget(split);
+  auto* range_layout = new QVBoxLayout(range_box);
+  range_layout->setContentsMargins(4, 4, 4, 4);
+  range_layout->addWidget(new QLabel(tr("<b>Range metrics</b> (profiler::compute_metrics)"), range_box));
+  range_note_ = new QLabel(tr("Shift-drag on the timeline to select a range."), range_box);
+  range_note_->setWordWrap(true);
+  range_layout->addWidget(range_note_);
+  range_view_ = make_table(&range_metrics_, range_box);
+  range_view_->setObjectName("rangeView");
+  range_layout->addWidget(range_view_, 3);
+  coll_view_ = make_table(&collectives_, range_box);
+  coll_view_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+  range_layout->addWidget(coll_view_, 2);
+  split->addWidget(sel_box);
+  split->addWidget(range_box);
+  split->setSizes({380, 520});
+  right->setWidget(split);
+  right->setMinimumWidth(380);
+  addDockWidget(Qt::RightDockWidgetArea, right);
+
+  // Left: lanes with check boxes (filter by rank group).
+  auto* left = new QDockWidget(tr("Lanes"), this);
+  left->setObjectName("lanesDock");
+  lanes_view_ = new QTreeView(left);
+  lanes_view_->setModel(&lanes_);
+  lanes_view_->setHeaderHidden(true);
+  left->setWidget(lanes_view_);
+  addDockWidget(Qt::LeftDockWidgetArea, left);
+  resizeDocks({left, right}, {190, 420}, Qt::Horizontal);
+}
+
+std::shared_ptr<TraceDocument> MainWindow::current_document() const {
+  return current_ >= 0 && current_ < static_cast<int>(docs_.size()) ? docs_[static_cast<size_t>(current_)] : nullptr;
+}
+
+void MainWindow::set_current_document(int i) {
+  if (i < 0 || i >= static_cast<int>(docs_.size())) return;
+  current_ = i;
+  trace_combo_->setCurrentIndex(i);
+  const auto& doc = docs_[static_cast<size_t>(i)];
+  timeline_->set_document(doc);
+  lanes_.set_trace(timeline_->index(), doc->trace.ranks, timeline_->group_by());
+  lanes_view_->expandToDepth(0);
+  details_.set_span(nullptr, -1, 0);
+  range_metrics_.clear();
+  collectives_.set_collectives({});
+  search_.clear();
+  search_label_->clear();
+  if (!search_edit_->text().isEmpty()) search(search_edit_->text());
+  setWindowTitle(tr("Orrery - %1").arg(QFileInfo(QString::fromStdString(doc->path)).fileName()));
+  update_status();
+  refresh_compare_and_charts();
+}
+
+void MainWindow::update_status() {
+  auto d = current_document();
+  if (!d) {
+    status_label_->setText(tr("No trace open"));
+    return;
+  }
+  const auto& t = d->trace;
+  const int64_t dur = d->index.end_ns() - d->index.start_ns();
+  status_label_->setText(tr("%1   source %2   %3 ranks (dp %4, tp %5, pp %6)   %7 lanes   %8 spans   %9")
+                             .arg(QString::fromStdString(d->path))
+                             .arg(QString::fromUtf8(traces::to_string(t.meta.source).data()))
+                             .arg(t.meta.world_size)
+                             .arg(t.meta.dp)
+                             .arg(t.meta.tp)
+                             .arg(t.meta.pp)
+                             .arg(d->index.lanes().size())
+                             .arg(t.spans.size())
+                             .arg(QString::fromStdString(format_duration_ns(static_cast<double>(dur)))));
+}
+
+void MainWindow::update_loading() { progress_->setVisible(pending_loads_ > 0); }
+
+void MainWindow::open_files(const QStringList& paths) {
+  for (const QString& path : paths) {
+    if (path.endsWith(".csv", Qt::CaseInsensitive)) {
+      add_sweep(path);
+      continue;
+    }
+    ++pending_loads_;
+    update_loading();
+    status_label_->setText(tr("Loading %1 ...").arg(path));
+    auto* w = new QFutureWatcher<LoadResult>(this);
+    jobs_.push_back(w);
+    connect(w, &QFutureWatcherBase::finished, this, [this, w, path] {
+      jobs_.erase(std::remove(jobs_.begin(), jobs_.end(), w), jobs_.end());
+      const LoadResult r = w->result();
+      w->deleteLater();
+      --pending_loads_;
+      update_loading();
+      if (r.doc) {
+        add_document(r.doc);
+        add_recent(path);
+        emit documentLoaded(path);
+      } else {
+        update_status();
+        show_error(path, r.error);
+        emit loadFailed(path, r.error);
+      }
+    });
+    w->setFuture(QtConcurrent::run(load_job, path));
+  }
+}
+
+void MainWindow::open_files_now(const QStringList& paths) {
+  for (const QString& path : paths) {
+    if (path.endsWith(".csv", Qt::CaseInsensitive)) {
+      charts_->set_sweep(load_sweep_csv(path.toStdString()), path);
+      continue;
+    }
+    add_document(load_document(path.toStdString()));
+  }
+}
+
+void MainWindow::wait_for_metrics() {
+  while (!jobs_.empty()) {
+    auto* j = jobs_.front();
+    j->waitForFinished();
+    QCoreApplication::sendPostedEvents();
+    QCoreApplication::processEvents();
+    if (!jobs_.empty() && jobs_.front() == j) QCoreApplication::processEvents(QEventLoop::AllEvents, 50);
+  }
+}
+
+void MainWindow::add_sweep(const QString& path) {
+  try {
+    charts_->set_sweep(load_sweep_csv(path.toStdString()), path);
+    add_recent(path);
+    tabs_->setCurrentWidget(charts_);
+    emit documentLoaded(path);
+  } catch (const std::exception& e) {
+    show_error(path, QString::fromUtf8(e.what()));
+    emit loadFailed(path, QString::fromUtf8(e.what()));
+  }
+}
+
+void MainWindow::show_error(const QString& path, const QString& reason) {
+  // Non-modal, so a batch of bad files does not stack event loops and tests can inspect it.
+  if (last_error_) last_error_->deleteLater();
+  last_error_ = new QMessageBox(QMessageBox::Critical, tr("Cannot open trace"),
+                                tr("Could not open %1").arg(path), QMessageBox::Ok, this);
+  last_error_->setInformativeText(reason);
+  last_error_->setObjectName("loadErrorDialog");
+  last_error_->setAttribute(Qt::WA_DeleteOnClose, false);
+  last_error_->open();
+}
+
+void MainWindow::add_document(std::shared_ptr<TraceDocument> doc) {
+  docs_.push_back(doc);
+  trace_combo_->addItem(QFileInfo(QString::fromStdString(doc->path)).fileName());
+  start_metrics(doc);
+  // The first trace opened is shown; later ones go to the compare view (and the trace selector).
+  if (current_ < 0) {
+    set_current_document(0);
+  } else {
+    refresh_compare_and_charts();
+  }
+}
+
+void MainWindow::start_metrics(const std::shared_ptr<TraceDocument>& doc) {
+  auto* w = new QFutureWatcher<std::shared_ptr<const profiler::Metrics>>(this);
+  jobs_.push_back(w);
+  connect(w, &QFutureWatcherBase::finished, this, [this, w, doc] {
+    jobs_.erase(std::remove(jobs_.begin(), jobs_.end(), w), jobs_.end());
+    if (auto m = w->result()) metrics_[doc.get()] = m;
+    w->deleteLater();
+    refresh_compare_and_charts();
+    emit metricsReady();
+  });
+  w->setFuture(QtConcurrent::run([doc]() -> std::shared_ptr<const profiler::Metrics> {
+    try {
+      return std::make_shared<const profiler::Metrics>(profiler::compute_metrics(doc->trace));
+    } catch (const std::exception&) {
+      return nullptr;  // charts stay empty; the timeline is still useful
+    }
+  }));
+}
+
+void MainWindow::refresh_compare_and_charts() {
+  auto metrics_of = [this](const std::shared_ptr<TraceDocument>& d) -> std::shared_ptr<const profiler::Metrics> {
+    auto it = metrics_.find(d.get());
+    return it == metrics_.end() ? nullptr : it->second;
+  };
+  auto cur = current_document();
+  charts_->set_breakdown(cur.get(), cur ? metrics_of(cur) : nullptr);
+  if (docs_.size() >= 2) {
+    // A is the trace in the timeline, B the first other one.
+    auto a = cur ? cur : docs_[0];
+    auto b = docs_[0] == a ? docs_[1] : docs_[0];
+    compare_->set_documents(a, metrics_of(a), b, metrics_of(b));
+  }
+}
+
+void MainWindow::show_tab(const QString& name) {
+  if (name == "compare") {
+    tabs_->setCurrentWidget(compare_);
+  } else if (name == "charts") {
+    tabs_->setCurrentWidget(charts_);
+  } else {
+    tabs_->setCurrentWidget(timeline_);
+  }
+}
+
+void MainWindow::on_span_selected(qint64 span) {
+  auto d = current_document();
+  details_.set_span(d ? &d->trace : nullptr, span, timeline_->index() ? timeline_->index()->start_ns() : 0);
+  details_view_->resizeColumnToContents(0);
+}
+
+void MainWindow::select_range(int64_t t0_ns, int64_t t1_ns) { timeline_->set_range(t0_ns, t1_ns); }
+
+void MainWindow::on_range_selected(qint64 t0, qint64 t1) {
+  auto d = current_document();
+  if (!d) return;
+  const uint64_t gen = ++range_generation_;
+  range_note_->setText(tr("Computing..."));
+  auto* w = new QFutureWatcher<std::shared_ptr<const profiler::Metrics>>(this);
+  jobs_.push_back(w);
+  connect(w, &QFutureWatcherBase::finished, this, [this, w, gen, t0, t1, d] {
+    jobs_.erase(std::remove(jobs_.begin(), jobs_.end(), w), jobs_.end());
+    auto m = w->result();
+    w->deleteLater();
+    if (gen != range_generation_) return;  // a newer range replaced this one
+    if (!m) {
+      range_note_->setText(tr("The metrics could not be computed for this range."));
+      return;
+    }
+    range_metrics_.set_metrics(*m, t0, t1, d->index.start_ns());
+    collectives_.set_collectives(m->collectives);
+    range_view_->resizeColumnToContents(0);
+    range_note_->setText(tr("Over %1 of all ranks; press F to zoom to it, Esc to clear.")
+                             .arg(QString::fromStdString(format_duration_ns(static_cast<double>(t1 - t0)))));
+    emit rangeMetricsReady();
+  });
+  w->setFuture(QtConcurrent::run([d, t0, t1]() -> std::shared_ptr<const profiler::Metrics> {
+    try {
+      profiler::MetricsOptions opt;
+      opt.window_start_ns = t0;
+      opt.window_end_ns = t1;
+      return std::make_shared<const profiler::Metrics>(profiler::compute_metrics(d->trace, opt));
+    } catch (const std::exception&) {
+      return nullptr;
+    }
+  }));
+}
+
+void MainWindow::search(const QString& text) {
+  auto d = current_document();
+  if (!d) return;
+  search_edit_->setText(text);
+  search_.run(d->trace, text.toStdString(), timeline_->kind_mask());
+  search_label_->setText(search_.size() ? tr("%1 matches").arg(search_.size()) : tr("no match"));
+}
+
+void MainWindow::search_next() {
+  const int64_t s = search_.next();
+  if (s >= 0) {
+    timeline_->select_span(s, true);
+    search_label_->setText(tr("%1 / %2").arg(search_.current() + 1).arg(search_.size()));
+  }
+}
+
+void MainWindow::search_previous() {
+  const int64_t s = search_.previous();
+  if (s >= 0) {
+    timeline_->select_span(s, true);
+    search_label_->setText(tr("%1 / %2").arg(search_.current() + 1).arg(search_.size()));
+  }
+}
+
+void MainWindow::set_kind_visible(traces::SpanKind k, bool visible) {
+  KindMask m = timeline_->kind_mask();
+  m = visible ? (m | kind_bit(k)) : (m & ~kind_bit(k));
+  auto* a = kind_actions_[static_cast<int>(k)];
+  if (a && a->isChecked() != visible) {
+    a->setChecked(visible);  // re-enters through toggled
+    return;
+  }
+  timeline_->set_kind_mask(m);
+  if (auto d = current_document()) lanes_.set_trace(timeline_->index(), d->trace.ranks, timeline_->group_by());
+  lanes_view_->expandToDepth(0);
+  if (search_.size() && !search_edit_->text().isEmpty()) search(search_edit_->text());
+}
+
+QStringList MainWindow::recent_files() const { return QSettings().value(kRecentKey).toStringList(); }
+
+void MainWindow::add_recent(const QString& path) {
+  QSettings s;
+  QStringList list = s.value(kRecentKey).toStringList();
+  const QString abs = QFileInfo(path).absoluteFilePath();
+  list.removeAll(abs);
+  list.prepend(abs);
+  while (list.size() > kMaxRecent) list.removeLast();
+  s.setValue(kRecentKey, list);
+  rebuild_recent_menu();
+}
+
+void MainWindow::rebuild_recent_menu() {
+  recent_menu_->clear();
+  const QStringList list = recent_files();
+  for (const QString& p : list) {
+    recent_menu_->addAction(p, this, [this, p] { open_files({p}); });
+  }
+  recent_menu_->setEnabled(!list.isEmpty());
+  if (!list.isEmpty()) {
+    recent_menu_->addSeparator();
+    recent_menu_->addAction(tr("Clear"), this, [this] {
+      QSettings().remove(kRecentKey);
+      rebuild_recent_menu();
+    });
+  }
+}
+
+void MainWindow::dragEnterEvent(QDragEnterEvent* e) {
+  if (e->mimeData()->hasUrls()) e->acceptProposedAction();
+}
+
+void MainWindow::dropEvent(QDropEvent* e) {
+  QStringList paths;
+  for (const QUrl& u : e->mimeData()->urls()) {
+    if (u.isLocalFile()) paths << u.toLocalFile();
+  }
+  if (!paths.isEmpty()) {
+    open_files(paths);
+    e->acceptProposedAction();
+  }
+}
+
+}  // namespace orrery::gui

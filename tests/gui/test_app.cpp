@@ -1,0 +1,357 @@
+// End to end, offscreen: open a generated trace in the main window, zoom and pan with synthetic
+// wheel, mouse and key events, select a span and a range, search, filter, compare two runs, read
+// the charts, open bad files, and save screenshots (the app's --screenshot mode included).
+#include <gtest/gtest.h>
+
+#include <QApplication>
+#include <QDropEvent>
+#include <QElapsedTimer>
+#include <QFile>
+#include <QFileInfo>
+#include <QImage>
+#include <QMessageBox>
+#include <QMimeData>
+#include <QProcess>
+#include <QScrollBar>
+#include <QSettings>
+#include <QTest>
+#include <QUrl>
+#include <QWheelEvent>
+#include <cmath>
+#include <functional>
+
+#include "orrery/gui/widgets/charts_view.hpp"
+#include "orrery/gui/widgets/compare_view.hpp"
+#include "orrery/gui/widgets/main_window.hpp"
+#include "orrery/gui/widgets/timeline_view.hpp"
+#include "orrery/traces/store.hpp"
+#include "orrery/traces/synth.hpp"
+
+using namespace orrery::gui;
+namespace traces = orrery::traces;
+
+namespace {
+
+const QString kDir = ORRERY_GUI_TEST_DIR;
+
+bool wait_for(const std::function<bool()>& pred, int timeout_ms = 30000) {
+  QElapsedTimer t;
+  t.start();
+  while (!pred()) {
+    if (t.elapsed() > timeout_ms) return false;
+    QTest::qWait(5);
+  }
+  return true;
+}
+
+traces::SynthOptions small_opts() {
+  traces::SynthOptions o;
+  o.ranks = 4;
+  o.steps = 3;
+  o.layers = 4;
+  return o;
+}
+
+QString write_synth(const QString& name, const traces::SynthOptions& o, int64_t shift_ns = 0) {
+  auto t = traces::synthesize(o);
+  for (auto& s : t.spans) {
+    s.start_ns += shift_ns;
+    s.end_ns += shift_ns;
+  }
+  const QString path = kDir + "/" + name;
+  QFile::remove(path);
+  traces::write_trace(t, path.toStdString());
+  return path;
+}
+
+void send_mouse(QWidget* w, QEvent::Type type, QPoint pos, Qt::MouseButton button, Qt::MouseButtons buttons,
+                Qt::KeyboardModifiers mods = Qt::NoModifier) {
+  QMouseEvent e(type, QPointF(pos), QPointF(w->mapToGlobal(pos)), button, buttons, mods);
+  QApplication::sendEvent(w, &e);
+}
+
+void send_wheel(QWidget* w, QPoint pos, int delta_y) {
+  QWheelEvent e(QPointF(pos), QPointF(w->mapToGlobal(pos)), QPoint(), QPoint(0, delta_y), Qt::NoButton,
+                Qt::NoModifier, Qt::NoScrollPhase, false);
+  QApplication::sendEvent(w, &e);
+}
+
+class GuiApp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    QSettings().clear();
+    win_ = std::make_unique<MainWindow>();
+    win_->resize(1400, 900);
+    win_->show();
+    ASSERT_TRUE(QTest::qWaitForWindowExposed(win_.get()));
+  }
+  void TearDown() override { win_.reset(); }
+
+  // Opens a file and waits until its document and its whole-trace metrics are there.
+  void open(const QString& path) {
+    const int before = win_->document_count();
+    int metrics = 0;
+    auto c = QObject::connect(win_.get(), &MainWindow::metricsReady, [&] { ++metrics; });
+    win_->open_files({path});
+    ASSERT_TRUE(wait_for([&] { return win_->document_count() > before && metrics > 0; })) << path.toStdString();
+    QObject::disconnect(c);
+    QTest::qWait(20);
+  }
+
+  std::unique_ptr<MainWindow> win_;
+};
+
+}  // namespace
+
+TEST_F(GuiApp, OpensZoomsPansSelectsAndSavesAScreenshot) {
+  const auto o = small_opts();
+  const QString path = write_synth("e2e_a.db", o);
+  open(path);
+  TimelineView* tl = win_->timeline();
+  QWidget* vp = tl->viewport();
+  ASSERT_TRUE(tl->document());
+  EXPECT_EQ(tl->document()->trace.spans.size(), size_t(traces::synth_span_count(o)));
+  // A lane per rank and stream under a header per rank.
+  EXPECT_EQ(tl->lane_layout().rows().size(), size_t(o.ranks * 4));
+  // Fit all on open: the whole trace is visible.
+  EXPECT_LE(tl->visible_start_ns(), tl->index()->start_ns());
+  EXPECT_GE(tl->visible_end_ns(), tl->index()->end_ns());
+  EXPECT_EQ(win_->recent_files().value(0), QFileInfo(path).absoluteFilePath());
+
+  // Wheel zoom around the cursor: the time under it stays put.
+  const int x = TimelineView::kLabelWidth + 300;
+  const int64_t t_under = tl->mapping().t_floor(300);
+  const double npp0 = tl->mapping().ns_per_px;
+  send_wheel(vp, QPoint(x, 200), 240);
+  EXPECT_NEAR(tl->mapping().ns_per_px, npp0 / std::pow(1.0015, 240), npp0 * 1e-9);
+  EXPECT_NEAR(static_cast<double>(tl->mapping().t_floor(300)), static_cast<double>(t_under), 1.0);
+
+  // W zooms in by 1.25, S out; A and D pan by an eighth of the track.
+  tl->setFocus();
+  const double npp1 = tl->mapping().ns_per_px;
+  QTest::keyClick(tl, Qt::Key_W);
+  EXPECT_NEAR(tl->mapping().ns_per_px, npp1 / 1.25, npp1 * 1e-9);
+  QTest::keyClick(tl, Qt::Key_S);
+  EXPECT_NEAR(tl->mapping().ns_per_px, npp1, npp1 * 1e-9);
+  const int64_t start0 = tl->visible_start_ns();
+  QTest::keyClick(tl, Qt::Key_D);
+  EXPECT_NEAR(static_cast<double>(tl->visible_start_ns() - start0), tl->track_width() / 8.0 * npp1, 2.0);
+  QTest::keyClick(tl, Qt::Key_A);
+  EXPECT_NEAR(static_cast<double>(tl->visible_start_ns()), static_cast<double>(start0), 2.0);
+
+  // Drag to pan: 100 px to the right shows 100 px worth of earlier time.
+  const int64_t before_drag = tl->visible_start_ns();
+  send_mouse(vp, QEvent::MouseButtonPress, QPoint(x, 300), Qt::LeftButton, Qt::LeftButton);
+  send_mouse(vp, QEvent::MouseMove, QPoint(x + 50, 300), Qt::NoButton, Qt::LeftButton);
+  send_mouse(vp, QEvent::MouseMove, QPoint(x + 100, 300), Qt::NoButton, Qt::LeftButton);
+  send_mouse(vp, QEvent::MouseButtonRelease, QPoint(x + 100, 300), Qt::LeftButton, Qt::NoButton);
+  EXPECT_NEAR(static_cast<double>(before_drag - tl->visible_start_ns()), 100 * tl->mapping().ns_per_px, 2.0);
+  EXPECT_EQ(tl->selected_span(), -1);  // a drag does not select
+
+  // Zoom onto rank 1's backward of layer 2 in step 1 and click it.
+  const auto& tr = tl->document()->trace;
+  int64_t target = -1;
+  for (size_t i = 0; i < tr.spans.size(); ++i) {
+    const auto& s = tr.spans[i];
+    if (s.rank == 1 && s.step == 1 && tr.name_of(s) == "layers.2.backward") target = static_cast<int64_t>(i);
+  }
+  ASSERT_GE(target, 0);
+  const auto& ts = tr.spans[static_cast<size_t>(target)];
+  tl->zoom_to(ts.start_ns - 3'000'000, ts.end_ns + 3'000'000);
+  const QPoint p = tl->point_of_span(target);
+  ASSERT_GE(p.x(), 0);
+  EXPECT_EQ(tl->span_at_point(p), target);
+  int hovered = -2;
+  auto hc = QObject::connect(tl, &TimelineView::spanHovered, [&](qint64 s) { hovered = static_cast<int>(s); });
+  send_mouse(vp, QEvent::MouseMove, p, Qt::NoButton, Qt::NoButton);
+  EXPECT_EQ(hovered, target);
+  QObject::disconnect(hc);
+  QTest::mouseClick(vp, Qt::LeftButton, Qt::NoModifier, p);
+  EXPECT_EQ(tl->selected_span(), target);
+  EXPECT_EQ(win_->details_model()->value("Name"), "layers.2.backward");
+  EXPECT_EQ(win_->details_model()->value("Rank"), "1");
+  EXPECT_EQ(win_->details_model()->value("Step"), "1");
+  // F zooms to the selected span (with a 5 % margin each side).
+  QTest::keyClick(tl, Qt::Key_F);
+  EXPECT_NEAR(tl->mapping().ns_per_px, ts.duration_ns() * 1.1 / tl->track_width(), 1.0);
+
+  QTest::qWait(20);
+  const QImage img = win_->grab().toImage();
+  EXPECT_EQ(img.width(), win_->width());
+  ASSERT_TRUE(img.save(kDir + "/gui_e2e_selected.png"));
+  EXPECT_TRUE(QFileInfo(kDir + "/gui_e2e_selected.png").size() > 1000);
+
+  // A click on empty space clears the selection; Escape too.
+  QTest::mouseClick(vp, Qt::LeftButton, Qt::NoModifier, QPoint(x, vp->height() - 2));
+  EXPECT_EQ(tl->selected_span(), -1);
+  EXPECT_EQ(win_->details_model()->rowCount(), 0);
+}
+
+TEST_F(GuiApp, RangeSelectionShowsTheLibraryMetrics) {
+  const auto o = small_opts();
+  open(write_synth("e2e_range.db", o));
+  TimelineView* tl = win_->timeline();
+  QWidget* vp = tl->viewport();
+  const int x0 = TimelineView::kLabelWidth + 100, x1 = TimelineView::kLabelWidth + 700;
+  int ready = 0;
+  auto c = QObject::connect(win_.get(), &MainWindow::rangeMetricsReady, [&] { ++ready; });
+  send_mouse(vp, QEvent::MouseButtonPress, QPoint(x0, 200), Qt::LeftButton, Qt::LeftButton, Qt::ShiftModifier);
+  send_mouse(vp, QEvent::MouseMove, QPoint(x1, 220), Qt::NoButton, Qt::LeftButton, Qt::ShiftModifier);
+  send_mouse(vp, QEvent::MouseButtonRelease, QPoint(x1, 220), Qt::LeftButton, Qt::NoButton, Qt::ShiftModifier);
+  ASSERT_TRUE(tl->has_range());
+  const auto [t0, t1] = tl->range();
+  EXPECT_EQ(t0, tl->mapping().t_floor(100));
+  EXPECT_EQ(t1, tl->mapping().t_floor(700));
+  ASSERT_TRUE(wait_for([&] { return ready > 0; }));
+  QObject::disconnect(c);
+  // The panel shows what profiler::compute_metrics says for that window.
+  orrery::profiler::MetricsOptions mo;
+  mo.window_start_ns = t0;
+  mo.window_end_ns = t1;
+  const auto m = orrery::profiler::compute_metrics(tl->document()->trace, mo);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f %%", m.total.overlap_pct());
+  EXPECT_EQ(win_->range_model()->value("Overlap %").toStdString(), buf);
+  std::snprintf(buf, sizeof buf, "%.3f", m.total.comm_comp_ratio());
+  EXPECT_EQ(win_->range_model()->value("Comm/comp ratio").toStdString(), buf);
+  EXPECT_EQ(win_->collective_model()->rowCount(), static_cast<int>(m.collectives.size()));
+  EXPECT_GE(win_->collective_model()->rowCount(), 1);
+  QTest::qWait(20);
+  ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_range.png"));
+  QTest::keyClick(tl, Qt::Key_Escape);
+  EXPECT_FALSE(tl->has_range());
+  EXPECT_EQ(win_->range_model()->rowCount(), 0);
+}
+
+TEST_F(GuiApp, SearchFilterCollapseAndGroup) {
+  const auto o = small_opts();
+  open(write_synth("e2e_search.db", o));
+  TimelineView* tl = win_->timeline();
+  win_->search("optimizer");
+  EXPECT_EQ(win_->span_search().size(), size_t(o.ranks * o.steps * 2));
+  win_->search_next();
+  const int64_t first = tl->selected_span();
+  ASSERT_GE(first, 0);
+  EXPECT_EQ(win_->details_model()->value("Name"), "optimizer");
+  EXPECT_GE(tl->point_of_span(first).x(), 0);  // revealed: on screen
+  win_->search_next();
+  EXPECT_NE(tl->selected_span(), first);
+  win_->search_previous();
+  EXPECT_EQ(tl->selected_span(), first);
+
+  // Hiding phases drops them from the lanes and from the search.
+  const size_t all = tl->index()->span_count();
+  win_->set_kind_visible(traces::SpanKind::Phase, false);
+  EXPECT_EQ(tl->index()->span_count(), all - size_t(o.ranks * o.steps * 4));
+  EXPECT_EQ(win_->span_search().size(), size_t(o.ranks * o.steps));
+  win_->set_kind_visible(traces::SpanKind::Phase, true);
+  EXPECT_EQ(tl->index()->span_count(), all);
+
+  // A click on rank 1's header collapses its three lanes.
+  const auto& rows = tl->lane_layout().rows();
+  size_t hdr = 0;
+  while (hdr < rows.size() && !(rows[hdr].kind == LayoutRow::Kind::Rank && rows[hdr].rank == 1)) ++hdr;
+  ASSERT_LT(hdr, rows.size());
+  const int y = static_cast<int>(TimelineView::kAxisHeight - tl->verticalScrollBar()->value() + rows[hdr].y + 5);
+  QTest::mouseClick(tl->viewport(), Qt::LeftButton, Qt::NoModifier, QPoint(30, y));
+  EXPECT_EQ(tl->lane_layout().rows().size(), size_t(o.ranks * 4 - 3));
+
+  // Unchecking a lane in the lanes tree hides it.
+  auto* lanes = const_cast<LaneTreeModel*>(win_->lane_model());
+  ASSERT_EQ(lanes->rowCount(), o.ranks);
+  lanes->setData(lanes->index(0, 0, lanes->index(2, 0)), Qt::Unchecked, Qt::CheckStateRole);
+  EXPECT_EQ(tl->lane_layout().rows().size(), size_t(o.ranks * 4 - 4));
+
+  tl->set_group_by(GroupBy::DP);  // synth ranks are all dp: one dp group
+  EXPECT_EQ(tl->lane_layout().rows().front().kind, LayoutRow::Kind::Group);
+}
+
+TEST_F(GuiApp, CompareAlignsByStepAndChartsShowTheBreakdown) {
+  auto oa = small_opts();
+  auto ob = small_opts();
+  ob.backward_ns = 2'500'000;
+  const auto ta = traces::synth_totals(oa), tb = traces::synth_totals(ob);
+  open(write_synth("e2e_cmp_a.db", oa));
+  open(write_synth("e2e_cmp_b.db", ob, 5'000'000));  // B's clock starts 5 ms later
+  ASSERT_TRUE(wait_for([&] { return win_->compare()->diff_model()->rowCount() == oa.steps; }));
+  const auto* dm = win_->compare()->diff_model();
+  for (int r = 0; r < dm->rowCount(); ++r) {
+    EXPECT_EQ(dm->index(r, StepDiffModel::kDiff).data(Qt::UserRole).toLongLong(), tb.step_ns - ta.step_ns);
+  }
+  // Aligned on the first step: B is drawn 5 ms earlier, and both views share the time axis.
+  EXPECT_EQ(win_->compare()->view_b()->shift_ns(), -5'000'000);
+  win_->show_tab("compare");
+  QTest::qWait(20);
+  win_->compare()->view_a()->zoom_by(2.0, 100);
+  EXPECT_DOUBLE_EQ(win_->compare()->view_b()->mapping().ns_per_px, win_->compare()->view_a()->mapping().ns_per_px);
+  EXPECT_EQ(win_->compare()->view_b()->mapping().origin_ns, win_->compare()->view_a()->mapping().origin_ns);
+  ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_compare.png"));
+
+  // Charts: the mean per-step breakdown of each rank, in ms, from the metrics.
+  win_->show_tab("charts");
+  QTest::qWait(20);
+  EXPECT_EQ(win_->charts()->breakdown_categories(), oa.ranks);
+  const auto compute = win_->charts()->breakdown_values("compute");
+  ASSERT_EQ(compute.size(), size_t(oa.ranks));
+  for (double v : compute) EXPECT_NEAR(v, ta.compute_ns / 1e6, 1e-9);
+  const auto idle = win_->charts()->breakdown_values("idle");
+  for (double v : idle) EXPECT_NEAR(v, ta.idle_ns / 1e6, 1e-9);
+  ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_charts.png"));
+}
+
+TEST_F(GuiApp, BadFilesGiveADialogNotACrash) {
+  const QString bad = kDir + "/e2e_bad.db";
+  {
+    QFile f(bad);
+    ASSERT_TRUE(f.open(QIODevice::WriteOnly));
+    f.write("this is not a trace, nor any SQLite database at all; just text.\n");
+  }
+  QString reason;
+  auto c = QObject::connect(win_.get(), &MainWindow::loadFailed, [&](const QString&, const QString& r) { reason = r; });
+  win_->open_files({bad});
+  ASSERT_TRUE(wait_for([&] { return !reason.isEmpty(); }));
+  ASSERT_TRUE(win_->last_error());
+  EXPECT_TRUE(win_->last_error()->isVisible());
+  EXPECT_EQ(win_->last_error()->informativeText(), reason);
+  EXPECT_TRUE(reason.contains("e2e_bad.db")) << reason.toStdString();
+  EXPECT_EQ(win_->document_count(), 0);
+  reason.clear();
+  win_->open_files({kDir + "/does_not_exist.db"});
+  ASSERT_TRUE(wait_for([&] { return !reason.isEmpty(); }));
+  EXPECT_TRUE(reason.contains("does_not_exist.db")) << reason.toStdString();
+  QObject::disconnect(c);
+  // And the window still opens a good file afterwards, here by drag and drop.
+  const QString good = write_synth("e2e_drop.db", small_opts());
+  QMimeData mime;
+  mime.setUrls({QUrl::fromLocalFile(good)});
+  QDropEvent drop(QPointF(200, 200), Qt::CopyAction, &mime, Qt::LeftButton, Qt::NoModifier);
+  QApplication::sendEvent(win_.get(), &drop);
+  ASSERT_TRUE(wait_for([&] { return win_->document_count() == 1; }));
+}
+
+TEST(GuiCli, ScreenshotModeRendersAndExits) {
+  const QString trace = write_synth("cli_shot.db", small_opts());
+  const QString png = kDir + "/cli_shot.png";
+  QFile::remove(png);
+  QProcess p;
+  QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+  env.insert("QT_QPA_PLATFORM", "offscreen");
+  env.insert("XDG_CONFIG_HOME", kDir + "/xdg");
+  p.setProcessEnvironment(env);
+  p.start(ORRERY_GUI_BIN, {"--screenshot", png, "--size", "900x600", trace});
+  ASSERT_TRUE(p.waitForFinished(60000));
+  EXPECT_EQ(p.exitCode(), 0) << p.readAllStandardError().toStdString();
+  const QImage img(png);
+  EXPECT_EQ(img.width(), 900);
+  EXPECT_EQ(img.height(), 600);
+
+  // A bad file: the reason on stderr and exit status 2.
+  QProcess bad;
+  bad.setProcessEnvironment(env);
+  bad.start(ORRERY_GUI_BIN, {"--screenshot", kDir + "/never.png", kDir + "/no_such_trace.db"});
+  ASSERT_TRUE(bad.waitForFinished(60000));
+  EXPECT_EQ(bad.exitCode(), 2);
+  const QString err = QString::fromLocal8Bit(bad.readAllStandardError());
+  EXPECT_TRUE(err.contains("no_such_trace.db")) << err.toStdString();
+  EXPECT_FALSE(QFileInfo::exists(kDir + "/never.png"));
+}
