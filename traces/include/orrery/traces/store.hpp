@@ -118,12 +118,16 @@ class TraceReader {
   std::vector<StepAggregate> step_aggregates() const;
 
   std::vector<CounterSample> counters() const;
-  // Everything, spans sorted by (rank, stream, start_ns).
+  // Everything, spans sorted by (rank, stream, start_ns); equal starts in the order they were
+  // added. Reads the spans on up to min(8, hardware threads) connections in parallel.
   Trace load_all() const;
+  // The same with an explicit number of reading threads (0: the default above).
+  Trace load_all(unsigned threads) const;
 
  private:
   std::string path_;
-  sqlite3* db_ = nullptr;
+  sqlite3* db_ = nullptr;  // opened without SQLite's mutex; mu_ serialises its use
+  mutable std::mutex mu_;
   int schema_version_ = 0;
 };
 
