@@ -8,7 +8,6 @@
 #include <unordered_map>
 
 #include "orrery/common/error.hpp"
-#include "../../runtime/include/orrery/runtime/flops.hpp"
 
 namespace orrery::sim {
 
@@ -77,34 +76,35 @@ PrecisionConfig precision_config(const std::string& name) {
 
 std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage) {
   const int64_t c = s.model.d_model, v = s.model.vocab, t = s.model.seq, tp = s.parallel.tp;
-  const int pp = s.parallel.pp;
-  const int per_stage = s.model.layers / pp;
+  const int pp = s.parallel.pp, L = s.model.layers;
+  const int per_stage = L / pp;
   std::vector<ParamTensor> out;
   if (stage == 0) {
     out.push_back({"wte", v * c, -1});
     out.push_back({"wpe", t * c, -1});
+  } else if (stage == pp - 1) {
+    out.push_back({"wte", v * c, -1});  // the last stage's own copy of the tied embedding (model.hpp)
   }
-  // Megatron slicing: qkv and fc1 column-parallel (weights and biases sliced), proj and fc2
-  // row-parallel (weights sliced, biases replicated), LayerNorms replicated.
+  // Megatron slicing (model.hpp): qkv and fc1 column-parallel (weights and biases sliced), proj and
+  // fc2 row-parallel (weights sliced, biases replicated), LayerNorms replicated.
   for (int l = stage * per_stage; l < (stage + 1) * per_stage; ++l) {
-    const std::string h = "h" + std::to_string(l) + ".";
-    out.push_back({h + "ln1.w", c, l});
-    out.push_back({h + "ln1.b", c, l});
-    out.push_back({h + "qkv.w", 3 * c * c / tp, l});
-    out.push_back({h + "qkv.b", 3 * c / tp, l});
-    out.push_back({h + "proj.w", c * c / tp, l});
-    out.push_back({h + "proj.b", c, l});
-    out.push_back({h + "ln2.w", c, l});
-    out.push_back({h + "ln2.b", c, l});
-    out.push_back({h + "fc1.w", 4 * c * c / tp, l});
-    out.push_back({h + "fc1.b", 4 * c / tp, l});
-    out.push_back({h + "fc2.w", 4 * c * c / tp, l});
-    out.push_back({h + "fc2.b", c, l});
+    const std::string h = "h." + std::to_string(l) + ".";
+    out.push_back({h + "ln1w", c, l});
+    out.push_back({h + "ln1b", c, l});
+    out.push_back({h + "qkvw", 3 * c * c / tp, l});
+    out.push_back({h + "qkvb", 3 * c / tp, l});
+    out.push_back({h + "projw", c * c / tp, l});
+    out.push_back({h + "projb", c, l});
+    out.push_back({h + "ln2w", c, l});
+    out.push_back({h + "ln2b", c, l});
+    out.push_back({h + "fcw", 4 * c * c / tp, l});
+    out.push_back({h + "fcb", 4 * c / tp, l});
+    out.push_back({h + "fcprojw", 4 * c * c / tp, l});
+    out.push_back({h + "fcprojb", c, l});
   }
   if (stage == pp - 1) {
-    out.push_back({"lnf.w", c, -1});
-    out.push_back({"lnf.b", c, -1});
-    if (pp > 1) out.push_back({"wte.head", v * c, -1});  // the last stage's copy of the tied embedding
+    out.push_back({"lnfw", c, L});
+    out.push_back({"lnfb", c, L});
   }
   return out;
 }
@@ -193,12 +193,44 @@ class ProgramBuilder {
   std::unordered_map<std::string, uint32_t> ids_;
 };
 
-// Costs of the compute ops of one micro-batch, computed once.
-struct ComputeCosts {
-  std::vector<Kernel> embed_f, embed_b, attn_f, attn_b, mlp_f, mlp_b, head_f, head_b;
-  int64_t embed_f_ns, embed_b_ns, attn_f_ns, attn_b_ns, mlp_f_ns, mlp_b_ns, head_f_ns, head_b_ns, data_ns;
-  double attn_f_flops, attn_b_flops, mlp_f_flops, mlp_b_flops, head_f_flops, head_b_flops;
+// One compute op: its kernels, memory traffic and time. Its model FLOPs are its kernels' FLOPs,
+// which reproduce the runtime's attribution per piece (test_cost_model.cpp checks the sums).
+struct Piece {
+  double flops = 0;
+  double bytes = 0;
+  int64_t ns = 0;
 };
+
+struct ComputeCosts {
+  Piece embed_f, embed_b, head_f, head_b;
+  std::vector<Piece> block_f, block_b;  // one piece (tp = 1) or three (tp > 1, model.hpp)
+  int64_t data_ns = 0;
+};
+
+ComputeCosts make_costs(const ModelDims& d, const CostModel& cost) {
+  auto piece = [&](const std::vector<Kernel>& ks) { return Piece{total_flops(ks), total_bytes(ks), cost.op_ns(ks)}; };
+  // Kernel lists: attention half [ln1, qkv, attention, proj, bias+residual], MLP half
+  // [ln2, fc1, gelu, fc2, bias+residual]; backward lists have the same order (run in reverse).
+  const auto af = attention_forward_kernels(d), mf = mlp_forward_kernels(d);
+  const auto ab = attention_backward_kernels(d), mb = mlp_backward_kernels(d);
+  ComputeCosts c;
+  c.embed_f = piece(embedding_forward_kernels(d));
+  c.embed_b = piece(embedding_backward_kernels(d));
+  c.head_f = piece(head_forward_kernels(d));
+  c.head_b = piece(head_backward_kernels(d));
+  if (d.tp == 1) {
+    std::vector<Kernel> f = af, b = mb;
+    f.insert(f.end(), mf.begin(), mf.end());
+    b.insert(b.end(), ab.begin(), ab.end());
+    c.block_f = {piece(f)};
+    c.block_b = {piece(b)};
+  } else {
+    // The runtime's pieces: split where Megatron sums over the tp group (model.hpp).
+    c.block_f = {piece({af[0], af[1], af[2], af[3]}), piece({af[4], mf[0], mf[1], mf[2], mf[3]}), piece({mf[4]})};
+    c.block_b = {piece({mb[4], mb[3], mb[2], mb[1]}), piece({mb[0], ab[4], ab[3], ab[2], ab[1]}), piece({ab[0]})};
+  }
+  return c;
+}
 
 }  // namespace
 
@@ -217,38 +249,14 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
   for (auto n : {names::kStep, names::kForward, names::kBackward, names::kOptimizer}) w.names.emplace_back(n);
 
   const auto& par = s.parallel;
-  const int pp = par.pp, tp = par.tp, dp = par.dp, m = w.micro_batches;
-  const int per_stage = s.model.layers / pp;
+  const int pp = par.pp, tp = par.tp, dp = par.dp, m = w.micro_batches, L = s.model.layers;
+  const int per_stage = L / pp;
   const PrecisionConfig& prec = opt.precision;
-
-  ComputeCosts cc;
-  const ModelDims dims = model_dims(s, prec.act_bytes);
-  cc.embed_f = embedding_forward_kernels(dims);
-  cc.embed_b = embedding_backward_kernels(dims);
-  cc.attn_f = attention_forward_kernels(dims);
-  cc.attn_b = attention_backward_kernels(dims);
-  cc.mlp_f = mlp_forward_kernels(dims);
-  cc.mlp_b = mlp_backward_kernels(dims);
-  cc.head_f = head_forward_kernels(dims);
-  cc.head_b = head_backward_kernels(dims);
-  cc.embed_f_ns = cost.op_ns(cc.embed_f);
-  cc.embed_b_ns = cost.op_ns(cc.embed_b);
-  cc.attn_f_ns = cost.op_ns(cc.attn_f);
-  cc.attn_b_ns = cost.op_ns(cc.attn_b);
-  cc.mlp_f_ns = cost.op_ns(cc.mlp_f);
-  cc.mlp_b_ns = cost.op_ns(cc.mlp_b);
-  cc.head_f_ns = cost.op_ns(cc.head_f);
-  cc.head_b_ns = cost.op_ns(cc.head_b);
+  ComputeCosts cc = make_costs(model_dims(s, prec.act_bytes), cost);
   cc.data_ns = cost.profile().data_load_ns;
-  cc.attn_f_flops = total_flops(cc.attn_f);
-  cc.attn_b_flops = total_flops(cc.attn_b);
-  cc.mlp_f_flops = total_flops(cc.mlp_f);
-  cc.mlp_b_flops = total_flops(cc.mlp_b);
-  cc.head_f_flops = total_flops(cc.head_f);
-  cc.head_b_flops = total_flops(cc.head_b);
 
   const int64_t act_msg_bytes = int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model * prec.act_bytes;
-  const int64_t bucket_cap_bytes = std::max<int64_t>(1, static_cast<int64_t>(par.bucket_mb * 1024.0 * 1024.0));
+  const double bucket_cap_bytes = par.bucket_mb * 1024.0 * 1024.0;
 
   w.stages.resize(pp);
   for (int st = 0; st < pp; ++st) {
@@ -258,59 +266,67 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
     const bool first = st == 0, last = st == pp - 1;
     const int l0 = st * per_stage, l1 = l0 + per_stage;
 
-    // Parameters, and the gradient buckets in all-reduce order (reverse registration, DDP's rule:
-    // a bucket closes once it holds at least bucket_mb of gradients). A bucket is ready when the
-    // backward op producing its last gradient is done; positions count backward ops in order.
+    // Segments in gradient-ready order with their parameter counts, and the backward position after
+    // which each is ready: 0 = after bwd.head, 1 + k = after block l1-1-k, per_stage + 1 = after
+    // bwd.embed (a head-only stage's wte copy is ready with the last block, as the runtime fires it).
     const auto params = stage_parameters(s, st);
     for (const auto& p : params) prog.param_count += p.count;
-    auto grad_position = [&](const ParamTensor& p) {
-      if (p.layer >= 0) {
-        const int k = l1 - 1 - p.layer;  // 0 for the stage's last block
-        const bool attn_half = p.name.find(".ln1.") != std::string::npos || p.name.find(".qkv.") != std::string::npos ||
-                               p.name.find(".proj.") != std::string::npos;
-        return 1 + 2 * k + (attn_half ? 1 : 0);
-      }
-      if (p.name == "lnf.w" || p.name == "lnf.b" || p.name == "wte.head") return 0;  // head.backward
-      return 1 + 2 * per_stage;  // wte, wpe: embed.backward (wte also gets the head's gradient first)
+    auto segment_params = [&](int seg) {
+      int64_t n = 0;
+      for (const auto& p : params)
+        if (p.segment == seg) n += p.count;
+      return n;
     };
+    struct Segment {
+      int id;
+      int64_t params;
+      int position;
+    };
+    std::vector<Segment> ready_order;
+    if (last) ready_order.push_back({L, segment_params(L), 0});
+    for (int l = l1 - 1; l >= l0; --l) ready_order.push_back({l, segment_params(l), 1 + (l1 - 1 - l)});
+    if (first) ready_order.push_back({-1, segment_params(-1), per_stage + 1});
+    else if (last) ready_order.push_back({-1, segment_params(-1), per_stage});
+
+    // DDP buckets (ddp.hpp): whole segments; a bucket closes before the segment that would take it
+    // past the cap, so a segment larger than the cap is a bucket of its own.
     struct Bucket {
       int64_t params = 0;
-      int ready = -1;  // backward position after which it can be reduced
+      int ready = -1;       // backward position after which it can be reduced
+      int lowest = INT32_MAX;  // lowest segment (the span's layer)
     };
     std::vector<Bucket> buckets;
     {
       Bucket cur;
-      for (auto it = params.rbegin(); it != params.rend(); ++it) {
-        cur.params += it->count;
-        cur.ready = std::max(cur.ready, grad_position(*it));
-        if (cur.params * prec.grad_bytes >= bucket_cap_bytes) {
+      for (const auto& sg : ready_order) {
+        if (cur.params > 0 && double(cur.params + sg.params) * prec.grad_bytes > bucket_cap_bytes) {
           buckets.push_back(cur);
           cur = Bucket{};
         }
+        cur.params += sg.params;
+        cur.ready = std::max(cur.ready, sg.position);
+        cur.lowest = std::min(cur.lowest, sg.id);
       }
       if (cur.params > 0) buckets.push_back(cur);
     }
     for (const auto& bk : buckets) prog.bucket_params.push_back(bk.params);
-    // Block parameters of one layer (ZeRO-3 gathers them per layer).
-    int64_t block_params = 0;
-    for (const auto& p : params)
-      if (p.layer == l0) block_params += p.count;
+    const int64_t block_params = segment_params(l0);  // ZeRO-3 gathers one block at a time
 
     int32_t seq_tp = 0, seq_dp = 0, seq_act_next = 0, seq_act_prev = 0, seq_grad_next = 0, seq_grad_prev = 0;
     int32_t seq_embed = 0;
     uint32_t after_prev_step = kNone;  // the op the next step's first compute waits for (ZeRO all-gathers)
 
-    auto compute = [&](std::string_view n, int64_t ns, double flops, double bytes, PhaseKind ph, int step, int mb,
-                       int layer, traces::SpanKind kind = traces::SpanKind::Compute) {
+    auto compute = [&](std::string_view n, const Piece& pc, PhaseKind ph, int step, int mb, int layer,
+                       traces::SpanKind kind = traces::SpanKind::Compute) {
       Op op;
       op.name = b.name(n);
       op.kind = kind;
       op.stream = kStreamCompute;
       op.phase = ph;
       op.step = step, op.micro_batch = mb, op.layer = layer;
-      op.duration_ns = ns;
-      op.flops = flops;
-      op.bytes = static_cast<int64_t>(bytes);
+      op.duration_ns = pc.ns;
+      op.flops = pc.flops;
+      op.bytes = static_cast<int64_t>(pc.bytes);
       return op;
     };
     auto comm = [&](std::string_view n, traces::SpanKind kind, traces::CollOp coll, int stream, GroupRole g,
@@ -326,6 +342,22 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
       op.phase = ph;
       op.step = step, op.micro_batch = mb, op.layer = layer;
       return op;
+    };
+    auto tp_all_reduce = [&](PhaseKind ph, int step, int mb, int layer, uint32_t after) {
+      return b.add(comm(names::kTpAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce, kStreamTp,
+                        GroupRole::TP, act_msg_bytes, seq_tp++, ph, step, mb, layer),
+                   {after});
+    };
+    // A block's forward or backward: its pieces, with a tp all-reduce between consecutive pieces.
+    auto block = [&](std::string_view n, const std::vector<Piece>& pieces, PhaseKind ph, int step, int mb, int layer,
+                     std::initializer_list<uint32_t> first_deps) {
+      uint32_t prev = kNone;
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        const uint32_t op = k == 0 ? b.add(compute(n, pieces[k], ph, step, mb, layer), first_deps)
+                                   : b.add(compute(n, pieces[k], ph, step, mb, layer), {prev});
+        prev = k + 1 < pieces.size() ? tp_all_reduce(ph, step, mb, layer, op) : op;
+      }
+      return prev;
     };
 
     for (int step = 0; step < opt.steps; ++step) {
@@ -344,60 +376,36 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
         if (pass >= 0) {
           // ---- forward of micro-batch `mb`
           const int mb = pass;
-          uint32_t wait = kNone;  // op the next compute op depends on
+          uint32_t wait = kNone;  // the previous step's ZeRO all-gathers
           if (first_compute_of_step) {
             wait = after_prev_step;
             first_compute_of_step = false;
           }
           uint32_t data = kNone;
-          if (first || last) {
-            data = b.add(compute(names::kDataLoad, cc.data_ns, 0, 0, PhaseKind::None, step, mb, -1,
+          if (first || last)
+            data = b.add(compute(names::kDataLoad, Piece{0, 0, cc.data_ns}, PhaseKind::None, step, mb, -1,
                                  traces::SpanKind::Data),
                          {wait});
-          }
-          uint32_t recv = kNone;
-          if (!first) {
-            recv = b.add(comm(names::kRecvActivation, traces::SpanKind::P2P, traces::CollOp::Recv, kStreamPpRecv,
+          uint32_t prev = kNone;
+          if (first) {
+            prev = b.add(compute(names::kEmbedForward, cc.embed_f, PhaseKind::Forward, step, mb, -1), {data, wait});
+          } else {
+            prev = b.add(comm(names::kRecvActivation, traces::SpanKind::P2P, traces::CollOp::Recv, kStreamPpRecv,
                               GroupRole::PPPrev, act_msg_bytes, 2 * seq_act_prev++, PhaseKind::Forward, step, mb, -1),
                          {});
           }
-          uint32_t prev = kNone;
-          if (first) {
-            prev = b.add(compute(names::kEmbedForward, cc.embed_f_ns, 0, total_bytes(cc.embed_f), PhaseKind::Forward,
-                                 step, mb, -1),
-                         {data, wait});
-          } else {
-            prev = recv;
-          }
-          uint32_t prev_prev_compute = kNone, prev_compute = kNone;
+          uint32_t first_of_prev_prev = kNone, first_of_prev = kNone;
           for (int l = l0; l < l1; ++l) {
-            uint32_t gather = kNone;
-            if (par.zero == 3)
-              gather = zero3_gather(PhaseKind::Forward, mb, l, prev_prev_compute);
-            uint32_t a = b.add(compute(names::kAttnForward, cc.attn_f_ns, cc.attn_f_flops, total_bytes(cc.attn_f),
-                                       PhaseKind::Forward, step, mb, l),
-                               {prev, gather, wait});
+            const uint32_t gather =
+                par.zero == 3 ? zero3_gather(PhaseKind::Forward, mb, l, first_of_prev_prev) : kNone;
+            const uint32_t begin = static_cast<uint32_t>(prog.ops.size());
+            prev = block(names::kBlockForward, cc.block_f, PhaseKind::Forward, step, mb, l, {prev, gather, wait});
             wait = kNone;
-            uint32_t x = a;
-            if (tp > 1)
-              x = b.add(comm(names::kTpAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce, kStreamTp,
-                             GroupRole::TP, act_msg_bytes, seq_tp++, PhaseKind::Forward, step, mb, l),
-                        {a});
-            uint32_t f = b.add(compute(names::kMlpForward, cc.mlp_f_ns, cc.mlp_f_flops, total_bytes(cc.mlp_f),
-                                       PhaseKind::Forward, step, mb, l),
-                               {x});
-            prev = f;
-            if (tp > 1)
-              prev = b.add(comm(names::kTpAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce,
-                                kStreamTp, GroupRole::TP, act_msg_bytes, seq_tp++, PhaseKind::Forward, step, mb, l),
-                           {f});
-            prev_prev_compute = prev_compute;
-            prev_compute = a;
+            first_of_prev_prev = first_of_prev;
+            first_of_prev = begin;
           }
           if (last) {
-            prev = b.add(compute(names::kHeadForward, cc.head_f_ns, cc.head_f_flops, total_bytes(cc.head_f),
-                                 PhaseKind::Forward, step, mb, -1),
-                         {prev, data});
+            prev = b.add(compute(names::kHeadForward, cc.head_f, PhaseKind::Forward, step, mb, L), {prev, data});
           } else {
             b.add(comm(names::kSendActivation, traces::SpanKind::P2P, traces::CollOp::Send, kStreamPpSend,
                        GroupRole::PPNext, act_msg_bytes, 2 * seq_act_next++, PhaseKind::Forward, step, mb, -1),
@@ -406,85 +414,55 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
         } else {
           // ---- backward of micro-batch `mb`
           const int mb = -pass - 1;
-          const bool sync_grads = (mb == m - 1) || par.zero >= 2;  // gradient communication this pass
+          const bool sync_grads = dp > 1 && ((mb == m - 1) || par.zero >= 2);  // gradient communication now
           const bool grad_rs = par.zero >= 1;
-          std::vector<uint32_t> producers;  // backward position -> op
+          size_t next_bucket = 0;
+          auto issue_bucket = [&](uint32_t after) {
+            const Bucket& bk = buckets[next_bucket++];
+            grad_ops.push_back(b.add(comm(grad_rs ? names::kDpReduceScatter : names::kDpAllReduce,
+                                          traces::SpanKind::Collective,
+                                          grad_rs ? traces::CollOp::ReduceScatter : traces::CollOp::AllReduce,
+                                          kStreamDp, GroupRole::DP, bk.params * prec.grad_bytes, seq_dp++,
+                                          PhaseKind::Backward, step, mb, bk.lowest),
+                                     {after}));
+          };
+          // With overlap, a bucket goes out as soon as its last segment's gradient is ready.
+          auto issue_ready = [&](int position, uint32_t producer) {
+            if (!(sync_grads && par.overlap)) return;
+            while (next_bucket < buckets.size() && buckets[next_bucket].ready <= position) issue_bucket(producer);
+          };
           uint32_t prev = kNone;
-          if (!last) {
+          if (last) {
+            prev = b.add(compute(names::kHeadBackward, cc.head_b, PhaseKind::Backward, step, mb, L), {});
+          } else {
             prev = b.add(comm(names::kRecvGradient, traces::SpanKind::P2P, traces::CollOp::Recv, kStreamPpRecv,
                               GroupRole::PPNext, act_msg_bytes, 2 * seq_grad_next++ + 1, PhaseKind::Backward, step,
                               mb, -1),
                          {});
           }
-          size_t next_bucket = 0;
-          auto issue_ready_buckets = [&](int position, uint32_t producer) {
-            if (!(dp > 1 && sync_grads && par.overlap)) return;
-            while (next_bucket < buckets.size() && buckets[next_bucket].ready <= position) {
-              const Bucket& bk = buckets[next_bucket++];
-              grad_ops.push_back(b.add(
-                  comm(grad_rs ? names::kDpReduceScatter : names::kDpAllReduce, traces::SpanKind::Collective,
-                       grad_rs ? traces::CollOp::ReduceScatter : traces::CollOp::AllReduce, kStreamDp, GroupRole::DP,
-                       bk.params * prec.grad_bytes, seq_dp++, PhaseKind::Backward, step, mb, -1),
-                  {producer}));
-            }
-          };
-          int position = 0;
-          if (last) {
-            prev = b.add(compute(names::kHeadBackward, cc.head_b_ns, cc.head_b_flops, total_bytes(cc.head_b),
-                                 PhaseKind::Backward, step, mb, -1),
-                         {prev});
-          }
-          if (last) issue_ready_buckets(position, prev);
-          uint32_t prev_prev_compute = kNone, prev_compute = kNone;
+          if (last) issue_ready(0, prev);
+          uint32_t first_of_prev_prev = kNone, first_of_prev = kNone;
           for (int l = l1 - 1; l >= l0; --l) {
-            uint32_t gather = kNone;
-            if (par.zero == 3) gather = zero3_gather(PhaseKind::Backward, mb, l, prev_prev_compute);
-            const uint32_t f = b.add(compute(names::kMlpBackward, cc.mlp_b_ns, cc.mlp_b_flops, total_bytes(cc.mlp_b),
-                                             PhaseKind::Backward, step, mb, l),
-                                     {prev, gather});
-            ++position;
-            issue_ready_buckets(position, f);
-            uint32_t x = f;
-            if (tp > 1)
-              x = b.add(comm(names::kTpAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce, kStreamTp,
-                             GroupRole::TP, act_msg_bytes, seq_tp++, PhaseKind::Backward, step, mb, l),
-                        {f});
-            const uint32_t a = b.add(compute(names::kAttnBackward, cc.attn_b_ns, cc.attn_b_flops,
-                                             total_bytes(cc.attn_b), PhaseKind::Backward, step, mb, l),
-                                     {x});
-            ++position;
-            issue_ready_buckets(position, a);
-            prev = a;
-            if (tp > 1)
-              prev = b.add(comm(names::kTpAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce,
-                                kStreamTp, GroupRole::TP, act_msg_bytes, seq_tp++, PhaseKind::Backward, step, mb, l),
-                           {a});
-            prev_prev_compute = prev_compute;
-            prev_compute = f;
+            const uint32_t gather =
+                par.zero == 3 ? zero3_gather(PhaseKind::Backward, mb, l, first_of_prev_prev) : kNone;
+            const uint32_t begin = static_cast<uint32_t>(prog.ops.size());
+            prev = block(names::kBlockBackward, cc.block_b, PhaseKind::Backward, step, mb, l, {prev, gather});
+            first_of_prev_prev = first_of_prev;
+            first_of_prev = begin;
+            issue_ready(1 + (l1 - 1 - l), prev);
           }
           if (first) {
-            prev = b.add(compute(names::kEmbedBackward, cc.embed_b_ns, 0, total_bytes(cc.embed_b),
-                                 PhaseKind::Backward, step, mb, -1),
-                         {prev});
-            ++position;
-            issue_ready_buckets(position, prev);
+            prev = b.add(compute(names::kEmbedBackward, cc.embed_b, PhaseKind::Backward, step, mb, -1), {prev});
+            issue_ready(per_stage + 1, prev);
           } else {
             b.add(comm(names::kSendGradient, traces::SpanKind::P2P, traces::CollOp::Send, kStreamPpSend,
                        GroupRole::PPPrev, act_msg_bytes, 2 * seq_grad_prev++ + 1, PhaseKind::Backward, step, mb, -1),
                   {prev});
           }
           last_backward_op = prev;
-          // Without overlap (or buckets not yet issued): after the whole backward of this pass.
-          if (dp > 1 && sync_grads) {
-            while (next_bucket < buckets.size()) {
-              const Bucket& bk = buckets[next_bucket++];
-              grad_ops.push_back(b.add(
-                  comm(grad_rs ? names::kDpReduceScatter : names::kDpAllReduce, traces::SpanKind::Collective,
-                       grad_rs ? traces::CollOp::ReduceScatter : traces::CollOp::AllReduce, kStreamDp, GroupRole::DP,
-                       bk.params * prec.grad_bytes, seq_dp++, PhaseKind::Backward, step, mb, -1),
-                  {last_backward_op}));
-            }
-          }
+          // Without overlap: every bucket after the whole backward of this pass.
+          if (sync_grads)
+            while (next_bucket < buckets.size()) issue_bucket(last_backward_op);
         }
       }
 
@@ -496,13 +474,15 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
                                       kStreamDp, GroupRole::Embedding,
                                       int64_t(s.model.vocab) * s.model.d_model * prec.grad_bytes, seq_embed++,
                                       PhaseKind::Backward, step, -1, -1),
-                                 {last_backward_op}));
+                                 grad_ops.empty() ? std::vector<uint32_t>{last_backward_op} : grad_ops));
       }
       const double opt_params = par.zero >= 1 ? double(prog.param_count) / dp : double(prog.param_count);
       const auto opt_kernels = optimizer_kernels(opt_params, 28.0);
-      const uint32_t optim = b.add(compute(names::kOptimizerStep, cost.op_ns(opt_kernels), 0, total_bytes(opt_kernels),
-                                           PhaseKind::Optimizer, step, -1, -1, traces::SpanKind::Optimizer),
-                                   opt_deps);
+      // Optimizer ops carry no model FLOPs (MFU counts the model's forward and backward only).
+      const Piece opt_piece{0.0, total_bytes(opt_kernels), cost.op_ns(opt_kernels)};
+      const uint32_t optim = b.add(
+          compute(names::kOptimizerStep, opt_piece, PhaseKind::Optimizer, step, -1, -1, traces::SpanKind::Optimizer),
+          opt_deps);
       after_prev_step = kNone;
       if (par.zero == 1 || par.zero == 2) {
         for (const auto& bk : buckets) {

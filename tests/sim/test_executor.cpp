@@ -25,8 +25,8 @@ void equalize(Workload& w, int64_t tf, int64_t tb) {
     const int per_stage = w.scenario.model.layers / w.scenario.parallel.pp;
     for (auto& op : p.ops) {
       const std::string& n = w.names[op.name];
-      if (n == names::kAttnForward || n == names::kMlpForward) op.duration_ns = tf / (2 * per_stage);
-      else if (n == names::kAttnBackward || n == names::kMlpBackward) op.duration_ns = tb / (2 * per_stage);
+      if (n == names::kBlockForward) op.duration_ns = tf / per_stage;
+      else if (n == names::kBlockBackward) op.duration_ns = tb / per_stage;
       else op.duration_ns = 0;
     }
   }
@@ -80,8 +80,8 @@ TEST(Executor, OneFOneBTextbookStartTimes) {
     for (size_t i = 0; i < rank.ops.size(); ++i) {
       const Op& op = rank.program->ops[i];
       const std::string& n = w.names[op.name];
-      if (n == names::kAttnForward) start[{rank.coord.pp, op.micro_batch, false}] = rank.ops[i].start_ns;
-      if (n == names::kMlpBackward) start[{rank.coord.pp, op.micro_batch, true}] = rank.ops[i].start_ns;
+      if (n == names::kBlockForward) start[{rank.coord.pp, op.micro_batch, false}] = rank.ops[i].start_ns;
+      if (n == names::kBlockBackward) start[{rank.coord.pp, op.micro_batch, true}] = rank.ops[i].start_ns;
     }
   for (int s = 0; s < p; ++s)
     for (int i = 0; i < p - s; ++i) EXPECT_EQ((start[{s, i, false}]), (s + i) * tf) << s << " " << i;

@@ -56,10 +56,9 @@ TEST(Workload, OpCountsPerStage1F1B) {
   for (int st = 0; st < pp; ++st) {
     const auto& p = w.stages[st];
     auto n = count_by_name(w, p);
-    EXPECT_EQ(n[std::string(names::kAttnForward)], m * lps);
-    EXPECT_EQ(n[std::string(names::kMlpForward)], m * lps);
-    EXPECT_EQ(n[std::string(names::kAttnBackward)], m * lps);
-    EXPECT_EQ(n[std::string(names::kMlpBackward)], m * lps);
+    // tp > 1: each block's forward and backward are three pieces around two tp all-reduces.
+    EXPECT_EQ(n[std::string(names::kBlockForward)], 3 * m * lps);
+    EXPECT_EQ(n[std::string(names::kBlockBackward)], 3 * m * lps);
     EXPECT_EQ(n[std::string(names::kTpAllReduce)], 4 * m * lps);  // 2 in forward + 2 in backward per block
     EXPECT_EQ(n[std::string(names::kEmbedForward)], st == 0 ? m : 0);
     EXPECT_EQ(n[std::string(names::kEmbedBackward)], st == 0 ? m : 0);
@@ -90,13 +89,13 @@ TEST(Workload, ComputeOrderFollowsTheSchedule) {
     const Scenario s = small_scenario(4, 1, 1, 4, 8, sched);
     const Workload w = build_workload(s, h100_cost());
     for (int st = 0; st < 4; ++st) {
-      // The passes as they appear on the compute stream: a forward starts with attn.forward of the
-      // stage's first layer, a backward with mlp.backward of its last layer.
+      // The passes as they appear on the compute stream: fwd.block of the stage's first layer,
+      // bwd.block of its (only) layer.
       std::vector<int> seen;
       for (uint32_t id : w.stages[st].stream_ops[kStreamCompute]) {
         const Op& op = w.stages[st].ops[id];
-        if (w.names[op.name] == names::kAttnForward && op.layer == st) seen.push_back(op.micro_batch);
-        if (w.names[op.name] == names::kMlpBackward && op.layer == st) seen.push_back(-op.micro_batch - 1);
+        if (w.names[op.name] == names::kBlockForward && op.layer == st) seen.push_back(op.micro_batch);
+        if (w.names[op.name] == names::kBlockBackward && op.layer == st) seen.push_back(-op.micro_batch - 1);
       }
       EXPECT_EQ(seen, schedule_order(sched, 4, st, 8)) << sched << " stage " << st;
     }
@@ -108,11 +107,17 @@ TEST(Workload, BucketsFromBucketSize) {
   s.parallel.bucket_mb = 1e6;  // everything in one bucket
   const Workload one = build_workload(s, h100_cost());
   EXPECT_EQ(one.stages[0].bucket_params.size(), 1u);
-  s.parallel.bucket_mb = 1e-9;  // every tensor closes its bucket: 12 per block + wte, wpe, lnf.w, lnf.b
+  s.parallel.bucket_mb = 1e-9;  // every segment is a bucket: final LayerNorm, 4 blocks, embedding
   const Workload each = build_workload(s, h100_cost());
-  EXPECT_EQ(each.stages[0].bucket_params.size(), size_t(12 * 4 + 4));
-  // Last layers first: the first bucket holds the final LayerNorm's bias (C parameters).
-  EXPECT_EQ(each.stages[0].bucket_params.front(), 256);
+  const int64_t c = 256, block = 12 * c * c + 13 * c;
+  EXPECT_EQ(each.stages[0].bucket_params,
+            (std::vector<int64_t>{2 * c, block, block, block, block, 1024 * c + 128 * c}));
+  // The runtime's rule (ddp.hpp): close a bucket before the segment that would take it past the cap.
+  // 1.5 blocks of fp32 gradients: lnf + block 3 | block 2 | block 1 | block 0 + embedding (0.37 block).
+  s.parallel.bucket_mb = 1.5 * block * 4 / (1024.0 * 1024.0);
+  const Workload rule = build_workload(s, h100_cost());
+  EXPECT_EQ(rule.stages[0].bucket_params,
+            (std::vector<int64_t>{2 * c + block, block, block, block + 1024 * c + 128 * c}));
   // Without overlap the all-reduces wait for the whole backward: they all depend on the last op.
   s.parallel.overlap = false;
   const Workload no = build_workload(s, h100_cost());
@@ -187,10 +192,10 @@ TEST(Workload, Gpt3On1024GpusBuildsOneProgramPerStage) {
   const Workload w = build_workload(s, h100_cost(), {1, precision_config("mixed")});
   EXPECT_EQ(w.micro_batches, 192);
   ASSERT_EQ(w.stages.size(), 16u);
-  // Middle stage: 6 layers × 192 micro-batches × (2 fwd + 2 bwd compute + 4 tp all-reduces)
+  // Middle stage: 6 layers × 192 micro-batches × (3 fwd + 3 bwd pieces + 4 tp all-reduces)
   // + 192 × (recv act, send act, recv grad, send grad) + buckets + optimizer.
   const auto& p = w.stages[5];
-  const size_t expected = size_t(6) * 192 * 8 + 192 * 4 + p.bucket_params.size() + 1;
+  const size_t expected = size_t(6) * 192 * 10 + 192 * 4 + p.bucket_params.size() + 1;
   EXPECT_EQ(p.ops.size(), expected);
   // Parameters summed over the stages and the tp slices: the blocks' 12C^2 + 7C are sliced, the
   // replicated LayerNorms and row-parallel biases (6C) are held by every tp rank, and so are the

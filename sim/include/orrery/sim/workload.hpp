@@ -10,11 +10,13 @@
 // of the rank that runs it. Building GPT-3 175B on 16,384 GPUs therefore costs pp programs, not
 // 16,384 graphs.
 //
+// Op names and order follow the runtime's trainer (see `names` below).
 // Per step, per micro-batch, in the schedule's order (GPipe: all forwards, then all backwards;
 // 1F1B: p-s-1 warm-up forwards on stage s, then one forward one backward, then the cool-down):
-//   forward:  [data] [recv act] embed? (attn [tp all-reduce] mlp [tp all-reduce]) per layer, head?,
-//             [send act]
-//   backward: [recv grad] head? (mlp [tp ar] attn [tp ar]) per layer in reverse, embed?, [send grad]
+//   forward:  [data] [recv act] fwd.embed? fwd.block per layer (tp > 1: piece, tp all-reduce, piece,
+//             tp all-reduce, piece), fwd.head?, [send act]
+//   backward: [recv grad] bwd.head? bwd.block per layer in reverse (tp > 1: three pieces around two
+//             all-reduces), bwd.embed?, [send grad]
 //   gradient sync on the last micro-batch: per DDP bucket (bucket_mb, last layers first) an
 //   all-reduce (ZeRO 1/2: a reduce-scatter; ZeRO 2/3 reduce-scatter every micro-batch), as soon as
 //   the backward op that produces the bucket's last gradient is done (overlap: true), or after the
@@ -47,28 +49,33 @@ inline constexpr int kStreamPpRecv = 4;
 inline constexpr int kStreamCount = 5;
 std::string_view stream_name(int stream);  // "compute", "comm.dp", ...
 
-// The one table of op and phase names (kept equal to the runtime's span names).
+// The one table of op and phase names, equal to the runtime's span names (runtime/include/orrery/
+// runtime/trainer.hpp, model.hpp, ddp.hpp): compute "fwd.embed" (layer -1), "fwd.block" (layer l;
+// with tp > 1 three pieces of that name split by the two tensor-parallel all-reduces, FLOPs
+// attention / mlp / 0 as the runtime), "fwd.head" (layer L), "bwd.head", "bwd.block" (tp > 1: three
+// pieces, FLOPs 2·mlp / 2·attention / 0), "bwd.embed", optimizer "adamw", data "data", DDP bucket
+// all-reduces "ddp.all_reduce" (layer = the bucket's lowest layer). The runtime does not run tp, pp
+// or ZeRO yet; the names of those collectives and transfers are this simulator's, to be adopted or
+// renamed when the runtime grows them (change them here only).
 namespace names {
 inline constexpr std::string_view kStep = "step";
 inline constexpr std::string_view kForward = "forward";
 inline constexpr std::string_view kBackward = "backward";
 inline constexpr std::string_view kOptimizer = "optimizer";
 inline constexpr std::string_view kDataLoad = "data";
-inline constexpr std::string_view kEmbedForward = "embed.forward";
-inline constexpr std::string_view kEmbedBackward = "embed.backward";
-inline constexpr std::string_view kAttnForward = "attn.forward";
-inline constexpr std::string_view kAttnBackward = "attn.backward";
-inline constexpr std::string_view kMlpForward = "mlp.forward";
-inline constexpr std::string_view kMlpBackward = "mlp.backward";
-inline constexpr std::string_view kHeadForward = "head.forward";  // final LayerNorm, LM head, loss
-inline constexpr std::string_view kHeadBackward = "head.backward";
+inline constexpr std::string_view kEmbedForward = "fwd.embed";
+inline constexpr std::string_view kBlockForward = "fwd.block";
+inline constexpr std::string_view kHeadForward = "fwd.head";  // final LayerNorm, LM head, loss
+inline constexpr std::string_view kHeadBackward = "bwd.head";
+inline constexpr std::string_view kBlockBackward = "bwd.block";
+inline constexpr std::string_view kEmbedBackward = "bwd.embed";
 inline constexpr std::string_view kOptimizerStep = "adamw";
+inline constexpr std::string_view kDpAllReduce = "ddp.all_reduce";
 inline constexpr std::string_view kTpAllReduce = "tp.all_reduce";
-inline constexpr std::string_view kDpAllReduce = "dp.all_reduce";
-inline constexpr std::string_view kDpReduceScatter = "dp.reduce_scatter";
-inline constexpr std::string_view kDpAllGather = "dp.all_gather";
-inline constexpr std::string_view kZeroAllGather = "zero.all_gather";  // ZeRO-3 per-layer parameters
-inline constexpr std::string_view kEmbedAllReduce = "embed.all_reduce";  // tied wte, first+last stage
+inline constexpr std::string_view kDpReduceScatter = "zero.reduce_scatter";
+inline constexpr std::string_view kDpAllGather = "zero.all_gather";      // ZeRO 1/2: updated parameters
+inline constexpr std::string_view kZeroAllGather = "zero.fetch_layer";   // ZeRO 3: one layer's parameters
+inline constexpr std::string_view kEmbedAllReduce = "pp.embed_all_reduce";  // tied wte, first+last stage
 inline constexpr std::string_view kSendActivation = "pp.send_act";
 inline constexpr std::string_view kRecvActivation = "pp.recv_act";
 inline constexpr std::string_view kSendGradient = "pp.send_grad";
@@ -113,6 +120,8 @@ struct StageProgram {
   std::vector<uint32_t> deps;  // op indices
   std::array<std::vector<uint32_t>, kStreamCount> stream_ops;  // op indices per stream, in order
   int64_t param_count = 0;     // parameters held by one rank of this stage (tp slice, unsharded)
+  // DDP buckets (ddp.hpp's rule): runs of whole segments in gradient-ready order (L, L-1, ...,
+  // -1), a bucket closed before the segment that would take it past bucket_mb of gradients.
   std::vector<int64_t> bucket_params;  // parameters of each gradient bucket, in all-reduce order
 };
 
@@ -130,12 +139,13 @@ struct Layout {
   static Layout from(const Scenario& s);
 };
 
-// A parameter tensor held by one rank of a stage, in registration order, with the op whose
-// backward produces its (final) gradient.
+// A parameter tensor held by one rank of a stage, in memory order. Its segment (the runtime's unit
+// of gradient readiness, model.hpp): -1 the embedding (wte, wpe, or the last stage's wte copy),
+// l for block l, L for the final LayerNorm.
 struct ParamTensor {
   std::string name;  // "h3.fc1.w"
   int64_t count = 0;
-  int layer = -1;    // block index, -1 for embeddings and the final LayerNorm
+  int segment = -1;
 };
 std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage);
 

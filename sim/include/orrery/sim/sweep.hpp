@@ -1,0 +1,112 @@
+// One simulated training step of a scenario on a cluster (what `orrery sim` prints), and scaling
+// sweeps over cluster sizes with an optional layout search (what `orrery sweep` prints).
+//
+// Breakdown of a step, per simulated rank over the step's window [earliest op start, latest op end
+// over all simulated ranks], then averaged over the simulated ranks (one per stage by default: every
+// stage has the same number of ranks, so this is the mean over all ranks):
+//   compute      = |C|, C = compute and optimizer ops (merged intervals)
+//   exposed tp   = |TP \ C|
+//   exposed pp   = |PP \ (C ∪ TP)|            point-to-point transfers, from transfer start to end
+//   exposed dp   = |DP \ (C ∪ TP ∪ PP)|       gradient all-reduce / reduce-scatter / all-gather,
+//                                             ZeRO-3 gathers, tied-embedding all-reduce
+//   bubble       = window - |C ∪ TP ∪ PP ∪ DP| when pp > 1 (waiting for other stages), else 0
+//   idle         = the same when pp = 1 (data loading, waiting for peers), else 0
+// so compute + exposed + bubble + idle = the step window. Communication intervals start when every
+// member has arrived (OpTiming::active_ns): waiting for a late peer is bubble or idle, not comm.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "orrery/common/scenario.hpp"
+#include "orrery/sim/cluster.hpp"
+#include "orrery/sim/executor.hpp"
+#include "orrery/sim/hardware.hpp"
+#include "orrery/sim/memory.hpp"
+#include "orrery/sim/network.hpp"
+#include "orrery/traces/trace.hpp"
+
+namespace orrery::sim {
+
+struct SimOptions {
+  NetworkModel network = NetworkModel::Flow;
+  bool all_ranks = false;
+  int steps = 1;
+  std::string precision;                  // fp32 | mixed; "" = from the profile (bf16/fp16 -> mixed)
+  std::optional<HardwareProfile> profile; // none: default_hardware_profile(cluster device)
+  bool keep_trace = false;                // build the simulated trace (SimResult::trace)
+};
+
+struct StepBreakdown {
+  double window_ns = 0;
+  double compute_ns = 0;
+  double exposed_tp_ns = 0;
+  double exposed_dp_ns = 0;
+  double exposed_pp_ns = 0;
+  double bubble_ns = 0;
+  double idle_ns = 0;
+};
+
+struct SimResult {
+  int dp = 1, tp = 1, pp = 1, zero = 0, micro_batch = 1, micro_batches = 1;
+  std::string schedule;
+  std::string precision;
+  std::string profile_name;
+  int64_t step_time_ns = 0;      // mean over the simulated steps (the first skipped when steps > 1)
+  double tokens_per_s = 0;
+  double tflops_per_gpu = 0;     // model FLOP/s per GPU / 1e12
+  double mfu = 0;                // model FLOP/s per GPU / peak
+  double peak_flops = 0;         // per GPU, the precision's
+  StepBreakdown breakdown;       // per step, mean over simulated ranks
+  std::vector<MemoryEstimate> memory;  // per stage
+  double peak_memory_bytes = 0;  // max over stages
+  bool fits = true;
+  int64_t capacity_bytes = 0;
+  size_t simulated_ranks = 0;
+  size_t ops = 0;                // ops executed (over the simulated ranks)
+  uint64_t events = 0;           // engine events
+  double wall_s = 0;             // host time of build + execution
+  std::optional<traces::Trace> trace;
+};
+
+// Adapts the scenario's layout to the cluster: unchanged when dp·tp·pp equals its GPU count,
+// otherwise dp = GPUs / (tp·pp) when that divides. InputError when tp·pp does not divide the
+// cluster, or the layout does not fit the model (heads, layers, batch: validate_layout).
+Scenario fit_layout(Scenario s, const Cluster& c);
+
+// Simulates `opt.steps` steps of the scenario (whose layout must use every GPU of the cluster: see
+// fit_layout). Throws InputError for bad layouts.
+SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& opt);
+
+// The profile `simulate` uses when none is given: scenarios/hardware/<device>.yaml when `search_dir`
+// holds it, else the built-in defaults.
+HardwareProfile profile_for(const Cluster& c, const std::string& search_dir = "");
+
+struct SweepRow {
+  int gpus = 0;
+  bool ok = false;           // a layout was simulated
+  std::string note;          // why not, or remarks ("does not fit")
+  SimResult result;          // valid when ok
+  double efficiency = 0;     // per-GPU throughput relative to the smallest simulated size
+  int candidates = 0;        // --search: layouts considered (fitting memory) / simulated
+  int simulated = 0;
+};
+
+struct SweepOptions {
+  std::vector<int> gpus;
+  bool search = false;
+  int search_top = 6;  // --search: layouts simulated per size (the best by a closed-form estimate)
+  SimOptions sim;
+  std::function<void(const std::string&)> progress;  // one line per step of work (stderr)
+};
+
+// The scaling table: the scenario at each size (same node type and topology, more nodes: see
+// resize_cluster), global batch fixed. Without search: the scenario's tp, pp, zero and micro-batch
+// with dp filling the size; with search: the best (tokens/s) dp/tp/pp/zero/micro-batch that fits
+// device memory (tp within a node and dividing the heads, pp dividing the layers).
+std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const SweepOptions& opt);
+
+}  // namespace orrery::sim
