@@ -44,6 +44,10 @@ Command setup(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--straggler-delay-ns", args->o.straggler_delay_ns, "Its delay per step")
       ->capture_default_str();
+  app->add_option("--pp", args->o.pp, "Pipeline stages (GPipe schedule when > 1)")
+      ->capture_default_str();
+  app->add_option("--micro-batches", args->o.micro_batches, "Micro-batches per step when --pp > 1")
+      ->capture_default_str();
   app->add_option("--spans", args->target_spans,
                   "Choose the step count to reach at least this many spans (overrides --steps)");
   app->add_option("--peak-tflops", args->peak_tflops, "Peak TFLOP/s per rank stored in the trace");
@@ -51,7 +55,8 @@ Command setup(CLI::App& root) {
 
   auto run = [args]() {
     traces::SynthOptions o = args->o;
-    if (!args->bucket_given && o.layers > 0 && o.layers % o.layers_per_bucket != 0)
+    const int32_t stage_layers = o.pp > 0 ? o.layers / o.pp : o.layers;
+    if (!args->bucket_given && stage_layers > 0 && stage_layers % o.layers_per_bucket != 0)
       o.layers_per_bucket = 1;
     if (args->target_spans > 0) o.steps = traces::synth_steps_for_spans(o, args->target_spans);
     if (args->peak_tflops < 0) throw InputError("--peak-tflops: expected a value >= 0");
@@ -67,6 +72,8 @@ Command setup(CLI::App& root) {
       j["steps"] = o.steps;
       j["layers"] = o.layers;
       j["layers_per_bucket"] = o.layers_per_bucket;
+      j["pp"] = o.pp;
+      j["micro_batches"] = o.micro_batches;
       j["seed"] = o.seed;
       j["spans"] = t.spans.size();
       j["counters"] = t.counters.size();
@@ -80,7 +87,8 @@ Command setup(CLI::App& root) {
                        {"allreduce_bytes_per_step_rank", x.allreduce_bytes},
                        {"allreduce_calls_per_step_rank", x.allreduce_calls},
                        {"flops_per_step", x.flops},
-                       {"peak_memory_bytes_per_rank", x.peak_memory_bytes}};
+                       {"peak_memory_bytes_per_rank", x.peak_memory_bytes},
+                       {"bubble_ns_per_step_rank", x.bubble_ns}};
       std::cout << j.dump(2) << "\n";
     } else {
       std::cout << "wrote " << t.spans.size() << " spans and " << t.counters.size()
@@ -92,7 +100,9 @@ Command setup(CLI::App& root) {
                 << format_duration_ns(double(x.comm_ns)) << ", exposed comm "
                 << format_duration_ns(double(x.exposed_comm_ns)) << ", all-reduce "
                 << format_bytes(double(x.allreduce_bytes)) << " in " << x.allreduce_calls
-                << " calls\n";
+                << " calls";
+      if (o.pp > 1) std::cout << ", pipeline bubble " << format_duration_ns(double(x.bubble_ns));
+      std::cout << "\n";
     }
     return 0;
   };

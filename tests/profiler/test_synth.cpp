@@ -174,15 +174,92 @@ TEST(Synth, SpansAreSortedAndStepsForSpanTarget) {
   SynthOptions o;
   o.ranks = 2;
   o.steps = 2;
-  const traces::Trace t = traces::synthesize(o);
-  for (size_t i = 1; i < t.spans.size(); ++i) {
-    const auto& p = t.spans[i - 1];
-    const auto& s = t.spans[i];
-    ASSERT_TRUE(p.rank < s.rank || (p.rank == s.rank && p.stream < s.stream) ||
-                (p.rank == s.rank && p.stream == s.stream && p.start_ns <= s.start_ns))
-        << i;
+  SynthOptions pipe = o;
+  pipe.ranks = 4;
+  pipe.pp = 2;
+  for (const auto& opt : {o, pipe}) {
+    const traces::Trace t = traces::synthesize(opt);
+    for (size_t i = 1; i < t.spans.size(); ++i) {
+      const auto& p = t.spans[i - 1];
+      const auto& s = t.spans[i];
+      ASSERT_TRUE(p.rank < s.rank || (p.rank == s.rank && p.stream < s.stream) ||
+                  (p.rank == s.rank && p.stream == s.stream && p.start_ns <= s.start_ns))
+          << "pp " << opt.pp << " span " << i;
+    }
   }
   EXPECT_EQ(traces::synth_steps_for_spans(o, 5'000'000), (5'000'000 + 71) / 72);
+}
+
+// Pipeline mode (GPipe), closed forms written out independently of the generator.
+TEST(Synth, PipelineTraceHasTheDocumentedTotalsAndBubble) {
+  SynthOptions o;
+  o.ranks = 8;
+  o.pp = 4;
+  o.micro_batches = 6;
+  o.layers = 8;
+  o.layers_per_bucket = 1;
+  o.steps = 3;
+  const traces::Trace t = traces::synthesize(o);
+  EXPECT_EQ(int64_t(t.spans.size()), traces::synth_span_count(o));
+  const int64_t pp = 4, dp = 2, mb = 6, Ls = 2, S = 3;
+  const int64_t F = Ls * o.forward_ns, B = Ls * o.backward_ns;
+  const int64_t C = Ls * o.comm_ns_per_layer;  // Ls buckets of one layer
+  const int64_t step = o.data_ns + (mb + pp - 1) * (F + B) + C + o.optimizer_ns;
+  const int64_t bubble = o.data_ns + (pp - 1) * (F + B);
+  EXPECT_EQ(traces::synth_totals(o).step_ns, step);
+  EXPECT_EQ(traces::synth_totals(o).bubble_ns, bubble);
+  // Spans: per rank and step 2·m·Ls layer spans + data + optimizer + 4 phases + Ls all-reduces,
+  // plus 4·m transfers (send + recv, forward + backward) per pipeline hop.
+  EXPECT_EQ(int64_t(t.spans.size()), S * (8 * (2 * mb * Ls + 6 + Ls) + dp * 4 * mb * (pp - 1)));
+
+  const Metrics m = compute_metrics(t);
+  EXPECT_TRUE(m.pipeline);
+  ASSERT_EQ(m.steps.size(), size_t(S));
+  EXPECT_DOUBLE_EQ(m.step_mean_ns, double(step));
+  for (const RankMetrics& r : m.ranks) {
+    for (const auto& [s, tb] : r.by_step) {
+      EXPECT_EQ(tb.window_ns, step);
+      EXPECT_EQ(tb.compute_ns, mb * (F + B) + o.optimizer_ns);
+      EXPECT_EQ(tb.comm_ns, C);
+      EXPECT_EQ(tb.exposed_comm_ns, C);
+      EXPECT_EQ(tb.idle_ns, bubble);
+    }
+    EXPECT_EQ(r.bubble_ns, S * bubble) << "rank " << r.rank;
+    EXPECT_DOUBLE_EQ(r.peak_memory_total_bytes,
+                     3.0 * Ls * double(o.grad_bytes_per_layer) +
+                         double(mb * Ls) * double(o.activation_bytes_per_layer));
+  }
+  EXPECT_NEAR(m.bubble_pct, 100.0 * double(bubble) / double(step), 1e-9);
+  EXPECT_TRUE(m.stragglers.empty());
+  // One all-reduce group per stage (2 ranks each: busbw = algbw · 2·1/2), plus sends and recvs.
+  int all_reduce_groups = 0;
+  for (const auto& c : m.collectives) {
+    if (c.op != "all_reduce") continue;
+    ++all_reduce_groups;
+    EXPECT_EQ(c.comm_size, 2);
+    EXPECT_EQ(c.count, S * Ls * dp);
+    EXPECT_EQ(c.ops, S * Ls);
+    EXPECT_DOUBLE_EQ(c.busbw_gbps, c.algbw_gbps);
+  }
+  EXPECT_EQ(all_reduce_groups, pp);
+  const double flops = double(dp * mb * 8) * (o.forward_flops + o.backward_flops);
+  EXPECT_NEAR(m.achieved_flops, flops / (double(step) * 1e-9), 1e-9 * m.achieved_flops);
+}
+
+TEST(Synth, PipelineBubbleIsTheGPipeFractionWithoutOverheads) {
+  for (const auto& [pp, mb] : std::vector<std::pair<int, int>>{{2, 1}, {4, 4}, {4, 16}, {8, 3}}) {
+    SynthOptions o;
+    o.ranks = pp;  // dp = 1: no all-reduce
+    o.pp = pp;
+    o.micro_batches = mb;
+    o.layers = 2 * pp;
+    o.layers_per_bucket = 1;
+    o.data_ns = 0;
+    o.optimizer_ns = 0;
+    o.steps = 2;
+    const Metrics m = compute_metrics(traces::synthesize(o));
+    EXPECT_NEAR(m.bubble_pct, 100.0 * (pp - 1) / (mb + pp - 1), 1e-9) << pp << " " << mb;
+  }
 }
 
 TEST(Synth, BadOptionsAreInputErrors) {
@@ -194,6 +271,13 @@ TEST(Synth, BadOptionsAreInputErrors) {
   EXPECT_THROW(traces::synthesize(o), InputError);
   o = {};
   o.straggler_rank = 4;
+  EXPECT_THROW(traces::synthesize(o), InputError);
+  o = {};
+  o.pp = 3;  // does not divide 4 ranks
+  EXPECT_THROW(traces::synthesize(o), InputError);
+  o = {};
+  o.pp = 2;
+  o.jitter_ns = 5;
   EXPECT_THROW(traces::synthesize(o), InputError);
 }
 

@@ -36,6 +36,23 @@
 //   spans                       = R·S·(2L + nb + 6); counters = R·S·7
 // A straggler rank (straggler_rank >= 0) loads its data straggler_delay_ns longer every step, so
 // it arrives late at every all-reduce and the other ranks wait inside theirs.
+//
+// Pipeline mode (pp > 1; GPipe): rank r is stage i = r % pp of pipeline d = r / pp (dp = R / pp
+// pipelines), holding Ls = L / pp layers; m = micro_batches. Per stage and micro-batch the forward
+// takes F = Ls·f and the backward B = Ls·b (one span per layer, `micro_batch` set). After data
+// loading (d, every rank) stage i runs forward j at d + (i+j)·F, and backward j at
+// T + (pp−1−i+j)·B, T = d + (m+pp−1)·F. Activations and gradients pass between stages as
+// zero-length P2P send/recv spans (an ideal link) on stream 1, on communicator "pp[dp=d]". After
+// its last backward, at E_i = T + (pp−1−i+m)·B, a stage all-reduces its gradients over its dp group
+// "dp[pp=i]" in Ls/k back-to-back buckets of c each (none when dp = 1), then runs the optimizer.
+// All ranks start the next step together when stage 0's optimizer ends. Jitter and stragglers
+// are not supported in this mode. Closed forms per rank and step (C = (Ls/k)·c, 0 when dp = 1):
+//   step time = d + (m+pp−1)·(F+B) + C + o        compute = m·(F+B) + o
+//   comm = exposed comm = C (overlap 0)           idle = bubble = d + (pp−1)·(F+B)
+//   so with d = C = o = 0 the bubble is (pp−1)/(m+pp−1) of the step (GPipe's closed form);
+//   FLOPs per step = dp·m·L·(forward_flops + backward_flops)
+//   peak memory per rank = 3·Ls·g + max(m·Ls·activation_bytes_per_layer, Ls·g), g = grad bytes
+//   spans per step = R·(2·m·Ls + 6 + [dp>1]·Ls/k) + dp·4·m·(pp−1)
 #pragma once
 
 #include <cstdint>
@@ -64,6 +81,8 @@ struct SynthOptions {
   int64_t jitter_ns = 0;                  // uniform extra data-loading time per rank and step
   int32_t straggler_rank = -1;            // a rank that is consistently late, -1 for none
   int64_t straggler_delay_ns = 0;
+  int32_t pp = 1;                         // pipeline stages (must divide ranks and layers)
+  int32_t micro_batches = 4;              // per step, in pipeline mode
 };
 
 // The closed forms above, per rank and step (exact when jitter_ns = 0 and there is no straggler).
@@ -78,16 +97,19 @@ struct SynthTotals {
   int64_t allreduce_calls = 0;  // per rank and step
   double flops = 0;             // per step, all ranks
   double peak_memory_bytes = 0; // per rank, sum of the categories
+  int64_t bubble_ns = 0;        // per rank and step, pipeline mode (0 when pp = 1)
 };
 SynthTotals synth_totals(const SynthOptions& o);
 
-// Spans the options produce: ranks · steps · (2·layers + layers/layers_per_bucket + 6).
+// Spans the options produce: ranks · steps · (2·layers + layers/layers_per_bucket + 6) when
+// pp = 1; see the pipeline formula above otherwise.
 int64_t synth_span_count(const SynthOptions& o);
 // The number of steps that reaches at least `target_spans` with the other options unchanged.
 int32_t synth_steps_for_spans(const SynthOptions& o, int64_t target_spans);
 
 // Throws InputError for impossible options (non-positive counts, layers % layers_per_bucket != 0,
-// negative durations, straggler_rank out of range). Spans come sorted by (rank, stream, start).
+// negative durations, straggler_rank out of range, pp not dividing ranks and layers). Spans come
+// sorted by (rank, stream, start).
 Trace synthesize(const SynthOptions& o);
 
 }  // namespace orrery::traces
