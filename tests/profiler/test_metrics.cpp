@@ -384,6 +384,56 @@ TEST(Metrics, SpanOrderDoesNotMatter) {
   EXPECT_EQ(m1.step_mean_ns, m2.step_mean_ns);
 }
 
+TEST(Metrics, ThreadCountDoesNotChangeResults) {
+  Builder b(5);
+  std::mt19937_64 rng(11);
+  b.t.meta.tokens_per_step = 100;
+  for (int r = 0; r < 5; ++r) {
+    for (int i = 0; i < 300; ++i) {
+      const int64_t a = int64_t(rng() % 1000000);
+      Span& s = b.add(r, int(rng() % 2), (rng() % 2) ? SpanKind::Compute : SpanKind::Collective,
+                      "x", a, a + int64_t(rng() % 5000), i / 60);
+      s.flops = double(rng() % 1000) * 0.37;
+      if (s.kind == SpanKind::Collective) {
+        s.op = CollOp::AllReduce;
+        s.comm = 0;
+        s.seq = i;
+        s.bytes = int64_t(rng() % 100000);
+      }
+    }
+  }
+  b.t.sort_spans();
+  MetricsOptions one, four;
+  one.threads = 1;
+  four.threads = 4;
+  const Metrics a = compute_metrics(b.t, one), c = compute_metrics(b.t, four);
+  ASSERT_EQ(a.ranks.size(), c.ranks.size());
+  for (size_t i = 0; i < a.ranks.size(); ++i) {
+    EXPECT_EQ(a.ranks[i].total.compute_ns, c.ranks[i].total.compute_ns);
+    EXPECT_EQ(a.ranks[i].total.exposed_comm_ns, c.ranks[i].total.exposed_comm_ns);
+    EXPECT_EQ(a.ranks[i].late_ns_mean, c.ranks[i].late_ns_mean);
+    EXPECT_EQ(a.ranks[i].by_step.size(), c.ranks[i].by_step.size());
+  }
+  EXPECT_EQ(a.achieved_flops, c.achieved_flops);  // bit-identical: fixed summation order
+  EXPECT_EQ(a.stragglers, c.stragglers);
+  ASSERT_EQ(a.collectives.size(), 1u);
+  ASSERT_EQ(c.collectives.size(), 1u);
+  EXPECT_EQ(a.collectives[0].bytes, c.collectives[0].bytes);
+  EXPECT_EQ(a.collectives[0].ops, c.collectives[0].ops);
+  EXPECT_EQ(a.collectives[0].comm_size, 5);
+}
+
+TEST(Metrics, SparseSequenceNumbersAreGroupedToo) {
+  Builder b(3);
+  for (int64_t seq : {int64_t(5), int64_t(1) << 40, int64_t(7)}) {
+    for (int r = 0; r < 3; ++r) b.coll(r, seq % 1000 + (r == 1 ? 500'000 : 0), seq % 1000 + 600'000,
+                                       CollOp::AllReduce, 0, seq, 8);
+  }
+  const Metrics m = compute_metrics(b.t);
+  EXPECT_EQ(m.collectives[0].ops, 3);
+  EXPECT_EQ(m.stragglers, std::vector<int32_t>{1});
+}
+
 TEST(Metrics, BadInputIsAnInputError) {
   Builder b(1);
   b.compute(0, 10, 5);

@@ -3,8 +3,11 @@
 // and a grouping of collectives by (comm, seq) for bandwidth and straggler figures.
 // Definitions are in metrics.hpp.
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
+#include <exception>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -169,6 +172,67 @@ struct CollAcc {
   int32_t last_rank = -1;
   int32_t ranks_seen = 0;
 };
+
+// Orders arrivals by (comm, seq, start). Sequence numbers are normally dense per communicator,
+// so a counting sort by (comm, seq) does it in linear time, then each (small) group is sorted by
+// start; sparse numbers fall back to a comparison sort.
+void group_arrivals(std::vector<Arrival>& v) {
+  const auto full = [](const Arrival& a, const Arrival& b) {
+    if (a.comm != b.comm) return a.comm < b.comm;
+    if (a.seq != b.seq) return a.seq < b.seq;
+    return a.start_ns < b.start_ns;
+  };
+  if (v.size() < 2) return;
+  std::unordered_map<int32_t, std::pair<int64_t, int64_t>> range;  // comm -> [min, max] seq
+  std::pair<int64_t, int64_t>* cur = nullptr;
+  int32_t cur_comm = INT32_MIN;
+  for (const Arrival& a : v) {
+    if (!cur || a.comm != cur_comm) {
+      cur_comm = a.comm;
+      cur = &range.try_emplace(a.comm, a.seq, a.seq).first->second;
+    }
+    cur->first = std::min(cur->first, a.seq);
+    cur->second = std::max(cur->second, a.seq);
+  }
+  std::vector<int32_t> comms;
+  for (const auto& [c, r] : range) comms.push_back(c);
+  std::sort(comms.begin(), comms.end());
+  std::unordered_map<int32_t, size_t> base;  // comm -> first bucket
+  size_t buckets = 0;
+  for (int32_t c : comms) {
+    base[c] = buckets;
+    const auto [lo, hi] = range[c];
+    if (uint64_t(hi - lo) >= 4 * v.size() + 1024) {
+      std::sort(v.begin(), v.end(), full);
+      return;
+    }
+    buckets += size_t(hi - lo) + 1;
+  }
+  std::vector<uint32_t> offset(buckets + 1, 0);
+  std::vector<size_t> key(v.size());
+  int32_t last_comm = INT32_MIN;
+  size_t last_base = 0;
+  int64_t last_lo = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i].comm != last_comm) {
+      last_comm = v[i].comm;
+      last_base = base[last_comm];
+      last_lo = range[last_comm].first;
+    }
+    key[i] = last_base + size_t(v[i].seq - last_lo);
+    ++offset[key[i] + 1];
+  }
+  for (size_t b = 0; b < buckets; ++b) offset[b + 1] += offset[b];
+  std::vector<Arrival> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[offset[key[i]]++] = v[i];
+  v.swap(out);
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i + 1;
+    while (j < v.size() && v[j].comm == v[i].comm && v[j].seq == v[i].seq) ++j;
+    if (j - i > 1) std::sort(v.begin() + long(i), v.begin() + long(j), full);
+    i = j;
+  }
+}
 
 TimeBreakdown breakdown(const Merged& c, const Merged& k, const Merged& mc, const Merged& ck,
                         const Merged& all, int64_t a, int64_t b) {
@@ -348,24 +412,30 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
   std::unordered_map<int32_t, int32_t> comm_size;
   for (const auto& c : t.comms) comm_size[c.id] = int32_t(c.ranks.size());
 
-  std::unordered_map<CollKey, CollAcc, CollKeyHash> coll;
-  std::vector<Arrival> arrivals;
-  RunList comp, comm, colls, mem;
-  std::vector<FlopSpan> flop_spans;
-  Merged mc, mk, mm, mck, mcol, mtmp, mall, mbusy;
-  double counted_flops = 0, window_flops = 0;
-  m.start_ns = INT64_MAX;
-  m.end_ns = INT64_MIN;
+  // ---- Per rank, in parallel: ranks are independent; each worker has its own scratch buffers
+  // and collective accumulators, merged afterwards in a fixed order so results do not depend on
+  // the thread count.
+  using CollMap = std::unordered_map<CollKey, CollAcc, CollKeyHash>;
+  struct Worker {
+    CollMap coll;
+    std::vector<Arrival> arrivals;
+    RunList comp, comm, colls, mem;
+    std::vector<FlopSpan> flop_spans;
+    Merged mc, mk, mm, mck, mcol, mtmp, mall, mbusy;
+  };
+  const size_t n_ranks = rank_ids.size();
+  std::vector<double> counted_flops(n_ranks, 0), window_flops(n_ranks, 0);
+  std::vector<int64_t> rank_lo(n_ranks, INT64_MAX), rank_hi(n_ranks, INT64_MIN);
 
-  for (size_t ri = 0; ri < rank_ids.size(); ++ri) {
+  const auto process_rank = [&](size_t ri, Worker& w) {
     const int32_t rank = rank_ids[ri];
     RankMetrics& rm = m.ranks[ri];
     rm.rank = rank;
-    comp.clear();
-    comm.clear();
-    colls.clear();
-    mem.clear();
-    flop_spans.clear();
+    w.comp.clear();
+    w.comm.clear();
+    w.colls.clear();
+    w.mem.clear();
+    w.flop_spans.clear();
     int64_t lo = INT64_MAX, hi = INT64_MIN;
     CollKey last_key{CollOp::None, INT32_MIN};
     CollAcc* last_acc = nullptr;
@@ -375,19 +445,19 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
       lo = std::min(lo, a);
       hi = std::max(hi, b);
       if (is_compute(s.kind)) {
-        comp.push(a, b);
+        w.comp.push(a, b);
         if (s.flops != 0) {
           const int64_t len = s.end_ns - s.start_ns;
           const double kept = len > 0 ? s.flops * double(b - a) / double(len) : s.flops;
-          flop_spans.push_back({a, b, kept});
+          w.flop_spans.push_back({a, b, kept});
         }
       } else if (is_comm(s.kind)) {
-        comm.push(a, b);
-        if (s.kind == SpanKind::Collective) colls.push(a, b);
+        w.comm.push(a, b);
+        if (s.kind == SpanKind::Collective) w.colls.push(a, b);
         const CollKey key{s.op, s.comm};
         if (!last_acc || !(key == last_key)) {
           last_key = key;
-          last_acc = &coll[key];
+          last_acc = &w.coll[key];
           if (last_acc->stats.count == 0) {
             last_acc->stats.op = std::string(traces::to_string(s.op));
             last_acc->stats.comm = s.comm;
@@ -403,9 +473,9 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
           ++acc.ranks_seen;
         }
         if (s.kind == SpanKind::Collective && s.seq >= 0 && s.start_ns >= ws && s.start_ns < we)
-          arrivals.push_back({s.comm, s.seq, rank, s.start_ns, s.op});
+          w.arrivals.push_back({s.comm, s.seq, rank, s.start_ns, s.op});
       } else if (s.kind == SpanKind::Memcpy) {
-        mem.push(a, b);
+        w.mem.push(a, b);
       }
     };
     if (rank_sorted) {
@@ -419,48 +489,105 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
         visit(spans[order[k]]);
     }
 
-    comp.merge_into(mc);
-    comm.merge_into(mk);
-    mem.merge_into(mm);
-    intersect(mc, mk, mck);
-    unite(mc, mk, mtmp);
-    unite(mtmp, mm, mall);
-    if (lo < hi) {
-      rm.total = breakdown(mc, mk, mm, mck, mall, lo, hi);
-      m.start_ns = std::min(m.start_ns, lo);
-      m.end_ns = std::max(m.end_ns, hi);
-    }
+    w.comp.merge_into(w.mc);
+    w.comm.merge_into(w.mk);
+    w.mem.merge_into(w.mm);
+    intersect(w.mc, w.mk, w.mck);
+    unite(w.mc, w.mk, w.mtmp);
+    unite(w.mtmp, w.mm, w.mall);
+    if (lo < hi) rm.total = breakdown(w.mc, w.mk, w.mm, w.mck, w.mall, lo, hi);
+    rank_lo[ri] = lo;
+    rank_hi[ri] = hi;
     for (const StepStats& st : m.steps)
-      rm.by_step[st.step] = breakdown(mc, mk, mm, mck, mall, st.start_ns, st.end_ns);
+      rm.by_step[st.step] = breakdown(w.mc, w.mk, w.mm, w.mck, w.mall, st.start_ns, st.end_ns);
     if (pipeline) {
-      colls.merge_into(mcol);
-      unite(mc, mcol, mbusy);
+      w.colls.merge_into(w.mcol);
+      unite(w.mc, w.mcol, w.mbusy);
       for (const StepStats& st : m.steps) {
         if (st.warmup) continue;
-        rm.bubble_ns += st.duration_ns() - mbusy.clipped(st.start_ns, st.end_ns);
+        rm.bubble_ns += st.duration_ns() - w.mbusy.clipped(st.start_ns, st.end_ns);
         rm.counted_step_ns += st.duration_ns();
       }
     }
-    for (const FlopSpan& f : flop_spans) {
-      window_flops += f.flops;
+    for (const FlopSpan& f : w.flop_spans) {
+      window_flops[ri] += f.flops;
       if (counted_union.iv.empty()) continue;
       if (f.end_ns > f.start_ns) {
-        counted_flops += f.flops * double(counted_union.clipped(f.start_ns, f.end_ns)) /
-                         double(f.end_ns - f.start_ns);
+        counted_flops[ri] += f.flops * double(counted_union.clipped(f.start_ns, f.end_ns)) /
+                             double(f.end_ns - f.start_ns);
       } else if (counted_union.clipped(f.start_ns, f.start_ns + 1) > 0) {
-        counted_flops += f.flops;
+        counted_flops[ri] += f.flops;
       }
     }
-    add_to(m.total, rm.total);
+  };
+
+  // Threads pay off only with enough spans; an explicit count is obeyed (tests use it).
+  size_t n_threads = opt.threads > 0
+                         ? size_t(opt.threads)
+                         : std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()),
+                                            size_t(m.span_count / 200'000) + 1);
+  n_threads = std::min(n_threads, n_ranks);
+  std::vector<Worker> workers(std::max<size_t>(1, n_threads));
+  if (n_threads <= 1) {
+    for (size_t ri = 0; ri < n_ranks; ++ri) process_rank(ri, workers[0]);
+  } else {
+    std::atomic<size_t> next{0};
+    std::vector<std::exception_ptr> errors(n_threads);
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < n_threads; ++k) {
+      threads.emplace_back([&, k] {
+        try {
+          for (size_t ri = next++; ri < n_ranks; ri = next++) process_rank(ri, workers[k]);
+        } catch (...) {
+          errors[k] = std::current_exception();
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (const auto& e : errors) {
+      if (e) std::rethrow_exception(e);
+    }
+  }
+
+  double counted_flops_sum = 0, window_flops_sum = 0;
+  m.start_ns = INT64_MAX;
+  m.end_ns = INT64_MIN;
+  for (size_t ri = 0; ri < n_ranks; ++ri) {
+    add_to(m.total, m.ranks[ri].total);
+    counted_flops_sum += counted_flops[ri];
+    window_flops_sum += window_flops[ri];
+    if (rank_lo[ri] < rank_hi[ri]) {
+      m.start_ns = std::min(m.start_ns, rank_lo[ri]);
+      m.end_ns = std::max(m.end_ns, rank_hi[ri]);
+    }
   }
   if (m.start_ns > m.end_ns) m.start_ns = m.end_ns = 0;
+  CollMap coll;
+  std::vector<Arrival> arrivals;
+  {
+    size_t total = 0;
+    for (const Worker& w : workers) total += w.arrivals.size();
+    arrivals.reserve(total);
+  }
+  for (Worker& w : workers) {
+    for (auto& [key, acc] : w.coll) {
+      CollAcc& dst = coll[key];
+      if (dst.stats.count == 0) {
+        dst.stats.op = acc.stats.op;
+        dst.stats.comm = acc.stats.comm;
+        dst.p2p = acc.p2p;
+      }
+      dst.stats.count += acc.stats.count;
+      dst.stats.bytes += acc.stats.bytes;
+      dst.stats.time_ns += acc.stats.time_ns;
+      dst.ranks_seen += acc.ranks_seen;  // each rank is processed by one worker only
+    }
+    arrivals.insert(arrivals.end(), w.arrivals.begin(), w.arrivals.end());
+    w = Worker{};
+  }
 
   // ---- Collectives: sizes, operation counts, bandwidths.
-  std::sort(arrivals.begin(), arrivals.end(), [](const Arrival& a, const Arrival& b) {
-    if (a.comm != b.comm) return a.comm < b.comm;
-    if (a.seq != b.seq) return a.seq < b.seq;
-    return a.start_ns < b.start_ns;
-  });
+  group_arrivals(arrivals);
   std::vector<double> late_sum(rank_ids.size(), 0);
   for (size_t i = 0; i < arrivals.size();) {
     size_t j = i + 1;
@@ -516,13 +643,13 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
 
   // ---- Throughput.
   if (counted_total_ns > 0) {
-    m.achieved_flops = counted_flops / (double(counted_total_ns) * 1e-9);
+    m.achieved_flops = counted_flops_sum / (double(counted_total_ns) * 1e-9);
     if (t.meta.tokens_per_step > 0)
       m.tokens_per_s = double(t.meta.tokens_per_step) / (m.step_mean_ns * 1e-9);
     if (t.meta.model_flops_per_step > 0)
       m.model_flops_per_s = t.meta.model_flops_per_step / (m.step_mean_ns * 1e-9);
   } else if (m.end_ns > m.start_ns) {
-    m.achieved_flops = window_flops / (double(m.end_ns - m.start_ns) * 1e-9);
+    m.achieved_flops = window_flops_sum / (double(m.end_ns - m.start_ns) * 1e-9);
   }
   m.peak_flops_per_rank = opt.peak_flops_per_rank > 0 ? opt.peak_flops_per_rank
                                                       : t.meta.peak_flops_per_rank;

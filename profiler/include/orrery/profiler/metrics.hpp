@@ -137,6 +137,7 @@ struct MetricsOptions {
   double peak_flops_per_rank = 0;        // overrides the trace's value when > 0
   int64_t straggler_threshold_ns = 100'000;  // lateness that counts as late
   double straggler_late_fraction = 0.5;      // late in more than this fraction -> straggler
+  int threads = 0;  // worker threads over ranks; 0: hardware concurrency (results do not depend on it)
 };
 
 // Percentile q in [0, 1] of the values, linear interpolation (see above); 0 for an empty input.
