@@ -58,8 +58,9 @@ class PhaseBuilder {
       }
     }
   }
-  Phase take(int32_t steps) {
+  Phase take(int32_t steps, bool pipelined = false) {
     phase_.latency_steps = steps;
+    phase_.pipelined = pipelined;
     index_.clear();
     return std::move(phase_);
   }
@@ -221,7 +222,7 @@ CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
           default: unsupported(req.op, plan.algo);
         }
       }
-      plan.phases.push_back(b.take(steps));
+      plan.phases.push_back(b.take(steps, true));
       return plan;
     }
     case Algorithm::Tree: {
@@ -251,7 +252,7 @@ CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
           unsupported(req.op, plan.algo);
         }
       }
-      plan.phases.push_back(b.take(steps));
+      plan.phases.push_back(b.take(steps, true));
       return plan;
     }
     case Algorithm::HalvingDoubling: {
@@ -315,7 +316,7 @@ CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
         PhaseBuilder b;
         for (int ch = 0; ch < C; ++ch)
           for (const auto& grp : groups) add_ring(b, ring_order({grp}, ch), factor_bytes / C);
-        return b.take(g - 1);
+        return b.take(g - 1, true);
       };
       auto inter = [&](double bytes, int steps_per_hop) {  // a ring per local index across nodes
         PhaseBuilder b;
@@ -324,7 +325,7 @@ CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
           for (const auto& grp : groups) o.push_back(grp[j]);
           add_ring(b, o, bytes / C, C);
         }
-        return b.take(steps_per_hop * (nodes - 1));
+        return b.take(steps_per_hop * (nodes - 1), true);
       };
       const double gd = g, nd = nodes;
       const double inter_part = S / gd;  // what each GPU owns after the intra-node reduce-scatter

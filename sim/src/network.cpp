@@ -35,6 +35,23 @@ struct Affine {
   double at(int64_t bytes) const { return latency_ns + ns_per_byte * static_cast<double>(bytes); }
 };
 
+// A phase's alpha: the longest path latency of its flows, or for pipelined phases the weighted mean,
+// plus the per-step overhead (see Phase).
+struct PhaseLatency {
+  int64_t max_ns = 0;
+  double sum_ns = 0;
+  double weight = 0;
+  void add(int64_t path_ns, double w) {
+    max_ns = std::max(max_ns, path_ns);
+    sum_ns += static_cast<double>(path_ns) * w;
+    weight += w;
+  }
+  TimeNs alpha_ns(const Phase& ph, const Cluster& c) const {
+    const TimeNs path = ph.pipelined && weight > 0 ? static_cast<TimeNs>(std::llround(sum_ns / weight)) : max_ns;
+    return path + c.coll.step_latency_ns;
+  }
+};
+
 Affine analyze(const Cluster& c, CollectiveRequest r) {
   constexpr double kRef = 1 << 30;  // plan at 1 GiB: no flow is dropped as empty
   r.bytes = static_cast<int64_t>(kRef);
@@ -46,12 +63,12 @@ Affine analyze(const Cluster& c, CollectiveRequest r) {
   Affine a;
   double data_ns = 0;
   for (const Phase& ph : plan.phases) {
-    int64_t max_lat = 0;
+    PhaseLatency lat;
     touched.clear();
     for (const FlowSpec& f : ph.flows) {
       path.clear();
       topo.route(f.src, f.dst, flow_hash(f.src, f.dst), path);
-      max_lat = std::max(max_lat, topo.path_latency_ns(path));
+      lat.add(topo.path_latency_ns(path), f.weight);
       for (int32_t l : path) {
         if (load[l] == 0) touched.push_back(l);
         load[l] += f.bytes * f.weight;
@@ -63,7 +80,7 @@ Affine analyze(const Cluster& c, CollectiveRequest r) {
       load[l] = 0;
     }
     data_ns += worst;
-    a.latency_ns += static_cast<double>(ph.latency_steps) * static_cast<double>(max_lat + c.coll.step_latency_ns);
+    a.latency_ns += static_cast<double>(ph.latency_steps) * static_cast<double>(lat.alpha_ns(ph, c));
   }
   a.ns_per_byte = data_ns / kRef;
   return a;
@@ -230,7 +247,7 @@ class FlowNetwork final : public NetworkSim {
     const Phase& ph = co.plan.phases[co.phase];
     const Topology& topo = *c_.topology;
     std::vector<int32_t> seed_links;
-    int64_t max_lat = 0;
+    PhaseLatency lat;
     co.pending = 0;
     for (const FlowSpec& fs : ph.flows) {
       int32_t fi;
@@ -252,7 +269,7 @@ class FlowNetwork final : public NetworkSim {
       ++f.version;
       f.route.clear();
       topo.route(fs.src, fs.dst, flow_hash(fs.src, fs.dst), f.route);
-      max_lat = std::max(max_lat, topo.path_latency_ns(f.route));
+      lat.add(topo.path_latency_ns(f.route), fs.weight);
       for (int32_t l : f.route) {
         link_flows_[l].push_back(fi);
         seed_links.push_back(l);
@@ -260,7 +277,7 @@ class FlowNetwork final : public NetworkSim {
       ++co.pending;
       ++stats_.flows;
     }
-    co.alpha_ns = max_lat + c_.coll.step_latency_ns;
+    co.alpha_ns = lat.alpha_ns(ph, c_);
     if (co.pending == 0) {
       end_phase(ci, now);
       return;

@@ -322,3 +322,26 @@ TEST(Collectives, BadRequests) {
   r = request(CollOp::AllToAll, 4, Algorithm::Ring);
   EXPECT_THROW(plan_collective(c, r), orrery::InputError);
 }
+
+TEST(Collectives, RingLatencyIsTheSumOfItsEdgeLatencies) {
+  // A pipelined ring pays each edge's latency, not the slowest edge's on every step: 2 nodes of 8,
+  // per channel 14 NVLink edges and 2 PXN edges between the nodes.
+  Cluster c;
+  c.name = "dgx2";
+  c.device = *device_preset("H100-SXM");
+  c.nodes = 2;
+  c.gpus_per_node = 8;
+  c.topo.kind = TopologyKind::FatTree;
+  c.topo.nvlink_gb_per_s = 450;
+  c.topo.nvlink_latency_ns = 200;
+  c.topo.nic_gb_per_s = 50;
+  c.topo.nic_latency_ns = 1500;
+  c.coll.step_latency_ns = 1000;
+  build_topology(c);
+  const int n = 16;
+  const double a_intra = 2 * 200 + 1000;
+  const double a_inter = 200 + 2 * 1500 + 1000;  // GPU -> NVSwitch -> NIC -> leaf -> NIC -> GPU
+  const double mean = (14 * a_intra + 2 * a_inter) / 16;
+  check(c, request(CollOp::AllReduce, n, Algorithm::Ring),
+        2.0 * (n - 1) * mean + 2.0 * (n - 1) / n * kS / (8 * 50));
+}

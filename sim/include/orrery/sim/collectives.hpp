@@ -48,8 +48,11 @@ struct FlowSpec {
 
 struct Phase {
   std::vector<FlowSpec> flows;  // start together; the phase ends when all are done
-  int32_t latency_steps = 0;    // the phase also costs latency_steps * alpha, alpha = the longest
-                                // path latency among its flows + cluster.coll.step_latency_ns
+  int32_t latency_steps = 0;    // the phase also costs latency_steps * alpha, alpha = a path latency
+                                // of its flows + cluster.coll.step_latency_ns: the longest path, or
+  bool pipelined = false;       // when pipelined (rings, chains, trees: data passes every edge in
+                                // turn), the mean over its flows (weighted), which on a ring makes
+                                // steps * alpha the sum of the edge latencies each byte meets
 };
 
 struct CollectivePlan {
