@@ -192,7 +192,7 @@ TEST_F(GuiApp, RangeSelectionShowsTheLibraryMetrics) {
   open(write_synth("e2e_range.db", o));
   TimelineView* tl = win_->timeline();
   QWidget* vp = tl->viewport();
-  const int x0 = TimelineView::kLabelWidth + 100, x1 = TimelineView::kLabelWidth + 700;
+  const int x0 = TimelineView::kLabelWidth + 50, x1 = TimelineView::kLabelWidth + tl->track_width() - 50;
   int ready = 0;
   auto c = QObject::connect(win_.get(), &MainWindow::rangeMetricsReady, [&] { ++ready; });
   send_mouse(vp, QEvent::MouseButtonPress, QPoint(x0, 200), Qt::LeftButton, Qt::LeftButton, Qt::ShiftModifier);
@@ -200,8 +200,8 @@ TEST_F(GuiApp, RangeSelectionShowsTheLibraryMetrics) {
   send_mouse(vp, QEvent::MouseButtonRelease, QPoint(x1, 220), Qt::LeftButton, Qt::NoButton, Qt::ShiftModifier);
   ASSERT_TRUE(tl->has_range());
   const auto [t0, t1] = tl->range();
-  EXPECT_EQ(t0, tl->mapping().t_floor(100));
-  EXPECT_EQ(t1, tl->mapping().t_floor(700));
+  EXPECT_EQ(t0, tl->mapping().t_floor(50));
+  EXPECT_EQ(t1, tl->mapping().t_floor(tl->track_width() - 50));
   ASSERT_TRUE(wait_for([&] { return ready > 0; }));
   QObject::disconnect(c);
   // The panel shows what profiler::compute_metrics says for that window.
@@ -320,10 +320,15 @@ TEST_F(GuiApp, BadFilesGiveADialogNotACrash) {
   ASSERT_TRUE(wait_for([&] { return !reason.isEmpty(); }));
   EXPECT_TRUE(reason.contains("does_not_exist.db")) << reason.toStdString();
   QObject::disconnect(c);
+  win_->last_error()->accept();  // the dialog is window-modal: the user closes it first
   // And the window still opens a good file afterwards, here by drag and drop.
   const QString good = write_synth("e2e_drop.db", small_opts());
   QMimeData mime;
   mime.setUrls({QUrl::fromLocalFile(good)});
+  // As a drag does it: an enter event (the window accepts it and becomes the drop target), then the drop.
+  QDragEnterEvent enter(QPoint(200, 200), Qt::CopyAction, &mime, Qt::LeftButton, Qt::NoModifier);
+  QApplication::sendEvent(win_.get(), &enter);
+  EXPECT_TRUE(enter.isAccepted());
   QDropEvent drop(QPointF(200, 200), Qt::CopyAction, &mime, Qt::LeftButton, Qt::NoModifier);
   QApplication::sendEvent(win_.get(), &drop);
   ASSERT_TRUE(wait_for([&] { return win_->document_count() == 1; }));

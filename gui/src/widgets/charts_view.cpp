@@ -32,6 +32,8 @@ ChartsView::ChartsView(QWidget* parent) : QWidget(parent) {
   step_combo_->setMinimumWidth(160);
   bar->addWidget(step_combo_);
   breakdown_note_ = new QLabel(this);
+  breakdown_note_->setMinimumWidth(1);
+  breakdown_note_->setSizePolicy(QSizePolicy::Ignored, QSizePolicy::Preferred);
   bar->addWidget(breakdown_note_, 1);
   layout->addLayout(bar);
   auto* split = new QSplitter(Qt::Horizontal, this);

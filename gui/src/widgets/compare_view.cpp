@@ -22,9 +22,12 @@ CompareView::CompareView(QWidget* parent) : QWidget(parent) {
   align_step_ = new QSpinBox(this);
   align_step_->setRange(0, 1'000'000);
   bar->addWidget(align_step_);
-  bar->addWidget(new QLabel(tr("  The lower trace is shifted so this step starts where it starts in the upper one; "
-                               "zoom and pan move both."),
-                            this));
+  auto* hint = new QLabel(tr("  The lower trace is shifted so this step starts where it starts in the upper one; "
+                             "zoom and pan move both."),
+                          this);
+  hint->setMinimumWidth(1);
+  hint->setSizePolicy(QSizePolicy::Ignored, QSizePolicy::Preferred);
+  bar->addWidget(hint, 1);
   bar->addStretch(1);
   layout->addLayout(bar);
 
@@ -35,6 +38,8 @@ CompareView::CompareView(QWidget* parent) : QWidget(parent) {
     l->setContentsMargins(0, 0, 0, 0);
     l->setSpacing(1);
     label = new QLabel(tr("Open two traces to compare them."), w);
+    label->setMinimumWidth(1);
+    label->setSizePolicy(QSizePolicy::Ignored, QSizePolicy::Preferred);
     label->setStyleSheet("QLabel { background: #dde3ea; padding: 3px; font-weight: bold; }");
     l->addWidget(label);
     view = new TimelineView(w);

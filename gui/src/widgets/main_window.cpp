@@ -111,6 +111,9 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   build_docks();
 
   status_label_ = new QLabel(tr("No trace open"), this);
+  // Long paths must not set the window's minimum width.
+  status_label_->setMinimumWidth(1);
+  status_label_->setSizePolicy(QSizePolicy::Ignored, QSizePolicy::Preferred);
   progress_ = new QProgressBar(this);
   progress_->setRange(0, 0);  // indeterminate: SQLite gives no progress, the bar says we are busy
   progress_->setMaximumWidth(200);
@@ -188,7 +191,8 @@ void MainWindow::build_menus() {
   search_edit_ = new QLineEdit(tb);
   search_edit_->setPlaceholderText(tr("Search spans by name"));
   search_edit_->setClearButtonEnabled(true);
-  search_edit_->setMaximumWidth(260);
+  search_edit_->setMinimumWidth(200);
+  search_edit_->setMaximumWidth(280);
   tb->addWidget(search_edit_);
   connect(search_edit_, &QLineEdit::returnPressed, this, [this] {
     if (search_.size() == 0 || search_edit_->isModified()) {
@@ -207,8 +211,14 @@ void MainWindow::build_menus() {
     search_edit_->setFocus();
     search_edit_->selectAll();
   });
-  tb->addSeparator();
-  // Kind filters, coloured: they double as the legend.
+  // Kind filters, coloured: they double as the legend (on their own row, so none hides behind the
+  // toolbar's overflow button).
+  addToolBarBreak();
+  auto* kinds_tb = addToolBar(tr("Span kinds"));
+  kinds_tb->setObjectName("kindsToolbar");
+  kinds_tb->setMovable(false);
+  kinds_tb->setToolButtonStyle(Qt::ToolButtonTextBesideIcon);
+  kinds_tb->addWidget(new QLabel(tr("  Show: "), kinds_tb));
   for (int k = 0; k < traces::kSpanKindCount; ++k) {
     const auto kind = static_cast<traces::SpanKind>(k);
     auto* a = new QAction(kind_icon(kind), QString::fromUtf8(traces::to_string(kind).data()), this);
@@ -217,10 +227,9 @@ void MainWindow::build_menus() {
     a->setToolTip(tr("Show %1 spans").arg(a->text()));
     connect(a, &QAction::toggled, this, [this, kind](bool on) { set_kind_visible(kind, on); });
     kinds->addAction(a);
-    tb->addAction(a);
+    kinds_tb->addAction(a);
     kind_actions_[k] = a;
   }
-  tb->setToolButtonStyle(Qt::ToolButtonTextBesideIcon);
 }
 
 void MainWindow::build_docks() {
@@ -253,7 +262,6 @@ void MainWindow::build_docks() {
   split->addWidget(range_box);
   split->setSizes({380, 520});
   right->setWidget(split);
-  right->setMinimumWidth(380);
   addDockWidget(Qt::RightDockWidgetArea, right);
 
   // Left: lanes with check boxes (filter by rank group).

@@ -50,7 +50,7 @@ TimelineView::TimelineView(QWidget* parent) : QAbstractScrollArea(parent) {
   viewport()->setMouseTracking(true);
   viewport()->setAttribute(Qt::WA_OpaquePaintEvent);
   setFocusPolicy(Qt::StrongFocus);
-  setMinimumSize(400, 120);
+  setMinimumSize(240, 100);
 }
 
 void TimelineView::set_document(std::shared_ptr<TraceDocument> doc) {
@@ -275,8 +275,6 @@ int64_t TimelineView::span_at_point(QPoint p) const {
   // Fold the row exactly as painting does, and pick the item under x: a folded block is no span.
   const TimeMapping tm = trace_mapping();
   const double x = p.x() - kLabelWidth;
-  TimeMapping local = tm;
-  local.pan_px(-(x - 2));  // only the few pixels around x
   std::vector<DrawItem> items;
   fold_row(lane.rows[static_cast<size_t>(row)], tm, track_width(), kFoldPx, items);
   for (const auto& it : items) {

@@ -1,0 +1,143 @@
+// GUI benchmark: how long a big trace takes to open, and how long a timeline frame takes to paint
+// (offscreen, the real paintEvent) at several zoom levels, as frames per second.
+//
+//   bench_gui [--spans N] [--width W] [--height H] [--frames F] [--trace FILE] [--keep]
+//
+// Generates a DDP trace of about N spans (default 5,000,000) with traces::synthesize, writes it to
+// FILE (default /tmp/orrery_bench_gui.db, removed afterwards unless --keep or --trace names an
+// existing file), then times gui::load_document (SQLite read + timeline index: what opening a file
+// costs, off the GUI thread) and paints F frames per zoom level, each panned by 7 px.
+// Prints a table and one JSON line. Figures, not a test.
+#if __has_include(<QApplication>)
+#include <QApplication>
+#include <QImage>
+#include <QPainter>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "orrery/common/format.hpp"
+#include "orrery/gui/document.hpp"
+#include "orrery/gui/widgets/timeline_view.hpp"
+#include "orrery/traces/store.hpp"
+#include "orrery/traces/synth.hpp"
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM")) qputenv("QT_QPA_PLATFORM", "offscreen");
+  int64_t spans = 5'000'000;
+  int width = 1920, height = 1080, frames = 30;
+  std::string path = "/tmp/orrery_bench_gui.db";
+  bool keep = false, given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--spans") spans = std::stoll(next());
+    else if (a == "--width") width = std::stoi(next());
+    else if (a == "--height") height = std::stoi(next());
+    else if (a == "--frames") frames = std::stoi(next());
+    else if (a == "--trace") { path = next(); given = true; }
+    else if (a == "--keep") keep = true;
+    else {
+      std::fprintf(stderr, "usage: bench_gui [--spans N] [--width W] [--height H] [--frames F] [--trace FILE] [--keep]\n");
+      return 2;
+    }
+  }
+  QApplication app(argc, argv);
+
+  double gen_s = 0, write_s = 0;
+  if (!(given && std::filesystem::exists(path))) {
+    orrery::traces::SynthOptions o;
+    o.ranks = 16;
+    o.layers = 24;
+    o.layers_per_bucket = 2;
+    o.jitter_ns = 50'000;
+    o.steps = orrery::traces::synth_steps_for_spans(o, spans);
+    auto t0 = std::chrono::steady_clock::now();
+    auto t = orrery::traces::synthesize(o);
+    gen_s = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    std::filesystem::remove(path);
+    orrery::traces::write_trace(t, path);
+    write_s = seconds_since(t0);
+  }
+
+  // Opening: what the GUI's loader thread does (read everything, build the lanes and rows).
+  auto t0 = std::chrono::steady_clock::now();
+  auto doc = orrery::gui::load_document(path);
+  const double open_s = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  orrery::gui::TraceIndex again(doc->trace);
+  const double index_s = seconds_since(t0);
+  const size_t n = doc->trace.spans.size();
+
+  orrery::gui::TimelineView view;
+  view.resize(width, height);
+  view.set_document(doc);
+  view.show();
+  QApplication::processEvents();
+  view.fit_all();
+  QImage img(view.viewport()->size(), QImage::Format_ARGB32_Premultiplied);
+
+  const int64_t full = doc->index.end_ns() - doc->index.start_ns();
+  const int64_t mid = doc->index.start_ns() + full / 2;
+  struct Level {
+    const char* name;
+    double fraction;
+  };
+  const Level levels[] = {{"fit all", 1.0}, {"1/10", 1e-1}, {"1/100", 1e-2}, {"1/1e3", 1e-3},
+                          {"1/1e4", 1e-4}, {"1/1e5", 1e-5}, {"1/1e6", 1e-6}};
+  std::printf("bench_gui: %zu spans, %zu lanes, %dx%d viewport (%s)\n", n, doc->index.lanes().size(), width, height,
+              QApplication::platformName().toLocal8Bit().constData());
+  std::printf("  generate %.2f s, write %.2f s (not part of opening)\n", gen_s, write_s);
+  std::printf("  open (load_trace + index) %.2f s, of which index %.2f s\n", open_s, index_s);
+  std::printf("  %-8s %14s %10s %10s %10s %12s\n", "zoom", "visible", "ms/frame", "max ms", "fps", "items/frame");
+  std::string json = "{\"spans\":" + std::to_string(n) + ",\"open_s\":" + std::to_string(open_s) +
+                     ",\"index_s\":" + std::to_string(index_s) + ",\"levels\":[";
+  double worst_fps = 1e30;
+  for (const auto& lv : levels) {
+    const int64_t len = std::max<int64_t>(1, static_cast<int64_t>(full * lv.fraction));
+    view.zoom_to(mid - len / 2, mid + len / 2);
+    double total = 0, worst = 0;
+    size_t items = 0;
+    for (int f = 0; f < frames + 2; ++f) {
+      view.pan_by_px(f % 2 ? 7 : -7);
+      img.fill(0);
+      const auto s = std::chrono::steady_clock::now();
+      view.viewport()->render(&img);
+      const double ms = seconds_since(s) * 1e3;
+      if (f < 2) continue;  // warm-up
+      total += ms;
+      worst = std::max(worst, ms);
+      items += view.last_frame_items();
+    }
+    const double avg = total / frames;
+    const double fps = 1000.0 / avg;
+    worst_fps = std::min(worst_fps, fps);
+    std::printf("  %-8s %14s %10.2f %10.2f %10.0f %12zu\n", lv.name,
+                orrery::format_duration_ns(static_cast<double>(len)).c_str(), avg, worst, fps, items / frames);
+    json += std::string(lv.name[0] == 'f' ? "" : ",") + "{\"zoom\":\"" + lv.name + "\",\"visible_ns\":" +
+            std::to_string(len) + ",\"ms_per_frame\":" + std::to_string(avg) + ",\"fps\":" + std::to_string(fps) + "}";
+  }
+  json += "],\"worst_fps\":" + std::to_string(worst_fps) + "}";
+  std::printf("%s\n", json.c_str());
+  if (!keep && !given) std::filesystem::remove(path);
+  return 0;
+}
+#else
+#include <cstdio>
+int main() {
+  std::printf("bench_gui: built without Qt 6; nothing to measure\n");
+  return 0;
+}
+#endif
