@@ -3,6 +3,7 @@
 // `orrery report` does). Prints figures; asserts nothing about time.
 //
 //   bench_report [SPANS] [RANKS] [LAYERS] [DIR]   (defaults 5000000 8 48 /tmp)
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +20,14 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Process CPU time (user + system, all threads): on a shared machine wall time alone misleads.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 }  // namespace
@@ -39,18 +48,25 @@ int main(int argc, char** argv) {
               t.spans.size(), t.counters.size(), o.ranks, o.steps, o.layers, synth_s);
 
   // In memory: first run (as `orrery report` sees it) and best of 3.
-  double best = 1e30, first = 0;
+  double best = 1e30, first = 0, best_cpu = 1e30;
   profiler::Metrics m;
   for (int i = 0; i < 3; ++i) {
     t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_seconds();
     m = profiler::compute_metrics(t);
     const double s = seconds_since(t0);
+    best_cpu = std::min(best_cpu, cpu_seconds() - c0);
     if (i == 0) first = s;
     best = std::min(best, s);
   }
-  std::printf("compute_metrics in memory: first %.3f s, best of 3 %.3f s (%.1f M spans/s); "
-              "step mean %.3f ms\n",
-              first, best, double(t.spans.size()) / best / 1e6, m.step_mean_ns / 1e6);
+  std::printf("compute_metrics in memory: first %.3f s, best of 3 %.3f s wall (%.1f M spans/s), "
+              "%.3f s CPU; step mean %.3f ms\n",
+              first, best, double(t.spans.size()) / best / 1e6, best_cpu, m.step_mean_ns / 1e6);
+  profiler::MetricsOptions single;
+  single.threads = 1;
+  t0 = std::chrono::steady_clock::now();
+  profiler::compute_metrics(t, single);
+  std::printf("compute_metrics with 1 thread: %.3f s\n", seconds_since(t0));
 
   profiler::MetricsOptions win;
   win.window_start_ns = m.start_ns + (m.end_ns - m.start_ns) / 4;
@@ -69,13 +85,16 @@ int main(int argc, char** argv) {
   t = {};
 
   t0 = std::chrono::steady_clock::now();
+  double c0 = cpu_seconds();
   traces::Trace loaded = traces::load_trace(path);
-  const double load_s = seconds_since(t0);
+  const double load_s = seconds_since(t0), load_cpu = cpu_seconds() - c0;
   t0 = std::chrono::steady_clock::now();
+  c0 = cpu_seconds();
   m = profiler::compute_metrics(loaded);
-  const double metrics_s = seconds_since(t0);
-  std::printf("load_trace: %.3f s; compute_metrics: %.3f s; load + metrics: %.3f s\n", load_s,
-              metrics_s, load_s + metrics_s);
+  const double metrics_s = seconds_since(t0), metrics_cpu = cpu_seconds() - c0;
+  std::printf("load_trace: %.3f s wall, %.3f s CPU; compute_metrics: %.3f s wall, %.3f s CPU; "
+              "load + metrics: %.3f s wall (%zu spans)\n",
+              load_s, load_cpu, metrics_s, metrics_cpu, load_s + metrics_s, loaded.spans.size());
   std::filesystem::remove(path);
   std::filesystem::remove(path + "-wal");
   std::filesystem::remove(path + "-shm");
