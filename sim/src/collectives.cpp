@@ -347,26 +347,37 @@ CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
   throw InternalError("unresolved collective algorithm");
 }
 
-Algorithm choose_algorithm(const Cluster& c, const CollectiveRequest& req) {
+std::vector<Algorithm> candidate_algorithms(const Cluster& c, const CollectiveRequest& req) {
   switch (req.op) {
     case CollOp::AllToAll:
     case CollOp::Send:
-    case CollOp::Recv: return Algorithm::Direct;
+    case CollOp::Recv: return {Algorithm::Direct};
     case CollOp::AllReduce:
     case CollOp::Barrier: {
-      // Like NCCL: trees only across nodes; pick the lower analytical estimate at this size.
       bool multi_node = false;
       for (int32_t g : req.members) multi_node = multi_node || c.node_of(g) != c.node_of(req.members.front());
-      if (!multi_node || req.members.size() < 3) return Algorithm::Ring;
-      CollectiveRequest r = req;
-      r.algo = Algorithm::Ring;
-      const int64_t ring = collective_time_ns(c, r, NetworkModel::Analytical);
-      r.algo = Algorithm::Tree;
-      const int64_t tree = collective_time_ns(c, r, NetworkModel::Analytical);
-      return tree < ring ? Algorithm::Tree : Algorithm::Ring;
+      if (!multi_node || req.members.size() < 3) return {Algorithm::Ring};
+      return {Algorithm::Ring, Algorithm::Tree};
     }
-    default: return Algorithm::Ring;
+    default: return {Algorithm::Ring};
   }
+}
+
+Algorithm choose_algorithm(const Cluster& c, const CollectiveRequest& req) {
+  const auto cands = candidate_algorithms(c, req);
+  Algorithm best = cands.front();
+  int64_t best_t = -1;
+  for (Algorithm a : cands) {
+    if (cands.size() == 1) break;
+    CollectiveRequest r = req;
+    r.algo = a;
+    const int64_t t = collective_time_ns(c, r, NetworkModel::Analytical);
+    if (best_t < 0 || t < best_t) {
+      best = a;
+      best_t = t;
+    }
+  }
+  return best;
 }
 
 }  // namespace orrery::sim

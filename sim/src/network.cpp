@@ -1,4 +1,6 @@
-// The analytical and the flow-level (max-min) network models, and collective_time_ns.
+// The analytical and the flow-level (max-min) network models, and collective_time_ns. Both models
+// share a cache of routed plan templates: a workload repeats the same collectives on the same
+// communicators thousands of times, and every flow of a plan scales linearly with the size.
 #include "orrery/sim/network.hpp"
 
 #include <algorithm>
@@ -27,14 +29,6 @@ uint64_t flow_hash(int32_t src, int32_t dst) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(src)) << 32) ^ static_cast<uint32_t>(dst) ^ 0x5bd1e995ULL;
 }
 
-// Latency plus per-byte cost of one algorithm on one member set: time(S) = latency_ns + S * ns_per_byte
-// (every flow of a plan scales with S, so the analytical time is affine in S).
-struct Affine {
-  double latency_ns = 0;
-  double ns_per_byte = 0;
-  double at(int64_t bytes) const { return latency_ns + ns_per_byte * static_cast<double>(bytes); }
-};
-
 // A phase's alpha: the longest path latency of its flows, or for pipelined phases the weighted mean,
 // plus the per-step overhead (see Phase).
 struct PhaseLatency {
@@ -52,98 +46,139 @@ struct PhaseLatency {
   }
 };
 
-Affine analyze(const Cluster& c, CollectiveRequest r) {
-  constexpr double kRef = 1 << 30;  // plan at 1 GiB: no flow is dropped as empty
-  r.bytes = static_cast<int64_t>(kRef);
-  const CollectivePlan plan = plan_collective(c, r);
-  const Topology& topo = *c.topology;
-  const auto& links = topo.links();
-  std::vector<double> load(links.size(), 0.0);
-  std::vector<int32_t> touched, path;
-  Affine a;
-  double data_ns = 0;
-  for (const Phase& ph : plan.phases) {
-    PhaseLatency lat;
-    touched.clear();
-    for (const FlowSpec& f : ph.flows) {
-      path.clear();
-      topo.route(f.src, f.dst, flow_hash(f.src, f.dst), path);
-      lat.add(topo.path_latency_ns(path), f.weight);
-      for (int32_t l : path) {
-        if (load[l] == 0) touched.push_back(l);
-        load[l] += f.bytes * f.weight;
+// time(S) = latency_ns + S * ns_per_byte (the analytical time is affine in S for a fixed plan).
+struct Affine {
+  double latency_ns = 0;
+  double ns_per_byte = 0;
+  int64_t at(int64_t bytes) const {
+    return std::llround(latency_ns + ns_per_byte * static_cast<double>(bytes));
+  }
+};
+
+// A plan routed once, with bytes per byte of request size.
+struct FlowTemplate {
+  std::vector<int32_t> route;
+  double bytes_per_byte = 0;
+  double weight = 1;
+};
+struct PhaseTemplate {
+  std::vector<FlowTemplate> flows;
+  TimeNs latency_ns = 0;  // latency_steps * alpha
+};
+struct PlanTemplate {
+  Algorithm algo = Algorithm::Ring;
+  std::vector<PhaseTemplate> phases;
+  Affine cost;  // analytical: latency + most loaded link's bytes / bandwidth, per phase
+};
+
+class PlanCache {
+ public:
+  explicit PlanCache(const Cluster& c) : c_(c) {}
+
+  const PlanTemplate& get(const CollectiveRequest& req, Algorithm algo) {
+    if (req.bytes < 0) throw InputError("collective size must be >= 0 bytes");
+    Key k{static_cast<int>(req.op == traces::CollOp::Recv ? traces::CollOp::Send : req.op), static_cast<int>(algo),
+          effective_channels(c_, req), req.root, req.members};
+    auto it = cache_.find(k);
+    if (it != cache_.end()) return it->second;
+    return cache_.emplace(std::move(k), build(req, algo)).first->second;
+  }
+
+  // Auto resolved as choose_algorithm does, from cached costs.
+  Algorithm resolve(const CollectiveRequest& req) {
+    if (req.algo != Algorithm::Auto) return req.algo;
+    const auto cands = candidate_algorithms(c_, req);
+    if (cands.size() == 1) return cands.front();
+    Algorithm best = cands.front();
+    int64_t best_t = -1;
+    for (Algorithm a : cands) {
+      const int64_t t = get(req, a).cost.at(req.bytes);
+      if (best_t < 0 || t < best_t) {
+        best = a;
+        best_t = t;
       }
     }
-    double worst = 0;
-    for (int32_t l : touched) {
-      worst = std::max(worst, load[l] / links[l].gb_per_s);
-      load[l] = 0;
-    }
-    data_ns += worst;
-    a.latency_ns += static_cast<double>(ph.latency_steps) * static_cast<double>(lat.alpha_ns(ph, c));
+    return best;
   }
-  a.ns_per_byte = data_ns / kRef;
-  return a;
-}
+
+  size_t size() const { return cache_.size(); }
+
+ private:
+  using Key = std::tuple<int, int, int, int32_t, std::vector<int32_t>>;
+
+  PlanTemplate build(CollectiveRequest r, Algorithm algo) const {
+    constexpr double kRef = 1 << 30;  // plan at 1 GiB: no flow is dropped as empty
+    r.bytes = static_cast<int64_t>(kRef);
+    r.algo = algo;
+    const CollectivePlan plan = plan_collective(c_, r);
+    const Topology& topo = *c_.topology;
+    const auto& links = topo.links();
+    std::vector<double> load(links.size(), 0.0);
+    std::vector<int32_t> touched;
+    PlanTemplate t;
+    t.algo = plan.algo;
+    double data_ns = 0;
+    for (const Phase& ph : plan.phases) {
+      PhaseTemplate pt;
+      PhaseLatency lat;
+      touched.clear();
+      pt.flows.reserve(ph.flows.size());
+      for (const FlowSpec& f : ph.flows) {
+        FlowTemplate ft;
+        topo.route(f.src, f.dst, flow_hash(f.src, f.dst), ft.route);
+        ft.bytes_per_byte = f.bytes / kRef;
+        ft.weight = f.weight;
+        lat.add(topo.path_latency_ns(ft.route), f.weight);
+        for (int32_t l : ft.route) {
+          if (load[l] == 0) touched.push_back(l);
+          load[l] += f.bytes * f.weight;
+        }
+        pt.flows.push_back(std::move(ft));
+      }
+      double worst = 0;
+      for (int32_t l : touched) {
+        worst = std::max(worst, load[l] / links[l].gb_per_s);
+        load[l] = 0;
+      }
+      data_ns += worst;
+      pt.latency_ns = static_cast<TimeNs>(ph.latency_steps) * lat.alpha_ns(ph, c_);
+      t.cost.latency_ns += static_cast<double>(pt.latency_ns);
+      t.phases.push_back(std::move(pt));
+    }
+    t.cost.ns_per_byte = data_ns / kRef;
+    return t;
+  }
+
+  const Cluster& c_;
+  std::map<Key, PlanTemplate> cache_;
+};
 
 class AnalyticalNetwork final : public NetworkSim {
  public:
-  AnalyticalNetwork(const Cluster& c, Engine& e) : c_(c), e_(e) {}
+  AnalyticalNetwork(const Cluster& c, Engine& e) : c_(c), e_(e), cache_(c) {}
   TimeNs next_event(TimeNs) const override { return kNever; }
   void advance(TimeNs) override {}
 
   void start(const CollectiveRequest& req, std::function<void()> on_done) override {
     ++stats_.collectives;
-    double t = 0;
-    if (req.op == traces::CollOp::AllToAll || req.op == traces::CollOp::Send || req.op == traces::CollOp::Recv ||
-        req.algo != Algorithm::Auto) {
-      t = cost(req, req.algo == Algorithm::Auto ? choose_algorithm(c_, req) : req.algo).at(req.bytes);
-    } else {
-      // Auto: the same choice as choose_algorithm, from cached affine costs.
-      CollectiveRequest probe = req;
-      const Algorithm a = choose_cached(probe);
-      t = cost(req, a).at(req.bytes);
-    }
-    e_.schedule_at(e_.now() + static_cast<TimeNs>(std::llround(t)), std::move(on_done));
+    const PlanTemplate& t = cache_.get(req, cache_.resolve(req));
+    e_.schedule_at(e_.now() + t.cost.at(req.bytes), std::move(on_done));
   }
   const NetworkStats& stats() const override { return stats_; }
 
  private:
-  using Key = std::tuple<int, int, int, int32_t, std::vector<int32_t>>;
-
-  Affine cost(const CollectiveRequest& req, Algorithm a) {
-    Key k{static_cast<int>(req.op), static_cast<int>(a), effective_channels(c_, req), req.root, req.members};
-    auto it = cache_.find(k);
-    if (it != cache_.end()) return it->second;
-    CollectiveRequest r = req;
-    r.algo = a;
-    const Affine af = analyze(c_, r);
-    stats_.flows += 1;
-    cache_.emplace(std::move(k), af);
-    return af;
-  }
-  Algorithm choose_cached(const CollectiveRequest& req) {
-    if (req.op != traces::CollOp::AllReduce && req.op != traces::CollOp::Barrier) return choose_algorithm(c_, req);
-    bool multi_node = false;
-    for (int32_t g : req.members) multi_node = multi_node || c_.node_of(g) != c_.node_of(req.members.front());
-    if (!multi_node || req.members.size() < 3) return Algorithm::Ring;
-    const double ring = std::llround(cost(req, Algorithm::Ring).at(req.bytes));
-    const double tree = std::llround(cost(req, Algorithm::Tree).at(req.bytes));
-    return tree < ring ? Algorithm::Tree : Algorithm::Ring;
-  }
-
   const Cluster& c_;
   Engine& e_;
   NetworkStats stats_;
-  std::map<Key, Affine> cache_;
+  PlanCache cache_;
 };
 
 // Flow-level model. Each running collective executes its plan phase by phase; each phase's flows
-// are routed and share link capacity by max-min fairness. When flows start or finish, the rates of
-// the flows connected to them through shared links (transitively) are re-solved; others keep theirs.
+// share link capacity by max-min fairness. When flows start or finish, the rates of the flows
+// connected to them through shared links (transitively) are re-solved; the others keep theirs.
 class FlowNetwork final : public NetworkSim {
  public:
-  FlowNetwork(const Cluster& c, Engine& e) : c_(c), e_(e) {
+  FlowNetwork(const Cluster& c, Engine& e) : c_(c), e_(e), cache_(c) {
     const auto& links = c.topology->links();
     capacity_.resize(links.size());
     for (size_t i = 0; i < links.size(); ++i) capacity_[i] = links[i].gb_per_s;
@@ -153,11 +188,20 @@ class FlowNetwork final : public NetworkSim {
 
   void start(const CollectiveRequest& req, std::function<void()> on_done) override {
     ++stats_.collectives;
-    Coll coll;
-    coll.plan = plan_collective(c_, req);
-    coll.on_done = std::move(on_done);
-    const int32_t id = static_cast<int32_t>(colls_.size());
-    colls_.push_back(std::move(coll));
+    const PlanTemplate& t = cache_.get(req, cache_.resolve(req));
+    int32_t id;
+    if (!free_colls_.empty()) {
+      id = free_colls_.back();
+      free_colls_.pop_back();
+    } else {
+      id = static_cast<int32_t>(colls_.size());
+      colls_.emplace_back();
+    }
+    Coll& co = colls_[id];
+    co.plan = &t;
+    co.bytes = static_cast<double>(req.bytes);
+    co.on_done = std::move(on_done);
+    co.phase = 0;
     start_phase(id);
   }
 
@@ -173,7 +217,7 @@ class FlowNetwork final : public NetworkSim {
 
   void advance(TimeNs now) override {
     // Every flow due now finishes together; then one re-solve for all of them.
-    std::vector<int32_t> done;
+    done_.clear();
     while (!heap_.empty()) {
       const HeapEntry h = heap_.top();
       const Flow& f = flows_[h.flow];
@@ -183,23 +227,26 @@ class FlowNetwork final : public NetworkSim {
       }
       if (h.t > now) break;
       heap_.pop();
-      done.push_back(h.flow);
+      done_.push_back(h.flow);
     }
-    std::vector<int32_t> seed_links;
+    seed_links_.clear();
     std::vector<int32_t> finished_colls;
-    for (int32_t fi : done) {
+    for (int32_t fi : done_) {
       Flow& f = flows_[fi];
       f.active = false;
-      for (int32_t l : f.route) {
+      for (int32_t l : *f.route) {
         auto& lf = link_flows_[l];
-        lf.erase(std::find(lf.begin(), lf.end(), fi));
-        seed_links.push_back(l);
+        auto pos = std::find(lf.begin(), lf.end(), fi);
+        *pos = lf.back();
+        lf.pop_back();
+        seed_links_.push_back(l);
       }
       free_.push_back(fi);
       Coll& co = colls_[f.coll];
       if (--co.pending == 0) finished_colls.push_back(f.coll);
     }
-    resolve(seed_links, now);
+    resolve(seed_links_, now);
+    std::sort(finished_colls.begin(), finished_colls.end());  // deterministic callback order
     for (int32_t ci : finished_colls) end_phase(ci, now);
   }
 
@@ -215,14 +262,14 @@ class FlowNetwork final : public NetworkSim {
     uint32_t version = 0;
     bool active = false;
     bool scheduled = false;  // has a valid completion entry in the heap
-    std::vector<int32_t> route;
+    const std::vector<int32_t>* route = nullptr;  // owned by the plan cache
   };
   struct Coll {
-    CollectivePlan plan;
+    const PlanTemplate* plan = nullptr;
+    double bytes = 0;
     std::function<void()> on_done;
     size_t phase = 0;
     int64_t pending = 0;
-    TimeNs alpha_ns = 0;  // current phase's latency per step
   };
   struct HeapEntry {
     TimeNs t;
@@ -238,18 +285,19 @@ class FlowNetwork final : public NetworkSim {
   void start_phase(int32_t ci) {
     Coll& co = colls_[ci];
     const TimeNs now = e_.now();
-    if (co.phase >= co.plan.phases.size()) {
+    if (co.phase >= co.plan->phases.size()) {
       auto cb = std::move(co.on_done);
-      co.plan.phases.clear();
+      co.on_done = nullptr;
+      free_colls_.push_back(ci);
       e_.schedule_at(now, std::move(cb));
       return;
     }
-    const Phase& ph = co.plan.phases[co.phase];
-    const Topology& topo = *c_.topology;
-    std::vector<int32_t> seed_links;
-    PhaseLatency lat;
+    const PhaseTemplate& ph = co.plan->phases[co.phase];
+    seed_links_.clear();
     co.pending = 0;
-    for (const FlowSpec& fs : ph.flows) {
+    for (const FlowTemplate& ft : ph.flows) {
+      const double bytes = ft.bytes_per_byte * co.bytes;
+      if (bytes <= 0) continue;
       int32_t fi;
       if (!free_.empty()) {
         fi = free_.back();
@@ -260,34 +308,31 @@ class FlowNetwork final : public NetworkSim {
       }
       Flow& f = flows_[fi];
       f.coll = ci;
-      f.remaining = fs.bytes;
-      f.weight = fs.weight;
+      f.remaining = bytes;
+      f.weight = ft.weight;
       f.rate = 0;
       f.updated = now;
       f.active = true;
       f.scheduled = false;
       ++f.version;
-      f.route.clear();
-      topo.route(fs.src, fs.dst, flow_hash(fs.src, fs.dst), f.route);
-      lat.add(topo.path_latency_ns(f.route), fs.weight);
-      for (int32_t l : f.route) {
+      f.route = &ft.route;
+      for (int32_t l : ft.route) {
         link_flows_[l].push_back(fi);
-        seed_links.push_back(l);
+        seed_links_.push_back(l);
       }
       ++co.pending;
       ++stats_.flows;
     }
-    co.alpha_ns = lat.alpha_ns(ph, c_);
     if (co.pending == 0) {
       end_phase(ci, now);
       return;
     }
-    resolve(seed_links, now);
+    resolve(seed_links_, now);
   }
 
   void end_phase(int32_t ci, TimeNs now) {
     Coll& co = colls_[ci];
-    const TimeNs lat = static_cast<TimeNs>(co.plan.phases[co.phase].latency_steps) * co.alpha_ns;
+    const TimeNs lat = co.plan->phases[co.phase].latency_ns;
     ++co.phase;
     e_.schedule_at(now + lat, [this, ci] { start_phase(ci); });
   }
@@ -296,25 +341,25 @@ class FlowNetwork final : public NetworkSim {
   void resolve(const std::vector<int32_t>& seed_links, TimeNs now) {
     ++mark_epoch_;
     comp_flows_.clear();
-    std::vector<int32_t> stack;
+    stack_.clear();
     for (int32_t l : seed_links) {
       if (link_mark_[l] != mark_epoch_) {
         link_mark_[l] = mark_epoch_;
-        stack.push_back(l);
+        stack_.push_back(l);
       }
     }
     if (flow_mark_.size() < flows_.size()) flow_mark_.resize(flows_.size(), 0);
-    while (!stack.empty()) {
-      const int32_t l = stack.back();
-      stack.pop_back();
+    while (!stack_.empty()) {
+      const int32_t l = stack_.back();
+      stack_.pop_back();
       for (int32_t fi : link_flows_[l]) {
         if (flow_mark_[fi] == mark_epoch_) continue;
         flow_mark_[fi] = mark_epoch_;
         comp_flows_.push_back(fi);
-        for (int32_t l2 : flows_[fi].route) {
+        for (int32_t l2 : *flows_[fi].route) {
           if (link_mark_[l2] != mark_epoch_) {
             link_mark_[l2] = mark_epoch_;
-            stack.push_back(l2);
+            stack_.push_back(l2);
           }
         }
       }
@@ -329,7 +374,7 @@ class FlowNetwork final : public NetworkSim {
         f.remaining = std::max(0.0, f.remaining - f.rate * static_cast<double>(now - f.updated));
         f.updated = now;
       }
-      mm_flows_[i] = MaxMinFlow{f.route.data(), static_cast<int32_t>(f.route.size()), f.weight};
+      mm_flows_[i] = MaxMinFlow{f.route->data(), static_cast<int32_t>(f.route->size()), f.weight};
     }
     solver_.solve(capacity_, mm_flows_, rates_);
     ++stats_.solves;
@@ -340,7 +385,7 @@ class FlowNetwork final : public NetworkSim {
       const double r = rates_[i];
       const double old_rate = f.rate;
       f.rate = r;
-      // An unchanged rate keeps its completion time (avoids re-rounding flows the change missed).
+      // An unchanged rate keeps its completion time (no re-rounding of flows the change missed).
       if (f.scheduled && old_rate == r) continue;
       f.scheduled = true;
       ++f.version;
@@ -352,15 +397,17 @@ class FlowNetwork final : public NetworkSim {
   const Cluster& c_;
   Engine& e_;
   NetworkStats stats_;
+  PlanCache cache_;
   std::vector<double> capacity_;
   std::vector<std::vector<int32_t>> link_flows_;
   std::vector<Flow> flows_;
   std::vector<int32_t> free_;
   std::vector<Coll> colls_;
+  std::vector<int32_t> free_colls_;
   mutable std::priority_queue<HeapEntry, std::vector<HeapEntry>, Later> heap_;
   std::vector<uint32_t> link_mark_, flow_mark_;
   uint32_t mark_epoch_ = 0;
-  std::vector<int32_t> comp_flows_;
+  std::vector<int32_t> comp_flows_, stack_, seed_links_, done_;
   std::vector<MaxMinFlow> mm_flows_;
   std::vector<double> rates_;
   MaxMinSolver solver_;
@@ -379,9 +426,8 @@ std::unique_ptr<NetworkSim> make_network(NetworkModel model, const Cluster& clus
 
 int64_t collective_time_ns(const Cluster& cluster, const CollectiveRequest& req, NetworkModel model) {
   if (model == NetworkModel::Analytical) {
-    CollectiveRequest r = req;
-    if (r.algo == Algorithm::Auto) r.algo = choose_algorithm(cluster, r);
-    return std::llround(analyze(cluster, r).at(req.bytes));
+    PlanCache cache(cluster);
+    return cache.get(req, cache.resolve(req)).cost.at(req.bytes);
   }
   Engine e;
   auto net = make_network(model, cluster, e);

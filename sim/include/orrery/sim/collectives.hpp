@@ -65,9 +65,13 @@ struct CollectivePlan {
 // members span several nodes and 1 otherwise... (see README); clamped to >= 1.
 int effective_channels(const Cluster& c, const CollectiveRequest& req);
 
-// The algorithm Auto resolves to: like NCCL's tuner, the lowest analytical estimate among the
-// algorithms valid for the op (ring/tree for all-reduce, ring for all-gather/reduce-scatter/
-// broadcast/reduce, direct for all-to-all, direct for send/recv).
+// The algorithms Auto chooses among, best guess first: ring and tree for an all-reduce whose members
+// span several nodes (NCCL uses trees only between nodes), ring for other all-reduces, all-gather,
+// reduce-scatter, broadcast and reduce, direct for all-to-all and send/recv.
+std::vector<Algorithm> candidate_algorithms(const Cluster& c, const CollectiveRequest& req);
+
+// The algorithm Auto resolves to: like NCCL's tuner, the candidate with the lowest analytical
+// estimate at this size (ties to the first candidate).
 Algorithm choose_algorithm(const Cluster& c, const CollectiveRequest& req);
 
 // Throws InputError for an algorithm the op does not support, members out of range or repeated, a
