@@ -1,5 +1,7 @@
 // fp32 CPU kernels of the reference GPT (see kernels.hpp for the conventions). Matrix products go
-// to OpenBLAS; everything else is a loop over rows, parallel with OpenMP when it is available.
+// to OpenBLAS; everything else is a loop over rows, split over a small pool of threads whose idle
+// workers sleep. Not OpenMP on purpose: libgomp's idle workers spin, and on a few cores they steal
+// time from OpenBLAS's own threads at every switch between a loop and a matmul.
 // Compiled with -O3 (and -march=native unless ORRERY_NATIVE=OFF): the loops below are written so
 // that GCC vectorises them (no calls to libm in the hot loops: exp_approx instead of expf).
 #include "orrery/runtime/kernels.hpp"
@@ -8,12 +10,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <vector>
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace orrery::runtime {
 namespace {
@@ -45,7 +47,7 @@ inline float tanh_approx(float u) { return 1.0f - 2.0f / (1.0f + exp_approx(2.0f
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluCubic = 0.044715f;
 
-// OpenBLAS (pthread build) must not start its own threads inside our OpenMP regions; while one is
+// OpenBLAS (pthread build) must not start its own threads inside our parallel loops; while one is
 // active every sgemm runs on the calling thread.
 class BlasSingleThreaded {
  public:
@@ -62,17 +64,106 @@ class BlasSingleThreaded {
   int saved_;
 };
 
-// Rows per OpenMP chunk is left to the runtime; tiny problems stay on one thread.
-inline bool parallel_worth(std::size_t work) { return g_threads > 1 && work >= 16384; }
+
+// Splits [0, n) into one contiguous chunk per thread; the caller runs chunk 0. Workers sleep on a
+// condition variable between jobs. One job at a time: a second concurrent caller runs serially.
+class ThreadPool {
+ public:
+  using Fn = std::function<void(std::ptrdiff_t, std::ptrdiff_t)>;
+  ~ThreadPool() { resize(1); }
+
+  void resize(int threads) {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+      ++generation_;
+    }
+    cv_.notify_all();
+    for (auto& w : workers_) w.join();
+    workers_.clear();
+    std::lock_guard<std::mutex> lk(m_);
+    stop_ = false;
+    // Each worker starts from the current generation, so a job posted before it first waits is
+    // still seen as new.
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i, g = generation_] { work(i, g); });
+  }
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void run(std::ptrdiff_t n, const Fn& fn) {
+    std::unique_lock<std::mutex> busy(run_mutex_, std::try_to_lock);
+    if (workers_.empty() || n < 2 || !busy.owns_lock()) {
+      fn(0, n);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      job_ = &fn;
+      n_ = n;
+      pending_ = static_cast<int>(workers_.size());
+      ++generation_;
+    }
+    cv_.notify_all();
+    const auto [b, e] = chunk(0);
+    fn(b, e);
+    std::unique_lock<std::mutex> lk(m_);
+    done_.wait(lk, [this] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  std::pair<std::ptrdiff_t, std::ptrdiff_t> chunk(int i) const {
+    const std::ptrdiff_t parts = size();
+    return {n_ * i / parts, n_ * (i + 1) / parts};
+  }
+  void work(int i, uint64_t seen) {
+    for (;;) {
+      std::unique_lock<std::mutex> lk(m_);
+      cv_.wait(lk, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (stop_) return;
+      const Fn* fn = job_;
+      const auto [b, e] = chunk(i);
+      lk.unlock();
+      if (b < e) (*fn)(b, e);
+      lk.lock();
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex run_mutex_;
+  std::mutex m_;
+  std::condition_variable cv_, done_;
+  const Fn* job_ = nullptr;
+  std::ptrdiff_t n_ = 0;
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+ThreadPool& pool() {
+  static ThreadPool p;
+  return p;
+}
+
+// Runs fn(begin, end) over [0, n) on the pool when the work is worth a wake-up, else inline.
+template <class F>
+void parallel_rows(std::ptrdiff_t n, std::size_t work, F&& fn) {
+  if (g_threads > 1 && work >= 16384 && n > 1) {
+    pool().run(n, ThreadPool::Fn(std::forward<F>(fn)));
+  } else {
+    fn(std::ptrdiff_t{0}, n);
+  }
+}
 
 }  // namespace
 
 void set_compute_threads(int threads) {
-  g_threads = std::max(1, threads);
-  openblas_set_num_threads(g_threads);
-#ifdef _OPENMP
-  omp_set_num_threads(g_threads);
-#endif
+  threads = std::max(1, threads);
+  openblas_set_num_threads(threads);
+  if (threads != pool().size()) pool().resize(threads);
+  g_threads = threads;
 }
 
 int compute_threads() { return g_threads; }
@@ -114,37 +205,37 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int B, int T, int C) {
   const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
-#pragma omp parallel for schedule(static) if (parallel_worth(static_cast<std::size_t>(N) * C))
-  for (std::ptrdiff_t i = 0; i < N; ++i) {
-    const float* x = inp + i * C;
-    float* o = out + i * C;
-    float s = 0.0f;
-    for (int c = 0; c < C; ++c) s += x[c];
-    const float m = s / static_cast<float>(C);
-    float v = 0.0f;
-    for (int c = 0; c < C; ++c) {
-      const float d = x[c] - m;
-      v += d * d;
+  parallel_rows(N, static_cast<std::size_t>(N) * C, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+    for (std::ptrdiff_t i = i0; i < i1; ++i) {
+      const float* x = inp + i * C;
+      float* o = out + i * C;
+      float s = 0.0f;
+      for (int c = 0; c < C; ++c) s += x[c];
+      const float m = s / static_cast<float>(C);
+      float v = 0.0f;
+      for (int c = 0; c < C; ++c) {
+        const float d = x[c] - m;
+        v += d * d;
+      }
+      v /= static_cast<float>(C);
+      const float r = 1.0f / std::sqrt(v + 1e-5f);
+      for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+      mean[i] = m;
+      rstd[i] = r;
     }
-    v /= static_cast<float>(C);
-    const float r = 1.0f / std::sqrt(v + 1e-5f);
-    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * r * weight[c] + bias[c];
-    mean[i] = m;
-    rstd[i] = r;
-  }
+  });
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int B, int T, int C) {
   const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
-#pragma omp parallel if (parallel_worth(static_cast<std::size_t>(N) * C))
-  {
-    // Per-thread parameter-gradient partial sums, added under a lock at the end.
+  std::mutex merge;
+  parallel_rows(N, static_cast<std::size_t>(N) * C, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+    // Per-chunk parameter-gradient partial sums, merged under a lock at the end.
     std::vector<float> dw(static_cast<std::size_t>(C), 0.0f), db(static_cast<std::size_t>(C), 0.0f);
     float* dwp = dw.data();
     float* dbp = db.data();
-#pragma omp for schedule(static)
-    for (std::ptrdiff_t i = 0; i < N; ++i) {
+    for (std::ptrdiff_t i = i0; i < i1; ++i) {
       const float* x = inp + i * C;
       const float* d = dout + i * C;
       float* di = dinp + i * C;
@@ -168,14 +259,12 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
         di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
       }
     }
-#pragma omp critical(orrery_layernorm_backward)
-    {
-      for (int c = 0; c < C; ++c) {
-        dweight[c] += dwp[c];
-        dbias[c] += dbp[c];
-      }
+    std::lock_guard<std::mutex> lk(merge);
+    for (int c = 0; c < C; ++c) {
+      dweight[c] += dwp[c];
+      dbias[c] += dbp[c];
     }
-  }
+  });
 }
 
 // ------------------------------------------------------------------------------------ matmul
@@ -186,7 +275,6 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   float beta = 0.0f;
   if (bias != nullptr) {
     // Start from the bias and let sgemm accumulate: one pass over out instead of two.
-#pragma omp parallel for schedule(static) if (parallel_worth(static_cast<std::size_t>(N) * OC))
     for (int i = 0; i < N; ++i) std::memcpy(out + static_cast<std::size_t>(i) * OC, bias, sizeof(float) * OC);
     beta = 1.0f;
   }
@@ -215,147 +303,150 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 //
 // Per (batch, head): S = scale * Q K^T, P = causal softmax(S), Y = P V, all with sgemm on strided
 // views of the fused qkv. Causality is exploited in row blocks of kBlock: rows [r0, r1) only need
-// keys [0, r1), which halves the work for long sequences.
+// keys [0, r1), which halves the work for long sequences. (batch, head) pairs are split over the
+// threads, each sgemm single-threaded.
 
 namespace {
 constexpr int kBlock = 64;
+
+void attention_forward_head(float* y, float* P, const float* q, int T, int C, int hs, float scale) {
+  const int C3 = 3 * C;
+  const float* k = q + C;
+  const float* v = q + 2 * C;
+  for (int r0 = 0; r0 < T; r0 += kBlock) {
+    const int r1 = std::min(T, r0 + kBlock);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale, q + static_cast<std::size_t>(r0) * C3,
+                C3, k, C3, 0.0f, P + static_cast<std::size_t>(r0) * T, T);
+  }
+  for (int t = 0; t < T; ++t) {
+    float* row = P + static_cast<std::size_t>(t) * T;
+    float mx = row[0];
+    for (int j = 1; j <= t; ++j) mx = std::max(mx, row[j]);
+    float sum = 0.0f;
+    for (int j = 0; j <= t; ++j) {
+      const float e = exp_approx(row[j] - mx);
+      row[j] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / sum;
+    for (int j = 0; j <= t; ++j) row[j] *= inv;
+    for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
+  }
+  for (int r0 = 0; r0 < T; r0 += kBlock) {
+    const int r1 = std::min(T, r0 + kBlock);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f, P + static_cast<std::size_t>(r0) * T,
+                T, v, C3, 0.0f, y + static_cast<std::size_t>(r0) * C, C);
+  }
 }
+
+void attention_backward_head(float* dq, float* dP, const float* dy, const float* q, const float* P, int T, int C,
+                             int hs, float scale) {
+  const int C3 = 3 * C;
+  const float* k = q + C;
+  const float* v = q + 2 * C;
+  float* dk = dq + C;
+  float* dv = dq + 2 * C;
+  for (int r0 = 0; r0 < T; r0 += kBlock) {
+    const int r1 = std::min(T, r0 + kBlock);
+    // dP[r0:r1, 0:r1] = dY[r0:r1] V[0:r1]^T
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f, dy + static_cast<std::size_t>(r0) * C,
+                C, v, C3, 0.0f, dP + static_cast<std::size_t>(r0) * T, T);
+    // dV[r0:r1] += P[r0:T, r0:r1]^T dY[r0:T]  (P is zero above the diagonal)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, 1.0f,
+                P + static_cast<std::size_t>(r0) * T + r0, T, dy + static_cast<std::size_t>(r0) * C, C, 1.0f,
+                dv + static_cast<std::size_t>(r0) * C3, C3);
+  }
+  // Softmax backward: dS = P * (dP - sum_j P dP); the scale is folded into the next products.
+  for (int t = 0; t < T; ++t) {
+    const float* p = P + static_cast<std::size_t>(t) * T;
+    float* d = dP + static_cast<std::size_t>(t) * T;
+    float dot = 0.0f;
+    for (int j = 0; j <= t; ++j) dot += p[j] * d[j];
+    for (int j = 0; j <= t; ++j) d[j] = p[j] * (d[j] - dot);
+    for (int j = t + 1; j < T; ++j) d[j] = 0.0f;
+  }
+  for (int r0 = 0; r0 < T; r0 += kBlock) {
+    const int r1 = std::min(T, r0 + kBlock);
+    // dQ[r0:r1] += scale * dS[r0:r1, 0:r1] K[0:r1]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, scale,
+                dP + static_cast<std::size_t>(r0) * T, T, k, C3, 1.0f, dq + static_cast<std::size_t>(r0) * C3, C3);
+    // dK[r0:r1] += scale * dS[r0:T, r0:r1]^T Q[r0:T]
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, scale,
+                dP + static_cast<std::size_t>(r0) * T + r0, T, q + static_cast<std::size_t>(r0) * C3, C3, 1.0f,
+                dk + static_cast<std::size_t>(r0) * C3, C3);
+  }
+}
+
+}  // namespace
 
 void attention_forward(float* out, float* att, const float* inp, int B, int T, int C, int NH) {
   const int hs = C / NH;
-  const int C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   BlasSingleThreaded blas_guard;
-#pragma omp parallel for schedule(dynamic, 1) collapse(2) if (g_threads > 1)
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const float* q = inp + static_cast<std::size_t>(b) * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* P = att + (static_cast<std::size_t>(b) * NH + h) * T * T;
-      float* y = out + static_cast<std::size_t>(b) * T * C + h * hs;
-      for (int r0 = 0; r0 < T; r0 += kBlock) {
-        const int r1 = std::min(T, r0 + kBlock);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale,
-                    q + static_cast<std::size_t>(r0) * C3, C3, k, C3, 0.0f,
-                    P + static_cast<std::size_t>(r0) * T, T);
-      }
-      for (int t = 0; t < T; ++t) {
-        float* row = P + static_cast<std::size_t>(t) * T;
-        float mx = row[0];
-        for (int j = 1; j <= t; ++j) mx = std::max(mx, row[j]);
-        float sum = 0.0f;
-        for (int j = 0; j <= t; ++j) {
-          const float e = exp_approx(row[j] - mx);
-          row[j] = e;
-          sum += e;
-        }
-        const float inv = 1.0f / sum;
-        for (int j = 0; j <= t; ++j) row[j] *= inv;
-        for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
-      }
-      for (int r0 = 0; r0 < T; r0 += kBlock) {
-        const int r1 = std::min(T, r0 + kBlock);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f,
-                    P + static_cast<std::size_t>(r0) * T, T, v, C3, 0.0f,
-                    y + static_cast<std::size_t>(r0) * C, C);
-      }
+  const std::ptrdiff_t pairs = static_cast<std::ptrdiff_t>(B) * NH;
+  parallel_rows(pairs, pairs * 16384, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+    for (std::ptrdiff_t i = i0; i < i1; ++i) {
+      const std::ptrdiff_t b = i / NH, h = i % NH;
+      attention_forward_head(out + static_cast<std::size_t>(b) * T * C + h * hs,
+                             att + static_cast<std::size_t>(i) * T * T,
+                             inp + static_cast<std::size_t>(b) * T * 3 * C + h * hs, T, C, hs, scale);
     }
-  }
+  });
 }
 
 void attention_backward(float* dinp, float* datt, const float* dout, const float* inp, const float* att,
                         int B, int T, int C, int NH) {
   const int hs = C / NH;
-  const int C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   BlasSingleThreaded blas_guard;
-#pragma omp parallel for schedule(dynamic, 1) collapse(2) if (g_threads > 1)
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const std::size_t qoff = static_cast<std::size_t>(b) * T * C3 + h * hs;
-      const float* q = inp + qoff;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* dq = dinp + qoff;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
-      const float* P = att + (static_cast<std::size_t>(b) * NH + h) * T * T;
-      float* dP = datt + (static_cast<std::size_t>(b) * NH + h) * T * T;
-      const float* dy = dout + static_cast<std::size_t>(b) * T * C + h * hs;
-      for (int r0 = 0; r0 < T; r0 += kBlock) {
-        const int r1 = std::min(T, r0 + kBlock);
-        // dP[r0:r1, 0:r1] = dY[r0:r1] V[0:r1]^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f,
-                    dy + static_cast<std::size_t>(r0) * C, C, v, C3, 0.0f,
-                    dP + static_cast<std::size_t>(r0) * T, T);
-        // dV[r0:r1] += P[r0:T, r0:r1]^T dY[r0:T]  (P is zero above the diagonal)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, 1.0f,
-                    P + static_cast<std::size_t>(r0) * T + r0, T, dy + static_cast<std::size_t>(r0) * C, C,
-                    1.0f, dv + static_cast<std::size_t>(r0) * C3, C3);
-      }
-      // Softmax backward: dS = P * (dP - sum_j P dP), scale folded into the next products.
-      for (int t = 0; t < T; ++t) {
-        const float* p = P + static_cast<std::size_t>(t) * T;
-        float* d = dP + static_cast<std::size_t>(t) * T;
-        float dot = 0.0f;
-        for (int j = 0; j <= t; ++j) dot += p[j] * d[j];
-        for (int j = 0; j <= t; ++j) d[j] = p[j] * (d[j] - dot);
-        for (int j = t + 1; j < T; ++j) d[j] = 0.0f;
-      }
-      for (int r0 = 0; r0 < T; r0 += kBlock) {
-        const int r1 = std::min(T, r0 + kBlock);
-        // dQ[r0:r1] += scale * dS[r0:r1, 0:r1] K[0:r1]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, scale,
-                    dP + static_cast<std::size_t>(r0) * T, T, k, C3, 1.0f,
-                    dq + static_cast<std::size_t>(r0) * C3, C3);
-        // dK[r0:r1] += scale * dS[r0:T, r0:r1]^T Q[r0:T]
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, scale,
-                    dP + static_cast<std::size_t>(r0) * T + r0, T, q + static_cast<std::size_t>(r0) * C3, C3,
-                    1.0f, dk + static_cast<std::size_t>(r0) * C3, C3);
-      }
+  const std::ptrdiff_t pairs = static_cast<std::ptrdiff_t>(B) * NH;
+  parallel_rows(pairs, pairs * 16384, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+    for (std::ptrdiff_t i = i0; i < i1; ++i) {
+      const std::ptrdiff_t b = i / NH, h = i % NH;
+      const std::size_t qoff = static_cast<std::size_t>(b) * T * 3 * C + h * hs;
+      attention_backward_head(dinp + qoff, datt + static_cast<std::size_t>(i) * T * T,
+                              dout + static_cast<std::size_t>(b) * T * C + h * hs, inp + qoff,
+                              att + static_cast<std::size_t>(i) * T * T, T, C, hs, scale);
     }
-  }
+  });
 }
 
 // ------------------------------------------------------------------------------------ gelu
 
 void gelu_forward(float* out, const float* inp, std::size_t N) {
-  const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(N);
-#pragma omp parallel for schedule(static) if (parallel_worth(N))
-  for (std::ptrdiff_t i = 0; i < n; ++i) {
-    const float x = inp[i];
-    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    out[i] = 0.5f * x * (1.0f + tanh_approx(u));
-  }
+  parallel_rows(static_cast<std::ptrdiff_t>(N), N, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+    for (std::ptrdiff_t i = i0; i < i1; ++i) {
+      const float x = inp[i];
+      const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+      out[i] = 0.5f * x * (1.0f + tanh_approx(u));
+    }
+  });
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t N) {
-  const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(N);
-#pragma omp parallel for schedule(static) if (parallel_worth(N))
-  for (std::ptrdiff_t i = 0; i < n; ++i) {
-    const float x = inp[i];
-    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    const float th = tanh_approx(u);
-    const float sech2 = 1.0f - th * th;
-    const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    dinp[i] += grad * dout[i];
-  }
+  parallel_rows(static_cast<std::ptrdiff_t>(N), N, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+    for (std::ptrdiff_t i = i0; i < i1; ++i) {
+      const float x = inp[i];
+      const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+      const float th = tanh_approx(u);
+      const float sech2 = 1.0f - th * th;
+      const float grad =
+          0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+      dinp[i] += grad * dout[i];
+    }
+  });
 }
 
 // ------------------------------------------------------------------------------------ residual
 
 void residual_forward(float* out, const float* inp1, const float* inp2, std::size_t N) {
-  const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(N);
-#pragma omp parallel for schedule(static) if (parallel_worth(N))
-  for (std::ptrdiff_t i = 0; i < n; ++i) out[i] = inp1[i] + inp2[i];
+  for (std::size_t i = 0; i < N; ++i) out[i] = inp1[i] + inp2[i];
 }
 
 void bias_residual_forward(float* out, const float* residual, const float* partial, const float* bias,
                            int B, int T, int C) {
-  const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
-#pragma omp parallel for schedule(static) if (parallel_worth(static_cast<std::size_t>(N) * C))
-  for (std::ptrdiff_t i = 0; i < N; ++i) {
+  const std::size_t N = static_cast<std::size_t>(B) * T;
+  for (std::size_t i = 0; i < N; ++i) {
     float* o = out + i * C;
     const float* r = residual + i * C;
     const float* p = partial + i * C;
@@ -372,37 +463,38 @@ void bias_residual_forward(float* out, const float* residual, const float* parti
 float softmax_crossentropy_forward(float* losses, float* logits, const int32_t* targets, int B, int T,
                                    int V) {
   const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
-  double total = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : total) if (parallel_worth(static_cast<std::size_t>(N) * V))
-  for (std::ptrdiff_t i = 0; i < N; ++i) {
-    float* row = logits + i * V;
-    float mx = row[0];
-    for (int j = 1; j < V; ++j) mx = std::max(mx, row[j]);
-    const float target_logit = row[targets[i]];
-    float sum = 0.0f;
-    for (int j = 0; j < V; ++j) {
-      const float e = exp_approx(row[j] - mx);
-      row[j] = e;
-      sum += e;
+  parallel_rows(N, static_cast<std::size_t>(N) * V, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+    for (std::ptrdiff_t i = i0; i < i1; ++i) {
+      float* row = logits + i * V;
+      float mx = row[0];
+      for (int j = 1; j < V; ++j) mx = std::max(mx, row[j]);
+      const float target_logit = row[targets[i]];
+      float sum = 0.0f;
+      for (int j = 0; j < V; ++j) {
+        const float e = exp_approx(row[j] - mx);
+        row[j] = e;
+        sum += e;
+      }
+      const float inv = 1.0f / sum;
+      for (int j = 0; j < V; ++j) row[j] *= inv;
+      // -log softmax from the logits (not from the rounded probability): exact for tiny p too.
+      losses[i] = std::log(sum) - (target_logit - mx);
     }
-    const float inv = 1.0f / sum;
-    for (int j = 0; j < V; ++j) row[j] *= inv;
-    // -log softmax from the logits (not from the rounded probability): exact for tiny p too.
-    const float loss = std::log(sum) - (target_logit - mx);
-    losses[i] = loss;
-    total += loss;
-  }
+  });
+  double total = 0.0;  // in row order: the same for any thread count
+  for (std::ptrdiff_t i = 0; i < N; ++i) total += losses[i];
   return static_cast<float>(total / static_cast<double>(N));
 }
 
 void softmax_crossentropy_backward(float* probs, const int32_t* targets, float dloss, int B, int T, int V) {
   const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
-#pragma omp parallel for schedule(static) if (parallel_worth(static_cast<std::size_t>(N) * V))
-  for (std::ptrdiff_t i = 0; i < N; ++i) {
-    float* row = probs + i * V;
-    row[targets[i]] -= 1.0f;
-    for (int j = 0; j < V; ++j) row[j] *= dloss;
-  }
+  parallel_rows(N, static_cast<std::size_t>(N) * V, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+    for (std::ptrdiff_t i = i0; i < i1; ++i) {
+      float* row = probs + i * V;
+      row[targets[i]] -= 1.0f;
+      for (int j = 0; j < V; ++j) row[j] *= dloss;
+    }
+  });
 }
 
 }  // namespace orrery::runtime

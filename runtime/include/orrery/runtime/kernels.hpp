@@ -1,6 +1,6 @@
 // fp32 CPU kernels of the reference GPT, forward and backward, written by hand (llm.c style): free
 // functions, outputs first, gradients `d`-prefixed. Matrix products go through OpenBLAS sgemm; the
-// other ops are tight loops, parallel over rows with OpenMP.
+// other ops are tight loops, split over rows on a small thread pool (workers sleep when idle).
 //
 // Conventions, used by every function here:
 // - B batch, T sequence, C channels in, OC channels out, V vocabulary, NH heads; tensors row-major,
@@ -14,7 +14,7 @@
 
 namespace orrery::runtime {
 
-// Threads used by the kernels of the calling process: OpenBLAS threads and OpenMP threads both.
+// Threads used by the kernels of the calling process: OpenBLAS threads and the kernels' own pool.
 void set_compute_threads(int threads);
 int compute_threads();
 
