@@ -1,0 +1,172 @@
+// Step time of the CPU GPT (forward + backward + AdamW, one process) at the reference configurations
+// gpt-tiny and gpt-small-ish, with 1 and 2 threads: the figures to compare with PyTorch's
+// shared/reference/pytorch_gpt_ddp_cpu.py --mode single at the same threads. Also the time per span
+// kind (from the model's OpObserver) and the achieved model GFLOP/s, to see where a step goes.
+//
+//   bench_model [--config tiny|small|all] [--threads 1,2] [--steps 20] [--warmup 3] [--json]
+#ifndef ORRERY_RUNTIME_AVAILABLE
+#include <cstdio>
+int main() {
+  std::puts("bench_model: the CPU runtime is not built (no OpenBLAS)");
+  return 0;
+}
+#else
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "orrery/runtime/data.hpp"
+#include "orrery/runtime/flops.hpp"
+#include "orrery/runtime/kernels.hpp"
+#include "orrery/runtime/model.hpp"
+#include "orrery/runtime/optimizer.hpp"
+
+namespace rt = orrery::runtime;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Preset {
+  std::string name;
+  rt::GptConfig cfg;
+  int B;
+};
+
+// Sums wall time per span name.
+class SpanTimer : public rt::OpObserver {
+ public:
+  void begin(const char* name, int, double) override {
+    name_ = name;
+    t0_ = Clock::now();
+  }
+  void end() override { ms[name_] += std::chrono::duration<double, std::milli>(Clock::now() - t0_).count(); }
+  std::map<std::string, double> ms;
+
+ private:
+  std::string name_;
+  Clock::time_point t0_;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+nlohmann::json run(const Preset& p, int threads, int steps, int warmup) {
+  rt::set_compute_threads(threads);
+  const int B = p.B, T = p.cfg.max_seq;
+  rt::MarkovSource src(p.cfg.vocab, 1, 4096);
+  rt::DataLoader loader(src, T, B, 0, 1, 1);
+  auto model = rt::gpt_create(p.cfg, rt::GptShard{}, 1234);
+  auto acts = rt::gpt_activations(model, B, T);
+  auto scratch = rt::gpt_grad_scratch(model, B, T);
+  rt::AdamW opt(0, model.num_params(), model.decay_ranges());
+  SpanTimer spans;
+  rt::GptHooks hooks;
+  hooks.observer = &spans;
+  std::vector<double> step_ms, opt_ms;
+  rt::Batch batch;
+  float loss = 0.0f, first_loss = 0.0f;
+  for (int s = 0; s < warmup + steps; ++s) {
+    if (s == warmup) spans.ms.clear();
+    loader.next_batch(batch);
+    const auto t0 = Clock::now();
+    rt::gpt_zero_grad(model);
+    loss = rt::gpt_forward(model, acts, batch.inputs.data(), batch.targets.data(), hooks);
+    rt::gpt_backward(model, acts, scratch, 1.0f, hooks);
+    const auto t1 = Clock::now();
+    opt.step(model.params.data(), model.grads.data());
+    const auto t2 = Clock::now();
+    if (s == 0) first_loss = loss;
+    if (s >= warmup) {
+      step_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
+      opt_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+    }
+  }
+  const double med = median(step_ms);
+  const double flop = rt::flops::model_step(rt::flops::Dims{B, T, p.cfg.n_embd, p.cfg.vocab, 1}, p.cfg.n_layer);
+  nlohmann::json j;
+  j["config"] = p.name;
+  j["threads"] = threads;
+  j["layers"] = p.cfg.n_layer;
+  j["d_model"] = p.cfg.n_embd;
+  j["heads"] = p.cfg.n_head;
+  j["vocab"] = p.cfg.vocab;
+  j["seq"] = T;
+  j["micro_batch"] = B;
+  j["params"] = model.num_params();
+  j["step_ms_median"] = med;
+  j["step_ms_min"] = *std::min_element(step_ms.begin(), step_ms.end());
+  j["step_ms_max"] = *std::max_element(step_ms.begin(), step_ms.end());
+  j["optimizer_ms_median"] = median(opt_ms);
+  j["tokens_per_s"] = B * T / (med * 1e-3);
+  j["model_gflop_per_step"] = flop * 1e-9;
+  j["model_gflops"] = flop * 1e-9 / (med * 1e-3);
+  j["first_loss"] = first_loss;
+  j["final_loss"] = loss;
+  nlohmann::json per_span;
+  for (const auto& [name, total] : spans.ms) per_span[name] = total / steps;
+  j["span_ms_per_step"] = per_span;
+  return j;
+}
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> out;
+  std::size_t pos = 0;
+  while (pos < s.size()) {
+    const std::size_t comma = s.find(',', pos);
+    out.push_back(std::stoi(s.substr(pos, comma - pos)));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Step time of the CPU GPT at the reference configurations"};
+  std::string config = "all", threads_list = "1,2";
+  int steps = 20, warmup = 3;
+  bool json = false;
+  app.add_option("--config", config, "tiny | small | all")->check(CLI::IsMember({"tiny", "small", "all"}));
+  app.add_option("--threads", threads_list, "comma-separated thread counts");
+  app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  app.add_flag("--json", json, "one JSON object");
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<Preset> presets;
+  if (config == "tiny" || config == "all") presets.push_back({"gpt-tiny", {4, 256, 4, 8192, 128}, 8});
+  if (config == "small" || config == "all") presets.push_back({"gpt-small-ish", {6, 384, 6, 8192, 256}, 4});
+  nlohmann::json results = nlohmann::json::array();
+  if (!json) {
+    std::printf("%-14s %7s %10s %10s %10s %9s %12s %9s\n", "config", "threads", "step_ms", "min_ms", "opt_ms",
+                "GFLOP/s", "tokens/s", "loss");
+  }
+  for (const auto& p : presets) {
+    for (int th : parse_list(threads_list)) {
+      auto j = run(p, th, steps, warmup);
+      if (!json) {
+        std::printf("%-14s %7d %10.1f %10.1f %10.1f %9.1f %12.0f %9.4f\n", p.name.c_str(), th,
+                    j["step_ms_median"].get<double>(), j["step_ms_min"].get<double>(),
+                    j["optimizer_ms_median"].get<double>(), j["model_gflops"].get<double>(),
+                    j["tokens_per_s"].get<double>(), j["final_loss"].get<double>());
+        std::printf("  per step:");
+        for (const auto& [name, ms] : j["span_ms_per_step"].items()) std::printf(" %s %.1f ms", name.c_str(), ms.get<double>());
+        std::printf("\n");
+        std::fflush(stdout);
+      }
+      results.push_back(j);
+    }
+  }
+  if (json) std::printf("%s\n", nlohmann::json{{"bench", "model"}, {"results", results}}.dump().c_str());
+  return 0;
+}
+#endif
