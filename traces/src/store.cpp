@@ -850,6 +850,12 @@ int64_t TraceReader::span_count() const {
   return rstep(db_, path_, st) ? sqlite3_column_int64(st.get(), 0) : 0;
 }
 
+int64_t TraceReader::counter_count() const {
+  std::lock_guard lock(mu_);
+  auto st = rprep(db_, path_, "SELECT count(*) FROM counters");
+  return rstep(db_, path_, st) ? sqlite3_column_int64(st.get(), 0) : 0;
+}
+
 std::optional<TraceReader::TimeRange> TraceReader::time_range() const {
   std::lock_guard lock(mu_);
   auto st = rprep(db_, path_, "SELECT MIN(min_start_ns), MAX(max_end_ns) FROM blocks");

@@ -82,6 +82,7 @@ class TraceReader {
   std::vector<CommunicatorInfo> communicators() const;
   StringTable strings() const;
   int64_t span_count() const;
+  int64_t counter_count() const;
 
   // Earliest span start and latest span end over all spans; nullopt when the trace has none.
   struct TimeRange {

@@ -1,0 +1,63 @@
+// `orrery export TRACE --format chrome --out FILE.json`: Chrome trace JSON for Perfetto UI
+// (ui.perfetto.dev) and chrome://tracing. The JSON is streamed out, written beside FILE.json and
+// renamed when whole.
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "command.hpp"
+#include "orrery/common/error.hpp"
+#include "orrery/common/format.hpp"
+#include "orrery/traces/chrome_export.hpp"
+#include "orrery/traces/store.hpp"
+
+namespace orrery::cli {
+namespace {
+
+struct ExportArgs {
+  std::string trace;
+  std::string format = "chrome";
+  std::string out;
+  bool json = false;
+};
+
+int run_export(const ExportArgs& a) {
+  if (a.format != "chrome") {
+    throw InputError("--format " + a.format + ": unknown export format, expected chrome");
+  }
+  const traces::Trace t = traces::load_trace(a.trace);
+  traces::export_chrome_json_file(t, a.out);
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(a.out, ec);
+  if (a.json) {
+    nlohmann::json j;
+    j["trace"] = a.trace;
+    j["format"] = a.format;
+    j["out"] = a.out;
+    j["spans"] = t.spans.size();
+    j["counters"] = t.counters.size();
+    j["bytes"] = ec ? 0 : bytes;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << "wrote " << a.out << ": " << t.spans.size() << " spans and " << t.counters.size()
+              << " counter samples as Chrome trace JSON (" << format_bytes(double(ec ? 0 : bytes))
+              << "); open it in ui.perfetto.dev or chrome://tracing\n";
+  }
+  return 0;
+}
+
+Command setup(CLI::App& root) {
+  auto args = std::make_shared<ExportArgs>();
+  CLI::App* app = root.add_subcommand("export", "Export a trace for other viewers (Chrome JSON)");
+  app->add_option("trace", args->trace, "Trace file (.db)")->required();
+  app->add_option("--format", args->format, "Output format: chrome")->capture_default_str();
+  app->add_option("--out", args->out, "Output file (.json)")->required();
+  app->add_flag("--json", args->json, "Print one JSON object");
+  return {app, [args]() { return run_export(*args); }};
+}
+
+const Registrar kRegistrar{setup};
+
+}  // namespace
+}  // namespace orrery::cli

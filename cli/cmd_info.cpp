@@ -1,0 +1,179 @@
+// `orrery info TRACE`: what a trace file holds (source, scenario, layout, ranks, streams, span
+// count, time range, schema version, whether its writer finished) without loading its spans.
+#include <ctime>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "command.hpp"
+#include "orrery/common/error.hpp"
+#include "orrery/common/format.hpp"
+#include "orrery/traces/store.hpp"
+
+namespace orrery::cli {
+namespace {
+
+using nlohmann::json;
+
+struct InfoArgs {
+  std::string trace;
+  bool json = false;
+};
+
+std::string utc_time(int64_t unix_ns) {
+  if (unix_ns <= 0) return "unknown";
+  const std::time_t secs = static_cast<std::time_t>(unix_ns / 1000000000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+json parse_extra(const std::string& text) {
+  try {
+    return json::parse(text.empty() ? "{}" : text);
+  } catch (const json::exception&) {
+    return text;  // not JSON: shown as the text it is
+  }
+}
+
+int run_info(const InfoArgs& a) {
+  const traces::TraceReader r(a.trace);
+  const traces::RunMeta m = r.meta();
+  const auto ranks = r.ranks();
+  const auto streams = r.streams();
+  const auto comms = r.communicators();
+  const auto bounds = r.stream_bounds();
+  const auto range = r.time_range();
+  const int64_t spans = r.span_count();
+  const int64_t counters = r.counter_count();
+  const bool complete = r.complete();
+  std::map<std::pair<int32_t, int32_t>, int64_t> per_stream;
+  for (const auto& b : bounds) per_stream[{b.rank, b.stream}] = b.count;
+
+  if (a.json) {
+    json j;
+    j["path"] = a.trace;
+    j["schema_version"] = r.schema_version();
+    j["complete"] = complete;
+    j["source"] = std::string(traces::to_string(m.source));
+    j["scenario_name"] = m.scenario_name;
+    j["host"] = m.host;
+    j["start_time_unix_ns"] = m.start_time_unix_ns;
+    j["world_size"] = m.world_size;
+    j["layout"] = {{"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}};
+    j["tokens_per_step"] = m.tokens_per_step;
+    j["model_flops_per_step"] = m.model_flops_per_step;
+    j["peak_flops_per_rank"] = m.peak_flops_per_rank;
+    j["span_count"] = spans;
+    j["counter_count"] = counters;
+    if (range) {
+      j["time_range"] = {{"start_ns", range->start_ns},
+                         {"end_ns", range->end_ns},
+                         {"duration_ns", range->end_ns - range->start_ns}};
+    } else {
+      j["time_range"] = nullptr;
+    }
+    j["ranks"] = json::array();
+    for (const auto& rk : ranks) {
+      j["ranks"].push_back({{"rank", rk.rank},
+                            {"host", rk.host},
+                            {"device", rk.device},
+                            {"dp", rk.dp},
+                            {"tp", rk.tp},
+                            {"pp", rk.pp}});
+    }
+    j["streams"] = json::array();
+    for (const auto& s : streams) {
+      auto it = per_stream.find({s.rank, s.stream});
+      j["streams"].push_back({{"rank", s.rank},
+                              {"stream", s.stream},
+                              {"name", s.name},
+                              {"spans", it == per_stream.end() ? 0 : it->second}});
+    }
+    j["communicators"] = json::array();
+    for (const auto& c : comms) {
+      j["communicators"].push_back({{"id", c.id},
+                                    {"kind", std::string(traces::to_string(c.kind))},
+                                    {"name", c.name},
+                                    {"ranks", c.ranks}});
+    }
+    j["extra"] = parse_extra(m.extra_json);
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+
+  auto row = [](const char* key, const std::string& value) {
+    std::printf("  %-16s %s\n", key, value.c_str());
+  };
+  std::printf("%s\n", a.trace.c_str());
+  row("schema version", std::to_string(r.schema_version()));
+  row("complete", complete ? "yes" : "no (its writer never closed it: the run died or is still running)");
+  row("source", std::string(traces::to_string(m.source)));
+  row("scenario", m.scenario_name.empty() ? "(none)" : m.scenario_name);
+  row("host", m.host.empty() ? "(unknown)" : m.host);
+  row("started", utc_time(m.start_time_unix_ns));
+  row("world size", std::to_string(m.world_size) + " (dp=" + std::to_string(m.dp) +
+                        " tp=" + std::to_string(m.tp) + " pp=" + std::to_string(m.pp) + ")");
+  row("spans", std::to_string(spans));
+  row("counter samples", std::to_string(counters));
+  if (range) {
+    row("time range", std::to_string(range->start_ns) + " .. " + std::to_string(range->end_ns) +
+                          " ns (" + format_duration_ns(double(range->end_ns - range->start_ns)) +
+                          ")");
+  } else {
+    row("time range", "(no spans)");
+  }
+  if (m.tokens_per_step > 0) row("tokens/step", std::to_string(m.tokens_per_step));
+  if (m.model_flops_per_step > 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.4g", m.model_flops_per_step);
+    row("model FLOPs/step", buf);
+  }
+  if (m.peak_flops_per_rank > 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.4g TFLOP/s", m.peak_flops_per_rank / 1e12);
+    row("peak per rank", buf);
+  }
+  row("ranks", std::to_string(ranks.size()));
+  for (const auto& rk : ranks) {
+    std::printf("    rank %-4d %-12s %-8s dp=%d tp=%d pp=%d\n", rk.rank, rk.host.c_str(),
+                rk.device.c_str(), rk.dp, rk.tp, rk.pp);
+  }
+  row("streams", std::to_string(streams.size()));
+  for (const auto& s : streams) {
+    auto it = per_stream.find({s.rank, s.stream});
+    std::printf("    rank %-4d stream %-3d %-20s %lld spans\n", s.rank, s.stream, s.name.c_str(),
+                static_cast<long long>(it == per_stream.end() ? 0 : it->second));
+  }
+  row("communicators", std::to_string(comms.size()));
+  for (const auto& c : comms) {
+    std::string members;
+    for (size_t i = 0; i < c.ranks.size(); ++i) {
+      if (i == 8) {
+        members += ", ... (" + std::to_string(c.ranks.size()) + " ranks)";
+        break;
+      }
+      members += (i ? "," : "") + std::to_string(c.ranks[i]);
+    }
+    std::printf("    %-4d %-6s %-20s [%s]\n", c.id, std::string(traces::to_string(c.kind)).c_str(),
+                c.name.c_str(), members.c_str());
+  }
+  if (!m.extra_json.empty() && m.extra_json != "{}") row("extra", m.extra_json);
+  return 0;
+}
+
+Command setup(CLI::App& root) {
+  auto args = std::make_shared<InfoArgs>();
+  CLI::App* app = root.add_subcommand("info", "Show what a trace file holds (without loading it)");
+  app->add_option("trace", args->trace, "Trace file (.db)")->required();
+  app->add_flag("--json", args->json, "Print one JSON object");
+  return {app, [args]() { return run_info(*args); }};
+}
+
+const Registrar kRegistrar{setup};
+
+}  // namespace
+}  // namespace orrery::cli
