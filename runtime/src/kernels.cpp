@@ -283,17 +283,23 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 
 void bias_backward(float* dbias, const float* dout, int B, int T, int C) {
   const std::size_t N = static_cast<std::size_t>(B) * T;
-  for (std::size_t i = 0; i < N; ++i) {
-    const float* d = dout + i * C;
-    for (int c = 0; c < C; ++c) dbias[c] += d[c];
-  }
+  // Split by column bands of 16 (one cache line), rows in order: same sums for any thread count.
+  const std::ptrdiff_t bands = (C + 15) / 16;
+  parallel_rows(bands, N * static_cast<std::size_t>(C), [&](std::ptrdiff_t b0, std::ptrdiff_t b1) {
+    const int c0 = static_cast<int>(b0 * 16), c1 = std::min(C, static_cast<int>(b1 * 16));
+    for (std::size_t i = 0; i < N; ++i) {
+      const float* d = dout + i * C;
+      for (int c = c0; c < c1; ++c) dbias[c] += d[c];
+    }
+  });
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int B, int T, int C, int OC) {
+                     const float* weight, int B, int T, int C, int OC, bool accumulate_dinp) {
   const int N = B * T;
   if (dinp != nullptr) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
+                accumulate_dinp ? 1.0f : 0.0f, dinp, C);
   }
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
   if (dbias != nullptr) bias_backward(dbias, dout, B, T, OC);
@@ -445,17 +451,19 @@ void residual_forward(float* out, const float* inp1, const float* inp2, std::siz
 
 void bias_residual_forward(float* out, const float* residual, const float* partial, const float* bias,
                            int B, int T, int C) {
-  const std::size_t N = static_cast<std::size_t>(B) * T;
-  for (std::size_t i = 0; i < N; ++i) {
-    float* o = out + i * C;
-    const float* r = residual + i * C;
-    const float* p = partial + i * C;
-    if (bias != nullptr) {
-      for (int c = 0; c < C; ++c) o[c] = r[c] + p[c] + bias[c];
-    } else {
-      for (int c = 0; c < C; ++c) o[c] = r[c] + p[c];
+  const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
+  parallel_rows(N, static_cast<std::size_t>(N) * C, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+    for (std::ptrdiff_t i = i0; i < i1; ++i) {
+      float* o = out + i * C;
+      const float* r = residual + i * C;
+      const float* p = partial + i * C;
+      if (bias != nullptr) {
+        for (int c = 0; c < C; ++c) o[c] = r[c] + p[c] + bias[c];
+      } else {
+        for (int c = 0; c < C; ++c) o[c] = r[c] + p[c];
+      }
     }
-  }
+  });
 }
 
 // ------------------------------------------------------------------------------------ loss

@@ -456,8 +456,7 @@ void gpt_head_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, float lo
   {
     Span span(hooks.observer, "bwd.head", m.config.n_layer, flops::head_backward(flop_dims(m, B, T)));
     softmax_crossentropy_backward(acts.logits, acts.targets.data(), loss_scale / static_cast<float>(B * T), B, T, V);
-    std::fill(s.dln, s.dln + n, 0.0f);
-    matmul_backward(s.dln, m.dembed.wte, nullptr, acts.logits, acts.lnf, m.embed.wte, B, T, C, V);
+    matmul_backward(s.dln, m.dembed.wte, nullptr, acts.logits, acts.lnf, m.embed.wte, B, T, C, V, false);
     std::fill(s.dres, s.dres + n, 0.0f);
     layernorm_backward(s.dres, m.dhead.lnfw, m.dhead.lnfb, s.dln, acts.stage_output(), m.head.lnfw, acts.lnf_mean,
                        acts.lnf_rstd, B, T, C);
@@ -483,12 +482,10 @@ void gpt_block_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, int lay
               tp ? 2.0 * flops::block_mlp_forward(fd) : flops::block_backward(fd));
     // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + b; s.dres holds dy.
     bias_backward(g.fcprojb, s.dres, B, T, d.C);
-    std::fill(s.dfch_gelu, s.dfch_gelu + BT * d.F, 0.0f);
-    matmul_backward(s.dfch_gelu, g.fcprojw, nullptr, s.dres, a.fch_gelu, p.fcprojw, B, T, d.F, d.C);
+    matmul_backward(s.dfch_gelu, g.fcprojw, nullptr, s.dres, a.fch_gelu, p.fcprojw, B, T, d.F, d.C, false);
     std::fill(s.dfch, s.dfch + BT * d.F, 0.0f);
     gelu_backward(s.dfch, a.fch, s.dfch_gelu, BT * d.F);
-    std::fill(s.dln, s.dln + n, 0.0f);
-    matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, p.fcw, B, T, d.C, d.F);
+    matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, p.fcw, B, T, d.C, d.F, false);
     if (tp) {
       span.close();
       tp_reduce(m, hooks, TpPoint::kMlpInputBackward, layer, s.dln, n);
@@ -497,12 +494,10 @@ void gpt_block_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, int lay
     layernorm_backward(s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, B, T, d.C);
     // Attention: res2 = x + proj(attn(qkv(ln1(x)))) + b; s.dres now holds dres2.
     bias_backward(g.projb, s.dres, B, T, d.C);
-    std::fill(s.datty, s.datty + BT * d.Cl, 0.0f);
-    matmul_backward(s.datty, g.projw, nullptr, s.dres, a.atty, p.projw, B, T, d.Cl, d.C);
+    matmul_backward(s.datty, g.projw, nullptr, s.dres, a.atty, p.projw, B, T, d.Cl, d.C, false);
     std::fill(s.dqkv, s.dqkv + BT * 3 * d.Cl, 0.0f);
     attention_backward(s.dqkv, s.datt, s.datty, a.qkv, a.att, B, T, d.Cl, d.NH);
-    std::fill(s.dln, s.dln + n, 0.0f);
-    matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, p.qkvw, B, T, d.C, 3 * d.Cl);
+    matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, p.qkvw, B, T, d.C, 3 * d.Cl, false);
     if (tp) {
       span.close();
       tp_reduce(m, hooks, TpPoint::kAttnInputBackward, layer, s.dln, n);

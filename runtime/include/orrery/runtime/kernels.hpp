@@ -37,8 +37,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int B, int T,
                     int C, int OC);
 // dinp (B,T,C), dweight (OC,C), dbias (OC) += ...; dinp and dbias may be null (skipped).
+// accumulate_dinp = false overwrites dinp instead (saves zeroing a scratch buffer first).
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int B, int T, int C, int OC);
+                     const float* weight, int B, int T, int C, int OC, bool accumulate_dinp = true);
 
 // Causal multi-head self-attention over a fused qkv. inp (B,T,3C) holds [q | k | v], head h at
 // columns h*hs..(h+1)*hs of each third, hs = C/NH; scores scaled by 1/sqrt(hs).
