@@ -3,9 +3,15 @@
 // One communication thread per process makes every MPI call, MPI_Init_thread and MPI_Finalize
 // included (MPI_THREAD_FUNNELED: the thread that initialised MPI is the only one that calls it), so
 // any MPI build works and compute threads never block in MPI. Callers queue operations and get a
-// Handle. The thread runs collectives one at a time in issue order (blocking MPI calls, MPI's tuned
-// algorithms); sends and receives are posted non-blocking and completed by polling, so exchanges in
-// both directions cannot deadlock. Every operation is recorded as a span on the comm stream.
+// Handle. The thread runs collectives one at a time in issue order; sends and receives are posted
+// and completed by polling, so exchanges in both directions cannot deadlock. Every operation is
+// recorded as a span on the comm stream.
+//
+// Waiting: a blocking MPI collective busy-polls shared memory for as long as the slowest rank is
+// late, taking a core from the rank's own compute threads, which is exactly what overlapping
+// communication with backward must avoid. So collectives are posted non-blocking (MPI_Iallreduce,
+// ...) and the thread polls MPI_Test, sleeping ORRERY_COMM_POLL_US microseconds (default 50)
+// between polls after a short spin; ORRERY_COMM_POLL_US=0 polls without sleeping.
 // The one exception to the funnel is MPI_Abort, which the failing thread calls directly: it must
 // work while the communication thread is stuck in a collective.
 // The C API only: Open MPI's mpi.h pulls in the deprecated C++ bindings (libmpi_cxx) otherwise.
@@ -13,9 +19,11 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -108,7 +116,9 @@ class Task final : public Work {
   enum class Kind { Collective, Send, Recv, Fence, Stop };
 
   Kind kind = Kind::Collective;
-  std::function<void()> run;  // Collective: the blocking MPI work
+  std::function<void()> run;                // Collective, blocking form (setup calls)
+  std::function<void(MPI_Request*)> post;   // Collective, non-blocking form (operations)
+  std::function<void()> after;              // run once the posted collective is complete
   // Send / Recv:
   const void* send_buf = nullptr;
   void* recv_buf = nullptr;
@@ -229,6 +239,7 @@ class Engine {
 
   void loop() {
     profiler::Recorder::set_thread_stream(profiler::kCommStream);
+    if (const char* v = std::getenv("ORRERY_COMM_POLL_US")) poll_sleep_us_ = std::max(0, std::atoi(v));
     try {
       int provided = 0;
       ORRERY_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
@@ -249,8 +260,8 @@ class Engine {
     }
     cv_.notify_all();
 
-    std::vector<std::shared_ptr<Task>> in_flight;  // posted sends and receives
-    std::shared_ptr<Task> fence;                   // waiting for in_flight to drain
+    auto& in_flight = in_flight_;
+    std::shared_ptr<Task> fence;  // waiting for in_flight to drain
     for (;;) {
       std::shared_ptr<Task> t;
       {
@@ -320,11 +331,33 @@ class Engine {
     t->span.start_ns = profiler::steady_now_ns();
     std::exception_ptr err;
     try {
-      t->run();
+      if (t->post) {
+        MPI_Request req = MPI_REQUEST_NULL;
+        t->post(&req);
+        wait_polling(req, t->what);
+        if (t->after) t->after();
+      } else {
+        t->run();
+      }
     } catch (...) {
       err = std::current_exception();
     }
     finish(t, err);
+  }
+
+  // Completes `req`, progressing posted sends/receives meanwhile; sleeps between polls (see top).
+  void wait_polling(MPI_Request& req, const std::string& what) {
+    constexpr int kSpinPolls = 64;
+    int flag = 0;
+    for (int polls = 0;; ++polls) {
+      const int rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) throw InternalError(what + ": " + mpi_error_string(rc));
+      if (flag) return;
+      if (!in_flight_.empty()) progress(in_flight_);
+      if (poll_sleep_us_ > 0 && polls >= kSpinPolls) {
+        std::this_thread::sleep_for(std::chrono::microseconds(poll_sleep_us_));
+      }
+    }
   }
 
   void post(const std::shared_ptr<Task>& t) {
@@ -369,6 +402,8 @@ class Engine {
   int world_size_ = 1;
   double watchdog_s_ = 300;
   std::atomic<profiler::Recorder*> recorder_{nullptr};
+  std::vector<std::shared_ptr<Task>> in_flight_;  // posted sends and receives (comm thread only)
+  int poll_sleep_us_ = 50;
 };
 
 class MpiCommunicator final : public Communicator {
@@ -401,10 +436,11 @@ class MpiCommunicator final : public Communicator {
     auto t = make_task(CollOp::AllReduce, label, count * dtype_size(dtype), -1);
     const int size = size_;
     MPI_Comm comm = comm_;
-    t->run = [=] {
-      ORRERY_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, n, mpi_type(dtype), mpi_op(op), comm));
-      if (op == ReduceOp::Avg) divide_in_place(data, count, dtype, size);
+    t->post = [=](MPI_Request* req) {
+      ORRERY_MPI_CHECK(
+          MPI_Iallreduce(MPI_IN_PLACE, data, n, mpi_type(dtype), mpi_op(op), comm, req));
     };
+    if (op == ReduceOp::Avg) t->after = [=] { divide_in_place(data, count, dtype, size); };
     return submit(t);
   }
 
@@ -415,11 +451,11 @@ class MpiCommunicator final : public Communicator {
     auto t = make_task(CollOp::ReduceScatter, label, recv_count * size_ * dtype_size(dtype), -1);
     const int size = size_;
     MPI_Comm comm = comm_;
-    t->run = [=] {
+    t->post = [=](MPI_Request* req) {
       ORRERY_MPI_CHECK(
-          MPI_Reduce_scatter_block(send, recv, n, mpi_type(dtype), mpi_op(op), comm));
-      if (op == ReduceOp::Avg) divide_in_place(recv, recv_count, dtype, size);
+          MPI_Ireduce_scatter_block(send, recv, n, mpi_type(dtype), mpi_op(op), comm, req));
     };
+    if (op == ReduceOp::Avg) t->after = [=] { divide_in_place(recv, recv_count, dtype, size); };
     return submit(t);
   }
 
@@ -431,11 +467,11 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm comm = comm_;
     const int my_rank = rank_;
     const size_t block_bytes = send_count * dtype_size(dtype);
-    t->run = [=] {
+    t->post = [=](MPI_Request* req) {
       // In place when the caller passes its own block of `recv` as `send`.
       const bool in_place = send == static_cast<const uint8_t*>(recv) + block_bytes * my_rank;
-      ORRERY_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n,
-                                     mpi_type(dtype), comm));
+      ORRERY_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n,
+                                      mpi_type(dtype), comm, req));
     };
     return submit(t);
   }
@@ -446,7 +482,9 @@ class MpiCommunicator final : public Communicator {
     check_peer(root);
     auto t = make_task(CollOp::Broadcast, label, count * dtype_size(dtype), global_rank(root));
     MPI_Comm comm = comm_;
-    t->run = [=] { ORRERY_MPI_CHECK(MPI_Bcast(data, n, mpi_type(dtype), root, comm)); };
+    t->post = [=](MPI_Request* req) {
+      ORRERY_MPI_CHECK(MPI_Ibcast(data, n, mpi_type(dtype), root, comm, req));
+    };
     return submit(t);
   }
 
@@ -478,7 +516,7 @@ class MpiCommunicator final : public Communicator {
   Handle barrier(const OpLabel& label) override {
     auto t = make_task(CollOp::Barrier, label, 0, -1);
     MPI_Comm comm = comm_;
-    t->run = [=] { ORRERY_MPI_CHECK(MPI_Barrier(comm)); };
+    t->post = [=](MPI_Request* req) { ORRERY_MPI_CHECK(MPI_Ibarrier(comm, req)); };
     return submit(t);
   }
 
