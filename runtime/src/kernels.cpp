@@ -159,6 +159,10 @@ void parallel_rows(std::ptrdiff_t n, std::size_t work, F&& fn) {
 
 }  // namespace
 
+void parallel_for(std::ptrdiff_t n, std::size_t work, const std::function<void(std::ptrdiff_t, std::ptrdiff_t)>& fn) {
+  parallel_rows(n, work, fn);
+}
+
 void set_compute_threads(int threads) {
   threads = std::max(1, threads);
   openblas_set_num_threads(threads);
@@ -275,7 +279,9 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   float beta = 0.0f;
   if (bias != nullptr) {
     // Start from the bias and let sgemm accumulate: one pass over out instead of two.
-    for (int i = 0; i < N; ++i) std::memcpy(out + static_cast<std::size_t>(i) * OC, bias, sizeof(float) * OC);
+    parallel_rows(N, static_cast<std::size_t>(N) * OC, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+      for (std::ptrdiff_t i = i0; i < i1; ++i) std::memcpy(out + i * OC, bias, sizeof(float) * OC);
+    });
     beta = 1.0f;
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "orrery/runtime/kernels.hpp"
+
 namespace orrery::runtime {
 namespace {
 
@@ -22,11 +24,8 @@ void adamw_stretch(float* p, const float* g, float* m, float* v, std::size_t n, 
   }
 }
 
-}  // namespace
-
-void adamw_update(float* params, const float* grads, float* m, float* v, std::size_t offset, std::size_t n,
-                  std::span<const ParamRange> decay, int64_t step, const AdamWConfig& cfg) {
-  if (step < 1) throw std::invalid_argument("adamw_update: step counts from 1");
+void adamw_update_serial(float* params, const float* grads, float* m, float* v, std::size_t offset, std::size_t n,
+                         std::span<const ParamRange> decay, int64_t step, const AdamWConfig& cfg) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(step));
   const float step_size = static_cast<float>(cfg.lr / bc1);
@@ -50,6 +49,19 @@ void adamw_update(float* params, const float* grads, float* m, float* v, std::si
     pos = hi;
   }
   run(pos, end, 1.0f);
+}
+
+}  // namespace
+
+void adamw_update(float* params, const float* grads, float* m, float* v, std::size_t offset, std::size_t n,
+                  std::span<const ParamRange> decay, int64_t step, const AdamWConfig& cfg) {
+  if (step < 1) throw std::invalid_argument("adamw_update: step counts from 1");
+  // Elementwise, so any split over threads gives the same bits.
+  parallel_for(static_cast<std::ptrdiff_t>(n), n * 4, [&](std::ptrdiff_t b, std::ptrdiff_t e) {
+    const auto k = static_cast<std::size_t>(b);
+    adamw_update_serial(params + k, grads + k, m + k, v + k, offset + k, static_cast<std::size_t>(e - b), decay, step,
+                        cfg);
+  });
 }
 
 AdamW::AdamW(std::size_t offset, std::size_t n, std::vector<ParamRange> decay, AdamWConfig cfg)

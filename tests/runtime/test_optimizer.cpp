@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "orrery/runtime/kernels.hpp"
 #include "orrery/runtime/optimizer.hpp"
 
 namespace orrery::runtime {
@@ -67,6 +68,25 @@ TEST(AdamW, ShardedUpdateEqualsWholeUpdate) {
   }
   for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(whole[i], sharded[i]) << i;
   EXPECT_EQ(all.steps(), 3);
+}
+
+// The update is elementwise: splitting it over two threads changes no bit.
+TEST(AdamW, ThreadsDoNotChangeTheUpdate) {
+  const std::size_t n = 100000;
+  std::vector<float> p(n), g(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    p[i] = std::cos(static_cast<float>(i));
+    g[i] = std::sin(0.37f * static_cast<float>(i));
+  }
+  const std::vector<ParamRange> decay = {{100, 40000}, {60000, 100}};
+  std::vector<float> one = p, two = p;
+  AdamW a(0, n, decay), b(0, n, decay);
+  set_compute_threads(1);
+  a.step(one.data(), g.data());
+  set_compute_threads(2);
+  b.step(two.data(), g.data());
+  set_compute_threads(1);
+  EXPECT_EQ(one, two);
 }
 
 }  // namespace

@@ -11,12 +11,17 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 namespace orrery::runtime {
 
 // Threads used by the kernels of the calling process: OpenBLAS threads and the kernels' own pool.
 void set_compute_threads(int threads);
 int compute_threads();
+// Runs fn(begin, end) over contiguous chunks of [0, n), one per compute thread, on the kernels'
+// pool (inline when one thread is set or `work`, in elements touched, is too small to pay for a
+// wake-up). Returns when all chunks are done. One job at a time; a concurrent caller runs inline.
+void parallel_for(std::ptrdiff_t n, std::size_t work, const std::function<void(std::ptrdiff_t, std::ptrdiff_t)>& fn);
 
 // out (B,T,C) = wte[inp] (V,C) + wpe[t] (T,C); inp (B,T) token ids in [0, V).
 void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
