@@ -239,8 +239,16 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
     row.gpus = gpus;
     if (gpus < 1) throw InputError("--gpus: sizes must be >= 1 (got " + std::to_string(gpus) + ")");
     Cluster c;
+    std::string scaled_note;
     try {
-      c = resize_cluster(cluster, gpus);
+      Cluster base = cluster;
+      if (base.topo.kind == TopologyKind::Crossbar && gpus > base.gpus_per_node) {
+        // One crossbar node scales out as DGX-style nodes: one NIC per GPU on a rail-optimized
+        // fat-tree with the topology defaults (cluster.hpp), stated in the row's note.
+        base.topo.kind = TopologyKind::FatTree;
+        scaled_note = "nodes of " + cluster.name + " on a default rail-optimized fat-tree";
+      }
+      c = resize_cluster(base, gpus);
     } catch (const InputError& e) {
       row.note = e.what();
       rows.push_back(row);
@@ -267,7 +275,8 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
       row.result = simulate(x, c, so);
       row.ok = true;
       row.candidates = row.simulated = 1;
-      if (!row.result.fits) row.note = "does not fit device memory";
+      row.note = scaled_note;
+      if (!row.result.fits) row.note += std::string(row.note.empty() ? "" : "; ") + "does not fit device memory";
       rows.push_back(row);
       continue;
     }
@@ -304,6 +313,7 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
       }
     }
     row.candidates = static_cast<int>(cands.size());
+    row.note = scaled_note;
     if (cands.empty()) {
       row.note = "no layout fits device memory";
       rows.push_back(row);
@@ -341,6 +351,198 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
       if (r.ok) r.efficiency = (r.result.tokens_per_s / r.gpus) / per_gpu;
   }
   return rows;
+}
+
+}  // namespace orrery::sim
+
+// ---------------------------------------------------------------------------------------------
+// Output
+
+namespace orrery::sim {
+
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string gb(double bytes) { return fmt("%.1f GB", bytes / 1e9); }
+
+std::string seconds(double ns) {
+  if (ns >= 1e9) return fmt("%.3f s", ns / 1e9);
+  if (ns >= 1e6) return fmt("%.2f ms", ns / 1e6);
+  return fmt("%.1f us", ns / 1e3);
+}
+
+}  // namespace
+
+nlohmann::json to_json(const SimResult& r) {
+  nlohmann::json j;
+  j["layout"] = {{"dp", r.dp},
+                 {"tp", r.tp},
+                 {"pp", r.pp},
+                 {"zero", r.zero},
+                 {"micro_batch", r.micro_batch},
+                 {"micro_batches_per_step", r.micro_batches},
+                 {"schedule", r.schedule}};
+  j["precision"] = r.precision;
+  j["hardware_profile"] = r.profile_name;
+  j["step_time_ns"] = r.step_time_ns;
+  j["step_time_s"] = double(r.step_time_ns) * 1e-9;
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["tflops_per_gpu"] = r.tflops_per_gpu;
+  j["mfu"] = r.mfu;
+  j["peak_flops_per_gpu"] = r.peak_flops;
+  const auto& b = r.breakdown;
+  j["breakdown_ns"] = {{"window", b.window_ns},         {"compute", b.compute_ns},
+                       {"exposed_tp_comm", b.exposed_tp_ns}, {"exposed_dp_comm", b.exposed_dp_ns},
+                       {"exposed_pp_comm", b.exposed_pp_ns}, {"bubble", b.bubble_ns},
+                       {"idle", b.idle_ns}};
+  j["memory"] = nlohmann::json::array();
+  for (const auto& m : r.memory)
+    j["memory"].push_back({{"stage", m.stage},
+                           {"parameters", m.param_count},
+                           {"parameters_bytes", m.parameters_bytes},
+                           {"gradients_bytes", m.gradients_bytes},
+                           {"optimizer_bytes", m.optimizer_bytes},
+                           {"activations_bytes", m.activations_bytes},
+                           {"micro_batches_in_flight", m.micro_batches_in_flight},
+                           {"total_bytes", m.total_bytes},
+                           {"fits", m.fits}});
+  j["peak_memory_bytes"] = r.peak_memory_bytes;
+  j["capacity_bytes"] = r.capacity_bytes;
+  j["fits"] = r.fits;
+  j["simulated_ranks"] = r.simulated_ranks;
+  j["ops"] = r.ops;
+  j["events"] = r.events;
+  j["wall_s"] = r.wall_s;
+  return j;
+}
+
+std::string format_report(const SimResult& r, const Scenario& s, const Cluster& c, NetworkModel model) {
+  std::ostringstream o;
+  const double step = double(r.step_time_ns);
+  o << "orrery sim: " << s.name << " on " << c.name << " (" << c.num_gpus() << " x " << c.device.name << ", "
+    << c.topology->describe() << ")\n";
+  o << "  network model " << to_string(model) << ", hardware profile " << r.profile_name << ", " << r.precision
+    << " precision\n";
+  o << "layout        dp=" << r.dp << " tp=" << r.tp << " pp=" << r.pp << " zero=" << r.zero << ", " << r.schedule
+    << ", micro-batch " << r.micro_batch << " x " << r.micro_batches << " per replica per step\n";
+  o << "step time     " << seconds(step) << "\n";
+  o << "tokens/s      " << fmt("%.0f", r.tokens_per_s) << "\n";
+  o << "per GPU       " << fmt("%.1f", r.tflops_per_gpu) << " TFLOP/s, MFU " << fmt("%.1f %%", 100 * r.mfu)
+    << " (peak " << fmt("%.0f", r.peak_flops / 1e12) << " TFLOP/s)\n";
+  const auto& b = r.breakdown;
+  o << "breakdown (one step, mean over ranks)\n";
+  auto line = [&](const char* name, double ns) {
+    o << "  " << name << std::string(18 - std::string(name).size(), ' ') << seconds(ns)
+      << std::string(std::max<int>(1, 12 - int(seconds(ns).size())), ' ')
+      << fmt("%5.1f %%", b.window_ns > 0 ? 100 * ns / b.window_ns : 0.0) << "\n";
+  };
+  line("compute", b.compute_ns);
+  line("exposed tp comm", b.exposed_tp_ns);
+  line("exposed pp comm", b.exposed_pp_ns);
+  line("exposed dp comm", b.exposed_dp_ns);
+  line("pipeline bubble", b.bubble_ns);
+  line("idle", b.idle_ns);
+  o << "memory per GPU (parameters + gradients + optimizer + activations = total, capacity "
+    << gb(double(r.capacity_bytes)) << ")\n";
+  auto mem_line = [&](const MemoryEstimate& m) {
+    o << "  stage " << m.stage << ": " << gb(m.parameters_bytes) << " + " << gb(m.gradients_bytes) << " + "
+      << gb(m.optimizer_bytes) << " + " << gb(m.activations_bytes) << " (" << m.micro_batches_in_flight
+      << " micro-batches in flight) = " << gb(m.total_bytes) << (m.fits ? "  fits" : "  DOES NOT FIT") << "\n";
+  };
+  if (r.memory.size() <= 4) {
+    for (const auto& m : r.memory) mem_line(m);
+  } else {
+    size_t peak = 0;
+    for (size_t i = 0; i < r.memory.size(); ++i)
+      if (r.memory[i].total_bytes > r.memory[peak].total_bytes) peak = i;
+    mem_line(r.memory.front());
+    if (peak != 0 && peak + 1 != r.memory.size()) mem_line(r.memory[peak]);
+    mem_line(r.memory.back());
+    o << "  (" << r.memory.size() - (peak != 0 && peak + 1 != r.memory.size() ? 3 : 2)
+      << " other stages in --json)\n";
+  }
+  o << "simulated " << r.simulated_ranks << " of " << r.dp * r.tp * r.pp << " ranks";
+  if (r.simulated_ranks < size_t(r.dp * r.tp * r.pp))
+    o << " (one per pipeline stage: the other dp x tp ranks of a stage run the same timeline)";
+  o << ", " << r.ops << " ops, " << r.events << " events in " << fmt("%.2f s", r.wall_s) << "\n";
+  return o.str();
+}
+
+nlohmann::json to_json(const std::vector<SweepRow>& rows) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& r : rows) {
+    nlohmann::json x;
+    x["gpus"] = r.gpus;
+    x["ok"] = r.ok;
+    x["note"] = r.note;
+    x["candidates"] = r.candidates;
+    x["simulated"] = r.simulated;
+    if (r.ok) {
+      x["result"] = to_json(r.result);
+      x["efficiency"] = r.efficiency;
+    }
+    j.push_back(x);
+  }
+  return j;
+}
+
+std::string format_sweep_table(const std::vector<SweepRow>& rows) {
+  std::ostringstream o;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%7s  %-22s %4s %3s  %11s  %12s  %11s  %6s  %6s  %10s  %s\n", "gpus", "layout", "zero",
+                "mb", "step time", "tokens/s", "TFLOP/s/GPU", "MFU", "eff.", "mem/GPU", "fits");
+  o << buf;
+  for (const auto& r : rows) {
+    if (!r.ok) {
+      std::snprintf(buf, sizeof buf, "%7d  %s\n", r.gpus, r.note.c_str());
+      o << buf;
+      continue;
+    }
+    const auto& x = r.result;
+    const std::string layout = "dp=" + std::to_string(x.dp) + " tp=" + std::to_string(x.tp) + " pp=" + std::to_string(x.pp);
+    std::snprintf(buf, sizeof buf, "%7d  %-22s %4d %3d  %11s  %12.0f  %11.1f  %5.1f%%  %5.1f%%  %10s  %s\n", r.gpus,
+                  layout.c_str(), x.zero, x.micro_batch, seconds(double(x.step_time_ns)).c_str(), x.tokens_per_s,
+                  x.tflops_per_gpu, 100 * x.mfu, 100 * r.efficiency, gb(x.peak_memory_bytes).c_str(),
+                  x.fits ? "yes" : "NO");
+    o << buf;
+  }
+  return o.str();
+}
+
+std::string format_sweep_csv(const std::vector<SweepRow>& rows) {
+  std::ostringstream o;
+  o << "gpus,dp,tp,pp,zero,micro_batch,step_time_s,tokens_per_s,tflops_per_gpu,mfu,efficiency,peak_memory_bytes,fits,"
+       "note\n";
+  for (const auto& r : rows) {
+    std::string note = r.note;
+    for (char& ch : note)
+      if (ch == '"') ch = '\'';
+    if (!r.ok) {
+      o << r.gpus << ",,,,,,,,,,,,,\"" << note << "\"\n";
+      continue;
+    }
+    const auto& x = r.result;
+    o << r.gpus << "," << x.dp << "," << x.tp << "," << x.pp << "," << x.zero << "," << x.micro_batch << ","
+      << fmt("%.9g", double(x.step_time_ns) * 1e-9) << "," << fmt("%.6g", x.tokens_per_s) << ","
+      << fmt("%.6g", x.tflops_per_gpu) << "," << fmt("%.6g", x.mfu) << "," << fmt("%.6g", r.efficiency) << ","
+      << fmt("%.0f", x.peak_memory_bytes) << "," << (x.fits ? "true" : "false") << ",\"" << note << "\"\n";
+  }
+  return o.str();
+}
+
+std::string hardware_dir_for(const std::string& cluster_path) {
+  namespace fs = std::filesystem;
+  if (!cluster_path.empty()) {
+    const fs::path d = fs::path(cluster_path).parent_path().parent_path() / "hardware";
+    if (fs::is_directory(d)) return d.string();
+  }
+  if (fs::is_directory("scenarios/hardware")) return "scenarios/hardware";
+  return "";
 }
 
 }  // namespace orrery::sim

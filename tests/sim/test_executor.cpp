@@ -122,7 +122,12 @@ TEST(Executor, ProfileCollectiveOverride) {
   const Cluster c = h100_cluster(8);
   const Workload w = build_workload(small_scenario(2, 1, 8, 1, 2), h100_cost(), {1, precision_config("mixed")});
   HardwareProfile hw = default_hardware_profile("H100-SXM", true);
-  hw.collectives.push_back({traces::CollOp::AllReduce, CollectiveScope::IntraNode, 10'000, 100e9});
+  CollectiveOverride o;
+  o.op = traces::CollOp::AllReduce;
+  o.scope = CollectiveScope::IntraNode;
+  o.latency_ns = 10'000;
+  o.bus_bandwidth_bytes_per_s = 100e9;
+  hw.collectives.push_back(o);
   ExecutorOptions opt;
   opt.profile = &hw;
   const ExecResult r = execute(w, c, opt);

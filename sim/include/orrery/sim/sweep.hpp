@@ -29,6 +29,8 @@
 #include "orrery/sim/network.hpp"
 #include "orrery/traces/trace.hpp"
 
+#include <nlohmann/json.hpp>
+
 namespace orrery::sim {
 
 struct SimOptions {
@@ -108,5 +110,17 @@ struct SweepOptions {
 // with dp filling the size; with search: the best (tokens/s) dp/tp/pp/zero/micro-batch that fits
 // device memory (tp within a node and dividing the heads, pp dividing the layers).
 std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const SweepOptions& opt);
+
+// Output of `orrery sim` and `orrery sweep`: one JSON object per result (keys in snake_case with
+// units), the human-readable report, and the sweep table (text and CSV).
+nlohmann::json to_json(const SimResult& r);
+std::string format_report(const SimResult& r, const Scenario& s, const Cluster& c, NetworkModel model);
+nlohmann::json to_json(const std::vector<SweepRow>& rows);
+std::string format_sweep_table(const std::vector<SweepRow>& rows);
+std::string format_sweep_csv(const std::vector<SweepRow>& rows);
+
+// Where the default hardware profiles of a cluster file live: <cluster dir>/../hardware when it
+// exists, else scenarios/hardware under the working directory, else "" (built-in defaults).
+std::string hardware_dir_for(const std::string& cluster_path);
 
 }  // namespace orrery::sim

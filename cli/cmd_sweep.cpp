@@ -1,0 +1,134 @@
+// `orrery sweep SCENARIO --cluster C --gpus 8,64,512 [--search] [--csv FILE] [--json]`: the scaling
+// table of a scenario over cluster sizes (same node type and topology, more nodes), optionally with
+// the best dp/tp/pp/zero/micro-batch layout per size. Progress goes to stderr.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "orrery/common/error.hpp"
+#include "orrery/common/scenario.hpp"
+#include "orrery/sim/cluster.hpp"
+#include "orrery/sim/sweep.hpp"
+
+namespace orrery::cli {
+namespace {
+
+struct SweepArgs {
+  std::string scenario;
+  std::string cluster;
+  std::string gpus;
+  std::string hw;
+  std::string csv;
+  std::vector<std::string> sets;
+  std::string model = "analytical";
+  std::string precision;
+  int top = 6;
+  bool search = false;
+  bool json = false;
+  bool quiet = false;
+};
+
+std::string resolve_cluster(const std::string& c) {
+  namespace fs = std::filesystem;
+  if (fs::exists(c)) return c;
+  for (const std::string& cand : {"scenarios/clusters/" + c + ".yaml", "scenarios/clusters/" + c})
+    if (fs::exists(cand)) return cand;
+  throw InputError("--cluster '" + c + "': no such file (give a path or a name in scenarios/clusters/)");
+}
+
+std::vector<int> parse_gpus(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t pos = 0;
+    int v = 0;
+    try {
+      v = std::stoi(item, &pos);
+    } catch (const std::exception&) {
+      pos = 0;
+    }
+    if (pos != item.size() || v < 1)
+      throw InputError("--gpus '" + text + "': expected a comma-separated list of positive GPU counts");
+    out.push_back(v);
+  }
+  if (out.empty()) throw InputError("--gpus: expected at least one GPU count");
+  return out;
+}
+
+Command setup(CLI::App& root) {
+  auto a = std::make_shared<SweepArgs>();
+  CLI::App* app = root.add_subcommand("sweep", "Predict a scenario's scaling over cluster sizes");
+  app->add_option("scenario", a->scenario, "Scenario file (scenarios/*.yaml)")->required();
+  app->add_option("--cluster", a->cluster, "Cluster file or name in scenarios/clusters/ (the node type)")
+      ->required();
+  app->add_option("--gpus", a->gpus, "GPU counts, e.g. 8,64,512,4096,16384")->required();
+  app->add_flag("--search", a->search, "Search the best dp/tp/pp/zero/micro-batch per size within device memory");
+  app->add_option("--top", a->top, "--search: layouts simulated per size (best by a closed-form estimate)")
+      ->capture_default_str();
+  app->add_option("--csv", a->csv, "Also write the table as CSV to this file");
+  app->add_option("--hw", a->hw, "Hardware profile (default: scenarios/hardware/<device>.yaml)");
+  app->add_option("--set", a->sets, "Override a scenario key, a.b.c=value (repeatable)");
+  app->add_option("--model", a->model, "Network model: analytical (fast) or flow")->capture_default_str();
+  app->add_option("--precision", a->precision, "fp32 or mixed (default: from the hardware profile)");
+  app->add_flag("--quiet", a->quiet, "No progress on stderr");
+  app->add_flag("--json", a->json, "Print one JSON object");
+
+  auto run = [a]() {
+    const Scenario s = load_scenario(a->scenario, a->sets);
+    const std::string cluster_path = resolve_cluster(a->cluster);
+    const sim::Cluster cluster = sim::load_cluster(cluster_path);
+    const auto model = sim::network_model_from_string(a->model);
+    if (!model) throw InputError("--model '" + a->model + "': expected flow or analytical");
+    if (a->top < 1) throw InputError("--top must be >= 1");
+    sim::SweepOptions opt;
+    opt.gpus = parse_gpus(a->gpus);
+    opt.search = a->search;
+    opt.search_top = a->top;
+    opt.sim.network = *model;
+    opt.sim.precision = a->precision;
+    if (!a->hw.empty()) opt.sim.profile = sim::load_hardware_profile(a->hw);
+    else opt.sim.profile = sim::profile_for(cluster, sim::hardware_dir_for(cluster_path));
+    if (!a->quiet) opt.progress = [](const std::string& line) { std::cerr << "orrery sweep: " << line << std::endl; };
+    const auto rows = sim::sweep(s, cluster, opt);
+    if (!a->csv.empty()) {
+      const std::string tmp = a->csv + ".tmp";
+      {
+        std::ofstream f(tmp);
+        if (!f) throw InputError("--csv '" + a->csv + "': cannot write");
+        f << sim::format_sweep_csv(rows);
+        if (!f) throw InputError("--csv '" + a->csv + "': write failed");
+      }
+      std::filesystem::rename(tmp, a->csv);  // never leave a half-written table behind
+    }
+    if (a->json) {
+      nlohmann::json j;
+      j["scenario"] = s.name;
+      j["cluster"] = cluster.name;
+      j["network_model"] = std::string(sim::to_string(*model));
+      j["search"] = a->search;
+      j["rows"] = sim::to_json(rows);
+      std::cout << j.dump(2) << "\n";
+    } else {
+      std::cout << "orrery sweep: " << s.name << " on " << cluster.device.name << " nodes like " << cluster.name
+                << " (" << cluster.topology->describe() << "), global batch " << s.training.global_batch
+                << ", network model " << sim::to_string(*model) << (a->search ? ", best layout per size" : "")
+                << "\n";
+      std::cout << sim::format_sweep_table(rows);
+      if (!a->csv.empty()) std::cout << "CSV written to " << a->csv << "\n";
+    }
+    return 0;
+  };
+  return Command{app, run};
+}
+
+const Registrar kRegistrar{setup};
+
+}  // namespace
+}  // namespace orrery::cli

@@ -1,0 +1,132 @@
+// simulate() and sweep(): the breakdown adds up to the step, a pure pipeline's bubble is the closed
+// form, fit_layout fills or rejects a cluster, the scaling table and the layout search, trace output,
+// and bit-identical results for identical input.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "orrery/common/error.hpp"
+#include "orrery/sim/sweep.hpp"
+#include "orrery/traces/store.hpp"
+#include "test_workload_util.hpp"
+
+namespace orrery::sim {
+namespace {
+
+using testing::h100_cluster;
+using testing::small_scenario;
+
+TEST(Simulate, BreakdownAddsUpToTheStep) {
+  Scenario s = small_scenario(8, 2, 2, 2, 8);
+  const Cluster c = h100_cluster(8);
+  SimOptions opt;
+  const SimResult r = simulate(s, c, opt);
+  const auto& b = r.breakdown;
+  EXPECT_EQ(r.simulated_ranks, 2u);
+  EXPECT_GT(r.step_time_ns, 0);
+  EXPECT_NEAR(b.window_ns, double(r.step_time_ns), 1e-6);
+  EXPECT_NEAR(b.compute_ns + b.exposed_tp_ns + b.exposed_pp_ns + b.exposed_dp_ns + b.bubble_ns + b.idle_ns,
+              b.window_ns, 1e-6 * b.window_ns);
+  EXPECT_GT(b.exposed_tp_ns, 0);
+  EXPECT_GT(b.bubble_ns, 0);
+  EXPECT_EQ(b.idle_ns, 0);  // pp > 1: waiting is bubble
+  // Throughput identities.
+  EXPECT_NEAR(r.tokens_per_s, double(s.training.global_batch) * s.model.seq / (r.step_time_ns * 1e-9),
+              1e-9 * r.tokens_per_s);
+  EXPECT_NEAR(r.mfu, r.tflops_per_gpu * 1e12 / r.peak_flops, 1e-12);
+  EXPECT_EQ(r.peak_flops, 989e12);  // H100 bf16 from the default profile's precision
+  EXPECT_EQ(r.precision, "mixed");
+}
+
+TEST(Simulate, FitLayoutFillsOrRejects) {
+  Scenario s = small_scenario(8, 1, 2, 2, 8);  // tp·pp = 4
+  EXPECT_EQ(fit_layout(s, h100_cluster(16)).parallel.dp, 4);
+  EXPECT_EQ(fit_layout(s, h100_cluster(4)).parallel.dp, 1);
+  Scenario t = small_scenario(8, 1, 8, 2, 8);  // tp·pp = 16 does not divide 8
+  EXPECT_THROW(fit_layout(t, h100_cluster(8)), InputError);
+  // 8 sequences per step cannot be split over dp = 16 replicas.
+  Scenario u = small_scenario(8, 1, 1, 1, 4);
+  u.training.global_batch = 8;
+  EXPECT_THROW(fit_layout(u, h100_cluster(16)), InputError);
+  EXPECT_THROW(simulate(s, h100_cluster(16), {}), InputError);  // layout not fitted
+}
+
+TEST(Simulate, TraceRoundTripsThroughTheStore) {
+  const Scenario s = small_scenario(4, 2, 2, 2, 4);
+  const Cluster c = h100_cluster(8);
+  SimOptions opt;
+  opt.keep_trace = true;
+  opt.steps = 2;
+  const SimResult r = simulate(s, c, opt);
+  ASSERT_TRUE(r.trace.has_value());
+  const auto path = std::filesystem::temp_directory_path() / "orrery_test_sim_trace.db";
+  traces::write_trace(*r.trace, path.string());
+  const traces::Trace t = traces::load_trace(path.string());
+  EXPECT_EQ(t.meta.source, traces::TraceSource::Sim);
+  EXPECT_EQ(t.spans.size(), r.trace->spans.size());
+  EXPECT_EQ(t.ranks.size(), 2u);
+  EXPECT_EQ(t.meta.dp, 2);
+  EXPECT_EQ(t.ranks[1].pp, 1);
+  EXPECT_EQ(t.counters.size(), 2u * 4);
+  std::filesystem::remove(path);
+}
+
+TEST(Simulate, BitIdenticalRuns) {
+  Scenario s = small_scenario(8, 2, 2, 2, 8);
+  s.parallel.zero = 2;
+  const Cluster c = h100_cluster(16);
+  const Scenario f = fit_layout(s, c);
+  SimOptions opt;
+  opt.keep_trace = true;
+  const SimResult a = simulate(f, c, opt), b = simulate(f, c, opt);
+  EXPECT_EQ(a.step_time_ns, b.step_time_ns);
+  EXPECT_EQ(a.events, b.events);
+  ASSERT_EQ(a.trace->spans.size(), b.trace->spans.size());
+  for (size_t i = 0; i < a.trace->spans.size(); ++i) {
+    ASSERT_EQ(a.trace->spans[i].start_ns, b.trace->spans[i].start_ns);
+    ASSERT_EQ(a.trace->spans[i].end_ns, b.trace->spans[i].end_ns);
+  }
+  EXPECT_EQ(to_json(a).dump(), [&] {
+    auto j = to_json(b);
+    j["wall_s"] = a.wall_s;
+    return j.dump();
+  }());
+}
+
+TEST(Sweep, ScalingTableAndSearch) {
+  Scenario s = small_scenario(8, 1, 2, 2, 16);  // global batch 32
+  const Cluster c = h100_cluster(8);
+  SweepOptions opt;
+  opt.gpus = {4, 8, 16, 3};
+  opt.sim.network = NetworkModel::Analytical;
+  auto rows = sweep(s, c, opt);
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_TRUE(rows[0].ok);
+  EXPECT_EQ(rows[0].result.dp, 1);
+  EXPECT_EQ(rows[1].result.dp, 2);
+  EXPECT_EQ(rows[2].result.dp, 4) << rows[2].note;
+  EXPECT_FALSE(rows[3].ok);  // tp·pp = 4 does not divide 3
+  EXPECT_NE(rows[3].note.find("does not divide"), std::string::npos) << rows[3].note;
+  EXPECT_DOUBLE_EQ(rows[0].efficiency, 1.0);
+  EXPECT_GT(rows[2].result.tokens_per_s, rows[0].result.tokens_per_s);
+  // Search: the best found is at least as fast as the scenario's own layout at that size.
+  opt.search = true;
+  opt.search_top = 3;
+  opt.gpus = {8};
+  int progress_lines = 0;
+  opt.progress = [&](const std::string&) { ++progress_lines; };
+  const auto best = sweep(s, c, opt);
+  ASSERT_TRUE(best[0].ok);
+  EXPECT_EQ(best[0].simulated, 3);
+  EXPECT_EQ(progress_lines, 3);
+  EXPECT_GE(best[0].result.tokens_per_s, rows[1].result.tokens_per_s * (1 - 1e-12));
+  EXPECT_TRUE(best[0].result.fits);
+  // Output formats carry every row.
+  const std::string csv = format_sweep_csv(rows);
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);
+  EXPECT_EQ(to_json(rows).size(), 4u);
+}
+
+}  // namespace
+}  // namespace orrery::sim
