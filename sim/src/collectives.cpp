@@ -230,7 +230,28 @@ CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
       int steps = 0;
       for (int ch = 0; ch < C; ++ch) {
         const auto o = ring_order(groups, ch);
-        if (op == CollOp::AllReduce) {
+        const int g = static_cast<int>(groups.front().size());
+        bool uniform = groups.size() > 1 && g > 1;
+        for (const auto& grp : groups) uniform = uniform && static_cast<int>(grp.size()) == g;
+        if (op == CollOp::AllReduce && uniform) {
+          // NCCL's multi-node tree: a double binary tree between nodes, joined at each node's head
+          // GPU (the channel's first, so each channel uses its own NIC), and a chain through the
+          // node's GPUs below the head. Every link carries half the data per tree, up and down.
+          const int nodes = static_cast<int>(groups.size());
+          for (int t = 0; t < 2; ++t)
+            for (int k = 0; k < nodes; ++k) {
+              const int p = dtree_parent(nodes, k, t);
+              if (p < 0) continue;
+              b.add(o[k * g], o[p * g], Sc / 2);
+              b.add(o[p * g], o[k * g], Sc / 2);
+            }
+          for (int k = 0; k < nodes; ++k)
+            for (int i = 0; i + 1 < g; ++i) {
+              b.add(o[k * g + i + 1], o[k * g + i], Sc);  // both trees' halves, reduce
+              b.add(o[k * g + i], o[k * g + i + 1], Sc);  // and broadcast
+            }
+          steps = 2 * (std::max(tree_depth(nodes, 0), tree_depth(nodes, 1)) + g - 1);
+        } else if (op == CollOp::AllReduce) {
           // Each tree reduces then broadcasts half the data, pipelined: both directions at once.
           for (int t = 0; t < 2; ++t)
             for (int r = 0; r < n; ++r) {

@@ -309,7 +309,16 @@ TEST(Collectives, AutoPicksRingOnOneNodeAndTreeForSmallMultiNodeMessages) {
   build_topology(c);
   // 256 ranks: a ring pays 510 latency steps, a tree about 2*log2(256).
   EXPECT_EQ(choose_algorithm(c, request(CollOp::AllReduce, 256, Algorithm::Auto, 1 << 16)), Algorithm::Tree);
-  EXPECT_EQ(choose_algorithm(c, request(CollOp::AllReduce, 256, Algorithm::Auto, 1LL << 32)), Algorithm::Ring);
+  // Large: whichever is cheaper (here the multi-node tree has the ring's bandwidth and less latency).
+  for (int64_t bytes : {1LL << 26, 1LL << 32}) {
+    CollectiveRequest r = request(CollOp::AllReduce, 256, Algorithm::Auto, bytes);
+    const Algorithm a = choose_algorithm(c, r);
+    r.algo = Algorithm::Ring;
+    const int64_t ring = collective_time_ns(c, r, NetworkModel::Analytical);
+    r.algo = Algorithm::Tree;
+    const int64_t tree = collective_time_ns(c, r, NetworkModel::Analytical);
+    EXPECT_EQ(a, tree < ring ? Algorithm::Tree : Algorithm::Ring);
+  }
 }
 
 TEST(Collectives, BadRequests) {
@@ -344,4 +353,24 @@ TEST(Collectives, RingLatencyIsTheSumOfItsEdgeLatencies) {
   const double mean = (14 * a_intra + 2 * a_inter) / 16;
   check(c, request(CollOp::AllReduce, n, Algorithm::Ring),
         2.0 * (n - 1) * mean + 2.0 * (n - 1) / n * kS / (8 * 50));
+}
+
+TEST(Collectives, MultiNodeTreeUsesEveryNicLikeARing) {
+  // NCCL's tree across 4 DGX nodes, 8 channels: each channel's head GPU (its own NIC) is interior in
+  // at most one inter-node tree, so its NIC carries 4 flows of S/(2C): 2S/(C * B_nic); the node
+  // chains over NVLink (450 GB/s) are faster. Latency: 2 * (tree depth 2 + chain 7) steps.
+  Cluster c;
+  c.name = "dgx4";
+  c.device = *device_preset("H100-SXM");
+  c.nodes = 4;
+  c.gpus_per_node = 8;
+  c.topo.kind = TopologyKind::FatTree;
+  c.topo.nvlink_gb_per_s = 450;
+  c.topo.nvlink_latency_ns = 0;
+  c.topo.nic_gb_per_s = 50;
+  c.topo.nic_latency_ns = 0;
+  c.topo.switch_latency_ns = 0;
+  c.coll.step_latency_ns = 1000;
+  build_topology(c);
+  check(c, request(CollOp::AllReduce, 32, Algorithm::Tree), 2 * (2 + 7) * 1000.0 + 2.0 * kS / (8 * 50));
 }
