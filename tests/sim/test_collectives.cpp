@@ -374,3 +374,32 @@ TEST(Collectives, MultiNodeTreeUsesEveryNicLikeARing) {
   build_topology(c);
   check(c, request(CollOp::AllReduce, 32, Algorithm::Tree), 2 * (2 + 7) * 1000.0 + 2.0 * kS / (8 * 50));
 }
+
+TEST(FlowModel, ReSolvesOnlyTheFlowsThatShareLinks) {
+  const Cluster c = crossbar(4);
+  auto send = [](int a, int b, int64_t bytes) {
+    CollectiveRequest r = request(CollOp::Send, 2, Algorithm::Auto, bytes);
+    r.members = {a, b};
+    return r;
+  };
+  {
+    // Disjoint links: each start re-rates one flow; the ends re-rate nobody.
+    Engine e;
+    auto net = make_network(NetworkModel::Flow, c, e);
+    net->start(send(0, 1, kS), [] {});
+    net->start(send(2, 3, kS / 2), [] {});
+    e.run();
+    EXPECT_EQ(net->stats().solves, 2u);
+    EXPECT_EQ(net->stats().solved_flows, 2u);
+  }
+  {
+    // Shared uplink: the second start re-rates both, the first end re-rates the survivor.
+    Engine e;
+    auto net = make_network(NetworkModel::Flow, c, e);
+    net->start(send(0, 1, kS / 2), [] {});
+    net->start(send(0, 2, kS), [] {});
+    e.run();
+    EXPECT_EQ(net->stats().solves, 3u);
+    EXPECT_EQ(net->stats().solved_flows, 1u + 2u + 1u);
+  }
+}
