@@ -41,7 +41,6 @@ struct RunArgs {
   std::vector<std::string> sets;
   bool json = false;
   bool no_profile = false;
-  bool child = false;  // started by `orrery run` through mpirun: the parent prints the report
 };
 
 #if defined(ORRERY_RUNTIME_AVAILABLE)
@@ -93,7 +92,7 @@ int relaunch(const RunArgs& a, const Scenario& s) {
   }
   const std::string out = a.out.empty() ? runtime::default_trace_path(s.name) : a.out;
   std::vector<std::string> program{runtime::self_executable(), "run", a.scenario, "--nproc",
-                                   std::to_string(nproc), "--out", out, "--launched-by-orrery"};
+                                   std::to_string(nproc), "--out", out};
   if (!a.device.empty()) program.insert(program.end(), {"--device", a.device});
   for (const auto& kv : a.sets) program.insert(program.end(), {"--set", kv});
   if (a.json) program.push_back("--json");
@@ -254,8 +253,6 @@ Command setup(CLI::App& root) {
       ->allow_extra_args(false);
   app->add_flag("--json", args->json, "Print one JSON object at the end");
   app->add_flag("--no-profile", args->no_profile, "Do not record a trace");
-  app->add_flag("--launched-by-orrery", args->child, "(internal) started by orrery run via mpirun")
-      ->group("");
   auto run = [args]() -> int {
 #if defined(ORRERY_RUNTIME_AVAILABLE)
     return run_command(*args);
