@@ -4,6 +4,8 @@
 // kind (from the model's OpObserver) and the achieved model GFLOP/s, to see where a step goes.
 //
 //   bench_model [--config tiny|small|all] [--threads 1,2] [--steps 20] [--warmup 3] [--json]
+//   bench_model --dump FILE   writes a small model's parameters, batch, loss and gradients for
+//                             bench/compare_torch_gpt.py (the golden check against PyTorch)
 #ifndef ORRERY_RUNTIME_AVAILABLE
 #include <cstdio>
 int main() {
@@ -15,6 +17,7 @@ int main() {
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -116,6 +119,58 @@ nlohmann::json run(const Preset& p, int threads, int steps, int warmup) {
   return j;
 }
 
+// Binary dump, little-endian: magic "ORGD", int32 L, C, H, V, T, B, then int32 inputs (B*T),
+// int32 targets (B*T), float32 loss, int32 tensor count, and per tensor: int32 name length, name,
+// int32 rows, cols, float32 params (rows*cols), float32 grads (rows*cols).
+int dump(const std::string& path) {
+  const rt::GptConfig cfg{3, 48, 4, 97, 16};
+  const int B = 3, T = cfg.max_seq;
+  rt::MarkovSource src(cfg.vocab, 2, 256);
+  rt::DataLoader loader(src, T, B, 0, 1, 3);
+  auto model = rt::gpt_create(cfg, rt::GptShard{}, 42);
+  // A few optimizer steps first, so biases and LayerNorms are no longer at their initial values.
+  auto acts = rt::gpt_activations(model, B, T);
+  auto scratch = rt::gpt_grad_scratch(model, B, T);
+  rt::AdamWConfig oc;
+  oc.lr = 1e-2f;
+  rt::AdamW opt(0, model.num_params(), model.decay_ranges(), oc);
+  rt::Batch batch;
+  for (int s = 0; s < 3; ++s) {
+    loader.next_batch(batch);
+    rt::gpt_zero_grad(model);
+    rt::gpt_forward(model, acts, batch.inputs.data(), batch.targets.data());
+    rt::gpt_backward(model, acts, scratch);
+    opt.step(model.params.data(), model.grads.data());
+  }
+  loader.next_batch(batch);
+  rt::gpt_zero_grad(model);
+  const float loss = rt::gpt_forward(model, acts, batch.inputs.data(), batch.targets.data());
+  rt::gpt_backward(model, acts, scratch);
+
+  std::ofstream out(path, std::ios::binary);
+  auto i32 = [&](int32_t v) { out.write(reinterpret_cast<const char*>(&v), 4); };
+  out.write("ORGD", 4);
+  for (int v : {cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab, T, B}) i32(v);
+  out.write(reinterpret_cast<const char*>(batch.inputs.data()), static_cast<std::streamsize>(4 * batch.inputs.size()));
+  out.write(reinterpret_cast<const char*>(batch.targets.data()), static_cast<std::streamsize>(4 * batch.targets.size()));
+  out.write(reinterpret_cast<const char*>(&loss), 4);
+  i32(static_cast<int32_t>(model.tensors.size()));
+  for (const auto& t : model.tensors) {
+    i32(static_cast<int32_t>(t.name.size()));
+    out.write(t.name.data(), static_cast<std::streamsize>(t.name.size()));
+    i32(t.rows);
+    i32(t.cols);
+    out.write(reinterpret_cast<const char*>(model.params.data() + t.offset), static_cast<std::streamsize>(4 * t.count));
+    out.write(reinterpret_cast<const char*>(model.grads.data() + t.offset), static_cast<std::streamsize>(4 * t.count));
+  }
+  if (!out) {
+    std::fprintf(stderr, "bench_model: cannot write %s\n", path.c_str());
+    return 1;
+  }
+  std::printf("wrote %s: %zu tensors, loss %.6f\n", path.c_str(), model.tensors.size(), loss);
+  return 0;
+}
+
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> out;
   std::size_t pos = 0;
@@ -135,12 +190,15 @@ int main(int argc, char** argv) {
   std::string config = "all", threads_list = "1,2";
   int steps = 20, warmup = 3;
   bool json = false;
+  std::string dump_path;
   app.add_option("--config", config, "tiny | small | all")->check(CLI::IsMember({"tiny", "small", "all"}));
   app.add_option("--threads", threads_list, "comma-separated thread counts");
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   app.add_flag("--json", json, "one JSON object");
+  app.add_option("--dump", dump_path, "write a golden-check dump for bench/compare_torch_gpt.py and exit");
   CLI11_PARSE(app, argc, argv);
+  if (!dump_path.empty()) return dump(dump_path);
 
   std::vector<Preset> presets;
   if (config == "tiny" || config == "all") presets.push_back({"gpt-tiny", {4, 256, 4, 8192, 128}, 8});
