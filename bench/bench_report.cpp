@@ -59,9 +59,10 @@ int main(int argc, char** argv) {
     if (i == 0) first = s;
     best = std::min(best, s);
   }
-  std::printf("compute_metrics in memory: first %.3f s, best of 3 %.3f s wall (%.1f M spans/s), "
-              "%.3f s CPU; step mean %.3f ms\n",
-              first, best, double(t.spans.size()) / best / 1e6, best_cpu, m.step_mean_ns / 1e6);
+  std::printf(
+      "compute_metrics in memory: first %.3f s, best of 3 %.3f s wall (%.1f M spans/s), "
+      "%.3f s CPU; step mean %.3f ms\n",
+      first, best, double(t.spans.size()) / best / 1e6, best_cpu, m.step_mean_ns / 1e6);
   profiler::MetricsOptions single;
   single.threads = 1;
   t0 = std::chrono::steady_clock::now();
@@ -92,9 +93,10 @@ int main(int argc, char** argv) {
   c0 = cpu_seconds();
   m = profiler::compute_metrics(loaded);
   const double metrics_s = seconds_since(t0), metrics_cpu = cpu_seconds() - c0;
-  std::printf("load_trace: %.3f s wall, %.3f s CPU; compute_metrics: %.3f s wall, %.3f s CPU; "
-              "load + metrics: %.3f s wall (%zu spans)\n",
-              load_s, load_cpu, metrics_s, metrics_cpu, load_s + metrics_s, loaded.spans.size());
+  std::printf(
+      "load_trace: %.3f s wall, %.3f s CPU; compute_metrics: %.3f s wall, %.3f s CPU; "
+      "load + metrics: %.3f s wall (%zu spans)\n",
+      load_s, load_cpu, metrics_s, metrics_cpu, load_s + metrics_s, loaded.spans.size());
   std::filesystem::remove(path);
   std::filesystem::remove(path + "-wal");
   std::filesystem::remove(path + "-shm");

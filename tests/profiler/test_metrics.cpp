@@ -178,7 +178,7 @@ TEST(Metrics, StepPhaseSpansDefineStepsWhenPresent) {
   Builder b(1);
   b.add(0, 2, SpanKind::Phase, "step", 0, 100, 0);
   b.add(0, 2, SpanKind::Phase, "step", 100, 300, 1);
-  b.compute(0, 10, 400, 0);  // tagged step 0 but the phase spans win
+  b.compute(0, 10, 400, 0);                        // tagged step 0 but the phase spans win
   b.add(0, 2, SpanKind::Phase, "step", 300, 350);  // untagged: ordinal 2 on its rank
   const Metrics m = compute_metrics(b.t);
   ASSERT_EQ(m.steps.size(), 3u);
@@ -202,9 +202,9 @@ TEST(Metrics, ThroughputTokensFlopsAndMfu) {
   opt.peak_flops_per_rank = 1e12;
   Metrics m = compute_metrics(b.t, opt);
   EXPECT_DOUBLE_EQ(m.step_mean_ns, 1e6);
-  EXPECT_DOUBLE_EQ(m.tokens_per_s, 1e6);          // 1000 tokens per ms
-  EXPECT_DOUBLE_EQ(m.achieved_flops, 1e12);       // 2 ranks * 5e8 per ms
-  EXPECT_DOUBLE_EQ(m.mfu, 0.5);                   // 1e12 / (1e12 * 2)
+  EXPECT_DOUBLE_EQ(m.tokens_per_s, 1e6);     // 1000 tokens per ms
+  EXPECT_DOUBLE_EQ(m.achieved_flops, 1e12);  // 2 ranks * 5e8 per ms
+  EXPECT_DOUBLE_EQ(m.mfu, 0.5);              // 1e12 / (1e12 * 2)
   // With model FLOPs in the metadata MFU counts those (e.g. without recomputation).
   b.t.meta.model_flops_per_step = 4e8;
   m = compute_metrics(b.t, opt);
@@ -297,8 +297,8 @@ TEST(Metrics, WindowClipsSpans) {
   Builder b(1);
   b.compute(0, 0, 100).flops = 1000;
   b.coll(0, 50, 150, CollOp::AllReduce, 0, 0, 4000);
-  b.compute(0, 500, 600);  // outside the window
-  b.compute(0, 10, 20, 0);  // step 0 = [10,20), inside
+  b.compute(0, 500, 600);     // outside the window
+  b.compute(0, 10, 20, 0);    // step 0 = [10,20), inside
   b.compute(0, 100, 140, 1);  // step 1 = [100,140), crosses the window's end
   MetricsOptions opt;
   opt.window_start_ns = 25;
@@ -426,8 +426,9 @@ TEST(Metrics, ThreadCountDoesNotChangeResults) {
 TEST(Metrics, SparseSequenceNumbersAreGroupedToo) {
   Builder b(3);
   for (int64_t seq : {int64_t(5), int64_t(1) << 40, int64_t(7)}) {
-    for (int r = 0; r < 3; ++r) b.coll(r, seq % 1000 + (r == 1 ? 500'000 : 0), seq % 1000 + 600'000,
-                                       CollOp::AllReduce, 0, seq, 8);
+    for (int r = 0; r < 3; ++r)
+      b.coll(r, seq % 1000 + (r == 1 ? 500'000 : 0), seq % 1000 + 600'000, CollOp::AllReduce, 0,
+             seq, 8);
   }
   const Metrics m = compute_metrics(b.t);
   EXPECT_EQ(m.collectives[0].ops, 3);

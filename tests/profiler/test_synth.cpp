@@ -74,9 +74,9 @@ void expect_closed_forms(const SynthOptions& o, const Metrics& m) {
     EXPECT_DOUBLE_EQ(r.peak_memory_bytes.at("mem.activations"),
                      double(L) * double(o.activation_bytes_per_layer));
     EXPECT_DOUBLE_EQ(r.peak_memory_bytes.at("mem.gradients"), P);
-    EXPECT_DOUBLE_EQ(r.peak_memory_total_bytes,
-                     3 * P + double(L) * double(std::max(o.activation_bytes_per_layer,
-                                                         o.grad_bytes_per_layer)));
+    EXPECT_DOUBLE_EQ(
+        r.peak_memory_total_bytes,
+        3 * P + double(L) * double(std::max(o.activation_bytes_per_layer, o.grad_bytes_per_layer)));
   }
   EXPECT_EQ(m.total.compute_ns, R * S * e.compute);
   ASSERT_EQ(m.collectives.size(), 1u);
@@ -282,8 +282,8 @@ TEST(Synth, BadOptionsAreInputErrors) {
 }
 
 TEST(Synth, MetricsAreTheSameAfterAStoreRoundTrip) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("orrery_profiler_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("orrery_profiler_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "synth.db").string();
   SynthOptions o;

@@ -37,10 +37,10 @@ void validate(const SynthOptions& o) {
   need(o.straggler_rank < o.ranks, "straggler_rank must be < ranks (or -1)");
   need(o.pp >= 1, "pp must be >= 1");
   if (o.pp > 1) {
-    need(o.ranks % o.pp == 0, "pp (" + std::to_string(o.pp) + ") must divide ranks (" +
-                                  std::to_string(o.ranks) + ")");
-    need(o.layers % o.pp == 0, "pp (" + std::to_string(o.pp) + ") must divide layers (" +
-                                   std::to_string(o.layers) + ")");
+    need(o.ranks % o.pp == 0,
+         "pp (" + std::to_string(o.pp) + ") must divide ranks (" + std::to_string(o.ranks) + ")");
+    need(o.layers % o.pp == 0,
+         "pp (" + std::to_string(o.pp) + ") must divide layers (" + std::to_string(o.layers) + ")");
     need((o.layers / o.pp) % o.layers_per_bucket == 0,
          "layers_per_bucket (" + std::to_string(o.layers_per_bucket) +
              ") must divide the layers per stage (" + std::to_string(o.layers / o.pp) + ")");
@@ -62,12 +62,12 @@ void init_trace(const SynthOptions& o, Trace& t) {
   t.meta.pp = pp;
   t.meta.tokens_per_step = o.tokens_per_step > 0 ? o.tokens_per_step : int64_t(dp) * 8 * 1024;
   t.meta.peak_flops_per_rank = o.peak_flops_per_rank;
-  t.meta.extra_json = "{\"synth\":{\"ranks\":" + std::to_string(R) + ",\"steps\":" +
-                      std::to_string(o.steps) + ",\"layers\":" + std::to_string(o.layers) +
-                      ",\"layers_per_bucket\":" + std::to_string(o.layers_per_bucket) +
-                      ",\"pp\":" + std::to_string(pp) +
-                      ",\"micro_batches\":" + std::to_string(o.micro_batches) +
-                      ",\"seed\":" + std::to_string(o.seed) + "}}";
+  t.meta.extra_json =
+      "{\"synth\":{\"ranks\":" + std::to_string(R) + ",\"steps\":" + std::to_string(o.steps) +
+      ",\"layers\":" + std::to_string(o.layers) +
+      ",\"layers_per_bucket\":" + std::to_string(o.layers_per_bucket) +
+      ",\"pp\":" + std::to_string(pp) + ",\"micro_batches\":" + std::to_string(o.micro_batches) +
+      ",\"seed\":" + std::to_string(o.seed) + "}}";
   CommunicatorInfo world;
   world.id = 0;
   world.kind = CommKind::World;
@@ -116,8 +116,7 @@ Trace synthesize_pipeline(const SynthOptions& o) {
   const int64_t c = int64_t(k) * o.comm_ns_per_layer;
   const int64_t step_ns =
       o.data_ns + int64_t(m + pp - 1) * (F + B) + int64_t(nb) * c + o.optimizer_ns;
-  t.meta.model_flops_per_step =
-      double(dp) * m * o.layers * (o.forward_flops + o.backward_flops);
+  t.meta.model_flops_per_step = double(dp) * m * o.layers * (o.forward_flops + o.backward_flops);
 
   const NameId n_data = t.strings.intern("data_load");
   std::vector<NameId> n_fwd, n_bwd;
@@ -186,7 +185,8 @@ Trace synthesize_pipeline(const SynthOptions& o) {
         int64_t now = bwd_at(t0, j);
         for (int32_t q = Ls - 1; q >= 0; --q) {
           const int32_t l = i * Ls + q;
-          Span x = make_span(r, 0, SpanKind::Compute, n_bwd[size_t(l)], now, now + o.backward_ns, s);
+          Span x =
+              make_span(r, 0, SpanKind::Compute, n_bwd[size_t(l)], now, now + o.backward_ns, s);
           x.layer = l;
           x.micro_batch = j;
           x.flops = o.backward_flops;
@@ -227,7 +227,8 @@ Trace synthesize_pipeline(const SynthOptions& o) {
       const int64_t t0 = int64_t(s) * step_ns;
       const int64_t opt_at = bwd_at(t0, m) + int64_t(nb) * c;
       t.spans.push_back(make_span(r, 2, SpanKind::Phase, n_step, t0, t0 + step_ns, s));
-      t.spans.push_back(make_span(r, 2, SpanKind::Phase, n_forward, fwd_at(t0, 0), fwd_at(t0, m), s));
+      t.spans.push_back(
+          make_span(r, 2, SpanKind::Phase, n_forward, fwd_at(t0, 0), fwd_at(t0, m), s));
       t.spans.push_back(
           make_span(r, 2, SpanKind::Phase, n_backward, bwd_at(t0, 0), bwd_at(t0, m), s));
       t.spans.push_back(
@@ -240,8 +241,8 @@ Trace synthesize_pipeline(const SynthOptions& o) {
       t.counters.push_back({r, m_params, t0, stage_params});
       t.counters.push_back({r, m_optim, t0, 2 * stage_params});
       t.counters.push_back({r, m_grad, t0, 0});
-      t.counters.push_back({r, m_act, fwd_at(t0, m),
-                            double(m) * Ls * double(o.activation_bytes_per_layer)});
+      t.counters.push_back(
+          {r, m_act, fwd_at(t0, m), double(m) * Ls * double(o.activation_bytes_per_layer)});
       t.counters.push_back({r, m_act, bwd_at(t0, m), 0});
       t.counters.push_back({r, m_grad, bwd_at(t0, m), stage_params});
       t.counters.push_back({r, m_grad, opt_end, 0});
@@ -288,16 +289,16 @@ SynthTotals synth_totals(const SynthOptions& o) {
   x.allreduce_calls = nb;
   x.flops = double(o.ranks) * double(L) * (o.forward_flops + o.backward_flops);
   const double params = double(L) * double(o.grad_bytes_per_layer);
-  x.peak_memory_bytes =
-      3 * params + double(L) * double(std::max(o.activation_bytes_per_layer, o.grad_bytes_per_layer));
+  x.peak_memory_bytes = 3 * params + double(L) * double(std::max(o.activation_bytes_per_layer,
+                                                                 o.grad_bytes_per_layer));
   return x;
 }
 
 int64_t synth_span_count(const SynthOptions& o) {
   if (o.pp > 1 && o.ranks % o.pp == 0 && o.layers % o.pp == 0 && o.layers_per_bucket > 0) {
     const int64_t pp = o.pp, dp = o.ranks / pp, m = o.micro_batches, Ls = o.layers / pp;
-    const int64_t per_step =
-        o.ranks * (2 * m * Ls + 6 + (dp > 1 ? Ls / o.layers_per_bucket : 0)) + dp * 4 * m * (pp - 1);
+    const int64_t per_step = o.ranks * (2 * m * Ls + 6 + (dp > 1 ? Ls / o.layers_per_bucket : 0)) +
+                             dp * 4 * m * (pp - 1);
     return per_step * o.steps;
   }
   const int64_t nb = o.layers_per_bucket > 0 ? o.layers / o.layers_per_bucket : 0;
@@ -325,8 +326,8 @@ Trace synthesize(const SynthOptions& o) {
 
   // ---- Schedule. All ranks start every step together (the previous step ended together).
   std::vector<int64_t> step_start(size_t(S) + 1, 0);
-  std::vector<int64_t> extra(size_t(S) * R, 0);           // extra data time per (step, rank)
-  std::vector<int64_t> bucket_end(size_t(S) * nb, 0);     // common end of each bucket
+  std::vector<int64_t> extra(size_t(S) * R, 0);        // extra data time per (step, rank)
+  std::vector<int64_t> bucket_end(size_t(S) * nb, 0);  // common end of each bucket
   uint64_t rng = o.seed;
   for (int32_t s = 0; s < S; ++s) {
     for (int32_t r = 0; r < R; ++r) {
@@ -395,8 +396,8 @@ Trace synthesize(const SynthOptions& o) {
         t.spans.push_back(x);
         now += o.backward_ns;
       }
-      t.spans.push_back(span(r, 0, SpanKind::Optimizer, n_opt, opt_start(s),
-                             opt_start(s) + o.optimizer_ns, s));
+      t.spans.push_back(
+          span(r, 0, SpanKind::Optimizer, n_opt, opt_start(s), opt_start(s) + o.optimizer_ns, s));
     }
     // stream 1: bucketed all-reduce
     for (int32_t s = 0; s < S; ++s) {
@@ -431,7 +432,8 @@ Trace synthesize(const SynthOptions& o) {
       t.counters.push_back({r, m_params, t0, param_bytes});
       t.counters.push_back({r, m_optim, t0, 2 * param_bytes});
       t.counters.push_back({r, m_grad, t0, 0});
-      t.counters.push_back({r, m_act, bwd_start(s), double(L) * double(o.activation_bytes_per_layer)});
+      t.counters.push_back(
+          {r, m_act, bwd_start(s), double(L) * double(o.activation_bytes_per_layer)});
       t.counters.push_back({r, m_act, bwd_end, 0});
       t.counters.push_back({r, m_grad, bwd_end, param_bytes});
       t.counters.push_back({r, m_grad, opt_start(s) + o.optimizer_ns, 0});

@@ -2,6 +2,8 @@
 // intervals by class, merged lists with prefix sums (so any window or step is an O(log n) query),
 // and a grouping of collectives by (comm, seq) for bandwidth and straggler figures.
 // Definitions are in metrics.hpp.
+#include "orrery/profiler/metrics.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -12,7 +14,6 @@
 #include <utility>
 
 #include "orrery/common/error.hpp"
-#include "orrery/profiler/metrics.hpp"
 
 namespace orrery::profiler {
 namespace {
@@ -29,7 +30,8 @@ struct Merged {
   void finish() {
     prefix.resize(iv.size() + 1);
     prefix[0] = 0;
-    for (size_t i = 0; i < iv.size(); ++i) prefix[i + 1] = prefix[i] + (iv[i].end_ns - iv[i].start_ns);
+    for (size_t i = 0; i < iv.size(); ++i)
+      prefix[i + 1] = prefix[i] + (iv[i].end_ns - iv[i].start_ns);
   }
   int64_t total() const { return prefix.empty() ? 0 : prefix.back(); }
   int64_t clipped(int64_t a, int64_t b) const {
@@ -64,7 +66,9 @@ struct RunList {
   }
   // Sorts by start and coalesces into `out`.
   void merge_into(Merged& out) {
-    const auto by_start = [](const Interval& x, const Interval& y) { return x.start_ns < y.start_ns; };
+    const auto by_start = [](const Interval& x, const Interval& y) {
+      return x.start_ns < y.start_ns;
+    };
     if (runs.size() > 64) {
       std::sort(v.begin(), v.end(), by_start);
     } else {
@@ -290,13 +294,14 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
     int64_t start_ns, end_ns;
   };
   std::vector<StepPhase> step_phases;  // resolved after the pass: untagged ones need ordinals
-  std::vector<int64_t> window_count;  // in-window spans per rank id
+  std::vector<int64_t> window_count;   // in-window spans per rank id
   std::vector<size_t> first_idx, last_idx;
   bool rank_sorted = true;
   int32_t prev_rank = INT32_MIN;
   for (size_t i = 0; i < spans.size(); ++i) {
     const Span& s = spans[i];
-    if (s.rank < 0) throw InputError(where(t) + ": span with negative rank " + std::to_string(s.rank));
+    if (s.rank < 0)
+      throw InputError(where(t) + ": span with negative rank " + std::to_string(s.rank));
     if (s.end_ns < s.start_ns) {
       throw InputError(where(t) + ": span ending before it starts (rank " + std::to_string(s.rank) +
                        ", start " + std::to_string(s.start_ns) + " ns)");
@@ -598,9 +603,9 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
     if (it != coll.end()) ++it->second.stats.ops;
     const size_t n = j - i;
     if (n >= 2) {
-      const double median =
-          n % 2 ? double(arrivals[i + n / 2].start_ns)
-                : 0.5 * (double(arrivals[i + n / 2 - 1].start_ns) + double(arrivals[i + n / 2].start_ns));
+      const double median = n % 2 ? double(arrivals[i + n / 2].start_ns)
+                                  : 0.5 * (double(arrivals[i + n / 2 - 1].start_ns) +
+                                           double(arrivals[i + n / 2].start_ns));
       for (size_t k = i; k < j; ++k) {
         const size_t ri = size_t(dense[size_t(arrivals[k].rank)]);
         const double late = double(arrivals[k].start_ns) - median;
@@ -651,8 +656,8 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
   } else if (m.end_ns > m.start_ns) {
     m.achieved_flops = window_flops_sum / (double(m.end_ns - m.start_ns) * 1e-9);
   }
-  m.peak_flops_per_rank = opt.peak_flops_per_rank > 0 ? opt.peak_flops_per_rank
-                                                      : t.meta.peak_flops_per_rank;
+  m.peak_flops_per_rank =
+      opt.peak_flops_per_rank > 0 ? opt.peak_flops_per_rank : t.meta.peak_flops_per_rank;
   if (m.peak_flops_per_rank > 0 && !m.ranks.empty()) {
     const double model = m.model_flops_per_s > 0 ? m.model_flops_per_s : m.achieved_flops;
     m.mfu = model / (m.peak_flops_per_rank * double(m.ranks.size()));

@@ -8,8 +8,8 @@
 //   idle                 = window length - |compute ∪ comm ∪ memcpy|
 //   comm/comp ratio      = |comm| / |compute|
 //
-// Time window (MetricsOptions::window_*, the GUI's range selection): spans are clipped to the window
-// before merging. A rank's window is the window ∩ [its first span start, its last span end].
+// Time window (MetricsOptions::window_*, the GUI's range selection): spans are clipped to the
+// window before merging. A rank's window is the window ∩ [its first span start, its last span end].
 // Collective statistics count every collective overlapping the window at its whole duration and
 // bytes (clipping would distort bandwidth); FLOPs of a clipped span are pro-rated by the kept time.
 //
@@ -67,27 +67,27 @@ int64_t intersection_length(const std::vector<Interval>& a, const std::vector<In
 
 struct TimeBreakdown {
   int64_t window_ns = 0;
-  int64_t compute_ns = 0;        // merged compute time
-  int64_t comm_ns = 0;           // merged communication time
-  int64_t memcpy_ns = 0;         // merged memcpy time
-  int64_t overlap_ns = 0;        // compute ∩ comm
-  int64_t exposed_comm_ns = 0;   // comm not covered by compute
-  int64_t idle_ns = 0;           // no compute, comm or memcpy
+  int64_t compute_ns = 0;       // merged compute time
+  int64_t comm_ns = 0;          // merged communication time
+  int64_t memcpy_ns = 0;        // merged memcpy time
+  int64_t overlap_ns = 0;       // compute ∩ comm
+  int64_t exposed_comm_ns = 0;  // comm not covered by compute
+  int64_t idle_ns = 0;          // no compute, comm or memcpy
   double comm_comp_ratio() const { return compute_ns ? double(comm_ns) / compute_ns : 0.0; }
   double overlap_pct() const { return comm_ns ? 100.0 * overlap_ns / comm_ns : 0.0; }
 };
 
 struct CollectiveStats {
-  std::string op;    // "all_reduce", ...
+  std::string op;  // "all_reduce", ...
   int32_t comm = -1;
   std::string comm_name;
   int32_t comm_size = 1;
   int64_t count = 0;
-  int64_t bytes = 0;       // summed over calls (per-rank buffer size)
-  int64_t time_ns = 0;     // summed durations
-  double algbw_gbps = 0;   // bytes / time, GB/s (decimal)
-  double busbw_gbps = 0;   // algbw * nccl-tests factor
-  int64_t ops = 0;         // distinct operations: (comm, seq) pairs, or count / comm_size without seq
+  int64_t bytes = 0;      // summed over calls (per-rank buffer size)
+  int64_t time_ns = 0;    // summed durations
+  double algbw_gbps = 0;  // bytes / time, GB/s (decimal)
+  double busbw_gbps = 0;  // algbw * nccl-tests factor
+  int64_t ops = 0;  // distinct operations: (comm, seq) pairs, or count / comm_size without seq
 };
 
 struct StepStats {
@@ -102,8 +102,8 @@ struct RankMetrics {
   int32_t rank = 0;
   TimeBreakdown total;                       // over the whole window of the rank
   std::map<int32_t, TimeBreakdown> by_step;  // per training step
-  int64_t bubble_ns = 0;       // pipeline bubble (idle inside steps on a pp>1 rank)
-  double late_ns_mean = 0;     // mean lateness at step start / collective entry vs. the median rank
+  int64_t bubble_ns = 0;                     // pipeline bubble (idle inside steps on a pp>1 rank)
+  double late_ns_mean = 0;  // mean signed lateness at collective entry vs. the median rank
   std::map<std::string, double> peak_memory_bytes;  // counter name -> peak
   double peak_memory_total_bytes = 0;  // peak of the sum over "mem.*" categories (or "mem.total")
   int64_t collectives_checked = 0;     // grouped (comm, seq) collectives this rank took part in
@@ -116,28 +116,29 @@ struct Metrics {
   TimeBreakdown total;  // summed over ranks
   std::vector<StepStats> steps;
   double step_mean_ns = 0, step_p50_ns = 0, step_p90_ns = 0;
-  double tokens_per_s = 0;       // 0 when tokens per step are unknown
-  double achieved_flops = 0;     // FLOP/s over all ranks, from span flops
-  double mfu = 0;                // achieved / (peak * ranks), 0 when peak unknown
-  double bubble_pct = 0;         // mean over pp ranks
+  double tokens_per_s = 0;    // 0 when tokens per step are unknown
+  double achieved_flops = 0;  // FLOP/s over all ranks, from span flops
+  double mfu = 0;             // model (else achieved) FLOP/s / (peak * ranks); 0: peak unknown
+  double bubble_pct = 0;      // mean over ranks, pipeline traces only
   std::vector<CollectiveStats> collectives;
-  std::vector<int32_t> stragglers;  // ranks consistently late
-  int64_t span_count = 0;  // spans overlapping the window
-  int32_t counted_steps = 0;       // steps in the statistics (not warm-up, inside the window)
-  double model_flops_per_s = 0;    // meta.model_flops_per_step / mean step time, 0 when unknown
-  double peak_flops_per_rank = 0;  // the peak used for MFU (option, else the trace's)
-  bool pipeline = false;           // pp > 1: bubble computed
+  std::vector<int32_t> stragglers;   // ranks consistently late
+  int64_t span_count = 0;            // spans overlapping the window
+  int32_t counted_steps = 0;         // steps in the statistics (not warm-up, inside the window)
+  double model_flops_per_s = 0;      // meta.model_flops_per_step / mean step time, 0 when unknown
+  double peak_flops_per_rank = 0;    // the peak used for MFU (option, else the trace's)
+  bool pipeline = false;             // pp > 1: bubble computed
   int64_t start_ns = 0, end_ns = 0;  // analysed extent: earliest / latest span time in the window
 };
 
 struct MetricsOptions {
   int64_t window_start_ns = INT64_MIN;  // restrict to a time window (GUI range selection)
   int64_t window_end_ns = INT64_MAX;
-  int skip_steps = 0;                    // warm-up steps excluded from step statistics
-  double peak_flops_per_rank = 0;        // overrides the trace's value when > 0
+  int skip_steps = 0;                        // warm-up steps excluded from step statistics
+  double peak_flops_per_rank = 0;            // overrides the trace's value when > 0
   int64_t straggler_threshold_ns = 100'000;  // lateness that counts as late
   double straggler_late_fraction = 0.5;      // late in more than this fraction -> straggler
-  int threads = 0;  // worker threads over ranks; 0: hardware concurrency (results do not depend on it)
+  int threads =
+      0;  // worker threads over ranks; 0: hardware concurrency (results do not depend on it)
 };
 
 // Percentile q in [0, 1] of the values, linear interpolation (see above); 0 for an empty input.

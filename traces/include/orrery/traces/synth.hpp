@@ -1,5 +1,5 @@
-// A plausible synthetic trace of data-parallel (DDP-style) training, deterministic from a seed, whose
-// totals are known in closed form: for tests of the metrics, benchmarks and GUI demos.
+// A plausible synthetic trace of data-parallel (DDP-style) training, deterministic from a seed,
+// whose totals are known in closed form: for tests of the metrics, benchmarks and GUI demos.
 //
 // Per rank and step (all times in ns, relative to the step's start):
 //   stream 0 "compute": Data "data_load" (data_ns, plus a uniform [0, jitter_ns] draw per rank and
@@ -30,8 +30,9 @@
 //   idle per step and rank      = d
 //   all-reduce bytes per step   = L·grad_bytes_per_layer per rank; nb calls per rank and step
 //   algbw = grad_bytes_per_layer / comm_ns_per_layer GB/s; busbw = algbw · 2(R−1)/R
-//   FLOPs per step              = R·L·(forward_flops + backward_flops) (= meta.model_flops_per_step)
-//   peak memory per rank        = 3·P + L·max(activation_bytes_per_layer, grad_bytes_per_layer),
+//   FLOPs per step              = R·L·(forward_flops + backward_flops) (=
+//   meta.model_flops_per_step) peak memory per rank        = 3·P +
+//   L·max(activation_bytes_per_layer, grad_bytes_per_layer),
 //                                 P = L·grad_bytes_per_layer
 //   spans                       = R·S·(2L + nb + 6); counters = R·S·7
 // A straggler rank (straggler_rank >= 0) loads its data straggler_delay_ns longer every step, so
@@ -65,24 +66,24 @@ struct SynthOptions {
   int32_t ranks = 4;
   int32_t steps = 10;
   int32_t layers = 12;
-  int32_t layers_per_bucket = 2;          // must divide layers
+  int32_t layers_per_bucket = 2;  // must divide layers
   uint64_t seed = 1;
   int64_t data_ns = 200'000;
-  int64_t forward_ns = 1'000'000;         // per layer
-  int64_t backward_ns = 2'000'000;        // per layer
+  int64_t forward_ns = 1'000'000;   // per layer
+  int64_t backward_ns = 2'000'000;  // per layer
   int64_t optimizer_ns = 500'000;
   int64_t comm_ns_per_layer = 1'500'000;  // all-reduce time per layer's gradients
   int64_t grad_bytes_per_layer = 12LL << 20;
   int64_t activation_bytes_per_layer = 32LL << 20;
-  double forward_flops = 2.0e9;           // per layer
-  double backward_flops = 4.0e9;          // per layer
-  int64_t tokens_per_step = 0;            // meta.tokens_per_step; 0 -> ranks * 8 * 1024
-  double peak_flops_per_rank = 0;         // meta.peak_flops_per_rank
-  int64_t jitter_ns = 0;                  // uniform extra data-loading time per rank and step
-  int32_t straggler_rank = -1;            // a rank that is consistently late, -1 for none
+  double forward_flops = 2.0e9;    // per layer
+  double backward_flops = 4.0e9;   // per layer
+  int64_t tokens_per_step = 0;     // meta.tokens_per_step; 0 -> ranks * 8 * 1024
+  double peak_flops_per_rank = 0;  // meta.peak_flops_per_rank
+  int64_t jitter_ns = 0;           // uniform extra data-loading time per rank and step
+  int32_t straggler_rank = -1;     // a rank that is consistently late, -1 for none
   int64_t straggler_delay_ns = 0;
-  int32_t pp = 1;                         // pipeline stages (must divide ranks and layers)
-  int32_t micro_batches = 4;              // per step, in pipeline mode
+  int32_t pp = 1;             // pipeline stages (must divide ranks and layers)
+  int32_t micro_batches = 4;  // per step, in pipeline mode
 };
 
 // The closed forms above, per rank and step (exact when jitter_ns = 0 and there is no straggler).
@@ -93,11 +94,11 @@ struct SynthTotals {
   int64_t overlap_ns = 0;
   int64_t idle_ns = 0;
   int64_t step_ns = 0;
-  int64_t allreduce_bytes = 0;  // per rank and step
-  int64_t allreduce_calls = 0;  // per rank and step
-  double flops = 0;             // per step, all ranks
-  double peak_memory_bytes = 0; // per rank, sum of the categories
-  int64_t bubble_ns = 0;        // per rank and step, pipeline mode (0 when pp = 1)
+  int64_t allreduce_bytes = 0;   // per rank and step
+  int64_t allreduce_calls = 0;   // per rank and step
+  double flops = 0;              // per step, all ranks
+  double peak_memory_bytes = 0;  // per rank, sum of the categories
+  int64_t bubble_ns = 0;         // per rank and step, pipeline mode (0 when pp = 1)
 };
 SynthTotals synth_totals(const SynthOptions& o);
 
