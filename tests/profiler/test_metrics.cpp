@@ -439,6 +439,9 @@ TEST(Metrics, BadInputIsAnInputError) {
   Builder b(1);
   b.compute(0, 10, 5);
   EXPECT_THROW(compute_metrics(b.t), InputError);
+  Builder neg(1);
+  neg.compute(0, 0, 1).rank = -3;
+  EXPECT_THROW(compute_metrics(neg.t), InputError);
   Builder ok(1);
   MetricsOptions opt;
   opt.window_start_ns = 10;

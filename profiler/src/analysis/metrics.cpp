@@ -284,8 +284,14 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
       }
     }
   }
+  // Rank ids index dense arrays; a corrupt id must not allocate gigabytes.
+  constexpr int32_t kMaxRank = 1 << 24;
   int32_t max_rank = -1;
-  for (const auto& r : t.ranks) max_rank = std::max(max_rank, r.rank);
+  for (const auto& r : t.ranks) {
+    if (r.rank >= kMaxRank)
+      throw InputError(where(t) + ": rank " + std::to_string(r.rank) + " out of range");
+    max_rank = std::max(max_rank, r.rank);
+  }
   std::unordered_map<int32_t, StepExtent> step_ext;
   int32_t cached_step = INT32_MIN;
   StepExtent* cached_ext = nullptr;
@@ -300,8 +306,9 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
   int32_t prev_rank = INT32_MIN;
   for (size_t i = 0; i < spans.size(); ++i) {
     const Span& s = spans[i];
-    if (s.rank < 0)
-      throw InputError(where(t) + ": span with negative rank " + std::to_string(s.rank));
+    if (s.rank < 0 || s.rank >= kMaxRank)
+      throw InputError(where(t) + ": span with rank " + std::to_string(s.rank) +
+                       ", expected 0 <= rank < " + std::to_string(kMaxRank));
     if (s.end_ns < s.start_ns) {
       throw InputError(where(t) + ": span ending before it starts (rank " + std::to_string(s.rank) +
                        ", start " + std::to_string(s.start_ns) + " ns)");
