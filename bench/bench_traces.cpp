@@ -1,6 +1,6 @@
 // Trace store figures: writer throughput over millions of spans, file size, open + load_all,
 // time-window queries returning ~10k spans, collective and step queries, Chrome JSON export.
-// Usage: bench_traces [--spans N] [--dir DIR] [--keep] [--json]
+// Usage: bench_traces [--spans N] [--dir DIR] [--keep] [--json] [--write-only]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "orrery/traces/chrome_export.hpp"
@@ -61,7 +62,7 @@ struct Phase {
 int main(int argc, char** argv) {
   int64_t n_spans = 5'000'000;
   std::string dir = std::filesystem::temp_directory_path().string();
-  bool keep = false, as_json = false;
+  bool keep = false, as_json = false, write_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--spans") && i + 1 < argc) {
       n_spans = std::atoll(argv[++i]);
@@ -71,8 +72,10 @@ int main(int argc, char** argv) {
       keep = true;
     } else if (!std::strcmp(argv[i], "--json")) {
       as_json = true;
+    } else if (!std::strcmp(argv[i], "--write-only")) {
+      write_only = true;  // for profiling the writer
     } else {
-      std::fprintf(stderr, "usage: bench_traces [--spans N] [--dir DIR] [--keep] [--json]\n");
+      std::fprintf(stderr, "usage: bench_traces [--spans N] [--dir DIR] [--keep] [--json] [--write-only]\n");
       return 2;
     }
   }
@@ -128,6 +131,11 @@ int main(int argc, char** argv) {
     }
     w.flush();
     record("write", all);
+    if (write_only) {
+      std::printf("write: %.3f s cpu, %.0f spans per cpu-second\n", all.cpu(),
+                  static_cast<double>(n_spans) / all.cpu());
+      return 0;
+    }
     Phase close;
     w.close();
     record("close", close);
@@ -141,6 +149,12 @@ int main(int argc, char** argv) {
     Trace t = r.load_all();
     record("open_load_all", load);
     fig["loaded_spans"] = t.spans.size();
+    fig["load_threads_default"] = std::min(8u, std::thread::hardware_concurrency());
+    {
+      Phase one;
+      const Trace t1 = r.load_all(1);
+      record("load_all_1thread", one);
+    }
 
     // Windows on rank 3, compute stream, sized to hold ~10k spans.
     int64_t b0 = 0, b1 = 0, cnt = 0;
@@ -200,6 +214,7 @@ int main(int argc, char** argv) {
   std::printf("  %-26s %.1f MiB (%.1f bytes/span)\n", "file size",
               static_cast<double>(file_bytes) / (1 << 20), static_cast<double>(file_bytes) / n);
   line("open + load_all", "open_load_all");
+  line("load_all, 1 thread", "load_all_1thread");
   std::printf("  %-26s wall %8.3f ms  cpu %8.3f ms  (median of 50, %.0f spans each)\n",
               "window query", fig["window_wall_ms_median"].get<double>(),
               fig["window_cpu_ms_median"].get<double>(), fig["window_spans_mean"].get<double>());

@@ -87,8 +87,9 @@ int sqlite_exec(const std::string& path, const char* sql) {
   return rc;
 }
 
-// Expects an InputError whose message names the file and contains `needle`.
-void expect_input_error(const std::string& path, const std::string& needle) {
+// Expects an InputError whose message names the file and contains `needle` (or `alt`).
+void expect_input_error(const std::string& path, const std::string& needle,
+                        const std::string& alt = "") {
   try {
     TraceReader r(path);
     (void)r.load_all();
@@ -96,7 +97,9 @@ void expect_input_error(const std::string& path, const std::string& needle) {
   } catch (const InputError& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find(path), std::string::npos) << msg;
-    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    EXPECT_TRUE(msg.find(needle) != std::string::npos ||
+                (!alt.empty() && msg.find(alt) != std::string::npos))
+        << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line: " << msg;
   }
 }
@@ -337,10 +340,23 @@ TEST(Store, FileOfAWriterThatDiedStillOpens) {
   EXPECT_EQ(r.span_count(), 2500);
   const Trace back = r.load_all();
   ASSERT_EQ(back.spans.size(), 2500u);
-  // Queries work without the secondary indexes close() would have built.
+  for (size_t i = 0; i < 2500; ++i) ASSERT_TRUE(same_span(back.spans[i], t.spans[i])) << i;
+  // Queries work without the spans rows and indexes close() would have built.
   EXPECT_EQ(r.spans_in_window(0, 0, INT64_MIN, INT64_MAX).size(), 1000u);
-  EXPECT_FALSE(r.collectives_of(0).empty());
-  EXPECT_FALSE(r.step_aggregates().empty());
+  std::vector<Span> want;
+  for (size_t i = 0; i < 2500; ++i) {
+    if (t.spans[i].comm == 0) want.push_back(t.spans[i]);
+  }
+  std::stable_sort(want.begin(), want.end(), [](const Span& a, const Span& b) {
+    return std::tie(a.seq, a.rank, a.start_ns) < std::tie(b.seq, b.rank, b.start_ns);
+  });
+  const auto coll = r.collectives_of(0);
+  ASSERT_EQ(coll.size(), want.size());
+  ASSERT_FALSE(coll.empty());
+  for (size_t i = 0; i < coll.size(); ++i) ASSERT_TRUE(same_span(coll[i], want[i])) << i;
+  int64_t step_spans = 0;
+  for (const auto& a : r.step_aggregates()) step_spans += a.span_count;
+  EXPECT_EQ(step_spans, 2500);
 }
 
 TEST(Store, SeveralWriterThreads) {
@@ -446,7 +462,8 @@ TEST(StoreBadFiles, CorruptPagesInTheMiddle) {
     const std::string junk(size / 2, '\x5a');
     f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
   }
-  expect_input_error(path, "cannot read trace");
+  // SQLite notices broken B-tree pages; broken packed span bytes are caught by their decoder.
+  expect_input_error(path, "cannot read trace", "corrupt trace");
 }
 
 TEST(Merge, PerRankFilesBecomeOne) {

@@ -1,18 +1,20 @@
 // The SQLite trace store: schema, the buffered writer, the read-only reader and merge_traces().
 //
 // Layout, and why:
-// - spans: one row per span with every attribute as a column, in arrival order (id), so SQL
-//   users and the per-communicator and per-step indexes see plain rows. Appending by rowid is
-//   the cheapest insert SQLite has, which keeps the writer above a million spans per second.
-// - blocks: the same spans again, packed (span_block.hpp) per (rank, stream) in runs of at most
+// - blocks: the spans, packed (span_block.hpp) per (rank, stream) in runs of at most
 //   kBlockSpans sorted by start, with each block's count, first start, last end and longest span.
 //   load_all() and spans_in_window() read these: decoding bytes costs a fraction of stepping
 //   SQLite once per span and reading 15 columns. blocks_by_stream (rank, stream, min_start_ns,
 //   max_end_ns) finds the blocks that meet a time window without touching the packed bytes.
 // - steps: per (rank, step) aggregates, kept up to date by the writer at every flush.
-// - A flush writes spans, blocks and steps in one transaction; blocks are never modified
-//   afterwards, so a reader of a file still being written sees whole batches only.
-// - id is the span's arrival number: among equal starts, spans keep the order they were added.
+// - A flush writes blocks and steps in one transaction; blocks are never modified afterwards, so
+//   a reader of a file still being written sees whole batches only. Among equal starts, spans
+//   keep the order they were added.
+// - spans: one row per span with every attribute as a column, for SQL users and the
+//   per-communicator and per-step indexes. close() fills it from the blocks, with the indexes:
+//   16 columns per span through SQLite is the writer's biggest cost, and a running program should
+//   not pay it per batch. A file whose writer never closed has blocks but no spans rows; the
+//   reader answers everything from the blocks then.
 // - While writing: WAL journal (readers can read a file being written), synchronous=OFF. close()
 //   builds the secondary indexes, marks the file complete and returns it to a single-file journal.
 #include <sqlite3.h>
@@ -255,7 +257,6 @@ struct StepAgg {
 struct TraceWriter::Impl {
   Stmt insert_many, insert_one, insert_string, insert_counter, insert_block, upsert_step;
   int64_t next_chunk = 0;
-  int64_t next_id = 0;
   // Per (rank, step), over everything written so far; rewritten when a flush changed them.
   std::map<std::pair<int32_t, int32_t>, StepAgg> steps;
   // Per-flush scratch, kept to avoid reallocating: the batch grouped by stream, one block.
@@ -447,25 +448,6 @@ void TraceWriter::flush_locked() {
   }
 
   if (!span_buf_.empty()) {
-    // Rows in arrival order: appends to the spans table.
-    const int64_t first_id = im.next_id;
-    im.next_id += static_cast<int64_t>(span_buf_.size());
-    size_t k = 0;
-    sqlite3_stmt* many = im.insert_many.get();
-    for (; k + kInsertRows <= span_buf_.size(); k += kInsertRows) {
-      for (int r = 0; r < kInsertRows; ++r) {
-        bind_span(many, r * kSpanInsertCols, span_buf_[k + r], first_id + static_cast<int64_t>(k) + r);
-      }
-      if (sqlite3_step(many) != SQLITE_DONE) writer_fail(path_, db_, "insert spans");
-      sqlite3_reset(many);
-    }
-    sqlite3_stmt* one = im.insert_one.get();
-    for (; k < span_buf_.size(); ++k) {
-      bind_span(one, 0, span_buf_[k], first_id + static_cast<int64_t>(k));
-      if (sqlite3_step(one) != SQLITE_DONE) writer_fail(path_, db_, "insert span");
-      sqlite3_reset(one);
-    }
-
     // Blocks: group by stream (a map lookup only when the stream changes), order each group by
     // start (ties in arrival order; nearly always already so), pack runs of kBlockSpans.
     const int64_t chunk = im.next_chunk++;
@@ -571,6 +553,7 @@ void TraceWriter::close() {
   if (closed_ || !db_) return;
   flush_locked();
   exec_or_throw(db_, "BEGIN", path_);
+  fill_spans_table();
   exec_or_throw(db_, kIndexSql, path_);
   exec_or_throw(db_, "INSERT OR REPLACE INTO meta(key, value) VALUES('complete', 1)", path_);
   exec_or_throw(db_, "COMMIT", path_);
@@ -581,6 +564,43 @@ void TraceWriter::close() {
   sqlite3_exec(db_, "PRAGMA journal_mode=DELETE", nullptr, nullptr, nullptr);
   sqlite3_close(db_);
   db_ = nullptr;
+}
+
+void TraceWriter::fill_spans_table() {
+  // One row per span, from the blocks, in block order (id is a row number, not an arrival
+  // number). Done once here rather than per batch: stepping SQLite for 16 columns per span costs
+  // more than everything else the writer does, and a running program should not pay it.
+  auto& im = *impl_;
+  Stmt blocks = wprep(db_, path_, "SELECT id, rank, stream, count, packed FROM blocks ORDER BY id");
+  std::vector<Span> spans;
+  int64_t next_id = 0;
+  sqlite3_stmt* many = im.insert_many.get();
+  sqlite3_stmt* one = im.insert_one.get();
+  for (;;) {
+    const int rc = sqlite3_step(blocks.get());
+    if (rc == SQLITE_DONE) break;
+    if (rc != SQLITE_ROW) writer_fail(path_, db_, "read blocks");
+    const auto n = static_cast<size_t>(sqlite3_column_int64(blocks.get(), 3));
+    spans.resize(n);
+    const auto* data = static_cast<const unsigned char*>(sqlite3_column_blob(blocks.get(), 4));
+    const auto size = static_cast<size_t>(sqlite3_column_bytes(blocks.get(), 4));
+    if (!detail::decode_block(data, size, static_cast<int32_t>(sqlite3_column_int64(blocks.get(), 1)),
+                              static_cast<int32_t>(sqlite3_column_int64(blocks.get(), 2)), n,
+                              spans.data())) {
+      throw InternalError(path_ + ": a span block written by this writer does not decode");
+    }
+    size_t k = 0;
+    for (; k + kInsertRows <= n; k += kInsertRows) {
+      for (int r = 0; r < kInsertRows; ++r) bind_span(many, r * kSpanInsertCols, spans[k + r], next_id++);
+      if (sqlite3_step(many) != SQLITE_DONE) writer_fail(path_, db_, "insert spans");
+      sqlite3_reset(many);
+    }
+    for (; k < n; ++k) {
+      bind_span(one, 0, spans[k], next_id++);
+      if (sqlite3_step(one) != SQLITE_DONE) writer_fail(path_, db_, "insert span");
+      sqlite3_reset(one);
+    }
+  }
 }
 
 void write_trace(const Trace& t, const std::string& path) {
@@ -940,13 +960,42 @@ std::vector<Span> TraceReader::spans_in_window(int32_t rank, int32_t stream, int
 }
 
 std::vector<Span> TraceReader::collectives_of(int32_t comm) const {
-  std::lock_guard lock(mu_);
   std::vector<Span> out;
-  const std::string sql = std::string("SELECT ") + kSpanColumns +
-                          " FROM spans WHERE comm=?1 AND comm>=0 ORDER BY seq, rank, start_ns, id";
-  auto st = rprep(db_, path_, sql.c_str());
-  sqlite3_bind_int64(st.get(), 1, comm);
-  while (rstep(db_, path_, st)) out.push_back(read_span(st.get()));
+  if (comm < 0) return out;
+  if (complete()) {
+    // A closed file: the spans table and its (comm, seq) index.
+    std::lock_guard lock(mu_);
+    const std::string sql = std::string("SELECT ") + kSpanColumns +
+                            " FROM spans WHERE comm=?1 AND comm>=0 ORDER BY seq, rank, start_ns, id";
+    auto st = rprep(db_, path_, sql.c_str());
+    sqlite3_bind_int64(st.get(), 1, comm);
+    while (rstep(db_, path_, st)) out.push_back(read_span(st.get()));
+    return out;
+  }
+  // A file whose writer did not close it has no spans rows yet: filter the blocks.
+  {
+    std::lock_guard lock(mu_);
+    auto st = rprep(db_, path_, "SELECT id, rank, stream, count, packed FROM blocks ORDER BY id");
+    std::vector<Span> block;
+    while (rstep(db_, path_, st)) {
+      const auto n = static_cast<size_t>(std::max<int64_t>(0, sqlite3_column_int64(st.get(), 3)));
+      block.resize(n);
+      const auto* data = static_cast<const unsigned char*>(sqlite3_column_blob(st.get(), 4));
+      const auto size = static_cast<size_t>(sqlite3_column_bytes(st.get(), 4));
+      if (!detail::decode_block(data, size, static_cast<int32_t>(sqlite3_column_int64(st.get(), 1)),
+                                static_cast<int32_t>(sqlite3_column_int64(st.get(), 2)), n,
+                                block.data())) {
+        throw InputError(path_ + ": corrupt trace (span block " +
+                         std::to_string(sqlite3_column_int64(st.get(), 0)) + " does not decode)");
+      }
+      for (const Span& s : block) {
+        if (s.comm == comm) out.push_back(s);
+      }
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Span& a, const Span& b) {
+    return std::tie(a.seq, a.rank, a.start_ns) < std::tie(b.seq, b.rank, b.start_ns);
+  });
   return out;
 }
 

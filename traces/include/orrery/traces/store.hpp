@@ -23,7 +23,8 @@ inline constexpr int kSchemaVersion = 1;
 
 // Buffered writer. Spans and counters are appended to an in-memory batch and flushed in one
 // transaction when the batch fills, on flush(), and on close(). All methods are safe to call from
-// several threads of one process.
+// several threads of one process. What is flushed is visible to readers at once; close() also
+// fills the per-span SQL table and the indexes (see store.cpp), which takes about as long again.
 class TraceWriter {
  public:
   // Creates (truncates) `path`. Throws InputError if the file cannot be created.
@@ -41,12 +42,14 @@ class TraceWriter {
   void add_spans(const std::vector<Span>& spans);
   void add_counter(const CounterSample& c);
   void flush();
-  // Flushes, builds the indexes and marks the file complete. Idempotent.
+  // Flushes, fills the per-span SQL table, builds the indexes and marks the file complete.
+  // Idempotent.
   void close();
   const std::string& path() const { return path_; }
 
  private:
   void flush_locked();
+  void fill_spans_table();
   struct Impl;  // prepared statements and per-stream bounds, private to store.cpp
   std::string path_;
   size_t batch_spans_;
