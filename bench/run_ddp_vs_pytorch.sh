@@ -91,7 +91,7 @@ for cfg in $CONFIGS; do
     p=$(orrery_ms "$cfg" "$ranks" "$threads" 1)
     run=single
     [ "$ranks" -gt 1 ] && run="ddp x$ranks"
-    printf '%-14s %-10s %12s %12s %8s %14s %10s\n' "$cfg" "$run" "${t:--}" "$o" "$(ratio "$o" "$t")" "$p" "$(pct "$p" "$o")"
+    printf '%-14s %-10s %12.1f %12.1f %8s %14.1f %10s\n' "$cfg" "$run" "${t:-0}" "$o" "$(ratio "$o" "$t")" "$p" "$(pct "$p" "$o")"
   done
 done
 echo "ratio = orrery / pytorch step time (goal <= 0.8); overhead = profiled vs --no-profile"
