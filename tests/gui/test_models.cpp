@@ -273,6 +273,20 @@ TEST(SweepCsv, ParsesAndComputesEfficiency) {
   EXPECT_DOUBLE_EQ(given[0].efficiency, 0.9);
 }
 
+TEST(SweepCsv, ReadsWhatOrrerySweepWrites) {
+  const auto pts = parse_sweep_csv(
+      "gpus,dp,tp,pp,zero,micro_batch,step_time_s,tokens_per_s,tflops_per_gpu,mfu,efficiency,peak_memory_bytes,fits,"
+      "note\n"
+      "8,8,1,1,0,4,0.5,65536,300,0.3,1,1e10,true,\"\"\n"
+      "16,,,,,,,,,,,,,\"no layout fits, sorry\"\n"
+      "64,16,4,1,1,4,0.55,476626,280,0.28,0.909,1e10,true,\"\"\n",
+      "sweep.csv");
+  ASSERT_EQ(pts.size(), 2u);
+  EXPECT_EQ(pts[1].gpus, 64);
+  EXPECT_DOUBLE_EQ(pts[1].tokens_per_s, 476626);
+  EXPECT_DOUBLE_EQ(pts[1].efficiency, 0.909);
+}
+
 TEST(SweepCsv, BadInputNamesTheFileAndLine) {
   try {
     parse_sweep_csv("gpus,tps\n1,2\n", "bad.csv");

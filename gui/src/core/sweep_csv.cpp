@@ -51,6 +51,8 @@ std::vector<SweepPoint> parse_sweep_csv(const std::string& text, const std::stri
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos || line[0] == '#') continue;
     const auto cells = split(line);
+    // `orrery sweep` leaves the figures empty for a GPU count it could not place (a note says why).
+    if (c_tps >= static_cast<int>(cells.size()) || cells[static_cast<size_t>(c_tps)].empty()) continue;
     auto num = [&](int c, const char* what) {
       if (c >= static_cast<int>(cells.size())) {
         throw InputError(source + ": line " + std::to_string(line_no) + ": missing column '" + what + "'");
@@ -68,7 +70,9 @@ std::vector<SweepPoint> parse_sweep_csv(const std::string& text, const std::stri
     SweepPoint p;
     p.gpus = static_cast<int>(num(c_gpus, "gpus"));
     p.tokens_per_s = num(c_tps, "tokens_per_s");
-    p.efficiency = c_eff >= 0 ? num(c_eff, "efficiency") : -1;
+    p.efficiency = (c_eff >= 0 && c_eff < static_cast<int>(cells.size()) && !cells[static_cast<size_t>(c_eff)].empty())
+                       ? num(c_eff, "efficiency")
+                       : -1;
     auto [it, fresh] = best.try_emplace(p.gpus, p);
     if (!fresh && p.tokens_per_s > it->second.tokens_per_s) it->second = p;
   }

@@ -93,7 +93,7 @@ void ChartsView::rebuild_breakdown() {
       int64_t StepBreakdown::*field;
     };
     const SetDef defs[] = {{"compute", QColor(0x4C8BF5), &StepBreakdown::compute_ns},
-                           {"exposed communication", QColor(0xE8710A), &StepBreakdown::exposed_comm_ns},
+                           {"exposed comm", QColor(0xE8710A), &StepBreakdown::exposed_comm_ns},
                            {"bubble", QColor(0xA142F4), &StepBreakdown::bubble_ns},
                            {"idle", QColor(0xBDC1C6), &StepBreakdown::idle_ns}};
     double max_ms = 0;
@@ -146,7 +146,7 @@ void ChartsView::rebuild_scaling() {
   auto* chart = new QChart();
   chart->setAnimationOptions(QChart::NoAnimation);
   if (sweep_.empty()) {
-    chart->setTitle(tr("Scaling: open a sweep CSV (orrery sweep --csv FILE)"));
+    chart->setTitle(tr("Scaling: open a sweep CSV"));
   } else {
     chart->setTitle(tr("Scaling (%1)").arg(QFileInfo(sweep_source_).fileName()));
     auto* tps = new QLineSeries();

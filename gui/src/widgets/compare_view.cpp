@@ -22,8 +22,7 @@ CompareView::CompareView(QWidget* parent) : QWidget(parent) {
   align_step_ = new QSpinBox(this);
   align_step_->setRange(0, 1'000'000);
   bar->addWidget(align_step_);
-  auto* hint = new QLabel(tr("  The lower trace is shifted so this step starts where it starts in the upper one; "
-                             "zoom and pan move both."),
+  auto* hint = new QLabel(tr("  B is shifted so that this step starts with A's; zoom and pan move both."),
                           this);
   hint->setMinimumWidth(1);
   hint->setSizePolicy(QSizePolicy::Ignored, QSizePolicy::Preferred);
@@ -52,7 +51,8 @@ CompareView::CompareView(QWidget* parent) : QWidget(parent) {
   table_->setModel(&diff_model_);
   table_->verticalHeader()->hide();
   table_->verticalHeader()->setDefaultSectionSize(20);
-  table_->horizontalHeader()->setSectionResizeMode(QHeaderView::Stretch);
+  table_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+  table_->horizontalHeader()->setStretchLastSection(true);
   table_->setAlternatingRowColors(true);
   split->addWidget(table_);
   split->setSizes({400, 400, 200});

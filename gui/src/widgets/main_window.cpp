@@ -402,6 +402,7 @@ void MainWindow::add_document(std::shared_ptr<TraceDocument> doc) {
   if (current_ < 0) {
     set_current_document(0);
   } else {
+    update_status();
     refresh_compare_and_charts();
   }
 }

@@ -140,6 +140,7 @@ void TimelineView::set_mapping(const TimeMapping& m) {
   if (m.origin_ns == map_.origin_ns && m.origin_frac == map_.origin_frac && m.ns_per_px == map_.ns_per_px) return;
   map_ = m;
   fitted_ = true;
+  pinned_ = false;
   changed_mapping();
 }
 
@@ -153,7 +154,10 @@ void TimelineView::fit_all() {
   const int64_t t0 = index_->start_ns() + shift_ns_;
   const int64_t t1 = index_->end_ns() + shift_ns_;
   const int64_t margin = std::max<int64_t>(1, (t1 - t0) / 100);
-  map_.fit(t0 - margin, t1 + margin, track_width());
+  pinned_ = true;
+  pinned_t0_ = t0 - margin;
+  pinned_t1_ = t1 + margin;
+  map_.fit(pinned_t0_, pinned_t1_, track_width());
   fitted_ = true;
   changed_mapping();
 }
@@ -161,17 +165,22 @@ void TimelineView::fit_all() {
 void TimelineView::zoom_to(int64_t t0_ns, int64_t t1_ns) {
   if (t1_ns <= t0_ns) t1_ns = t0_ns + 1;
   const int64_t margin = std::max<int64_t>(1, (t1_ns - t0_ns) / 20);
-  map_.fit(t0_ns + shift_ns_ - margin, t1_ns + shift_ns_ + margin, track_width());
+  pinned_ = true;
+  pinned_t0_ = t0_ns + shift_ns_ - margin;
+  pinned_t1_ = t1_ns + shift_ns_ + margin;
+  map_.fit(pinned_t0_, pinned_t1_, track_width());
   fitted_ = true;
   changed_mapping();
 }
 
 void TimelineView::zoom_by(double factor, double anchor_x_track) {
+  pinned_ = false;
   map_.zoom(factor, anchor_x_track);
   changed_mapping();
 }
 
 void TimelineView::pan_by_px(double dx) {
+  pinned_ = false;
   map_.pan_px(dx);
   changed_mapping();
 }
@@ -191,6 +200,7 @@ void TimelineView::select_span(int64_t span, bool reveal) {
       }
       relayout();
     }
+    pinned_ = false;
     // Horizontally: keep the zoom when the span shows at least a few pixels wide, else zoom so it
     // fills a tenth of the track; centre it when it is off screen.
     const TimeMapping tm = trace_mapping();
@@ -291,6 +301,9 @@ void TimelineView::resizeEvent(QResizeEvent* e) {
   QAbstractScrollArea::resizeEvent(e);
   if (!fitted_) {
     fit_all();
+  } else if (pinned_) {
+    map_.fit(pinned_t0_, pinned_t1_, track_width());
+    changed_mapping();
   }
   relayout();
 }
@@ -532,6 +545,7 @@ void TimelineView::mouseMoveEvent(QMouseEvent* e) {
   last_mouse_ = pos;
   if (drag_ != Drag::None && (pos - press_pos_).manhattanLength() >= 3) moved_ = true;
   if (drag_ == Drag::Pan && moved_) {
+    pinned_ = false;
     map_ = press_map_;
     map_.pan_px(pos.x() - press_pos_.x());
     verticalScrollBar()->setValue(press_scroll_ - (pos.y() - press_pos_.y()));

@@ -3,7 +3,11 @@
 // Accepted format: a header line naming the columns, comma-separated, in any order. Required:
 // `gpus` (integer) and `tokens_per_s`. Optional: `efficiency` (a fraction, 1.0 = linear scaling;
 // when absent it is computed against the smallest GPU count: (tps/gpus) / (tps0/gpus0)). Other
-// columns are ignored. When several rows share a GPU count (a layout search), the fastest is kept.
+// columns are ignored (the note column may be quoted; it is the last one). A row whose tokens_per_s
+// is empty (a GPU count the sweep could not place) is skipped. When several rows share a GPU count
+// (a layout search), the fastest is kept. This is the header `orrery sweep --csv` writes:
+//   gpus,dp,tp,pp,zero,micro_batch,step_time_s,tokens_per_s,tflops_per_gpu,mfu,efficiency,
+//   peak_memory_bytes,fits,note
 #pragma once
 
 #include <string>

@@ -8,6 +8,7 @@
 
 #include <QAbstractScrollArea>
 #include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -110,6 +111,10 @@ class TimelineView : public QAbstractScrollArea {
   TimeMapping map_;
   int64_t shift_ns_ = 0;
   bool fitted_ = false;
+  // The view range that fit_all / zoom_to asked for (view time), kept until the user zooms or pans,
+  // so a view sized after it was set up (a hidden tab, a splitter) still shows that range.
+  bool pinned_ = false;
+  int64_t pinned_t0_ = 0, pinned_t1_ = 1;
 
   int64_t selected_ = -1;
   int64_t hovered_ = -1;
