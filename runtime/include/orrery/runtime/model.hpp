@@ -21,6 +21,8 @@
 // stage_output(). Before gpt_backward on a stage without the head, write the received gradient
 // (B,T,C) to GptGradScratch::dres; after it, dres holds the gradient of stage_input() to send back.
 // Each micro-batch in flight needs its own GptActivations; one GptGradScratch is enough per rank.
+// Interleaved schedules (several model chunks per rank) use one Gpt per chunk, each created with
+// its own GptShard (a contiguous layer range); the chunks' flat arrays are then separate.
 //
 // Tensor parallelism (Megatron): with tp_size > 1 each block holds NH/tp heads (qkv columns, i.e.
 // rows of the (3C, C) weight for q, k and v of those heads; the matching columns of the attention
