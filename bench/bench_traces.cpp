@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
   int64_t n_spans = 5'000'000;
   std::string dir = std::filesystem::temp_directory_path().string();
   bool keep = false, as_json = false, write_only = false;
+  std::string read_path;  // --read FILE: skip writing, measure the reads of an existing trace
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--spans") && i + 1 < argc) {
       n_spans = std::atoll(argv[++i]);
@@ -72,16 +73,18 @@ int main(int argc, char** argv) {
       keep = true;
     } else if (!std::strcmp(argv[i], "--json")) {
       as_json = true;
+    } else if (!std::strcmp(argv[i], "--read") && i + 1 < argc) {
+      read_path = argv[++i];
+      keep = true;
     } else if (!std::strcmp(argv[i], "--write-only")) {
       write_only = true;  // for profiling the writer
     } else {
-      std::fprintf(stderr, "usage: bench_traces [--spans N] [--dir DIR] [--keep] [--json] [--write-only]\n");
+      std::fprintf(stderr, "usage: bench_traces [--spans N] [--dir DIR] [--keep] [--json] [--write-only] [--read FILE]\n");
       return 2;
     }
   }
-  const std::string path = dir + "/bench_traces.db";
+  const std::string path = read_path.empty() ? dir + "/bench_traces.db" : read_path;
   nlohmann::json fig;
-  fig["spans"] = n_spans;
   auto record = [&](const char* name, const Phase& p) {
     fig[std::string(name) + "_wall_s"] = p.wall();
     fig[std::string(name) + "_cpu_s"] = p.cpu();
@@ -89,7 +92,7 @@ int main(int argc, char** argv) {
 
   // --- write: spans arrive round-robin over ranks and streams, each stream in time order, as a
   // multi-threaded recorder would produce them.
-  {
+  if (read_path.empty()) {
     Phase all;
     TraceWriter w(path);
     RunMeta meta;
@@ -156,10 +159,13 @@ int main(int argc, char** argv) {
       record("load_all_1thread", one);
     }
 
-    // Windows on rank 3, compute stream, sized to hold ~10k spans.
+    if (!read_path.empty()) n_spans = static_cast<int64_t>(t.spans.size());
+
+    // Windows on the stream with the most spans, sized to hold ~10k spans.
     int64_t b0 = 0, b1 = 0, cnt = 0;
+    int32_t wrank = 0, wstream = 0;
     for (const auto& b : r.stream_bounds()) {
-      if (b.rank == 3 && b.stream == 0) b0 = b.start_ns, b1 = b.end_ns, cnt = b.count;
+      if (b.count > cnt) b0 = b.start_ns, b1 = b.end_ns, cnt = b.count, wrank = b.rank, wstream = b.stream;
     }
     const int64_t width = cnt > 0 ? (b1 - b0) * 10000 / cnt : 1;
     std::vector<double> wall_ms, cpu_ms;
@@ -170,7 +176,7 @@ int main(int argc, char** argv) {
       const auto range = static_cast<uint64_t>(std::max<int64_t>(1, b1 - b0 - width));
       const int64_t start = b0 + static_cast<int64_t>(rng.next() % range);
       Phase p;
-      returned += r.spans_in_window(3, 0, start, start + width).size();
+      returned += r.spans_in_window(wrank, wstream, start, start + width).size();
       wall_ms.push_back(p.wall() * 1e3);
       cpu_ms.push_back(p.cpu() * 1e3);
     }
@@ -195,6 +201,7 @@ int main(int argc, char** argv) {
   }
   if (!keep) std::filesystem::remove(path);
 
+  fig["spans"] = n_spans;
   if (as_json) {
     std::printf("%s\n", fig.dump().c_str());
     return 0;
@@ -207,6 +214,9 @@ int main(int argc, char** argv) {
   };
   std::printf("trace store, %lld spans (%d ranks x %d streams); cpu = process user+sys time\n",
               static_cast<long long>(n_spans), kRanks, kStreams);
+  if (!read_path.empty()) {
+    fig["write_wall_s"] = fig["write_cpu_s"] = fig["close_wall_s"] = fig["close_cpu_s"] = 0.0;
+  }
   line("write (add_span, flush)", "write");
   std::printf("  %-26s wall %8.0f /s  cpu %8.0f /s\n", "  spans per second",
               n / fig["write_wall_s"].get<double>(), n / fig["write_cpu_s"].get<double>());

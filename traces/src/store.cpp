@@ -497,7 +497,8 @@ void TraceWriter::flush_locked() {
         for (size_t j = b; j < b + n; ++j) {
           const Span& s = span_buf_[g[j]];
           im.block.push_back(s);
-          max_end = std::max(max_end, s.end_ns);
+          // A malformed span ending before it starts still has to be found by its start.
+          max_end = std::max(max_end, std::max(s.end_ns, s.start_ns));
           max_dur = std::max(max_dur, s.end_ns - s.start_ns);
         }
         im.packed.clear();
