@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
   QCommandLineOption shot(QString("screenshot"), "Render the window to FILE.png and exit.", "FILE.png");
   QCommandLineOption size(QString("size"), "Window size for --screenshot (default 1600x1000).", "WxH", "1600x1000");
   QCommandLineOption tab(QString("tab"), "Tab to show: timeline, compare or charts.", "NAME", "timeline");
-  QCommandLineOption select(QString("select"), "Select (and reveal) the first span whose name contains TEXT.", "TEXT");
+  QCommandLineOption select(QString("select"),
+                            "Select the first span whose name contains TEXT, at or after the start of the view.", "TEXT");
   QCommandLineOption range(QString("range"), "Select the range T0:T1 (ns from the trace start) and show its metrics.", "T0:T1");
   QCommandLineOption zoom(QString("zoom"), "Show T0:T1 (ns from the trace start).", "T0:T1");
   QCommandLineOption group(QString("group"), "Group lanes by rank, dp, tp or pp.", "BY", "rank");
@@ -78,7 +79,7 @@ int main(int argc, char** argv) {
     if (cli.isSet(range)) win.select_range(zero + r0, zero + r1);
     if (cli.isSet(select)) {
       win.search(cli.value(select));
-      win.search_next();
+      win.search_from(win.timeline()->visible_start_ns());
     }
     win.show_tab(cli.value(tab));
   };

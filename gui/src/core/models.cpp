@@ -257,8 +257,8 @@ QVariant StepDiffModel::headerData(int section, Qt::Orientation o, int role) con
     case kDiffPct: return QStringLiteral("Δ %");
     case kACompute: return a_name_ + " compute";
     case kBCompute: return b_name_ + " compute";
-    case kAExposed: return a_name_ + " exposed comm";
-    case kBExposed: return b_name_ + " exposed comm";
+    case kAExposed: return a_name_ + " exp. comm";
+    case kBExposed: return b_name_ + " exp. comm";
     default: return {};
   }
 }

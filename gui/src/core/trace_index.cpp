@@ -15,7 +15,12 @@ TraceIndex::TraceIndex(const traces::Trace& t, KindMask kinds) : kinds_(kinds) {
   // Lanes: every (rank, stream) that has a span or a StreamInfo, in order.
   std::map<std::pair<int32_t, int32_t>, std::string> lane_names;
   for (const auto& s : t.streams) lane_names[{s.rank, s.stream}] = s.name;
-  for (const auto& s : spans) lane_names.try_emplace({s.rank, s.stream}, std::string());
+  std::pair<int32_t, int32_t> last{INT32_MIN, INT32_MIN};
+  for (const auto& s : spans) {
+    if (std::pair{s.rank, s.stream} == last) continue;  // spans come grouped by lane: one lookup per run
+    last = {s.rank, s.stream};
+    lane_names.try_emplace(last, std::string());
+  }
   std::map<std::pair<int32_t, int32_t>, size_t> lane_pos;
   for (auto& [key, name] : lane_names) {
     Lane lane;

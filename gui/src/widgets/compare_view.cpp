@@ -51,8 +51,7 @@ CompareView::CompareView(QWidget* parent) : QWidget(parent) {
   table_->setModel(&diff_model_);
   table_->verticalHeader()->hide();
   table_->verticalHeader()->setDefaultSectionSize(20);
-  table_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
-  table_->horizontalHeader()->setStretchLastSection(true);
+  table_->horizontalHeader()->setSectionResizeMode(QHeaderView::Stretch);
   table_->setAlternatingRowColors(true);
   split->addWidget(table_);
   split->setSizes({400, 400, 200});

@@ -510,6 +510,14 @@ void MainWindow::search_next() {
   }
 }
 
+bool MainWindow::search_from(int64_t t_ns) {
+  const int64_t s = search_.first_at_or_after(t_ns);
+  if (s < 0) return false;
+  timeline_->select_span(s, true);
+  search_label_->setText(tr("%1 / %2").arg(search_.current() + 1).arg(search_.size()));
+  return true;
+}
+
 void MainWindow::search_previous() {
   const int64_t s = search_.previous();
   if (s >= 0) {

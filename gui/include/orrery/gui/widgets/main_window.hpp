@@ -52,6 +52,8 @@ class MainWindow : public QMainWindow {
   void search(const QString& text);
   void search_next();
   void search_previous();
+  // Selects the first match that starts at or after t (trace time), wrapping; false when none.
+  bool search_from(int64_t t_ns);
   void set_kind_visible(traces::SpanKind k, bool visible);
   // Selects a range on the timeline (trace time) and computes its metrics.
   void select_range(int64_t t0_ns, int64_t t1_ns);
