@@ -10,6 +10,7 @@
 #include "command.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/format.hpp"
+#include "orrery/profiler/compare.hpp"
 #include "orrery/profiler/metrics.hpp"
 #include "orrery/traces/store.hpp"
 
@@ -256,6 +257,19 @@ std::vector<Row> compare_rows(const Metrics& a, const Metrics& b) {
 
 double diff_pct(double a, double b) { return a != 0 ? 100.0 * (b - a) / a : 0.0; }
 
+json span_compare_json(const profiler::SpanComparison& c) {
+  auto rows = [](const std::vector<profiler::CompareRow>& v) {
+    json a = json::array();
+    for (const auto& r : v)
+      a.push_back({{"key", r.key}, {"pairs", r.pairs}, {"a_ns", r.a_ns}, {"b_ns", r.b_ns}, {"error_pct", r.error_pct()},
+                   {"mean_abs_error_pct", r.mean_abs_error_pct()}});
+    return a;
+  };
+  return {{"matched", c.matched}, {"only_a", c.only_a}, {"only_b", c.only_b}, {"steps", c.steps_compared},
+          {"step_a_ns", c.step_a_ns}, {"step_b_ns", c.step_b_ns}, {"by_class", rows(c.by_class)},
+          {"by_name", rows(c.by_name)}};
+}
+
 int run_report(const ReportArgs& args) {
   if (args.peak_tflops < 0) throw InputError("--peak-tflops: expected a value >= 0");
   profiler::MetricsOptions opt = args.opt;
@@ -278,6 +292,7 @@ int run_report(const ReportArgs& args) {
     json d = json::object();
     for (const auto& r : rows) d[r.name] = {{"a", r.a}, {"b", r.b}, {"diff_pct", diff_pct(r.a, r.b)}};
     j["compare"] = std::move(d);
+    j["span_compare"] = span_compare_json(profiler::compare_spans(a.trace, b.trace, {args.opt.skip_steps}));
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -292,6 +307,8 @@ int run_report(const ReportArgs& args) {
     std::cout << pad(r.name, 16, false) << pad(show(r.a), 14) << pad(show(r.b), 14)
               << pad(r.a != 0 ? fmt("%+.1f %%", diff_pct(r.a, r.b)) : "-", 11) << "\n";
   }
+  // Span by span (profiler/compare.hpp): error per op class and per op name.
+  std::cout << "\n" << profiler::format_comparison(profiler::compare_spans(a.trace, b.trace, {args.opt.skip_steps}));
   return 0;
 }
 

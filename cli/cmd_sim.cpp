@@ -11,6 +11,7 @@
 #include "command.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
+#include "orrery/sim/calibrate.hpp"
 #include "orrery/sim/cluster.hpp"
 #include "orrery/sim/sweep.hpp"
 #include "orrery/traces/store.hpp"
@@ -84,6 +85,9 @@ Command setup(CLI::App& root) {
     if (!a->cluster.empty()) {
       cluster_path = resolve_cluster(a->cluster);
       cluster = sim::load_cluster(cluster_path);
+    } else if (!a->hw.empty() && sim::load_hardware_profile(a->hw).cluster.nodes > 0) {
+      // A calibrated profile describes the machine its traces came from (sim/calibrate.hpp).
+      cluster = sim::cluster_from_profile(sim::load_hardware_profile(a->hw), loaded.world_size());
     } else {
       cluster = default_cluster(loaded);
     }
@@ -102,6 +106,8 @@ Command setup(CLI::App& root) {
     opt.precision = a->precision;
     opt.profile = a->hw.empty() ? sim::profile_for(cluster, sim::hardware_dir_for(cluster_path))
                                 : sim::load_hardware_profile(a->hw);
+    // Ranks sharing a node's cores slow down (a no-op for profiles without a `sharing:` section).
+    opt.profile = sim::profile_for_ranks(*opt.profile, sim::ranks_on_node(s, cluster));
     opt.keep_trace = !a->out.empty();
 
     // The memory check first: a model that cannot fit is bad input, not a prediction.

@@ -54,17 +54,18 @@ int64_t us_to_ns(double us, const YAML::Node& n, const std::string& origin, cons
 
 std::string_view to_string(OpClass c) { return kClassNames[static_cast<int>(c)]; }
 
-const CollectiveOverride* HardwareProfile::find_override(traces::CollOp op, bool intra_node) const {
-  const CollectiveOverride* any = nullptr;
+const CollectiveOverride* HardwareProfile::find_override(traces::CollOp op, bool intra_node, int group_size) const {
+  // Most specific first: the group's size and scope, its size, the scope, then any.
+  const CollectiveOverride* best = nullptr;
+  int best_score = -1;
   for (const auto& o : collectives) {
     if (o.op != op) continue;
-    if (o.scope == CollectiveScope::Any) {
-      if (!any) any = &o;
-    } else if ((o.scope == CollectiveScope::IntraNode) == intra_node) {
-      return &o;  // a scoped override beats an unscoped one
-    }
+    if (o.ranks != 0 && o.ranks != group_size) continue;
+    if (o.scope != CollectiveScope::Any && (o.scope == CollectiveScope::IntraNode) != intra_node) continue;
+    const int score = (o.ranks != 0 ? 2 : 0) + (o.scope != CollectiveScope::Any ? 1 : 0);
+    if (score > best_score) best = &o, best_score = score;
   }
-  return any;
+  return best;
 }
 
 HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& origin) {
@@ -77,7 +78,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (!root.IsMap()) throw InputError(origin + ": a hardware profile must be a YAML mapping");
   check_keys(root,
              {"name", "device", "precision", "peak_flops", "memory_bandwidth_gbps", "data_load_us", "kernels",
-              "collectives", "machine"},
+              "collectives", "machine", "cluster", "sharing"},
              origin, "");
   HardwareProfile p;
   p.name = root["name"] ? root["name"].as<std::string>() : origin;
@@ -124,7 +125,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (const auto cs = root["collectives"]) {
     if (!cs.IsSequence()) throw InputError(where(origin, cs, "collectives") + ": expected a list");
     for (const auto& n : cs) {
-      check_keys(n, {"op", "scope", "latency_us", "bus_bandwidth_gbps"}, origin, "collectives[].");
+      check_keys(n, {"op", "scope", "ranks", "latency_us", "bus_bandwidth_gbps"}, origin, "collectives[].");
       CollectiveOverride o;
       const std::string op = n["op"] ? n["op"].as<std::string>() : "";
       const auto parsed = traces::coll_op_from_string(op);
@@ -137,6 +138,11 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
       else if (scope == "intra_node") o.scope = CollectiveScope::IntraNode;
       else if (scope == "inter_node") o.scope = CollectiveScope::InterNode;
       else throw InputError(where(origin, n["scope"], "collectives[].scope") + ": expected any, intra_node or inter_node");
+      if (n["ranks"]) {
+        const double r = get_number(n["ranks"], origin, "collectives[].ranks");
+        if (!(r >= 0) || r != std::floor(r)) throw InputError(where(origin, n["ranks"], "collectives[].ranks") + ": expected a whole number >= 0");
+        o.ranks = static_cast<int>(r);
+      }
       if (n["latency_us"]) o.latency_ns = us_to_ns(get_number(n["latency_us"], origin, "collectives[].latency_us"),
                                                    n["latency_us"], origin, "collectives[].latency_us");
       if (!n["bus_bandwidth_gbps"]) throw InputError(where(origin, n, "collectives[].bus_bandwidth_gbps") + ": required");
@@ -145,6 +151,49 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
       o.bus_bandwidth_bytes_per_s = g * 1e9;
       p.collectives.push_back(o);
     }
+  }
+  if (const auto c = root["cluster"]) {
+    if (!c.IsMap()) throw InputError(where(origin, c, "cluster") + ": expected a mapping");
+    check_keys(c, {"device", "nodes", "ranks_per_node", "peak_flops", "memory_bandwidth_gbps", "memory_capacity_gb",
+                   "link", "link_gb_per_s", "link_latency_us"},
+               origin, "cluster.");
+    auto num = [&](const char* key, double lo) {
+      const double v = get_number(c[key], origin, std::string("cluster.") + key);
+      if (!(v >= lo)) throw InputError(where(origin, c[key], std::string("cluster.") + key) + ": expected a number >= " +
+                                       std::to_string(static_cast<int>(lo)));
+      return v;
+    };
+    MachineDescription& m = p.cluster;
+    if (c["device"]) m.device = c["device"].as<std::string>();
+    m.nodes = c["nodes"] ? static_cast<int>(num("nodes", 1)) : 1;
+    if (!c["ranks_per_node"]) throw InputError(where(origin, c, "cluster.ranks_per_node") + ": required");
+    m.ranks_per_node = static_cast<int>(num("ranks_per_node", 1));
+    if (c["peak_flops"]) m.peak_flops = num("peak_flops", 0);
+    if (c["memory_bandwidth_gbps"]) m.memory_bandwidth_bytes_per_s = num("memory_bandwidth_gbps", 0) * 1e9;
+    if (c["memory_capacity_gb"]) m.memory_capacity_bytes = static_cast<int64_t>(num("memory_capacity_gb", 0) * 1e9);
+    if (c["link"]) m.link = c["link"].as<std::string>();
+    if (c["link_gb_per_s"]) m.link_bytes_per_s = num("link_gb_per_s", 0) * 1e9;
+    if (c["link_latency_us"])
+      m.link_latency_ns = us_to_ns(num("link_latency_us", 0), c["link_latency_us"], origin, "cluster.link_latency_us");
+  }
+  if (const auto sh = root["sharing"]) {
+    if (!sh.IsMap()) throw InputError(where(origin, sh, "sharing") + ": expected a mapping");
+    check_keys(sh, {"cores", "threads_per_rank", "contention_at_full", "oversubscription_exponent", "comm_exponent"},
+               origin, "sharing.");
+    auto num = [&](const char* key, double lo) {
+      const double v = get_number(sh[key], origin, std::string("sharing.") + key);
+      if (!(v >= lo) || !std::isfinite(v))
+        throw InputError(where(origin, sh[key], std::string("sharing.") + key) + ": expected a number >= " +
+                         std::to_string(lo));
+      return v;
+    };
+    CoreSharing& cs = p.sharing;
+    if (!sh["cores"]) throw InputError(where(origin, sh, "sharing.cores") + ": required");
+    cs.cores = static_cast<int>(num("cores", 1));
+    if (sh["threads_per_rank"]) cs.threads_per_rank = static_cast<int>(num("threads_per_rank", 1));
+    if (sh["contention_at_full"]) cs.contention_at_full = num("contention_at_full", 1.0);
+    if (sh["oversubscription_exponent"]) cs.oversubscription_exponent = num("oversubscription_exponent", 0.0);
+    if (sh["comm_exponent"]) cs.comm_exponent = num("comm_exponent", 0.0);
   }
   if (const auto m = root["machine"]) {
     if (!m.IsMap()) throw InputError(where(origin, m, "machine") + ": expected a mapping of strings");
@@ -188,11 +237,36 @@ std::string to_yaml(const HardwareProfile& p) {
       e << YAML::Key << "op" << YAML::Value << std::string(traces::to_string(o.op));
       e << YAML::Key << "scope" << YAML::Value
         << (o.scope == CollectiveScope::Any ? "any" : o.scope == CollectiveScope::IntraNode ? "intra_node" : "inter_node");
+      if (o.ranks != 0) e << YAML::Key << "ranks" << YAML::Value << o.ranks;
       e << YAML::Key << "latency_us" << YAML::Value << o.latency_ns / 1000.0;
       e << YAML::Key << "bus_bandwidth_gbps" << YAML::Value << o.bus_bandwidth_bytes_per_s / 1e9;
       e << YAML::EndMap;
     }
     e << YAML::EndSeq;
+  }
+  if (p.cluster.nodes > 0) {
+    const MachineDescription& m = p.cluster;
+    e << YAML::Key << "cluster" << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "device" << YAML::Value << m.device;
+    e << YAML::Key << "nodes" << YAML::Value << m.nodes;
+    e << YAML::Key << "ranks_per_node" << YAML::Value << m.ranks_per_node;
+    e << YAML::Key << "peak_flops" << YAML::Value << m.peak_flops;
+    e << YAML::Key << "memory_bandwidth_gbps" << YAML::Value << m.memory_bandwidth_bytes_per_s / 1e9;
+    e << YAML::Key << "memory_capacity_gb" << YAML::Value << double(m.memory_capacity_bytes) / 1e9;
+    if (!m.link.empty()) e << YAML::Key << "link" << YAML::Value << m.link;
+    e << YAML::Key << "link_gb_per_s" << YAML::Value << m.link_bytes_per_s / 1e9;
+    e << YAML::Key << "link_latency_us" << YAML::Value << m.link_latency_ns / 1000.0;
+    e << YAML::EndMap;
+  }
+  if (p.sharing.cores > 0) {
+    const CoreSharing& cs = p.sharing;
+    e << YAML::Key << "sharing" << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "cores" << YAML::Value << cs.cores;
+    e << YAML::Key << "threads_per_rank" << YAML::Value << cs.threads_per_rank;
+    e << YAML::Key << "contention_at_full" << YAML::Value << cs.contention_at_full;
+    e << YAML::Key << "oversubscription_exponent" << YAML::Value << cs.oversubscription_exponent;
+    e << YAML::Key << "comm_exponent" << YAML::Value << cs.comm_exponent;
+    e << YAML::EndMap;
   }
   e << YAML::Key << "machine" << YAML::Value << YAML::BeginMap;
   for (const auto& [k, v] : p.machine) e << YAML::Key << k << YAML::Value << v;

@@ -19,6 +19,19 @@
 //     optimizer:   {...}
 //   collectives:                # optional alpha-beta overrides of the network model, per op and scope
 //     - {op: all_reduce, scope: intra_node, latency_us: 8, bus_bandwidth_gbps: 360}
+//     - {op: all_reduce, ranks: 4, latency_us: 30, bus_bandwidth_gbps: 2}   # only for groups of 4
+//   cluster:                    # optional (calibrated profiles): the machine the traces came from,
+//     device: cpu               #   built by `orrery sim --hw PROFILE` when no --cluster is given
+//     nodes: 1
+//     ranks_per_node: 8         #   rank slots per node, on a crossbar
+//     peak_flops: 1.1e10        #   FLOP/s of one rank slot; memory_bandwidth_gbps, memory_capacity_gb
+//     link_gb_per_s: 3          #   rank-to-rank path (MPI over shared memory here), latency_us
+//   sharing:                    # optional: ranks sharing the cores of a node (calibrate.hpp)
+//     cores: 2
+//     threads_per_rank: 1
+//     contention_at_full: 1.1   #   a rank's compute slowdown when ranks x threads = cores, vs alone
+//     oversubscription_exponent: 1.0   # beyond: slowdown = contention_at_full x (ranks x threads / cores)^e
+//     comm_exponent: 1.0        #   collectives: (ranks x threads / cores)^e beyond the cores
 //   machine:                    # the machine the profile was measured on (free-form strings)
 //     host: ..., cpu: ..., gpus: ..., driver: ..., date: ..., source: ...
 #pragma once
@@ -55,8 +68,33 @@ enum class CollectiveScope : uint8_t { Any = 0, IntraNode = 1, InterNode = 2 };
 struct CollectiveOverride {
   traces::CollOp op = traces::CollOp::AllReduce;
   CollectiveScope scope = CollectiveScope::Any;
+  int ranks = 0;  // applies to groups of exactly this many ranks; 0 = any size
   int64_t latency_ns = 0;
   double bus_bandwidth_bytes_per_s = 0;
+};
+
+// The machine a calibrated profile was measured on (the `cluster:` section); nodes == 0 when the
+// profile does not describe one (the per-device defaults).
+struct MachineDescription {
+  std::string device = "cpu";  // device preset the rank slots are
+  int nodes = 0;
+  int ranks_per_node = 0;
+  double peak_flops = 0;                    // per rank slot, FLOP/s (0: the preset's)
+  double memory_bandwidth_bytes_per_s = 0;  // per rank slot (0: the preset's)
+  int64_t memory_capacity_bytes = 0;        // per rank slot (0: the preset's)
+  double link_bytes_per_s = 0;              // rank-to-rank bandwidth, per direction (0: the preset's)
+  int64_t link_latency_ns = 0;
+  std::string link;                         // how ranks reach each other, in words
+};
+
+// Ranks sharing the cores of one node (the `sharing:` section; cores == 0: no sharing model). The
+// law that uses these numbers is sim/calibrate.hpp's compute_slowdown / comm_slowdown.
+struct CoreSharing {
+  int cores = 0;
+  int threads_per_rank = 1;
+  double contention_at_full = 1.0;
+  double oversubscription_exponent = 1.0;
+  double comm_exponent = 1.0;
 };
 
 struct HardwareProfile {
@@ -70,10 +108,13 @@ struct HardwareProfile {
   std::array<ClassCost, kOpClassCount> classes{};
   std::vector<CollectiveOverride> collectives;
   std::map<std::string, std::string> machine;  // the `machine:` section
+  MachineDescription cluster;                  // the `cluster:` section
+  CoreSharing sharing;                         // the `sharing:` section
 
   const ClassCost& cost(OpClass c) const { return classes[static_cast<int>(c)]; }
-  // The override for `op` over a group that is (or is not) inside one node, or null.
-  const CollectiveOverride* find_override(traces::CollOp op, bool intra_node) const;
+  // The override for `op` over a group that is (or is not) inside one node, or null. With
+  // group_size > 0, an override for exactly that many ranks beats one for any size.
+  const CollectiveOverride* find_override(traces::CollOp op, bool intra_node, int group_size = 0) const;
 };
 
 // Reads a profile file; throws InputError naming the file and key on unknown keys, wrong types,

@@ -1,0 +1,809 @@
+// Calibration of a hardware profile from real traces: the fitting maths (NNLS, affine fits), the
+// core-sharing law, and the fit itself (see calibrate.hpp for the model).
+#include "orrery/sim/calibrate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <tuple>
+#include <unistd.h>
+
+#include "orrery/common/error.hpp"
+#include "orrery/common/scenario.hpp"
+#include "orrery/sim/workload.hpp"
+
+namespace orrery::sim {
+
+// ---------------------------------------------------------------------------------------------
+// Fitting maths
+
+namespace {
+
+// Solves the normal equations of A restricted to columns `cols` (Gaussian elimination with partial
+// pivoting); singular directions get 0.
+std::vector<double> ls_on(const std::vector<double>& a, int rows, int ncols, const std::vector<double>& b,
+                          const std::vector<int>& cols) {
+  const int k = static_cast<int>(cols.size());
+  std::vector<double> m(k * (k + 1), 0.0);
+  for (int i = 0; i < k; ++i) {
+    for (int j = 0; j < k; ++j) {
+      double s = 0;
+      for (int r = 0; r < rows; ++r) s += a[r * ncols + cols[i]] * a[r * ncols + cols[j]];
+      m[i * (k + 1) + j] = s;
+    }
+    double s = 0;
+    for (int r = 0; r < rows; ++r) s += a[r * ncols + cols[i]] * b[r];
+    m[i * (k + 1) + k] = s;
+  }
+  double scale = 0;
+  for (int i = 0; i < k; ++i) scale = std::max(scale, std::abs(m[i * (k + 1) + i]));
+  const double eps = std::max(scale, 1e-300) * 1e-13;
+  std::vector<int> piv_row(k, -1);
+  std::vector<bool> used(k, false);
+  for (int c = 0; c < k; ++c) {
+    int best = -1;
+    double bv = eps;
+    for (int r = 0; r < k; ++r)
+      if (!used[r] && std::abs(m[r * (k + 1) + c]) > bv) best = r, bv = std::abs(m[r * (k + 1) + c]);
+    if (best < 0) continue;  // singular direction
+    used[best] = true;
+    piv_row[c] = best;
+    for (int r = 0; r < k; ++r) {
+      if (r == best) continue;
+      const double f = m[r * (k + 1) + c] / m[best * (k + 1) + c];
+      if (f == 0) continue;
+      for (int j = c; j <= k; ++j) m[r * (k + 1) + j] -= f * m[best * (k + 1) + j];
+    }
+  }
+  std::vector<double> x(k, 0.0);
+  for (int c = 0; c < k; ++c)
+    if (piv_row[c] >= 0) x[c] = m[piv_row[c] * (k + 1) + k] / m[piv_row[c] * (k + 1) + c];
+  return x;
+}
+
+}  // namespace
+
+std::vector<double> nnls(const std::vector<double>& a, int rows, int cols, const std::vector<double>& b) {
+  if (rows < 0 || cols < 0 || a.size() != size_t(rows) * size_t(cols) || b.size() != size_t(rows))
+    throw InternalError("nnls: matrix and vector sizes disagree");
+  std::vector<double> x(cols, 0.0);
+  std::vector<bool> passive(cols, false);
+  auto gradient = [&]() {  // w = A^T (b - A x)
+    std::vector<double> r(rows), w(cols, 0.0);
+    for (int i = 0; i < rows; ++i) {
+      double s = b[i];
+      for (int j = 0; j < cols; ++j) s -= a[i * cols + j] * x[j];
+      r[i] = s;
+    }
+    for (int j = 0; j < cols; ++j)
+      for (int i = 0; i < rows; ++i) w[j] += a[i * cols + j] * r[i];
+    return w;
+  };
+  double bnorm = 0;
+  for (double v : b) bnorm += v * v;
+  double anorm = 0;
+  for (double v : a) anorm = std::max(anorm, std::abs(v));
+  const double tol = 1e-12 * std::max(1.0, std::sqrt(bnorm)) * std::max(1.0, anorm) * std::max(1, rows);
+  for (int outer = 0; outer < 3 * cols + 10; ++outer) {
+    const auto w = gradient();
+    int t = -1;
+    double wmax = tol;
+    for (int j = 0; j < cols; ++j)
+      if (!passive[j] && w[j] > wmax) wmax = w[j], t = j;
+    if (t < 0) break;
+    passive[t] = true;
+    for (int inner = 0; inner < 3 * cols + 10; ++inner) {
+      std::vector<int> pcols;
+      for (int j = 0; j < cols; ++j)
+        if (passive[j]) pcols.push_back(j);
+      const auto z = ls_on(a, rows, cols, b, pcols);
+      bool feasible = true;
+      for (size_t i = 0; i < pcols.size(); ++i)
+        if (z[i] <= 0) feasible = false;
+      if (feasible) {
+        std::fill(x.begin(), x.end(), 0.0);
+        for (size_t i = 0; i < pcols.size(); ++i) x[pcols[i]] = z[i];
+        break;
+      }
+      // Step towards z as far as feasibility allows, then drop the columns that reached zero.
+      double alpha = 1.0;
+      for (size_t i = 0; i < pcols.size(); ++i)
+        if (z[i] <= 0) alpha = std::min(alpha, x[pcols[i]] / (x[pcols[i]] - z[i]));
+      for (size_t i = 0; i < pcols.size(); ++i) {
+        x[pcols[i]] += alpha * (z[i] - x[pcols[i]]);
+        if (x[pcols[i]] <= 1e-300 || (z[i] <= 0 && std::abs(x[pcols[i]]) < 1e-15 * (1 + std::abs(z[i])))) {
+          x[pcols[i]] = 0;
+          passive[pcols[i]] = false;
+        }
+      }
+    }
+  }
+  return x;
+}
+
+AffineFit fit_affine_nonneg(const std::vector<double>& x, const std::vector<double>& y, const std::vector<double>& w) {
+  if (x.size() != y.size() || (!w.empty() && w.size() != x.size()))
+    throw InternalError("fit_affine_nonneg: sizes disagree");
+  AffineFit f;
+  f.points = static_cast<int>(x.size());
+  if (x.empty()) return f;
+  const int n = f.points;
+  std::vector<double> a(2 * n), b(n);
+  for (int i = 0; i < n; ++i) {
+    const double s = w.empty() ? 1.0 : std::sqrt(std::max(0.0, w[i]));
+    a[2 * i] = s;
+    a[2 * i + 1] = s * x[i];
+    b[i] = s * y[i];
+  }
+  const auto p = nnls(a, n, 2, b);
+  f.intercept = p[0];
+  f.slope = p[1];
+  double ybar = 0, wsum = 0;
+  for (int i = 0; i < n; ++i) {
+    const double wi = w.empty() ? 1.0 : w[i];
+    ybar += wi * y[i], wsum += wi;
+  }
+  ybar /= wsum > 0 ? wsum : 1.0;
+  double ss_res = 0, ss_tot = 0;
+  for (int i = 0; i < n; ++i) {
+    const double wi = w.empty() ? 1.0 : w[i];
+    const double e = y[i] - (f.intercept + f.slope * x[i]);
+    ss_res += wi * e * e;
+    ss_tot += wi * (y[i] - ybar) * (y[i] - ybar);
+  }
+  f.r2 = ss_tot > 0 ? 1.0 - ss_res / ss_tot : (ss_res <= 1e-18 * (1 + ybar * ybar) ? 1.0 : 0.0);
+  return f;
+}
+
+int latency_steps(traces::CollOp op, int n) {
+  using traces::CollOp;
+  if (n < 2) return 0;
+  switch (op) {
+    case CollOp::AllReduce: return 2 * (n - 1);
+    case CollOp::ReduceScatter:
+    case CollOp::AllGather:
+    case CollOp::Broadcast:
+    case CollOp::Reduce: return n - 1;
+    default: return 1;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The core-sharing law
+
+double compute_slowdown(const CoreSharing& s, int ranks_on_node) {
+  if (s.cores <= 0 || ranks_on_node <= 0) return 1.0;
+  const double busy = double(ranks_on_node) * std::max(1, s.threads_per_rank);
+  const double u = busy / s.cores;
+  if (u <= 1.0) {
+    if (s.cores <= 1) return 1.0;
+    return 1.0 + (s.contention_at_full - 1.0) * (busy - 1.0) / double(s.cores - 1);
+  }
+  return s.contention_at_full * std::pow(u, s.oversubscription_exponent);
+}
+
+double comm_slowdown(const CoreSharing& s, int ranks_on_node) {
+  if (s.cores <= 0 || ranks_on_node <= 0) return 1.0;
+  const double u = double(ranks_on_node) * std::max(1, s.threads_per_rank) / s.cores;
+  return u <= 1.0 ? 1.0 : std::pow(u, s.comm_exponent);
+}
+
+HardwareProfile profile_for_ranks(const HardwareProfile& p, int ranks_on_node) {
+  if (p.sharing.cores <= 0) return p;
+  HardwareProfile q = p;
+  const double f = compute_slowdown(p.sharing, ranks_on_node);
+  const double fc = comm_slowdown(p.sharing, ranks_on_node);
+  for (auto& c : q.classes) {
+    c.flops_efficiency /= f;
+    c.bandwidth_efficiency /= f;
+    c.overhead_ns = static_cast<int64_t>(std::llround(double(c.overhead_ns) * f));
+  }
+  q.data_load_ns = static_cast<int64_t>(std::llround(double(q.data_load_ns) * f));
+  for (auto& o : q.collectives) {
+    o.latency_ns = static_cast<int64_t>(std::llround(double(o.latency_ns) * fc));
+    o.bus_bandwidth_bytes_per_s /= fc;
+  }
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " (%d ranks on %d cores: compute x%.3f, comm x%.3f)", ranks_on_node,
+                p.sharing.cores, f, fc);
+  q.name += buf;
+  return q;
+}
+
+int ranks_on_node(const Scenario& s, const Cluster& c) {
+  return std::max(1, std::min(s.world_size(), c.gpus_per_node));
+}
+
+Cluster cluster_from_profile(const HardwareProfile& p, int min_ranks) {
+  const MachineDescription& m = p.cluster;
+  if (m.nodes <= 0)
+    throw InputError((p.path.empty() ? p.name : p.path) +
+                     ": the hardware profile has no 'cluster:' section describing its machine (calibrated "
+                     "profiles from `orrery calibrate` have one); give --cluster");
+  const int slots = m.nodes * m.ranks_per_node;
+  if (min_ranks > slots)
+    throw InputError((p.path.empty() ? p.name : p.path) + ": the machine it describes has " + std::to_string(slots) +
+                     " rank slots (cluster.nodes x cluster.ranks_per_node) but the run needs " +
+                     std::to_string(min_ranks));
+  Cluster c;
+  c.name = p.name + "-machine";
+  c.path = p.path;
+  auto dev = device_preset(m.device);
+  if (!dev) throw InputError((p.path.empty() ? p.name : p.path) + ": key 'cluster.device': unknown device '" + m.device + "'");
+  c.device = *dev;
+  if (m.peak_flops > 0) c.device.peak_fp32_flops = c.device.peak_tf32_flops = c.device.peak_bf16_flops = m.peak_flops;
+  if (m.memory_bandwidth_bytes_per_s > 0) c.device.mem_bandwidth_bytes_per_s = m.memory_bandwidth_bytes_per_s;
+  if (m.memory_capacity_bytes > 0) c.device.mem_capacity_bytes = m.memory_capacity_bytes;
+  // One node sized to the run: the ranks of a run on this machine are all on one host (the sharing
+  // law, not the slot count, says what crowding costs).
+  c.nodes = 1;
+  c.gpus_per_node = min_ranks > 0 ? min_ranks : m.ranks_per_node;
+  c.topo.kind = TopologyKind::Crossbar;
+  if (m.link_bytes_per_s > 0) c.topo.nvlink_gb_per_s = m.link_bytes_per_s / 1e9;
+  c.topo.nvlink_latency_ns = m.link_latency_ns / 2;  // two hops through the crossbar per transfer
+  c.coll.step_latency_ns = 0;
+  build_topology(c);
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calibration
+
+namespace {
+
+// Columns: gemm, attention (s/FLOP); elementwise, layernorm, softmax_loss, optimizer (s/byte); then
+// one per-kernel overhead per class (kernel counts).
+constexpr int kCols = 2 * kOpClassCount;
+int column_of(OpClass c) { return static_cast<int>(c); }
+bool flop_class(OpClass c) { return c == OpClass::Gemm || c == OpClass::Attention; }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct TraceInfo {
+  const traces::Trace* t = nullptr;
+  Scenario s;
+  int ranks = 1;
+  int ranks_on_node = 1;
+  int first_counted_step = 0;
+  std::string label;
+};
+
+// The kernels of a compute span of the runtime (nullopt for names the simulator does not model).
+std::optional<std::vector<Kernel>> kernels_of(const std::string& name, int piece, const Scenario& s,
+                                               const traces::RankInfo* coord) {
+  const ModelDims d = model_dims(s, 4);  // the CPU runtime is fp32
+  auto cat = [](std::vector<Kernel> a, const std::vector<Kernel>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  if (name == "fwd.embed") return embedding_forward_kernels(d);
+  if (name == "bwd.embed") return embedding_backward_kernels(d);
+  if (name == "fwd.head") return head_forward_kernels(d);
+  if (name == "bwd.head") return head_backward_kernels(d);
+  if (name == "fwd.block" || name == "bwd.block") {
+    const auto af = attention_forward_kernels(d), mf = mlp_forward_kernels(d);
+    const auto ab = attention_backward_kernels(d), mb = mlp_backward_kernels(d);
+    if (d.tp == 1) return name == "fwd.block" ? cat(af, mf) : cat(mb, ab);
+    // The runtime's three pieces per block under tp (workload.cpp's make_costs).
+    if (name == "fwd.block") {
+      if (piece == 0) return std::vector<Kernel>{af[0], af[1], af[2], af[3]};
+      if (piece == 1) return std::vector<Kernel>{af[4], mf[0], mf[1], mf[2], mf[3]};
+      if (piece == 2) return std::vector<Kernel>{mf[4]};
+    } else {
+      if (piece == 0) return std::vector<Kernel>{mb[4], mb[3], mb[2], mb[1]};
+      if (piece == 1) return std::vector<Kernel>{mb[0], ab[4], ab[3], ab[2], ab[1]};
+      if (piece == 2) return std::vector<Kernel>{ab[0]};
+    }
+    return std::nullopt;
+  }
+  if (name == "adamw") {
+    int64_t params = 0;
+    for (const auto& p : stage_parameters(s, coord ? coord->pp : 0)) params += p.count;
+    const double held = s.parallel.zero >= 1 ? double(params) / s.parallel.dp : double(params);
+    return optimizer_kernels(held, 28.0);
+  }
+  return std::nullopt;
+}
+
+std::string shape_of(const Scenario& s) {
+  std::ostringstream o;
+  o << "b" << s.training.micro_batch << " t" << s.model.seq << " c" << s.model.d_model << " v" << s.model.vocab
+    << " tp" << s.parallel.tp;
+  if (s.parallel.zero) o << " zero" << s.parallel.zero;
+  if (s.parallel.pp > 1) o << " pp" << s.parallel.pp;
+  return o.str();
+}
+
+// Per trace: median duration of each compute op (name, piece, shape).
+struct OpKey {
+  std::string name;
+  int piece = 0;
+  int pieces = 1;
+  std::string shape;
+  int stage = 0;
+  bool operator<(const OpKey& o) const {
+    return std::tie(name, piece, shape, stage) < std::tie(o.name, o.piece, o.shape, o.stage);
+  }
+};
+struct OpObs {
+  std::vector<double> durations;
+  std::vector<Kernel> kernels;
+};
+
+int64_t this_machine_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? int64_t(pages) * page : 8LL << 30;
+}
+
+}  // namespace
+
+CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const CalibrationOptions& opt) {
+  if (traces_in.empty()) throw InputError("orrery calibrate: give at least one trace");
+  CalibrationResult out;
+  const int cores = opt.cores > 0 ? opt.cores : std::max(1u, std::thread::hardware_concurrency());
+
+  // ---- per-trace facts
+  std::vector<TraceInfo> infos;
+  for (const auto& t : traces_in) {
+    TraceInfo ti;
+    ti.t = &t;
+    ti.label = t.path.empty() ? t.meta.scenario_name : t.path;
+    if (t.meta.scenario_text.empty())
+      throw InputError(ti.label + ": the trace carries no scenario (calibration needs traces of `orrery run`)");
+    ti.s = parse_scenario(t.meta.scenario_text, ti.label + " (scenario)");
+    ti.ranks = std::max<int>(1, t.meta.world_size);
+    std::map<std::string, int> per_host;
+    for (const auto& r : t.ranks) per_host[r.host]++;
+    ti.ranks_on_node = ti.ranks;
+    if (per_host.size() > 1) {
+      ti.ranks_on_node = 0;
+      for (const auto& [h, n] : per_host) ti.ranks_on_node = std::max(ti.ranks_on_node, n);
+    }
+    int min_step = INT32_MAX;
+    for (const auto& sp : t.spans)
+      if (sp.step >= 0) min_step = std::min(min_step, sp.step);
+    ti.first_counted_step = (min_step == INT32_MAX ? 0 : min_step) + opt.skip_steps;
+    infos.push_back(std::move(ti));
+  }
+  const int threads = opt.threads_per_rank > 0 ? opt.threads_per_rank : std::max(1, infos.front().s.runtime.threads);
+
+  // ---- compute observations per trace
+  std::vector<std::map<OpKey, OpObs>> obs(infos.size());
+  std::set<std::string> unknown;
+  for (size_t ti = 0; ti < infos.size(); ++ti) {
+    const auto& info = infos[ti];
+    const auto& t = *info.t;
+    std::map<int32_t, const traces::RankInfo*> coords;
+    for (const auto& r : t.ranks) coords[r.rank] = &r;
+    // Piece ordinal of a span within (rank, step, micro-batch, layer, name).
+    std::map<std::tuple<int, int, int, int, uint32_t>, int> ordinal;
+    std::vector<size_t> order(t.spans.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      const auto& x = t.spans[a];
+      const auto& y = t.spans[b];
+      return std::tie(x.rank, x.start_ns) < std::tie(y.rank, y.start_ns);
+    });
+    for (size_t i : order) {
+      const auto& sp = t.spans[i];
+      if (sp.kind != traces::SpanKind::Compute && sp.kind != traces::SpanKind::Optimizer) continue;
+      const std::string& name = t.name_of(sp);
+      const int piece = ordinal[{sp.rank, sp.step, sp.micro_batch, sp.layer, sp.name}]++;
+      if (sp.step < info.first_counted_step) continue;
+      const auto it = coords.find(sp.rank);
+      const traces::RankInfo* coord = it == coords.end() ? nullptr : it->second;
+      const int pieces = (name == "fwd.block" || name == "bwd.block") && info.s.parallel.tp > 1 ? 3 : 1;
+      auto ks = kernels_of(name, piece % pieces, info.s, coord);
+      if (!ks) {
+        unknown.insert(name);
+        continue;
+      }
+      OpKey key{name, piece % pieces, pieces, shape_of(info.s), name == "adamw" && coord ? coord->pp : 0};
+      auto& o = obs[ti][key];
+      if (o.kernels.empty()) o.kernels = std::move(*ks);
+      o.durations.push_back(double(sp.duration_ns()));
+    }
+  }
+  for (const auto& u : unknown) out.notes.push_back("compute spans named '" + u + "' have no simulator op: not fitted");
+
+  // ---- core sharing: slowdown of each trace against the lone-rank (or the least crowded) trace
+  size_t ref = 0;
+  for (size_t i = 1; i < infos.size(); ++i)
+    if (infos[i].ranks_on_node < infos[ref].ranks_on_node) ref = i;
+  if (infos[ref].ranks_on_node > 1)
+    out.notes.push_back("no single-rank trace: slowdowns are relative to " + infos[ref].label + " (" +
+                        std::to_string(infos[ref].ranks_on_node) + " ranks)");
+  std::vector<double> factor(infos.size(), 1.0);
+  for (size_t i = 0; i < infos.size(); ++i) {
+    if (infos[i].ranks_on_node == infos[ref].ranks_on_node) continue;
+    double num = 0, den = 0;
+    for (const auto& [k, o] : obs[i]) {
+      const auto r = obs[ref].find(k);
+      if (r == obs[ref].end()) continue;
+      num += double(o.durations.size()) * median(o.durations);
+      den += double(o.durations.size()) * median(r->second.durations);
+    }
+    if (den > 0) factor[i] = num / den;
+    else out.notes.push_back(infos[i].label + ": no compute op in common with the reference trace; slowdown 1 assumed");
+  }
+  CoreSharing sharing;
+  sharing.cores = cores;
+  sharing.threads_per_rank = threads;
+  {
+    // Contention below the cores: f − 1 = (c − 1)(busy − 1)/(cores − 1), least squares through 0.
+    double sxy = 0, sxx = 0;
+    std::vector<std::pair<double, double>> over;  // (u, f)
+    for (size_t i = 0; i < infos.size(); ++i) {
+      const double busy = double(infos[i].ranks_on_node) * threads;
+      const double u = busy / cores;
+      if (busy <= 1.0) continue;
+      if (u <= 1.0 + 1e-9) {
+        const double x = cores > 1 ? (busy - 1.0) / (cores - 1.0) : 1.0;
+        sxy += x * (factor[i] - 1.0), sxx += x * x;
+      } else {
+        over.emplace_back(u, factor[i]);
+      }
+    }
+    if (sxx > 0) sharing.contention_at_full = std::max(1.0, 1.0 + sxy / sxx);
+    else if (!over.empty()) out.notes.push_back("no trace with ranks x threads <= cores: contention_at_full = 1 assumed");
+    if (!over.empty()) {
+      double num = 0, den = 0;
+      for (auto [u, f] : over) {
+        num += std::log(u) * std::log(std::max(1e-9, f / sharing.contention_at_full));
+        den += std::log(u) * std::log(u);
+      }
+      sharing.oversubscription_exponent = std::max(0.0, num / den);
+    } else {
+      out.notes.push_back("no oversubscribed trace (ranks x threads > cores): oversubscription_exponent = 1 (fair time "
+                          "slicing) assumed");
+    }
+  }
+  for (size_t i = 0; i < infos.size(); ++i)
+    out.sharing.push_back({infos[i].label, infos[i].ranks_on_node, factor[i],
+                           compute_slowdown(sharing, infos[i].ranks_on_node) /
+                               compute_slowdown(sharing, infos[ref].ranks_on_node)});
+
+  // ---- compute fit: NNLS over normalised medians
+  struct Row {
+    OpKey key;
+    std::vector<Kernel> kernels;
+    double measured = 0;
+    int64_t count = 0;
+  };
+  std::map<OpKey, Row> rows_by_key;
+  for (size_t i = 0; i < infos.size(); ++i)
+    for (const auto& [k, o] : obs[i]) {
+      Row& r = rows_by_key[k];
+      r.key = k;
+      r.kernels = o.kernels;
+      // Pool the normalised durations of every trace.
+      const double n = double(o.durations.size());
+      r.measured = (r.measured * double(r.count) + median(o.durations) / factor[i] * n) / (double(r.count) + n);
+      r.count += static_cast<int64_t>(n);
+    }
+  if (rows_by_key.empty())
+    throw InputError("orrery calibrate: the traces have no compute spans the simulator models (fwd.block, bwd.block, "
+                     "fwd.head, ...) in their counted steps (steps after --skip-steps " +
+                     std::to_string(opt.skip_steps) + ")");
+  std::vector<Row> rows;
+  for (auto& [k, r] : rows_by_key) rows.push_back(std::move(r));
+  const int nr = static_cast<int>(rows.size());
+  std::vector<double> a(nr * kCols, 0.0), b(nr, 0.0);
+  std::vector<double> colscale(kCols, 0.0);
+  for (int i = 0; i < nr; ++i) {
+    for (const auto& k : rows[i].kernels) {
+      a[i * kCols + column_of(k.cls)] += flop_class(k.cls) ? k.flops : k.bytes;
+      a[i * kCols + kOpClassCount + column_of(k.cls)] += 1.0;
+    }
+  }
+  // Weights: minimise Σ count · (pred − meas)² / meas (relative errors weighted by time); columns
+  // scaled to unit norm for conditioning.
+  for (int i = 0; i < nr; ++i) {
+    const double w = std::sqrt(double(rows[i].count) / std::max(1.0, rows[i].measured));
+    for (int j = 0; j < kCols; ++j) a[i * kCols + j] *= w;
+    b[i] = rows[i].measured * 1e-9 * w;  // seconds
+  }
+  for (int j = 0; j < kCols; ++j) {
+    double s = 0;
+    for (int i = 0; i < nr; ++i) s += a[i * kCols + j] * a[i * kCols + j];
+    colscale[j] = s > 0 ? std::sqrt(s) : 0.0;
+    for (int i = 0; i < nr; ++i)
+      if (colscale[j] > 0) a[i * kCols + j] /= colscale[j];
+  }
+  // A mild ridge on the overheads: rates explain what scales with FLOPs and bytes, overheads the rest
+  // (with fewer ops than unknowns the fit would otherwise pick any vertex, e.g. all overhead).
+  const double kRidge = 0.03;
+  for (int c = 0; c < kOpClassCount; ++c) {
+    std::vector<double> row(kCols, 0.0);
+    row[kOpClassCount + c] = colscale[kOpClassCount + c] > 0 ? kRidge : 0.0;
+    a.insert(a.end(), row.begin(), row.end());
+    b.push_back(0.0);
+  }
+  auto x = nnls(a, nr + kOpClassCount, kCols, b);
+  for (int j = 0; j < kCols; ++j) x[j] = colscale[j] > 0 ? x[j] / colscale[j] : 0.0;
+
+  // ---- the profile
+  HardwareProfile& p = out.profile;
+  p.name = opt.name;
+  p.device = "cpu";
+  p.precision = "fp32";
+  const double s_gemm = x[0], s_attn = x[1];
+  double s_flop_min = 0;
+  for (double v : {s_gemm, s_attn})
+    if (v > 0) s_flop_min = s_flop_min > 0 ? std::min(s_flop_min, v) : v;
+  if (s_flop_min <= 0) {
+    s_flop_min = 1.0 / 10e9;
+    out.notes.push_back("no FLOP cost could be fitted (no GEMM or attention ops?): peak 10 GFLOP/s assumed");
+  }
+  double s_byte_min = 0;
+  for (int j = 2; j < 6; ++j)
+    if (x[j] > 0) s_byte_min = s_byte_min > 0 ? std::min(s_byte_min, x[j]) : x[j];
+  if (s_byte_min <= 0) {
+    s_byte_min = 1.0 / 5e9;
+    out.notes.push_back("no memory cost could be fitted: 5 GB/s assumed");
+  }
+  p.peak_flops = 1.0 / s_flop_min;
+  p.memory_bandwidth_bytes_per_s = 1.0 / s_byte_min;
+  std::vector<bool> seen(kOpClassCount, false);
+  for (const auto& r : rows)
+    for (const auto& k : r.kernels) seen[column_of(k.cls)] = true;
+  for (int c = 0; c < kOpClassCount; ++c) {
+    ClassCost cc;
+    cc.overhead_ns = static_cast<int64_t>(std::llround(x[kOpClassCount + c] * 1e9));
+    const OpClass cls = static_cast<OpClass>(c);
+    if (flop_class(cls)) {
+      cc.flops_efficiency = x[c] > 0 ? std::min(1.0, s_flop_min / x[c]) : 1.0;
+      cc.bandwidth_efficiency = 1.0;
+    } else {
+      cc.flops_efficiency = 1.0;
+      cc.bandwidth_efficiency = x[c] > 0 ? std::min(1.0, s_byte_min / x[c]) : 1.0;
+    }
+    if (!seen[c])
+      out.notes.push_back(std::string("op class '") + std::string(to_string(cls)) +
+                          "' does not occur in the traces: peak efficiency assumed");
+    p.classes[c] = cc;
+  }
+
+  // Host time per micro-batch not covered by ops (data loading, work between ops): from the least
+  // crowded trace, step window minus its compute, per micro-batch, normalised by its slowdown.
+  {
+    const auto& info = infos[ref];
+    const auto& t = *info.t;
+    std::map<std::pair<int, int>, std::pair<int64_t, int64_t>> window;  // (rank, step) -> [start, end]
+    std::map<std::pair<int, int>, int64_t> busy;
+    for (const auto& sp : t.spans) {
+      if (sp.step < info.first_counted_step) continue;
+      const auto key = std::make_pair(sp.rank, sp.step);
+      const bool is_step = sp.kind == traces::SpanKind::Phase && t.name_of(sp) == "step";
+      auto& w = window.try_emplace(key, INT64_MAX, INT64_MIN).first->second;
+      if (is_step || sp.kind != traces::SpanKind::Phase) {
+        w.first = std::min(w.first, sp.start_ns);
+        w.second = std::max(w.second, sp.end_ns);
+      }
+      if (sp.kind == traces::SpanKind::Compute || sp.kind == traces::SpanKind::Optimizer) busy[key] += sp.duration_ns();
+    }
+    std::vector<double> gaps;
+    for (const auto& [k, w] : window)
+      if (w.second > w.first) gaps.push_back(double(w.second - w.first - busy[k]));
+    const double per_mb = median(gaps) / std::max(1, info.s.micro_batches_per_step()) / factor[ref];
+    p.data_load_ns = static_cast<int64_t>(std::llround(std::max(0.0, per_mb)));
+    if (info.ranks_on_node > 1)
+      out.notes.push_back("data_load_us taken from a multi-rank trace: it includes that run's exposed communication");
+  }
+
+  // ---- collectives
+  struct CollKey {
+    traces::CollOp op;
+    int n;
+    int r;
+    bool operator<(const CollKey& o) const { return std::tie(op, n, r) < std::tie(o.op, o.n, o.r); }
+  };
+  std::map<CollKey, std::pair<std::vector<double>, std::vector<double>>> coll_points;  // x = bytes·factor, y = ns
+  for (size_t ti = 0; ti < infos.size(); ++ti) {
+    const auto& info = infos[ti];
+    const auto& t = *info.t;
+    struct Group {
+      traces::CollOp op = traces::CollOp::None;
+      int64_t bytes = 0;
+      int64_t max_start = INT64_MIN, min_end = INT64_MAX;
+      int members = 0;
+    };
+    std::map<std::pair<int32_t, int64_t>, Group> groups;
+    for (const auto& sp : t.spans) {
+      if (sp.kind != traces::SpanKind::Collective || sp.comm < 0 || sp.seq < 0) continue;
+      if (sp.step < info.first_counted_step) continue;
+      Group& g = groups[{sp.comm, sp.seq}];
+      g.op = sp.op;
+      g.bytes = sp.bytes;
+      g.max_start = std::max(g.max_start, sp.start_ns);
+      g.min_end = std::min(g.min_end, sp.end_ns);
+      g.members++;
+    }
+    for (const auto& [k, g] : groups) {
+      const auto* c = t.comm(k.first);
+      const int n = c ? static_cast<int>(c->ranks.size()) : g.members;
+      if (n < 2 || g.members != n || g.min_end <= g.max_start) continue;
+      auto& pts = coll_points[{g.op, n, info.ranks_on_node}];
+      pts.first.push_back(double(g.bytes) * traces::busbw_factor(g.op, n));
+      pts.second.push_back(double(g.min_end - g.max_start));
+    }
+  }
+  // Fits per (op, n, ranks on node); the comm exponent from oversubscribed runs of a measured (op, n).
+  std::map<std::pair<traces::CollOp, int>, AffineFit> base;  // ranks·threads <= cores
+  std::map<std::pair<traces::CollOp, int>, std::vector<std::pair<double, double>>> over;  // (u, t_R / t_base) pairs
+  std::map<CollKey, AffineFit> fits;
+  for (const auto& [k, pts] : coll_points) {
+    AffineFit f = fit_affine_nonneg(pts.first, pts.second);
+    fits[k] = f;
+    out.collectives.push_back({k.op, k.n, k.r, f.points, f.intercept, f.slope > 0 ? 1e9 / f.slope : 0, f.r2});
+    const double u = double(k.r) * threads / cores;
+    if (u <= 1.0 + 1e-9) {
+      auto& bf = base[{k.op, k.n}];
+      if (f.points > bf.points) bf = f;
+    }
+  }
+  for (const auto& [k, f] : fits) {
+    const double u = double(k.r) * threads / cores;
+    if (u <= 1.0 + 1e-9) continue;
+    const auto b0 = base.find({k.op, k.n});
+    if (b0 == base.end()) continue;
+    // Ratio of the two fits at the median message of the oversubscribed run.
+    auto xs = coll_points[k].first;
+    const double xm = median(xs);
+    const double t0 = b0->second.intercept + b0->second.slope * xm, t1 = f.intercept + f.slope * xm;
+    if (t0 > 0 && t1 > 0) over[{k.op, k.n}].emplace_back(u, t1 / t0);
+  }
+  {
+    double num = 0, den = 0;
+    for (const auto& [k, v] : over)
+      for (auto [u, ratio] : v) num += std::log(u) * std::log(ratio), den += std::log(u) * std::log(u);
+    sharing.comm_exponent = den > 0 ? std::max(0.0, num / den) : 1.0;
+    if (den <= 0) out.notes.push_back("no oversubscribed collective of a measured size: comm_exponent = 1 assumed");
+  }
+  // Normalise fits measured on crowded nodes to the uncrowded base.
+  for (const auto& [k, f] : fits) {
+    if (base.count({k.op, k.n})) continue;
+    const double sc = comm_slowdown(sharing, k.r);
+    AffineFit g = f;
+    g.intercept /= sc;
+    g.slope /= sc;
+    base[{k.op, k.n}] = g;
+  }
+  const int ranks_per_node = std::max(opt.ranks_per_node, [&] {
+    int m = 1;
+    for (const auto& i : infos) m = std::max(m, i.ranks_on_node);
+    return m;
+  }());
+  double step_latency_ns = 0, busbw = 0;
+  if (!base.empty()) {
+    // The reference for unmeasured (op, n): the all-reduce fit with most points, else any.
+    const AffineFit* best = nullptr;
+    int best_n = 2;
+    traces::CollOp best_op = traces::CollOp::AllReduce;
+    for (const auto& [k, f] : base) {
+      const bool better = !best || (k.first == traces::CollOp::AllReduce && best_op != traces::CollOp::AllReduce) ||
+                          ((k.first == traces::CollOp::AllReduce) == (best_op == traces::CollOp::AllReduce) &&
+                           f.points > best->points);
+      if (better) best = &f, best_n = k.second, best_op = k.first;
+    }
+    step_latency_ns = best->intercept / std::max(1, latency_steps(best_op, best_n));
+    busbw = best->slope > 0 ? 1.0 / best->slope : 0;  // bytes per ns
+    if (busbw <= 0) {
+      out.notes.push_back("collective bandwidth could not be fitted (one message size?): 5 GB/s assumed");
+      busbw = 5.0;
+    }
+    using traces::CollOp;
+    for (CollOp op : {CollOp::AllReduce, CollOp::ReduceScatter, CollOp::AllGather, CollOp::Broadcast, CollOp::Send}) {
+      for (int n = 2; n <= ranks_per_node; ++n) {
+        if (op == CollOp::Send && n != 2) continue;
+        CollectiveOverride o;
+        o.op = op;
+        o.ranks = n;
+        const auto it = base.find({op, n});
+        if (it != base.end() && it->second.slope > 0) {
+          o.latency_ns = static_cast<int64_t>(std::llround(it->second.intercept));
+          o.bus_bandwidth_bytes_per_s = 1e9 / it->second.slope;
+        } else {
+          o.latency_ns = static_cast<int64_t>(std::llround(step_latency_ns * latency_steps(op, n)));
+          o.bus_bandwidth_bytes_per_s = busbw * 1e9;
+        }
+        p.collectives.push_back(o);
+      }
+    }
+  } else {
+    out.notes.push_back("no collective spans with all members: no collective overrides (the cluster's network model "
+                        "decides)");
+  }
+
+  p.sharing = sharing;
+  MachineDescription& m = p.cluster;
+  m.device = "cpu";
+  m.nodes = 1;
+  m.ranks_per_node = ranks_per_node;
+  m.peak_flops = p.peak_flops;
+  m.memory_bandwidth_bytes_per_s = p.memory_bandwidth_bytes_per_s;
+  m.memory_capacity_bytes =
+      opt.memory_capacity_bytes > 0 ? opt.memory_capacity_bytes : this_machine_memory_bytes() / ranks_per_node;
+  m.link = "MPI between processes over shared memory";
+  m.link_bytes_per_s = busbw > 0 ? busbw * 1e9 : 5e9;
+  m.link_latency_ns = static_cast<int64_t>(std::llround(step_latency_ns));
+  p.machine["source"] = "orrery calibrate from " + std::to_string(infos.size()) + " trace(s)";
+  std::string list;
+  for (const auto& i : infos) list += (list.empty() ? "" : ", ") + i.label;
+  p.machine["traces"] = list;
+  p.machine["host"] = infos.front().t->meta.host;
+  p.machine["cores"] = std::to_string(cores);
+
+  // ---- fit report with the real cost model on the profile (lone rank)
+  const CostModel cost(p, p.peak_flops, p.memory_bandwidth_bytes_per_s);
+  double se = 0, sw = 0;
+  for (const auto& r : rows) {
+    OpFitRow f;
+    f.name = r.key.pieces > 1 ? r.key.name + "[" + std::to_string(r.key.piece + 1) + "/" + std::to_string(r.key.pieces) + "]"
+                              : r.key.name;
+    f.shape = r.key.shape + (r.key.name == "adamw" && r.key.stage ? " stage" + std::to_string(r.key.stage) : "");
+    f.count = r.count;
+    f.measured_ns = r.measured;
+    f.fitted_ns = double(cost.op_ns(r.kernels));
+    const double rel = f.measured_ns > 0 ? (f.fitted_ns - f.measured_ns) / f.measured_ns : 0;
+    const double w = double(r.count) * r.measured;
+    se += w * rel * rel, sw += w;
+    out.ops.push_back(f);
+  }
+  out.compute_rel_rms = sw > 0 ? std::sqrt(se / sw) : 0;
+  return out;
+}
+
+std::string calibrated_yaml(const CalibrationResult& r) {
+  std::ostringstream o;
+  o << "# Calibrated hardware profile, written by `orrery calibrate` (sim/include/orrery/sim/calibrate.hpp\n"
+       "# says how each number is fitted; scenarios/README.md documents the keys).\n"
+       "#  - peak_flops / memory_bandwidth_gbps: the fastest FLOP and byte rates the fit found, for ONE rank\n"
+       "#    alone on the machine; kernels.<class>: each class's efficiency relative to them and the fitted\n"
+       "#    per-kernel overhead (host work, loop setup), so small kernels reach a lower FLOP/s.\n"
+       "#  - data_load_us: host time per micro-batch not covered by ops (data, work between ops).\n"
+       "#  - collectives: latency + bytes x busbw_factor / bus bandwidth per op and group size (ranks:), fitted\n"
+       "#    from the collectives of the traces (time after the last member arrived) or derived from them.\n"
+       "#  - cluster: the machine the traces came from; `orrery sim SCENARIO --hw THIS` without --cluster\n"
+       "#    simulates on it.\n"
+       "#  - sharing: ranks sharing the node's cores; a rank's compute slows by contention_at_full when\n"
+       "#    ranks x threads = cores and by contention_at_full x (ranks x threads / cores)^exponent beyond.\n";
+  o << to_yaml(r.profile);
+  o << "# Fit (lone-rank times: measured median / slowdown of its run, and this profile's prediction):\n";
+  char buf[256];
+  for (const auto& f : r.ops) {
+    std::snprintf(buf, sizeof buf, "#   %-16s %-28s n=%-5lld measured %10.1f us  fitted %10.1f us  %+6.1f %%\n",
+                  f.name.c_str(), f.shape.c_str(), static_cast<long long>(f.count), f.measured_ns / 1e3,
+                  f.fitted_ns / 1e3, f.error_pct());
+    o << buf;
+  }
+  std::snprintf(buf, sizeof buf, "#   time-weighted relative RMS error %.2f %%\n", 100 * r.compute_rel_rms);
+  o << buf;
+  for (const auto& s : r.sharing) {
+    std::snprintf(buf, sizeof buf, "# sharing: %d ranks: measured slowdown %.3f, law %.3f (%s)\n", s.ranks, s.factor,
+                  s.model, s.trace.c_str());
+    o << buf;
+  }
+  for (const auto& c : r.collectives) {
+    std::snprintf(buf, sizeof buf, "# collective %s over %d ranks (run of %d): %d points, latency %.1f us, busbw %.3f GB/s, r2 %.3f\n",
+                  std::string(traces::to_string(c.op)).c_str(), c.ranks, c.ranks_on_node, c.points, c.latency_ns / 1e3,
+                  c.busbw_bytes_per_s / 1e9, c.r2);
+    o << buf;
+  }
+  for (const auto& n : r.notes) o << "# note: " << n << "\n";
+  return o.str();
+}
+
+}  // namespace orrery::sim

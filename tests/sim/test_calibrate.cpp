@@ -1,0 +1,319 @@
+// Calibration: the fitting maths on data with known parameters (NNLS, affine fits), the core-sharing
+// law, the profile's new sections round-tripping through YAML, and a whole calibration on generated
+// "real" traces whose op times, slowdown and collective costs are known exactly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "orrery/common/error.hpp"
+#include "orrery/common/scenario.hpp"
+#include "orrery/sim/calibrate.hpp"
+#include "orrery/sim/cost_model.hpp"
+#include "orrery/sim/workload.hpp"
+
+namespace orrery::sim {
+namespace {
+
+TEST(Nnls, RecoversAKnownNonNegativeSolution) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(0.1, 2.0);
+  const int rows = 20, cols = 5;
+  const std::vector<double> truth{1.0, 2.0, 0.0, 3.0, 0.5};
+  std::vector<double> a(rows * cols), b(rows, 0.0);
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) {
+      a[i * cols + j] = u(rng);
+      b[i] += a[i * cols + j] * truth[j];
+    }
+  const auto x = nnls(a, rows, cols, b);
+  for (int j = 0; j < cols; ++j) EXPECT_NEAR(x[j], truth[j], 1e-9) << j;
+}
+
+TEST(Nnls, ClampsWhereLeastSquaresGoesNegative) {
+  // min |x1 - 1|² + |x1 + x2 - (-1)|²... rows: [1 0] x = 1, [0 1] x = -2: x2 would be -2, so 0.
+  const std::vector<double> a{1, 0, 0, 1};
+  const std::vector<double> b{1, -2};
+  const auto x = nnls(a, 2, 2, b);
+  EXPECT_NEAR(x[0], 1.0, 1e-12);
+  EXPECT_EQ(x[1], 0.0);
+  // KKT on a coupled case: A = [[1,1],[1,2],[1,3]], b = [3, 2, 1] (LS slope is negative).
+  const std::vector<double> a2{1, 1, 1, 2, 1, 3};
+  const std::vector<double> b2{3, 2, 1};
+  const auto y = nnls(a2, 3, 2, b2);
+  EXPECT_NEAR(y[0], 2.0, 1e-12);  // the mean of b, with the slope clamped at 0
+  EXPECT_EQ(y[1], 0.0);
+}
+
+TEST(AffineFit, RecoversLatencyAndThroughputExactly) {
+  // time = a + flops / b with a = 3 us and b = 40 GFLOP/s.
+  const double a = 3000, b = 40.0;  // ns, FLOP per ns
+  std::vector<double> x, y;
+  for (double f : {1e6, 5e6, 2e7, 1e8, 3e8}) {
+    x.push_back(f);
+    y.push_back(a + f / b);
+  }
+  const AffineFit fit = fit_affine_nonneg(x, y);
+  EXPECT_NEAR(fit.intercept, a, 1e-6 * a);
+  EXPECT_NEAR(1.0 / fit.slope, b, 1e-9 * b);
+  EXPECT_NEAR(fit.r2, 1.0, 1e-12);
+  EXPECT_EQ(fit.points, 5);
+}
+
+TEST(AffineFit, NegativeInterceptClampsToZero) {
+  // y = 2x - 1 on x in {1, 2, 3}: with intercept >= 0 the fit is through the origin, slope Σxy/Σx².
+  const AffineFit f = fit_affine_nonneg({1, 2, 3}, {1, 3, 5});
+  EXPECT_EQ(f.intercept, 0.0);
+  EXPECT_NEAR(f.slope, (1.0 + 6 + 15) / 14.0, 1e-12);
+}
+
+TEST(LatencySteps, RingCounts) {
+  EXPECT_EQ(latency_steps(traces::CollOp::AllReduce, 4), 6);
+  EXPECT_EQ(latency_steps(traces::CollOp::AllGather, 4), 3);
+  EXPECT_EQ(latency_steps(traces::CollOp::ReduceScatter, 8), 7);
+  EXPECT_EQ(latency_steps(traces::CollOp::Send, 2), 1);
+  EXPECT_EQ(latency_steps(traces::CollOp::AllReduce, 1), 0);
+}
+
+TEST(CoreSharing, LawBelowAndBeyondTheCores) {
+  CoreSharing s;
+  s.cores = 4;
+  s.threads_per_rank = 1;
+  s.contention_at_full = 1.3;
+  s.oversubscription_exponent = 1.0;
+  s.comm_exponent = 0.5;
+  EXPECT_DOUBLE_EQ(compute_slowdown(s, 1), 1.0);
+  EXPECT_DOUBLE_EQ(compute_slowdown(s, 4), 1.3);
+  EXPECT_NEAR(compute_slowdown(s, 2), 1.1, 1e-12);     // 1 + 0.3 · (2−1)/(4−1)
+  EXPECT_NEAR(compute_slowdown(s, 8), 2.6, 1e-12);     // 1.3 · 2
+  EXPECT_DOUBLE_EQ(comm_slowdown(s, 4), 1.0);
+  EXPECT_NEAR(comm_slowdown(s, 16), 2.0, 1e-12);       // 4^0.5
+  s.threads_per_rank = 2;                              // 2 ranks of 2 threads fill 4 cores
+  EXPECT_DOUBLE_EQ(compute_slowdown(s, 2), 1.3);
+  CoreSharing none;
+  EXPECT_DOUBLE_EQ(compute_slowdown(none, 64), 1.0);
+}
+
+TEST(CoreSharing, ProfileForRanksScalesKernelTimes) {
+  HardwareProfile p = default_hardware_profile("cpu", false);
+  p.peak_flops = 10e9;
+  p.memory_bandwidth_bytes_per_s = 5e9;
+  p.sharing.cores = 2;
+  p.sharing.contention_at_full = 1.25;
+  p.collectives.push_back({traces::CollOp::AllReduce, CollectiveScope::Any, 2, 10'000, 2e9});
+  const HardwareProfile q = profile_for_ranks(p, 4);  // u = 2: 1.25 · 2 = 2.5
+  const CostModel a(p, 1, 1), b(q, 1, 1);
+  const Kernel gemm{OpClass::Gemm, 1e9, 1e6};
+  const Kernel ln{OpClass::LayerNorm, 1e3, 1e8};
+  EXPECT_NEAR(double(b.kernel_ns(gemm)), 2.5 * double(a.kernel_ns(gemm)), 2.0);
+  EXPECT_NEAR(double(b.kernel_ns(ln)), 2.5 * double(a.kernel_ns(ln)), 2.0);
+  EXPECT_EQ(q.collectives[0].latency_ns, 20'000);  // comm: u^1 = 2
+  EXPECT_DOUBLE_EQ(q.collectives[0].bus_bandwidth_bytes_per_s, 1e9);
+  EXPECT_EQ(profile_for_ranks(p, 2).classes[0].overhead_ns, std::llround(1.25 * p.classes[0].overhead_ns));
+}
+
+TEST(HardwareProfileYaml, ClusterSharingAndSizedOverridesRoundTrip) {
+  HardwareProfile p = default_hardware_profile("cpu", false);
+  p.name = "rt";
+  p.peak_flops = 12e9;
+  p.memory_bandwidth_bytes_per_s = 6e9;
+  p.cluster.nodes = 1;
+  p.cluster.ranks_per_node = 8;
+  p.cluster.peak_flops = 12e9;
+  p.cluster.link_bytes_per_s = 3e9;
+  p.cluster.link_latency_ns = 4000;
+  p.sharing.cores = 2;
+  p.sharing.contention_at_full = 1.1;
+  p.sharing.oversubscription_exponent = 0.9;
+  p.collectives.push_back({traces::CollOp::AllReduce, CollectiveScope::Any, 4, 30'000, 2e9});
+  p.collectives.push_back({traces::CollOp::AllReduce, CollectiveScope::Any, 0, 10'000, 4e9});
+  const HardwareProfile q = parse_hardware_profile(to_yaml(p), "rt.yaml");
+  EXPECT_EQ(q.cluster.ranks_per_node, 8);
+  EXPECT_EQ(q.cluster.link_latency_ns, 4000);
+  EXPECT_DOUBLE_EQ(q.cluster.link_bytes_per_s, 3e9);
+  EXPECT_EQ(q.sharing.cores, 2);
+  EXPECT_DOUBLE_EQ(q.sharing.oversubscription_exponent, 0.9);
+  ASSERT_EQ(q.collectives.size(), 2u);
+  // The sized override wins for groups of 4, the general one elsewhere.
+  EXPECT_EQ(q.find_override(traces::CollOp::AllReduce, true, 4)->latency_ns, 30'000);
+  EXPECT_EQ(q.find_override(traces::CollOp::AllReduce, true, 2)->latency_ns, 10'000);
+  EXPECT_EQ(q.find_override(traces::CollOp::AllReduce, true)->latency_ns, 10'000);
+  const Cluster c = cluster_from_profile(q, 4);
+  EXPECT_EQ(c.num_gpus(), 4);
+  EXPECT_DOUBLE_EQ(c.device.peak_fp32_flops, 12e9);
+  EXPECT_THROW(cluster_from_profile(q, 9), InputError);
+  EXPECT_THROW(cluster_from_profile(default_hardware_profile("cpu", false), 2), InputError);
+  EXPECT_THROW(parse_hardware_profile("sharing: {cores: 2, typo: 1}\n", "bad.yaml"), InputError);
+}
+
+// ---- a whole calibration on generated traces with known costs
+
+// The truth: seconds per FLOP / byte per class and a per-kernel overhead; t(op) is linear in them.
+struct Truth {
+  double s_flop[2] = {1.0 / 12e9, 1.0 / 6e9};            // gemm, attention
+  double s_byte[4] = {1.0 / 4e9, 1.0 / 3e9, 1.0 / 2e9, 1.0 / 5e9};  // elementwise, layernorm, softmax, optimizer
+  double overhead_s = 2e-6;
+  double op_ns(const std::vector<Kernel>& ks) const {
+    double t = 0;
+    for (const auto& k : ks) {
+      const int c = static_cast<int>(k.cls);
+      t += (c < 2 ? k.flops * s_flop[c] : k.bytes * s_byte[c - 2]) + overhead_s;
+    }
+    return t * 1e9;
+  }
+};
+
+Scenario tiny(int dp, int micro_batch, int seq) {
+  std::string y = "name: t\nmodel: {layers: 2, d_model: 64, heads: 2, vocab: 512, seq: " + std::to_string(seq) +
+                  "}\ntraining: {steps: 4, global_batch: " + std::to_string(dp * micro_batch) +
+                  ", micro_batch: " + std::to_string(micro_batch) + "}\nparallel: {dp: " + std::to_string(dp) +
+                  ", bucket_mb: 1}\nruntime: {device: cpu, threads: 1}\n";
+  return parse_scenario(y, "test.yaml");
+}
+
+// A run of `s` on dp ranks: per step data, the forward and backward ops, adamw, and (dp > 1) two
+// all-reduces per step of known sizes timed alpha + bytes / busbw; compute slowed by `slowdown`.
+traces::Trace make_run(const Scenario& s, const Truth& truth, double slowdown, int64_t alpha_ns, double busbw) {
+  traces::Trace t;
+  t.meta.source = traces::TraceSource::Real;
+  t.meta.scenario_text = to_yaml(s);
+  t.meta.scenario_name = s.name;
+  t.meta.world_size = s.parallel.dp;
+  t.meta.dp = s.parallel.dp;
+  t.path = "run-dp" + std::to_string(s.parallel.dp) + "-b" + std::to_string(s.training.micro_batch) + ".db";
+  const int dp = s.parallel.dp;
+  for (int r = 0; r < dp; ++r) t.ranks.push_back({r, "host", "cpu", r, 0, 0});
+  if (dp > 1) {
+    traces::CommunicatorInfo c;
+    c.id = 0;
+    c.kind = traces::CommKind::DP;
+    c.name = "dp";
+    for (int r = 0; r < dp; ++r) c.ranks.push_back(r);
+    t.comms.push_back(c);
+  }
+  const ModelDims d = model_dims(s, 4);
+  int64_t params = 0;
+  for (const auto& p : stage_parameters(s, 0)) params += p.count;
+  auto cat = [](std::vector<Kernel> a, const std::vector<Kernel>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  struct OpDef {
+    const char* name;
+    std::vector<Kernel> ks;
+    int layer;
+    traces::SpanKind kind;
+  };
+  std::vector<OpDef> ops;
+  ops.push_back({"fwd.embed", embedding_forward_kernels(d), -1, traces::SpanKind::Compute});
+  for (int l = 0; l < s.model.layers; ++l)
+    ops.push_back({"fwd.block", cat(attention_forward_kernels(d), mlp_forward_kernels(d)), l, traces::SpanKind::Compute});
+  ops.push_back({"fwd.head", head_forward_kernels(d), s.model.layers, traces::SpanKind::Compute});
+  ops.push_back({"bwd.head", head_backward_kernels(d), s.model.layers, traces::SpanKind::Compute});
+  for (int l = s.model.layers - 1; l >= 0; --l)
+    ops.push_back({"bwd.block", cat(mlp_backward_kernels(d), attention_backward_kernels(d)), l, traces::SpanKind::Compute});
+  ops.push_back({"bwd.embed", embedding_backward_kernels(d), -1, traces::SpanKind::Compute});
+  ops.push_back({"adamw", optimizer_kernels(double(params), 28.0), -1, traces::SpanKind::Optimizer});
+  const auto step_name = t.strings.intern("step");
+  const auto data_name = t.strings.intern("data");
+  const auto ar_name = t.strings.intern("ddp.all_reduce");
+  int64_t seq = 0;
+  int64_t now = 0;
+  const int64_t data_ns = 5000;
+  for (int step = 0; step < 4; ++step) {
+    const int64_t step_start = now;
+    int64_t end = now;
+    for (int r = 0; r < dp; ++r) {
+      int64_t tt = step_start;
+      auto add = [&](traces::SpanKind kind, traces::NameId name, int64_t dur, int layer, double flops) {
+        traces::Span sp;
+        sp.rank = r, sp.stream = 0, sp.kind = kind, sp.name = name, sp.start_ns = tt, sp.end_ns = tt + dur;
+        sp.step = step, sp.micro_batch = 0, sp.layer = layer, sp.flops = flops;
+        t.spans.push_back(sp);
+        tt += dur;
+      };
+      add(traces::SpanKind::Data, data_name, std::llround(data_ns * slowdown), -1, 0);
+      for (const auto& o : ops) {
+        if (std::string(o.name) == "adamw" && dp > 1) {
+          // Two all-reduces of different sizes before the optimizer (on the comm stream).
+          for (int k = 0; k < 2; ++k) {
+            const int64_t bytes = (int64_t(1) << 20) * (1 + k + 2 * step);
+            const int64_t dur = alpha_ns + std::llround(double(bytes) * traces::busbw_factor(traces::CollOp::AllReduce, dp) / busbw);
+            traces::Span sp;
+            sp.rank = r, sp.stream = 1, sp.kind = traces::SpanKind::Collective, sp.name = ar_name;
+            sp.start_ns = tt, sp.end_ns = tt + dur, sp.step = step, sp.bytes = bytes, sp.comm = 0;
+            sp.seq = step * 2 + k, sp.op = traces::CollOp::AllReduce;
+            t.spans.push_back(sp);
+            tt += dur;
+          }
+        }
+        add(o.kind, t.strings.intern(o.name), std::llround(truth.op_ns(o.ks) * slowdown), o.layer, total_flops(o.ks));
+      }
+      end = std::max(end, tt);
+    }
+    for (int r = 0; r < dp; ++r) {
+      traces::Span ph;
+      ph.rank = r, ph.stream = 2, ph.kind = traces::SpanKind::Phase, ph.name = step_name;
+      ph.start_ns = step_start, ph.end_ns = end, ph.step = step;
+      t.spans.push_back(ph);
+    }
+    now = end + 1000;
+    (void)seq;
+  }
+  t.sort_spans();
+  return t;
+}
+
+TEST(Calibrate, RecoversOpTimesSlowdownAndCollectiveCosts) {
+  const Truth truth;
+  std::vector<traces::Trace> runs;
+  // Two shapes alone, and the same shapes on 2 ranks sharing 2 cores at 1.2x, with all-reduces of
+  // 25 us + bytes / 3 GB/s.
+  runs.push_back(make_run(tiny(1, 4, 64), truth, 1.0, 0, 1));
+  runs.push_back(make_run(tiny(1, 2, 32), truth, 1.0, 0, 1));
+  runs.push_back(make_run(tiny(2, 4, 64), truth, 1.2, 25'000, 3.0));
+  CalibrationOptions opt;
+  opt.cores = 2;
+  opt.name = "test";
+  const CalibrationResult r = calibrate(runs, opt);
+
+  // Every op of the calibration shapes is reproduced by the fitted profile's cost model.
+  ASSERT_FALSE(r.ops.empty());
+  for (const auto& o : r.ops) EXPECT_NEAR(o.fitted_ns, o.measured_ns, 0.01 * o.measured_ns + 50) << o.name << " " << o.shape;
+  EXPECT_LT(r.compute_rel_rms, 0.01);
+  // The 2-rank run is 1.2x slower: contention at full = 1.2 (2 ranks on 2 cores).
+  EXPECT_NEAR(r.profile.sharing.contention_at_full, 1.2, 1e-6);
+  EXPECT_EQ(r.profile.sharing.cores, 2);
+  // All-reduce over 2 ranks: 25 us and 3 GB/s, recovered exactly from the sizes.
+  ASSERT_EQ(r.collectives.size(), 1u);
+  EXPECT_NEAR(r.collectives[0].latency_ns, 25'000, 1.0);
+  EXPECT_NEAR(r.collectives[0].busbw_bytes_per_s, 3e9, 3e9 * 1e-6);
+  const auto* o2 = r.profile.find_override(traces::CollOp::AllReduce, true, 2);
+  ASSERT_NE(o2, nullptr);
+  EXPECT_EQ(o2->latency_ns, 25'000);
+  // Four ranks: the per-step latency (25 us / 2 steps) times 6 ring steps.
+  const auto* o4 = r.profile.find_override(traces::CollOp::AllReduce, true, 4);
+  ASSERT_NE(o4, nullptr);
+  EXPECT_NEAR(double(o4->latency_ns), 75'000, 1.0);
+  // Data loading: 5 us per micro-batch (the host time of the serial run not covered by ops).
+  EXPECT_NEAR(double(r.profile.data_load_ns), 5000, 1.0);
+  // The machine: one node with the fitted peak; the YAML parses back to the same profile.
+  EXPECT_EQ(r.profile.cluster.nodes, 1);
+  const HardwareProfile back = parse_hardware_profile(calibrated_yaml(r), "calibrated.yaml");
+  EXPECT_DOUBLE_EQ(back.sharing.contention_at_full, r.profile.sharing.contention_at_full);
+  EXPECT_EQ(back.collectives.size(), r.profile.collectives.size());
+  const CostModel c1(r.profile, r.profile.peak_flops, r.profile.memory_bandwidth_bytes_per_s);
+  const CostModel c2(back, back.peak_flops, back.memory_bandwidth_bytes_per_s);
+  const auto ks = head_forward_kernels(model_dims(tiny(1, 4, 64), 4));
+  EXPECT_NEAR(double(c1.op_ns(ks)), double(c2.op_ns(ks)), 1e-4 * double(c1.op_ns(ks)) + 10);
+}
+
+TEST(Calibrate, BadInput) {
+  traces::Trace empty;
+  empty.path = "x.db";
+  EXPECT_THROW(calibrate({empty}), InputError);  // no scenario
+  EXPECT_THROW(calibrate({}), InputError);
+}
+
+}  // namespace
+}  // namespace orrery::sim
