@@ -32,12 +32,22 @@ struct ReportArgs {
 struct Loaded {
   traces::Trace trace;
   Metrics m;
+  bool complete = true;  // false when the trace's writer never closed it (a run that died)
 };
 
 Loaded load_and_compute(const std::string& path, const profiler::MetricsOptions& opt) {
-  Loaded l{traces::load_trace(path), {}};
+  Loaded l;
+  {
+    traces::TraceReader reader(path);
+    l.complete = reader.complete();
+    l.trace = reader.load_all();
+  }
   l.trace.path = path;
   l.m = profiler::compute_metrics(l.trace, opt);
+  if (!l.complete) {
+    std::cerr << "orrery: warning: " << path
+              << " is incomplete (its writer never closed it); the figures cover what it holds\n";
+  }
   return l;
 }
 
@@ -54,6 +64,7 @@ json report_json(const Loaded& l) {
   json j;
   j["trace"] = l.trace.path;
   j["source"] = std::string(traces::to_string(l.trace.meta.source));
+  j["complete"] = l.complete;
   j["span_count"] = m.span_count;
   j["start_ns"] = m.start_ns;
   j["end_ns"] = m.end_ns;
