@@ -77,15 +77,23 @@ TEST(Layout, PlacementFastestFirst) {
 
 TEST(Trainer, RefusesWhatIsNotImplementedYet) {
   Scenario s;
-  s.parallel.tp = 2;
+  s.parallel.tp = 3;  // 4 heads do not split over 3 ranks
   EXPECT_THROW(check_supported(s), InputError);
   s.parallel.tp = 1;
-  s.parallel.pp = 2;
+  s.parallel.pp = 3;  // 4 layers do not split into 3 stages
+  EXPECT_THROW(check_supported(s), InputError);
+  s.parallel.pp = 8;  // more stages than layers
   EXPECT_THROW(check_supported(s), InputError);
   s.parallel.pp = 1;
-  s.parallel.zero = 1;
+  s.parallel.zero = 1;  // ZeRO without data parallelism
   EXPECT_THROW(check_supported(s), InputError);
   s.parallel.zero = 0;
+  s.parallel.pp = 2;
+  s.parallel.schedule = "interleaved";  // not implemented in the runtime
+  EXPECT_THROW(check_supported(s), InputError);
+  s.parallel.schedule = "1f1b";
+  EXPECT_NO_THROW(check_supported(s));
+  s.parallel.pp = 1;
   s.runtime.device = "cuda";
   EXPECT_THROW(check_supported(s), InputError);
   s.runtime.device = "cpu";

@@ -26,11 +26,28 @@
 // Compute spans carry the model FLOPs of flops.hpp, step, micro-batch and layer. Before step 0 the
 // comm stream holds "ddp.broadcast_parameters" (broadcast) and "barrier". Counters, sampled at
 // the end of every step (bytes): mem.parameters, mem.gradients, mem.optimizer (AdamW moments),
-// mem.activations (one micro-batch's saved activations plus the backward scratch), mem.comm_buffers
-// (DDP's own buffers: 0, buckets are views of the gradient array).
+// mem.activations (the saved activations of every micro-batch in flight plus the backward scratch),
+// mem.comm_buffers (pipeline gradient send buffers, ZeRO's reduce-scatter output; under ZeRO 2 also
+// the full-size array the model writes one backward's gradients into before they are scattered).
 //
-// Only data parallelism exists so far: tp > 1, pp > 1 or zero > 0 are refused with an InputError
-// (their groups are already derived from the layout, see Layout).
+// Parallel strategies (names as the simulator's sim/include/orrery/sim/workload.hpp names::):
+//  - tp > 1 (tensor_parallel.hpp): each block's three compute pieces are separated by the model's
+//    tp sums, Collective "tp.all_reduce" on the tp group (layer l; two in forward, two in backward).
+//  - pp > 1 (pipeline.hpp): passes in pipeline_order(schedule) instead of forward-then-backward per
+//    micro-batch; a stage without the embedding receives "pp.recv_act" before its forward, one
+//    without the head sends "pp.send_act" after it; backward "pp.recv_grad" / "pp.send_grad" (P2P,
+//    layer -1). Only the first and last stages load data. After the step's gradient reduction the
+//    first and last stage sum the tied wte gradient: "pp.embed_all_reduce" (Collective, Sum, on the
+//    embedding group; under ZeRO it comes before each reduce-scatter instead). At the end of the
+//    step the last stage broadcasts the step's loss over the pp group ("pp.loss", 4 bytes) so every
+//    rank reports it.
+//  - zero 1/2 (zero.hpp): "zero.reduce_scatter" instead of "ddp.all_reduce" (one per step for
+//    zero 1, one per micro-batch for zero 2, after the backward pass), AdamW on the owned shard,
+//    then "zero.all_gather" of the parameters (Phase "optimizer").
+//  - zero 3 (zero.hpp, Zero3Storage): "zero.fetch_layer" all-gathers (a block before its forward and
+//    before its backward, the next one prefetched; the embedding and final LayerNorm once per step),
+//    "zero.reduce_scatter" per segment as its backward completes, every micro-batch; AdamW per
+//    segment shard; no parameter all-gather after the optimizer.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +62,7 @@
 #include "orrery/runtime/ddp.hpp"
 #include "orrery/runtime/model.hpp"
 #include "orrery/runtime/optimizer.hpp"
+#include "orrery/runtime/zero.hpp"
 
 namespace orrery::profiler {
 class Recorder;
@@ -60,7 +78,9 @@ struct Layout {
   static Layout of(const Scenario& s, int world_rank);
 };
 
-// Throws InputError for what this runtime cannot run yet (tp, pp, ZeRO, a device it lacks).
+// Throws InputError, before any rank starts work, for a layout the model cannot take
+// (validate_layout: heads or layers that do not divide, ZeRO without dp, more stages than layers)
+// and for what this runtime cannot run (ZeRO 3, the interleaved schedule, a device it lacks).
 void check_supported(const Scenario& s);
 
 struct StepResult {
@@ -85,6 +105,18 @@ class Trainer {
   const Layout& layout() const { return layout_; }
   Gpt& model() { return model_; }
   Communicator& dp_group() { return *dp_; }
+  Communicator& tp_group() { return *tp_; }
+  Communicator& pp_group() { return *pp_; }
+  // The ZeRO partition of this rank's flat array over dp (ranks 1 without ZeRO).
+  const ZeroPartition& zero() const { return zero_; }
+  // Persistent bytes per category, as recorded in the mem.* counters.
+  struct MemoryBytes {
+    double parameters = 0, gradients = 0, optimizer = 0, activations = 0, comm_buffers = 0;
+  };
+  MemoryBytes memory() const;
+  // This rank's parameters in the model's flat layout (unpadded); under ZeRO 3 gathered over the
+  // dp group (a collective: every dp rank must call it).
+  std::vector<float> full_parameters();
   DataParallel& ddp() { return *ddp_; }
   const TokenSource& source() const { return *source_; }
   int micro_batches() const { return micro_batches_; }
@@ -92,19 +124,41 @@ class Trainer {
  private:
   class SpanObserver;
   void record_memory();
+  void forward_pass(int mb, const GptHooks& hooks, double& loss_sum);
+  void backward_pass(int mb, const GptHooks& hooks, float loss_scale);
+  void reduce_gradients_zero(int mb);
+  void embed_all_reduce(float* wte_grad);
+  void z3_gather(int segment, int slot, int mb);
+  void z3_bind_block(int layer, int next_layer, int mb);
+  void z3_reduce_scatter(int segment, int slot, int mb);
+  float z3_forward(int mb, GptActivations& acts, const GptHooks& hooks);
+  void z3_backward(int mb, GptActivations& acts, const GptHooks& hooks, float loss_scale);
+  void z3_finish_backward();
 
   Scenario s_;
   Communicator& world_;
   profiler::Recorder* rec_;
   Layout layout_;
-  std::unique_ptr<Communicator> dp_;
+  std::unique_ptr<Communicator> dp_, tp_, pp_, embed_;
   Gpt model_;
   std::unique_ptr<TokenSource> source_;
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<DataParallel> ddp_;
   std::unique_ptr<AdamW> optimizer_;
-  GptActivations acts_;
+  std::vector<GptActivations> acts_;  // one per micro-batch in flight (index mb % size)
+  std::vector<FloatArray> grad_send_;  // pipeline: gradient sent back, one per micro-batch in flight
+  std::vector<Handle> act_send_h_, grad_send_h_;
   GptGradScratch scratch_;
+  ZeroPartition zero_;
+  FloatArray zero_grads_;    // (k) the owned shard of the averaged gradients
+  FloatArray zero_recv_;     // (k) zero 2: one micro-batch's scattered shard
+  int32_t cur_mb_ = -1;
+  // ZeRO 3
+  std::unique_ptr<Zero3Storage> z3_;
+  std::vector<std::unique_ptr<AdamW>> z3_opt_;  // one per segment shard
+  FloatArray z3_recv_;                          // reduce-scatter output, shard layout
+  Handle z3_gather_h_[4], z3_rs_h_[4];
+  int z3_gathered_[4] = {-99, -99, -99, -99};    // segment held by each working buffer
   Batch batch_;
   std::unique_ptr<SpanObserver> observer_;
   int micro_batches_ = 1;

@@ -1,0 +1,93 @@
+// ZeRO (Rajbhandari et al., SC20) over the data-parallel group, stages 1 and 2.
+//
+// Partition: the rank's flat parameter array (n elements, model.hpp) is padded to N*k elements,
+// k = ceil(n / N), and data-parallel rank r owns elements [r*k, r*k + k) (the last owner's tail is
+// padding). The whole array is one bucket: one reduce-scatter of the gradients into the owned
+// shard ("zero.reduce_scatter", ReduceOp::Avg), AdamW on the shard only, one in-place all-gather of
+// the updated parameters ("zero.all_gather"). Names as the simulator's names::kDpReduceScatter and
+// names::kDpAllGather; the simulator splits these by DDP bucket, so the two agree op for op when one
+// bucket holds the whole array (bucket_mb at least the stage's gradient bytes, true of gpt-tiny and
+// gpt-small-ish at the default 25 MiB).
+//   stage 1: gradients accumulate over the step's micro-batches in the full array; reduce-scatter
+//            once, after the last backward. Optimizer state 8Ψ/N.
+//   stage 2: reduce-scatter after every micro-batch's backward, accumulated into a shard gradient
+//            buffer of k elements; the full array only holds one backward's gradients.
+// Padding: at most N-1 elements per array (parameters and gradients are reallocated to N*k).
+//
+// Stage 3 (Zero3Storage): every segment of the flat array (the embedding, each block, the final
+// LayerNorm; model.hpp) is partitioned on its own, k_g = ceil(c_g / N), and a rank keeps only its
+// k_g elements of parameters, gradients and Adam moments: 16 Ψ/N bytes plus padding below N
+// elements per segment. The model's own flat arrays are freed; its named pointers are bound to
+// gather buffers: two for blocks (the one in use and the prefetched next), one for the embedding
+// and one for the final LayerNorm. The trainer all-gathers a block ("zero.fetch_layer", layer l)
+// before its forward and again before its backward, prefetching the next block's gather while the
+// current one computes; the embedding and final LayerNorm are gathered once per step (layer -1 and
+// L: both ends of every micro-batch use them, the tied wte included) and dropped after the last
+// backward. Each segment's gradient is written into a gather-sized buffer and reduce-scattered
+// ("zero.reduce_scatter", layer = segment) as soon as its backward is done, every micro-batch.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "orrery/runtime/model.hpp"
+
+namespace orrery::runtime {
+
+inline constexpr const char* kZeroReduceScatterName = "zero.reduce_scatter";
+inline constexpr const char* kZeroAllGatherName = "zero.all_gather";
+
+struct ZeroPartition {
+  std::size_t total = 0;  // n: elements of the flat array
+  std::size_t shard = 0;  // k = ceil(n / ranks)
+  int rank = 0;
+  int ranks = 1;
+  std::size_t padded() const { return shard * static_cast<std::size_t>(ranks); }
+  std::size_t begin() const { return shard * static_cast<std::size_t>(rank); }
+  // Real (unpadded) elements owned by this rank.
+  std::size_t count() const {
+    const std::size_t b = begin();
+    return b >= total ? 0 : (total - b < shard ? total - b : shard);
+  }
+};
+ZeroPartition zero_partition(std::size_t total, int rank, int ranks);
+
+// Reallocates the model's params and grads to `padded` elements (>= num_params()), zero-filled
+// beyond the end, keeping values and re-pointing every named pointer.
+void gpt_pad_storage(Gpt& model, std::size_t padded);
+
+inline constexpr const char* kZeroFetchLayerName = "zero.fetch_layer";
+
+class Zero3Storage {
+ public:
+  struct Segment {
+    int id = 0;               // kEmbedSegment, a layer, or n_layer
+    ParamRange range;         // in the original flat array
+    ZeroPartition part;       // of range.count over the dp group
+    std::size_t shard_offset = 0;  // of this rank's k elements in params()/grads()
+    // The model's pointers into this segment and their offsets from range.offset.
+    std::vector<float**> param_ptrs, grad_ptrs;
+    std::vector<std::size_t> rel;
+  };
+  // Takes the shards of the model's current values and frees the model's flat arrays.
+  Zero3Storage(Gpt& model, int dp_rank, int dp_size);
+
+  std::vector<Segment>& segments() { return segments_; }
+  Segment& segment(int id);
+  float* params() { return params_.data(); }  // the owned shards, segments in memory order
+  float* grads() { return grads_.data(); }
+  std::size_t shard_elems() const { return params_.size(); }
+  // Points the model's parameter and gradient pointers of `seg` at full-size buffers (N*k).
+  void bind(Segment& seg, float* params, float* grads);
+  // Working buffers: 0/1 the blocks (alternating by layer), 2 embedding, 3 final LayerNorm.
+  float* param_buffer(int slot) { return pbuf_[static_cast<std::size_t>(slot)].data(); }
+  float* grad_buffer(int slot) { return gbuf_[static_cast<std::size_t>(slot)].data(); }
+  std::size_t buffer_bytes() const;
+
+ private:
+  std::vector<Segment> segments_;
+  FloatArray params_, grads_;
+  FloatArray pbuf_[4], gbuf_[4];
+};
+
+}  // namespace orrery::runtime
