@@ -17,7 +17,7 @@ ModelStateBytes model_state_bytes(double params, int zero_stage, int dp, const P
 double activation_bytes_per_layer(const Scenario& s, const PrecisionConfig& p) {
   const double sq = s.model.seq, b = s.training.micro_batch, h = s.model.d_model, a = s.model.heads,
                t = s.parallel.tp;
-  return sq * b * h * (10.0 + 24.0 / t + 5.0 * a * sq / (h * t)) * (p.act_bytes / 2.0);
+  return sq * b * h * (34.0 + 5.0 * a * sq / h) / t * (p.act_bytes / 2.0);
 }
 
 std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionConfig& p, int64_t capacity_bytes) {

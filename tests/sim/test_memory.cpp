@@ -46,9 +46,9 @@ TEST(Memory, ActivationsKorthikanti) {
   const double sbh = 2048.0 * 1 * 12288;
   EXPECT_EQ(activation_bytes_per_layer(s, precision_config("mixed")), sbh * (34 + 5.0 * 96 * 2048 / 12288));
   EXPECT_EQ(activation_bytes_per_layer(s, precision_config("fp32")), 2 * sbh * (34 + 5.0 * 96 * 2048 / 12288));
-  // With tp = 8 (no sequence parallelism): s·b·h·(10 + 24/t + 5·a·s/(h·t)).
+  // With tp = 8 every term is divided by tp (sequence parallelism).
   s.parallel.tp = 8;
-  EXPECT_EQ(activation_bytes_per_layer(s, precision_config("mixed")), sbh * (10 + 24.0 / 8 + 5.0 * 96 * 2048 / (12288 * 8)));
+  EXPECT_EQ(activation_bytes_per_layer(s, precision_config("mixed")), sbh * (34 + 5.0 * 96 * 2048 / 12288) / 8);
 }
 
 TEST(Memory, MicroBatchesInFlight) {

@@ -6,8 +6,10 @@
 //   stage 0: (p + g + o)·Ψ     stage 1: (p + g)·Ψ + o·Ψ/N
 //   stage 2: p·Ψ + (g + o)·Ψ/N  stage 3: (p + g + o)·Ψ/N
 // Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation"), per layer per
-// micro-batch, without recomputation, in 16-bit: s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes (t = tp;
-// with t = 1 this is s·b·h·(34 + 5·a·s/h)); fp32 activations double it. Micro-batches in flight on
+// micro-batch, without recomputation, in 16-bit: s·b·h·(34 + 5·a·s/h) / t bytes (t = tp). Dividing
+// every term by t assumes Megatron's sequence parallelism (LayerNorm and dropout activations
+// sharded too); plain tensor parallelism keeps s·b·h·10 replicated, i.e. s·b·h·(10 + 24/t +
+// 5·a·s/(h·t)). fp32 activations double it. Micro-batches in flight on
 // stage s: 1F1B min(p - s, m), GPipe m. The last stage adds its logits and their gradient,
 // b·s·V·4·2 bytes for one micro-batch (fp32 loss); stage 0 adds the embedding output s·b·h·2.
 // Not counted: communication buffers, allocator fragmentation, workspace (cuBLAS, NCCL).
