@@ -466,6 +466,18 @@ TEST(StoreBadFiles, CorruptPagesInTheMiddle) {
   expect_input_error(path, "cannot read trace", "corrupt trace");
 }
 
+TEST(StoreBadFiles, DamagedBlockIndex) {
+  TempDir dir;
+  const auto off_by_one = dir.path("off_by_one.db");
+  write_trace(make_trace(2, 3000), off_by_one);
+  ASSERT_EQ(sqlite_exec(off_by_one, "UPDATE blocks SET count=count+1 WHERE id=2"), SQLITE_OK);
+  expect_input_error(off_by_one, "does not decode");
+  const auto huge = dir.path("huge.db");
+  write_trace(make_trace(1, 10), huge);
+  ASSERT_EQ(sqlite_exec(huge, "UPDATE blocks SET count=1000000000000"), SQLITE_OK);
+  expect_input_error(huge, "more than the file can hold");
+}
+
 TEST(Merge, PerRankFilesBecomeOne) {
   TempDir dir;
   const Trace full = make_trace(3, 200);

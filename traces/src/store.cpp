@@ -1092,6 +1092,19 @@ Trace TraceReader::load_all(unsigned threads) const {
       cursor[r.key] += r.count;
     }
   }
+  {
+    // Every packed span takes at least 6 bytes: a count beyond that is a damaged index, which
+    // should be reported, not allocated.
+    std::error_code ec;
+    uintmax_t bytes = fs::file_size(path_, ec);
+    if (ec) bytes = 0;
+    const uintmax_t wal = fs::file_size(path_ + "-wal", ec);
+    if (!ec) bytes += wal;
+    if (bytes > 0 && total > bytes / 6) {
+      throw InputError(path_ + ": corrupt trace (its block index counts " + std::to_string(total) +
+                       " spans, more than the file can hold)");
+    }
+  }
   t.spans.resize(total);
 
   if (threads == 0) threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
