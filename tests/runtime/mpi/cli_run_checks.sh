@@ -65,7 +65,9 @@ expect_input_error nproc_mismatch "parallel.dp" "$ORRERY" run tiny.yaml --nproc 
 expect_input_error batch "training.global_batch" "$ORRERY" run tiny.yaml --set training.global_batch=6
 expect_input_error data_file "data.path" "$ORRERY" run tiny.yaml \
   --set data.source=text --set data.path=missing.txt --set model.vocab=256
-expect_input_error tp "parallel.tp" "$ORRERY" run tiny.yaml --set parallel.tp=2 --set parallel.dp=1
+expect_input_error tp "parallel.tp" "$ORRERY" run tiny.yaml --set parallel.tp=3 --set parallel.dp=1
+expect_input_error schedule "parallel.schedule" "$ORRERY" run tiny.yaml --set parallel.pp=2 \
+  --set parallel.dp=1 --set parallel.schedule=interleaved
 expect_input_error no_mpirun "mpirun not found" env PATH=/nonexistent "$ORRERY" run tiny.yaml
 # Started under mpirun by hand with the wrong number of ranks: the ranks exit 2 before MPI_Init
 # (mpirun stops the job at the first one and passes its exit code on), no hang.
