@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   auto apply_view_options = [&] {
     const QString by = cli.value(group);
     const int gi = by == "dp" ? 1 : by == "tp" ? 2 : by == "pp" ? 3 : 0;
-    win.timeline()->set_group_by(static_cast<orrery::gui::GroupBy>(gi));
+    win.set_group_by(static_cast<orrery::gui::GroupBy>(gi));
     auto doc = win.current_document();
     const int64_t zero = doc ? doc->index.start_ns() : 0;
     if (cli.isSet(zoom)) win.timeline()->zoom_to(zero + z0, zero + z1);

@@ -262,8 +262,31 @@ TEST_F(GuiApp, SearchFilterCollapseAndGroup) {
   lanes->setData(lanes->index(0, 0, lanes->index(2, 0)), Qt::Unchecked, Qt::CheckStateRole);
   EXPECT_EQ(tl->lane_layout().rows().size(), size_t(o.ranks * 4 - 4));
 
-  tl->set_group_by(GroupBy::DP);  // synth ranks are all dp: one dp group
+  win_->set_group_by(GroupBy::DP);  // synth ranks are all dp: one dp group
+  EXPECT_EQ(tl->group_by(), GroupBy::DP);
   EXPECT_EQ(tl->lane_layout().rows().front().kind, LayoutRow::Kind::Group);
+  ASSERT_EQ(win_->lane_model()->rowCount(), 1);
+  EXPECT_EQ(win_->lane_model()->index(0, 0).data().toString(), "dp[tp=0,pp=0]");
+}
+
+TEST_F(GuiApp, SweepCsvShowsScalingCurves) {
+  const QString csv = kDir + "/e2e_sweep.csv";
+  {
+    QFile f(csv);
+    ASSERT_TRUE(f.open(QIODevice::WriteOnly));
+    f.write("gpus,dp,tp,pp,zero,micro_batch,step_time_s,tokens_per_s,tflops_per_gpu,mfu,efficiency,"
+            "peak_memory_bytes,fits,note\n"
+            "8,8,1,1,0,4,0.5,65536,300,0.3,1,1e10,true,\"\"\n"
+            "64,16,4,1,1,4,0.55,476626,280,0.28,0.909,1e10,true,\"\"\n"
+            "512,128,4,1,1,4,0.6,3495253,260,0.26,0.833,1e10,true,\"\"\n");
+  }
+  QString loaded;
+  auto c = QObject::connect(win_.get(), &MainWindow::documentLoaded, [&](const QString& p) { loaded = p; });
+  win_->open_files({csv});
+  ASSERT_TRUE(wait_for([&] { return !loaded.isEmpty(); }));
+  QObject::disconnect(c);
+  EXPECT_EQ(win_->charts()->scaling_points(), 3);
+  EXPECT_EQ(win_->document_count(), 0);  // a sweep is not a trace
 }
 
 TEST_F(GuiApp, CompareAlignsByStepAndChartsShowTheBreakdown) {

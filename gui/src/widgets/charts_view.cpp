@@ -235,3 +235,14 @@ int ChartsView::breakdown_categories() const {
 }
 
 }  // namespace orrery::gui
+
+namespace orrery::gui {
+
+int ChartsView::scaling_points() const {
+  for (auto* s : scaling_view_->chart()->series()) {
+    if (auto* line = qobject_cast<QLineSeries*>(s); line && line->name() == tr("tokens/s")) return static_cast<int>(line->count());
+  }
+  return 0;
+}
+
+}  // namespace orrery::gui

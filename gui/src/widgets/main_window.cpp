@@ -540,6 +540,11 @@ void MainWindow::set_kind_visible(traces::SpanKind k, bool visible) {
   if (search_.size() && !search_edit_->text().isEmpty()) search(search_edit_->text());
 }
 
+void MainWindow::set_group_by(GroupBy by) {
+  const int i = group_combo_->findData(static_cast<int>(by));
+  if (i >= 0) group_combo_->setCurrentIndex(i);  // its handler regroups the timeline and the tree
+}
+
 QStringList MainWindow::recent_files() const { return QSettings().value(kRecentKey).toStringList(); }
 
 void MainWindow::add_recent(const QString& path) {

@@ -26,6 +26,8 @@ class ChartsView : public QWidget {
   // What the breakdown chart shows now (tests): bar values per set name, in ms.
   std::vector<double> breakdown_values(const QString& set_name) const;
   int breakdown_categories() const;
+  // Points of the tokens/s curve now drawn (tests).
+  int scaling_points() const;
 
  private:
   void rebuild_breakdown();

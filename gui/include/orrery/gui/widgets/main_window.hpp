@@ -55,6 +55,8 @@ class MainWindow : public QMainWindow {
   // Selects the first match that starts at or after t (trace time), wrapping; false when none.
   bool search_from(int64_t t_ns);
   void set_kind_visible(traces::SpanKind k, bool visible);
+  // Groups the timeline's lanes and the lanes tree (as the toolbar's group selector does).
+  void set_group_by(GroupBy by);
   // Selects a range on the timeline (trace time) and computes its metrics.
   void select_range(int64_t t0_ns, int64_t t1_ns);
 
