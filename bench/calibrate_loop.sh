@@ -63,7 +63,7 @@ while IFS='|' read -r name ranks sets gb role; do
     continue
   fi
   # shellcheck disable=SC2086
-  if "$ORRERY_RUN" run "$SCEN" --nproc "$ranks" $args --out "$OUT/$name.db" --json >"$OUT/$name.run.json" 2>"$OUT/$name.run.err"; then
+  if "$ORRERY_RUN" run "$SCEN" --nproc "$ranks" $args --out "$OUT/$name.db" --json </dev/null >"$OUT/$name.run.json" 2>"$OUT/$name.run.err"; then
     ms=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['median_step_ms'])" "$OUT/$name.run.json")
     echo "  $name: median step $ms ms"
     [ "$role" = calib ] && CALIB+=("$OUT/$name.db")
@@ -86,7 +86,7 @@ while IFS='|' read -r name ranks sets gb role; do
   args=$(sets_of "$sets" "$gb")
   # shellcheck disable=SC2086
   if "$ORRERY" sim "$SCEN" --hw "$OUT/profile.yaml" $args --steps 2 --json --out "$OUT/$name.sim.db" \
-      >"$OUT/$name.sim.json" 2>"$OUT/$name.sim.err"; then
+      </dev/null >"$OUT/$name.sim.json" 2>"$OUT/$name.sim.err"; then
     python3 - "$name" "$role" "$OUT/$name.run.json" "$OUT/$name.sim.json" >>"$ROWS" <<'PY'
 import json, sys
 name, role, run, sim = sys.argv[1:5]

@@ -88,15 +88,20 @@ std::vector<double> nnls(const std::vector<double>& a, int rows, int cols, const
   };
   double bnorm = 0;
   for (double v : b) bnorm += v * v;
-  double anorm = 0;
-  for (double v : a) anorm = std::max(anorm, std::abs(v));
-  const double tol = 1e-12 * std::max(1.0, std::sqrt(bnorm)) * std::max(1.0, anorm) * std::max(1, rows);
+  // A column enters when its gradient is significant against its own norm and |b|.
+  std::vector<double> colnorm(cols, 0.0);
+  for (int j = 0; j < cols; ++j) {
+    for (int i = 0; i < rows; ++i) colnorm[j] += a[i * cols + j] * a[i * cols + j];
+    colnorm[j] = std::sqrt(colnorm[j]);
+  }
   for (int outer = 0; outer < 3 * cols + 10; ++outer) {
     const auto w = gradient();
     int t = -1;
-    double wmax = tol;
-    for (int j = 0; j < cols; ++j)
-      if (!passive[j] && w[j] > wmax) wmax = w[j], t = j;
+    double wmax = 0;
+    for (int j = 0; j < cols; ++j) {
+      const double tol = 1e-12 * colnorm[j] * std::sqrt(bnorm);
+      if (!passive[j] && w[j] > tol && (t < 0 || w[j] / colnorm[j] > wmax)) wmax = w[j] / colnorm[j], t = j;
+    }
     if (t < 0) break;
     passive[t] = true;
     for (int inner = 0; inner < 3 * cols + 10; ++inner) {
@@ -135,16 +140,20 @@ AffineFit fit_affine_nonneg(const std::vector<double>& x, const std::vector<doub
   f.points = static_cast<int>(x.size());
   if (x.empty()) return f;
   const int n = f.points;
+  // x scaled to at most 1 so that both columns weigh alike in the solver.
+  double xmax = 0;
+  for (double v : x) xmax = std::max(xmax, std::abs(v));
+  if (xmax <= 0) xmax = 1;
   std::vector<double> a(2 * n), b(n);
   for (int i = 0; i < n; ++i) {
     const double s = w.empty() ? 1.0 : std::sqrt(std::max(0.0, w[i]));
     a[2 * i] = s;
-    a[2 * i + 1] = s * x[i];
+    a[2 * i + 1] = s * x[i] / xmax;
     b[i] = s * y[i];
   }
   const auto p = nnls(a, n, 2, b);
   f.intercept = p[0];
-  f.slope = p[1];
+  f.slope = p[1] / xmax;
   double ybar = 0, wsum = 0;
   for (int i = 0; i < n; ++i) {
     const double wi = w.empty() ? 1.0 : w[i];
@@ -200,9 +209,18 @@ HardwareProfile profile_for_ranks(const HardwareProfile& p, int ranks_on_node) {
   HardwareProfile q = p;
   const double f = compute_slowdown(p.sharing, ranks_on_node);
   const double fc = comm_slowdown(p.sharing, ranks_on_node);
+  // Efficiencies stay within (0, 1]: a speed-up (f < 1, see contention_at_full) goes into the
+  // profile's rates instead when it has them.
+  const bool into_rates = f < 1.0 && q.peak_flops > 0 && q.memory_bandwidth_bytes_per_s > 0;
+  if (into_rates) {
+    q.peak_flops /= f;
+    q.memory_bandwidth_bytes_per_s /= f;
+  }
   for (auto& c : q.classes) {
-    c.flops_efficiency /= f;
-    c.bandwidth_efficiency /= f;
+    if (!into_rates) {
+      c.flops_efficiency /= f;
+      c.bandwidth_efficiency /= f;
+    }
     c.overhead_ns = static_cast<int64_t>(std::llround(double(c.overhead_ns) * f));
   }
   q.data_load_ns = static_cast<int64_t>(std::llround(double(q.data_load_ns) * f));
@@ -456,7 +474,9 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
         over.emplace_back(u, factor[i]);
       }
     }
-    if (sxx > 0) sharing.contention_at_full = std::max(1.0, 1.0 + sxy / sxx);
+    // Not clamped at 1: on a machine shared with other work a crowded run can measure faster than the
+    // lone one (the other work changed); the profile then predicts what the calibration runs showed.
+    if (sxx > 0) sharing.contention_at_full = std::max(0.25, 1.0 + sxy / sxx);
     else if (!over.empty()) out.notes.push_back("no trace with ranks x threads <= cores: contention_at_full = 1 assumed");
     if (!over.empty()) {
       double num = 0, den = 0;
@@ -524,7 +544,7 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
   }
   // A mild ridge on the overheads: rates explain what scales with FLOPs and bytes, overheads the rest
   // (with fewer ops than unknowns the fit would otherwise pick any vertex, e.g. all overhead).
-  const double kRidge = 0.03;
+  const double kRidge = 1e-3;
   for (int c = 0; c < kOpClassCount; ++c) {
     std::vector<double> row(kCols, 0.0);
     row[kOpClassCount + c] = colscale[kOpClassCount + c] > 0 ? kRidge : 0.0;

@@ -191,7 +191,11 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
     if (!sh["cores"]) throw InputError(where(origin, sh, "sharing.cores") + ": required");
     cs.cores = static_cast<int>(num("cores", 1));
     if (sh["threads_per_rank"]) cs.threads_per_rank = static_cast<int>(num("threads_per_rank", 1));
-    if (sh["contention_at_full"]) cs.contention_at_full = num("contention_at_full", 1.0);
+    if (sh["contention_at_full"]) {
+      cs.contention_at_full = num("contention_at_full", 0.0);
+      if (!(cs.contention_at_full > 0))
+        throw InputError(where(origin, sh["contention_at_full"], "sharing.contention_at_full") + ": expected a number > 0");
+    }
     if (sh["oversubscription_exponent"]) cs.oversubscription_exponent = num("oversubscription_exponent", 0.0);
     if (sh["comm_exponent"]) cs.comm_exponent = num("comm_exponent", 0.0);
   }

@@ -10,7 +10,9 @@
 //     (compute_slowdown): with u = R · threads / cores,
 //        u <= 1:  f(R) = 1 + (c − 1) · (R·threads − 1) / (cores − 1)       (memory and polling contention)
 //        u >  1:  f(R) = c · u^e                                           (time slicing of the cores)
-//     c = contention_at_full is f measured at u = 1 (or extrapolated linearly from the u < 1 traces),
+//     c = contention_at_full is f measured at u = 1 (or extrapolated linearly from the u < 1 traces;
+//     not clamped at 1: on a machine shared with other work the crowded run can be the faster one,
+//     and the profile then predicts what the calibration runs showed),
 //     e = oversubscription_exponent fitted from traces with u > 1 (log-log least squares), 1 (fair
 //     time slicing) without any. Collectives slow down by u^comm_exponent beyond the cores
 //     (comm_slowdown; exponent 1 unless fitted from a trace with u > 1).
