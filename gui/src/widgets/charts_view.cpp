@@ -18,6 +18,7 @@
 #include <QStackedBarSeries>
 #include <QVBoxLayout>
 #include <QValueAxis>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -189,7 +190,11 @@ void ChartsView::rebuild_scaling() {
     ay->setLabelFormat("%.3g");
     auto* ae = new QValueAxis();
     ae->setTitleText(tr("efficiency"));
-    ae->setRange(0, std::max(1.05, max_eff * 1.05));
+    // Ticks every 0.2 (1.0 = linear scaling) up to the next step above the best point.
+    const double top = std::max(1.2, std::ceil(max_eff * 5.0 + 0.01) / 5.0);
+    ae->setRange(0, top);
+    ae->setTickCount(static_cast<int>(std::lround(top / 0.2)) + 1);
+    ae->setLabelFormat("%.1f");
     ae->setLabelsColor(QColor(0xD93025));
     chart->addAxis(ax, Qt::AlignBottom);
     chart->addAxis(ay, Qt::AlignLeft);
