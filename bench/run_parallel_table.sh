@@ -40,7 +40,7 @@ for cfg in $CONFIGS; do
       --set parallel.dp="$dp" --set parallel.tp="$tp" --set parallel.pp="$pp" --set parallel.zero="$zero" \
       --set parallel.schedule="$sched" --set training.global_batch=$gb --set training.micro_batch="$micro" \
       --set training.steps="$STEPS" --set runtime.threads="$THREADS" 2>/dev/null | tail -1) || { echo "$name: run failed"; continue; }
-    rep=$("$ORRERY" report "$trace" --json 2>/dev/null | tail -1)
+    rep=$("$ORRERY" report "$trace" --json 2>/dev/null)
     python3 - "$cfg" "$name" "$n" "$json" "$rep" "$RESULTS" <<'PY'
 import json, sys
 cfg, name, n, run, rep, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4]), json.loads(sys.argv[5]), sys.argv[6]
