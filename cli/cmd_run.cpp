@@ -137,6 +137,12 @@ void print_progress(const Scenario& s, const runtime::StepResult& r) {
 int run_here(const RunArgs& a, const Scenario& s) {
   runtime::WorldOptions wopt;
   wopt.watchdog_s = s.runtime.watchdog_s;
+  wopt.faults.step = s.faults.step;
+  wopt.faults.skip_collective_rank = s.faults.skip_collective_rank;
+  wopt.faults.size_mismatch_rank = s.faults.size_mismatch_rank;
+  wopt.faults.wrong_op_rank = s.faults.wrong_op_rank;
+  wopt.faults.sleep_rank = s.faults.sleep_rank;
+  wopt.faults.sleep_ms = s.faults.sleep_ms;
   auto world = runtime::make_world_communicator(wopt);
   const int rank = world->rank();
   runtime::RankRunResult res;

@@ -77,6 +77,13 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("runtime.threads", Type::Int, runtime.threads, int),
       ORRERY_KEY("runtime.watchdog_s", Type::Double, runtime.watchdog_s, double),
       ORRERY_KEY("profile.enabled", Type::Bool, profile.enabled, bool),
+      // Test-only fault injection (see scenarios/README.md).
+      ORRERY_KEY("faults.step", Type::Int, faults.step, int),
+      ORRERY_KEY("faults.skip_collective_rank", Type::Int, faults.skip_collective_rank, int),
+      ORRERY_KEY("faults.size_mismatch_rank", Type::Int, faults.size_mismatch_rank, int),
+      ORRERY_KEY("faults.wrong_op_rank", Type::Int, faults.wrong_op_rank, int),
+      ORRERY_KEY("faults.sleep_rank", Type::Int, faults.sleep_rank, int),
+      ORRERY_KEY("faults.sleep_ms", Type::Int, faults.sleep_ms, int),
   };
   return keys;
 }

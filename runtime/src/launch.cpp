@@ -15,6 +15,7 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/profiler/ranges.hpp"
+#include "orrery/profiler/flight_recorder.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/flops.hpp"
 #include "orrery/traces/store.hpp"
@@ -163,6 +164,8 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
     std::error_code ec;
     if (!parent.empty()) fs::create_directories(parent, ec);
     writer = std::make_unique<traces::TraceWriter>(rank_file);
+    // Flight records go into the rank's file every 200 ms, so they survive an abort.
+    profiler::FlightRecorder::instance().set_dump_path(rank_file);
   }
   profiler::Recorder rec(writer.get(), world.rank());
   profiler::Recorder::set_current(&rec);
@@ -244,6 +247,7 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
   world.set_recorder(nullptr);
   world.synchronize();
   if (writer) {
+    profiler::FlightRecorder::instance().set_dump_path("");  // last write, before close()
     rec.flush();
     writer->close();
   }

@@ -31,6 +31,8 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+
+#include "orrery/profiler/flight_recorder.hpp"
 #include <vector>
 
 #include "orrery/common/error.hpp"
@@ -132,6 +134,7 @@ class Task final : public Work {
   traces::Span span;
   std::string what;  // "all_reduce seq 12 on dp[...]": for watchdog and error messages
   double watchdog_s = 300;
+  uint64_t flight_id = 0;  // its FlightRecorder record (0: none)
 
   void complete(std::exception_ptr err = nullptr) {
     {
@@ -149,6 +152,8 @@ class Task final : public Work {
       msg << "watchdog: " << what << " not complete after " << watchdog_s
           << " s (runtime.watchdog_s); a rank is missing from this operation or issued "
              "operations in another order";
+      // Dump the flight records (trace file and stderr) before the caller aborts the job.
+      profiler::FlightRecorder::instance().dump(msg.str(), true);
       throw InternalError(msg.str());
     }
     if (error_) std::rethrow_exception(error_);
@@ -230,6 +235,8 @@ class Engine {
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
   double watchdog_s() const { return watchdog_s_; }
+  const FaultInjection& faults() const { return faults_; }
+  void set_faults(const FaultInjection& f) { faults_ = f; }
   void set_watchdog_s(double s) { watchdog_s_ = s; }
   profiler::Recorder* recorder() const { return recorder_.load(std::memory_order_acquire); }
   void set_recorder(profiler::Recorder* r) { recorder_.store(r, std::memory_order_release); }
@@ -320,6 +327,9 @@ class Engine {
   }
 
   void finish(const std::shared_ptr<Task>& t, std::exception_ptr err) {
+    if (t->flight_id && !err) {
+      profiler::FlightRecorder::instance().completed(t->flight_id, profiler::steady_now_ns());
+    }
     if (t->record && !err) {
       t->span.end_ns = profiler::steady_now_ns();
       if (auto* rec = recorder()) rec->record(t->span);
@@ -329,6 +339,7 @@ class Engine {
 
   void run_collective(const std::shared_ptr<Task>& t) {
     t->span.start_ns = profiler::steady_now_ns();
+    if (t->flight_id) profiler::FlightRecorder::instance().started(t->flight_id, t->span.start_ns);
     std::exception_ptr err;
     try {
       if (t->post) {
@@ -362,6 +373,7 @@ class Engine {
 
   void post(const std::shared_ptr<Task>& t) {
     t->span.start_ns = profiler::steady_now_ns();
+    if (t->flight_id) profiler::FlightRecorder::instance().started(t->flight_id, t->span.start_ns);
     try {
       if (t->kind == Task::Kind::Send) {
         ORRERY_MPI_CHECK(MPI_Isend(t->send_buf, t->count, t->type, t->peer, 0, t->comm, &t->request));
@@ -401,6 +413,7 @@ class Engine {
   int world_rank_ = 0;
   int world_size_ = 1;
   double watchdog_s_ = 300;
+  FaultInjection faults_;
   std::atomic<profiler::Recorder*> recorder_{nullptr};
   std::vector<std::shared_ptr<Task>> in_flight_;  // posted sends and receives (comm thread only)
   int poll_sleep_us_ = 50;
@@ -433,7 +446,7 @@ class MpiCommunicator final : public Communicator {
   Handle all_reduce(void* data, size_t count, DType dtype, ReduceOp op,
                     const OpLabel& label) override {
     const int n = checked_count(count);
-    auto t = make_task(CollOp::AllReduce, label, count * dtype_size(dtype), -1);
+    auto t = make_task(CollOp::AllReduce, label, count * dtype_size(dtype), -1, dtype);
     const int size = size_;
     MPI_Comm comm = comm_;
     t->post = [=](MPI_Request* req) {
@@ -448,7 +461,7 @@ class MpiCommunicator final : public Communicator {
                         const OpLabel& label) override {
     const int n = checked_count(recv_count);
     checked_count(recv_count * static_cast<size_t>(size_));
-    auto t = make_task(CollOp::ReduceScatter, label, recv_count * size_ * dtype_size(dtype), -1);
+    auto t = make_task(CollOp::ReduceScatter, label, recv_count * size_ * dtype_size(dtype), -1, dtype);
     const int size = size_;
     MPI_Comm comm = comm_;
     t->post = [=](MPI_Request* req) {
@@ -463,7 +476,7 @@ class MpiCommunicator final : public Communicator {
                     const OpLabel& label) override {
     const int n = checked_count(send_count);
     checked_count(send_count * static_cast<size_t>(size_));
-    auto t = make_task(CollOp::AllGather, label, send_count * size_ * dtype_size(dtype), -1);
+    auto t = make_task(CollOp::AllGather, label, send_count * size_ * dtype_size(dtype), -1, dtype);
     MPI_Comm comm = comm_;
     const int my_rank = rank_;
     const size_t block_bytes = send_count * dtype_size(dtype);
@@ -480,7 +493,7 @@ class MpiCommunicator final : public Communicator {
                    const OpLabel& label) override {
     const int n = checked_count(count);
     check_peer(root);
-    auto t = make_task(CollOp::Broadcast, label, count * dtype_size(dtype), global_rank(root));
+    auto t = make_task(CollOp::Broadcast, label, count * dtype_size(dtype), global_rank(root), dtype);
     MPI_Comm comm = comm_;
     t->post = [=](MPI_Request* req) {
       ORRERY_MPI_CHECK(MPI_Ibcast(data, n, mpi_type(dtype), root, comm, req));
@@ -491,7 +504,7 @@ class MpiCommunicator final : public Communicator {
   Handle send(const void* data, size_t count, DType dtype, int peer,
               const OpLabel& label) override {
     check_peer(peer);
-    auto t = make_task(CollOp::Send, label, count * dtype_size(dtype), global_rank(peer));
+    auto t = make_task(CollOp::Send, label, count * dtype_size(dtype), global_rank(peer), dtype);
     t->kind = Task::Kind::Send;
     t->send_buf = data;
     t->count = checked_count(count);
@@ -503,7 +516,7 @@ class MpiCommunicator final : public Communicator {
 
   Handle recv(void* data, size_t count, DType dtype, int peer, const OpLabel& label) override {
     check_peer(peer);
-    auto t = make_task(CollOp::Recv, label, count * dtype_size(dtype), global_rank(peer));
+    auto t = make_task(CollOp::Recv, label, count * dtype_size(dtype), global_rank(peer), dtype);
     t->kind = Task::Kind::Recv;
     t->recv_buf = data;
     t->count = checked_count(count);
@@ -589,9 +602,42 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  std::shared_ptr<Task> make_task(CollOp op, const OpLabel& label, size_t bytes, int peer_global) {
+  std::shared_ptr<Task> make_task(CollOp op, const OpLabel& label, size_t bytes, int peer_global,
+                                  DType dtype = DType::U8) {
     auto t = std::make_shared<Task>();
     const int64_t seq = seq_++;
+    // Flight record, with the test-only faults of WorldOptions::faults applied.
+    const FaultInjection& f = Engine::instance().faults();
+    const int me = Engine::instance().world_rank();
+    const bool collective = op != CollOp::Send && op != CollOp::Recv;
+    bool record_flight = true;
+    if (collective && label.step == f.step && !fault_fired_) {
+      if (me == f.sleep_rank && f.sleep_ms > 0) {
+        fault_fired_ = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(f.sleep_ms));
+      } else if (me == f.skip_collective_rank) {
+        fault_fired_ = withheld_ = true;
+        record_flight = false;  // the rank never issues it
+      } else if (me == f.size_mismatch_rank) {
+        fault_fired_ = withheld_ = true;
+        bytes = bytes * 2 + dtype_size(dtype);
+      } else if (me == f.wrong_op_rank) {
+        fault_fired_ = withheld_ = true;
+        op = op == CollOp::AllGather ? CollOp::AllReduce : CollOp::AllGather;
+      }
+    }
+    if (record_flight) {
+      profiler::FlightRecord fr;
+      fr.comm = info_.id;
+      fr.seq = seq;
+      fr.op = op;
+      fr.bytes = static_cast<int64_t>(bytes);
+      fr.dtype = static_cast<int32_t>(dtype);
+      fr.peer = peer_global;
+      fr.step = label.step;
+      fr.scheduled_ns = profiler::steady_now_ns();
+      t->flight_id = profiler::FlightRecorder::instance().scheduled(fr);
+    }
     t->watchdog_s = Engine::instance().watchdog_s();
     t->what = std::string(traces::to_string(op)) + " seq " + std::to_string(seq) + " on " +
               info_.name + " (" + std::to_string(bytes) + " bytes)";
@@ -616,6 +662,9 @@ class MpiCommunicator final : public Communicator {
   }
 
   Handle submit(const std::shared_ptr<Task>& t) {
+    // After an injected fault this rank's operations never reach MPI (whose behaviour on
+    // mismatched collectives is undefined): the others hang deterministically until the watchdog.
+    if (withheld_) return Handle(t);
     Engine::instance().submit(t);
     return Handle(t);
   }
@@ -627,6 +676,8 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   int64_t seq_ = 0;
   int splits_ = 0;
+  inline static bool fault_fired_ = false;  // per process: each fault fires once
+  inline static bool withheld_ = false;
 };
 
 }  // namespace
@@ -634,7 +685,9 @@ class MpiCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_mpi_world_communicator(const WorldOptions& opt) {
   Engine& e = Engine::instance();
   e.set_watchdog_s(opt.watchdog_s);
+  e.set_faults(opt.faults);
   e.start();
+  profiler::FlightRecorder::instance().set_rank(e.world_rank());
   // MPI_Finalize on the communication thread when the process exits normally.
   static const bool registered = [] {
     std::atexit([] { Engine::instance().stop(); });

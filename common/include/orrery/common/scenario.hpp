@@ -54,6 +54,16 @@ struct RuntimeConfig {
   double watchdog_s = 300.0;   // a collective not done after this long ends the job
 };
 
+// Test-only fault injection (scenarios/README.md): ranks are global, -1 is off.
+struct FaultsConfig {
+  int step = 0;
+  int skip_collective_rank = -1;
+  int size_mismatch_rank = -1;
+  int wrong_op_rank = -1;
+  int sleep_rank = -1;
+  int sleep_ms = 0;
+};
+
 struct ProfileConfig {
   bool enabled = true;
 };
@@ -68,6 +78,7 @@ struct Scenario {
   ParallelConfig parallel;
   RuntimeConfig runtime;
   ProfileConfig profile;
+  FaultsConfig faults;
 
   int world_size() const { return parallel.dp * parallel.tp * parallel.pp; }
   // Micro-batches each data-parallel replica accumulates per step.

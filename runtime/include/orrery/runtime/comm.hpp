@@ -116,8 +116,21 @@ class Communicator {
   [[noreturn]] virtual void abort(int code) = 0;
 };
 
+// Test-only fault injection (scenario keys faults.*, see scenarios/README.md): on the given global
+// rank, the first collective of training step `step` is skipped, issued with another size or op
+// (then, as after a skip, nothing more of that rank reaches MPI), or delayed by sleep_ms.
+struct FaultInjection {
+  int step = 0;
+  int skip_collective_rank = -1;
+  int size_mismatch_rank = -1;
+  int wrong_op_rank = -1;
+  int sleep_rank = -1;
+  int sleep_ms = 0;
+};
+
 struct WorldOptions {
   double watchdog_s = 300.0;  // an operation not complete after this long fails its wait()
+  FaultInjection faults;      // MPI communicator only
 };
 
 // True when this process was started by a launcher (mpirun, srun) with its rank and world size in

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# `orrery doctor` on faults caused on purpose (CTest runtime_mpi_doctor, label mpi): a tiny 2-rank
+# run with the test-only faults.* keys. A skipped collective, a changed size and a different op hang
+# the job: the watchdog (3 s) dumps the flight records, the job exits non-zero, and the doctor reads
+# the per-rank files. A sleeping rank finishes: the doctor reads the merged trace's spans.
+# Every diagnosis is checked word for word.
+# Usage: doctor_checks.sh ORRERY_BINARY WORK_DIR
+set -uo pipefail
+ORRERY=$1
+WORK=$2
+rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+cat > tiny.yaml <<'YAML'
+name: tiny
+model: {layers: 1, d_model: 16, heads: 2, vocab: 32, seq: 8}
+training: {steps: 3, global_batch: 4, micro_batch: 2, seed: 7, warmup_steps: 0}
+parallel: {dp: 2, bucket_mb: 1}
+runtime: {threads: 1, watchdog_s: 3}
+YAML
+
+# check NAME EXPECTED_RC_NONZERO(1|0) EXPECTED_DIAGNOSIS --set ...
+check() {
+  local name=$1 hang=$2 want=$3
+  shift 3
+  local sets=()
+  for kv in "$@"; do sets+=(--set "$kv"); done
+  timeout 60 "$ORRERY" run tiny.yaml --nproc 2 --out "$name.db" --json "${sets[@]}" \
+    > "$name.out" 2> "$name.err"
+  local rc=$?
+  if [ "$hang" = 1 ]; then
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "$name: exit $rc, expected a non-zero exit before the timeout"
+    grep -q "flight records" "$name.err" || fail "$name: no flight records on stderr"
+  else
+    [ $rc -eq 0 ] || { fail "$name: exit $rc"; cat "$name.err"; }
+  fi
+  local got
+  got=$("$ORRERY" doctor "$name.db" --straggler-ms 1000 2>&1)
+  if [ "$got" != "$want" ]; then
+    fail "$name: diagnosis"
+    echo "  got:  $got"
+    echo "  want: $want"
+  fi
+}
+
+check skip 1 "Collective #1 on dp[0,1] (all_reduce, step 1) never completed: rank 0 joined it, rank 1 never did." \
+  faults.skip_collective_rank=1 faults.step=1
+check size 1 "Size mismatch at collective #1 on dp[0,1] (step 1), all_reduce: rank 1 passed 0 bytes where rank 0 passed 0 bytes." \
+  faults.size_mismatch_rank=1 faults.step=1
+check op 1 "Op mismatch at collective #1 on dp[0,1] (step 1): rank 1 called all_gather where rank 0 called all_reduce." \
+  faults.wrong_op_rank=1 faults.step=1
+check sleep 0 "Rank 1 straggles: it arrived last, 1000 ms or more after the others, at 1 of 0 matched collectives (first at collective #1 on dp[0,1] (step 1))." \
+  faults.sleep_rank=1 faults.sleep_ms=1500 faults.step=1
+# JSON form: one object.
+"$ORRERY" doctor skip.db --json | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["findings"][0]["kind"]=="missing" and j["findings"][0]["ranks"]==[1], j' \
+  || fail "doctor --json"
+# Bad input exits 2.
+"$ORRERY" doctor nope.db > /dev/null 2>&1; [ $? -eq 2 ] || fail "missing trace: expected exit 2"
+
+[ $failures -eq 0 ] && echo "doctor checks: all passed"
+exit $failures
