@@ -45,14 +45,14 @@ check() {
   fi
 }
 
-check skip 1 "Collective #1 on dp[0,1] (all_reduce, step 1) never completed: rank 0 joined it, rank 1 never did." \
+check skip 1 "Collective #2 on dp[tp=0,pp=0] (all_reduce, step 1) never completed: rank 0 joined it, rank 1 never did." \
   faults.skip_collective_rank=1 faults.step=1
-check size 1 "Size mismatch at collective #1 on dp[0,1] (step 1), all_reduce: rank 1 passed 0 bytes where rank 0 passed 0 bytes." \
+check size 1 "Size mismatch at collective #2 on dp[tp=0,pp=0] (step 1), all_reduce: rank 1 passed 31620 bytes where rank 0 passed 15808 bytes." \
   faults.size_mismatch_rank=1 faults.step=1
-check op 1 "Op mismatch at collective #1 on dp[0,1] (step 1): rank 1 called all_gather where rank 0 called all_reduce." \
+check op 1 "Op mismatch at collective #2 on dp[tp=0,pp=0] (step 1): rank 1 called all_gather where rank 0 called all_reduce." \
   faults.wrong_op_rank=1 faults.step=1
-check sleep 0 "Rank 1 straggles: it arrived last, 1000 ms or more after the others, at 1 of 0 matched collectives (first at collective #1 on dp[0,1] (step 1))." \
-  faults.sleep_rank=1 faults.sleep_ms=1500 faults.step=1
+check sleep 0 "Rank 1 straggles: it arrived last, 1000 ms or more after the others, at 1 of 7 matched collectives (first at collective #2 on dp[tp=0,pp=0] (step 1))." \
+  faults.sleep_rank=1 faults.sleep_ms=1500 faults.step=1 runtime.watchdog_s=30
 # JSON form: one object.
 "$ORRERY" doctor skip.db --json | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["findings"][0]["kind"]=="missing" and j["findings"][0]["ranks"]==[1], j' \
   || fail "doctor --json"
