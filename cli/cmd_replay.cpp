@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cluster_arg.hpp"
 #include "command.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/sim/calibrate.hpp"
@@ -30,13 +31,6 @@ struct ReplayArgs {
   bool json = false;
 };
 
-std::string resolve_cluster_file(const std::string& c, const char* flag) {
-  namespace fs = std::filesystem;
-  if (fs::exists(c)) return c;
-  for (const std::string& cand : {"scenarios/clusters/" + c + ".yaml", "scenarios/clusters/" + c})
-    if (fs::exists(cand)) return cand;
-  throw InputError(std::string(flag) + " '" + c + "': no such file (give a path or a name in scenarios/clusters/)");
-}
 
 // The device peak and bandwidth a profile sees on a cluster (the profile's overrides first).
 std::pair<double, double> device_rates(const sim::Cluster& c, const sim::HardwareProfile& p) {
@@ -56,7 +50,7 @@ std::pair<sim::Cluster, sim::HardwareProfile> target(const std::string& cluster,
   sim::HardwareProfile p;
   if (!hw.empty()) p = sim::load_hardware_profile(hw);
   if (!cluster.empty()) {
-    const std::string path = resolve_cluster_file(cluster, cflag);
+    const std::string path = cli::resolve_cluster_path(cluster, cflag);
     c = sim::load_cluster(path);
     if (hw.empty()) {
       // The default profile of the cluster's device: <cluster dir>/../hardware, else scenarios/hardware.

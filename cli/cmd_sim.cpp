@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster_arg.hpp"
 #include "command.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
@@ -33,14 +34,6 @@ struct SimArgs {
   bool json = false;
 };
 
-// A path, or a name of a file in scenarios/clusters/ (e.g. "h100-1024").
-std::string resolve_cluster(const std::string& c) {
-  namespace fs = std::filesystem;
-  if (fs::exists(c)) return c;
-  for (const std::string& cand : {"scenarios/clusters/" + c + ".yaml", "scenarios/clusters/" + c})
-    if (fs::exists(cand)) return cand;
-  throw InputError("--cluster '" + c + "': no such file (give a path or a name in scenarios/clusters/)");
-}
 
 // Without --cluster: one crossbar node of the scenario's device kind, sized to its layout.
 sim::Cluster default_cluster(const Scenario& s) {
@@ -83,7 +76,7 @@ Command setup(CLI::App& root) {
     std::string cluster_path;
     sim::Cluster cluster;
     if (!a->cluster.empty()) {
-      cluster_path = resolve_cluster(a->cluster);
+      cluster_path = cli::resolve_cluster_path(a->cluster);
       cluster = sim::load_cluster(cluster_path);
     } else if (!a->hw.empty() && sim::load_hardware_profile(a->hw).cluster.nodes > 0) {
       // A calibrated profile describes the machine its traces came from (sim/calibrate.hpp).

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cluster_arg.hpp"
 #include "command.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/format.hpp"
@@ -45,15 +46,6 @@ traces::CollOp parse_op(std::string s) {
   return *op;
 }
 
-// A path, or a name of a file in scenarios/clusters/ (e.g. "h100-1024").
-std::string resolve_cluster(const std::string& c) {
-  namespace fs = std::filesystem;
-  if (fs::exists(c)) return c;
-  for (const std::string& cand : {"scenarios/clusters/" + c + ".yaml", "scenarios/clusters/" + c}) {
-    if (fs::exists(cand)) return cand;
-  }
-  throw InputError("--cluster '" + c + "': no such file (give a path or a name in scenarios/clusters/)");
-}
 
 Command setup(CLI::App& root) {
   auto a = std::make_shared<SimCollectiveArgs>();
@@ -76,7 +68,7 @@ Command setup(CLI::App& root) {
   auto run = [a]() {
     sim::NcclSweep s;
     s.op = parse_op(a->op);
-    const sim::Cluster cluster = sim::load_cluster(resolve_cluster(a->cluster));
+    const sim::Cluster cluster = sim::load_cluster(cli::resolve_cluster_path(a->cluster));
     s.ranks = a->ranks > 0 ? a->ranks : cluster.num_gpus();
     if (a->ranks < 0) throw InputError("--ranks must be >= 1");
     if ((s.op == traces::CollOp::Send || s.op == traces::CollOp::Recv) && a->ranks == 0) s.ranks = 2;

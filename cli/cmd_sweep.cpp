@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster_arg.hpp"
 #include "command.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
@@ -34,13 +35,6 @@ struct SweepArgs {
   bool quiet = false;
 };
 
-std::string resolve_cluster(const std::string& c) {
-  namespace fs = std::filesystem;
-  if (fs::exists(c)) return c;
-  for (const std::string& cand : {"scenarios/clusters/" + c + ".yaml", "scenarios/clusters/" + c})
-    if (fs::exists(cand)) return cand;
-  throw InputError("--cluster '" + c + "': no such file (give a path or a name in scenarios/clusters/)");
-}
 
 std::vector<int> parse_gpus(const std::string& text) {
   std::vector<int> out;
@@ -82,7 +76,7 @@ Command setup(CLI::App& root) {
 
   auto run = [a]() {
     const Scenario s = load_scenario(a->scenario, a->sets);
-    const std::string cluster_path = resolve_cluster(a->cluster);
+    const std::string cluster_path = cli::resolve_cluster_path(a->cluster);
     const sim::Cluster cluster = sim::load_cluster(cluster_path);
     const auto model = sim::network_model_from_string(a->model);
     if (!model) throw InputError("--model '" + a->model + "': expected flow or analytical");
