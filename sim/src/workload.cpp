@@ -1,5 +1,6 @@
 // Builds the per-stage op programs of a training step (see workload.hpp for the op structure and the
 // symmetry argument).
+#include "orrery/common/pipeline_schedule.hpp"
 #include "orrery/sim/workload.hpp"
 
 #include <algorithm>
@@ -110,25 +111,7 @@ std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage) {
 }
 
 std::vector<int> schedule_order(const std::string& schedule, int stages, int stage, int m) {
-  std::vector<int> order;
-  order.reserve(2 * static_cast<size_t>(m));
-  if (schedule == "gpipe") {
-    for (int i = 0; i < m; ++i) order.push_back(i);
-    for (int i = 0; i < m; ++i) order.push_back(-i - 1);
-  } else if (schedule == "1f1b") {
-    // PipeDream-Flush (Narayanan et al. 2021): p-s-1 warm-up forwards, then alternate, then drain.
-    const int warmup = std::min(stages - stage - 1, m);
-    int f = 0, b = 0;
-    for (; f < warmup; ++f) order.push_back(f);
-    while (f < m) {
-      order.push_back(f++);
-      order.push_back(-(b++) - 1);
-    }
-    while (b < m) order.push_back(-(b++) - 1);
-  } else {
-    throw InputError("parallel.schedule '" + schedule + "': the simulator supports gpipe and 1f1b");
-  }
-  return order;
+  return pipeline_schedule_order(schedule, stages, stage, m, "the simulator");
 }
 
 size_t Workload::op_count() const {
