@@ -1,0 +1,473 @@
+// StagedCommunicator: a host communicator (MPI) for device buffers, staged through pinned host
+// memory, for ranks that share one GPU (NCCL needs one GPU per rank). See nccl_comm.hpp.
+//
+// An operation goes through two threads of the process's StagedEngine, in issue order:
+//  issue (caller):  records `ready` on the compute stream; for an input, the device-to-host copy
+//                   into a pinned buffer is queued on the D2H stream after `ready`;
+//  stage 1 thread:  waits for that copy, then issues the host operation on the pinned buffers
+//                   (MPI's own thread runs it and records its span on the "comm" stream);
+//  stage 2 thread:  waits for the host operation, copies the result back on the H2D stream (after
+//                   `ready`, so kernels issued before the operation are done with the buffer), and
+//                   completes the operation.
+// Two stages, so that an operation is issued to MPI before an earlier one completes: a rank's send
+// and receive of an exchange are both posted, as the MPI communicator's are. Two copy streams, so a
+// copy back never queues behind a copy out that waits on the compute stream.
+// Handle::wait() blocks the host until the copy back is done (as the MPI communicator's wait does),
+// then orders the compute stream after it. Every wait has a deadline (the host operation has the MPI
+// watchdog; the copies WorldOptions' default watchdog), so nothing hangs silently.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "orrery/common/error.hpp"
+#include "orrery/runtime/cuda/device.hpp"
+#include "orrery/runtime/cuda/nccl_comm.hpp"
+
+namespace orrery::runtime::cuda {
+namespace {
+
+using traces::CommKind;
+
+struct Pinned {
+  void* ptr = nullptr;
+  size_t capacity = 0;
+};
+
+// Reused pinned host buffers (cudaMallocHost costs milliseconds; the same sizes recur every step).
+class PinnedPool {
+ public:
+  ~PinnedPool() {
+    for (auto& [cap, p] : free_) cudaFreeHost(p);
+  }
+  Pinned acquire(size_t bytes) {
+    if (bytes == 0) return {};
+    {
+      std::lock_guard lock(mu_);
+      auto it = free_.lower_bound(bytes);
+      if (it != free_.end() && it->first <= 2 * bytes + 4096) {
+        Pinned p{it->second, it->first};
+        free_.erase(it);
+        return p;
+      }
+    }
+    size_t cap = 4096;
+    while (cap < bytes) cap *= 2;
+    void* p = nullptr;
+    cuda_check(cudaMallocHost(&p, cap), "cudaMallocHost (staging buffer)", cap);
+    return {p, cap};
+  }
+  void release(Pinned p) {
+    if (!p.ptr) return;
+    std::lock_guard lock(mu_);
+    free_.emplace(p.capacity, p.ptr);
+  }
+
+ private:
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;
+};
+
+// Waits for a CUDA event by polling, with a deadline (a copy that never runs must not hang us).
+void poll_event(cudaEvent_t e, double timeout_s, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+  for (int polls = 0;; ++polls) {
+    const cudaError_t q = cudaEventQuery(e);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) cuda_check(q, what.c_str());
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw InternalError("watchdog: " + what + " not complete after " + std::to_string(timeout_s) +
+                          " s (runtime.watchdog_s); the compute stream did not reach the operation");
+    }
+    if (polls > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+class StagedTask final : public Work {
+ public:
+  ~StagedTask() override {
+    if (ready) cudaEventDestroy(ready);
+    if (d2h_done) cudaEventDestroy(d2h_done);
+    if (h2d_done) cudaEventDestroy(h2d_done);
+  }
+
+  // Set at issue.
+  std::function<Handle(const OpLabel&)> host_op;
+  std::string name;  // the label's name, owned (OpLabel holds a view)
+  OpLabel label;
+  std::string what;
+  Pinned in, out;  // out.ptr may equal in.ptr (in-place operations)
+  void* dev_out = nullptr;
+  size_t out_bytes = 0;
+  cudaEvent_t ready = nullptr;     // compute stream at issue
+  cudaEvent_t d2h_done = nullptr;  // input staged (nullptr: no input)
+  cudaEvent_t h2d_done = nullptr;  // result copied back (nullptr: no output)
+  cudaStream_t compute = nullptr;
+  double timeout_s = 300;
+  Handle host;  // set by stage 1
+
+  void complete(std::exception_ptr err) {
+    {
+      std::lock_guard lock(mu_);
+      err_ = std::move(err);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  void wait() override {
+    {
+      std::unique_lock lock(mu_);
+      // The stages have deadlines of their own; this one only guards against a lost completion.
+      const auto limit = std::chrono::duration<double>(2 * timeout_s + 10);
+      if (!cv_.wait_for(lock, limit, [&] { return done_; })) {
+        throw InternalError("watchdog: " + what + " (staged through host memory) not complete after " +
+                            std::to_string(2 * timeout_s + 10) + " s");
+      }
+      if (err_) std::rethrow_exception(err_);
+    }
+    if (h2d_done) cuda_check(cudaStreamWaitEvent(compute, h2d_done, 0), "cudaStreamWaitEvent (staged)");
+  }
+  bool done() const override {
+    std::lock_guard lock(mu_);
+    return done_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr err_;
+};
+
+// A FIFO of tasks served by one thread.
+class Stage {
+ public:
+  explicit Stage(std::function<void(const std::shared_ptr<StagedTask>&)> fn) : fn_(std::move(fn)) {}
+  void start(int device) {
+    thread_ = std::thread([this, device] {
+      cudaSetDevice(device);
+      loop();
+    });
+  }
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  void push(std::shared_ptr<StagedTask> t) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(t));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::shared_ptr<StagedTask> t;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, drained
+        t = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      fn_(t);
+    }
+  }
+  std::function<void(const std::shared_ptr<StagedTask>&)> fn_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<StagedTask>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// The process's staging machinery on one device, shared by a staged communicator and its splits.
+class StagedEngine {
+ public:
+  explicit StagedEngine(int device)
+      : device_(device),
+        stage1_([this](const std::shared_ptr<StagedTask>& t) { run_stage1(t); }),
+        stage2_([this](const std::shared_ptr<StagedTask>& t) { run_stage2(t); }) {
+    ORRERY_CUDA_CHECK(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
+    ORRERY_CUDA_CHECK(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking));
+    stage1_.start(device);
+    stage2_.start(device);
+  }
+  ~StagedEngine() {
+    stage1_.stop();
+    stage2_.stop();
+    cudaStreamDestroy(d2h_);
+    cudaStreamDestroy(h2d_);
+  }
+
+  int device() const { return device_; }
+  cudaStream_t d2h() const { return d2h_; }
+  PinnedPool& pool() { return pool_; }
+
+  void submit(const std::shared_ptr<StagedTask>& t) {
+    {
+      std::lock_guard lock(mu_);
+      last_ = t;
+    }
+    stage1_.push(t);
+  }
+  // The last task submitted (tasks complete in submission order).
+  std::shared_ptr<StagedTask> last() {
+    std::lock_guard lock(mu_);
+    return last_;
+  }
+
+ private:
+  void finish(const std::shared_ptr<StagedTask>& t, std::exception_ptr err) {
+    pool_.release(t->in);
+    if (t->out.ptr != t->in.ptr) pool_.release(t->out);
+    t->in = t->out = {};
+    t->complete(std::move(err));
+  }
+
+  void run_stage1(const std::shared_ptr<StagedTask>& t) {
+    try {
+      if (t->d2h_done) poll_event(t->d2h_done, t->timeout_s, "copy to host for " + t->what);
+      OpLabel label = t->label;
+      label.name = t->name;
+      t->host = t->host_op(label);
+    } catch (...) {
+      finish(t, std::current_exception());
+      return;
+    }
+    stage2_.push(t);
+  }
+
+  void run_stage2(const std::shared_ptr<StagedTask>& t) {
+    try {
+      t->host.wait();
+      if (t->dev_out) {
+        ORRERY_CUDA_CHECK(cudaStreamWaitEvent(h2d_, t->ready, 0));
+        ORRERY_CUDA_CHECK(cudaMemcpyAsync(t->dev_out, t->out.ptr, t->out_bytes, cudaMemcpyHostToDevice, h2d_));
+        ORRERY_CUDA_CHECK(cudaEventRecord(t->h2d_done, h2d_));
+        poll_event(t->h2d_done, t->timeout_s, "copy to device for " + t->what);
+      }
+    } catch (...) {
+      finish(t, std::current_exception());
+      return;
+    }
+    finish(t, nullptr);
+  }
+
+  int device_;
+  cudaStream_t d2h_ = nullptr;
+  cudaStream_t h2d_ = nullptr;
+  PinnedPool pool_;
+  std::mutex mu_;
+  std::shared_ptr<StagedTask> last_;
+  Stage stage1_;
+  Stage stage2_;
+};
+
+class StagedCommunicator final : public Communicator {
+ public:
+  StagedCommunicator(std::shared_ptr<StagedEngine> engine, Communicator& host,
+                     std::unique_ptr<Communicator> owned, cudaStream_t compute, double timeout_s)
+      : engine_(std::move(engine)),
+        host_(host),
+        owned_(std::move(owned)),
+        compute_(compute),
+        timeout_s_(timeout_s) {}
+
+  ~StagedCommunicator() override {
+    try {
+      drain();
+    } catch (...) {
+      // A failed operation already reported its error to its waiter.
+    }
+  }
+
+  int rank() const override { return host_.rank(); }
+  int size() const override { return host_.size(); }
+  const traces::CommunicatorInfo& info() const override { return host_.info(); }
+
+  Handle all_reduce(void* data, size_t count, DType dtype, ReduceOp op,
+                    const OpLabel& label) override {
+    const size_t bytes = count * dtype_size(dtype);
+    Communicator& h = host_;
+    return stage("all_reduce", label, data, bytes, data, bytes, true,
+                 [&h, count, dtype, op](void* in, void*, const OpLabel& l) {
+                   return h.all_reduce(in, count, dtype, op, l);
+                 });
+  }
+
+  Handle reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op,
+                        const OpLabel& label) override {
+    const size_t out_bytes = recv_count * dtype_size(dtype);
+    Communicator& h = host_;
+    return stage("reduce_scatter", label, send, out_bytes * static_cast<size_t>(size()), recv,
+                 out_bytes, false, [&h, recv_count, dtype, op](void* in, void* out, const OpLabel& l) {
+                   return h.reduce_scatter(in, out, recv_count, dtype, op, l);
+                 });
+  }
+
+  Handle all_gather(const void* send, void* recv, size_t send_count, DType dtype,
+                    const OpLabel& label) override {
+    const size_t in_bytes = send_count * dtype_size(dtype);
+    Communicator& h = host_;
+    return stage("all_gather", label, send, in_bytes, recv, in_bytes * static_cast<size_t>(size()),
+                 false, [&h, send_count, dtype](void* in, void* out, const OpLabel& l) {
+                   return h.all_gather(in, out, send_count, dtype, l);
+                 });
+  }
+
+  Handle broadcast(void* data, size_t count, DType dtype, int root,
+                   const OpLabel& label) override {
+    const size_t bytes = count * dtype_size(dtype);
+    Communicator& h = host_;
+    // Only the root's data matters on the way in; only the others need it back.
+    const bool is_root = rank() == root;
+    return stage("broadcast", label, is_root ? data : nullptr, bytes, is_root ? nullptr : data, bytes,
+                 true, [&h, count, dtype, root](void* in, void*, const OpLabel& l) {
+                   return h.broadcast(in, count, dtype, root, l);
+                 });
+  }
+
+  Handle send(const void* data, size_t count, DType dtype, int peer,
+              const OpLabel& label) override {
+    const size_t bytes = count * dtype_size(dtype);
+    Communicator& h = host_;
+    return stage("send", label, data, bytes, nullptr, 0, false,
+                 [&h, count, dtype, peer](void* in, void*, const OpLabel& l) {
+                   return h.send(in, count, dtype, peer, l);
+                 });
+  }
+
+  Handle recv(void* data, size_t count, DType dtype, int peer, const OpLabel& label) override {
+    const size_t bytes = count * dtype_size(dtype);
+    Communicator& h = host_;
+    return stage("recv", label, nullptr, 0, data, bytes, false,
+                 [&h, count, dtype, peer](void*, void* out, const OpLabel& l) {
+                   return h.recv(out, count, dtype, peer, l);
+                 });
+  }
+
+  Handle barrier(const OpLabel& label) override {
+    Communicator& h = host_;
+    return stage("barrier", label, nullptr, 0, nullptr, 0, false,
+                 [&h](void*, void*, const OpLabel& l) { return h.barrier(l); });
+  }
+
+  void synchronize() override {
+    drain();
+    host_.synchronize();
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key, CommKind kind,
+                                      const std::string& name) override {
+    // Every staged operation must have reached MPI first: the split is an MPI call of its own and
+    // must come after them on every rank.
+    drain();
+    auto sub = host_.split(color, key, kind, name);
+    if (!sub) return nullptr;
+    Communicator& ref = *sub;
+    return std::make_unique<StagedCommunicator>(engine_, ref, std::move(sub), compute_, timeout_s_);
+  }
+
+  void set_recorder(profiler::Recorder* rec) override { host_.set_recorder(rec); }
+
+  [[noreturn]] void abort(int code) override {
+    host_.abort(code);
+    std::_Exit(code);  // not reached: abort is [[noreturn]]
+  }
+
+ private:
+  // Waits until every operation submitted so far is complete (errors stay with their handles).
+  void drain() {
+    if (auto last = engine_->last()) {
+      try {
+        last->wait();
+      } catch (const InternalError&) {
+        if (!last->done()) throw;  // the wait itself timed out
+      }
+    }
+  }
+
+  // Queues one staged operation: `dev_in` (in_bytes) is copied out, `op` runs on the pinned buffers,
+  // the pinned output (the input buffer when `in_place`) is copied back to `dev_out` (out_bytes).
+  Handle stage(const char* op_name, const OpLabel& label, const void* dev_in, size_t in_bytes,
+               void* dev_out, size_t out_bytes, bool in_place,
+               std::function<Handle(void*, void*, const OpLabel&)> op) {
+    auto t = std::make_shared<StagedTask>();
+    t->name = std::string(label.name);
+    t->label = label;
+    t->what = std::string(op_name) + " on " + info().name;
+    t->compute = compute_;
+    t->timeout_s = timeout_s_;
+    ORRERY_CUDA_CHECK(cudaSetDevice(engine_->device()));
+    ORRERY_CUDA_CHECK(cudaEventCreateWithFlags(&t->ready, cudaEventDisableTiming));
+    ORRERY_CUDA_CHECK(cudaEventRecord(t->ready, compute_));
+    const size_t in_cap = in_place ? std::max(in_bytes, out_bytes) : in_bytes;
+    t->in = engine_->pool().acquire(in_cap);
+    t->out = in_place ? t->in : engine_->pool().acquire(out_bytes);
+    if (dev_in != nullptr && in_bytes > 0) {
+      ORRERY_CUDA_CHECK(cudaEventCreateWithFlags(&t->d2h_done, cudaEventDisableTiming));
+      ORRERY_CUDA_CHECK(cudaStreamWaitEvent(engine_->d2h(), t->ready, 0));
+      ORRERY_CUDA_CHECK(
+          cudaMemcpyAsync(t->in.ptr, dev_in, in_bytes, cudaMemcpyDeviceToHost, engine_->d2h()));
+      ORRERY_CUDA_CHECK(cudaEventRecord(t->d2h_done, engine_->d2h()));
+    }
+    if (dev_out != nullptr && out_bytes > 0) {
+      t->dev_out = dev_out;
+      t->out_bytes = out_bytes;
+      ORRERY_CUDA_CHECK(cudaEventCreateWithFlags(&t->h2d_done, cudaEventDisableTiming));
+    }
+    void* in = t->in.ptr;
+    void* out = t->out.ptr;
+    t->host_op = [op = std::move(op), in, out](const OpLabel& l) { return op(in, out, l); };
+    engine_->submit(t);
+    return Handle(t);
+  }
+
+  std::shared_ptr<StagedEngine> engine_;
+  Communicator& host_;
+  std::unique_ptr<Communicator> owned_;  // host_ when this communicator came from split()
+  cudaStream_t compute_;
+  double timeout_s_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_staged_communicator(Communicator& host_comm,
+                                                       cudaStream_t compute_stream) {
+  if (std::string why = no_device_reason(); !why.empty()) {
+    throw InternalError("staged device communicator: " + why);
+  }
+  int device = 0;
+  ORRERY_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex registry_mu;
+  static std::map<int, std::weak_ptr<StagedEngine>> registry;
+  std::shared_ptr<StagedEngine> engine;
+  {
+    std::lock_guard lock(registry_mu);
+    engine = registry[device].lock();
+    if (!engine) {
+      engine = std::make_shared<StagedEngine>(device);
+      registry[device] = engine;
+    }
+  }
+  return std::make_unique<StagedCommunicator>(engine, host_comm, nullptr, compute_stream,
+                                              WorldOptions{}.watchdog_s);
+}
+
+}  // namespace orrery::runtime::cuda
