@@ -1,0 +1,102 @@
+// The reference GPT on one CUDA device: the CPU model (runtime/model.hpp) with its parameters,
+// gradients and activations in device memory and its pieces computed by the CUDA kernels.
+//
+// Same layout, same maths, same spans:
+//  - GpuGpt keeps the host runtime::Gpt it was made from (`host`: tensors, segments, config, dims
+//    and a host copy of the parameters); params/grads are one flat device array each with exactly
+//    the host layout, so DDP buckets (make_ddp_buckets(host, ...)) are the CPU ones and initial
+//    parameters are bit-identical to the CPU run's (copied from gpt_create's values).
+//  - The pieces below mirror gpt_embed_forward ... gpt_embed_backward one for one: they call
+//    GptHooks::observer with the same names, layers and FLOPs (flops.hpp) and fire on_grads_ready
+//    in the same order, so the trainer's spans and DDP buckets are the CPU trainer's. The observer
+//    is called on the host while the work is only queued: a GPU observer records CUDA events on
+//    the compute stream (gpu_trainer's EventSpans), not host clock reads.
+//  - Whole model only in this version: no tensor or pipeline shards (tp = pp = 1).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "orrery/runtime/cuda/device.hpp"
+#include "orrery/runtime/cuda/kernels.hpp"
+#include "orrery/runtime/model.hpp"
+
+namespace orrery::runtime::cuda {
+
+struct GpuGpt {
+  Gpt host;                          // layout and a host copy of the parameters
+  DeviceArray<float> params, grads;  // (num_params) each, host layout
+  EmbedParams embed, dembed;         // device pointers into params / grads
+  std::vector<BlockParams> blocks, dblocks;
+  HeadParams head, dhead;
+
+  const GptConfig& config() const { return host.config; }
+  const BlockDims& dims() const { return host.dims; }
+  std::size_t num_params() const { return host.num_params(); }
+  // Copies the device parameters into host.params (synchronous) and returns them.
+  const FloatArray& download_params();
+};
+
+// Moves `host` (a whole model: no tp or pp shard) onto the current device, parameters copied.
+// Throws InputError for a sharded model.
+GpuGpt gpu_gpt_create(Gpt host);
+// Zeroes the gradients on ctx's stream.
+void gpu_zero_grad(const Context& ctx, GpuGpt& model);
+
+struct GpuActivations {
+  int B = 0;
+  int T = 0;
+  DeviceArray<float> memory;
+  DeviceArray<int32_t> inputs;   // (B,T)
+  DeviceArray<int32_t> targets;  // (B,T)
+  float* stream = nullptr;       // (L+1, B,T,C) residual stream at each block boundary
+  std::vector<BlockActivations> blocks;  // device pointers, same fields as the CPU model's
+  float* lnf = nullptr;       // (B,T,C)
+  float* lnf_mean = nullptr;  // (B,T)
+  float* lnf_rstd = nullptr;  // (B,T)
+  float* logits = nullptr;    // (B,T,V) logits, then probabilities, then dlogits (in place)
+  float* losses = nullptr;    // (B,T)
+  float loss = 0.0f;          // mean over B*T, set by the head forward
+  std::size_t boundary_elems = 0;  // B*T*C
+
+  float* stage_output() { return stream + blocks.size() * boundary_elems; }
+};
+GpuActivations gpu_activations(const GpuGpt& model, int B, int T);
+
+struct GpuGradScratch {
+  int B = 0;
+  int T = 0;
+  DeviceArray<float> memory;
+  float* dres = nullptr;       // (B,T,C)
+  float* dln = nullptr;        // (B,T,C)
+  float* dqkv = nullptr;       // (B,T,3C)
+  float* datty = nullptr;      // (B,T,C)
+  float* datt = nullptr;       // (B,NH,T,T)
+  float* dfch = nullptr;       // (B,T,4C)
+  float* dfch_gelu = nullptr;  // (B,T,4C)
+};
+GpuGradScratch gpu_grad_scratch(const GpuGpt& model, int B, int T);
+
+// --- pieces (see model.hpp). `inputs`/`targets` are HOST arrays of B*T token ids; they are
+// copied to the device on ctx's stream.
+void gpu_embed_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* inputs,
+                       const GptHooks& hooks = {});
+void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, int layer,
+                       const GptHooks& hooks = {});
+// Returns the mean loss (waits for the stream: the loss is read back).
+float gpu_head_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* targets,
+                       const GptHooks& hooks = {});
+void gpu_head_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, float loss_scale,
+                       const GptHooks& hooks = {});
+void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, int layer,
+                        const GptHooks& hooks = {});
+void gpu_embed_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s,
+                        const GptHooks& hooks = {});
+
+float gpu_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* inputs,
+                  const int32_t* targets, const GptHooks& hooks = {});
+void gpu_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, float loss_scale = 1.0f,
+                  const GptHooks& hooks = {});
+
+}  // namespace orrery::runtime::cuda

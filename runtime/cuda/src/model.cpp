@@ -1,0 +1,294 @@
+// The reference GPT on one CUDA device (see cuda/model.hpp): the CPU model's layout and pieces with
+// device buffers and the CUDA kernels. The piece bodies follow runtime/src/model.cpp line by line.
+#include "orrery/runtime/cuda/model.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "orrery/common/error.hpp"
+#include "orrery/runtime/flops.hpp"
+
+namespace orrery::runtime::cuda {
+namespace {
+
+float* rebase(const float* host_ptr, const float* host_base, float* dev_base) {
+  if (host_ptr == nullptr) return nullptr;
+  return dev_base + (host_ptr - host_base);
+}
+
+BlockParams rebase(const BlockParams& p, const float* hb, float* db) {
+  return BlockParams{rebase(p.ln1w, hb, db),  rebase(p.ln1b, hb, db),    rebase(p.qkvw, hb, db),
+                     rebase(p.qkvb, hb, db),  rebase(p.projw, hb, db),   rebase(p.projb, hb, db),
+                     rebase(p.ln2w, hb, db),  rebase(p.ln2b, hb, db),    rebase(p.fcw, hb, db),
+                     rebase(p.fcb, hb, db),   rebase(p.fcprojw, hb, db), rebase(p.fcprojb, hb, db)};
+}
+
+flops::Dims flop_dims(const GpuGpt& m, int B, int T) {
+  return flops::Dims{B, T, m.config().n_embd, m.config().vocab, 1};
+}
+
+// Begins and ends observer spans (as model.cpp's Span).
+class Span {
+ public:
+  Span(OpObserver* obs, const char* name, int layer, double flops) : obs_(obs) {
+    if (obs_ != nullptr) obs_->begin(name, layer, flops);
+  }
+  ~Span() {
+    if (obs_ != nullptr) obs_->end();
+  }
+  Span(const Span&) = delete;
+  Span& operator=(const Span&) = delete;
+
+ private:
+  OpObserver* obs_;
+};
+
+void check_layer(const GpuGpt& m, int layer) {
+  if (layer < 0 || layer >= m.config().n_layer) {
+    throw std::out_of_range("gpu gpt: layer " + std::to_string(layer) + " is not in [0, " +
+                            std::to_string(m.config().n_layer) + ")");
+  }
+}
+
+void zero_async(const Context& ctx, float* p, std::size_t n) {
+  if (n == 0) return;
+  ORRERY_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), ctx.stream()));
+}
+
+}  // namespace
+
+const FloatArray& GpuGpt::download_params() {
+  params.copy_to_host(host.params.data(), host.params.size());
+  return host.params;
+}
+
+GpuGpt gpu_gpt_create(Gpt host) {
+  const GptShard& sh = host.shard;
+  if (sh.tp_size != 1 || sh.layer_begin != 0 || sh.layer_end != host.config.n_layer || !sh.has_embed ||
+      !sh.has_head) {
+    throw InputError("device cuda: the CUDA runtime holds whole models only (tp = pp = 1)");
+  }
+  GpuGpt m;
+  m.host = std::move(host);
+  const std::size_t n = m.host.params.size();
+  m.params.resize(n);
+  m.grads.resize(n);
+  m.params.copy_from_host(m.host.params.data(), n);
+  const float* hp = m.host.params.data();
+  const float* hg = m.host.grads.data();
+  float* dp = m.params.data();
+  float* dg = m.grads.data();
+  m.embed = EmbedParams{rebase(m.host.embed.wte, hp, dp), rebase(m.host.embed.wpe, hp, dp)};
+  m.dembed = EmbedParams{rebase(m.host.dembed.wte, hg, dg), rebase(m.host.dembed.wpe, hg, dg)};
+  for (const auto& b : m.host.blocks) m.blocks.push_back(rebase(b, hp, dp));
+  for (const auto& b : m.host.dblocks) m.dblocks.push_back(rebase(b, hg, dg));
+  m.head = HeadParams{rebase(m.host.head.lnfw, hp, dp), rebase(m.host.head.lnfb, hp, dp)};
+  m.dhead = HeadParams{rebase(m.host.dhead.lnfw, hg, dg), rebase(m.host.dhead.lnfb, hg, dg)};
+  return m;
+}
+
+void gpu_zero_grad(const Context& ctx, GpuGpt& model) { zero_async(ctx, model.grads.data(), model.grads.size()); }
+
+GpuActivations gpu_activations(const GpuGpt& m, int B, int T) {
+  if (B < 1 || T < 1 || T > m.config().max_seq) {
+    throw InputError("model: batch (" + std::to_string(B) + ", " + std::to_string(T) +
+                     ") needs B >= 1 and 1 <= T <= seq " + std::to_string(m.config().max_seq));
+  }
+  const BlockDims& d = m.dims();
+  const std::size_t BT = static_cast<std::size_t>(B) * T;
+  const std::size_t C = static_cast<std::size_t>(d.C), Cl = static_cast<std::size_t>(d.Cl),
+                    F = static_cast<std::size_t>(d.F), NH = static_cast<std::size_t>(d.NH);
+  const std::size_t nb = static_cast<std::size_t>(m.config().n_layer);
+  // Rounded to 64 floats (256 bytes) per buffer: every pointer keeps cudaMalloc's alignment.
+  auto up = [](std::size_t n) { return (n + 63) / 64 * 64; };
+  const std::size_t per_block = up(BT * C) * 6 + up(BT) * 4 + up(BT * 3 * Cl) + up(BT * Cl) +
+                                up(static_cast<std::size_t>(B) * NH * T * T) + up(BT * F) * 2;
+  const std::size_t total = up((nb + 1) * BT * C) + nb * per_block + up(BT * C) + up(BT) * 3 +
+                            up(BT * static_cast<std::size_t>(m.config().vocab));
+  GpuActivations a;
+  a.B = B;
+  a.T = T;
+  a.boundary_elems = BT * C;
+  a.memory.resize(total);
+  a.inputs.resize(BT);
+  a.targets.resize(BT);
+  float* p = a.memory.data();
+  auto take = [&](std::size_t n) {
+    float* r = p;
+    p += up(n);
+    return r;
+  };
+  a.stream = take((nb + 1) * BT * C);
+  for (std::size_t l = 0; l < nb; ++l) {
+    BlockActivations b{};
+    b.ln1 = take(BT * C);
+    b.ln1_mean = take(BT);
+    b.ln1_rstd = take(BT);
+    b.qkv = take(BT * 3 * Cl);
+    b.atty = take(BT * Cl);
+    b.att = take(static_cast<std::size_t>(B) * NH * T * T);
+    b.attproj = take(BT * C);
+    b.res2 = take(BT * C);
+    b.ln2 = take(BT * C);
+    b.ln2_mean = take(BT);
+    b.ln2_rstd = take(BT);
+    b.fch = take(BT * F);
+    b.fch_gelu = take(BT * F);
+    b.fcproj = take(BT * C);
+    a.blocks.push_back(b);
+  }
+  a.lnf = take(BT * C);
+  a.lnf_mean = take(BT);
+  a.lnf_rstd = take(BT);
+  a.logits = take(BT * static_cast<std::size_t>(m.config().vocab));
+  a.losses = take(BT);
+  return a;
+}
+
+GpuGradScratch gpu_grad_scratch(const GpuGpt& m, int B, int T) {
+  const BlockDims& d = m.dims();
+  const std::size_t BT = static_cast<std::size_t>(B) * T;
+  const std::size_t C = static_cast<std::size_t>(d.C), Cl = static_cast<std::size_t>(d.Cl),
+                    F = static_cast<std::size_t>(d.F), NH = static_cast<std::size_t>(d.NH);
+  auto up = [](std::size_t n) { return (n + 63) / 64 * 64; };
+  GpuGradScratch s;
+  s.B = B;
+  s.T = T;
+  s.memory.resize(up(BT * C) * 2 + up(BT * 3 * Cl) + up(BT * Cl) + up(static_cast<std::size_t>(B) * NH * T * T) +
+                  up(BT * F) * 2);
+  float* p = s.memory.data();
+  auto take = [&](std::size_t n) {
+    float* r = p;
+    p += up(n);
+    return r;
+  };
+  s.dres = take(BT * C);
+  s.dln = take(BT * C);
+  s.dqkv = take(BT * 3 * Cl);
+  s.datty = take(BT * Cl);
+  s.datt = take(static_cast<std::size_t>(B) * NH * T * T);
+  s.dfch = take(BT * F);
+  s.dfch_gelu = take(BT * F);
+  return s;
+}
+
+// ---------------------------------------------------------------- pieces
+
+void gpu_embed_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* inputs,
+                       const GptHooks& hooks) {
+  Span span(hooks.observer, "fwd.embed", kEmbedSegment, flops::embed_forward(flop_dims(m, acts.B, acts.T)));
+  ORRERY_CUDA_CHECK(cudaMemcpyAsync(acts.inputs.data(), inputs, acts.inputs.size_bytes(), cudaMemcpyHostToDevice,
+                                    ctx.stream()));
+  encoder_forward(ctx, acts.stream, acts.inputs.data(), m.embed.wte, m.embed.wpe, acts.B, acts.T, m.dims().C);
+}
+
+void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, int layer,
+                       const GptHooks& hooks) {
+  check_layer(m, layer);
+  const std::size_t idx = static_cast<std::size_t>(layer);
+  const BlockDims& d = m.dims();
+  const BlockParams& p = m.blocks[idx];
+  BlockActivations& a = acts.blocks[idx];
+  const int B = acts.B, T = acts.T;
+  const std::size_t n = acts.boundary_elems;
+  const float* x = acts.stream + idx * n;
+  float* y = acts.stream + (idx + 1) * n;
+  Span span(hooks.observer, "fwd.block", layer, flops::block_forward(flop_dims(m, B, T)));
+  // Attention half.
+  layernorm_forward(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, B, T, d.C);
+  matmul_forward(ctx, a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, 3 * d.Cl);
+  attention_forward(ctx, a.atty, a.att, a.qkv, B, T, d.Cl, d.NH);
+  matmul_forward(ctx, a.attproj, a.atty, p.projw, nullptr, B, T, d.Cl, d.C);
+  bias_residual_forward(ctx, a.res2, x, a.attproj, p.projb, B, T, d.C);
+  // MLP half.
+  layernorm_forward(ctx, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, B, T, d.C);
+  matmul_forward(ctx, a.fch, a.ln2, p.fcw, p.fcb, B, T, d.C, d.F);
+  gelu_forward(ctx, a.fch_gelu, a.fch, static_cast<std::size_t>(B) * T * d.F);
+  matmul_forward(ctx, a.fcproj, a.fch_gelu, p.fcprojw, nullptr, B, T, d.F, d.C);
+  bias_residual_forward(ctx, y, a.res2, a.fcproj, p.fcprojb, B, T, d.C);
+}
+
+float gpu_head_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* targets,
+                       const GptHooks& hooks) {
+  const int B = acts.B, T = acts.T, C = m.dims().C, V = m.config().vocab;
+  Span span(hooks.observer, "fwd.head", m.config().n_layer, flops::head_forward(flop_dims(m, B, T)));
+  ORRERY_CUDA_CHECK(cudaMemcpyAsync(acts.targets.data(), targets, acts.targets.size_bytes(), cudaMemcpyHostToDevice,
+                                    ctx.stream()));
+  layernorm_forward(ctx, acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(), m.head.lnfw, m.head.lnfb, B, T,
+                    C);
+  matmul_forward(ctx, acts.logits, acts.lnf, m.embed.wte, nullptr, B, T, C, V);
+  acts.loss = softmax_crossentropy_forward(ctx, acts.losses, acts.logits, acts.targets.data(), B, T, V);
+  return acts.loss;
+}
+
+void gpu_head_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, float loss_scale,
+                       const GptHooks& hooks) {
+  const int B = acts.B, T = acts.T, C = m.dims().C, V = m.config().vocab;
+  {
+    Span span(hooks.observer, "bwd.head", m.config().n_layer, flops::head_backward(flop_dims(m, B, T)));
+    softmax_crossentropy_backward(ctx, acts.logits, acts.targets.data(), loss_scale / static_cast<float>(B * T), B, T,
+                                  V);
+    matmul_backward(ctx, s.dln, m.dembed.wte, nullptr, acts.logits, acts.lnf, m.embed.wte, B, T, C, V, false);
+    zero_async(ctx, s.dres, acts.boundary_elems);
+    layernorm_backward(ctx, s.dres, m.dhead.lnfw, m.dhead.lnfb, s.dln, acts.stage_output(), m.head.lnfw,
+                       acts.lnf_mean, acts.lnf_rstd, B, T, C);
+  }
+  if (hooks.on_grads_ready) hooks.on_grads_ready(m.config().n_layer);
+}
+
+void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, int layer,
+                        const GptHooks& hooks) {
+  check_layer(m, layer);
+  const std::size_t idx = static_cast<std::size_t>(layer);
+  const BlockDims& d = m.dims();
+  const BlockParams& p = m.blocks[idx];
+  const BlockParams& g = m.dblocks[idx];
+  const BlockActivations& a = acts.blocks[idx];
+  const int B = acts.B, T = acts.T;
+  const std::size_t BT = static_cast<std::size_t>(B) * T;
+  const float* x = acts.stream + idx * acts.boundary_elems;
+  {
+    Span span(hooks.observer, "bwd.block", layer, flops::block_backward(flop_dims(m, B, T)));
+    // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + b; s.dres holds dy.
+    bias_backward(ctx, g.fcprojb, s.dres, B, T, d.C);
+    matmul_backward(ctx, s.dfch_gelu, g.fcprojw, nullptr, s.dres, a.fch_gelu, p.fcprojw, B, T, d.F, d.C, false);
+    zero_async(ctx, s.dfch, BT * d.F);
+    gelu_backward(ctx, s.dfch, a.fch, s.dfch_gelu, BT * d.F);
+    matmul_backward(ctx, s.dln, g.fcw, g.fcb, s.dfch, a.ln2, p.fcw, B, T, d.C, d.F, false);
+    layernorm_backward(ctx, s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, B, T, d.C);
+    // Attention: res2 = x + proj(attn(qkv(ln1(x)))) + b; s.dres now holds dres2.
+    bias_backward(ctx, g.projb, s.dres, B, T, d.C);
+    matmul_backward(ctx, s.datty, g.projw, nullptr, s.dres, a.atty, p.projw, B, T, d.Cl, d.C, false);
+    zero_async(ctx, s.dqkv, BT * 3 * d.Cl);
+    attention_backward(ctx, s.dqkv, s.datt, s.datty, a.qkv, a.att, B, T, d.Cl, d.NH);
+    matmul_backward(ctx, s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, p.qkvw, B, T, d.C, 3 * d.Cl, false);
+    layernorm_backward(ctx, s.dres, g.ln1w, g.ln1b, s.dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd, B, T, d.C);
+  }
+  if (hooks.on_grads_ready) hooks.on_grads_ready(layer);
+}
+
+void gpu_embed_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s,
+                        const GptHooks& hooks) {
+  {
+    Span span(hooks.observer, "bwd.embed", kEmbedSegment, flops::embed_backward(flop_dims(m, acts.B, acts.T)));
+    encoder_backward(ctx, m.dembed.wte, m.dembed.wpe, s.dres, acts.inputs.data(), acts.B, acts.T, m.dims().C);
+  }
+  if (hooks.on_grads_ready) hooks.on_grads_ready(kEmbedSegment);
+}
+
+float gpu_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* inputs,
+                  const int32_t* targets, const GptHooks& hooks) {
+  gpu_embed_forward(ctx, m, acts, inputs, hooks);
+  for (int l = 0; l < m.config().n_layer; ++l) gpu_block_forward(ctx, m, acts, l, hooks);
+  return gpu_head_forward(ctx, m, acts, targets, hooks);
+}
+
+void gpu_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, float loss_scale,
+                  const GptHooks& hooks) {
+  if (s.B != acts.B || s.T != acts.T) throw std::logic_error("gpu gpt: scratch and activations differ in (B, T)");
+  gpu_head_backward(ctx, m, acts, s, loss_scale, hooks);
+  for (int l = m.config().n_layer - 1; l >= 0; --l) gpu_block_backward(ctx, m, acts, s, l, hooks);
+  gpu_embed_backward(ctx, m, acts, s, hooks);
+}
+
+}  // namespace orrery::runtime::cuda
