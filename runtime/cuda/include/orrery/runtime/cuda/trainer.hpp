@@ -1,0 +1,158 @@
+// The training loop of one rank on one CUDA device: data parallelism only (tp = pp = 1, zero = 0)
+// in this version, the same spans in the same order as the CPU trainer (runtime/trainer.hpp):
+//
+//   compute stream (0)                                   comm / nccl stream
+//   Phase "step"
+//     for mb: Data "data" (host loader), Phase "forward" (fwd.embed, fwd.block 0..L-1, fwd.head),
+//             Phase "backward" (bwd.head, bwd.block L-1..0, bwd.embed)   "ddp.all_reduce" buckets
+//     Phase "optimizer" > Optimizer "adamw"
+//
+// Times on the compute stream are the GPU's: each span's begin and end are CUDA events recorded on
+// the compute stream when the host reaches them, resolved after the step (when the stream is done)
+// onto the recorder's steady clock through a reference event recorded at the start of each step on
+// the idle stream (offset measured once per step, so clock drift never accumulates). Only "data"
+// is a host span (the loader runs on the CPU). Kernel-level spans come from the CUPTI tracer.
+//
+// Gradients: DDP buckets are the CPU trainer's (make_ddp_buckets on the same layout), all-reduced
+// (Avg) in place in the flat device gradient array as their last segment completes, over a device
+// communicator: NCCL (one GPU per rank) or host-staged MPI (several ranks per GPU, or no NCCL).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "orrery/common/scenario.hpp"
+#include "orrery/runtime/comm.hpp"
+#include "orrery/runtime/cuda/device.hpp"
+#include "orrery/runtime/cuda/kernels.hpp"
+#include "orrery/runtime/cuda/model.hpp"
+#include "orrery/runtime/ddp.hpp"
+#include "orrery/runtime/trainer.hpp"
+#include "orrery/traces/span.hpp"
+
+namespace orrery::profiler {
+class Recorder;
+}
+
+namespace orrery::runtime::cuda {
+
+enum class CommBackend {
+  kAuto,    // NCCL when built with it and this node has a GPU per local rank, else staged
+  kNccl,    // make_nccl_communicator (InputError when the build has no NCCL)
+  kStaged,  // make_staged_communicator over the host (MPI) communicator
+};
+// "auto" | "nccl" | "mpi" (staged through host memory); InputError naming `key` otherwise.
+CommBackend parse_comm_backend(const std::string& text, const std::string& key = "parallel.comm_backend");
+
+struct CudaRunOptions {
+  MathMode math = MathMode::kFp32;  // matrix products: fp32 | tf32 | bf16 (fp32 master weights)
+  CommBackend comm = CommBackend::kAuto;
+};
+
+// Throws InputError, before any rank starts work, for what the CUDA runtime cannot run: everything
+// runtime::check_supported refuses, then tp or pp > 1 and ZeRO (not on GPUs in this version), and
+// no usable device (the message carries no_device_reason()).
+void check_supported_cuda(const Scenario& s);
+
+// Spans timed by CUDA events on one stream (see the top of this file).
+class EventSpans {
+ public:
+  EventSpans(profiler::Recorder* rec, cudaStream_t stream, int32_t trace_stream);
+  ~EventSpans();
+  EventSpans(const EventSpans&) = delete;
+  EventSpans& operator=(const EventSpans&) = delete;
+
+  // Waits for the stream, records the reference event and reads the steady clock around it.
+  void anchor();
+  // Records the begin event of a span with `proto`'s kind, name and attributes; returns its handle.
+  int open(const traces::Span& proto);
+  // Records the end event of span `handle`.
+  void close(int handle);
+  // Waits for the stream, hands every span to the recorder in host-clock ns, forgets them.
+  void resolve();
+
+ private:
+  cudaEvent_t next_event();
+  struct Pending {
+    traces::Span span;
+    cudaEvent_t begin = nullptr, end = nullptr;
+  };
+  profiler::Recorder* rec_;
+  cudaStream_t stream_;
+  int32_t trace_stream_;
+  std::vector<cudaEvent_t> pool_;
+  std::size_t used_ = 0;
+  std::vector<Pending> pending_;
+  cudaEvent_t ref_ = nullptr;
+  int64_t ref_host_ns_ = 0;
+};
+
+class GpuTrainer {
+ public:
+  // Selects this process's device (launcher local rank), then builds everything on it. `world`
+  // must have s.world_size() ranks; `rec` may be nullptr. Throws InputError for unsupported input.
+  GpuTrainer(const Scenario& s, Communicator& world, profiler::Recorder* rec, const CudaRunOptions& opt = {});
+  ~GpuTrainer();
+  GpuTrainer(const GpuTrainer&) = delete;
+  GpuTrainer& operator=(const GpuTrainer&) = delete;
+
+  // Broadcasts rank 0's parameters over the dp group (device) and lines the ranks up (host barrier).
+  void prepare();
+  StepResult step();
+  int32_t steps_done() const { return step_; }
+  // Waits for the device and the device communicator and detaches the recorder from the latter, so
+  // every span is in the recorder before the trace is closed. Training may not continue after it.
+  void finish();
+
+  const Layout& layout() const { return layout_; }
+  const DeviceInfo& device() const { return device_; }
+  const CudaRunOptions& options() const { return opt_; }
+  // "nccl", "staged" or "none" (dp = 1).
+  const std::string& comm_backend() const { return comm_name_; }
+  GpuGpt& model() { return *model_; }
+  Communicator& dp_group() { return *dp_; }  // host communicator of the dp group
+  const std::vector<DdpBucket>& buckets() const { return buckets_; }
+  int micro_batches() const { return micro_batches_; }
+  cudaStream_t compute_stream() const { return stream_->get(); }
+  Trainer::MemoryBytes memory() const;
+  // The device parameters in the model's flat layout (synchronous copy).
+  std::vector<float> parameters();
+
+ private:
+  class Ddp;
+  class Observer;
+  void record_memory();
+
+  Scenario s_;
+  Communicator& world_;
+  profiler::Recorder* rec_;
+  CudaRunOptions opt_;
+  Layout layout_;
+  DeviceInfo device_;
+  // Declared before everything that queues work on it: destroyed last.
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<Context> ctx_;
+  std::unique_ptr<Communicator> dp_;      // host
+  std::unique_ptr<Communicator> dp_dev_;  // device buffers; null when dp = 1
+  std::string comm_name_ = "none";
+  std::unique_ptr<GpuGpt> model_;
+  std::vector<DdpBucket> buckets_;
+  std::unique_ptr<Ddp> ddp_;
+  std::unique_ptr<TokenSource> source_;
+  std::unique_ptr<DataLoader> loader_;
+  std::unique_ptr<GpuActivations> acts_;
+  std::unique_ptr<GpuGradScratch> scratch_;
+  DeviceArray<float> adam_m_, adam_v_;
+  std::vector<ParamRange> decay_;
+  AdamWConfig adamw_;
+  int64_t adam_steps_ = 0;
+  std::unique_ptr<EventSpans> spans_;
+  std::unique_ptr<Observer> observer_;
+  Batch batch_;
+  int micro_batches_ = 1;
+  int32_t step_ = 0;
+};
+
+}  // namespace orrery::runtime::cuda

@@ -1,0 +1,461 @@
+// The training loop of one rank on one CUDA device (see cuda/trainer.hpp): the CPU trainer's
+// data-parallel path with device buffers, event-timed spans and a device communicator.
+#include "orrery/runtime/cuda/trainer.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <unordered_map>
+
+#include "orrery/common/error.hpp"
+#include "orrery/profiler/recorder.hpp"
+#include "orrery/runtime/cuda/nccl_comm.hpp"
+#include "orrery/runtime/data.hpp"
+
+namespace orrery::runtime::cuda {
+
+using profiler::Recorder;
+using traces::Span;
+using traces::SpanKind;
+
+namespace {
+
+std::string origin_of(const Scenario& s) { return s.path.empty() ? std::string("scenario") : s.path; }
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long r = std::strtol(v, &end, 10);
+  return end != v && *end == '\0' && r > 0 ? static_cast<int>(r) : fallback;
+}
+
+// Ranks the launcher put on this node (1 when not started by one).
+int local_world_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE", "LOCAL_WORLD_SIZE"}) {
+    const int n = env_int(name, 0);
+    if (n > 0) return n;
+  }
+  return 1;
+}
+
+AdamWConfig adamw_config(const TrainingConfig& t) {
+  AdamWConfig c;
+  c.lr = static_cast<float>(t.lr);
+  c.beta1 = static_cast<float>(t.beta1);
+  c.beta2 = static_cast<float>(t.beta2);
+  c.eps = static_cast<float>(t.eps);
+  c.weight_decay = static_cast<float>(t.weight_decay);
+  return c;
+}
+
+Span proto(Recorder* rec, SpanKind kind, const char* name, int32_t step, int32_t micro_batch) {
+  Span s;
+  s.kind = kind;
+  if (rec != nullptr && rec->enabled()) s.name = rec->intern(name);
+  s.step = step;
+  s.micro_batch = micro_batch;
+  return s;
+}
+
+}  // namespace
+
+CommBackend parse_comm_backend(const std::string& text, const std::string& key) {
+  if (text == "auto") return CommBackend::kAuto;
+  if (text == "nccl") return CommBackend::kNccl;
+  if (text == "mpi" || text == "staged") return CommBackend::kStaged;
+  throw InputError("key '" + key + "': expected auto, nccl or mpi, got '" + text + "'");
+}
+
+void check_supported_cuda(const Scenario& s) {
+  const std::string origin = origin_of(s);
+  Scenario c = s;
+  c.runtime.device = "cpu";  // everything the CPU runtime checks (layout, batch, threads) holds here too
+  check_supported(c);
+  if (s.parallel.tp != 1 || s.parallel.pp != 1) {
+    throw InputError(origin + ": keys 'parallel.tp' and 'parallel.pp': the CUDA runtime runs data parallelism only "
+                              "in this version (tp = pp = 1); got tp = " +
+                     std::to_string(s.parallel.tp) + ", pp = " + std::to_string(s.parallel.pp) +
+                     " (use runtime.device: cpu for tensor and pipeline parallelism)");
+  }
+  if (s.parallel.zero != 0) {
+    throw InputError(origin + ": key 'parallel.zero': ZeRO is not available on device cuda in this version; expected "
+                              "0, got " +
+                     std::to_string(s.parallel.zero) + " (use runtime.device: cpu for ZeRO)");
+  }
+  if (device_count() == 0) {
+    throw InputError(origin + ": key 'runtime.device' is cuda, but " + no_device_reason());
+  }
+}
+
+// ------------------------------------------------------------------------------------ EventSpans
+
+EventSpans::EventSpans(Recorder* rec, cudaStream_t stream, int32_t trace_stream)
+    : rec_(rec != nullptr && rec->enabled() ? rec : nullptr), stream_(stream), trace_stream_(trace_stream) {
+  if (rec_ != nullptr) ORRERY_CUDA_CHECK(cudaEventCreateWithFlags(&ref_, cudaEventDefault));
+}
+
+EventSpans::~EventSpans() {
+  for (cudaEvent_t e : pool_) cudaEventDestroy(e);
+  if (ref_ != nullptr) cudaEventDestroy(ref_);
+}
+
+cudaEvent_t EventSpans::next_event() {
+  if (used_ == pool_.size()) {
+    cudaEvent_t e = nullptr;
+    ORRERY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
+    pool_.push_back(e);
+  }
+  return pool_[used_++];
+}
+
+void EventSpans::anchor() {
+  if (rec_ == nullptr) return;
+  ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // The stream is idle, so the event completes as soon as it is recorded: its GPU time lies between
+  // the two clock reads.
+  const int64_t t0 = profiler::steady_now_ns();
+  ORRERY_CUDA_CHECK(cudaEventRecord(ref_, stream_));
+  ORRERY_CUDA_CHECK(cudaEventSynchronize(ref_));
+  const int64_t t1 = profiler::steady_now_ns();
+  ref_host_ns_ = t0 + (t1 - t0) / 2;
+}
+
+int EventSpans::open(const Span& proto) {
+  if (rec_ == nullptr) return -1;
+  Pending p;
+  p.span = proto;
+  p.span.stream = trace_stream_;
+  p.begin = next_event();
+  ORRERY_CUDA_CHECK(cudaEventRecord(p.begin, stream_));
+  pending_.push_back(p);
+  return static_cast<int>(pending_.size()) - 1;
+}
+
+void EventSpans::close(int handle) {
+  if (rec_ == nullptr || handle < 0) return;
+  Pending& p = pending_.at(static_cast<std::size_t>(handle));
+  p.end = next_event();
+  ORRERY_CUDA_CHECK(cudaEventRecord(p.end, stream_));
+}
+
+void EventSpans::resolve() {
+  if (rec_ == nullptr) return;
+  ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (Pending& p : pending_) {
+    if (p.end == nullptr) continue;  // never closed: not a span
+    float b_ms = 0, e_ms = 0;
+    ORRERY_CUDA_CHECK(cudaEventElapsedTime(&b_ms, ref_, p.begin));
+    ORRERY_CUDA_CHECK(cudaEventElapsedTime(&e_ms, ref_, p.end));
+    p.span.start_ns = ref_host_ns_ + std::llround(static_cast<double>(b_ms) * 1e6);
+    p.span.end_ns = ref_host_ns_ + std::llround(static_cast<double>(e_ms) * 1e6);
+    if (p.span.end_ns < p.span.start_ns) p.span.end_ns = p.span.start_ns;
+    rec_->record(p.span);
+  }
+  pending_.clear();
+  used_ = 0;
+}
+
+// ------------------------------------------------------------------------------------ observer
+
+// The model's OpObserver calls as event-timed Compute spans (they never nest).
+class GpuTrainer::Observer final : public OpObserver {
+ public:
+  Observer(Recorder* rec, EventSpans& spans) : rec_(rec), spans_(spans) {}
+  void set_context(int32_t step, int32_t micro_batch) {
+    step_ = step;
+    micro_batch_ = micro_batch;
+  }
+  void begin(const char* name, int layer, double flops) override {
+    Span s;
+    s.kind = SpanKind::Compute;
+    s.name = name_id(name);
+    s.layer = layer;
+    s.flops = flops;
+    s.step = step_;
+    s.micro_batch = micro_batch_;
+    open_ = spans_.open(s);
+  }
+  void end() override {
+    spans_.close(open_);
+    open_ = -1;
+  }
+
+ private:
+  traces::NameId name_id(const char* name) {
+    auto it = ids_.find(name);
+    if (it != ids_.end()) return it->second;
+    const traces::NameId id = rec_->intern(name);
+    ids_.emplace(name, id);
+    return id;
+  }
+  Recorder* rec_;
+  EventSpans& spans_;
+  std::unordered_map<const char*, traces::NameId> ids_;
+  int open_ = -1;
+  int32_t step_ = -1;
+  int32_t micro_batch_ = -1;
+};
+
+// ------------------------------------------------------------------------------------ DDP
+
+// runtime::DataParallel's logic (ddp.hpp) on the flat device gradient array.
+class GpuTrainer::Ddp {
+ public:
+  Ddp(GpuGpt& model, Communicator* dp, std::vector<DdpBucket> buckets, bool overlap)
+      : model_(model), dp_(dp), buckets_(std::move(buckets)), overlap_(overlap) {
+    bucket_of_segment_.assign(static_cast<std::size_t>(model.config().n_layer) + 2, -1);
+    for (const auto& b : buckets_) {
+      for (int seg : b.segments) bucket_of_segment_[static_cast<std::size_t>(seg + 1)] = b.index;
+    }
+    pending_.assign(buckets_.size(), 0);
+  }
+
+  void begin_backward(bool sync, int32_t step, int32_t micro_batch) {
+    sync_ = sync && dp_ != nullptr && dp_->size() > 1;
+    step_ = step;
+    micro_batch_ = micro_batch;
+    next_ = 0;
+    handles_.clear();
+    for (const auto& b : buckets_) pending_[static_cast<std::size_t>(b.index)] = static_cast<int>(b.segments.size());
+  }
+
+  void on_grads_ready(int segment) {
+    if (!sync_) return;
+    const std::size_t slot = static_cast<std::size_t>(segment + 1);
+    if (slot >= bucket_of_segment_.size() || bucket_of_segment_[slot] < 0) {
+      throw InternalError("GPU DDP: gradients ready for segment " + std::to_string(segment) + ", which is in no bucket");
+    }
+    const int bi = bucket_of_segment_[slot];
+    if (--pending_[static_cast<std::size_t>(bi)] < 0) {
+      throw InternalError("GPU DDP: segment " + std::to_string(segment) + " reported ready twice");
+    }
+    if (!overlap_) return;
+    while (next_ < static_cast<int>(buckets_.size()) && pending_[static_cast<std::size_t>(next_)] == 0) {
+      issue(buckets_[static_cast<std::size_t>(next_++)]);
+    }
+  }
+
+  // Issues what is due and orders the compute stream after every all-reduce (Handle::wait of a
+  // device communicator does not block the host).
+  void finish_backward() {
+    if (sync_) {
+      for (std::size_t i = 0; i < buckets_.size(); ++i) {
+        if (pending_[i] != 0) {
+          throw InternalError("GPU DDP: backward finished with bucket " + std::to_string(i) + " incomplete");
+        }
+      }
+      while (next_ < static_cast<int>(buckets_.size())) issue(buckets_[static_cast<std::size_t>(next_++)]);
+    }
+    for (auto& h : handles_) h.wait();
+    handles_.clear();
+    sync_ = false;
+  }
+
+  void broadcast_parameters() {
+    if (dp_ == nullptr || dp_->size() <= 1) return;
+    OpLabel label;
+    label.name = "ddp.broadcast_parameters";
+    dp_->broadcast(model_.params.data(), model_.params.size(), DType::F32, 0, label).wait();
+    dp_->synchronize();
+  }
+
+ private:
+  void issue(const DdpBucket& b) {
+    OpLabel label;
+    label.name = "ddp.all_reduce";
+    label.step = step_;
+    label.micro_batch = micro_batch_;
+    label.layer = b.lowest_layer;
+    handles_.push_back(
+        dp_->all_reduce(model_.grads.data() + b.range.offset, b.range.count, DType::F32, ReduceOp::Avg, label));
+  }
+
+  GpuGpt& model_;
+  Communicator* dp_;
+  std::vector<DdpBucket> buckets_;
+  bool overlap_;
+  std::vector<int> bucket_of_segment_;
+  std::vector<int> pending_;
+  std::vector<Handle> handles_;
+  int next_ = 0;
+  bool sync_ = false;
+  int32_t step_ = -1;
+  int32_t micro_batch_ = -1;
+};
+
+// ------------------------------------------------------------------------------------ trainer
+
+GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, const CudaRunOptions& opt)
+    : s_(s), world_(world), rec_(rec != nullptr && rec->enabled() ? rec : nullptr), opt_(opt) {
+  check_supported_cuda(s_);
+  const std::string origin = origin_of(s_);
+  if (world_.size() != s_.world_size()) {
+    throw InputError(origin + ": parallel.dp * tp * pp = " + std::to_string(s_.world_size()) + " but " +
+                     std::to_string(world_.size()) + " ranks were started");
+  }
+  layout_ = Layout::of(s_, world_.rank());
+  micro_batches_ = s_.micro_batches_per_step();
+  if (micro_batches_ < 1 || micro_batches_ * s_.parallel.dp * s_.training.micro_batch != s_.training.global_batch) {
+    throw InputError("key 'training.global_batch': " + std::to_string(s_.training.global_batch) +
+                     " is not a multiple of parallel.dp * training.micro_batch = " +
+                     std::to_string(s_.parallel.dp * s_.training.micro_batch));
+  }
+
+  device_ = select_device(launcher_local_rank());
+  stream_ = std::make_unique<Stream>();
+  ctx_ = std::make_unique<Context>(stream_->get(), opt_.math);
+
+  const Layout& L = layout_;
+  dp_ = world_.split(L.tp_rank + L.tp * L.pp_rank, L.dp_rank, traces::CommKind::DP,
+                     "dp[tp=" + std::to_string(L.tp_rank) + ",pp=" + std::to_string(L.pp_rank) + "]");
+  if (L.dp > 1) {
+    CommBackend backend = opt_.comm;
+    if (backend == CommBackend::kAuto) {
+#if defined(ORRERY_HAVE_NCCL)
+      // NCCL refuses two ranks on one device: stage through host memory when they would share.
+      backend = local_world_size() <= device_count() ? CommBackend::kNccl : CommBackend::kStaged;
+#else
+      backend = CommBackend::kStaged;
+#endif
+    }
+    if (backend == CommBackend::kNccl) {
+#if defined(ORRERY_HAVE_NCCL)
+      WorldOptions wopt;
+      wopt.watchdog_s = s_.runtime.watchdog_s;
+      dp_dev_ = make_nccl_communicator(*dp_, stream_->get(), wopt);
+      comm_name_ = "nccl";
+#else
+      throw InputError(origin + ": the NCCL communicator was asked for, but this build has no NCCL");
+#endif
+    } else {
+      dp_dev_ = make_staged_communicator(*dp_, stream_->get());
+      comm_name_ = "staged";
+    }
+    if (rec_ != nullptr) dp_dev_->set_recorder(rec_);
+  }
+
+  const GptConfig cfg = gpt_config(s_.model);
+  model_ = std::make_unique<GpuGpt>(gpu_gpt_create(gpt_create(cfg, GptShard{}, s_.training.seed)));
+  buckets_ = make_ddp_buckets(model_->host, s_.parallel.bucket_mb);
+  ddp_ = std::make_unique<Ddp>(*model_, dp_dev_.get(), buckets_, s_.parallel.overlap);
+  source_ = make_token_source(s_.data.source, s_.data.path, cfg.vocab, s_.training.seed);
+  loader_ = std::make_unique<DataLoader>(*source_, s_.model.seq, s_.training.micro_batch, L.dp_rank, L.dp,
+                                         s_.training.seed);
+  acts_ = std::make_unique<GpuActivations>(gpu_activations(*model_, s_.training.micro_batch, s_.model.seq));
+  scratch_ = std::make_unique<GpuGradScratch>(gpu_grad_scratch(*model_, s_.training.micro_batch, s_.model.seq));
+  adam_m_.resize(model_->num_params());
+  adam_v_.resize(model_->num_params());
+  decay_ = model_->host.decay_ranges();
+  adamw_ = adamw_config(s_.training);
+  spans_ = std::make_unique<EventSpans>(rec_, stream_->get(), profiler::kComputeStream);
+  if (rec_ != nullptr) observer_ = std::make_unique<Observer>(rec_, *spans_);
+}
+
+GpuTrainer::~GpuTrainer() {
+  // Let queued work finish before buffers go (errors cannot be reported from here).
+  if (stream_) cudaStreamSynchronize(stream_->get());
+  if (dp_dev_) {
+    try {
+      dp_dev_->set_recorder(nullptr);
+      dp_dev_->synchronize();
+    } catch (...) {
+    }
+  }
+}
+
+void GpuTrainer::finish() {
+  ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
+  if (dp_dev_) {
+    dp_dev_->synchronize();
+    dp_dev_->set_recorder(nullptr);
+  }
+}
+
+void GpuTrainer::prepare() {
+  ddp_->broadcast_parameters();
+  ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
+  world_.barrier().wait();
+  record_memory();
+}
+
+Trainer::MemoryBytes GpuTrainer::memory() const {
+  Trainer::MemoryBytes m;
+  m.parameters = static_cast<double>(model_->params.size_bytes());
+  m.gradients = static_cast<double>(model_->grads.size_bytes());
+  m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes());
+  m.activations = static_cast<double>(acts_->memory.size_bytes() + scratch_->memory.size_bytes() +
+                                      ctx_->scratch_bytes());
+  m.comm_buffers = 0;  // buckets are views of the gradient array
+  return m;
+}
+
+void GpuTrainer::record_memory() {
+  if (rec_ == nullptr) return;
+  const int64_t now = profiler::steady_now_ns();
+  const Trainer::MemoryBytes m = memory();
+  rec_->counter("mem.parameters", m.parameters, now);
+  rec_->counter("mem.gradients", m.gradients, now);
+  rec_->counter("mem.optimizer", m.optimizer, now);
+  rec_->counter("mem.activations", m.activations, now);
+  rec_->counter("mem.comm_buffers", m.comm_buffers, now);
+}
+
+std::vector<float> GpuTrainer::parameters() {
+  ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
+  return model_->params.to_host();
+}
+
+StepResult GpuTrainer::step() {
+  const int32_t step = step_;
+  StepResult result;
+  result.step = step;
+  result.tokens = static_cast<int64_t>(s_.training.global_batch) * s_.model.seq;
+  const int64_t t0 = profiler::steady_now_ns();
+  if (rec_ != nullptr) rec_->set_step(step);
+  spans_->anchor();
+  const int step_span = spans_->open(proto(rec_, SpanKind::Phase, "step", step, -1));
+  gpu_zero_grad(*ctx_, *model_);
+
+  GptHooks hooks;
+  hooks.observer = observer_.get();
+  hooks.on_grads_ready = [this](int segment) { ddp_->on_grads_ready(segment); };
+  const float loss_scale = 1.0f / static_cast<float>(micro_batches_);
+  double loss_sum = 0;
+  for (int mb = 0; mb < micro_batches_; ++mb) {
+    if (rec_ != nullptr) rec_->set_step(step, mb);
+    if (observer_) observer_->set_context(step, mb);
+    {
+      profiler::ScopedSpan data(rec_, proto(rec_, SpanKind::Data, "data", step, mb));
+      loader_->next_batch(batch_);
+    }
+    const int fwd = spans_->open(proto(rec_, SpanKind::Phase, "forward", step, mb));
+    loss_sum += gpu_forward(*ctx_, *model_, *acts_, batch_.inputs.data(), batch_.targets.data(), hooks);
+    spans_->close(fwd);
+    const int bwd = spans_->open(proto(rec_, SpanKind::Phase, "backward", step, mb));
+    ddp_->begin_backward(mb == micro_batches_ - 1, step, mb);
+    gpu_backward(*ctx_, *model_, *acts_, *scratch_, loss_scale, hooks);
+    ddp_->finish_backward();  // the compute stream now waits for the all-reduces
+    spans_->close(bwd);
+  }
+  if (rec_ != nullptr) rec_->set_step(step, -1);
+  {
+    const int opt = spans_->open(proto(rec_, SpanKind::Phase, "optimizer", step, -1));
+    const int adamw = spans_->open(proto(rec_, SpanKind::Optimizer, "adamw", step, -1));
+    ++adam_steps_;
+    adamw_update(*ctx_, model_->params.data(), model_->grads.data(), adam_m_.data(), adam_v_.data(), 0,
+                 model_->num_params(), decay_, adam_steps_, adamw_);
+    spans_->close(adamw);
+    spans_->close(opt);
+  }
+  spans_->close(step_span);
+  spans_->resolve();  // waits for the stream
+  ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
+  ORRERY_CUDA_CHECK(cudaGetLastError());
+  result.loss = static_cast<float>(loss_sum / micro_batches_);
+  record_memory();
+  result.duration_ns = profiler::steady_now_ns() - t0;
+  ++step_;
+  return result;
+}
+
+}  // namespace orrery::runtime::cuda
