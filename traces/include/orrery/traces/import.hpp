@@ -55,9 +55,14 @@
 //   World when it spans all world_size ranks, else Other. Collectives without a group name go to a
 //   communicator "world" of all ranks.
 // - CPU-only ranks (no kernel, memcpy or memset event in the file): the host work is the work, so a
-//   cpu_op that encloses no other cpu_op of its thread (a leaf: what ran, not what called it) is
-//   Compute, and record_param_comms is Collective (P2P for send/recv) on its thread; other cpu_ops
-//   stay Other. Leaves never nest, so their summed time is also their merged time.
+//   cpu_op inside which no other cpu_op of its thread starts (a leaf: what ran, not what called
+//   it) is Compute; other cpu_ops stay Other. Leaves never overlap, so their summed time is also
+//   their merged time. The collectives are the communication backend's own ops when the file has
+//   them ("gloo:all_reduce" on gloo's threads: they carry the transfer time; the k-th of an op
+//   takes the arguments of the k-th record_param_comms of that op), else the record_param_comms
+//   ops; Collective, or P2P for send/recv. c10d:: calls are Other.
+// - Files without categories (PyTorch's legacy, non-Kineto exporter: a top-level array of events)
+//   are read as all cpu_op on a CPU-only rank.
 // - "[memory]" instant events become counters "mem.cpu" / "mem.cuda" (args "Device Type" 0 / 1)
 //   with value args "Total Allocated" in bytes.
 //
