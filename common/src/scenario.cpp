@@ -155,9 +155,13 @@ const KeySpec* find_key(const std::string& path) {
 void walk(const YAML::Node& node, const std::string& prefix, const std::string& origin,
           std::vector<std::pair<std::string, YAML::Node>>& leaves) {
   for (auto it = node.begin(); it != node.end(); ++it) {
+    if (!it->first.IsScalar()) {  // "? [a, b]: 1" is valid YAML; as<std::string>() would throw
+      throw InputError(where(origin, it->first, prefix) + ": a key must be a name, not a list or map");
+    }
     const std::string k = it->first.as<std::string>();
     const std::string path = prefix.empty() ? k : prefix + "." + k;
-    const YAML::Node& v = it->second;
+    // A copy: it->second lives in a proxy that dies with this statement (ASan: use after scope).
+    const YAML::Node v = it->second;
     if (is_known_prefix(path)) {
       if (!v.IsMap()) {
         throw InputError(where(origin, it->first, path) + ": expected a section (a map of keys)");
@@ -188,6 +192,10 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
   std::vector<YAML::Node> chain{root};
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     YAML::Node next = chain.back()[parts[i]];
+    if (next.IsDefined() && !next.IsNull() && !next.IsMap()) {  // operator[] below would throw
+      throw InputError("--set '" + assignment + "': key '" + parts[i] +
+                       "' in the scenario is not a section (a map of keys)");
+    }
     if (!next.IsDefined() || next.IsNull()) {
       chain.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
       next.reset(chain.back()[parts[i]]);  // rebind; operator= would assign into the tree

@@ -112,6 +112,8 @@ class Parser {
   void check_keys(const YAML::Node& map, const std::string& where, const std::set<std::string>& known) const {
     if (!map.IsMap()) fail(map, where, "expected a mapping");
     for (const auto& kv : map) {
+      // "? [a, b]: 1" is valid YAML; as<std::string>() would throw a YAML exception.
+      if (!kv.first.IsScalar()) fail(kv.first, where.empty() ? "key" : where, "a key must be a name, not a list or map");
       const std::string k = kv.first.as<std::string>();
       if (!known.count(k)) {
         std::string list;
@@ -164,6 +166,7 @@ Device parse_device(const Parser& p, const YAML::Node& n) {
     preset_name = p.get<std::string>(n, "device.", "preset", "");
   }
   Device d;
+  // An empty scalar ("device: !x") is neither a preset nor a mapping: refused below, not subscripted.
   if (!preset_name.empty()) {
     auto found = device_preset(preset_name);
     if (!found) {
@@ -172,7 +175,7 @@ Device parse_device(const Parser& p, const YAML::Node& n) {
       p.fail(n.IsScalar() ? n : n["preset"], "device", "unknown device '" + preset_name + "'; expected one of: " + list);
     }
     d = *found;
-  } else if (!n["peak_bf16_tflops"] || !n["mem_bandwidth_gb_per_s"] || !n["mem_capacity_gb"]) {
+  } else if (!n.IsMap() || !n["peak_bf16_tflops"] || !n["mem_bandwidth_gb_per_s"] || !n["mem_capacity_gb"]) {
     p.fail(n, "device", "without a preset, give name, peak_fp32/tf32/bf16_tflops, mem_bandwidth_gb_per_s and mem_capacity_gb");
   }
   if (n.IsMap()) {

@@ -98,4 +98,14 @@ TEST(Scenario, RoundTripsThroughYaml) {
   EXPECT_EQ(r.training.global_batch, 16);
 }
 
+// Inputs found by fuzz/fuzz_scenario (fuzz/README.md): each was an uncaught YAML exception.
+TEST(Scenario, FuzzFindingsAreInputErrors) {
+  // --set into a section that the file gives as a scalar (was YAML::BadSubscript).
+  EXPECT_EQ(error_of("parallel: 3\n", {"parallel.dp=2"}),
+            "--set 'parallel.dp=2': key 'parallel' in the scenario is not a section (a map of keys)");
+  // A key that is a list (was YAML::TypedBadConversion).
+  EXPECT_NE(error_of("? [a, b]\n: 1\n").find("a key must be a name, not a list or map"), std::string::npos);
+  EXPECT_NE(error_of("model:\n  ? {x: 1}\n  : 2\n").find("s.yaml:2: key 'model'"), std::string::npos);
+}
+
 }  // namespace orrery

@@ -201,3 +201,21 @@ TEST(Topology, ResizeForSweeps) {
   EXPECT_EQ(big.topo.tiers, 3);  // 2 tiers of radix 64 no longer fit
   EXPECT_EQ(big.device.name, c.device.name);
 }
+
+// Inputs found by fuzz/fuzz_cluster (fuzz/README.md): each was an uncaught YAML exception.
+TEST(ClusterFile, FuzzFindingsAreInputErrors) {
+  auto error_of = [](const std::string& text) -> std::string {
+    try {
+      parse_cluster(text, "c.yaml");
+    } catch (const orrery::InputError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // A key that is a list (was YAML::TypedBadConversion).
+  EXPECT_NE(error_of("device: H200\ntopology:\n  kind: crossbar\n  ? [a]\n  : 5\n").find("a key must be a name"),
+            std::string::npos);
+  // An empty tagged scalar as the device (was YAML::BadSubscript).
+  EXPECT_NE(error_of("device: !x\ntopology: {kind: crossbar}\n").find("c.yaml:1: device: without a preset"),
+            std::string::npos);
+}
