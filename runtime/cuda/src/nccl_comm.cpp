@@ -481,6 +481,7 @@ class NcclCommunicator final : public Communicator {
       // Torn down after a failure: the communicator is aborted below.
     }
     engine_->remove_comm(comm_);
+    if (scratch_ != nullptr) cudaFree(scratch_);
     cudaEventDestroy(ready_);
   }
 
@@ -546,7 +547,7 @@ class NcclCommunicator final : public Communicator {
     if (scratch_ == nullptr) {
       ORRERY_CUDA_CHECK(cudaSetDevice(engine_->device()));
       cuda_check(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc (NCCL barrier word)", sizeof(float));
-      ORRERY_CUDA_CHECK(cudaMemset(scratch_, 0, sizeof(float)));
+      ORRERY_CUDA_CHECK(cudaMemsetAsync(scratch_, 0, sizeof(float), compute_));
     }
     void* w = scratch_;
     ncclComm_t c = comm_;
@@ -571,8 +572,10 @@ class NcclCommunicator final : public Communicator {
       int32_t* p;
       ~Free() { cudaFree(p); }
     } free_dev{dev};
-    ORRERY_CUDA_CHECK(cudaMemcpy(dev + 3 * rank_, mine.data(), 3 * sizeof(int32_t),
-                                 cudaMemcpyHostToDevice));
+    // On the compute stream, which the gather waits for (a plain cudaMemcpy runs on the legacy
+    // stream, which our non-blocking streams do not wait for).
+    ORRERY_CUDA_CHECK(cudaMemcpyAsync(dev + 3 * rank_, mine.data(), 3 * sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, compute_));
     all_gather(dev + 3 * rank_, dev, 3, DType::I32, OpLabel{"split"}).wait();
     synchronize();
     ORRERY_CUDA_CHECK(cudaMemcpy(all.data(), dev, all.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
@@ -708,7 +711,7 @@ class NcclCommunicator final : public Communicator {
   traces::CommunicatorInfo info_;
   int world_size_;
   cudaEvent_t ready_ = nullptr;  // compute stream's position at issue (reused: waits capture it)
-  void* scratch_ = nullptr;      // barrier word (freed with the process)
+  void* scratch_ = nullptr;      // barrier word
   int rank_ = 0;
   int size_ = 1;
   int64_t seq_ = 0;
