@@ -144,12 +144,15 @@ TEST(RangeHooks, CalledBalancedForRecordedRanges) {
     }
     Recorder::set_current(nullptr);
     { ORRERY_RANGE("unrecorded"); }  // no recorder: no hooks either
+    begin_annotation("fwd.block 2", 4, 1);  // annotations call the hooks without a recorder
+    end_annotation();
     set_range_hooks(nullptr);
     rec.flush();
     writer.close();
   }
   std::remove(path.c_str());
-  const std::vector<std::string> expected = {"open forward 4/0", "open layer 4/0", "close", "close"};
+  const std::vector<std::string> expected = {"open forward 4/0", "open layer 4/0", "close", "close",
+                                             "open fwd.block 2 4/1", "close"};
   EXPECT_EQ(HookLog::events, expected);
 }
 

@@ -73,6 +73,15 @@ void on_close() {
 void set_range_hooks(const RangeHooks* hooks) { g_hooks.store(hooks, std::memory_order_release); }
 const RangeHooks* range_hooks() { return g_hooks.load(std::memory_order_acquire); }
 
+void begin_annotation(std::string_view name, int32_t step, int32_t micro_batch) {
+  traces::Span s;
+  s.step = step;
+  s.micro_batch = micro_batch;
+  on_open(name, s);
+}
+
+void end_annotation() { on_close(); }
+
 ScopedRange::ScopedRange(std::string_view name, traces::SpanKind kind) : rec_(Recorder::current()) {
   if (rec_ && !rec_->enabled()) rec_ = nullptr;
   if (rec_) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 namespace orrery::profiler {
 
@@ -18,5 +19,12 @@ struct RangeHooks {
 // called on the thread of the range, balanced per thread as long as the hooks stay installed.
 void set_range_hooks(const RangeHooks* hooks);
 const RangeHooks* range_hooks();
+
+// For code that records its spans another way (the GPU trainer's CUDA-event spans): opens an NVTX
+// range (when built with NVTX) and calls the hooks (so the CUPTI tracer attributes the kernels
+// launched inside to `step`/`micro_batch`), without recording a span. end_annotation() closes the
+// innermost one; calls must nest per thread.
+void begin_annotation(std::string_view name, int32_t step = -1, int32_t micro_batch = -1);
+void end_annotation();
 
 }  // namespace orrery::profiler
