@@ -191,19 +191,25 @@ __global__ void add_bias_kernel(float* out, const float* bias, int OC, std::size
     out[i] += bias[i % OC];
 }
 
+// Element i of a (B,NH,T,hs) tensor sits at this offset of the (B,T,row) layout, heads side by side
+// at columns h*hs..: row = 3C for the fused qkv (add C, 2C for k, v), row = C for a head output.
+__device__ std::size_t head_major_to_row_major(std::size_t i, int T, int NH, int hs, int row) {
+  const int d = static_cast<int>(i % hs);
+  std::size_t r = i / hs;
+  const int t = static_cast<int>(r % T);
+  r /= T;
+  const int h = static_cast<int>(r % NH);
+  const std::size_t b = r / NH;
+  return (b * T + t) * static_cast<std::size_t>(row) + static_cast<std::size_t>(h) * hs + d;
+}
+
 // inp (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs) each.
 __global__ void permute_qkv_kernel(float* q, float* k, float* v, const float* inp, int T, int NH, int hs,
                                    std::size_t n) {
   const int C = NH * hs;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % hs);
-    std::size_t r = i / hs;
-    const int t = static_cast<int>(r % T);
-    r /= T;
-    const int h = static_cast<int>(r % NH);
-    const std::size_t b = r / NH;
-    const std::size_t src = (b * T + t) * 3 * C + static_cast<std::size_t>(h) * hs + d;
+    const std::size_t src = head_major_to_row_major(i, T, NH, hs, 3 * C);
     q[i] = inp[src];
     k[i] = inp[src + C];
     v[i] = inp[src + 2 * C];
@@ -216,13 +222,7 @@ __global__ void unpermute_qkv_add_kernel(float* dinp, const float* dq, const flo
   const int C = NH * hs;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % hs);
-    std::size_t r = i / hs;
-    const int t = static_cast<int>(r % T);
-    r /= T;
-    const int h = static_cast<int>(r % NH);
-    const std::size_t b = r / NH;
-    const std::size_t dst = (b * T + t) * 3 * C + static_cast<std::size_t>(h) * hs + d;
+    const std::size_t dst = head_major_to_row_major(i, T, NH, hs, 3 * C);
     dinp[dst] += dq[i];
     dinp[dst + C] += dk[i];
     dinp[dst + 2 * C] += dv[i];
@@ -231,30 +231,14 @@ __global__ void unpermute_qkv_add_kernel(float* dinp, const float* dq, const flo
 
 // (B,NH,T,hs) <-> (B,T,NH,hs). forward: out (B,T,C) = y (B,NH,T,hs); backward: dy = dout.
 __global__ void unpermute_kernel(float* out, const float* y, int T, int NH, int hs, std::size_t n) {
-  const int C = NH * hs;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % hs);
-    std::size_t r = i / hs;
-    const int t = static_cast<int>(r % T);
-    r /= T;
-    const int h = static_cast<int>(r % NH);
-    const std::size_t b = r / NH;
-    out[(b * T + t) * C + static_cast<std::size_t>(h) * hs + d] = y[i];
-  }
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    out[head_major_to_row_major(i, T, NH, hs, NH * hs)] = y[i];
 }
 __global__ void permute_kernel(float* y, const float* out, int T, int NH, int hs, std::size_t n) {
-  const int C = NH * hs;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % hs);
-    std::size_t r = i / hs;
-    const int t = static_cast<int>(r % T);
-    r /= T;
-    const int h = static_cast<int>(r % NH);
-    const std::size_t b = r / NH;
-    y[i] = out[(b * T + t) * C + static_cast<std::size_t>(h) * hs + d];
-  }
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    y[i] = out[head_major_to_row_major(i, T, NH, hs, NH * hs)];
 }
 
 // In place on rows of (rows, T), row index r has t = r % T: softmax over columns [0, t], zero after.
