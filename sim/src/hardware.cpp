@@ -27,7 +27,10 @@ std::string where(const std::string& origin, const YAML::Node& n, const std::str
 
 void check_keys(const YAML::Node& map, const std::set<std::string>& allowed, const std::string& origin,
                 const std::string& prefix) {
+  if (!map.IsMap()) throw InputError(where(origin, map, prefix) + ": expected a mapping");
   for (const auto& kv : map) {
+    // "? [a, b]: 1" is valid YAML; as<std::string>() would throw a YAML exception.
+    if (!kv.first.IsScalar()) throw InputError(where(origin, kv.first, prefix) + ": a key must be a name, not a list or map");
     const std::string k = kv.first.as<std::string>();
     if (!allowed.count(k)) {
       std::string list;
@@ -45,8 +48,20 @@ double get_number(const YAML::Node& n, const std::string& origin, const std::str
   }
 }
 
+// A scalar as a string: a list or map where a name belongs is the user's mistake, not a YAML exception.
+std::string get_string(const YAML::Node& n, const std::string& origin, const std::string& key) {
+  if (!n.IsScalar()) throw InputError(where(origin, n, key) + ": expected a string");
+  return n.Scalar();
+}
+
+// A whole number read as a double, range-checked before the cast (a cast out of range is undefined).
+int to_int(double v, const YAML::Node& n, const std::string& origin, const std::string& key) {
+  if (!(v <= 2147483647.0)) throw InputError(where(origin, n, key) + ": expected a number <= 2147483647");
+  return static_cast<int>(v);
+}
+
 int64_t us_to_ns(double us, const YAML::Node& n, const std::string& origin, const std::string& key) {
-  if (!(us >= 0) || !std::isfinite(us)) throw InputError(where(origin, n, key) + ": expected a time >= 0 (microseconds)");
+  if (!(us >= 0) || !(us < 9.2e15)) throw InputError(where(origin, n, key) + ": expected a time >= 0 (microseconds)");
   return static_cast<int64_t>(std::llround(us * 1000.0));
 }
 
@@ -81,9 +96,9 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
               "collectives", "machine", "cluster", "sharing"},
              origin, "");
   HardwareProfile p;
-  p.name = root["name"] ? root["name"].as<std::string>() : origin;
-  if (root["device"]) p.device = root["device"].as<std::string>();
-  p.precision = root["precision"] ? root["precision"].as<std::string>() : "fp32";
+  p.name = root["name"] ? get_string(root["name"], origin, "name") : origin;
+  if (root["device"]) p.device = get_string(root["device"], origin, "device");
+  p.precision = root["precision"] ? get_string(root["precision"], origin, "precision") : "fp32";
   if (p.precision != "bf16" && p.precision != "fp16" && p.precision != "tf32" && p.precision != "fp32")
     throw InputError(where(origin, root["precision"], "precision") + ": expected bf16, fp16, tf32 or fp32, got '" +
                      p.precision + "'");
@@ -125,15 +140,16 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (const auto cs = root["collectives"]) {
     if (!cs.IsSequence()) throw InputError(where(origin, cs, "collectives") + ": expected a list");
     for (const auto& n : cs) {
+      if (!n.IsMap()) throw InputError(where(origin, n, "collectives[]") + ": expected a mapping");
       check_keys(n, {"op", "scope", "ranks", "latency_us", "bus_bandwidth_gbps"}, origin, "collectives[].");
       CollectiveOverride o;
-      const std::string op = n["op"] ? n["op"].as<std::string>() : "";
+      const std::string op = n["op"] ? get_string(n["op"], origin, "collectives[].op") : "";
       const auto parsed = traces::coll_op_from_string(op);
       if (!parsed || *parsed == traces::CollOp::None)
         throw InputError(where(origin, n, "collectives[].op") + ": unknown collective '" + op +
                          "' (expected all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all, send, recv)");
       o.op = *parsed;
-      const std::string scope = n["scope"] ? n["scope"].as<std::string>() : "any";
+      const std::string scope = n["scope"] ? get_string(n["scope"], origin, "collectives[].scope") : "any";
       if (scope == "any") o.scope = CollectiveScope::Any;
       else if (scope == "intra_node") o.scope = CollectiveScope::IntraNode;
       else if (scope == "inter_node") o.scope = CollectiveScope::InterNode;
@@ -141,7 +157,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
       if (n["ranks"]) {
         const double r = get_number(n["ranks"], origin, "collectives[].ranks");
         if (!(r >= 0) || r != std::floor(r)) throw InputError(where(origin, n["ranks"], "collectives[].ranks") + ": expected a whole number >= 0");
-        o.ranks = static_cast<int>(r);
+        o.ranks = to_int(r, n["ranks"], origin, "collectives[].ranks");
       }
       if (n["latency_us"]) o.latency_ns = us_to_ns(get_number(n["latency_us"], origin, "collectives[].latency_us"),
                                                    n["latency_us"], origin, "collectives[].latency_us");
@@ -164,14 +180,18 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
       return v;
     };
     MachineDescription& m = p.cluster;
-    if (c["device"]) m.device = c["device"].as<std::string>();
-    m.nodes = c["nodes"] ? static_cast<int>(num("nodes", 1)) : 1;
+    if (c["device"]) m.device = get_string(c["device"], origin, "cluster.device");
+    m.nodes = c["nodes"] ? to_int(num("nodes", 1), c["nodes"], origin, "cluster.nodes") : 1;
     if (!c["ranks_per_node"]) throw InputError(where(origin, c, "cluster.ranks_per_node") + ": required");
-    m.ranks_per_node = static_cast<int>(num("ranks_per_node", 1));
+    m.ranks_per_node = to_int(num("ranks_per_node", 1), c["ranks_per_node"], origin, "cluster.ranks_per_node");
     if (c["peak_flops"]) m.peak_flops = num("peak_flops", 0);
     if (c["memory_bandwidth_gbps"]) m.memory_bandwidth_bytes_per_s = num("memory_bandwidth_gbps", 0) * 1e9;
-    if (c["memory_capacity_gb"]) m.memory_capacity_bytes = static_cast<int64_t>(num("memory_capacity_gb", 0) * 1e9);
-    if (c["link"]) m.link = c["link"].as<std::string>();
+    if (c["memory_capacity_gb"]) {
+      const double gb = num("memory_capacity_gb", 0);
+      if (!(gb < 9.2e9)) throw InputError(where(origin, c["memory_capacity_gb"], "cluster.memory_capacity_gb") + ": expected a number < 9.2e9");
+      m.memory_capacity_bytes = static_cast<int64_t>(gb * 1e9);
+    }
+    if (c["link"]) m.link = get_string(c["link"], origin, "cluster.link");
     if (c["link_gb_per_s"]) m.link_bytes_per_s = num("link_gb_per_s", 0) * 1e9;
     if (c["link_latency_us"])
       m.link_latency_ns = us_to_ns(num("link_latency_us", 0), c["link_latency_us"], origin, "cluster.link_latency_us");
@@ -189,8 +209,9 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
     };
     CoreSharing& cs = p.sharing;
     if (!sh["cores"]) throw InputError(where(origin, sh, "sharing.cores") + ": required");
-    cs.cores = static_cast<int>(num("cores", 1));
-    if (sh["threads_per_rank"]) cs.threads_per_rank = static_cast<int>(num("threads_per_rank", 1));
+    cs.cores = to_int(num("cores", 1), sh["cores"], origin, "sharing.cores");
+    if (sh["threads_per_rank"])
+      cs.threads_per_rank = to_int(num("threads_per_rank", 1), sh["threads_per_rank"], origin, "sharing.threads_per_rank");
     if (sh["contention_at_full"]) {
       cs.contention_at_full = num("contention_at_full", 0.0);
       if (!(cs.contention_at_full > 0))
@@ -201,7 +222,10 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   }
   if (const auto m = root["machine"]) {
     if (!m.IsMap()) throw InputError(where(origin, m, "machine") + ": expected a mapping of strings");
-    for (const auto& kv : m) p.machine[kv.first.as<std::string>()] = kv.second.as<std::string>("");
+    for (const auto& kv : m) {
+      if (!kv.first.IsScalar()) throw InputError(where(origin, kv.first, "machine") + ": a key must be a name, not a list or map");
+      p.machine[kv.first.as<std::string>()] = kv.second.as<std::string>("");
+    }
   }
   return p;
 }

@@ -140,6 +140,19 @@ TEST(HardwareProfile, BadInputIsAnInputError) {
   }
 }
 
+// Inputs found with fuzz/fuzz_hardware (fuzz/README.md): uncaught YAML exceptions and out-of-range
+// double -> int casts (UBSan); each is now an InputError.
+TEST(HardwareProfile, FuzzFindingsAreInputErrors) {
+  for (const char* yaml : {"name: {a: 1}", "? [a]: 1", "machine: {? [x]: 1}", "collectives: [5]",
+                           "collectives: [{op: [all_reduce], bus_bandwidth_gbps: 1}]",
+                           "collectives: [{op: all_reduce, ranks: 1e20, bus_bandwidth_gbps: 1}]",
+                           "cluster: {ranks_per_node: 1e30}", "cluster: {ranks_per_node: 2, nodes: 1e12}",
+                           "cluster: {ranks_per_node: 2, memory_capacity_gb: 1e300}", "sharing: {cores: 1e10}",
+                           "data_load_us: 1e300"}) {
+    EXPECT_THROW(parse_hardware_profile(yaml, "x"), InputError) << yaml;
+  }
+}
+
 TEST(HardwareProfile, ShippedDefaultsLoadAndMatchTheBuiltIns) {
   const std::filesystem::path dir = std::filesystem::path(ORRERY_SOURCE_DIR) / "scenarios" / "hardware";
   int n = 0;
