@@ -231,14 +231,21 @@ Trace finish_import(Draft&& d) {
   for (const auto& s : d.spans) origin = std::min(origin, s.span.start_ns);
   for (const auto& c : t.counters) origin = std::min(origin, c.ts_ns);
   if (origin == std::numeric_limits<int64_t>::max()) origin = 0;
+  auto rebase = [&](int64_t& ts) {
+    if (__builtin_sub_overflow(ts, origin, &ts)) {
+      throw InputError((d.files.empty() ? std::string("import") : d.files.front()) +
+                       (d.files.size() > 1 ? " (and the other files)" : "") +
+                       ": the events' times span more than 2^63 ns");
+    }
+  };
   t.spans.reserve(d.spans.size());
   for (auto& s : d.spans) {
     Span sp = s.span;
-    sp.start_ns -= origin;
-    sp.end_ns -= origin;
+    rebase(sp.start_ns);
+    rebase(sp.end_ns);
     t.spans.push_back(sp);
   }
-  for (auto& c : t.counters) c.ts_ns -= origin;
+  for (auto& c : t.counters) rebase(c.ts_ns);
   t.sort_spans();
   std::sort(t.counters.begin(), t.counters.end(), [](const CounterSample& a, const CounterSample& b) {
     return a.rank != b.rank ? a.rank < b.rank : a.ts_ns < b.ts_ns;

@@ -53,8 +53,14 @@ class Db {
       db_ = nullptr;
       throw InputError(path + ": cannot open as SQLite (" + msg + ")");
     }
-    Query q(*this, "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')");
-    while (q.next()) tables_.insert(q.text(0));
+    try {  // a damaged file fails here: the destructor will not run, close the connection
+      Query q(*this, "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')");
+      while (q.next()) tables_.insert(q.text(0));
+    } catch (...) {
+      sqlite3_close(db_);
+      db_ = nullptr;
+      throw;
+    }
   }
   ~Db() { sqlite3_close(db_); }
   Db(const Db&) = delete;

@@ -9,14 +9,18 @@
 // Common rules (both formats)
 // - Several FILEs are several ranks of one job in one trace, in one time base: every timestamp is
 //   converted to int64 ns and rebased so that the earliest imported event of all files is 0
-//   (meta.start_time_unix_ns keeps the original earliest time when it is a Unix time).
+//   (meta.start_time_unix_ns keeps the original earliest time when it is a Unix time). Files
+//   without a common clock (PyTorch's legacy exporter counts from each process's profiler start;
+//   nsys files without TARGET_INFO_SESSION_START_TIME count from each session's start) keep their
+//   own origins, so the ranks' timelines are not aligned with each other.
 // - Per rank, device streams come first (stream 0, 1, ... by device then stream number), then the
 //   host threads. Device work is Compute, Collective, P2P or Memcpy; host work never is (it is
 //   Other or Phase), so `orrery report` does not count a CPU launch and its GPU kernel twice. A
 //   rank without any device work (a CPU-only run) is the exception: see Kineto below.
-// - Kernels whose name starts with "nccl" (ncclKernel_*, ncclDevKernel_*) are Collective, or P2P
-//   for SendRecv/Send/Recv kernels; the op comes from the kernel name (AllReduce, ReduceScatter,
-//   AllGather, Broadcast, Reduce, AllToAll, SendRecv) unless the event's arguments say better.
+// - Kernels whose name starts with ncclKernel_ or ncclDevKernel_ are Collective, or P2P for
+//   SendRecv/Send/Recv kernels; the op comes from the kernel name (AllReduce, ReduceScatter,
+//   AllGather, Broadcast, Reduce, AllToAll; SendRecv counts as send) unless the event's arguments
+//   say better (op None for a name that does not tell, such as ncclDevKernel_Generic).
 // - Steps: a host range named "ProfilerStep#N" (Kineto's, and PyTorch's under nsys with NVTX), or
 //   "step N" / "step#N" / "step_N" / "step" (Orrery's own NVTX phases) becomes a Phase span named
 //   "step" with step = N (for a bare "step": its ordinal on the rank). Every other span of that
@@ -71,14 +75,19 @@
 //   streamId, globalPid, and shortName or demangledName). Optional, used when present:
 //   CUPTI_ACTIVITY_KIND_MEMCPY / _MEMSET (start, end, deviceId, streamId, globalPid, bytes),
 //   NVTX_EVENTS (start, end, eventType, text or textId, globalTid), CUPTI_ACTIVITY_KIND_RUNTIME
-//   (start, correlationId, globalTid: for the step of device work), TARGET_INFO_GPU (id, name: the
-//   rank's device), TARGET_INFO_SESSION_START_TIME (utcEpochNs: aligns several files). A required
-//   table or column that is missing is an InputError naming both.
+//   (start, correlationId, globalTid: for the step of device work), ThreadNames (nameId,
+//   globalTid), TARGET_INFO_SESSION_START_TIME (utcEpochNs: aligns several files). A required
+//   table or column that is missing is an InputError naming both; rows without a start or end, or
+//   ending before they start, are skipped and counted.
 // - Times are ns already. Ranks: each process (globalPid; a globalTid's process is
 //   globalTid with its low 24 bits cleared) with kernels is a rank, ordered by file, then by its
-//   lowest deviceId, then by pid. Device streams are named "stream <streamId>".
+//   lowest deviceId, then by pid; RankInfo.device = "cuda:<that deviceId>". Device streams are
+//   named "stream <streamId>".
+// - An nsys export has no byte counts or process groups for NCCL kernels: their bytes are 0 and
+//   they all go to the communicator "world".
 // - NVTX push/pop and start/end ranges (eventType 59, 60) with an end are Phase spans on the host
-//   thread's stream (named "thread <tid>"); marks and other event types are skipped.
+//   thread's stream (named from ThreadNames, else "thread <tid>"); marks and other event types are
+//   not imported.
 #pragma once
 
 #include <array>
