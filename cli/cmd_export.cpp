@@ -1,6 +1,7 @@
 // `orrery export TRACE --format chrome --out FILE.json`: Chrome trace JSON for Perfetto UI
 // (ui.perfetto.dev) and chrome://tracing. The JSON is streamed out, written beside FILE.json and
-// renamed when whole.
+// renamed when whole. `--format sqlite --out FILE.db`: a copy of the trace with the per-span SQL
+// table `spans` (one row per span, every attribute a column, indexed), for SQL users.
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -23,11 +24,19 @@ struct ExportArgs {
 };
 
 int run_export(const ExportArgs& a) {
-  if (a.format != "chrome") {
-    throw InputError("--format " + a.format + ": unknown export format, expected chrome");
+  if (a.format != "chrome" && a.format != "sqlite") {
+    throw InputError("--format " + a.format + ": unknown export format, expected chrome or sqlite");
   }
-  const traces::Trace t = traces::load_trace(a.trace);
-  traces::export_chrome_json_file(t, a.out);
+  traces::Trace t;
+  if (a.format == "sqlite") {
+    traces::export_sqlite(a.trace, a.out);
+    traces::TraceReader r(a.out);
+    t.spans.resize(static_cast<size_t>(r.span_count()));
+    t.counters.resize(static_cast<size_t>(r.counter_count()));
+  } else {
+    t = traces::load_trace(a.trace);
+    traces::export_chrome_json_file(t, a.out);
+  }
   std::error_code ec;
   const auto bytes = std::filesystem::file_size(a.out, ec);
   if (a.json) {
@@ -41,18 +50,23 @@ int run_export(const ExportArgs& a) {
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << "wrote " << a.out << ": " << t.spans.size() << " spans and " << t.counters.size()
-              << " counter samples as Chrome trace JSON (" << format_bytes(double(ec ? 0 : bytes))
-              << "); open it in ui.perfetto.dev or chrome://tracing\n";
+              << " counter samples as "
+              << (a.format == "sqlite" ? "SQLite with the per-span table `spans`"
+                                       : "Chrome trace JSON")
+              << " (" << format_bytes(double(ec ? 0 : bytes)) << ")"
+              << (a.format == "sqlite" ? "" : "; open it in ui.perfetto.dev or chrome://tracing")
+              << "\n";
   }
   return 0;
 }
 
 Command setup(CLI::App& root) {
   auto args = std::make_shared<ExportArgs>();
-  CLI::App* app = root.add_subcommand("export", "Export a trace for other viewers (Chrome JSON)");
+  CLI::App* app = root.add_subcommand(
+      "export", "Export a trace for other viewers (Chrome JSON) or for SQL (SQLite with a spans table)");
   app->add_option("trace", args->trace, "Trace file (.db)")->required();
-  app->add_option("--format", args->format, "Output format: chrome")->capture_default_str();
-  app->add_option("--out", args->out, "Output file (.json)")->required();
+  app->add_option("--format", args->format, "Output format: chrome or sqlite")->capture_default_str();
+  app->add_option("--out", args->out, "Output file (.json, or .db for sqlite)")->required();
   app->add_flag("--json", args->json, "Print one JSON object");
   return {app, [args]() { return run_export(*args); }};
 }

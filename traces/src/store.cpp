@@ -1,22 +1,29 @@
 // The SQLite trace store: schema, the buffered writer, the read-only reader and merge_traces().
 //
-// Layout, and why:
+// Schema version 2. Layout, and why:
 // - blocks: the spans, packed (span_block.hpp) per (rank, stream) in runs of at most
-//   kBlockSpans sorted by start, with each block's count, first start, last end and longest span.
-//   load_all() and spans_in_window() read these: decoding bytes costs a fraction of stepping
+//   kBlockSpans sorted by start, with each block's count, first start, last end, longest span and
+//   the smallest and largest communicator id among its spans (NULL when none has one). load_all(),
+//   spans_in_window() and collectives_of() read these: decoding bytes costs a fraction of stepping
 //   SQLite once per span and reading 15 columns. blocks_by_stream (rank, stream, min_start_ns,
-//   max_end_ns) finds the blocks that meet a time window without touching the packed bytes.
+//   max_end_ns) finds the blocks that meet a time window without touching the packed bytes; the
+//   packed bytes are the last column so that the others are read without the overflow pages.
 // - steps: per (rank, step) aggregates, kept up to date by the writer at every flush.
+// - counters, strings, meta, ranks, streams, communicators: one row each, as named.
 // - A flush writes blocks and steps in one transaction; blocks are never modified afterwards, so
 //   a reader of a file still being written sees whole batches only. Among equal starts, spans
 //   keep the order they were added.
-// - spans: one row per span with every attribute as a column, for SQL users and the
-//   per-communicator and per-step indexes. close() fills it from the blocks, with the indexes:
-//   16 columns per span through SQLite is the writer's biggest cost, and a running program should
-//   not pay it per batch. A file whose writer never closed has blocks but no spans rows; the
-//   reader answers everything from the blocks then.
+// - spans (optional, only in files written with sql_spans, e.g. by `orrery export --format
+//   sqlite`): one row per span with every attribute as a column, indexed by (comm, seq) and
+//   (step, rank), for people who query traces in SQL. Schema version 1 wrote it into every file at
+//   close(); filling it costs about 1.3 us of CPU per span, five times what recording the span
+//   costs, and no Orrery reader needs it, so version 2 writes it on request only. Meta key
+//   'sql_spans' says whether a file has it.
+// - Tables the store does not own (the profiler's flight_records and rank_status) may be added to
+//   a file by others; merge_traces() copies them.
 // - While writing: WAL journal (readers can read a file being written), synchronous=OFF. close()
-//   builds the secondary indexes, marks the file complete and returns it to a single-file journal.
+//   builds the secondary indexes, marks the file complete and returns it to a single-file journal
+//   (unless a reader still holds it open; it then stays WAL, which readers handle).
 #include <sqlite3.h>
 
 #include <algorithm>
@@ -50,13 +57,9 @@ CREATE TABLE streams(rank INTEGER, stream INTEGER, name TEXT, PRIMARY KEY(rank, 
   WITHOUT ROWID;
 CREATE TABLE strings(id INTEGER PRIMARY KEY, text TEXT NOT NULL);
 CREATE TABLE communicators(id INTEGER PRIMARY KEY, kind TEXT, name TEXT, ranks TEXT);
-CREATE TABLE spans(id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, stream INTEGER NOT NULL,
-                   kind INTEGER, name INTEGER, start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL,
-                   step INTEGER, micro_batch INTEGER, layer INTEGER, bytes INTEGER, flops REAL,
-                   comm INTEGER, peer INTEGER, seq INTEGER, op INTEGER);
 CREATE TABLE blocks(id INTEGER PRIMARY KEY, rank INTEGER, stream INTEGER, chunk INTEGER,
                     count INTEGER, min_start_ns INTEGER, max_end_ns INTEGER, max_dur_ns INTEGER,
-                    packed BLOB);
+                    min_comm INTEGER, max_comm INTEGER, packed BLOB);
 CREATE INDEX blocks_by_stream ON blocks(rank, stream, min_start_ns, max_end_ns, count);
 CREATE TABLE steps(rank INTEGER, step INTEGER, start_ns INTEGER, end_ns INTEGER,
                    compute_ns INTEGER, collective_ns INTEGER, span_count INTEGER,
@@ -68,10 +71,24 @@ CREATE TABLE counters(rank INTEGER, name INTEGER, ts_ns INTEGER, value REAL);
 // them up to date under millions of inserts. A reader of an unclosed file works without them.
 // Window queries need none: blocks_by_stream is kept from the start, it is small.
 constexpr const char* kIndexSql = R"sql(
-CREATE INDEX IF NOT EXISTS spans_by_comm_seq ON spans(comm, seq) WHERE comm >= 0;
-CREATE INDEX IF NOT EXISTS spans_by_step ON spans(step, rank) WHERE step >= 0;
 CREATE INDEX IF NOT EXISTS counters_by_rank ON counters(rank, name, ts_ns);
 )sql";
+
+// The optional per-span SQL table (files written with sql_spans), filled and indexed by close().
+constexpr const char* kSqlSpansTable = R"sql(
+CREATE TABLE spans(id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, stream INTEGER NOT NULL,
+                   kind INTEGER, name INTEGER, start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL,
+                   step INTEGER, micro_batch INTEGER, layer INTEGER, bytes INTEGER, flops REAL,
+                   comm INTEGER, peer INTEGER, seq INTEGER, op INTEGER);
+)sql";
+constexpr const char* kSqlSpansIndexSql = R"sql(
+CREATE INDEX IF NOT EXISTS spans_by_comm_seq ON spans(comm, seq) WHERE comm >= 0;
+CREATE INDEX IF NOT EXISTS spans_by_step ON spans(step, rank) WHERE step >= 0;
+)sql";
+
+// The tables every Orrery trace of this schema version has (the reader checks them).
+constexpr const char* kOrreryTables[] = {"meta",   "strings",       "ranks",    "streams",
+                                         "communicators", "counters", "blocks", "steps"};
 
 constexpr const char* kSpanColumns =
     "rank, stream, kind, name, start_ns, end_ns, step, micro_batch, layer, bytes, flops, comm, "
@@ -106,27 +123,6 @@ std::string column_text(sqlite3_stmt* st, int i) {
   return p ? std::string(reinterpret_cast<const char*>(p),
                          static_cast<size_t>(sqlite3_column_bytes(st, i)))
            : std::string();
-}
-
-Span read_span(sqlite3_stmt* st) {
-  // Column order is kSpanColumns.
-  Span s;
-  s.rank = static_cast<int32_t>(sqlite3_column_int64(st, 0));
-  s.stream = static_cast<int32_t>(sqlite3_column_int64(st, 1));
-  s.kind = static_cast<SpanKind>(sqlite3_column_int64(st, 2));
-  s.name = static_cast<NameId>(sqlite3_column_int64(st, 3));
-  s.start_ns = sqlite3_column_int64(st, 4);
-  s.end_ns = sqlite3_column_int64(st, 5);
-  s.step = static_cast<int32_t>(sqlite3_column_int64(st, 6));
-  s.micro_batch = static_cast<int32_t>(sqlite3_column_int64(st, 7));
-  s.layer = static_cast<int32_t>(sqlite3_column_int64(st, 8));
-  s.bytes = sqlite3_column_int64(st, 9);
-  s.flops = sqlite3_column_double(st, 10);
-  s.comm = static_cast<int32_t>(sqlite3_column_int64(st, 11));
-  s.peer = static_cast<int32_t>(sqlite3_column_int64(st, 12));
-  s.seq = sqlite3_column_int64(st, 13);
-  s.op = static_cast<CollOp>(sqlite3_column_int64(st, 14));
-  return s;
 }
 
 using StreamKey = std::pair<int32_t, int32_t>;  // (rank, stream)
@@ -175,6 +171,11 @@ bool is_input_corruption(int rc) {
 Stmt rprep(sqlite3* db, const std::string& path, const char* sql) {
   sqlite3_stmt* st = nullptr;
   const int rc = sqlite3_prepare_v2(db, sql, -1, &st, nullptr);
+  // Our queries are fixed and tested, so a prepare that fails is the file's schema: damaged
+  // ("malformed database schema", "unsupported file format") or a table lacking our columns.
+  if ((rc & 0xff) == SQLITE_ERROR) {
+    throw InputError(path + ": not a readable Orrery trace (" + sqlite3_errmsg(db) + ")");
+  }
   if (rc != SQLITE_OK) rfail(db, path, rc, std::string("prepare ") + sql);
   return Stmt(st);
 }
@@ -255,7 +256,7 @@ struct StepAgg {
 }  // namespace
 
 struct TraceWriter::Impl {
-  Stmt insert_many, insert_one, insert_string, insert_counter, insert_block, upsert_step;
+  Stmt insert_string, insert_counter, insert_block, upsert_step;
   int64_t next_chunk = 0;
   // Per (rank, step), over everything written so far; rewritten when a flush changed them.
   std::map<std::pair<int32_t, int32_t>, StepAgg> steps;
@@ -265,8 +266,8 @@ struct TraceWriter::Impl {
   std::string packed;
 };
 
-TraceWriter::TraceWriter(const std::string& path, size_t batch_spans)
-    : path_(path), batch_spans_(std::max<size_t>(batch_spans, 1)) {
+TraceWriter::TraceWriter(const std::string& path, size_t batch_spans, bool sql_spans)
+    : path_(path), batch_spans_(std::max<size_t>(batch_spans, 1)), sql_spans_(sql_spans) {
   std::error_code ec;
   for (const char* suffix : {"", "-wal", "-shm", "-journal"}) fs::remove(path + suffix, ec);
   const int rc = sqlite3_open_v2(path.c_str(), &db_,
@@ -295,14 +296,13 @@ TraceWriter::TraceWriter(const std::string& path, size_t batch_spans)
     exec_or_throw(db_, meta.c_str(), path_);
     exec_or_throw(db_, "COMMIT", path_);
     impl_ = std::make_unique<Impl>();
-    impl_->insert_many = wprep(db_, path_, span_insert_sql(kInsertRows).c_str());
-    impl_->insert_one = wprep(db_, path_, span_insert_sql(1).c_str());
     impl_->insert_string = wprep(db_, path_, "INSERT INTO strings(id, text) VALUES(?,?)");
     impl_->insert_counter =
         wprep(db_, path_, "INSERT INTO counters(rank, name, ts_ns, value) VALUES(?,?,?,?)");
     impl_->insert_block = wprep(db_, path_,
                                 "INSERT INTO blocks(rank, stream, chunk, count, min_start_ns, "
-                                "max_end_ns, max_dur_ns, packed) VALUES(?,?,?,?,?,?,?,?)");
+                                "max_end_ns, max_dur_ns, min_comm, max_comm, packed) "
+                                "VALUES(?,?,?,?,?,?,?,?,?,?)");
     impl_->upsert_step = wprep(db_, path_, "INSERT OR REPLACE INTO steps VALUES(?,?,?,?,?,?,?)");
   } catch (...) {
     impl_.reset();
@@ -494,12 +494,17 @@ void TraceWriter::flush_locked() {
         const size_t n = std::min(detail::kBlockSpans, g.size() - b);
         im.block.clear();
         int64_t max_end = std::numeric_limits<int64_t>::min(), max_dur = 0;
+        int32_t min_comm = std::numeric_limits<int32_t>::max(), max_comm = -1;
         for (size_t j = b; j < b + n; ++j) {
           const Span& s = span_buf_[g[j]];
           im.block.push_back(s);
           // A malformed span ending before it starts still has to be found by its start.
           max_end = std::max(max_end, std::max(s.end_ns, s.start_ns));
           max_dur = std::max(max_dur, s.end_ns - s.start_ns);
+          if (s.comm >= 0) {
+            min_comm = std::min(min_comm, s.comm);
+            max_comm = std::max(max_comm, s.comm);
+          }
         }
         im.packed.clear();
         detail::encode_block(im.block.data(), n, im.packed);
@@ -510,7 +515,14 @@ void TraceWriter::flush_locked() {
         sqlite3_bind_int64(block_st, 5, im.block.front().start_ns);
         sqlite3_bind_int64(block_st, 6, max_end);
         sqlite3_bind_int64(block_st, 7, max_dur);
-        sqlite3_bind_blob(block_st, 8, im.packed.data(), static_cast<int>(im.packed.size()),
+        if (max_comm >= 0) {
+          sqlite3_bind_int64(block_st, 8, min_comm);
+          sqlite3_bind_int64(block_st, 9, max_comm);
+        } else {
+          sqlite3_bind_null(block_st, 8);
+          sqlite3_bind_null(block_st, 9);
+        }
+        sqlite3_bind_blob(block_st, 10, im.packed.data(), static_cast<int>(im.packed.size()),
                           SQLITE_STATIC);
         if (sqlite3_step(block_st) != SQLITE_DONE) writer_fail(path_, db_, "insert block");
         sqlite3_reset(block_st);
@@ -554,7 +566,12 @@ void TraceWriter::close() {
   if (closed_ || !db_) return;
   flush_locked();
   exec_or_throw(db_, "BEGIN", path_);
-  fill_spans_table();
+  if (sql_spans_) {
+    exec_or_throw(db_, kSqlSpansTable, path_);
+    fill_spans_table();
+    exec_or_throw(db_, kSqlSpansIndexSql, path_);
+    exec_or_throw(db_, "INSERT OR REPLACE INTO meta(key, value) VALUES('sql_spans', 1)", path_);
+  }
   exec_or_throw(db_, kIndexSql, path_);
   exec_or_throw(db_, "INSERT OR REPLACE INTO meta(key, value) VALUES('complete', 1)", path_);
   exec_or_throw(db_, "COMMIT", path_);
@@ -571,12 +588,13 @@ void TraceWriter::fill_spans_table() {
   // One row per span, from the blocks, in block order (id is a row number, not an arrival
   // number). Done once here rather than per batch: stepping SQLite for 16 columns per span costs
   // more than everything else the writer does, and a running program should not pay it.
-  auto& im = *impl_;
+  Stmt insert_many = wprep(db_, path_, span_insert_sql(kInsertRows).c_str());
+  Stmt insert_one = wprep(db_, path_, span_insert_sql(1).c_str());
   Stmt blocks = wprep(db_, path_, "SELECT id, rank, stream, count, packed FROM blocks ORDER BY id");
   std::vector<Span> spans;
   int64_t next_id = 0;
-  sqlite3_stmt* many = im.insert_many.get();
-  sqlite3_stmt* one = im.insert_one.get();
+  sqlite3_stmt* many = insert_many.get();
+  sqlite3_stmt* one = insert_one.get();
   for (;;) {
     const int rc = sqlite3_step(blocks.get());
     if (rc == SQLITE_DONE) break;
@@ -604,8 +622,8 @@ void TraceWriter::fill_spans_table() {
   }
 }
 
-void write_trace(const Trace& t, const std::string& path) {
-  TraceWriter w(path, 1 << 18);
+void write_trace(const Trace& t, const std::string& path, bool sql_spans) {
+  TraceWriter w(path, 1 << 18, sql_spans);
   w.set_meta(t.meta);
   for (const auto& r : t.ranks) w.add_rank(r);
   for (const auto& s : t.streams) w.add_stream(s);
@@ -726,11 +744,13 @@ TraceReader::TraceReader(const std::string& path) : path_(path) {
     }
     bool has_tables = false;
     {
-      auto st = rprep(
-          db_, path_,
-          "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN "
-          "('meta','spans','strings','ranks','streams','communicators','counters','blocks','steps')");
-      if (rstep(db_, path_, st)) has_tables = sqlite3_column_int64(st.get(), 0) == 9;
+      std::string sql = "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN (";
+      for (const char* name : kOrreryTables) sql += std::string(sql.back() == '(' ? "'" : ",'") + name + "'";
+      sql += ")";
+      auto st = rprep(db_, path_, sql.c_str());
+      if (rstep(db_, path_, st)) {
+        has_tables = sqlite3_column_int64(st.get(), 0) == static_cast<int64_t>(std::size(kOrreryTables));
+      }
     }
     if (version == 0 && !has_tables) {
       throw InputError(path + ": not an Orrery trace (no Orrery tables in this SQLite file)");
@@ -963,20 +983,14 @@ std::vector<Span> TraceReader::spans_in_window(int32_t rank, int32_t stream, int
 std::vector<Span> TraceReader::collectives_of(int32_t comm) const {
   std::vector<Span> out;
   if (comm < 0) return out;
-  if (complete()) {
-    // A closed file: the spans table and its (comm, seq) index.
-    std::lock_guard lock(mu_);
-    const std::string sql = std::string("SELECT ") + kSpanColumns +
-                            " FROM spans WHERE comm=?1 AND comm>=0 ORDER BY seq, rank, start_ns, id";
-    auto st = rprep(db_, path_, sql.c_str());
-    sqlite3_bind_int64(st.get(), 1, comm);
-    while (rstep(db_, path_, st)) out.push_back(read_span(st.get()));
-    return out;
-  }
-  // A file whose writer did not close it has no spans rows yet: filter the blocks.
   {
+    // Only the blocks whose communicator range holds `comm` are read and decoded; in a run that
+    // keeps collectives on their own streams, that is those streams' blocks.
     std::lock_guard lock(mu_);
-    auto st = rprep(db_, path_, "SELECT id, rank, stream, count, packed FROM blocks ORDER BY id");
+    auto st = rprep(db_, path_,
+                    "SELECT id, rank, stream, count, packed FROM blocks "
+                    "WHERE min_comm<=?1 AND max_comm>=?1 ORDER BY id");
+    sqlite3_bind_int64(st.get(), 1, comm);
     std::vector<Span> block;
     while (rstep(db_, path_, st)) {
       const auto n = static_cast<size_t>(std::max<int64_t>(0, sqlite3_column_int64(st.get(), 3)));
@@ -994,6 +1008,7 @@ std::vector<Span> TraceReader::collectives_of(int32_t comm) const {
       }
     }
   }
+  // Blocks come in arrival order, so among equal (seq, rank, start) the arrival order stays.
   std::stable_sort(out.begin(), out.end(), [](const Span& a, const Span& b) {
     return std::tie(a.seq, a.rank, a.start_ns) < std::tie(b.seq, b.rank, b.start_ns);
   });
@@ -1179,7 +1194,122 @@ Trace TraceReader::load_all(unsigned threads) const {
 Trace load_trace(const std::string& path) { return TraceReader(path).load_all(); }
 
 // ---------------------------------------------------------------------------------------------
-// Merge
+// Merge and SQL export
+
+namespace {
+
+// A URI filename for `path` (SQLite's rules: '?', '#' and '%' escaped), with `query` appended.
+std::string sqlite_uri(const std::string& path, const std::string& query) {
+  std::string uri = "file:";
+  for (const char c : path) {
+    if (c == '?' || c == '#' || c == '%') {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", static_cast<unsigned char>(c));
+      uri += buf;
+    } else {
+      uri += c;
+    }
+  }
+  return uri + "?" + query;
+}
+
+std::string quoted_name(const std::string& name) {
+  std::string q = "\"";
+  for (const char c : name) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+bool is_store_table(const std::string& name) {
+  if (name == "spans" || name.rfind("sqlite_", 0) == 0) return true;
+  for (const char* t : kOrreryTables) {
+    if (name == t) return true;
+  }
+  return false;
+}
+
+// Appends the rows of every table of `inputs` that the store does not own (the profiler's
+// flight_records, rank_status) to the same table of `output`, creating it from the first input's
+// definition. Each input is attached read-only.
+void copy_foreign_tables(const std::vector<std::string>& inputs, const std::string& output) {
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(output.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_URI, nullptr);
+  DbCloser closer{db};
+  if (rc != SQLITE_OK) writer_fail(output, db, "open to copy tables");
+  sqlite3_busy_timeout(db, 5000);
+  for (const auto& in : inputs) {
+    {
+      Stmt attach = wprep(db, output, "ATTACH DATABASE ?1 AS src");
+      const std::string uri = sqlite_uri(in, "mode=ro");
+      sqlite3_bind_text(attach.get(), 1, uri.c_str(), -1, SQLITE_TRANSIENT);
+      if (sqlite3_step(attach.get()) != SQLITE_DONE) {
+        throw InputError(in + ": cannot read trace (" + sqlite3_errmsg(db) + ")");
+      }
+    }
+    std::vector<std::pair<std::string, std::string>> tables;  // (name, CREATE statement)
+    std::string error;
+    {
+      Stmt list = wprep(db, output,
+                        "SELECT name, sql FROM src.sqlite_master WHERE type='table' ORDER BY name");
+      while ((rc = sqlite3_step(list.get())) == SQLITE_ROW) {
+        std::string name = column_text(list.get(), 0);
+        if (!is_store_table(name)) tables.emplace_back(std::move(name), column_text(list.get(), 1));
+      }
+      if (rc != SQLITE_DONE) error = sqlite3_errmsg(db);
+    }
+    if (error.empty() && !tables.empty()) {
+      std::string sql = "BEGIN;";
+      for (const auto& [name, create] : tables) {
+        Stmt has = wprep(db, output, "SELECT 1 FROM main.sqlite_master WHERE type='table' AND name=?1");
+        sqlite3_bind_text(has.get(), 1, name.c_str(), -1, SQLITE_TRANSIENT);
+        // The CREATE statement as SQLite stored it names no schema, so it creates in main.
+        if (sqlite3_step(has.get()) != SQLITE_ROW) sql += create + ";";
+        sql += "INSERT OR REPLACE INTO main." + quoted_name(name) + " SELECT * FROM src." +
+               quoted_name(name) + ";";
+      }
+      sql += "COMMIT;";
+      char* err = nullptr;
+      if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+        error = err ? err : "unknown error";
+        sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+      }
+      sqlite3_free(err);
+    }
+    sqlite3_exec(db, "DETACH DATABASE src", nullptr, nullptr, nullptr);
+    if (!error.empty()) {
+      throw InputError(in + ": cannot copy its tables into " + output + " (" + error + ")");
+    }
+  }
+}
+
+// Writes `t` (plus the foreign tables of `sources`) beside `output` and renames it, so a failure
+// leaves no file that looks whole.
+void write_whole(const Trace& t, const std::vector<std::string>& sources, const std::string& output,
+                 bool sql_spans) {
+  const std::string tmp = output + ".partial";
+  try {
+    write_trace(t, tmp, sql_spans);
+    copy_foreign_tables(sources, tmp);
+  } catch (...) {
+    std::error_code ec;
+    for (const char* suffix : {"", "-wal", "-shm", "-journal"}) fs::remove(tmp + suffix, ec);
+    throw;
+  }
+  std::error_code ec;
+  for (const char* suffix : {"-wal", "-shm", "-journal"}) fs::remove(output + suffix, ec);
+  fs::rename(tmp, output, ec);
+  if (ec) throw InputError(output + ": cannot write trace (" + ec.message() + ")");
+}
+
+}  // namespace
+
+void export_sqlite(const std::string& input, const std::string& output) {
+  std::error_code ec;
+  if (fs::weakly_canonical(input, ec) == fs::weakly_canonical(output, ec)) {
+    throw InputError(output + ": export output is also its input");
+  }
+  const Trace t = TraceReader(input).load_all();
+  write_whole(t, {input}, output, true);
+}
 
 void merge_traces(const std::vector<std::string>& inputs, const std::string& output) {
   if (inputs.empty()) throw InputError(output + ": merge needs at least one input trace");
@@ -1242,19 +1372,7 @@ void merge_traces(const std::vector<std::string>& inputs, const std::string& out
   if (!incomplete.empty()) extra["incomplete_inputs"] = incomplete;
   out.meta.extra_json = extra.dump();
 
-  // Write next to the output and rename, so a failed merge leaves no file that looks whole.
-  const std::string tmp = output + ".partial";
-  try {
-    write_trace(out, tmp);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw;
-  }
-  std::error_code ec;
-  for (const char* suffix : {"-wal", "-shm", "-journal"}) fs::remove(output + suffix, ec);
-  fs::rename(tmp, output, ec);
-  if (ec) throw InputError(output + ": cannot write merged trace (" + ec.message() + ")");
+  write_whole(out, inputs, output, false);
 }
 
 }  // namespace orrery::traces

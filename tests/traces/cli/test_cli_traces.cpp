@@ -99,6 +99,21 @@ TEST(CliExport, ChromeJsonHasEveryEvent) {
   EXPECT_EQ(c, 40u);
 }
 
+TEST(CliExport, SqliteCopyHasTheSpansTable) {
+  testing::TempDir dir;
+  const auto path = dir.path("t.db");
+  write_trace(testing::make_trace(2, 50), path);
+  const auto out = dir.path("sql.db");
+  const Result r = run("export " + path + " --format sqlite --out " + out + " --json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["spans"], 200);
+  EXPECT_EQ(j["counters"], 40);
+  // The copy reads as the same trace (its SQL table is checked in test_store_sql.cpp).
+  EXPECT_EQ(TraceReader(out).span_count(), 200);
+  EXPECT_EQ(load_trace(out).spans.size(), 200u);
+}
+
 TEST(CliExport, UnknownFormatIsAnInputError) {
   testing::TempDir dir;
   const auto path = dir.path("t.db");

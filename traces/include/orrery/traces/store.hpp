@@ -19,16 +19,20 @@ struct sqlite3_stmt;
 
 namespace orrery::traces {
 
-inline constexpr int kSchemaVersion = 1;
+// 2: the per-span SQL table `spans` is optional (written on request, see store.cpp); blocks carry
+// their spans' communicator range.
+inline constexpr int kSchemaVersion = 2;
 
 // Buffered writer. Spans and counters are appended to an in-memory batch and flushed in one
 // transaction when the batch fills, on flush(), and on close(). All methods are safe to call from
-// several threads of one process. What is flushed is visible to readers at once; close() also
-// fills the per-span SQL table and the indexes (see store.cpp), which takes about as long again.
+// several threads of one process. What is flushed is visible to readers at once; close() builds
+// the indexes and, with `sql_spans`, fills the per-span SQL table `spans` (one row per span, every
+// attribute a column, for SQL users; about five times the CPU the rest of the writer costs).
 class TraceWriter {
  public:
   // Creates (truncates) `path`. Throws InputError if the file cannot be created.
-  explicit TraceWriter(const std::string& path, size_t batch_spans = 65536);
+  explicit TraceWriter(const std::string& path, size_t batch_spans = 65536,
+                       bool sql_spans = false);
   ~TraceWriter();  // close()s, swallowing errors
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
@@ -42,8 +46,8 @@ class TraceWriter {
   void add_spans(const std::vector<Span>& spans);
   void add_counter(const CounterSample& c);
   void flush();
-  // Flushes, fills the per-span SQL table, builds the indexes and marks the file complete.
-  // Idempotent.
+  // Flushes, fills the per-span SQL table (with sql_spans), builds the indexes and marks the
+  // file complete. Idempotent.
   void close();
   const std::string& path() const { return path_; }
 
@@ -53,6 +57,7 @@ class TraceWriter {
   struct Impl;  // prepared statements and per-stream bounds, private to store.cpp
   std::string path_;
   size_t batch_spans_;
+  bool sql_spans_ = false;
   std::mutex mu_;
   sqlite3* db_ = nullptr;
   StringTable strings_;
@@ -63,11 +68,17 @@ class TraceWriter {
   std::unique_ptr<Impl> impl_;
 };
 
-// Writes a whole in-memory trace to `path` (used by synth, sim, import, merge).
-void write_trace(const Trace& t, const std::string& path);
+// Writes a whole in-memory trace to `path` (used by synth, sim, import, merge); with `sql_spans`
+// the file also gets the per-span SQL table.
+void write_trace(const Trace& t, const std::string& path, bool sql_spans = false);
+
+// `orrery export --format sqlite`: a copy of the trace at `input` written to `output` with the
+// per-span SQL table `spans` and its indexes, for SQL users. Written beside `output` and renamed
+// when whole. Throws InputError on an unreadable input or an unwritable output.
+void export_sqlite(const std::string& input, const std::string& output);
 
 // Read-only access. Open throws InputError naming the file and the problem: missing, not SQLite,
-// corrupt, another schema version ("schema version 7, expected 1"), no Orrery tables.
+// corrupt, another schema version ("schema version 7, expected 2"), no Orrery tables.
 class TraceReader {
  public:
   explicit TraceReader(const std::string& path);
@@ -140,7 +151,10 @@ Trace load_trace(const std::string& path);
 
 // Merges per-rank trace files into one. Metadata, ranks and communicators are united (by id);
 // string tables are remapped. Inputs that are incomplete are still merged (and the output says so
-// in meta.extra_json). Throws InputError on unreadable inputs.
+// in meta.extra_json). Tables of the inputs that are not the store's own (the profiler's
+// flight_records and rank_status) are copied into the output: rows appended, in input order
+// (INSERT OR REPLACE: a table with a primary key keeps the last input's row). Throws InputError on
+// unreadable inputs.
 void merge_traces(const std::vector<std::string>& inputs, const std::string& output);
 
 }  // namespace orrery::traces
