@@ -293,6 +293,31 @@ TEST(Metrics, StragglerIsTheRankLateInMostCollectives) {
   EXPECT_EQ(compute_metrics(b.t, strict).stragglers, (std::vector<int32_t>{2, 3}));
 }
 
+TEST(Metrics, RankLateOftenButEarlyOnTheWholeIsNoStraggler) {
+  // Two ranks: the median is their midpoint, so each one's lateness mirrors the other's. Rank 0
+  // starts 300 us after rank 1 in collectives 0-5 (late by 150 us > the 100 us threshold, in 6 of
+  // 10) and 2 ms before it in 6-9 (early by 1 ms): mean (6 * 150 us - 4 * 1 ms) / 10 = -310 us.
+  Builder b(2);
+  const int64_t gap = 10'000'000;
+  for (int c = 0; c < 10; ++c) {
+    const int64_t t0 = c * gap + 3'000'000;
+    const int64_t start0 = c < 6 ? t0 + 300'000 : t0 - 2'000'000;
+    b.coll(0, start0, t0 + 4'000'000, CollOp::AllReduce, 0, c, 1024);
+    b.coll(1, t0, t0 + 4'000'000, CollOp::AllReduce, 0, c, 1024);
+  }
+  const Metrics m = compute_metrics(b.t);
+  EXPECT_EQ(m.ranks[0].collectives_checked, 10);
+  EXPECT_EQ(m.ranks[0].collectives_late, 6);
+  EXPECT_EQ(m.ranks[1].collectives_late, 4);
+  EXPECT_DOUBLE_EQ(m.ranks[0].late_ns_mean, -310'000);
+  EXPECT_DOUBLE_EQ(m.ranks[1].late_ns_mean, 310'000);
+  EXPECT_TRUE(m.stragglers.empty());
+  // Late in 4 of 10 with a positive mean: a straggler once the fraction allows it; rank 0 never.
+  MetricsOptions loose;
+  loose.straggler_late_fraction = 0.3;
+  EXPECT_EQ(compute_metrics(b.t, loose).stragglers, std::vector<int32_t>{1});
+}
+
 TEST(Metrics, WindowClipsSpans) {
   Builder b(1);
   b.compute(0, 0, 100).flops = 1000;

@@ -39,7 +39,8 @@
 // rank's lateness in one is its start minus the median start of the group (mean of the two middle
 // values for an even count). A rank is a straggler when it is late by more than
 // straggler_threshold_ns in more than straggler_late_fraction of the grouped collectives it took
-// part in. late_ns_mean is its mean signed lateness.
+// part in and its mean signed lateness (late_ns_mean) is positive: a rank late by a little in most
+// collectives but early by more in the rest does not hold the others back.
 //
 // Memory: counters named "mem.<category>"; peak per counter name, and the peak over time of the
 // sum of the categories' latest values (samples with equal timestamps applied together), or the
