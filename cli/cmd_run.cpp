@@ -99,7 +99,17 @@ int relaunch(const RunArgs& a, const Scenario& s) {
   if (a.no_profile) program.push_back("--no-profile");
   const auto cmd = runtime::mpirun_command(mpirun, runtime::mpirun_options_for(nproc), program);
   const int rc = runtime::run_and_wait(cmd);
-  if (rc != 0) return rc == 2 ? 2 : (rc > 128 ? rc : 1);
+  if (rc != 0) {
+    // Which rank was lost, and the spans recorded before the failure merged into `out`.
+    const runtime::FailedRun f = runtime::salvage_failed_run(out, nproc, rc);
+    if (!f.message.empty()) {
+      const std::string where =
+          f.trace.empty() ? "per-rank traces kept (" + f.merge_error + ")"
+                          : "trace so far: " + f.trace + " (orrery doctor " + f.trace + ")";
+      std::fprintf(stderr, "orrery: %s; %s\n", f.message.c_str(), where.c_str());
+    }
+    return rc == 2 ? 2 : (rc > 128 ? rc : 1);
+  }
   if (!a.json && s.profile.enabled) {
     std::cout << std::flush;
     return runtime::run_and_wait({runtime::self_executable(), "report", out});

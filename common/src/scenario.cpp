@@ -84,6 +84,7 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("faults.wrong_op_rank", Type::Int, faults.wrong_op_rank, int),
       ORRERY_KEY("faults.sleep_rank", Type::Int, faults.sleep_rank, int),
       ORRERY_KEY("faults.sleep_ms", Type::Int, faults.sleep_ms, int),
+      ORRERY_KEY("faults.kill_rank", Type::Int, faults.kill_rank, int),
   };
   return keys;
 }

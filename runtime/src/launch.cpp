@@ -1,4 +1,5 @@
-// Launching a run: mpirun re-launch, and one rank's run with its per-rank trace and the merge.
+// Launching a run: mpirun re-launch, one rank's run with its per-rank trace and the merge, and
+// what is left of a run that failed (salvage_failed_run).
 #include "orrery/runtime/launch.hpp"
 
 #include <signal.h>
@@ -6,11 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "orrery/common/error.hpp"
@@ -45,6 +48,21 @@ int64_t unix_now_ns() {
 volatile sig_atomic_t g_child_pid = 0;
 void forward_signal(int sig) {
   if (g_child_pid > 0) ::kill(g_child_pid, sig);
+}
+
+// A step's spans and this rank's progress on disk: a rank killed without warning keeps every span
+// up to its last completed step (and the periodic flush's, within the step).
+void save_progress(profiler::Recorder& rec, int next_step) {
+  rec.flush();
+  auto& fr = profiler::FlightRecorder::instance();
+  fr.set_status(profiler::RankState::Running, next_step);
+  fr.save();
+}
+
+std::string rank_list_text(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+  return (ranks.size() == 1 ? "rank " : "ranks ") + s;
 }
 
 // Rank 0 chooses the default output path (it holds a timestamp) and tells the others.
@@ -105,6 +123,9 @@ std::vector<std::string> mpirun_command(const std::string& mpirun, const MpirunO
 
 int run_and_wait(const std::vector<std::string>& argv) {
   if (argv.empty()) throw InternalError("run_and_wait: empty command");
+  // When a rank dies, mpirun sends the others SIGTERM and SIGKILL this long after (default 1 s):
+  // time for them to write their buffered spans (a user's own setting wins).
+  ::setenv("OMPI_MCA_odls_base_sigkill_timeout", "5", 0);
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -168,6 +189,7 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
     profiler::FlightRecorder::instance().set_dump_path(rank_file);
   }
   profiler::Recorder rec(writer.get(), world.rank());
+  rec.start_periodic_flush(std::chrono::milliseconds(500));  // bounds what a SIGKILL loses
   profiler::Recorder::set_current(&rec);
   world.set_recorder(&rec);
   struct Detach {
@@ -205,6 +227,7 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
                       ", \"micro_batches\": " + std::to_string(trainer.micro_batches()) +
                       ", \"ddp_buckets\": " + std::to_string(trainer.ddp().buckets().size()) +
                       ", \"params\": " + std::to_string(result.params) + "}";
+    std::unique_lock file(profiler::trace_file_mutex());  // the flight recorder writes too
     writer->set_meta(meta);
     traces::RankInfo ri;
     ri.rank = world.rank();
@@ -214,14 +237,19 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
     ri.tp = lay.tp_rank;
     ri.pp = lay.pp_rank;
     writer->add_rank(ri);
+    file.unlock();
     rec.add_stream(profiler::kComputeStream, "compute");
     rec.add_stream(profiler::kCommStream, "comm");
   }
 
   trainer.prepare();
+  save_progress(rec, 0);
   for (int i = 0; i < s.training.steps; ++i) {
+    // Test-only rank death (faults.kill_rank): no warning and no flush, like a crash or an OOM kill.
+    if (i == s.faults.step && world.rank() == s.faults.kill_rank) ::raise(SIGKILL);
     StepResult r = trainer.step();
     result.steps.push_back(r);
+    save_progress(rec, i + 1);
     if (opt.on_step) opt.on_step(r);
   }
 
@@ -269,6 +297,76 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
     result.trace_path = out;
   }
   return result;
+}
+
+FailedRun salvage_failed_run(const std::string& out, int nproc, int exit_status) {
+  FailedRun f;
+  std::vector<std::string> files;
+  std::vector<int> lost, stopped;
+  std::vector<std::string> failed;  // "rank 0 failed (exit 1)"
+  int lost_step = -1, latest_step = -1;
+  for (int r = 0; r < nproc; ++r) {
+    const std::string path = rank_trace_path(out, r);
+    std::optional<profiler::RankStatus> st;
+    if (fs::exists(path)) {
+      files.push_back(path);
+      try {
+        for (const auto& row : profiler::read_rank_status(path)) {
+          if (row.rank == r) st = row;
+        }
+      } catch (const std::exception&) {
+        // An unreadable status reads as a rank that said nothing: lost.
+      }
+    }
+    if (st) latest_step = std::max(latest_step, st->step);
+    if (!st || st->state == profiler::RankState::Running) {
+      lost.push_back(r);
+      if (st && st->step >= 0 && (lost_step < 0 || st->step < lost_step)) lost_step = st->step;
+    } else if (st->state == profiler::RankState::Failed) {
+      failed.push_back("rank " + std::to_string(r) + " failed (" + st->detail + ")");
+    } else {
+      stopped.push_back(r);
+    }
+  }
+  // The step the run was in: the lost rank's (its last saved progress), else the latest.
+  const int step = lost_step >= 0 ? lost_step : latest_step;
+  if (files.empty()) return f;  // nothing was recorded (bad input, or --no-profile)
+
+  std::vector<std::string> parts;
+  if (!lost.empty()) {
+    std::string how = exit_status > 128 ? "killed by signal " + std::to_string(exit_status - 128)
+                                        : "ended without saying why";
+    parts.push_back(rank_list_text(lost) + (lost.size() == 1 ? " was" : " were") + " lost (" +
+                    how + ")" + (step >= 0 ? " during step " + std::to_string(step) : " in set-up"));
+  } else {
+    parts.push_back("the run failed" +
+                    (step >= 0 ? " during step " + std::to_string(step) : std::string(" in set-up")));
+  }
+  for (const auto& x : failed) parts.push_back(x);
+  if (!stopped.empty()) parts.push_back(rank_list_text(stopped) + " stopped");
+  for (size_t i = 0; i < parts.size(); ++i) f.message += (i ? "; " : "") + parts[i];
+  f.lost_ranks = lost;
+
+  // The remains, merged as a finished run's are, with the failure's account in the metadata.
+  try {
+    std::error_code ec;
+    fs::remove(out, ec);
+    traces::merge_traces(files, out);
+    std::vector<int32_t> lost32(lost.begin(), lost.end());
+    profiler::copy_failure_tables(files, out);
+    profiler::mark_trace_failed(out, lost32, f.message);
+    for (const auto& file : files) {
+      fs::remove(file, ec);
+      fs::remove(file + "-wal", ec);
+      fs::remove(file + "-shm", ec);
+    }
+    f.trace = out;
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    fs::remove(out, ec);  // no half-merged file that looks whole; the per-rank files stay
+    f.merge_error = e.what();
+  }
+  return f;
 }
 
 }  // namespace orrery::runtime

@@ -1,6 +1,9 @@
 // The flight recorder's ring buffer, its periodic writer and the watchdog dump (see
-// flight_recorder.hpp for why records are written both periodically and on the failure path).
+// flight_recorder.hpp for why records are written both periodically and on the failure path), the
+// rank's status row, and the failure tables' copy into a merged trace.
 #include "orrery/profiler/flight_recorder.hpp"
+
+#include "orrery/profiler/recorder.hpp"
 
 #include <sqlite3.h>
 
@@ -64,6 +67,22 @@ std::vector<FlightRecord> FlightRecorder::snapshot() const {
   return out;
 }
 
+void FlightRecorder::set_status(RankState state, int32_t step, const std::string& detail) {
+  std::lock_guard lock(mu_);
+  if (status_.state != RankState::Running) return;  // stopped/failed is final
+  status_.state = state;
+  status_.step = step;
+  status_.detail = detail;
+  version_.fetch_add(1, std::memory_order_relaxed);
+}
+
+RankStatus FlightRecorder::status() const {
+  std::lock_guard lock(mu_);
+  RankStatus s = status_;
+  s.rank = rank_.load(std::memory_order_relaxed);
+  return s;
+}
+
 void FlightRecorder::set_dump_path(const std::string& trace_path) {
   if (flusher_.joinable()) {
     {
@@ -93,7 +112,9 @@ void FlightRecorder::write_now() {  // io_mu_ held
   if (path_.empty()) return;
   const uint64_t v = version_.load(std::memory_order_relaxed);
   try {
+    std::lock_guard file(trace_file_mutex());  // the TraceWriter fails on a busy file
     write_flight_records(path_, rank_.load(), snapshot());
+    write_rank_status(path_, status());
     written_version_ = v;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "orrery: flight recorder: %s\n", e.what());
@@ -119,27 +140,52 @@ void check(int rc, sqlite3* db, const std::string& path) {
     throw std::runtime_error(path + ": " + (db ? sqlite3_errmsg(db) : sqlite3_errstr(rc)));
   }
 }
+
+// A connection to a trace file, closed on scope exit.
+struct Db {
+  sqlite3* db = nullptr;
+  Db(const std::string& path, int flags) {
+    const int rc = sqlite3_open_v2(path.c_str(), &db, flags, nullptr);
+    if (rc != SQLITE_OK) {
+      const std::string msg = path + ": " + (db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+      sqlite3_close(db);
+      throw std::runtime_error(msg);
+    }
+    sqlite3_busy_timeout(db, 2000);
+  }
+  ~Db() { sqlite3_close(db); }
+  Db(const Db&) = delete;
+  Db& operator=(const Db&) = delete;
+};
+
+constexpr const char* kCreateFlightRecords =
+    "CREATE TABLE IF NOT EXISTS flight_records (rank INTEGER, comm INTEGER, seq INTEGER, op "
+    "INTEGER, bytes INTEGER, dtype INTEGER, peer INTEGER, step INTEGER, state INTEGER, "
+    "scheduled_ns INTEGER, started_ns INTEGER, completed_ns INTEGER);";
+constexpr const char* kCreateRankStatus =
+    "CREATE TABLE IF NOT EXISTS rank_status (rank INTEGER PRIMARY KEY, state INTEGER, step "
+    "INTEGER, detail TEXT);";
+
+bool has_table(sqlite3* db, const char* schema, const char* table) {
+  const std::string sql = std::string("SELECT 1 FROM ") + schema +
+                          ".sqlite_master WHERE type='table' AND name=?";
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) != SQLITE_OK) return false;
+  sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
+  const bool found = sqlite3_step(st) == SQLITE_ROW;
+  sqlite3_finalize(st);
+  return found;
+}
+
 }  // namespace
 
 void write_flight_records(const std::string& trace_path, int32_t rank,
                           const std::vector<FlightRecord>& records) {
-  sqlite3* db = nullptr;
-  int rc = sqlite3_open_v2(trace_path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
-                           nullptr);
-  struct Close {
-    sqlite3* d;
-    ~Close() { sqlite3_close(d); }
-  } closer{db};
-  check(rc, db, trace_path);
-  sqlite3_busy_timeout(db, 2000);
-  check(sqlite3_exec(db,
-                     "CREATE TABLE IF NOT EXISTS flight_records (rank INTEGER, comm INTEGER, seq "
-                     "INTEGER, op INTEGER, bytes INTEGER, dtype INTEGER, peer INTEGER, step "
-                     "INTEGER, state INTEGER, scheduled_ns INTEGER, started_ns INTEGER, "
-                     "completed_ns INTEGER);"
-                     "BEGIN IMMEDIATE;",
-                     nullptr, nullptr, nullptr),
-        db, trace_path);
+  Db conn(trace_path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  sqlite3* db = conn.db;
+  int rc = SQLITE_OK;
+  check(sqlite3_exec(db, kCreateFlightRecords, nullptr, nullptr, nullptr), db, trace_path);
+  check(sqlite3_exec(db, "BEGIN IMMEDIATE;", nullptr, nullptr, nullptr), db, trace_path);
   sqlite3_stmt* del = nullptr;
   check(sqlite3_prepare_v2(db, "DELETE FROM flight_records WHERE rank = ?", -1, &del, nullptr), db,
         trace_path);
@@ -171,6 +217,101 @@ void write_flight_records(const std::string& trace_path, int32_t rank,
   sqlite3_finalize(ins);
   check(rc == SQLITE_DONE || records.empty() ? SQLITE_OK : rc, db, trace_path);
   check(sqlite3_exec(db, "COMMIT;", nullptr, nullptr, nullptr), db, trace_path);
+}
+
+void write_rank_status(const std::string& trace_path, const RankStatus& status) {
+  Db conn(trace_path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  check(sqlite3_exec(conn.db, kCreateRankStatus, nullptr, nullptr, nullptr), conn.db, trace_path);
+  sqlite3_stmt* st = nullptr;
+  check(sqlite3_prepare_v2(conn.db, "INSERT OR REPLACE INTO rank_status VALUES (?,?,?,?)", -1, &st,
+                           nullptr),
+        conn.db, trace_path);
+  sqlite3_bind_int(st, 1, status.rank);
+  sqlite3_bind_int(st, 2, static_cast<int>(status.state));
+  sqlite3_bind_int(st, 3, status.step);
+  sqlite3_bind_text(st, 4, status.detail.c_str(), -1, SQLITE_TRANSIENT);
+  const int rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  check(rc, conn.db, trace_path);
+}
+
+std::vector<RankStatus> read_rank_status(const std::string& trace_path) {
+  std::vector<RankStatus> out;
+  Db conn(trace_path, SQLITE_OPEN_READONLY);
+  sqlite3_stmt* st = nullptr;
+  // No table (a file written before any status, or an older trace): no rows.
+  if (sqlite3_prepare_v2(conn.db, "SELECT rank, state, step, detail FROM rank_status ORDER BY rank",
+                         -1, &st, nullptr) != SQLITE_OK) {
+    sqlite3_finalize(st);
+    return out;
+  }
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    RankStatus r;
+    r.rank = sqlite3_column_int(st, 0);
+    r.state = static_cast<RankState>(sqlite3_column_int(st, 1));
+    r.step = sqlite3_column_int(st, 2);
+    const auto* text = sqlite3_column_text(st, 3);
+    r.detail = text ? reinterpret_cast<const char*>(text) : "";
+    out.push_back(std::move(r));
+  }
+  sqlite3_finalize(st);
+  return out;
+}
+
+void copy_failure_tables(const std::vector<std::string>& inputs, const std::string& output) {
+  Db conn(output, SQLITE_OPEN_READWRITE);
+  sqlite3* db = conn.db;
+  // A merge that already carried the tables over (traces' merge_traces copies tables it does not
+  // own) is left as it is.
+  const bool copy_records = !has_table(db, "main", "flight_records");
+  const bool copy_status = !has_table(db, "main", "rank_status");
+  if (!copy_records && !copy_status) return;
+  check(sqlite3_exec(db, kCreateFlightRecords, nullptr, nullptr, nullptr), db, output);
+  check(sqlite3_exec(db, kCreateRankStatus, nullptr, nullptr, nullptr), db, output);
+  for (const auto& in : inputs) {
+    sqlite3_stmt* st = nullptr;
+    check(sqlite3_prepare_v2(db, "ATTACH DATABASE ? AS src", -1, &st, nullptr), db, output);
+    sqlite3_bind_text(st, 1, in.c_str(), -1, SQLITE_TRANSIENT);
+    const int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    check(rc, db, in);
+    std::string sql = "BEGIN;";
+    if (copy_records && has_table(db, "src", "flight_records")) {
+      sql += "INSERT INTO main.flight_records SELECT * FROM src.flight_records;";
+    }
+    if (copy_status && has_table(db, "src", "rank_status")) {
+      sql += "INSERT OR REPLACE INTO main.rank_status SELECT * FROM src.rank_status;";
+    }
+    sql += "COMMIT;";
+    const int erc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr);
+    if (erc != SQLITE_OK) sqlite3_exec(db, "ROLLBACK;", nullptr, nullptr, nullptr);
+    const std::string err = erc != SQLITE_OK ? sqlite3_errmsg(db) : "";
+    sqlite3_exec(db, "DETACH DATABASE src;", nullptr, nullptr, nullptr);
+    if (erc != SQLITE_OK) throw std::runtime_error(in + ": copying its flight records: " + err);
+  }
+}
+
+void mark_trace_failed(const std::string& trace_path, const std::vector<int32_t>& lost_ranks,
+                       const std::string& message) {
+  std::string lost = "[";
+  for (size_t i = 0; i < lost_ranks.size(); ++i) {
+    lost += (i ? "," : "") + std::to_string(lost_ranks[i]);
+  }
+  lost += "]";
+  Db conn(trace_path, SQLITE_OPEN_READWRITE);
+  sqlite3_stmt* st = nullptr;
+  // SQLite's JSON functions keep the other keys of extra_json as they are.
+  check(sqlite3_prepare_v2(conn.db,
+                           "UPDATE meta SET value = json_set(CASE WHEN json_valid(value) THEN "
+                           "value ELSE '{}' END, '$.failed', json('true'), '$.lost_ranks', "
+                           "json(?1), '$.failure', ?2) WHERE key = 'extra_json'",
+                           -1, &st, nullptr),
+        conn.db, trace_path);
+  sqlite3_bind_text(st, 1, lost.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(st, 2, message.c_str(), -1, SQLITE_TRANSIENT);
+  const int rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  check(rc, conn.db, trace_path);
 }
 
 }  // namespace orrery::profiler

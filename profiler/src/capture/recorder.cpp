@@ -1,6 +1,8 @@
-// The per-rank span recorder: per-thread buffers handed to the TraceWriter when full or on flush.
+// The per-rank span recorder: per-thread buffers handed to the TraceWriter when full or on flush,
+// the optional periodic flush, and the registry of live recorders for the failure paths.
 #include "orrery/profiler/recorder.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 namespace orrery::profiler {
@@ -18,7 +20,23 @@ struct TlsCache {
 };
 thread_local TlsCache t_cache;
 
+// Recorders with a writer, for flush_live(). Never destroyed: a signal's thread may flush while
+// the process exits.
+std::mutex& live_mu() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::vector<Recorder*>& live() {
+  static auto* v = new std::vector<Recorder*>;
+  return *v;
+}
+
 }  // namespace
+
+std::mutex& trace_file_mutex() {
+  static auto* m = new std::mutex;  // never destroyed: failure paths write while the process exits
+  return *m;
+}
 
 int64_t steady_now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -30,14 +48,64 @@ Recorder::Recorder(traces::TraceWriter* writer, int32_t rank, size_t thread_buff
     : writer_(writer),
       rank_(rank),
       capacity_(thread_buffer_spans ? thread_buffer_spans : 1),
-      instance_id_(g_next_instance.fetch_add(1)) {}
+      instance_id_(g_next_instance.fetch_add(1)) {
+  if (writer_) {
+    std::lock_guard lock(live_mu());
+    live().push_back(this);
+  }
+}
 
 Recorder::~Recorder() {
   if (current() == this) set_current(nullptr);
+  stop_periodic_flush();
+  // The last flush under the registry's lock: a failure path's flush_live() (which then ends the
+  // process) waits for it rather than finding the recorder gone with its spans unwritten.
+  std::lock_guard lock(live_mu());
   try {
     flush();
   } catch (...) {
     // Destructors must not throw; an explicit flush() reports errors.
+  }
+  auto& v = live();
+  v.erase(std::remove(v.begin(), v.end(), this), v.end());
+}
+
+void Recorder::start_periodic_flush(std::chrono::milliseconds period) {
+  stop_periodic_flush();
+  if (!writer_ || period.count() <= 0) return;
+  periodic_stop_ = false;
+  periodic_ = std::thread([this, period] {
+    std::unique_lock lock(periodic_mu_);
+    while (!periodic_cv_.wait_for(lock, period, [&] { return periodic_stop_; })) {
+      lock.unlock();
+      try {
+        flush();
+      } catch (...) {
+        // A failed periodic flush is retried at the next; flush() at the end reports errors.
+      }
+      lock.lock();
+    }
+  });
+}
+
+void Recorder::stop_periodic_flush() {
+  if (!periodic_.joinable()) return;
+  {
+    std::lock_guard lock(periodic_mu_);
+    periodic_stop_ = true;
+  }
+  periodic_cv_.notify_all();
+  periodic_.join();
+}
+
+void Recorder::flush_live() {
+  std::lock_guard lock(live_mu());
+  for (Recorder* r : live()) {
+    try {
+      r->flush();
+    } catch (...) {
+      // Failure path: flush what can be flushed.
+    }
   }
 }
 
@@ -50,19 +118,29 @@ traces::NameId Recorder::intern(std::string_view name) {
   std::lock_guard lock(names_mu_);
   auto it = names_.find(std::string(name));
   if (it != names_.end()) return it->second;
-  const traces::NameId id = writer_ ? writer_->intern(name) : traces::NameId(names_.size());
+  traces::NameId id = traces::NameId(names_.size());
+  if (writer_) {
+    std::lock_guard file(trace_file_mutex());
+    id = writer_->intern(name);
+  }
   names_.emplace(std::string(name), id);
   return id;
 }
 
 void Recorder::add_stream(int32_t stream, const std::string& name) {
-  if (writer_) writer_->add_stream(traces::StreamInfo{rank_, stream, name});
+  if (!writer_) return;
+  std::lock_guard file(trace_file_mutex());
+  writer_->add_stream(traces::StreamInfo{rank_, stream, name});
 }
 void Recorder::add_communicator(const traces::CommunicatorInfo& c) {
-  if (writer_) writer_->add_communicator(c);
+  if (!writer_) return;
+  std::lock_guard file(trace_file_mutex());
+  writer_->add_communicator(c);
 }
 void Recorder::add_rank(const traces::RankInfo& r) {
-  if (writer_) writer_->add_rank(r);
+  if (!writer_) return;
+  std::lock_guard file(trace_file_mutex());
+  writer_->add_rank(r);
 }
 
 Recorder::ThreadBuffer& Recorder::local_buffer() {
@@ -79,6 +157,7 @@ Recorder::ThreadBuffer& Recorder::local_buffer() {
 }
 
 void Recorder::drain(ThreadBuffer& b) {
+  std::lock_guard file(trace_file_mutex());
   if (!b.spans.empty()) {
     writer_->add_spans(b.spans);
     b.spans.clear();
@@ -117,6 +196,7 @@ void Recorder::flush() {
     std::lock_guard block(b->mu);
     drain(*b);
   }
+  std::lock_guard file(trace_file_mutex());
   writer_->flush();
 }
 

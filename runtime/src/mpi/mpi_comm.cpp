@@ -14,15 +14,27 @@
 // between polls after a short spin; ORRERY_COMM_POLL_US=0 polls without sleeping.
 // The one exception to the funnel is MPI_Abort, which the failing thread calls directly: it must
 // work while the communication thread is stuck in a collective.
+//
+// Ending without losing spans: when one rank dies (or calls MPI_Abort), mpirun sends the others
+// SIGTERM and, a grace period later (odls_base_sigkill_timeout), SIGKILL. Each rank's SIGTERM and
+// SIGINT handler only writes the signal to a pipe; a thread waiting on it flushes the recorders'
+// buffered spans and the flight records (status "stopped", the step it was in) into the rank's
+// trace file, then ends the process with 128 + signal. abort() does the same with status "failed"
+// before MPI_Abort.
 // The C API only: Open MPI's mpi.h pulls in the deprecated C++ bindings (libmpi_cxx) otherwise.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
+#include <fcntl.h>
 #include <mpi.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <condition_variable>
 #include <deque>
@@ -110,6 +122,54 @@ void divide_in_place(void* data, size_t count, DType t, int n) {
   } else {
     throw InternalError("MPI communicator: ReduceOp::Avg needs a floating-point dtype");
   }
+}
+
+// The failure paths' flush: spans and flight records (with this rank's final status) to disk.
+void flush_for_exit(profiler::RankState state, const std::string& detail) {
+  auto& fr = profiler::FlightRecorder::instance();
+  fr.set_status(state, fr.status().step, detail);  // first: a SIGTERM meanwhile sees it
+  profiler::Recorder::flush_live();
+  fr.save();
+}
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_stop_signal(int sig) {  // async-signal-safe: one write(2)
+  const unsigned char b = static_cast<unsigned char>(sig);
+  const int saved = errno;
+  [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &b, 1);
+  errno = saved;
+}
+
+// SIGTERM/SIGINT: flush on a thread (nothing of that is allowed in a handler), then exit.
+void install_stop_handlers() {
+  static const bool installed = [] {
+    if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0) return false;
+    std::thread([] {
+      unsigned char b = 0;
+      while (::read(g_signal_pipe[0], &b, 1) != 1) {
+        if (errno != EINTR) return;
+      }
+      const int sig = b;
+      auto& fr = profiler::FlightRecorder::instance();
+      // A rank that called MPI_Abort is already flushed and leaves through MPI_Abort.
+      if (fr.status().state == profiler::RankState::Failed) return;
+      flush_for_exit(profiler::RankState::Stopped, sig == SIGINT ? "SIGINT" : "SIGTERM");
+      const profiler::RankStatus st = fr.status();
+      std::fprintf(stderr, "orrery: rank %d stopped by %s in step %d; spans recorded so far saved\n",
+                   st.rank, sig == SIGINT ? "SIGINT" : "SIGTERM", st.step);
+      std::fflush(stderr);
+      std::_Exit(128 + sig);
+    }).detach();
+    struct sigaction sa{};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGTERM, &sa, nullptr);
+    ::sigaction(SIGINT, &sa, nullptr);
+    return true;
+  }();
+  (void)installed;
 }
 
 // One queued operation and its completion.
@@ -590,6 +650,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   [[noreturn]] void abort(int code) override {
+    flush_for_exit(profiler::RankState::Failed, "exit " + std::to_string(code));
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);
   }
@@ -688,6 +749,7 @@ std::unique_ptr<Communicator> make_mpi_world_communicator(const WorldOptions& op
   e.set_faults(opt.faults);
   e.start();
   profiler::FlightRecorder::instance().set_rank(e.world_rank());
+  install_stop_handlers();  // after MPI_Init, so that ours are the handlers in place
   // MPI_Finalize on the communication thread when the process exits normally.
   static const bool registered = [] {
     std::atexit([] { Engine::instance().stop(); });

@@ -62,6 +62,7 @@ struct FaultsConfig {
   int wrong_op_rank = -1;
   int sleep_rank = -1;
   int sleep_ms = 0;
+  int kill_rank = -1;  // that rank SIGKILLs itself at the start of step `step` (rank death)
 };
 
 struct ProfileConfig {

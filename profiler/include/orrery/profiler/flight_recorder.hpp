@@ -7,6 +7,12 @@
 // the rank's trace file every 200 ms when they changed, and the watchdog path dumps at once (to
 // the file and to stderr) before the job is aborted. The table is optional in schema version 1:
 // older traces simply lack it.
+//
+// Next to the records each rank keeps its status (table `rank_status`, one row per rank): running
+// (with the step it is in, saved at every step end), stopped (ended by SIGTERM/SIGINT, e.g. by
+// mpirun after another rank died) or failed (it called MPI_Abort). A rank whose last status is
+// still "running" after the job ended was lost: killed without a chance to say so (SIGKILL, a
+// crash). The launcher reads these rows to name the lost rank.
 #pragma once
 
 #include <atomic>
@@ -30,6 +36,23 @@ inline std::string_view to_string(FlightState s) {
   }
   return "?";
 }
+
+enum class RankState : int32_t { Running = 0, Stopped = 1, Failed = 2 };
+inline std::string_view to_string(RankState s) {
+  switch (s) {
+    case RankState::Running: return "running";
+    case RankState::Stopped: return "stopped";
+    case RankState::Failed: return "failed";
+  }
+  return "?";
+}
+
+struct RankStatus {
+  int32_t rank = 0;
+  RankState state = RankState::Running;
+  int32_t step = -1;   // the step the rank was in (-1: set-up, before the first step)
+  std::string detail;  // "SIGTERM", "exit 1", ...
+};
 
 struct FlightRecord {
   int32_t rank = 0;  // global rank that recorded it
@@ -72,6 +95,13 @@ class FlightRecorder {
   // from any thread; errors are swallowed (this runs on failure paths).
   void dump(const std::string& reason, bool to_stderr);
 
+  // This rank's status, written with the records. Once stopped or failed it no longer changes (a
+  // rank that called MPI_Abort and is then sent SIGTERM stays "failed").
+  void set_status(RankState state, int32_t step, const std::string& detail = "");
+  RankStatus status() const;
+  // Writes records and status into the dump path now (if set), on the calling thread.
+  void save() { dump("", false); }
+
  private:
   void flusher_loop();
   void write_now();
@@ -82,6 +112,7 @@ class FlightRecorder {
   std::atomic<uint64_t> version_{0};
   uint64_t written_version_ = 0;
   std::atomic<int32_t> rank_{0};
+  RankStatus status_;  // guarded by mu_ (its rank is filled in when written)
   std::mutex io_mu_;  // serialises file writes
   std::string path_;
   std::thread flusher_;
@@ -96,6 +127,20 @@ void write_flight_records(const std::string& trace_path, int32_t rank,
 // The flight records of a trace file; empty when the file has no flight_records table.
 // (orrery_analysis, doctor.cpp)
 std::vector<FlightRecord> read_flight_records(const std::string& trace_path);
+
+// Replaces the status row of `status.rank` in `trace_path` (creating the table). (orrery_capture)
+void write_rank_status(const std::string& trace_path, const RankStatus& status);
+// The status rows of a trace file (a per-rank file or a merged trace); empty without the table.
+// (orrery_capture)
+std::vector<RankStatus> read_rank_status(const std::string& trace_path);
+// Appends the flight_records and rank_status rows of every input (those that have the tables) to
+// `output` (a merge of them), so that `orrery doctor` and the failure's account survive the merge.
+// (orrery_capture)
+void copy_failure_tables(const std::vector<std::string>& inputs, const std::string& output);
+// Marks the trace at `trace_path` as the remains of a failed run: meta extra_json gains
+// "failed": true, "lost_ranks": [...] and "failure": `message`. (orrery_capture)
+void mark_trace_failed(const std::string& trace_path, const std::vector<int32_t>& lost_ranks,
+                       const std::string& message);
 
 // One line per record, for stderr: "rank 1 world#12 all_reduce 4096 bytes step 3 started".
 inline std::string format_flight_record(const FlightRecord& r) {

@@ -5,9 +5,16 @@
 // uncontended lock); the SQLite writer is only touched when a thread's buffer fills or on flush().
 // A Recorder constructed without a writer is disabled: every call returns at once, so code can
 // record unconditionally and `--no-profile` costs one branch per span.
+//
+// Losing no spans when a job fails: what is buffered is on disk after each flush(); a run flushes at
+// every step end and, with start_periodic_flush(), every period from a background thread, so a rank
+// killed without warning (SIGKILL) loses at most the spans recorded since the later of the two.
+// Failure paths that do get control (SIGTERM from mpirun, MPI_Abort) call flush_live() first.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -29,6 +36,11 @@ int64_t steady_now_ns();
 // Stream ids of a CPU rank. The communicator runs collectives on its own thread, stream kCommStream.
 inline constexpr int32_t kComputeStream = 0;
 inline constexpr int32_t kCommStream = 1;
+
+// Serialises this process's writes to its trace file over different SQLite connections: the
+// TraceWriter's (every Recorder call that reaches the writer takes it) and the flight recorder's.
+// SQLite allows one writer at a time and the TraceWriter fails at once on a busy file.
+std::mutex& trace_file_mutex();
 
 class Recorder {
  public:
@@ -68,6 +80,15 @@ class Recorder {
   // Moves every thread's buffered spans and counters to the writer and flushes it.
   void flush();
 
+  // flush()es every `period` on a background thread until destruction (or the next call; a zero
+  // period stops it). The writer must then outlive the recorder, as for any flush().
+  void start_periodic_flush(std::chrono::milliseconds period);
+
+  // flush()es every live recorder that has a writer (errors swallowed): the failure paths' call,
+  // from any thread but the ones recording. Serialised with recorders' destruction, so a recorder
+  // being torn down on another thread is either flushed whole or already gone.
+  static void flush_live();
+
   // Spans and counters recorded so far (buffered or handed to the writer), for tests and summaries.
   int64_t span_count() const { return span_count_.load(std::memory_order_relaxed); }
 
@@ -101,6 +122,12 @@ class Recorder {
 
   std::mutex buffers_mu_;
   std::unordered_map<std::thread::id, std::unique_ptr<ThreadBuffer>> buffers_;
+
+  void stop_periodic_flush();
+  std::mutex periodic_mu_;
+  std::condition_variable periodic_cv_;
+  bool periodic_stop_ = false;
+  std::thread periodic_;
 };
 
 // Records one span from construction to destruction (used by the runtime for its own work).

@@ -60,6 +60,21 @@ struct RankRunResult {
   int64_t params = 0;
 };
 
+// What is left of a run whose mpirun ended with `exit_status` != 0, from its per-rank files
+// "<out>.rank<k>.db": each rank's last status (profiler/flight_recorder.hpp) says which ranks were
+// lost (no status, or still "running": killed without warning), failed (MPI_Abort) or stopped
+// (SIGTERM from mpirun). The files are merged into `out` as after a finished run, flight records
+// and statuses included, meta extra_json marked {"failed": true, "lost_ranks": [...],
+// "failure": message}, and removed. Nothing happens without per-rank files (bad input, --no-profile).
+struct FailedRun {
+  // "rank 2 was lost (killed by signal 9) during step 2; ranks 0,1,3 stopped"; "" without files.
+  std::string message;
+  std::vector<int> lost_ranks;
+  std::string trace;        // the merged remains; "" when nothing was merged
+  std::string merge_error;  // why the merge failed (the per-rank files are then kept)
+};
+FailedRun salvage_failed_run(const std::string& out, int nproc, int exit_status);
+
 // Runs this process's rank of `s` on `world` (which must have s.world_size() ranks): trainer,
 // recorder, per-rank trace file, merge on rank 0. Call check_supported(s) and validate inputs
 // before creating `world`, so bad input fails before any MPI work.
