@@ -26,7 +26,8 @@
 //   "step" with step = N (for a bare "step": its ordinal on the rank). Every other span of that
 //   rank is tagged with the step whose range contains the moment it was issued: its launch on the
 //   host (through the correlation id) for device work, its start for host work. The writer's steps
-//   table is built from those tags.
+//   table is built from those tags. The step spans themselves are host ranges: a step's last
+//   kernels may still run on the device after its host range ended.
 // - Collectives are numbered per (communicator, rank) in start order: seq = 0, 1, ...; the same
 //   seq on different ranks of a communicator is the same operation (NCCL issues them in order).
 // - meta.source = Import; meta.extra_json = {"import": {"format", "files": [...]}}.
