@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -24,6 +25,7 @@
 
 #if defined(ORRERY_RUNTIME_AVAILABLE)
 #include "orrery/profiler/metrics.hpp"
+#include "orrery/runtime/checkpoint.hpp"
 #include "orrery/runtime/comm.hpp"
 #include "orrery/runtime/launch.hpp"
 #include "orrery/runtime/trainer.hpp"
@@ -41,6 +43,7 @@ struct RunArgs {
   std::vector<std::string> sets;
   bool json = false;
   bool no_profile = false;
+  std::string resume;  // --resume DIR: a checkpoint directory (or one checkpoint)
 };
 
 #if defined(ORRERY_RUNTIME_AVAILABLE)
@@ -51,6 +54,14 @@ std::vector<std::string> overrides_of(const RunArgs& a) {
   if (!a.device.empty()) o.push_back("runtime.device=" + a.device);
   if (a.no_profile) o.push_back("profile.enabled=false");
   return o;
+}
+
+// --resume DIR: the checkpoint to continue from (verified), checked against the scenario; "" without.
+runtime::ResumePoint resolve_resume(const RunArgs& a, const Scenario& s) {
+  if (a.resume.empty()) return {};
+  runtime::ResumePoint rp = runtime::find_resume_point(a.resume);
+  runtime::check_resume_compatible(rp.manifest, s, a.scenario);
+  return rp;
 }
 
 // Everything that can be wrong with the input, checked before any process or MPI is started.
@@ -78,7 +89,7 @@ Scenario load_and_check(const RunArgs& a) {
   return s;
 }
 
-int relaunch(const RunArgs& a, const Scenario& s) {
+int relaunch(const RunArgs& a, const Scenario& s, const std::string& resume_step_dir) {
   const int nproc = s.world_size();
   const std::string mpirun = runtime::find_executable("mpirun");
   if (mpirun.empty()) {
@@ -97,6 +108,11 @@ int relaunch(const RunArgs& a, const Scenario& s) {
   for (const auto& kv : a.sets) program.insert(program.end(), {"--set", kv});
   if (a.json) program.push_back("--json");
   if (a.no_profile) program.push_back("--no-profile");
+  // The ranks continue from the checkpoint chosen here (they verify it again, not choose anew).
+  if (!resume_step_dir.empty()) {
+    program.insert(program.end(), {"--resume", resume_step_dir});
+    ::setenv("ORRERY_RESUME_REPORTED", "1", 1);
+  }
   const auto cmd = runtime::mpirun_command(mpirun, runtime::mpirun_options_for(nproc), program);
   const int rc = runtime::run_and_wait(cmd);
   if (rc != 0) {
@@ -144,7 +160,7 @@ void print_progress(const Scenario& s, const runtime::StepResult& r) {
   std::fflush(stderr);
 }
 
-int run_here(const RunArgs& a, const Scenario& s) {
+int run_here(const RunArgs& a, const Scenario& s, const std::string& resume_step_dir) {
   runtime::WorldOptions wopt;
   wopt.watchdog_s = s.runtime.watchdog_s;
   wopt.faults.step = s.faults.step;
@@ -160,6 +176,7 @@ int run_here(const RunArgs& a, const Scenario& s) {
     runtime::RankRunOptions ro;
     ro.out = a.out;
     ro.profile = s.profile.enabled;
+    ro.resume = resume_step_dir;
     if (rank == 0) ro.on_step = [&s](const runtime::StepResult& r) { print_progress(s, r); };
     res = runtime::run_rank(s, *world, ro);
   } catch (const std::exception& e) {
@@ -194,6 +211,18 @@ int run_here(const RunArgs& a, const Scenario& s) {
   j["median_step_ms"] = median_ns * 1e-6;
   j["tokens_per_s"] = tokens_per_s;
   j["loss"] = res.mean_loss;
+  j["first_step"] = res.steps.empty() ? s.training.steps : res.steps.front().step;  // 0 unless resumed
+  j["resumed_from"] = resume_step_dir.empty() ? json(nullptr) : json(resume_step_dir);
+  j["loop_ms"] = static_cast<double>(res.loop_ns) * 1e-6;
+  if (s.checkpoint.every > 0) {
+    const auto& c = res.checkpoint;
+    j["checkpoint"] = {{"saves", c.saves},
+                       {"written", c.written},
+                       {"bytes", c.bytes},
+                       {"background", s.checkpoint.background},
+                       {"blocking_ms", static_cast<double>(c.blocking_ns) * 1e-6},
+                       {"rank0_write_ms", static_cast<double>(c.write_ns) * 1e-6}};
+  }
   std::vector<double> step_ms;
   for (auto d : res.max_duration_ns) step_ms.push_back(static_cast<double>(d) * 1e-6);
   j["step_ms"] = step_ms;
@@ -238,13 +267,23 @@ int run_here(const RunArgs& a, const Scenario& s) {
 
 int run_command(const RunArgs& a) {
   const Scenario s = load_and_check(a);
-  if (!runtime::started_by_launcher() && s.world_size() > 1) return relaunch(a, s);
+  const runtime::ResumePoint rp = resolve_resume(a, s);
+  // Said once: by the process the user started, or by rank 0 when the user started mpirun (the
+  // re-launch marks its ranks with ORRERY_RESUME_REPORTED).
+  if (!rp.step_dir.empty() && (!runtime::started_by_launcher() ||
+                               (runtime::launcher_world_rank() == 0 && !std::getenv("ORRERY_RESUME_REPORTED")))) {
+    for (const auto& why : rp.skipped) std::fprintf(stderr, "orrery run: skipped %s\n", why.c_str());
+    std::fprintf(stderr, "orrery run: resuming from %s (step %d of %d, written with dp=%d tp=%d pp=%d zero=%d)\n",
+                 rp.step_dir.c_str(), rp.manifest.step, s.training.steps, rp.manifest.dp, rp.manifest.tp,
+                 rp.manifest.pp, rp.manifest.zero);
+  }
+  if (!runtime::started_by_launcher() && s.world_size() > 1) return relaunch(a, s, rp.step_dir);
   RunArgs here = a;
   // Without a launcher the trace needs a fixed name now, for the report below.
   if (here.out.empty() && !runtime::started_by_launcher()) {
     here.out = runtime::default_trace_path(s.name);
   }
-  const int rc = run_here(here, s);
+  const int rc = run_here(here, s, rp.step_dir);
   // A single process started by hand: add the full report, as the mpirun parent does. (Under a
   // launcher the rank must not fork; its summary stands.)
   if (rc == 0 && !runtime::started_by_launcher() && !a.json && s.profile.enabled) {
@@ -269,6 +308,9 @@ Command setup(CLI::App& root) {
       ->allow_extra_args(false);
   app->add_flag("--json", args->json, "Print one JSON object at the end");
   app->add_flag("--no-profile", args->no_profile, "Do not record a trace");
+  app->add_option("--resume", args->resume,
+                  "Continue from the latest complete checkpoint in DIR (or from the checkpoint DIR); "
+                  "dp and parallel.zero may differ from the run that wrote it");
   auto run = [args]() -> int {
 #if defined(ORRERY_RUNTIME_AVAILABLE)
     return run_command(*args);

@@ -77,6 +77,9 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("runtime.threads", Type::Int, runtime.threads, int),
       ORRERY_KEY("runtime.watchdog_s", Type::Double, runtime.watchdog_s, double),
       ORRERY_KEY("profile.enabled", Type::Bool, profile.enabled, bool),
+      ORRERY_KEY("checkpoint.every", Type::Int, checkpoint.every, int),
+      ORRERY_KEY("checkpoint.dir", Type::String, checkpoint.dir, std::string),
+      ORRERY_KEY("checkpoint.background", Type::Bool, checkpoint.background, bool),
       // Test-only fault injection (see scenarios/README.md).
       ORRERY_KEY("faults.step", Type::Int, faults.step, int),
       ORRERY_KEY("faults.skip_collective_rank", Type::Int, faults.skip_collective_rank, int),
@@ -85,6 +88,7 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("faults.sleep_rank", Type::Int, faults.sleep_rank, int),
       ORRERY_KEY("faults.sleep_ms", Type::Int, faults.sleep_ms, int),
       ORRERY_KEY("faults.kill_rank", Type::Int, faults.kill_rank, int),
+      ORRERY_KEY("faults.kill_after_step", Type::Int, faults.kill_after_step, int),
   };
   return keys;
 }
@@ -296,6 +300,7 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
               "expected 'cpu' or 'cuda', got '" + s.runtime.device + "'");
   check_range(s.runtime.threads >= 1, origin, "runtime.threads", "must be >= 1");
   check_range(s.runtime.watchdog_s > 0, origin, "runtime.watchdog_s", "must be > 0");
+  check_range(s.checkpoint.every >= 0, origin, "checkpoint.every", "must be >= 0 (0: no checkpoints)");
 
   s.path = origin;
   YAML::Emitter out;

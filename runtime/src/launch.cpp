@@ -242,16 +242,27 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
     rec.add_stream(profiler::kCommStream, "comm");
   }
 
+  // Checkpoints: checkpoint.dir, else next to the checkpoint resumed from, else "checkpoints".
+  const std::string ckpt_dir = !s.checkpoint.dir.empty() ? s.checkpoint.dir
+                               : opt.resume.empty()      ? std::string("checkpoints")
+                                                         : fs::path(opt.resume).parent_path().string();
+  CheckpointSession ckpt(s, trainer, world, &rec, ckpt_dir);
+  if (!opt.resume.empty()) restore_trainer(trainer, s, opt.resume, verify_checkpoint(opt.resume));
   trainer.prepare();
   save_progress(rec, 0);
-  for (int i = 0; i < s.training.steps; ++i) {
+  const int64_t loop_t0 = profiler::steady_now_ns();
+  for (int i = trainer.steps_done(); i < s.training.steps; ++i) {
     // Test-only rank death (faults.kill_rank): no warning and no flush, like a crash or an OOM kill.
     if (i == s.faults.step && world.rank() == s.faults.kill_rank) ::raise(SIGKILL);
     StepResult r = trainer.step();
     result.steps.push_back(r);
     save_progress(rec, i + 1);
     if (opt.on_step) opt.on_step(r);
+    ckpt.after_step();
   }
+  ckpt.finish();
+  result.loop_ns = profiler::steady_now_ns() - loop_t0;
+  result.checkpoint = ckpt.stats();
 
   // The loss of each step averaged over the data-parallel replicas (one all-reduce at the end, so
   // the steps' traces hold only the training's own communication).

@@ -433,6 +433,53 @@ std::vector<float> Trainer::full_parameters() {
   return out;
 }
 
+std::size_t Trainer::flat_elems() const {
+  std::size_t n = 0;
+  for (const auto& t : model_.tensors) n = std::max(n, t.offset + t.count);
+  return n;
+}
+
+int64_t Trainer::adamw_steps() const {
+  if (z3_) return z3_opt_.empty() ? 0 : z3_opt_.front()->steps();
+  return optimizer_->steps();
+}
+
+std::vector<Trainer::StateRange> Trainer::state_to_save() {
+  std::vector<StateRange> out;
+  if (z3_) {
+    auto& segs = z3_->segments();
+    for (size_t i = 0; i < segs.size(); ++i) {
+      if (segs[i].part.count() == 0) continue;
+      out.push_back({segs[i].range.offset + segs[i].part.begin(), segs[i].part.count(),
+                     z3_->params() + segs[i].shard_offset, z3_opt_[i]->m(), z3_opt_[i]->v()});
+    }
+    return out;
+  }
+  if (s_.parallel.zero == 0 && layout_.dp_rank != 0) return out;  // dp rank 0 holds the same
+  if (optimizer_->size() > 0) {
+    out.push_back({optimizer_->offset(), optimizer_->size(), model_.params.data() + optimizer_->offset(),
+                   optimizer_->m(), optimizer_->v()});
+  }
+  return out;
+}
+
+std::vector<Trainer::StateRange> Trainer::state_to_load() {
+  if (z3_) return state_to_save();
+  std::vector<StateRange> out;
+  out.push_back({0, flat_elems(), model_.params.data(), nullptr, nullptr});
+  if (optimizer_->size() > 0) {
+    out.push_back({optimizer_->offset(), optimizer_->size(), nullptr, optimizer_->m(), optimizer_->v()});
+  }
+  return out;
+}
+
+void Trainer::restore_counters(int32_t steps_done, int64_t adamw_steps, int64_t data_calls) {
+  step_ = steps_done;
+  if (optimizer_) optimizer_->set_steps(adamw_steps);
+  for (auto& o : z3_opt_) o->set_steps(adamw_steps);
+  loader_->seek(data_calls);
+}
+
 StepResult Trainer::step() {
   const int32_t step = step_;
   StepResult result;

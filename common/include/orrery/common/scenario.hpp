@@ -63,10 +63,18 @@ struct FaultsConfig {
   int sleep_rank = -1;
   int sleep_ms = 0;
   int kill_rank = -1;  // that rank SIGKILLs itself at the start of step `step` (rank death)
+  int kill_after_step = -1;  // every rank SIGKILLs itself once the checkpoint of this step is complete
 };
 
 struct ProfileConfig {
   bool enabled = true;
+};
+
+// Checkpoints of a real run (runtime/include/orrery/runtime/checkpoint.hpp).
+struct CheckpointConfig {
+  int every = 0;                   // steps between checkpoints; 0 = none
+  std::string dir;                 // DIR/step-<k>/; "" = "checkpoints", or where a run resumed from
+  bool background = false;         // write from a thread while training continues
 };
 
 struct Scenario {
@@ -79,6 +87,7 @@ struct Scenario {
   ParallelConfig parallel;
   RuntimeConfig runtime;
   ProfileConfig profile;
+  CheckpointConfig checkpoint;
   FaultsConfig faults;
 
   int world_size() const { return parallel.dp * parallel.tp * parallel.pp; }

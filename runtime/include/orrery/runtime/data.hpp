@@ -100,6 +100,8 @@ class DataLoader {
   // The sequence indices of this rank's rows for call k, without reading tokens.
   std::vector<int64_t> sequence_indices(int64_t call) const;
   int64_t calls_per_epoch() const { return calls_per_epoch_; }
+  // G = B * dp: global sequences one call (over all dp ranks) consumes.
+  int64_t sequences_per_call() const { return static_cast<int64_t>(B_) * dp_size_; }
   int64_t position() const { return call_; }
   void seek(int64_t call) { call_ = call; }
 

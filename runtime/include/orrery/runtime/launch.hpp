@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "orrery/common/scenario.hpp"
+#include "orrery/runtime/checkpoint.hpp"
 #include "orrery/runtime/comm.hpp"
 #include "orrery/runtime/trainer.hpp"
 
@@ -47,6 +48,8 @@ struct RankRunOptions {
   bool profile = true;   // record spans (per-rank files, merged at the end)
   // Called on every rank after each step with the step's result (rank 0 usually prints).
   std::function<void(const StepResult&)> on_step;
+  // Continue from this checkpoint (a step directory, verified; checkpoint.hpp); "" = from scratch.
+  std::string resume;
 };
 
 struct RankRunResult {
@@ -58,6 +61,8 @@ struct RankRunResult {
   std::string trace_path;         // the merged trace (written by rank 0; "" without profiling)
   int64_t tokens_per_step = 0;
   int64_t params = 0;
+  int64_t loop_ns = 0;         // wall time of the training loop on this rank (checkpoints included)
+  CheckpointStats checkpoint;  // scenario keys checkpoint.*
 };
 
 // What is left of a run whose mpirun ended with `exit_status` != 0, from its per-rank files

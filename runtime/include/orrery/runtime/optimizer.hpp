@@ -37,6 +37,10 @@ class AdamW {
   // params and grads point at element `offset` of their arrays. Increments the step count first.
   void step(float* params, const float* grads);
   int64_t steps() const { return step_; }
+  // Resuming from a checkpoint: the step count the bias corrections continue from.
+  void set_steps(int64_t steps) { step_ = steps; }
+  std::size_t offset() const { return offset_; }
+  std::size_t size() const { return n_; }
   AdamWConfig& config() { return cfg_; }
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }

@@ -121,6 +121,29 @@ class Trainer {
   const TokenSource& source() const { return *source_; }
   int micro_batches() const { return micro_batches_; }
 
+  // Checkpoints (checkpoint.hpp). A stretch [offset, offset + count) of this rank's flat array
+  // (unpadded, the model's layout) with pointers to its parameters and AdamW moments; a null
+  // pointer: that field is not part of the stretch.
+  struct StateRange {
+    std::size_t offset = 0, count = 0;
+    float* params = nullptr;
+    float* m = nullptr;
+    float* v = nullptr;
+  };
+  // What this rank saves: everything it owns (ZeRO: its shard of every field; without ZeRO dp rank
+  // 0 of each (tp, pp) saves the whole array, the others nothing). Valid until the next step().
+  std::vector<StateRange> state_to_save();
+  // What it must read back to continue: the parameters it holds (all of them, unless ZeRO 3) and
+  // the moments of the range its optimizer updates.
+  std::vector<StateRange> state_to_load();
+  // Elements of this rank's flat array (its (tp, pp) shard of the model), without ZeRO padding.
+  std::size_t flat_elems() const;
+  int64_t adamw_steps() const;
+  const DataLoader& loader() const { return *loader_; }
+  // Continues from a checkpoint: steps done, AdamW's step count, the loader's position (calls).
+  // Call after the parameters and moments are in place and before prepare().
+  void restore_counters(int32_t steps_done, int64_t adamw_steps, int64_t data_calls);
+
  private:
   class SpanObserver;
   void record_memory();

@@ -1,0 +1,176 @@
+// Checkpoints of a real run and resuming from them, on the same or another data-parallel size.
+//
+// Format: one directory per checkpoint, DIR/step-<k>/ (k = steps done), holding
+//   tp<t>-pp<p>-dp<d>.bin   one file per rank that owns state: for each of its ranges of the (t, p)
+//                           shard's flat parameter array (model.hpp), `count` float32 parameters,
+//                           then `count` AdamW first moments, then `count` second moments
+//                           (little-endian, no header). Without ZeRO dp rank 0 of each (t, p) writes
+//                           the whole array; under ZeRO each dp rank writes the range(s) it owns.
+//   manifest.json           written last, by world rank 0, after every rank's file is on disk:
+//                           scenario, step, layout, model, AdamW step count, data position, seed,
+//                           and per file its name, bytes, CRC32C and ranges.
+// Every file is written as <name>.tmp, fsync'ed and renamed (then the directory is fsync'ed), so a
+// checkpoint without a manifest is partial, and a manifest names only complete files.
+//
+// RNG state: the runtime's random streams are counter-based (xoshiro256** seeded from (seed, stream
+// name, index): initialisation per tensor, the data permutation per epoch, each synthetic sequence
+// by its index), so the seed and the loader's position are the whole of it; nothing else draws.
+//
+// Resuming: every rank reads, for each stretch it needs (Trainer::state_to_load), the pieces of
+// whichever files hold it, so the data-parallel size and the ZeRO stage may differ from the run
+// that wrote the checkpoint; tp, pp, the model and the seed must be equal. The data position is
+// kept in global sequences: call c at G sequences per call becomes call c*G/G' (data.hpp; within
+// an epoch, which is where a run continues).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "orrery/common/scenario.hpp"
+#include "orrery/runtime/comm.hpp"
+#include "orrery/runtime/trainer.hpp"
+
+namespace orrery::profiler {
+class Recorder;
+}
+
+namespace orrery::runtime {
+
+// CRC32C (Castagnoli, reflected polynomial 0x82F63B78), continuing from `crc` (0 to start):
+// crc32c("123456789") = 0xE3069283. SSE4.2 instruction when the CPU has it, a table otherwise.
+uint32_t crc32c(const void* data, std::size_t bytes, uint32_t crc = 0);
+
+struct CheckpointRange {
+  uint64_t offset = 0;  // in the (tp, pp) shard's flat array
+  uint64_t count = 0;
+};
+
+struct CheckpointFile {
+  std::string name;  // relative to the checkpoint directory
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+  int tp = 0, pp = 0, dp = 0;     // the writer's coordinates
+  uint64_t flat_elems = 0;        // of its (tp, pp) shard's flat array
+  int64_t data_calls = 0;         // the writer's loader position
+  std::vector<CheckpointRange> ranges;  // in file order; 12 * count bytes each
+};
+
+struct CheckpointManifest {
+  std::string scenario;
+  int32_t step = 0;         // steps done
+  int64_t adamw_steps = 0;  // AdamW's step count (bias corrections)
+  int dp = 1, tp = 1, pp = 1, zero = 0;
+  int layers = 0, d_model = 0, heads = 0, vocab = 0, seq = 0;
+  uint64_t seed = 0;
+  std::string data_source;
+  int64_t data_calls = 0;          // world rank 0's loader calls
+  int64_t sequences_per_call = 0;  // G = micro_batch * dp of the writer
+  int64_t calls_per_epoch = 0;
+  std::vector<CheckpointFile> files;
+};
+
+std::string manifest_to_json(const CheckpointManifest& m);
+// Throws InputError naming `origin` and the key when the text is not a manifest of this format.
+CheckpointManifest parse_manifest(const std::string& text, const std::string& origin);
+
+// DIR/step-<k>.
+std::string checkpoint_step_dir(const std::string& dir, int32_t step);
+
+// Writes `file` (path) atomically: <path>.tmp, fsync, rename, fsync of the directory. `pieces` are
+// written back to back; returns the bytes and the CRC32C of what was written. InternalError on I/O
+// failure (disk full and the like), naming the file.
+struct WrittenFile {
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+struct ConstPiece {
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+};
+WrittenFile write_file_atomic(const std::string& path, const std::vector<ConstPiece>& pieces);
+
+// Reads DIR/manifest.json and checks every file it names: present, the recorded size, the recorded
+// CRC32C. Throws InputError naming the file and what is wrong (missing, truncated, checksum
+// mismatch, bad JSON, no manifest: a partial checkpoint).
+CheckpointManifest verify_checkpoint(const std::string& step_dir);
+
+struct ResumePoint {
+  std::string step_dir;           // the checkpoint used
+  CheckpointManifest manifest;
+  std::vector<std::string> skipped;  // newer checkpoints passed over, each "path: why"
+};
+// `dir` is either one checkpoint (it holds manifest.json: used as is, or refused) or a directory of
+// step-<k> checkpoints: the newest that verifies, the newer ones skipped with their reason.
+// InputError when none can be used (with each one's reason).
+ResumePoint find_resume_point(const std::string& dir);
+
+// Throws InputError naming the key when `s` cannot continue from `m`: a different model, tp, pp or
+// seed, a data position that does not map onto s's data-parallel size, or no steps left.
+void check_resume_compatible(const CheckpointManifest& m, const Scenario& s, const std::string& where);
+
+// Reads ranges of one (tp, pp) shard's fields from the files of a verified checkpoint, whichever
+// files hold them.
+class CheckpointReader {
+ public:
+  enum class Field { Params = 0, M = 1, V = 2 };
+  CheckpointReader(std::string step_dir, CheckpointManifest m);
+  // Fills dst[0, count) with elements [offset, offset + count) of `field`; InputError naming the
+  // checkpoint when some element is in no file.
+  void read(int tp, int pp, Field field, uint64_t offset, uint64_t count, float* dst) const;
+  const CheckpointManifest& manifest() const { return m_; }
+
+ private:
+  std::string dir_;
+  CheckpointManifest m_;
+};
+
+// Restores a trainer (before prepare()) from a verified checkpoint.
+void restore_trainer(Trainer& trainer, const Scenario& s, const std::string& step_dir,
+                     const CheckpointManifest& m);
+
+struct CheckpointStats {
+  int saves = 0;
+  uint64_t bytes = 0;            // of every file of every checkpoint written (all ranks)
+  int64_t blocking_ns = 0;       // training loop held (this rank): snapshot, write or wait, manifest
+  int64_t write_ns = 0;          // this rank's file writes (on the thread when in background)
+  std::vector<std::string> written;  // checkpoint directories completed
+};
+
+// The checkpoints of one rank's run (scenario keys checkpoint.*): call after_step() after every
+// step and finish() after the last. Records Phase "checkpoint.save" (compute stream) around the
+// work that holds the loop, and in background mode Phase "checkpoint.write" on stream 3
+// ("checkpoint") around the file write. A background write overlaps the next step; it is completed
+// (joined, the manifest written) after that step, before the next snapshot, and in finish().
+// faults.kill_after_step = k: every rank raises SIGKILL once the checkpoint of step k is complete.
+class CheckpointSession {
+ public:
+  // Checkpoints go to `dir`/step-<k>/. Construct before prepare() (it records a stream).
+  CheckpointSession(const Scenario& s, Trainer& trainer, Communicator& world, profiler::Recorder* rec,
+                    std::string dir);
+  ~CheckpointSession();  // joins a pending write (no manifest: the checkpoint stays partial)
+  CheckpointSession(const CheckpointSession&) = delete;
+  CheckpointSession& operator=(const CheckpointSession&) = delete;
+
+  void after_step();
+  void finish();
+  const CheckpointStats& stats() const { return stats_; }
+
+ private:
+  struct Pending;
+  void snapshot_and_write();
+  void complete(Pending& p);
+
+  Scenario s_;
+  Trainer& trainer_;
+  Communicator& world_;
+  profiler::Recorder* rec_;
+  std::string dir_;
+  std::unique_ptr<Pending> pending_;
+  CheckpointStats stats_;
+};
+
+}  // namespace orrery::runtime

@@ -1,0 +1,681 @@
+// Checkpoints: atomic shard files, the manifest, verification, resharding reads, and the per-run
+// session that saves every N steps (in the foreground or from a thread). Format in checkpoint.hpp.
+#include "orrery/runtime/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "orrery/common/error.hpp"
+#include "orrery/profiler/recorder.hpp"
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
+namespace orrery::runtime {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormat = "orrery-checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kManifest = "manifest.json";
+constexpr int32_t kCheckpointStream = 3;
+
+// ---------------------------------------------------------------- CRC32C
+
+std::array<uint32_t, 256> crc_table() {
+  std::array<uint32_t, 256> t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    t[i] = c;
+  }
+  return t;
+}
+
+uint32_t crc32c_table(const unsigned char* p, std::size_t n, uint32_t c) {
+  static const std::array<uint32_t, 256> t = crc_table();
+  for (std::size_t i = 0; i < n; ++i) c = t[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+  return c;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const unsigned char* p, std::size_t n, uint32_t c) {
+  uint64_t c64 = c;
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    c64 = _mm_crc32_u64(c64, w);
+    p += 8;
+    n -= 8;
+  }
+  c = static_cast<uint32_t>(c64);
+  while (n--) c = _mm_crc32_u8(c, *p++);
+  return c;
+}
+#endif
+
+std::string errno_text() { return std::strerror(errno); }
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;  // best effort: some filesystems do not open directories
+  ::fsync(fd);
+  ::close(fd);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string hex32(uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%08x", v);
+  return b;
+}
+
+// The step of a "step-<k>" directory name; -1 otherwise.
+int64_t step_of(const std::string& name) {
+  if (name.rfind("step-", 0) != 0 || name.size() == 5) return -1;
+  int64_t k = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || k > (int64_t{1} << 40)) return -1;
+    k = k * 10 + (name[i] - '0');
+  }
+  return k;
+}
+
+}  // namespace
+
+uint32_t crc32c(const void* data, std::size_t bytes, uint32_t crc) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+#if defined(__x86_64__)
+  static const bool hw = __builtin_cpu_supports("sse4.2");
+  crc = hw ? crc32c_sse42(p, bytes, crc) : crc32c_table(p, bytes, crc);
+#else
+  crc = crc32c_table(p, bytes, crc);
+#endif
+  return ~crc;
+}
+
+// ---------------------------------------------------------------- manifest
+
+std::string manifest_to_json(const CheckpointManifest& m) {
+  json j;
+  j["format"] = kFormat;
+  j["version"] = kVersion;
+  j["scenario"] = m.scenario;
+  j["step"] = m.step;
+  j["adamw_steps"] = m.adamw_steps;
+  j["layout"] = {{"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}, {"zero", m.zero}};
+  j["model"] = {{"layers", m.layers}, {"d_model", m.d_model}, {"heads", m.heads}, {"vocab", m.vocab}, {"seq", m.seq}};
+  j["rng"] = {{"seed", m.seed},
+              {"streams", "counter-based: (seed, stream, index) -> xoshiro256**; no other state"}};
+  j["data"] = {{"source", m.data_source},
+               {"calls", m.data_calls},
+               {"sequences_per_call", m.sequences_per_call},
+               {"calls_per_epoch", m.calls_per_epoch}};
+  j["checksum"] = "crc32c";
+  j["file_layout"] = "per range: count float32 params, count exp_avg, count exp_avg_sq (little-endian)";
+  json files = json::array();
+  for (const auto& f : m.files) {
+    json jf = {{"name", f.name},   {"bytes", f.bytes},           {"crc32c", hex32(f.crc32c)},
+               {"tp", f.tp},       {"pp", f.pp},                 {"dp", f.dp},
+               {"flat_elems", f.flat_elems}, {"data_calls", f.data_calls}};
+    json rs = json::array();
+    for (const auto& r : f.ranges) rs.push_back({{"offset", r.offset}, {"count", r.count}});
+    jf["ranges"] = rs;
+    files.push_back(jf);
+  }
+  j["files"] = files;
+  return j.dump(1) + "\n";
+}
+
+CheckpointManifest parse_manifest(const std::string& text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw InputError(origin + ": not valid JSON (" + e.what() + "): the manifest is damaged");
+  }
+  CheckpointManifest m;
+  const char* key = "format";
+  try {
+    if (!j.is_object() || j.value("format", "") != kFormat) {
+      throw InputError(origin + ": key 'format': expected \"" + kFormat + "\"");
+    }
+    key = "version";
+    if (j.at("version").get<int>() != kVersion) {
+      throw InputError(origin + ": key 'version': expected " + std::to_string(kVersion) + ", got " +
+                       j.at("version").dump());
+    }
+    key = "scenario";
+    m.scenario = j.at("scenario").get<std::string>();
+    key = "step";
+    m.step = j.at("step").get<int32_t>();
+    key = "adamw_steps";
+    m.adamw_steps = j.at("adamw_steps").get<int64_t>();
+    key = "layout";
+    const json& l = j.at("layout");
+    m.dp = l.at("dp").get<int>();
+    m.tp = l.at("tp").get<int>();
+    m.pp = l.at("pp").get<int>();
+    m.zero = l.at("zero").get<int>();
+    key = "model";
+    const json& md = j.at("model");
+    m.layers = md.at("layers").get<int>();
+    m.d_model = md.at("d_model").get<int>();
+    m.heads = md.at("heads").get<int>();
+    m.vocab = md.at("vocab").get<int>();
+    m.seq = md.at("seq").get<int>();
+    key = "rng";
+    m.seed = j.at("rng").at("seed").get<uint64_t>();
+    key = "data";
+    const json& d = j.at("data");
+    m.data_source = d.at("source").get<std::string>();
+    m.data_calls = d.at("calls").get<int64_t>();
+    m.sequences_per_call = d.at("sequences_per_call").get<int64_t>();
+    m.calls_per_epoch = d.at("calls_per_epoch").get<int64_t>();
+    key = "files";
+    for (const json& jf : j.at("files")) {
+      CheckpointFile f;
+      f.name = jf.at("name").get<std::string>();
+      if (f.name.empty() || f.name.find('/') != std::string::npos || f.name[0] == '.') {
+        throw InputError(origin + ": key 'files': file name '" + f.name + "' is not a plain name");
+      }
+      f.bytes = jf.at("bytes").get<uint64_t>();
+      f.crc32c = static_cast<uint32_t>(std::stoul(jf.at("crc32c").get<std::string>(), nullptr, 16));
+      f.tp = jf.at("tp").get<int>();
+      f.pp = jf.at("pp").get<int>();
+      f.dp = jf.at("dp").get<int>();
+      f.flat_elems = jf.at("flat_elems").get<uint64_t>();
+      f.data_calls = jf.at("data_calls").get<int64_t>();
+      uint64_t total = 0;
+      for (const json& r : jf.at("ranges")) {
+        f.ranges.push_back({r.at("offset").get<uint64_t>(), r.at("count").get<uint64_t>()});
+        total += 12 * f.ranges.back().count;
+      }
+      if (total != f.bytes) {
+        throw InputError(origin + ": key 'files': '" + f.name + "' lists ranges of " + std::to_string(total) +
+                         " bytes but " + std::to_string(f.bytes) + " bytes");
+      }
+      m.files.push_back(std::move(f));
+    }
+  } catch (const InputError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw InputError(origin + ": key '" + key + "': missing or of the wrong type (" + e.what() + ")");
+  }
+  return m;
+}
+
+std::string checkpoint_step_dir(const std::string& dir, int32_t step) {
+  return (fs::path(dir) / ("step-" + std::to_string(step))).string();
+}
+
+// ---------------------------------------------------------------- writing
+
+WrittenFile write_file_atomic(const std::string& path, const std::vector<ConstPiece>& pieces) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw InternalError("checkpoint: cannot create '" + tmp + "': " + errno_text());
+  WrittenFile w;
+  auto fail = [&](const std::string& what) {
+    const std::string why = errno_text();
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw InternalError("checkpoint: " + what + " '" + tmp + "': " + why);
+  };
+  for (const ConstPiece& p : pieces) {
+    const auto* b = static_cast<const char*>(p.data);
+    w.crc32c = crc32c(b, p.bytes, w.crc32c);
+    std::size_t left = p.bytes;
+    while (left > 0) {
+      const ssize_t n = ::write(fd, b, std::min<std::size_t>(left, std::size_t{1} << 30));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail("cannot write");
+      }
+      b += n;
+      left -= static_cast<std::size_t>(n);
+    }
+    w.bytes += p.bytes;
+  }
+  if (::fsync(fd) != 0) fail("cannot fsync");
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw InternalError("checkpoint: cannot close '" + tmp + "': " + errno_text());
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    throw InternalError("checkpoint: cannot rename '" + tmp + "' to '" + path + "': " + errno_text());
+  }
+  fsync_dir(fs::path(path).parent_path().string());
+  return w;
+}
+
+// ---------------------------------------------------------------- verifying and finding
+
+CheckpointManifest verify_checkpoint(const std::string& step_dir) {
+  const std::string mpath = (fs::path(step_dir) / kManifest).string();
+  std::error_code ec;
+  if (!fs::is_directory(step_dir, ec)) throw InputError("checkpoint '" + step_dir + "': no such directory");
+  if (!fs::is_regular_file(mpath, ec)) {
+    throw InputError("checkpoint '" + step_dir + "': no " + kManifest +
+                     " (a partial checkpoint: its writer stopped before the manifest, which is written last)");
+  }
+  CheckpointManifest m = parse_manifest(read_text(mpath), mpath);
+  std::vector<char> buf(std::size_t{8} << 20);
+  for (const auto& f : m.files) {
+    const std::string p = (fs::path(step_dir) / f.name).string();
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      throw InputError("checkpoint '" + step_dir + "': file '" + f.name + "' named in the manifest is missing (" +
+                       errno_text() + ")");
+    }
+    struct stat st{};
+    ::fstat(fd, &st);
+    if (static_cast<uint64_t>(st.st_size) != f.bytes) {
+      ::close(fd);
+      throw InputError("checkpoint '" + step_dir + "': file '" + f.name + "' has " + std::to_string(st.st_size) +
+                       " bytes, the manifest says " + std::to_string(f.bytes) +
+                       (static_cast<uint64_t>(st.st_size) < f.bytes ? " (truncated)" : ""));
+    }
+    uint32_t crc = 0;
+    for (;;) {
+      const ssize_t n = ::read(fd, buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        ::close(fd);
+        throw InputError("checkpoint '" + step_dir + "': cannot read '" + f.name + "': " + errno_text());
+      }
+      if (n == 0) break;
+      crc = crc32c(buf.data(), static_cast<std::size_t>(n), crc);
+    }
+    ::close(fd);
+    if (crc != f.crc32c) {
+      throw InputError("checkpoint '" + step_dir + "': file '" + f.name + "' fails its checksum (CRC32C " +
+                       hex32(crc) + ", the manifest says " + hex32(f.crc32c) + "): the file is damaged");
+    }
+  }
+  return m;
+}
+
+ResumePoint find_resume_point(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw InputError("--resume '" + dir + "': no such directory");
+  ResumePoint rp;
+  if (fs::exists(fs::path(dir) / kManifest, ec) || step_of(fs::path(dir).filename().string()) >= 0) {
+    rp.step_dir = dir;
+    rp.manifest = verify_checkpoint(dir);
+    return rp;
+  }
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t k = step_of(e.path().filename().string());
+    if (k >= 0 && e.is_directory()) steps.emplace_back(k, e.path().string());
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  if (steps.empty()) throw InputError("--resume '" + dir + "': no checkpoints (step-<k> directories) in it");
+  for (const auto& [k, path] : steps) {
+    try {
+      rp.manifest = verify_checkpoint(path);
+      rp.step_dir = path;
+      return rp;
+    } catch (const InputError& e) {
+      rp.skipped.push_back(e.what());
+    }
+  }
+  std::string why;
+  for (const auto& s : rp.skipped) why += "\n  " + s;
+  throw InputError("--resume '" + dir + "': no complete checkpoint:" + why);
+}
+
+void check_resume_compatible(const CheckpointManifest& m, const Scenario& s, const std::string& where) {
+  auto differ = [&](const char* key, int64_t ckpt, int64_t now, const char* extra) {
+    if (ckpt == now) return;
+    throw InputError(where + ": key '" + key + "': the checkpoint was written with " + key + "=" +
+                     std::to_string(ckpt) + ", the scenario has " + std::to_string(now) + extra);
+  };
+  const char* layout = " (resuming may change parallel.dp and parallel.zero only)";
+  differ("parallel.tp", m.tp, s.parallel.tp, layout);
+  differ("parallel.pp", m.pp, s.parallel.pp, layout);
+  differ("model.layers", m.layers, s.model.layers, "");
+  differ("model.d_model", m.d_model, s.model.d_model, "");
+  differ("model.heads", m.heads, s.model.heads, "");
+  differ("model.vocab", m.vocab, s.model.vocab, "");
+  differ("model.seq", m.seq, s.model.seq, "");
+  if (m.seed != s.training.seed) {
+    throw InputError(where + ": key 'training.seed': the checkpoint was written with seed " + std::to_string(m.seed) +
+                     ", the scenario has " + std::to_string(s.training.seed) +
+                     " (the seed fixes the data order, so a resumed run keeps it)");
+  }
+  if (m.data_source != s.data.source) {
+    throw InputError(where + ": key 'data.source': the checkpoint was written with '" + m.data_source +
+                     "', the scenario has '" + s.data.source + "'");
+  }
+  const int64_t g_new = static_cast<int64_t>(s.training.micro_batch) * s.parallel.dp;
+  if (m.sequences_per_call > 0 && m.calls_per_epoch > 0 && g_new != m.sequences_per_call) {
+    const int64_t within = (m.data_calls % m.calls_per_epoch) * m.sequences_per_call;
+    if (within % g_new != 0) {
+      throw InputError(where + ": key 'training.micro_batch': the checkpoint's data position (" +
+                       std::to_string(within) + " sequences into the epoch) is not a whole number of "
+                       "micro-batches of micro_batch * dp = " + std::to_string(g_new) + " sequences");
+    }
+  }
+  if (m.step >= s.training.steps) {
+    throw InputError(where + ": key 'training.steps': the checkpoint is at step " + std::to_string(m.step) +
+                     " and training.steps is " + std::to_string(s.training.steps) +
+                     ": nothing left to run (raise training.steps)");
+  }
+}
+
+// ---------------------------------------------------------------- reading
+
+CheckpointReader::CheckpointReader(std::string step_dir, CheckpointManifest m)
+    : dir_(std::move(step_dir)), m_(std::move(m)) {}
+
+void CheckpointReader::read(int tp, int pp, Field field, uint64_t offset, uint64_t count, float* dst) const {
+  const uint64_t end = offset + count;
+  uint64_t covered = 0;
+  // Pieces of [offset, end) found so far, to tell a gap from a double.
+  std::vector<std::pair<uint64_t, uint64_t>> got;
+  for (const auto& f : m_.files) {
+    if (f.tp != tp || f.pp != pp) continue;
+    uint64_t file_pos = 0;
+    int fd = -1;
+    for (const auto& r : f.ranges) {
+      const uint64_t lo = std::max(offset, r.offset), hi = std::min(end, r.offset + r.count);
+      if (lo < hi && std::none_of(got.begin(), got.end(), [&](auto& g) { return lo < g.second && g.first < hi; })) {
+        if (fd < 0) {
+          const std::string p = (fs::path(dir_) / f.name).string();
+          fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+          if (fd < 0) throw InputError("checkpoint '" + dir_ + "': cannot open '" + f.name + "': " + errno_text());
+        }
+        const uint64_t at = file_pos + (static_cast<uint64_t>(field) * r.count + (lo - r.offset)) * sizeof(float);
+        auto* out = reinterpret_cast<char*>(dst + (lo - offset));
+        uint64_t left = (hi - lo) * sizeof(float), pos = at;
+        while (left > 0) {
+          const ssize_t n = ::pread(fd, out, left, static_cast<off_t>(pos));
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) {
+            const std::string why = n < 0 ? errno_text() : "end of file";
+            ::close(fd);
+            throw InputError("checkpoint '" + dir_ + "': cannot read '" + f.name + "': " + why);
+          }
+          out += n;
+          pos += static_cast<uint64_t>(n);
+          left -= static_cast<uint64_t>(n);
+        }
+        got.emplace_back(lo, hi);
+        covered += hi - lo;
+      }
+      file_pos += 12 * r.count;
+    }
+    if (fd >= 0) ::close(fd);
+    if (covered == count) return;
+  }
+  if (covered != count) {
+    throw InputError("checkpoint '" + dir_ + "': elements [" + std::to_string(offset) + ", " + std::to_string(end) +
+                     ") of the tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) +
+                     " shard are not all in its files (" + std::to_string(covered) + " of " + std::to_string(count) +
+                     " found)");
+  }
+}
+
+void restore_trainer(Trainer& trainer, const Scenario& s, const std::string& step_dir, const CheckpointManifest& m) {
+  check_resume_compatible(m, s, s.path.empty() ? std::string("scenario") : s.path);
+  const Layout& L = trainer.layout();
+  for (const auto& f : m.files) {
+    if (f.tp == L.tp_rank && f.pp == L.pp_rank && f.flat_elems != trainer.flat_elems()) {
+      throw InputError("checkpoint '" + step_dir + "': '" + f.name + "' holds a flat array of " +
+                       std::to_string(f.flat_elems) + " elements, this rank's shard has " +
+                       std::to_string(trainer.flat_elems()) + " (another model)");
+    }
+  }
+  CheckpointReader reader(step_dir, m);
+  using F = CheckpointReader::Field;
+  for (const auto& r : trainer.state_to_load()) {
+    if (r.params) reader.read(L.tp_rank, L.pp_rank, F::Params, r.offset, r.count, r.params);
+    if (r.m) reader.read(L.tp_rank, L.pp_rank, F::M, r.offset, r.count, r.m);
+    if (r.v) reader.read(L.tp_rank, L.pp_rank, F::V, r.offset, r.count, r.v);
+  }
+  // The data position in global sequences, mapped onto this run's sequences per call.
+  const DataLoader& ld = trainer.loader();
+  int64_t calls = m.data_calls;
+  if (m.sequences_per_call != ld.sequences_per_call() && m.calls_per_epoch > 0) {
+    const int64_t epoch = m.data_calls / m.calls_per_epoch;
+    const int64_t within = (m.data_calls % m.calls_per_epoch) * m.sequences_per_call;
+    calls = epoch * ld.calls_per_epoch() + within / ld.sequences_per_call();
+  }
+  trainer.restore_counters(m.step, m.adamw_steps, calls);
+}
+
+// ---------------------------------------------------------------- the session
+
+struct CheckpointSession::Pending {
+  int32_t step = 0;
+  int64_t adamw_steps = 0;  // at the snapshot (a background write completes a step later)
+  std::string step_dir;
+  CheckpointFile file;           // this rank's (name "" when it writes none)
+  std::vector<float> buffer;     // background: the snapshot
+  std::vector<ConstPiece> pieces;
+  std::thread thread;
+  std::exception_ptr error;
+  int64_t write_ns = 0;
+  int64_t started_ns = 0;
+};
+
+CheckpointSession::CheckpointSession(const Scenario& s, Trainer& trainer, Communicator& world,
+                                     profiler::Recorder* rec, std::string dir)
+    : s_(s), trainer_(trainer), world_(world), rec_(rec && rec->enabled() ? rec : nullptr), dir_(std::move(dir)) {
+  if (rec_ && s_.checkpoint.every > 0 && s_.checkpoint.background) rec_->add_stream(kCheckpointStream, "checkpoint");
+}
+
+CheckpointSession::~CheckpointSession() {
+  if (pending_ && pending_->thread.joinable()) pending_->thread.join();
+}
+
+namespace {
+traces::Span phase(profiler::Recorder* rec, const char* name) {
+  traces::Span sp;
+  sp.kind = traces::SpanKind::Phase;
+  if (rec) sp.name = rec->intern(name);
+  return sp;
+}
+}  // namespace
+
+void CheckpointSession::after_step() {
+  if (s_.checkpoint.every <= 0) return;
+  const int32_t done = trainer_.steps_done();
+  const bool due = done % s_.checkpoint.every == 0;
+  if (!pending_ && !due) return;
+  profiler::ScopedSpan span(rec_, phase(rec_, "checkpoint.save"));
+  const int64_t t0 = profiler::steady_now_ns();
+  if (pending_) {  // the previous background write: it overlapped this step
+    complete(*pending_);
+    pending_.reset();
+  }
+  if (due) {
+    snapshot_and_write();
+    if (!s_.checkpoint.background) {
+      complete(*pending_);
+      pending_.reset();
+    }
+  }
+  stats_.blocking_ns += profiler::steady_now_ns() - t0;
+}
+
+void CheckpointSession::finish() {
+  if (!pending_) return;
+  profiler::ScopedSpan span(rec_, phase(rec_, "checkpoint.save"));
+  const int64_t t0 = profiler::steady_now_ns();
+  complete(*pending_);
+  pending_.reset();
+  stats_.blocking_ns += profiler::steady_now_ns() - t0;
+}
+
+void CheckpointSession::snapshot_and_write() {
+  auto p = std::make_unique<Pending>();
+  p->step = trainer_.steps_done();
+  p->adamw_steps = trainer_.adamw_steps();
+  p->step_dir = checkpoint_step_dir(dir_, p->step);
+  const Layout& L = trainer_.layout();
+  std::error_code ec;
+  fs::create_directories(p->step_dir, ec);
+  if (ec) throw InputError("key 'checkpoint.dir': cannot create '" + p->step_dir + "': " + ec.message());
+  // A checkpoint of this step written before (a run resumed from an earlier one) stops being complete
+  // now; its files are replaced below.
+  if (world_.rank() == 0) fs::remove(fs::path(p->step_dir) / kManifest, ec);
+
+  const std::vector<Trainer::StateRange> ranges = trainer_.state_to_save();
+  p->file.tp = L.tp_rank;
+  p->file.pp = L.pp_rank;
+  p->file.dp = L.dp_rank;
+  p->file.flat_elems = trainer_.flat_elems();
+  p->file.data_calls = trainer_.loader().position();
+  if (!ranges.empty()) {
+    p->file.name = "tp" + std::to_string(L.tp_rank) + "-pp" + std::to_string(L.pp_rank) + "-dp" +
+                   std::to_string(L.dp_rank) + ".bin";
+    for (const auto& r : ranges) p->file.ranges.push_back({r.offset, r.count});
+    if (s_.checkpoint.background) {
+      // Copy now: the next step changes the parameters and moments while the thread writes.
+      size_t total = 0;
+      for (const auto& r : ranges) total += 3 * r.count;
+      p->buffer.resize(total);
+      float* out = p->buffer.data();
+      for (const auto& r : ranges) {
+        for (const float* src : {static_cast<const float*>(r.params), static_cast<const float*>(r.m),
+                                 static_cast<const float*>(r.v)}) {
+          std::copy(src, src + r.count, out);
+          out += r.count;
+        }
+      }
+      p->pieces.push_back({p->buffer.data(), p->buffer.size() * sizeof(float)});
+    } else {
+      for (const auto& r : ranges) {
+        p->pieces.push_back({r.params, r.count * sizeof(float)});
+        p->pieces.push_back({r.m, r.count * sizeof(float)});
+        p->pieces.push_back({r.v, r.count * sizeof(float)});
+      }
+    }
+  }
+  Pending* pp = p.get();
+  auto write = [pp]() {
+    try {
+      if (pp->file.name.empty()) return;
+      const int64_t t0 = profiler::steady_now_ns();
+      const WrittenFile w = write_file_atomic((fs::path(pp->step_dir) / pp->file.name).string(), pp->pieces);
+      pp->file.bytes = w.bytes;
+      pp->file.crc32c = w.crc32c;
+      pp->write_ns = profiler::steady_now_ns() - t0;
+    } catch (...) {
+      pp->error = std::current_exception();
+    }
+  };
+  if (s_.checkpoint.background) {
+    profiler::Recorder* rec = rec_;
+    pp->thread = std::thread([write, rec, pp]() {
+      profiler::Recorder::set_thread_stream(kCheckpointStream);
+      traces::Span sp = phase(rec, "checkpoint.write");
+      sp.step = pp->step - 1;
+      profiler::ScopedSpan span(rec, sp);
+      write();
+    });
+  } else {
+    write();
+  }
+  pending_ = std::move(p);
+}
+
+// Joins the write, gathers every rank's file entry, rank 0 writes the manifest; then the checkpoint
+// is complete on every rank (barrier).
+void CheckpointSession::complete(Pending& p) {
+  if (p.thread.joinable()) p.thread.join();
+  if (p.error) std::rethrow_exception(p.error);
+  stats_.write_ns += p.write_ns;
+  std::string mine;
+  if (!p.file.name.empty()) {
+    json jf = {{"name", p.file.name},   {"bytes", p.file.bytes}, {"crc32c", p.file.crc32c},
+               {"tp", p.file.tp},       {"pp", p.file.pp},       {"dp", p.file.dp},
+               {"flat_elems", p.file.flat_elems}, {"data_calls", p.file.data_calls}};
+    json rs = json::array();
+    for (const auto& r : p.file.ranges) rs.push_back({r.offset, r.count});
+    jf["ranges"] = rs;
+    mine = jf.dump();
+  }
+  const OpLabel label{"checkpoint.gather", -1, -1, -1};
+  int64_t len = static_cast<int64_t>(mine.size());
+  world_.all_reduce(&len, 1, DType::I64, ReduceOp::Max, label).wait();
+  std::vector<char> send(static_cast<size_t>(len), ' '), all(static_cast<size_t>(len) * static_cast<size_t>(world_.size()));
+  std::copy(mine.begin(), mine.end(), send.begin());
+  if (len > 0) world_.all_gather(send.data(), all.data(), static_cast<size_t>(len), DType::U8, label).wait();
+
+  CheckpointManifest m;
+  m.scenario = s_.name;
+  m.step = p.step;
+  m.adamw_steps = p.adamw_steps;
+  m.dp = s_.parallel.dp;
+  m.tp = s_.parallel.tp;
+  m.pp = s_.parallel.pp;
+  m.zero = s_.parallel.zero;
+  m.layers = s_.model.layers;
+  m.d_model = s_.model.d_model;
+  m.heads = s_.model.heads;
+  m.vocab = s_.model.vocab;
+  m.seq = s_.model.seq;
+  m.seed = s_.training.seed;
+  m.data_source = s_.data.source;
+  m.data_calls = p.file.data_calls;  // world rank 0 (a first stage: it loads data) is the one that writes
+  m.sequences_per_call = trainer_.loader().sequences_per_call();
+  m.calls_per_epoch = trainer_.loader().calls_per_epoch();
+  for (int r = 0; r < world_.size(); ++r) {
+    std::string rec(all.begin() + static_cast<std::ptrdiff_t>(r) * len,
+                    all.begin() + static_cast<std::ptrdiff_t>(r + 1) * len);
+    while (!rec.empty() && rec.back() == ' ') rec.pop_back();
+    if (rec.empty()) continue;
+    const json jf = json::parse(rec);
+    CheckpointFile f;
+    f.name = jf.at("name").get<std::string>();
+    f.bytes = jf.at("bytes").get<uint64_t>();
+    f.crc32c = jf.at("crc32c").get<uint32_t>();
+    f.tp = jf.at("tp").get<int>();
+    f.pp = jf.at("pp").get<int>();
+    f.dp = jf.at("dp").get<int>();
+    f.flat_elems = jf.at("flat_elems").get<uint64_t>();
+    f.data_calls = jf.at("data_calls").get<int64_t>();
+    for (const json& r2 : jf.at("ranges")) f.ranges.push_back({r2.at(0).get<uint64_t>(), r2.at(1).get<uint64_t>()});
+    stats_.bytes += f.bytes;
+    m.files.push_back(std::move(f));
+  }
+  if (world_.rank() == 0) {
+    const std::string text = manifest_to_json(m);
+    write_file_atomic((fs::path(p.step_dir) / kManifest).string(), {{text.data(), text.size()}});
+  }
+  world_.barrier(label).wait();
+  ++stats_.saves;
+  stats_.written.push_back(p.step_dir);
+  if (s_.faults.kill_after_step >= 0 && p.step == s_.faults.kill_after_step) {
+    std::fflush(nullptr);
+    ::raise(SIGKILL);  // test-only: the job dies as a killed one does, the checkpoint complete
+  }
+}
+
+}  // namespace orrery::runtime
