@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
 # The prediction-accuracy loop of "measure here, predict there" on this machine:
-#   1. real runs of gpt-tiny (few steps): the calibration set (serial, dp2) and every other layout
-#      the runtime accepts (dp4, dp8, dp2 without overlap, tp/pp/ZeRO layouts once the runtime runs them);
-#   2. `orrery calibrate` on the calibration set only -> a profile of this machine;
-#   3. `orrery sim --hw PROFILE` (no --cluster: the profile describes this machine) for every layout;
-#   4. the table: layout, measured median step time, predicted, error %, and the mean absolute error.
+#   1. real runs of gpt-tiny: the calibration set (serial, dp2), a block of CALIB_EVERY layouts to
+#      predict (dp4, dp8, tp, pp, ZeRO, 3-D), the calibration set again, the next block, ..., the
+#      calibration set: the machine is shared and its load swings, so each prediction uses
+#      calibration runs measured just before and just after the runs it predicts;
+#   2. per block, `orrery calibrate` on those two calibration sets only -> a profile of this machine;
+#   3. `orrery sim --hw PROFILE` (no --cluster: the profile describes this machine) for every layout
+#      of the block (and the calibration runs themselves, as a check of the fit);
+#   4. the table: layout, 1-min load average when it ran, measured median step time (steps after the
+#      first), predicted, error %; the mean absolute error over the predicted layouts.
 # Timings, not a test: the machine's 2 cores are shared, so the figures are as noisy as the machine.
 #
-#   bench/calibrate_loop.sh [BUILD_DIR] [STEPS]      (default build/ and 4 steps; run from the repo root)
-# Environment: OUT_DIR (default /tmp/orrery-calibrate-loop), LAYOUTS (space-separated names to run,
-# default all), SCENARIO (default scenarios/gpt-tiny.yaml), ORRERY_RUN (the binary for the real runs,
-# default the build's), SKIP_RUNS=1 (reuse the runs already in OUT_DIR), RUNS_ONLY=1 (stop after them).
+#   bench/calibrate_loop.sh [BUILD_DIR] [STEPS]      (default build/ and 5 steps; run from the repo root)
+# Environment: OUT_DIR (default /tmp/orrery-calibrate-loop), LAYOUTS (space-separated names to predict,
+# default all), CALIB_EVERY (layouts per calibration block, default 2), SCENARIO (default
+# scenarios/gpt-tiny.yaml), ORRERY_RUN (the binary for the real runs, default the build's), ORRERY_CAL
+# (the binary for `orrery calibrate`: one that reads ORRERY_RUN's trace schema; default the build's),
+# SKIP_RUNS=1 (reuse the runs already in OUT_DIR: refit and predict only), RUNS_ONLY=1 (stop after them).
 set -u
 BUILD=${1:-build}
-STEPS=${2:-4}
+STEPS=${2:-5}
 ORRERY=$BUILD/bin/orrery
 ORRERY_RUN=${ORRERY_RUN:-$ORRERY}
+ORRERY_CAL=${ORRERY_CAL:-$ORRERY}
 SCEN=${SCENARIO:-scenarios/gpt-tiny.yaml}
 OUT=${OUT_DIR:-/tmp/orrery-calibrate-loop}
+EVERY=${CALIB_EVERY:-2}
 mkdir -p "$OUT"
 [ -x "$ORRERY" ] || [ "${RUNS_ONLY:-0}" = 1 ] || { echo "no $ORRERY: build the orrery target first" >&2; exit 2; }
-MB=8   # micro-batch per rank (gpt-tiny's); global batch = dp x MB unless a layout sets it
 
 # name | ranks | --set options (beyond steps and global batch) | global batch | role
 LAYOUT_TABLE="
@@ -36,78 +43,107 @@ pp2-gpipe|2|parallel.dp=1 parallel.pp=2 parallel.schedule=gpipe training.micro_b
 pp2-1f1b|2|parallel.dp=1 parallel.pp=2 parallel.schedule=1f1b training.micro_batch=4|8|predict
 pp4-gpipe|4|parallel.dp=1 parallel.pp=4 parallel.schedule=gpipe training.micro_batch=2|8|predict
 pp4-1f1b|4|parallel.dp=1 parallel.pp=4 parallel.schedule=1f1b training.micro_batch=2|8|predict
-zero2-dp2|2|parallel.dp=2 parallel.zero=2|16|predict
-zero3-dp2|2|parallel.dp=2 parallel.zero=3|16|predict
+zero2-dp2|2|parallel.dp=2 parallel.zero=2 training.micro_batch=4|16|predict
+zero3-dp2|2|parallel.dp=2 parallel.zero=3 training.micro_batch=4|16|predict
 dp2tp2pp2|8|parallel.dp=2 parallel.tp=2 parallel.pp=2 training.micro_batch=4|16|predict
 "
 
+row_of() { grep "^$1|" <<<"$LAYOUT_TABLE"; }
 sets_of() {  # the --set arguments of a layout
   local sets=$1 gb=$2 a=""
   for kv in $sets; do a="$a --set $kv"; done
   echo "$a --set training.steps=$STEPS --set training.global_batch=$gb"
 }
-
 want() { [ -z "${LAYOUTS:-}" ] && return 0; for l in $LAYOUTS; do [ "$l" = "$1" ] && return 0; done; return 1; }
+median_ms() {  # median step time of a run, steps after the first (warm-up)
+  python3 -c "import json,sys,statistics as s; d=json.load(open(sys.argv[1])); print(round(s.median(d['step_ms'][1:] or d['step_ms']), 1))" "$1"
+}
 
-echo "== real runs ($STEPS steps each, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))"
-CALIB=()
-while IFS='|' read -r name ranks sets gb role; do
-  [ -z "$name" ] && continue
-  want "$name" || [ "$role" = calib ] || continue
+# run NAME DIR: one real run into DIR/NAME.db (+ .run.json, .load); returns non-zero if it failed
+run() {
+  local name=$1 dir=$2 ranks sets gb role args
+  IFS='|' read -r _ ranks sets gb role <<<"$(row_of "$name")"
   args=$(sets_of "$sets" "$gb")
-  if [ "${SKIP_RUNS:-0}" = 1 ]; then
-    if [ -f "$OUT/$name.run.json" ]; then
-      [ "$role" = calib ] && CALIB+=("$OUT/$name.db")
-      echo "  $name: reused, median step $(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['median_step_ms'])" "$OUT/$name.run.json") ms"
-    fi
-    continue
-  fi
+  if [ "${SKIP_RUNS:-0}" = 1 ]; then [ -f "$dir/$name.run.json" ]; return; fi
+  cut -d' ' -f1 /proc/loadavg >"$dir/$name.load"
+  rm -f "$dir/$name.db"
   # shellcheck disable=SC2086
-  if "$ORRERY_RUN" run "$SCEN" --nproc "$ranks" $args --out "$OUT/$name.db" --json </dev/null >"$OUT/$name.run.json" 2>"$OUT/$name.run.err"; then
-    ms=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['median_step_ms'])" "$OUT/$name.run.json")
-    echo "  $name: median step $ms ms"
-    [ "$role" = calib ] && CALIB+=("$OUT/$name.db")
+  if "$ORRERY_RUN" run "$SCEN" --nproc "$ranks" $args --out "$dir/$name.db" --json </dev/null \
+      >"$dir/$name.run.json" 2>"$dir/$name.run.err"; then
+    echo "  $name: median step $(median_ms "$dir/$name.run.json") ms (load $(cat "$dir/$name.load"))"
   else
-    echo "  $name: not run ($(grep -m1 -o 'key .*' "$OUT/$name.run.err" | cut -c1-110))"
-    rm -f "$OUT/$name.run.json"
+    echo "  $name: not run ($(grep -v '^$' "$dir/$name.run.err" | head -1 | cut -c1-120))"
+    rm -f "$dir/$name.run.json"
+    return 1
   fi
-done <<<"$LAYOUT_TABLE"
+}
 
-[ "${RUNS_ONLY:-0}" = 1 ] && exit 0
-echo "== calibrate from: ${CALIB[*]}"
-"$ORRERY" calibrate "${CALIB[@]}" --out "$OUT/profile.yaml" | sed 's/^/  /'
-
-echo "== predictions (orrery sim --hw $OUT/profile.yaml, no --cluster)"
-ROWS="$OUT/rows.tsv"
-: >"$ROWS"
-while IFS='|' read -r name ranks sets gb role; do
-  [ -z "$name" ] && continue
-  [ -f "$OUT/$name.run.json" ] || continue
+# predict NAME DIR ROLE BLOCK: orrery sim with DIR/profile.yaml, one row into $OUT/rows.tsv
+predict() {
+  local name=$1 dir=$2 role=$3 block=$4 ranks sets gb args
+  [ -f "$dir/$name.run.json" ] || return
+  IFS='|' read -r _ ranks sets gb _ <<<"$(row_of "$name")"
   args=$(sets_of "$sets" "$gb")
   # shellcheck disable=SC2086
-  if "$ORRERY" sim "$SCEN" --hw "$OUT/profile.yaml" $args --steps 2 --json --out "$OUT/$name.sim.db" \
-      </dev/null >"$OUT/$name.sim.json" 2>"$OUT/$name.sim.err"; then
-    python3 - "$name" "$role" "$OUT/$name.run.json" "$OUT/$name.sim.json" >>"$ROWS" <<'PY'
+  if "$ORRERY" sim "$SCEN" --hw "$dir/profile.yaml" $args --steps 3 --json --out "$dir/$name.sim.db" \
+      </dev/null >"$dir/$name.sim.json" 2>"$dir/$name.sim.err"; then
+    python3 - "$name" "$role" "$block" "$(cat "$dir/$name.load")" "$(median_ms "$dir/$name.run.json")" \
+        "$dir/$name.sim.json" >>"$OUT/rows.tsv" <<'PY'
 import json, sys
-name, role, run, sim = sys.argv[1:5]
-m = json.load(open(run))["median_step_ms"]
+name, role, block, load, m, sim = sys.argv[1:7]
+m = float(m)
 p = json.load(open(sim))["step_time_ns"] / 1e6
-print(f"{name}\t{role}\t{m:.1f}\t{p:.1f}\t{100 * (p - m) / m:+.1f}")
+print(f"{name}\t{role}\t{block}\t{load}\t{m:.1f}\t{p:.1f}\t{100 * (p - m) / m:+.1f}")
 PY
   else
-    echo "  $name: sim failed: $(head -c 200 "$OUT/$name.sim.err")"
+    echo "  $name: sim failed: $(head -c 200 "$dir/$name.sim.err")"
   fi
+}
+
+PRED=()
+while IFS='|' read -r name _ _ _ role; do
+  [ -n "$name" ] && [ "$role" = predict ] && want "$name" && PRED+=("$name")
 done <<<"$LAYOUT_TABLE"
 
-python3 - "$ROWS" <<'PY'
+echo "== $STEPS steps per run, $(nproc) cores, load at start $(cut -d' ' -f1-3 /proc/loadavg); blocks of $EVERY layouts"
+nblocks=$(( (${#PRED[@]} + EVERY - 1) / EVERY ))
+# Runs: calibration set, block 0, calibration set, block 1, ..., calibration set.
+for ((k = 0; k <= nblocks; k++)); do
+  dir="$OUT/block$k"
+  mkdir -p "$dir"
+  block=("${PRED[@]:k*EVERY:EVERY}")
+  echo "-- calibration set $k${block[*]:+, then ${block[*]}}"
+  for c in serial dp2; do run "$c" "$dir"; done
+  for name in "${block[@]}"; do run "$name" "$dir"; done
+done
+[ "${RUNS_ONLY:-0}" = 1 ] && exit 0
+
+# Block k is predicted from the calibration sets measured just before and just after it.
+: >"$OUT/rows.tsv"
+for ((k = 0; k < nblocks; k++)); do
+  dir="$OUT/block$k"
+  cal=()
+  for d in "$dir" "$OUT/block$((k + 1))"; do
+    for c in serial dp2; do [ -f "$d/$c.run.json" ] && cal+=("$d/$c.db"); done
+  done
+  if "$ORRERY_CAL" calibrate "${cal[@]}" --out "$dir/profile.yaml" >"$dir/calibrate.txt" 2>&1; then
+    echo "-- block $k: $(grep -E "^# sharing: 2 ranks" "$dir/profile.yaml" | head -1 | cut -c3-)"
+    for c in serial dp2; do predict "$c" "$dir" calib "$k"; done
+    for name in "${PRED[@]:k*EVERY:EVERY}"; do predict "$name" "$dir" predict "$k"; done
+  else
+    echo "  block $k: no calibration ($(tail -1 "$dir/calibrate.txt"))"
+  fi
+done
+
+python3 - "$OUT/rows.tsv" <<'PY'
 import sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
-print(f"\n{'layout':<16} {'role':<12} {'measured ms':>12} {'predicted ms':>13} {'error':>8}")
-for n, role, m, p, e in rows:
-    print(f"{n:<16} {'calibration' if role == 'calib' else 'prediction':<12} {m:>12} {p:>13} {e:>7}%")
-pred = [abs(float(r[4])) for r in rows if r[1] == "predict"]
+print(f"\n{'layout':<16} {'role':<12} {'block':>5} {'load':>6} {'measured ms':>12} {'predicted ms':>13} {'error':>8}")
+for n, role, blk, load, m, p, e in rows:
+    print(f"{n:<16} {'calibration' if role == 'calib' else 'prediction':<12} {blk:>5} {load:>6} {m:>12} {p:>13} {e:>7}%")
+pred = [abs(float(r[6])) for r in rows if r[1] == "predict"]
 if pred:
     print(f"\npredicted layouts: {len(pred)}, mean absolute error {sum(pred) / len(pred):.1f} %, "
           f"max {max(pred):.1f} %, within 10 %: {sum(e <= 10 for e in pred)}/{len(pred)}")
 PY
-echo "(files in $OUT; span-level: $ORRERY report $OUT/dp4.db --compare $OUT/dp4.sim.db)"
+echo "load at end $(cut -d' ' -f1-3 /proc/loadavg); files in $OUT (span level: $ORRERY report $OUT/block0/dp4.db --compare $OUT/block0/dp4.sim.db)"

@@ -99,8 +99,8 @@ Command setup(CLI::App& root) {
     opt.precision = a->precision;
     opt.profile = a->hw.empty() ? sim::profile_for(cluster, sim::hardware_dir_for(cluster_path))
                                 : sim::load_hardware_profile(a->hw);
-    // Ranks sharing a node's cores slow down (a no-op for profiles without a `sharing:` section).
-    opt.profile = sim::profile_for_ranks(*opt.profile, sim::ranks_on_node(s, cluster));
+    // Ranks sharing a node's cores (profiles with a `sharing:` section): sim::simulate shares the
+    // cores among the ranks computing at each instant and scales the collectives.
     opt.keep_trace = !a->out.empty();
 
     // The memory check first: a model that cannot fit is bad input, not a prediction.

@@ -204,10 +204,10 @@ double comm_slowdown(const CoreSharing& s, int ranks_on_node) {
   return u <= 1.0 ? 1.0 : std::pow(u, s.comm_exponent);
 }
 
-HardwareProfile profile_for_ranks(const HardwareProfile& p, int ranks_on_node) {
+HardwareProfile profile_for_ranks(const HardwareProfile& p, int ranks_on_node, bool scale_compute) {
   if (p.sharing.cores <= 0) return p;
   HardwareProfile q = p;
-  const double f = compute_slowdown(p.sharing, ranks_on_node);
+  const double f = scale_compute ? compute_slowdown(p.sharing, ranks_on_node) : 1.0;
   const double fc = comm_slowdown(p.sharing, ranks_on_node);
   // Efficiencies stay within (0, 1]: a speed-up (f < 1, see contention_at_full) goes into the
   // profile's rates instead when it has them.
@@ -229,8 +229,12 @@ HardwareProfile profile_for_ranks(const HardwareProfile& p, int ranks_on_node) {
     o.bus_bandwidth_bytes_per_s /= fc;
   }
   char buf[96];
-  std::snprintf(buf, sizeof buf, " (%d ranks on %d cores: compute x%.3f, comm x%.3f)", ranks_on_node,
-                p.sharing.cores, f, fc);
+  if (scale_compute)
+    std::snprintf(buf, sizeof buf, " (%d ranks on %d cores: compute x%.3f, comm x%.3f)", ranks_on_node,
+                  p.sharing.cores, f, fc);
+  else
+    std::snprintf(buf, sizeof buf, " (%d ranks on %d cores: compute shared by the busy ranks, comm x%.3f)",
+                  ranks_on_node, p.sharing.cores, fc);
   q.name += buf;
   return q;
 }
@@ -541,6 +545,20 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
     colscale[j] = s > 0 ? std::sqrt(s) : 0.0;
     for (int i = 0; i < nr; ++i)
       if (colscale[j] > 0) a[i * kCols + j] /= colscale[j];
+  }
+  // Per-kernel overheads are only identifiable when the traces hold an op at more than one shape
+  // (a rate and an overhead cannot be told apart from one size): with a single shape the overhead
+  // columns are left out and every op's time is FLOPs or bytes over its class's rate, so smaller
+  // kernels (tp shards, smaller micro-batches) are predicted at the same rate.
+  {
+    std::set<std::string> shapes;
+    for (const auto& r : rows) shapes.insert(r.key.shape);
+    if (shapes.size() <= 1) {
+      for (int i = 0; i < nr; ++i)
+        for (int c = 0; c < kOpClassCount; ++c) a[i * kCols + kOpClassCount + c] = 0.0;
+      for (int c = 0; c < kOpClassCount; ++c) colscale[kOpClassCount + c] = 0.0;
+      out.notes.push_back("the traces hold every op at one shape only: per-kernel overheads not fitted (0)");
+    }
   }
   // A mild ridge on the overheads: rates explain what scales with FLOPs and bytes, overheads the rest
   // (with fewer ops than unknowns the fit would otherwise pick any vertex, e.g. all overhead).

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "orrery/common/error.hpp"
+#include "orrery/sim/calibrate.hpp"
 #include "orrery/sim/engine.hpp"
 
 namespace orrery::sim {
@@ -58,7 +59,10 @@ class Executor {
       throw InputError("cluster '" + c.name + "' has " + std::to_string(c.num_gpus()) + " GPUs; the layout dp=" +
                        std::to_string(l.dp) + " tp=" + std::to_string(l.tp) + " pp=" + std::to_string(l.pp) +
                        " needs " + std::to_string(l.world()));
-    std::vector<int32_t> ranks = opt.ranks.empty() ? representative_ranks(l, opt.all_ranks) : opt.ranks;
+    sharing_ = opt.core_sharing && opt.core_sharing->cores > 0;
+    std::vector<int32_t> ranks =
+        opt.ranks.empty() ? representative_ranks(l, opt.all_ranks || sharing_) : opt.ranks;
+    if (sharing_) cpus_.resize(c.nodes > 0 ? c.nodes : 1);
     std::sort(ranks.begin(), ranks.end());
     ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
     sim_index_.assign(l.world(), -1);
@@ -180,7 +184,11 @@ class Executor {
         break;
       default:
         t.active_ns = t.start_ns;
-        engine_.schedule_at(engine_.now() + op.duration_ns, [this, ri, id] { complete(ri, id); });
+        if (sharing_) {
+          start_shared(ri, id, op.duration_ns);
+        } else {
+          engine_.schedule_at(engine_.now() + op.duration_ns, [this, ri, id] { complete(ri, id); });
+        }
         break;
     }
   }
@@ -198,6 +206,62 @@ class Executor {
       if (--st.pending[dep] == 0) try_start(ri, p.ops[dep].stream);
     }
     try_start(ri, stream);
+  }
+
+  // ---- processor sharing of a node's cores (ExecutorOptions::core_sharing)
+  struct Running {
+    int32_t ri;
+    uint32_t id;
+    double remaining_ns;  // of lone-rank work
+  };
+  struct NodeCpu {
+    std::vector<Running> running;
+    int64_t updated_ns = 0;
+    uint64_t generation = 0;
+  };
+  double shared_rate(size_t busy) const {
+    return busy == 0 ? 1.0 : 1.0 / compute_slowdown(*opt_.core_sharing, static_cast<int>(busy));
+  }
+  // Work done since the last update, at the rate of the ranks that were busy meanwhile.
+  void progress_node(NodeCpu& n) {
+    const int64_t now = engine_.now();
+    const double done = double(now - n.updated_ns) * shared_rate(n.running.size());
+    for (auto& r : n.running) r.remaining_ns -= done;
+    n.updated_ns = now;
+  }
+  void start_shared(int32_t ri, uint32_t id, int64_t work_ns) {
+    const int node = std::max(0, c_.node_of(runs_[ri].rank));
+    NodeCpu& n = cpus_[node];
+    progress_node(n);
+    n.running.push_back({ri, id, double(work_ns)});
+    reschedule_node(node);
+  }
+  // Schedules the node's next completion; earlier schedules become stale (generation).
+  void reschedule_node(int node) {
+    NodeCpu& n = cpus_[node];
+    if (n.running.empty()) return;
+    double least = n.running.front().remaining_ns;
+    for (const auto& r : n.running) least = std::min(least, r.remaining_ns);
+    const double rate = shared_rate(n.running.size());
+    const int64_t at = engine_.now() + static_cast<int64_t>(std::ceil(std::max(0.0, least) / rate));
+    const uint64_t gen = ++n.generation;
+    engine_.schedule_at(at, [this, node, gen] {
+      NodeCpu& m = cpus_[node];
+      if (m.generation != gen) return;
+      progress_node(m);
+      std::vector<Running> finished;
+      for (size_t i = 0; i < m.running.size();) {
+        if (m.running[i].remaining_ns <= 0.5) {
+          finished.push_back(m.running[i]);
+          m.running.erase(m.running.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+      ++m.generation;  // completions below may start ops on this node, which reschedule it
+      for (const auto& f : finished) complete(f.ri, f.id);
+      if (m.generation == gen + 1) reschedule_node(node);
+    });
   }
 
   void arrive_collective(int32_t ri, uint32_t id, const Op& op) {
@@ -271,6 +335,8 @@ class Executor {
   std::unordered_map<uint64_t, GroupInfo> groups_;
   std::unordered_map<uint64_t, Pending> pending_;
   std::unordered_map<uint64_t, Channel> channels_;
+  bool sharing_ = false;
+  std::vector<NodeCpu> cpus_;  // per node, with core sharing
 };
 
 }  // namespace
@@ -381,7 +447,7 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
       if (op.group != GroupRole::None) {
         sp.comm = comm_of(run.rank, op.group);
         sp.seq = op.seq;
-        if (op.group == GroupRole::PPNext || op.group == GroupRole::PPPrev)
+        if (op.kind == traces::SpanKind::P2P && (op.group == GroupRole::PPNext || op.group == GroupRole::PPPrev))
           sp.peer = l.rank_of(run.coord.dp, run.coord.tp, run.coord.pp + (op.group == GroupRole::PPNext ? 1 : -1));
       }
       t.spans.push_back(sp);

@@ -90,6 +90,16 @@ ReplayResult replay(const traces::Trace& t, const Cluster& cluster, const Replay
       if (span(p).rank == span(n).rank && span(p).stream == span(n).stream) nodes[n].pred = p;
     }
   }
+  // Posted transfers run concurrently with what the stream issues after them (the runtime posts a
+  // pipeline send and moves on; under 1F1B the next receive starts while it is in flight): a span
+  // that started before a P2P predecessor ended follows the latest span of its stream that had ended
+  // by then, not the transfer (which may itself wait on the peer: ordering behind it deadlocks).
+  for (int32_t n = 0; n < int32_t(nodes.size()); ++n) {
+    int32_t p = nodes[n].pred;
+    if (p == kNone || span(p).kind != traces::SpanKind::P2P || span(n).start_ns >= span(p).end_ns) continue;
+    while (p != kNone && span(p).end_ns > span(n).start_ns) p = nodes[p].pred;
+    nodes[n].pred = p;
+  }
   if (!opt.identity && world > cluster.num_gpus())
     throw InputError("replay: the trace has " + std::to_string(world) + " ranks but cluster '" + cluster.name +
                      "' has " + std::to_string(cluster.num_gpus()) + " GPUs");

@@ -11,6 +11,7 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/profiler/metrics.hpp"
+#include "orrery/sim/calibrate.hpp"
 #include "orrery/sim/cost_model.hpp"
 #include "orrery/sim/workload.hpp"
 
@@ -66,7 +67,12 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   if (s.world_size() != cluster.num_gpus())
     throw InputError(s.path + ": the layout " + layout_string(s) + " uses " + std::to_string(s.world_size()) +
                      " GPUs but cluster '" + cluster.name + "' has " + std::to_string(cluster.num_gpus()));
-  const HardwareProfile prof = opt.profile ? *opt.profile : profile_for(cluster);
+  // A profile with a core-sharing law (calibrated on a CPU machine): collectives scaled for the
+  // ranks on a node here, compute shared among the busy ranks by the executor.
+  const HardwareProfile given = opt.profile ? *opt.profile : profile_for(cluster);
+  const bool shared_cores = given.sharing.cores > 0;
+  const HardwareProfile prof =
+      shared_cores ? profile_for_ranks(given, ranks_on_node(s, cluster), /*scale_compute=*/false) : given;
   const PrecisionConfig prec = precision_for(opt, prof);
   const double peak = peak_for(cluster, prof);
   const CostModel cost(prof, peak, cluster.device.mem_bandwidth_bytes_per_s);
@@ -76,6 +82,7 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   eo.network = opt.network;
   eo.all_ranks = opt.all_ranks;
   eo.profile = &prof;
+  if (shared_cores) eo.core_sharing = &prof.sharing;
   const ExecResult r = execute(w, cluster, eo);
 
   SimResult out;
@@ -369,6 +376,18 @@ std::string fmt(const char* f, double v) {
 }
 
 std::string gb(double bytes) { return fmt("%.1f GB", bytes / 1e9); }
+// Sizes and rates in the unit that keeps three significant digits visible: a CPU profile's 20 MB of
+// model states or 25 GFLOP/s peak must not print as "0.0 GB" and "0 TFLOP/s".
+std::string bytes_str(double bytes) {
+  if (bytes >= 1e9) return fmt("%.1f GB", bytes / 1e9);
+  if (bytes >= 1e6) return fmt("%.1f MB", bytes / 1e6);
+  return fmt("%.1f kB", bytes / 1e3);
+}
+std::string flops_str(double flops_per_s) {
+  if (flops_per_s >= 1e12) return fmt("%.1f TFLOP/s", flops_per_s / 1e12);
+  if (flops_per_s >= 1e9) return fmt("%.2f GFLOP/s", flops_per_s / 1e9);
+  return fmt("%.1f MFLOP/s", flops_per_s / 1e6);
+}
 
 std::string seconds(double ns) {
   if (ns >= 1e9) return fmt("%.3f s", ns / 1e9);
@@ -432,8 +451,8 @@ std::string format_report(const SimResult& r, const Scenario& s, const Cluster& 
     << ", micro-batch " << r.micro_batch << " x " << r.micro_batches << " per replica per step\n";
   o << "step time     " << seconds(step) << "\n";
   o << "tokens/s      " << fmt("%.0f", r.tokens_per_s) << "\n";
-  o << "per GPU       " << fmt("%.1f", r.tflops_per_gpu) << " TFLOP/s, MFU " << fmt("%.1f %%", 100 * r.mfu)
-    << " (peak " << fmt("%.0f", r.peak_flops / 1e12) << " TFLOP/s)\n";
+  o << "per GPU       " << flops_str(r.tflops_per_gpu * 1e12) << ", MFU " << fmt("%.1f %%", 100 * r.mfu)
+    << " (peak " << flops_str(r.peak_flops) << ")\n";
   const auto& b = r.breakdown;
   o << "breakdown (one step, mean over ranks)\n";
   auto line = [&](const char* name, double ns) {
@@ -448,11 +467,11 @@ std::string format_report(const SimResult& r, const Scenario& s, const Cluster& 
   line("pipeline bubble", b.bubble_ns);
   line("idle", b.idle_ns);
   o << "memory per GPU (parameters + gradients + optimizer + activations = total, capacity "
-    << gb(double(r.capacity_bytes)) << ")\n";
+    << bytes_str(double(r.capacity_bytes)) << ")\n";
   auto mem_line = [&](const MemoryEstimate& m) {
-    o << "  stage " << m.stage << ": " << gb(m.parameters_bytes) << " + " << gb(m.gradients_bytes) << " + "
-      << gb(m.optimizer_bytes) << " + " << gb(m.activations_bytes) << " (" << m.micro_batches_in_flight
-      << " micro-batches in flight) = " << gb(m.total_bytes) << (m.fits ? "  fits" : "  DOES NOT FIT") << "\n";
+    o << "  stage " << m.stage << ": " << bytes_str(m.parameters_bytes) << " + " << bytes_str(m.gradients_bytes)
+      << " + " << bytes_str(m.optimizer_bytes) << " + " << bytes_str(m.activations_bytes) << " ("
+      << m.micro_batches_in_flight << " micro-batches in flight) = " << bytes_str(m.total_bytes) << (m.fits ? "  fits" : "  DOES NOT FIT") << "\n";
   };
   if (r.memory.size() <= 4) {
     for (const auto& m : r.memory) mem_line(m);

@@ -293,11 +293,10 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
       if (cur.params > 0) buckets.push_back(cur);
     }
     for (const auto& bk : buckets) prog.bucket_params.push_back(bk.params);
-    const int64_t block_params = segment_params(l0);  // ZeRO-3 gathers one block at a time
 
     int32_t seq_tp = 0, seq_dp = 0, seq_act_next = 0, seq_act_prev = 0, seq_grad_next = 0, seq_grad_prev = 0;
     int32_t seq_embed = 0;
-    uint32_t after_prev_step = kNone;  // the op the next step's first compute waits for (ZeRO all-gathers)
+    uint32_t after_prev_step = kNone;  // the op the next step's first pass waits for (optimizer, all-gather, loss)
 
     auto compute = [&](std::string_view n, const Piece& pc, PhaseKind ph, int step, int mb, int layer,
                        traces::SpanKind kind = traces::SpanKind::Compute) {
@@ -343,49 +342,85 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
       return prev;
     };
 
+    // ZeRO sizes: the runtime pads an array of n elements to dp · ceil(n / dp) (zero.hpp); the
+    // collectives move the padded total.
+    auto padded = [&](int64_t n) { return (n + dp - 1) / dp * dp; };
+    const bool has_embed_segment = first || last;  // wte (and wpe on stage 0) on this stage
+    int32_t seq_pp = 0;                           // collectives on the pp group (pp.loss)
+
     for (int step = 0; step < opt.steps; ++step) {
       std::vector<uint32_t> grad_ops;  // DP gradient ops of this step (the optimizer waits for all)
       uint32_t last_backward_op = kNone;
       const auto order = schedule_order(par.schedule, pp, st, m);
-      bool first_compute_of_step = true;
-      // ZeRO-3: gathers one layer's parameters; `after` is the op it may not overtake (prefetch depth).
-      auto zero3_gather = [&](PhaseKind ph, int mb, int layer, uint32_t after) {
-        return b.add(comm(names::kZeroAllGather, traces::SpanKind::Collective, traces::CollOp::AllGather, kStreamDp,
-                          GroupRole::DP, block_params * prec.param_bytes, seq_dp++, ph, step, mb, layer),
-                     {after});
+      // The op the next pass's first op waits for: the runtime's blocking collectives between passes
+      // (the previous step's ZeRO all-gather and pp.loss, ZeRO 1/2 reductions, ZeRO 3's end of backward).
+      std::vector<uint32_t> blocker{after_prev_step};
+      auto dp_coll = [&](std::string_view n, traces::CollOp c, int64_t bytes, PhaseKind ph, int mb, int layer,
+                         std::vector<uint32_t> deps) {
+        return b.add(comm(n, traces::SpanKind::Collective, c, kStreamDp, GroupRole::DP, bytes, seq_dp++, ph, step, mb,
+                          layer),
+                     deps);
       };
+      auto embed_all_reduce = [&](int mb, std::vector<uint32_t> deps) {
+        return b.add(comm(names::kEmbedAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce, kStreamDp,
+                          GroupRole::Embedding, int64_t(s.model.vocab) * s.model.d_model * prec.grad_bytes,
+                          seq_embed++, PhaseKind::Backward, step, mb, -1),
+                     deps);
+      };
+      // ZeRO 3 (the runtime's Zero3Storage): one all-gather per segment, issued on the comm thread in
+      // the order the trainer binds them (a block's gather when the block before it is bound, so one
+      // block ahead), and one reduce-scatter per segment as its backward completes.
+      auto z3_gather = [&](PhaseKind ph, int mb, int segment, uint32_t after) {
+        return dp_coll(names::kZeroAllGather, traces::CollOp::AllGather,
+                       padded(segment_params(segment)) * prec.param_bytes, ph, mb, segment, {after});
+      };
+      auto z3_scatter = [&](int mb, int segment, uint32_t after) {
+        const uint32_t op = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
+                                    padded(segment_params(segment)) * prec.grad_bytes, PhaseKind::Backward, mb, segment,
+                                    {after});
+        grad_ops.push_back(op);
+        return op;
+      };
+      if (par.zero == 3) {
+        // The embedding and the final LayerNorm: gathered once a step, before any pass (blocking).
+        uint32_t after = after_prev_step;
+        if (has_embed_segment) after = z3_gather(PhaseKind::None, -1, -1, after);
+        if (last) after = z3_gather(PhaseKind::None, -1, L, after);
+        blocker = {after};
+      }
 
       for (const int pass : order) {
         if (pass >= 0) {
           // ---- forward of micro-batch `mb`
           const int mb = pass;
-          uint32_t wait = kNone;  // the previous step's ZeRO all-gathers
-          if (first_compute_of_step) {
-            wait = after_prev_step;
-            first_compute_of_step = false;
-          }
+          const std::vector<uint32_t> wait = std::move(blocker);
+          blocker.clear();
           uint32_t data = kNone;
           if (first || last)
             data = b.add(compute(names::kDataLoad, Piece{0, 0, cc.data_ns}, PhaseKind::None, step, mb, -1,
                                  traces::SpanKind::Data),
-                         {wait});
+                         wait);
           uint32_t prev = kNone;
           if (first) {
-            prev = b.add(compute(names::kEmbedForward, cc.embed_f, PhaseKind::Forward, step, mb, -1), {data, wait});
+            std::vector<uint32_t> deps = wait;
+            deps.push_back(data);
+            prev = b.add(compute(names::kEmbedForward, cc.embed_f, PhaseKind::Forward, step, mb, -1), deps);
           } else {
             prev = b.add(comm(names::kRecvActivation, traces::SpanKind::P2P, traces::CollOp::Recv, kStreamPpRecv,
                               GroupRole::PPPrev, act_msg_bytes, 2 * seq_act_prev++, PhaseKind::Forward, step, mb, -1),
-                         {});
+                         wait);
           }
-          uint32_t first_of_prev_prev = kNone, first_of_prev = kNone;
+          uint32_t gathered = kNone;  // ZeRO 3: this block's gather
           for (int l = l0; l < l1; ++l) {
-            const uint32_t gather =
-                par.zero == 3 ? zero3_gather(PhaseKind::Forward, mb, l, first_of_prev_prev) : kNone;
-            const uint32_t begin = static_cast<uint32_t>(prog.ops.size());
-            prev = block(names::kBlockForward, cc.block_f, PhaseKind::Forward, step, mb, l, {prev, gather, wait});
-            wait = kNone;
-            first_of_prev_prev = first_of_prev;
-            first_of_prev = begin;
+            if (par.zero == 3) {
+              if (l == l0) gathered = z3_gather(PhaseKind::Forward, mb, l, prev);
+              const uint32_t this_gather = gathered;
+              // Prefetch of the next block, issued once this one's gather is waited for.
+              gathered = l + 1 < l1 ? z3_gather(PhaseKind::Forward, mb, l + 1, prev) : kNone;
+              prev = block(names::kBlockForward, cc.block_f, PhaseKind::Forward, step, mb, l, {prev, this_gather});
+            } else {
+              prev = block(names::kBlockForward, cc.block_f, PhaseKind::Forward, step, mb, l, {prev});
+            }
           }
           if (last) {
             prev = b.add(compute(names::kHeadForward, cc.head_f, PhaseKind::Forward, step, mb, L), {prev, data});
@@ -397,41 +432,48 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
         } else {
           // ---- backward of micro-batch `mb`
           const int mb = -pass - 1;
-          const bool sync_grads = dp > 1 && ((mb == m - 1) || par.zero >= 2);  // gradient communication now
-          const bool grad_rs = par.zero >= 1;
+          const std::vector<uint32_t> wait = std::move(blocker);
+          blocker.clear();
+          // DDP (zero 0): per bucket on the last micro-batch, overlapped with the backward.
+          const bool ddp_sync = dp > 1 && par.zero == 0 && mb == m - 1;
           size_t next_bucket = 0;
           auto issue_bucket = [&](uint32_t after) {
             const Bucket& bk = buckets[next_bucket++];
-            grad_ops.push_back(b.add(comm(grad_rs ? names::kDpReduceScatter : names::kDpAllReduce,
-                                          traces::SpanKind::Collective,
-                                          grad_rs ? traces::CollOp::ReduceScatter : traces::CollOp::AllReduce,
-                                          kStreamDp, GroupRole::DP, bk.params * prec.grad_bytes, seq_dp++,
-                                          PhaseKind::Backward, step, mb, bk.lowest),
-                                     {after}));
+            grad_ops.push_back(dp_coll(names::kDpAllReduce, traces::CollOp::AllReduce, bk.params * prec.grad_bytes,
+                                       PhaseKind::Backward, mb, bk.lowest, {after}));
           };
           // With overlap, a bucket goes out as soon as its last segment's gradient is ready.
           auto issue_ready = [&](int position, uint32_t producer) {
-            if (!(sync_grads && par.overlap)) return;
+            if (!(ddp_sync && par.overlap)) return;
             while (next_bucket < buckets.size() && buckets[next_bucket].ready <= position) issue_bucket(producer);
           };
           uint32_t prev = kNone;
+          std::vector<uint32_t> z3_rs;  // ZeRO 3 reduce-scatters of this pass, by position
           if (last) {
-            prev = b.add(compute(names::kHeadBackward, cc.head_b, PhaseKind::Backward, step, mb, L), {});
+            prev = b.add(compute(names::kHeadBackward, cc.head_b, PhaseKind::Backward, step, mb, L), wait);
+            if (par.zero == 3) z3_scatter(mb, L, prev);
           } else {
             prev = b.add(comm(names::kRecvGradient, traces::SpanKind::P2P, traces::CollOp::Recv, kStreamPpRecv,
                               GroupRole::PPNext, act_msg_bytes, 2 * seq_grad_next++ + 1, PhaseKind::Backward, step,
                               mb, -1),
-                         {});
+                         wait);
           }
           if (last) issue_ready(0, prev);
-          uint32_t first_of_prev_prev = kNone, first_of_prev = kNone;
+          uint32_t gathered = kNone;
+          std::vector<uint32_t> rs_of_layer(std::max(1, per_stage), kNone);
           for (int l = l1 - 1; l >= l0; --l) {
-            const uint32_t gather =
-                par.zero == 3 ? zero3_gather(PhaseKind::Backward, mb, l, first_of_prev_prev) : kNone;
-            const uint32_t begin = static_cast<uint32_t>(prog.ops.size());
-            prev = block(names::kBlockBackward, cc.block_b, PhaseKind::Backward, step, mb, l, {prev, gather});
-            first_of_prev_prev = first_of_prev;
-            first_of_prev = begin;
+            if (par.zero == 3) {
+              if (l == l1 - 1) gathered = z3_gather(PhaseKind::Backward, mb, l, prev);
+              const uint32_t this_gather = gathered;
+              gathered = l - 1 >= l0 ? z3_gather(PhaseKind::Backward, mb, l - 1, prev) : kNone;
+              // The block's gradient buffer is the one of the block two layers up: its scatter first.
+              const uint32_t buffer_free = l + 2 < l1 ? rs_of_layer[l + 2 - l0] : kNone;
+              prev = block(names::kBlockBackward, cc.block_b, PhaseKind::Backward, step, mb, l,
+                           {prev, this_gather, buffer_free});
+              rs_of_layer[l - l0] = z3_scatter(mb, l, prev);
+            } else {
+              prev = block(names::kBlockBackward, cc.block_b, PhaseKind::Backward, step, mb, l, {prev});
+            }
             issue_ready(1 + (l1 - 1 - l), prev);
           }
           if (first) {
@@ -444,21 +486,35 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
           }
           last_backward_op = prev;
           // Without overlap: every bucket after the whole backward of this pass.
-          if (sync_grads)
+          if (ddp_sync)
             while (next_bucket < buckets.size()) issue_bucket(last_backward_op);
+          if (dp > 1 && par.zero == 3) {
+            // z3_finish_backward: the tied wte's sum, the embedding's scatter, then wait for all.
+            uint32_t after = prev;
+            if (pp > 1 && has_embed_segment) after = embed_all_reduce(mb, {after});
+            if (has_embed_segment) z3_scatter(mb, -1, after);
+            blocker = grad_ops;
+          } else if (dp > 1 && (par.zero == 2 || (par.zero == 1 && mb == m - 1))) {
+            // reduce_gradients_zero: the tied wte's sum, then one reduce-scatter of the whole array;
+            // both blocking.
+            uint32_t after = prev;
+            if (pp > 1 && has_embed_segment) after = embed_all_reduce(mb, {after});
+            const uint32_t rs = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
+                                        padded(prog.param_count) * prec.grad_bytes, PhaseKind::Backward, mb,
+                                        has_embed_segment ? -1 : l0, {after});
+            grad_ops.push_back(rs);
+            blocker = {rs};
+          }
         }
       }
 
-      // ---- after the last micro-batch: tied embedding gradients, optimizer, ZeRO 1/2 all-gathers
+      // ---- after the last pass: tied embedding gradients (without ZeRO), optimizer, ZeRO 1/2
+      // all-gather, the pipeline's loss broadcast
       std::vector<uint32_t> opt_deps = grad_ops;
       opt_deps.push_back(last_backward_op);
-      if (pp > 1 && (first || last)) {
-        opt_deps.push_back(b.add(comm(names::kEmbedAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce,
-                                      kStreamDp, GroupRole::Embedding,
-                                      int64_t(s.model.vocab) * s.model.d_model * prec.grad_bytes, seq_embed++,
-                                      PhaseKind::Backward, step, -1, -1),
-                                 grad_ops.empty() ? std::vector<uint32_t>{last_backward_op} : grad_ops));
-      }
+      opt_deps.insert(opt_deps.end(), blocker.begin(), blocker.end());
+      if (pp > 1 && has_embed_segment && (par.zero == 0 || dp == 1))
+        opt_deps.push_back(embed_all_reduce(-1, opt_deps));
       const double opt_params = par.zero >= 1 ? double(prog.param_count) / dp : double(prog.param_count);
       const auto opt_kernels = optimizer_kernels(opt_params, 28.0);
       // Optimizer ops carry no model FLOPs (MFU counts the model's forward and backward only).
@@ -466,15 +522,14 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
       const uint32_t optim = b.add(
           compute(names::kOptimizerStep, opt_piece, PhaseKind::Optimizer, step, -1, -1, traces::SpanKind::Optimizer),
           opt_deps);
-      after_prev_step = kNone;
-      if (par.zero == 1 || par.zero == 2) {
-        for (const auto& bk : buckets) {
-          after_prev_step =
-              b.add(comm(names::kDpAllGather, traces::SpanKind::Collective, traces::CollOp::AllGather, kStreamDp,
-                         GroupRole::DP, bk.params * prec.param_bytes, seq_dp++, PhaseKind::Optimizer, step, -1, -1),
-                    {optim});
-        }
-      }
+      after_prev_step = optim;
+      if (dp > 1 && (par.zero == 1 || par.zero == 2))
+        after_prev_step = dp_coll(names::kDpAllGather, traces::CollOp::AllGather,
+                                  padded(prog.param_count) * prec.param_bytes, PhaseKind::Optimizer, -1, -1, {optim});
+      if (pp > 1)
+        after_prev_step = b.add(comm(names::kPipelineLoss, traces::SpanKind::Collective, traces::CollOp::Broadcast,
+                                     kStreamPpSend, GroupRole::PPNext, 4, seq_pp++, PhaseKind::None, step, -1, -1),
+                                {after_prev_step});
     }
   }
   return w;

@@ -227,3 +227,48 @@ TEST(Executor, Gpt3On1024GpusRuns) {
 
 }  // namespace
 }  // namespace orrery::sim
+
+namespace orrery::sim {
+namespace {
+
+// Core sharing: ranks of a node computing at once share its cores (processor sharing).
+TEST(Executor, CoreSharingSymmetricRanksSlowDownByTheLaw) {
+  // dp = 4 on one node, free network: the four ranks are always busy together, so every compute op
+  // runs at 1 / compute_slowdown(4): with 2 cores, contention 1 and exponent 1, exactly half speed.
+  const Cluster c = testing::h100_cluster(4);
+  Workload w = build_workload(testing::small_scenario(4, 4, 1, 1, 2), testing::h100_cost());
+  for (auto& p : w.stages)
+    for (auto& op : p.ops) op.duration_ns = op.stream == kStreamCompute ? 1000 : 0;
+  ExecutorOptions alone = zero_cost_network();
+  const int64_t t1 = execute(w, c, alone).makespan_ns;
+  for (auto [cores, factor] : {std::pair{4, 1}, std::pair{2, 2}, std::pair{1, 4}}) {
+    CoreSharing s;
+    s.cores = cores;
+    ExecutorOptions o = zero_cost_network();
+    o.core_sharing = &s;
+    const ExecResult r = execute(w, c, o);
+    EXPECT_EQ(r.ranks.size(), 4u);  // every rank simulated
+    EXPECT_EQ(r.makespan_ns, factor * t1) << cores;
+  }
+}
+
+TEST(Executor, CoreSharingPipelineIsWorkConserving) {
+  // A 2-stage pipeline on ONE core: whenever a stage waits for its neighbour the other has the core
+  // to itself, so the step takes exactly the two stages' work, p · m · (tf + tb), instead of the
+  // dedicated-core (m + p − 1)(tf + tb).
+  const int p = 2, m = 4;
+  const int64_t tf = 1000, tb = 2000;
+  for (const char* sched : {"gpipe", "1f1b"}) {
+    Workload w = build_workload(testing::small_scenario(p * 2, 1, 1, p, m, sched), testing::h100_cost());
+    equalize(w, tf, tb);
+    CoreSharing s;
+    s.cores = 1;
+    ExecutorOptions o = zero_cost_network();
+    o.core_sharing = &s;
+    const ExecResult r = execute(w, testing::h100_cluster(8), o);
+    EXPECT_NEAR(double(r.makespan_ns), double(p * m * (tf + tb)), 8.0) << sched;
+  }
+}
+
+}  // namespace
+}  // namespace orrery::sim

@@ -133,19 +133,45 @@ TEST(Workload, BucketsFromBucketSize) {
 }
 
 TEST(Workload, ZeroStagesOps) {
-  const int m = 4;
+  // The runtime's op order (runtime/include/orrery/runtime/trainer.hpp): ZeRO 1/2 treat the whole
+  // array as one bucket, ZeRO 3 works per segment (embedding, each block, final LayerNorm).
+  const int m = 4, L = 4;
   for (int zero = 1; zero <= 3; ++zero) {
-    Scenario s = small_scenario(4, 4, 1, 1, m);
+    Scenario s = small_scenario(L, 4, 1, 1, m);
     s.parallel.zero = zero;
     const Workload w = build_workload(s, h100_cost());
     auto n = count_by_name(w, w.stages[0]);
-    const int buckets = int(w.stages[0].bucket_params.size());
     EXPECT_EQ(n[std::string(names::kDpAllReduce)], 0);
-    // ZeRO 1 reduce-scatters once per step, ZeRO 2/3 after every micro-batch's backward.
-    EXPECT_EQ(n[std::string(names::kDpReduceScatter)], zero == 1 ? buckets : m * buckets) << zero;
-    EXPECT_EQ(n[std::string(names::kDpAllGather)], zero <= 2 ? buckets : 0) << zero;
-    // ZeRO 3: each layer's parameters before its forward and its backward, every micro-batch.
-    EXPECT_EQ(n[std::string(names::kZeroAllGather)], zero == 3 ? 2 * 4 * m : 0) << zero;
+    // ZeRO 1: one reduce-scatter per step; ZeRO 2: one per micro-batch; ZeRO 3: one per segment
+    // (L blocks, the final LayerNorm, the embedding) per micro-batch.
+    EXPECT_EQ(n[std::string(names::kDpReduceScatter)], zero == 1 ? 1 : zero == 2 ? m : m * (L + 2)) << zero;
+    // ZeRO 1/2: one all-gather of the updated parameters after the optimizer.
+    EXPECT_EQ(n[std::string(names::kDpAllGather)], zero <= 2 ? 1 : 0) << zero;
+    // ZeRO 3: each block before its forward and its backward, every micro-batch, plus the embedding
+    // and final LayerNorm once per step.
+    EXPECT_EQ(n[std::string(names::kZeroAllGather)], zero == 3 ? 2 * L * m + 2 : 0) << zero;
+    // Sizes: the padded whole array (ZeRO 1/2), the padded block (ZeRO 3), 4 bytes per element.
+    const int64_t count = w.stages[0].param_count, padded = (count + 3) / 4 * 4;
+    for (const auto& op : w.stages[0].ops) {
+      const std::string& name = w.names[op.name];
+      if (zero <= 2 && (name == names::kDpReduceScatter || name == names::kDpAllGather)) EXPECT_EQ(op.bytes, 4 * padded);
+    }
+  }
+}
+
+TEST(Workload, PipelineLossAndEmbeddingUnderZero) {
+  // pp > 1: the last stage broadcasts the loss once per step over the pp group; the tied wte is
+  // summed once per step without ZeRO, before each reduce-scatter under ZeRO 2 (every micro-batch).
+  const int m = 3;
+  for (int zero : {0, 2}) {
+    Scenario s = small_scenario(4, 2, 1, 2, m);
+    s.parallel.zero = zero;
+    const Workload w = build_workload(s, h100_cost(), {2, {}});
+    for (const auto& st : w.stages) {
+      auto n = count_by_name(w, st);
+      EXPECT_EQ(n[std::string(names::kPipelineLoss)], 2) << zero;
+      EXPECT_EQ(n[std::string(names::kEmbedAllReduce)], zero == 0 ? 2 : 2 * m) << zero;
+    }
   }
 }
 
@@ -193,9 +219,9 @@ TEST(Workload, Gpt3On1024GpusBuildsOneProgramPerStage) {
   EXPECT_EQ(w.micro_batches, 192);
   ASSERT_EQ(w.stages.size(), 16u);
   // Middle stage: 6 layers × 192 micro-batches × (3 fwd + 3 bwd pieces + 4 tp all-reduces)
-  // + 192 × (recv act, send act, recv grad, send grad) + buckets + optimizer.
+  // + 192 × (recv act, send act, recv grad, send grad) + buckets + optimizer + the pp.loss broadcast.
   const auto& p = w.stages[5];
-  const size_t expected = size_t(6) * 192 * 10 + 192 * 4 + p.bucket_params.size() + 1;
+  const size_t expected = size_t(6) * 192 * 10 + 192 * 4 + p.bucket_params.size() + 1 + 1;
   EXPECT_EQ(p.ops.size(), expected);
   // Parameters summed over the stages and the tp slices: the blocks' 12C^2 + 7C are sliced, the
   // replicated LayerNorms and row-parallel biases (6C) are held by every tp rank, and so are the

@@ -40,9 +40,13 @@
 //  4. The machine: `cluster:` (device cpu with the fitted peak and bandwidth, ranks_per_node, the
 //     rank-to-rank link with the fitted per-step latency and busbw) and `sharing:`.
 //
-// The simulator applies the sharing law through profile_for_ranks (the profile as R ranks on one
-// node see it: efficiencies ÷ f(R), overheads and data loading × f(R), collective latencies × and
-// bandwidths ÷ comm_slowdown(R)).
+// The simulator (sweep.hpp's simulate, i.e. `orrery sim`) applies the law dynamically: the node's
+// cores are a processor-sharing server (ExecutorOptions::core_sharing), each computing rank running at
+// 1 / compute_slowdown(n) while n ranks of the node compute at that instant, so ranks idle in a
+// pipeline bubble or waiting for a collective free their share; collectives are scaled by
+// comm_slowdown(R) (profile_for_ranks with scale_compute = false). profile_for_ranks with
+// scale_compute = true is the static form (efficiencies ÷ f(R), overheads and data loading × f(R)),
+// used by `orrery replay`.
 #pragma once
 
 #include <cstdint>
@@ -88,7 +92,9 @@ double compute_slowdown(const CoreSharing& s, int ranks_on_node);
 double comm_slowdown(const CoreSharing& s, int ranks_on_node);
 
 // The profile as `ranks_on_node` ranks sharing a node see it (unchanged without a sharing model).
-HardwareProfile profile_for_ranks(const HardwareProfile& p, int ranks_on_node);
+// With scale_compute false only the collectives are scaled: the executor then shares the cores
+// among the ranks computing at each instant (ExecutorOptions::core_sharing), as `orrery sim` does.
+HardwareProfile profile_for_ranks(const HardwareProfile& p, int ranks_on_node, bool scale_compute = true);
 
 // Ranks of a scenario that share one node of the cluster (ranks fill nodes in order).
 int ranks_on_node(const Scenario& s, const Cluster& c);

@@ -18,12 +18,17 @@
 //   backward: [recv grad] bwd.head? bwd.block per layer in reverse (tp > 1: three pieces around two
 //             all-reduces), bwd.embed?, [send grad]
 //   gradient sync on the last micro-batch: per DDP bucket (bucket_mb, last layers first) an
-//   all-reduce (ZeRO 1/2: a reduce-scatter; ZeRO 2/3 reduce-scatter every micro-batch), as soon as
-//   the backward op that produces the bucket's last gradient is done (overlap: true), or after the
-//   whole backward (overlap: false); the tied-embedding all-reduce between the first and last stage;
-//   then the optimizer (after every gradient op), then for ZeRO 1/2 per bucket an all-gather of the
-//   updated parameters. ZeRO 3 all-gathers each block's parameters before its forward and before its
-//   backward (prefetch depth one layer).
+//   all-reduce, as soon as the backward op that produces the bucket's last gradient is done
+//   (overlap: true), or after the whole backward (overlap: false); with pp the tied-embedding
+//   all-reduce between the first and last stage after all passes; then the optimizer; with pp the
+//   last stage's 4-byte loss broadcast over the pp group ("pp.loss").
+//   ZeRO 1/2 instead (the runtime's zero.hpp): after the backward pass (ZeRO 1: the last micro-batch,
+//   ZeRO 2: every one) the tied-embedding all-reduce (pp > 1) and ONE reduce-scatter of the whole
+//   padded array, both blocking; after AdamW one all-gather of the whole array.
+//   ZeRO 3: "zero.fetch_layer" all-gathers per segment (embedding and final LayerNorm once per step
+//   before any pass; each block before its forward and its backward, the next one prefetched when
+//   the current one is bound), "zero.reduce_scatter" per segment as its backward completes (the
+//   embedding's after the pass, behind the tied-embedding all-reduce), the next pass waiting for all.
 #pragma once
 
 #include <array>
@@ -80,6 +85,7 @@ inline constexpr std::string_view kSendActivation = "pp.send_act";
 inline constexpr std::string_view kRecvActivation = "pp.recv_act";
 inline constexpr std::string_view kSendGradient = "pp.send_grad";
 inline constexpr std::string_view kRecvGradient = "pp.recv_grad";
+inline constexpr std::string_view kPipelineLoss = "pp.loss";  // the last stage broadcasts the step's loss
 }  // namespace names
 
 // The communicator of an op, by role relative to the rank that runs it.
