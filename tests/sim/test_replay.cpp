@@ -127,3 +127,58 @@ TEST(Replay, BadInput) {
 
 }  // namespace
 }  // namespace orrery::sim
+
+namespace orrery::sim {
+namespace {
+
+// 1F1B on two stages, as the runtime records it: rank 0 posts the send of micro-batch 1's
+// activations and, while that send is still in flight (rank 1 receives it only after sending back
+// micro-batch 0's gradient), starts receiving that gradient on the same stream. The receive must not
+// wait for the send to finish (that is a cycle through rank 1's stream order).
+TEST(Replay, ReceiveStartedWhileASendIsInFlightDoesNotWaitForIt) {
+  traces::Trace t;
+  t.meta.world_size = 2;
+  t.meta.pp = 2;
+  t.comms.push_back({0, traces::CommKind::PP, "pp", {0, 1}});
+  const auto fwd = t.strings.intern("fwd.block"), bwd = t.strings.intern("bwd.block"),
+             sa = t.strings.intern("pp.send_act"), ra = t.strings.intern("pp.recv_act"),
+             sg = t.strings.intern("pp.send_grad"), rg = t.strings.intern("pp.recv_grad");
+  auto add = [&](int rank, int stream, traces::SpanKind kind, traces::NameId name, int64_t start, int64_t end,
+                 traces::CollOp op = traces::CollOp::None, int peer = -1, int64_t seq = -1) {
+    traces::Span s;
+    s.rank = rank, s.stream = stream, s.kind = kind, s.name = name, s.start_ns = start, s.end_ns = end;
+    s.step = 0, s.op = op, s.peer = peer, s.seq = seq, s.bytes = 1024;
+    if (peer >= 0) s.comm = 0;
+    t.spans.push_back(s);
+  };
+  using K = traces::SpanKind;
+  using O = traces::CollOp;
+  // rank 0: F0 F1 | B0 B1; comm: send act 0, send act 1 (in flight 200-600), recv grad 0 (210-480),
+  // recv grad 1
+  add(0, 0, K::Compute, fwd, 0, 100);
+  add(0, 0, K::Compute, fwd, 100, 200);
+  add(0, 0, K::Compute, bwd, 480, 680);
+  add(0, 0, K::Compute, bwd, 900, 1100);
+  add(0, 1, K::P2P, sa, 100, 150, O::Send, 1, 0);
+  add(0, 1, K::P2P, sa, 200, 600, O::Send, 1, 2);
+  add(0, 1, K::P2P, rg, 210, 480, O::Recv, 1, 1);
+  add(0, 1, K::P2P, rg, 680, 900, O::Recv, 1, 3);
+  // rank 1: F0 B0 F1 B1; comm: recv act 0, send grad 0, recv act 1, send grad 1
+  add(1, 0, K::Compute, fwd, 150, 250);
+  add(1, 0, K::Compute, bwd, 250, 450);
+  add(1, 0, K::Compute, fwd, 600, 700);
+  add(1, 0, K::Compute, bwd, 700, 900);
+  add(1, 1, K::P2P, ra, 20, 150, O::Recv, 0, 0);
+  add(1, 1, K::P2P, sg, 450, 480, O::Send, 0, 1);
+  add(1, 1, K::P2P, ra, 480, 600, O::Recv, 0, 2);
+  add(1, 1, K::P2P, sg, 900, 900, O::Send, 0, 3);
+  ReplayOptions opt;
+  opt.identity = true;
+  const ReplayResult r = replay(t, Cluster{}, opt);
+  EXPECT_EQ(r.transfers, 4u);
+  EXPECT_EQ(r.unmatched, 0u);
+  EXPECT_EQ(r.replayed_makespan_ns, r.recorded_makespan_ns);
+}
+
+}  // namespace
+}  // namespace orrery::sim
