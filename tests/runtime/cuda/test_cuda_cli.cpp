@@ -15,13 +15,13 @@
 namespace orrery::runtime::cuda {
 namespace {
 
-struct Run {
+struct CommandResult {
   int status = -1;
   std::string output;
 };
 
-Run run_command(const std::string& cmd) {
-  Run r;
+CommandResult run_command(const std::string& cmd) {
+  CommandResult r;
   FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
   if (p == nullptr) return r;
   char buf[4096];
@@ -44,7 +44,7 @@ TEST(CudaCli, RunOnDeviceCudaWithoutADeviceExitsTwoWithTheReason) {
                              "runtime: {device: cuda}\n";
   const std::string out = (dir / "run.db").string();
   for (const std::string extra : {"", " --device cuda"}) {
-    const Run r = run_command("timeout 120 " + std::string(ORRERY_BIN) + " run " + scenario.string() + extra +
+    const CommandResult r = run_command("timeout 120 " + std::string(ORRERY_BIN) + " run " + scenario.string() + extra +
                               " --nproc 1 --out " + out);
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find("cuda"), std::string::npos) << r.output;
