@@ -724,6 +724,19 @@ struct BootStatus {
   char why[252] = {};
 };
 
+// "rank 0: why; rank 3: why" over the ranks whose status is not ok ("" when all are).
+std::string describe_failures(const std::vector<BootStatus>& statuses, const Communicator& boot) {
+  std::string out;
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    const BootStatus& s = statuses[r];
+    if (s.ok) continue;
+    out += (out.empty() ? "" : "; ") + std::string("rank ") +
+           std::to_string(boot.global_rank(static_cast<int>(r))) + ": " +
+           std::string(s.why, strnlen(s.why, sizeof(s.why)));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap,
@@ -753,15 +766,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap,
   bootstrap
       .all_gather(&status, statuses.data(), sizeof(BootStatus), DType::U8, OpLabel{"nccl_bootstrap"})
       .wait();
-  std::string failures;
-  for (int r = 0; r < n; ++r) {
-    const auto& s = statuses[static_cast<size_t>(r)];
-    if (!s.ok) {
-      failures += (failures.empty() ? "" : "; ") + std::string("rank ") +
-                  std::to_string(bootstrap.global_rank(r)) + ": " +
-                  std::string(s.why, strnlen(s.why, sizeof(s.why)));
-    }
-  }
+  std::string failures = describe_failures(statuses, bootstrap);
   if (!failures.empty()) throw InternalError("NCCL cannot start: " + failures);
 
   // 2. Rank 0's unique id to everyone, over the bootstrap in host memory.
@@ -790,15 +795,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap,
   bootstrap
       .all_gather(&status, statuses.data(), sizeof(BootStatus), DType::U8, OpLabel{"nccl_init"})
       .wait();
-  failures.clear();
-  for (int r = 0; r < n; ++r) {
-    const auto& s = statuses[static_cast<size_t>(r)];
-    if (!s.ok) {
-      failures += (failures.empty() ? "" : "; ") + std::string("rank ") +
-                  std::to_string(bootstrap.global_rank(r)) + ": " +
-                  std::string(s.why, strnlen(s.why, sizeof(s.why)));
-    }
-  }
+  failures = describe_failures(statuses, bootstrap);
   if (!failures.empty()) {
     if (comm != nullptr) ncclCommAbort(comm);
     throw InternalError("NCCL failed to start: " + failures);
