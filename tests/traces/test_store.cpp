@@ -483,6 +483,26 @@ TEST(StoreBadFiles, DamagedBlockIndex) {
   expect_input_error(huge, "more than the file can hold");
 }
 
+// Found by fuzz/fuzz_trace (fuzz/README.md): a damaged schema failed the reader's first prepare
+// with SQLITE_ERROR, which was an InternalError (exit 1) instead of the user's bad file.
+TEST(StoreBadFiles, DamagedSchemaIsAnInputError) {
+  TempDir dir;
+  const auto format = dir.path("format.db");
+  write_trace(make_trace(1, 10), format);
+  {
+    std::fstream f(format, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(44);  // the header's schema format number: 1..4 are valid
+    f.write("\0\0\0\x09", 4);
+  }
+  expect_input_error(format, "unsupported file format");
+  const auto schema = dir.path("schema.db");
+  write_trace(make_trace(1, 10), schema);
+  ASSERT_EQ(sqlite_exec(schema, "PRAGMA writable_schema=ON; "
+                                "UPDATE sqlite_master SET sql='CREATE TABLE blocks(' WHERE name='blocks'"),
+            SQLITE_OK);
+  expect_input_error(schema, "malformed database schema");
+}
+
 TEST(Merge, PerRankFilesBecomeOne) {
   TempDir dir;
   const Trace full = make_trace(3, 200);

@@ -172,8 +172,9 @@ Stmt rprep(sqlite3* db, const std::string& path, const char* sql) {
   sqlite3_stmt* st = nullptr;
   const int rc = sqlite3_prepare_v2(db, sql, -1, &st, nullptr);
   // Our queries are fixed and tested, so a prepare that fails is the file's schema: damaged
-  // ("malformed database schema", "unsupported file format") or a table lacking our columns.
-  if ((rc & 0xff) == SQLITE_ERROR) {
+  // ("malformed database schema", "unsupported file format", or an absurd schema SQLite refuses
+  // with "out of memory") or a table lacking our columns.
+  if ((rc & 0xff) == SQLITE_ERROR || (rc & 0xff) == SQLITE_NOMEM) {
     throw InputError(path + ": not a readable Orrery trace (" + sqlite3_errmsg(db) + ")");
   }
   if (rc != SQLITE_OK) rfail(db, path, rc, std::string("prepare ") + sql);
