@@ -101,6 +101,41 @@ int64_t step_of(const std::string& name) {
   return k;
 }
 
+// One file's entry, in the manifest and in the record each rank sends rank 0.
+json file_to_json(const CheckpointFile& f) {
+  json rs = json::array();
+  for (const auto& r : f.ranges) rs.push_back({{"offset", r.offset}, {"count", r.count}});
+  return {{"name", f.name}, {"bytes", f.bytes},   {"crc32c", hex32(f.crc32c)},   {"tp", f.tp},
+          {"pp", f.pp},     {"dp", f.dp},         {"flat_elems", f.flat_elems}, {"data_calls", f.data_calls},
+          {"ranges", rs}};
+}
+
+// Throws json exceptions on missing keys and wrong types; InputError naming `origin` otherwise.
+CheckpointFile file_from_json(const json& jf, const std::string& origin) {
+  CheckpointFile f;
+  f.name = jf.at("name").get<std::string>();
+  if (f.name.empty() || f.name.find('/') != std::string::npos || f.name[0] == '.') {
+    throw InputError(origin + ": key 'files': file name '" + f.name + "' is not a plain name");
+  }
+  f.bytes = jf.at("bytes").get<uint64_t>();
+  f.crc32c = static_cast<uint32_t>(std::stoul(jf.at("crc32c").get<std::string>(), nullptr, 16));
+  f.tp = jf.at("tp").get<int>();
+  f.pp = jf.at("pp").get<int>();
+  f.dp = jf.at("dp").get<int>();
+  f.flat_elems = jf.at("flat_elems").get<uint64_t>();
+  f.data_calls = jf.at("data_calls").get<int64_t>();
+  uint64_t total = 0;
+  for (const json& r : jf.at("ranges")) {
+    f.ranges.push_back({r.at("offset").get<uint64_t>(), r.at("count").get<uint64_t>()});
+    total += 12 * f.ranges.back().count;
+  }
+  if (total != f.bytes) {
+    throw InputError(origin + ": key 'files': '" + f.name + "' lists ranges of " + std::to_string(total) +
+                     " bytes but " + std::to_string(f.bytes) + " bytes");
+  }
+  return f;
+}
+
 }  // namespace
 
 uint32_t crc32c(const void* data, std::size_t bytes, uint32_t crc) {
@@ -135,15 +170,7 @@ std::string manifest_to_json(const CheckpointManifest& m) {
   j["checksum"] = "crc32c";
   j["file_layout"] = "per range: count float32 params, count exp_avg, count exp_avg_sq (little-endian)";
   json files = json::array();
-  for (const auto& f : m.files) {
-    json jf = {{"name", f.name},   {"bytes", f.bytes},           {"crc32c", hex32(f.crc32c)},
-               {"tp", f.tp},       {"pp", f.pp},                 {"dp", f.dp},
-               {"flat_elems", f.flat_elems}, {"data_calls", f.data_calls}};
-    json rs = json::array();
-    for (const auto& r : f.ranges) rs.push_back({{"offset", r.offset}, {"count", r.count}});
-    jf["ranges"] = rs;
-    files.push_back(jf);
-  }
+  for (const auto& f : m.files) files.push_back(file_to_json(f));
   j["files"] = files;
   return j.dump(1) + "\n";
 }
@@ -194,30 +221,7 @@ CheckpointManifest parse_manifest(const std::string& text, const std::string& or
     m.sequences_per_call = d.at("sequences_per_call").get<int64_t>();
     m.calls_per_epoch = d.at("calls_per_epoch").get<int64_t>();
     key = "files";
-    for (const json& jf : j.at("files")) {
-      CheckpointFile f;
-      f.name = jf.at("name").get<std::string>();
-      if (f.name.empty() || f.name.find('/') != std::string::npos || f.name[0] == '.') {
-        throw InputError(origin + ": key 'files': file name '" + f.name + "' is not a plain name");
-      }
-      f.bytes = jf.at("bytes").get<uint64_t>();
-      f.crc32c = static_cast<uint32_t>(std::stoul(jf.at("crc32c").get<std::string>(), nullptr, 16));
-      f.tp = jf.at("tp").get<int>();
-      f.pp = jf.at("pp").get<int>();
-      f.dp = jf.at("dp").get<int>();
-      f.flat_elems = jf.at("flat_elems").get<uint64_t>();
-      f.data_calls = jf.at("data_calls").get<int64_t>();
-      uint64_t total = 0;
-      for (const json& r : jf.at("ranges")) {
-        f.ranges.push_back({r.at("offset").get<uint64_t>(), r.at("count").get<uint64_t>()});
-        total += 12 * f.ranges.back().count;
-      }
-      if (total != f.bytes) {
-        throw InputError(origin + ": key 'files': '" + f.name + "' lists ranges of " + std::to_string(total) +
-                         " bytes but " + std::to_string(f.bytes) + " bytes");
-      }
-      m.files.push_back(std::move(f));
-    }
+    for (const json& jf : j.at("files")) m.files.push_back(file_from_json(jf, origin));
   } catch (const InputError&) {
     throw;
   } catch (const std::exception& e) {
@@ -612,15 +616,7 @@ void CheckpointSession::complete(Pending& p) {
   if (p.error) std::rethrow_exception(p.error);
   stats_.write_ns += p.write_ns;
   std::string mine;
-  if (!p.file.name.empty()) {
-    json jf = {{"name", p.file.name},   {"bytes", p.file.bytes}, {"crc32c", p.file.crc32c},
-               {"tp", p.file.tp},       {"pp", p.file.pp},       {"dp", p.file.dp},
-               {"flat_elems", p.file.flat_elems}, {"data_calls", p.file.data_calls}};
-    json rs = json::array();
-    for (const auto& r : p.file.ranges) rs.push_back({r.offset, r.count});
-    jf["ranges"] = rs;
-    mine = jf.dump();
-  }
+  if (!p.file.name.empty()) mine = file_to_json(p.file).dump();
   const OpLabel label{"checkpoint.gather", -1, -1, -1};
   int64_t len = static_cast<int64_t>(mine.size());
   world_.all_reduce(&len, 1, DType::I64, ReduceOp::Max, label).wait();
@@ -651,17 +647,7 @@ void CheckpointSession::complete(Pending& p) {
                     all.begin() + static_cast<std::ptrdiff_t>(r + 1) * len);
     while (!rec.empty() && rec.back() == ' ') rec.pop_back();
     if (rec.empty()) continue;
-    const json jf = json::parse(rec);
-    CheckpointFile f;
-    f.name = jf.at("name").get<std::string>();
-    f.bytes = jf.at("bytes").get<uint64_t>();
-    f.crc32c = jf.at("crc32c").get<uint32_t>();
-    f.tp = jf.at("tp").get<int>();
-    f.pp = jf.at("pp").get<int>();
-    f.dp = jf.at("dp").get<int>();
-    f.flat_elems = jf.at("flat_elems").get<uint64_t>();
-    f.data_calls = jf.at("data_calls").get<int64_t>();
-    for (const json& r2 : jf.at("ranges")) f.ranges.push_back({r2.at(0).get<uint64_t>(), r2.at(1).get<uint64_t>()});
+    CheckpointFile f = file_from_json(json::parse(rec), "checkpoint record of rank " + std::to_string(r));
     stats_.bytes += f.bytes;
     m.files.push_back(std::move(f));
   }
