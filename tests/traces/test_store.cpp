@@ -325,20 +325,7 @@ TEST(Store, FileOfAWriterThatDiedStillOpens) {
   const auto path = dir.path("died.db");
   const Trace t = make_trace(2, 1000);
   // The child writes, flushes part of the trace and dies without close(): as a crashed run would.
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    auto* w = new TraceWriter(path, 100);
-    w->set_meta(t.meta);
-    for (const auto& s : t.strings.all()) w->intern(s);
-    for (size_t i = 0; i < 2500; ++i) w->add_span(t.spans[i]);
-    w->flush();
-    for (size_t i = 2500; i < 2550; ++i) w->add_span(t.spans[i]);  // buffered, lost
-    _exit(0);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_TRUE(testing::write_then_die(path, t, 2500, 50));
   TraceReader r(path);
   EXPECT_FALSE(r.complete());
   EXPECT_EQ(r.meta().scenario_name, "test");

@@ -173,23 +173,30 @@ void make_read_only(const std::string& dir) {
 
 void make_writable(const std::string& dir) { fs::permissions(dir, fs::perms(0755)); }
 
+// Runs `fn` unprivileged with `dir` read-only; expects it to return 0 (skips where privileges
+// cannot be dropped).
+template <class Fn>
+void expect_reads_read_only(const std::string& dir, Fn fn) {
+  make_read_only(dir);
+  const int rc = run_unprivileged(fn);
+  make_writable(dir);
+  if (rc == -1) GTEST_SKIP() << "cannot drop root privileges here to test file permissions";
+  EXPECT_EQ(rc, 0);
+}
+
 TEST(StoreLive, ReadsWithoutWritePermission) {
   TempDir dir;
   const auto sub = dir.path("ro");
   fs::create_directories(sub);
   const auto path = sub + "/t.db";
   write_trace(make_trace(2, 300), path);
-  make_read_only(sub);
-  const int rc = run_unprivileged([&] {
+  expect_reads_read_only(sub, [&] {
     TraceReader r(path);
     if (!r.complete()) return 1;
     if (r.load_all().spans.size() != 1200u) return 2;
     if (r.collectives_of(0).size() != 300u) return 5;
     return 0;
   });
-  make_writable(sub);
-  if (rc == -1) GTEST_SKIP() << "cannot drop root privileges here to test file permissions";
-  EXPECT_EQ(rc, 0);
   EXPECT_FALSE(fs::exists(path + "-wal"));
   EXPECT_FALSE(fs::exists(path + "-shm"));
 }
@@ -201,31 +208,15 @@ TEST(StoreLive, ReadsAnUnclosedTraceWithoutWritePermission) {
   const auto path = sub + "/died.db";
   const Trace t = make_trace(2, 1000);
   // A writer that flushed 2500 spans and died: its file is in WAL mode, with -wal and -shm.
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    auto* w = new TraceWriter(path, 100);
-    w->set_meta(t.meta);
-    for (const auto& s : t.strings.all()) w->intern(s);
-    for (size_t i = 0; i < 2500; ++i) w->add_span(t.spans[i]);
-    w->flush();
-    _exit(0);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_TRUE(testing::write_then_die(path, t, 2500, 0));
   ASSERT_TRUE(fs::exists(path + "-wal"));
-  make_read_only(sub);
-  const int rc = run_unprivileged([&] {
+  expect_reads_read_only(sub, [&] {
     TraceReader r(path);
     if (r.complete()) return 1;
     if (r.span_count() != 2500) return 2;
     if (r.load_all().spans.size() != 2500u) return 5;
     return 0;
   });
-  make_writable(sub);
-  if (rc == -1) GTEST_SKIP() << "cannot drop root privileges here to test file permissions";
-  EXPECT_EQ(rc, 0);
 }
 
 TEST(StoreLive, ReadsATraceClosedUnderAReaderWithoutWritePermission) {
@@ -245,16 +236,12 @@ TEST(StoreLive, ReadsATraceClosedUnderAReaderWithoutWritePermission) {
     w.close();
     EXPECT_TRUE(r.complete());
   }
-  make_read_only(sub);
-  const int rc = run_unprivileged([&] {
+  expect_reads_read_only(sub, [&] {
     TraceReader r(path);
     if (!r.complete()) return 1;
     if (r.load_all().spans.size() != 600u) return 2;
     return 0;
   });
-  make_writable(sub);
-  if (rc == -1) GTEST_SKIP() << "cannot drop root privileges here to test file permissions";
-  EXPECT_EQ(rc, 0);
 }
 
 // The profiler's per-rank tables, as profiler/src/capture/flight_recorder.cpp creates them.

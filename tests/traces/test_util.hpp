@@ -2,12 +2,14 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <random>
 #include <string>
 
+#include "orrery/traces/store.hpp"
 #include "orrery/traces/trace.hpp"
 
 namespace orrery::traces::testing {
@@ -106,6 +108,26 @@ inline Trace make_trace(int ranks, int per_stream, uint64_t seed = 1) {
   }
   t.sort_spans();
   return t;
+}
+
+// A child process writes t.spans[0, flushed) to `path` (batches of 100), flushes, adds `held`
+// more spans that stay in its buffer, and dies without close(), as a crashed run would. Returns
+// whether the child exited normally.
+inline bool write_then_die(const std::string& path, const Trace& t, size_t flushed, size_t held) {
+  const pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    auto* w = new TraceWriter(path, 100);
+    w->set_meta(t.meta);
+    for (const auto& s : t.strings.all()) w->intern(s);
+    for (size_t i = 0; i < flushed; ++i) w->add_span(t.spans[i]);
+    w->flush();
+    for (size_t i = flushed; i < flushed + held; ++i) w->add_span(t.spans[i]);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 inline bool same_span(const Span& a, const Span& b) {
