@@ -30,6 +30,10 @@
 #include "orrery/runtime/launch.hpp"
 #include "orrery/runtime/trainer.hpp"
 #include "orrery/traces/store.hpp"
+#if ORRERY_HAVE_CUDA
+#include "orrery/runtime/cuda/gpu_run.hpp"
+#include "orrery/runtime/cuda/kernels.hpp"
+#endif
 #endif
 
 namespace orrery::cli {
@@ -67,7 +71,15 @@ runtime::ResumePoint resolve_resume(const RunArgs& a, const Scenario& s) {
 // Everything that can be wrong with the input, checked before any process or MPI is started.
 Scenario load_and_check(const RunArgs& a) {
   Scenario s = load_scenario(a.scenario, overrides_of(a));
+#if ORRERY_HAVE_CUDA
+  if (s.runtime.device == "cuda") {
+    runtime::cuda::check_supported_cuda(s);  // also: a usable device is present
+  } else {
+    runtime::check_supported(s);
+  }
+#else
   runtime::check_supported(s);
+#endif
   if (s.data.source == "text" && !std::filesystem::is_regular_file(s.data.path)) {
     throw InputError(a.scenario + ": key 'data.path': no such file '" + s.data.path +
                      "' (paths are relative to the working directory)");
@@ -178,7 +190,18 @@ int run_here(const RunArgs& a, const Scenario& s, const std::string& resume_step
     ro.profile = s.profile.enabled;
     ro.resume = resume_step_dir;
     if (rank == 0) ro.on_step = [&s](const runtime::StepResult& r) { print_progress(s, r); };
+#if ORRERY_HAVE_CUDA
+    if (s.runtime.device == "cuda") {
+      runtime::cuda::CudaRunOptions copt;
+      copt.math = runtime::cuda::parse_math_mode(s.runtime.precision);
+      copt.comm = runtime::cuda::parse_comm_backend(s.parallel.comm_backend);
+      res = runtime::cuda::run_rank_cuda(s, *world, ro, copt);
+    } else {
+      res = runtime::run_rank(s, *world, ro);
+    }
+#else
     res = runtime::run_rank(s, *world, ro);
+#endif
   } catch (const std::exception& e) {
     if (world->size() <= 1) throw;
     const bool input = dynamic_cast<const InputError*>(&e) != nullptr;
@@ -301,7 +324,11 @@ Command setup(CLI::App& root) {
   app->add_option("scenario", args->scenario, "Scenario YAML file")->required();
   app->add_option("--nproc,-n", args->nproc,
                   "Ranks to run (default: the scenario's parallel.dp*tp*pp); must equal dp*tp*pp");
+#if ORRERY_HAVE_CUDA
+  app->add_option("--device", args->device, "cpu, or cuda (needs a GPU; data parallelism only)")
+#else
   app->add_option("--device", args->device, "cpu (cuda: not in this build)")
+#endif
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app->add_option("--out,-o", args->out, "Merged trace file (default out/<scenario>-<time>.db)");
   app->add_option("--set", args->sets, "Override a scenario key, e.g. --set training.steps=20")

@@ -73,8 +73,10 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("parallel.bucket_mb", Type::Double, parallel.bucket_mb, double),
       ORRERY_KEY("parallel.overlap", Type::Bool, parallel.overlap, bool),
       ORRERY_KEY("parallel.placement", Type::String, parallel.placement, std::string),
+      ORRERY_KEY("parallel.comm_backend", Type::String, parallel.comm_backend, std::string),
       ORRERY_KEY("runtime.device", Type::String, runtime.device, std::string),
       ORRERY_KEY("runtime.threads", Type::Int, runtime.threads, int),
+      ORRERY_KEY("runtime.precision", Type::String, runtime.precision, std::string),
       ORRERY_KEY("runtime.watchdog_s", Type::Double, runtime.watchdog_s, double),
       ORRERY_KEY("profile.enabled", Type::Bool, profile.enabled, bool),
       ORRERY_KEY("checkpoint.every", Type::Int, checkpoint.every, int),
@@ -299,6 +301,10 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
   check_range(s.runtime.device == "cpu" || s.runtime.device == "cuda", origin, "runtime.device",
               "expected 'cpu' or 'cuda', got '" + s.runtime.device + "'");
   check_range(s.runtime.threads >= 1, origin, "runtime.threads", "must be >= 1");
+  check_range(s.runtime.precision == "fp32" || s.runtime.precision == "tf32" || s.runtime.precision == "bf16",
+              origin, "runtime.precision", "expected fp32, tf32 or bf16, got '" + s.runtime.precision + "'");
+  check_range(p.comm_backend == "auto" || p.comm_backend == "nccl" || p.comm_backend == "mpi", origin,
+              "parallel.comm_backend", "expected auto, nccl or mpi, got '" + p.comm_backend + "'");
   check_range(s.runtime.watchdog_s > 0, origin, "runtime.watchdog_s", "must be > 0");
   check_range(s.checkpoint.every >= 0, origin, "checkpoint.every", "must be >= 0 (0: no checkpoints)");
 

@@ -64,8 +64,10 @@ void check_supported(const Scenario& s) {
                      "' is not available in the CPU runtime; expected gpipe or 1f1b");
   }
   if (s.runtime.device != "cpu") {
+    // Device cuda goes to the CUDA runtime (runtime/cuda, check_supported_cuda) when it is built.
     throw InputError(origin + ": key 'runtime.device': '" + s.runtime.device +
-                     "' is not available in this runtime; expected cpu");
+                     "' is not available in the CPU runtime; expected cpu (device cuda needs a build "
+                     "with the CUDA toolkit)");
   }
   if (s.runtime.threads < 1) {
     throw InputError(origin + ": key 'runtime.threads': expected at least 1, got " +

@@ -5,10 +5,14 @@
 
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
 #include "orrery/profiler/flight_recorder.hpp"
+#if ORRERY_HAVE_CUPTI_TRACER
+#include "orrery/profiler/cupti_tracer.hpp"
+#endif
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/cuda/nccl_comm.hpp"
 #include "orrery/runtime/flops.hpp"
@@ -131,6 +135,20 @@ RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRu
     rec.add_stream(profiler::kCommStream, "comm");
   }
 
+#if ORRERY_HAVE_CUPTI_TRACER
+  // Kernel-level spans (every kernel, copy and memset on its CUDA stream) next to the trainer's
+  // event-timed op spans. A CUPTI that refuses (no profiling permission, another profiler attached)
+  // costs the kernel spans only: the run goes on and says why.
+  std::unique_ptr<profiler::CuptiTracer> cupti;
+  if (writer) {
+    try {
+      cupti = profiler::CuptiTracer::start(rec);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "orrery: rank %d: CUPTI kernel tracing is off: %s\n", world.rank(), e.what());
+    }
+  }
+#endif
+
   trainer.prepare();
   for (int i = 0; i < s.training.steps; ++i) {
     StepResult r = trainer.step();
@@ -159,6 +177,17 @@ RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRu
   trainer.finish();
   world.set_recorder(nullptr);
   world.synchronize();
+#if ORRERY_HAVE_CUPTI_TRACER
+  if (cupti) {
+    ORRERY_CUDA_CHECK(cudaDeviceSynchronize());  // every kernel complete, so flush() gets them all
+    cupti->flush();
+    if (cupti->dropped_records() > 0) {
+      std::fprintf(stderr, "orrery: rank %d: CUPTI dropped %llu activity records (buffers full)\n", world.rank(),
+                   static_cast<unsigned long long>(cupti->dropped_records()));
+    }
+    cupti.reset();
+  }
+#endif
   if (writer) {
     profiler::FlightRecorder::instance().set_dump_path("");
     rec.flush();

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "orrery/common/error.hpp"
+#include "orrery/profiler/range_hooks.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/cuda/nccl_comm.hpp"
 #include "orrery/runtime/data.hpp"
@@ -120,10 +121,14 @@ void EventSpans::anchor() {
   ref_host_ns_ = t0 + (t1 - t0) / 2;
 }
 
-int EventSpans::open(const Span& proto) {
+int EventSpans::open(const Span& proto, const char* annotation) {
   if (rec_ == nullptr) return -1;
   Pending p;
   p.span = proto;
+  if (annotation != nullptr) {
+    profiler::begin_annotation(annotation, proto.step, proto.micro_batch);
+    p.annotated = true;
+  }
   p.span.stream = trace_stream_;
   p.begin = next_event();
   ORRERY_CUDA_CHECK(cudaEventRecord(p.begin, stream_));
@@ -136,6 +141,7 @@ void EventSpans::close(int handle) {
   Pending& p = pending_.at(static_cast<std::size_t>(handle));
   p.end = next_event();
   ORRERY_CUDA_CHECK(cudaEventRecord(p.end, stream_));
+  if (p.annotated) profiler::end_annotation();
 }
 
 void EventSpans::resolve() {
@@ -173,7 +179,7 @@ class GpuTrainer::Observer final : public OpObserver {
     s.flops = flops;
     s.step = step_;
     s.micro_batch = micro_batch_;
-    open_ = spans_.open(s);
+    open_ = spans_.open(s, name);
   }
   void end() override {
     spans_.close(open_);
@@ -413,7 +419,7 @@ StepResult GpuTrainer::step() {
   const int64_t t0 = profiler::steady_now_ns();
   if (rec_ != nullptr) rec_->set_step(step);
   spans_->anchor();
-  const int step_span = spans_->open(proto(rec_, SpanKind::Phase, "step", step, -1));
+  const int step_span = spans_->open(proto(rec_, SpanKind::Phase, "step", step, -1), "step");
   gpu_zero_grad(*ctx_, *model_);
 
   GptHooks hooks;
@@ -428,10 +434,10 @@ StepResult GpuTrainer::step() {
       profiler::ScopedSpan data(rec_, proto(rec_, SpanKind::Data, "data", step, mb));
       loader_->next_batch(batch_);
     }
-    const int fwd = spans_->open(proto(rec_, SpanKind::Phase, "forward", step, mb));
+    const int fwd = spans_->open(proto(rec_, SpanKind::Phase, "forward", step, mb), "forward");
     loss_sum += gpu_forward(*ctx_, *model_, *acts_, batch_.inputs.data(), batch_.targets.data(), hooks);
     spans_->close(fwd);
-    const int bwd = spans_->open(proto(rec_, SpanKind::Phase, "backward", step, mb));
+    const int bwd = spans_->open(proto(rec_, SpanKind::Phase, "backward", step, mb), "backward");
     ddp_->begin_backward(mb == micro_batches_ - 1, step, mb);
     gpu_backward(*ctx_, *model_, *acts_, *scratch_, loss_scale, hooks);
     ddp_->finish_backward();  // the compute stream now waits for the all-reduces
@@ -439,8 +445,8 @@ StepResult GpuTrainer::step() {
   }
   if (rec_ != nullptr) rec_->set_step(step, -1);
   {
-    const int opt = spans_->open(proto(rec_, SpanKind::Phase, "optimizer", step, -1));
-    const int adamw = spans_->open(proto(rec_, SpanKind::Optimizer, "adamw", step, -1));
+    const int opt = spans_->open(proto(rec_, SpanKind::Phase, "optimizer", step, -1), "optimizer");
+    const int adamw = spans_->open(proto(rec_, SpanKind::Optimizer, "adamw", step, -1), "adamw");
     ++adam_steps_;
     adamw_update(*ctx_, model_->params.data(), model_->grads.data(), adam_m_.data(), adam_v_.data(), 0,
                  model_->num_params(), decay_, adam_steps_, adamw_);

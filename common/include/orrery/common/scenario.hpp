@@ -46,12 +46,14 @@ struct ParallelConfig {
   double bucket_mb = 25.0;           // DDP gradient bucket size, MiB
   bool overlap = true;               // overlap gradient communication with backward
   std::string placement = "tp,dp,pp";  // fastest-varying first (Megatron's default)
+  std::string comm_backend = "auto";   // device cuda: auto | nccl | mpi (host-staged)
 };
 
 struct RuntimeConfig {
   std::string device = "cpu";  // cpu | cuda
   int threads = 1;             // compute threads per rank
   double watchdog_s = 300.0;   // a collective not done after this long ends the job
+  std::string precision = "fp32";  // device cuda: fp32 | tf32 | bf16 (fp32 master weights)
 };
 
 // Test-only fault injection (scenarios/README.md): ranks are global, -1 is off.

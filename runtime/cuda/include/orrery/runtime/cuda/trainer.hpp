@@ -67,7 +67,10 @@ class EventSpans {
   // Waits for the stream, records the reference event and reads the steady clock around it.
   void anchor();
   // Records the begin event of a span with `proto`'s kind, name and attributes; returns its handle.
-  int open(const traces::Span& proto);
+  // `annotation` (a name, or null) also opens an NVTX range and the profiler's range hooks
+  // (range_hooks.hpp: the CUPTI tracer tags the kernels launched inside with step and micro-batch);
+  // spans opened with one must be closed in reverse order.
+  int open(const traces::Span& proto, const char* annotation = nullptr);
   // Records the end event of span `handle`.
   void close(int handle);
   // Waits for the stream, hands every span to the recorder in host-clock ns, forgets them.
@@ -78,6 +81,7 @@ class EventSpans {
   struct Pending {
     traces::Span span;
     cudaEvent_t begin = nullptr, end = nullptr;
+    bool annotated = false;
   };
   profiler::Recorder* rec_;
   cudaStream_t stream_;
