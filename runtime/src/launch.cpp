@@ -362,9 +362,8 @@ FailedRun salvage_failed_run(const std::string& out, int nproc, int exit_status)
   try {
     std::error_code ec;
     fs::remove(out, ec);
-    traces::merge_traces(files, out);
+    traces::merge_traces(files, out);  // carries flight_records and rank_status over too
     std::vector<int32_t> lost32(lost.begin(), lost.end());
-    profiler::copy_failure_tables(files, out);
     profiler::mark_trace_failed(out, lost32, f.message);
     for (const auto& file : files) {
       fs::remove(file, ec);

@@ -166,17 +166,6 @@ constexpr const char* kCreateRankStatus =
     "CREATE TABLE IF NOT EXISTS rank_status (rank INTEGER PRIMARY KEY, state INTEGER, step "
     "INTEGER, detail TEXT);";
 
-bool has_table(sqlite3* db, const char* schema, const char* table) {
-  const std::string sql = std::string("SELECT 1 FROM ") + schema +
-                          ".sqlite_master WHERE type='table' AND name=?";
-  sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) != SQLITE_OK) return false;
-  sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
-  const bool found = sqlite3_step(st) == SQLITE_ROW;
-  sqlite3_finalize(st);
-  return found;
-}
-
 }  // namespace
 
 void write_flight_records(const std::string& trace_path, int32_t rank,
@@ -256,39 +245,6 @@ std::vector<RankStatus> read_rank_status(const std::string& trace_path) {
   }
   sqlite3_finalize(st);
   return out;
-}
-
-void copy_failure_tables(const std::vector<std::string>& inputs, const std::string& output) {
-  Db conn(output, SQLITE_OPEN_READWRITE);
-  sqlite3* db = conn.db;
-  // A merge that already carried the tables over (traces' merge_traces copies tables it does not
-  // own) is left as it is.
-  const bool copy_records = !has_table(db, "main", "flight_records");
-  const bool copy_status = !has_table(db, "main", "rank_status");
-  if (!copy_records && !copy_status) return;
-  check(sqlite3_exec(db, kCreateFlightRecords, nullptr, nullptr, nullptr), db, output);
-  check(sqlite3_exec(db, kCreateRankStatus, nullptr, nullptr, nullptr), db, output);
-  for (const auto& in : inputs) {
-    sqlite3_stmt* st = nullptr;
-    check(sqlite3_prepare_v2(db, "ATTACH DATABASE ? AS src", -1, &st, nullptr), db, output);
-    sqlite3_bind_text(st, 1, in.c_str(), -1, SQLITE_TRANSIENT);
-    const int rc = sqlite3_step(st);
-    sqlite3_finalize(st);
-    check(rc, db, in);
-    std::string sql = "BEGIN;";
-    if (copy_records && has_table(db, "src", "flight_records")) {
-      sql += "INSERT INTO main.flight_records SELECT * FROM src.flight_records;";
-    }
-    if (copy_status && has_table(db, "src", "rank_status")) {
-      sql += "INSERT OR REPLACE INTO main.rank_status SELECT * FROM src.rank_status;";
-    }
-    sql += "COMMIT;";
-    const int erc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr);
-    if (erc != SQLITE_OK) sqlite3_exec(db, "ROLLBACK;", nullptr, nullptr, nullptr);
-    const std::string err = erc != SQLITE_OK ? sqlite3_errmsg(db) : "";
-    sqlite3_exec(db, "DETACH DATABASE src;", nullptr, nullptr, nullptr);
-    if (erc != SQLITE_OK) throw std::runtime_error(in + ": copying its flight records: " + err);
-  }
 }
 
 void mark_trace_failed(const std::string& trace_path, const std::vector<int32_t>& lost_ranks,

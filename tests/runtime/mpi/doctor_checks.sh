@@ -51,7 +51,7 @@ check size 1 "Size mismatch at collective #2 on dp[tp=0,pp=0] (step 1), all_redu
   faults.size_mismatch_rank=1 faults.step=1
 check op 1 "Op mismatch at collective #2 on dp[tp=0,pp=0] (step 1): rank 1 called all_gather where rank 0 called all_reduce." \
   faults.wrong_op_rank=1 faults.step=1
-check sleep 0 "Rank 1 straggles: it arrived last, 1000 ms or more after the others, at 1 of 7 matched collectives (first at collective #2 on dp[tp=0,pp=0] (step 1))." \
+check sleep 0 "Rank 1 straggles: it arrived last, 1000 ms or more after the others, at 1 of 8 matched collectives (first at collective #2 on dp[tp=0,pp=0] (step 1))." \
   faults.sleep_rank=1 faults.sleep_ms=1500 faults.step=1 runtime.watchdog_s=30
 # JSON form: one object.
 "$ORRERY" doctor skip.db --json | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["findings"][0]["kind"]=="missing" and j["findings"][0]["ranks"]==[1], j' \

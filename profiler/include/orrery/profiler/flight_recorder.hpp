@@ -133,10 +133,6 @@ void write_rank_status(const std::string& trace_path, const RankStatus& status);
 // The status rows of a trace file (a per-rank file or a merged trace); empty without the table.
 // (orrery_capture)
 std::vector<RankStatus> read_rank_status(const std::string& trace_path);
-// Appends the flight_records and rank_status rows of every input (those that have the tables) to
-// `output` (a merge of them), so that `orrery doctor` and the failure's account survive the merge.
-// (orrery_capture)
-void copy_failure_tables(const std::vector<std::string>& inputs, const std::string& output);
 // Marks the trace at `trace_path` as the remains of a failed run: meta extra_json gains
 // "failed": true, "lost_ranks": [...] and "failure": `message`. (orrery_capture)
 void mark_trace_failed(const std::string& trace_path, const std::vector<int32_t>& lost_ranks,
