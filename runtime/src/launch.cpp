@@ -171,11 +171,83 @@ std::string default_trace_path(const std::string& scenario_name) {
   return "out/" + (scenario_name.empty() ? std::string("run") : scenario_name) + "-" + stamp + ".db";
 }
 
+std::string agree_on_trace_path(Communicator& world, const Scenario& s, const std::string& requested) {
+  return agree_on_path(world, requested.empty() ? default_trace_path(s.name) : requested);
+}
+
+traces::RunMeta real_run_meta(const Scenario& s, const Layout& lay, int world_size) {
+  traces::RunMeta meta;
+  meta.source = traces::TraceSource::Real;
+  meta.scenario_text = s.text;
+  meta.scenario_name = s.name;
+  meta.host = host_name();
+  meta.start_time_unix_ns = unix_now_ns();
+  meta.world_size = world_size;
+  meta.dp = lay.dp;
+  meta.tp = lay.tp;
+  meta.pp = lay.pp;
+  meta.tokens_per_step = static_cast<int64_t>(s.training.global_batch) * s.model.seq;
+  flops::Dims d;
+  d.batch = s.training.global_batch;
+  d.seq = s.model.seq;
+  d.d_model = s.model.d_model;
+  d.vocab = s.model.vocab;
+  meta.model_flops_per_step = flops::model_step(d, s.model.layers);
+  return meta;
+}
+
+traces::RankInfo real_rank_info(const Layout& lay, int rank, const std::string& host, const std::string& device) {
+  traces::RankInfo ri;
+  ri.rank = rank;
+  ri.host = host;
+  ri.device = device;
+  ri.dp = lay.dp_rank;
+  ri.tp = lay.tp_rank;
+  ri.pp = lay.pp_rank;
+  return ri;
+}
+
+void reduce_step_reports(RankRunResult& result, Communicator& dp_group, Communicator& world) {
+  // One all-reduce each at the end, so the steps' traces hold only the training's own communication.
+  result.mean_loss.resize(result.steps.size());
+  result.max_duration_ns.resize(result.steps.size());
+  for (size_t i = 0; i < result.steps.size(); ++i) {
+    result.mean_loss[i] = result.steps[i].loss;
+    result.max_duration_ns[i] = result.steps[i].duration_ns;
+  }
+  if (result.steps.empty()) return;
+  dp_group
+      .all_reduce(result.mean_loss.data(), result.mean_loss.size(), DType::F32, ReduceOp::Avg,
+                  OpLabel{"report.loss"})
+      .wait();
+  world
+      .all_reduce(result.max_duration_ns.data(), result.max_duration_ns.size(), DType::I64, ReduceOp::Max,
+                  OpLabel{"report.step_time"})
+      .wait();
+}
+
+std::string merge_rank_traces(Communicator& world, const std::string& out) {
+  // Every rank's file is complete before rank 0 merges.
+  world.barrier().wait();
+  if (world.rank() != 0) return out;
+  std::vector<std::string> inputs;
+  for (int r = 0; r < world.size(); ++r) inputs.push_back(rank_trace_path(out, r));
+  std::error_code ec;
+  fs::remove(out, ec);
+  traces::merge_traces(inputs, out);
+  for (const auto& f : inputs) {
+    fs::remove(f, ec);
+    fs::remove(f + "-wal", ec);
+    fs::remove(f + "-shm", ec);
+  }
+  return out;
+}
+
 RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOptions& opt) {
   RankRunResult result;
   result.rank = world.rank();
   result.world_size = world.size();
-  const std::string out = agree_on_path(world, opt.out.empty() ? default_trace_path(s.name) : opt.out);
+  const std::string out = agree_on_trace_path(world, s, opt.out);
 
   // Per-rank trace file, written while the run goes.
   std::unique_ptr<traces::TraceWriter> writer;
@@ -206,37 +278,14 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
   result.params = static_cast<int64_t>(trainer.model().num_params());
 
   if (writer) {
-    traces::RunMeta meta;
-    meta.source = traces::TraceSource::Real;
-    meta.scenario_text = s.text;
-    meta.scenario_name = s.name;
-    meta.host = host_name();
-    meta.start_time_unix_ns = unix_now_ns();
-    meta.world_size = world.size();
-    meta.dp = lay.dp;
-    meta.tp = lay.tp;
-    meta.pp = lay.pp;
-    meta.tokens_per_step = result.tokens_per_step;
-    flops::Dims d;
-    d.batch = s.training.global_batch;
-    d.seq = s.model.seq;
-    d.d_model = s.model.d_model;
-    d.vocab = s.model.vocab;
-    meta.model_flops_per_step = flops::model_step(d, s.model.layers);
+    traces::RunMeta meta = real_run_meta(s, lay, world.size());
     meta.extra_json = "{\"threads\": " + std::to_string(s.runtime.threads) +
                       ", \"micro_batches\": " + std::to_string(trainer.micro_batches()) +
                       ", \"ddp_buckets\": " + std::to_string(trainer.ddp().buckets().size()) +
                       ", \"params\": " + std::to_string(result.params) + "}";
     std::unique_lock file(profiler::trace_file_mutex());  // the flight recorder writes too
     writer->set_meta(meta);
-    traces::RankInfo ri;
-    ri.rank = world.rank();
-    ri.host = meta.host;
-    ri.device = "cpu";
-    ri.dp = lay.dp_rank;
-    ri.tp = lay.tp_rank;
-    ri.pp = lay.pp_rank;
-    writer->add_rank(ri);
+    writer->add_rank(real_rank_info(lay, world.rank(), meta.host, "cpu"));
     file.unlock();
     rec.add_stream(profiler::kComputeStream, "compute");
     rec.add_stream(profiler::kCommStream, "comm");
@@ -264,24 +313,7 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
   result.loop_ns = profiler::steady_now_ns() - loop_t0;
   result.checkpoint = ckpt.stats();
 
-  // The loss of each step averaged over the data-parallel replicas (one all-reduce at the end, so
-  // the steps' traces hold only the training's own communication).
-  result.mean_loss.resize(result.steps.size());
-  for (size_t i = 0; i < result.steps.size(); ++i) result.mean_loss[i] = result.steps[i].loss;
-  result.max_duration_ns.resize(result.steps.size());
-  for (size_t i = 0; i < result.steps.size(); ++i) {
-    result.max_duration_ns[i] = result.steps[i].duration_ns;
-  }
-  if (!result.steps.empty()) {
-    trainer.dp_group()
-        .all_reduce(result.mean_loss.data(), result.mean_loss.size(), DType::F32, ReduceOp::Avg,
-                    OpLabel{"report.loss"})
-        .wait();
-    world
-        .all_reduce(result.max_duration_ns.data(), result.max_duration_ns.size(), DType::I64,
-                    ReduceOp::Max, OpLabel{"report.step_time"})
-        .wait();
-  }
+  reduce_step_reports(result, trainer.dp_group(), world);
 
   world.set_recorder(nullptr);
   world.synchronize();
@@ -290,23 +322,7 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
     rec.flush();
     writer->close();
   }
-  // Every rank's file is complete before rank 0 merges.
-  world.barrier().wait();
-  if (writer && world.rank() == 0) {
-    std::vector<std::string> inputs;
-    for (int r = 0; r < world.size(); ++r) inputs.push_back(rank_trace_path(out, r));
-    std::error_code ec;
-    fs::remove(out, ec);
-    traces::merge_traces(inputs, out);
-    for (const auto& f : inputs) {
-      fs::remove(f, ec);
-      fs::remove(f + "-wal", ec);
-      fs::remove(f + "-shm", ec);
-    }
-    result.trace_path = out;
-  } else if (writer) {
-    result.trace_path = out;
-  }
+  if (writer) result.trace_path = merge_rank_traces(world, out);
   return result;
 }
 

@@ -1,10 +1,7 @@
 // One rank's run on a CUDA device (see gpu_run.hpp); follows runtime::run_rank (launch.cpp).
 #include "orrery/runtime/cuda/gpu_run.hpp"
 
-#include <unistd.h>
-
 #include <array>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,34 +12,12 @@
 #endif
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/cuda/nccl_comm.hpp"
-#include "orrery/runtime/flops.hpp"
 #include "orrery/traces/store.hpp"
 
 namespace orrery::runtime::cuda {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
-  return buf;
-}
-
-int64_t unix_now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-// Rank 0 chooses the default output path (it holds a timestamp) and tells the others.
-std::string agree_on_path(Communicator& world, const std::string& mine) {
-  if (world.size() == 1) return mine;
-  constexpr size_t kMax = 4096;
-  std::vector<char> buf(kMax, 0);
-  if (world.rank() == 0) std::strncpy(buf.data(), mine.c_str(), kMax - 1);
-  world.broadcast(buf.data(), kMax, DType::U8, 0, OpLabel{"launch.out_path"}).wait();
-  return std::string(buf.data());
-}
 
 std::string json_escape(const std::string& s) {
   std::string out;
@@ -69,7 +44,7 @@ RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRu
   RankRunResult result;
   result.rank = world.rank();
   result.world_size = world.size();
-  const std::string out = agree_on_path(world, opt.out.empty() ? default_trace_path(s.name) : opt.out);
+  const std::string out = agree_on_trace_path(world, s, opt.out);
 
   std::unique_ptr<traces::TraceWriter> writer;
   const std::string rank_file = rank_trace_path(out, world.rank());
@@ -99,38 +74,18 @@ RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRu
   result.params = static_cast<int64_t>(trainer.model().num_params());
 
   if (writer) {
-    traces::RunMeta meta;
-    meta.source = traces::TraceSource::Real;
-    meta.scenario_text = s.text;
-    meta.scenario_name = s.name;
-    meta.host = host_name();
-    meta.start_time_unix_ns = unix_now_ns();
-    meta.world_size = world.size();
-    meta.dp = lay.dp;
-    meta.tp = lay.tp;
-    meta.pp = lay.pp;
-    meta.tokens_per_step = result.tokens_per_step;
-    flops::Dims d;
-    d.batch = s.training.global_batch;
-    d.seq = s.model.seq;
-    d.d_model = s.model.d_model;
-    d.vocab = s.model.vocab;
-    meta.model_flops_per_step = flops::model_step(d, s.model.layers);
+    traces::RunMeta meta = real_run_meta(s, lay, world.size());
     meta.peak_flops_per_rank = peak_flops(dev, copt.math);
     meta.extra_json = "{\"device\": \"" + json_escape(dev.name) + "\", \"precision\": \"" +
                       math_mode_name(copt.math) + "\", \"comm_backend\": \"" + trainer.comm_backend() +
                       "\", \"micro_batches\": " + std::to_string(trainer.micro_batches()) +
                       ", \"ddp_buckets\": " + std::to_string(trainer.buckets().size()) +
                       ", \"params\": " + std::to_string(result.params) + "}";
+    std::unique_lock file(profiler::trace_file_mutex());  // the flight recorder writes too
     writer->set_meta(meta);
-    traces::RankInfo ri;
-    ri.rank = world.rank();
-    ri.host = meta.host;
-    ri.device = "cuda:" + std::to_string(dev.index) + " " + dev.name;
-    ri.dp = lay.dp_rank;
-    ri.tp = lay.tp_rank;
-    ri.pp = lay.pp_rank;
-    writer->add_rank(ri);
+    writer->add_rank(
+        real_rank_info(lay, world.rank(), meta.host, "cuda:" + std::to_string(dev.index) + " " + dev.name));
+    file.unlock();
     rec.add_stream(profiler::kComputeStream, "compute");
     rec.add_stream(profiler::kCommStream, "comm");
   }
@@ -157,22 +112,7 @@ RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRu
   }
 
   // Reports over the host communicators (host buffers), as run_rank does.
-  result.mean_loss.resize(result.steps.size());
-  result.max_duration_ns.resize(result.steps.size());
-  for (size_t i = 0; i < result.steps.size(); ++i) {
-    result.mean_loss[i] = result.steps[i].loss;
-    result.max_duration_ns[i] = result.steps[i].duration_ns;
-  }
-  if (!result.steps.empty()) {
-    trainer.dp_group()
-        .all_reduce(result.mean_loss.data(), result.mean_loss.size(), DType::F32, ReduceOp::Avg,
-                    OpLabel{"report.loss"})
-        .wait();
-    world
-        .all_reduce(result.max_duration_ns.data(), result.max_duration_ns.size(), DType::I64, ReduceOp::Max,
-                    OpLabel{"report.step_time"})
-        .wait();
-  }
+  reduce_step_reports(result, trainer.dp_group(), world);
 
   trainer.finish();
   world.set_recorder(nullptr);
@@ -193,22 +133,7 @@ RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRu
     rec.flush();
     writer->close();
   }
-  world.barrier().wait();
-  if (writer && world.rank() == 0) {
-    std::vector<std::string> inputs;
-    for (int r = 0; r < world.size(); ++r) inputs.push_back(rank_trace_path(out, r));
-    std::error_code ec;
-    fs::remove(out, ec);
-    traces::merge_traces(inputs, out);
-    for (const auto& f : inputs) {
-      fs::remove(f, ec);
-      fs::remove(f + "-wal", ec);
-      fs::remove(f + "-shm", ec);
-    }
-    result.trace_path = out;
-  } else if (writer) {
-    result.trace_path = out;
-  }
+  if (writer) result.trace_path = merge_rank_traces(world, out);
   return result;
 }
 

@@ -13,6 +13,7 @@
 #include "orrery/runtime/checkpoint.hpp"
 #include "orrery/runtime/comm.hpp"
 #include "orrery/runtime/trainer.hpp"
+#include "orrery/traces/store.hpp"
 
 namespace orrery::runtime {
 
@@ -84,5 +85,19 @@ FailedRun salvage_failed_run(const std::string& out, int nproc, int exit_status)
 // recorder, per-rank trace file, merge on rank 0. Call check_supported(s) and validate inputs
 // before creating `world`, so bad input fails before any MPI work.
 RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOptions& opt);
+
+// --- pieces of run_rank that a device's own run (runtime/cuda: run_rank_cuda) shares with it.
+// The merged trace's path: `requested`, or rank 0's default_trace_path told to every rank.
+std::string agree_on_trace_path(Communicator& world, const Scenario& s, const std::string& requested);
+// The trace metadata every real run carries (source, scenario, host, start time, grid, tokens and
+// model FLOPs per step); the caller adds peak_flops_per_rank and extra_json.
+traces::RunMeta real_run_meta(const Scenario& s, const Layout& lay, int world_size);
+traces::RankInfo real_rank_info(const Layout& lay, int rank, const std::string& host, const std::string& device);
+// Fills result.mean_loss (averaged over `dp_group`) and result.max_duration_ns (max over `world`)
+// from result.steps: one all-reduce each, after the training steps.
+void reduce_step_reports(RankRunResult& result, Communicator& dp_group, Communicator& world);
+// After every rank closed its per-rank file: a barrier, then rank 0 merges the files into `out` and
+// removes them. Returns `out`.
+std::string merge_rank_traces(Communicator& world, const std::string& out);
 
 }  // namespace orrery::runtime
