@@ -240,12 +240,23 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   return p;
 }
 
+namespace {
+// A string that would not read back as itself when written plain (empty, control characters such as
+// a lone \r, surrounding spaces) is emitted double-quoted, escaped: a fuzz_hardware finding.
+YAML::Emitter& emit_string(YAML::Emitter& e, const std::string& s) {
+  bool plain = !s.empty() && s.front() != ' ' && s.back() != ' ';
+  for (const char c : s) plain = plain && static_cast<unsigned char>(c) >= 0x20 && c != 0x7f;
+  if (!plain) return e << YAML::DoubleQuoted << s;
+  return e << s;
+}
+}  // namespace
+
 std::string to_yaml(const HardwareProfile& p) {
   YAML::Emitter e;
   e << YAML::BeginMap;
-  e << YAML::Key << "name" << YAML::Value << p.name;
-  e << YAML::Key << "device" << YAML::Value << p.device;
-  e << YAML::Key << "precision" << YAML::Value << p.precision;
+  emit_string(e << YAML::Key << "name" << YAML::Value, p.name);
+  emit_string(e << YAML::Key << "device" << YAML::Value, p.device);
+  emit_string(e << YAML::Key << "precision" << YAML::Value, p.precision);
   e << YAML::Key << "peak_flops" << YAML::Value << p.peak_flops;
   e << YAML::Key << "memory_bandwidth_gbps" << YAML::Value << p.memory_bandwidth_bytes_per_s / 1e9;
   e << YAML::Key << "data_load_us" << YAML::Value << p.data_load_ns / 1000.0;
@@ -275,7 +286,7 @@ std::string to_yaml(const HardwareProfile& p) {
   if (p.cluster.nodes > 0) {
     const MachineDescription& m = p.cluster;
     e << YAML::Key << "cluster" << YAML::Value << YAML::BeginMap;
-    e << YAML::Key << "device" << YAML::Value << m.device;
+    emit_string(e << YAML::Key << "device" << YAML::Value, m.device);
     e << YAML::Key << "nodes" << YAML::Value << m.nodes;
     e << YAML::Key << "ranks_per_node" << YAML::Value << m.ranks_per_node;
     e << YAML::Key << "peak_flops" << YAML::Value << m.peak_flops;
@@ -297,7 +308,7 @@ std::string to_yaml(const HardwareProfile& p) {
     e << YAML::EndMap;
   }
   e << YAML::Key << "machine" << YAML::Value << YAML::BeginMap;
-  for (const auto& [k, v] : p.machine) e << YAML::Key << k << YAML::Value << v;
+  for (const auto& [k, v] : p.machine) emit_string(e << YAML::Key << k << YAML::Value, v);
   e << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";

@@ -153,6 +153,21 @@ TEST(HardwareProfile, FuzzFindingsAreInputErrors) {
   }
 }
 
+// fuzz_hardware finding (fuzz/corpus/fuzz_hardware/regress-cr-device.yaml): strings that read back
+// as something else when written plain (empty, a lone carriage return, surrounding spaces) are
+// written quoted, so to_yaml's output parses back to the same strings.
+TEST(HardwareProfile, StringsThatAreNotPlainRoundTrip) {
+  HardwareProfile p = default_hardware_profile("cpu", false);
+  p.name = "";
+  p.device = "\r";
+  p.precision = "fp32";
+  p.machine["source"] = " padded ";
+  const HardwareProfile q = parse_hardware_profile(to_yaml(p), "roundtrip.yaml");
+  EXPECT_EQ(q.name, "");
+  EXPECT_EQ(q.device, "\r");
+  EXPECT_EQ(q.machine.at("source"), " padded ");
+}
+
 TEST(HardwareProfile, ShippedDefaultsLoadAndMatchTheBuiltIns) {
   const std::filesystem::path dir = std::filesystem::path(ORRERY_SOURCE_DIR) / "scenarios" / "hardware";
   int n = 0;
