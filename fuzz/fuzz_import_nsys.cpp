@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_import_check.hpp"
 #include "fuzz_util.hpp"
 #include "orrery/common/error.hpp"
-#include "orrery/profiler/metrics.hpp"
 #include "orrery/traces/import.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -22,14 +22,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   file.remove();
-  const auto summary = orrery::traces::summarize_import(t, orrery::traces::ImportFormat::Nsys, files);
-  if (summary.spans != static_cast<int64_t>(t.spans.size())) orrery::fuzz::fail("summary span count differs");
-  for (const auto& s : t.spans) {
-    if (s.end_ns < s.start_ns) orrery::fuzz::fail("imported span ends before it starts");
-    if (s.name >= t.strings.size()) orrery::fuzz::fail("imported span names a string out of range");
-  }
-  orrery::profiler::MetricsOptions opt;
-  opt.threads = 1;
-  (void)orrery::profiler::compute_metrics(t, opt);
+  orrery::fuzz::check_imported(t, orrery::traces::ImportFormat::Nsys, files);
   return 0;
 }
