@@ -175,6 +175,17 @@ std::string agree_on_trace_path(Communicator& world, const Scenario& s, const st
   return agree_on_path(world, requested.empty() ? default_trace_path(s.name) : requested);
 }
 
+std::unique_ptr<traces::TraceWriter> open_rank_trace(const std::string& out, int rank) {
+  const std::string rank_file = rank_trace_path(out, rank);
+  const fs::path parent = fs::path(out).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  auto writer = std::make_unique<traces::TraceWriter>(rank_file);
+  // Flight records go into the rank's file every 200 ms, so they survive an abort.
+  profiler::FlightRecorder::instance().set_dump_path(rank_file);
+  return writer;
+}
+
 traces::RunMeta real_run_meta(const Scenario& s, const Layout& lay, int world_size) {
   traces::RunMeta meta;
   meta.source = traces::TraceSource::Real;
@@ -251,15 +262,7 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
 
   // Per-rank trace file, written while the run goes.
   std::unique_ptr<traces::TraceWriter> writer;
-  const std::string rank_file = rank_trace_path(out, world.rank());
-  if (opt.profile) {
-    const fs::path parent = fs::path(out).parent_path();
-    std::error_code ec;
-    if (!parent.empty()) fs::create_directories(parent, ec);
-    writer = std::make_unique<traces::TraceWriter>(rank_file);
-    // Flight records go into the rank's file every 200 ms, so they survive an abort.
-    profiler::FlightRecorder::instance().set_dump_path(rank_file);
-  }
+  if (opt.profile) writer = open_rank_trace(out, world.rank());
   profiler::Recorder rec(writer.get(), world.rank());
   rec.start_periodic_flush(std::chrono::milliseconds(500));  // bounds what a SIGKILL loses
   profiler::Recorder::set_current(&rec);

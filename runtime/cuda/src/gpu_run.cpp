@@ -2,9 +2,9 @@
 #include "orrery/runtime/cuda/gpu_run.hpp"
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 
 #include "orrery/profiler/flight_recorder.hpp"
 #if ORRERY_HAVE_CUPTI_TRACER
@@ -15,7 +15,6 @@
 #include "orrery/traces/store.hpp"
 
 namespace orrery::runtime::cuda {
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -47,15 +46,9 @@ RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRu
   const std::string out = agree_on_trace_path(world, s, opt.out);
 
   std::unique_ptr<traces::TraceWriter> writer;
-  const std::string rank_file = rank_trace_path(out, world.rank());
-  if (opt.profile) {
-    const fs::path parent = fs::path(out).parent_path();
-    std::error_code ec;
-    if (!parent.empty()) fs::create_directories(parent, ec);
-    writer = std::make_unique<traces::TraceWriter>(rank_file);
-    profiler::FlightRecorder::instance().set_dump_path(rank_file);
-  }
+  if (opt.profile) writer = open_rank_trace(out, world.rank());
   profiler::Recorder rec(writer.get(), world.rank());
+  rec.start_periodic_flush(std::chrono::milliseconds(500));  // bounds what a SIGKILL loses, as on CPUs
   profiler::Recorder::set_current(&rec);
   world.set_recorder(&rec);
   struct Detach {

@@ -89,6 +89,9 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
 // --- pieces of run_rank that a device's own run (runtime/cuda: run_rank_cuda) shares with it.
 // The merged trace's path: `requested`, or rank 0's default_trace_path told to every rank.
 std::string agree_on_trace_path(Communicator& world, const Scenario& s, const std::string& requested);
+// This rank's trace file of a run whose merged trace is `out` (rank_trace_path; its folder created),
+// with the flight recorder dumping into it, so the records survive an abort.
+std::unique_ptr<traces::TraceWriter> open_rank_trace(const std::string& out, int rank);
 // The trace metadata every real run carries (source, scenario, host, start time, grid, tokens and
 // model FLOPs per step); the caller adds peak_flops_per_rank and extra_json.
 traces::RunMeta real_run_meta(const Scenario& s, const Layout& lay, int world_size);
