@@ -1,5 +1,6 @@
 // The reference GPT on one CUDA device (see cuda/model.hpp): the CPU model's layout and pieces with
-// device buffers and the CUDA kernels. The piece bodies follow runtime/src/model.cpp line by line.
+// device buffers and the CUDA kernels. The piece bodies follow runtime/src/model.cpp line by line,
+// including the tensor-parallel split of each block into three spans around the tp sums.
 #include "orrery/runtime/cuda/model.hpp"
 
 #include <stdexcept>
@@ -24,24 +25,40 @@ BlockParams rebase(const BlockParams& p, const float* hb, float* db) {
 }
 
 flops::Dims flop_dims(const GpuGpt& m, int B, int T) {
-  return flops::Dims{B, T, m.config().n_embd, m.config().vocab, 1};
+  return flops::Dims{B, T, m.config().n_embd, m.config().vocab, m.host.shard.tp_size};
 }
 
-// Begins and ends observer spans (as model.cpp's Span).
+// Begins and ends observer spans (as model.cpp's Span, with its close/reopen around tp sums).
 class Span {
  public:
   Span(OpObserver* obs, const char* name, int layer, double flops) : obs_(obs) {
     if (obs_ != nullptr) obs_->begin(name, layer, flops);
   }
-  ~Span() {
-    if (obs_ != nullptr) obs_->end();
-  }
+  ~Span() { close(); }
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
+  void close() {
+    if (obs_ != nullptr) obs_->end();
+    obs_ = nullptr;
+  }
+  void reopen(OpObserver* obs, const char* name, int layer, double flops) {
+    close();
+    obs_ = obs;
+    if (obs_ != nullptr) obs_->begin(name, layer, flops);
+  }
 
  private:
   OpObserver* obs_;
 };
+
+// Megatron's sum over the tp group of a device tensor (GptHooks::tp_all_reduce, see model.hpp):
+// the trainer queues it on the device communicator and orders the compute stream after it.
+void tp_reduce(const GptHooks& hooks, TpPoint point, int layer, float* data, std::size_t n) {
+  if (!hooks.tp_all_reduce) {
+    throw std::logic_error("gpu gpt: tp_size > 1 but GptHooks::tp_all_reduce is not set");
+  }
+  hooks.tp_all_reduce(point, layer, data, n);
+}
 
 void check_layer(const GpuGpt& m, int layer) {
   if (layer < 0 || layer >= m.config().n_layer) {
@@ -64,9 +81,12 @@ const FloatArray& GpuGpt::download_params() {
 
 GpuGpt gpu_gpt_create(Gpt host) {
   const GptShard& sh = host.shard;
-  if (sh.tp_size != 1 || sh.layer_begin != 0 || sh.layer_end != host.config.n_layer || !sh.has_embed ||
-      !sh.has_head) {
-    throw InputError("device cuda: the CUDA runtime holds whole models only (tp = pp = 1)");
+  if (sh.layer_begin != 0 || sh.layer_end != host.config.n_layer || !sh.has_embed || !sh.has_head) {
+    throw InputError("device cuda: the CUDA runtime holds every layer, the embedding and the head on each rank "
+                     "(no pipeline stages: parallel.pp = 1); got layers [" +
+                     std::to_string(sh.layer_begin) + ", " + std::to_string(sh.layer_end) + ") of " +
+                     std::to_string(host.config.n_layer) + (sh.has_embed ? "" : ", no embedding") +
+                     (sh.has_head ? "" : ", no head"));
   }
   GpuGpt m;
   m.host = std::move(host);
@@ -193,18 +213,30 @@ void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts
   const std::size_t n = acts.boundary_elems;
   const float* x = acts.stream + idx * n;
   float* y = acts.stream + (idx + 1) * n;
-  Span span(hooks.observer, "fwd.block", layer, flops::block_forward(flop_dims(m, B, T)));
-  // Attention half.
+  const auto fd = flop_dims(m, B, T);
+  const bool tp = m.host.shard.tp_size > 1;
+  Span span(hooks.observer, "fwd.block", layer, tp ? flops::block_attention_forward(fd) : flops::block_forward(fd));
+  // Attention half (block_attention_part).
   layernorm_forward(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, B, T, d.C);
   matmul_forward(ctx, a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, 3 * d.Cl);
   attention_forward(ctx, a.atty, a.att, a.qkv, B, T, d.Cl, d.NH);
   matmul_forward(ctx, a.attproj, a.atty, p.projw, nullptr, B, T, d.Cl, d.C);
+  if (tp) {
+    span.close();
+    tp_reduce(hooks, TpPoint::kAttnProjForward, layer, a.attproj, n);
+    span.reopen(hooks.observer, "fwd.block", layer, flops::block_mlp_forward(fd));
+  }
   bias_residual_forward(ctx, a.res2, x, a.attproj, p.projb, B, T, d.C);
-  // MLP half.
+  // MLP half (block_mlp_part).
   layernorm_forward(ctx, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, B, T, d.C);
   matmul_forward(ctx, a.fch, a.ln2, p.fcw, p.fcb, B, T, d.C, d.F);
   gelu_forward(ctx, a.fch_gelu, a.fch, static_cast<std::size_t>(B) * T * d.F);
   matmul_forward(ctx, a.fcproj, a.fch_gelu, p.fcprojw, nullptr, B, T, d.F, d.C);
+  if (tp) {
+    span.close();
+    tp_reduce(hooks, TpPoint::kMlpProjForward, layer, a.fcproj, n);
+    span.reopen(hooks.observer, "fwd.block", layer, 0.0);
+  }
   bias_residual_forward(ctx, y, a.res2, a.fcproj, p.fcprojb, B, T, d.C);
 }
 
@@ -247,14 +279,22 @@ void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, Gpu
   const int B = acts.B, T = acts.T;
   const std::size_t BT = static_cast<std::size_t>(B) * T;
   const float* x = acts.stream + idx * acts.boundary_elems;
+  const std::size_t n = acts.boundary_elems;
+  const auto fd = flop_dims(m, B, T);
+  const bool tp = m.host.shard.tp_size > 1;
   {
-    Span span(hooks.observer, "bwd.block", layer, flops::block_backward(flop_dims(m, B, T)));
+    Span span(hooks.observer, "bwd.block", layer, tp ? 2.0 * flops::block_mlp_forward(fd) : flops::block_backward(fd));
     // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + b; s.dres holds dy.
     bias_backward(ctx, g.fcprojb, s.dres, B, T, d.C);
     matmul_backward(ctx, s.dfch_gelu, g.fcprojw, nullptr, s.dres, a.fch_gelu, p.fcprojw, B, T, d.F, d.C, false);
     zero_async(ctx, s.dfch, BT * d.F);
     gelu_backward(ctx, s.dfch, a.fch, s.dfch_gelu, BT * d.F);
     matmul_backward(ctx, s.dln, g.fcw, g.fcb, s.dfch, a.ln2, p.fcw, B, T, d.C, d.F, false);
+    if (tp) {
+      span.close();
+      tp_reduce(hooks, TpPoint::kMlpInputBackward, layer, s.dln, n);
+      span.reopen(hooks.observer, "bwd.block", layer, 2.0 * flops::block_attention_forward(fd));
+    }
     layernorm_backward(ctx, s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, B, T, d.C);
     // Attention: res2 = x + proj(attn(qkv(ln1(x)))) + b; s.dres now holds dres2.
     bias_backward(ctx, g.projb, s.dres, B, T, d.C);
@@ -262,6 +302,11 @@ void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, Gpu
     zero_async(ctx, s.dqkv, BT * 3 * d.Cl);
     attention_backward(ctx, s.dqkv, s.datt, s.datty, a.qkv, a.att, B, T, d.Cl, d.NH);
     matmul_backward(ctx, s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, p.qkvw, B, T, d.C, 3 * d.Cl, false);
+    if (tp) {
+      span.close();
+      tp_reduce(hooks, TpPoint::kAttnInputBackward, layer, s.dln, n);
+      span.reopen(hooks.observer, "bwd.block", layer, 0.0);
+    }
     layernorm_backward(ctx, s.dres, g.ln1w, g.ln1b, s.dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd, B, T, d.C);
   }
   if (hooks.on_grads_ready) hooks.on_grads_ready(layer);

@@ -1,7 +1,9 @@
 // The training loop of one rank on one CUDA device (see cuda/trainer.hpp): the CPU trainer's
-// data-parallel path with device buffers, event-timed spans and a device communicator.
+// DDP, ZeRO 1/2 and tensor-parallel paths with device buffers, event-timed spans and device
+// communicators (NCCL or host-staged) for the dp and tp groups.
 #include "orrery/runtime/cuda/trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <unordered_map>
@@ -11,6 +13,7 @@
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/cuda/nccl_comm.hpp"
 #include "orrery/runtime/data.hpp"
+#include "orrery/runtime/tensor_parallel.hpp"
 
 namespace orrery::runtime::cuda {
 
@@ -72,16 +75,17 @@ void check_supported_cuda(const Scenario& s) {
   Scenario c = s;
   c.runtime.device = "cpu";  // everything the CPU runtime checks (layout, batch, threads) holds here too
   check_supported(c);
-  if (s.parallel.tp != 1 || s.parallel.pp != 1) {
-    throw InputError(origin + ": keys 'parallel.tp' and 'parallel.pp': the CUDA runtime runs data parallelism only "
-                              "in this version (tp = pp = 1); got tp = " +
-                     std::to_string(s.parallel.tp) + ", pp = " + std::to_string(s.parallel.pp) +
-                     " (use runtime.device: cpu for tensor and pipeline parallelism)");
+  if (s.parallel.pp != 1) {
+    throw InputError(origin + ": key 'parallel.pp': pipeline parallelism is not available on device cuda in this "
+                              "version; expected 1, got " +
+                     std::to_string(s.parallel.pp) +
+                     " (the GPU trainer runs data parallelism, ZeRO 1/2 and tensor parallelism; use runtime.device: "
+                     "cpu for pipeline parallelism)");
   }
-  if (s.parallel.zero != 0) {
-    throw InputError(origin + ": key 'parallel.zero': ZeRO is not available on device cuda in this version; expected "
-                              "0, got " +
-                     std::to_string(s.parallel.zero) + " (use runtime.device: cpu for ZeRO)");
+  if (s.parallel.zero > 2) {
+    throw InputError(origin + ": key 'parallel.zero': ZeRO stage " + std::to_string(s.parallel.zero) +
+                     " is not available on device cuda in this version; expected 0, 1 or 2 (use runtime.device: cpu "
+                     "for ZeRO 3)");
   }
   if (device_count() == 0) {
     throw InputError(origin + ": key 'runtime.device' is cuda, but " + no_device_reason());
@@ -312,9 +316,12 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
   ctx_ = std::make_unique<Context>(stream_->get(), opt_.math);
 
   const Layout& L = layout_;
+  // Groups split in the CPU trainer's order (dp, then tp), so they get the same communicators.
   dp_ = world_.split(L.tp_rank + L.tp * L.pp_rank, L.dp_rank, traces::CommKind::DP,
                      "dp[tp=" + std::to_string(L.tp_rank) + ",pp=" + std::to_string(L.pp_rank) + "]");
-  if (L.dp > 1) {
+  tp_ = world_.split(L.dp_rank + L.dp * L.pp_rank, L.tp_rank, traces::CommKind::TP,
+                     "tp[dp=" + std::to_string(L.dp_rank) + ",pp=" + std::to_string(L.pp_rank) + "]");
+  if (L.dp > 1 || L.tp > 1) {
     CommBackend backend = opt_.comm;
     if (backend == CommBackend::kAuto) {
 #if defined(ORRERY_HAVE_NCCL)
@@ -324,46 +331,70 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
       backend = CommBackend::kStaged;
 #endif
     }
-    if (backend == CommBackend::kNccl) {
-#if defined(ORRERY_HAVE_NCCL)
-      WorldOptions wopt;
-      wopt.watchdog_s = s_.runtime.watchdog_s;
-      dp_dev_ = make_nccl_communicator(*dp_, stream_->get(), wopt);
-      comm_name_ = "nccl";
-#else
-      throw InputError(origin + ": the NCCL communicator was asked for, but this build has no NCCL");
-#endif
-    } else {
-      dp_dev_ = make_staged_communicator(*dp_, stream_->get());
-      comm_name_ = "staged";
-    }
-    if (rec_ != nullptr) dp_dev_->set_recorder(rec_);
+    // Created in the same order on every rank (NCCL's bootstrap is a collective of each group).
+    if (L.dp > 1) dp_dev_ = make_device_comm(*dp_, backend);
+    if (L.tp > 1) tp_dev_ = make_device_comm(*tp_, backend);
+    comm_name_ = backend == CommBackend::kNccl ? "nccl" : "staged";
   }
 
   const GptConfig cfg = gpt_config(s_.model);
-  model_ = std::make_unique<GpuGpt>(gpu_gpt_create(gpt_create(cfg, GptShard{}, s_.training.seed)));
-  buckets_ = make_ddp_buckets(model_->host, s_.parallel.bucket_mb);
+  GptShard shard;  // every layer (pp = 1); the tp slice of each block
+  shard.tp_rank = L.tp_rank;
+  shard.tp_size = L.tp;
+  Gpt host = gpt_create(cfg, shard, s_.training.seed);
+  buckets_ = make_ddp_buckets(host, s_.parallel.bucket_mb);  // before padding, as the CPU trainer's
+  const std::size_t n = host.num_params();
+  const bool zero = s_.parallel.zero >= 1 && L.dp > 1;
+  if (zero) {
+    zero_ = zero_partition(n, L.dp_rank, L.dp);
+    gpt_pad_storage(host, zero_.padded());
+  } else {
+    zero_ = zero_partition(n, 0, 1);
+  }
+  model_ = std::make_unique<GpuGpt>(gpu_gpt_create(std::move(host)));
   ddp_ = std::make_unique<Ddp>(*model_, dp_dev_.get(), buckets_, s_.parallel.overlap);
   source_ = make_token_source(s_.data.source, s_.data.path, cfg.vocab, s_.training.seed);
   loader_ = std::make_unique<DataLoader>(*source_, s_.model.seq, s_.training.micro_batch, L.dp_rank, L.dp,
                                          s_.training.seed);
   acts_ = std::make_unique<GpuActivations>(gpu_activations(*model_, s_.training.micro_batch, s_.model.seq));
   scratch_ = std::make_unique<GpuGradScratch>(gpu_grad_scratch(*model_, s_.training.micro_batch, s_.model.seq));
-  adam_m_.resize(model_->num_params());
-  adam_v_.resize(model_->num_params());
+  adam_m_.resize(zero ? zero_.shard : n);
+  adam_v_.resize(zero ? zero_.shard : n);
+  if (zero) {
+    zero_grads_.resize(zero_.shard);
+    if (s_.parallel.zero == 2) zero_recv_.resize(zero_.shard);
+  }
   decay_ = model_->host.decay_ranges();
   adamw_ = adamw_config(s_.training);
   spans_ = std::make_unique<EventSpans>(rec_, stream_->get(), profiler::kComputeStream);
   if (rec_ != nullptr) observer_ = std::make_unique<Observer>(rec_, *spans_);
 }
 
+std::unique_ptr<Communicator> GpuTrainer::make_device_comm(Communicator& host, CommBackend backend) {
+  std::unique_ptr<Communicator> dev;
+  if (backend == CommBackend::kNccl) {
+#if defined(ORRERY_HAVE_NCCL)
+    WorldOptions wopt;
+    wopt.watchdog_s = s_.runtime.watchdog_s;
+    dev = make_nccl_communicator(host, stream_->get(), wopt);
+#else
+    throw InputError(origin_of(s_) + ": the NCCL communicator was asked for, but this build has no NCCL");
+#endif
+  } else {
+    dev = make_staged_communicator(host, stream_->get());
+  }
+  if (rec_ != nullptr) dev->set_recorder(rec_);
+  return dev;
+}
+
 GpuTrainer::~GpuTrainer() {
   // Let queued work finish before buffers go (errors cannot be reported from here).
   if (stream_) cudaStreamSynchronize(stream_->get());
-  if (dp_dev_) {
+  for (Communicator* c : {dp_dev_.get(), tp_dev_.get()}) {
+    if (c == nullptr) continue;
     try {
-      dp_dev_->set_recorder(nullptr);
-      dp_dev_->synchronize();
+      c->set_recorder(nullptr);
+      c->synchronize();
     } catch (...) {
     }
   }
@@ -371,9 +402,10 @@ GpuTrainer::~GpuTrainer() {
 
 void GpuTrainer::finish() {
   ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
-  if (dp_dev_) {
-    dp_dev_->synchronize();
-    dp_dev_->set_recorder(nullptr);
+  for (Communicator* c : {dp_dev_.get(), tp_dev_.get()}) {
+    if (c == nullptr) continue;
+    c->synchronize();
+    c->set_recorder(nullptr);
   }
 }
 
@@ -385,13 +417,23 @@ void GpuTrainer::prepare() {
 }
 
 Trainer::MemoryBytes GpuTrainer::memory() const {
+  // The CPU trainer's categories (Trainer::memory) for the same state.
   Trainer::MemoryBytes m;
   m.parameters = static_cast<double>(model_->params.size_bytes());
-  m.gradients = static_cast<double>(model_->grads.size_bytes());
+  const double full_grads = static_cast<double>(model_->grads.size_bytes());
   m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes());
   m.activations = static_cast<double>(acts_->memory.size_bytes() + scratch_->memory.size_bytes() +
                                       ctx_->scratch_bytes());
-  m.comm_buffers = 0;  // buckets are views of the gradient array
+  double comm = 0;  // DDP buckets are views of the gradient array
+  if (s_.parallel.zero == 2 && zero_.ranks > 1) {
+    // The shard is the gradient state; the full array only stages one backward before scattering.
+    m.gradients = static_cast<double>(zero_grads_.size_bytes());
+    comm += full_grads + static_cast<double>(zero_recv_.size_bytes());
+  } else {
+    m.gradients = full_grads;
+    comm += static_cast<double>(zero_grads_.size_bytes());  // ZeRO 1: the reduce-scatter output
+  }
+  m.comm_buffers = comm;
   return m;
 }
 
@@ -406,9 +448,29 @@ void GpuTrainer::record_memory() {
   rec_->counter("mem.comm_buffers", m.comm_buffers, now);
 }
 
+std::size_t GpuTrainer::flat_elems() const {
+  std::size_t n = 0;
+  for (const auto& t : model_->host.tensors) n = std::max(n, t.offset + t.count);
+  return n;
+}
+
 std::vector<float> GpuTrainer::parameters() {
   ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
-  return model_->params.to_host();
+  std::vector<float> out(flat_elems());
+  model_->params.copy_to_host(out.data(), out.size());
+  return out;
+}
+
+// The CPU trainer's reduce_gradients_zero on device buffers (pp = 1: no embedding all-reduce).
+void GpuTrainer::reduce_gradients_zero(int32_t step, int32_t mb) {
+  float* out = s_.parallel.zero == 2 ? zero_recv_.data() : zero_grads_.data();
+  dp_dev_->reduce_scatter(model_->grads.data(), out, zero_.shard, DType::F32, ReduceOp::Avg,
+                          OpLabel{kZeroReduceScatterName, step, mb, kEmbedSegment})
+      .wait();  // the compute stream waits for the scattered shard
+  if (s_.parallel.zero == 2) {
+    residual_forward(*ctx_, zero_grads_.data(), zero_grads_.data(), out, zero_.shard);  // acc += out
+    gpu_zero_grad(*ctx_, *model_);  // the next backward writes into a clean array
+  }
 }
 
 StepResult GpuTrainer::step() {
@@ -421,13 +483,23 @@ StepResult GpuTrainer::step() {
   spans_->anchor();
   const int step_span = spans_->open(proto(rec_, SpanKind::Phase, "step", step, -1), "step");
   gpu_zero_grad(*ctx_, *model_);
+  const bool zero = zero_.ranks > 1;  // ZeRO 1/2 over dp > 1
+  if (zero) ORRERY_CUDA_CHECK(cudaMemsetAsync(zero_grads_.data(), 0, zero_grads_.size_bytes(), stream_->get()));
 
   GptHooks hooks;
   hooks.observer = observer_.get();
   hooks.on_grads_ready = [this](int segment) { ddp_->on_grads_ready(segment); };
+  if (tp_dev_) {
+    hooks.tp_all_reduce = [this](TpPoint, int layer, float* data, std::size_t count) {
+      // wait(): the compute stream (not the host) waits for the sum.
+      tp_dev_->all_reduce(data, count, DType::F32, ReduceOp::Sum, OpLabel{kTpAllReduceName, step_, cur_mb_, layer})
+          .wait();
+    };
+  }
   const float loss_scale = 1.0f / static_cast<float>(micro_batches_);
   double loss_sum = 0;
   for (int mb = 0; mb < micro_batches_; ++mb) {
+    cur_mb_ = mb;
     if (rec_ != nullptr) rec_->set_step(step, mb);
     if (observer_) observer_->set_context(step, mb);
     {
@@ -438,19 +510,36 @@ StepResult GpuTrainer::step() {
     loss_sum += gpu_forward(*ctx_, *model_, *acts_, batch_.inputs.data(), batch_.targets.data(), hooks);
     spans_->close(fwd);
     const int bwd = spans_->open(proto(rec_, SpanKind::Phase, "backward", step, mb), "backward");
-    ddp_->begin_backward(mb == micro_batches_ - 1, step, mb);
+    const bool last_mb = mb == micro_batches_ - 1;
+    ddp_->begin_backward(!zero && last_mb, step, mb);
     gpu_backward(*ctx_, *model_, *acts_, *scratch_, loss_scale, hooks);
     ddp_->finish_backward();  // the compute stream now waits for the all-reduces
+    if (zero && (s_.parallel.zero == 2 || last_mb)) reduce_gradients_zero(step, mb);
     spans_->close(bwd);
   }
   if (rec_ != nullptr) rec_->set_step(step, -1);
+  cur_mb_ = -1;
   {
     const int opt = spans_->open(proto(rec_, SpanKind::Phase, "optimizer", step, -1), "optimizer");
     const int adamw = spans_->open(proto(rec_, SpanKind::Optimizer, "adamw", step, -1), "adamw");
     ++adam_steps_;
-    adamw_update(*ctx_, model_->params.data(), model_->grads.data(), adam_m_.data(), adam_v_.data(), 0,
-                 model_->num_params(), decay_, adam_steps_, adamw_);
+    if (zero) {
+      // The owned shard [begin, begin + count) only; decay ranges are absolute flat coordinates.
+      if (zero_.count() > 0) {
+        adamw_update(*ctx_, model_->params.data() + zero_.begin(), zero_grads_.data(), adam_m_.data(), adam_v_.data(),
+                     zero_.begin(), zero_.count(), decay_, adam_steps_, adamw_);
+      }
+    } else {
+      adamw_update(*ctx_, model_->params.data(), model_->grads.data(), adam_m_.data(), adam_v_.data(), 0,
+                   flat_elems(), decay_, adam_steps_, adamw_);
+    }
     spans_->close(adamw);
+    if (zero) {
+      // In place: this rank's shard is block dp_rank of the gathered array.
+      dp_dev_->all_gather(model_->params.data() + zero_.begin(), model_->params.data(), zero_.shard, DType::F32,
+                          OpLabel{kZeroAllGatherName, step, -1, -1})
+          .wait();
+    }
     spans_->close(opt);
   }
   spans_->close(step_span);

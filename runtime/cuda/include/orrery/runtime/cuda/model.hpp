@@ -11,7 +11,18 @@
 //    in the same order, so the trainer's spans and DDP buckets are the CPU trainer's. The observer
 //    is called on the host while the work is only queued: a GPU observer records CUDA events on
 //    the compute stream (gpu_trainer's EventSpans), not host clock reads.
-//  - Whole model only in this version: no tensor or pipeline shards (tp = pp = 1).
+//  - Tensor parallelism (Megatron, model.hpp): a tp shard's host layout is kept as is (local heads
+//    and MLP width, replicated LayerNorms, row-parallel biases, embedding and head), so a tp
+//    rank's initial device parameters are bit-identical to the CPU shard's. Each block calls
+//    GptHooks::tp_all_reduce with DEVICE pointers at the CPU model's four points (forward: attproj
+//    and fcproj before their bias and residual; backward: dln before the ln2 and ln1 LayerNorm
+//    backward) and splits its span into the CPU model's three pieces around them (same names,
+//    layers and FLOPs: flops::block_attention_forward, block_mlp_forward, 0; backward 2x mlp,
+//    2x attention, 0). The hook queues the sum on a device communicator; work queued after it on
+//    the compute stream must see the sum (the trainer's Handle::wait orders the stream).
+//  - No pipeline stages (pp = 1): every rank holds every layer, the embedding and the head.
+//  - A host model padded for ZeRO (gpt_pad_storage) is moved as is: params/grads keep the padded
+//    length (num_params() then counts the padding), zero-filled beyond the tensors.
 #pragma once
 
 #include <cstddef>
@@ -38,8 +49,8 @@ struct GpuGpt {
   const FloatArray& download_params();
 };
 
-// Moves `host` (a whole model: no tp or pp shard) onto the current device, parameters copied.
-// Throws InputError for a sharded model.
+// Moves `host` (every layer, embedding and head; any tp shard; possibly padded for ZeRO) onto the
+// current device, parameters copied. Throws InputError for a pipeline stage (pp > 1).
 GpuGpt gpu_gpt_create(Gpt host);
 // Zeroes the gradients on ctx's stream.
 void gpu_zero_grad(const Context& ctx, GpuGpt& model);

@@ -1,5 +1,6 @@
-// The training loop of one rank on one CUDA device: data parallelism only (tp = pp = 1, zero = 0)
-// in this version, the same spans in the same order as the CPU trainer (runtime/trainer.hpp):
+// The training loop of one rank on one CUDA device: data parallelism (DDP or ZeRO 1/2) and tensor
+// parallelism (pp = 1, zero <= 2 in this version), the same spans in the same order as the CPU
+// trainer (runtime/trainer.hpp):
 //
 //   compute stream (0)                                   comm / nccl stream
 //   Phase "step"
@@ -16,6 +17,25 @@
 // Gradients: DDP buckets are the CPU trainer's (make_ddp_buckets on the same layout), all-reduced
 // (Avg) in place in the flat device gradient array as their last segment completes, over a device
 // communicator: NCCL (one GPU per rank) or host-staged MPI (several ranks per GPU, or no NCCL).
+//
+// ZeRO 1/2 (runtime/zero.hpp, the CPU trainer's scheme on device buffers): the same ZeroPartition
+// of the flat array over the dp group (padded to N*k, gpt_pad_storage before the model moves to
+// the device); no "ddp.all_reduce"; instead, inside Phase "backward" after the backward pass,
+// "zero.reduce_scatter" (Avg) of the whole gradient array into the owned shard: once per step
+// (after the last micro-batch) for zero 1, after every micro-batch for zero 2 (into a shard-sized
+// receive buffer, added to the shard gradient, the full array then zeroed for the next backward).
+// Phase "optimizer": Optimizer "adamw" on the owned shard only (moments of k elements), then
+// "zero.all_gather" (in place) of the parameters. Memory counters as the CPU trainer's.
+//
+// Tensor parallelism (runtime/tensor_parallel.hpp, cuda/model.hpp): each rank holds the CPU
+// model's tp shard (same host layout, so the same initial values); the model's four sums per block
+// are "tp.all_reduce" (Sum, layer l, the micro-batch) on a device communicator of the tp group
+// (NCCL or staged, chosen as for dp), between the three pieces of each block's span. dp and tp
+// groups are split from the world in the CPU trainer's order (dp, then tp), so a rank's groups
+// and the trace's communicators are the CPU run's.
+//
+// Not on GPUs in this version (check_supported_cuda refuses them naming the key): pipeline
+// parallelism (parallel.pp > 1) and ZeRO 3 (parallel.zero = 3).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +50,7 @@
 #include "orrery/runtime/cuda/model.hpp"
 #include "orrery/runtime/ddp.hpp"
 #include "orrery/runtime/trainer.hpp"
+#include "orrery/runtime/zero.hpp"
 #include "orrery/traces/span.hpp"
 
 namespace orrery::profiler {
@@ -52,8 +73,10 @@ struct CudaRunOptions {
 };
 
 // Throws InputError, before any rank starts work, for what the CUDA runtime cannot run: everything
-// runtime::check_supported refuses, then tp or pp > 1 and ZeRO (not on GPUs in this version), and
-// no usable device (the message carries no_device_reason()).
+// runtime::check_supported refuses, then pp > 1 (message names parallel.pp) and ZeRO 3 (names
+// parallel.zero), which are not on GPUs in this version, and last no usable device (the message
+// names runtime.device and carries no_device_reason()). So a scenario the GPU cannot run is
+// refused for that reason on any machine, with or without a device.
 void check_supported_cuda(const Scenario& s);
 
 // Spans timed by CUDA events on one stream (see the top of this file).
@@ -113,21 +136,28 @@ class GpuTrainer {
   const Layout& layout() const { return layout_; }
   const DeviceInfo& device() const { return device_; }
   const CudaRunOptions& options() const { return opt_; }
-  // "nccl", "staged" or "none" (dp = 1).
+  // "nccl", "staged" or "none" (dp = tp = 1: no device communicator).
   const std::string& comm_backend() const { return comm_name_; }
   GpuGpt& model() { return *model_; }
   Communicator& dp_group() { return *dp_; }  // host communicator of the dp group
+  Communicator& tp_group() { return *tp_; }  // host communicator of the tp group
+  // The ZeRO partition of the flat array over dp (ranks 1 without ZeRO), as the CPU trainer's.
+  const ZeroPartition& zero() const { return zero_; }
+  // Elements of this rank's flat array (its tp shard of the model), without ZeRO padding.
+  std::size_t flat_elems() const;
   const std::vector<DdpBucket>& buckets() const { return buckets_; }
   int micro_batches() const { return micro_batches_; }
   cudaStream_t compute_stream() const { return stream_->get(); }
   Trainer::MemoryBytes memory() const;
-  // The device parameters in the model's flat layout (synchronous copy).
+  // The device parameters in the model's flat layout, without ZeRO padding (synchronous copy).
   std::vector<float> parameters();
 
  private:
   class Ddp;
   class Observer;
   void record_memory();
+  std::unique_ptr<Communicator> make_device_comm(Communicator& host, CommBackend backend);
+  void reduce_gradients_zero(int32_t step, int32_t mb);
 
   Scenario s_;
   Communicator& world_;
@@ -140,6 +170,8 @@ class GpuTrainer {
   std::unique_ptr<Context> ctx_;
   std::unique_ptr<Communicator> dp_;      // host
   std::unique_ptr<Communicator> dp_dev_;  // device buffers; null when dp = 1
+  std::unique_ptr<Communicator> tp_;      // host
+  std::unique_ptr<Communicator> tp_dev_;  // device buffers; null when tp = 1
   std::string comm_name_ = "none";
   std::unique_ptr<GpuGpt> model_;
   std::vector<DdpBucket> buckets_;
@@ -148,7 +180,10 @@ class GpuTrainer {
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<GpuActivations> acts_;
   std::unique_ptr<GpuGradScratch> scratch_;
-  DeviceArray<float> adam_m_, adam_v_;
+  DeviceArray<float> adam_m_, adam_v_;  // (num_params), or (k) the owned shard under ZeRO
+  ZeroPartition zero_;
+  DeviceArray<float> zero_grads_;  // (k) ZeRO: the owned shard of the averaged gradients
+  DeviceArray<float> zero_recv_;   // (k) ZeRO 2: one micro-batch's scattered shard
   std::vector<ParamRange> decay_;
   AdamWConfig adamw_;
   int64_t adam_steps_ = 0;
@@ -157,6 +192,7 @@ class GpuTrainer {
   Batch batch_;
   int micro_batches_ = 1;
   int32_t step_ = 0;
+  int32_t cur_mb_ = -1;  // the micro-batch in flight (tp.all_reduce labels)
 };
 
 }  // namespace orrery::runtime::cuda
