@@ -1,12 +1,14 @@
 // CUDA kernels of the reference GPT (see kernels.hpp for the conventions). Written to be obviously
 // right rather than fast: elementwise kernels are grid-stride loops, row kernels give one warp (or
 // one block) to a row, column sums (LayerNorm and bias gradients) give one thread to a column and
-// reduce over a few row strides in shared memory, so every sum but the embedding scatter
-// (atomicAdd) is deterministic. Matrix products go to cuBLAS. Every launch and library call is
-// checked.
+// reduce over a few row strides in shared memory, and the embedding gradient sorts the positions by
+// token (no atomics), so every sum is deterministic: the same inputs give the same bits on every
+// call. Matrix products go to cuBLAS. Every launch and library call is checked.
 #include "orrery/runtime/cuda/kernels.hpp"
 
 #include <cuda_bf16.h>
+
+#include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
 #include <cmath>
@@ -79,24 +81,61 @@ __global__ void encoder_forward_kernel(float* out, const int32_t* inp, const flo
   }
 }
 
-// dwte[token] += dout: two positions may hold the same token, hence atomics.
-__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* inp, int C, std::size_t n) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::size_t bt = i / C;
-    const int c = static_cast<int>(i % C);
-    atomicAdd(dwte + static_cast<std::size_t>(inp[bt]) * C + c, dout[i]);
-  }
+// Embedding backward, deterministic and in the CPU reference's order (runtime/kernels.cpp adds the
+// dout rows into their gradient rows position by position, b then t):
+//  - dwpe[t, c] starts from its value and adds dout[b, t, c] for b = 0, 1, ... (one thread per
+//    (t, c): the same additions in the same order as the CPU, so the same bits);
+//  - dwte: the positions p = b*T + t are sorted by token with a stable radix sort (cub), so each
+//    token's positions form one run in ascending order; one block per (run, chunk of channels)
+//    starts from dwte[token, c] and adds the run's dout rows in that order. Again the CPU's
+//    additions in the CPU's order, whatever the GPU schedules: bit-identical across calls and to
+//    the CPU. Tokens that do not occur are not touched. A run is summed serially (rows prefetched
+//    kEmbedUnroll at a time), so its cost grows with how often its token repeats in the batch,
+//    not with B*T; the sort is O(B*T).
+constexpr int kEmbedThreads = 128;
+constexpr int kEmbedUnroll = 8;
+
+__global__ void iota_kernel(int32_t* out, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = i;
 }
 
-// dwpe (T,C) += sum over b of dout[b,t,c]: one thread per (t, c), b in order.
+// Block (run start i, channel chunk): only the block whose sorted index starts a run works.
+__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens,
+                                            const int32_t* positions, int n, int C) {
+  const int i = blockIdx.x;
+  const int32_t tok = tokens[i];
+  if (i > 0 && tokens[i - 1] == tok) return;  // inside a run: its first block does it
+  // End of the run: the first index after i whose token differs (tokens are sorted).
+  int lo = i + 1, hi = n;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (tokens[mid] == tok) lo = mid + 1; else hi = mid;
+  }
+  const int end = lo;
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float* row = dwte + static_cast<std::size_t>(tok) * C + c;
+  float s = *row;
+  int j = i;
+  for (; j + kEmbedUnroll <= end; j += kEmbedUnroll) {
+    float v[kEmbedUnroll];
+#pragma unroll
+    for (int u = 0; u < kEmbedUnroll; ++u) v[u] = dout[static_cast<std::size_t>(positions[j + u]) * C + c];
+#pragma unroll
+    for (int u = 0; u < kEmbedUnroll; ++u) s += v[u];
+  }
+  for (; j < end; ++j) s += dout[static_cast<std::size_t>(positions[j]) * C + c];
+  *row = s;
+}
+
+// dwpe (T,C): one thread per (t, c), starting from dwpe and adding b = 0, 1, ... in order.
 __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
   const std::size_t n = static_cast<std::size_t>(T) * C;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    float s = 0.0f;
+    float s = dwpe[i];
     for (int b = 0; b < B; ++b) s += dout[static_cast<std::size_t>(b) * n + i];
-    dwpe[i] += s;
+    dwpe[i] = s;
   }
 }
 
@@ -513,7 +552,35 @@ void encoder_backward(const Context& ctx, float* dwte, float* dwpe, const float*
   const std::size_t n = static_cast<std::size_t>(B) * T * C;
   if (n == 0) return;
   if (dwte != nullptr) {
-    encoder_backward_wte_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(dwte, dout, inp, C, n);
+    const std::size_t bt = static_cast<std::size_t>(B) * T;
+    if (bt > static_cast<std::size_t>(INT32_MAX)) {
+      throw InternalError("encoder_backward: B*T = " + std::to_string(bt) + " positions exceed the sort's int range");
+    }
+    const int N = static_cast<int>(bt);
+    // Scratch (slot 2, also attention backward's: free between ops): sorted tokens, positions in,
+    // positions sorted, then cub's temporary storage, each 256-byte aligned.
+    std::size_t temp_bytes = 0;
+    cuda_check(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, static_cast<const int32_t*>(nullptr),
+                                               static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                               static_cast<int32_t*>(nullptr), N, 0, 32, ctx.stream()),
+               "cub::DeviceRadixSort::SortPairs (size query)");
+    const auto aligned = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
+    const std::size_t array_bytes = aligned(bt * sizeof(int32_t));
+    const std::size_t total = 3 * array_bytes + aligned(temp_bytes);
+    auto* base = reinterpret_cast<unsigned char*>(ctx.scratch_f32(2, (total + sizeof(float) - 1) / sizeof(float)));
+    auto* tokens = reinterpret_cast<int32_t*>(base);
+    auto* pos_in = reinterpret_cast<int32_t*>(base + array_bytes);
+    auto* pos_sorted = reinterpret_cast<int32_t*>(base + 2 * array_bytes);
+    void* temp = base + 3 * array_bytes;
+    iota_kernel<<<grid_for(bt), kThreads, 0, ctx.stream()>>>(pos_in, N);
+    ORRERY_KERNEL_CHECK("iota_kernel");
+    // Stable: equal tokens keep ascending positions. All 32 key bits: the vocabulary size is not
+    // known here (the cost is a few passes over B*T ints).
+    cuda_check(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, inp, tokens, pos_in, pos_sorted, N, 0, 32,
+                                               ctx.stream()),
+               "cub::DeviceRadixSort::SortPairs (embedding tokens)");
+    const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>((C + kEmbedThreads - 1) / kEmbedThreads));
+    encoder_backward_wte_kernel<<<grid, kEmbedThreads, 0, ctx.stream()>>>(dwte, dout, tokens, pos_sorted, N, C);
     ORRERY_KERNEL_CHECK("encoder_backward_wte_kernel");
   }
   if (dwpe != nullptr) {

@@ -76,6 +76,11 @@ void gemm(const Context& ctx, bool trans_a, bool trans_b, int m, int n, int k, f
 // --- the ops of runtime/kernels.hpp
 void encoder_forward(const Context& ctx, float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
                      int T, int C);
+// Deterministic: no atomics. dwpe sums over b in order; for dwte the B*T positions are sorted by token
+// on the device (stable radix sort; scratch slot 2) and each token's dout rows are added to its row
+// in ascending position order. These are the CPU reference's additions in its order, so the result
+// is bit-identical from call to call and equal to runtime::encoder_backward's. The host is not
+// waited for, unless scratch slot 2 has to grow.
 void encoder_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
                       int T, int C);
 
