@@ -28,8 +28,11 @@ namespace {
 constexpr size_t kBufferBytes = 8u << 20;
 constexpr CUpti_ActivityKind kKinds[] = {
     CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-    CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME,
+    CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER,
     CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
+// External correlation kinds: named ranges, and communication operations (range_hooks.hpp).
+constexpr CUpti_ExternalCorrelationKind kRangeKind = CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0;
+constexpr CUpti_ExternalCorrelationKind kCollectiveKind = CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM1;
 
 // Guards g_active: callbacks and range hooks hold it shared (they run concurrently), start() and
 // the destructor exclusively.
@@ -111,13 +114,15 @@ void handle_record(GpuActivityMapper& m, const CUpti_Activity* r) {
     }
     case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
       const auto* e = reinterpret_cast<const CUpti_ActivityExternalCorrelation*>(r);
-      if (e->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) {
+      if (e->externalKind == kRangeKind) {
         m.correlate(e->correlationId, e->externalId);
+      } else if (e->externalKind == kCollectiveKind) {
+        m.correlate_collective(e->correlationId, e->externalId);
       }
       return;
     }
     default:
-      return;  // RUNTIME records only carry the external correlations along
+      return;  // RUNTIME and DRIVER records only carry the external correlations along
   }
   if (a.start_ns == 0 && a.end_ns == 0) return;  // CUPTI could not time it
   m.add(a);
@@ -147,15 +152,32 @@ void range_open(const char*, uint64_t, int32_t step, int32_t micro_batch) {
     std::shared_lock lock(g_mu);
     if (g_active) CuptiTracerAccess::mapper(*g_active).range_opened(id, step, micro_batch);
   }
-  cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, id);
+  cuptiActivityPushExternalCorrelationId(kRangeKind, id);
 }
 
 void range_close() {
   uint64_t id = 0;
-  cuptiActivityPopExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &id);
+  cuptiActivityPopExternalCorrelationId(kRangeKind, &id);
 }
 
-const RangeHooks kHooks{&range_open, &range_close};
+// Collective hooks: one external correlation id (its own kind) per communication operation, pushed
+// around the call that launches its kernels; taken only while a tracer runs.
+bool collective_open(const CollectiveAnnotation& a) {
+  const uint64_t id = ++g_next_external_id;
+  {
+    std::shared_lock lock(g_mu);
+    if (g_active == nullptr) return false;
+    CuptiTracerAccess::mapper(*g_active).collective_issued(id, a);
+  }
+  return cuptiActivityPushExternalCorrelationId(kCollectiveKind, id) == CUPTI_SUCCESS;
+}
+
+void collective_close() {
+  uint64_t id = 0;
+  cuptiActivityPopExternalCorrelationId(kCollectiveKind, &id);
+}
+
+const RangeHooks kHooks{&range_open, &range_close, &collective_open, &collective_close};
 
 void disable_all() {
   for (CUpti_ActivityKind k : kKinds) cuptiActivityDisable(k);

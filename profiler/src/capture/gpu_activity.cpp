@@ -55,6 +55,18 @@ void classify_kernel(std::string_view name, traces::SpanKind& kind, traces::Coll
   }
 }
 
+void apply_collective(traces::Span& s, const CollectiveAnnotation& a, bool first) {
+  s.kind = a.kind;
+  s.op = a.op;
+  s.comm = a.comm;
+  s.peer = a.peer;
+  s.seq = first ? a.seq : -1;
+  s.bytes = first ? a.bytes : 0;
+  if (a.step >= 0) s.step = a.step;
+  if (a.micro_batch >= 0) s.micro_batch = a.micro_batch;
+  if (a.layer >= 0) s.layer = a.layer;
+}
+
 GpuActivityMapper::GpuActivityMapper(Recorder& rec, int64_t clock_offset_ns)
     : rec_(rec), offset_ns_(clock_offset_ns) {}
 
@@ -68,6 +80,19 @@ void GpuActivityMapper::range_opened(uint64_t external_id, int32_t step, int32_t
 void GpuActivityMapper::correlate(uint32_t correlation_id, uint64_t external_id) {
   std::lock_guard lock(mu_);
   correlation_[correlation_id] = external_id;
+}
+
+void GpuActivityMapper::collective_issued(uint64_t external_id, const CollectiveAnnotation& a) {
+  std::lock_guard lock(mu_);
+  collectives_[external_id] = IssuedCollective{a, 0};
+  annotated_ = true;
+  // As ranges_: the newest million are kept (an operation's kernels are recorded long before).
+  if (collectives_.size() > (1u << 20)) collectives_.erase(collectives_.begin());
+}
+
+void GpuActivityMapper::correlate_collective(uint32_t correlation_id, uint64_t external_id) {
+  std::lock_guard lock(mu_);
+  coll_correlation_[correlation_id] = external_id;
 }
 
 traces::NameId GpuActivityMapper::name_id_locked(const GpuActivity& a) {
@@ -119,6 +144,23 @@ void GpuActivityMapper::emit_locked(size_t count) {
       }
       correlation_.erase(c);
     }
+    // Kernels (Compute, or Collective/P2P by name) launched inside a collective annotation.
+    const bool kernel = h.span.kind != traces::SpanKind::Memcpy;
+    bool attributed = false;
+    if (auto cc = coll_correlation_.find(h.correlation_id); cc != coll_correlation_.end()) {
+      auto op = collectives_.find(cc->second);
+      if (kernel && op != collectives_.end()) {
+        apply_collective(h.span, op->second.a, op->second.kernels++ == 0);
+        attributed = true;
+      }
+      coll_correlation_.erase(cc);
+    }
+    if (!attributed && annotated_ &&
+        (h.span.kind == traces::SpanKind::Collective || h.span.kind == traces::SpanKind::P2P)) {
+      // An NCCL kernel launched outside any annotation (on NCCL's own thread): its operation is
+      // counted by the communicator's span (range_hooks.hpp).
+      h.span.kind = traces::SpanKind::Other;
+    }
     rec_.record(h.span);
     ++recorded_;
   }
@@ -131,6 +173,7 @@ void GpuActivityMapper::flush() {
   // Correlations of API calls without GPU work (event records, queries) are never used; they are
   // kept (a kernel still running may need its own) up to a bound.
   if (correlation_.size() > (1u << 20)) correlation_.clear();
+  if (coll_correlation_.size() > (1u << 20)) coll_correlation_.clear();
 }
 
 int64_t GpuActivityMapper::spans_recorded() const {

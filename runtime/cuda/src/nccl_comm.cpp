@@ -42,6 +42,7 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/profiler/flight_recorder.hpp"
+#include "orrery/profiler/range_hooks.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/cuda/device.hpp"
 #include "orrery/runtime/cuda/nccl_comm.hpp"
@@ -204,9 +205,13 @@ class NcclEngine {
   }
 
   // Enqueues one operation: the comm stream waits for `compute` as of now, then `launch` runs the
-  // NCCL call(s) on the comm stream between the op's start and end events.
+  // NCCL call(s) on the comm stream between the op's start and end events. With `tag`, the call is
+  // bracketed by a collective annotation (range_hooks.hpp); when a tracer took it and NCCL launched
+  // on this thread (the call did not return ncclInProgress), the tracer's kernel span counts the
+  // operation and op->span is recorded as kind Other.
   void issue(const std::shared_ptr<Op>& op, cudaStream_t compute, cudaEvent_t ready,
-             ncclComm_t comm, const std::function<ncclResult_t(cudaStream_t)>& launch) {
+             ncclComm_t comm, const std::function<ncclResult_t(cudaStream_t)>& launch,
+             const profiler::CollectiveAnnotation* tag) {
     std::lock_guard lock(mu_);
     throw_if_failed_locked();
     ORRERY_CUDA_CHECK(cudaSetDevice(device_));
@@ -215,7 +220,11 @@ class NcclEngine {
     ORRERY_CUDA_CHECK(cudaEventRecord(ready, compute));
     ORRERY_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
     ORRERY_CUDA_CHECK(cudaEventRecord(op->start, stream_));
-    const ncclResult_t rc = settle(comm, launch(stream_), deadline_after(watchdog_s_));
+    const bool tagged = tag != nullptr && profiler::begin_collective_annotation(*tag);
+    const ncclResult_t launched = launch(stream_);
+    if (tagged) profiler::end_collective_annotation();
+    if (tagged && launched == ncclSuccess) op->span.kind = traces::SpanKind::Other;
+    const ncclResult_t rc = settle(comm, launched, deadline_after(watchdog_s_));
     if (rc != ncclSuccess) {
       const std::string msg =
           op->what + ": " +
@@ -700,7 +709,19 @@ class NcclCommunicator final : public Communicator {
       s.seq = seq;
       s.op = op;
     }
-    engine_->issue(o, compute_, ready_, comm_, launch);
+    // The operation's identity for the tracer's NCCL kernel span (range_hooks.hpp). Not on one rank:
+    // NCCL launches no kernel for an in-place operation there, so this span counts it.
+    profiler::CollectiveAnnotation tag;
+    tag.kind = (op == CollOp::Send || op == CollOp::Recv) ? traces::SpanKind::P2P : traces::SpanKind::Collective;
+    tag.op = op;
+    tag.comm = info_.id;
+    tag.seq = seq;
+    tag.bytes = static_cast<int64_t>(bytes);
+    tag.peer = peer_global;
+    tag.step = label.step;
+    tag.micro_batch = label.micro_batch;
+    tag.layer = label.layer;
+    engine_->issue(o, compute_, ready_, comm_, launch, size_ > 1 ? &tag : nullptr);
     return Handle(std::make_shared<NcclWork>(engine_, o, compute_));
   }
 
