@@ -316,7 +316,8 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
   ctx_ = std::make_unique<Context>(stream_->get(), opt_.math);
 
   const Layout& L = layout_;
-  // Groups split in the CPU trainer's order (dp, then tp), so they get the same communicators.
+  // The dp and tp groups of the CPU trainer (same colours and keys, split in its order: dp, then tp;
+  // pp = 1 needs no pipeline group).
   dp_ = world_.split(L.tp_rank + L.tp * L.pp_rank, L.dp_rank, traces::CommKind::DP,
                      "dp[tp=" + std::to_string(L.tp_rank) + ",pp=" + std::to_string(L.pp_rank) + "]");
   tp_ = world_.split(L.dp_rank + L.dp * L.pp_rank, L.tp_rank, traces::CommKind::TP,
