@@ -86,8 +86,9 @@ void GpuActivityMapper::collective_issued(uint64_t external_id, const Collective
   std::lock_guard lock(mu_);
   collectives_[external_id] = IssuedCollective{a, 0};
   annotated_ = true;
-  // As ranges_: the newest million are kept (an operation's kernels are recorded long before).
-  if (collectives_.size() > (1u << 20)) collectives_.erase(collectives_.begin());
+  // The newest 65536 operations are kept: their kernels are recorded at the next flush (every step
+  // in a profiled run), long before that many more operations are issued.
+  if (collectives_.size() > (1u << 16)) collectives_.erase(collectives_.begin());
 }
 
 void GpuActivityMapper::correlate_collective(uint32_t correlation_id, uint64_t external_id) {
