@@ -117,6 +117,8 @@ Command setup(CLI::App& root) {
   app->add_option("--skip-steps", a->opt.skip_steps, "Warm-up steps left out")->capture_default_str();
   app->add_option("--ranks-per-node", a->opt.ranks_per_node, "Rank slots of the described machine")
       ->capture_default_str();
+  app->add_flag("--roofline-only", [a](std::int64_t) { a->opt.measured_ops = false; },
+                "Leave the measured op times out of the profile: every op costs the fitted roofline");
   app->add_flag("--json", a->json, "Print one JSON object");
   return {app, [a]() { return run_calibrate(*a); }};
 }

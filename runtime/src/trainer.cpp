@@ -491,10 +491,15 @@ StepResult Trainer::step() {
   if (rec_) rec_->set_step(step);
   {
     ScopedSpan step_span(rec_, proto(rec_, SpanKind::Phase, "step", step, -1));
-    gpt_zero_grad(model_);
-    if (s_.parallel.zero >= 1) std::fill(zero_grads_.begin(), zero_grads_.end(), 0.0f);
+    {
+      // Memory-bound and not small (4 bytes per parameter held): its own span, so that calibration
+      // and the simulator see it rather than an unexplained gap at the start of the step.
+      ScopedSpan zero_span(rec_, proto(rec_, SpanKind::Compute, "zero_grad", step, -1));
+      gpt_zero_grad(model_);
+      if (s_.parallel.zero >= 1) std::fill(zero_grads_.begin(), zero_grads_.end(), 0.0f);
+      if (z3_) std::fill(z3_->grads(), z3_->grads() + z3_->shard_elems(), 0.0f);
+    }
     if (z3_) {
-      std::fill(z3_->grads(), z3_->grads() + z3_->shard_elems(), 0.0f);
       // The embedding and final LayerNorm serve both ends of every micro-batch: gathered once a step.
       for (int id : {kEmbedSegment, model_.config.n_layer}) {
         const bool held = id == kEmbedSegment ? (model_.shard.has_embed || model_.shard.has_head) : model_.shard.has_head;

@@ -224,6 +224,7 @@ HardwareProfile profile_for_ranks(const HardwareProfile& p, int ranks_on_node, b
     c.overhead_ns = static_cast<int64_t>(std::llround(double(c.overhead_ns) * f));
   }
   q.data_load_ns = static_cast<int64_t>(std::llround(double(q.data_load_ns) * f));
+  for (auto& o : q.ops) o.time_ns = static_cast<int64_t>(std::llround(double(o.time_ns) * f));
   for (auto& o : q.collectives) {
     o.latency_ns = static_cast<int64_t>(std::llround(double(o.latency_ns) * fc));
     o.bus_bandwidth_bytes_per_s /= fc;
@@ -303,40 +304,22 @@ struct TraceInfo {
 };
 
 // The kernels of a compute span of the runtime (nullopt for names the simulator does not model).
+// adamw: the parameters the rank updates; zero_grad: the gradient elements it zeroes (its stage's
+// gradients and, under ZeRO, its padded shard accumulator, as workload.cpp counts them).
+double held_params(const std::string& name, const Scenario& s, const traces::RankInfo* coord) {
+  if (name != "adamw" && name != "zero_grad") return 0;
+  int64_t params = 0;
+  for (const auto& p : stage_parameters(s, coord ? coord->pp : 0)) params += p.count;
+  const int dp = std::max(1, s.parallel.dp);
+  if (name == "zero_grad")
+    return double(params) + (s.parallel.zero >= 1 ? double((params + dp - 1) / dp) : 0.0);
+  return s.parallel.zero >= 1 ? double(params) / dp : double(params);
+}
 std::optional<std::vector<Kernel>> kernels_of(const std::string& name, int piece, const Scenario& s,
                                                const traces::RankInfo* coord) {
   const ModelDims d = model_dims(s, 4);  // the CPU runtime is fp32
-  auto cat = [](std::vector<Kernel> a, const std::vector<Kernel>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  };
-  if (name == "fwd.embed") return embedding_forward_kernels(d);
-  if (name == "bwd.embed") return embedding_backward_kernels(d);
-  if (name == "fwd.head") return head_forward_kernels(d);
-  if (name == "bwd.head") return head_backward_kernels(d);
-  if (name == "fwd.block" || name == "bwd.block") {
-    const auto af = attention_forward_kernels(d), mf = mlp_forward_kernels(d);
-    const auto ab = attention_backward_kernels(d), mb = mlp_backward_kernels(d);
-    if (d.tp == 1) return name == "fwd.block" ? cat(af, mf) : cat(mb, ab);
-    // The runtime's three pieces per block under tp (workload.cpp's make_costs).
-    if (name == "fwd.block") {
-      if (piece == 0) return std::vector<Kernel>{af[0], af[1], af[2], af[3]};
-      if (piece == 1) return std::vector<Kernel>{af[4], mf[0], mf[1], mf[2], mf[3]};
-      if (piece == 2) return std::vector<Kernel>{mf[4]};
-    } else {
-      if (piece == 0) return std::vector<Kernel>{mb[4], mb[3], mb[2], mb[1]};
-      if (piece == 1) return std::vector<Kernel>{mb[0], ab[4], ab[3], ab[2], ab[1]};
-      if (piece == 2) return std::vector<Kernel>{ab[0]};
-    }
-    return std::nullopt;
-  }
-  if (name == "adamw") {
-    int64_t params = 0;
-    for (const auto& p : stage_parameters(s, coord ? coord->pp : 0)) params += p.count;
-    const double held = s.parallel.zero >= 1 ? double(params) / s.parallel.dp : double(params);
-    return optimizer_kernels(held, 28.0);
-  }
-  return std::nullopt;
+  const int pieces = (name == "fwd.block" || name == "bwd.block") && d.tp > 1 ? 3 : 1;
+  return op_kernels(name, piece, pieces, d, held_params(name, s, coord));
 }
 
 std::string shape_of(const Scenario& s) {
@@ -362,6 +345,8 @@ struct OpKey {
 struct OpObs {
   std::vector<double> durations;
   std::vector<Kernel> kernels;
+  ModelDims dims;
+  double params = 0;  // adamw: parameters held
 };
 
 int64_t this_machine_memory_bytes() {
@@ -432,9 +417,14 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
         unknown.insert(name);
         continue;
       }
-      OpKey key{name, piece % pieces, pieces, shape_of(info.s), name == "adamw" && coord ? coord->pp : 0};
+      OpKey key{name, piece % pieces, pieces, shape_of(info.s),
+                (name == "adamw" || name == "zero_grad") && coord ? coord->pp : 0};
       auto& o = obs[ti][key];
-      if (o.kernels.empty()) o.kernels = std::move(*ks);
+      if (o.kernels.empty()) {
+        o.kernels = std::move(*ks);
+        o.dims = model_dims(info.s, 4);
+        o.params = held_params(name, info.s, coord);
+      }
       o.durations.push_back(double(sp.duration_ns()));
     }
   }
@@ -503,6 +493,8 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
   struct Row {
     OpKey key;
     std::vector<Kernel> kernels;
+    ModelDims dims;
+    double params = 0;
     double measured = 0;
     int64_t count = 0;
   };
@@ -512,6 +504,8 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
       Row& r = rows_by_key[k];
       r.key = k;
       r.kernels = o.kernels;
+      r.dims = o.dims;
+      r.params = o.params;
       // Pool the normalised durations of every trace.
       const double n = double(o.durations.size());
       r.measured = (r.measured * double(r.count) + median(o.durations) / factor[i] * n) / (double(r.count) + n);
@@ -521,8 +515,12 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
     throw InputError("orrery calibrate: the traces have no compute spans the simulator models (fwd.block, bwd.block, "
                      "fwd.head, ...) in their counted steps (steps after --skip-steps " +
                      std::to_string(opt.skip_steps) + ")");
-  std::vector<Row> rows;
-  for (auto& [k, r] : rows_by_key) rows.push_back(std::move(r));
+  // zero_grad (a memset) is no class's typical kernel: it stays out of the class fit and is costed
+  // from its measured time (`ops:` below) or, in profiles without it, at the elementwise rate.
+  std::vector<Row> rows, measured_only;
+  for (auto& [k, r] : rows_by_key) (k.name == "zero_grad" ? measured_only : rows).push_back(std::move(r));
+  if (rows.empty())
+    throw InputError("orrery calibrate: the traces have no compute spans the simulator models besides zero_grad");
   const int nr = static_cast<int>(rows.size());
   std::vector<double> a(nr * kCols, 0.0), b(nr, 0.0);
   std::vector<double> colscale(kCols, 0.0);
@@ -766,6 +764,29 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
   }
 
   p.sharing = sharing;
+  // The measured lone-rank op times themselves: the simulator costs an op at a measured shape at
+  // exactly its measured time and scales other shapes from the nearest one by the fitted roofline
+  // (CostModel::named_op_ns), so the class fit above only has to get ratios between shapes right.
+  if (opt.measured_ops) {
+    std::vector<const Row*> all;
+    for (const auto& r : rows) all.push_back(&r);
+    for (const auto& r : measured_only) all.push_back(&r);
+    for (const Row* rp : all) {
+      const Row& r = *rp;
+      MeasuredOp m;
+      m.name = r.key.name;
+      m.piece = r.key.piece;
+      m.pieces = r.key.pieces;
+      if (m.name == "adamw" || m.name == "zero_grad") {
+        m.params = r.params;
+      } else {
+        m.batch = r.dims.batch, m.seq = r.dims.seq, m.d_model = r.dims.d_model, m.heads = r.dims.heads;
+        m.vocab = r.dims.vocab, m.tp = r.dims.tp;
+      }
+      m.time_ns = static_cast<int64_t>(std::llround(r.measured));
+      p.ops.push_back(m);
+    }
+  }
   MachineDescription& m = p.cluster;
   m.device = "cpu";
   m.nodes = 1;

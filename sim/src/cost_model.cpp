@@ -117,6 +117,41 @@ std::vector<Kernel> optimizer_kernels(double params, double bytes_per_param) {
   return {{OpClass::Optimizer, 12.0 * params, bytes_per_param * params}};
 }
 
+std::optional<std::vector<Kernel>> op_kernels(const std::string& name, int piece, int pieces, const ModelDims& d,
+                                              double opt_params) {
+  auto cat = [](std::vector<Kernel> a, const std::vector<Kernel>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  if (name == "fwd.embed") return embedding_forward_kernels(d);
+  if (name == "bwd.embed") return embedding_backward_kernels(d);
+  if (name == "fwd.head") return head_forward_kernels(d);
+  if (name == "bwd.head") return head_backward_kernels(d);
+  if (name == "fwd.block" || name == "bwd.block") {
+    const auto af = attention_forward_kernels(d), mf = mlp_forward_kernels(d);
+    const auto ab = attention_backward_kernels(d), mb = mlp_backward_kernels(d);
+    const bool fwd = name == "fwd.block";
+    if (pieces == 1) return fwd ? cat(af, mf) : cat(mb, ab);
+    if (pieces != 3) return std::nullopt;
+    // The runtime's three pieces of a tensor-parallel block (runtime/model.hpp): forward [ln1, qkv,
+    // attention, proj] [bias+residual, ln2, fc1, gelu, fc2] [bias+residual]; backward the mirror.
+    if (fwd) {
+      if (piece == 0) return std::vector<Kernel>{af[0], af[1], af[2], af[3]};
+      if (piece == 1) return std::vector<Kernel>{af[4], mf[0], mf[1], mf[2], mf[3]};
+      if (piece == 2) return std::vector<Kernel>{mf[4]};
+    } else {
+      if (piece == 0) return std::vector<Kernel>{mb[4], mb[3], mb[2], mb[1]};
+      if (piece == 1) return std::vector<Kernel>{mb[0], ab[4], ab[3], ab[2], ab[1]};
+      if (piece == 2) return std::vector<Kernel>{ab[0]};
+    }
+    return std::nullopt;
+  }
+  if (name == "adamw") return optimizer_kernels(opt_params, 28.0);
+  // Zeroing `opt_params` fp32 gradient elements: a write of 4 bytes each.
+  if (name == "zero_grad") return std::vector<Kernel>{Kernel{OpClass::Elementwise, 0.0, 4.0 * opt_params}};
+  return std::nullopt;
+}
+
 double total_flops(const std::vector<Kernel>& ks) {
   double f = 0;
   for (const auto& k : ks) f += k.flops;
@@ -151,6 +186,39 @@ int64_t CostModel::op_ns(const std::vector<Kernel>& ks) const {
   int64_t t = 0;
   for (const auto& k : ks) t += kernel_ns(k);
   return t;
+}
+
+int64_t CostModel::named_op_ns(const std::string& name, int piece, int pieces, const ModelDims& d,
+                               double opt_params) const {
+  const auto ks = op_kernels(name, piece, pieces, d, opt_params);
+  if (!ks) throw InputError("cost model: no op named '" + name + "' (piece " + std::to_string(piece) + " of " +
+                            std::to_string(pieces) + ")");
+  const int64_t modelled = op_ns(*ks);
+  const MeasuredOp* best = nullptr;
+  double best_dist = 0;
+  auto ld = [](double a, double b) { return a > 0 && b > 0 ? std::fabs(std::log(a / b)) : 50.0; };
+  for (const auto& m : profile_.ops) {
+    if (m.name != name) continue;
+    double dist = 0;
+    if (name == "adamw" || name == "zero_grad") {
+      dist = ld(opt_params, m.params);
+    } else {
+      dist = ld(double(d.batch) * double(d.seq), double(m.batch) * double(m.seq)) + ld(double(d.seq), double(m.seq)) +
+             ld(double(d.d_model), double(m.d_model)) + ld(double(d.heads), double(m.heads)) +
+             ld(double(d.vocab), double(m.vocab)) + ld(double(d.tp), double(m.tp));
+      if (m.pieces != pieces) dist += 100.0;
+      else if (m.piece != piece) dist += 1000.0;
+    }
+    if (!best || dist < best_dist) best = &m, best_dist = dist;
+  }
+  if (!best || best->time_ns <= 0) return modelled;
+  ModelDims md = d;
+  md.batch = best->batch, md.seq = best->seq, md.d_model = best->d_model, md.heads = best->heads;
+  md.vocab = best->vocab, md.tp = best->tp;
+  const auto mks = op_kernels(name, best->piece, best->pieces, md, best->params);
+  const int64_t ref = mks ? op_ns(*mks) : 0;
+  if (ref <= 0) return modelled;
+  return static_cast<int64_t>(std::llround(double(best->time_ns) * double(modelled) / double(ref)));
 }
 
 double model_flops_per_step(const Scenario& s) {

@@ -93,7 +93,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (!root.IsMap()) throw InputError(origin + ": a hardware profile must be a YAML mapping");
   check_keys(root,
              {"name", "device", "precision", "peak_flops", "memory_bandwidth_gbps", "data_load_us", "kernels",
-              "collectives", "machine", "cluster", "sharing"},
+              "collectives", "machine", "cluster", "sharing", "ops"},
              origin, "");
   HardwareProfile p;
   p.name = root["name"] ? get_string(root["name"], origin, "name") : origin;
@@ -166,6 +166,44 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
       if (!(g > 0)) throw InputError(where(origin, n["bus_bandwidth_gbps"], "collectives[].bus_bandwidth_gbps") + ": expected > 0");
       o.bus_bandwidth_bytes_per_s = g * 1e9;
       p.collectives.push_back(o);
+    }
+  }
+  if (const auto ops = root["ops"]) {
+    if (!ops.IsSequence()) throw InputError(where(origin, ops, "ops") + ": expected a list");
+    for (const auto& n : ops) {
+      if (!n.IsMap()) throw InputError(where(origin, n, "ops[]") + ": expected a mapping");
+      check_keys(n, {"name", "piece", "pieces", "batch", "seq", "d_model", "heads", "vocab", "tp", "params", "time_us"},
+                 origin, "ops[].");
+      MeasuredOp o;
+      if (!n["name"]) throw InputError(where(origin, n, "ops[].name") + ": required");
+      o.name = get_string(n["name"], origin, "ops[].name");
+      if (o.name.empty()) throw InputError(where(origin, n["name"], "ops[].name") + ": expected a name");
+      auto whole = [&](const char* key, double lo, double fallback) -> int64_t {
+        if (!n[key]) return static_cast<int64_t>(fallback);
+        const double v = get_number(n[key], origin, std::string("ops[].") + key);
+        if (!(v >= lo) || !(v <= 1e12) || v != std::floor(v))
+          throw InputError(where(origin, n[key], std::string("ops[].") + key) + ": expected a whole number >= " +
+                           std::to_string(static_cast<int>(lo)));
+        return static_cast<int64_t>(v);
+      };
+      o.pieces = static_cast<int>(whole("pieces", 1, 1));
+      o.piece = static_cast<int>(whole("piece", 0, 0));
+      if (o.piece >= o.pieces)
+        throw InputError(where(origin, n["piece"], "ops[].piece") + ": expected a piece below ops[].pieces (" +
+                         std::to_string(o.pieces) + ")");
+      o.batch = whole("batch", 1, 1);
+      o.seq = whole("seq", 1, 1);
+      o.d_model = whole("d_model", 1, 1);
+      o.heads = whole("heads", 1, 1);
+      o.vocab = whole("vocab", 1, 1);
+      o.tp = whole("tp", 1, 1);
+      if (n["params"]) {
+        o.params = get_number(n["params"], origin, "ops[].params");
+        if (!(o.params >= 0) || !(o.params < 1e15)) throw InputError(where(origin, n["params"], "ops[].params") + ": expected a number >= 0");
+      }
+      if (!n["time_us"]) throw InputError(where(origin, n, "ops[].time_us") + ": required");
+      o.time_ns = us_to_ns(get_number(n["time_us"], origin, "ops[].time_us"), n["time_us"], origin, "ops[].time_us");
+      p.ops.push_back(o);
     }
   }
   if (const auto c = root["cluster"]) {
@@ -306,6 +344,24 @@ std::string to_yaml(const HardwareProfile& p) {
     e << YAML::Key << "oversubscription_exponent" << YAML::Value << cs.oversubscription_exponent;
     e << YAML::Key << "comm_exponent" << YAML::Value << cs.comm_exponent;
     e << YAML::EndMap;
+  }
+  if (!p.ops.empty()) {
+    e << YAML::Key << "ops" << YAML::Value << YAML::BeginSeq;
+    for (const auto& o : p.ops) {
+      e << YAML::Flow << YAML::BeginMap;
+      emit_string(e << YAML::Key << "name" << YAML::Value, o.name);
+      if (o.pieces > 1) e << YAML::Key << "piece" << YAML::Value << o.piece << YAML::Key << "pieces" << YAML::Value << o.pieces;
+      if (o.params > 0) {
+        e << YAML::Key << "params" << YAML::Value << o.params;
+      } else {
+        e << YAML::Key << "batch" << YAML::Value << o.batch << YAML::Key << "seq" << YAML::Value << o.seq;
+        e << YAML::Key << "d_model" << YAML::Value << o.d_model << YAML::Key << "heads" << YAML::Value << o.heads;
+        e << YAML::Key << "vocab" << YAML::Value << o.vocab << YAML::Key << "tp" << YAML::Value << o.tp;
+      }
+      e << YAML::Key << "time_us" << YAML::Value << o.time_ns / 1000.0;
+      e << YAML::EndMap;
+    }
+    e << YAML::EndSeq;
   }
   e << YAML::Key << "machine" << YAML::Value << YAML::BeginMap;
   for (const auto& [k, v] : p.machine) emit_string(e << YAML::Key << k << YAML::Value, v);

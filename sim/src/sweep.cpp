@@ -191,9 +191,9 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
   const Layout l = Layout::from(s);
   const ModelDims d = model_dims(s, prec.act_bytes);
   const double m = s.micro_batches_per_step(), pp = s.parallel.pp, lps = double(s.model.layers) / pp;
-  const double tf = double(cost.op_ns(attention_forward_kernels(d)) + cost.op_ns(mlp_forward_kernels(d)));
-  const double tb = double(cost.op_ns(attention_backward_kernels(d)) + cost.op_ns(mlp_backward_kernels(d)));
-  const double head = double(cost.op_ns(head_forward_kernels(d)) + cost.op_ns(head_backward_kernels(d)));
+  const double tf = double(cost.named_op_ns("fwd.block", 0, 1, d));
+  const double tb = double(cost.named_op_ns("bwd.block", 0, 1, d));
+  const double head = double(cost.named_op_ns("fwd.head", 0, 1, d) + cost.named_op_ns("bwd.head", 0, 1, d));
   const int64_t act = int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model * prec.act_bytes;
   auto coll = [&](traces::CollOp op, std::vector<int32_t> members, int64_t bytes) -> double {
     if (members.size() < 2 || bytes <= 0) return 0.0;

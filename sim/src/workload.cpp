@@ -191,26 +191,23 @@ struct ComputeCosts {
 };
 
 ComputeCosts make_costs(const ModelDims& d, const CostModel& cost) {
-  auto piece = [&](const std::vector<Kernel>& ks) { return Piece{total_flops(ks), total_bytes(ks), cost.op_ns(ks)}; };
-  // Kernel lists: attention half [ln1, qkv, attention, proj, bias+residual], MLP half
-  // [ln2, fc1, gelu, fc2, bias+residual]; backward lists have the same order (run in reverse).
-  const auto af = attention_forward_kernels(d), mf = mlp_forward_kernels(d);
-  const auto ab = attention_backward_kernels(d), mb = mlp_backward_kernels(d);
+  // Each piece's FLOPs and bytes from its kernels, its time from the cost model by name (a measured
+  // op of the profile, scaled to this shape, or the roofline of its kernels: cost_model.hpp).
+  auto piece = [&](const char* name, int index, int pieces) {
+    const auto ks = op_kernels(name, index, pieces, d);
+    return Piece{total_flops(*ks), total_bytes(*ks), cost.named_op_ns(name, index, pieces, d)};
+  };
   ComputeCosts c;
-  c.embed_f = piece(embedding_forward_kernels(d));
-  c.embed_b = piece(embedding_backward_kernels(d));
-  c.head_f = piece(head_forward_kernels(d));
-  c.head_b = piece(head_backward_kernels(d));
-  if (d.tp == 1) {
-    std::vector<Kernel> f = af, b = mb;
-    f.insert(f.end(), mf.begin(), mf.end());
-    b.insert(b.end(), ab.begin(), ab.end());
-    c.block_f = {piece(f)};
-    c.block_b = {piece(b)};
-  } else {
-    // The runtime's pieces: split where Megatron sums over the tp group (model.hpp).
-    c.block_f = {piece({af[0], af[1], af[2], af[3]}), piece({af[4], mf[0], mf[1], mf[2], mf[3]}), piece({mf[4]})};
-    c.block_b = {piece({mb[4], mb[3], mb[2], mb[1]}), piece({mb[0], ab[4], ab[3], ab[2], ab[1]}), piece({ab[0]})};
+  c.embed_f = piece("fwd.embed", 0, 1);
+  c.embed_b = piece("bwd.embed", 0, 1);
+  c.head_f = piece("fwd.head", 0, 1);
+  c.head_b = piece("bwd.head", 0, 1);
+  // One piece per block (tp = 1) or the runtime's three, split where Megatron sums over the tp group
+  // (model.hpp; op_kernels lists their kernels).
+  const int pieces = d.tp == 1 ? 1 : 3;
+  for (int i = 0; i < pieces; ++i) {
+    c.block_f.push_back(piece("fwd.block", i, pieces));
+    c.block_b.push_back(piece("bwd.block", i, pieces));
   }
   return c;
 }
@@ -232,7 +229,7 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
   for (auto n : {names::kStep, names::kForward, names::kBackward, names::kOptimizer}) w.names.emplace_back(n);
 
   const auto& par = s.parallel;
-  const int pp = par.pp, tp = par.tp, dp = par.dp, m = w.micro_batches, L = s.model.layers;
+  const int pp = par.pp, dp = par.dp, m = w.micro_batches, L = s.model.layers;
   const int per_stage = L / pp;
   const PrecisionConfig& prec = opt.precision;
   ComputeCosts cc = make_costs(model_dims(s, prec.act_bytes), cost);
@@ -354,7 +351,16 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
       const auto order = schedule_order(par.schedule, pp, st, m);
       // The op the next pass's first op waits for: the runtime's blocking collectives between passes
       // (the previous step's ZeRO all-gather and pp.loss, ZeRO 1/2 reductions, ZeRO 3's end of backward).
-      std::vector<uint32_t> blocker{after_prev_step};
+      // The runtime first zeroes the gradients it holds (and ZeRO's shard accumulators).
+      const double zeroed = double(prog.param_count) + (par.zero >= 1 ? double(padded(prog.param_count)) / dp : 0.0);
+      const ModelDims dims = model_dims(s, prec.act_bytes);
+      const uint32_t zero_grad =
+          b.add(compute(names::kZeroGrad,
+                        Piece{0.0, total_bytes(*op_kernels("zero_grad", 0, 1, dims, zeroed)),
+                              cost.named_op_ns("zero_grad", 0, 1, dims, zeroed)},
+                        PhaseKind::None, step, -1, -1),
+                {after_prev_step});
+      std::vector<uint32_t> blocker{zero_grad};
       auto dp_coll = [&](std::string_view n, traces::CollOp c, int64_t bytes, PhaseKind ph, int mb, int layer,
                          std::vector<uint32_t> deps) {
         return b.add(comm(n, traces::SpanKind::Collective, c, kStreamDp, GroupRole::DP, bytes, seq_dp++, ph, step, mb,
@@ -383,7 +389,7 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
       };
       if (par.zero == 3) {
         // The embedding and the final LayerNorm: gathered once a step, before any pass (blocking).
-        uint32_t after = after_prev_step;
+        uint32_t after = zero_grad;
         if (has_embed_segment) after = z3_gather(PhaseKind::None, -1, -1, after);
         if (last) after = z3_gather(PhaseKind::None, -1, L, after);
         blocker = {after};
@@ -518,7 +524,8 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
       const double opt_params = par.zero >= 1 ? double(prog.param_count) / dp : double(prog.param_count);
       const auto opt_kernels = optimizer_kernels(opt_params, 28.0);
       // Optimizer ops carry no model FLOPs (MFU counts the model's forward and backward only).
-      const Piece opt_piece{0.0, total_bytes(opt_kernels), cost.op_ns(opt_kernels)};
+      const Piece opt_piece{0.0, total_bytes(opt_kernels),
+                            cost.named_op_ns("adamw", 0, 1, model_dims(s, prec.act_bytes), opt_params)};
       const uint32_t optim = b.add(
           compute(names::kOptimizerStep, opt_piece, PhaseKind::Optimizer, step, -1, -1, traces::SpanKind::Optimizer),
           opt_deps);

@@ -310,6 +310,101 @@ TEST(Calibrate, RecoversOpTimesSlowdownAndCollectiveCosts) {
   EXPECT_NEAR(double(c1.op_ns(ks)), double(c2.op_ns(ks)), 1e-4 * double(c1.op_ns(ks)) + 10);
 }
 
+TEST(Calibrate, WritesTheLoneRankMediansAsMeasuredOps) {
+  const Truth truth;
+  std::vector<traces::Trace> runs;
+  runs.push_back(make_run(tiny(1, 4, 64), truth, 1.0, 0, 1));
+  runs.push_back(make_run(tiny(2, 4, 64), truth, 1.2, 25'000, 3.0));
+  CalibrationOptions opt;
+  opt.cores = 2;
+  const CalibrationResult r = calibrate(runs, opt);
+  // One measured entry per op of the one shape, at its lone-rank time: the serial run's time, and the
+  // 2-rank run's divided by its 1.2 slowdown, are the truth itself.
+  const ModelDims d = model_dims(tiny(1, 4, 64), 4);
+  int found = 0;
+  for (const auto& m : r.profile.ops) {
+    if (m.name == "adamw") continue;
+    auto ks = op_kernels(m.name, m.piece, m.pieces, d);
+    ASSERT_TRUE(ks.has_value()) << m.name;
+    EXPECT_EQ(m.batch, 4);
+    EXPECT_EQ(m.seq, 64);
+    EXPECT_EQ(m.tp, 1);
+    EXPECT_NEAR(double(m.time_ns), truth.op_ns(*ks), 2.0) << m.name;
+    ++found;
+  }
+  EXPECT_EQ(found, 6);  // fwd/bwd of embed, block, head
+  // The simulator's cost of those ops is then exactly the measurement, whatever the class fit says.
+  const CostModel cost(r.profile, r.profile.peak_flops, r.profile.memory_bandwidth_bytes_per_s);
+  EXPECT_NEAR(double(cost.named_op_ns("bwd.block", 0, 1, d)), truth.op_ns(*op_kernels("bwd.block", 0, 1, d)), 2.0);
+  // --roofline-only: no measured ops.
+  opt.measured_ops = false;
+  EXPECT_TRUE(calibrate(runs, opt).profile.ops.empty());
+}
+
+TEST(CostModel, NamedOpsScaleTheNearestMeasurementByTheRooflineRatio) {
+  HardwareProfile p = default_hardware_profile("cpu", false);
+  for (auto& c : p.classes) c.overhead_ns = 0;  // times linear in FLOPs and bytes
+  const CostModel roof(p, 10e9, 5e9);
+  ModelDims d;
+  d.batch = 8, d.seq = 128, d.d_model = 256, d.heads = 4, d.vocab = 8192, d.tp = 1, d.act_bytes = 4;
+  const double t_full = double(roof.op_ns(*op_kernels("fwd.block", 0, 1, d)));
+  // Measured: fwd.block at b8 tp1 took 3x the roofline; adamw over 1e6 parameters 7 ms.
+  p.ops.push_back({"fwd.block", 0, 1, 8, 128, 256, 4, 8192, 1, 0, std::llround(3 * t_full)});
+  p.ops.push_back({"adamw", 0, 1, 1, 1, 1, 1, 1, 1, 1e6, 7'000'000});
+  const CostModel cost(p, 10e9, 5e9);
+  // At the measured shape: the measurement.
+  EXPECT_EQ(cost.named_op_ns("fwd.block", 0, 1, d), std::llround(3 * t_full));
+  // Half the micro-batch: 3x the roofline of the smaller op (ratio of the two rooflines).
+  ModelDims h = d;
+  h.batch = 4;
+  const double t_half = double(roof.op_ns(*op_kernels("fwd.block", 0, 1, h)));
+  EXPECT_NEAR(double(cost.named_op_ns("fwd.block", 0, 1, h)), 3 * t_half, 2.0);
+  // A tp piece scales from the whole block measured at tp 1.
+  ModelDims t2 = d;
+  t2.tp = 2;
+  const double t_piece = double(roof.op_ns(*op_kernels("fwd.block", 1, 3, t2)));
+  EXPECT_NEAR(double(cost.named_op_ns("fwd.block", 1, 3, t2)), 3 * t_piece, 2.0);
+  // adamw: linear in the parameters (bytes only), so twice the parameters take twice the time.
+  EXPECT_NEAR(double(cost.named_op_ns("adamw", 0, 1, d, 2e6)), 14'000'000, 2.0);
+  // Ops without a measurement keep the roofline; unknown names are an error.
+  EXPECT_EQ(cost.named_op_ns("fwd.head", 0, 1, d), roof.op_ns(*op_kernels("fwd.head", 0, 1, d)));
+  EXPECT_THROW(cost.named_op_ns("fwd.nothing", 0, 1, d), InputError);
+  // The nearest of two measurements is used: a b4 entry wins for b4.
+  p.ops.push_back({"fwd.block", 0, 1, 4, 128, 256, 4, 8192, 1, 0, 1234567});
+  const CostModel two(p, 10e9, 5e9);
+  EXPECT_EQ(two.named_op_ns("fwd.block", 0, 1, h), 1234567);
+  EXPECT_EQ(two.named_op_ns("fwd.block", 0, 1, d), std::llround(3 * t_full));
+}
+
+TEST(HardwareProfileYaml, MeasuredOpsRoundTripAndBadEntriesAreNamed) {
+  HardwareProfile p = default_hardware_profile("cpu", false);
+  p.ops.push_back({"fwd.block", 1, 3, 8, 128, 256, 4, 8192, 2, 0, 1'500'000});
+  p.ops.push_back({"adamw", 0, 1, 1, 1, 1, 1, 1, 1, 5.25e6, 29'695'300});
+  const HardwareProfile q = parse_hardware_profile(to_yaml(p), "ops.yaml");
+  ASSERT_EQ(q.ops.size(), 2u);
+  EXPECT_EQ(q.ops[0].name, "fwd.block");
+  EXPECT_EQ(q.ops[0].piece, 1);
+  EXPECT_EQ(q.ops[0].pieces, 3);
+  EXPECT_EQ(q.ops[0].tp, 2);
+  EXPECT_EQ(q.ops[0].batch, 8);
+  EXPECT_EQ(q.ops[0].time_ns, 1'500'000);
+  EXPECT_DOUBLE_EQ(q.ops[1].params, 5.25e6);
+  EXPECT_EQ(q.ops[1].time_ns, 29'695'300);
+  auto err = [](const std::string& y) {
+    try {
+      parse_hardware_profile(y, "bad.yaml");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(err("ops: [{name: fwd.block, batch: 8}]").find("ops[].time_us"), std::string::npos);
+  EXPECT_NE(err("ops: [{name: fwd.block, piece: 3, pieces: 3, time_us: 1}]").find("ops[].piece"), std::string::npos);
+  EXPECT_NE(err("ops: [{name: fwd.block, batch: 0.5, time_us: 1}]").find("ops[].batch"), std::string::npos);
+  EXPECT_NE(err("ops: [{name: fwd.block, colour: red, time_us: 1}]").find("unknown key"), std::string::npos);
+  EXPECT_NE(err("ops: {name: x}").find("expected a list"), std::string::npos);
+}
+
 TEST(Calibrate, BadInput) {
   traces::Trace empty;
   empty.path = "x.db";

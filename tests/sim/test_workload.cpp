@@ -73,6 +73,7 @@ TEST(Workload, OpCountsPerStage1F1B) {
     EXPECT_EQ(n[std::string(names::kDpAllReduce)], int(p.bucket_params.size()));
     EXPECT_EQ(n[std::string(names::kEmbedAllReduce)], (st == 0 || st == pp - 1) ? 1 : 0);
     EXPECT_EQ(n[std::string(names::kOptimizerStep)], 1);
+    EXPECT_EQ(n[std::string(names::kZeroGrad)], 1);
     // Buckets hold every parameter of the rank exactly once.
     int64_t sum = 0;
     for (auto b : p.bucket_params) sum += b;
@@ -219,9 +220,10 @@ TEST(Workload, Gpt3On1024GpusBuildsOneProgramPerStage) {
   EXPECT_EQ(w.micro_batches, 192);
   ASSERT_EQ(w.stages.size(), 16u);
   // Middle stage: 6 layers × 192 micro-batches × (3 fwd + 3 bwd pieces + 4 tp all-reduces)
-  // + 192 × (recv act, send act, recv grad, send grad) + buckets + optimizer + the pp.loss broadcast.
+  // + 192 × (recv act, send act, recv grad, send grad) + buckets + zero_grad + optimizer + the
+  // pp.loss broadcast.
   const auto& p = w.stages[5];
-  const size_t expected = size_t(6) * 192 * 10 + 192 * 4 + p.bucket_params.size() + 1 + 1;
+  const size_t expected = size_t(6) * 192 * 10 + 192 * 4 + p.bucket_params.size() + 1 + 1 + 1;
   EXPECT_EQ(p.ops.size(), expected);
   // Parameters summed over the stages and the tp slices: the blocks' 12C^2 + 7C are sliced, the
   // replicated LayerNorms and row-parallel biases (6C) are held by every tp rank, and so are the

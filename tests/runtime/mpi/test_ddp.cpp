@@ -168,6 +168,8 @@ TEST(DdpTrace, StepRecordsTheDocumentedSpans) {
   }
   std::vector<std::string> expect;
   std::vector<int> expect_layers;
+  expect.push_back("zero_grad");
+  expect_layers.push_back(-1);
   for (int mb = 0; mb < micro; ++mb) {
     expect.push_back("data");
     expect_layers.push_back(-1);

@@ -6,6 +6,7 @@
 //
 //   compute stream (0)                                   comm stream (1)
 //   Phase "step"                       step s
+//     Compute "zero_grad"                (the gradients, and ZeRO's shard accumulators, set to 0)
 //     for mb in 0..M-1:
 //       Data "data"                    mb                (the loader filling the micro-batch)
 //       Phase "forward"                mb

@@ -28,6 +28,10 @@
 //     function of shape. The profile stores peak_flops = 1 / min s (compute classes) with each class's
 //     efficiency relative to it, and memory_bandwidth likewise. The unexplained remainder of a step
 //     (host work between ops, data loading) becomes data_load (per micro-batch).
+//     The measured ops themselves (median lone-rank time per op and shape) go into the profile's
+//     `ops:` list too: the simulator then costs an op at a measured shape at its measured time and
+//     other shapes (tp shards, other micro-batches) at the nearest measured time scaled by the fitted
+//     roofline's ratio (CostModel::named_op_ns), so the class fit only has to get ratios right.
 //
 //  3. Collectives. Spans are grouped by (communicator, sequence number) across ranks; a collective's
 //     transfer time is min(end) − max(start) over its members (the time after the last member
@@ -112,6 +116,7 @@ struct CalibrationOptions {
   int skip_steps = 1;        // warm-up steps left out
   int ranks_per_node = 8;    // rank slots of the described machine (at least the largest run)
   int64_t memory_capacity_bytes = 0;  // per rank slot; 0 = this machine's memory / ranks_per_node
+  bool measured_ops = true;  // write the measured lone-rank op times (the profile's `ops:`), see step 2
 };
 
 // One fitted op: the median measured time (normalised to a lone rank) and the fitted profile's time

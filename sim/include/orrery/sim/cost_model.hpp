@@ -17,6 +17,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "orrery/sim/hardware.hpp"
@@ -63,6 +65,14 @@ std::vector<Kernel> head_backward_kernels(const ModelDims& d);
 // parameter (not model FLOPs: the workload reports optimizer ops with zero model FLOPs).
 std::vector<Kernel> optimizer_kernels(double params, double bytes_per_param);
 
+// The kernels of a compute op by its runtime name: "fwd.embed", "bwd.embed", "fwd.head", "bwd.head",
+// "fwd.block" / "bwd.block" (pieces 1: the whole block; pieces 3: piece `piece` of a tensor-parallel
+// block, split where the runtime sums over the tp group), "adamw" (over `opt_params` parameters, fp32
+// master weights and moments), "zero_grad" (`opt_params` gradient elements set to zero); nullopt for
+// any other name or piece.
+std::optional<std::vector<Kernel>> op_kernels(const std::string& name, int piece, int pieces, const ModelDims& d,
+                                              double opt_params = 0);
+
 double total_flops(const std::vector<Kernel>& ks);
 double total_bytes(const std::vector<Kernel>& ks);
 
@@ -74,6 +84,13 @@ class CostModel {
   CostModel(HardwareProfile profile, double peak_flops, double memory_bandwidth_bytes_per_s);
   int64_t kernel_ns(const Kernel& k) const;
   int64_t op_ns(const std::vector<Kernel>& ks) const;
+  // The time of a named op (op_kernels' names and arguments). Without measured ops in the profile
+  // (HardwareProfile::ops) or without one of this name, op_ns of its kernels. With them, measured
+  // beats modelled: the nearest measured entry of the same name (closest shape: log-distance over
+  // tokens, channels, heads, vocabulary and tp, or parameters for adamw; a different piece split costs
+  // more than any shape difference) times the roofline ratio op_ns(this op) / op_ns(that entry's op),
+  // so an op at a measured shape costs exactly what was measured and other shapes scale from it.
+  int64_t named_op_ns(const std::string& name, int piece, int pieces, const ModelDims& d, double opt_params = 0) const;
   double peak_flops() const { return peak_flops_; }
   double memory_bandwidth() const { return bandwidth_; }
   const HardwareProfile& profile() const { return profile_; }

@@ -32,6 +32,11 @@
 //     contention_at_full: 1.1   #   a rank's compute slowdown when ranks x threads = cores, vs alone
 //     oversubscription_exponent: 1.0   # beyond: slowdown = contention_at_full x (ranks x threads / cores)^e
 //     comm_exponent: 1.0        #   collectives: (ranks x threads / cores)^e beyond the cores
+//   ops:                        # optional (calibrated profiles): measured lone-rank op times
+//     - {name: fwd.block, batch: 8, seq: 128, d_model: 256, heads: 4, vocab: 8192, tp: 1, time_us: 24784}
+//     - {name: adamw, params: 5.3e6, time_us: 29695}   #   the optimizer: by parameters held
+//                               #   an op of the workload with a measured entry of the same name costs
+//                               #   the nearest entry's time x the roofline ratio of the two shapes
 //   machine:                    # the machine the profile was measured on (free-form strings)
 //     host: ..., cpu: ..., gpus: ..., driver: ..., date: ..., source: ...
 #pragma once
@@ -97,6 +102,19 @@ struct CoreSharing {
   double comm_exponent = 1.0;
 };
 
+// A compute op's measured time on one rank alone (the `ops:` section, written by `orrery calibrate`):
+// the op named `name` (the runtime's and the workload's names: fwd.block, bwd.head, adamw, ...) at
+// one shape. `piece`/`pieces`: a piece of a tensor-parallel block (pieces 3) or the whole op (1).
+// CostModel::op_ns scales the nearest measured shape by the roofline ratio (cost_model.hpp).
+struct MeasuredOp {
+  std::string name;
+  int piece = 0;
+  int pieces = 1;
+  int64_t batch = 0, seq = 0, d_model = 0, heads = 0, vocab = 0, tp = 1;
+  double params = 0;  // adamw: parameters the rank updates
+  int64_t time_ns = 0;
+};
+
 struct HardwareProfile {
   std::string name;
   std::string path;       // file it was read from ("" for built-in defaults)
@@ -110,6 +128,7 @@ struct HardwareProfile {
   std::map<std::string, std::string> machine;  // the `machine:` section
   MachineDescription cluster;                  // the `cluster:` section
   CoreSharing sharing;                         // the `sharing:` section
+  std::vector<MeasuredOp> ops;                 // the `ops:` section
 
   const ClassCost& cost(OpClass c) const { return classes[static_cast<int>(c)]; }
   // The override for `op` over a group that is (or is not) inside one node, or null. With

@@ -55,19 +55,20 @@ inline constexpr int kStreamCount = 5;
 std::string_view stream_name(int stream);  // "compute", "comm.dp", ...
 
 // The one table of op and phase names, equal to the runtime's span names (runtime/include/orrery/
-// runtime/trainer.hpp, model.hpp, ddp.hpp): compute "fwd.embed" (layer -1), "fwd.block" (layer l;
+// runtime/trainer.hpp, model.hpp, ddp.hpp): compute "zero_grad" (once at the start of each step,
+// 4 bytes written per gradient element held), "fwd.embed" (layer -1), "fwd.block" (layer l;
 // with tp > 1 three pieces of that name split by the two tensor-parallel all-reduces, FLOPs
 // attention / mlp / 0 as the runtime), "fwd.head" (layer L), "bwd.head", "bwd.block" (tp > 1: three
 // pieces, FLOPs 2·mlp / 2·attention / 0), "bwd.embed", optimizer "adamw", data "data", DDP bucket
-// all-reduces "ddp.all_reduce" (layer = the bucket's lowest layer). The runtime does not run tp, pp
-// or ZeRO yet; the names of those collectives and transfers are this simulator's, to be adopted or
-// renamed when the runtime grows them (change them here only).
+// all-reduces "ddp.all_reduce" (layer = the bucket's lowest layer), and the tp, pp and ZeRO
+// collectives and transfers below (change them here and in the runtime together).
 namespace names {
 inline constexpr std::string_view kStep = "step";
 inline constexpr std::string_view kForward = "forward";
 inline constexpr std::string_view kBackward = "backward";
 inline constexpr std::string_view kOptimizer = "optimizer";
 inline constexpr std::string_view kDataLoad = "data";
+inline constexpr std::string_view kZeroGrad = "zero_grad";
 inline constexpr std::string_view kEmbedForward = "fwd.embed";
 inline constexpr std::string_view kBlockForward = "fwd.block";
 inline constexpr std::string_view kHeadForward = "fwd.head";  // final LayerNorm, LM head, loss
