@@ -61,7 +61,7 @@ TEST(GpuCollectives, ApplyCollectiveFirstAndLaterKernels) {
   apply_collective(later, a, /*first=*/false);
   EXPECT_EQ(later.kind, SpanKind::Collective);
   EXPECT_EQ(later.comm, 7);
-  EXPECT_EQ(later.seq, -1);  // grouped once, by the first kernel
+  EXPECT_EQ(later.seq, -1);   // grouped once, by the first kernel
   EXPECT_EQ(later.bytes, 0);  // bytes counted once
   EXPECT_EQ(later.step, 5);
   EXPECT_EQ(later.layer, 4);
@@ -91,8 +91,10 @@ TEST(GpuCollectives, MapperGivesKernelsTheirOperation) {
     m.correlate_collective(10, 2);
     m.correlate_collective(11, 2);
     m.correlate_collective(12, 2);
-    m.add({GpuActivity::Kind::Kernel, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 100, 200, 20, 10, 0});
-    m.add({GpuActivity::Kind::Kernel, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 210, 220, 20, 11, 0});
+    m.add({GpuActivity::Kind::Kernel, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 100, 200, 20, 10,
+           0});
+    m.add({GpuActivity::Kind::Kernel, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 210, 220, 20, 11,
+           0});
     m.add({GpuActivity::Kind::Memcpy, "DtoD", 230, 240, 20, 12, 64});
     m.add({GpuActivity::Kind::Kernel, "ncclDevKernel_AllGather_RING_LL", 250, 260, 20, 13, 0});
     m.add({GpuActivity::Kind::Kernel, "ncclDevKernel_SendRecv", 270, 280, 20, 14, 0});
@@ -106,7 +108,8 @@ TEST(GpuCollectives, MapperGivesKernelsTheirOperation) {
   traces::Trace t = traces::load_trace(path);
   std::remove(path.c_str());
   ASSERT_EQ(t.spans.size(), 6u);
-  std::sort(t.spans.begin(), t.spans.end(), [](auto& a, auto& b) { return a.start_ns < b.start_ns; });
+  std::sort(t.spans.begin(), t.spans.end(),
+            [](auto& a, auto& b) { return a.start_ns < b.start_ns; });
   const auto& ar = t.spans[0];
   EXPECT_EQ(ar.kind, SpanKind::Collective);
   EXPECT_EQ(ar.op, CollOp::AllReduce);
@@ -144,7 +147,8 @@ struct CollHookLog {
   static inline std::vector<std::string> events;
   static inline bool accept = true;
   static bool open(const CollectiveAnnotation& a) {
-    events.push_back("open " + std::to_string(a.comm) + "/" + std::to_string(a.seq) + (accept ? "" : " refused"));
+    events.push_back("open " + std::to_string(a.comm) + "/" + std::to_string(a.seq) +
+                     (accept ? "" : " refused"));
     return accept;
   }
   static void close() { events.push_back("close"); }
@@ -154,7 +158,7 @@ TEST(GpuCollectives, AnnotationHooksOnlyWhenInstalledAndTaken) {
   CollHookLog::events.clear();
   set_range_hooks(nullptr);
   EXPECT_FALSE(begin_collective_annotation(all_reduce(1, 0, 0, -1)));  // no hooks
-  end_collective_annotation();                                        // harmless: nothing open
+  end_collective_annotation();                                         // harmless: nothing open
 
   const RangeHooks ranges_only{nullptr, nullptr};
   set_range_hooks(&ranges_only);
@@ -176,7 +180,8 @@ TEST(GpuCollectives, AnnotationHooksOnlyWhenInstalledAndTaken) {
   end_collective_annotation();
   set_range_hooks(nullptr);
 
-  const std::vector<std::string> expected = {"open 1/2", "close", "open 1/3 refused", "open 1/4", "close"};
+  const std::vector<std::string> expected = {"open 1/2", "close", "open 1/3 refused", "open 1/4",
+                                             "close"};
   EXPECT_EQ(CollHookLog::events, expected);
 }
 

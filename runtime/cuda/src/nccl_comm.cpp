@@ -709,10 +709,11 @@ class NcclCommunicator final : public Communicator {
       s.seq = seq;
       s.op = op;
     }
-    // The operation's identity for the tracer's NCCL kernel span (range_hooks.hpp). Not on one rank:
-    // NCCL launches no kernel for an in-place operation there, so this span counts it.
+    // The operation's identity for the tracer's NCCL kernel span (range_hooks.hpp). Not on one
+    // rank: NCCL launches no kernel for an in-place operation there, so this span counts it.
     profiler::CollectiveAnnotation tag;
-    tag.kind = (op == CollOp::Send || op == CollOp::Recv) ? traces::SpanKind::P2P : traces::SpanKind::Collective;
+    tag.kind = (op == CollOp::Send || op == CollOp::Recv) ? traces::SpanKind::P2P
+                                                          : traces::SpanKind::Collective;
     tag.op = op;
     tag.comm = info_.id;
     tag.seq = seq;

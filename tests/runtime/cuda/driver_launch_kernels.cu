@@ -17,7 +17,8 @@ __global__ void scale_by_driver(float* p, size_t n, float factor) {
 std::string launch_scale_by_driver(float* p, size_t n, float factor, cudaStream_t stream) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  cudaError_t e = cudaGetDriverEntryPointByVersion("cuLaunchKernel", &fn, 4000, cudaEnableDefault, &found);
+  cudaError_t e = cudaGetDriverEntryPointByVersion("cuLaunchKernel", &fn, CUDART_VERSION,
+                                                   cudaEnableDefault, &found);
   if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
     cudaGetLastError();
     return std::string("no cuLaunchKernel driver entry point: ") + cudaGetErrorString(e);
@@ -33,7 +34,8 @@ std::string launch_scale_by_driver(float* p, size_t n, float factor, cudaStream_
   const auto blocks = static_cast<unsigned>((n + 255) / 256);
   const CUresult r = launch(reinterpret_cast<CUfunction>(f), blocks, 1, 1, 256, 1, 1, 0,
                             reinterpret_cast<CUstream>(stream), args, nullptr);
-  if (r != CUDA_SUCCESS) return "cuLaunchKernel failed (CUresult " + std::to_string(static_cast<int>(r)) + ")";
+  if (r != CUDA_SUCCESS)
+    return "cuLaunchKernel failed (CUresult " + std::to_string(static_cast<int>(r)) + ")";
   return "";
 }
 

@@ -1,6 +1,7 @@
-// A kernel launched through the CUDA driver API (driver_launch_kernels.cu), the way NCCL launches its
-// kernels: cuLaunchKernel from the runtime's driver entry point (cudaGetDriverEntryPointByVersion),
-// on a function from cudaGetFuncBySymbol. For the CUPTI collective-annotation test.
+// A kernel launched through the CUDA driver API (driver_launch_kernels.cu), the way NCCL launches
+// its kernels: cuLaunchKernel from the runtime's driver entry point
+// (cudaGetDriverEntryPointByVersion), on a function from cudaGetFuncBySymbol. For the CUPTI
+// collective-annotation test.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -71,11 +71,21 @@ std::vector<int32_t> make_tokens(const Case& c) {
   std::mt19937 rng(11);
   for (std::size_t i = 0; i < n; ++i) {
     switch (c.tokens) {
-      case Tokens::Uniform: v[i] = std::uniform_int_distribution<int32_t>(0, c.V - 1)(rng); break;
-      case Tokens::FewDistinct: v[i] = std::uniform_int_distribution<int32_t>(0, 4)(rng) * 13 % c.V; break;
-      case Tokens::AllSame: v[i] = c.V - 1; break;
-      case Tokens::Sorted: v[i] = static_cast<int32_t>(i * c.V / n); break;
-      case Tokens::Reversed: v[i] = static_cast<int32_t>((n - 1 - i) * c.V / n); break;
+      case Tokens::Uniform:
+        v[i] = std::uniform_int_distribution<int32_t>(0, c.V - 1)(rng);
+        break;
+      case Tokens::FewDistinct:
+        v[i] = std::uniform_int_distribution<int32_t>(0, 4)(rng) * 13 % c.V;
+        break;
+      case Tokens::AllSame:
+        v[i] = c.V - 1;
+        break;
+      case Tokens::Sorted:
+        v[i] = static_cast<int32_t>(i * c.V / n);
+        break;
+      case Tokens::Reversed:
+        v[i] = static_cast<int32_t>((n - 1 - i) * c.V / n);
+        break;
     }
   }
   return v;
@@ -98,7 +108,8 @@ TEST_P(GpuEmbeddingBackward, BitIdenticalToTheCpuAndAcrossCalls) {
   const auto inp = make_tokens(c);
   const std::size_t bt = inp.size();
   const Vec dout = random_vec(bt * c.C, 4, 1.0f);
-  // Gradients start non-zero, so accumulation (+=) is checked; rows of absent tokens must keep them.
+  // Gradients start non-zero, so accumulation (+=) is checked; rows of absent tokens must keep
+  // them.
   const Vec dwte0 = random_vec(static_cast<std::size_t>(c.V) * c.C, 5, 0.01f);
   const Vec dwpe0 = random_vec(static_cast<std::size_t>(c.T) * c.C, 6, 0.01f);
   Vec dwte = dwte0, dwpe = dwpe0;
@@ -109,12 +120,15 @@ TEST_P(GpuEmbeddingBackward, BitIdenticalToTheCpuAndAcrossCalls) {
   Vec first_wte, first_wpe;
   for (int call = 0; call < 2; ++call) {
     auto d_dwte = upload(dwte0), d_dwpe = upload(dwpe0);
-    encoder_backward(*ctx_, d_dwte.data(), d_dwpe.data(), d_dout.data(), d_inp.data(), c.B, c.T, c.C);
+    encoder_backward(*ctx_, d_dwte.data(), d_dwpe.data(), d_dout.data(), d_inp.data(), c.B, c.T,
+                     c.C);
     stream_->synchronize();
     const Vec g_wte = d_dwte.to_host(), g_wpe = d_dwpe.to_host();
     const double e_wte = normalised_error(g_wte, dwte), e_wpe = normalised_error(g_wpe, dwpe);
-    std::printf("  %-12s call %d: dwte normalised error %.3g (%zu values differ in bits), dwpe %.3g (%zu)\n", c.name,
-                call, e_wte, bit_mismatches(g_wte, dwte), e_wpe, bit_mismatches(g_wpe, dwpe));
+    std::printf(
+        "  %-12s call %d: dwte normalised error %.3g (%zu values differ in bits), dwpe %.3g "
+        "(%zu)\n",
+        c.name, call, e_wte, bit_mismatches(g_wte, dwte), e_wpe, bit_mismatches(g_wpe, dwpe));
     EXPECT_LT(e_wte, 1e-6) << c.name;
     EXPECT_LT(e_wpe, 1e-6) << c.name;
     EXPECT_EQ(bit_mismatches(g_wte, dwte), 0u) << c.name << ": dwte not the CPU's bits";
@@ -123,8 +137,10 @@ TEST_P(GpuEmbeddingBackward, BitIdenticalToTheCpuAndAcrossCalls) {
       first_wte = g_wte;
       first_wpe = g_wpe;
     } else {
-      EXPECT_EQ(bit_mismatches(g_wte, first_wte), 0u) << c.name << ": dwte differs between two calls";
-      EXPECT_EQ(bit_mismatches(g_wpe, first_wpe), 0u) << c.name << ": dwpe differs between two calls";
+      EXPECT_EQ(bit_mismatches(g_wte, first_wte), 0u)
+          << c.name << ": dwte differs between two calls";
+      EXPECT_EQ(bit_mismatches(g_wpe, first_wpe), 0u)
+          << c.name << ": dwpe differs between two calls";
     }
   }
 }
@@ -134,7 +150,8 @@ TEST_P(GpuEmbeddingBackward, EachGradientAlone) {
   const Case& c = GetParam();
   const auto inp = make_tokens(c);
   const Vec dout = random_vec(inp.size() * c.C, 7, 1.0f);
-  Vec dwte(static_cast<std::size_t>(c.V) * c.C, 0.0f), dwpe(static_cast<std::size_t>(c.T) * c.C, 0.0f);
+  Vec dwte(static_cast<std::size_t>(c.V) * c.C, 0.0f),
+      dwpe(static_cast<std::size_t>(c.T) * c.C, 0.0f);
   runtime::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), c.B, c.T, c.C);
   auto d_inp = upload(inp);
   auto d_dout = upload(dout);
@@ -148,12 +165,12 @@ TEST_P(GpuEmbeddingBackward, EachGradientAlone) {
 
 INSTANTIATE_TEST_SUITE_P(
     GpuTokenMixes, GpuEmbeddingBackward,
-    ::testing::Values(Case{"uniform", 4, 64, 200, 50257, Tokens::Uniform},     // GPT-2 vocabulary
-                      Case{"few", 3, 37, 64, 101, Tokens::FewDistinct},         // 5 tokens, long runs
-                      Case{"all_same", 8, 256, 130, 97, Tokens::AllSame},       // one run of 2048
-                      Case{"sorted", 2, 37, 33, 60, Tokens::Sorted},            // runs in position order
-                      Case{"reversed", 2, 37, 257, 60, Tokens::Reversed},       // ... and against it
-                      Case{"tiny", 1, 1, 1, 3, Tokens::Uniform}),               // one position, one channel
+    ::testing::Values(Case{"uniform", 4, 64, 200, 50257, Tokens::Uniform},  // GPT-2 vocabulary
+                      Case{"few", 3, 37, 64, 101, Tokens::FewDistinct},     // 5 tokens, long runs
+                      Case{"all_same", 8, 256, 130, 97, Tokens::AllSame},   // one run of 2048
+                      Case{"sorted", 2, 37, 33, 60, Tokens::Sorted},       // runs in position order
+                      Case{"reversed", 2, 37, 257, 60, Tokens::Reversed},  // ... and against it
+                      Case{"tiny", 1, 1, 1, 3, Tokens::Uniform}),  // one position, one channel
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 }  // namespace

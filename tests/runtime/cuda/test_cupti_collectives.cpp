@@ -1,9 +1,10 @@
 // Collective annotations under the CUPTI tracer on a device (profiler/range_hooks.hpp): kernels
 // launched inside begin_collective_annotation / end_collective_annotation become Collective spans
 // with the operation's communicator id, sequence number, op, bytes, peer and step, whether launched
-// through the runtime (<<<>>>) or, as NCCL launches its kernels, through the driver's cuLaunchKernel;
-// a kernel launched after the bracket stays a plain Compute span. Without a running tracer the
-// annotation is refused (begin returns false). Suite names start with Gpu: skipped without a device.
+// through the runtime (<<<>>>) or, as NCCL launches its kernels, through the driver's
+// cuLaunchKernel; a kernel launched after the bracket stays a plain Compute span. Without a running
+// tracer the annotation is refused (begin returns false). Suite names start with Gpu: skipped
+// without a device.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -29,7 +30,8 @@ namespace {
 TEST(GpuCuptiCollectives, AnnotatedKernelsCarryTheirOperation) {
   if (device_count() == 0) GTEST_SKIP() << no_device_reason();
   select_device(0);
-  const std::string path = ::testing::TempDir() + "orrery_cupti_coll_" + std::to_string(::getpid()) + ".db";
+  const std::string path =
+      ::testing::TempDir() + "orrery_cupti_coll_" + std::to_string(::getpid()) + ".db";
   const size_t n = 1 << 12;
   DeviceArray<float> dev(n);
   ORRERY_CUDA_CHECK(cudaMemcpy(dev.data(), std::vector<float>(n, 1.0f).data(), n * sizeof(float),
@@ -86,7 +88,8 @@ TEST(GpuCuptiCollectives, AnnotatedKernelsCarryTheirOperation) {
   std::remove(path.c_str());
   std::vector<traces::Span> k;
   for (const auto& sp : t.spans) {
-    if (sp.stream >= profiler::kCudaStreamBase && sp.kind != traces::SpanKind::Memcpy) k.push_back(sp);
+    if (sp.stream >= profiler::kCudaStreamBase && sp.kind != traces::SpanKind::Memcpy)
+      k.push_back(sp);
   }
   std::sort(k.begin(), k.end(), [](auto& x, auto& y) { return x.start_ns < y.start_ns; });
   ASSERT_EQ(k.size(), 3u);

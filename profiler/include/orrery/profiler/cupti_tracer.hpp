@@ -1,8 +1,8 @@
 // GPU tracing with the CUPTI Activity API (built as orrery_cupti when CUPTI was found):
 // kernels (CONCURRENT_KERNEL), copies (MEMCPY), memsets (MEMSET), runtime and driver API calls
-// (RUNTIME, DRIVER: only for the external correlations they carry; NCCL launches its kernels with
-// the driver's cuLaunchKernelEx) and external correlations (EXTERNAL_CORRELATION), recorded as spans
-// into a Recorder (see gpu_activity.hpp for the mapping: kernels Compute, NCCL kernels
+// (RUNTIME, DRIVER: only for the external correlations they carry; NCCL launches its kernels
+// with the driver's cuLaunchKernelEx) and external correlations (EXTERNAL_CORRELATION), recorded
+// as spans into a Recorder (see gpu_activity.hpp for the mapping: kernels Compute, NCCL kernels
 // Collective/P2P, copies and memsets Memcpy, one trace stream "cuda stream N" per CUDA stream).
 //
 // Off the hot path: CUPTI fills 8 MiB buffers on its own; they are turned into spans when CUPTI
@@ -12,8 +12,8 @@
 // communication operation of the NCCL communicator pushes one of kind CUSTOM1 around its launching
 // call (collective hooks, range_hooks.hpp), so its NCCL kernel becomes the operation's
 // Collective/P2P span with its communicator id, sequence number, op and bytes; the communicator's
-// CUDA-event span of that operation is then recorded as kind Other and not counted twice (the rules,
-// and the cases where the communicator's span counts instead, are in range_hooks.hpp).
+// CUDA-event span of that operation is then recorded as kind Other and not counted twice (the
+// rules, and the cases where the communicator's span counts instead, are in range_hooks.hpp).
 //
 // Clock: CUPTI timestamps are on CUPTI's clock (cuptiGetTimestamp). At start() the offset to the
 // recorder's steady clock is measured once: 16 samples of (steady, cuptiGetTimestamp, steady), the

@@ -6,9 +6,9 @@
 //
 // Communication operations: a kernel launched inside a collective annotation (range_hooks.hpp:
 // collective id -> annotation at launch time, collective id -> activity by correlation id) gets the
-// operation's identity (apply_collective). Once any annotation has been seen, an NCCL kernel without
-// one is recorded as kind Other: its operation is counted by the communicator's own span (see
-// range_hooks.hpp for who counts what).
+// operation's identity (apply_collective). Once any annotation has been seen, an NCCL kernel
+// without one is recorded as kind Other: its operation is counted by the communicator's own span
+// (see range_hooks.hpp for who counts what).
 //
 // Kept free of CUPTI so that the mapping and correlation logic is tested without a GPU; the CUPTI
 // tracer (cupti_tracer.hpp) feeds it.
@@ -51,9 +51,9 @@ void classify_kernel(std::string_view name, traces::SpanKind& kind, traces::Coll
 
 // Gives kernel span `s` the identity of the operation whose call launched it: kind, op, comm, seq,
 // bytes, peer, and step/micro_batch/layer where the annotation has them (>= 0). `first`: the first
-// kernel attributed to that operation. NCCL launches one kernel per operation, but should one launch
-// more, the later ones keep kind, op, comm and step but get seq -1 and bytes 0, so the operation is
-// still grouped across ranks by one span and its bytes counted once.
+// kernel attributed to that operation. NCCL launches one kernel per operation, but should one
+// launch more, the later ones keep kind, op, comm and step but get seq -1 and bytes 0, so the
+// operation is still grouped across ranks by one span and its bytes counted once.
 void apply_collective(traces::Span& s, const CollectiveAnnotation& a, bool first);
 
 class GpuActivityMapper {

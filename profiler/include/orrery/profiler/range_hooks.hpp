@@ -33,10 +33,10 @@ namespace orrery::profiler {
 struct CollectiveAnnotation {
   traces::SpanKind kind = traces::SpanKind::Collective;  // Collective or P2P
   traces::CollOp op = traces::CollOp::None;
-  int32_t comm = -1;   // CommunicatorInfo::id
-  int64_t seq = -1;    // sequence number within the communicator
-  int64_t bytes = 0;   // as the span's bytes (per-rank buffer size)
-  int32_t peer = -1;   // global rank of the peer (send/recv) or root (broadcast), -1 otherwise
+  int32_t comm = -1;  // CommunicatorInfo::id
+  int64_t seq = -1;   // sequence number within the communicator
+  int64_t bytes = 0;  // as the span's bytes (per-rank buffer size)
+  int32_t peer = -1;  // global rank of the peer (send/recv) or root (broadcast), -1 otherwise
   int32_t step = -1, micro_batch = -1, layer = -1;
 };
 

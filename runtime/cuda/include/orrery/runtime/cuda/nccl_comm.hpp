@@ -13,8 +13,8 @@
 //    comm id, peer, seq, label); times come from CUDA events, mapped onto the recorder's steady
 //    clock when the events are resolved (off the hot path: at the next operation, synchronize(),
 //    or destruction). Flight-recorder entries as the MPI communicator's. Under the CUPTI tracer
-//    the NCCL kernel of an operation carries the same identity and is the counted span; this span is
-//    then kind Other (profiler/range_hooks.hpp says who counts what when).
+//    the NCCL kernel of an operation carries the same identity and is the counted span; this span
+//    is then kind Other (profiler/range_hooks.hpp says who counts what when).
 // Errors (no GPU, NCCL failing to start, an NCCL async error) throw InternalError with the cause
 // (cudaGetErrorString / ncclGetErrorString, ncclCommGetAsyncError); nothing here exits.
 #pragma once
