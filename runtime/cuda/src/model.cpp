@@ -82,11 +82,12 @@ const FloatArray& GpuGpt::download_params() {
 GpuGpt gpu_gpt_create(Gpt host) {
   const GptShard& sh = host.shard;
   if (sh.layer_begin != 0 || sh.layer_end != host.config.n_layer || !sh.has_embed || !sh.has_head) {
-    throw InputError("device cuda: the CUDA runtime holds every layer, the embedding and the head on each rank "
-                     "(no pipeline stages: parallel.pp = 1); got layers [" +
-                     std::to_string(sh.layer_begin) + ", " + std::to_string(sh.layer_end) + ") of " +
-                     std::to_string(host.config.n_layer) + (sh.has_embed ? "" : ", no embedding") +
-                     (sh.has_head ? "" : ", no head"));
+    throw InputError(
+        "device cuda: the CUDA runtime holds every layer, the embedding and the head on each rank "
+        "(no pipeline stages: parallel.pp = 1); got layers [" +
+        std::to_string(sh.layer_begin) + ", " + std::to_string(sh.layer_end) + ") of " +
+        std::to_string(host.config.n_layer) + (sh.has_embed ? "" : ", no embedding") +
+        (sh.has_head ? "" : ", no head"));
   }
   GpuGpt m;
   m.host = std::move(host);
@@ -215,7 +216,8 @@ void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts
   float* y = acts.stream + (idx + 1) * n;
   const auto fd = flop_dims(m, B, T);
   const bool tp = m.host.shard.tp_size > 1;
-  Span span(hooks.observer, "fwd.block", layer, tp ? flops::block_attention_forward(fd) : flops::block_forward(fd));
+  Span span(hooks.observer, "fwd.block", layer,
+            tp ? flops::block_attention_forward(fd) : flops::block_forward(fd));
   // Attention half (block_attention_part).
   layernorm_forward(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, B, T, d.C);
   matmul_forward(ctx, a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, 3 * d.Cl);
@@ -283,7 +285,8 @@ void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, Gpu
   const auto fd = flop_dims(m, B, T);
   const bool tp = m.host.shard.tp_size > 1;
   {
-    Span span(hooks.observer, "bwd.block", layer, tp ? 2.0 * flops::block_mlp_forward(fd) : flops::block_backward(fd));
+    Span span(hooks.observer, "bwd.block", layer,
+              tp ? 2.0 * flops::block_mlp_forward(fd) : flops::block_backward(fd));
     // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + b; s.dres holds dy.
     bias_backward(ctx, g.fcprojb, s.dres, B, T, d.C);
     matmul_backward(ctx, s.dfch_gelu, g.fcprojw, nullptr, s.dres, a.fch_gelu, p.fcprojw, B, T, d.F, d.C, false);

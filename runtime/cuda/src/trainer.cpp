@@ -76,16 +76,18 @@ void check_supported_cuda(const Scenario& s) {
   c.runtime.device = "cpu";  // everything the CPU runtime checks (layout, batch, threads) holds here too
   check_supported(c);
   if (s.parallel.pp != 1) {
-    throw InputError(origin + ": key 'parallel.pp': pipeline parallelism is not available on device cuda in this "
-                              "version; expected 1, got " +
+    throw InputError(origin +
+                     ": key 'parallel.pp': pipeline parallelism is not available on device cuda "
+                     "in this version; expected 1, got " +
                      std::to_string(s.parallel.pp) +
-                     " (the GPU trainer runs data parallelism, ZeRO 1/2 and tensor parallelism; use runtime.device: "
-                     "cpu for pipeline parallelism)");
+                     " (the GPU trainer runs data parallelism, ZeRO 1/2 and tensor parallelism; "
+                     "use runtime.device: cpu for pipeline parallelism)");
   }
   if (s.parallel.zero > 2) {
-    throw InputError(origin + ": key 'parallel.zero': ZeRO stage " + std::to_string(s.parallel.zero) +
-                     " is not available on device cuda in this version; expected 0, 1 or 2 (use runtime.device: cpu "
-                     "for ZeRO 3)");
+    throw InputError(origin + ": key 'parallel.zero': ZeRO stage " +
+                     std::to_string(s.parallel.zero) +
+                     " is not available on device cuda in this version; expected 0, 1 or 2 "
+                     "(use runtime.device: cpu for ZeRO 3)");
   }
   if (device_count() == 0) {
     throw InputError(origin + ": key 'runtime.device' is cuda, but " + no_device_reason());
@@ -316,12 +318,13 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
   ctx_ = std::make_unique<Context>(stream_->get(), opt_.math);
 
   const Layout& L = layout_;
-  // The dp and tp groups of the CPU trainer (same colours and keys, split in its order: dp, then tp;
-  // pp = 1 needs no pipeline group).
+  // The dp and tp groups of the CPU trainer (same colours and keys, split in its order: dp, then
+  // tp; pp = 1 needs no pipeline group).
   dp_ = world_.split(L.tp_rank + L.tp * L.pp_rank, L.dp_rank, traces::CommKind::DP,
                      "dp[tp=" + std::to_string(L.tp_rank) + ",pp=" + std::to_string(L.pp_rank) + "]");
-  tp_ = world_.split(L.dp_rank + L.dp * L.pp_rank, L.tp_rank, traces::CommKind::TP,
-                     "tp[dp=" + std::to_string(L.dp_rank) + ",pp=" + std::to_string(L.pp_rank) + "]");
+  tp_ =
+      world_.split(L.dp_rank + L.dp * L.pp_rank, L.tp_rank, traces::CommKind::TP,
+                   "tp[dp=" + std::to_string(L.dp_rank) + ",pp=" + std::to_string(L.pp_rank) + "]");
   if (L.dp > 1 || L.tp > 1) {
     CommBackend backend = opt_.comm;
     if (backend == CommBackend::kAuto) {
@@ -371,7 +374,8 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
   if (rec_ != nullptr) observer_ = std::make_unique<Observer>(rec_, *spans_);
 }
 
-std::unique_ptr<Communicator> GpuTrainer::make_device_comm(Communicator& host, CommBackend backend) {
+std::unique_ptr<Communicator> GpuTrainer::make_device_comm(Communicator& host,
+                                                           CommBackend backend) {
   std::unique_ptr<Communicator> dev;
   if (backend == CommBackend::kNccl) {
 #if defined(ORRERY_HAVE_NCCL)
@@ -379,7 +383,8 @@ std::unique_ptr<Communicator> GpuTrainer::make_device_comm(Communicator& host, C
     wopt.watchdog_s = s_.runtime.watchdog_s;
     dev = make_nccl_communicator(host, stream_->get(), wopt);
 #else
-    throw InputError(origin_of(s_) + ": the NCCL communicator was asked for, but this build has no NCCL");
+    throw InputError(origin_of(s_) +
+                     ": the NCCL communicator was asked for, but this build has no NCCL");
 #endif
   } else {
     dev = make_staged_communicator(host, stream_->get());
@@ -465,11 +470,13 @@ std::vector<float> GpuTrainer::parameters() {
 // The CPU trainer's reduce_gradients_zero on device buffers (pp = 1: no embedding all-reduce).
 void GpuTrainer::reduce_gradients_zero(int32_t step, int32_t mb) {
   float* out = s_.parallel.zero == 2 ? zero_recv_.data() : zero_grads_.data();
-  dp_dev_->reduce_scatter(model_->grads.data(), out, zero_.shard, DType::F32, ReduceOp::Avg,
-                          OpLabel{kZeroReduceScatterName, step, mb, kEmbedSegment})
+  dp_dev_
+      ->reduce_scatter(model_->grads.data(), out, zero_.shard, DType::F32, ReduceOp::Avg,
+                       OpLabel{kZeroReduceScatterName, step, mb, kEmbedSegment})
       .wait();  // the compute stream waits for the scattered shard
   if (s_.parallel.zero == 2) {
-    residual_forward(*ctx_, zero_grads_.data(), zero_grads_.data(), out, zero_.shard);  // acc += out
+    // The shard gradient accumulates each micro-batch's scattered shard: acc += out.
+    residual_forward(*ctx_, zero_grads_.data(), zero_grads_.data(), out, zero_.shard);
     gpu_zero_grad(*ctx_, *model_);  // the next backward writes into a clean array
   }
 }
@@ -485,7 +492,10 @@ StepResult GpuTrainer::step() {
   const int step_span = spans_->open(proto(rec_, SpanKind::Phase, "step", step, -1), "step");
   gpu_zero_grad(*ctx_, *model_);
   const bool zero = zero_.ranks > 1;  // ZeRO 1/2 over dp > 1
-  if (zero) ORRERY_CUDA_CHECK(cudaMemsetAsync(zero_grads_.data(), 0, zero_grads_.size_bytes(), stream_->get()));
+  if (zero) {
+    ORRERY_CUDA_CHECK(
+        cudaMemsetAsync(zero_grads_.data(), 0, zero_grads_.size_bytes(), stream_->get()));
+  }
 
   GptHooks hooks;
   hooks.observer = observer_.get();
@@ -493,7 +503,9 @@ StepResult GpuTrainer::step() {
   if (tp_dev_) {
     hooks.tp_all_reduce = [this](TpPoint, int layer, float* data, std::size_t count) {
       // wait(): the compute stream (not the host) waits for the sum.
-      tp_dev_->all_reduce(data, count, DType::F32, ReduceOp::Sum, OpLabel{kTpAllReduceName, step_, cur_mb_, layer})
+      tp_dev_
+          ->all_reduce(data, count, DType::F32, ReduceOp::Sum,
+                       OpLabel{kTpAllReduceName, step_, cur_mb_, layer})
           .wait();
     };
   }
@@ -527,18 +539,20 @@ StepResult GpuTrainer::step() {
     if (zero) {
       // The owned shard [begin, begin + count) only; decay ranges are absolute flat coordinates.
       if (zero_.count() > 0) {
-        adamw_update(*ctx_, model_->params.data() + zero_.begin(), zero_grads_.data(), adam_m_.data(), adam_v_.data(),
-                     zero_.begin(), zero_.count(), decay_, adam_steps_, adamw_);
+        adamw_update(*ctx_, model_->params.data() + zero_.begin(), zero_grads_.data(),
+                     adam_m_.data(), adam_v_.data(), zero_.begin(), zero_.count(), decay_,
+                     adam_steps_, adamw_);
       }
     } else {
-      adamw_update(*ctx_, model_->params.data(), model_->grads.data(), adam_m_.data(), adam_v_.data(), 0,
-                   flat_elems(), decay_, adam_steps_, adamw_);
+      adamw_update(*ctx_, model_->params.data(), model_->grads.data(), adam_m_.data(),
+                   adam_v_.data(), 0, flat_elems(), decay_, adam_steps_, adamw_);
     }
     spans_->close(adamw);
     if (zero) {
       // In place: this rank's shard is block dp_rank of the gathered array.
-      dp_dev_->all_gather(model_->params.data() + zero_.begin(), model_->params.data(), zero_.shard, DType::F32,
-                          OpLabel{kZeroAllGatherName, step, -1, -1})
+      dp_dev_
+          ->all_gather(model_->params.data() + zero_.begin(), model_->params.data(), zero_.shard,
+                       DType::F32, OpLabel{kZeroAllGatherName, step, -1, -1})
           .wait();
     }
     spans_->close(opt);

@@ -129,14 +129,16 @@ TEST(CudaRuntime, RefusesPipelineAndZero3AcceptsTensorParallelAndZero12) {
   EXPECT_TRUE(contains(e, "key 'parallel.zero'")) << e;
   EXPECT_TRUE(contains(e, "expected 0, 1 or 2")) << e;
   // Accepted layouts: no complaint about their keys; without a device, the device is the reason.
-  for (const auto& [dp, tp, zero] : {std::tuple{1, 2, 0}, std::tuple{2, 1, 1}, std::tuple{2, 1, 2}, std::tuple{2, 2, 1}}) {
+  for (const auto& [dp, tp, zero] :
+       {std::tuple{1, 2, 0}, std::tuple{2, 1, 1}, std::tuple{2, 1, 2}, std::tuple{2, 2, 1}}) {
     s = tiny_cuda_scenario();
     s.parallel.dp = dp;
     s.parallel.tp = tp;
     s.parallel.zero = zero;
     s.training.global_batch = 4;
     e = refusal(s);
-    EXPECT_FALSE(contains(e, "parallel.")) << "dp " << dp << " tp " << tp << " zero " << zero << ": " << e;
+    EXPECT_FALSE(contains(e, "parallel."))
+        << "dp " << dp << " tp " << tp << " zero " << zero << ": " << e;
     if (device_count() == 0) {
       EXPECT_TRUE(contains(e, "runtime.device")) << e;
     } else {

@@ -123,24 +123,25 @@ double param_rel_diff(const std::vector<float>& a, const std::vector<float>& b) 
   return d / std::max(max_abs(b), 1e-30);
 }
 
-void expect_losses_near(const std::vector<float>& got, const std::vector<float>& want, double rel_bound,
-                        const char* what) {
+void expect_losses_near(const std::vector<float>& got, const std::vector<float>& want,
+                        double rel_bound, const char* what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t i = 0; i < got.size(); ++i) {
-    const double rel = std::fabs(static_cast<double>(got[i]) - want[i]) / std::fabs(static_cast<double>(want[i]));
+    const double rel =
+        std::fabs(static_cast<double>(got[i]) - want[i]) / std::fabs(static_cast<double>(want[i]));
     if (world().rank() == 0) {
-      std::printf("  %s step %zu: loss %.7f vs %.7f, rel %.3g (bound %.0e)\n", what, i, got[i], want[i], rel,
-                  rel_bound);
+      std::printf("  %s step %zu: loss %.7f vs %.7f, rel %.3g (bound %.0e)\n", what, i, got[i],
+                  want[i], rel, rel_bound);
     }
     EXPECT_TRUE(std::isfinite(got[i])) << what << " step " << i;
     EXPECT_LT(rel, rel_bound) << what << " step " << i;
   }
 }
 
-#define SKIP_WITHOUT_GPU()                                                                   \
-  do {                                                                                       \
-    if (device_count() == 0) GTEST_SKIP() << no_device_reason();                             \
-    if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks, got " << world().size();         \
+#define SKIP_WITHOUT_GPU()                                                            \
+  do {                                                                                \
+    if (device_count() == 0) GTEST_SKIP() << no_device_reason();                      \
+    if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks, got " << world().size(); \
   } while (0)
 
 TEST(GpuZero, Zero1And2EndWithTheDdpParameters) {
@@ -151,12 +152,15 @@ TEST(GpuZero, Zero1And2EndWithTheDdpParameters) {
     const std::string what = "dp2 zero" + std::to_string(stage) + " vs ddp";
     // Before the first update ZeRO changes nothing: rank 0's broadcast parameters, unpadded.
     ASSERT_EQ(z.initial.size(), ddp.initial.size());
-    EXPECT_EQ(std::memcmp(z.initial.data(), ddp.initial.data(), ddp.initial.size() * sizeof(float)), 0) << what;
+    EXPECT_EQ(std::memcmp(z.initial.data(), ddp.initial.data(), ddp.initial.size() * sizeof(float)),
+              0)
+        << what;
     EXPECT_EQ(z.zero_shard, (ddp.initial.size() + 1) / 2) << what;
     expect_losses_near(z.losses, ddp.losses, 1e-5, what.c_str());
     ASSERT_EQ(z.final_params.size(), ddp.final_params.size());
     const double rel = param_rel_diff(z.final_params, ddp.final_params);
-    if (world().rank() == 0) std::printf("  %s: parameters max|d|/max|p| = %.3g (bound 1e-4)\n", what.c_str(), rel);
+    if (world().rank() == 0)
+      std::printf("  %s: parameters max|d|/max|p| = %.3g (bound 1e-4)\n", what.c_str(), rel);
     EXPECT_LT(rel, 1e-4) << what;
     // The parameters moved (the comparison is not between two untouched arrays).
     EXPECT_GT(param_rel_diff(z.final_params, z.initial), 1e-5) << what;
@@ -188,7 +192,8 @@ TEST(GpuTensorParallel, Tp2MatchesTp1) {
   const Scenario s2 = tiny(1, 2, 0);
   const int tp_rank = world().rank();  // dp = pp = 1: the tp rank is the world rank
   // The same global batch on one GPU, whole model, every rank on its own (local communicator).
-  Gpt full_final = gpt_create(gpt_config(s2.model), GptShard{}, s2.training.seed);  // the tp1 layout
+  Gpt full_final =
+      gpt_create(gpt_config(s2.model), GptShard{}, s2.training.seed);  // the tp1 layout
   GpuRun serial;
   {
     auto local = make_local_communicator();
@@ -208,7 +213,8 @@ TEST(GpuTensorParallel, Tp2MatchesTp1) {
   shard.tp_size = 2;
   const Gpt cpu_shard = gpt_create(gpt_config(s2.model), shard, s2.training.seed);
   ASSERT_EQ(tp.initial.size(), cpu_shard.num_params());
-  EXPECT_EQ(std::memcmp(tp.initial.data(), cpu_shard.params.data(), tp.initial.size() * sizeof(float)), 0)
+  EXPECT_EQ(
+      std::memcmp(tp.initial.data(), cpu_shard.params.data(), tp.initial.size() * sizeof(float)), 0)
       << "tp rank " << tp_rank << ": initial parameters differ from the CPU shard's";
   EXPECT_LT(tp.initial.size(), serial.initial.size());
   expect_losses_near(tp.losses, serial.losses, 1e-4, "tp2 vs tp1");
@@ -220,7 +226,8 @@ TEST(GpuTensorParallel, Tp2MatchesTp1) {
     std::copy(slice.begin(), slice.end(), want.begin() + static_cast<std::ptrdiff_t>(t.offset));
   }
   const double rel = param_rel_diff(tp.final_params, want);
-  std::printf("  [rank %d] tp2 vs tp1: parameters max|d|/max|p| = %.3g (bound 1e-4)\n", tp_rank, rel);
+  std::printf("  [rank %d] tp2 vs tp1: parameters max|d|/max|p| = %.3g (bound 1e-4)\n", tp_rank,
+              rel);
   EXPECT_LT(rel, 1e-4);
   EXPECT_GT(param_rel_diff(tp.final_params, tp.initial), 1e-5);
 }
@@ -244,9 +251,11 @@ std::vector<SpanKey> step_spans(const std::string& path) {
   for (const auto& sp : t.spans) {  // sorted by (rank, stream, start)
     if (sp.rank != 0 || sp.step < 0) continue;
     if (sp.kind == traces::SpanKind::Compute && sp.stream == profiler::kComputeStream) {
-      compute.emplace_back(static_cast<int>(sp.kind), t.name_of(sp), sp.layer, sp.step, sp.micro_batch);
+      compute.emplace_back(static_cast<int>(sp.kind), t.name_of(sp), sp.layer, sp.step,
+                           sp.micro_batch);
     } else if (sp.kind == traces::SpanKind::Collective && sp.stream == profiler::kCommStream) {
-      coll.emplace_back(static_cast<int>(sp.kind), t.name_of(sp), sp.layer, sp.step, sp.micro_batch);
+      coll.emplace_back(static_cast<int>(sp.kind), t.name_of(sp), sp.layer, sp.step,
+                        sp.micro_batch);
     }
   }
   compute.insert(compute.end(), coll.begin(), coll.end());
@@ -254,8 +263,8 @@ std::vector<SpanKey> step_spans(const std::string& path) {
 }
 
 std::size_t count_named(const std::vector<SpanKey>& spans, const std::string& name) {
-  return static_cast<std::size_t>(
-      std::count_if(spans.begin(), spans.end(), [&](const SpanKey& k) { return std::get<1>(k) == name; }));
+  return static_cast<std::size_t>(std::count_if(
+      spans.begin(), spans.end(), [&](const SpanKey& k) { return std::get<1>(k) == name; }));
 }
 
 TEST(GpuParallelSpans, ProfiledRunsRecordTheCpuSpans) {
@@ -267,10 +276,12 @@ TEST(GpuParallelSpans, ProfiledRunsRecordTheCpuSpans) {
       std::filesystem::temp_directory_path() / ("orrery-cuda-parallel-" + std::to_string(pid));
   if (world().rank() == 0) std::filesystem::create_directories(dir);
   world().barrier().wait();
-  for (const auto& [dp, tp, zero] : {std::tuple{2, 1, 1}, std::tuple{2, 1, 2}, std::tuple{1, 2, 0}}) {
+  for (const auto& [dp, tp, zero] :
+       {std::tuple{2, 1, 1}, std::tuple{2, 1, 2}, std::tuple{1, 2, 0}}) {
     Scenario s = tiny(dp, tp, zero);
     s.training.steps = 2;
-    const std::string tag = "dp" + std::to_string(dp) + "-tp" + std::to_string(tp) + "-zero" + std::to_string(zero);
+    const std::string tag =
+        "dp" + std::to_string(dp) + "-tp" + std::to_string(tp) + "-zero" + std::to_string(zero);
     RankRunOptions opt;
     Scenario c = s;
     c.runtime.device = "cpu";
@@ -294,7 +305,9 @@ TEST(GpuParallelSpans, ProfiledRunsRecordTheCpuSpans) {
     } else {
       // Four sums per block and micro-batch.
       const std::size_t mbs = static_cast<std::size_t>(s.micro_batches_per_step());
-      EXPECT_EQ(count_named(gpu, kTpAllReduceName), 2 * mbs * 4 * static_cast<std::size_t>(s.model.layers)) << tag;
+      EXPECT_EQ(count_named(gpu, kTpAllReduceName),
+                2 * mbs * 4 * static_cast<std::size_t>(s.model.layers))
+          << tag;
     }
   }
   world().barrier().wait();

@@ -44,7 +44,8 @@ constexpr int kB = 2, kT = 32;
 
 std::vector<int32_t> tokens(int mul, int add, int V) {
   std::vector<int32_t> v(static_cast<std::size_t>(kB * kT));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>((i * mul + add) % static_cast<std::size_t>(V));
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<int32_t>((i * mul + add) % static_cast<std::size_t>(V));
   return v;
 }
 
@@ -115,8 +116,8 @@ TEST(GpuTensorParallelModel, TwoShardsOnOneDeviceMatchTheWholeModel) {
         st.synchronize();  // this shard's partial sum is complete
         partial[r] = data;
         bar.arrive_and_wait();
-        ORRERY_CUDA_CHECK(
-            cudaMemcpyAsync(other.data(), partial[1 - r], n * sizeof(float), cudaMemcpyDeviceToDevice, st.get()));
+        ORRERY_CUDA_CHECK(cudaMemcpyAsync(other.data(), partial[1 - r], n * sizeof(float),
+                                          cudaMemcpyDeviceToDevice, st.get()));
         st.synchronize();
         bar.arrive_and_wait();  // both copies taken: the in-place sums may start
         residual_forward(ctx, data, data, other.data(), n);
@@ -140,7 +141,8 @@ TEST(GpuTensorParallelModel, TwoShardsOnOneDeviceMatchTheWholeModel) {
     if (err[r]) std::rethrow_exception(err[r]);
   }
 
-  Gpt full_grad_model = gpt_create(cfg, GptShard{}, kSeed);  // the whole layout, grads put in params
+  Gpt full_grad_model =
+      gpt_create(cfg, GptShard{}, kSeed);  // the whole layout, grads put in params
   ASSERT_EQ(full_grad_model.params.size(), full_grads.size());
   std::copy(full_grads.begin(), full_grads.end(), full_grad_model.params.begin());
   double gmax = 0;
@@ -153,9 +155,12 @@ TEST(GpuTensorParallelModel, TwoShardsOnOneDeviceMatchTheWholeModel) {
     sh.tp_size = kTp;
     const Gpt cpu_shard = gpt_create(cfg, sh, kSeed);
     ASSERT_EQ(res[r].initial.size(), cpu_shard.params.size());
-    EXPECT_EQ(std::memcmp(res[r].initial.data(), cpu_shard.params.data(), res[r].initial.size() * sizeof(float)), 0)
+    EXPECT_EQ(std::memcmp(res[r].initial.data(), cpu_shard.params.data(),
+                          res[r].initial.size() * sizeof(float)),
+              0)
         << "tp rank " << r;
-    const double lrel = std::fabs(static_cast<double>(res[r].loss) - full_loss) / std::fabs(full_loss);
+    const double lrel =
+        std::fabs(static_cast<double>(res[r].loss) - full_loss) / std::fabs(full_loss);
     double d = 0;
     for (const ParamTensor& t : cpu_shard.tensors) {
       const std::vector<float> want = tp_slice_of_full(full_grad_model, t, r, kTp);
@@ -164,8 +169,10 @@ TEST(GpuTensorParallelModel, TwoShardsOnOneDeviceMatchTheWholeModel) {
         d = std::max(d, std::fabs(static_cast<double>(res[r].grads[t.offset + i]) - want[i]));
       }
     }
-    std::printf("  tp rank %d: loss %.7f vs %.7f (rel %.3g, bound 1e-5), grads max|d|/max|g| %.3g (bound 1e-4)\n", r,
-                res[r].loss, full_loss, lrel, d / gmax);
+    std::printf(
+        "  tp rank %d: loss %.7f vs %.7f (rel %.3g, bound 1e-5), grads max|d|/max|g| %.3g (bound "
+        "1e-4)\n",
+        r, res[r].loss, full_loss, lrel, d / gmax);
     EXPECT_LT(lrel, 1e-5) << "tp rank " << r;
     EXPECT_LT(d / gmax, 1e-4) << "tp rank " << r;
     EXPECT_EQ(res[r].tp_calls, 4 * cfg.n_layer) << "tp rank " << r;
