@@ -490,11 +490,16 @@ StepResult GpuTrainer::step() {
   if (rec_ != nullptr) rec_->set_step(step);
   spans_->anchor();
   const int step_span = spans_->open(proto(rec_, SpanKind::Phase, "step", step, -1), "step");
-  gpu_zero_grad(*ctx_, *model_);
   const bool zero = zero_.ranks > 1;  // ZeRO 1/2 over dp > 1
-  if (zero) {
-    ORRERY_CUDA_CHECK(
-        cudaMemsetAsync(zero_grads_.data(), 0, zero_grads_.size_bytes(), stream_->get()));
+  {
+    // The CPU trainer's own span for it (memory-bound, 4 bytes per gradient element held).
+    const int zg = spans_->open(proto(rec_, SpanKind::Compute, "zero_grad", step, -1), "zero_grad");
+    gpu_zero_grad(*ctx_, *model_);
+    if (zero) {
+      ORRERY_CUDA_CHECK(
+          cudaMemsetAsync(zero_grads_.data(), 0, zero_grads_.size_bytes(), stream_->get()));
+    }
+    spans_->close(zg);
   }
 
   GptHooks hooks;

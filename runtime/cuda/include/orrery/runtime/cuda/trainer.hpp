@@ -4,6 +4,7 @@
 //
 //   compute stream (0)                                   comm / nccl stream
 //   Phase "step"
+//     Compute "zero_grad" (the gradients, and ZeRO's shard accumulator, set to 0)
 //     for mb: Data "data" (host loader), Phase "forward" (fwd.embed, fwd.block 0..L-1, fwd.head),
 //             Phase "backward" (bwd.head, bwd.block L-1..0, bwd.embed)   "ddp.all_reduce" buckets
 //     Phase "optimizer" > Optimizer "adamw"
