@@ -40,6 +40,7 @@ struct BenchArgs {
   std::string groups;  // "": 2,4,8 where they divide N (and N)
   std::string out;
   bool json = false;
+  bool no_align = false;
 };
 
 #if defined(ORRERY_RUNTIME_AVAILABLE)
@@ -86,6 +87,7 @@ runtime::CommBenchOptions options_of(const BenchArgs& a, int nproc) {
   o.max_bytes = size_option("--max-bytes", a.max_bytes);
   o.iters = a.iters;
   o.warmup = a.warmup;
+  o.align_each_op = !a.no_align;
   o.ops.clear();
   for (const auto& name : split_list(a.ops)) {
     const auto op = runtime::bench_op_from_string(name);
@@ -136,6 +138,7 @@ int relaunch(const BenchArgs& a, const runtime::CommBenchOptions& o, int nproc) 
                                    "--iters", std::to_string(a.iters), "--warmup", std::to_string(a.warmup),
                                    "--ops", a.ops, "--groups", join_ints(o.groups), "--out", out};
   if (a.json) program.push_back("--json");
+  if (a.no_align) program.push_back("--no-align");
   const int rc = runtime::run_and_wait(runtime::mpirun_command(mpirun, runtime::mpirun_options_for(nproc), program));
   if (rc != 0) {
     const runtime::FailedRun f = runtime::salvage_failed_run(out, nproc, rc);
@@ -216,6 +219,7 @@ int run_here(const BenchArgs& a, const runtime::CommBenchOptions& o, int nproc) 
     j["dtype"] = "float32";
     j["iters"] = o.iters;
     j["warmup"] = o.warmup;
+    j["align_each_op"] = o.align_each_op;
     j["groups"] = o.groups;
     j["sizes"] = runtime::bench_sizes(o);
     j["sweep_s"] = sweep_s;
@@ -272,6 +276,8 @@ Command setup(CLI::App& root) {
                   "Comma-separated group sizes, each dividing N (default: 2,4,8 where they divide N, and N)");
   app->add_option("--out,-o", a->out, "Merged trace file (default out/commbench-<time>.db)");
   app->add_flag("--json", a->json, "Print one JSON object with the rows");
+  app->add_flag("--no-align", a->no_align,
+                "Line the ranks up (a world barrier) only before each size's first operation, not before every one");
   auto run = [a]() -> int {
 #if defined(ORRERY_RUNTIME_AVAILABLE)
     return commbench_command(*a);

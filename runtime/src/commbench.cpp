@@ -6,6 +6,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -36,11 +37,12 @@ std::string comm_name(int g, int first) {
 class PointRunner {
  public:
   PointRunner(Communicator& comm, BenchOp op, int64_t bytes, std::vector<float>& a, std::vector<float>& b,
-              CommBenchSweepStats& stats, bool corrupt)
+              CommBenchSweepStats& stats, bool corrupt, std::function<void()> align)
       : comm_(comm), op_(op), bytes_(bytes), a_(a), b_(b), stats_(stats), r_(comm.rank()), g_(comm.size()),
-        corrupt_(corrupt) {}
+        corrupt_(corrupt), align_(std::move(align)) {}
 
   // Iteration `it` (0-based over warm-up and timed); `full` checks every element of the result.
+  // The data is prepared first, then align_() (a world barrier), then the operation is issued.
   void iteration(int it, const OpLabel& label, bool full) {
     const size_t n = static_cast<size_t>(bytes_ / 4);       // whole buffer, float32
     const size_t c = static_cast<size_t>(bytes_ / (4 * g_));  // per-rank block (reduce_scatter, all_gather)
@@ -51,6 +53,7 @@ class PointRunner {
       case BenchOp::AllReduce: {
         for (size_t i = 0; i < n; ++i) a_[i] = static_cast<float>(r_ + 1) + pattern(i);  // in place: every time
         if (corrupt_ && full) a_[n - 1] += 1.0f;
+        align_();
         comm_.all_reduce(a_.data(), n, DType::F32, ReduceOp::Sum, label).wait();
         ++stats_.ops_issued;
         check(it, a_.data(), n, full, [&](size_t i) { return tri + gf * pattern(i); });
@@ -61,6 +64,7 @@ class PointRunner {
           for (size_t i = 0; i < c * g_; ++i) a_[i] = static_cast<float>(r_ + 1) + pattern(i);
         }
         if (full || it == 0) std::fill(b_.begin(), b_.begin() + static_cast<ptrdiff_t>(c), kPoison);
+        align_();
         comm_.reduce_scatter(a_.data(), b_.data(), c, DType::F32, ReduceOp::Sum, label).wait();
         ++stats_.ops_issued;
         check(it, b_.data(), c, full, [&](size_t i) { return tri + gf * pattern(r * c + i); });
@@ -71,6 +75,7 @@ class PointRunner {
           for (size_t i = 0; i < c; ++i) a_[i] = static_cast<float>(r_ + 1) + pattern(i);
         }
         if (full || it == 0) std::fill(b_.begin(), b_.begin() + static_cast<ptrdiff_t>(c * g_), kPoison);
+        align_();
         comm_.all_gather(a_.data(), b_.data(), c, DType::F32, label).wait();
         ++stats_.ops_issued;
         check(it, b_.data(), c * g_, full,
@@ -85,6 +90,7 @@ class PointRunner {
         } else if (full || it == 0) {
           std::fill(a_.begin(), a_.begin() + static_cast<ptrdiff_t>(n), kPoison);
         }
+        align_();
         comm_.broadcast(a_.data(), n, DType::F32, 0, label).wait();
         ++stats_.ops_issued;
         check(it, a_.data(), n, full, [&](size_t i) { return kBroadcastBase + pattern(i); });
@@ -92,11 +98,15 @@ class PointRunner {
       }
       case BenchOp::SendRecv: {
         const int partner = r_ ^ 1;
-        if (partner >= g_) return;  // an odd group's last rank
+        if (partner >= g_) {  // an odd group's last rank: in the barrier, not in the exchange
+          align_();
+          return;
+        }
         if (it == 0) {
           for (size_t i = 0; i < n; ++i) a_[i] = static_cast<float>(r_ + 1) + pattern(i);
         }
         if (full || it == 0) std::fill(b_.begin(), b_.begin() + static_cast<ptrdiff_t>(n), kPoison);
+        align_();
         Handle hs = comm_.send(a_.data(), n, DType::F32, partner, label);
         Handle hr = comm_.recv(b_.data(), n, DType::F32, partner, label);
         hs.wait();
@@ -142,9 +152,11 @@ class PointRunner {
   CommBenchSweepStats& stats_;
   int r_, g_;
   bool corrupt_;
+  std::function<void()> align_;
 };
 
-// A world barrier that is not recorded: the groups start each point together, and the trace holds
+// A world barrier that is not recorded, before every operation: the members of a group (and the
+// groups) issue each operation together, whatever their data preparation took, and the trace holds
 // only the bench's own operations. (The previous operation was waited for, so its span is recorded.)
 void aligned_start(Communicator& world, profiler::Recorder* rec) {
   if (rec) world.set_recorder(nullptr);
@@ -251,6 +263,9 @@ CommBenchOptions checked_bench_options(CommBenchOptions opt, int nproc) {
   for (BenchOp op : opt.ops) {
     if (!seen_ops.insert(op).second) throw InputError("--ops: " + std::string(to_string(op)) + " given twice");
   }
+  // send_recv last: an odd group's last rank sits it out, and the communicator's sequence numbers
+  // count point-to-point operations, so a collective after it would not line up across the members.
+  std::stable_partition(opt.ops.begin(), opt.ops.end(), [](BenchOp op) { return op != BenchOp::SendRecv; });
   if (!(opt.watchdog_s > 0)) throw InputError("commbench: the watchdog must be positive");
   return opt;
 }
@@ -300,6 +315,7 @@ std::string commbench_extra_json(int nproc, const CommBenchOptions& opt) {
   c["dtype"] = "float32";
   c["comm_kind"] = "tp";
   c["blocking"] = true;
+  c["align_each_op"] = opt.align_each_op;
   nlohmann::json j;
   j["kind"] = "commbench";
   j["threads"] = 1;
@@ -330,8 +346,11 @@ CommBenchSweepStats run_commbench_sweep(Communicator& world, const CommBenchOpti
     for (BenchOp op : opt.ops) {
       const std::string timed_name = bench_span_name(op);
       for (int64_t bytes : sizes) {
-        aligned_start(world, rec);
-        PointRunner point(*comm, op, bytes, a, b, stats, me == opt.corrupt_rank);
+        bool first = true;
+        PointRunner point(*comm, op, bytes, a, b, stats, me == opt.corrupt_rank, [&] {
+          if (opt.align_each_op || first) aligned_start(world, rec);
+          first = false;
+        });
         const int total = opt.warmup + opt.iters;
         for (int it = 0; it < total; ++it) {
           const bool timed = it >= opt.warmup;

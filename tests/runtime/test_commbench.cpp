@@ -56,6 +56,10 @@ TEST(CommBench, SizesAndDefaultGroups) {
   EXPECT_EQ(default_bench_groups(6), (std::vector<int>{2, 6}));
   EXPECT_EQ(default_bench_groups(3), (std::vector<int>{3}));
   EXPECT_EQ(checked_bench_options({}, 4).groups, (std::vector<int>{2, 4}));
+  CommBenchOptions o2;
+  o2.ops = {BenchOp::SendRecv, BenchOp::AllReduce, BenchOp::Broadcast};
+  EXPECT_EQ(checked_bench_options(o2, 4).ops,  // send_recv last
+            (std::vector<BenchOp>{BenchOp::AllReduce, BenchOp::Broadcast, BenchOp::SendRecv}));
 }
 
 TEST(CommBench, RefusedOptionsNameTheOption) {

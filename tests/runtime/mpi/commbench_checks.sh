@@ -144,6 +144,27 @@ timeout 60 "$ORRERY" commbench --nproc 2 --min-bytes 4K --max-bytes 8K --iters 1
 grep -q "^# all_reduce, group size 2" text.txt && grep -q "^# send_recv, group size 2" text.txt \
   && [ "$(grep -cE '^ +(4096|8192) ' text.txt)" -eq 4 ] || { fail "text table"; cat text.txt; }
 
+# An odd group (3 ranks, the default groups for 3): the last rank sits send_recv out (no hang).
+if timeout 90 "$ORRERY" commbench --nproc 3 --min-bytes 4K --max-bytes 8K --iters 1 --ops send_recv,all_reduce \
+    --out odd.db --json > odd.json 2> odd.err; then
+  "$ORRERY" export odd.db --format sqlite --out odd-sql.db > /dev/null 2>&1 || fail "export odd.db"
+  python3 - <<'EOF' || fail "odd group: spans"
+import sqlite3
+db = sqlite3.connect("file:odd-sql.db?mode=ro", uri=True)
+per = dict(db.execute("SELECT rank || ':' || kind, COUNT(*) FROM spans GROUP BY rank, kind"))
+# all_reduce: 2 sizes x 2 iterations per rank; send_recv: 2 sizes x 2 iterations x (send, recv) on ranks 0, 1.
+assert per == {"0:1": 4, "1:1": 4, "2:1": 4, "0:2": 8, "1:2": 8}, per
+# send_recv ran last (whatever --ops said), so every all_reduce lines up across the 3 members.
+members = [m for (m,) in db.execute("SELECT COUNT(*) FROM spans WHERE kind = 1 GROUP BY comm, seq")]
+assert members == [3, 3, 3, 3], members
+import json
+rows = json.loads(open("odd.json").read().strip().splitlines()[-1])["rows"]
+assert [r["instances"] + r["skipped"] for r in rows if r["op"] == "all_reduce"] == [1, 1], rows
+EOF
+else
+  fail "commbench --nproc 3 exited non-zero"; cat odd.err
+fi
+
 # Wrong data ends the job loudly: rank 1 corrupts its all_reduce input.
 ORRERY_COMMBENCH_CORRUPT_RANK=1 timeout 60 "$ORRERY" commbench --nproc 2 --min-bytes 4K --max-bytes 4K \
   --iters 1 --ops all_reduce --out corrupt.db > corrupt.out 2> corrupt.err

@@ -6,9 +6,14 @@
 //    of consecutive ranks (Communicator::split, kind CommKind::TP, named "bench.g<g>[<first>-<last>]",
 //    one new communicator per g, so the communicator id tells the group size apart), and every group
 //    runs the same sweep at the same time (each rank is in exactly one group, as tp groups in training).
-//  - For each op (in the order given) and each size S = min_bytes * 2^k <= max_bytes: a world barrier
-//    (not recorded), then `warmup` warm-up and `iters` timed iterations, each one op on float32 data
-//    issued and waited for before the next (blocking, like nccl-tests).
+//  - For each op (in the order given, but send_recv always last: an odd group's last rank sits it out
+//    and the communicator's sequence numbers count point-to-point operations, so a collective after
+//    it would not line up across the members) and each size S = min_bytes * 2^k <= max_bytes: `warmup` warm-up
+//    and `iters` timed iterations, each one op on float32 data issued and waited for before the next
+//    (blocking, like nccl-tests). Before each op, once its data is prepared, a world barrier (not
+//    recorded) lines every rank up, so a group's members issue it together (the data preparation and
+//    the time slicing of oversubscribed cores would otherwise stagger them); align_each_op = false
+//    keeps only the barrier before each point's first operation.
 //  - S is nccl-tests' size, and the span's bytes: the buffer for all_reduce and broadcast (root: the
 //    group's rank 0), the total (gathered / reduced-from) buffer for all_gather and reduce_scatter
 //    (S / (4 g) floats per rank, rounded down: recorded bytes are 4 g floor(S / 4 g), equal to S when g is
@@ -88,6 +93,9 @@ struct CommBenchOptions {
                               BenchOp::Broadcast, BenchOp::SendRecv};
   // Group sizes; empty = the default for the world size (default_bench_groups).
   std::vector<int> groups;
+  // A world barrier before every operation (true), or only before the first of each (group size, op,
+  // size) point (false: `orrery commbench --no-align`; the groups then drift apart within a point).
+  bool align_each_op = true;
   double watchdog_s = 120;  // an operation not complete after this long ends the job
   // Test only (the CLI reads ORRERY_COMMBENCH_CORRUPT_RANK): this global rank adds 1 to the last
   // element of its all_reduce input in the checked iteration, so its group's data check must fail.
@@ -100,7 +108,8 @@ inline constexpr int64_t kBenchMaxBytes = int64_t{1} << 30;
 // 2, 4 and 8 where they divide `nproc`, then `nproc` itself when not among them.
 std::vector<int> default_bench_groups(int nproc);
 
-// Checks the options for a world of `nproc` ranks and fills in the default groups; InputError naming
+// Checks the options for a world of `nproc` ranks, fills in the default groups and moves send_recv to
+// the end of the ops; InputError naming
 // the option and what was expected: nproc < 2, a group size < 2, larger than nproc or not dividing
 // it, a repeated group size, min_bytes > max_bytes, min_bytes not a multiple of 4 (float32) or
 // smaller than 4 x the largest group, max_bytes over kBenchMaxBytes, iters < 1, warmup < 0, no ops,
