@@ -16,7 +16,9 @@
 # default all), CALIB_EVERY (layouts per calibration block, default 2), SCENARIO (default
 # scenarios/gpt-tiny.yaml), ORRERY_RUN (the binary for the real runs, default the build's), ORRERY_CAL
 # (the binary for `orrery calibrate`: one that reads ORRERY_RUN's trace schema; default the build's),
-# SKIP_RUNS=1 (reuse the runs already in OUT_DIR: refit and predict only), RUNS_ONLY=1 (stop after them).
+# SKIP_RUNS=1 (reuse the runs already in OUT_DIR: refit and predict only), RUNS_ONLY=1 (stop after them),
+# COMMBENCH (the rank counts of the `orrery commbench` collective sweeps in each calibration set,
+# default "2 4 8"; empty: none, collectives fitted from the dp2 run alone).
 set -u
 BUILD=${1:-build}
 STEPS=${2:-5}
@@ -26,6 +28,7 @@ ORRERY_CAL=${ORRERY_CAL:-$ORRERY}
 SCEN=${SCENARIO:-scenarios/gpt-tiny.yaml}
 OUT=${OUT_DIR:-/tmp/orrery-calibrate-loop}
 EVERY=${CALIB_EVERY:-2}
+COMMBENCH=${COMMBENCH-2 4 8}
 mkdir -p "$OUT"
 [ -x "$ORRERY" ] || [ "${RUNS_ONLY:-0}" = 1 ] || { echo "no $ORRERY: build the orrery target first" >&2; exit 2; }
 
@@ -78,6 +81,19 @@ run() {
   fi
 }
 
+# bench_comm N DIR: the collective sweep on N ranks into DIR/cbN.db
+bench_comm() {
+  local n=$1 dir=$2
+  if [ "${SKIP_RUNS:-0}" = 1 ]; then return; fi
+  rm -f "$dir/cb$n.db"
+  if "$ORRERY_RUN" commbench --nproc "$n" --max-bytes 32M --out "$dir/cb$n.db" </dev/null >"$dir/cb$n.txt" 2>&1; then
+    echo "  commbench $n ranks: $(grep -c '^ ' "$dir/cb$n.txt") sizes x ops measured"
+  else
+    echo "  commbench $n ranks: failed ($(tail -1 "$dir/cb$n.txt" | cut -c1-120))"
+    rm -f "$dir/cb$n.db"
+  fi
+}
+
 # predict NAME DIR ROLE BLOCK: orrery sim with DIR/profile.yaml, one row into $OUT/rows.tsv
 predict() {
   local name=$1 dir=$2 role=$3 block=$4 ranks sets gb args
@@ -114,6 +130,7 @@ for ((k = 0; k <= nblocks; k++)); do
   block=("${PRED[@]:k*EVERY:EVERY}")
   echo "-- calibration set $k${block[*]:+, then ${block[*]}}"
   for c in serial dp2; do run "$c" "$dir"; done
+  for n in $COMMBENCH; do bench_comm "$n" "$dir"; done
   for name in "${block[@]}"; do run "$name" "$dir"; done
 done
 [ "${RUNS_ONLY:-0}" = 1 ] && exit 0
@@ -125,6 +142,7 @@ for ((k = 0; k < nblocks; k++)); do
   cal=()
   for d in "$dir" "$OUT/block$((k + 1))"; do
     for c in serial dp2; do [ -f "$d/$c.run.json" ] && cal+=("$d/$c.db"); done
+    for n in $COMMBENCH; do [ -f "$d/cb$n.db" ] && cal+=("$d/cb$n.db"); done
   done
   if "$ORRERY_CAL" calibrate "${cal[@]}" --out "$dir/profile.yaml" >"$dir/calibrate.txt" 2>&1; then
     echo "-- block $k: $(grep -E "^# sharing: 2 ranks" "$dir/profile.yaml" | head -1 | cut -c3-)"

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -225,10 +226,35 @@ HardwareProfile profile_for_ranks(const HardwareProfile& p, int ranks_on_node, b
   }
   q.data_load_ns = static_cast<int64_t>(std::llround(double(q.data_load_ns) * f));
   for (auto& o : q.ops) o.time_ns = static_cast<int64_t>(std::llround(double(o.time_ns) * f));
-  for (auto& o : q.collectives) {
-    o.latency_ns = static_cast<int64_t>(std::llround(double(o.latency_ns) * fc));
-    o.bus_bandwidth_bytes_per_s /= fc;
+  // Collectives, per (op, group size, scope): the entries measured at this crowding when there are
+  // any, as measured; else those for any crowding, slowed by comm_slowdown; else those of the nearest
+  // measured crowding R', by comm_slowdown(R) / comm_slowdown(R').
+  std::vector<CollectiveOverride> kept;
+  std::map<std::tuple<int, int, int>, std::set<int>> crowdings;
+  for (const auto& o : p.collectives)
+    crowdings[{static_cast<int>(o.op), o.ranks, static_cast<int>(o.scope)}].insert(o.ranks_on_node);
+  for (const auto& o : p.collectives) {
+    const auto& rs = crowdings[{static_cast<int>(o.op), o.ranks, static_cast<int>(o.scope)}];
+    int chosen = 0;
+    if (rs.count(ranks_on_node)) {
+      chosen = ranks_on_node;
+    } else if (!rs.count(0)) {
+      double best = 1e300;
+      for (int r : rs) {
+        const double d = std::fabs(std::log(double(r) / double(std::max(1, ranks_on_node))));
+        if (d < best) best = d, chosen = r;
+      }
+    }
+    if (o.ranks_on_node != chosen) continue;
+    CollectiveOverride c = o;
+    const double scale = chosen == ranks_on_node ? 1.0 : fc / (chosen > 0 ? comm_slowdown(p.sharing, chosen) : 1.0);
+    c.latency_ns = static_cast<int64_t>(std::llround(double(c.latency_ns) * scale));
+    c.bus_bandwidth_bytes_per_s /= scale;
+    for (auto& [b, ns] : c.table) ns = static_cast<int64_t>(std::llround(double(ns) * scale));
+    c.ranks_on_node = 0;
+    kept.push_back(std::move(c));
   }
+  q.collectives = std::move(kept);
   char buf[96];
   if (scale_compute)
     std::snprintf(buf, sizeof buf, " (%d ranks on %d cores: compute x%.3f, comm x%.3f)", ranks_on_node,
@@ -296,6 +322,7 @@ double median(std::vector<double> v) {
 
 struct TraceInfo {
   const traces::Trace* t = nullptr;
+  bool bench = false;  // an `orrery commbench` sweep: collectives only
   Scenario s;
   int ranks = 1;
   int ranks_on_node = 1;
@@ -382,6 +409,15 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
     for (const auto& sp : t.spans)
       if (sp.step >= 0) min_step = std::min(min_step, sp.step);
     ti.first_counted_step = (min_step == INT32_MAX ? 0 : min_step) + opt.skip_steps;
+    // A commbench trace (runtime/commbench.hpp: meta extra_json kind "commbench"): its timed
+    // iterations are steps 0.. and its warm-up step -1, so every step >= 0 counts.
+    try {
+      const auto j = nlohmann::json::parse(t.meta.extra_json.empty() ? "{}" : t.meta.extra_json);
+      ti.bench = j.is_object() && j.value("kind", std::string()) == "commbench";
+    } catch (const nlohmann::json::exception&) {
+      ti.bench = false;
+    }
+    if (ti.bench) ti.first_counted_step = 0;
     infos.push_back(std::move(ti));
   }
   const int threads = opt.threads_per_rank > 0 ? opt.threads_per_rank : std::max(1, infos.front().s.runtime.threads);
@@ -391,6 +427,7 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
   std::set<std::string> unknown;
   for (size_t ti = 0; ti < infos.size(); ++ti) {
     const auto& info = infos[ti];
+    if (info.bench) continue;
     const auto& t = *info.t;
     std::map<int32_t, const traces::RankInfo*> coords;
     for (const auto& r : t.ranks) coords[r.rank] = &r;
@@ -432,14 +469,18 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
 
   // ---- core sharing: slowdown of each trace against the lone-rank (or the least crowded) trace
   size_t ref = 0;
-  for (size_t i = 1; i < infos.size(); ++i)
-    if (infos[i].ranks_on_node < infos[ref].ranks_on_node) ref = i;
+  while (ref + 1 < infos.size() && infos[ref].bench) ++ref;
+  if (infos[ref].bench)
+    throw InputError("orrery calibrate: only commbench traces given; add traces of `orrery run` (e.g. a serial run "
+                     "and a dp2 run) for the compute ops");
+  for (size_t i = 0; i < infos.size(); ++i)
+    if (!infos[i].bench && infos[i].ranks_on_node < infos[ref].ranks_on_node) ref = i;
   if (infos[ref].ranks_on_node > 1)
     out.notes.push_back("no single-rank trace: slowdowns are relative to " + infos[ref].label + " (" +
                         std::to_string(infos[ref].ranks_on_node) + " ranks)");
   std::vector<double> factor(infos.size(), 1.0);
   for (size_t i = 0; i < infos.size(); ++i) {
-    if (infos[i].ranks_on_node == infos[ref].ranks_on_node) continue;
+    if (infos[i].bench || infos[i].ranks_on_node == infos[ref].ranks_on_node) continue;
     double num = 0, den = 0;
     for (const auto& [k, o] : obs[i]) {
       const auto r = obs[ref].find(k);
@@ -460,7 +501,7 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
     for (size_t i = 0; i < infos.size(); ++i) {
       const double busy = double(infos[i].ranks_on_node) * threads;
       const double u = busy / cores;
-      if (busy <= 1.0) continue;
+      if (busy <= 1.0 || infos[i].bench) continue;
       if (u <= 1.0 + 1e-9) {
         const double x = cores > 1 ? (busy - 1.0) / (cores - 1.0) : 1.0;
         sxy += x * (factor[i] - 1.0), sxx += x * x;
@@ -485,7 +526,8 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
     }
   }
   for (size_t i = 0; i < infos.size(); ++i)
-    out.sharing.push_back({infos[i].label, infos[i].ranks_on_node, factor[i],
+    if (!infos[i].bench)
+      out.sharing.push_back({infos[i].label, infos[i].ranks_on_node, factor[i],
                            compute_slowdown(sharing, infos[i].ranks_on_node) /
                                compute_slowdown(sharing, infos[ref].ranks_on_node)});
 
@@ -647,6 +689,7 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
     bool operator<(const CollKey& o) const { return std::tie(op, n, r) < std::tie(o.op, o.n, o.r); }
   };
   std::map<CollKey, std::pair<std::vector<double>, std::vector<double>>> coll_points;  // x = bytes·factor, y = ns
+  std::map<CollKey, std::map<int64_t, std::vector<double>>> bench_times;  // commbench: bytes -> transfer times
   for (size_t ti = 0; ti < infos.size(); ++ti) {
     const auto& info = infos[ti];
     const auto& t = *info.t;
@@ -674,6 +717,34 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
       auto& pts = coll_points[{g.op, n, info.ranks_on_node}];
       pts.first.push_back(double(g.bytes) * traces::busbw_factor(g.op, n));
       pts.second.push_back(double(g.min_end - g.max_start));
+      if (info.bench) bench_times[{g.op, n, info.ranks_on_node}][g.bytes].push_back(double(g.min_end - g.max_start));
+    }
+    // Point-to-point messages: the k-th send from A to B on a communicator is B's k-th receive from A;
+    // its transfer time is the receive's end minus the later of the two posts.
+    std::map<std::tuple<int32_t, int32_t, int32_t>, std::vector<const traces::Span*>> sends, recvs;
+    for (const auto& sp : t.spans) {
+      if (sp.kind != traces::SpanKind::P2P || sp.comm < 0 || sp.peer < 0) continue;
+      if (sp.op == traces::CollOp::Send) sends[{sp.comm, sp.rank, sp.peer}].push_back(&sp);
+      else if (sp.op == traces::CollOp::Recv) recvs[{sp.comm, sp.peer, sp.rank}].push_back(&sp);
+    }
+    for (auto& [k, ss] : sends) {
+      auto r = recvs.find(k);
+      if (r == recvs.end()) continue;
+      auto& rs = r->second;
+      auto by_start = [](const traces::Span* p1, const traces::Span* p2) { return p1->start_ns < p2->start_ns; };
+      std::stable_sort(ss.begin(), ss.end(), by_start);
+      std::stable_sort(rs.begin(), rs.end(), by_start);
+      for (size_t i = 0; i < std::min(ss.size(), rs.size()); ++i) {
+        const traces::Span& snd = *ss[i];
+        const traces::Span& rcv = *rs[i];
+        if (snd.step < info.first_counted_step || snd.bytes != rcv.bytes) continue;
+        const int64_t time = rcv.end_ns - std::max(snd.start_ns, rcv.start_ns);
+        if (time <= 0) continue;
+        auto& pts = coll_points[{traces::CollOp::Send, 2, info.ranks_on_node}];
+        pts.first.push_back(double(snd.bytes));
+        pts.second.push_back(double(time));
+        if (info.bench) bench_times[{traces::CollOp::Send, 2, info.ranks_on_node}][snd.bytes].push_back(double(time));
+      }
     }
   }
   // Fits per (op, n, ranks on node); the comm exponent from oversubscribed runs of a measured (op, n).
@@ -761,6 +832,21 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
   } else {
     out.notes.push_back("no collective spans with all members: no collective overrides (the cluster's network model "
                         "decides)");
+  }
+  // Commbench sweeps: a measured table per (op, group size, ranks on the node), the median transfer
+  // time per size made non-decreasing in size (a larger message never costs less: the noise of the
+  // shared machine otherwise shows as dips), with that run's alpha-beta fit beside it.
+  for (const auto& [k, sizes] : bench_times) {
+    CollectiveOverride o;
+    o.op = k.op;
+    o.ranks = k.n;
+    o.ranks_on_node = k.r;
+    for (const auto& [bytes, ts] : sizes) o.table.emplace_back(bytes, static_cast<int64_t>(std::llround(median(ts))));
+    for (size_t i = o.table.size(); i-- > 1;) o.table[i - 1].second = std::min(o.table[i - 1].second, o.table[i].second);
+    const auto f = fits.find(k);
+    o.latency_ns = f != fits.end() ? static_cast<int64_t>(std::llround(f->second.intercept)) : o.table.front().second;
+    o.bus_bandwidth_bytes_per_s = f != fits.end() && f->second.slope > 0 ? 1e9 / f->second.slope : 1e9;
+    p.collectives.push_back(std::move(o));
   }
 
   p.sharing = sharing;

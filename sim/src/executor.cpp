@@ -314,9 +314,7 @@ class Executor {
     if (opt_.profile) {
       // A send/recv override is stored under `send`.
       if (const CollectiveOverride* o = opt_.profile->find_override(req.op, intra_node, static_cast<int>(req.members.size()))) {
-        const double factor = traces::busbw_factor(req.op, static_cast<int>(req.members.size()));
-        const double secs = double(req.bytes) * factor / o->bus_bandwidth_bytes_per_s;
-        engine_.schedule_at(now + o->latency_ns + static_cast<int64_t>(std::ceil(secs * 1e9)), std::move(done));
+        engine_.schedule_at(now + o->time_ns(req.bytes, static_cast<int>(req.members.size())), std::move(done));
         return;
       }
     }

@@ -83,6 +83,20 @@ const CollectiveOverride* HardwareProfile::find_override(traces::CollOp op, bool
   return best;
 }
 
+int64_t CollectiveOverride::time_ns(int64_t bytes, int group_size) const {
+  if (table.empty()) {
+    const double secs = double(bytes) * traces::busbw_factor(op, group_size) / bus_bandwidth_bytes_per_s;
+    return latency_ns + static_cast<int64_t>(std::ceil(secs * 1e9));
+  }
+  if (table.size() == 1 || bytes <= table.front().first) return table.front().second;
+  size_t i = 1;
+  while (i + 1 < table.size() && table[i].first < bytes) ++i;
+  const auto [x0, y0] = table[i - 1];
+  const auto [x1, y1] = table[i];
+  const double t = double(y0) + double(y1 - y0) * double(bytes - x0) / double(x1 - x0);
+  return std::max<int64_t>(0, static_cast<int64_t>(std::llround(t)));
+}
+
 HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& origin) {
   YAML::Node root;
   try {
@@ -141,7 +155,8 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
     if (!cs.IsSequence()) throw InputError(where(origin, cs, "collectives") + ": expected a list");
     for (const auto& n : cs) {
       if (!n.IsMap()) throw InputError(where(origin, n, "collectives[]") + ": expected a mapping");
-      check_keys(n, {"op", "scope", "ranks", "latency_us", "bus_bandwidth_gbps"}, origin, "collectives[].");
+      check_keys(n, {"op", "scope", "ranks", "latency_us", "bus_bandwidth_gbps", "ranks_on_node", "table"}, origin,
+                 "collectives[].");
       CollectiveOverride o;
       const std::string op = n["op"] ? get_string(n["op"], origin, "collectives[].op") : "";
       const auto parsed = traces::coll_op_from_string(op);
@@ -165,6 +180,26 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
       const double g = get_number(n["bus_bandwidth_gbps"], origin, "collectives[].bus_bandwidth_gbps");
       if (!(g > 0)) throw InputError(where(origin, n["bus_bandwidth_gbps"], "collectives[].bus_bandwidth_gbps") + ": expected > 0");
       o.bus_bandwidth_bytes_per_s = g * 1e9;
+      if (n["ranks_on_node"]) {
+        const double r = get_number(n["ranks_on_node"], origin, "collectives[].ranks_on_node");
+        if (!(r >= 0) || r != std::floor(r))
+          throw InputError(where(origin, n["ranks_on_node"], "collectives[].ranks_on_node") + ": expected a whole number >= 0");
+        o.ranks_on_node = to_int(r, n["ranks_on_node"], origin, "collectives[].ranks_on_node");
+      }
+      if (const auto t = n["table"]) {
+        const std::string key = "collectives[].table";
+        if (!t.IsSequence()) throw InputError(where(origin, t, key) + ": expected a list of [bytes, microseconds]");
+        for (const auto& pt : t) {
+          if (!pt.IsSequence() || pt.size() != 2)
+            throw InputError(where(origin, pt, key) + ": expected a pair [bytes, microseconds]");
+          const double b = get_number(pt[0], origin, key);
+          if (!(b >= 0) || !(b < 9.2e18)) throw InputError(where(origin, pt[0], key) + ": expected bytes >= 0");
+          const int64_t bytes = static_cast<int64_t>(b);
+          if (!o.table.empty() && bytes <= o.table.back().first)
+            throw InputError(where(origin, pt[0], key) + ": sizes must ascend");
+          o.table.emplace_back(bytes, us_to_ns(get_number(pt[1], origin, key), pt[1], origin, key));
+        }
+      }
       p.collectives.push_back(o);
     }
   }
@@ -317,6 +352,12 @@ std::string to_yaml(const HardwareProfile& p) {
       if (o.ranks != 0) e << YAML::Key << "ranks" << YAML::Value << o.ranks;
       e << YAML::Key << "latency_us" << YAML::Value << o.latency_ns / 1000.0;
       e << YAML::Key << "bus_bandwidth_gbps" << YAML::Value << o.bus_bandwidth_bytes_per_s / 1e9;
+      if (o.ranks_on_node > 0) e << YAML::Key << "ranks_on_node" << YAML::Value << o.ranks_on_node;
+      if (!o.table.empty()) {
+        e << YAML::Key << "table" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+        for (const auto& [b, ns] : o.table) e << YAML::Flow << YAML::BeginSeq << b << ns / 1000.0 << YAML::EndSeq;
+        e << YAML::EndSeq;
+      }
       e << YAML::EndMap;
     }
     e << YAML::EndSeq;

@@ -242,9 +242,7 @@ ReplayResult replay(const traces::Trace& t, const Cluster& cluster, const Replay
     for (int32_t r : g.ranks) intra = intra && cluster.node_of(r) == cluster.node_of(g.ranks.front());
     if (opt.profile) {
       if (const auto* o = opt.profile->find_override(g.op, intra, static_cast<int>(g.ranks.size()))) {
-        const double secs =
-            double(g.bytes) * traces::busbw_factor(g.op, static_cast<int>(g.ranks.size())) / o->bus_bandwidth_bytes_per_s;
-        engine.schedule_at(now + o->latency_ns + static_cast<int64_t>(std::ceil(secs * 1e9)), done);
+        engine.schedule_at(now + o->time_ns(g.bytes, static_cast<int>(g.ranks.size())), done);
         return;
       }
     }

@@ -20,6 +20,8 @@
 //   collectives:                # optional alpha-beta overrides of the network model, per op and scope
 //     - {op: all_reduce, scope: intra_node, latency_us: 8, bus_bandwidth_gbps: 360}
 //     - {op: all_reduce, ranks: 4, latency_us: 30, bus_bandwidth_gbps: 2}   # only for groups of 4
+//     - {op: all_reduce, ranks: 2, ranks_on_node: 8, latency_us: 50, bus_bandwidth_gbps: 0.3,
+//        table: [[4096, 51.7], [1048576, 1041.6]]}   # measured (bytes, us), interpolated
 //   cluster:                    # optional (calibrated profiles): the machine the traces came from,
 //     device: cpu               #   built by `orrery sim --hw PROFILE` when no --cluster is given
 //     nodes: 1
@@ -70,12 +72,22 @@ enum class CollectiveScope : uint8_t { Any = 0, IntraNode = 1, InterNode = 2 };
 
 // An alpha-beta replacement for the network model's time of one collective op:
 // time = latency + bytes · busbw_factor(op, n) / bus_bandwidth.
+// With a `table` (measured by `orrery calibrate` from a commbench trace), the time is the table's
+// piecewise-linear interpolation in bytes instead (below the smallest size: that size's time; beyond
+// the largest: the last segment's slope), which follows protocol switches and cache effects that one
+// alpha-beta line cannot. `ranks_on_node` > 0: measured while that many ranks shared the node (the
+// crowding of the run: profile_for_ranks keeps, per op and group size, the entries of the run's own
+// crowding when there are any).
 struct CollectiveOverride {
   traces::CollOp op = traces::CollOp::AllReduce;
   CollectiveScope scope = CollectiveScope::Any;
   int ranks = 0;  // applies to groups of exactly this many ranks; 0 = any size
   int64_t latency_ns = 0;
   double bus_bandwidth_bytes_per_s = 0;
+  int ranks_on_node = 0;  // 0: any crowding
+  std::vector<std::pair<int64_t, int64_t>> table;  // (bytes, ns), ascending bytes
+  // The time of one operation moving `bytes` (nccl-tests' size) over `group_size` ranks.
+  int64_t time_ns(int64_t bytes, int group_size) const;
 };
 
 // The machine a calibrated profile was measured on (the `cluster:` section); nodes == 0 when the
