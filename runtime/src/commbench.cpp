@@ -30,28 +30,40 @@ constexpr float kBroadcastBase = 7.0f;
 constexpr float kPoison = -1.0f;
 
 std::string comm_name(int g, int first) {
-  return "bench.g" + std::to_string(g) + "[" + std::to_string(first) + "-" + std::to_string(first + g - 1) + "]";
+  return "bench.g" + std::to_string(g) + "[" + std::to_string(first) + "-" +
+         std::to_string(first + g - 1) + "]";
 }
 
 // One (group, op, size) point's iterations on this rank.
 class PointRunner {
  public:
-  PointRunner(Communicator& comm, BenchOp op, int64_t bytes, std::vector<float>& a, std::vector<float>& b,
-              CommBenchSweepStats& stats, bool corrupt, std::function<void()> align)
-      : comm_(comm), op_(op), bytes_(bytes), a_(a), b_(b), stats_(stats), r_(comm.rank()), g_(comm.size()),
-        corrupt_(corrupt), align_(std::move(align)) {}
+  PointRunner(Communicator& comm, BenchOp op, int64_t bytes, std::vector<float>& a,
+              std::vector<float>& b, CommBenchSweepStats& stats, bool corrupt,
+              std::function<void()> align)
+      : comm_(comm),
+        op_(op),
+        bytes_(bytes),
+        a_(a),
+        b_(b),
+        stats_(stats),
+        r_(comm.rank()),
+        g_(comm.size()),
+        corrupt_(corrupt),
+        align_(std::move(align)) {}
 
   // Iteration `it` (0-based over warm-up and timed); `full` checks every element of the result.
   // The data is prepared first, then align_() (a world barrier), then the operation is issued.
   void iteration(int it, const OpLabel& label, bool full) {
-    const size_t n = static_cast<size_t>(bytes_ / 4);       // whole buffer, float32
-    const size_t c = static_cast<size_t>(bytes_ / (4 * g_));  // per-rank block (reduce_scatter, all_gather)
+    const size_t n = static_cast<size_t>(bytes_ / 4);  // whole buffer, float32
+    const size_t c =
+        static_cast<size_t>(bytes_ / (4 * g_));  // per-rank block (reduce_scatter, all_gather)
     const size_t r = static_cast<size_t>(r_);
     const float tri = static_cast<float>(g_) * static_cast<float>(g_ + 1) / 2.0f;
     const float gf = static_cast<float>(g_);
     switch (op_) {
       case BenchOp::AllReduce: {
-        for (size_t i = 0; i < n; ++i) a_[i] = static_cast<float>(r_ + 1) + pattern(i);  // in place: every time
+        for (size_t i = 0; i < n; ++i)
+          a_[i] = static_cast<float>(r_ + 1) + pattern(i);  // in place: every time
         if (corrupt_ && full) a_[n - 1] += 1.0f;
         align_();
         comm_.all_reduce(a_.data(), n, DType::F32, ReduceOp::Sum, label).wait();
@@ -74,7 +86,8 @@ class PointRunner {
         if (it == 0) {
           for (size_t i = 0; i < c; ++i) a_[i] = static_cast<float>(r_ + 1) + pattern(i);
         }
-        if (full || it == 0) std::fill(b_.begin(), b_.begin() + static_cast<ptrdiff_t>(c * g_), kPoison);
+        if (full || it == 0)
+          std::fill(b_.begin(), b_.begin() + static_cast<ptrdiff_t>(c * g_), kPoison);
         align_();
         comm_.all_gather(a_.data(), b_.data(), c, DType::F32, label).wait();
         ++stats_.ops_issued;
@@ -112,7 +125,8 @@ class PointRunner {
         hs.wait();
         hr.wait();
         stats_.ops_issued += 2;
-        check(it, b_.data(), n, full, [&](size_t i) { return static_cast<float>(partner + 1) + pattern(i); });
+        check(it, b_.data(), n, full,
+              [&](size_t i) { return static_cast<float>(partner + 1) + pattern(i); });
         break;
       }
     }
@@ -128,9 +142,9 @@ class PointRunner {
         char buf[160];
         std::snprintf(buf, sizeof buf, ", iteration %d: element %zu is %.9g, expected %.9g", it, i,
                       static_cast<double>(out[i]), static_cast<double>(want));
-        throw InternalError("commbench: wrong data after " + std::string(to_string(op_)) + " on " + comm_.info().name +
-                            " (group rank " + std::to_string(r_) + " of " + std::to_string(g_) + "), " +
-                            std::to_string(bytes_) + " bytes" + buf);
+        throw InternalError("commbench: wrong data after " + std::string(to_string(op_)) + " on " +
+                            comm_.info().name + " (group rank " + std::to_string(r_) + " of " +
+                            std::to_string(g_) + "), " + std::to_string(bytes_) + " bytes" + buf);
       }
     };
     if (full) {
@@ -157,7 +171,8 @@ class PointRunner {
 
 // A world barrier that is not recorded, before every operation: the members of a group (and the
 // groups) issue each operation together, whatever their data preparation took, and the trace holds
-// only the bench's own operations. (The previous operation was waited for, so its span is recorded.)
+// only the bench's own operations. (The previous operation was waited for, so its span is
+// recorded.)
 void aligned_start(Communicator& world, profiler::Recorder* rec) {
   if (rec) world.set_recorder(nullptr);
   world.barrier().wait();
@@ -173,11 +188,16 @@ double median(std::vector<double> v) {
 
 traces::CollOp coll_op_of(BenchOp op) {
   switch (op) {
-    case BenchOp::AllReduce: return traces::CollOp::AllReduce;
-    case BenchOp::ReduceScatter: return traces::CollOp::ReduceScatter;
-    case BenchOp::AllGather: return traces::CollOp::AllGather;
-    case BenchOp::Broadcast: return traces::CollOp::Broadcast;
-    case BenchOp::SendRecv: return traces::CollOp::Send;
+    case BenchOp::AllReduce:
+      return traces::CollOp::AllReduce;
+    case BenchOp::ReduceScatter:
+      return traces::CollOp::ReduceScatter;
+    case BenchOp::AllGather:
+      return traces::CollOp::AllGather;
+    case BenchOp::Broadcast:
+      return traces::CollOp::Broadcast;
+    case BenchOp::SendRecv:
+      return traces::CollOp::Send;
   }
   return traces::CollOp::None;
 }
@@ -186,11 +206,16 @@ traces::CollOp coll_op_of(BenchOp op) {
 
 std::string_view to_string(BenchOp op) {
   switch (op) {
-    case BenchOp::AllReduce: return "all_reduce";
-    case BenchOp::ReduceScatter: return "reduce_scatter";
-    case BenchOp::AllGather: return "all_gather";
-    case BenchOp::Broadcast: return "broadcast";
-    case BenchOp::SendRecv: return "send_recv";
+    case BenchOp::AllReduce:
+      return "all_reduce";
+    case BenchOp::ReduceScatter:
+      return "reduce_scatter";
+    case BenchOp::AllGather:
+      return "all_gather";
+    case BenchOp::Broadcast:
+      return "broadcast";
+    case BenchOp::SendRecv:
+      return "send_recv";
   }
   return "?";
 }
@@ -230,18 +255,20 @@ CommBenchOptions checked_bench_options(CommBenchOptions opt, int nproc) {
   for (int g : opt.groups) {
     if (g < 2) throw InputError("--groups: group size " + std::to_string(g) + " is below 2");
     if (g > nproc) {
-      throw InputError("--groups: group size " + std::to_string(g) + " exceeds the " + std::to_string(nproc) +
-                       " ranks of --nproc");
+      throw InputError("--groups: group size " + std::to_string(g) + " exceeds the " +
+                       std::to_string(nproc) + " ranks of --nproc");
     }
     if (nproc % g != 0) {
       throw InputError("--groups: group size " + std::to_string(g) + " does not divide the " +
-                       std::to_string(nproc) + " ranks of --nproc (the world is split into nproc/g groups)");
+                       std::to_string(nproc) +
+                       " ranks of --nproc (the world is split into nproc/g groups)");
     }
-    if (!seen_groups.insert(g).second) throw InputError("--groups: group size " + std::to_string(g) + " given twice");
+    if (!seen_groups.insert(g).second)
+      throw InputError("--groups: group size " + std::to_string(g) + " given twice");
   }
   if (opt.min_bytes > opt.max_bytes) {
-    throw InputError("--min-bytes " + std::to_string(opt.min_bytes) + " is larger than --max-bytes " +
-                     std::to_string(opt.max_bytes));
+    throw InputError("--min-bytes " + std::to_string(opt.min_bytes) +
+                     " is larger than --max-bytes " + std::to_string(opt.max_bytes));
   }
   if (opt.min_bytes % 4 != 0) {
     throw InputError("--min-bytes " + std::to_string(opt.min_bytes) +
@@ -249,23 +276,27 @@ CommBenchOptions checked_bench_options(CommBenchOptions opt, int nproc) {
   }
   const int max_group = *std::max_element(opt.groups.begin(), opt.groups.end());
   if (opt.min_bytes < 4 * int64_t{max_group}) {
-    throw InputError("--min-bytes " + std::to_string(opt.min_bytes) + ": must be at least 4 x the largest group (" +
-                     std::to_string(4 * max_group) + " bytes: one float32 per rank for reduce_scatter and all_gather)");
+    throw InputError("--min-bytes " + std::to_string(opt.min_bytes) +
+                     ": must be at least 4 x the largest group (" + std::to_string(4 * max_group) +
+                     " bytes: one float32 per rank for reduce_scatter and all_gather)");
   }
   if (opt.max_bytes > kBenchMaxBytes) {
     throw InputError("--max-bytes " + std::to_string(opt.max_bytes) + ": at most 1G (" +
                      std::to_string(kBenchMaxBytes) + " bytes) per buffer");
   }
-  if (opt.iters < 1) throw InputError("--iters " + std::to_string(opt.iters) + ": at least 1 timed iteration");
+  if (opt.iters < 1)
+    throw InputError("--iters " + std::to_string(opt.iters) + ": at least 1 timed iteration");
   if (opt.warmup < 0) throw InputError("--warmup " + std::to_string(opt.warmup) + ": must be >= 0");
   if (opt.ops.empty()) throw InputError("--ops: no operation given");
   std::set<BenchOp> seen_ops;
   for (BenchOp op : opt.ops) {
-    if (!seen_ops.insert(op).second) throw InputError("--ops: " + std::string(to_string(op)) + " given twice");
+    if (!seen_ops.insert(op).second)
+      throw InputError("--ops: " + std::string(to_string(op)) + " given twice");
   }
   // send_recv last: an odd group's last rank sits it out, and the communicator's sequence numbers
   // count point-to-point operations, so a collective after it would not line up across the members.
-  std::stable_partition(opt.ops.begin(), opt.ops.end(), [](BenchOp op) { return op != BenchOp::SendRecv; });
+  std::stable_partition(opt.ops.begin(), opt.ops.end(),
+                        [](BenchOp op) { return op != BenchOp::SendRecv; });
   if (!(opt.watchdog_s > 0)) throw InputError("commbench: the watchdog must be positive");
   return opt;
 }
@@ -287,8 +318,10 @@ Scenario commbench_scenario(int nproc, const CommBenchOptions& opt) {
   s.runtime.threads = 1;
   s.runtime.watchdog_s = opt.watchdog_s;
   s.text =
-      "# orrery commbench: not a training run (meta extra_json kind \"commbench\"); only parallel.dp\n"
-      "# (the world size) and runtime.threads describe the run, the model and batch keys mean nothing.\n" +
+      "# orrery commbench: not a training run (meta extra_json kind \"commbench\"); only "
+      "parallel.dp\n"
+      "# (the world size) and runtime.threads describe the run, the model and batch keys mean "
+      "nothing.\n" +
       to_yaml(s);
   return s;
 }
@@ -341,8 +374,10 @@ CommBenchSweepStats run_commbench_sweep(Communicator& world, const CommBenchOpti
   const int me = world.rank();
   for (int g : opt.groups) {
     const int color = me / g;
-    std::unique_ptr<Communicator> comm = world.split(color, me, traces::CommKind::TP, comm_name(g, color * g));
-    if (!comm || comm->size() != g) throw InternalError("commbench: split into groups of " + std::to_string(g) + " failed");
+    std::unique_ptr<Communicator> comm =
+        world.split(color, me, traces::CommKind::TP, comm_name(g, color * g));
+    if (!comm || comm->size() != g)
+      throw InternalError("commbench: split into groups of " + std::to_string(g) + " failed");
     for (BenchOp op : opt.ops) {
       const std::string timed_name = bench_span_name(op);
       for (int64_t bytes : sizes) {
@@ -366,7 +401,8 @@ CommBenchSweepStats run_commbench_sweep(Communicator& world, const CommBenchOpti
   return stats;
 }
 
-CommBenchRankResult run_commbench_rank(Communicator& world, const CommBenchOptions& opt_in, const std::string& out_in) {
+CommBenchRankResult run_commbench_rank(Communicator& world, const CommBenchOptions& opt_in,
+                                       const std::string& out_in) {
   const CommBenchOptions opt = checked_bench_options(opt_in, world.size());
   const Scenario s = commbench_scenario(world.size(), opt);
   CommBenchRankResult result;
@@ -430,7 +466,8 @@ std::vector<CommBenchRow> commbench_table(const traces::Trace& t) {
     Key key{};
   };
   std::map<std::pair<int32_t, int64_t>, Coll> colls;  // (comm, seq)
-  // send_recv: (comm, from, to, bytes) -> the spans' (seq, start, end), sends on `from`, receives on `to`.
+  // send_recv: (comm, from, to, bytes) -> the spans' (seq, start, end), sends on `from`, receives
+  // on `to`.
   using Flow = std::tuple<int32_t, int32_t, int32_t, int64_t>;
   std::map<Flow, std::vector<std::tuple<int64_t, int64_t, int64_t>>> sends, recvs;
   std::map<Flow, Key> flow_key;
@@ -443,7 +480,8 @@ std::vector<CommBenchRow> commbench_table(const traces::Trace& t) {
     if (it == op_of_name.end()) {
       const std::string& name = t.name_of(sp);
       std::optional<BenchOp> op;
-      if (name.rfind("bench.", 0) == 0 && name != kBenchWarmupName) op = bench_op_from_string(name.substr(6));
+      if (name.rfind("bench.", 0) == 0 && name != kBenchWarmupName)
+        op = bench_op_from_string(name.substr(6));
       it = op_of_name.emplace(sp.name, op).first;
     }
     if (!it->second) continue;
@@ -473,7 +511,8 @@ std::vector<CommBenchRow> commbench_table(const traces::Trace& t) {
   }
   for (const auto& [k, co] : colls) {
     const traces::CommunicatorInfo* c = t.comm(k.first);
-    if (!c || co.members != static_cast<int>(c->ranks.size())) continue;  // an incomplete collective
+    if (!c || co.members != static_cast<int>(c->ranks.size()))
+      continue;  // an incomplete collective
     Acc& a = acc[co.key];
     if (co.min_end > co.max_start) {
       a.times.push_back(static_cast<double>(co.min_end - co.max_start));

@@ -30,8 +30,8 @@ std::string input_error_of(F&& f) {
 }
 
 TEST(CommBench, OpNames) {
-  for (BenchOp op : {BenchOp::AllReduce, BenchOp::ReduceScatter, BenchOp::AllGather, BenchOp::Broadcast,
-                     BenchOp::SendRecv}) {
+  for (BenchOp op : {BenchOp::AllReduce, BenchOp::ReduceScatter, BenchOp::AllGather,
+                     BenchOp::Broadcast, BenchOp::SendRecv}) {
     EXPECT_EQ(bench_op_from_string(to_string(op)), op);
     EXPECT_EQ(bench_span_name(op), "bench." + std::string(to_string(op)));
   }
@@ -68,41 +68,60 @@ TEST(CommBench, RefusedOptionsNameTheOption) {
     change(o);
     return o;
   };
-  EXPECT_NE(input_error_of([&] { checked_bench_options({}, 1); }).find("--nproc 1: commbench needs at least 2 ranks"),
-            std::string::npos);
-  EXPECT_NE(input_error_of([&] { checked_bench_options(with([](auto& o) { o.groups = {3}; }), 4); })
-                .find("--groups: group size 3 does not divide the 4 ranks"),
-            std::string::npos);
-  EXPECT_NE(input_error_of([&] { checked_bench_options(with([](auto& o) { o.groups = {2, 8}; }), 4); })
-                .find("--groups: group size 8 exceeds the 4 ranks"),
-            std::string::npos);
-  EXPECT_NE(input_error_of([&] { checked_bench_options(with([](auto& o) { o.groups = {1}; }), 4); })
-                .find("group size 1 is below 2"),
-            std::string::npos);
-  EXPECT_NE(input_error_of([&] { checked_bench_options(with([](auto& o) { o.groups = {2, 2}; }), 4); })
-                .find("group size 2 given twice"),
+  EXPECT_NE(input_error_of([&] {
+              checked_bench_options({}, 1);
+            }).find("--nproc 1: commbench needs at least 2 ranks"),
             std::string::npos);
   EXPECT_NE(input_error_of([&] {
-              checked_bench_options(with([](auto& o) { o.min_bytes = 65536, o.max_bytes = 4096; }), 2);
+              checked_bench_options(with([](auto& o) { o.groups = {3}; }), 4);
+            }).find("--groups: group size 3 does not divide the 4 ranks"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([&] {
+              checked_bench_options(with([](auto& o) { o.groups = {2, 8}; }), 4);
+            }).find("--groups: group size 8 exceeds the 4 ranks"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([&] {
+              checked_bench_options(with([](auto& o) { o.groups = {1}; }), 4);
+            }).find("group size 1 is below 2"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([&] {
+              checked_bench_options(with([](auto& o) { o.groups = {2, 2}; }), 4);
+            }).find("group size 2 given twice"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([&] {
+              checked_bench_options(with([](auto& o) { o.min_bytes = 65536, o.max_bytes = 4096; }),
+                                    2);
             }).find("--min-bytes 65536 is larger than --max-bytes 4096"),
             std::string::npos);
-  EXPECT_NE(input_error_of([&] { checked_bench_options(with([](auto& o) { o.min_bytes = 4098; }), 2); })
-                .find("not a multiple of 4"),
-            std::string::npos);
-  EXPECT_NE(input_error_of([&] { checked_bench_options(with([](auto& o) { o.min_bytes = 16; }), 8); })
-                .find("at least 4 x the largest group (32 bytes"),
-            std::string::npos);
-  EXPECT_NE(input_error_of([&] { checked_bench_options(with([](auto& o) { o.max_bytes = kBenchMaxBytes * 2; }), 2); })
-                .find("at most 1G"),
-            std::string::npos);
-  EXPECT_NE(input_error_of([&] { checked_bench_options(with([](auto& o) { o.iters = 0; }), 2); }).find("--iters 0"),
-            std::string::npos);
-  EXPECT_NE(input_error_of([&] { checked_bench_options(with([](auto& o) { o.warmup = -1; }), 2); }).find("--warmup -1"),
-            std::string::npos);
-  EXPECT_NE(input_error_of([&] { checked_bench_options(with([](auto& o) { o.ops.clear(); }), 2); }).find("--ops"),
+  EXPECT_NE(input_error_of([&] {
+              checked_bench_options(with([](auto& o) { o.min_bytes = 4098; }), 2);
+            }).find("not a multiple of 4"),
             std::string::npos);
   EXPECT_NE(input_error_of([&] {
-              checked_bench_options(with([](auto& o) { o.ops = {BenchOp::Broadcast, BenchOp::Broadcast}; }), 2);
+              checked_bench_options(with([](auto& o) { o.min_bytes = 16; }), 8);
+            }).find("at least 4 x the largest group (32 bytes"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([&] {
+              checked_bench_options(with([](auto& o) { o.max_bytes = kBenchMaxBytes * 2; }), 2);
+            }).find("at most 1G"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([&] {
+              checked_bench_options(with([](auto& o) { o.iters = 0; }), 2);
+            }).find("--iters 0"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([&] {
+              checked_bench_options(with([](auto& o) { o.warmup = -1; }), 2);
+            }).find("--warmup -1"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([&] {
+              checked_bench_options(with([](auto& o) { o.ops.clear(); }), 2);
+            }).find("--ops"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([&] {
+              checked_bench_options(with([](auto& o) {
+                                      o.ops = {BenchOp::Broadcast, BenchOp::Broadcast};
+                                    }),
+                                    2);
             }).find("broadcast given twice"),
             std::string::npos);
 }
@@ -139,8 +158,8 @@ struct Builder {
     t.comms.push_back({5, traces::CommKind::TP, "bench.g2[0-1]", {0, 1}});
     t.comms.push_back({6, traces::CommKind::TP, "bench.g2[2-3]", {2, 3}});
   }
-  void add(int rank, const std::string& name, CollOp op, int comm, int64_t seq, int step, int64_t bytes,
-           int64_t start, int64_t end, int peer = -1) {
+  void add(int rank, const std::string& name, CollOp op, int comm, int64_t seq, int step,
+           int64_t bytes, int64_t start, int64_t end, int peer = -1) {
     traces::Span s;
     s.rank = rank;
     s.stream = 1;
