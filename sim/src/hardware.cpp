@@ -193,7 +193,8 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
           if (!pt.IsSequence() || pt.size() != 2)
             throw InputError(where(origin, pt, key) + ": expected a pair [bytes, microseconds]");
           const double b = get_number(pt[0], origin, key);
-          if (!(b >= 0) || !(b < 9.2e18)) throw InputError(where(origin, pt[0], key) + ": expected bytes >= 0");
+          if (!(b >= 0) || !(b < 9.2e18) || b != std::floor(b))
+            throw InputError(where(origin, pt[0], key) + ": expected whole bytes >= 0");
           const int64_t bytes = static_cast<int64_t>(b);
           if (!o.table.empty() && bytes <= o.table.back().first)
             throw InputError(where(origin, pt[0], key) + ": sizes must ascend");
