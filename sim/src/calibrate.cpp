@@ -690,13 +690,22 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
   };
   std::map<CollKey, std::pair<std::vector<double>, std::vector<double>>> coll_points;  // x = bytes·factor, y = ns
   std::map<CollKey, std::map<int64_t, std::vector<double>>> bench_times;  // commbench: bytes -> transfer times
+  // Collectives of the training runs with how many ranks of the node were computing meanwhile (for
+  // comm_compute_weight, fitted against the commbench tables below).
+  struct Overlapped {
+    CollKey key;
+    int64_t bytes = 0;
+    double time_ns = 0;  // max(end) - max(start)
+    int computing = 0;   // ranks of the run inside a compute span at the collective's midpoint
+  };
+  std::vector<Overlapped> overlapped;
   for (size_t ti = 0; ti < infos.size(); ++ti) {
     const auto& info = infos[ti];
     const auto& t = *info.t;
     struct Group {
       traces::CollOp op = traces::CollOp::None;
       int64_t bytes = 0;
-      int64_t max_start = INT64_MIN, min_end = INT64_MAX;
+      int64_t max_start = INT64_MIN, min_end = INT64_MAX, max_end = INT64_MIN;
       int members = 0;
     };
     std::map<std::pair<int32_t, int64_t>, Group> groups;
@@ -708,16 +717,40 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
       g.bytes = sp.bytes;
       g.max_start = std::max(g.max_start, sp.start_ns);
       g.min_end = std::min(g.min_end, sp.end_ns);
+      g.max_end = std::max(g.max_end, sp.end_ns);
       g.members++;
     }
+    // Per rank, the compute intervals (sorted) of a training run: who computes at an instant.
+    std::map<int32_t, std::vector<std::pair<int64_t, int64_t>>> busy_of;
+    if (!info.bench)
+      for (const auto& sp : t.spans)
+        if ((sp.kind == traces::SpanKind::Compute || sp.kind == traces::SpanKind::Optimizer) &&
+            sp.step >= info.first_counted_step)
+          busy_of[sp.rank].emplace_back(sp.start_ns, sp.end_ns);
+    for (auto& [r, v] : busy_of) std::sort(v.begin(), v.end());
+    auto computing_at = [&](int64_t at) {
+      int k = 0;
+      for (const auto& [r, v] : busy_of) {
+        auto it = std::upper_bound(v.begin(), v.end(), std::make_pair(at, INT64_MAX));
+        if (it != v.begin() && std::prev(it)->second > at) ++k;
+      }
+      return k;
+    };
     for (const auto& [k, g] : groups) {
       const auto* c = t.comm(k.first);
       const int n = c ? static_cast<int>(c->ranks.size()) : g.members;
       if (n < 2 || g.members != n || g.min_end <= g.max_start) continue;
+      if (!info.bench)
+        overlapped.push_back({{g.op, n, info.ranks_on_node}, g.bytes, double(g.max_end - g.max_start),
+                              computing_at(g.max_start + (g.max_end - g.max_start) / 2)});
       auto& pts = coll_points[{g.op, n, info.ranks_on_node}];
       pts.first.push_back(double(g.bytes) * traces::busbw_factor(g.op, n));
       pts.second.push_back(double(g.min_end - g.max_start));
-      if (info.bench) bench_times[{g.op, n, info.ranks_on_node}][g.bytes].push_back(double(g.min_end - g.max_start));
+      // A sweep's members issue each operation together (commbench lines them up), and the simulator
+      // completes every member of a collective at once: its table holds the time from the last
+      // arrival until the LAST member is done. (The first member done can be much earlier: in an
+      // all-gather or broadcast the early members push their data before the last one arrives.)
+      if (info.bench) bench_times[{g.op, n, info.ranks_on_node}][g.bytes].push_back(double(g.max_end - g.max_start));
     }
     // Point-to-point messages: the k-th send from A to B on a communicator is B's k-th receive from A;
     // its transfer time is the receive's end minus the later of the two posts.
@@ -847,6 +880,32 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
     o.latency_ns = f != fits.end() ? static_cast<int64_t>(std::llround(f->second.intercept)) : o.table.front().second;
     o.bus_bandwidth_bytes_per_s = f != fits.end() && f->second.slope > 0 ? 1e9 / f->second.slope : 1e9;
     p.collectives.push_back(std::move(o));
+  }
+  // comm_compute_weight w: the training runs' collectives that overlapped k computing ranks took
+  // (1 + w k / cores) x the sweep's time for their (op, n, R, bytes); least squares through the origin
+  // of (ratio − 1) against k / cores over the instances with k > 0.
+  {
+    std::map<CollKey, const CollectiveOverride*> table_of;
+    for (const auto& o : p.collectives)
+      if (!o.table.empty()) table_of[{o.op, o.ranks, o.ranks_on_node}] = &o;
+    double num = 0, den = 0;
+    int used = 0;
+    for (const auto& ov : overlapped) {
+      const auto it = table_of.find(ov.key);
+      if (it == table_of.end() || ov.computing == 0) continue;
+      const double sweep_ns = double(it->second->time_ns(ov.bytes, ov.key.n));
+      if (sweep_ns <= 0) continue;
+      const double share = double(ov.computing) / cores;
+      num += share * (ov.time_ns / sweep_ns - 1.0), den += share * share;
+      ++used;
+    }
+    if (den > 0) {
+      sharing.comm_compute_weight = std::max(0.0, num / den);
+      out.notes.push_back("comm_compute_weight " + std::to_string(sharing.comm_compute_weight) + " from " +
+                          std::to_string(used) + " collectives that overlapped compute");
+    } else if (!table_of.empty()) {
+      out.notes.push_back("no collective of the training runs overlapped compute: comm_compute_weight = 0");
+    }
   }
 
   p.sharing = sharing;

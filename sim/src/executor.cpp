@@ -303,18 +303,30 @@ class Executor {
 
   void launch(const CollectiveRequest& req, bool intra_node, std::vector<Member> members) {
     const int64_t now = engine_.now();
+    // Core sharing: started while k ranks of the node compute, it takes (1 + w k / cores) x its time
+    // (CoreSharing::comm_compute_weight; the count at the start, not re-rated). Only while the run's
+    // ranks fit the cores, where w was fitted: beyond them the measured tables of the run's own
+    // crowding (profile_for_ranks) already hold what the crowded cores cost a collective.
+    double stretch = 1.0;
+    if (sharing_ && opt_.core_sharing->comm_compute_weight > 0 && !req.members.empty() &&
+        int64_t(runs_.size()) * std::max(1, opt_.core_sharing->threads_per_rank) <= opt_.core_sharing->cores) {
+      const int node = std::max(0, c_.node_of(req.members.front()));
+      stretch += opt_.core_sharing->comm_compute_weight * double(cpus_[node].running.size()) /
+                 double(opt_.core_sharing->cores);
+    }
     for (const auto& [ri, id] : members) runs_[ri].ops[id].active_ns = now;
     auto done = [this, members = std::move(members)] {
       for (const auto& [ri, id] : members) complete(ri, id);
     };
     if (opt_.comm_time) {
-      engine_.schedule_at(now + opt_.comm_time(req), std::move(done));
+      engine_.schedule_at(now + static_cast<int64_t>(std::llround(double(opt_.comm_time(req)) * stretch)), std::move(done));
       return;
     }
     if (opt_.profile) {
       // A send/recv override is stored under `send`.
       if (const CollectiveOverride* o = opt_.profile->find_override(req.op, intra_node, static_cast<int>(req.members.size()))) {
-        engine_.schedule_at(now + o->time_ns(req.bytes, static_cast<int>(req.members.size())), std::move(done));
+        const double t = double(o->time_ns(req.bytes, static_cast<int>(req.members.size())));
+        engine_.schedule_at(now + static_cast<int64_t>(std::llround(t * stretch)), std::move(done));
         return;
       }
     }

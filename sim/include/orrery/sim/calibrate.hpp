@@ -40,6 +40,14 @@
 //     all-reduce 2(n−1) steps, reduce-scatter / all-gather / broadcast n−1, send 1), so the profile
 //     gives collective overrides for every op and group size up to ranks_per_node: measured where the
 //     traces have that (op, n), else steps(op, n) · a with the busbw 1/β of the nearest measured op.
+//     Point-to-point transfers count too (the k-th send from A to B matched with B's k-th receive
+//     from A: the receive's end minus the later post), as op `send` over 2 ranks.
+//     Commbench traces (`orrery commbench`, runtime/commbench.hpp: meta extra_json kind "commbench";
+//     collectives only, every step counted) add a measured TABLE per (op, n, R = ranks of that sweep
+//     on the node): the median per size of max(end) − max(start) (its members issue together; the
+//     simulator completes all members at once), made non-decreasing in size. profile_for_ranks keeps
+//     the tables of the simulated run's own R, so what crowding costs the collectives is measured, not
+//     extrapolated; the generic fits above serve the (op, n, R) no sweep measured.
 //
 //  4. The machine: `cluster:` (device cpu with the fitted peak and bandwidth, ranks_per_node, the
 //     rank-to-rank link with the fitted per-step latency and busbw) and `sharing:`.

@@ -34,6 +34,8 @@
 //     contention_at_full: 1.1   #   a rank's compute slowdown when ranks x threads = cores, vs alone
 //     oversubscription_exponent: 1.0   # beyond: slowdown = contention_at_full x (ranks x threads / cores)^e
 //     comm_exponent: 1.0        #   collectives: (ranks x threads / cores)^e beyond the cores
+//     comm_compute_weight: 2.5  #   a collective launched while k ranks of the node compute takes
+//                               #   (1 + weight x k / cores) x its time (its progress thread loses the cores)
 //   ops:                        # optional (calibrated profiles): measured lone-rank op times
 //     - {name: fwd.block, batch: 8, seq: 128, d_model: 256, heads: 4, vocab: 8192, tp: 1, time_us: 24784}
 //     - {name: adamw, params: 5.3e6, time_us: 29695}   #   the optimizer: by parameters held
@@ -112,6 +114,11 @@ struct CoreSharing {
   double contention_at_full = 1.0;
   double oversubscription_exponent = 1.0;
   double comm_exponent = 1.0;
+  // A collective or transfer started while k ranks of its node are computing takes (1 + w · k / cores)
+  // times its measured time: MPI progresses on a communication thread that sleeps between polls and
+  // gets the cores only between the compute threads' time slices. Fitted from the overlapped
+  // collectives of the calibration runs against the commbench tables; 0 = no stretch.
+  double comm_compute_weight = 0.0;
 };
 
 // A compute op's measured time on one rank alone (the `ops:` section, written by `orrery calibrate`):
