@@ -52,7 +52,8 @@
 // The table (commbench_table), computed from a trace, i.e. what calibration sees: one row per
 // (op, g, bytes) over the timed spans (step >= 0, names "bench.<op>"):
 //  - collectives: an instance is a (comm, seq) with all g members; its time is
-//    min(end) - max(start) over the members (calibrate's transfer time); the row's time is the
+//    min(end) - max(start) over the members (the transfer time calibrate fits training runs' collectives
+//    with; its commbench tables take max(end) - max(start): sim/calibrate.hpp); the row's time is the
 //    median over the instances (every group, every timed iteration) with a positive time. Those
 //    with min(end) <= max(start) (e.g. a broadcast root done before the last member arrived) are
 //    counted in `skipped`, as calibration drops them too.
