@@ -60,11 +60,15 @@ void tp_reduce(const GptHooks& hooks, TpPoint point, int layer, float* data, std
   hooks.tp_all_reduce(point, layer, data, n);
 }
 
-void check_layer(const GpuGpt& m, int layer) {
-  if (layer < 0 || layer >= m.config().n_layer) {
-    throw std::out_of_range("gpu gpt: layer " + std::to_string(layer) + " is not in [0, " +
-                            std::to_string(m.config().n_layer) + ")");
+// The block's index in this shard (blocks are held from layer_begin on).
+std::size_t check_layer(const GpuGpt& m, int layer) {
+  const GptShard& sh = m.host.shard;
+  if (layer < sh.layer_begin || layer >= sh.layer_end) {
+    throw std::out_of_range("gpu gpt: layer " + std::to_string(layer) + " is not in this shard [" +
+                            std::to_string(sh.layer_begin) + ", " + std::to_string(sh.layer_end) +
+                            ")");
   }
+  return static_cast<std::size_t>(layer - sh.layer_begin);
 }
 
 void zero_async(const Context& ctx, float* p, std::size_t n) {
@@ -80,15 +84,8 @@ const FloatArray& GpuGpt::download_params() {
 }
 
 GpuGpt gpu_gpt_create(Gpt host) {
-  const GptShard& sh = host.shard;
-  if (sh.layer_begin != 0 || sh.layer_end != host.config.n_layer || !sh.has_embed || !sh.has_head) {
-    throw InputError(
-        "device cuda: the CUDA runtime holds every layer, the embedding and the head on each rank "
-        "(no pipeline stages: parallel.pp = 1); got layers [" +
-        std::to_string(sh.layer_begin) + ", " + std::to_string(sh.layer_end) + ") of " +
-        std::to_string(host.config.n_layer) + (sh.has_embed ? "" : ", no embedding") +
-        (sh.has_head ? "" : ", no head"));
-  }
+  // Any shard gpt_create made (it validated the layer range): a pipeline stage keeps its blocks at
+  // index layer - layer_begin, and a head-only stage its own wte copy (wpe null), as on the CPU.
   GpuGpt m;
   m.host = std::move(host);
   const std::size_t n = m.host.params.size();
@@ -119,13 +116,14 @@ GpuActivations gpu_activations(const GpuGpt& m, int B, int T) {
   const std::size_t BT = static_cast<std::size_t>(B) * T;
   const std::size_t C = static_cast<std::size_t>(d.C), Cl = static_cast<std::size_t>(d.Cl),
                     F = static_cast<std::size_t>(d.F), NH = static_cast<std::size_t>(d.NH);
-  const std::size_t nb = static_cast<std::size_t>(m.config().n_layer);
+  const std::size_t nb = static_cast<std::size_t>(m.host.num_blocks());
+  const bool head = m.host.shard.has_head;
   // Rounded to 64 floats (256 bytes) per buffer: every pointer keeps cudaMalloc's alignment.
   auto up = [](std::size_t n) { return (n + 63) / 64 * 64; };
   const std::size_t per_block = up(BT * C) * 6 + up(BT) * 4 + up(BT * 3 * Cl) + up(BT * Cl) +
                                 up(static_cast<std::size_t>(B) * NH * T * T) + up(BT * F) * 2;
-  const std::size_t total = up((nb + 1) * BT * C) + nb * per_block + up(BT * C) + up(BT) * 3 +
-                            up(BT * static_cast<std::size_t>(m.config().vocab));
+  std::size_t total = up((nb + 1) * BT * C) + nb * per_block;
+  if (head) total += up(BT * C) + up(BT) * 3 + up(BT * static_cast<std::size_t>(m.config().vocab));
   GpuActivations a;
   a.B = B;
   a.T = T;
@@ -158,11 +156,13 @@ GpuActivations gpu_activations(const GpuGpt& m, int B, int T) {
     b.fcproj = take(BT * C);
     a.blocks.push_back(b);
   }
-  a.lnf = take(BT * C);
-  a.lnf_mean = take(BT);
-  a.lnf_rstd = take(BT);
-  a.logits = take(BT * static_cast<std::size_t>(m.config().vocab));
-  a.losses = take(BT);
+  if (head) {  // the final LayerNorm, logits and losses: the last stage only (as the CPU's)
+    a.lnf = take(BT * C);
+    a.lnf_mean = take(BT);
+    a.lnf_rstd = take(BT);
+    a.logits = take(BT * static_cast<std::size_t>(m.config().vocab));
+    a.losses = take(BT);
+  }
   return a;
 }
 
@@ -197,6 +197,7 @@ GpuGradScratch gpu_grad_scratch(const GpuGpt& m, int B, int T) {
 
 void gpu_embed_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* inputs,
                        const GptHooks& hooks) {
+  if (!m.host.shard.has_embed) throw std::logic_error("gpu gpt: embedding forward on a shard without the embedding");
   Span span(hooks.observer, "fwd.embed", kEmbedSegment, flops::embed_forward(flop_dims(m, acts.B, acts.T)));
   ORRERY_CUDA_CHECK(cudaMemcpyAsync(acts.inputs.data(), inputs, acts.inputs.size_bytes(), cudaMemcpyHostToDevice,
                                     ctx.stream()));
@@ -205,8 +206,7 @@ void gpu_embed_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts
 
 void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, int layer,
                        const GptHooks& hooks) {
-  check_layer(m, layer);
-  const std::size_t idx = static_cast<std::size_t>(layer);
+  const std::size_t idx = check_layer(m, layer);
   const BlockDims& d = m.dims();
   const BlockParams& p = m.blocks[idx];
   BlockActivations& a = acts.blocks[idx];
@@ -244,6 +244,7 @@ void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts
 
 float gpu_head_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* targets,
                        const GptHooks& hooks) {
+  if (!m.host.shard.has_head) throw std::logic_error("gpu gpt: head forward on a shard without the head");
   const int B = acts.B, T = acts.T, C = m.dims().C, V = m.config().vocab;
   Span span(hooks.observer, "fwd.head", m.config().n_layer, flops::head_forward(flop_dims(m, B, T)));
   ORRERY_CUDA_CHECK(cudaMemcpyAsync(acts.targets.data(), targets, acts.targets.size_bytes(), cudaMemcpyHostToDevice,
@@ -257,6 +258,7 @@ float gpu_head_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts
 
 void gpu_head_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, float loss_scale,
                        const GptHooks& hooks) {
+  if (!m.host.shard.has_head) throw std::logic_error("gpu gpt: head backward on a shard without the head");
   const int B = acts.B, T = acts.T, C = m.dims().C, V = m.config().vocab;
   {
     Span span(hooks.observer, "bwd.head", m.config().n_layer, flops::head_backward(flop_dims(m, B, T)));
@@ -272,8 +274,7 @@ void gpu_head_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuG
 
 void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, int layer,
                         const GptHooks& hooks) {
-  check_layer(m, layer);
-  const std::size_t idx = static_cast<std::size_t>(layer);
+  const std::size_t idx = check_layer(m, layer);
   const BlockDims& d = m.dims();
   const BlockParams& p = m.blocks[idx];
   const BlockParams& g = m.dblocks[idx];
@@ -317,6 +318,7 @@ void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, Gpu
 
 void gpu_embed_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s,
                         const GptHooks& hooks) {
+  if (!m.host.shard.has_embed) throw std::logic_error("gpu gpt: embedding backward on a shard without the embedding");
   {
     Span span(hooks.observer, "bwd.embed", kEmbedSegment, flops::embed_backward(flop_dims(m, acts.B, acts.T)));
     encoder_backward(ctx, m.dembed.wte, m.dembed.wpe, s.dres, acts.inputs.data(), acts.B, acts.T, m.dims().C);
@@ -326,17 +328,24 @@ void gpu_embed_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, Gpu
 
 float gpu_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* inputs,
                   const int32_t* targets, const GptHooks& hooks) {
-  gpu_embed_forward(ctx, m, acts, inputs, hooks);
-  for (int l = 0; l < m.config().n_layer; ++l) gpu_block_forward(ctx, m, acts, l, hooks);
-  return gpu_head_forward(ctx, m, acts, targets, hooks);
+  const GptShard& sh = m.host.shard;
+  if (sh.has_embed) gpu_embed_forward(ctx, m, acts, inputs, hooks);
+  for (int l = sh.layer_begin; l < sh.layer_end; ++l) gpu_block_forward(ctx, m, acts, l, hooks);
+  if (sh.has_head) return gpu_head_forward(ctx, m, acts, targets, hooks);
+  return 0.0f;
 }
 
 void gpu_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, float loss_scale,
                   const GptHooks& hooks) {
   if (s.B != acts.B || s.T != acts.T) throw std::logic_error("gpu gpt: scratch and activations differ in (B, T)");
-  gpu_head_backward(ctx, m, acts, s, loss_scale, hooks);
-  for (int l = m.config().n_layer - 1; l >= 0; --l) gpu_block_backward(ctx, m, acts, s, l, hooks);
-  gpu_embed_backward(ctx, m, acts, s, hooks);
+  const GptShard& sh = m.host.shard;
+  if (sh.has_head) gpu_head_backward(ctx, m, acts, s, loss_scale, hooks);
+  for (int l = sh.layer_end - 1; l >= sh.layer_begin; --l) gpu_block_backward(ctx, m, acts, s, l, hooks);
+  if (sh.has_embed) {
+    gpu_embed_backward(ctx, m, acts, s, hooks);
+  } else if (sh.has_head && hooks.on_grads_ready) {
+    hooks.on_grads_ready(kEmbedSegment);  // the head-only stage's copy of wte (as gpt_backward)
+  }
 }
 
 }  // namespace orrery::runtime::cuda

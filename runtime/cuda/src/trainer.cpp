@@ -1,6 +1,6 @@
 // The training loop of one rank on one CUDA device (see cuda/trainer.hpp): the CPU trainer's
-// DDP, ZeRO 1/2 and tensor-parallel paths with device buffers, event-timed spans and device
-// communicators (NCCL or host-staged) for the dp and tp groups.
+// DDP, ZeRO 1/2, tensor- and pipeline-parallel paths with device buffers, event-timed spans and
+// device communicators (NCCL or host-staged) for the dp, tp, pp and embedding groups.
 #include "orrery/runtime/cuda/trainer.hpp"
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/cuda/nccl_comm.hpp"
 #include "orrery/runtime/data.hpp"
+#include "orrery/runtime/pipeline.hpp"
 #include "orrery/runtime/tensor_parallel.hpp"
 
 namespace orrery::runtime::cuda {
@@ -72,17 +73,13 @@ CommBackend parse_comm_backend(const std::string& text, const std::string& key) 
 
 void check_supported_cuda(const Scenario& s) {
   const std::string origin = origin_of(s);
+  if (s.parallel.pp > 1 && s.parallel.schedule != "gpipe" && s.parallel.schedule != "1f1b") {
+    throw InputError(origin + ": key 'parallel.schedule': '" + s.parallel.schedule +
+                     "' is not available on device cuda; expected gpipe or 1f1b");
+  }
   Scenario c = s;
   c.runtime.device = "cpu";  // everything the CPU runtime checks (layout, batch, threads) holds here too
   check_supported(c);
-  if (s.parallel.pp != 1) {
-    throw InputError(origin +
-                     ": key 'parallel.pp': pipeline parallelism is not available on device cuda "
-                     "in this version; expected 1, got " +
-                     std::to_string(s.parallel.pp) +
-                     " (the GPU trainer runs data parallelism, ZeRO 1/2 and tensor parallelism; "
-                     "use runtime.device: cpu for pipeline parallelism)");
-  }
   if (s.parallel.zero > 2) {
     throw InputError(origin + ": key 'parallel.zero': ZeRO stage " +
                      std::to_string(s.parallel.zero) +
@@ -318,14 +315,22 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
   ctx_ = std::make_unique<Context>(stream_->get(), opt_.math);
 
   const Layout& L = layout_;
-  // The dp and tp groups of the CPU trainer (same colours and keys, split in its order: dp, then
-  // tp; pp = 1 needs no pipeline group).
+  // The groups of the CPU trainer (same colours and keys, split in its order: dp, tp, pp, then the
+  // embedding group of the first and last stage when pp > 1).
   dp_ = world_.split(L.tp_rank + L.tp * L.pp_rank, L.dp_rank, traces::CommKind::DP,
                      "dp[tp=" + std::to_string(L.tp_rank) + ",pp=" + std::to_string(L.pp_rank) + "]");
   tp_ =
       world_.split(L.dp_rank + L.dp * L.pp_rank, L.tp_rank, traces::CommKind::TP,
                    "tp[dp=" + std::to_string(L.dp_rank) + ",pp=" + std::to_string(L.pp_rank) + "]");
-  if (L.dp > 1 || L.tp > 1) {
+  pp_ = world_.split(L.tp_rank + L.tp * L.dp_rank, L.pp_rank, traces::CommKind::PP,
+                     "pp[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
+  if (L.pp > 1) {
+    const bool ends = L.pp_rank == 0 || L.pp_rank == L.pp - 1;
+    const int color = ends ? L.tp_rank + L.tp * L.dp_rank : L.tp * L.dp + world_.rank();
+    embed_ = world_.split(color, L.pp_rank, traces::CommKind::PP,
+                          "embed[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
+  }
+  if (L.dp > 1 || L.tp > 1 || L.pp > 1) {
     CommBackend backend = opt_.comm;
     if (backend == CommBackend::kAuto) {
 #if defined(ORRERY_HAVE_NCCL)
@@ -338,11 +343,24 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
     // Created in the same order on every rank (NCCL's bootstrap is a collective of each group).
     if (L.dp > 1) dp_dev_ = make_device_comm(*dp_, backend);
     if (L.tp > 1) tp_dev_ = make_device_comm(*tp_, backend);
+    if (L.pp > 1) {
+      pp_dev_ = make_device_comm(*pp_, backend);
+      // NCCL runs a communicator's operations one after another on its stream, and a send there
+      // waits for its receive: under 1F1B a stage's activation send could wait behind its own
+      // gradient receive while the neighbour's gradient send waits behind its activation receive.
+      // So with NCCL the gradients travel on a second communicator of the same group (its own
+      // stream); each direction's transfers are then posted in the same order at both ends. The
+      // staged communicator posts MPI's non-blocking operations and needs no second one.
+      if (backend == CommBackend::kNccl) pp_grad_dev_ = make_device_comm(*pp_, backend);
+      if (embed_->size() > 1) embed_dev_ = make_device_comm(*embed_, backend);
+    }
     comm_name_ = backend == CommBackend::kNccl ? "nccl" : "staged";
   }
 
   const GptConfig cfg = gpt_config(s_.model);
-  GptShard shard;  // every layer (pp = 1); the tp slice of each block
+  // The CPU trainer's shard: the pipeline stage's layers (every layer when pp = 1), the tp slice of
+  // each block.
+  GptShard shard = L.pp > 1 ? GptShard::pipeline_stage(cfg, L.pp_rank, L.pp) : GptShard{};
   shard.tp_rank = L.tp_rank;
   shard.tp_size = L.tp;
   Gpt host = gpt_create(cfg, shard, s_.training.seed);
@@ -360,7 +378,17 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
   source_ = make_token_source(s_.data.source, s_.data.path, cfg.vocab, s_.training.seed);
   loader_ = std::make_unique<DataLoader>(*source_, s_.model.seq, s_.training.micro_batch, L.dp_rank, L.dp,
                                          s_.training.seed);
-  acts_ = std::make_unique<GpuActivations>(gpu_activations(*model_, s_.training.micro_batch, s_.model.seq));
+  // One activation set per micro-batch in flight (index mb % size), as the CPU trainer's.
+  const int in_flight = L.pp > 1 ? pipeline_in_flight(s_.parallel.schedule, L.pp, L.pp_rank, micro_batches_) : 1;
+  for (int i = 0; i < in_flight; ++i) {
+    acts_.push_back(
+        std::make_unique<GpuActivations>(gpu_activations(*model_, s_.training.micro_batch, s_.model.seq)));
+  }
+  act_send_h_.resize(static_cast<std::size_t>(in_flight));
+  grad_send_h_.resize(static_cast<std::size_t>(in_flight));
+  if (L.pp > 1 && L.pp_rank > 0) {
+    for (int i = 0; i < in_flight; ++i) grad_send_.emplace_back(acts_[0]->boundary_elems);
+  }
   scratch_ = std::make_unique<GpuGradScratch>(gpu_grad_scratch(*model_, s_.training.micro_batch, s_.model.seq));
   adam_m_.resize(zero ? zero_.shard : n);
   adam_v_.resize(zero ? zero_.shard : n);
@@ -396,7 +424,7 @@ std::unique_ptr<Communicator> GpuTrainer::make_device_comm(Communicator& host,
 GpuTrainer::~GpuTrainer() {
   // Let queued work finish before buffers go (errors cannot be reported from here).
   if (stream_) cudaStreamSynchronize(stream_->get());
-  for (Communicator* c : {dp_dev_.get(), tp_dev_.get()}) {
+  for (Communicator* c : {dp_dev_.get(), tp_dev_.get(), pp_dev_.get(), pp_grad_dev_.get(), embed_dev_.get()}) {
     if (c == nullptr) continue;
     try {
       c->set_recorder(nullptr);
@@ -408,7 +436,7 @@ GpuTrainer::~GpuTrainer() {
 
 void GpuTrainer::finish() {
   ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
-  for (Communicator* c : {dp_dev_.get(), tp_dev_.get()}) {
+  for (Communicator* c : {dp_dev_.get(), tp_dev_.get(), pp_dev_.get(), pp_grad_dev_.get(), embed_dev_.get()}) {
     if (c == nullptr) continue;
     c->synchronize();
     c->set_recorder(nullptr);
@@ -428,9 +456,11 @@ Trainer::MemoryBytes GpuTrainer::memory() const {
   m.parameters = static_cast<double>(model_->params.size_bytes());
   const double full_grads = static_cast<double>(model_->grads.size_bytes());
   m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes());
-  m.activations = static_cast<double>(acts_->memory.size_bytes() + scratch_->memory.size_bytes() +
-                                      ctx_->scratch_bytes());
+  double acts = static_cast<double>(scratch_->memory.size_bytes() + ctx_->scratch_bytes());
+  for (const auto& a : acts_) acts += static_cast<double>(a->memory.size_bytes());
+  m.activations = acts;
   double comm = 0;  // DDP buckets are views of the gradient array
+  for (const auto& g : grad_send_) comm += static_cast<double>(g.size_bytes());  // pipeline
   if (s_.parallel.zero == 2 && zero_.ranks > 1) {
     // The shard is the gradient state; the full array only stages one backward before scattering.
     m.gradients = static_cast<double>(zero_grads_.size_bytes());
@@ -467,18 +497,99 @@ std::vector<float> GpuTrainer::parameters() {
   return out;
 }
 
-// The CPU trainer's reduce_gradients_zero on device buffers (pp = 1: no embedding all-reduce).
+// The tied wte's gradient summed over the first and last stage (pp > 1; a no-op elsewhere).
+void GpuTrainer::embed_all_reduce() {
+  if (!embed_dev_) return;
+  const ParamTensor& wte = model_->host.tensor("wte");
+  embed_dev_
+      ->all_reduce(model_->dembed.wte, wte.count, DType::F32, ReduceOp::Sum,
+                   OpLabel{"pp.embed_all_reduce", step_, -1, -1})
+      .wait();  // the compute stream waits for the sum
+}
+
+// The CPU trainer's reduce_gradients_zero on device buffers.
 void GpuTrainer::reduce_gradients_zero(int32_t step, int32_t mb) {
+  embed_all_reduce();
+  const GptShard& sh = model_->host.shard;
   float* out = s_.parallel.zero == 2 ? zero_recv_.data() : zero_grads_.data();
   dp_dev_
       ->reduce_scatter(model_->grads.data(), out, zero_.shard, DType::F32, ReduceOp::Avg,
-                       OpLabel{kZeroReduceScatterName, step, mb, kEmbedSegment})
+                       OpLabel{kZeroReduceScatterName, step, mb,
+                               sh.has_embed || sh.has_head ? kEmbedSegment : sh.layer_begin})
       .wait();  // the compute stream waits for the scattered shard
   if (s_.parallel.zero == 2) {
     // The shard gradient accumulates each micro-batch's scattered shard: acc += out.
     residual_forward(*ctx_, zero_grads_.data(), zero_grads_.data(), out, zero_.shard);
     gpu_zero_grad(*ctx_, *model_);  // the next backward writes into a clean array
   }
+}
+
+// The CPU trainer's forward_pass: data on the stages that hold the embedding or the head, the
+// activation received before / sent after the stage's forward (pp > 1).
+void GpuTrainer::forward_pass(int mb, const GptHooks& hooks, double& loss_sum) {
+  const int32_t step = step_;
+  cur_mb_ = mb;
+  if (rec_ != nullptr) rec_->set_step(step, mb);
+  if (observer_) observer_->set_context(step, mb);
+  const std::size_t slot = static_cast<std::size_t>(mb) % acts_.size();
+  GpuActivations& acts = *acts_[slot];
+  // The slot's previous activation send must be done before its buffer is overwritten.
+  act_send_h_[slot].wait();
+  const GptShard& sh = model_->host.shard;
+  if (sh.has_embed || sh.has_head) {
+    profiler::ScopedSpan data(rec_, proto(rec_, SpanKind::Data, "data", step, mb));
+    loader_->next_batch(batch_);
+  }
+  const int fwd = spans_->open(proto(rec_, SpanKind::Phase, "forward", step, mb), "forward");
+  if (!sh.has_embed) {
+    pp_dev_
+        ->recv(acts.stage_input(), acts.boundary_elems, DType::F32, layout_.pp_rank - 1,
+               OpLabel{"pp.recv_act", step, mb, -1})
+        .wait();  // the compute stream waits for the activation
+  }
+  loss_sum += gpu_forward(*ctx_, *model_, acts, batch_.inputs.data(), batch_.targets.data(), hooks);
+  if (!sh.has_head) {
+    act_send_h_[slot] = pp_dev_->send(acts.stage_output(), acts.boundary_elems, DType::F32,
+                                      layout_.pp_rank + 1, OpLabel{"pp.send_act", step, mb, -1});
+  }
+  spans_->close(fwd);
+}
+
+// The CPU trainer's backward_pass: the output gradient received first on a stage without the head,
+// DDP's all-reduce during the last micro-batch's backward, the input gradient sent back (from a
+// buffer of its own: the scratch is the next backward's) on a stage without the embedding, then
+// ZeRO's reduce-scatter.
+void GpuTrainer::backward_pass(int mb, const GptHooks& hooks, float loss_scale) {
+  const int32_t step = step_;
+  cur_mb_ = mb;
+  if (rec_ != nullptr) rec_->set_step(step, mb);
+  if (observer_) observer_->set_context(step, mb);
+  const std::size_t slot = static_cast<std::size_t>(mb) % acts_.size();
+  GpuActivations& acts = *acts_[slot];
+  const GptShard& sh = model_->host.shard;
+  const bool zero = zero_.ranks > 1;  // ZeRO 1/2 over dp > 1
+  const int bwd = spans_->open(proto(rec_, SpanKind::Phase, "backward", step, mb), "backward");
+  Communicator* grad_comm = pp_grad_dev_ ? pp_grad_dev_.get() : pp_dev_.get();
+  if (!sh.has_head) {
+    grad_comm
+        ->recv(scratch_->dres, acts.boundary_elems, DType::F32, layout_.pp_rank + 1,
+               OpLabel{"pp.recv_grad", step, mb, -1})
+        .wait();
+  }
+  const bool last_mb = mb == micro_batches_ - 1;  // both schedules end with the last backward
+  ddp_->begin_backward(!zero && last_mb, step, mb);
+  gpu_backward(*ctx_, *model_, acts, *scratch_, loss_scale, hooks);
+  ddp_->finish_backward();  // the compute stream now waits for the all-reduces
+  if (!sh.has_embed) {
+    grad_send_h_[slot].wait();
+    DeviceArray<float>& buf = grad_send_[slot];
+    ORRERY_CUDA_CHECK(cudaMemcpyAsync(buf.data(), scratch_->dres, buf.size_bytes(),
+                                      cudaMemcpyDeviceToDevice, stream_->get()));
+    grad_send_h_[slot] = grad_comm->send(buf.data(), buf.size(), DType::F32, layout_.pp_rank - 1,
+                                         OpLabel{"pp.send_grad", step, mb, -1});
+  }
+  if (zero && (s_.parallel.zero == 2 || last_mb)) reduce_gradients_zero(step, mb);
+  spans_->close(bwd);
 }
 
 StepResult GpuTrainer::step() {
@@ -516,27 +627,23 @@ StepResult GpuTrainer::step() {
   }
   const float loss_scale = 1.0f / static_cast<float>(micro_batches_);
   double loss_sum = 0;
-  for (int mb = 0; mb < micro_batches_; ++mb) {
-    cur_mb_ = mb;
-    if (rec_ != nullptr) rec_->set_step(step, mb);
-    if (observer_) observer_->set_context(step, mb);
-    {
-      profiler::ScopedSpan data(rec_, proto(rec_, SpanKind::Data, "data", step, mb));
-      loader_->next_batch(batch_);
+  if (layout_.pp > 1) {
+    // The schedule's order (pipeline.hpp): mb >= 0 a forward, -(mb+1) a backward.
+    for (int pass : pipeline_order(s_.parallel.schedule, layout_.pp, layout_.pp_rank, micro_batches_)) {
+      if (pass >= 0) forward_pass(pass, hooks, loss_sum);
+      else backward_pass(-pass - 1, hooks, loss_scale);
     }
-    const int fwd = spans_->open(proto(rec_, SpanKind::Phase, "forward", step, mb), "forward");
-    loss_sum += gpu_forward(*ctx_, *model_, *acts_, batch_.inputs.data(), batch_.targets.data(), hooks);
-    spans_->close(fwd);
-    const int bwd = spans_->open(proto(rec_, SpanKind::Phase, "backward", step, mb), "backward");
-    const bool last_mb = mb == micro_batches_ - 1;
-    ddp_->begin_backward(!zero && last_mb, step, mb);
-    gpu_backward(*ctx_, *model_, *acts_, *scratch_, loss_scale, hooks);
-    ddp_->finish_backward();  // the compute stream now waits for the all-reduces
-    if (zero && (s_.parallel.zero == 2 || last_mb)) reduce_gradients_zero(step, mb);
-    spans_->close(bwd);
+    for (auto& h : act_send_h_) h.wait();
+    for (auto& h : grad_send_h_) h.wait();
+  } else {
+    for (int mb = 0; mb < micro_batches_; ++mb) {
+      forward_pass(mb, hooks, loss_sum);
+      backward_pass(mb, hooks, loss_scale);
+    }
   }
   if (rec_ != nullptr) rec_->set_step(step, -1);
   cur_mb_ = -1;
+  if (!zero) embed_all_reduce();  // after DDP's all-reduce (under ZeRO: before each reduce-scatter)
   {
     const int opt = spans_->open(proto(rec_, SpanKind::Phase, "optimizer", step, -1), "optimizer");
     const int adamw = spans_->open(proto(rec_, SpanKind::Optimizer, "adamw", step, -1), "adamw");
@@ -562,11 +669,16 @@ StepResult GpuTrainer::step() {
     }
     spans_->close(opt);
   }
+  float loss = static_cast<float>(loss_sum / micro_batches_);
+  if (layout_.pp > 1) {
+    // Only the last stage computed the loss: it broadcasts it over the pipeline (host, 4 bytes).
+    pp_->broadcast(&loss, 1, DType::F32, layout_.pp - 1, OpLabel{"pp.loss", step, -1, -1}).wait();
+  }
   spans_->close(step_span);
   spans_->resolve();  // waits for the stream
   ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
   ORRERY_CUDA_CHECK(cudaGetLastError());
-  result.loss = static_cast<float>(loss_sum / micro_batches_);
+  result.loss = loss;
   record_memory();
   result.duration_ns = profiler::steady_now_ns() - t0;
   ++step_;

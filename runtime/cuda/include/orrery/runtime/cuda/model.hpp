@@ -20,7 +20,15 @@
 //    layers and FLOPs: flops::block_attention_forward, block_mlp_forward, 0; backward 2x mlp,
 //    2x attention, 0). The hook queues the sum on a device communicator; work queued after it on
 //    the compute stream must see the sum (the trainer's Handle::wait orders the stream).
-//  - No pipeline stages (pp = 1): every rank holds every layer, the embedding and the head.
+//  - Pipeline stages (GptShard::pipeline_stage): a stage holds the CPU shard's layout as is (blocks
+//    [layer_begin, layer_end) at index layer - layer_begin, the embedding on the first stage, the
+//    final LayerNorm and its own copy of the tied wte on the last), so its initial device
+//    parameters are bit-identical to the CPU stage's. Stage boundaries as on the CPU: the received
+//    activation goes to GpuActivations::stage_input() before gpu_forward on a stage without the
+//    embedding, stage_output() is what is sent on; before gpu_backward on a stage without the head
+//    GpuGradScratch::dres holds the received gradient, after it the gradient of stage_input().
+//    Activations hold the head's buffers on the last stage only; a head-only stage's backward fires
+//    on_grads_ready(kEmbedSegment) last (its wte copy), as gpt_backward.
 //  - A host model padded for ZeRO (gpt_pad_storage) is moved as is: params/grads keep the padded
 //    length (num_params() then counts the padding), zero-filled beyond the tensors.
 #pragma once
@@ -49,8 +57,8 @@ struct GpuGpt {
   const FloatArray& download_params();
 };
 
-// Moves `host` (every layer, embedding and head; any tp shard; possibly padded for ZeRO) onto the
-// current device, parameters copied. Throws InputError for a pipeline stage (pp > 1).
+// Moves `host` (any pipeline stage and tp shard gpt_create makes; possibly padded for ZeRO) onto
+// the current device, parameters copied.
 GpuGpt gpu_gpt_create(Gpt host);
 // Zeroes the gradients on ctx's stream.
 void gpu_zero_grad(const Context& ctx, GpuGpt& model);
@@ -61,7 +69,7 @@ struct GpuActivations {
   DeviceArray<float> memory;
   DeviceArray<int32_t> inputs;   // (B,T)
   DeviceArray<int32_t> targets;  // (B,T)
-  float* stream = nullptr;       // (L+1, B,T,C) residual stream at each block boundary
+  float* stream = nullptr;       // (num_blocks+1, B,T,C) residual stream at each block boundary
   std::vector<BlockActivations> blocks;  // device pointers, same fields as the CPU model's
   float* lnf = nullptr;       // (B,T,C)
   float* lnf_mean = nullptr;  // (B,T)
@@ -71,6 +79,7 @@ struct GpuActivations {
   float loss = 0.0f;          // mean over B*T, set by the head forward
   std::size_t boundary_elems = 0;  // B*T*C
 
+  float* stage_input() { return stream; }
   float* stage_output() { return stream + blocks.size() * boundary_elems; }
 };
 GpuActivations gpu_activations(const GpuGpt& model, int B, int T);
@@ -90,7 +99,8 @@ struct GpuGradScratch {
 GpuGradScratch gpu_grad_scratch(const GpuGpt& model, int B, int T);
 
 // --- pieces (see model.hpp). `inputs`/`targets` are HOST arrays of B*T token ids; they are
-// copied to the device on ctx's stream.
+// copied to the device on ctx's stream. The embedding pieces need has_embed, the head pieces
+// has_head (std::logic_error otherwise), a block piece a layer of the shard (std::out_of_range).
 void gpu_embed_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* inputs,
                        const GptHooks& hooks = {});
 void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, int layer,
@@ -105,6 +115,7 @@ void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, Gpu
 void gpu_embed_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s,
                         const GptHooks& hooks = {});
 
+// Whole stage: embedding (if held), blocks, head (if held); the mean loss, or 0 without the head.
 float gpu_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* inputs,
                   const int32_t* targets, const GptHooks& hooks = {});
 void gpu_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, float loss_scale = 1.0f,

@@ -1,5 +1,5 @@
-// The training loop of one rank on one CUDA device: data parallelism (DDP or ZeRO 1/2) and tensor
-// parallelism (pp = 1, zero <= 2 in this version), the same spans in the same order as the CPU
+// The training loop of one rank on one CUDA device: data parallelism (DDP or ZeRO 1/2), tensor and
+// pipeline parallelism (zero <= 2 in this version), the same spans in the same order as the CPU
 // trainer (runtime/trainer.hpp):
 //
 //   compute stream (0)                                   comm / nccl stream
@@ -7,7 +7,9 @@
 //     Compute "zero_grad" (the gradients, and ZeRO's shard accumulator, set to 0)
 //     for mb: Data "data" (host loader), Phase "forward" (fwd.embed, fwd.block 0..L-1, fwd.head),
 //             Phase "backward" (bwd.head, bwd.block L-1..0, bwd.embed)   "ddp.all_reduce" buckets
-//     Phase "optimizer" > Optimizer "adamw"
+//             (pp > 1: the passes in pipeline_order)                      "pp.*" P2P
+//     Phase "optimizer" > Optimizer "adamw"                               "pp.embed_all_reduce",
+//                                                                          "pp.loss" (pp > 1)
 //
 // Times on the compute stream are the GPU's: each span's begin and end are CUDA events recorded on
 // the compute stream when the host reaches them, resolved after the step (when the stream is done)
@@ -32,11 +34,28 @@
 // model's tp shard (same host layout, so the same initial values); the model's four sums per block
 // are "tp.all_reduce" (Sum, layer l, the micro-batch) on a device communicator of the tp group
 // (NCCL or staged, chosen as for dp), between the three pieces of each block's span. dp and tp
-// groups are split from the world in the CPU trainer's order (dp, then tp), so a rank's groups
-// and the trace's communicators are the CPU run's.
+// groups are split from the world in the CPU trainer's order (dp, tp, pp, then the embedding
+// group), so a rank's groups and the trace's communicators are the CPU run's.
 //
-// Not on GPUs in this version (check_supported_cuda refuses them naming the key): pipeline
-// parallelism (parallel.pp > 1) and ZeRO 3 (parallel.zero = 3).
+// Pipeline parallelism (runtime/pipeline.hpp, the CPU trainer's scheme): each rank holds the CPU
+// trainer's stage shard (GptShard::pipeline_stage with its tp slice; same host layout, so the same
+// initial values) and runs the step's forward and backward passes in pipeline_order(schedule)
+// (gpipe or 1f1b) order, with one GpuActivations per micro-batch in flight (pipeline_in_flight).
+// A stage without the embedding receives "pp.recv_act" into stage_input() before its forward (the
+// compute stream waits for it), one without the head sends stage_output() ("pp.send_act") after it;
+// backward "pp.recv_grad" into the scratch's dres before, "pp.send_grad" after (from a per-slot
+// device buffer, so the next backward may reuse the scratch); P2P, layer -1, on a device
+// communicator of the pp group (NCCL: the gradients on a second communicator of the group, see
+// trainer.cpp; staged: one). A slot's previous send is waited for before its buffer is written.
+// Only the first and last stage load data. The tied wte gradient is summed over the first and
+// last stage ("pp.embed_all_reduce", Sum, a device communicator of the embedding group) after the
+// DDP all-reduce, or under ZeRO before each reduce-scatter. At the end of the step (after the
+// optimizer phase) the last stage broadcasts the step's loss over the host pp group ("pp.loss",
+// 4 bytes), so every rank reports it. Memory counters add every activation set and the gradient
+// send buffers (comm_buffers), as the CPU trainer's.
+//
+// Not on GPUs in this version (check_supported_cuda refuses it naming the key): ZeRO 3
+// (parallel.zero = 3); nor the interleaved pipeline schedule (refused on CPUs too).
 #pragma once
 
 #include <cstdint>
@@ -73,11 +92,12 @@ struct CudaRunOptions {
   CommBackend comm = CommBackend::kAuto;
 };
 
-// Throws InputError, before any rank starts work, for what the CUDA runtime cannot run: everything
-// runtime::check_supported refuses, then pp > 1 (message names parallel.pp) and ZeRO 3 (names
-// parallel.zero), which are not on GPUs in this version, and last no usable device (the message
-// names runtime.device and carries no_device_reason()). So a scenario the GPU cannot run is
-// refused for that reason on any machine, with or without a device.
+// Throws InputError, before any rank starts work, for what the CUDA runtime cannot run: a pipeline
+// schedule other than gpipe and 1f1b (message names parallel.schedule and device cuda), everything
+// runtime::check_supported refuses, then ZeRO 3 (names parallel.zero), which is not on GPUs in this
+// version, and last no usable device (the message names runtime.device and carries
+// no_device_reason()). So a scenario the GPU cannot run is refused for that reason on any machine,
+// with or without a device.
 void check_supported_cuda(const Scenario& s);
 
 // Spans timed by CUDA events on one stream (see the top of this file).
@@ -137,14 +157,15 @@ class GpuTrainer {
   const Layout& layout() const { return layout_; }
   const DeviceInfo& device() const { return device_; }
   const CudaRunOptions& options() const { return opt_; }
-  // "nccl", "staged" or "none" (dp = tp = 1: no device communicator).
+  // "nccl", "staged" or "none" (dp = tp = pp = 1: no device communicator).
   const std::string& comm_backend() const { return comm_name_; }
   GpuGpt& model() { return *model_; }
   Communicator& dp_group() { return *dp_; }  // host communicator of the dp group
   Communicator& tp_group() { return *tp_; }  // host communicator of the tp group
+  Communicator& pp_group() { return *pp_; }  // host communicator of the pp group
   // The ZeRO partition of the flat array over dp (ranks 1 without ZeRO), as the CPU trainer's.
   const ZeroPartition& zero() const { return zero_; }
-  // Elements of this rank's flat array (its tp shard of the model), without ZeRO padding.
+  // Elements of this rank's flat array (its (tp, pp) shard of the model), without ZeRO padding.
   std::size_t flat_elems() const;
   const std::vector<DdpBucket>& buckets() const { return buckets_; }
   int micro_batches() const { return micro_batches_; }
@@ -159,6 +180,9 @@ class GpuTrainer {
   void record_memory();
   std::unique_ptr<Communicator> make_device_comm(Communicator& host, CommBackend backend);
   void reduce_gradients_zero(int32_t step, int32_t mb);
+  void embed_all_reduce();
+  void forward_pass(int mb, const GptHooks& hooks, double& loss_sum);
+  void backward_pass(int mb, const GptHooks& hooks, float loss_scale);
 
   Scenario s_;
   Communicator& world_;
@@ -173,13 +197,20 @@ class GpuTrainer {
   std::unique_ptr<Communicator> dp_dev_;  // device buffers; null when dp = 1
   std::unique_ptr<Communicator> tp_;      // host
   std::unique_ptr<Communicator> tp_dev_;  // device buffers; null when tp = 1
+  std::unique_ptr<Communicator> pp_;      // host (the loss broadcast)
+  std::unique_ptr<Communicator> pp_dev_;  // device buffers (activations); null when pp = 1
+  std::unique_ptr<Communicator> pp_grad_dev_;  // NCCL only: the gradients' own pp communicator
+  std::unique_ptr<Communicator> embed_;        // host: first and last stage (pp > 1)
+  std::unique_ptr<Communicator> embed_dev_;    // device buffers; null unless first or last of pp > 1
   std::string comm_name_ = "none";
   std::unique_ptr<GpuGpt> model_;
   std::vector<DdpBucket> buckets_;
   std::unique_ptr<Ddp> ddp_;
   std::unique_ptr<TokenSource> source_;
   std::unique_ptr<DataLoader> loader_;
-  std::unique_ptr<GpuActivations> acts_;
+  std::vector<std::unique_ptr<GpuActivations>> acts_;  // one per micro-batch in flight (mb % size)
+  std::vector<DeviceArray<float>> grad_send_;  // pipeline: gradient sent back, one per slot
+  std::vector<Handle> act_send_h_, grad_send_h_;
   std::unique_ptr<GpuGradScratch> scratch_;
   DeviceArray<float> adam_m_, adam_v_;  // (num_params), or (k) the owned shard under ZeRO
   ZeroPartition zero_;
