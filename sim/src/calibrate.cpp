@@ -190,7 +190,11 @@ int latency_steps(traces::CollOp op, int n) {
 
 double compute_slowdown(const CoreSharing& s, int ranks_on_node) {
   if (s.cores <= 0 || ranks_on_node <= 0) return 1.0;
-  const double busy = double(ranks_on_node) * std::max(1, s.threads_per_rank);
+  return busy_slowdown(s, double(ranks_on_node) * std::max(1, s.threads_per_rank));
+}
+
+double busy_slowdown(const CoreSharing& s, double busy) {
+  if (s.cores <= 0 || busy <= 0) return 1.0;
   const double u = busy / s.cores;
   if (u <= 1.0) {
     if (s.cores <= 1) return 1.0;
@@ -371,6 +375,7 @@ struct OpKey {
 };
 struct OpObs {
   std::vector<double> durations;
+  std::vector<int> in_flight;  // per span: the run's collective/transfer spans in flight at its midpoint
   std::vector<Kernel> kernels;
   ModelDims dims;
   double params = 0;  // adamw: parameters held
@@ -440,6 +445,17 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
       const auto& y = t.spans[b];
       return std::tie(x.rank, x.start_ns) < std::tie(y.rank, y.start_ns);
     });
+    // The run's communication spans (every rank): a compute span with m of them in flight shares the
+    // cores with m progress threads (CoreSharing::comm_thread_weight).
+    std::vector<std::pair<int64_t, int64_t>> comm_spans;
+    for (const auto& sp : t.spans)
+      if ((sp.kind == traces::SpanKind::Collective || sp.kind == traces::SpanKind::P2P) && sp.step >= info.first_counted_step)
+        comm_spans.emplace_back(sp.start_ns, sp.end_ns);
+    auto in_flight_at = [&](int64_t at) {
+      int m = 0;
+      for (const auto& [b, e] : comm_spans) m += b <= at && at < e;
+      return m;
+    };
     for (size_t i : order) {
       const auto& sp = t.spans[i];
       if (sp.kind != traces::SpanKind::Compute && sp.kind != traces::SpanKind::Optimizer) continue;
@@ -463,8 +479,18 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
         o.params = held_params(name, info.s, coord);
       }
       o.durations.push_back(double(sp.duration_ns()));
+      o.in_flight.push_back(comm_spans.empty() ? 0 : in_flight_at(sp.start_ns + sp.duration_ns() / 2));
     }
   }
+  // Medians of the spans with (overlapped = true) or without communication in flight.
+  auto split_median = [](const OpObs& o, bool overlapped, double* mean_m = nullptr) {
+    std::vector<double> v;
+    double ms = 0;
+    for (size_t j = 0; j < o.durations.size(); ++j)
+      if ((o.in_flight[j] > 0) == overlapped) v.push_back(o.durations[j]), ms += o.in_flight[j];
+    if (mean_m) *mean_m = v.empty() ? 0 : ms / double(v.size());
+    return std::make_pair(v.empty() ? 0.0 : median(v), v.size());
+  };
   for (const auto& u : unknown) out.notes.push_back("compute spans named '" + u + "' have no simulator op: not fitted");
 
   // ---- core sharing: slowdown of each trace against the lone-rank (or the least crowded) trace
@@ -482,11 +508,14 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
   for (size_t i = 0; i < infos.size(); ++i) {
     if (infos[i].bench || infos[i].ranks_on_node == infos[ref].ranks_on_node) continue;
     double num = 0, den = 0;
+    // Only the spans with no communication in flight: what sharing the cores among the ranks costs.
     for (const auto& [k, o] : obs[i]) {
       const auto r = obs[ref].find(k);
       if (r == obs[ref].end()) continue;
-      num += double(o.durations.size()) * median(o.durations);
-      den += double(o.durations.size()) * median(r->second.durations);
+      const auto [med, n] = split_median(o, false);
+      if (n == 0) continue;
+      num += double(n) * med;
+      den += double(n) * median(r->second.durations);
     }
     if (den > 0) factor[i] = num / den;
     else out.notes.push_back(infos[i].label + ": no compute op in common with the reference trace; slowdown 1 assumed");
@@ -531,6 +560,56 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
                            compute_slowdown(sharing, infos[i].ranks_on_node) /
                                compute_slowdown(sharing, infos[ref].ranks_on_node)});
 
+  // ---- progress threads: compute that ran while m collectives or transfers of its run were in flight
+  // ran as if (ranks · threads + v · m) threads shared the cores. Per multi-rank run, the overlapped
+  // spans' time against the same ops without communication (the reference's median times the run's
+  // slowdown) gives the law's busy count, hence v; runs are weighted by their overlapped spans.
+  {
+    double v_sum = 0, w_sum = 0;
+    for (size_t i = 0; i < infos.size(); ++i) {
+      if (infos[i].bench || i == ref) continue;
+      double num = 0, den = 0, m_sum = 0, n_sum = 0;
+      for (const auto& [k, o] : obs[i]) {
+        const auto r = obs[ref].find(k);
+        if (r == obs[ref].end()) continue;
+        double mean_m = 0;
+        const auto [med, n] = split_median(o, true, &mean_m);
+        if (n == 0) continue;
+        num += double(n) * med;
+        den += double(n) * median(r->second.durations) * factor[i];
+        m_sum += double(n) * mean_m, n_sum += double(n);
+      }
+      if (den <= 0 || n_sum <= 0) continue;
+      const double ratio = num / den, m_mean = m_sum / n_sum;
+      const double base = double(infos[i].ranks_on_node) * threads;
+      const double f0 = busy_slowdown(sharing, base);
+      double busy = base;
+      if (ratio > 1.0) {
+        // The law is increasing in the busy count: bisect for law(busy) = ratio · law(base).
+        double lo = base, hi = base + 64.0 * cores;
+        for (int it = 0; it < 60; ++it) {
+          const double mid = 0.5 * (lo + hi);
+          (busy_slowdown(sharing, mid) < ratio * f0 ? lo : hi) = mid;
+        }
+        busy = 0.5 * (lo + hi);
+      }
+      v_sum += n_sum * (busy - base) / m_mean;
+      w_sum += n_sum;
+    }
+    if (w_sum > 0) {
+      sharing.comm_thread_weight = v_sum / w_sum;
+      out.notes.push_back("comm_thread_weight " + std::to_string(sharing.comm_thread_weight) +
+                          " (compute with collectives in flight against compute without)");
+    }
+  }
+  // A span's slowdown against the lone rank: its run's (measured) times the law's extra for the
+  // progress threads in flight.
+  auto span_factor = [&](size_t i, double m) {
+    if (m <= 0 || sharing.comm_thread_weight <= 0) return factor[i];
+    const double base = double(infos[i].ranks_on_node) * threads;
+    return factor[i] * busy_slowdown(sharing, base + sharing.comm_thread_weight * m) / busy_slowdown(sharing, base);
+  };
+
   // ---- compute fit: NNLS over normalised medians
   struct Row {
     OpKey key;
@@ -548,10 +627,16 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
       r.kernels = o.kernels;
       r.dims = o.dims;
       r.params = o.params;
-      // Pool the normalised durations of every trace.
-      const double n = double(o.durations.size());
-      r.measured = (r.measured * double(r.count) + median(o.durations) / factor[i] * n) / (double(r.count) + n);
-      r.count += static_cast<int64_t>(n);
+      // Pool the normalised durations of every trace (spans with and without communication in
+      // flight normalised apart).
+      for (const bool overlapped : {false, true}) {
+        double mean_m = 0;
+        const auto [med, cnt] = split_median(o, overlapped, &mean_m);
+        if (cnt == 0) continue;
+        const double n = double(cnt);
+        r.measured = (r.measured * double(r.count) + med / span_factor(i, mean_m) * n) / (double(r.count) + n);
+        r.count += static_cast<int64_t>(n);
+      }
     }
   if (rows_by_key.empty())
     throw InputError("orrery calibrate: the traces have no compute spans the simulator models (fwd.block, bwd.block, "

@@ -216,16 +216,22 @@ class Executor {
   };
   struct NodeCpu {
     std::vector<Running> running;
+    double comm_threads = 0;  // comm_thread_weight per member of each collective in flight
     int64_t updated_ns = 0;
     uint64_t generation = 0;
   };
-  double shared_rate(size_t busy) const {
-    return busy == 0 ? 1.0 : 1.0 / compute_slowdown(*opt_.core_sharing, static_cast<int>(busy));
+  // The rate of each computing rank: the law for its compute threads plus the progress threads of
+  // the collectives in flight (CoreSharing::comm_thread_weight).
+  double shared_rate(const NodeCpu& n) const {
+    if (n.running.empty()) return 1.0;
+    const double busy =
+        double(n.running.size()) * std::max(1, opt_.core_sharing->threads_per_rank) + n.comm_threads;
+    return 1.0 / busy_slowdown(*opt_.core_sharing, busy);
   }
   // Work done since the last update, at the rate of the ranks that were busy meanwhile.
   void progress_node(NodeCpu& n) {
     const int64_t now = engine_.now();
-    const double done = double(now - n.updated_ns) * shared_rate(n.running.size());
+    const double done = double(now - n.updated_ns) * shared_rate(n);
     for (auto& r : n.running) r.remaining_ns -= done;
     n.updated_ns = now;
   }
@@ -242,7 +248,7 @@ class Executor {
     if (n.running.empty()) return;
     double least = n.running.front().remaining_ns;
     for (const auto& r : n.running) least = std::min(least, r.remaining_ns);
-    const double rate = shared_rate(n.running.size());
+    const double rate = shared_rate(n);
     const int64_t at = engine_.now() + static_cast<int64_t>(std::ceil(std::max(0.0, least) / rate));
     const uint64_t gen = ++n.generation;
     engine_.schedule_at(at, [this, node, gen] {
@@ -301,6 +307,23 @@ class Executor {
     launch(req, c_.node_of(src) == c_.node_of(dst), std::move(members));
   }
 
+  // A collective's progress threads join (sign +1) or leave (-1) the cores of its members' nodes.
+  void comm_threads(const CollectiveRequest& req, double sign) {
+    const double w = opt_.core_sharing->comm_thread_weight;
+    std::vector<int> nodes;
+    for (int32_t m : req.members) nodes.push_back(std::max(0, c_.node_of(m)));
+    std::sort(nodes.begin(), nodes.end());
+    for (size_t i = 0; i < nodes.size();) {
+      size_t j = i;
+      while (j < nodes.size() && nodes[j] == nodes[i]) ++j;
+      NodeCpu& n = cpus_[nodes[i]];
+      progress_node(n);
+      n.comm_threads = std::max(0.0, n.comm_threads + sign * w * double(j - i));
+      reschedule_node(nodes[i]);
+      i = j;
+    }
+  }
+
   void launch(const CollectiveRequest& req, bool intra_node, std::vector<Member> members) {
     const int64_t now = engine_.now();
     // Core sharing: started while k ranks of the node compute, it takes (1 + w k / cores) x its time
@@ -315,7 +338,10 @@ class Executor {
                  double(opt_.core_sharing->cores);
     }
     for (const auto& [ri, id] : members) runs_[ri].ops[id].active_ns = now;
-    auto done = [this, members = std::move(members)] {
+    const bool threads = sharing_ && opt_.core_sharing->comm_thread_weight > 0;
+    if (threads) comm_threads(req, +1.0);
+    auto done = [this, members = std::move(members), threads, req] {
+      if (threads) comm_threads(req, -1.0);
       for (const auto& [ri, id] : members) complete(ri, id);
     };
     if (opt_.comm_time) {

@@ -274,7 +274,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
     if (!sh.IsMap()) throw InputError(where(origin, sh, "sharing") + ": expected a mapping");
     check_keys(sh,
                {"cores", "threads_per_rank", "contention_at_full", "oversubscription_exponent", "comm_exponent",
-                "comm_compute_weight"},
+                "comm_compute_weight", "comm_thread_weight"},
                origin, "sharing.");
     auto num = [&](const char* key, double lo) {
       const double v = get_number(sh[key], origin, std::string("sharing.") + key);
@@ -296,6 +296,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
     if (sh["oversubscription_exponent"]) cs.oversubscription_exponent = num("oversubscription_exponent", 0.0);
     if (sh["comm_exponent"]) cs.comm_exponent = num("comm_exponent", 0.0);
     if (sh["comm_compute_weight"]) cs.comm_compute_weight = num("comm_compute_weight", 0.0);
+    if (sh["comm_thread_weight"]) cs.comm_thread_weight = num("comm_thread_weight", 0.0);
   }
   if (const auto m = root["machine"]) {
     if (!m.IsMap()) throw InputError(where(origin, m, "machine") + ": expected a mapping of strings");
@@ -389,6 +390,7 @@ std::string to_yaml(const HardwareProfile& p) {
     e << YAML::Key << "oversubscription_exponent" << YAML::Value << cs.oversubscription_exponent;
     e << YAML::Key << "comm_exponent" << YAML::Value << cs.comm_exponent;
     e << YAML::Key << "comm_compute_weight" << YAML::Value << cs.comm_compute_weight;
+    e << YAML::Key << "comm_thread_weight" << YAML::Value << cs.comm_thread_weight;
     e << YAML::EndMap;
   }
   if (!p.ops.empty()) {

@@ -101,6 +101,9 @@ int latency_steps(traces::CollOp op, int n);
 // The compute slowdown of one rank when `ranks_on_node` ranks share the node's cores (1 without a
 // sharing model), and that of collectives (the law in the header comment).
 double compute_slowdown(const CoreSharing& s, int ranks_on_node);
+// The same law for a busy-thread count that need not be whole (compute threads plus
+// comm_thread_weight per collective in flight): compute_slowdown(s, n) = busy_slowdown(s, n · threads).
+double busy_slowdown(const CoreSharing& s, double busy_threads);
 double comm_slowdown(const CoreSharing& s, int ranks_on_node);
 
 // The profile as `ranks_on_node` ranks sharing a node see it (unchanged without a sharing model).

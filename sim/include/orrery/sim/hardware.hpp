@@ -36,6 +36,7 @@
 //     comm_exponent: 1.0        #   collectives: (ranks x threads / cores)^e beyond the cores
 //     comm_compute_weight: 2.5  #   a collective launched while k ranks of the node compute takes
 //                               #   (1 + weight x k / cores) x its time (its progress thread loses the cores)
+//     comm_thread_weight: 0.8   #   busy threads each collective in flight adds to the compute slowdown
 //   ops:                        # optional (calibrated profiles): measured lone-rank op times
 //     - {name: fwd.block, batch: 8, seq: 128, d_model: 256, heads: 4, vocab: 8192, tp: 1, time_us: 24784}
 //     - {name: adamw, params: 5.3e6, time_us: 29695}   #   the optimizer: by parameters held
@@ -119,6 +120,10 @@ struct CoreSharing {
   // gets the cores only between the compute threads' time slices. Fitted from the overlapped
   // collectives of the calibration runs against the commbench tables; 0 = no stretch.
   double comm_compute_weight = 0.0;
+  // Each collective or transfer in flight on the node counts as this many busy threads in the
+  // compute slowdown (its MPI progress thread polls and copies on the same cores): fitted from the
+  // calibration runs' compute with communication in flight against the same ops without; 0 = none.
+  double comm_thread_weight = 0.0;
 };
 
 // A compute op's measured time on one rank alone (the `ops:` section, written by `orrery calibrate`):
