@@ -633,8 +633,11 @@ StepResult GpuTrainer::step() {
       if (pass >= 0) forward_pass(pass, hooks, loss_sum);
       else backward_pass(-pass - 1, hooks, loss_scale);
     }
+    // Every send of the step complete (and the handles dropped: the next step starts clean).
     for (auto& h : act_send_h_) h.wait();
     for (auto& h : grad_send_h_) h.wait();
+    std::fill(act_send_h_.begin(), act_send_h_.end(), Handle());
+    std::fill(grad_send_h_.begin(), grad_send_h_.end(), Handle());
   } else {
     for (int mb = 0; mb < micro_batches_; ++mb) {
       forward_pass(mb, hooks, loss_sum);

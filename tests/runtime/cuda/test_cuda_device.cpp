@@ -104,9 +104,10 @@ TEST(CudaDevice, LauncherLocalRank) {
   ::unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
 }
 
-// What the GPU trainer cannot run (pp > 1, ZeRO 3) is refused naming the key, before the device
-// check, so on any machine; tp and ZeRO 1/2 are accepted (here: refused only for want of a device).
-TEST(CudaRuntime, RefusesPipelineAndZero3AcceptsTensorParallelAndZero12) {
+// What the GPU trainer cannot run (ZeRO 3, the interleaved pipeline schedule) is refused naming
+// the key, before the device check, so on any machine; tp, pp (gpipe, 1f1b) and ZeRO 1/2 are
+// accepted, alone and combined (here: refused only for want of a device).
+TEST(CudaRuntime, RefusesZero3AndInterleavedAcceptsPipelineTensorParallelAndZero12) {
   auto refusal = [](const Scenario& s) -> std::string {
     try {
       check_supported_cuda(s);
@@ -116,29 +117,46 @@ TEST(CudaRuntime, RefusesPipelineAndZero3AcceptsTensorParallelAndZero12) {
     return "";
   };
   Scenario s = tiny_cuda_scenario();
-  s.parallel.pp = 2;
-  s.parallel.dp = 1;
-  std::string e = refusal(s);
-  EXPECT_TRUE(contains(e, "key 'parallel.pp'")) << e;
-  EXPECT_TRUE(contains(e, "expected 1, got 2")) << e;
-  s = tiny_cuda_scenario();
   s.parallel.dp = 2;
   s.training.global_batch = 4;
   s.parallel.zero = 3;
-  e = refusal(s);
+  std::string e = refusal(s);
   EXPECT_TRUE(contains(e, "key 'parallel.zero'")) << e;
   EXPECT_TRUE(contains(e, "expected 0, 1 or 2")) << e;
+  // ZeRO 3 with a pipeline: still refused for ZeRO 3.
+  s.parallel.pp = 2;
+  s.training.global_batch = 8;
+  e = refusal(s);
+  EXPECT_TRUE(contains(e, "key 'parallel.zero'")) << e;
+  // The interleaved schedule: refused naming the schedule and the device.
+  s = tiny_cuda_scenario();
+  s.parallel.pp = 2;
+  s.parallel.schedule = "interleaved";
+  s.training.global_batch = 4;  // 2 micro-batches, a multiple of pp
+  e = refusal(s);
+  EXPECT_TRUE(contains(e, "key 'parallel.schedule'")) << e;
+  EXPECT_TRUE(contains(e, "'interleaved' is not available on device cuda")) << e;
+  EXPECT_TRUE(contains(e, "expected gpipe or 1f1b")) << e;
   // Accepted layouts: no complaint about their keys; without a device, the device is the reason.
-  for (const auto& [dp, tp, zero] :
-       {std::tuple{1, 2, 0}, std::tuple{2, 1, 1}, std::tuple{2, 1, 2}, std::tuple{2, 2, 1}}) {
+  struct Case {
+    int dp, tp, pp, zero;
+    const char* schedule;
+  };
+  for (const Case& c : {Case{1, 2, 1, 0, "1f1b"}, Case{2, 1, 1, 1, "1f1b"}, Case{2, 1, 1, 2, "1f1b"},
+                        Case{2, 2, 1, 1, "1f1b"}, Case{1, 1, 2, 0, "gpipe"}, Case{1, 1, 2, 0, "1f1b"},
+                        Case{2, 1, 2, 1, "1f1b"}, Case{2, 1, 2, 2, "gpipe"}, Case{1, 2, 2, 0, "1f1b"},
+                        Case{2, 2, 2, 2, "1f1b"}}) {
     s = tiny_cuda_scenario();
-    s.parallel.dp = dp;
-    s.parallel.tp = tp;
-    s.parallel.zero = zero;
+    s.parallel.dp = c.dp;
+    s.parallel.tp = c.tp;
+    s.parallel.pp = c.pp;
+    s.parallel.zero = c.zero;
+    s.parallel.schedule = c.schedule;
     s.training.global_batch = 4;
     e = refusal(s);
     EXPECT_FALSE(contains(e, "parallel."))
-        << "dp " << dp << " tp " << tp << " zero " << zero << ": " << e;
+        << "dp " << c.dp << " tp " << c.tp << " pp " << c.pp << " zero " << c.zero << " "
+        << c.schedule << ": " << e;
     if (device_count() == 0) {
       EXPECT_TRUE(contains(e, "runtime.device")) << e;
     } else {

@@ -1,4 +1,4 @@
-// ZeRO 1/2 and tensor parallelism on the GPU trainer, under mpirun with 2 ranks sharing one GPU
+// ZeRO 1/2, tensor and pipeline parallelism on the GPU trainer, under mpirun with 2 ranks sharing one GPU
 // over the host-staged MPI communicator (NCCL refuses two ranks on one device; on a machine with
 // two GPUs the ranks take one each and still use the staged communicator, CudaRunOptions::comm):
 //  - dp2 ZeRO 1 and ZeRO 2 end with the parameters of dp2 without ZeRO (DDP) after 3 steps, and the
@@ -6,10 +6,16 @@
 //  - tp2 (dp1) gives tp1's loss curve, its initial shard parameters are bit-identical to the CPU
 //    shard's (gpt_create), and its final shard parameters are the matching slice of the tp1 run's
 //    (tp_slice_of_full);
-//  - the same dp2 ZeRO 2 and tp2 scenarios on the CPU trainer (same ranks, MPI) give the GPU's
-//    losses;
+//  - pp2 (GPipe and 1F1B, 4 micro-batches) gives pp1's loss curve on every rank (the loss
+//    broadcast from the last stage), each stage's initial parameters are bit-identical to the CPU
+//    stage's (gpt_create of GptShard::pipeline_stage), and its final parameters, tensor by tensor
+//    (the last stage's wte copy included), those of the pp1 run; GPipe and 1F1B end with the same
+//    parameters (the backwards accumulate in the same micro-batch order);
+//  - the same dp2 ZeRO 2, tp2 and pp2 scenarios on the CPU trainer (same ranks, MPI) give the
+//    GPU's losses;
 //  - a profiled GPU run records the CPU run's compute and collective spans (names, layers, steps,
-//    micro-batches), in order, on rank 0.
+//    micro-batches), in order, on rank 0; under pp2 every rank's compute, P2P and collective spans
+//    are the CPU run's, with the counts of the schedule.
 // Main: tests/runtime/mpi/mpi_main.cpp (the world communicator, one report). Without a device
 // every test skips with the reason; run_mpi_gpu_tests.sh turns "0 tests passed" into ctest's skip.
 //
@@ -21,8 +27,9 @@
 // max|Δ|/max|p| < 1e-4, observed up to 2.9e-5). AdamW amplifies a gradient difference δg on
 // elements whose gradient is near zero (update ≈ lr·δg/|g|), so parameters get the CPU test's bound
 // and losses 1e-5 relative for ZeRO (the forward is the same computation on the same parameters
-// until the first update) and 1e-4 for tp and for CPU vs GPU (the existing single-GPU test's fp32
-// bound: different kernels on both sides).
+// until the first update) and 1e-4 for tp, pp and for CPU vs GPU (the existing single-GPU test's
+// fp32 bound: different kernels on both sides; pp sums the tied wte's two gradient halves over the
+// embedding group where pp1 accumulates them in one array).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -50,7 +57,7 @@ namespace {
 
 using orrery::runtime::testing::world;
 
-Scenario tiny(int dp, int tp, int zero) {
+Scenario tiny(int dp, int tp, int zero, int pp = 1, const char* schedule = "1f1b") {
   Scenario s;
   s.name = "cuda-parallel";
   s.model.layers = 2;
@@ -66,6 +73,8 @@ Scenario tiny(int dp, int tp, int zero) {
   s.parallel.dp = dp;
   s.parallel.tp = tp;
   s.parallel.zero = zero;
+  s.parallel.pp = pp;
+  s.parallel.schedule = schedule;  // pp2 (dp1): 4 micro-batches per step
   s.parallel.bucket_mb = 0.01;  // several DDP buckets
   s.runtime.threads = 1;
   s.runtime.device = "cuda";
@@ -240,6 +249,89 @@ TEST(GpuTensorParallel, Tp2LossesMatchTheCpuTrainer) {
   expect_losses_near(gpu.losses, cpu, 1e-4, "tp2 gpu vs cpu");
 }
 
+// A stage of a pp2 run as the CPU trainer makes it (dp = tp = 1: the pp rank is the world rank).
+Gpt stage_shard(const Scenario& s, int stage) {
+  const GptConfig cfg = gpt_config(s.model);
+  return gpt_create(cfg, GptShard::pipeline_stage(cfg, stage, s.parallel.pp), s.training.seed);
+}
+
+// Each tensor of `stage` (by name) taken from the whole model's flat array `full_params`.
+std::vector<float> stage_slice_of_full(const Gpt& full, const Gpt& stage,
+                                       const std::vector<float>& full_params) {
+  std::vector<float> out(stage.num_params());
+  for (const ParamTensor& t : stage.tensors) {
+    const ParamTensor& f = full.tensor(t.name);
+    EXPECT_EQ(f.count, t.count) << t.name;
+    std::copy(full_params.begin() + static_cast<std::ptrdiff_t>(f.offset),
+              full_params.begin() + static_cast<std::ptrdiff_t>(f.offset + f.count),
+              out.begin() + static_cast<std::ptrdiff_t>(t.offset));
+  }
+  return out;
+}
+
+TEST(GpuPipeline, Pp2GpipeAnd1f1bMatchPp1) {
+  SKIP_WITHOUT_GPU();
+  const int stage = world().rank();
+  const Scenario s1 = tiny(1, 1, 0);
+  // pp1: the same global batch on one GPU, whole model, every rank on its own.
+  GpuRun serial;
+  {
+    auto local = make_local_communicator();
+    GpuTrainer t(s1, *local, nullptr, staged());
+    t.prepare();
+    serial.initial = t.parameters();
+    for (int i = 0; i < s1.training.steps; ++i) serial.losses.push_back(t.step().loss);
+    serial.final_params = t.parameters();
+    t.finish();
+  }
+  const Gpt full = gpt_create(gpt_config(s1.model), GptShard{}, s1.training.seed);
+  ASSERT_EQ(serial.final_params.size(), full.num_params());
+  std::vector<std::vector<float>> finals;
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    const Scenario s = tiny(1, 1, 0, 2, schedule);
+    ASSERT_EQ(s.micro_batches_per_step(), 4);
+    const std::string what =
+        std::string("pp2 ") + schedule + " vs pp1 (stage " + std::to_string(stage) + ")";
+    const GpuRun pp = run_gpu(s, world());
+    const Gpt cpu_stage = stage_shard(s, stage);
+    ASSERT_EQ(pp.initial.size(), cpu_stage.num_params()) << what;
+    EXPECT_EQ(std::memcmp(pp.initial.data(), cpu_stage.params.data(),
+                          pp.initial.size() * sizeof(float)),
+              0)
+        << what << ": initial parameters differ from the CPU stage's";
+    EXPECT_LT(pp.initial.size(), serial.initial.size()) << what;
+    // Every rank reports the last stage's loss (pp.loss).
+    expect_losses_near(pp.losses, serial.losses, 1e-4, what.c_str());
+    const std::vector<float> want = stage_slice_of_full(full, cpu_stage, serial.final_params);
+    const double rel = param_rel_diff(pp.final_params, want);
+    std::printf("  [rank %d] %s: parameters max|d|/max|p| = %.3g (bound 1e-4)\n", stage,
+                what.c_str(), rel);
+    EXPECT_LT(rel, 1e-4) << what;
+    EXPECT_GT(param_rel_diff(pp.final_params, pp.initial), 1e-5) << what;
+    // Stage 1 (no embedding) holds one gradient send buffer (B,T,C) per micro-batch in flight:
+    // GPipe 4, 1F1B 1 (p - s).
+    const double boundary = 2.0 * s.model.seq * s.model.d_model * sizeof(float);
+    const double in_flight = std::string(schedule) == "gpipe" ? 4 : 2 - stage;
+    EXPECT_EQ(pp.memory.comm_buffers, stage == 1 ? in_flight * boundary : 0.0) << what;
+    finals.push_back(pp.final_params);
+  }
+  const double rel = param_rel_diff(finals[1], finals[0]);
+  std::printf("  [rank %d] pp2 1f1b vs gpipe: parameters max|d|/max|p| = %.3g (bound 1e-4)\n",
+              stage, rel);
+  EXPECT_LT(rel, 1e-4);
+}
+
+TEST(GpuPipeline, Pp2LossesMatchTheCpuTrainer) {
+  SKIP_WITHOUT_GPU();
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    const Scenario s = tiny(1, 1, 0, 2, schedule);
+    const std::vector<float> cpu = run_cpu_losses(s, world());
+    const GpuRun gpu = run_gpu(s, world());
+    expect_losses_near(gpu.losses, cpu, 1e-4,
+                       (std::string("pp2 ") + schedule + " gpu vs cpu").c_str());
+  }
+}
+
 // (kind, name, layer, step, micro_batch) of rank 0's op spans on the compute stream and collective
 // spans on the comm stream (the staged communicator's host MPI operations, as the CPU run's), in
 // time order per stream; set-up and report collectives (step -1) and the CUPTI tracer's kernel
@@ -308,6 +400,85 @@ TEST(GpuParallelSpans, ProfiledRunsRecordTheCpuSpans) {
       EXPECT_EQ(count_named(gpu, kTpAllReduceName),
                 2 * mbs * 4 * static_cast<std::size_t>(s.model.layers))
           << tag;
+    }
+  }
+  world().barrier().wait();
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// (kind, name, layer, step, micro_batch) of one rank's compute spans (compute stream), then its
+// P2P spans, then its collective spans (comm stream: the staged communicator's host MPI
+// operations, as the CPU run's), each in time order; set-up and report operations (step -1) and
+// CUPTI's kernel spans left out.
+std::vector<SpanKey> rank_spans(const traces::Trace& t, int rank) {
+  std::vector<SpanKey> compute, p2p, coll;
+  for (const auto& sp : t.spans) {  // sorted by (rank, stream, start)
+    if (sp.rank != rank || sp.step < 0) continue;
+    const SpanKey k{static_cast<int>(sp.kind), t.name_of(sp), sp.layer, sp.step, sp.micro_batch};
+    if (sp.kind == traces::SpanKind::Compute && sp.stream == profiler::kComputeStream) {
+      compute.push_back(k);
+    } else if (sp.kind == traces::SpanKind::P2P && sp.stream == profiler::kCommStream) {
+      p2p.push_back(k);
+    } else if (sp.kind == traces::SpanKind::Collective && sp.stream == profiler::kCommStream) {
+      coll.push_back(k);
+    }
+  }
+  compute.insert(compute.end(), p2p.begin(), p2p.end());
+  compute.insert(compute.end(), coll.begin(), coll.end());
+  return compute;
+}
+
+TEST(GpuParallelSpans, Pp2RunsRecordTheCpuSpansOnEveryStage) {
+  SKIP_WITHOUT_GPU();
+  int32_t pid = static_cast<int32_t>(::getpid());
+  world().broadcast(&pid, 1, DType::I32, 0).wait();
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("orrery-cuda-pp-" + std::to_string(pid));
+  if (world().rank() == 0) std::filesystem::create_directories(dir);
+  world().barrier().wait();
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    Scenario s = tiny(1, 1, 0, 2, schedule);
+    s.training.steps = 2;
+    const std::string tag = std::string("pp2-") + schedule;
+    RankRunOptions opt;
+    Scenario c = s;
+    c.runtime.device = "cpu";
+    opt.out = (dir / (tag + "-cpu.db")).string();
+    const RankRunResult rc = run_rank(c, world(), opt);
+    opt.out = (dir / (tag + "-gpu.db")).string();
+    const RankRunResult rg = run_rank_cuda(s, world(), opt, staged());
+    EXPECT_EQ(rc.steps.size(), 2u) << tag;
+    EXPECT_EQ(rg.steps.size(), 2u) << tag;
+    world().barrier().wait();  // rank 0 merged both traces
+    if (world().rank() != 0) continue;
+    const traces::Trace cpu_t = traces::load_trace((dir / (tag + "-cpu.db")).string());
+    const traces::Trace gpu_t = traces::load_trace((dir / (tag + "-gpu.db")).string());
+    const std::size_t mbs = 4, steps = 2;
+    for (int rank : {0, 1}) {
+      const auto cpu = rank_spans(cpu_t, rank);
+      const auto gpu = rank_spans(gpu_t, rank);
+      const std::string what = tag + " rank " + std::to_string(rank);
+      EXPECT_FALSE(cpu.empty()) << what;
+      EXPECT_EQ(gpu, cpu) << what;
+      // Stage 0 sends activations and receives gradients, stage 1 the other way round, once per
+      // micro-batch; both sum the tied wte and take part in the loss broadcast once per step.
+      const bool first = rank == 0;
+      EXPECT_EQ(count_named(gpu, "pp.send_act"), first ? steps * mbs : 0u) << what;
+      EXPECT_EQ(count_named(gpu, "pp.recv_grad"), first ? steps * mbs : 0u) << what;
+      EXPECT_EQ(count_named(gpu, "pp.recv_act"), first ? 0u : steps * mbs) << what;
+      EXPECT_EQ(count_named(gpu, "pp.send_grad"), first ? 0u : steps * mbs) << what;
+      EXPECT_EQ(count_named(gpu, "pp.embed_all_reduce"), steps) << what;
+      EXPECT_EQ(count_named(gpu, "pp.loss"), steps) << what;
+      // The stage's own block only (layer 0 on stage 0, layer 1 on stage 1), the embedding on the
+      // first stage, the head on the last.
+      EXPECT_EQ(count_named(gpu, "fwd.block"), steps * mbs) << what;
+      EXPECT_EQ(count_named(gpu, "fwd.embed"), first ? steps * mbs : 0u) << what;
+      EXPECT_EQ(count_named(gpu, "fwd.head"), first ? 0u : steps * mbs) << what;
+      for (const SpanKey& k : gpu) {
+        if (std::get<1>(k) == "fwd.block" || std::get<1>(k) == "bwd.block") {
+          EXPECT_EQ(std::get<2>(k), rank) << what;
+        }
+      }
     }
   }
   world().barrier().wait();
