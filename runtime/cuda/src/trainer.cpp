@@ -350,8 +350,14 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
       // gradient receive while the neighbour's gradient send waits behind its activation receive.
       // So with NCCL the gradients travel on a second communicator of the same group (its own
       // stream); each direction's transfers are then posted in the same order at both ends. The
-      // staged communicator posts MPI's non-blocking operations and needs no second one.
-      if (backend == CommBackend::kNccl) pp_grad_dev_ = make_device_comm(*pp_, backend);
+      // staged communicator posts MPI's non-blocking operations and needs no second one. The second
+      // one is bootstrapped from a split of the host pp group, so its operations carry their own
+      // communicator id and sequence numbers in the trace ("pp_grad[...]", NCCL runs only).
+      if (backend == CommBackend::kNccl) {
+        pp_grad_ = pp_->split(0, L.pp_rank, traces::CommKind::PP,
+                              "pp_grad[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
+        pp_grad_dev_ = make_device_comm(*pp_grad_, backend);
+      }
       if (embed_->size() > 1) embed_dev_ = make_device_comm(*embed_, backend);
     }
     comm_name_ = backend == CommBackend::kNccl ? "nccl" : "staged";

@@ -45,8 +45,9 @@
 // compute stream waits for it), one without the head sends stage_output() ("pp.send_act") after it;
 // backward "pp.recv_grad" into the scratch's dres before, "pp.send_grad" after (from a per-slot
 // device buffer, so the next backward may reuse the scratch); P2P, layer -1, on a device
-// communicator of the pp group (NCCL: the gradients on a second communicator of the group, see
-// trainer.cpp; staged: one). A slot's previous send is waited for before its buffer is written.
+// communicator of the pp group (staged: one; NCCL: the gradients on a second communicator,
+// "pp_grad[dp=..,tp=..]", split from the pp group, so that under 1F1B no send waits behind a
+// receive of the other direction on NCCL's in-order stream; see trainer.cpp). A slot's previous send is waited for before its buffer is written.
 // Only the first and last stage load data. The tied wte gradient is summed over the first and
 // last stage ("pp.embed_all_reduce", Sum, a device communicator of the embedding group) after the
 // DDP all-reduce, or under ZeRO before each reduce-scatter. At the end of the step (after the
@@ -199,6 +200,7 @@ class GpuTrainer {
   std::unique_ptr<Communicator> tp_dev_;  // device buffers; null when tp = 1
   std::unique_ptr<Communicator> pp_;      // host (the loss broadcast)
   std::unique_ptr<Communicator> pp_dev_;  // device buffers (activations); null when pp = 1
+  std::unique_ptr<Communicator> pp_grad_;      // NCCL only: host split of the pp group (bootstrap)
   std::unique_ptr<Communicator> pp_grad_dev_;  // NCCL only: the gradients' own pp communicator
   std::unique_ptr<Communicator> embed_;        // host: first and last stage (pp > 1)
   std::unique_ptr<Communicator> embed_dev_;    // device buffers; null unless first or last of pp > 1
