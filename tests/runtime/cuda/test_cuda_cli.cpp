@@ -1,6 +1,7 @@
 // `orrery run --device cuda` on a machine without a usable CUDA device: a clear message naming the
 // cause on stderr, exit status 2 (bad input for this machine), no crash, no hang (a 120 s timeout
-// around the command), and no trace file left behind. Skips where a device is present.
+// around the command), and no trace file left behind. Skips where a device is present. A pipeline
+// run on cuda is refused only for that cause; the interleaved schedule on any machine.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -52,6 +53,37 @@ TEST(CudaCli, RunOnDeviceCudaWithoutADeviceExitsTwoWithTheReason) {
     EXPECT_NE(r.output.find(no_device_reason()), std::string::npos) << r.output;
     std::printf("  orrery run%s -> exit %d: %s", extra.c_str(), r.status, r.output.c_str());
   }
+  std::filesystem::remove(scenario);
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "files were left in " << dir;
+  std::filesystem::remove_all(dir);
+}
+
+// Pipeline parallelism on device cuda: a pp2 run is refused only for want of a device (not for
+// parallel.pp); the interleaved schedule is refused on any machine naming parallel.schedule. Both
+// exit 2 before mpirun starts and leave nothing behind.
+TEST(CudaCli, PipelineOnDeviceCudaIsRefusedOnlyForTheDeviceOrTheInterleavedSchedule) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("orrery-cuda-cli-pp-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path scenario = dir / "pp2.yaml";
+  std::ofstream(scenario) << "name: pp2\n"
+                             "model: {layers: 2, d_model: 32, heads: 2, vocab: 64, seq: 16}\n"
+                             "training: {steps: 2, global_batch: 4, micro_batch: 2}\n"
+                             "parallel: {dp: 1, pp: 2, schedule: 1f1b}\n"
+                             "runtime: {device: cuda}\n";
+  const std::string run =
+      "timeout 120 " + std::string(ORRERY_BIN) + " run " + scenario.string() + " --nproc 2 --out " + (dir / "run.db").string();
+  if (device_count() == 0) {
+    const CommandResult r = run_command(run);
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_EQ(r.output.find("parallel.pp"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(no_device_reason()), std::string::npos) << r.output;
+  }
+  const CommandResult r = run_command(run + " --set parallel.schedule=interleaved");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("key 'parallel.schedule': 'interleaved' is not available on device cuda"),
+            std::string::npos)
+      << r.output;
   std::filesystem::remove(scenario);
   EXPECT_TRUE(std::filesystem::is_empty(dir)) << "files were left in " << dir;
   std::filesystem::remove_all(dir);
