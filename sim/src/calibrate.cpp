@@ -602,6 +602,34 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
                           " (compute with collectives in flight against compute without)");
     }
   }
+  // ---- the ranks' spread: per multi-rank run and counted step, each rank's compute total against the
+  // step's mean over its ranks; the pooled variance (R − 1 degrees of freedom per step) gives
+  // rank_jitter, the relative standard deviation of one rank's step against the others'.
+  {
+    double ss = 0, dof = 0;
+    for (size_t i = 0; i < infos.size(); ++i) {
+      if (infos[i].bench || infos[i].ranks < 2) continue;
+      std::map<int32_t, std::map<int32_t, double>> per_step;  // step -> rank -> compute ns
+      for (const auto& sp : infos[i].t->spans)
+        if ((sp.kind == traces::SpanKind::Compute || sp.kind == traces::SpanKind::Optimizer) &&
+            sp.step >= infos[i].first_counted_step)
+          per_step[sp.step][sp.rank] += double(sp.duration_ns());
+      for (const auto& [st, by_rank] : per_step) {
+        if (int(by_rank.size()) != infos[i].ranks) continue;
+        double mean = 0;
+        for (const auto& [r, x] : by_rank) mean += x;
+        mean /= double(by_rank.size());
+        if (mean <= 0) continue;
+        for (const auto& [r, x] : by_rank) ss += (x / mean - 1.0) * (x / mean - 1.0);
+        dof += double(by_rank.size() - 1);
+      }
+    }
+    if (dof > 0) {
+      out.profile.rank_jitter = std::min(0.5, std::sqrt(ss / dof));
+      out.notes.push_back("rank_jitter " + std::to_string(out.profile.rank_jitter) + " from " +
+                          std::to_string(static_cast<int>(dof)) + " rank-steps of the multi-rank runs");
+    }
+  }
   // A span's slowdown against the lone rank: its run's (measured) times the law's extra for the
   // progress threads in flight.
   auto span_factor = [&](size_t i, double m) {
@@ -781,7 +809,7 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
     CollKey key;
     int64_t bytes = 0;
     double time_ns = 0;  // max(end) - max(start)
-    int computing = 0;   // ranks of the run inside a compute span at the collective's midpoint
+    int computing = 0;   // its members inside a compute span at its midpoint
   };
   std::vector<Overlapped> overlapped;
   for (size_t ti = 0; ti < infos.size(); ++ti) {
@@ -813,9 +841,14 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
             sp.step >= info.first_counted_step)
           busy_of[sp.rank].emplace_back(sp.start_ns, sp.end_ns);
     for (auto& [r, v] : busy_of) std::sort(v.begin(), v.end());
-    auto computing_at = [&](int64_t at) {
+    // Members of a collective inside a compute span at an instant (their progress threads compete
+    // with their own compute).
+    auto computing_at = [&](int64_t at, const std::vector<int32_t>& members) {
       int k = 0;
-      for (const auto& [r, v] : busy_of) {
+      for (int32_t m : members) {
+        const auto found = busy_of.find(m);
+        if (found == busy_of.end()) continue;
+        const auto& v = found->second;
         auto it = std::upper_bound(v.begin(), v.end(), std::make_pair(at, INT64_MAX));
         if (it != v.begin() && std::prev(it)->second > at) ++k;
       }
@@ -825,9 +858,9 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
       const auto* c = t.comm(k.first);
       const int n = c ? static_cast<int>(c->ranks.size()) : g.members;
       if (n < 2 || g.members != n || g.min_end <= g.max_start) continue;
-      if (!info.bench)
+      if (!info.bench && c)
         overlapped.push_back({{g.op, n, info.ranks_on_node}, g.bytes, double(g.max_end - g.max_start),
-                              computing_at(g.max_start + (g.max_end - g.max_start) / 2)});
+                              computing_at(g.max_start + (g.max_end - g.max_start) / 2, c->ranks)});
       auto& pts = coll_points[{g.op, n, info.ranks_on_node}];
       pts.first.push_back(double(g.bytes) * traces::busbw_factor(g.op, n));
       pts.second.push_back(double(g.min_end - g.max_start));
@@ -966,7 +999,7 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
     o.bus_bandwidth_bytes_per_s = f != fits.end() && f->second.slope > 0 ? 1e9 / f->second.slope : 1e9;
     p.collectives.push_back(std::move(o));
   }
-  // comm_compute_weight w: the training runs' collectives that overlapped k computing ranks took
+  // comm_compute_weight w: the training runs' collectives whose k members were computing took
   // (1 + w k / cores) x the sweep's time for their (op, n, R, bytes); least squares through the origin
   // of (ratio − 1) against k / cores over the instances with k > 0.
   {

@@ -92,6 +92,9 @@ class Executor {
         for (uint32_t k = 0; k < op.dep_count; ++k) d.list[fill[p.deps[op.dep_begin + k]]++] = i;
       }
     }
+    // Every rank simulated: the rank spread applies (with representatives it would have no meaning).
+    const bool every_rank = static_cast<int64_t>(runs_.size()) == int64_t(l.world()) && l.world() > 1;
+    if (opt.rank_jitter > 0 && every_rank) jitter_q_ = expected_normal_order_statistics(static_cast<int>(runs_.size()));
     state_.resize(runs_.size());
     for (size_t i = 0; i < runs_.size(); ++i) {
       const auto& p = *runs_[i].program;
@@ -182,15 +185,25 @@ class Executor {
       case traces::SpanKind::P2P:
         post_p2p(ri, id, op);
         break;
-      default:
+      default: {
         t.active_ns = t.start_ns;
+        const int64_t dur = jittered(ri, op);
         if (sharing_) {
-          start_shared(ri, id, op.duration_ns);
+          start_shared(ri, id, dur);
         } else {
-          engine_.schedule_at(engine_.now() + op.duration_ns, [this, ri, id] { complete(ri, id); });
+          engine_.schedule_at(engine_.now() + dur, [this, ri, id] { complete(ri, id); });
         }
         break;
+      }
     }
+  }
+
+  // A compute op's time with the rank's spread for its step (ExecutorOptions::rank_jitter).
+  int64_t jittered(int32_t ri, const Op& op) const {
+    if (jitter_q_.empty() || op.step < 0) return op.duration_ns;
+    const size_t n = jitter_q_.size();
+    const double q = jitter_q_[(static_cast<size_t>(ri) + static_cast<size_t>(op.step)) % n];
+    return static_cast<int64_t>(std::llround(double(op.duration_ns) * std::max(0.1, 1.0 + opt_.rank_jitter * q)));
   }
 
   void complete(int32_t ri, uint32_t id) {
@@ -324,19 +337,20 @@ class Executor {
     }
   }
 
+  // Members of `req` computing right now (a running op on their node's processor-sharing server).
+  int members_computing(const CollectiveRequest& req) const {
+    int k = 0;
+    for (int32_t m : req.members) {
+      const int32_t ri = sim_index_[m];
+      if (ri < 0) continue;
+      const NodeCpu& n = cpus_[std::max(0, c_.node_of(m))];
+      for (const auto& r : n.running) k += r.ri == ri;
+    }
+    return k;
+  }
+
   void launch(const CollectiveRequest& req, bool intra_node, std::vector<Member> members) {
     const int64_t now = engine_.now();
-    // Core sharing: started while k ranks of the node compute, it takes (1 + w k / cores) x its time
-    // (CoreSharing::comm_compute_weight; the count at the start, not re-rated). Only while the run's
-    // ranks fit the cores, where w was fitted: beyond them the measured tables of the run's own
-    // crowding (profile_for_ranks) already hold what the crowded cores cost a collective.
-    double stretch = 1.0;
-    if (sharing_ && opt_.core_sharing->comm_compute_weight > 0 && !req.members.empty() &&
-        int64_t(runs_.size()) * std::max(1, opt_.core_sharing->threads_per_rank) <= opt_.core_sharing->cores) {
-      const int node = std::max(0, c_.node_of(req.members.front()));
-      stretch += opt_.core_sharing->comm_compute_weight * double(cpus_[node].running.size()) /
-                 double(opt_.core_sharing->cores);
-    }
     for (const auto& [ri, id] : members) runs_[ri].ops[id].active_ns = now;
     const bool threads = sharing_ && opt_.core_sharing->comm_thread_weight > 0;
     if (threads) comm_threads(req, +1.0);
@@ -344,19 +358,35 @@ class Executor {
       if (threads) comm_threads(req, -1.0);
       for (const auto& [ri, id] : members) complete(ri, id);
     };
+    // The time from the test hook or the profile's override; otherwise the network model times it.
+    int64_t base_ns = -1;
     if (opt_.comm_time) {
-      engine_.schedule_at(now + static_cast<int64_t>(std::llround(double(opt_.comm_time(req)) * stretch)), std::move(done));
+      base_ns = opt_.comm_time(req);
+    } else if (opt_.profile) {
+      // A send/recv override is stored under `send`.
+      if (const CollectiveOverride* o = opt_.profile->find_override(req.op, intra_node, static_cast<int>(req.members.size())))
+        base_ns = o->time_ns(req.bytes, static_cast<int>(req.members.size()));
+    }
+    if (base_ns < 0) {
+      net_->start(req, std::move(done));
       return;
     }
-    if (opt_.profile) {
-      // A send/recv override is stored under `send`.
-      if (const CollectiveOverride* o = opt_.profile->find_override(req.op, intra_node, static_cast<int>(req.members.size()))) {
-        const double t = double(o->time_ns(req.bytes, static_cast<int>(req.members.size())));
-        engine_.schedule_at(now + static_cast<int64_t>(std::llround(t * stretch)), std::move(done));
-        return;
-      }
+    // Core sharing: while k of its members compute (their progress threads compete with their own
+    // compute threads) it takes (1 + w k / cores) x its time (CoreSharing::comm_compute_weight; k at
+    // the start, not re-rated). Other ranks' compute is not counted: the measured tables of the run's
+    // own crowding (profile_for_ranks) hold what it costs. k is read in an event at this same instant,
+    // queued after the current one, so that the compute a member starts together with it (its next
+    // backward op, when a bucket is issued) counts.
+    if (sharing_ && opt_.core_sharing->comm_compute_weight > 0) {
+      engine_.schedule_at(now, [this, req, base_ns, done = std::move(done)]() mutable {
+        const double stretch = 1.0 + opt_.core_sharing->comm_compute_weight * double(members_computing(req)) /
+                                         double(opt_.core_sharing->cores);
+        engine_.schedule_at(engine_.now() + static_cast<int64_t>(std::llround(double(base_ns) * stretch)),
+                            std::move(done));
+      });
+      return;
     }
-    net_->start(req, std::move(done));
+    engine_.schedule_at(now + base_ns, std::move(done));
   }
 
   const Workload& w_;
@@ -373,9 +403,25 @@ class Executor {
   std::unordered_map<uint64_t, Channel> channels_;
   bool sharing_ = false;
   std::vector<NodeCpu> cpus_;  // per node, with core sharing
+  std::vector<double> jitter_q_;  // per simulated rank slot (rotated by step); empty: no spread
 };
 
 }  // namespace
+
+std::vector<double> expected_normal_order_statistics(int n) {
+  if (n <= 1) return {0.0};
+  auto inv_phi = [](double p) {
+    double lo = -10, hi = 10;
+    for (int it = 0; it < 100; ++it) {
+      const double mid = 0.5 * (lo + hi);
+      (0.5 * std::erfc(-mid / std::sqrt(2.0)) < p ? lo : hi) = mid;
+    }
+    return 0.5 * (lo + hi);
+  };
+  std::vector<double> q(static_cast<size_t>(n));
+  for (int i = 1; i <= n; ++i) q[static_cast<size_t>(i - 1)] = inv_phi((i - 0.375) / (n + 0.25));
+  return q;
+}
 
 ExecResult execute(const Workload& w, const Cluster& cluster, const ExecutorOptions& opt) {
   Executor e(w, cluster, opt);

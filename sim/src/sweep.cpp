@@ -83,6 +83,7 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   eo.all_ranks = opt.all_ranks;
   eo.profile = &prof;
   if (shared_cores) eo.core_sharing = &prof.sharing;
+  eo.rank_jitter = prof.rank_jitter;
   const ExecResult r = execute(w, cluster, eo);
 
   SimResult out;

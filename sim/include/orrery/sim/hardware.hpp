@@ -152,6 +152,14 @@ struct HardwareProfile {
   std::map<std::string, std::string> machine;  // the `machine:` section
   MachineDescription cluster;                  // the `cluster:` section
   CoreSharing sharing;                         // the `sharing:` section
+  // `rank_jitter`: the relative spread (standard deviation) of one rank's compute time in a step
+  // against the other ranks' in the same step (a shared machine gives its ranks unequal shares that
+  // change over time). When every rank is simulated, the executor runs rank r's compute of step s
+  // at (1 + rank_jitter · q) times its time, q the expected normal order statistics of the simulated
+  // ranks, rotated by step: each step's slowest rank is as slow as the expected slowest of that many,
+  // so a synchronising collective waits as long as it would on average. 0 = none. Fitted by
+  // `orrery calibrate` from the multi-rank runs' per-step compute totals.
+  double rank_jitter = 0;
   std::vector<MeasuredOp> ops;                 // the `ops:` section
 
   const ClassCost& cost(OpClass c) const { return classes[static_cast<int>(c)]; }
