@@ -75,14 +75,14 @@ TEST(GpuPipelineModel, TwoStagesOnOneDeviceMatchTheWholeModel) {
   const std::vector<float> full_grads = full.grads.to_host();
 
   // The two stages.
-  GpuGpt stage[2] = {
-      gpu_gpt_create(gpt_create(cfg, GptShard::pipeline_stage(cfg, 0, 2), kSeed)),
-      gpu_gpt_create(gpt_create(cfg, GptShard::pipeline_stage(cfg, 1, 2), kSeed))};
+  GpuGpt stage[2] = {gpu_gpt_create(gpt_create(cfg, GptShard::pipeline_stage(cfg, 0, 2), kSeed)),
+                     gpu_gpt_create(gpt_create(cfg, GptShard::pipeline_stage(cfg, 1, 2), kSeed))};
   for (int r = 0; r < 2; ++r) {
     const Gpt cpu_stage = gpt_create(cfg, GptShard::pipeline_stage(cfg, r, 2), kSeed);
     const std::vector<float> initial = stage[r].params.to_host();
     ASSERT_EQ(initial.size(), cpu_stage.params.size()) << "stage " << r;
-    EXPECT_EQ(std::memcmp(initial.data(), cpu_stage.params.data(), initial.size() * sizeof(float)), 0)
+    EXPECT_EQ(std::memcmp(initial.data(), cpu_stage.params.data(), initial.size() * sizeof(float)),
+              0)
         << "stage " << r << ": initial parameters differ from the CPU stage's";
     EXPECT_EQ(stage[r].host.num_blocks(), 2) << "stage " << r;
   }
@@ -92,7 +92,8 @@ TEST(GpuPipelineModel, TwoStagesOnOneDeviceMatchTheWholeModel) {
   EXPECT_EQ(stage[1].embed.wpe, nullptr);
 
   GpuActivations acts[2] = {gpu_activations(stage[0], kB, kT), gpu_activations(stage[1], kB, kT)};
-  GpuGradScratch scratch[2] = {gpu_grad_scratch(stage[0], kB, kT), gpu_grad_scratch(stage[1], kB, kT)};
+  GpuGradScratch scratch[2] = {gpu_grad_scratch(stage[0], kB, kT),
+                               gpu_grad_scratch(stage[1], kB, kT)};
   ListObserver obs[2];
   std::vector<int> ready[2];
   GptHooks hooks[2];
@@ -103,8 +104,9 @@ TEST(GpuPipelineModel, TwoStagesOnOneDeviceMatchTheWholeModel) {
   }
   const std::size_t n = acts[0].boundary_elems;
   const float loss0 = gpu_forward(ctx, stage[0], acts[0], in.data(), tg.data(), hooks[0]);
-  ORRERY_CUDA_CHECK(cudaMemcpyAsync(acts[1].stage_input(), acts[0].stage_output(), n * sizeof(float),
-                                    cudaMemcpyDeviceToDevice, st.get()));  // pp.send/recv_act
+  ORRERY_CUDA_CHECK(cudaMemcpyAsync(acts[1].stage_input(), acts[0].stage_output(),
+                                    n * sizeof(float), cudaMemcpyDeviceToDevice,
+                                    st.get()));  // pp.send/recv_act
   const float loss1 = gpu_forward(ctx, stage[1], acts[1], nullptr, tg.data(), hooks[1]);
   gpu_backward(ctx, stage[1], acts[1], scratch[1], 1.0f, hooks[1]);
   ORRERY_CUDA_CHECK(cudaMemcpyAsync(scratch[0].dres, scratch[1].dres, n * sizeof(float),
@@ -129,14 +131,16 @@ TEST(GpuPipelineModel, TwoStagesOnOneDeviceMatchTheWholeModel) {
       if (t.name == "wte") other = &stage[1 - r].host.tensor("wte");
       for (std::size_t i = 0; i < t.count; ++i) {
         double got = g[t.offset + i];
-        if (other != nullptr) got += (r == 0 ? g1 : g0)[other->offset + i];  // the embedding group's sum
+        if (other != nullptr)
+          got += (r == 0 ? g1 : g0)[other->offset + i];  // the embedding group's sum
         d = std::max(d, std::fabs(got - static_cast<double>(full_grads[f.offset + i])));
       }
       compared += t.count;
     }
   }
-  std::printf("  pp2 stages vs whole model: loss %.7f vs %.7f, grads max|d|/max|g| %.3g (bound 1e-6)\n",
-              loss1, full_loss, d / gmax);
+  std::printf(
+      "  pp2 stages vs whole model: loss %.7f vs %.7f, grads max|d|/max|g| %.3g (bound 1e-6)\n",
+      loss1, full_loss, d / gmax);
   EXPECT_LT(d / gmax, 1e-6);
   // Every tensor of the whole model was compared once (wte twice: once per stage).
   EXPECT_EQ(compared, full.host.num_params() + full.host.tensor("wte").count);

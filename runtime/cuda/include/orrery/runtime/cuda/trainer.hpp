@@ -47,7 +47,8 @@
 // device buffer, so the next backward may reuse the scratch); P2P, layer -1, on a device
 // communicator of the pp group (staged: one; NCCL: the gradients on a second communicator,
 // "pp_grad[dp=..,tp=..]", split from the pp group, so that under 1F1B no send waits behind a
-// receive of the other direction on NCCL's in-order stream; see trainer.cpp). A slot's previous send is waited for before its buffer is written.
+// receive of the other direction on NCCL's in-order stream; see trainer.cpp). A slot's previous
+// send is waited for before its buffer is written.
 // Only the first and last stage load data. The tied wte gradient is summed over the first and
 // last stage ("pp.embed_all_reduce", Sum, a device communicator of the embedding group) after the
 // DDP all-reduce, or under ZeRO before each reduce-scatter. At the end of the step (after the
