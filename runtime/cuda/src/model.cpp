@@ -197,7 +197,8 @@ GpuGradScratch gpu_grad_scratch(const GpuGpt& m, int B, int T) {
 
 void gpu_embed_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* inputs,
                        const GptHooks& hooks) {
-  if (!m.host.shard.has_embed) throw std::logic_error("gpu gpt: embedding forward on a shard without the embedding");
+  if (!m.host.shard.has_embed)
+    throw std::logic_error("gpu gpt: embedding forward on a shard without the embedding");
   Span span(hooks.observer, "fwd.embed", kEmbedSegment, flops::embed_forward(flop_dims(m, acts.B, acts.T)));
   ORRERY_CUDA_CHECK(cudaMemcpyAsync(acts.inputs.data(), inputs, acts.inputs.size_bytes(), cudaMemcpyHostToDevice,
                                     ctx.stream()));
@@ -244,7 +245,8 @@ void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts
 
 float gpu_head_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* targets,
                        const GptHooks& hooks) {
-  if (!m.host.shard.has_head) throw std::logic_error("gpu gpt: head forward on a shard without the head");
+  if (!m.host.shard.has_head)
+    throw std::logic_error("gpu gpt: head forward on a shard without the head");
   const int B = acts.B, T = acts.T, C = m.dims().C, V = m.config().vocab;
   Span span(hooks.observer, "fwd.head", m.config().n_layer, flops::head_forward(flop_dims(m, B, T)));
   ORRERY_CUDA_CHECK(cudaMemcpyAsync(acts.targets.data(), targets, acts.targets.size_bytes(), cudaMemcpyHostToDevice,
@@ -258,7 +260,8 @@ float gpu_head_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts
 
 void gpu_head_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, float loss_scale,
                        const GptHooks& hooks) {
-  if (!m.host.shard.has_head) throw std::logic_error("gpu gpt: head backward on a shard without the head");
+  if (!m.host.shard.has_head)
+    throw std::logic_error("gpu gpt: head backward on a shard without the head");
   const int B = acts.B, T = acts.T, C = m.dims().C, V = m.config().vocab;
   {
     Span span(hooks.observer, "bwd.head", m.config().n_layer, flops::head_backward(flop_dims(m, B, T)));
@@ -318,7 +321,8 @@ void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, Gpu
 
 void gpu_embed_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s,
                         const GptHooks& hooks) {
-  if (!m.host.shard.has_embed) throw std::logic_error("gpu gpt: embedding backward on a shard without the embedding");
+  if (!m.host.shard.has_embed)
+    throw std::logic_error("gpu gpt: embedding backward on a shard without the embedding");
   {
     Span span(hooks.observer, "bwd.embed", kEmbedSegment, flops::embed_backward(flop_dims(m, acts.B, acts.T)));
     encoder_backward(ctx, m.dembed.wte, m.dembed.wpe, s.dres, acts.inputs.data(), acts.B, acts.T, m.dims().C);
@@ -340,7 +344,8 @@ void gpu_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradSc
   if (s.B != acts.B || s.T != acts.T) throw std::logic_error("gpu gpt: scratch and activations differ in (B, T)");
   const GptShard& sh = m.host.shard;
   if (sh.has_head) gpu_head_backward(ctx, m, acts, s, loss_scale, hooks);
-  for (int l = sh.layer_end - 1; l >= sh.layer_begin; --l) gpu_block_backward(ctx, m, acts, s, l, hooks);
+  for (int l = sh.layer_end - 1; l >= sh.layer_begin; --l)
+    gpu_block_backward(ctx, m, acts, s, l, hooks);
   if (sh.has_embed) {
     gpu_embed_backward(ctx, m, acts, s, hooks);
   } else if (sh.has_head && hooks.on_grads_ready) {

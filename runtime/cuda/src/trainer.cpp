@@ -322,13 +322,15 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
   tp_ =
       world_.split(L.dp_rank + L.dp * L.pp_rank, L.tp_rank, traces::CommKind::TP,
                    "tp[dp=" + std::to_string(L.dp_rank) + ",pp=" + std::to_string(L.pp_rank) + "]");
-  pp_ = world_.split(L.tp_rank + L.tp * L.dp_rank, L.pp_rank, traces::CommKind::PP,
-                     "pp[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
+  pp_ =
+      world_.split(L.tp_rank + L.tp * L.dp_rank, L.pp_rank, traces::CommKind::PP,
+                   "pp[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
   if (L.pp > 1) {
     const bool ends = L.pp_rank == 0 || L.pp_rank == L.pp - 1;
     const int color = ends ? L.tp_rank + L.tp * L.dp_rank : L.tp * L.dp + world_.rank();
-    embed_ = world_.split(color, L.pp_rank, traces::CommKind::PP,
-                          "embed[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
+    embed_ = world_.split(
+        color, L.pp_rank, traces::CommKind::PP,
+        "embed[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
   }
   if (L.dp > 1 || L.tp > 1 || L.pp > 1) {
     CommBackend backend = opt_.comm;
@@ -354,8 +356,9 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
       // one is bootstrapped from a split of the host pp group, so its operations carry their own
       // communicator id and sequence numbers in the trace ("pp_grad[...]", NCCL runs only).
       if (backend == CommBackend::kNccl) {
-        pp_grad_ = pp_->split(0, L.pp_rank, traces::CommKind::PP,
-                              "pp_grad[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
+        pp_grad_ = pp_->split(
+            0, L.pp_rank, traces::CommKind::PP,
+            "pp_grad[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
         pp_grad_dev_ = make_device_comm(*pp_grad_, backend);
       }
       if (embed_->size() > 1) embed_dev_ = make_device_comm(*embed_, backend);
@@ -385,10 +388,11 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
   loader_ = std::make_unique<DataLoader>(*source_, s_.model.seq, s_.training.micro_batch, L.dp_rank, L.dp,
                                          s_.training.seed);
   // One activation set per micro-batch in flight (index mb % size), as the CPU trainer's.
-  const int in_flight = L.pp > 1 ? pipeline_in_flight(s_.parallel.schedule, L.pp, L.pp_rank, micro_batches_) : 1;
+  const int in_flight =
+      L.pp > 1 ? pipeline_in_flight(s_.parallel.schedule, L.pp, L.pp_rank, micro_batches_) : 1;
   for (int i = 0; i < in_flight; ++i) {
-    acts_.push_back(
-        std::make_unique<GpuActivations>(gpu_activations(*model_, s_.training.micro_batch, s_.model.seq)));
+    acts_.push_back(std::make_unique<GpuActivations>(
+        gpu_activations(*model_, s_.training.micro_batch, s_.model.seq)));
   }
   act_send_h_.resize(static_cast<std::size_t>(in_flight));
   grad_send_h_.resize(static_cast<std::size_t>(in_flight));
@@ -430,7 +434,8 @@ std::unique_ptr<Communicator> GpuTrainer::make_device_comm(Communicator& host,
 GpuTrainer::~GpuTrainer() {
   // Let queued work finish before buffers go (errors cannot be reported from here).
   if (stream_) cudaStreamSynchronize(stream_->get());
-  for (Communicator* c : {dp_dev_.get(), tp_dev_.get(), pp_dev_.get(), pp_grad_dev_.get(), embed_dev_.get()}) {
+  for (Communicator* c :
+       {dp_dev_.get(), tp_dev_.get(), pp_dev_.get(), pp_grad_dev_.get(), embed_dev_.get()}) {
     if (c == nullptr) continue;
     try {
       c->set_recorder(nullptr);
@@ -442,7 +447,8 @@ GpuTrainer::~GpuTrainer() {
 
 void GpuTrainer::finish() {
   ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
-  for (Communicator* c : {dp_dev_.get(), tp_dev_.get(), pp_dev_.get(), pp_grad_dev_.get(), embed_dev_.get()}) {
+  for (Communicator* c :
+       {dp_dev_.get(), tp_dev_.get(), pp_dev_.get(), pp_grad_dev_.get(), embed_dev_.get()}) {
     if (c == nullptr) continue;
     c->synchronize();
     c->set_recorder(nullptr);
@@ -635,9 +641,12 @@ StepResult GpuTrainer::step() {
   double loss_sum = 0;
   if (layout_.pp > 1) {
     // The schedule's order (pipeline.hpp): mb >= 0 a forward, -(mb+1) a backward.
-    for (int pass : pipeline_order(s_.parallel.schedule, layout_.pp, layout_.pp_rank, micro_batches_)) {
-      if (pass >= 0) forward_pass(pass, hooks, loss_sum);
-      else backward_pass(-pass - 1, hooks, loss_scale);
+    for (int pass :
+         pipeline_order(s_.parallel.schedule, layout_.pp, layout_.pp_rank, micro_batches_)) {
+      if (pass >= 0)
+        forward_pass(pass, hooks, loss_sum);
+      else
+        backward_pass(-pass - 1, hooks, loss_scale);
     }
     // Every send of the step complete (and the handles dropped: the next step starts clean).
     for (auto& h : act_send_h_) h.wait();

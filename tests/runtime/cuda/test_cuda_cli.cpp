@@ -71,8 +71,8 @@ TEST(CudaCli, PipelineOnDeviceCudaIsRefusedOnlyForTheDeviceOrTheInterleavedSched
                              "training: {steps: 2, global_batch: 4, micro_batch: 2}\n"
                              "parallel: {dp: 1, pp: 2, schedule: 1f1b}\n"
                              "runtime: {device: cuda}\n";
-  const std::string run =
-      "timeout 120 " + std::string(ORRERY_BIN) + " run " + scenario.string() + " --nproc 2 --out " + (dir / "run.db").string();
+  const std::string run = "timeout 120 " + std::string(ORRERY_BIN) + " run " + scenario.string() +
+                          " --nproc 2 --out " + (dir / "run.db").string();
   if (device_count() == 0) {
     const CommandResult r = run_command(run);
     EXPECT_EQ(r.status, 2) << r.output;

@@ -142,10 +142,11 @@ TEST(CudaRuntime, RefusesZero3AndInterleavedAcceptsPipelineTensorParallelAndZero
     int dp, tp, pp, zero;
     const char* schedule;
   };
-  for (const Case& c : {Case{1, 2, 1, 0, "1f1b"}, Case{2, 1, 1, 1, "1f1b"}, Case{2, 1, 1, 2, "1f1b"},
-                        Case{2, 2, 1, 1, "1f1b"}, Case{1, 1, 2, 0, "gpipe"}, Case{1, 1, 2, 0, "1f1b"},
-                        Case{2, 1, 2, 1, "1f1b"}, Case{2, 1, 2, 2, "gpipe"}, Case{1, 2, 2, 0, "1f1b"},
-                        Case{2, 2, 2, 2, "1f1b"}}) {
+  for (const Case& c :
+       {Case{1, 2, 1, 0, "1f1b"}, Case{2, 1, 1, 1, "1f1b"}, Case{2, 1, 1, 2, "1f1b"},
+        Case{2, 2, 1, 1, "1f1b"}, Case{1, 1, 2, 0, "gpipe"}, Case{1, 1, 2, 0, "1f1b"},
+        Case{2, 1, 2, 1, "1f1b"}, Case{2, 1, 2, 2, "gpipe"}, Case{1, 2, 2, 0, "1f1b"},
+        Case{2, 2, 2, 2, "1f1b"}}) {
     s = tiny_cuda_scenario();
     s.parallel.dp = c.dp;
     s.parallel.tp = c.tp;
@@ -154,9 +155,8 @@ TEST(CudaRuntime, RefusesZero3AndInterleavedAcceptsPipelineTensorParallelAndZero
     s.parallel.schedule = c.schedule;
     s.training.global_batch = 4;
     e = refusal(s);
-    EXPECT_FALSE(contains(e, "parallel."))
-        << "dp " << c.dp << " tp " << c.tp << " pp " << c.pp << " zero " << c.zero << " "
-        << c.schedule << ": " << e;
+    EXPECT_FALSE(contains(e, "parallel.")) << "dp " << c.dp << " tp " << c.tp << " pp " << c.pp
+                                           << " zero " << c.zero << " " << c.schedule << ": " << e;
     if (device_count() == 0) {
       EXPECT_TRUE(contains(e, "runtime.device")) << e;
     } else {

@@ -1,6 +1,7 @@
-// ZeRO 1/2, tensor and pipeline parallelism on the GPU trainer, under mpirun with 2 ranks sharing one GPU
-// over the host-staged MPI communicator (NCCL refuses two ranks on one device; on a machine with
-// two GPUs the ranks take one each and still use the staged communicator, CudaRunOptions::comm):
+// ZeRO 1/2, tensor and pipeline parallelism on the GPU trainer, under mpirun with 2 ranks sharing
+// one GPU over the host-staged MPI communicator (NCCL refuses two ranks on one device; on a machine
+// with two GPUs the ranks take one each and still use the staged communicator,
+// CudaRunOptions::comm):
 //  - dp2 ZeRO 1 and ZeRO 2 end with the parameters of dp2 without ZeRO (DDP) after 3 steps, and the
 //    same loss curve;
 //  - tp2 (dp1) gives tp1's loss curve, its initial shard parameters are bit-identical to the CPU
@@ -295,9 +296,9 @@ TEST(GpuPipeline, Pp2GpipeAnd1f1bMatchPp1) {
     const GpuRun pp = run_gpu(s, world());
     const Gpt cpu_stage = stage_shard(s, stage);
     ASSERT_EQ(pp.initial.size(), cpu_stage.num_params()) << what;
-    EXPECT_EQ(std::memcmp(pp.initial.data(), cpu_stage.params.data(),
-                          pp.initial.size() * sizeof(float)),
-              0)
+    EXPECT_EQ(
+        std::memcmp(pp.initial.data(), cpu_stage.params.data(), pp.initial.size() * sizeof(float)),
+        0)
         << what << ": initial parameters differ from the CPU stage's";
     EXPECT_LT(pp.initial.size(), serial.initial.size()) << what;
     // Every rank reports the last stage's loss (pp.loss).

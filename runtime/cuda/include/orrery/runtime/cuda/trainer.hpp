@@ -204,7 +204,7 @@ class GpuTrainer {
   std::unique_ptr<Communicator> pp_grad_;      // NCCL only: host split of the pp group (bootstrap)
   std::unique_ptr<Communicator> pp_grad_dev_;  // NCCL only: the gradients' own pp communicator
   std::unique_ptr<Communicator> embed_;        // host: first and last stage (pp > 1)
-  std::unique_ptr<Communicator> embed_dev_;    // device buffers; null unless first or last of pp > 1
+  std::unique_ptr<Communicator> embed_dev_;  // device buffers; null unless first or last of pp > 1
   std::string comm_name_ = "none";
   std::unique_ptr<GpuGpt> model_;
   std::vector<DdpBucket> buckets_;
@@ -212,7 +212,7 @@ class GpuTrainer {
   std::unique_ptr<TokenSource> source_;
   std::unique_ptr<DataLoader> loader_;
   std::vector<std::unique_ptr<GpuActivations>> acts_;  // one per micro-batch in flight (mb % size)
-  std::vector<DeviceArray<float>> grad_send_;  // pipeline: gradient sent back, one per slot
+  std::vector<DeviceArray<float>> grad_send_;          // pipeline: gradient sent back, one per slot
   std::vector<Handle> act_send_h_, grad_send_h_;
   std::unique_ptr<GpuGradScratch> scratch_;
   DeviceArray<float> adam_m_, adam_v_;  // (num_params), or (k) the owned shard under ZeRO
