@@ -14,7 +14,7 @@ namespace orrery::runtime::cuda {
 // fail (InputError, exit 2) before any MPI work. Selects the device from the launcher's local
 // rank. `world` is the host communicator (MPI or local): it carries the run's own host-side
 // operations (output path, loss and step-time reports, barriers) and bootstraps the device
-// communicators of the dp and tp groups (NCCL or staged, CudaRunOptions::comm).
+// communicators of the dp, tp, pp and embedding groups (NCCL or staged, CudaRunOptions::comm).
 // Trace: RankInfo.device "cuda:<index> <name>", streams compute (0, GPU event times), comm (1, host
 // MPI), nccl (2, when NCCL is used); meta extra_json adds device, precision and comm_backend;
 // peak_flops_per_rank is set for A100 (cc 8.0) and H100/H200 (cc 9.0) in the run's precision.

@@ -33,9 +33,9 @@
 // Tensor parallelism (runtime/tensor_parallel.hpp, cuda/model.hpp): each rank holds the CPU
 // model's tp shard (same host layout, so the same initial values); the model's four sums per block
 // are "tp.all_reduce" (Sum, layer l, the micro-batch) on a device communicator of the tp group
-// (NCCL or staged, chosen as for dp), between the three pieces of each block's span. dp and tp
-// groups are split from the world in the CPU trainer's order (dp, tp, pp, then the embedding
-// group), so a rank's groups and the trace's communicators are the CPU run's.
+// (NCCL or staged, chosen as for dp), between the three pieces of each block's span. The groups
+// are split from the world in the CPU trainer's order (dp, tp, pp, then the embedding group), so a
+// rank's groups and the trace's communicators are the CPU run's (NCCL adds "pp_grad", below).
 //
 // Pipeline parallelism (runtime/pipeline.hpp, the CPU trainer's scheme): each rank holds the CPU
 // trainer's stage shard (GptShard::pipeline_stage with its tp slice; same host layout, so the same
