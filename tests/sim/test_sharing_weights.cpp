@@ -439,7 +439,11 @@ constexpr int64_t kArBytes = 1 << 20;
 // A training run on dp ranks of one host, 4 steps, every rank in lockstep: the forward ops and adamw
 // at `plain` x the lone time; with dp > 1 a DP all-reduce of kArBytes on each rank spans exactly the
 // backward ops, which run at `overlapped` x (with dp = 1 the backward runs at `plain`).
-traces::Trace make_run(int dp, double plain, double overlapped) {
+// `stagger` (dp 2): rank 1 instead runs its backward at `plain` right after its forward, with no
+// collective in flight, and then waits in the all-reduce; rank 0 idles that long first, then runs its
+// backward inside the all-reduce as above. Both all-reduce spans coincide, and at their midpoint only
+// rank 0 computes (k = 1 member).
+traces::Trace make_run(int dp, double plain, double overlapped, bool stagger = false) {
   const Scenario s = tiny(dp);
   traces::Trace t;
   t.meta.source = traces::TraceSource::Real;
@@ -467,20 +471,28 @@ traces::Trace make_run(int dp, double plain, double overlapped) {
     for (int r = 0; r < dp; ++r) {
       int64_t tt = step_start;
       bool ar_open = false;
+      const bool rank1_early = stagger && r == 1;
+      int64_t bwd = 0;  // the all-reduce: the backward ops at bwd_factor
+      for (const auto& b : kOps)
+        if (b.backward) bwd += std::llround(double(b.ns) * bwd_factor);
+      auto all_reduce = [&](int64_t from) {
+        traces::Span sp;
+        sp.rank = r, sp.stream = 1, sp.kind = traces::SpanKind::Collective, sp.name = ar_name;
+        sp.start_ns = from, sp.end_ns = from + bwd, sp.step = step, sp.bytes = kArBytes, sp.comm = 0;
+        sp.seq = step, sp.op = CollOp::AllReduce;
+        t.spans.push_back(sp);
+        ar_open = true;
+      };
       for (const auto& o : kOps) {
-        if (o.backward && !ar_open && dp > 1) {
-          // The all-reduce covers the backward ops exactly.
-          int64_t bwd = 0;
-          for (const auto& b : kOps)
-            if (b.backward) bwd += std::llround(double(b.ns) * bwd_factor);
-          traces::Span sp;
-          sp.rank = r, sp.stream = 1, sp.kind = traces::SpanKind::Collective, sp.name = ar_name;
-          sp.start_ns = tt, sp.end_ns = tt + bwd, sp.step = step, sp.bytes = kArBytes, sp.comm = 0;
-          sp.seq = step, sp.op = CollOp::AllReduce;
-          t.spans.push_back(sp);
-          ar_open = true;
+        if (o.backward && !ar_open && dp > 1 && !rank1_early) {
+          if (stagger) tt += std::llround(double(kBackwardNs) * plain);  // rank 0 waits for rank 1's backward
+          all_reduce(tt);  // the all-reduce covers the backward ops exactly
         }
-        const int64_t dur = std::llround(double(o.ns) * (o.backward ? bwd_factor : plain));
+        if (!o.backward && o.kind == traces::SpanKind::Optimizer && rank1_early) {
+          all_reduce(tt);  // rank 1 waits in it, idle
+          tt += bwd;
+        }
+        const int64_t dur = std::llround(double(o.ns) * (o.backward && !rank1_early ? bwd_factor : plain));
         traces::Span sp;
         sp.rank = r, sp.stream = 0, sp.kind = o.kind, sp.name = t.strings.intern(o.name);
         sp.start_ns = tt, sp.end_ns = tt + dur, sp.step = step, sp.micro_batch = 0, sp.layer = o.layer;
@@ -619,6 +631,18 @@ TEST(CalibrateSharingWeights, ComputeWeightFromOverlappedCollectivesAgainstTheBe
   opt.cores = 4;
   const CalibrationResult r4 = calibrate(runs, opt);
   EXPECT_NEAR(r4.profile.sharing.comm_compute_weight, 1.0, 1e-12);
+
+  // Only one member computing at the all-reduces' midpoints (rank 1 ran its backward before, at 1x,
+  // and waits): 1 + w · 1 / cores = 1.5 -> w = 1 on 2 cores (2 on 4). The thread weight is unchanged:
+  // rank 0's backward still has both ranks' all-reduce spans in flight (m = 2) at 1.5x, rank 1's none.
+  const std::vector<traces::Trace> staggered{make_run(1, 1.0, 1.0), make_run(2, 1.0, 1.5, true), make_bench()};
+  opt.cores = 2;
+  const CalibrationResult rs = calibrate(staggered, opt);
+  EXPECT_NEAR(rs.profile.sharing.comm_compute_weight, 1.0, 1e-12);
+  EXPECT_DOUBLE_EQ(rs.profile.sharing.contention_at_full, 1.0);
+  EXPECT_NEAR(rs.profile.sharing.comm_thread_weight, 0.5, 1e-9);
+  opt.cores = 4;
+  EXPECT_NEAR(calibrate(staggered, opt).profile.sharing.comm_compute_weight, 2.0, 1e-12);
 
   // Collectives that took the bench's time: w = 0. (All-reduces of 560 us: backward at 1x.)
   const CalibrationResult r1 = calibrate({make_run(1, 1.0, 1.0), make_run(2, 1.0, 1.0), make_bench()}, opt);
