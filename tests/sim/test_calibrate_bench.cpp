@@ -16,9 +16,15 @@
 #include "orrery/sim/hardware.hpp"
 #include "orrery/sim/workload.hpp"
 
+#include "calibration_fixtures.hpp"
+
 namespace orrery::sim {
 namespace {
 
+using testing_fixtures::make_run;
+using testing_fixtures::parse_error;
+using testing_fixtures::tiny;
+using testing_fixtures::Truth;
 using traces::CollOp;
 using Table = std::vector<std::pair<int64_t, int64_t>>;
 
@@ -120,15 +126,6 @@ TEST(CollectiveTable, RanksOnNodeAndTableRoundTripThroughYaml) {
   EXPECT_EQ(h.collectives[0].table, (Table{{4096, 51'700}, {1048576, 1'041'600}}));
   // The time halfway along in bytes: 51.7 + (1041.6 - 51.7) · 0.5 us.
   EXPECT_EQ(h.collectives[0].time_ns(4096 + (1048576 - 4096) / 2, 2), 546'650);
-}
-
-std::string parse_error(const std::string& yaml) {
-  try {
-    parse_hardware_profile(yaml, "bad.yaml");
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 TEST(CollectiveTable, BadTablesAndCrowdingsAreNamed) {
@@ -263,129 +260,8 @@ TEST(CollectiveTable, ProfileForRanksKeepsTheRunsCrowding) {
   EXPECT_EQ(profile_for_ranks(none, 8, false).collectives.size(), 5u);
 }
 
-// ---- calibrate with a commbench trace
-
-// The truth of the training traces: seconds per FLOP / byte per class and a per-kernel overhead
-// (the pattern of test_calibrate.cpp's make_run).
-struct Truth {
-  double s_flop[2] = {1.0 / 12e9, 1.0 / 6e9};
-  double s_byte[4] = {1.0 / 4e9, 1.0 / 3e9, 1.0 / 2e9, 1.0 / 5e9};
-  double overhead_s = 2e-6;
-  double op_ns(const std::vector<Kernel>& ks) const {
-    double t = 0;
-    for (const auto& k : ks) {
-      const int c = static_cast<int>(k.cls);
-      t += (c < 2 ? k.flops * s_flop[c] : k.bytes * s_byte[c - 2]) + overhead_s;
-    }
-    return t * 1e9;
-  }
-};
-
-Scenario tiny(int dp, int micro_batch, int seq) {
-  std::string y =
-      "name: t\nmodel: {layers: 2, d_model: 64, heads: 2, vocab: 512, seq: " + std::to_string(seq) +
-      "}\ntraining: {steps: 4, global_batch: " + std::to_string(dp * micro_batch) +
-      ", micro_batch: " + std::to_string(micro_batch) + "}\nparallel: {dp: " + std::to_string(dp) +
-      ", bucket_mb: 1}\nruntime: {device: cpu, threads: 1}\n";
-  return parse_scenario(y, "test.yaml");
-}
-
-// A training run of `s` on dp ranks (4 steps): data, the forward and backward ops, adamw, and (dp >
-// 1) two all-reduces per step of 25 us + bytes / 3 GB/s; compute slowed by `slowdown`.
-traces::Trace make_run(const Scenario& s, const Truth& truth, double slowdown) {
-  traces::Trace t;
-  t.meta.source = traces::TraceSource::Real;
-  t.meta.scenario_text = to_yaml(s);
-  t.meta.scenario_name = s.name;
-  t.meta.world_size = s.parallel.dp;
-  t.meta.dp = s.parallel.dp;
-  t.path = "run-dp" + std::to_string(s.parallel.dp) + ".db";
-  const int dp = s.parallel.dp;
-  for (int r = 0; r < dp; ++r) t.ranks.push_back({r, "host", "cpu", r, 0, 0});
-  if (dp > 1) {
-    traces::CommunicatorInfo c;
-    c.id = 0;
-    c.kind = traces::CommKind::DP;
-    c.name = "dp";
-    for (int r = 0; r < dp; ++r) c.ranks.push_back(r);
-    t.comms.push_back(c);
-  }
-  const ModelDims d = model_dims(s, 4);
-  int64_t params = 0;
-  for (const auto& p : stage_parameters(s, 0)) params += p.count;
-  auto cat = [](std::vector<Kernel> a, const std::vector<Kernel>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  };
-  struct OpDef {
-    const char* name;
-    std::vector<Kernel> ks;
-    int layer;
-    traces::SpanKind kind;
-  };
-  std::vector<OpDef> ops;
-  ops.push_back({"fwd.embed", embedding_forward_kernels(d), -1, traces::SpanKind::Compute});
-  for (int l = 0; l < s.model.layers; ++l)
-    ops.push_back({"fwd.block", cat(attention_forward_kernels(d), mlp_forward_kernels(d)), l,
-                   traces::SpanKind::Compute});
-  ops.push_back({"fwd.head", head_forward_kernels(d), s.model.layers, traces::SpanKind::Compute});
-  ops.push_back({"bwd.head", head_backward_kernels(d), s.model.layers, traces::SpanKind::Compute});
-  for (int l = s.model.layers - 1; l >= 0; --l)
-    ops.push_back({"bwd.block", cat(mlp_backward_kernels(d), attention_backward_kernels(d)), l,
-                   traces::SpanKind::Compute});
-  ops.push_back({"bwd.embed", embedding_backward_kernels(d), -1, traces::SpanKind::Compute});
-  ops.push_back(
-      {"adamw", optimizer_kernels(double(params), 28.0), -1, traces::SpanKind::Optimizer});
-  const auto step_name = t.strings.intern("step");
-  const auto data_name = t.strings.intern("data");
-  const auto ar_name = t.strings.intern("ddp.all_reduce");
-  int64_t now = 0;
-  for (int step = 0; step < 4; ++step) {
-    const int64_t step_start = now;
-    int64_t end = now;
-    for (int r = 0; r < dp; ++r) {
-      int64_t tt = step_start;
-      auto add = [&](traces::SpanKind kind, traces::NameId name, int64_t dur, int layer,
-                     double flops) {
-        traces::Span sp;
-        sp.rank = r, sp.stream = 0, sp.kind = kind, sp.name = name, sp.start_ns = tt,
-        sp.end_ns = tt + dur;
-        sp.step = step, sp.micro_batch = 0, sp.layer = layer, sp.flops = flops;
-        t.spans.push_back(sp);
-        tt += dur;
-      };
-      add(traces::SpanKind::Data, data_name, std::llround(5000 * slowdown), -1, 0);
-      for (const auto& o : ops) {
-        if (std::string(o.name) == "adamw" && dp > 1) {
-          for (int k = 0; k < 2; ++k) {
-            const int64_t bytes = (int64_t(1) << 20) * (1 + k + 2 * step);
-            const int64_t dur =
-                25'000 +
-                std::llround(double(bytes) * traces::busbw_factor(CollOp::AllReduce, dp) / 3.0);
-            traces::Span sp;
-            sp.rank = r, sp.stream = 1, sp.kind = traces::SpanKind::Collective, sp.name = ar_name;
-            sp.start_ns = tt, sp.end_ns = tt + dur, sp.step = step, sp.bytes = bytes, sp.comm = 0;
-            sp.seq = step * 2 + k, sp.op = CollOp::AllReduce;
-            t.spans.push_back(sp);
-            tt += dur;
-          }
-        }
-        add(o.kind, t.strings.intern(o.name), std::llround(truth.op_ns(o.ks) * slowdown), o.layer,
-            total_flops(o.ks));
-      }
-      end = std::max(end, tt);
-    }
-    for (int r = 0; r < dp; ++r) {
-      traces::Span ph;
-      ph.rank = r, ph.stream = 2, ph.kind = traces::SpanKind::Phase, ph.name = step_name;
-      ph.start_ns = step_start, ph.end_ns = end, ph.step = step;
-      t.spans.push_back(ph);
-    }
-    now = end + 1000;
-  }
-  t.sort_spans();
-  return t;
-}
+// ---- calibrate with a commbench trace (the training runs: calibration_fixtures.hpp's make_run, 25 us
+// + bytes / 3 GB/s all-reduces)
 
 // The bench's transfer times (ns), per size: instance i of a size is timed iteration i / 2 of group
 // i % 2 (groups {0,1} and {2,3}). Medians over the 6 instances (the mean of the 3rd and 4th):

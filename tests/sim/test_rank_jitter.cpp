@@ -14,6 +14,8 @@
 #include "orrery/sim/hardware.hpp"
 #include "orrery/sim/workload.hpp"
 
+#include "calibration_fixtures.hpp"
+
 namespace orrery::sim {
 namespace {
 
@@ -63,10 +65,7 @@ TEST(ExecutorRankJitter, ScalesEachRanksComputeByItsRotatedQuantile) {
   HardwareProfile p = default_hardware_profile("cpu", false);
   const CostModel cost(p, 1e10, 1e10);
   const Workload w = build_workload(s, cost, {2, precision_config("fp32")});
-  Cluster c;
-  c.name = "plain";
-  c.gpus_per_node = 2;
-  c.nodes = 1;
+  const Cluster c = testing_fixtures::plain_cluster(2, 2);
   ExecutorOptions o;
   o.all_ranks = true;
   o.comm_time = [](const CollectiveRequest&) { return int64_t(1000); };

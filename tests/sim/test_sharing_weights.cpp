@@ -20,9 +20,16 @@
 #include "orrery/sim/hardware.hpp"
 #include "orrery/sim/workload.hpp"
 
+#include "calibration_fixtures.hpp"
+
 namespace orrery::sim {
 namespace {
 
+using testing_fixtures::add_step_phases;
+using testing_fixtures::parse_error;
+using testing_fixtures::plain_cluster;
+using testing_fixtures::real_run;
+using testing_fixtures::tiny;
 using traces::CollOp;
 
 // ---- 1. busy_slowdown: the law for a (fractional) busy-thread count
@@ -113,15 +120,6 @@ TEST(SharingWeightsYaml, RoundTripAndDefaults) {
   EXPECT_DOUBLE_EQ(z.sharing.comm_thread_weight, 0.5);
 }
 
-std::string parse_error(const std::string& yaml) {
-  try {
-    parse_hardware_profile(yaml, "bad.yaml");
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 TEST(SharingWeightsYaml, NegativeOrNonNumericWeightIsAnInputErrorNamingTheKey) {
   for (const char* key : {"comm_compute_weight", "comm_thread_weight"}) {
     const std::string k = key;
@@ -186,15 +184,8 @@ Workload hand_workload(int dp, int pp, const std::vector<std::vector<OpSpec>>& p
   return w;
 }
 
-// `gpus` GPUs, `per_node` to a node (the executor only needs the rank-to-node map: comm_time replaces
-// the network).
-Cluster plain_cluster(int gpus, int per_node) {
-  Cluster c;
-  c.name = "plain";
-  c.gpus_per_node = per_node;
-  c.nodes = gpus / per_node;
-  return c;
-}
+// plain_cluster(gpus, per_node) (calibration_fixtures.hpp): the executor only needs the rank-to-node
+// map, comm_time replaces the network.
 
 constexpr int64_t kMs = 1'000'000;
 
@@ -412,13 +403,7 @@ TEST(ExecutorSharingWeights, BothWeightsTogether) {
 
 // ---- 5. calibrate
 
-Scenario tiny(int dp) {
-  const std::string y = "name: t\nmodel: {layers: 2, d_model: 64, heads: 2, vocab: 512, seq: 64}\n"
-                        "training: {steps: 4, global_batch: " + std::to_string(dp * 4) +
-                        ", micro_batch: 4}\nparallel: {dp: " + std::to_string(dp) +
-                        ", bucket_mb: 1}\nruntime: {device: cpu, threads: 1}\n";
-  return parse_scenario(y, "test.yaml");
-}
+// tiny(dp) (calibration_fixtures.hpp): the 2-layer model, micro-batch 4, seq 64, on dp ranks.
 
 // Lone-rank op times (ns; multiples of 10, so 1.2x, 1.5x and 1.8x stay whole).
 struct OpTime {
@@ -444,23 +429,7 @@ constexpr int64_t kArBytes = 1 << 20;
 // backward inside the all-reduce as above. Both all-reduce spans coincide, and at their midpoint only
 // rank 0 computes (k = 1 member).
 traces::Trace make_run(int dp, double plain, double overlapped, bool stagger = false) {
-  const Scenario s = tiny(dp);
-  traces::Trace t;
-  t.meta.source = traces::TraceSource::Real;
-  t.meta.scenario_text = to_yaml(s);
-  t.meta.scenario_name = s.name;
-  t.meta.world_size = dp;
-  t.meta.dp = dp;
-  t.path = "run-dp" + std::to_string(dp) + ".db";
-  for (int r = 0; r < dp; ++r) t.ranks.push_back({r, "host", "cpu", r, 0, 0});
-  if (dp > 1) {
-    traces::CommunicatorInfo c;
-    c.id = 0;
-    c.kind = traces::CommKind::DP;
-    c.name = "dp";
-    for (int r = 0; r < dp; ++r) c.ranks.push_back(r);
-    t.comms.push_back(c);
-  }
+  traces::Trace t = real_run(tiny(dp), "run-dp" + std::to_string(dp) + ".db");
   const auto step_name = t.strings.intern("step");
   const auto ar_name = t.strings.intern("ddp.all_reduce");
   const double bwd_factor = dp > 1 ? overlapped : plain;
@@ -501,12 +470,7 @@ traces::Trace make_run(int dp, double plain, double overlapped, bool stagger = f
       }
       end = std::max(end, tt);
     }
-    for (int r = 0; r < dp; ++r) {
-      traces::Span ph;
-      ph.rank = r, ph.stream = 2, ph.kind = traces::SpanKind::Phase, ph.name = step_name;
-      ph.start_ns = step_start, ph.end_ns = end, ph.step = step;
-      t.spans.push_back(ph);
-    }
+    add_step_phases(t, dp, step_name, step, step_start, end);
     now = end + 1000;
   }
   t.sort_spans();
