@@ -24,27 +24,15 @@
 #include "orrery/runtime/cuda/kernels.hpp"
 #include "orrery/runtime/cuda/model.hpp"
 
+#include "model_test_fixtures.hpp"
+
 namespace orrery::runtime::cuda {
 namespace {
 
-GptConfig pp_config() {
-  GptConfig c;
-  c.n_layer = 4;
-  c.n_embd = 64;
-  c.n_head = 4;
-  c.vocab = 128;
-  c.max_seq = 32;
-  return c;
-}
-constexpr uint64_t kSeed = 11;
-constexpr int kB = 2, kT = 32;
+using namespace model_test_fixtures;  // kB, kT, tokens, small_gpt_config
 
-std::vector<int32_t> tokens(int mul, int add, int V) {
-  std::vector<int32_t> v(static_cast<std::size_t>(kB * kT));
-  for (std::size_t i = 0; i < v.size(); ++i)
-    v[i] = static_cast<int32_t>((i * mul + add) % static_cast<std::size_t>(V));
-  return v;
-}
+GptConfig pp_config() { return small_gpt_config(4); }
+constexpr uint64_t kSeed = 11;
 
 // Records "name:layer" of every span begin.
 class ListObserver final : public OpObserver {

@@ -27,27 +27,15 @@
 #include "orrery/runtime/cuda/model.hpp"
 #include "orrery/runtime/tensor_parallel.hpp"
 
+#include "model_test_fixtures.hpp"
+
 namespace orrery::runtime::cuda {
 namespace {
 
-GptConfig tp_config() {
-  GptConfig c;
-  c.n_layer = 2;
-  c.n_embd = 64;
-  c.n_head = 4;
-  c.vocab = 128;
-  c.max_seq = 32;
-  return c;
-}
-constexpr uint64_t kSeed = 7;
-constexpr int kB = 2, kT = 32;
+using namespace model_test_fixtures;  // kB, kT, tokens, small_gpt_config
 
-std::vector<int32_t> tokens(int mul, int add, int V) {
-  std::vector<int32_t> v(static_cast<std::size_t>(kB * kT));
-  for (std::size_t i = 0; i < v.size(); ++i)
-    v[i] = static_cast<int32_t>((i * mul + add) % static_cast<std::size_t>(V));
-  return v;
-}
+GptConfig tp_config() { return small_gpt_config(2); }
+constexpr uint64_t kSeed = 7;
 
 // Counts the begins of each span name.
 class CountingObserver final : public OpObserver {
