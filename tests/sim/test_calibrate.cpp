@@ -106,7 +106,7 @@ TEST(CoreSharing, ProfileForRanksScalesKernelTimes) {
   p.memory_bandwidth_bytes_per_s = 5e9;
   p.sharing.cores = 2;
   p.sharing.contention_at_full = 1.25;
-  p.collectives.push_back({traces::CollOp::AllReduce, CollectiveScope::Any, 2, 10'000, 2e9});
+  p.collectives.push_back({traces::CollOp::AllReduce, CollectiveScope::Any, 2, 10'000, 2e9, 0, {}});
   const HardwareProfile q = profile_for_ranks(p, 4);  // u = 2: 1.25 · 2 = 2.5
   const CostModel a(p, 1, 1), b(q, 1, 1);
   const Kernel gemm{OpClass::Gemm, 1e9, 1e6};
@@ -131,8 +131,8 @@ TEST(HardwareProfileYaml, ClusterSharingAndSizedOverridesRoundTrip) {
   p.sharing.cores = 2;
   p.sharing.contention_at_full = 1.1;
   p.sharing.oversubscription_exponent = 0.9;
-  p.collectives.push_back({traces::CollOp::AllReduce, CollectiveScope::Any, 4, 30'000, 2e9});
-  p.collectives.push_back({traces::CollOp::AllReduce, CollectiveScope::Any, 0, 10'000, 4e9});
+  p.collectives.push_back({traces::CollOp::AllReduce, CollectiveScope::Any, 4, 30'000, 2e9, 0, {}});
+  p.collectives.push_back({traces::CollOp::AllReduce, CollectiveScope::Any, 0, 10'000, 4e9, 0, {}});
   const HardwareProfile q = parse_hardware_profile(to_yaml(p), "rt.yaml");
   EXPECT_EQ(q.cluster.ranks_per_node, 8);
   EXPECT_EQ(q.cluster.link_latency_ns, 4000);
