@@ -624,6 +624,33 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
         dof += double(by_rank.size() - 1);
       }
     }
+    // op_jitter: per multi-rank run, rank and op (name, layer; every counted step and micro-batch),
+    // the relative standard deviation of its times, weighted by its total time.
+    double wsum = 0, cvsum = 0;
+    for (size_t i = 0; i < infos.size(); ++i) {
+      if (infos[i].bench || infos[i].ranks < 2) continue;
+      std::map<std::tuple<int32_t, uint32_t, int32_t>, std::vector<double>> reps;
+      for (const auto& sp : infos[i].t->spans)
+        if ((sp.kind == traces::SpanKind::Compute || sp.kind == traces::SpanKind::Optimizer) &&
+            sp.step >= infos[i].first_counted_step)
+          reps[{sp.rank, sp.name, sp.layer}].push_back(double(sp.duration_ns()));
+      for (const auto& [k, v] : reps) {
+        if (v.size() < 3) continue;
+        double mean = 0, sq = 0;
+        for (double x : v) mean += x;
+        mean /= double(v.size());
+        for (double x : v) sq += (x - mean) * (x - mean);
+        if (mean <= 0) continue;
+        const double sd = std::sqrt(sq / double(v.size() - 1));
+        cvsum += mean * double(v.size()) * sd / mean;
+        wsum += mean * double(v.size());
+      }
+    }
+    if (wsum > 0) {
+      out.profile.op_jitter = std::min(0.5, cvsum / wsum);
+      out.notes.push_back("op_jitter " + std::to_string(out.profile.op_jitter) +
+                          " (time-weighted relative spread of repeated ops in the multi-rank runs)");
+    }
     if (dof > 0) {
       out.profile.rank_jitter = std::min(0.5, std::sqrt(ss / dof));
       out.notes.push_back("rank_jitter " + std::to_string(out.profile.rank_jitter) + " from " +

@@ -93,8 +93,8 @@ class Executor {
       }
     }
     // Every rank simulated: the rank spread applies (with representatives it would have no meaning).
-    const bool every_rank = static_cast<int64_t>(runs_.size()) == int64_t(l.world()) && l.world() > 1;
-    if (opt.rank_jitter > 0 && every_rank) jitter_q_ = expected_normal_order_statistics(static_cast<int>(runs_.size()));
+    every_rank_ = static_cast<int64_t>(runs_.size()) == int64_t(l.world()) && l.world() > 1;
+    if (opt.rank_jitter > 0 && every_rank_) jitter_q_ = expected_normal_order_statistics(static_cast<int>(runs_.size()));
     state_.resize(runs_.size());
     for (size_t i = 0; i < runs_.size(); ++i) {
       const auto& p = *runs_[i].program;
@@ -133,6 +133,7 @@ class Executor {
 
  private:
   struct RankState {
+    double jitter_var = 0;          // ns², op_jitter variance of the compute since its last collective
     std::vector<uint32_t> pending;  // deps not yet done, per op
     std::array<uint32_t, kStreamCount> cursor{};
     std::array<bool, kStreamCount> busy{};
@@ -188,6 +189,7 @@ class Executor {
       default: {
         t.active_ns = t.start_ns;
         const int64_t dur = jittered(ri, op);
+        if (every_rank_ && opt_.op_jitter > 0) st.jitter_var += std::pow(opt_.op_jitter * double(dur), 2);
         if (sharing_) {
           start_shared(ri, id, dur);
         } else {
@@ -349,9 +351,27 @@ class Executor {
     return k;
   }
 
+  // E[max of n standard normals], cached per n.
+  double expected_max(int n) {
+    if (n < 2) return 0.0;
+    if (static_cast<size_t>(n) >= max_cache_.size()) max_cache_.resize(static_cast<size_t>(n) + 1, -1.0);
+    double& v = max_cache_[static_cast<size_t>(n)];
+    if (v < 0) v = expected_normal_order_statistics(n).back();
+    return v;
+  }
+
   void launch(const CollectiveRequest& req, bool intra_node, std::vector<Member> members) {
     const int64_t now = engine_.now();
     for (const auto& [ri, id] : members) runs_[ri].ops[id].active_ns = now;
+    // op_jitter: a collective waits, on average, for the last of its members' independently late
+    // arrivals: σ · E[max of n], σ² the members' mean variance since their previous collective.
+    int64_t jitter_wait = 0;
+    if (every_rank_ && opt_.op_jitter > 0 && req.op != traces::CollOp::Send && members.size() >= 2) {
+      double var = 0;
+      for (const auto& [ri, id] : members) var += state_[ri].jitter_var, state_[ri].jitter_var = 0;
+      const int n = static_cast<int>(members.size());
+      jitter_wait = static_cast<int64_t>(std::llround(std::sqrt(var / n) * expected_max(n)));
+    }
     const bool threads = sharing_ && opt_.core_sharing->comm_thread_weight > 0;
     if (threads) comm_threads(req, +1.0);
     auto done = [this, members = std::move(members), threads, req] {
@@ -378,15 +398,15 @@ class Executor {
     // queued after the current one, so that the compute a member starts together with it (its next
     // backward op, when a bucket is issued) counts.
     if (sharing_ && opt_.core_sharing->comm_compute_weight > 0) {
-      engine_.schedule_at(now, [this, req, base_ns, done = std::move(done)]() mutable {
+      engine_.schedule_at(now, [this, req, base_ns, jitter_wait, done = std::move(done)]() mutable {
         const double stretch = 1.0 + opt_.core_sharing->comm_compute_weight * double(members_computing(req)) /
                                          double(opt_.core_sharing->cores);
-        engine_.schedule_at(engine_.now() + static_cast<int64_t>(std::llround(double(base_ns) * stretch)),
+        engine_.schedule_at(engine_.now() + jitter_wait + static_cast<int64_t>(std::llround(double(base_ns) * stretch)),
                             std::move(done));
       });
       return;
     }
-    engine_.schedule_at(now + base_ns, std::move(done));
+    engine_.schedule_at(now + jitter_wait + base_ns, std::move(done));
   }
 
   const Workload& w_;
@@ -404,6 +424,8 @@ class Executor {
   bool sharing_ = false;
   std::vector<NodeCpu> cpus_;  // per node, with core sharing
   std::vector<double> jitter_q_;  // per simulated rank slot (rotated by step); empty: no spread
+  bool every_rank_ = false;       // every rank of the layout is simulated
+  std::vector<double> max_cache_;  // expected_max per n (-1: not computed)
 };
 
 }  // namespace

@@ -107,7 +107,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (!root.IsMap()) throw InputError(origin + ": a hardware profile must be a YAML mapping");
   check_keys(root,
              {"name", "device", "precision", "peak_flops", "memory_bandwidth_gbps", "data_load_us", "kernels",
-              "collectives", "machine", "cluster", "sharing", "ops", "rank_jitter"},
+              "collectives", "machine", "cluster", "sharing", "ops", "rank_jitter", "op_jitter"},
              origin, "");
   HardwareProfile p;
   p.name = root["name"] ? get_string(root["name"], origin, "name") : origin;
@@ -129,6 +129,11 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
     p.rank_jitter = get_number(root["rank_jitter"], origin, "rank_jitter");
     if (!(p.rank_jitter >= 0) || !(p.rank_jitter < 1))
       throw InputError(where(origin, root["rank_jitter"], "rank_jitter") + ": expected a fraction in [0, 1)");
+  }
+  if (root["op_jitter"]) {
+    p.op_jitter = get_number(root["op_jitter"], origin, "op_jitter");
+    if (!(p.op_jitter >= 0) || !(p.op_jitter < 1))
+      throw InputError(where(origin, root["op_jitter"], "op_jitter") + ": expected a fraction in [0, 1)");
   }
   if (root["data_load_us"])
     p.data_load_ns = us_to_ns(get_number(root["data_load_us"], origin, "data_load_us"), root["data_load_us"], origin,
@@ -344,6 +349,7 @@ std::string to_yaml(const HardwareProfile& p) {
   e << YAML::Key << "memory_bandwidth_gbps" << YAML::Value << p.memory_bandwidth_bytes_per_s / 1e9;
   e << YAML::Key << "data_load_us" << YAML::Value << p.data_load_ns / 1000.0;
   if (p.rank_jitter > 0) e << YAML::Key << "rank_jitter" << YAML::Value << p.rank_jitter;
+  if (p.op_jitter > 0) e << YAML::Key << "op_jitter" << YAML::Value << p.op_jitter;
   e << YAML::Key << "kernels" << YAML::Value << YAML::BeginMap;
   for (int c = 0; c < kOpClassCount; ++c) {
     e << YAML::Key << kClassNames[c] << YAML::Value << YAML::Flow << YAML::BeginMap;

@@ -84,6 +84,7 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   eo.profile = &prof;
   if (shared_cores) eo.core_sharing = &prof.sharing;
   eo.rank_jitter = prof.rank_jitter;
+  eo.op_jitter = prof.op_jitter;
   const ExecResult r = execute(w, cluster, eo);
 
   SimResult out;

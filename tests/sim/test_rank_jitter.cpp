@@ -133,5 +133,65 @@ TEST(Calibrate, RankJitterIsThePooledRelativeSpreadOfPerStepCompute) {
   EXPECT_DOUBLE_EQ(calibrate(runs, opt).profile.rank_jitter, 0.0);
 }
 
+TEST(HardwareProfileYaml, OpJitterRoundTripsAndIsChecked) {
+  HardwareProfile p = default_hardware_profile("cpu", false);
+  p.op_jitter = 0.055;
+  EXPECT_DOUBLE_EQ(parse_hardware_profile(to_yaml(p), "j.yaml").op_jitter, 0.055);
+  EXPECT_THROW(parse_hardware_profile("name: x\nop_jitter: -0.1\n", "j.yaml"), InputError);
+}
+
+// The first collective waits σ · E[max of 2] = σ / sqrt(pi) longer, σ² = Σ (op_jitter · d)² over the
+// compute each member ran before it (both ranks ran the same ops).
+TEST(ExecutorOpJitter, FirstCollectiveWaitsForTheExpectedLaterArrival) {
+  const Scenario s = dp2_scenario();
+  HardwareProfile p = default_hardware_profile("cpu", false);
+  const CostModel cost(p, 1e10, 1e10);
+  const Workload w = build_workload(s, cost, {2, precision_config("fp32")});
+  const Cluster c = testing_fixtures::plain_cluster(2, 2);
+  ExecutorOptions o;
+  o.all_ranks = true;
+  o.comm_time = [](const CollectiveRequest&) { return int64_t(1'000'000); };
+  const ExecResult plain = execute(w, c, o);
+  o.op_jitter = 0.1;
+  const ExecResult jit = execute(w, c, o);
+  const auto& prog = *plain.ranks[0].program;
+  size_t first = prog.ops.size();
+  for (size_t i = 0; i < prog.ops.size() && first == prog.ops.size(); ++i)
+    if (prog.ops[i].kind == traces::SpanKind::Collective) first = i;
+  ASSERT_LT(first, prog.ops.size());
+  const int64_t launched = plain.ranks[0].ops[first].active_ns;
+  double var = 0;
+  for (size_t i = 0; i < prog.ops.size(); ++i) {
+    const auto k = prog.ops[i].kind;
+    if (k == traces::SpanKind::Collective || k == traces::SpanKind::P2P) continue;
+    const auto& t = plain.ranks[0].ops[i];
+    if (t.start_ns >= 0 && t.start_ns < launched) var += std::pow(0.1 * double(t.end_ns - t.start_ns), 2);
+  }
+  ASSERT_GT(var, 0);
+  EXPECT_EQ(jit.ranks[0].ops[first].active_ns, launched);
+  EXPECT_NEAR(double(jit.ranks[0].ops[first].end_ns - plain.ranks[0].ops[first].end_ns),
+              std::sqrt(var) / std::sqrt(M_PI), 2.0);
+}
+
+// A run whose every rank computes fwd.block for d[step] ms in each step.
+traces::Trace op_jitter_run(const Scenario& s, const std::vector<double>& d) {
+  traces::Trace t = jitter_run(s, 2, {0.0, 0.0});
+  for (auto& sp : t.spans) sp.end_ns = sp.start_ns + std::llround(1e6 * d[static_cast<size_t>(sp.step)]);
+  return t;
+}
+
+TEST(Calibrate, OpJitterIsTheRelativeSpreadOfRepeatedOps) {
+  Scenario s1 = dp2_scenario();
+  s1.parallel.dp = 1;
+  s1.training.global_batch = 4;
+  std::vector<traces::Trace> runs;
+  runs.push_back(jitter_run(s1, 1, {0.0}));
+  // Counted steps 1..3 (step 0 is warm-up): 12, 10, 8 ms: mean 10, sample sd 2, op_jitter 0.2.
+  runs.push_back(op_jitter_run(dp2_scenario(), {30.0, 12.0, 10.0, 8.0}));
+  CalibrationOptions opt;
+  opt.cores = 2;
+  EXPECT_NEAR(calibrate(runs, opt).profile.op_jitter, 0.2, 1e-9);
+}
+
 }  // namespace
 }  // namespace orrery::sim

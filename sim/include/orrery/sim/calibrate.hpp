@@ -49,6 +49,14 @@
 //     the tables of the simulated run's own R, so what crowding costs the collectives is measured, not
 //     extrapolated; the generic fits above serve the (op, n, R) no sweep measured.
 //
+//  3b. Spread: rank_jitter, the pooled relative spread of each rank's per-step compute total against
+//     its step's mean over the ranks (multi-rank runs, R − 1 degrees of freedom per step); op_jitter,
+//     the time-weighted relative standard deviation of each (rank, op, layer)'s repeated times. The
+//     executor applies both deterministically (executor.hpp's ExecutorOptions::rank_jitter/op_jitter).
+//     And the sharing weights: comm_thread_weight from compute spans with collectives in flight
+//     against the same ops without; comm_compute_weight from training collectives whose members were
+//     computing against the commbench table of the same (op, n, R).
+//
 //  4. The machine: `cluster:` (device cpu with the fitted peak and bandwidth, ranks_per_node, the
 //     rank-to-rank link with the fitted per-step latency and busbw) and `sharing:`.
 //

@@ -47,6 +47,10 @@ struct ExecutorOptions {
   // time, q = expected_normal_order_statistics(simulated ranks)[(r + s) mod ranks]. Applied only
   // when every rank is simulated (all_ranks or core sharing); 0 = none.
   double rank_jitter = 0;
+  // HardwareProfile::op_jitter: a collective starts σ · E[max of its n members' normals] after the
+  // last member arrived, σ² = the members' mean variance Σ (op_jitter · d)² over the compute ops
+  // (times d) each ran since its previous collective. Only when every rank is simulated; 0 = none.
+  double op_jitter = 0;
 };
 
 // E[Z_(i)], i = 1..n, of n independent standard normals, ascending (numerical integration of the

@@ -160,6 +160,12 @@ struct HardwareProfile {
   // so a synchronising collective waits as long as it would on average. 0 = none. Fitted by
   // `orrery calibrate` from the multi-rank runs' per-step compute totals.
   double rank_jitter = 0;
+  // `op_jitter`: the relative spread of one compute op's time from one run of it to the next,
+  // independent between ops and ranks. When every rank is simulated, a collective whose members have
+  // computed ops of times d since their last collective starts σ · E[max of n standard normals]
+  // late, σ² = the members' mean of Σ (op_jitter · d)²: the expected wait for the last of n
+  // independently late arrivals. 0 = none. Fitted by `orrery calibrate` from the multi-rank runs.
+  double op_jitter = 0;
   std::vector<MeasuredOp> ops;                 // the `ops:` section
 
   const ClassCost& cost(OpClass c) const { return classes[static_cast<int>(c)]; }
