@@ -23,6 +23,16 @@ bool parse_pair(const QString& text, QChar sep, qlonglong& a, qlonglong& b) {
   return ok1 && ok2;
 }
 
+// --range and --zoom offsets from the trace start: at most 1e17 ns (about 3 years) either way, so
+// the start plus an offset and the view's differences of times stay within int64 (any 64-bit
+// value used to overflow there: UBSan, signed integer overflow).
+constexpr qlonglong kMaxOffsetNs = 100'000'000'000'000'000LL;
+
+bool parse_offsets(const QString& text, qlonglong& t0, qlonglong& t1) {
+  return parse_pair(text, ':', t0, t1) && t0 >= -kMaxOffsetNs && t0 <= kMaxOffsetNs &&
+         t1 >= -kMaxOffsetNs && t1 <= kMaxOffsetNs;
+}
+
 int fail(const QString& msg, int rc) {
   std::fprintf(stderr, "orrery-gui: error: %s\n", msg.toLocal8Bit().constData());
   return rc;
@@ -59,11 +69,15 @@ int main(int argc, char** argv) {
     return fail("--size: expected WxH such as 1600x1000, got '" + cli.value(size) + "'", 2);
   }
   qlonglong r0 = 0, r1 = 0, z0 = 0, z1 = 0;
-  if (cli.isSet(range) && !parse_pair(cli.value(range), ':', r0, r1)) {
-    return fail("--range: expected T0:T1 in ns, got '" + cli.value(range) + "'", 2);
+  if (cli.isSet(range) && !parse_offsets(cli.value(range), r0, r1)) {
+    return fail("--range: expected T0:T1 in ns from the trace start, each within +-1e17, got '" +
+                    cli.value(range) + "'",
+                2);
   }
-  if (cli.isSet(zoom) && !parse_pair(cli.value(zoom), ':', z0, z1)) {
-    return fail("--zoom: expected T0:T1 in ns, got '" + cli.value(zoom) + "'", 2);
+  if (cli.isSet(zoom) && !parse_offsets(cli.value(zoom), z0, z1)) {
+    return fail("--zoom: expected T0:T1 in ns from the trace start, each within +-1e17, got '" +
+                    cli.value(zoom) + "'",
+                2);
   }
 
   orrery::gui::MainWindow win;
