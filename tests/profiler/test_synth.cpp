@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 
 #include "orrery/common/error.hpp"
 #include "orrery/profiler/metrics.hpp"
@@ -279,6 +280,18 @@ TEST(Synth, BadOptionsAreInputErrors) {
   o.pp = 2;
   o.jitter_ns = 5;
   EXPECT_THROW(traces::synthesize(o), InputError);
+  // Durations whose sums overflow int64 ns, and a span target near 2^63 (both were signed
+  // overflows under UBSan): InputErrors.
+  o = {};
+  o.jitter_ns = std::numeric_limits<int64_t>::max();
+  EXPECT_THROW(traces::synthesize(o), InputError);
+  o = {};
+  o.straggler_rank = 1;
+  o.straggler_delay_ns = std::numeric_limits<int64_t>::max();
+  EXPECT_THROW(traces::synthesize(o), InputError);
+  o = {};
+  EXPECT_THROW(traces::synth_steps_for_spans(o, std::numeric_limits<int64_t>::max()), InputError);
+  EXPECT_EQ(traces::synth_steps_for_spans(o, traces::synth_span_count(o) / o.steps * 3), 3);
 }
 
 TEST(Synth, MetricsAreTheSameAfterAStoreRoundTrip) {

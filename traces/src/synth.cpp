@@ -4,6 +4,8 @@
 #include "orrery/traces/synth.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,19 @@ void validate(const SynthOptions& o) {
     need(o.jitter_ns == 0 && (o.straggler_rank < 0 || o.straggler_delay_ns == 0),
          "jitter and stragglers are not supported with pp > 1");
   }
+  // The schedule adds these durations up in int64 ns: a bound of the trace's length (in double,
+  // generous for the pipeline schedule) keeps every sum far from overflow (UBSan: signed integer
+  // overflow on --jitter-ns or --straggler-delay-ns near 2^63).
+  const double per_layer =
+      double(o.forward_ns) + double(o.backward_ns) + double(o.comm_ns_per_layer);
+  const double waves = o.pp > 1 ? 2.0 * (double(o.micro_batches) + o.pp) : 1.0;
+  const double step_ns = double(o.data_ns) + double(o.jitter_ns) + double(o.straggler_delay_ns) +
+                         double(o.optimizer_ns) + waves * o.layers * per_layer;
+  char length[32];
+  std::snprintf(length, sizeof length, "%.3g", step_ns * o.steps);
+  need(step_ns * (double(o.steps) + 1) <= 1e18,
+       std::string("the trace would last about ") + length +
+           " ns (steps x the step's durations); at most 1e18 ns");
 }
 
 // Metadata, ranks, streams and communicators. Communicators: 0 "world"; with pp > 1 also
@@ -310,7 +325,12 @@ int32_t synth_steps_for_spans(const SynthOptions& o, int64_t target_spans) {
   one.steps = 1;
   const int64_t per_step = synth_span_count(one);
   if (per_step <= 0) throw InputError("synth: options produce no spans");
-  return int32_t(std::max<int64_t>(1, (target_spans + per_step - 1) / per_step));
+  // Rounded up without forming target_spans + per_step (UBSan: signed overflow near 2^63).
+  const int64_t steps = target_spans / per_step + (target_spans % per_step != 0 ? 1 : 0);
+  if (steps > std::numeric_limits<int32_t>::max())
+    throw InputError("synth: " + std::to_string(target_spans) + " spans need " +
+                     std::to_string(steps) + " steps, more than 2^31 - 1");
+  return int32_t(std::max<int64_t>(1, steps));
 }
 
 Trace synthesize(const SynthOptions& o) {
