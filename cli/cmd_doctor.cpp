@@ -42,7 +42,9 @@ std::vector<std::string> expand(const std::vector<std::string>& given) {
 }
 
 int run_doctor(const DoctorArgs& a) {
-  if (a.straggler_ms <= 0) throw InputError("--straggler-ms: must be > 0");
+  // At most 1e12 ms, so the value in ns fits int64 (UBSan: float-cast-overflow on 1e308).
+  if (!(a.straggler_ms > 0 && a.straggler_ms <= 1e12))
+    throw InputError("--straggler-ms: must be > 0 and at most 1e12");
   const auto files = expand(a.traces);
   const profiler::DoctorInput in = profiler::load_doctor_input(files);
   profiler::DoctorOptions opt;
