@@ -58,6 +58,10 @@ check sleep 0 "Rank 1 straggles: it arrived last, 1000 ms or more after the othe
   || fail "doctor --json"
 # Bad input exits 2.
 "$ORRERY" doctor nope.db > /dev/null 2>&1; [ $? -eq 2 ] || fail "missing trace: expected exit 2"
+# A threshold whose ns overflow int64 (was a float-cast overflow under UBSan) names the option.
+got=$("$ORRERY" doctor skip.db --straggler-ms 1e308 2>&1); rc=$?
+[ $rc -eq 2 ] && [[ $got == *"--straggler-ms: must be > 0 and at most 1e12"* ]] \
+  || fail "--straggler-ms 1e308: expected exit 2 naming the option, got $rc: $got"
 
 [ $failures -eq 0 ] && echo "doctor checks: all passed"
 exit $failures
