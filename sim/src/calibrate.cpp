@@ -390,6 +390,13 @@ int64_t this_machine_memory_bytes() {
 
 CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const CalibrationOptions& opt) {
   if (traces_in.empty()) throw InputError("orrery calibrate: give at least one trace");
+  if (opt.cores < 0) throw InputError("orrery calibrate: --cores must be >= 0 (0: this machine's), got " + std::to_string(opt.cores));
+  if (opt.threads_per_rank < 0)
+    throw InputError("orrery calibrate: --threads must be >= 0 (0: the scenario's), got " +
+                     std::to_string(opt.threads_per_rank));
+  if (opt.skip_steps < 0) throw InputError("orrery calibrate: --skip-steps must be >= 0, got " + std::to_string(opt.skip_steps));
+  if (opt.ranks_per_node < 1)
+    throw InputError("orrery calibrate: --ranks-per-node must be >= 1, got " + std::to_string(opt.ranks_per_node));
   CalibrationResult out;
   const int cores = opt.cores > 0 ? opt.cores : std::max(1u, std::thread::hardware_concurrency());
 

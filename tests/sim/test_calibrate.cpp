@@ -297,6 +297,23 @@ TEST(HardwareProfileYaml, MeasuredOpsRoundTripAndBadEntriesAreNamed) {
 }
 
 TEST(Calibrate, BadInput) {
+  {
+    // Options out of range are named (an ASan/UBSan session found them accepted silently).
+    std::vector<traces::Trace> one;
+    one.push_back(testing_fixtures::make_run(testing_fixtures::tiny(1, 4, 64), testing_fixtures::Truth{}, 1.0));
+    for (auto [field, value, name] : {std::tuple{0, -1, "--cores"}, std::tuple{1, -2, "--threads"},
+                                      std::tuple{2, -1, "--skip-steps"}, std::tuple{3, 0, "--ranks-per-node"}}) {
+      CalibrationOptions bad;
+      (field == 0 ? bad.cores : field == 1 ? bad.threads_per_rank : field == 2 ? bad.skip_steps : bad.ranks_per_node) =
+          value;
+      try {
+        calibrate(one, bad);
+        ADD_FAILURE() << name << " " << value << " accepted";
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      }
+    }
+  }
   traces::Trace empty;
   empty.path = "x.db";
   EXPECT_THROW(calibrate({empty}), InputError);  // no scenario
