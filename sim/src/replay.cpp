@@ -124,11 +124,18 @@ ReplayResult replay(const traces::Trace& t, const Cluster& cluster, const Replay
       // Latest span of another stream with after < end <= start.
       auto it = std::upper_bound(v.begin(), v.end(), s.start_ns,
                                  [&](int64_t tval, int32_t m) { return tval < span(m).end_ns; });
+      // Only spans ordered before this one by (start, end, index), the key of the stream order: every
+      // edge then goes forward in that order and the graph cannot cycle (two zero-length spans at the
+      // same instant on two streams would otherwise each wait for the other).
+      auto before = [&](int32_t c, int32_t m) {
+        const auto &x = span(c), &y = span(m);
+        return std::tie(x.start_ns, x.end_ns, nodes[c].span) < std::tie(y.start_ns, y.end_ns, nodes[m].span);
+      };
       while (it != v.begin()) {
         --it;
         const auto& c = span(*it);
         if (c.end_ns <= after) break;
-        if (c.stream != s.stream) {
+        if (c.stream != s.stream && before(*it, n)) {
           nodes[n].cross = *it;
           break;
         }
