@@ -437,17 +437,18 @@ std::vector<double> expected_normal_order_statistics(int n) {
   constexpr int kSteps = 4800;
   constexpr double kLo = -12.0, kHi = 12.0;
   const double h = (kHi - kLo) / kSteps;
-  std::vector<double> q(static_cast<size_t>(n), 0.0);
+  std::vector<double> q(static_cast<size_t>(n), 0.0), log_coef(static_cast<size_t>(n));
+  for (int i = 1; i <= n; ++i)
+    log_coef[static_cast<size_t>(i - 1)] = std::lgamma(n + 1.0) - std::lgamma(double(i)) - std::lgamma(double(n - i + 1));
   for (int k = 0; k <= kSteps; ++k) {
     const double z = kLo + h * k;
     const double phi = std::exp(-0.5 * z * z) / std::sqrt(2.0 * M_PI);
     const double cdf = 0.5 * std::erfc(-z / std::sqrt(2.0));
     const double w = (k == 0 || k == kSteps) ? 1.0 : (k % 2 ? 4.0 : 2.0);
     for (int i = 1; i <= n; ++i) {
-      const double log_coef = std::lgamma(n + 1.0) - std::lgamma(double(i)) - std::lgamma(double(n - i + 1));
       const double a = cdf > 0 ? (i - 1) * std::log(cdf) : (i == 1 ? 0.0 : -INFINITY);
       const double b = cdf < 1 ? (n - i) * std::log1p(-cdf) : (i == n ? 0.0 : -INFINITY);
-      q[static_cast<size_t>(i - 1)] += w * z * phi * std::exp(log_coef + a + b);
+      q[static_cast<size_t>(i - 1)] += w * z * phi * std::exp(log_coef[static_cast<size_t>(i - 1)] + a + b);
     }
   }
   for (auto& v : q) v *= h / 3.0;
