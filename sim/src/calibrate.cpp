@@ -454,14 +454,17 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
     });
     // The run's communication spans (every rank): a compute span with m of them in flight shares the
     // cores with m progress threads (CoreSharing::comm_thread_weight).
-    std::vector<std::pair<int64_t, int64_t>> comm_spans;
+    // In flight at t: started at or before t and not ended by t (two sorted lists, binary search).
+    std::vector<int64_t> comm_starts, comm_ends;
     for (const auto& sp : t.spans)
       if ((sp.kind == traces::SpanKind::Collective || sp.kind == traces::SpanKind::P2P) && sp.step >= info.first_counted_step)
-        comm_spans.emplace_back(sp.start_ns, sp.end_ns);
+        comm_starts.push_back(sp.start_ns), comm_ends.push_back(sp.end_ns);
+    std::sort(comm_starts.begin(), comm_starts.end());
+    std::sort(comm_ends.begin(), comm_ends.end());
     auto in_flight_at = [&](int64_t at) {
-      int m = 0;
-      for (const auto& [b, e] : comm_spans) m += b <= at && at < e;
-      return m;
+      const auto started = std::upper_bound(comm_starts.begin(), comm_starts.end(), at) - comm_starts.begin();
+      const auto ended = std::upper_bound(comm_ends.begin(), comm_ends.end(), at) - comm_ends.begin();
+      return static_cast<int>(std::max<std::ptrdiff_t>(0, started - ended));
     };
     for (size_t i : order) {
       const auto& sp = t.spans[i];
@@ -486,7 +489,7 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in, const C
         o.params = held_params(name, info.s, coord);
       }
       o.durations.push_back(double(sp.duration_ns()));
-      o.in_flight.push_back(comm_spans.empty() ? 0 : in_flight_at(sp.start_ns + sp.duration_ns() / 2));
+      o.in_flight.push_back(comm_starts.empty() ? 0 : in_flight_at(sp.start_ns + sp.duration_ns() / 2));
     }
   }
   // Medians of the spans with (overlapped = true) or without communication in flight.
