@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <unordered_map>
@@ -372,12 +373,20 @@ class Executor {
       const int n = static_cast<int>(members.size());
       jitter_wait = static_cast<int64_t>(std::llround(std::sqrt(var / n) * expected_max(n)));
     }
-    const bool threads = sharing_ && opt_.core_sharing->comm_thread_weight > 0;
-    if (threads) comm_threads(req, +1.0);
-    auto done = [this, members = std::move(members), threads, req] {
-      if (threads) comm_threads(req, -1.0);
-      for (const auto& [ri, id] : members) complete(ri, id);
-    };
+    // The progress threads join the cores now and leave them when it completes (the request is kept
+    // only then: every other completion carries just its members).
+    std::function<void()> done;
+    if (sharing_ && opt_.core_sharing->comm_thread_weight > 0) {
+      comm_threads(req, +1.0);
+      done = [this, members = std::move(members), req] {
+        comm_threads(req, -1.0);
+        for (const auto& [ri, id] : members) complete(ri, id);
+      };
+    } else {
+      done = [this, members = std::move(members)] {
+        for (const auto& [ri, id] : members) complete(ri, id);
+      };
+    }
     // The time from the test hook or the profile's override; otherwise the network model times it.
     int64_t base_ns = -1;
     if (opt_.comm_time) {

@@ -344,22 +344,20 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
     auto padded = [&](int64_t n) { return (n + dp - 1) / dp * dp; };
     const bool has_embed_segment = first || last;  // wte (and wpe on stage 0) on this stage
     int32_t seq_pp = 0;                           // collectives on the pp group (pp.loss)
+    // Each step first zeroes the gradients the stage holds (and ZeRO's shard accumulators).
+    const ModelDims dims = model_dims(s, prec.act_bytes);
+    const double zeroed = double(prog.param_count) + (par.zero >= 1 ? double(padded(prog.param_count)) / dp : 0.0);
+    const Piece zero_grad_piece{0.0, total_bytes(*op_kernels("zero_grad", 0, 1, dims, zeroed)),
+                                cost.named_op_ns("zero_grad", 0, 1, dims, zeroed)};
 
     for (int step = 0; step < opt.steps; ++step) {
       std::vector<uint32_t> grad_ops;  // DP gradient ops of this step (the optimizer waits for all)
       uint32_t last_backward_op = kNone;
       const auto order = schedule_order(par.schedule, pp, st, m);
+      const uint32_t zero_grad =
+          b.add(compute(names::kZeroGrad, zero_grad_piece, PhaseKind::None, step, -1, -1), {after_prev_step});
       // The op the next pass's first op waits for: the runtime's blocking collectives between passes
       // (the previous step's ZeRO all-gather and pp.loss, ZeRO 1/2 reductions, ZeRO 3's end of backward).
-      // The runtime first zeroes the gradients it holds (and ZeRO's shard accumulators).
-      const double zeroed = double(prog.param_count) + (par.zero >= 1 ? double(padded(prog.param_count)) / dp : 0.0);
-      const ModelDims dims = model_dims(s, prec.act_bytes);
-      const uint32_t zero_grad =
-          b.add(compute(names::kZeroGrad,
-                        Piece{0.0, total_bytes(*op_kernels("zero_grad", 0, 1, dims, zeroed)),
-                              cost.named_op_ns("zero_grad", 0, 1, dims, zeroed)},
-                        PhaseKind::None, step, -1, -1),
-                {after_prev_step});
       std::vector<uint32_t> blocker{zero_grad};
       auto dp_coll = [&](std::string_view n, traces::CollOp c, int64_t bytes, PhaseKind ph, int mb, int layer,
                          std::vector<uint32_t> deps) {

@@ -17,6 +17,8 @@
 #include "orrery/runtime/kernels.hpp"
 #include "orrery/runtime/optimizer.hpp"
 
+#include "device_test_util.hpp"
+
 namespace orrery::runtime::cuda {
 namespace {
 
@@ -38,21 +40,8 @@ std::vector<int32_t> random_tokens(std::size_t n, int V, uint32_t seed) {
   return v;
 }
 
-template <class T>
-DeviceArray<T> upload(const std::vector<T>& v) {
-  DeviceArray<T> d(v.size());
-  d.copy_from_host(v);
-  return d;
-}
-
-double normalised_error(const Vec& gpu, const Vec& cpu) {
-  double diff = 0, ref = 0;
-  for (std::size_t i = 0; i < cpu.size(); ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(gpu[i] - cpu[i])));
-    ref = std::max(ref, static_cast<double>(std::fabs(cpu[i])));
-  }
-  return diff / std::max(ref, 1e-30);
-}
+using device_test_util::normalised_error;
+using device_test_util::upload;
 
 double bound_for(MathMode m) {
   switch (m) {
