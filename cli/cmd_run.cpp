@@ -325,7 +325,7 @@ Command setup(CLI::App& root) {
   app->add_option("--nproc,-n", args->nproc,
                   "Ranks to run (default: the scenario's parallel.dp*tp*pp); must equal dp*tp*pp");
 #if ORRERY_HAVE_CUDA
-  app->add_option("--device", args->device, "cpu, or cuda (needs a GPU; dp, ZeRO 1/2, tp and pp, no ZeRO 3)")
+  app->add_option("--device", args->device, "cpu, or cuda (needs a GPU; dp, ZeRO 1/2/3, tp and pp)")
 #else
   app->add_option("--device", args->device, "cpu (cuda: not in this build)")
 #endif

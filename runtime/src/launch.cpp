@@ -278,7 +278,7 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
   Trainer trainer(s, world, &rec);
   const Layout& lay = trainer.layout();
   result.tokens_per_step = static_cast<int64_t>(s.training.global_batch) * s.model.seq;
-  result.params = static_cast<int64_t>(trainer.model().num_params());
+  result.params = static_cast<int64_t>(trainer.flat_elems());  // this rank's shard, without ZeRO padding
 
   if (writer) {
     traces::RunMeta meta = real_run_meta(s, lay, world.size());

@@ -47,47 +47,74 @@ void gpt_pad_storage(Gpt& m, std::size_t padded) {
   repad(m.grads, padded, m.dembed, m.dblocks, m.dhead);
 }
 
-Zero3Storage::Zero3Storage(Gpt& m, int dp_rank, int dp_size) {
+void Zero3Segment::bind(float* params, float* grads) const {
+  for (std::size_t j = 0; j < rel.size(); ++j) {
+    *param_ptrs[j] = params + rel[j];
+    *grad_ptrs[j] = grads + rel[j];
+  }
+}
+
+std::vector<Zero3Segment> zero3_segments(const Gpt& m, int dp_rank, int dp_size, GptPointers bound) {
   const int L = m.config.n_layer;
+  std::vector<Zero3Segment> segments;
   std::size_t total_shard = 0;
-  std::size_t max_block = 0;
   for (int id = kEmbedSegment; id <= L; ++id) {
     const ParamRange r = m.segment_range(id);
     if (r.count == 0) continue;
-    Segment sg;
+    Zero3Segment sg;
     sg.id = id;
     sg.range = r;
     sg.part = zero_partition(r.count, dp_rank, dp_size);
     sg.shard_offset = total_shard;
     total_shard += sg.part.shard;
-    if (id >= 0 && id < L) max_block = std::max(max_block, sg.part.padded());
-    segments_.push_back(sg);
+    segments.push_back(sg);
   }
-  // The named pointers of each segment (the tensors of a block come in BlockParams' field order).
-  auto block_fields = [](BlockParams& b) {
-    return std::vector<float**>{&b.ln1w, &b.ln1b, &b.qkvw, &b.qkvb, &b.projw, &b.projb,
-                                &b.ln2w, &b.ln2b, &b.fcw,  &b.fcb,  &b.fcprojw, &b.fcprojb};
+  // The named pointers of each segment (the tensors of a block come in BlockParams' field order),
+  // read from the layout model and bound to the same fields of `bound`.
+  auto block_fields = [](auto& b) {
+    return std::vector<decltype(&b.ln1w)>{&b.ln1w, &b.ln1b, &b.qkvw, &b.qkvb, &b.projw, &b.projb,
+                                          &b.ln2w, &b.ln2b, &b.fcw,  &b.fcb,  &b.fcprojw, &b.fcprojb};
   };
-  for (auto& sg : segments_) {
+  for (auto& sg : segments) {
+    std::vector<float* const*> layout;
     std::vector<float**> ps, gs;
     if (sg.id == kEmbedSegment) {
-      ps = {&m.embed.wte, &m.embed.wpe};
-      gs = {&m.dembed.wte, &m.dembed.wpe};
+      layout = {&m.embed.wte, &m.embed.wpe};
+      ps = {&bound.embed.wte, &bound.embed.wpe};
+      gs = {&bound.dembed.wte, &bound.dembed.wpe};
     } else if (sg.id == L) {
-      ps = {&m.head.lnfw, &m.head.lnfb};
-      gs = {&m.dhead.lnfw, &m.dhead.lnfb};
+      layout = {&m.head.lnfw, &m.head.lnfb};
+      ps = {&bound.head.lnfw, &bound.head.lnfb};
+      gs = {&bound.dhead.lnfw, &bound.dhead.lnfb};
     } else {
       const auto i = static_cast<std::size_t>(sg.id - m.shard.layer_begin);
-      ps = block_fields(m.blocks[i]);
-      gs = block_fields(m.dblocks[i]);
+      for (float* const* f : block_fields(m.blocks[i])) layout.push_back(f);
+      ps = block_fields(bound.blocks.at(i));
+      gs = block_fields(bound.dblocks.at(i));
     }
-    for (std::size_t j = 0; j < ps.size(); ++j) {
-      if (*ps[j] == nullptr) continue;  // wpe on a head-only stage
+    for (std::size_t j = 0; j < layout.size(); ++j) {
+      if (*layout[j] == nullptr) continue;  // wpe on a head-only stage
       sg.param_ptrs.push_back(ps[j]);
       sg.grad_ptrs.push_back(gs[j]);
-      sg.rel.push_back(static_cast<std::size_t>(*ps[j] - m.params.data()) - sg.range.offset);
+      sg.rel.push_back(static_cast<std::size_t>(*layout[j] - m.params.data()) - sg.range.offset);
     }
   }
+  return segments;
+}
+
+std::size_t zero3_max_block(const std::vector<Zero3Segment>& segments, int n_layer) {
+  std::size_t max_block = 0;
+  for (const auto& sg : segments) {
+    if (sg.id >= 0 && sg.id < n_layer) max_block = std::max(max_block, sg.part.padded());
+  }
+  return max_block;
+}
+
+Zero3Storage::Zero3Storage(Gpt& m, int dp_rank, int dp_size)
+    : segments_(zero3_segments(m, dp_rank, dp_size, GptPointers{m.embed, m.dembed, m.blocks, m.dblocks, m.head, m.dhead})) {
+  const int L = m.config.n_layer;
+  std::size_t total_shard = 0;
+  for (const auto& sg : segments_) total_shard += sg.part.shard;
   params_ = FloatArray(total_shard);
   grads_ = FloatArray(total_shard);
   for (const auto& sg : segments_) {
@@ -95,6 +122,7 @@ Zero3Storage::Zero3Storage(Gpt& m, int dp_rank, int dp_size) {
     std::copy(m.params.data() + sg.range.offset + sg.part.begin(),
               m.params.data() + sg.range.offset + sg.part.begin() + n, params_.data() + sg.shard_offset);
   }
+  const std::size_t max_block = zero3_max_block(segments_, L);
   for (int slot = 0; slot < 2; ++slot) {
     pbuf_[slot] = FloatArray(max_block);
     gbuf_[slot] = FloatArray(max_block);
@@ -113,13 +141,6 @@ Zero3Storage::Segment& Zero3Storage::segment(int id) {
   for (auto& sg : segments_)
     if (sg.id == id) return sg;
   throw std::out_of_range("zero3: no segment " + std::to_string(id));
-}
-
-void Zero3Storage::bind(Segment& sg, float* params, float* grads) {
-  for (std::size_t j = 0; j < sg.rel.size(); ++j) {
-    *sg.param_ptrs[j] = params + sg.rel[j];
-    *sg.grad_ptrs[j] = grads + sg.rel[j];
-  }
 }
 
 std::size_t Zero3Storage::buffer_bytes() const {

@@ -64,7 +64,7 @@ RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRu
   const Layout& lay = trainer.layout();
   const DeviceInfo& dev = trainer.device();
   result.tokens_per_step = static_cast<int64_t>(s.training.global_batch) * s.model.seq;
-  result.params = static_cast<int64_t>(trainer.model().num_params());
+  result.params = static_cast<int64_t>(trainer.flat_elems());  // this rank's shard, without ZeRO padding
 
   if (writer) {
     traces::RunMeta meta = real_run_meta(s, lay, world.size());

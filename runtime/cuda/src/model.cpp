@@ -83,11 +83,16 @@ const FloatArray& GpuGpt::download_params() {
   return host.params;
 }
 
-GpuGpt gpu_gpt_create(Gpt host) {
+GpuGpt gpu_gpt_create(Gpt host, bool device_storage) {
   // Any shard gpt_create made (it validated the layer range): a pipeline stage keeps its blocks at
   // index layer - layer_begin, and a head-only stage its own wte copy (wpe null), as on the CPU.
   GpuGpt m;
   m.host = std::move(host);
+  if (!device_storage) {  // ZeRO 3 (cuda/zero3.hpp) binds every pointer to its working buffers
+    m.blocks.resize(m.host.blocks.size());
+    m.dblocks.resize(m.host.dblocks.size());
+    return m;
+  }
   const std::size_t n = m.host.params.size();
   m.params.resize(n);
   m.grads.resize(n);

@@ -1,5 +1,5 @@
 // The training loop of one rank on one CUDA device (see cuda/trainer.hpp): the CPU trainer's
-// DDP, ZeRO 1/2, tensor- and pipeline-parallel paths with device buffers, event-timed spans and
+// DDP, ZeRO 1/2/3, tensor- and pipeline-parallel paths with device buffers, event-timed spans and
 // device communicators (NCCL or host-staged) for the dp, tp, pp and embedding groups.
 #include "orrery/runtime/cuda/trainer.hpp"
 
@@ -80,12 +80,6 @@ void check_supported_cuda(const Scenario& s) {
   Scenario c = s;
   c.runtime.device = "cpu";  // everything the CPU runtime checks (layout, batch, threads) holds here too
   check_supported(c);
-  if (s.parallel.zero > 2) {
-    throw InputError(origin + ": key 'parallel.zero': ZeRO stage " +
-                     std::to_string(s.parallel.zero) +
-                     " is not available on device cuda in this version; expected 0, 1 or 2 "
-                     "(use runtime.device: cpu for ZeRO 3)");
-  }
   if (device_count() == 0) {
     throw InputError(origin + ": key 'runtime.device' is cuda, but " + no_device_reason());
   }
@@ -332,6 +326,7 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
         color, L.pp_rank, traces::CommKind::PP,
         "embed[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
   }
+  const bool z3 = s_.parallel.zero == 3;  // dp >= 2 (check_supported)
   if (L.dp > 1 || L.tp > 1 || L.pp > 1) {
     CommBackend backend = opt_.comm;
     if (backend == CommBackend::kAuto) {
@@ -375,14 +370,21 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
   Gpt host = gpt_create(cfg, shard, s_.training.seed);
   buckets_ = make_ddp_buckets(host, s_.parallel.bucket_mb);  // before padding, as the CPU trainer's
   const std::size_t n = host.num_params();
-  const bool zero = s_.parallel.zero >= 1 && L.dp > 1;
-  if (zero) {
+  const bool zero = !z3 && s_.parallel.zero >= 1 && L.dp > 1;  // ZeRO 1/2
+  if (z3) {
     zero_ = zero_partition(n, L.dp_rank, L.dp);
-    gpt_pad_storage(host, zero_.padded());
+    model_ = std::make_unique<GpuGpt>(gpu_gpt_create(std::move(host), /*device_storage=*/false));
+    z3_ = std::make_unique<GpuZero3Storage>(*model_, L.dp_rank, L.dp);
+    z3_recv_.resize(z3_->shard_elems());
   } else {
-    zero_ = zero_partition(n, 0, 1);
+    if (zero) {
+      zero_ = zero_partition(n, L.dp_rank, L.dp);
+      gpt_pad_storage(host, zero_.padded());
+    } else {
+      zero_ = zero_partition(n, 0, 1);
+    }
+    model_ = std::make_unique<GpuGpt>(gpu_gpt_create(std::move(host)));
   }
-  model_ = std::make_unique<GpuGpt>(gpu_gpt_create(std::move(host)));
   ddp_ = std::make_unique<Ddp>(*model_, dp_dev_.get(), buckets_, s_.parallel.overlap);
   source_ = make_token_source(s_.data.source, s_.data.path, cfg.vocab, s_.training.seed);
   loader_ = std::make_unique<DataLoader>(*source_, s_.model.seq, s_.training.micro_batch, L.dp_rank, L.dp,
@@ -400,8 +402,9 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
     for (int i = 0; i < in_flight; ++i) grad_send_.emplace_back(acts_[0]->boundary_elems);
   }
   scratch_ = std::make_unique<GpuGradScratch>(gpu_grad_scratch(*model_, s_.training.micro_batch, s_.model.seq));
-  adam_m_.resize(zero ? zero_.shard : n);
-  adam_v_.resize(zero ? zero_.shard : n);
+  const std::size_t moments = z3 ? z3_->shard_elems() : zero ? zero_.shard : n;
+  adam_m_.resize(moments);
+  adam_v_.resize(moments);
   if (zero) {
     zero_grads_.resize(zero_.shard);
     if (s_.parallel.zero == 2) zero_recv_.resize(zero_.shard);
@@ -456,7 +459,7 @@ void GpuTrainer::finish() {
 }
 
 void GpuTrainer::prepare() {
-  ddp_->broadcast_parameters();
+  if (!z3_) ddp_->broadcast_parameters();  // ZeRO 3 shards come from the same seed on every rank
   ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
   world_.barrier().wait();
   record_memory();
@@ -465,12 +468,21 @@ void GpuTrainer::prepare() {
 Trainer::MemoryBytes GpuTrainer::memory() const {
   // The CPU trainer's categories (Trainer::memory) for the same state.
   Trainer::MemoryBytes m;
-  m.parameters = static_cast<double>(model_->params.size_bytes());
-  const double full_grads = static_cast<double>(model_->grads.size_bytes());
-  m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes());
   double acts = static_cast<double>(scratch_->memory.size_bytes() + ctx_->scratch_bytes());
   for (const auto& a : acts_) acts += static_cast<double>(a->memory.size_bytes());
   m.activations = acts;
+  if (z3_) {
+    const double shard = static_cast<double>(z3_->shard_elems()) * sizeof(float);
+    m.parameters = shard;
+    m.gradients = shard;
+    m.optimizer = 2 * shard;
+    m.comm_buffers = static_cast<double>(z3_->buffer_bytes() + z3_recv_.size_bytes());
+    for (const auto& g : grad_send_) m.comm_buffers += static_cast<double>(g.size_bytes());
+    return m;
+  }
+  m.parameters = static_cast<double>(model_->params.size_bytes());
+  const double full_grads = static_cast<double>(model_->grads.size_bytes());
+  m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes());
   double comm = 0;  // DDP buckets are views of the gradient array
   for (const auto& g : grad_send_) comm += static_cast<double>(g.size_bytes());  // pipeline
   if (s_.parallel.zero == 2 && zero_.ranks > 1) {
@@ -503,8 +515,18 @@ std::size_t GpuTrainer::flat_elems() const {
 }
 
 std::vector<float> GpuTrainer::parameters() {
-  ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
   std::vector<float> out(flat_elems());
+  if (z3_) {
+    // Each segment gathered over the dp group into a scratch buffer, its real elements kept.
+    for (const Zero3Segment& sg : z3_->segments()) {
+      DeviceArray<float> full(sg.part.padded());
+      dp_dev_->all_gather(z3_->params() + sg.shard_offset, full.data(), sg.part.shard, DType::F32).wait();
+      ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
+      full.copy_to_host(out.data() + sg.range.offset, sg.range.count);
+    }
+    return out;
+  }
+  ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
   model_->params.copy_to_host(out.data(), out.size());
   return out;
 }
@@ -536,6 +558,86 @@ void GpuTrainer::reduce_gradients_zero(int32_t step, int32_t mb) {
   }
 }
 
+// --- ZeRO 3: the CPU trainer's z3_* (runtime/src/trainer.cpp) on device buffers. Every operation is
+// ordered against the compute stream by the device communicator (issue after the kernels queued so
+// far; Handle::wait puts the compute stream behind the operation), so a working buffer is never
+// gathered into while queued kernels still read it, nor cleared while its reduce-scatter reads it.
+void GpuTrainer::z3_gather(int segment, int slot, int mb) {
+  Zero3Segment& sg = z3_->segment(segment);
+  z3_gather_h_[slot] = dp_dev_->all_gather(z3_->params() + sg.shard_offset, z3_->param_buffer(slot), sg.part.shard,
+                                           DType::F32, OpLabel{kZeroFetchLayerName, step_, mb, segment});
+  z3_gathered_[slot] = segment;
+}
+
+void GpuTrainer::z3_bind_block(int layer, int next_layer, int mb) {
+  const GptShard& sh = model_->host.shard;
+  const int slot = zero3_slot(layer, model_->config().n_layer, sh.layer_begin);
+  if (z3_gathered_[slot] != layer) z3_gather(layer, slot, mb);
+  z3_gather_h_[slot].wait();
+  // Prefetch: the next block's gather runs on the communicator's stream while this one computes.
+  if (next_layer >= sh.layer_begin && next_layer < sh.layer_end) z3_gather(next_layer, slot ^ 1, mb);
+  z3_->segment(layer).bind(z3_->param_buffer(slot), z3_->grad_buffer(slot));
+}
+
+void GpuTrainer::z3_reduce_scatter(int segment, int slot, int mb) {
+  Zero3Segment& sg = z3_->segment(segment);
+  z3_rs_h_[slot] = dp_dev_->reduce_scatter(z3_->grad_buffer(slot), z3_recv_.data() + sg.shard_offset, sg.part.shard,
+                                           DType::F32, ReduceOp::Avg,
+                                           OpLabel{kZeroReduceScatterName, step_, mb, segment});
+}
+
+float GpuTrainer::z3_forward(GpuActivations& acts, const GptHooks& hooks) {
+  const GptShard& sh = model_->host.shard;
+  if (sh.has_embed) gpu_embed_forward(*ctx_, *model_, acts, batch_.inputs.data(), hooks);
+  for (int l = sh.layer_begin; l < sh.layer_end; ++l) {
+    z3_bind_block(l, l + 1, cur_mb_);
+    gpu_block_forward(*ctx_, *model_, acts, l, hooks);
+    z3_gathered_[(l - sh.layer_begin) & 1] = -99;  // used: the backward gathers it again
+  }
+  return sh.has_head ? gpu_head_forward(*ctx_, *model_, acts, batch_.targets.data(), hooks) : 0.0f;
+}
+
+void GpuTrainer::z3_backward(GpuActivations& acts, int mb, const GptHooks& hooks, float loss_scale) {
+  const GptShard& sh = model_->host.shard;
+  const int L = model_->config().n_layer;
+  GptHooks h = hooks;
+  h.on_grads_ready = nullptr;  // no DDP buckets: each segment is scattered below
+  auto clear = [&](int slot, int segment) {
+    ORRERY_CUDA_CHECK(cudaMemsetAsync(z3_->grad_buffer(slot), 0, z3_->segment(segment).part.padded() * sizeof(float),
+                                      stream_->get()));
+  };
+  // The previous backward's scatters of these buffers were waited for in z3_finish_backward.
+  if (sh.has_embed || sh.has_head) clear(2, kEmbedSegment);
+  if (sh.has_head) {
+    clear(3, L);
+    gpu_head_backward(*ctx_, *model_, acts, *scratch_, loss_scale, h);
+    z3_reduce_scatter(L, 3, mb);
+  }
+  for (int l = sh.layer_end - 1; l >= sh.layer_begin; --l) {
+    const int slot = zero3_slot(l, L, sh.layer_begin);
+    z3_rs_h_[slot].wait();  // the buffer's previous gradients are scattered
+    z3_bind_block(l, l - 1, mb);
+    clear(slot, l);
+    gpu_block_backward(*ctx_, *model_, acts, *scratch_, l, h);
+    z3_reduce_scatter(l, slot, mb);
+    z3_gathered_[slot] = -99;
+  }
+  if (sh.has_embed) gpu_embed_backward(*ctx_, *model_, acts, *scratch_, h);
+}
+
+// After the pipeline send of the backward pass (a neighbour never waits behind a collective): the
+// tied wte's gradient summed over the embedding group, the embedding's reduce-scatter, then every
+// scattered shard added to the shard gradients.
+void GpuTrainer::z3_finish_backward(int mb) {
+  const GptShard& sh = model_->host.shard;
+  if (sh.has_embed || sh.has_head) {
+    embed_all_reduce();  // dembed.wte is bound to working buffer 2
+    z3_reduce_scatter(kEmbedSegment, 2, mb);
+  }
+  for (auto& hd : z3_rs_h_) hd.wait();
+  residual_forward(*ctx_, z3_->grads(), z3_->grads(), z3_recv_.data(), z3_->shard_elems());
+}
+
 // The CPU trainer's forward_pass: data on the stages that hold the embedding or the head, the
 // activation received before / sent after the stage's forward (pp > 1).
 void GpuTrainer::forward_pass(int mb, const GptHooks& hooks, double& loss_sum) {
@@ -559,7 +661,8 @@ void GpuTrainer::forward_pass(int mb, const GptHooks& hooks, double& loss_sum) {
                OpLabel{"pp.recv_act", step, mb, -1})
         .wait();  // the compute stream waits for the activation
   }
-  loss_sum += gpu_forward(*ctx_, *model_, acts, batch_.inputs.data(), batch_.targets.data(), hooks);
+  loss_sum += z3_ ? z3_forward(acts, hooks)
+                  : gpu_forward(*ctx_, *model_, acts, batch_.inputs.data(), batch_.targets.data(), hooks);
   if (!sh.has_head) {
     act_send_h_[slot] = pp_dev_->send(acts.stage_output(), acts.boundary_elems, DType::F32,
                                       layout_.pp_rank + 1, OpLabel{"pp.send_act", step, mb, -1});
@@ -579,7 +682,7 @@ void GpuTrainer::backward_pass(int mb, const GptHooks& hooks, float loss_scale) 
   const std::size_t slot = static_cast<std::size_t>(mb) % acts_.size();
   GpuActivations& acts = *acts_[slot];
   const GptShard& sh = model_->host.shard;
-  const bool zero = zero_.ranks > 1;  // ZeRO 1/2 over dp > 1
+  const bool zero = zero12();
   const int bwd = spans_->open(proto(rec_, SpanKind::Phase, "backward", step, mb), "backward");
   Communicator* grad_comm = pp_grad_dev_ ? pp_grad_dev_.get() : pp_dev_.get();
   if (!sh.has_head) {
@@ -589,9 +692,13 @@ void GpuTrainer::backward_pass(int mb, const GptHooks& hooks, float loss_scale) 
         .wait();
   }
   const bool last_mb = mb == micro_batches_ - 1;  // both schedules end with the last backward
-  ddp_->begin_backward(!zero && last_mb, step, mb);
-  gpu_backward(*ctx_, *model_, acts, *scratch_, loss_scale, hooks);
-  ddp_->finish_backward();  // the compute stream now waits for the all-reduces
+  if (z3_) {
+    z3_backward(acts, mb, hooks, loss_scale);
+  } else {
+    ddp_->begin_backward(!zero && last_mb, step, mb);
+    gpu_backward(*ctx_, *model_, acts, *scratch_, loss_scale, hooks);
+    ddp_->finish_backward();  // the compute stream now waits for the all-reduces
+  }
   if (!sh.has_embed) {
     grad_send_h_[slot].wait();
     DeviceArray<float>& buf = grad_send_[slot];
@@ -600,6 +707,7 @@ void GpuTrainer::backward_pass(int mb, const GptHooks& hooks, float loss_scale) 
     grad_send_h_[slot] = grad_comm->send(buf.data(), buf.size(), DType::F32, layout_.pp_rank - 1,
                                          OpLabel{"pp.send_grad", step, mb, -1});
   }
+  if (z3_) z3_finish_backward(mb);
   if (zero && (s_.parallel.zero == 2 || last_mb)) reduce_gradients_zero(step, mb);
   spans_->close(bwd);
 }
@@ -613,16 +721,33 @@ StepResult GpuTrainer::step() {
   if (rec_ != nullptr) rec_->set_step(step);
   spans_->anchor();
   const int step_span = spans_->open(proto(rec_, SpanKind::Phase, "step", step, -1), "step");
-  const bool zero = zero_.ranks > 1;  // ZeRO 1/2 over dp > 1
+  const bool zero = zero12();
   {
     // The CPU trainer's own span for it (memory-bound, 4 bytes per gradient element held).
     const int zg = spans_->open(proto(rec_, SpanKind::Compute, "zero_grad", step, -1), "zero_grad");
-    gpu_zero_grad(*ctx_, *model_);
+    gpu_zero_grad(*ctx_, *model_);  // no full array under ZeRO 3: nothing to do
     if (zero) {
       ORRERY_CUDA_CHECK(
           cudaMemsetAsync(zero_grads_.data(), 0, zero_grads_.size_bytes(), stream_->get()));
     }
+    if (z3_) {
+      ORRERY_CUDA_CHECK(
+          cudaMemsetAsync(z3_->grads(), 0, z3_->shard_elems() * sizeof(float), stream_->get()));
+    }
     spans_->close(zg);
+  }
+  if (z3_) {
+    // The embedding and final LayerNorm serve both ends of every micro-batch: gathered once a step.
+    const GptShard& sh = model_->host.shard;
+    const int L = model_->config().n_layer;
+    for (int id : {kEmbedSegment, L}) {
+      const bool held = id == kEmbedSegment ? (sh.has_embed || sh.has_head) : sh.has_head;
+      if (!held) continue;
+      const int slot = zero3_slot(id, L, sh.layer_begin);
+      z3_gather(id, slot, -1);
+      z3_gather_h_[slot].wait();
+      z3_->segment(id).bind(z3_->param_buffer(slot), z3_->grad_buffer(slot));
+    }
   }
 
   GptHooks hooks;
@@ -661,12 +786,23 @@ StepResult GpuTrainer::step() {
   }
   if (rec_ != nullptr) rec_->set_step(step, -1);
   cur_mb_ = -1;
-  if (!zero) embed_all_reduce();  // after DDP's all-reduce (under ZeRO: before each reduce-scatter)
+  // After DDP's all-reduce (under ZeRO 1/2: before each reduce-scatter; ZeRO 3: before the
+  // embedding's reduce-scatter, every micro-batch).
+  if (!zero && !z3_) embed_all_reduce();
   {
     const int opt = spans_->open(proto(rec_, SpanKind::Phase, "optimizer", step, -1), "optimizer");
     const int adamw = spans_->open(proto(rec_, SpanKind::Optimizer, "adamw", step, -1), "adamw");
     ++adam_steps_;
-    if (zero) {
+    if (z3_) {
+      // Each segment's shard in place; decay ranges in absolute flat coordinates.
+      for (const Zero3Segment& sg : z3_->segments()) {
+        if (sg.part.count() == 0) continue;
+        const std::size_t k = sg.shard_offset;
+        adamw_update(*ctx_, z3_->params() + k, z3_->grads() + k, adam_m_.data() + k, adam_v_.data() + k,
+                     sg.range.offset + sg.part.begin(), sg.part.count(), decay_, adam_steps_, adamw_);
+      }
+      for (int& g : z3_gathered_) g = -99;  // the buffers hold the old parameters
+    } else if (zero) {
       // The owned shard [begin, begin + count) only; decay ranges are absolute flat coordinates.
       if (zero_.count() > 0) {
         adamw_update(*ctx_, model_->params.data() + zero_.begin(), zero_grads_.data(),

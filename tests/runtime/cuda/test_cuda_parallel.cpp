@@ -1,9 +1,9 @@
-// ZeRO 1/2, tensor and pipeline parallelism on the GPU trainer, under mpirun with 2 ranks sharing
+// ZeRO 1/2/3, tensor and pipeline parallelism on the GPU trainer, under mpirun with 2 ranks sharing
 // one GPU over the host-staged MPI communicator (NCCL refuses two ranks on one device; on a machine
 // with two GPUs the ranks take one each and still use the staged communicator,
 // CudaRunOptions::comm):
-//  - dp2 ZeRO 1 and ZeRO 2 end with the parameters of dp2 without ZeRO (DDP) after 3 steps, and the
-//    same loss curve;
+//  - dp2 ZeRO 1, 2 and 3 end with the parameters of dp2 without ZeRO (DDP) after 3 steps, and the
+//    same loss curve; ZeRO 3's memory counters in closed form;
 //  - tp2 (dp1) gives tp1's loss curve, its initial shard parameters are bit-identical to the CPU
 //    shard's (gpt_create), and its final shard parameters are the matching slice of the tp1 run's
 //    (tp_slice_of_full);
@@ -12,7 +12,7 @@
 //    stage's (gpt_create of GptShard::pipeline_stage), and its final parameters, tensor by tensor
 //    (the last stage's wte copy included), those of the pp1 run; GPipe and 1F1B end with the same
 //    parameters (the backwards accumulate in the same micro-batch order);
-//  - the same dp2 ZeRO 2, tp2 and pp2 scenarios on the CPU trainer (same ranks, MPI) give the
+//  - the same dp2 ZeRO 2, dp2 ZeRO 3, tp2 and pp2 scenarios on the CPU trainer (same ranks, MPI) give the
 //    GPU's losses;
 //  - a profiled GPU run records the CPU run's compute and collective spans (names, layers, steps,
 //    micro-batches), in order, on rank 0; under pp2 every rank's compute, P2P and collective spans
@@ -197,6 +197,57 @@ TEST(GpuZero, Zero2LossesMatchTheCpuTrainer) {
   expect_losses_near(gpu.losses, cpu, 1e-4, "dp2 zero2 gpu vs cpu");
 }
 
+// ZeRO 3 (cuda/zero3.hpp): every segment gathered before use and reduce-scattered after its
+// backward, AdamW on each segment's shard. Same maths as DDP up to the summation order (each
+// micro-batch's gradients are scattered and then added), hence ZeRO 1/2's bounds.
+TEST(GpuZero, Zero3EndsWithTheDdpParameters) {
+  SKIP_WITHOUT_GPU();
+  const GpuRun ddp = run_gpu(tiny(2, 1, 0), world());
+  const Scenario s = tiny(2, 1, 3);
+  const GpuRun z = run_gpu(s, world());
+  const std::string what = "dp2 zero3 vs ddp";
+  // Every rank makes the model from the seed and keeps its shards; gathered, they are rank 0's
+  // broadcast parameters bit for bit.
+  ASSERT_EQ(z.initial.size(), ddp.initial.size());
+  EXPECT_EQ(std::memcmp(z.initial.data(), ddp.initial.data(), ddp.initial.size() * sizeof(float)), 0)
+      << what;
+  expect_losses_near(z.losses, ddp.losses, 1e-5, what.c_str());
+  ASSERT_EQ(z.final_params.size(), ddp.final_params.size());
+  const double rel = param_rel_diff(z.final_params, ddp.final_params);
+  if (world().rank() == 0)
+    std::printf("  %s: parameters max|d|/max|p| = %.3g (bound 1e-4)\n", what.c_str(), rel);
+  EXPECT_LT(rel, 1e-4) << what;
+  EXPECT_GT(param_rel_diff(z.final_params, z.initial), 1e-5) << what;
+  // Memory counters in closed form (the CPU trainer's): each segment's shard k_g = ceil(c_g / 2)
+  // of parameters, gradients and two moments; comm buffers: two block buffers of the largest
+  // block, one each for the embedding and the final LayerNorm (parameters and gradients, padded
+  // to 2 k_g), and the shard-sized receive buffer.
+  const Gpt full = gpt_create(gpt_config(s.model), GptShard{}, s.training.seed);
+  double shard = 0, block = 0, ends = 0;
+  for (int id = kEmbedSegment; id <= s.model.layers; ++id) {
+    const double k = static_cast<double>((full.segment_range(id).count + 1) / 2) * sizeof(float);
+    shard += k;
+    if (id >= 0 && id < s.model.layers) {
+      block = std::max(block, 2 * k);
+    } else {
+      ends += 2 * k;
+    }
+  }
+  EXPECT_EQ(z.memory.parameters, shard) << what;
+  EXPECT_EQ(z.memory.gradients, shard) << what;
+  EXPECT_EQ(z.memory.optimizer, 2 * shard) << what;
+  EXPECT_EQ(z.memory.comm_buffers, 2 * (2 * block) + 2 * ends + shard) << what;
+  EXPECT_LT(z.memory.parameters, 0.6 * static_cast<double>(ddp.initial.size() * sizeof(float))) << what;
+}
+
+TEST(GpuZero, Zero3LossesMatchTheCpuTrainer) {
+  SKIP_WITHOUT_GPU();
+  const Scenario s = tiny(2, 1, 3);
+  const std::vector<float> cpu = run_cpu_losses(s, world());
+  const GpuRun gpu = run_gpu(s, world());
+  expect_losses_near(gpu.losses, cpu, 1e-4, "dp2 zero3 gpu vs cpu");
+}
+
 TEST(GpuTensorParallel, Tp2MatchesTp1) {
   SKIP_WITHOUT_GPU();
   const Scenario s2 = tiny(1, 2, 0);
@@ -370,7 +421,7 @@ TEST(GpuParallelSpans, ProfiledRunsRecordTheCpuSpans) {
   if (world().rank() == 0) std::filesystem::create_directories(dir);
   world().barrier().wait();
   for (const auto& [dp, tp, zero] :
-       {std::tuple{2, 1, 1}, std::tuple{2, 1, 2}, std::tuple{1, 2, 0}}) {
+       {std::tuple{2, 1, 1}, std::tuple{2, 1, 2}, std::tuple{2, 1, 3}, std::tuple{1, 2, 0}}) {
     Scenario s = tiny(dp, tp, zero);
     s.training.steps = 2;
     const std::string tag =
@@ -389,7 +440,16 @@ TEST(GpuParallelSpans, ProfiledRunsRecordTheCpuSpans) {
     const auto gpu = step_spans((dir / (tag + "-gpu.db")).string());
     EXPECT_FALSE(cpu.empty()) << tag;
     EXPECT_EQ(gpu, cpu) << tag;
-    if (zero > 0) {
+    if (zero == 3) {
+      // Per step: the embedding and final LayerNorm gathered once, each block before its forward
+      // and its backward in every micro-batch; every segment scattered in every micro-batch.
+      const std::size_t mbs = static_cast<std::size_t>(s.micro_batches_per_step());
+      const std::size_t L = static_cast<std::size_t>(s.model.layers);
+      EXPECT_EQ(count_named(gpu, kZeroFetchLayerName), 2 * (2 + 2 * L * mbs)) << tag;
+      EXPECT_EQ(count_named(gpu, kZeroReduceScatterName), 2 * mbs * (L + 2)) << tag;
+      EXPECT_EQ(count_named(gpu, kZeroAllGatherName), 0u) << tag;
+      EXPECT_EQ(count_named(gpu, "ddp.all_reduce"), 0u) << tag;
+    } else if (zero > 0) {
       // Per step: one reduce-scatter (ZeRO 1) or one per micro-batch (ZeRO 2), one all-gather.
       const std::size_t mbs = static_cast<std::size_t>(s.micro_batches_per_step());
       EXPECT_EQ(count_named(gpu, kZeroReduceScatterName), 2 * (zero == 1 ? 1 : mbs)) << tag;

@@ -58,17 +58,45 @@ void gpt_pad_storage(Gpt& model, std::size_t padded);
 
 inline constexpr const char* kZeroFetchLayerName = "zero.fetch_layer";
 
+// The pointer structs of a model laid out as Gpt (model.hpp): the CPU model's own, or a device copy
+// of it with the same layout (runtime/cuda/model.hpp's GpuGpt). ZeRO 3 rebinds these pointers.
+struct GptPointers {
+  EmbedParams& embed;
+  EmbedParams& dembed;
+  std::vector<BlockParams>& blocks;
+  std::vector<BlockParams>& dblocks;
+  HeadParams& head;
+  HeadParams& dhead;
+};
+
+struct Zero3Segment {
+  int id = 0;               // kEmbedSegment, a layer, or n_layer
+  ParamRange range;         // in the original flat array
+  ZeroPartition part;       // of range.count over the dp group
+  std::size_t shard_offset = 0;  // of this rank's k elements in the shard arrays
+  // The bound pointers of this segment and their offsets from range.offset.
+  std::vector<float**> param_ptrs, grad_ptrs;
+  std::vector<std::size_t> rel;
+  // Points the bound parameter and gradient pointers at full-size buffers (part.padded() elements).
+  void bind(float* params, float* grads) const;
+};
+
+// ZeRO 3's segment table of `layout` (its params still allocated: the offsets are read from its
+// pointers) over dp_size ranks, segments in memory order with their shard offsets, the pointers of
+// `bound` (null fields skipped, e.g. wpe on a head-only stage). `bound` may be `layout`'s own
+// pointers or those of a device copy with the same layout.
+std::vector<Zero3Segment> zero3_segments(const Gpt& layout, int dp_rank, int dp_size, GptPointers bound);
+// The largest block segment's padded size, the size of a block working buffer.
+std::size_t zero3_max_block(const std::vector<Zero3Segment>& segments, int n_layer);
+// Working buffer of a segment: 0/1 the blocks (alternating by layer parity from layer_begin), 2 the
+// embedding, 3 the final LayerNorm.
+inline int zero3_slot(int segment, int n_layer, int layer_begin) {
+  return segment == kEmbedSegment ? 2 : segment == n_layer ? 3 : (segment - layer_begin) & 1;
+}
+
 class Zero3Storage {
  public:
-  struct Segment {
-    int id = 0;               // kEmbedSegment, a layer, or n_layer
-    ParamRange range;         // in the original flat array
-    ZeroPartition part;       // of range.count over the dp group
-    std::size_t shard_offset = 0;  // of this rank's k elements in params()/grads()
-    // The model's pointers into this segment and their offsets from range.offset.
-    std::vector<float**> param_ptrs, grad_ptrs;
-    std::vector<std::size_t> rel;
-  };
+  using Segment = Zero3Segment;
   // Takes the shards of the model's current values and frees the model's flat arrays.
   Zero3Storage(Gpt& model, int dp_rank, int dp_size);
 
@@ -78,7 +106,7 @@ class Zero3Storage {
   float* grads() { return grads_.data(); }
   std::size_t shard_elems() const { return params_.size(); }
   // Points the model's parameter and gradient pointers of `seg` at full-size buffers (N*k).
-  void bind(Segment& seg, float* params, float* grads);
+  void bind(Segment& seg, float* params, float* grads) { seg.bind(params, grads); }
   // Working buffers: 0/1 the blocks (alternating by layer), 2 embedding, 3 final LayerNorm.
   float* param_buffer(int slot) { return pbuf_[static_cast<std::size_t>(slot)].data(); }
   float* grad_buffer(int slot) { return gbuf_[static_cast<std::size_t>(slot)].data(); }

@@ -58,8 +58,10 @@ struct GpuGpt {
 };
 
 // Moves `host` (any pipeline stage and tp shard gpt_create makes; possibly padded for ZeRO) onto
-// the current device, parameters copied.
-GpuGpt gpu_gpt_create(Gpt host);
+// the current device, parameters copied. With device_storage false nothing is allocated on the
+// device and every device pointer is null (ZeRO 3: GpuZero3Storage, cuda/zero3.hpp, uploads the
+// shards and binds the pointers).
+GpuGpt gpu_gpt_create(Gpt host, bool device_storage = true);
 // Zeroes the gradients on ctx's stream.
 void gpu_zero_grad(const Context& ctx, GpuGpt& model);
 

@@ -1,6 +1,6 @@
-// The training loop of one rank on one CUDA device: data parallelism (DDP or ZeRO 1/2), tensor and
-// pipeline parallelism (zero <= 2 in this version), the same spans in the same order as the CPU
-// trainer (runtime/trainer.hpp):
+// The training loop of one rank on one CUDA device: data parallelism (DDP or ZeRO 1/2/3), tensor
+// and pipeline parallelism, the same spans in the same order as the CPU trainer
+// (runtime/trainer.hpp):
 //
 //   compute stream (0)                                   comm / nccl stream
 //   Phase "step"
@@ -56,8 +56,21 @@
 // 4 bytes), so every rank reports it. Memory counters add every activation set and the gradient
 // send buffers (comm_buffers), as the CPU trainer's.
 //
-// Not on GPUs in this version (check_supported_cuda refuses it naming the key): ZeRO 3
-// (parallel.zero = 3); nor the interleaved pipeline schedule (refused on CPUs too).
+// ZeRO 3 (runtime/zero.hpp's scheme, cuda/zero3.hpp's device storage), alone or with tp and pp: a
+// rank holds only its shard of each segment's parameters, gradients and AdamW moments on the
+// device. As on the CPU: the embedding and final LayerNorm are gathered once per step
+// ("zero.fetch_layer", layer -1 and L, micro-batch -1); a block is gathered before its forward and
+// again before its backward, the next block's gather issued before this one's kernels (its buffer's
+// previous kernels are already queued, and the communicator's stream waits for them); each
+// segment's gradient is reduce-scattered (Avg) from its working buffer as soon as its backward is
+// queued, every micro-batch, into a shard-sized receive buffer added to the shard gradients after
+// the backward (after the pipeline send); the tied wte's gradient is summed over the embedding
+// group before the embedding's reduce-scatter. No "ddp.all_reduce", no parameter broadcast (every
+// rank makes the same model from the seed and keeps its shard), no "zero.all_gather": AdamW updates
+// each segment's shard in place. Memory counters as the CPU trainer's. ZeRO 3 needs dp >= 2
+// (runtime::check_supported, as on CPUs).
+//
+// Not on GPUs in this version: the interleaved pipeline schedule (refused on CPUs too).
 #pragma once
 
 #include <cstdint>
@@ -70,6 +83,7 @@
 #include "orrery/runtime/cuda/device.hpp"
 #include "orrery/runtime/cuda/kernels.hpp"
 #include "orrery/runtime/cuda/model.hpp"
+#include "orrery/runtime/cuda/zero3.hpp"
 #include "orrery/runtime/ddp.hpp"
 #include "orrery/runtime/trainer.hpp"
 #include "orrery/runtime/zero.hpp"
@@ -96,10 +110,9 @@ struct CudaRunOptions {
 
 // Throws InputError, before any rank starts work, for what the CUDA runtime cannot run: a pipeline
 // schedule other than gpipe and 1f1b (message names parallel.schedule and device cuda), everything
-// runtime::check_supported refuses, then ZeRO 3 (names parallel.zero), which is not on GPUs in this
-// version, and last no usable device (the message names runtime.device and carries
-// no_device_reason()). So a scenario the GPU cannot run is refused for that reason on any machine,
-// with or without a device.
+// runtime::check_supported refuses, and last no usable device (the message names runtime.device and
+// carries no_device_reason()). So a scenario the GPU cannot run is refused for that reason on any
+// machine, with or without a device.
 void check_supported_cuda(const Scenario& s);
 
 // Spans timed by CUDA events on one stream (see the top of this file).
@@ -167,6 +180,8 @@ class GpuTrainer {
   Communicator& pp_group() { return *pp_; }  // host communicator of the pp group
   // The ZeRO partition of the flat array over dp (ranks 1 without ZeRO), as the CPU trainer's.
   const ZeroPartition& zero() const { return zero_; }
+  // ZeRO 3's device storage (null unless parallel.zero = 3).
+  GpuZero3Storage* zero3() { return z3_.get(); }
   // Elements of this rank's flat array (its (tp, pp) shard of the model), without ZeRO padding.
   std::size_t flat_elems() const;
   const std::vector<DdpBucket>& buckets() const { return buckets_; }
@@ -174,6 +189,7 @@ class GpuTrainer {
   cudaStream_t compute_stream() const { return stream_->get(); }
   Trainer::MemoryBytes memory() const;
   // The device parameters in the model's flat layout, without ZeRO padding (synchronous copy).
+  // Under ZeRO 3 a collective of the dp group (each segment all-gathered): every dp rank calls it.
   std::vector<float> parameters();
 
  private:
@@ -185,6 +201,15 @@ class GpuTrainer {
   void embed_all_reduce();
   void forward_pass(int mb, const GptHooks& hooks, double& loss_sum);
   void backward_pass(int mb, const GptHooks& hooks, float loss_scale);
+  // ZeRO 1/2 over dp > 1 (ZeRO 3 has its own path).
+  bool zero12() const { return !z3_ && zero_.ranks > 1; }
+  // ZeRO 3 (cuda/zero3.hpp), the CPU trainer's z3_* on device buffers.
+  void z3_gather(int segment, int slot, int mb);
+  void z3_bind_block(int layer, int next_layer, int mb);
+  void z3_reduce_scatter(int segment, int slot, int mb);
+  float z3_forward(GpuActivations& acts, const GptHooks& hooks);
+  void z3_backward(GpuActivations& acts, int mb, const GptHooks& hooks, float loss_scale);
+  void z3_finish_backward(int mb);
 
   Scenario s_;
   Communicator& world_;
@@ -215,10 +240,15 @@ class GpuTrainer {
   std::vector<DeviceArray<float>> grad_send_;          // pipeline: gradient sent back, one per slot
   std::vector<Handle> act_send_h_, grad_send_h_;
   std::unique_ptr<GpuGradScratch> scratch_;
-  DeviceArray<float> adam_m_, adam_v_;  // (num_params), or (k) the owned shard under ZeRO
+  DeviceArray<float> adam_m_, adam_v_;  // (num_params), (k) the owned shard under ZeRO 1/2, the
+                                        // shard arrays' size under ZeRO 3
   ZeroPartition zero_;
   DeviceArray<float> zero_grads_;  // (k) ZeRO: the owned shard of the averaged gradients
   DeviceArray<float> zero_recv_;   // (k) ZeRO 2: one micro-batch's scattered shard
+  std::unique_ptr<GpuZero3Storage> z3_;  // ZeRO 3 only
+  DeviceArray<float> z3_recv_;           // ZeRO 3: one micro-batch's scattered shards
+  Handle z3_gather_h_[4], z3_rs_h_[4];   // by working buffer
+  int z3_gathered_[4] = {-99, -99, -99, -99};  // the segment each parameter buffer holds
   std::vector<ParamRange> decay_;
   AdamWConfig adamw_;
   int64_t adam_steps_ = 0;
