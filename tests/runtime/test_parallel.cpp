@@ -96,6 +96,61 @@ TEST(Zero, PaddedStorageKeepsValuesAndPointers) {
   EXPECT_EQ(m.head.lnfw, m.params.data() + m.tensor("lnfw").offset);
 }
 
+// ZeRO 3's segment table bound to a pointer set other than the layout model's own (what the device
+// storage does with GpuGpt's pointers): every tensor's pointer lands at its offset within its
+// segment's buffer, the layout model's pointers are untouched, null fields stay null.
+TEST(Zero, Zero3SegmentsBindAnotherPointerSet) {
+  const GptConfig cfg{2, 16, 2, 32, 8};
+  for (int stage : {-1, 1}) {  // the whole model; the last of two pipeline stages (wte copy, no wpe)
+    const GptShard shard = stage < 0 ? GptShard{} : GptShard::pipeline_stage(cfg, stage, 2);
+    const Gpt m = gpt_create(cfg, shard, 7);
+    EmbedParams e{}, de{};
+    std::vector<BlockParams> b(m.blocks.size()), db(m.dblocks.size());
+    HeadParams h{}, dh{};
+    std::vector<Zero3Segment> segs = zero3_segments(m, 1, 3, GptPointers{e, de, b, db, h, dh});
+    // The segments tile the flat array in order; the shards are consecutive.
+    std::size_t covered = 0, shards = 0;
+    for (const auto& sg : segs) {
+      EXPECT_EQ(sg.range.offset, covered);
+      EXPECT_EQ(sg.shard_offset, shards);
+      EXPECT_EQ(sg.part.shard, (sg.range.count + 2) / 3);
+      covered += sg.range.count;
+      shards += sg.part.shard;
+    }
+    EXPECT_EQ(covered, m.num_params());
+    std::vector<float> P(1 << 16), G(1 << 16);
+    for (auto& sg : segs) {
+      sg.bind(P.data(), G.data());
+      for (const ParamTensor& t : m.tensors) {
+        if (t.offset < sg.range.offset || t.offset >= sg.range.end()) continue;
+        const float* want_p = P.data() + (t.offset - sg.range.offset);
+        const float* want_g = G.data() + (t.offset - sg.range.offset);
+        const float* got_p = nullptr;
+        const float* got_g = nullptr;
+        if (t.name == "wte") got_p = e.wte, got_g = de.wte;
+        if (t.name == "wpe") got_p = e.wpe, got_g = de.wpe;
+        if (t.name == "lnfb") got_p = h.lnfb, got_g = dh.lnfb;
+        if (t.name == "h.1.fcw") got_p = b.at(static_cast<std::size_t>(1 - m.shard.layer_begin)).fcw,
+                                 got_g = db.at(static_cast<std::size_t>(1 - m.shard.layer_begin)).fcw;
+        if (got_p == nullptr) continue;
+        EXPECT_EQ(got_p, want_p) << t.name << " stage " << stage;
+        EXPECT_EQ(got_g, want_g) << t.name << " stage " << stage;
+      }
+    }
+    EXPECT_EQ(m.embed.wte, m.params.data() + m.tensor("wte").offset) << "the layout model was rebound";
+    if (stage == 1) {
+      EXPECT_EQ(e.wpe, nullptr);  // a head-only stage holds no wpe
+      EXPECT_NE(h.lnfw, nullptr);
+      EXPECT_EQ(zero3_slot(1, cfg.n_layer, m.shard.layer_begin), 0);
+    } else {
+      EXPECT_NE(e.wpe, nullptr);
+      EXPECT_EQ(zero3_slot(1, cfg.n_layer, 0), 1);
+    }
+    EXPECT_EQ(zero3_slot(kEmbedSegment, cfg.n_layer, m.shard.layer_begin), 2);
+    EXPECT_EQ(zero3_slot(cfg.n_layer, cfg.n_layer, m.shard.layer_begin), 3);
+  }
+}
+
 TEST(TensorParallel, ShardHoldsTheSlicesOfTheFullModel) {
   GptConfig cfg{2, 16, 4, 32, 8};
   Gpt full = gpt_create(cfg, GptShard{}, 11);
