@@ -73,6 +73,10 @@ Command setup(CLI::App& root) {
 
   auto run = [a]() {
     const Scenario loaded = load_scenario(a->scenario, a->sets);
+    if (a->steps < 1) throw InputError("--steps must be >= 1");
+    // Before anything is sized by the scenario (the default cluster has one GPU per rank): layers,
+    // ranks, ops and the estimated memory against this machine's (sweep.hpp).
+    sim::check_simulation_size(loaded, a->steps, a->all_ranks, !a->out.empty());
     std::string cluster_path;
     sim::Cluster cluster;
     if (!a->cluster.empty()) {
@@ -90,7 +94,6 @@ Command setup(CLI::App& root) {
                 << " GPUs of " << cluster.name << "\n";
     const auto model = sim::network_model_from_string(a->model);
     if (!model) throw InputError("--model '" + a->model + "': expected flow or analytical");
-    if (a->steps < 1) throw InputError("--steps must be >= 1");
 
     sim::SimOptions opt;
     opt.network = *model;
@@ -103,7 +106,10 @@ Command setup(CLI::App& root) {
     // cores among the ranks computing at each instant and scales the collectives.
     opt.keep_trace = !a->out.empty();
 
-    // The memory check first: a model that cannot fit is bad input, not a prediction.
+    // Again with the layout fitted to the cluster (dp may have grown) and the profile known (core
+    // sharing simulates every rank); then the device-memory check: a model that cannot fit is bad
+    // input, not a prediction.
+    sim::check_simulation_size(s, opt.steps, opt.all_ranks || opt.profile->sharing.cores > 0, opt.keep_trace);
     const std::string prec_name = !opt.precision.empty() ? opt.precision
                                   : (opt.profile->precision == "bf16" || opt.profile->precision == "fp16") ? "mixed"
                                                                                                              : "fp32";

@@ -29,7 +29,10 @@ Command setup(CLI::App& root) {
   app->add_option("--ranks", args->o.ranks, "Ranks")->capture_default_str();
   app->add_option("--steps", args->o.steps, "Training steps")->capture_default_str();
   app->add_option("--out", args->out, "Output trace file")->required();
-  app->add_option("--layers", args->o.layers, "Layers per rank")->capture_default_str();
+  app->add_option("--layers", args->o.layers,
+                  "Layers per rank (the trace must fit this machine's memory: about 100 bytes per "
+                  "span, ranks x steps x (2 x layers + buckets + 6) spans)")
+      ->capture_default_str();
   app->add_option_function<int32_t>(
       "--bucket-layers",
       [args](const int32_t& k) {
@@ -58,7 +61,15 @@ Command setup(CLI::App& root) {
     const int32_t stage_layers = o.pp > 0 ? o.layers / o.pp : o.layers;
     if (!args->bucket_given && stage_layers > 0 && stage_layers % o.layers_per_bucket != 0)
       o.layers_per_bucket = 1;
-    if (args->target_spans > 0) o.steps = traces::synth_steps_for_spans(o, args->target_spans);
+    if (args->target_spans > 0) {
+      o.steps = traces::synth_steps_for_spans(o, args->target_spans);
+      try {  // synthesize() checks it too; here the message can say where the steps came from
+        traces::check_synth_size(o);
+      } catch (const InputError& e) {
+        throw InputError("--spans " + std::to_string(args->target_spans) + " (" + std::to_string(o.steps) +
+                         " steps): " + e.what());
+      }
+    }
     if (args->peak_tflops < 0) throw InputError("--peak-tflops: expected a value >= 0");
     o.peak_flops_per_rank = args->peak_tflops * 1e12;
     const traces::Trace t = traces::synthesize(o);

@@ -7,9 +7,11 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <sstream>
 
 #include "orrery/common/error.hpp"
+#include "orrery/common/host_memory.hpp"
 #include "orrery/profiler/metrics.hpp"
 #include "orrery/sim/calibrate.hpp"
 #include "orrery/sim/cost_model.hpp"
@@ -62,6 +64,65 @@ HardwareProfile profile_for(const Cluster& c, const std::string& search_dir) {
   return default_hardware_profile(c.device.name, c.device.name != "cpu");
 }
 
+SimulationSize estimate_simulation_size(const Scenario& s, int steps, bool every_rank, bool keep_trace) {
+  SimulationSize z;
+  const auto& p = s.parallel;
+  z.world = int64_t(std::max(1, p.dp)) * std::max(1, p.tp) * std::max(1, p.pp);
+  z.simulated_ranks = every_rank ? z.world : std::max(1, p.pp);
+  z.ops_per_stage = workload_ops_bound(s, steps);
+  const double ops = z.ops_per_stage, stages = std::max(1, p.pp);
+  // A stage program: the op, up to three deps, its stream entry; vectors up to twice their size
+  // while they grow. Its parameter tensors (12 a layer, named) and name table are small next to it.
+  const double per_op = 2.0 * (sizeof(Op) + 3 * sizeof(uint32_t) + sizeof(uint32_t));
+  const double per_layer = 12.0 * (sizeof(ParamTensor) + 32);
+  const double programs = stages * ops * per_op + double(s.model.layers) * per_layer;
+  // The executor per stage (reverse deps in CSR) and per simulated rank and op (timing, pending
+  // deps); simulate()'s breakdown intervals of one rank and step at a time (four merged copies).
+  const double executor = stages * ops * 5 * sizeof(uint32_t) +
+                          double(z.simulated_ranks) * ops * (sizeof(OpTiming) + sizeof(uint32_t)) +
+                          ops * 4 * 2 * sizeof(int64_t);
+  // The trace: every op of every simulated rank a span (reserved with an eighth more for phases).
+  const double trace = keep_trace ? double(z.simulated_ranks) * ops * 1.125 * sizeof(traces::Span) : 0.0;
+  z.bytes = programs + executor + trace + double(z.world) * 512.0;
+  return z;
+}
+
+void check_simulation_size(const Scenario& s, int steps, bool every_rank, bool keep_trace,
+                           int64_t memory_bytes) {
+  const std::string where = s.path.empty() ? std::string("scenario") : s.path;
+  if (s.model.layers > kMaxSimulatedLayers)
+    throw InputError(where + ": key 'model.layers': " + std::to_string(s.model.layers) +
+                     " layers; the simulator takes at most " + std::to_string(kMaxSimulatedLayers) +
+                     " (100 times the deepest published transformer, DeepNet's 1,000; GPT-3 has 96)");
+  const SimulationSize z = estimate_simulation_size(s, steps, every_rank, keep_trace);
+  const auto& p = s.parallel;
+  if (z.world > std::numeric_limits<int32_t>::max())
+    throw InputError(where + ": keys 'parallel.dp' x 'parallel.tp' x 'parallel.pp' = " + std::to_string(p.dp) +
+                     " x " + std::to_string(p.tp) + " x " + std::to_string(p.pp) + " = " + std::to_string(z.world) +
+                     " ranks, more than 2^31 - 1");
+  const int64_t limit = memory_bytes > 0 ? memory_bytes : physical_memory_bytes();
+  const bool too_many_ops = z.ops_per_stage > double(kMaxStageOps);
+  if (!too_many_ops && (limit <= 0 || z.bytes <= double(limit))) return;
+  // The factors, with the keys that set them.
+  const int64_t m = int64_t(s.training.global_batch) / (int64_t(std::max(1, p.dp)) * std::max(1, s.training.micro_batch));
+  char ops[32];
+  std::snprintf(ops, sizeof ops, "%.3g", z.ops_per_stage);
+  std::string what = where + ": key 'model.layers' (" + std::to_string(s.model.layers) + ", " +
+                     std::to_string(s.model.layers / std::max(1, p.pp)) + " per stage) x " + std::to_string(m) +
+                     " micro-batches per step ('training.global_batch' " + std::to_string(s.training.global_batch) +
+                     " / ('parallel.dp' " + std::to_string(p.dp) + " x 'training.micro_batch' " +
+                     std::to_string(s.training.micro_batch) + ")) x " + std::to_string(steps) +
+                     " steps (--steps) make up to " + ops + " ops per pipeline stage";
+  if (too_many_ops)
+    throw InputError(what + ", more than the simulator's 32-bit op ids allow (" + std::to_string(kMaxStageOps) + ")");
+  what += ", simulated on " + std::to_string(z.simulated_ranks) + " of " + std::to_string(z.world) + " ranks";
+  if (every_rank) what += " (every rank: --all-ranks or a core-sharing profile)";
+  if (keep_trace) what += " with the trace (--out)";
+  throw InputError(what + ": about " + format_memory_bytes(z.bytes) + " of memory, more than " +
+                   (memory_bytes > 0 ? "the limit of " : "this machine's physical memory, ") +
+                   format_memory_bytes(double(limit)));
+}
+
 SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   if (s.world_size() != cluster.num_gpus())
@@ -71,6 +132,7 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   // ranks on a node here, compute shared among the busy ranks by the executor.
   const HardwareProfile given = opt.profile ? *opt.profile : profile_for(cluster);
   const bool shared_cores = given.sharing.cores > 0;
+  check_simulation_size(s, opt.steps, opt.all_ranks || shared_cores, opt.keep_trace);
   const HardwareProfile prof =
       shared_cores ? profile_for_ranks(given, ranks_on_node(s, cluster), /*scale_compute=*/false) : given;
   const PrecisionConfig prec = precision_for(opt, prof);
@@ -239,6 +301,9 @@ std::vector<int> divisors(int n) {
 }  // namespace
 
 std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const SweepOptions& opt) {
+  // The scenario as given (each row's simulate() checks its own size): refuses model.layers above
+  // kMaxSimulatedLayers before the search sizes the stages of every candidate layout.
+  check_simulation_size(s, opt.sim.steps, opt.sim.all_ranks, false);
   std::vector<SweepRow> rows;
   auto say = [&](const std::string& line) {
     if (opt.progress) opt.progress(line);

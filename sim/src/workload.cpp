@@ -4,6 +4,7 @@
 #include "orrery/sim/workload.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 #include <sstream>
 #include <unordered_map>
@@ -214,9 +215,35 @@ ComputeCosts make_costs(const ModelDims& d, const CostModel& cost) {
 
 }  // namespace
 
+double workload_ops_bound(const Scenario& s, int steps) {
+  const auto& par = s.parallel;
+  const double pp = std::max(1, par.pp), per_stage = double(s.model.layers) / pp;
+  const double m = double(s.training.global_batch) /
+                   (double(std::max(1, par.dp)) * double(std::max(1, s.training.micro_batch)));
+  const double pieces = par.tp > 1 ? 3 : 1;
+  // Per micro-batch and layer: the forward's and the backward's pieces with the tp all-reduces
+  // between them; ZeRO 3 adds a gather before each and the backward's reduce-scatter.
+  const double per_layer = 2 * (2 * pieces - 1) + (par.zero == 3 ? 3 : 0);
+  // Per micro-batch at most 10 more (data, embedding or receive, head or send, ZeRO's blocking
+  // collectives, the extra prefetch); per step at most one DDP bucket per segment and 10 more
+  // (zero_grad, ZeRO 3's start gathers, tied-embedding all-reduce, optimizer, all-gather, loss).
+  const double per_step = m * (per_stage * per_layer + 10) + (per_stage + 2) + 10;
+  return double(std::max(1, steps)) * per_step;
+}
+
 Workload build_workload(const Scenario& s, const CostModel& cost, const WorkloadOptions& opt) {
   validate_layout(s);
   if (opt.steps < 1) throw InputError("simulated steps must be >= 1");
+  // Op ids, dependency offsets and sequence numbers are 32-bit (Op): refuse before building.
+  if (const double ops = workload_ops_bound(s, opt.steps); ops > double(kMaxStageOps)) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", ops);
+    throw InputError(s.path + ": key 'model.layers' (" + std::to_string(s.model.layers) + ") x " +
+                     std::to_string(s.micro_batches_per_step()) + " micro-batches per step x " +
+                     std::to_string(opt.steps) + " steps: up to " + buf +
+                     " ops per pipeline stage, more than the simulator's 32-bit op ids allow (" +
+                     std::to_string(kMaxStageOps) + ")");
+  }
   Workload w;
   w.scenario = s;
   w.layout = Layout::from(s);
@@ -249,14 +276,16 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
     // Segments in gradient-ready order with their parameter counts, and the backward position after
     // which each is ready: 0 = after bwd.head, 1 + k = after block l1-1-k, per_stage + 1 = after
     // bwd.embed (a head-only stage's wte copy is ready with the last block, as the runtime fires it).
-    const auto params = stage_parameters(s, st);
-    for (const auto& p : params) prog.param_count += p.count;
-    auto segment_params = [&](int seg) {
-      int64_t n = 0;
-      for (const auto& p : params)
-        if (p.segment == seg) n += p.count;
-      return n;
-    };
+    // Parameters per segment of the stage (slot 0 the embedding -1, 1 the final LayerNorm L, then
+    // blocks l0..l1-1), summed once: a scan of the stage's tensors per segment was quadratic in the
+    // layers (minutes at 100,000).
+    std::vector<int64_t> seg_params(size_t(per_stage) + 2, 0);
+    const auto slot = [&](int seg) { return seg < 0 ? size_t(0) : seg >= L ? size_t(1) : size_t(2 + seg - l0); };
+    for (const auto& p : stage_parameters(s, st)) {
+      prog.param_count += p.count;
+      seg_params[slot(p.segment)] += p.count;
+    }
+    auto segment_params = [&](int seg) { return seg_params[slot(seg)]; };
     struct Segment {
       int id;
       int64_t params;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "orrery/common/error.hpp"
+#include "orrery/common/host_memory.hpp"
 
 namespace orrery::traces {
 namespace {
@@ -266,6 +267,17 @@ Trace synthesize_pipeline(const SynthOptions& o) {
   return t;
 }
 
+// synth_span_count in double: the counts of absurd options (2^31 ranks x 2^31 layers) overflow int64.
+double span_estimate(const SynthOptions& o) {
+  const double R = o.ranks, S = o.steps, L = o.layers, pp = std::max(1, o.pp);
+  const double k = std::max(1, o.layers_per_bucket), m = std::max(1, o.micro_batches);
+  if (o.pp > 1) {
+    const double dp = std::max(1.0, R / pp), Ls = L / pp;
+    return S * (R * (2 * m * Ls + 6 + (dp > 1 ? Ls / k : 0)) + dp * 4 * m * (pp - 1));
+  }
+  return R * S * (2 * L + L / k + 6);
+}
+
 }  // namespace
 
 SynthTotals synth_totals(const SynthOptions& o) {
@@ -323,6 +335,8 @@ int64_t synth_span_count(const SynthOptions& o) {
 int32_t synth_steps_for_spans(const SynthOptions& o, int64_t target_spans) {
   SynthOptions one = o;
   one.steps = 1;
+  if (span_estimate(one) > 1e18)  // synth_span_count would overflow int64
+    throw InputError("synth: the options make more than 1e18 spans per step");
   const int64_t per_step = synth_span_count(one);
   if (per_step <= 0) throw InputError("synth: options produce no spans");
   // Rounded up without forming target_spans + per_step (UBSan: signed overflow near 2^63).
@@ -333,8 +347,40 @@ int32_t synth_steps_for_spans(const SynthOptions& o, int64_t target_spans) {
   return int32_t(std::max<int64_t>(1, steps));
 }
 
+
+double synth_memory_bytes(const SynthOptions& o) {
+  const double R = o.ranks, S = o.steps, L = o.layers, k = std::max(1, o.layers_per_bucket);
+  const double counters = R * S * 7;
+  // Per layer two interned names ("layers.<l>.forward"): the table's string and its hash-map node
+  // with a second copy (both on the heap past 15 characters), and the generator's NameId.
+  const double names = 2 * L * (2 * double(sizeof(std::string)) + 2 * 32 + 32 + sizeof(NameId));
+  // Per rank: its RankInfo, three StreamInfo, its communicator memberships.
+  const double per_rank = double(sizeof(RankInfo) + 3 * sizeof(StreamInfo) + 3 * sizeof(int32_t));
+  // The schedule (pp = 1): step starts, per (step, rank) extra time, per (step, bucket) ends.
+  const double schedule = o.pp > 1 ? 0 : 8 * (S + 1 + S * R + S * (L / k));
+  return span_estimate(o) * double(sizeof(Span)) + counters * double(sizeof(CounterSample)) + names +
+         R * per_rank + schedule;
+}
+
+void check_synth_size(const SynthOptions& o, int64_t memory_bytes) {
+  const int64_t limit = memory_bytes > 0 ? memory_bytes : physical_memory_bytes();
+  const double need = synth_memory_bytes(o);
+  if (limit <= 0 || need <= double(limit)) return;
+  char spans[32];
+  std::snprintf(spans, sizeof spans, "%.3g", span_estimate(o));
+  std::string what = "--ranks " + std::to_string(o.ranks) + " x --steps " + std::to_string(o.steps) +
+                     " with --layers " + std::to_string(o.layers);
+  if (o.pp > 1)
+    what += " (--pp " + std::to_string(o.pp) + ", --micro-batches " + std::to_string(o.micro_batches) + ")";
+  throw InputError("synth: " + what + " make about " + spans + " spans, about " + format_memory_bytes(need) +
+                   " in memory, more than " +
+                   (memory_bytes > 0 ? "the limit of " : "this machine's physical memory, ") +
+                   format_memory_bytes(double(limit)) + "; use fewer layers, ranks or steps");
+}
+
 Trace synthesize(const SynthOptions& o) {
   validate(o);
+  check_synth_size(o);
   const int32_t R = o.ranks, S = o.steps, L = o.layers, k = o.layers_per_bucket;
   const int32_t nb = L / k;
   const int64_t c = int64_t(k) * o.comm_ns_per_layer;

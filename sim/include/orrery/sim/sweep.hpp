@@ -79,8 +79,34 @@ struct SimResult {
 // cluster, or the layout does not fit the model (heads, layers, batch: validate_layout).
 Scenario fit_layout(Scenario s, const Cluster& c);
 
+// The most transformer blocks (model.layers) the simulator takes: 100 times the deepest published
+// transformer (DeepNet, 1,000 layers; GPT-3 has 96). Documented in scenarios/README.md.
+inline constexpr int kMaxSimulatedLayers = 100'000;
+
+// What a simulation would hold in host memory, estimated in closed form before anything is built:
+// the stage programs (workload_ops_bound ops each, with their deps and stream lists, vectors up to
+// twice their size while growing), the executor's state per simulated rank and op, the step
+// breakdown's intervals, the simulated trace's spans (keep_trace), and the cluster (its topology,
+// network and per-GPU tables: ~300 bytes a GPU measured, counted at 512).
+struct SimulationSize {
+  int64_t world = 0;            // dp x tp x pp, in int64
+  int64_t simulated_ranks = 0;  // one per stage, or the world (every_rank)
+  double ops_per_stage = 0;     // workload_ops_bound
+  double bytes = 0;
+};
+SimulationSize estimate_simulation_size(const Scenario& s, int steps, bool every_rank, bool keep_trace);
+
+// Refuses, with an InputError naming the scenario keys (and --steps, --all-ranks, --out) and their
+// values, a simulation that cannot run before it allocates anything: model.layers above
+// kMaxSimulatedLayers, a world above 2^31 - 1 ranks, stage programs above kMaxStageOps, or an
+// estimated size above `memory_bytes` (0: this machine's physical memory, sysconf). every_rank:
+// --all-ranks, or a profile with core sharing (the executor then simulates every rank).
+void check_simulation_size(const Scenario& s, int steps, bool every_rank, bool keep_trace,
+                           int64_t memory_bytes = 0);
+
 // Simulates `opt.steps` steps of the scenario (whose layout must use every GPU of the cluster: see
-// fit_layout). Throws InputError for bad layouts.
+// fit_layout). Throws InputError for bad layouts and for a simulation too large for this machine
+// (check_simulation_size, first).
 SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& opt);
 
 // The profile `simulate` uses when none is given: scenarios/hardware/<device>.yaml when `search_dir`

@@ -189,8 +189,17 @@ struct Workload {
   uint32_t name_id(std::string_view n) const;  // UINT32_MAX when absent
 };
 
+// An upper bound of the ops of the largest stage program build_workload makes for `steps` steps, in
+// closed form and in double (absurd scenarios overflow int64), without building anything: per
+// step, micro-batches x (layers per stage x (2·(2·pieces − 1) + 3 with ZeRO 3) + 10) + layers per
+// stage + 12, pieces = 3 with tp > 1 else 1. The simulator's memory check (sweep.hpp) uses it.
+double workload_ops_bound(const Scenario& s, int steps);
+// Op ids, dependency offsets and sequence numbers are 32-bit: a stage program holds at most this.
+inline constexpr int64_t kMaxStageOps = 2147483647;
+
 // Builds the workload. `cost` times the compute ops. Throws InputError when the layout does not fit
-// the model (validate_layout) or the schedule is not supported (interleaved).
+// the model (validate_layout), the schedule is not supported (interleaved) or the programs would
+// exceed kMaxStageOps (workload_ops_bound).
 Workload build_workload(const Scenario& s, const CostModel& cost, const WorkloadOptions& opt = {});
 
 // The order of forward (+mb) and backward (-mb-1) passes of stage `stage` for the schedule, e.g.

@@ -108,8 +108,18 @@ int64_t synth_span_count(const SynthOptions& o);
 // The number of steps that reaches at least `target_spans` with the other options unchanged.
 int32_t synth_steps_for_spans(const SynthOptions& o, int64_t target_spans);
 
+// Estimated bytes the generator allocates for the options (spans, counters, interned layer names,
+// ranks and streams, the schedule), in double (absurd options overflow int64).
+double synth_memory_bytes(const SynthOptions& o);
+// Throws InputError, naming --ranks, --steps and --layers (and --pp, --micro-batches), when
+// synth_memory_bytes(o) exceeds `memory_bytes`, 0 meaning this machine's physical memory
+// (sysconf): a request for 2^31 layers fails here at once instead of after gigabytes of
+// allocations. synthesize() checks it first.
+void check_synth_size(const SynthOptions& o, int64_t memory_bytes = 0);
+
 // Throws InputError for impossible options (non-positive counts, layers % layers_per_bucket != 0,
-// negative durations, straggler_rank out of range, pp not dividing ranks and layers). Spans come
+// negative durations, straggler_rank out of range, pp not dividing ranks and layers) and for a trace larger than physical memory
+// (check_synth_size). Spans come
 // sorted by (rank, stream, start).
 Trace synthesize(const SynthOptions& o);
 
