@@ -363,7 +363,8 @@ void validate_layout(const Scenario& s) {
                      " shards over the data-parallel group, which needs parallel.dp >= 2 (got " +
                      std::to_string(p.dp) + ")");
   }
-  if (t.global_batch % (p.dp * t.micro_batch) != 0) {
+  // In int64: dp x micro_batch overflows int (65536 x 65536 wrapped to 0: SIGFPE on the modulo).
+  if (t.global_batch % (int64_t(p.dp) * t.micro_batch) != 0) {
     throw InputError("key 'training.global_batch': " + std::to_string(t.global_batch) +
                      " sequences must be divisible by dp (" + std::to_string(p.dp) +
                      ") x training.micro_batch (" + std::to_string(t.micro_batch) + ")");

@@ -63,6 +63,9 @@ if [ "$WHAT" = sim ] || [ "$WHAT" = all ]; then
   expect_refusal "100000000 steps (--steps)" sim scenarios/gpt-tiny.yaml --steps 100000000
   expect_refusal "'parallel.dp' x 'parallel.tp' x 'parallel.pp' = 200000000 x 8 x 16" sim scenarios/gpt3-175b.yaml \
     --set parallel.dp=200000000 --set training.global_batch=200000000
+  # dp x micro_batch = 2^32 wrapped to 0 in int: the divisibility check divided by zero (SIGFPE).
+  expect_refusal "key 'training.global_batch': 16 sequences must be divisible by dp (65536)" sim \
+    scenarios/gpt-tiny.yaml --set parallel.dp=65536 --set training.micro_batch=65536
   expect_success sim scenarios/gpt-tiny.yaml --steps 3
   expect_success sim scenarios/gpt3-175b.yaml --cluster h100-1024
 fi
