@@ -3,7 +3,9 @@
 # run with the test-only faults.* keys. A skipped collective, a changed size and a different op hang
 # the job: the watchdog (3 s) dumps the flight records, the job exits non-zero, and the doctor reads
 # the per-rank files. A sleeping rank finishes: the doctor reads the merged trace's spans.
-# Every diagnosis is checked word for word.
+# Every diagnosis is checked word for word. A case that fails prints its run's exit status, stderr
+# and flight records (when each rank started each collective), and the work directory of a failed
+# run is kept as WORK_DIR.failed-<time>-<pid> (the next run starts by deleting WORK_DIR).
 # Usage: doctor_checks.sh ORRERY_BINARY WORK_DIR
 set -uo pipefail
 ORRERY=$1
@@ -12,6 +14,38 @@ rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# What is left to diagnose a failed case NAME: the run's exit status and stderr, and its flight
+# records: per collective, each rank's op, bytes, state and start (ms after the earliest rank's),
+# the figures the hang, mismatch and straggler findings are made of.
+evidence() {
+  local name=$1 rc=$2
+  echo "  $name: run exit $rc; its stderr:"
+  sed 's/^/  | /' "$name.err"
+  local dbs=("$name.db")
+  [ -e "$name.db" ] || dbs=("$name.db".rank*.db)
+  python3 - "${dbs[@]}" <<'PY' || echo "  (no flight records readable from ${dbs[*]})"
+import collections, sqlite3, sys
+recs = collections.defaultdict(dict)
+for path in sys.argv[1:]:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    for rank, comm, seq, op, nbytes, step, state, start in db.execute(
+            "SELECT rank, comm, seq, op, bytes, step, state, started_ns FROM flight_records"):
+        recs[(comm, seq)][rank] = (op, nbytes, step, state, start)
+states = {0: "scheduled", 1: "started", 2: "completed"}
+ops = ["none", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
+       "send", "recv", "barrier"]  # traces::CollOp
+print("  flight records, comm #seq (step): per rank op, bytes, state, start in ms after the earliest")
+for (comm, seq), ranks in sorted(recs.items()):
+    starts = [r[4] for r in ranks.values() if r[4] > 0]
+    t0 = min(starts) if starts else 0
+    cells = [f"rank {rank} {ops[op] if 0 <= op < len(ops) else op} {nb} {states.get(st, st)} "
+             + (f"+{(start - t0) / 1e6:.1f}" if start > 0 else "-")
+             for rank, (op, nb, step, st, start) in sorted(ranks.items())]
+    step = max(r[2] for r in ranks.values())
+    print(f"  comm {comm} #{seq} ({step}): " + "; ".join(cells))
+PY
+}
 
 cat > tiny.yaml <<'YAML'
 name: tiny
@@ -25,7 +59,7 @@ YAML
 check() {
   local name=$1 hang=$2 want=$3
   shift 3
-  local sets=()
+  local sets=() before=$failures
   for kv in "$@"; do sets+=(--set "$kv"); done
   timeout 60 "$ORRERY" run tiny.yaml --nproc 2 --out "$name.db" --json "${sets[@]}" \
     > "$name.out" 2> "$name.err"
@@ -34,7 +68,7 @@ check() {
     [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "$name: exit $rc, expected a non-zero exit before the timeout"
     grep -q "flight records" "$name.err" || fail "$name: no flight records on stderr"
   else
-    [ $rc -eq 0 ] || { fail "$name: exit $rc"; cat "$name.err"; }
+    [ $rc -eq 0 ] || fail "$name: exit $rc"
   fi
   local got
   got=$("$ORRERY" doctor "$name.db" --straggler-ms 1000 2>&1)
@@ -43,6 +77,7 @@ check() {
     echo "  got:  $got"
     echo "  want: $want"
   fi
+  [ $failures -eq $before ] || evidence "$name" $rc
 }
 
 check skip 1 "Collective #2 on dp[tp=0,pp=0] (all_reduce, step 1) never completed: rank 0 joined it, rank 1 never did." \
@@ -63,5 +98,10 @@ got=$("$ORRERY" doctor skip.db --straggler-ms 1e308 2>&1); rc=$?
 [ $rc -eq 2 ] && [[ $got == *"--straggler-ms: must be > 0 and at most 1e12"* ]] \
   || fail "--straggler-ms 1e308: expected exit 2 naming the option, got $rc: $got"
 
-[ $failures -eq 0 ] && echo "doctor checks: all passed"
+if [ $failures -eq 0 ]; then
+  echo "doctor checks: all passed"
+else
+  kept="$WORK.failed-$(date -u +%Y%m%dT%H%M%SZ)-$$"
+  cp -a "$WORK" "$kept" && echo "traces and logs of this run kept in $kept"
+fi
 exit $failures
