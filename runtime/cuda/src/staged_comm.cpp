@@ -1,17 +1,26 @@
 // StagedCommunicator: a host communicator (MPI) for device buffers, staged through pinned host
 // memory, for ranks that share one GPU (NCCL needs one GPU per rank). See nccl_comm.hpp.
 //
-// An operation goes through two threads of the process's StagedEngine, in issue order:
+// An operation goes through two threads of the process's StagedEngine:
 //  issue (caller):  records `ready` on the compute stream; for an input, the device-to-host copy
 //                   into a pinned buffer is queued on the D2H stream after `ready`;
-//  stage 1 thread:  waits for that copy, then issues the host operation on the pinned buffers
-//                   (MPI's own thread runs it and records its span on the "comm" stream);
-//  stage 2 thread:  waits for the host operation, copies the result back on the H2D stream (after
-//                   `ready`, so kernels issued before the operation are done with the buffer), and
-//                   completes the operation.
+//  stage 1 thread:  in issue order, waits for that copy, then issues the host operation on the
+//                   pinned buffers (MPI's own thread runs it and records its span on the "comm"
+//                   stream);
+//  stage 2 thread:  completes operations in whatever order their host operations finish: once an
+//                   operation's host part is done and the compute stream has passed its `ready`
+//                   event (kernels issued before the operation are done with the buffer), it queues
+//                   the copy back on the H2D stream and, when that is done, completes the operation.
 // Two stages, so that an operation is issued to MPI before an earlier one completes: a rank's send
-// and receive of an exchange are both posted, as the MPI communicator's are. Two copy streams, so a
-// copy back never queues behind a copy out that waits on the compute stream.
+// and receive of an exchange are both posted, as the MPI communicator's are. Completion in any
+// order, because an earlier send may wait for a receive that its peer posts only after this rank's
+// later operation completes: under 1F1B a stage's activation send waits for the next stage's
+// receive, which that stage posts after a collective (ZeRO 2/3's per-micro-batch embedding sum) that
+// this stage joins only once its gradient receive, issued after the send, is complete. In-order
+// completion deadlocked there; MPI completes them independently, and so does this. Two copy
+// streams, so a copy back never queues behind a copy out that waits on the compute stream, and no
+// copy back is queued before its `ready` has passed, so the H2D stream never waits on the compute
+// stream (which may itself wait on another operation's copy back).
 // Handle::wait() blocks the host until the copy back is done (as the MPI communicator's wait does),
 // then orders the compute stream after it. Every wait has a deadline (the host operation has the MPI
 // watchdog; the copies WorldOptions' default watchdog), so nothing hangs silently.
@@ -25,6 +34,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "orrery/common/error.hpp"
 #include "orrery/runtime/cuda/device.hpp"
@@ -196,15 +206,137 @@ class Stage {
   std::thread thread_;
 };
 
+// Stage 2 (see the top of the file): one thread polling every operation in flight.
+class Completer {
+ public:
+  using Finish = std::function<void(const std::shared_ptr<StagedTask>&, std::exception_ptr)>;
+  Completer(Finish finish, cudaStream_t h2d) : finish_(std::move(finish)), h2d_(h2d) {}
+  void start(int device) {
+    thread_ = std::thread([this, device] {
+      cudaSetDevice(device);
+      loop();
+    });
+  }
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  void push(std::shared_ptr<StagedTask> t) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(t));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Active {
+    std::shared_ptr<StagedTask> t;
+    Clock::time_point deadline;
+    bool copying = false;  // the copy back is queued
+  };
+
+  void loop() {
+    std::vector<Active> active;
+    for (;;) {
+      {
+        std::unique_lock lock(mu_);
+        auto ready = [&] { return stop_ || !queue_.empty(); };
+        if (active.empty()) {
+          cv_.wait(lock, ready);
+        } else {
+          cv_.wait_for(lock, std::chrono::microseconds(20), ready);
+        }
+        if (stop_ && queue_.empty() && active.empty()) return;  // stopping, drained
+        for (auto& t : queue_) {
+          const auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t->timeout_s));
+          active.push_back(Active{std::move(t), Clock::now() + limit, false});
+        }
+        queue_.clear();
+      }
+      for (std::size_t i = 0; i < active.size();) {
+        if (advance(active[i])) {
+          active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+    }
+  }
+
+  // True when the event has completed; throws for a CUDA error.
+  static bool reached(cudaEvent_t e, const std::string& what) {
+    const cudaError_t q = cudaEventQuery(e);
+    if (q == cudaSuccess) return true;
+    if (q != cudaErrorNotReady) cuda_check(q, what.c_str());
+    return false;
+  }
+
+  // One step of `a`'s completion; true when it is finished (completed or failed).
+  bool advance(Active& a) {
+    StagedTask& t = *a.t;
+    try {
+      const bool late = Clock::now() > a.deadline;
+      if (!a.copying) {
+        if (!t.host.done()) {
+          if (!late) return false;
+          t.host.wait();  // past the deadline: the host communicator's watchdog says why (throws)
+        }
+        t.host.wait();  // done: returns at once, or rethrows the operation's error
+        if (t.dev_out == nullptr) {
+          finish_(a.t, nullptr);
+          return true;
+        }
+        if (!reached(t.ready, "compute stream before " + t.what)) {
+          if (late) {
+            throw InternalError("watchdog: " + t.what + " not complete after " + std::to_string(t.timeout_s) +
+                                " s (runtime.watchdog_s); the compute stream did not reach the operation");
+          }
+          return false;
+        }
+        ORRERY_CUDA_CHECK(cudaMemcpyAsync(t.dev_out, t.out.ptr, t.out_bytes, cudaMemcpyHostToDevice, h2d_));
+        ORRERY_CUDA_CHECK(cudaEventRecord(t.h2d_done, h2d_));
+        a.copying = true;
+      }
+      if (!reached(t.h2d_done, "copy to device for " + t.what)) {
+        if (late) {
+          throw InternalError("watchdog: copy to device for " + t.what + " not complete after " +
+                              std::to_string(t.timeout_s) + " s (runtime.watchdog_s)");
+        }
+        return false;
+      }
+    } catch (...) {
+      finish_(a.t, std::current_exception());
+      return true;
+    }
+    finish_(a.t, nullptr);
+    return true;
+  }
+
+  Finish finish_;
+  cudaStream_t h2d_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<StagedTask>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 // The process's staging machinery on one device, shared by a staged communicator and its splits.
 class StagedEngine {
  public:
   explicit StagedEngine(int device)
       : device_(device),
+        h2d_(make_stream()),
         stage1_([this](const std::shared_ptr<StagedTask>& t) { run_stage1(t); }),
-        stage2_([this](const std::shared_ptr<StagedTask>& t) { run_stage2(t); }) {
+        stage2_([this](const std::shared_ptr<StagedTask>& t, std::exception_ptr err) { finish(t, std::move(err)); },
+                h2d_) {
     ORRERY_CUDA_CHECK(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
-    ORRERY_CUDA_CHECK(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking));
     stage1_.start(device);
     stage2_.start(device);
   }
@@ -222,17 +354,24 @@ class StagedEngine {
   void submit(const std::shared_ptr<StagedTask>& t) {
     {
       std::lock_guard lock(mu_);
-      last_ = t;
+      std::erase_if(inflight_, [](const std::shared_ptr<StagedTask>& x) { return x->done(); });
+      inflight_.push_back(t);
     }
     stage1_.push(t);
   }
-  // The last task submitted (tasks complete in submission order).
-  std::shared_ptr<StagedTask> last() {
+  // The tasks submitted and not yet seen complete (they complete in any order).
+  std::vector<std::shared_ptr<StagedTask>> inflight() {
     std::lock_guard lock(mu_);
-    return last_;
+    return inflight_;
   }
 
  private:
+  static cudaStream_t make_stream() {
+    cudaStream_t s = nullptr;
+    ORRERY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+  }
+
   void finish(const std::shared_ptr<StagedTask>& t, std::exception_ptr err) {
     pool_.release(t->in);
     if (t->out.ptr != t->in.ptr) pool_.release(t->out);
@@ -253,30 +392,14 @@ class StagedEngine {
     stage2_.push(t);
   }
 
-  void run_stage2(const std::shared_ptr<StagedTask>& t) {
-    try {
-      t->host.wait();
-      if (t->dev_out) {
-        ORRERY_CUDA_CHECK(cudaStreamWaitEvent(h2d_, t->ready, 0));
-        ORRERY_CUDA_CHECK(cudaMemcpyAsync(t->dev_out, t->out.ptr, t->out_bytes, cudaMemcpyHostToDevice, h2d_));
-        ORRERY_CUDA_CHECK(cudaEventRecord(t->h2d_done, h2d_));
-        poll_event(t->h2d_done, t->timeout_s, "copy to device for " + t->what);
-      }
-    } catch (...) {
-      finish(t, std::current_exception());
-      return;
-    }
-    finish(t, nullptr);
-  }
-
   int device_;
   cudaStream_t d2h_ = nullptr;
   cudaStream_t h2d_ = nullptr;
   PinnedPool pool_;
   std::mutex mu_;
-  std::shared_ptr<StagedTask> last_;
+  std::vector<std::shared_ptr<StagedTask>> inflight_;
   Stage stage1_;
-  Stage stage2_;
+  Completer stage2_;
 };
 
 class StagedCommunicator final : public Communicator {
@@ -394,11 +517,11 @@ class StagedCommunicator final : public Communicator {
  private:
   // Waits until every operation submitted so far is complete (errors stay with their handles).
   void drain() {
-    if (auto last = engine_->last()) {
+    for (const auto& t : engine_->inflight()) {
       try {
-        last->wait();
-      } catch (const InternalError&) {
-        if (!last->done()) throw;  // the wait itself timed out
+        t->wait();
+      } catch (const std::exception&) {
+        if (!t->done()) throw;  // the wait itself timed out
       }
     }
   }
@@ -449,7 +572,7 @@ class StagedCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_staged_communicator(Communicator& host_comm,
-                                                       cudaStream_t compute_stream) {
+                                                       cudaStream_t compute_stream, double watchdog_s) {
   if (std::string why = no_device_reason(); !why.empty()) {
     throw InternalError("staged device communicator: " + why);
   }
@@ -466,8 +589,7 @@ std::unique_ptr<Communicator> make_staged_communicator(Communicator& host_comm,
       registry[device] = engine;
     }
   }
-  return std::make_unique<StagedCommunicator>(engine, host_comm, nullptr, compute_stream,
-                                              WorldOptions{}.watchdog_s);
+  return std::make_unique<StagedCommunicator>(engine, host_comm, nullptr, compute_stream, watchdog_s);
 }
 
 }  // namespace orrery::runtime::cuda

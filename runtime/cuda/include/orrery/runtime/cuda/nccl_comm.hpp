@@ -45,10 +45,13 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap,
 // Wraps `host_comm` (an MPI or local communicator on host memory) for device buffers: each
 // operation copies its device input to a pinned host buffer (cudaMemcpyAsync on its own stream,
 // after `compute_stream`'s work issued so far), runs the host operation, and copies the result
-// back; wait() orders `compute_stream` after the copy back. For ranks that share one GPU, where
-// NCCL refuses two ranks on one device. split() wraps host_comm.split(). `host_comm` must outlive
-// the result.
+// back; operations complete in whatever order their host operations do, as MPI's; wait() blocks
+// the host until the copy back is done and orders `compute_stream` after it. For ranks that share
+// one GPU, where NCCL refuses two ranks on one device, and for pipeline traffic under 1F1B (see
+// cuda/trainer.hpp). split() wraps host_comm.split(). A copy that does not finish within
+// `watchdog_s` (runtime.watchdog_s) fails the operation. `host_comm` must outlive the result.
 std::unique_ptr<Communicator> make_staged_communicator(Communicator& host_comm,
-                                                       cudaStream_t compute_stream);
+                                                       cudaStream_t compute_stream,
+                                                       double watchdog_s = WorldOptions{}.watchdog_s);
 
 }  // namespace orrery::runtime::cuda
