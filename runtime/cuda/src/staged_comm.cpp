@@ -158,14 +158,13 @@ class StagedTask final : public Work {
   std::exception_ptr err_;
 };
 
-// A FIFO of tasks served by one thread.
-class Stage {
+// A FIFO of tasks and the thread that serves it.
+class TaskThread {
  public:
-  explicit Stage(std::function<void(const std::shared_ptr<StagedTask>&)> fn) : fn_(std::move(fn)) {}
-  void start(int device) {
-    thread_ = std::thread([this, device] {
+  void start(int device, std::function<void()> body) {
+    thread_ = std::thread([device, body = std::move(body)] {
       cudaSetDevice(device);
-      loop();
+      body();
     });
   }
   void stop() {
@@ -183,27 +182,51 @@ class Stage {
     }
     cv_.notify_one();
   }
+  // Moves the queued tasks to the end of `out`: waits for one when `idle`, else at most `poll`.
+  // False once stopping with nothing queued.
+  bool take(std::vector<std::shared_ptr<StagedTask>>& out, bool idle,
+            std::chrono::microseconds poll = std::chrono::microseconds(20)) {
+    std::unique_lock lock(mu_);
+    auto ready = [&] { return stop_ || !queue_.empty(); };
+    if (idle) {
+      cv_.wait(lock, ready);
+    } else {
+      cv_.wait_for(lock, poll, ready);
+    }
+    if (queue_.empty()) return !stop_;
+    for (auto& t : queue_) out.push_back(std::move(t));
+    queue_.clear();
+    return true;
+  }
 
  private:
-  void loop() {
-    for (;;) {
-      std::shared_ptr<StagedTask> t;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping, drained
-        t = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      fn_(t);
-    }
-  }
-  std::function<void(const std::shared_ptr<StagedTask>&)> fn_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<StagedTask>> queue_;
   bool stop_ = false;
   std::thread thread_;
+};
+
+// Stage 1 (see the top of the file): `fn` on each task, in issue order.
+class Stage {
+ public:
+  explicit Stage(std::function<void(const std::shared_ptr<StagedTask>&)> fn) : fn_(std::move(fn)) {}
+  void start(int device) {
+    thread_.start(device, [this] {
+      std::vector<std::shared_ptr<StagedTask>> batch;
+      for (;;) {
+        batch.clear();
+        if (!thread_.take(batch, /*idle=*/true)) return;  // stopping, drained
+        for (const auto& t : batch) fn_(t);
+      }
+    });
+  }
+  void stop() { thread_.stop(); }
+  void push(std::shared_ptr<StagedTask> t) { thread_.push(std::move(t)); }
+
+ private:
+  std::function<void(const std::shared_ptr<StagedTask>&)> fn_;
+  TaskThread thread_;
 };
 
 // Stage 2 (see the top of the file): one thread polling every operation in flight.
@@ -212,26 +235,10 @@ class Completer {
   using Finish = std::function<void(const std::shared_ptr<StagedTask>&, std::exception_ptr)>;
   Completer(Finish finish, cudaStream_t h2d) : finish_(std::move(finish)), h2d_(h2d) {}
   void start(int device) {
-    thread_ = std::thread([this, device] {
-      cudaSetDevice(device);
-      loop();
-    });
+    thread_.start(device, [this] { loop(); });
   }
-  void stop() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-  void push(std::shared_ptr<StagedTask> t) {
-    {
-      std::lock_guard lock(mu_);
-      queue_.push_back(std::move(t));
-    }
-    cv_.notify_one();
-  }
+  void stop() { thread_.stop(); }
+  void push(std::shared_ptr<StagedTask> t) { thread_.push(std::move(t)); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -243,21 +250,14 @@ class Completer {
 
   void loop() {
     std::vector<Active> active;
+    std::vector<std::shared_ptr<StagedTask>> incoming;
     for (;;) {
-      {
-        std::unique_lock lock(mu_);
-        auto ready = [&] { return stop_ || !queue_.empty(); };
-        if (active.empty()) {
-          cv_.wait(lock, ready);
-        } else {
-          cv_.wait_for(lock, std::chrono::microseconds(20), ready);
-        }
-        if (stop_ && queue_.empty() && active.empty()) return;  // stopping, drained
-        for (auto& t : queue_) {
-          const auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t->timeout_s));
-          active.push_back(Active{std::move(t), Clock::now() + limit, false});
-        }
-        queue_.clear();
+      incoming.clear();
+      const bool more = thread_.take(incoming, /*idle=*/active.empty());
+      if (!more && active.empty()) return;  // stopping, drained
+      for (auto& t : incoming) {
+        const auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t->timeout_s));
+        active.push_back(Active{std::move(t), Clock::now() + limit, false});
       }
       for (std::size_t i = 0; i < active.size();) {
         if (advance(active[i])) {
@@ -320,11 +320,7 @@ class Completer {
 
   Finish finish_;
   cudaStream_t h2d_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<StagedTask>> queue_;
-  bool stop_ = false;
-  std::thread thread_;
+  TaskThread thread_;
 };
 
 // The process's staging machinery on one device, shared by a staged communicator and its splits.
