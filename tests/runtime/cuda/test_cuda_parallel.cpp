@@ -154,26 +154,31 @@ void expect_losses_near(const std::vector<float>& got, const std::vector<float>&
     if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks, got " << world().size(); \
   } while (0)
 
+// A ZeRO run against the DDP run of the same scenario: the same initial parameters bit for bit
+// (ZeRO 1/2: rank 0's broadcast, unpadded; ZeRO 3: every rank makes the model from the seed and
+// keeps its shards, gathered here), the same losses, and final parameters within the bound; the
+// parameters moved (the comparison is not between two untouched arrays).
+void expect_matches_ddp(const GpuRun& z, const GpuRun& ddp, const std::string& what) {
+  ASSERT_EQ(z.initial.size(), ddp.initial.size()) << what;
+  EXPECT_EQ(std::memcmp(z.initial.data(), ddp.initial.data(), ddp.initial.size() * sizeof(float)), 0)
+      << what;
+  expect_losses_near(z.losses, ddp.losses, 1e-5, what.c_str());
+  ASSERT_EQ(z.final_params.size(), ddp.final_params.size()) << what;
+  const double rel = param_rel_diff(z.final_params, ddp.final_params);
+  if (world().rank() == 0)
+    std::printf("  %s: parameters max|d|/max|p| = %.3g (bound 1e-4)\n", what.c_str(), rel);
+  EXPECT_LT(rel, 1e-4) << what;
+  EXPECT_GT(param_rel_diff(z.final_params, z.initial), 1e-5) << what;
+}
+
 TEST(GpuZero, Zero1And2EndWithTheDdpParameters) {
   SKIP_WITHOUT_GPU();
   const GpuRun ddp = run_gpu(tiny(2, 1, 0), world());
   for (int stage : {1, 2}) {
     const GpuRun z = run_gpu(tiny(2, 1, stage), world());
     const std::string what = "dp2 zero" + std::to_string(stage) + " vs ddp";
-    // Before the first update ZeRO changes nothing: rank 0's broadcast parameters, unpadded.
-    ASSERT_EQ(z.initial.size(), ddp.initial.size());
-    EXPECT_EQ(std::memcmp(z.initial.data(), ddp.initial.data(), ddp.initial.size() * sizeof(float)),
-              0)
-        << what;
     EXPECT_EQ(z.zero_shard, (ddp.initial.size() + 1) / 2) << what;
-    expect_losses_near(z.losses, ddp.losses, 1e-5, what.c_str());
-    ASSERT_EQ(z.final_params.size(), ddp.final_params.size());
-    const double rel = param_rel_diff(z.final_params, ddp.final_params);
-    if (world().rank() == 0)
-      std::printf("  %s: parameters max|d|/max|p| = %.3g (bound 1e-4)\n", what.c_str(), rel);
-    EXPECT_LT(rel, 1e-4) << what;
-    // The parameters moved (the comparison is not between two untouched arrays).
-    EXPECT_GT(param_rel_diff(z.final_params, z.initial), 1e-5) << what;
+    expect_matches_ddp(z, ddp, what);
     // Memory counters as the CPU trainer's: AdamW moments of the shard only; ZeRO 2 keeps the shard
     // gradient as state and stages the full array (plus the receive shard) as comm buffers.
     const double k = static_cast<double>(z.zero_shard) * sizeof(float);
@@ -206,18 +211,7 @@ TEST(GpuZero, Zero3EndsWithTheDdpParameters) {
   const Scenario s = tiny(2, 1, 3);
   const GpuRun z = run_gpu(s, world());
   const std::string what = "dp2 zero3 vs ddp";
-  // Every rank makes the model from the seed and keeps its shards; gathered, they are rank 0's
-  // broadcast parameters bit for bit.
-  ASSERT_EQ(z.initial.size(), ddp.initial.size());
-  EXPECT_EQ(std::memcmp(z.initial.data(), ddp.initial.data(), ddp.initial.size() * sizeof(float)), 0)
-      << what;
-  expect_losses_near(z.losses, ddp.losses, 1e-5, what.c_str());
-  ASSERT_EQ(z.final_params.size(), ddp.final_params.size());
-  const double rel = param_rel_diff(z.final_params, ddp.final_params);
-  if (world().rank() == 0)
-    std::printf("  %s: parameters max|d|/max|p| = %.3g (bound 1e-4)\n", what.c_str(), rel);
-  EXPECT_LT(rel, 1e-4) << what;
-  EXPECT_GT(param_rel_diff(z.final_params, z.initial), 1e-5) << what;
+  expect_matches_ddp(z, ddp, what);
   // Memory counters in closed form (the CPU trainer's): each segment's shard k_g = ceil(c_g / 2)
   // of parameters, gradients and two moments; comm buffers: two block buffers of the largest
   // block, one each for the embedding and the final LayerNorm (parameters and gradients, padded
