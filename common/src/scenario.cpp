@@ -353,6 +353,11 @@ void validate_layout(const Scenario& s) {
     throw InputError("key 'parallel.pp': " + layout + ": " + std::to_string(chunks) +
                      " pipeline stages but only " + std::to_string(m.layers) + " layers");
   }
+  if (m.layers % chunks != 0 && p.schedule == "interleaved") {
+    throw InputError("key 'parallel.virtual_stages': " + layout + " virtual_stages=" +
+                     std::to_string(p.virtual_stages) + ": model.layers (" + std::to_string(m.layers) +
+                     ") must be divisible by pp x virtual_stages (" + std::to_string(chunks) + ")");
+  }
   if (m.layers % chunks != 0) {
     throw InputError("key 'parallel.pp': " + layout + ": model.layers (" + std::to_string(m.layers) +
                      ") must be divisible by the number of pipeline stages (" + std::to_string(chunks) +

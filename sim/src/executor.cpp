@@ -25,6 +25,11 @@ std::vector<int32_t> representative_ranks(const Layout& l, bool all_ranks) {
   return r;
 }
 
+int pp_peer(const Layout& l, int stage, GroupRole role) {
+  // Modulo pp: the interleaved schedule sends from the last stage's chunk c to stage 0's chunk c+1.
+  return (stage + (role == GroupRole::PPNext ? 1 : -1) + l.pp) % l.pp;
+}
+
 std::vector<int32_t> group_members(const Layout& l, int rank, GroupRole role) {
   const auto c = l.coord(rank);
   std::vector<int32_t> m;
@@ -304,11 +309,12 @@ class Executor {
   void post_p2p(int32_t ri, uint32_t id, const Op& op) {
     const auto& run = runs_[ri];
     const Layout& l = w_.layout;
-    const int peer_pp = run.coord.pp + (op.group == GroupRole::PPNext ? 1 : -1);
-    const int32_t peer = l.rank_of(run.coord.dp, run.coord.tp, peer_pp);
+    const int32_t peer = l.rank_of(run.coord.dp, run.coord.tp, pp_peer(l, run.coord.pp, op.group));
     const bool is_send = op.coll == traces::CollOp::Send;
     const int32_t src = is_send ? run.rank : peer, dst = is_send ? peer : run.rank;
-    Channel& ch = channels_[(uint64_t(uint32_t(src)) << 32) | uint32_t(dst)];
+    // Activations (even seq) and gradients (odd seq) match on channels of their own: with the
+    // interleaved schedule on pp = 2 both flow from stage 0 to stage 1, in orders that differ.
+    Channel& ch = channels_[op.seq & 1][(uint64_t(uint32_t(src)) << 32) | uint32_t(dst)];
     (is_send ? ch.send : ch.recv) = Member{ri, id};
     const bool peer_simulated = sim_index_[peer] >= 0;
     if (peer_simulated && (ch.send.first < 0 || ch.recv.first < 0)) return;
@@ -429,7 +435,7 @@ class Executor {
   std::vector<Dependents> dependents_;
   std::unordered_map<uint64_t, GroupInfo> groups_;
   std::unordered_map<uint64_t, Pending> pending_;
-  std::unordered_map<uint64_t, Channel> channels_;
+  std::unordered_map<uint64_t, Channel> channels_[2];  // activations, gradients
   bool sharing_ = false;
   std::vector<NodeCpu> cpus_;  // per node, with core sharing
   std::vector<double> jitter_q_;  // per simulated rank slot (rotated by step); empty: no spread
@@ -571,7 +577,7 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
         sp.comm = comm_of(run.rank, op.group);
         sp.seq = op.seq;
         if (op.kind == traces::SpanKind::P2P && (op.group == GroupRole::PPNext || op.group == GroupRole::PPPrev))
-          sp.peer = l.rank_of(run.coord.dp, run.coord.tp, run.coord.pp + (op.group == GroupRole::PPNext ? 1 : -1));
+          sp.peer = l.rank_of(run.coord.dp, run.coord.tp, pp_peer(l, run.coord.pp, op.group));
       }
       t.spans.push_back(sp);
       if (op.step >= 0) step_ext[op.step].add(tm);

@@ -76,10 +76,14 @@ PrecisionConfig precision_config(const std::string& name) {
   return p;
 }
 
+int chunks_per_stage(const Scenario& s) {
+  return s.parallel.schedule == "interleaved" ? std::max(1, s.parallel.virtual_stages) : 1;
+}
+
 std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage) {
   const int64_t c = s.model.d_model, v = s.model.vocab, t = s.model.seq, tp = s.parallel.tp;
   const int pp = s.parallel.pp, L = s.model.layers;
-  const int per_stage = L / pp;
+  const int chunks = chunks_per_stage(s), per_chunk = L / (pp * chunks);
   std::vector<ParamTensor> out;
   if (stage == 0) {
     out.push_back({"wte", v * c, -1});
@@ -89,20 +93,24 @@ std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage) {
   }
   // Megatron slicing (model.hpp): qkv and fc1 column-parallel (weights and biases sliced), proj and
   // fc2 row-parallel (weights sliced, biases replicated), LayerNorms replicated.
-  for (int l = stage * per_stage; l < (stage + 1) * per_stage; ++l) {
-    const std::string h = "h." + std::to_string(l) + ".";
-    out.push_back({h + "ln1w", c, l});
-    out.push_back({h + "ln1b", c, l});
-    out.push_back({h + "qkvw", 3 * c * c / tp, l});
-    out.push_back({h + "qkvb", 3 * c / tp, l});
-    out.push_back({h + "projw", c * c / tp, l});
-    out.push_back({h + "projb", c, l});
-    out.push_back({h + "ln2w", c, l});
-    out.push_back({h + "ln2b", c, l});
-    out.push_back({h + "fcw", 4 * c * c / tp, l});
-    out.push_back({h + "fcb", 4 * c / tp, l});
-    out.push_back({h + "fcprojw", 4 * c * c / tp, l});
-    out.push_back({h + "fcprojb", c, l});
+  // The stage's chunks in order (one chunk, its contiguous layers, unless interleaved): chunk k holds
+  // the layers of virtual stage k·pp + stage.
+  for (int k = 0; k < chunks; ++k) {
+    for (int l = (k * pp + stage) * per_chunk; l < (k * pp + stage + 1) * per_chunk; ++l) {
+      const std::string h = "h." + std::to_string(l) + ".";
+      out.push_back({h + "ln1w", c, l});
+      out.push_back({h + "ln1b", c, l});
+      out.push_back({h + "qkvw", 3 * c * c / tp, l});
+      out.push_back({h + "qkvb", 3 * c / tp, l});
+      out.push_back({h + "projw", c * c / tp, l});
+      out.push_back({h + "projb", c, l});
+      out.push_back({h + "ln2w", c, l});
+      out.push_back({h + "ln2b", c, l});
+      out.push_back({h + "fcw", 4 * c * c / tp, l});
+      out.push_back({h + "fcb", 4 * c / tp, l});
+      out.push_back({h + "fcprojw", 4 * c * c / tp, l});
+      out.push_back({h + "fcprojb", c, l});
+    }
   }
   if (stage == pp - 1) {
     out.push_back({"lnfw", c, L});
@@ -227,13 +235,38 @@ double workload_ops_bound(const Scenario& s, int steps) {
   // Per micro-batch at most 10 more (data, embedding or receive, head or send, ZeRO's blocking
   // collectives, the extra prefetch); per step at most one DDP bucket per segment and 10 more
   // (zero_grad, ZeRO 3's start gathers, tied-embedding all-reduce, optimizer, all-gather, loss).
-  const double per_step = m * (per_stage * per_layer + 10) + (per_stage + 2) + 10;
+  // Interleaved: per micro-batch and chunk at most the 10 (a chunk's pass has the same extras).
+  const double per_step = m * (per_stage * per_layer + 10 * chunks_per_stage(s)) + (per_stage + 2) + 10;
   return double(std::max(1, steps)) * per_step;
 }
 
 Workload build_workload(const Scenario& s, const CostModel& cost, const WorkloadOptions& opt) {
   validate_layout(s);
   if (opt.steps < 1) throw InputError("simulated steps must be >= 1");
+  const bool interleaved = s.parallel.schedule == "interleaved";
+  if (interleaved) {
+    // Megatron's interleaved 1F1B: v model chunks per stage, chunk c of stage s the layers of
+    // virtual stage c·pp + s (validate_layout checks that pp·v divides the layers).
+    const int pp = s.parallel.pp, v = chunks_per_stage(s);
+    if (pp < 2)
+      throw InputError(s.path + ": key 'parallel.schedule': the interleaved schedule needs parallel.pp >= 2 (got " +
+                       std::to_string(pp) + ")");
+    if (s.model.layers % (pp * v) != 0)
+      throw InputError(s.path + ": key 'parallel.virtual_stages': model.layers (" + std::to_string(s.model.layers) +
+                       ") must be divisible by pp x virtual_stages (" + std::to_string(pp * v) + ")");
+    // ZeRO 2 sums the tied embedding between the first and the last stage after every micro-batch's
+    // backward, blocking (reduce_gradients_zero): under this order the last stage would wait there
+    // after chunk 0's backward of micro-batch i for stage 0, whose backward of it needs a forward the
+    // last stage runs only later (p = 4, v = 2: stage 3 runs B0.0 before F0.6, whose output stage 0's
+    // F1.6 needs before its B0.0): a deadlock, so refused. ZeRO 3 is not built for chunks.
+    if (s.parallel.zero == 2)
+      throw InputError(s.path + ": key 'parallel.zero': ZeRO 2 cannot run the interleaved schedule (its blocking " +
+                       "per-micro-batch sum of the tied embedding between the first and last stage would deadlock " +
+                       "it); use zero 0 or 1, or schedule 1f1b");
+    if (s.parallel.zero == 3)
+      throw InputError(s.path + ": key 'parallel.zero': ZeRO 3 with the interleaved schedule is not simulated " +
+                       "(use zero 0 or 1, or schedule 1f1b)");
+  }
   // Op ids, dependency offsets and sequence numbers are 32-bit (Op): refuse before building.
   if (const double ops = workload_ops_bound(s, opt.steps); ops > double(kMaxStageOps)) {
     char buf[32];
@@ -257,7 +290,9 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
 
   const auto& par = s.parallel;
   const int pp = par.pp, dp = par.dp, m = w.micro_batches, L = s.model.layers;
-  const int per_stage = L / pp;
+  const int chunks = chunks_per_stage(s);       // model chunks per stage (1 unless interleaved)
+  const int per_stage = L / pp;                  // layers per stage
+  const int per_chunk = per_stage / chunks;      // layers per chunk
   const PrecisionConfig& prec = opt.precision;
   ComputeCosts cc = make_costs(model_dims(s, prec.act_bytes), cost);
   cc.data_ns = cost.profile().data_load_ns;
@@ -271,16 +306,24 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
     prog.stage = st;
     ProgramBuilder b(prog, w.names);
     const bool first = st == 0, last = st == pp - 1;
-    const int l0 = st * per_stage, l1 = l0 + per_stage;
+    // Chunk k of the stage: layers [chunk_l0(k), chunk_l0(k) + per_chunk); one chunk = the stage.
+    const auto chunk_l0 = [&](int k) { return (k * pp + st) * per_chunk; };
 
     // Segments in gradient-ready order with their parameter counts, and the backward position after
     // which each is ready: 0 = after bwd.head, 1 + k = after block l1-1-k, per_stage + 1 = after
     // bwd.embed (a head-only stage's wte copy is ready with the last block, as the runtime fires it).
+    // Interleaved: a chunk's gradients are ready after its last backward (micro-batch m-1); those run
+    // chunk v-1 first, chunk 0 last, so chunk k's positions are offset by (v-1-k)·(per_chunk + 2).
     // Parameters per segment of the stage (slot 0 the embedding -1, 1 the final LayerNorm L, then
-    // blocks l0..l1-1), summed once: a scan of the stage's tensors per segment was quadratic in the
-    // layers (minutes at 100,000).
+    // the blocks by chunk), summed once: a scan of the stage's tensors per segment was quadratic in
+    // the layers (minutes at 100,000).
     std::vector<int64_t> seg_params(size_t(per_stage) + 2, 0);
-    const auto slot = [&](int seg) { return seg < 0 ? size_t(0) : seg >= L ? size_t(1) : size_t(2 + seg - l0); };
+    const auto slot = [&](int seg) {
+      if (seg < 0) return size_t(0);
+      if (seg >= L) return size_t(1);
+      return size_t(2 + (seg / per_chunk / pp) * per_chunk + seg % per_chunk);  // chunk, then layer
+    };
+    const auto chunk_base = [&](int k) { return (chunks - 1 - k) * (per_chunk + 2); };
     for (const auto& p : stage_parameters(s, st)) {
       prog.param_count += p.count;
       seg_params[slot(p.segment)] += p.count;
@@ -292,10 +335,13 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
       int position;
     };
     std::vector<Segment> ready_order;
-    if (last) ready_order.push_back({L, segment_params(L), 0});
-    for (int l = l1 - 1; l >= l0; --l) ready_order.push_back({l, segment_params(l), 1 + (l1 - 1 - l)});
-    if (first) ready_order.push_back({-1, segment_params(-1), per_stage + 1});
-    else if (last) ready_order.push_back({-1, segment_params(-1), per_stage});
+    for (int k = chunks - 1; k >= 0; --k) {
+      const int l0 = chunk_l0(k), l1 = l0 + per_chunk, base = chunk_base(k);
+      if (last && k == chunks - 1) ready_order.push_back({L, segment_params(L), base});
+      for (int l = l1 - 1; l >= l0; --l) ready_order.push_back({l, segment_params(l), base + 1 + (l1 - 1 - l)});
+      if (first && k == 0) ready_order.push_back({-1, segment_params(-1), base + per_chunk + 1});
+    }
+    if (!first && last) ready_order.push_back({-1, segment_params(-1), chunk_base(0) + per_chunk});
 
     // DDP buckets (ddp.hpp): whole segments; a bucket closes before the segment that would take it
     // past the cap, so a segment larger than the cap is a bucket of its own.
@@ -382,7 +428,14 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
     for (int step = 0; step < opt.steps; ++step) {
       std::vector<uint32_t> grad_ops;  // DP gradient ops of this step (the optimizer waits for all)
       uint32_t last_backward_op = kNone;
-      const auto order = schedule_order(par.schedule, pp, st, m);
+      std::vector<PipelinePass> order;
+      if (interleaved) {
+        order = pipeline_interleaved_order(pp, st, m, chunks);
+      } else {
+        for (const int pass : schedule_order(par.schedule, pp, st, m))
+          order.push_back(pass >= 0 ? PipelinePass{0, pass, true} : PipelinePass{0, -pass - 1, false});
+      }
+      size_t next_bucket = 0;  // DDP buckets issued so far this step
       const uint32_t zero_grad =
           b.add(compute(names::kZeroGrad, zero_grad_piece, PhaseKind::None, step, -1, -1), {after_prev_step});
       // The op the next pass's first op waits for: the runtime's blocking collectives between passes
@@ -422,19 +475,24 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
         blocker = {after};
       }
 
-      for (const int pass : order) {
-        if (pass >= 0) {
+      for (const PipelinePass& pass : order) {
+        // The pass's chunk: its layers, and whether it holds the embedding (stage 0's chunk 0) or the
+        // head (the last stage's last chunk); without interleaving the stage's first and last flags.
+        const int l0 = chunk_l0(pass.chunk), l1 = l0 + per_chunk;
+        const bool embed_chunk = first && pass.chunk == 0, head_chunk = last && pass.chunk == chunks - 1;
+        const int base = chunk_base(pass.chunk);
+        if (pass.forward) {
           // ---- forward of micro-batch `mb`
-          const int mb = pass;
+          const int mb = pass.micro_batch;
           const std::vector<uint32_t> wait = std::move(blocker);
           blocker.clear();
           uint32_t data = kNone;
-          if (first || last)
+          if (embed_chunk || head_chunk)
             data = b.add(compute(names::kDataLoad, Piece{0, 0, cc.data_ns}, PhaseKind::None, step, mb, -1,
                                  traces::SpanKind::Data),
                          wait);
           uint32_t prev = kNone;
-          if (first) {
+          if (embed_chunk) {
             std::vector<uint32_t> deps = wait;
             deps.push_back(data);
             prev = b.add(compute(names::kEmbedForward, cc.embed_f, PhaseKind::Forward, step, mb, -1), deps);
@@ -455,7 +513,7 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
               prev = block(names::kBlockForward, cc.block_f, PhaseKind::Forward, step, mb, l, {prev});
             }
           }
-          if (last) {
+          if (head_chunk) {
             prev = b.add(compute(names::kHeadForward, cc.head_f, PhaseKind::Forward, step, mb, L), {prev, data});
           } else {
             b.add(comm(names::kSendActivation, traces::SpanKind::P2P, traces::CollOp::Send, kStreamPpSend,
@@ -464,12 +522,13 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
           }
         } else {
           // ---- backward of micro-batch `mb`
-          const int mb = -pass - 1;
+          const int mb = pass.micro_batch;
           const std::vector<uint32_t> wait = std::move(blocker);
           blocker.clear();
-          // DDP (zero 0): per bucket on the last micro-batch, overlapped with the backward.
+          // DDP (zero 0): per bucket on the last micro-batch (each chunk's last backward), overlapped
+          // with the backward; the step's last backward (chunk 0's) issues what is left.
           const bool ddp_sync = dp > 1 && par.zero == 0 && mb == m - 1;
-          size_t next_bucket = 0;
+          const bool step_last_backward = mb == m - 1 && pass.chunk == 0;
           auto issue_bucket = [&](uint32_t after) {
             const Bucket& bk = buckets[next_bucket++];
             grad_ops.push_back(dp_coll(names::kDpAllReduce, traces::CollOp::AllReduce, bk.params * prec.grad_bytes,
@@ -478,11 +537,12 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
           // With overlap, a bucket goes out as soon as its last segment's gradient is ready.
           auto issue_ready = [&](int position, uint32_t producer) {
             if (!(ddp_sync && par.overlap)) return;
-            while (next_bucket < buckets.size() && buckets[next_bucket].ready <= position) issue_bucket(producer);
+            while (next_bucket < buckets.size() && buckets[next_bucket].ready <= base + position)
+              issue_bucket(producer);
           };
           uint32_t prev = kNone;
           std::vector<uint32_t> z3_rs;  // ZeRO 3 reduce-scatters of this pass, by position
-          if (last) {
+          if (head_chunk) {
             prev = b.add(compute(names::kHeadBackward, cc.head_b, PhaseKind::Backward, step, mb, L), wait);
             if (par.zero == 3) z3_scatter(mb, L, prev);
           } else {
@@ -491,7 +551,7 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
                               mb, -1),
                          wait);
           }
-          if (last) issue_ready(0, prev);
+          if (head_chunk) issue_ready(0, prev);
           uint32_t gathered = kNone;
           std::vector<uint32_t> rs_of_layer(std::max(1, per_stage), kNone);
           for (int l = l1 - 1; l >= l0; --l) {
@@ -509,17 +569,18 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
             }
             issue_ready(1 + (l1 - 1 - l), prev);
           }
-          if (first) {
+          if (embed_chunk) {
             prev = b.add(compute(names::kEmbedBackward, cc.embed_b, PhaseKind::Backward, step, mb, -1), {prev});
-            issue_ready(per_stage + 1, prev);
+            issue_ready(per_chunk + 1, prev);
           } else {
             b.add(comm(names::kSendGradient, traces::SpanKind::P2P, traces::CollOp::Send, kStreamPpSend,
                        GroupRole::PPPrev, act_msg_bytes, 2 * seq_grad_prev++ + 1, PhaseKind::Backward, step, mb, -1),
                   {prev});
           }
           last_backward_op = prev;
-          // Without overlap: every bucket after the whole backward of this pass.
-          if (ddp_sync)
+          // Without overlap: every bucket after the whole backward of this pass (interleaved: of the
+          // step's last pass, chunk 0's backward of micro-batch m-1).
+          if (ddp_sync && step_last_backward)
             while (next_bucket < buckets.size()) issue_bucket(last_backward_op);
           if (dp > 1 && par.zero == 3) {
             // z3_finish_backward: the tied wte's sum, the embedding's scatter, then wait for all.
@@ -527,7 +588,8 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
             if (pp > 1 && has_embed_segment) after = embed_all_reduce(mb, {after});
             if (has_embed_segment) z3_scatter(mb, -1, after);
             blocker = grad_ops;
-          } else if (dp > 1 && (par.zero == 2 || (par.zero == 1 && mb == m - 1))) {
+          } else if (dp > 1 && pass.chunk == 0 && (par.zero == 2 || (par.zero == 1 && mb == m - 1))) {
+            // (Interleaved, ZeRO 1 only: after the step's last backward, chunk 0's of micro-batch m-1.)
             // reduce_gradients_zero: the tied wte's sum, then one reduce-scatter of the whole array;
             // both blocking.
             uint32_t after = prev;

@@ -210,6 +210,7 @@ TEST(Workload, BadLayoutsAreInputErrors) {
   s = small_scenario(6, 1, 1, 4, 4);  // 6 layers % pp 4
   EXPECT_THROW(build_workload(s, h100_cost()), InputError);
   s = small_scenario(8, 1, 1, 2, 4, "interleaved");
+  s.parallel.virtual_stages = 3;  // 8 layers % (pp 2 x 3 chunks)
   EXPECT_THROW(build_workload(s, h100_cost()), InputError);
   EXPECT_THROW(precision_config("fp8"), InputError);
 }

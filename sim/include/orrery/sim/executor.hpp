@@ -80,6 +80,10 @@ struct ExecResult {
 // The ranks simulated by default: one per pipeline stage (dp = 0, tp = 0), or all.
 std::vector<int32_t> representative_ranks(const Layout& l, bool all_ranks);
 
+// The pipeline stage that a point-to-point op of `role` (PPNext, PPPrev) on `stage` talks to, modulo
+// pp (the interleaved schedule's last stage sends to stage 0 and back).
+int pp_peer(const Layout& l, int stage, GroupRole role);
+
 // The global ranks (= GPU ids) of the group `role` of `rank`, in communicator-rank order.
 std::vector<int32_t> group_members(const Layout& l, int rank, GroupRole role);
 

@@ -12,7 +12,11 @@
 //
 // Op names and order follow the runtime's trainer (see `names` below).
 // Per step, per micro-batch, in the schedule's order (GPipe: all forwards, then all backwards;
-// 1F1B: p-s-1 warm-up forwards on stage s, then one forward one backward, then the cool-down):
+// 1F1B: p-s-1 warm-up forwards on stage s, then one forward one backward, then the cool-down;
+// interleaved: Megatron's interleaved 1F1B over the stage's model chunks, pipeline_schedule.hpp, each
+// pass one chunk's, the embedding on stage 0's chunk 0, the head on the last stage's last chunk, and
+// the last stage's chunk c sending to stage 0's chunk c+1 (gradients back); a chunk's DDP buckets
+// with its backward of the last micro-batch, ZeRO 1/2 after chunk 0's backward):
 //   forward:  [data] [recv act] fwd.embed? fwd.block per layer (tp > 1: piece, tp all-reduce, piece,
 //             tp all-reduce, piece), fwd.head?, [send act]
 //   backward: [recv grad] bwd.head? bwd.block per layer in reverse (tp > 1: three pieces around two
@@ -154,6 +158,11 @@ struct ParamTensor {
   int64_t count = 0;
   int segment = -1;
 };
+// Model chunks per pipeline stage: parallel.virtual_stages under the interleaved schedule, else 1.
+// Chunk k of stage s holds the layers [(k·pp + s)·Lc, (k·pp + s + 1)·Lc), Lc = layers / (pp·chunks).
+int chunks_per_stage(const Scenario& s);
+// The stage's parameter tensors: wte and wpe (stage 0), the last stage's wte copy, its chunks' blocks
+// in chunk order, the final LayerNorm (last stage).
 std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage);
 
 // Bytes per parameter, per gradient and of optimizer state per parameter, and per activation.
@@ -198,8 +207,9 @@ double workload_ops_bound(const Scenario& s, int steps);
 inline constexpr int64_t kMaxStageOps = 2147483647;
 
 // Builds the workload. `cost` times the compute ops. Throws InputError when the layout does not fit
-// the model (validate_layout), the schedule is not supported (interleaved) or the programs would
-// exceed kMaxStageOps (workload_ops_bound).
+// the model (validate_layout), the interleaved schedule cannot be built (pp < 2, layers not
+// divisible by pp x virtual_stages, ZeRO 3) or the programs would exceed kMaxStageOps
+// (workload_ops_bound).
 Workload build_workload(const Scenario& s, const CostModel& cost, const WorkloadOptions& opt = {});
 
 // The order of forward (+mb) and backward (-mb-1) passes of stage `stage` for the schedule, e.g.
