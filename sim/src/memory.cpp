@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "orrery/common/pipeline_schedule.hpp"
+
 namespace orrery::sim {
 
 ModelStateBytes model_state_bytes(double params, int zero_stage, int dp, const PrecisionConfig& p) {
@@ -34,10 +36,32 @@ std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionCo
     e.parameters_bytes = ms.parameters;
     e.gradients_bytes = ms.gradients;
     e.optimizer_bytes = ms.optimizer;
-    e.micro_batches_in_flight = s.parallel.schedule == "gpipe" ? m : std::min(pp - st, m);
-    double act = per_layer * per_stage;
-    if (st == 0) act += double(s.model.seq) * s.training.micro_batch * s.model.d_model * 2.0;
-    e.activations_bytes = act * e.micro_batches_in_flight;
+    const double embed_act = st == 0 ? double(s.model.seq) * s.training.micro_batch * s.model.d_model * 2.0 : 0.0;
+    if (s.parallel.schedule == "interleaved" && pp > 1) {
+      // Chunk passes hold per_stage / v layers' activations (chunk 0 of stage 0 also the embedding's)
+      // from their forward to their backward: the peak over the stage's order, in chunk passes.
+      const int v = std::max(1, s.parallel.virtual_stages);
+      const double chunk_act = per_layer * per_stage / v;
+      double held = 0, peak = 0;
+      int passes = 0, peak_passes = 0;
+      for (const PipelinePass& ps : pipeline_interleaved_order(pp, st, m, v)) {
+        const double bytes = chunk_act + (ps.chunk == 0 ? embed_act : 0.0);
+        if (ps.forward) {
+          held += bytes;
+          ++passes;
+          if (held > peak) peak = held;
+          peak_passes = std::max(peak_passes, passes);
+        } else {
+          held -= bytes;
+          --passes;
+        }
+      }
+      e.micro_batches_in_flight = (peak_passes + v - 1) / v;  // in whole stages' worth, rounded up
+      e.activations_bytes = peak;
+    } else {
+      e.micro_batches_in_flight = s.parallel.schedule == "gpipe" ? m : std::min(pp - st, m);
+      e.activations_bytes = (per_layer * per_stage + embed_act) * e.micro_batches_in_flight;
+    }
     if (st == pp - 1) e.activations_bytes += double(s.training.micro_batch) * s.model.seq * s.model.vocab * 4.0 * 2.0;
     e.total_bytes = e.parameters_bytes + e.gradients_bytes + e.optimizer_bytes + e.activations_bytes;
     e.capacity_bytes = capacity_bytes;

@@ -64,6 +64,28 @@ TEST(Memory, MicroBatchesInFlight) {
   EXPECT_TRUE(e[1].fits);  // capacity 0: unknown
 }
 
+// Interleaved 1F1B (v chunks of per_stage / v layers): stage s holds its warm-up forwards plus one,
+// min(2(p-s-1) + (v-1)p + 1, m·v) chunk passes, at the peak (Narayanan et al. 2021: more in flight
+// than 1F1B's p - s, each a v-th of a stage). p = 4, v = 2, m = 8, 16 layers (2 per chunk).
+TEST(Memory, InterleavedChunksInFlight) {
+  Scenario s = testing::small_scenario(16, 1, 1, 4, 8, "interleaved");
+  s.parallel.virtual_stages = 2;
+  const auto p = precision_config("fp32");
+  const auto e = estimate_memory(s, p, 0);
+  ASSERT_EQ(e.size(), 4u);
+  const double chunk = 2 * activation_bytes_per_layer(s, p);  // 16 / (4 · 2) layers
+  for (int st = 1; st < 4; ++st) {  // stage 0 adds the embedding output to its chunk-0 passes
+    const int passes = std::min(2 * (4 - st - 1) + 4 + 1, 16);
+    EXPECT_EQ(e[st].activations_bytes - (st == 3 ? 2.0 * 128 * 1024 * 4 * 2 : 0.0), passes * chunk) << st;
+    EXPECT_EQ(e[st].micro_batches_in_flight, (passes + 1) / 2) << st;
+  }
+  // Stage 0: 11 chunk passes; 1F1B would hold 4 whole stages (8 chunks' worth).
+  EXPECT_EQ(e[0].micro_batches_in_flight, 6);
+  EXPECT_GT(e[0].activations_bytes, 11 * chunk);
+  s.parallel.schedule = "1f1b";
+  EXPECT_GT(e[0].activations_bytes, estimate_memory(s, p, 0)[0].activations_bytes);
+}
+
 TEST(Memory, Gpt3FitsOnlyWhenSharded) {
   // tp 8, pp 16 on 80 GB: 6 layers of 12·12288²/8 ≈ 1.36B parameters per rank; mixed precision
   // 16 bytes each = 21.7 GB of states, plus up to 16 micro-batches of activations on stage 0.

@@ -10,7 +10,9 @@
 // every term by t assumes Megatron's sequence parallelism (LayerNorm and dropout activations
 // sharded too); plain tensor parallelism keeps s·b·h·10 replicated, i.e. s·b·h·(10 + 24/t +
 // 5·a·s/(h·t)). fp32 activations double it. Micro-batches in flight on
-// stage s: 1F1B min(p - s, m), GPipe m. The last stage adds its logits and their gradient,
+// stage s: 1F1B min(p - s, m), GPipe m; interleaved 1F1B (v chunks of a v-th of the stage's layers)
+// the peak of chunk passes between forward and backward over the stage's order, i.e. its warm-up
+// plus one, min(2(p-s-1) + (v-1)p + 1, m·v) (micro_batches_in_flight: that / v, rounded up). The last stage adds its logits and their gradient,
 // b·s·V·4·2 bytes for one micro-batch (fp32 loss); stage 0 adds the embedding output s·b·h·2.
 // Not counted: communication buffers, allocator fragmentation, workspace (cuBLAS, NCCL).
 #pragma once
