@@ -249,7 +249,8 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
 namespace {
 
 // A closed-form step estimate, only to rank the search's candidates before simulating the best few:
-// the pipeline (m + p - 1 slots of one micro-batch's stage work, TP all-reduces in line), the head
+// the pipeline (m + p - 1 slots of one micro-batch's stage work, TP all-reduces in line; interleaved
+// m·v + p - 1 slots of a chunk's), the head
 // on the last stage, and the data-parallel traffic that backward cannot hide.
 double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& cost, const PrecisionConfig& prec) {
   const Layout l = Layout::from(s);
@@ -269,8 +270,10 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
   };
   const double t_ar = coll(traces::CollOp::AllReduce, group_members(l, 0, GroupRole::TP), act);
   const double t_p2p = s.parallel.pp > 1 ? coll(traces::CollOp::Send, {0, l.rank_of(0, 0, 1)}, act) : 0.0;
-  const double slot = lps * (tf + tb + 4 * t_ar) + 2 * t_p2p;
-  double est = (m + pp - 1) * slot + m * head;
+  // Interleaved 1F1B: m·v + p - 1 slots of one chunk's work (lps / v layers), a transfer each way per chunk.
+  const double v = s.parallel.schedule == "interleaved" && s.parallel.pp > 1 ? std::max(1, s.parallel.virtual_stages) : 1;
+  const double slot = lps / v * (tf + tb + 4 * t_ar) + 2 * t_p2p;
+  double est = (m * v + pp - 1) * slot + m * head;
   int64_t params = 0;
   for (const auto& t : stage_parameters(s, 0)) params += t.count;
   const auto dpg = group_members(l, 0, GroupRole::DP);
