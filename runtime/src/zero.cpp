@@ -137,11 +137,13 @@ Zero3Storage::Zero3Storage(Gpt& m, int dp_rank, int dp_size)
   m.grads = FloatArray();
 }
 
-Zero3Storage::Segment& Zero3Storage::segment(int id) {
-  for (auto& sg : segments_)
+Zero3Segment& zero3_segment(std::vector<Zero3Segment>& segments, int id) {
+  for (auto& sg : segments)
     if (sg.id == id) return sg;
   throw std::out_of_range("zero3: no segment " + std::to_string(id));
 }
+
+Zero3Storage::Segment& Zero3Storage::segment(int id) { return zero3_segment(segments_, id); }
 
 std::size_t Zero3Storage::buffer_bytes() const {
   std::size_t b = 0;

@@ -1,9 +1,6 @@
 // ZeRO 3's device storage (see cuda/zero3.hpp).
 #include "orrery/runtime/cuda/zero3.hpp"
 
-#include <stdexcept>
-#include <string>
-
 namespace orrery::runtime::cuda {
 
 GpuZero3Storage::GpuZero3Storage(GpuGpt& m, int dp_rank, int dp_size)
@@ -38,15 +35,12 @@ GpuZero3Storage::GpuZero3Storage(GpuGpt& m, int dp_rank, int dp_size)
   m.grads = DeviceArray<float>();
 }
 
-Zero3Segment& GpuZero3Storage::segment(int id) {
-  for (auto& sg : segments_)
-    if (sg.id == id) return sg;
-  throw std::out_of_range("gpu zero3: no segment " + std::to_string(id));
-}
+Zero3Segment& GpuZero3Storage::segment(int id) { return zero3_segment(segments_, id); }
 
 std::size_t GpuZero3Storage::buffer_bytes() const {
   std::size_t b = 0;
-  for (int i = 0; i < 4; ++i) b += pbuf_[i].size_bytes() + gbuf_[i].size_bytes();
+  for (const auto& a : pbuf_) b += a.size_bytes();
+  for (const auto& a : gbuf_) b += a.size_bytes();
   return b;
 }
 

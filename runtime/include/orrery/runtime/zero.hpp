@@ -86,6 +86,8 @@ struct Zero3Segment {
 // `bound` (null fields skipped, e.g. wpe on a head-only stage). `bound` may be `layout`'s own
 // pointers or those of a device copy with the same layout.
 std::vector<Zero3Segment> zero3_segments(const Gpt& layout, int dp_rank, int dp_size, GptPointers bound);
+// The segment `id` of a table (std::out_of_range when it holds none).
+Zero3Segment& zero3_segment(std::vector<Zero3Segment>& segments, int id);
 // The largest block segment's padded size, the size of a block working buffer.
 std::size_t zero3_max_block(const std::vector<Zero3Segment>& segments, int n_layer);
 // Working buffer of a segment: 0/1 the blocks (alternating by layer parity from layer_begin), 2 the
