@@ -1,13 +1,9 @@
 // NcclCommunicator: the Communicator over NCCL, one GPU per rank (see nccl_comm.hpp).
 //
-// The NCCL communicators of a process share one NcclEngine per device and lane (NcclLane): one
-// non-blocking CUDA stream for every NCCL operation of the lane (so operations run in issue order
-// over all its communicators, the contract of comm.hpp and NCCL's own rule for several
-// communicators on one stream), the pending operations, and a watchdog thread. Communicators are
-// on the shared lane unless made for another; a split stays on its parent's lane. A pipeline's two
-// directions have lanes of their own: on one in-order stream 1F1B's crossing transfers wait for
-// each other (stage s's send_act(i+1) before its recv_grad(i), stage s+1's send_grad(i) before its
-// recv_act(i+1)), while each direction alone is posted in the same order at both ends.
+// All NCCL communicators of a process share one NcclEngine per device: one non-blocking CUDA
+// stream for every NCCL operation (so operations run in issue order over all communicators, the
+// contract of comm.hpp and NCCL's own rule for several communicators on one stream), the pending
+// operations, and a watchdog thread.
 //
 // NCCL runs in non-blocking mode (ncclConfig_t::blocking = 0): initialisation, splits, finalize and
 // each enqueue return at once, possibly with ncclInProgress, and the caller polls
@@ -143,8 +139,7 @@ struct Op {
 // The process's NCCL state on one device (shared by its communicators; see the top of the file).
 class NcclEngine {
  public:
-  NcclEngine(int device, double watchdog_s, NcclLane lane)
-      : device_(device), watchdog_s_(watchdog_s), lane_(lane) {
+  NcclEngine(int device, double watchdog_s) : device_(device), watchdog_s_(watchdog_s) {
     ORRERY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     ORRERY_CUDA_CHECK(cudaEventCreateWithFlags(&fence_, cudaEventDisableTiming));
     ORRERY_CUDA_CHECK(cudaEventCreate(&anchor_));
@@ -171,30 +166,18 @@ class NcclEngine {
     cudaStreamDestroy(stream_);
   }
 
-  // The engine of `device` and `lane` for this process (created on first use, dropped with its
-  // last user).
-  static std::shared_ptr<NcclEngine> for_device(int device, double watchdog_s, NcclLane lane) {
+  // The engine of `device` for this process (created on first use, dropped with its last user).
+  static std::shared_ptr<NcclEngine> for_device(int device, double watchdog_s) {
     static std::mutex registry_mu;
-    static std::map<std::pair<int, int>, std::weak_ptr<NcclEngine>> registry;
+    static std::map<int, std::weak_ptr<NcclEngine>> registry;
     std::lock_guard lock(registry_mu);
-    auto& slot = registry[{device, static_cast<int>(lane)}];
-    if (auto e = slot.lock()) return e;
-    auto e = std::make_shared<NcclEngine>(device, watchdog_s, lane);
-    slot = e;
+    if (auto e = registry[device].lock()) return e;
+    auto e = std::make_shared<NcclEngine>(device, watchdog_s);
+    registry[device] = e;
     return e;
   }
 
   int device() const { return device_; }
-  // The lane's trace stream: its id and name.
-  int32_t trace_stream() const { return nccl_trace_stream(lane_); }
-  const char* trace_stream_name() const {
-    switch (lane_) {
-      case NcclLane::kPipelineActivations: return "nccl pp activations";
-      case NcclLane::kPipelineGradients: return "nccl pp gradients";
-      case NcclLane::kShared: break;
-    }
-    return "nccl";
-  }
   cudaStream_t stream() const { return stream_; }
   double watchdog_s() const { return watchdog_s_; }
   profiler::Recorder* recorder() const { return recorder_.load(std::memory_order_acquire); }
@@ -440,7 +423,6 @@ class NcclEngine {
 
   const int device_;
   const double watchdog_s_;
-  const NcclLane lane_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t fence_ = nullptr;
   cudaEvent_t anchor_ = nullptr;
@@ -672,7 +654,7 @@ class NcclCommunicator final : public Communicator {
   void set_recorder(profiler::Recorder* rec) override {
     engine_->set_recorder(rec);
     if (rec) {
-      rec->add_stream(engine_->trace_stream(), engine_->trace_stream_name());
+      rec->add_stream(kNcclStream, "nccl");
       rec->add_communicator(info_);
     }
   }
@@ -714,7 +696,7 @@ class NcclCommunicator final : public Communicator {
     if (rec && rec->enabled()) {
       o->record = true;
       auto& s = o->span;
-      s.stream = engine_->trace_stream();
+      s.stream = kNcclStream;
       s.kind = (op == CollOp::Send || op == CollOp::Recv) ? traces::SpanKind::P2P
                                                           : traces::SpanKind::Collective;
       s.name = rec->intern(label.name.empty() ? traces::to_string(op) : label.name);
@@ -781,7 +763,7 @@ std::string describe_failures(const std::vector<BootStatus>& statuses, const Com
 
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap,
                                                      cudaStream_t compute_stream,
-                                                     const WorldOptions& opt, NcclLane lane) {
+                                                     const WorldOptions& opt) {
   const int n = bootstrap.size();
   const int me = bootstrap.rank();
 
@@ -813,7 +795,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap,
   bootstrap.broadcast(&id, sizeof(id), DType::U8, 0, OpLabel{"nccl_unique_id"}).wait();
 
   // 3. Non-blocking init, settled with a deadline; then everyone learns whether all succeeded.
-  auto engine = NcclEngine::for_device(device, opt.watchdog_s, lane);
+  auto engine = NcclEngine::for_device(device, opt.watchdog_s);
   ncclComm_t comm = nullptr;
   ncclConfig_t config = nonblocking_config();
   ncclResult_t rc = ncclCommInitRankConfig(&comm, n, id, me, &config);

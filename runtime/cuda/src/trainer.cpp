@@ -341,25 +341,24 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
     if (L.dp > 1) dp_dev_ = make_device_comm(*dp_, backend);
     if (L.tp > 1) tp_dev_ = make_device_comm(*tp_, backend);
     if (L.pp > 1) {
-      // NCCL runs a lane's operations one after another on its stream, and a send there does not
-      // finish before its receive runs: under 1F1B a stage's activation send could wait behind its
-      // own gradient receive while the neighbour's gradient send waits behind its activation
-      // receive. So with NCCL each direction has a lane (stream) of its own (nccl_comm.hpp): the
-      // activations on pp_dev_, the gradients on a second communicator of the same group; each
-      // direction's transfers are posted in the same order at both ends. The staged communicator
-      // completes MPI's operations in any order and needs no second one. The second one is
-      // bootstrapped from a split of the host pp group, so its operations carry their own
-      // communicator id and sequence numbers in the trace ("pp_grad[...]", NCCL runs only).
-      pp_dev_ = make_device_comm(*pp_, backend, NcclLane::kPipelineActivations);
-      if (backend == CommBackend::kNccl) {
-        pp_grad_ = pp_->split(
-            0, L.pp_rank, traces::CommKind::PP,
-            "pp_grad[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
-        pp_grad_dev_ = make_device_comm(*pp_grad_, backend, NcclLane::kPipelineGradients);
-      }
-      if (embed_->size() > 1) embed_dev_ = make_device_comm(*embed_, backend);
+      // NCCL runs all of a process's operations on one stream, in issue order (nccl_comm.cpp), and
+      // a send there does not finish before its receive runs. Under 1F1B the pipeline's transfers
+      // cross: stage s's stream holds send_act(i+1) before recv_grad(i), stage s+1's holds
+      // send_grad(i) before recv_act(i+1), and each waits for the other (a second NCCL
+      // communicator does not help: it shares the stream). So under 1F1B the pipeline's
+      // communicators (P2P and the tied embedding's sum, which ZeRO 2/3 issue between passes) are
+      // host-staged over MPI, which completes operations independently; dp and tp stay on NCCL,
+      // whose members all run one stage's schedule, so their orders agree. GPipe's transfers do
+      // not cross (all forwards, then all backwards, in micro-batch order at both ends): on NCCL.
+      // (Megatron pairs each send with the next receive in one NCCL group; not done here.)
+      const CommBackend pipe = backend == CommBackend::kNccl && s_.parallel.schedule == "1f1b"
+                                   ? CommBackend::kStaged
+                                   : backend;
+      pp_dev_ = make_device_comm(*pp_, pipe);
+      if (embed_->size() > 1) embed_dev_ = make_device_comm(*embed_, pipe);
+      pipeline_staged_ = pipe != backend;
     }
-    comm_name_ = backend == CommBackend::kNccl ? "nccl" : "staged";
+    comm_name_ = backend == CommBackend::kNccl ? (pipeline_staged_ ? "nccl+staged-pp" : "nccl") : "staged";
   }
 
   const GptConfig cfg = gpt_config(s_.model);
@@ -417,13 +416,13 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
 }
 
 std::unique_ptr<Communicator> GpuTrainer::make_device_comm(Communicator& host,
-                                                           CommBackend backend, NcclLane lane) {
+                                                           CommBackend backend) {
   std::unique_ptr<Communicator> dev;
   if (backend == CommBackend::kNccl) {
 #if defined(ORRERY_HAVE_NCCL)
     WorldOptions wopt;
     wopt.watchdog_s = s_.runtime.watchdog_s;
-    dev = make_nccl_communicator(host, stream_->get(), wopt, lane);
+    dev = make_nccl_communicator(host, stream_->get(), wopt);
 #else
     throw InputError(origin_of(s_) +
                      ": the NCCL communicator was asked for, but this build has no NCCL");
@@ -439,7 +438,7 @@ GpuTrainer::~GpuTrainer() {
   // Let queued work finish before buffers go (errors cannot be reported from here).
   if (stream_) cudaStreamSynchronize(stream_->get());
   for (Communicator* c :
-       {dp_dev_.get(), tp_dev_.get(), pp_dev_.get(), pp_grad_dev_.get(), embed_dev_.get()}) {
+       {dp_dev_.get(), tp_dev_.get(), pp_dev_.get(), embed_dev_.get()}) {
     if (c == nullptr) continue;
     try {
       c->set_recorder(nullptr);
@@ -452,7 +451,7 @@ GpuTrainer::~GpuTrainer() {
 void GpuTrainer::finish() {
   ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
   for (Communicator* c :
-       {dp_dev_.get(), tp_dev_.get(), pp_dev_.get(), pp_grad_dev_.get(), embed_dev_.get()}) {
+       {dp_dev_.get(), tp_dev_.get(), pp_dev_.get(), embed_dev_.get()}) {
     if (c == nullptr) continue;
     c->synchronize();
     c->set_recorder(nullptr);
@@ -685,7 +684,7 @@ void GpuTrainer::backward_pass(int mb, const GptHooks& hooks, float loss_scale) 
   const GptShard& sh = model_->host.shard;
   const bool zero = zero12();
   const int bwd = spans_->open(proto(rec_, SpanKind::Phase, "backward", step, mb), "backward");
-  Communicator* grad_comm = pp_grad_dev_ ? pp_grad_dev_.get() : pp_dev_.get();
+  Communicator* grad_comm = pp_dev_.get();
   if (!sh.has_head) {
     grad_comm
         ->recv(scratch_->dres, acts.boundary_elems, DType::F32, layout_.pp_rank + 1,

@@ -150,65 +150,6 @@ TEST(NcclComm, SpansOnTheNcclStreamInsideTheHostInterval) {
   EXPECT_TRUE(named);
 }
 
-// The pipeline's lanes: communicators on their own CUDA streams (a world of one each), their
-// operations exact and recorded on the lane's trace stream; a split stays on its parent's lane.
-TEST(NcclComm, PipelineLanesHaveTheirOwnStreams) {
-  SKIP_WITHOUT_DEVICE();
-  select_device(0);
-  const std::string path =
-      ::testing::TempDir() + "orrery_nccl_lanes_" + std::to_string(::getpid()) + ".db";
-  Stream compute;
-  auto boot = make_local_communicator();
-  {
-    traces::TraceWriter writer(path);
-    profiler::Recorder rec(&writer, 0);
-    auto shared = make_nccl_communicator(*boot, compute.get());
-    auto act = make_nccl_communicator(*boot, compute.get(), {}, NcclLane::kPipelineActivations);
-    auto grad = make_nccl_communicator(*boot, compute.get(), {}, NcclLane::kPipelineGradients);
-    auto act_split = act->split(0, 0, traces::CommKind::PP, "pp_act_split");
-    ASSERT_NE(act_split, nullptr);
-    for (Communicator* c : {shared.get(), act.get(), grad.get(), act_split.get()}) c->set_recorder(&rec);
-    const std::vector<float> host = {1.5f, -2.0f, 3.25f, 0.0f};
-    DeviceArray<float> a(4), b(4), c(4), d(4);
-    for (DeviceArray<float>* x : {&a, &b, &c, &d}) x->copy_from_host(host.data(), 4);
-    shared->all_reduce(a.data(), 4, DType::F32, ReduceOp::Sum, OpLabel{"shared"}).wait();
-    act->all_reduce(b.data(), 4, DType::F32, ReduceOp::Sum, OpLabel{"act"}).wait();
-    grad->all_reduce(c.data(), 4, DType::F32, ReduceOp::Sum, OpLabel{"grad"}).wait();
-    act_split->all_reduce(d.data(), 4, DType::F32, ReduceOp::Sum, OpLabel{"split"}).wait();
-    for (Communicator* x : {shared.get(), act.get(), grad.get(), act_split.get()}) x->synchronize();
-    ORRERY_CUDA_CHECK(cudaStreamSynchronize(compute.get()));
-    for (DeviceArray<float>* x : {&a, &b, &c, &d}) {
-      std::vector<float> got(4);
-      x->copy_to_host(got.data(), 4);
-      EXPECT_EQ(got, host);  // a sum over one rank is the input, exactly
-    }
-    for (Communicator* x : {shared.get(), act.get(), grad.get(), act_split.get()}) x->set_recorder(nullptr);
-    act_split.reset();
-    act.reset();
-    grad.reset();
-    shared.reset();
-    rec.flush();
-    writer.close();
-  }
-  const traces::Trace t = traces::load_trace(path);
-  std::remove(path.c_str());
-  ASSERT_EQ(t.spans.size(), 4u);
-  for (const auto& sp : t.spans) {
-    const std::string name = t.name_of(sp);
-    const int32_t want = name == "shared" ? kNcclStream
-                         : name == "grad" ? kNcclPpGradientsStream
-                                          : kNcclPpActivationsStream;  // "act" and its split
-    EXPECT_EQ(sp.stream, want) << name;
-  }
-  int named = 0;
-  for (const auto& st : t.streams) {
-    named += (st.stream == kNcclStream && st.name == "nccl") +
-             (st.stream == kNcclPpActivationsStream && st.name == "nccl pp activations") +
-             (st.stream == kNcclPpGradientsStream && st.name == "nccl pp gradients");
-  }
-  EXPECT_EQ(named, 3);
-}
-
 TEST(NcclComm, SplitKeepsMembersAndSkipsNonMembers) {
   SKIP_WITHOUT_DEVICE();
   select_device(0);

@@ -8,8 +8,7 @@
 //    done() queries that event; synchronize() blocks the host until everything issued is done.
 //    A wait that would hang (NCCL: the operation not complete after WorldOptions::watchdog_s) is
 //    ended by a watchdog that aborts the NCCL communicator (ncclCommAbort) and throws.
-//  - Spans: Collective/P2P spans on the lane's trace stream (kNcclStream "nccl", or the pipeline
-//    lanes' own, below; the staged communicator uses
+//  - Spans: Collective/P2P spans on trace stream kNcclStream ("nccl"; the staged communicator uses
 //    the MPI communicator's own "comm" spans), with the MPI communicator's attributes (op, bytes,
 //    comm id, peer, seq, label); times come from CUDA events, mapped onto the recorder's steady
 //    clock when the events are resolved (off the hot path: at the next operation, synchronize(),
@@ -29,43 +28,27 @@
 
 namespace orrery::runtime::cuda {
 
-// NCCL runs a process's operations in issue order on one CUDA stream per lane (nccl_comm.cpp).
-// Communicators are on the shared lane unless made for another; a split stays on its parent's. A
-// pipeline's activations and gradients get lanes of their own: 1F1B's transfers in the two
-// directions cross, and on one in-order stream they would wait for each other; each direction
-// alone is posted in the same order at both ends. (Separate streams for separate communicators, as
-// PyTorch's process groups have.)
-enum class NcclLane { kShared = 0, kPipelineActivations = 1, kPipelineGradients = 2 };
-
-// Trace stream ids of the NCCL communicators' operations: the shared lane's ("nccl") and the
-// pipeline lanes' ("nccl pp activations", "nccl pp gradients").
+// Trace stream id of the NCCL communicator's operations (named "nccl").
 inline constexpr int32_t kNcclStream = 2;
-inline constexpr int32_t kNcclPpActivationsStream = 3;
-inline constexpr int32_t kNcclPpGradientsStream = 4;
-inline int32_t nccl_trace_stream(NcclLane lane) {
-  return lane == NcclLane::kPipelineActivations ? kNcclPpActivationsStream
-         : lane == NcclLane::kPipelineGradients ? kNcclPpGradientsStream
-                                                : kNcclStream;
-}
 
 // An NCCL communicator over the ranks of `bootstrap` (usually the MPI world): rank 0 creates the
 // ncclUniqueId and broadcasts it over `bootstrap` in host memory; every rank then calls
-// ncclCommInitRank on the CUDA device current on the calling thread, on `lane`'s stream. The
-// result has the id, kind, name and ranks of `bootstrap` (its global ranks are the bootstrap's).
-// split() uses ncclCommSplit (a collective over this communicator; color < 0 returns nullptr),
-// on the same lane. abort() aborts the NCCL communicator and then calls bootstrap.abort(code). `bootstrap` must outlive the result.
+// ncclCommInitRank on the CUDA device current on the calling thread. The result has the id, kind,
+// name and ranks of `bootstrap` (its global ranks are the bootstrap's). split() uses ncclCommSplit
+// (a collective over this communicator; color < 0 returns nullptr). abort() aborts the NCCL
+// communicator and then calls bootstrap.abort(code). `bootstrap` must outlive the result.
 // Throws InternalError when there is no usable device or NCCL fails to start (message says why).
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap,
                                                      cudaStream_t compute_stream,
-                                                     const WorldOptions& opt = {},
-                                                     NcclLane lane = NcclLane::kShared);
+                                                     const WorldOptions& opt = {});
 
 // Wraps `host_comm` (an MPI or local communicator on host memory) for device buffers: each
 // operation copies its device input to a pinned host buffer (cudaMemcpyAsync on its own stream,
 // after `compute_stream`'s work issued so far), runs the host operation, and copies the result
 // back; operations complete in whatever order their host operations do, as MPI's; wait() blocks
 // the host until the copy back is done and orders `compute_stream` after it. For ranks that share
-// one GPU, where NCCL refuses two ranks on one device. split() wraps host_comm.split(). A copy that does not finish within
+// one GPU, where NCCL refuses two ranks on one device, and for pipeline traffic under 1F1B (see
+// cuda/trainer.hpp). split() wraps host_comm.split(). A copy that does not finish within
 // `watchdog_s` (runtime.watchdog_s) fails the operation. `host_comm` must outlive the result.
 std::unique_ptr<Communicator> make_staged_communicator(Communicator& host_comm,
                                                        cudaStream_t compute_stream,

@@ -35,7 +35,7 @@
 // are "tp.all_reduce" (Sum, layer l, the micro-batch) on a device communicator of the tp group
 // (NCCL or staged, chosen as for dp), between the three pieces of each block's span. The groups
 // are split from the world in the CPU trainer's order (dp, tp, pp, then the embedding group), so a
-// rank's groups and the trace's communicators are the CPU run's (NCCL adds "pp_grad", below).
+// rank's groups and the trace's communicators are the CPU run's.
 //
 // Pipeline parallelism (runtime/pipeline.hpp, the CPU trainer's scheme): each rank holds the CPU
 // trainer's stage shard (GptShard::pipeline_stage with its tp slice; same host layout, so the same
@@ -45,11 +45,11 @@
 // compute stream waits for it), one without the head sends stage_output() ("pp.send_act") after it;
 // backward "pp.recv_grad" into the scratch's dres before, "pp.send_grad" after (from a per-slot
 // device buffer, so the next backward may reuse the scratch); P2P, layer -1, on a device
-// communicator of the pp group (staged: one; NCCL: the gradients on a second communicator,
-// "pp_grad[dp=..,tp=..]", split from the pp group, each direction on an NCCL lane (stream) of its
-// own, so that under 1F1B no send waits behind a receive of the other direction on an in-order
-// stream; see nccl_comm.hpp and trainer.cpp). A slot's previous send is waited for before its
-// buffer is written.
+// communicator of the pp group. With NCCL under 1F1B the pp and embedding groups are host-staged
+// over MPI (comm_backend() "nccl+staged-pp"): NCCL runs a process's operations in order on one
+// stream and 1F1B's crossing sends and receives would wait for each other there (trainer.cpp
+// says how); GPipe's do not cross and stay on NCCL. A slot's previous send is waited for before
+// its buffer is written.
 // Only the first and last stage load data. The tied wte gradient is summed over the first and
 // last stage ("pp.embed_all_reduce", Sum, a device communicator of the embedding group) after the
 // DDP all-reduce, or under ZeRO before each reduce-scatter. At the end of the step (after the
@@ -84,7 +84,6 @@
 #include "orrery/runtime/cuda/device.hpp"
 #include "orrery/runtime/cuda/kernels.hpp"
 #include "orrery/runtime/cuda/model.hpp"
-#include "orrery/runtime/cuda/nccl_comm.hpp"
 #include "orrery/runtime/cuda/zero3.hpp"
 #include "orrery/runtime/ddp.hpp"
 #include "orrery/runtime/trainer.hpp"
@@ -174,7 +173,8 @@ class GpuTrainer {
   const Layout& layout() const { return layout_; }
   const DeviceInfo& device() const { return device_; }
   const CudaRunOptions& options() const { return opt_; }
-  // "nccl", "staged" or "none" (dp = tp = pp = 1: no device communicator).
+  // "nccl", "nccl+staged-pp" (NCCL, the pipeline's groups staged: 1F1B), "staged" or "none"
+  // (dp = tp = pp = 1: no device communicator).
   const std::string& comm_backend() const { return comm_name_; }
   GpuGpt& model() { return *model_; }
   Communicator& dp_group() { return *dp_; }  // host communicator of the dp group
@@ -198,8 +198,7 @@ class GpuTrainer {
   class Ddp;
   class Observer;
   void record_memory();
-  std::unique_ptr<Communicator> make_device_comm(Communicator& host, CommBackend backend,
-                                                 NcclLane lane = NcclLane::kShared);
+  std::unique_ptr<Communicator> make_device_comm(Communicator& host, CommBackend backend);
   void reduce_gradients_zero(int32_t step, int32_t mb);
   void embed_all_reduce();
   void forward_pass(int mb, const GptHooks& hooks, double& loss_sum);
@@ -229,11 +228,10 @@ class GpuTrainer {
   std::unique_ptr<Communicator> tp_dev_;  // device buffers; null when tp = 1
   std::unique_ptr<Communicator> pp_;      // host (the loss broadcast)
   std::unique_ptr<Communicator> pp_dev_;  // device buffers (activations); null when pp = 1
-  std::unique_ptr<Communicator> pp_grad_;      // NCCL only: host split of the pp group (bootstrap)
-  std::unique_ptr<Communicator> pp_grad_dev_;  // NCCL only: the gradients' own pp communicator
   std::unique_ptr<Communicator> embed_;        // host: first and last stage (pp > 1)
   std::unique_ptr<Communicator> embed_dev_;  // device buffers; null unless first or last of pp > 1
   std::string comm_name_ = "none";
+  bool pipeline_staged_ = false;  // NCCL, but the pp and embedding groups staged (1F1B)
   std::unique_ptr<GpuGpt> model_;
   std::vector<DdpBucket> buckets_;
   std::unique_ptr<Ddp> ddp_;
