@@ -123,6 +123,9 @@ class StagedTask final : public Work {
   cudaStream_t compute = nullptr;
   double timeout_s = 300;
   Handle host;  // set by stage 1
+  // A copy of this task's may still be queued when it fails (a copy that missed its deadline): its
+  // pinned buffers are then never reused (leaked), so the copy cannot write into another task's.
+  bool keep_buffers = false;
 
   void complete(std::exception_ptr err) {
     {
@@ -255,6 +258,7 @@ class Completer {
       incoming.clear();
       const bool more = thread_.take(incoming, /*idle=*/active.empty());
       if (!more && active.empty()) return;  // stopping, drained
+      if (!more) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // stopping: no spin
       for (auto& t : incoming) {
         const auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t->timeout_s));
         active.push_back(Active{std::move(t), Clock::now() + limit, false});
@@ -270,10 +274,10 @@ class Completer {
   }
 
   // True when the event has completed; throws for a CUDA error.
-  static bool reached(cudaEvent_t e, const std::string& what) {
+  static bool reached(cudaEvent_t e, const char* what, const StagedTask& t) {
     const cudaError_t q = cudaEventQuery(e);
     if (q == cudaSuccess) return true;
-    if (q != cudaErrorNotReady) cuda_check(q, what.c_str());
+    if (q != cudaErrorNotReady) cuda_check(q, (std::string(what) + t.what).c_str());  // throws
     return false;
   }
 
@@ -292,24 +296,29 @@ class Completer {
           finish_(a.t, nullptr);
           return true;
         }
-        if (!reached(t.ready, "compute stream before " + t.what)) {
+        if (!reached(t.ready, "compute stream before ", t)) {
           if (late) {
             throw InternalError("watchdog: " + t.what + " not complete after " + std::to_string(t.timeout_s) +
                                 " s (runtime.watchdog_s); the compute stream did not reach the operation");
           }
           return false;
         }
+        t.keep_buffers = true;  // until the copy is seen done
         ORRERY_CUDA_CHECK(cudaMemcpyAsync(t.dev_out, t.out.ptr, t.out_bytes, cudaMemcpyHostToDevice, h2d_));
         ORRERY_CUDA_CHECK(cudaEventRecord(t.h2d_done, h2d_));
         a.copying = true;
+        // The copy has a deadline of its own (the host operation may have finished just in time).
+        a.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t.timeout_s));
+        return false;
       }
-      if (!reached(t.h2d_done, "copy to device for " + t.what)) {
-        if (late) {
+      if (!reached(t.h2d_done, "copy to device for ", t)) {
+        if (Clock::now() > a.deadline) {
           throw InternalError("watchdog: copy to device for " + t.what + " not complete after " +
                               std::to_string(t.timeout_s) + " s (runtime.watchdog_s)");
         }
         return false;
       }
+      t.keep_buffers = false;  // the copy is done
     } catch (...) {
       finish_(a.t, std::current_exception());
       return true;
@@ -369,15 +378,21 @@ class StagedEngine {
   }
 
   void finish(const std::shared_ptr<StagedTask>& t, std::exception_ptr err) {
-    pool_.release(t->in);
-    if (t->out.ptr != t->in.ptr) pool_.release(t->out);
+    if (!t->keep_buffers) {
+      pool_.release(t->in);
+      if (t->out.ptr != t->in.ptr) pool_.release(t->out);
+    }
     t->in = t->out = {};
     t->complete(std::move(err));
   }
 
   void run_stage1(const std::shared_ptr<StagedTask>& t) {
     try {
-      if (t->d2h_done) poll_event(t->d2h_done, t->timeout_s, "copy to host for " + t->what);
+      if (t->d2h_done) {
+        t->keep_buffers = true;  // until the copy out is seen done
+        poll_event(t->d2h_done, t->timeout_s, "copy to host for " + t->what);
+        t->keep_buffers = false;
+      }
       OpLabel label = t->label;
       label.name = t->name;
       t->host = t->host_op(label);

@@ -345,7 +345,11 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
       // a send there does not finish before its receive runs. Under 1F1B the pipeline's transfers
       // cross: stage s's stream holds send_act(i+1) before recv_grad(i), stage s+1's holds
       // send_grad(i) before recv_act(i+1), and each waits for the other (a second NCCL
-      // communicator does not help: it shares the stream). So under 1F1B the pipeline's
+      // communicator does not help: it shares the stream; one on a stream of its own is not
+      // safe either: NCCL does not promise that kernels of communicators on different streams
+      // progress together, CUDA_DEVICE_MAX_CONNECTIONS=1 serialises them, and a device-wide wait
+      // such as cudaFree in step 0's scratch growth waits for a send whose receive the neighbour
+      // queues behind a collective this rank has not issued yet). So under 1F1B the pipeline's
       // communicators (P2P and the tied embedding's sum, which ZeRO 2/3 issue between passes) are
       // host-staged over MPI, which completes operations independently; dp and tp stay on NCCL,
       // whose members all run one stage's schedule, so their orders agree. GPipe's transfers do
