@@ -363,7 +363,7 @@ void Trainer::z3_bind_block(int layer, int next_layer, int mb) {
   z3_gather_h_[slot].wait();
   // Prefetch: the next block's gather runs on the comm thread while this one computes.
   if (next_layer >= model_.shard.layer_begin && next_layer < model_.shard.layer_end) z3_gather(next_layer, slot ^ 1, mb);
-  z3_->bind(z3_->segment(layer), z3_->param_buffer(slot), z3_->grad_buffer(slot));
+  z3_->segment(layer).bind(z3_->param_buffer(slot), z3_->grad_buffer(slot));
 }
 
 void Trainer::z3_reduce_scatter(int segment, int slot, int mb) {
@@ -507,7 +507,7 @@ StepResult Trainer::step() {
         const int slot = id == kEmbedSegment ? 2 : 3;
         z3_gather(id, slot, -1);
         z3_gather_h_[slot].wait();
-        z3_->bind(z3_->segment(id), z3_->param_buffer(slot), z3_->grad_buffer(slot));
+        z3_->segment(id).bind(z3_->param_buffer(slot), z3_->grad_buffer(slot));
       }
     }
     GptHooks hooks;

@@ -59,16 +59,28 @@ Scenario dp2_scenario() {
       "j.yaml");
 }
 
+// dp2_scenario's workload on a 2-GPU node, every rank simulated, each collective taking comm_ns.
+struct Dp2Sim {
+  Workload w;
+  Cluster c;
+  ExecutorOptions o;
+};
+Dp2Sim dp2_sim(int64_t comm_ns) {
+  const HardwareProfile p = default_hardware_profile("cpu", false);
+  const CostModel cost(p, 1e10, 1e10);
+  Dp2Sim d{build_workload(dp2_scenario(), cost, {2, precision_config("fp32")}),
+           testing_fixtures::plain_cluster(2, 2), {}};
+  d.o.all_ranks = true;
+  d.o.comm_time = [comm_ns](const CollectiveRequest&) { return comm_ns; };
+  return d;
+}
+
 // Rank r's compute op of step s runs (1 + jitter · q[(r + s) mod 2]) times its workload duration.
 TEST(ExecutorRankJitter, ScalesEachRanksComputeByItsRotatedQuantile) {
-  const Scenario s = dp2_scenario();
-  HardwareProfile p = default_hardware_profile("cpu", false);
-  const CostModel cost(p, 1e10, 1e10);
-  const Workload w = build_workload(s, cost, {2, precision_config("fp32")});
-  const Cluster c = testing_fixtures::plain_cluster(2, 2);
-  ExecutorOptions o;
-  o.all_ranks = true;
-  o.comm_time = [](const CollectiveRequest&) { return int64_t(1000); };
+  Dp2Sim d = dp2_sim(1000);
+  const Workload& w = d.w;
+  const Cluster& c = d.c;
+  ExecutorOptions& o = d.o;
   o.rank_jitter = 0.1;
   const ExecResult r = execute(w, c, o);
   ASSERT_EQ(r.ranks.size(), 2u);
@@ -143,14 +155,10 @@ TEST(HardwareProfileYaml, OpJitterRoundTripsAndIsChecked) {
 // The first collective waits σ · E[max of 2] = σ / sqrt(pi) longer, σ² = Σ (op_jitter · d)² over the
 // compute each member ran before it (both ranks ran the same ops).
 TEST(ExecutorOpJitter, FirstCollectiveWaitsForTheExpectedLaterArrival) {
-  const Scenario s = dp2_scenario();
-  HardwareProfile p = default_hardware_profile("cpu", false);
-  const CostModel cost(p, 1e10, 1e10);
-  const Workload w = build_workload(s, cost, {2, precision_config("fp32")});
-  const Cluster c = testing_fixtures::plain_cluster(2, 2);
-  ExecutorOptions o;
-  o.all_ranks = true;
-  o.comm_time = [](const CollectiveRequest&) { return int64_t(1'000'000); };
+  Dp2Sim d = dp2_sim(1'000'000);
+  const Workload& w = d.w;
+  const Cluster& c = d.c;
+  ExecutorOptions& o = d.o;
   const ExecResult plain = execute(w, c, o);
   o.op_jitter = 0.1;
   const ExecResult jit = execute(w, c, o);

@@ -644,12 +644,17 @@ void GpuTrainer::z3_finish_backward(int mb) {
 
 // The CPU trainer's forward_pass: data on the stages that hold the embedding or the head, the
 // activation received before / sent after the stage's forward (pp > 1).
+// A pass of micro-batch `mb` begins: its labels and the slot of its activations (mb % in flight).
+std::size_t GpuTrainer::begin_pass(int mb) {
+  cur_mb_ = mb;
+  if (rec_ != nullptr) rec_->set_step(step_, mb);
+  if (observer_) observer_->set_context(step_, mb);
+  return static_cast<std::size_t>(mb) % acts_.size();
+}
+
 void GpuTrainer::forward_pass(int mb, const GptHooks& hooks, double& loss_sum) {
   const int32_t step = step_;
-  cur_mb_ = mb;
-  if (rec_ != nullptr) rec_->set_step(step, mb);
-  if (observer_) observer_->set_context(step, mb);
-  const std::size_t slot = static_cast<std::size_t>(mb) % acts_.size();
+  const std::size_t slot = begin_pass(mb);
   GpuActivations& acts = *acts_[slot];
   // The slot's previous activation send must be done before its buffer is overwritten.
   act_send_h_[slot].wait();
@@ -680,17 +685,13 @@ void GpuTrainer::forward_pass(int mb, const GptHooks& hooks, double& loss_sum) {
 // ZeRO's reduce-scatter.
 void GpuTrainer::backward_pass(int mb, const GptHooks& hooks, float loss_scale) {
   const int32_t step = step_;
-  cur_mb_ = mb;
-  if (rec_ != nullptr) rec_->set_step(step, mb);
-  if (observer_) observer_->set_context(step, mb);
-  const std::size_t slot = static_cast<std::size_t>(mb) % acts_.size();
+  const std::size_t slot = begin_pass(mb);
   GpuActivations& acts = *acts_[slot];
   const GptShard& sh = model_->host.shard;
   const bool zero = zero12();
   const int bwd = spans_->open(proto(rec_, SpanKind::Phase, "backward", step, mb), "backward");
-  Communicator* grad_comm = pp_dev_.get();
   if (!sh.has_head) {
-    grad_comm
+    pp_dev_
         ->recv(scratch_->dres, acts.boundary_elems, DType::F32, layout_.pp_rank + 1,
                OpLabel{"pp.recv_grad", step, mb, -1})
         .wait();
@@ -708,8 +709,8 @@ void GpuTrainer::backward_pass(int mb, const GptHooks& hooks, float loss_scale) 
     DeviceArray<float>& buf = grad_send_[slot];
     ORRERY_CUDA_CHECK(cudaMemcpyAsync(buf.data(), scratch_->dres, buf.size_bytes(),
                                       cudaMemcpyDeviceToDevice, stream_->get()));
-    grad_send_h_[slot] = grad_comm->send(buf.data(), buf.size(), DType::F32, layout_.pp_rank - 1,
-                                         OpLabel{"pp.send_grad", step, mb, -1});
+    grad_send_h_[slot] = pp_dev_->send(buf.data(), buf.size(), DType::F32, layout_.pp_rank - 1,
+                                       OpLabel{"pp.send_grad", step, mb, -1});
   }
   if (z3_) z3_finish_backward(mb);
   if (zero && (s_.parallel.zero == 2 || last_mb)) reduce_gradients_zero(step, mb);

@@ -107,8 +107,6 @@ class Zero3Storage {
   float* params() { return params_.data(); }  // the owned shards, segments in memory order
   float* grads() { return grads_.data(); }
   std::size_t shard_elems() const { return params_.size(); }
-  // Points the model's parameter and gradient pointers of `seg` at full-size buffers (N*k).
-  void bind(Segment& seg, float* params, float* grads) { seg.bind(params, grads); }
   // Working buffers: 0/1 the blocks (alternating by layer), 2 embedding, 3 final LayerNorm.
   float* param_buffer(int slot) { return pbuf_[static_cast<std::size_t>(slot)].data(); }
   float* grad_buffer(int slot) { return gbuf_[static_cast<std::size_t>(slot)].data(); }

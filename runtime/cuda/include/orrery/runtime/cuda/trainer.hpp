@@ -201,6 +201,7 @@ class GpuTrainer {
   std::unique_ptr<Communicator> make_device_comm(Communicator& host, CommBackend backend);
   void reduce_gradients_zero(int32_t step, int32_t mb);
   void embed_all_reduce();
+  std::size_t begin_pass(int mb);
   void forward_pass(int mb, const GptHooks& hooks, double& loss_sum);
   void backward_pass(int mb, const GptHooks& hooks, float loss_scale);
   // ZeRO 1/2 over dp > 1 (ZeRO 3 has its own path).
