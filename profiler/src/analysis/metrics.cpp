@@ -1,7 +1,8 @@
 // compute_metrics: one pass over the spans to find ranks and steps, then per rank one sort of its
 // intervals by class, merged lists with prefix sums (so any window or step is an O(log n) query),
-// and a grouping of collectives by (comm, seq) for bandwidth and straggler figures.
-// Definitions are in metrics.hpp.
+// and the collectives grouped by (comm, seq) (traces::collective_instances) for bandwidth and
+// straggler figures. Each of these is a step below that returns its result; compute_metrics
+// chains them. Definitions are in metrics.hpp.
 #include "orrery/profiler/metrics.hpp"
 
 #include <algorithm>
@@ -9,11 +10,17 @@
 #include <climits>
 #include <cmath>
 #include <exception>
+#include <map>
+#include <optional>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "orrery/common/error.hpp"
+#include "orrery/traces/collective_instances.hpp"
 
 namespace orrery::profiler {
 namespace {
@@ -152,14 +159,6 @@ struct FlopSpan {
   double flops;
 };
 
-struct Arrival {
-  int32_t comm;
-  int64_t seq;
-  int32_t rank;
-  int64_t start_ns;
-  CollOp op;
-};
-
 struct CollKey {
   CollOp op;
   int32_t comm;
@@ -176,67 +175,7 @@ struct CollAcc {
   int32_t last_rank = -1;
   int32_t ranks_seen = 0;
 };
-
-// Orders arrivals by (comm, seq, start). Sequence numbers are normally dense per communicator,
-// so a counting sort by (comm, seq) does it in linear time, then each (small) group is sorted by
-// start; sparse numbers fall back to a comparison sort.
-void group_arrivals(std::vector<Arrival>& v) {
-  const auto full = [](const Arrival& a, const Arrival& b) {
-    if (a.comm != b.comm) return a.comm < b.comm;
-    if (a.seq != b.seq) return a.seq < b.seq;
-    return a.start_ns < b.start_ns;
-  };
-  if (v.size() < 2) return;
-  std::unordered_map<int32_t, std::pair<int64_t, int64_t>> range;  // comm -> [min, max] seq
-  std::pair<int64_t, int64_t>* cur = nullptr;
-  int32_t cur_comm = INT32_MIN;
-  for (const Arrival& a : v) {
-    if (!cur || a.comm != cur_comm) {
-      cur_comm = a.comm;
-      cur = &range.try_emplace(a.comm, a.seq, a.seq).first->second;
-    }
-    cur->first = std::min(cur->first, a.seq);
-    cur->second = std::max(cur->second, a.seq);
-  }
-  std::vector<int32_t> comms;
-  for (const auto& [c, r] : range) comms.push_back(c);
-  std::sort(comms.begin(), comms.end());
-  std::unordered_map<int32_t, size_t> base;  // comm -> first bucket
-  size_t buckets = 0;
-  for (int32_t c : comms) {
-    base[c] = buckets;
-    const auto [lo, hi] = range[c];
-    if (uint64_t(hi - lo) >= 4 * v.size() + 1024) {
-      std::sort(v.begin(), v.end(), full);
-      return;
-    }
-    buckets += size_t(hi - lo) + 1;
-  }
-  std::vector<uint32_t> offset(buckets + 1, 0);
-  std::vector<size_t> key(v.size());
-  int32_t last_comm = INT32_MIN;
-  size_t last_base = 0;
-  int64_t last_lo = 0;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (v[i].comm != last_comm) {
-      last_comm = v[i].comm;
-      last_base = base[last_comm];
-      last_lo = range[last_comm].first;
-    }
-    key[i] = last_base + size_t(v[i].seq - last_lo);
-    ++offset[key[i] + 1];
-  }
-  for (size_t b = 0; b < buckets; ++b) offset[b + 1] += offset[b];
-  std::vector<Arrival> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[offset[key[i]]++] = v[i];
-  v.swap(out);
-  for (size_t i = 0; i < v.size();) {
-    size_t j = i + 1;
-    while (j < v.size() && v[j].comm == v[i].comm && v[j].seq == v[i].seq) ++j;
-    if (j - i > 1) std::sort(v.begin() + long(i), v.begin() + long(j), full);
-    i = j;
-  }
-}
+using CollMap = std::unordered_map<CollKey, CollAcc, CollKeyHash>;
 
 TimeBreakdown breakdown(const Merged& c, const Merged& k, const Merged& mc, const Merged& ck,
                         const Merged& all, int64_t a, int64_t b) {
@@ -264,284 +203,354 @@ void add_to(TimeBreakdown& sum, const TimeBreakdown& x) {
 
 std::string where(const traces::Trace& t) { return t.path.empty() ? "trace" : "trace " + t.path; }
 
-}  // namespace
+// Rank ids index dense arrays; a corrupt id must not allocate gigabytes.
+constexpr int32_t kMaxRank = 1 << 24;
 
-Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
-  const int64_t ws = opt.window_start_ns, we = opt.window_end_ns;
-  if (we <= ws) throw InputError("metrics window: the end must lie after the start");
-  if (opt.skip_steps < 0) throw InputError("skip steps: expected a count >= 0");
-  const auto& spans = t.spans;
-  Metrics m;
-
-  // ---- Pass 1: which ranks, whether spans are grouped by rank, and the extent of every step.
-  const traces::NameId step_name = t.strings.find("step");
-  bool phase_steps = false;
-  if (step_name != UINT32_MAX) {
-    for (const Span& s : spans) {
-      if (s.kind == SpanKind::Phase && s.name == step_name) {
-        phase_steps = true;
-        break;
-      }
-    }
-  }
-  // Rank ids index dense arrays; a corrupt id must not allocate gigabytes.
-  constexpr int32_t kMaxRank = 1 << 24;
+// ---- Pass 1: which ranks, whether spans are grouped by rank, and the extent of every step.
+struct SpanScan {
   int32_t max_rank = -1;
+  bool rank_sorted = true;
+  int64_t span_count = 0;                   // spans overlapping the window
+  std::vector<int64_t> window_count;        // in-window spans per rank id
+  std::vector<size_t> first_idx, last_idx;  // per rank id: its spans lie in [first, last)
+  std::unordered_map<int32_t, StepExtent> step_ext;
+};
+
+struct StepPhase {
+  int32_t rank, step;
+  int64_t start_ns, end_ns;
+};
+
+bool has_step_phases(const traces::Trace& t, traces::NameId step_name) {
+  if (step_name == UINT32_MAX) return false;
+  for (const Span& s : t.spans) {
+    if (s.kind == SpanKind::Phase && s.name == step_name) return true;
+  }
+  return false;
+}
+
+// A "step" phase without a step number is the k-th "step" phase of its rank, by start.
+std::unordered_map<int32_t, StepExtent> phase_step_extents(std::vector<StepPhase> phases) {
+  std::unordered_map<int32_t, StepExtent> ext;
+  std::stable_sort(phases.begin(), phases.end(), [](const auto& a, const auto& b) {
+    return a.rank != b.rank ? a.rank < b.rank : a.start_ns < b.start_ns;
+  });
+  int32_t ordinal = 0;
+  for (size_t i = 0; i < phases.size(); ++i) {
+    if (i > 0 && phases[i].rank != phases[i - 1].rank) ordinal = 0;
+    const auto& p = phases[i];
+    ext[p.step >= 0 ? p.step : ordinal].add(p.start_ns, p.end_ns);
+    ++ordinal;
+  }
+  return ext;
+}
+
+void check_span(const traces::Trace& t, const Span& s) {
+  if (s.rank < 0 || s.rank >= kMaxRank)
+    throw InputError(where(t) + ": span with rank " + std::to_string(s.rank) +
+                     ", expected 0 <= rank < " + std::to_string(kMaxRank));
+  if (s.end_ns < s.start_ns) {
+    throw InputError(where(t) + ": span ending before it starts (rank " + std::to_string(s.rank) +
+                     ", start " + std::to_string(s.start_ns) + " ns)");
+  }
+}
+
+SpanScan scan_spans(const traces::Trace& t, int64_t ws, int64_t we) {
+  const auto& spans = t.spans;
+  SpanScan sc;
+  const traces::NameId step_name = t.strings.find("step");
+  const bool phase_steps = has_step_phases(t, step_name);
   for (const auto& r : t.ranks) {
     if (r.rank >= kMaxRank)
       throw InputError(where(t) + ": rank " + std::to_string(r.rank) + " out of range");
-    max_rank = std::max(max_rank, r.rank);
+    sc.max_rank = std::max(sc.max_rank, r.rank);
   }
-  std::unordered_map<int32_t, StepExtent> step_ext;
   int32_t cached_step = INT32_MIN;
   StepExtent* cached_ext = nullptr;
-  struct StepPhase {
-    int32_t rank, step;
-    int64_t start_ns, end_ns;
-  };
   std::vector<StepPhase> step_phases;  // resolved after the pass: untagged ones need ordinals
-  std::vector<int64_t> window_count;   // in-window spans per rank id
-  std::vector<size_t> first_idx, last_idx;
-  bool rank_sorted = true;
   int32_t prev_rank = INT32_MIN;
   for (size_t i = 0; i < spans.size(); ++i) {
     const Span& s = spans[i];
-    if (s.rank < 0 || s.rank >= kMaxRank)
-      throw InputError(where(t) + ": span with rank " + std::to_string(s.rank) +
-                       ", expected 0 <= rank < " + std::to_string(kMaxRank));
-    if (s.end_ns < s.start_ns) {
-      throw InputError(where(t) + ": span ending before it starts (rank " + std::to_string(s.rank) +
-                       ", start " + std::to_string(s.start_ns) + " ns)");
-    }
+    check_span(t, s);
     if (s.rank != prev_rank) {
-      if (s.rank < prev_rank) rank_sorted = false;
+      if (s.rank < prev_rank) sc.rank_sorted = false;
       prev_rank = s.rank;
     }
-    if (s.rank >= int32_t(window_count.size())) {
-      window_count.resize(size_t(s.rank) + 1, 0);
-      first_idx.resize(size_t(s.rank) + 1, SIZE_MAX);
-      last_idx.resize(size_t(s.rank) + 1, 0);
+    if (s.rank >= int32_t(sc.window_count.size())) {
+      sc.window_count.resize(size_t(s.rank) + 1, 0);
+      sc.first_idx.resize(size_t(s.rank) + 1, SIZE_MAX);
+      sc.last_idx.resize(size_t(s.rank) + 1, 0);
     }
-    if (first_idx[size_t(s.rank)] == SIZE_MAX) first_idx[size_t(s.rank)] = i;
-    last_idx[size_t(s.rank)] = i + 1;
-    max_rank = std::max(max_rank, s.rank);
+    if (sc.first_idx[size_t(s.rank)] == SIZE_MAX) sc.first_idx[size_t(s.rank)] = i;
+    sc.last_idx[size_t(s.rank)] = i + 1;
+    sc.max_rank = std::max(sc.max_rank, s.rank);
     if (phase_steps) {
       if (s.kind == SpanKind::Phase && s.name == step_name)
         step_phases.push_back({s.rank, s.step, s.start_ns, s.end_ns});
     } else if (s.step >= 0) {
       if (s.step != cached_step) {
         cached_step = s.step;
-        cached_ext = &step_ext[s.step];  // unordered_map references stay valid on insertion
+        cached_ext = &sc.step_ext[s.step];  // unordered_map references stay valid on insertion
       }
       cached_ext->add(s.start_ns, s.end_ns);
     }
     if (in_window(s, ws, we)) {
-      ++window_count[size_t(s.rank)];
-      ++m.span_count;
+      ++sc.window_count[size_t(s.rank)];
+      ++sc.span_count;
     }
   }
-  if (!step_phases.empty()) {
-    // A "step" phase without a step number is the k-th "step" phase of its rank, by start.
-    std::stable_sort(step_phases.begin(), step_phases.end(), [](const auto& a, const auto& b) {
-      return a.rank != b.rank ? a.rank < b.rank : a.start_ns < b.start_ns;
-    });
-    int32_t ordinal = 0;
-    for (size_t i = 0; i < step_phases.size(); ++i) {
-      if (i > 0 && step_phases[i].rank != step_phases[i - 1].rank) ordinal = 0;
-      const auto& p = step_phases[i];
-      step_ext[p.step >= 0 ? p.step : ordinal].add(p.start_ns, p.end_ns);
-      ++ordinal;
-    }
-  }
+  if (!step_phases.empty()) sc.step_ext = phase_step_extents(std::move(step_phases));
+  return sc;
+}
 
-  // Steps, by id; warm-up by position in the whole trace, then kept when inside the window.
+// ---- Steps, by id; warm-up by position in the whole trace, then kept when inside the window.
+struct StepSummary {
+  std::vector<StepStats> steps;  // inside the window, warm-up ones flagged
+  Merged counted_union;  // union of the counted steps' windows (they normally do not overlap)
+  int64_t counted_total_ns = 0;
+  int32_t counted_steps = 0;
+  double mean_ns = 0, p50_ns = 0, p90_ns = 0;
+};
+
+StepSummary summarize_steps(const std::unordered_map<int32_t, StepExtent>& step_ext, int skip_steps,
+                            int64_t ws, int64_t we) {
+  StepSummary out;
   std::vector<StepStats> all_steps;
   all_steps.reserve(step_ext.size());
   for (const auto& [id, e] : step_ext) all_steps.push_back({id, e.start_ns, e.end_ns, false});
   std::sort(all_steps.begin(), all_steps.end(),
             [](const StepStats& a, const StepStats& b) { return a.step < b.step; });
   for (size_t i = 0; i < all_steps.size(); ++i) {
-    all_steps[i].warmup = int64_t(i) < opt.skip_steps;
-    if (all_steps[i].start_ns >= ws && all_steps[i].end_ns <= we) m.steps.push_back(all_steps[i]);
+    all_steps[i].warmup = int64_t(i) < skip_steps;
+    if (all_steps[i].start_ns >= ws && all_steps[i].end_ns <= we) out.steps.push_back(all_steps[i]);
   }
   std::vector<double> counted_durations;
   RunList counted_runs;
-  int64_t counted_total_ns = 0;
-  for (const StepStats& st : m.steps) {
+  for (const StepStats& st : out.steps) {
     if (st.warmup) continue;
     counted_durations.push_back(double(st.duration_ns()));
-    counted_total_ns += st.duration_ns();
+    out.counted_total_ns += st.duration_ns();
     counted_runs.push(st.start_ns, st.end_ns);
   }
-  Merged counted_union;  // union of the counted steps' windows (they normally do not overlap)
-  counted_runs.merge_into(counted_union);
-  m.counted_steps = int32_t(counted_durations.size());
+  counted_runs.merge_into(out.counted_union);
+  out.counted_steps = int32_t(counted_durations.size());
   if (!counted_durations.empty()) {
     double sum = 0;
     for (double d : counted_durations) sum += d;
-    m.step_mean_ns = sum / double(counted_durations.size());
-    m.step_p50_ns = percentile(counted_durations, 0.5);
-    m.step_p90_ns = percentile(counted_durations, 0.9);
+    out.mean_ns = sum / double(counted_durations.size());
+    out.p50_ns = percentile(counted_durations, 0.5);
+    out.p90_ns = percentile(counted_durations, 0.9);
   }
+  return out;
+}
 
-  // Dense rank index: ranks declared in the trace plus ranks with spans in the window.
-  std::vector<int32_t> dense(size_t(max_rank + 1), -1);
+// ---- Dense rank index: ranks declared in the trace plus ranks with spans in the window.
+struct RankIndex {
+  std::vector<int32_t> dense;  // rank id -> index into ids, -1 when absent
+  std::vector<int32_t> ids;    // the ranks, ascending
+};
+
+RankIndex index_ranks(const traces::Trace& t, const SpanScan& sc) {
+  RankIndex ix;
+  ix.dense.assign(size_t(sc.max_rank + 1), -1);
   for (const auto& r : t.ranks) {
-    if (r.rank >= 0) dense[size_t(r.rank)] = 0;
+    if (r.rank >= 0) ix.dense[size_t(r.rank)] = 0;
   }
-  for (size_t r = 0; r < window_count.size(); ++r) {
-    if (window_count[r] > 0) dense[r] = 0;
+  for (size_t r = 0; r < sc.window_count.size(); ++r) {
+    if (sc.window_count[r] > 0) ix.dense[r] = 0;
   }
-  std::vector<int32_t> rank_ids;
-  for (size_t r = 0; r < dense.size(); ++r) {
-    if (dense[r] >= 0) {
-      dense[r] = int32_t(rank_ids.size());
-      rank_ids.push_back(int32_t(r));
+  for (size_t r = 0; r < ix.dense.size(); ++r) {
+    if (ix.dense[r] >= 0) {
+      ix.dense[r] = int32_t(ix.ids.size());
+      ix.ids.push_back(int32_t(r));
     }
   }
-  m.ranks.resize(rank_ids.size());
+  return ix;
+}
 
-  // Spans of a rank: a contiguous range of the trace when it is grouped by rank (the order of a
-  // loaded trace), otherwise a counting sort of the in-window span indices.
+// Spans of a rank: a contiguous range of the trace when it is grouped by rank (the order of a
+// loaded trace, then this is empty), otherwise a counting sort of the in-window span indices.
+struct RankOrder {
   std::vector<uint32_t> order;
-  std::vector<size_t> order_offset;
-  if (!rank_sorted) {
-    if (spans.size() > UINT32_MAX) throw InternalError("more than 2^32 spans in one trace");
-    order_offset.assign(window_count.size() + 1, 0);
-    for (size_t r = 0; r < window_count.size(); ++r)
-      order_offset[r + 1] = order_offset[r] + size_t(window_count[r]);
-    order.resize(order_offset.back());
-    std::vector<size_t> fill(order_offset.begin(), order_offset.end() - 1);
-    for (size_t i = 0; i < spans.size(); ++i) {
-      if (in_window(spans[i], ws, we)) order[fill[size_t(spans[i].rank)]++] = uint32_t(i);
+  std::vector<size_t> offset;  // per rank id: its spans are order[offset[r], offset[r + 1])
+};
+
+RankOrder order_by_rank(const std::vector<Span>& spans, const SpanScan& sc, int64_t ws,
+                        int64_t we) {
+  RankOrder ro;
+  if (sc.rank_sorted) return ro;
+  if (spans.size() > UINT32_MAX) throw InternalError("more than 2^32 spans in one trace");
+  ro.offset.assign(sc.window_count.size() + 1, 0);
+  for (size_t r = 0; r < sc.window_count.size(); ++r)
+    ro.offset[r + 1] = ro.offset[r] + size_t(sc.window_count[r]);
+  ro.order.resize(ro.offset.back());
+  std::vector<size_t> fill(ro.offset.begin(), ro.offset.end() - 1);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (in_window(spans[i], ws, we)) ro.order[fill[size_t(spans[i].rank)]++] = uint32_t(i);
+  }
+  return ro;
+}
+
+// ---- Per rank: time breakdowns, bubble, flops and the collective accumulators.
+struct RankInput {
+  const std::vector<Span>& spans;
+  const SpanScan& scan;
+  const RankOrder& order;
+  const StepSummary& steps;
+  bool pipeline;
+  int64_t ws, we;
+};
+
+struct RankResult {
+  RankMetrics rm;
+  double counted_flops = 0, window_flops = 0;
+  int64_t lo = INT64_MAX, hi = INT64_MIN;  // extent of the rank's spans in the window
+};
+
+// A worker's scratch buffers (reused rank after rank) and its collective accumulators.
+struct Worker {
+  CollMap coll;
+  RunList comp, comm, colls, mem;
+  std::vector<FlopSpan> flop_spans;
+  Merged mc, mk, mm, mck, mcol, mtmp, mall, mbusy;
+};
+
+// Calls visit on each in-window span of the rank.
+template <typename Visit>
+void for_rank_spans(const RankInput& in, int32_t rank, Visit&& visit) {
+  const SpanScan& sc = in.scan;
+  if (sc.rank_sorted) {
+    if (size_t(rank) < sc.first_idx.size() && sc.first_idx[size_t(rank)] != SIZE_MAX) {
+      for (size_t i = sc.first_idx[size_t(rank)]; i < sc.last_idx[size_t(rank)]; ++i) {
+        if (in_window(in.spans[i], in.ws, in.we)) visit(in.spans[i]);
+      }
+    }
+  } else if (size_t(rank) < sc.window_count.size()) {
+    for (size_t k = in.order.offset[size_t(rank)]; k < in.order.offset[size_t(rank) + 1]; ++k)
+      visit(in.spans[in.order.order[k]]);
+  }
+}
+
+// Sorts the rank's spans into the worker's interval lists and collective accumulators; returns
+// the rank's extent in the window.
+std::pair<int64_t, int64_t> collect_rank(const RankInput& in, int32_t rank, Worker& w) {
+  w.comp.clear();
+  w.comm.clear();
+  w.colls.clear();
+  w.mem.clear();
+  w.flop_spans.clear();
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  CollKey last_key{CollOp::None, INT32_MIN};
+  CollAcc* last_acc = nullptr;
+  for_rank_spans(in, rank, [&](const Span& s) {
+    const int64_t a = std::max(s.start_ns, in.ws), b = std::min(s.end_ns, in.we);
+    lo = std::min(lo, a);
+    hi = std::max(hi, b);
+    if (is_compute(s.kind)) {
+      w.comp.push(a, b);
+      if (s.flops != 0) {
+        const int64_t len = s.end_ns - s.start_ns;
+        const double kept = len > 0 ? s.flops * double(b - a) / double(len) : s.flops;
+        w.flop_spans.push_back({a, b, kept});
+      }
+    } else if (is_comm(s.kind)) {
+      w.comm.push(a, b);
+      if (s.kind == SpanKind::Collective) w.colls.push(a, b);
+      const CollKey key{s.op, s.comm};
+      if (!last_acc || !(key == last_key)) {
+        last_key = key;
+        last_acc = &w.coll[key];
+        if (last_acc->stats.count == 0) {
+          last_acc->stats.op = std::string(traces::to_string(s.op));
+          last_acc->stats.comm = s.comm;
+          last_acc->p2p = s.kind == SpanKind::P2P;
+        }
+      }
+      CollAcc& acc = *last_acc;
+      ++acc.stats.count;
+      acc.stats.bytes += s.bytes;
+      acc.stats.time_ns += s.end_ns - s.start_ns;
+      if (acc.last_rank != rank) {
+        acc.last_rank = rank;
+        ++acc.ranks_seen;
+      }
+    } else if (s.kind == SpanKind::Memcpy) {
+      w.mem.push(a, b);
+    }
+  });
+  return {lo, hi};
+}
+
+RankResult process_rank(const RankInput& in, int32_t rank, Worker& w) {
+  RankResult res;
+  RankMetrics& rm = res.rm;
+  rm.rank = rank;
+  std::tie(res.lo, res.hi) = collect_rank(in, rank, w);
+  w.comp.merge_into(w.mc);
+  w.comm.merge_into(w.mk);
+  w.mem.merge_into(w.mm);
+  intersect(w.mc, w.mk, w.mck);
+  unite(w.mc, w.mk, w.mtmp);
+  unite(w.mtmp, w.mm, w.mall);
+  if (res.lo < res.hi) rm.total = breakdown(w.mc, w.mk, w.mm, w.mck, w.mall, res.lo, res.hi);
+  const std::vector<StepStats>& steps = in.steps.steps;
+  for (const StepStats& st : steps)
+    rm.by_step[st.step] = breakdown(w.mc, w.mk, w.mm, w.mck, w.mall, st.start_ns, st.end_ns);
+  if (in.pipeline) {
+    w.colls.merge_into(w.mcol);
+    unite(w.mc, w.mcol, w.mbusy);
+    for (const StepStats& st : steps) {
+      if (st.warmup) continue;
+      rm.bubble_ns += st.duration_ns() - w.mbusy.clipped(st.start_ns, st.end_ns);
+      rm.counted_step_ns += st.duration_ns();
     }
   }
+  const Merged& counted = in.steps.counted_union;
+  for (const FlopSpan& f : w.flop_spans) {
+    res.window_flops += f.flops;
+    if (counted.iv.empty()) continue;
+    if (f.end_ns > f.start_ns) {
+      res.counted_flops +=
+          f.flops * double(counted.clipped(f.start_ns, f.end_ns)) / double(f.end_ns - f.start_ns);
+    } else if (counted.clipped(f.start_ns, f.start_ns + 1) > 0) {
+      res.counted_flops += f.flops;
+    }
+  }
+  return res;
+}
 
-  bool pipeline = t.meta.pp > 1;
-  for (const auto& r : t.ranks) pipeline = pipeline || r.pp > 0;
-  m.pipeline = pipeline;
+// Adds a worker's accumulators into the sum (each rank is processed by one worker only).
+void merge_collectives(CollMap& sum, const CollMap& part) {
+  for (const auto& [key, acc] : part) {
+    CollAcc& dst = sum[key];
+    if (dst.stats.count == 0) {
+      dst.stats.op = acc.stats.op;
+      dst.stats.comm = acc.stats.comm;
+      dst.p2p = acc.p2p;
+    }
+    dst.stats.count += acc.stats.count;
+    dst.stats.bytes += acc.stats.bytes;
+    dst.stats.time_ns += acc.stats.time_ns;
+    dst.ranks_seen += acc.ranks_seen;
+  }
+}
 
-  std::unordered_map<int32_t, int32_t> comm_size;
-  for (const auto& c : t.comms) comm_size[c.id] = int32_t(c.ranks.size());
+struct RankRun {
+  std::vector<RankResult> ranks;  // by dense index
+  CollMap coll;
+};
 
-  // ---- Per rank, in parallel: ranks are independent; each worker has its own scratch buffers
-  // and collective accumulators, merged afterwards in a fixed order so results do not depend on
-  // the thread count.
-  using CollMap = std::unordered_map<CollKey, CollAcc, CollKeyHash>;
-  struct Worker {
-    CollMap coll;
-    std::vector<Arrival> arrivals;
-    RunList comp, comm, colls, mem;
-    std::vector<FlopSpan> flop_spans;
-    Merged mc, mk, mm, mck, mcol, mtmp, mall, mbusy;
-  };
+// Ranks are independent: in parallel, each worker with its own scratch buffers and collective
+// accumulators, merged afterwards in a fixed order so results do not depend on the thread count.
+RankRun run_ranks(const RankInput& in, const std::vector<int32_t>& rank_ids, size_t n_threads) {
   const size_t n_ranks = rank_ids.size();
-  std::vector<double> counted_flops(n_ranks, 0), window_flops(n_ranks, 0);
-  std::vector<int64_t> rank_lo(n_ranks, INT64_MAX), rank_hi(n_ranks, INT64_MIN);
-
-  const auto process_rank = [&](size_t ri, Worker& w) {
-    const int32_t rank = rank_ids[ri];
-    RankMetrics& rm = m.ranks[ri];
-    rm.rank = rank;
-    w.comp.clear();
-    w.comm.clear();
-    w.colls.clear();
-    w.mem.clear();
-    w.flop_spans.clear();
-    int64_t lo = INT64_MAX, hi = INT64_MIN;
-    CollKey last_key{CollOp::None, INT32_MIN};
-    CollAcc* last_acc = nullptr;
-
-    const auto visit = [&](const Span& s) {
-      const int64_t a = std::max(s.start_ns, ws), b = std::min(s.end_ns, we);
-      lo = std::min(lo, a);
-      hi = std::max(hi, b);
-      if (is_compute(s.kind)) {
-        w.comp.push(a, b);
-        if (s.flops != 0) {
-          const int64_t len = s.end_ns - s.start_ns;
-          const double kept = len > 0 ? s.flops * double(b - a) / double(len) : s.flops;
-          w.flop_spans.push_back({a, b, kept});
-        }
-      } else if (is_comm(s.kind)) {
-        w.comm.push(a, b);
-        if (s.kind == SpanKind::Collective) w.colls.push(a, b);
-        const CollKey key{s.op, s.comm};
-        if (!last_acc || !(key == last_key)) {
-          last_key = key;
-          last_acc = &w.coll[key];
-          if (last_acc->stats.count == 0) {
-            last_acc->stats.op = std::string(traces::to_string(s.op));
-            last_acc->stats.comm = s.comm;
-            last_acc->p2p = s.kind == SpanKind::P2P;
-          }
-        }
-        CollAcc& acc = *last_acc;
-        ++acc.stats.count;
-        acc.stats.bytes += s.bytes;
-        acc.stats.time_ns += s.end_ns - s.start_ns;
-        if (acc.last_rank != rank) {
-          acc.last_rank = rank;
-          ++acc.ranks_seen;
-        }
-        if (s.kind == SpanKind::Collective && s.seq >= 0 && s.start_ns >= ws && s.start_ns < we)
-          w.arrivals.push_back({s.comm, s.seq, rank, s.start_ns, s.op});
-      } else if (s.kind == SpanKind::Memcpy) {
-        w.mem.push(a, b);
-      }
-    };
-    if (rank_sorted) {
-      if (size_t(rank) < first_idx.size() && first_idx[size_t(rank)] != SIZE_MAX) {
-        for (size_t i = first_idx[size_t(rank)]; i < last_idx[size_t(rank)]; ++i) {
-          if (in_window(spans[i], ws, we)) visit(spans[i]);
-        }
-      }
-    } else if (size_t(rank) < window_count.size()) {
-      for (size_t k = order_offset[size_t(rank)]; k < order_offset[size_t(rank) + 1]; ++k)
-        visit(spans[order[k]]);
-    }
-
-    w.comp.merge_into(w.mc);
-    w.comm.merge_into(w.mk);
-    w.mem.merge_into(w.mm);
-    intersect(w.mc, w.mk, w.mck);
-    unite(w.mc, w.mk, w.mtmp);
-    unite(w.mtmp, w.mm, w.mall);
-    if (lo < hi) rm.total = breakdown(w.mc, w.mk, w.mm, w.mck, w.mall, lo, hi);
-    rank_lo[ri] = lo;
-    rank_hi[ri] = hi;
-    for (const StepStats& st : m.steps)
-      rm.by_step[st.step] = breakdown(w.mc, w.mk, w.mm, w.mck, w.mall, st.start_ns, st.end_ns);
-    if (pipeline) {
-      w.colls.merge_into(w.mcol);
-      unite(w.mc, w.mcol, w.mbusy);
-      for (const StepStats& st : m.steps) {
-        if (st.warmup) continue;
-        rm.bubble_ns += st.duration_ns() - w.mbusy.clipped(st.start_ns, st.end_ns);
-        rm.counted_step_ns += st.duration_ns();
-      }
-    }
-    for (const FlopSpan& f : w.flop_spans) {
-      window_flops[ri] += f.flops;
-      if (counted_union.iv.empty()) continue;
-      if (f.end_ns > f.start_ns) {
-        counted_flops[ri] += f.flops * double(counted_union.clipped(f.start_ns, f.end_ns)) /
-                             double(f.end_ns - f.start_ns);
-      } else if (counted_union.clipped(f.start_ns, f.start_ns + 1) > 0) {
-        counted_flops[ri] += f.flops;
-      }
-    }
-  };
-
-  // Threads pay off only with enough spans; an explicit count is obeyed (tests use it).
-  size_t n_threads = opt.threads > 0
-                         ? size_t(opt.threads)
-                         : std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()),
-                                            size_t(m.span_count / 200'000) + 1);
+  RankRun run;
+  run.ranks.resize(n_ranks);
   n_threads = std::min(n_threads, n_ranks);
   std::vector<Worker> workers(std::max<size_t>(1, n_threads));
   if (n_threads <= 1) {
-    for (size_t ri = 0; ri < n_ranks; ++ri) process_rank(ri, workers[0]);
+    for (size_t ri = 0; ri < n_ranks; ++ri)
+      run.ranks[ri] = process_rank(in, rank_ids[ri], workers[0]);
   } else {
     std::atomic<size_t> next{0};
     std::vector<std::exception_ptr> errors(n_threads);
@@ -549,7 +558,8 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
     for (size_t k = 0; k < n_threads; ++k) {
       threads.emplace_back([&, k] {
         try {
-          for (size_t ri = next++; ri < n_ranks; ri = next++) process_rank(ri, workers[k]);
+          for (size_t ri = next++; ri < n_ranks; ri = next++)
+            run.ranks[ri] = process_rank(in, rank_ids[ri], workers[k]);
         } catch (...) {
           errors[k] = std::current_exception();
         }
@@ -560,85 +570,86 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
       if (e) std::rethrow_exception(e);
     }
   }
-
-  double counted_flops_sum = 0, window_flops_sum = 0;
-  m.start_ns = INT64_MAX;
-  m.end_ns = INT64_MIN;
-  for (size_t ri = 0; ri < n_ranks; ++ri) {
-    add_to(m.total, m.ranks[ri].total);
-    counted_flops_sum += counted_flops[ri];
-    window_flops_sum += window_flops[ri];
-    if (rank_lo[ri] < rank_hi[ri]) {
-      m.start_ns = std::min(m.start_ns, rank_lo[ri]);
-      m.end_ns = std::max(m.end_ns, rank_hi[ri]);
-    }
-  }
-  if (m.start_ns > m.end_ns) m.start_ns = m.end_ns = 0;
-  CollMap coll;
-  std::vector<Arrival> arrivals;
-  {
-    size_t total = 0;
-    for (const Worker& w : workers) total += w.arrivals.size();
-    arrivals.reserve(total);
-  }
   for (Worker& w : workers) {
-    for (auto& [key, acc] : w.coll) {
-      CollAcc& dst = coll[key];
-      if (dst.stats.count == 0) {
-        dst.stats.op = acc.stats.op;
-        dst.stats.comm = acc.stats.comm;
-        dst.p2p = acc.p2p;
-      }
-      dst.stats.count += acc.stats.count;
-      dst.stats.bytes += acc.stats.bytes;
-      dst.stats.time_ns += acc.stats.time_ns;
-      dst.ranks_seen += acc.ranks_seen;  // each rank is processed by one worker only
-    }
-    arrivals.insert(arrivals.end(), w.arrivals.begin(), w.arrivals.end());
+    merge_collectives(run.coll, w.coll);
     w = Worker{};
   }
+  return run;
+}
 
-  // ---- Collectives: sizes, operation counts, bandwidths.
-  group_arrivals(arrivals);
-  std::vector<double> late_sum(rank_ids.size(), 0);
-  for (size_t i = 0; i < arrivals.size();) {
-    size_t j = i + 1;
-    while (j < arrivals.size() && arrivals[j].comm == arrivals[i].comm &&
-           arrivals[j].seq == arrivals[i].seq)
-      ++j;
-    auto it = coll.find(CollKey{arrivals[i].op, arrivals[i].comm});
-    if (it != coll.end()) ++it->second.stats.ops;
-    const size_t n = j - i;
-    if (n >= 2) {
-      const double median = n % 2 ? double(arrivals[i + n / 2].start_ns)
-                                  : 0.5 * (double(arrivals[i + n / 2 - 1].start_ns) +
-                                           double(arrivals[i + n / 2].start_ns));
-      for (size_t k = i; k < j; ++k) {
-        const size_t ri = size_t(dense[size_t(arrivals[k].rank)]);
-        const double late = double(arrivals[k].start_ns) - median;
-        late_sum[ri] += late;
-        ++m.ranks[ri].collectives_checked;
-        if (late > double(opt.straggler_threshold_ns)) ++m.ranks[ri].collectives_late;
-      }
+// ---- Lateness at collective entry: each (comm, seq) entered inside the window, against the
+// median entry of its members.
+struct Lateness {
+  std::vector<double> late_sum;  // by dense rank index
+  std::vector<int64_t> checked, late;
+  std::unordered_map<CollKey, int64_t, CollKeyHash> ops;  // distinct (comm, seq) per (op, comm)
+};
+
+Lateness collective_lateness(const traces::Trace& t, const RankIndex& ix, int64_t ws, int64_t we,
+                             int64_t threshold_ns) {
+  const auto& spans = t.spans;
+  Lateness out;
+  out.late_sum.assign(ix.ids.size(), 0);
+  out.checked.assign(ix.ids.size(), 0);
+  out.late.assign(ix.ids.size(), 0);
+  traces::CollectiveOptions copt;
+  copt.require_comm = false;  // a communicator-less collective numbered by seq is grouped too
+  copt.keep = [ws, we](const Span& s) { return s.start_ns >= ws && s.start_ns < we; };
+  std::vector<std::pair<int64_t, uint32_t>> arrivals;  // (start, span), by start
+  for (const auto& ci : traces::collective_instances(spans, copt)) {
+    arrivals.clear();
+    for (uint32_t k : ci.members) arrivals.emplace_back(spans[k].start_ns, k);
+    std::stable_sort(arrivals.begin(), arrivals.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    ++out.ops[CollKey{spans[arrivals.front().second].op, ci.comm}];
+    const size_t n = arrivals.size();
+    if (n < 2) continue;
+    const double median =
+        n % 2 ? double(arrivals[n / 2].first)
+              : 0.5 * (double(arrivals[n / 2 - 1].first) + double(arrivals[n / 2].first));
+    for (const auto& [start, k] : arrivals) {
+      const size_t ri = size_t(ix.dense[size_t(spans[k].rank)]);
+      const double late = double(start) - median;
+      out.late_sum[ri] += late;
+      ++out.checked[ri];
+      if (late > double(threshold_ns)) ++out.late[ri];
     }
-    i = j;
   }
-  for (size_t ri = 0; ri < m.ranks.size(); ++ri) {
-    RankMetrics& rm = m.ranks[ri];
+  return out;
+}
+
+// Sets the ranks' lateness figures; returns the stragglers.
+std::vector<int32_t> apply_lateness(const Lateness& l, const MetricsOptions& opt,
+                                    std::vector<RankMetrics>& ranks) {
+  std::vector<int32_t> stragglers;
+  for (size_t ri = 0; ri < ranks.size(); ++ri) {
+    RankMetrics& rm = ranks[ri];
+    rm.collectives_checked = l.checked[ri];
+    rm.collectives_late = l.late[ri];
     if (rm.collectives_checked == 0) continue;
-    rm.late_ns_mean = late_sum[ri] / double(rm.collectives_checked);
+    rm.late_ns_mean = l.late_sum[ri] / double(rm.collectives_checked);
     // Late often but early by more on the whole (seen with 2 ranks, where each is the other's
     // mirror) is not a rank that holds the others back.
-    if (double(rm.collectives_late) > opt.straggler_late_fraction * double(rm.collectives_checked) &&
+    if (double(rm.collectives_late) >
+            opt.straggler_late_fraction * double(rm.collectives_checked) &&
         rm.late_ns_mean > 0)
-      m.stragglers.push_back(rm.rank);
+      stragglers.push_back(rm.rank);
   }
+  return stragglers;
+}
 
+// ---- Collectives: sizes, operation counts, bandwidths; by (comm, op name).
+std::vector<CollectiveStats> collective_stats(const traces::Trace& t, const CollMap& coll,
+                                              const Lateness& l) {
+  std::unordered_map<int32_t, int32_t> comm_size;
+  for (const auto& c : t.comms) comm_size[c.id] = int32_t(c.ranks.size());
   std::unordered_map<int32_t, int32_t> seen_size;  // ranks seen per communicator, when undeclared
   for (const auto& [key, acc] : coll)
     seen_size[key.comm] = std::max(seen_size[key.comm], acc.ranks_seen);
-  for (auto& [key, acc] : coll) {
+  std::vector<CollectiveStats> out;
+  for (const auto& [key, acc] : coll) {
     CollectiveStats s = acc.stats;
+    if (const auto ops = l.ops.find(key); ops != l.ops.end()) s.ops = ops->second;
     const auto cs = comm_size.find(key.comm);
     s.comm_size = cs != comm_size.end() ? cs->second : seen_size[key.comm];
     if (const auto* info = t.comm(key.comm)) s.comm_name = info->name;
@@ -649,90 +660,194 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
       s.algbw_gbps = double(s.bytes) / double(s.time_ns);  // bytes per ns = GB/s
       s.busbw_gbps = s.algbw_gbps * traces::busbw_factor(key.op, s.comm_size);
     }
-    m.collectives.push_back(std::move(s));
+    out.push_back(std::move(s));
   }
-  std::sort(m.collectives.begin(), m.collectives.end(),
-            [](const CollectiveStats& a, const CollectiveStats& b) {
-              return a.comm != b.comm ? a.comm < b.comm : a.op < b.op;
-            });
+  std::sort(out.begin(), out.end(), [](const CollectiveStats& a, const CollectiveStats& b) {
+    return a.comm != b.comm ? a.comm < b.comm : a.op < b.op;
+  });
+  return out;
+}
 
-  // ---- Throughput.
+// ---- Throughput: FLOP/s, tokens/s, MFU (fields of m that the earlier steps filled are inputs).
+struct Throughput {
+  double achieved_flops = 0, tokens_per_s = 0, model_flops_per_s = 0;
+  double peak_flops_per_rank = 0, mfu = 0;
+};
+
+Throughput throughput(const traces::Trace& t, const MetricsOptions& opt, const Metrics& m,
+                      int64_t counted_total_ns, double counted_flops, double window_flops) {
+  Throughput out;
   if (counted_total_ns > 0) {
-    m.achieved_flops = counted_flops_sum / (double(counted_total_ns) * 1e-9);
+    out.achieved_flops = counted_flops / (double(counted_total_ns) * 1e-9);
     if (t.meta.tokens_per_step > 0)
-      m.tokens_per_s = double(t.meta.tokens_per_step) / (m.step_mean_ns * 1e-9);
+      out.tokens_per_s = double(t.meta.tokens_per_step) / (m.step_mean_ns * 1e-9);
     if (t.meta.model_flops_per_step > 0)
-      m.model_flops_per_s = t.meta.model_flops_per_step / (m.step_mean_ns * 1e-9);
+      out.model_flops_per_s = t.meta.model_flops_per_step / (m.step_mean_ns * 1e-9);
   } else if (m.end_ns > m.start_ns) {
-    m.achieved_flops = window_flops_sum / (double(m.end_ns - m.start_ns) * 1e-9);
+    out.achieved_flops = window_flops / (double(m.end_ns - m.start_ns) * 1e-9);
   }
-  m.peak_flops_per_rank =
+  out.peak_flops_per_rank =
       opt.peak_flops_per_rank > 0 ? opt.peak_flops_per_rank : t.meta.peak_flops_per_rank;
-  if (m.peak_flops_per_rank > 0 && !m.ranks.empty()) {
-    const double model = m.model_flops_per_s > 0 ? m.model_flops_per_s : m.achieved_flops;
-    m.mfu = model / (m.peak_flops_per_rank * double(m.ranks.size()));
+  if (out.peak_flops_per_rank > 0 && !m.ranks.empty()) {
+    const double model = out.model_flops_per_s > 0 ? out.model_flops_per_s : out.achieved_flops;
+    out.mfu = model / (out.peak_flops_per_rank * double(m.ranks.size()));
   }
-  if (pipeline) {
-    double sum = 0;
-    int n = 0;
-    for (const RankMetrics& rm : m.ranks) {
-      if (rm.counted_step_ns <= 0) continue;
-      sum += 100.0 * double(rm.bubble_ns) / double(rm.counted_step_ns);
-      ++n;
-    }
-    m.bubble_pct = n ? sum / n : 0;
-  }
+  return out;
+}
 
-  // ---- Memory: peaks per "mem.*" counter and of their sum over time.
+double bubble_pct(const std::vector<RankMetrics>& ranks) {
+  double sum = 0;
+  int n = 0;
+  for (const RankMetrics& rm : ranks) {
+    if (rm.counted_step_ns <= 0) continue;
+    sum += 100.0 * double(rm.bubble_ns) / double(rm.counted_step_ns);
+    ++n;
+  }
+  return n ? sum / n : 0;
+}
+
+// ---- Memory: peaks per "mem.*" counter and of their sum over time.
+struct MemoryPeaks {
+  std::map<std::string, double> by_name;
+  double total = 0;
+};
+
+// The samples of one rank, sorted by time; `current` and `seen` are zeroed scratch indexed by name
+// id, returned zeroed.
+MemoryPeaks rank_memory_peaks(const traces::Trace& t,
+                              std::vector<const traces::CounterSample*>& samples,
+                              traces::NameId total_name, std::vector<double>& current,
+                              std::vector<char>& seen) {
+  MemoryPeaks out;
+  std::vector<traces::NameId> names;
+  double sum = 0, peak_sum = 0, peak_total = 0;
+  bool has_total = false;
+  for (size_t i = 0; i < samples.size();) {
+    size_t j = i;
+    for (; j < samples.size() && samples[j]->ts_ns == samples[i]->ts_ns; ++j) {
+      const auto* c = samples[j];
+      if (!seen[c->name]) {
+        seen[c->name] = 1;
+        names.push_back(c->name);
+        peak_total = c->name == total_name ? c->value : peak_total;
+        out.by_name[t.strings.str(c->name)] = c->value;
+      }
+      double& peak = out.by_name[t.strings.str(c->name)];
+      peak = std::max(peak, c->value);
+      if (c->name == total_name) {
+        has_total = true;
+        peak_total = std::max(peak_total, c->value);
+      } else {
+        sum += c->value - current[c->name];
+        current[c->name] = c->value;
+      }
+    }
+    peak_sum = std::max(peak_sum, sum);
+    i = j;
+  }
+  out.total = has_total ? peak_total : peak_sum;
+  for (traces::NameId n : names) {
+    seen[n] = 0;
+    current[n] = 0;
+  }
+  return out;
+}
+
+// Per dense rank index; ranks without samples get none.
+std::vector<std::optional<MemoryPeaks>> memory_peaks(const traces::Trace& t, const RankIndex& ix,
+                                                     int64_t ws, int64_t we) {
   std::vector<char> is_mem(t.strings.size(), 0);
   for (size_t i = 0; i < t.strings.size(); ++i)
     is_mem[i] = t.strings.str(traces::NameId(i)).rfind("mem.", 0) == 0;
   const traces::NameId total_name = t.strings.find("mem.total");
-  std::vector<std::vector<const traces::CounterSample*>> by_rank(m.ranks.size());
+  const int32_t max_rank = int32_t(ix.dense.size()) - 1;
+  std::vector<std::vector<const traces::CounterSample*>> by_rank(ix.ids.size());
   for (const auto& c : t.counters) {
     if (c.name >= is_mem.size() || !is_mem[c.name] || c.ts_ns < ws || c.ts_ns >= we) continue;
-    if (c.rank < 0 || c.rank > max_rank || dense[size_t(c.rank)] < 0) continue;
-    by_rank[size_t(dense[size_t(c.rank)])].push_back(&c);
+    if (c.rank < 0 || c.rank > max_rank || ix.dense[size_t(c.rank)] < 0) continue;
+    by_rank[size_t(ix.dense[size_t(c.rank)])].push_back(&c);
   }
   std::vector<double> current(t.strings.size(), 0);
   std::vector<char> seen(t.strings.size(), 0);
-  for (size_t ri = 0; ri < m.ranks.size(); ++ri) {
+  std::vector<std::optional<MemoryPeaks>> out(ix.ids.size());
+  for (size_t ri = 0; ri < ix.ids.size(); ++ri) {
     auto& samples = by_rank[ri];
     if (samples.empty()) continue;
     std::stable_sort(samples.begin(), samples.end(),
                      [](const auto* a, const auto* b) { return a->ts_ns < b->ts_ns; });
-    RankMetrics& rm = m.ranks[ri];
-    std::vector<traces::NameId> names;
-    double sum = 0, peak_sum = 0, peak_total = 0;
-    bool has_total = false;
-    for (size_t i = 0; i < samples.size();) {
-      size_t j = i;
-      for (; j < samples.size() && samples[j]->ts_ns == samples[i]->ts_ns; ++j) {
-        const auto* c = samples[j];
-        if (!seen[c->name]) {
-          seen[c->name] = 1;
-          names.push_back(c->name);
-          peak_total = c->name == total_name ? c->value : peak_total;
-          rm.peak_memory_bytes[t.strings.str(c->name)] = c->value;
-        }
-        double& peak = rm.peak_memory_bytes[t.strings.str(c->name)];
-        peak = std::max(peak, c->value);
-        if (c->name == total_name) {
-          has_total = true;
-          peak_total = std::max(peak_total, c->value);
-        } else {
-          sum += c->value - current[c->name];
-          current[c->name] = c->value;
-        }
-      }
-      peak_sum = std::max(peak_sum, sum);
-      i = j;
+    out[ri] = rank_memory_peaks(t, samples, total_name, current, seen);
+  }
+  return out;
+}
+
+bool is_pipeline(const traces::Trace& t) {
+  bool pipeline = t.meta.pp > 1;
+  for (const auto& r : t.ranks) pipeline = pipeline || r.pp > 0;
+  return pipeline;
+}
+
+// Threads pay off only with enough spans; an explicit count is obeyed (tests use it).
+size_t thread_count(const MetricsOptions& opt, int64_t span_count) {
+  return opt.threads > 0 ? size_t(opt.threads)
+                         : std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()),
+                                            size_t(span_count / 200'000) + 1);
+}
+
+}  // namespace
+
+Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
+  const int64_t ws = opt.window_start_ns, we = opt.window_end_ns;
+  if (we <= ws) throw InputError("metrics window: the end must lie after the start");
+  if (opt.skip_steps < 0) throw InputError("skip steps: expected a count >= 0");
+  Metrics m;
+  const SpanScan scan = scan_spans(t, ws, we);
+  m.span_count = scan.span_count;
+  StepSummary steps = summarize_steps(scan.step_ext, opt.skip_steps, ws, we);
+  m.steps = steps.steps;
+  m.counted_steps = steps.counted_steps;
+  m.step_mean_ns = steps.mean_ns;
+  m.step_p50_ns = steps.p50_ns;
+  m.step_p90_ns = steps.p90_ns;
+  const RankIndex ix = index_ranks(t, scan);
+  const RankOrder order = order_by_rank(t.spans, scan, ws, we);
+  m.pipeline = is_pipeline(t);
+
+  const RankInput in{t.spans, scan, order, steps, m.pipeline, ws, we};
+  RankRun run = run_ranks(in, ix.ids, thread_count(opt, m.span_count));
+  double counted_flops_sum = 0, window_flops_sum = 0;
+  m.start_ns = INT64_MAX;
+  m.end_ns = INT64_MIN;
+  m.ranks.reserve(run.ranks.size());
+  for (RankResult& r : run.ranks) {
+    add_to(m.total, r.rm.total);
+    counted_flops_sum += r.counted_flops;
+    window_flops_sum += r.window_flops;
+    if (r.lo < r.hi) {
+      m.start_ns = std::min(m.start_ns, r.lo);
+      m.end_ns = std::max(m.end_ns, r.hi);
     }
-    rm.peak_memory_total_bytes = has_total ? peak_total : peak_sum;
-    for (traces::NameId n : names) {
-      seen[n] = 0;
-      current[n] = 0;
-    }
+    m.ranks.push_back(std::move(r.rm));
+  }
+  if (m.start_ns > m.end_ns) m.start_ns = m.end_ns = 0;
+
+  const Lateness lateness = collective_lateness(t, ix, ws, we, opt.straggler_threshold_ns);
+  m.stragglers = apply_lateness(lateness, opt, m.ranks);
+  m.collectives = collective_stats(t, run.coll, lateness);
+
+  const Throughput tp =
+      throughput(t, opt, m, steps.counted_total_ns, counted_flops_sum, window_flops_sum);
+  m.achieved_flops = tp.achieved_flops;
+  m.tokens_per_s = tp.tokens_per_s;
+  m.model_flops_per_s = tp.model_flops_per_s;
+  m.peak_flops_per_rank = tp.peak_flops_per_rank;
+  m.mfu = tp.mfu;
+  if (m.pipeline) m.bubble_pct = bubble_pct(m.ranks);
+
+  auto memory = memory_peaks(t, ix, ws, we);
+  for (size_t ri = 0; ri < m.ranks.size(); ++ri) {
+    if (!memory[ri]) continue;
+    m.ranks[ri].peak_memory_bytes = std::move(memory[ri]->by_name);
+    m.ranks[ri].peak_memory_total_bytes = memory[ri]->total;
   }
   return m;
 }
