@@ -22,6 +22,8 @@
 #include <map>
 #include <set>
 
+#include "orrery/gui/palette.hpp"
+
 namespace orrery::gui {
 
 ChartsView::ChartsView(QWidget* parent) : QWidget(parent) {
@@ -51,11 +53,13 @@ ChartsView::ChartsView(QWidget* parent) : QWidget(parent) {
   rebuild_scaling();
 }
 
-void ChartsView::set_breakdown(const TraceDocument* doc, std::shared_ptr<const profiler::Metrics> m) {
+void ChartsView::set_breakdown(const TraceDocument* doc,
+                               std::shared_ptr<const profiler::Metrics> m) {
   if (doc == doc_ && m == metrics_) return;
   doc_ = doc;
   metrics_ = std::move(m);
-  per_step_ = (doc_ && metrics_) ? step_breakdowns(*metrics_, doc_->trace) : std::vector<StepBreakdown>{};
+  per_step_ =
+      (doc_ && metrics_) ? step_breakdowns(*metrics_, doc_->trace) : std::vector<StepBreakdown>{};
   std::set<int32_t> steps;
   for (const auto& b : per_step_) steps.insert(b.step);
   step_combo_->blockSignals(true);
@@ -86,23 +90,25 @@ void ChartsView::rebuild_breakdown() {
   } else if (rows.empty()) {
     chart->setTitle(tr("Per-step breakdown: the trace has no steps"));
   } else {
-    chart->setTitle(tr("Per-step breakdown per rank (%1)").arg(step < 0 ? tr("mean over steps") : tr("step %1").arg(step)));
+    chart->setTitle(tr("Per-step breakdown per rank (%1)")
+                        .arg(step < 0 ? tr("mean over steps") : tr("step %1").arg(step)));
     auto* series = new QStackedBarSeries();
     struct SetDef {
       const char* name;
       QColor color;
       int64_t StepBreakdown::*field;
     };
-    const SetDef defs[] = {{"compute", QColor(0x4C8BF5), &StepBreakdown::compute_ns},
-                           {"exposed comm", QColor(0xE8710A), &StepBreakdown::exposed_comm_ns},
-                           {"bubble", QColor(0xA142F4), &StepBreakdown::bubble_ns},
-                           {"idle", QColor(0xBDC1C6), &StepBreakdown::idle_ns}};
+    const SetDef defs[] = {
+        {"compute", palette::kBreakdownCompute, &StepBreakdown::compute_ns},
+        {"exposed comm", palette::kBreakdownExposedComm, &StepBreakdown::exposed_comm_ns},
+        {"bubble", palette::kBreakdownBubble, &StepBreakdown::bubble_ns},
+        {"idle", palette::kBreakdownIdle, &StepBreakdown::idle_ns}};
     double max_ms = 0;
     std::vector<double> totals(rows.size(), 0);
     for (const auto& d : defs) {
       auto* set = new QBarSet(tr(d.name));
       set->setColor(d.color);
-      set->setBorderColor(d.color.darker(120));
+      set->setBorderColor(palette::bar_border(d.color));
       for (size_t i = 0; i < rows.size(); ++i) {
         const double ms = static_cast<double>(rows[i].*d.field) / 1e6;
         *set << ms;
@@ -126,11 +132,14 @@ void ChartsView::rebuild_breakdown() {
     series->attachAxis(ax);
     series->attachAxis(ay);
     chart->legend()->setAlignment(Qt::AlignBottom);
-    breakdown_note_->setText(tr("  %1: %2 ranks, %3 steps%4")
-                                 .arg(QFileInfo(QString::fromStdString(doc_->path)).fileName())
-                                 .arg(metrics_->ranks.size())
-                                 .arg(metrics_->steps.size())
-                                 .arg(doc_->trace.meta.pp > 1 ? tr("; idle inside a step of a pipelined run is the bubble") : QString()));
+    breakdown_note_->setText(
+        tr("  %1: %2 ranks, %3 steps%4")
+            .arg(QFileInfo(QString::fromStdString(doc_->path)).fileName())
+            .arg(metrics_->ranks.size())
+            .arg(metrics_->steps.size())
+            .arg(doc_->trace.meta.pp > 1
+                     ? tr("; idle inside a step of a pipelined run is the bubble")
+                     : QString()));
   }
   auto* old = breakdown_view_->chart();
   breakdown_view_->setChart(chart);
@@ -170,12 +179,12 @@ void ChartsView::rebuild_scaling() {
       min_g = std::min(min_g, p.gpus);
       max_g = std::max(max_g, p.gpus);
     }
-    tps->setColor(QColor(0x1A73E8));
-    tps_pts->setColor(QColor(0x1A73E8));
-    eff->setColor(QColor(0xD93025));
-    eff_pts->setColor(QColor(0xD93025));
-    for (auto* s : {static_cast<QXYSeries*>(tps), static_cast<QXYSeries*>(tps_pts), static_cast<QXYSeries*>(eff),
-                    static_cast<QXYSeries*>(eff_pts)}) {
+    tps->setColor(palette::kTokensPerS);
+    tps_pts->setColor(palette::kTokensPerS);
+    eff->setColor(palette::kEfficiency);
+    eff_pts->setColor(palette::kEfficiency);
+    for (auto* s : {static_cast<QXYSeries*>(tps), static_cast<QXYSeries*>(tps_pts),
+                    static_cast<QXYSeries*>(eff), static_cast<QXYSeries*>(eff_pts)}) {
       chart->addSeries(s);
     }
     auto* ax = new QLogValueAxis();
@@ -195,7 +204,7 @@ void ChartsView::rebuild_scaling() {
     ae->setRange(0, top);
     ae->setTickCount(static_cast<int>(std::lround(top / 0.2)) + 1);
     ae->setLabelFormat("%.1f");
-    ae->setLabelsColor(QColor(0xD93025));
+    ae->setLabelsColor(palette::kEfficiency);
     chart->addAxis(ax, Qt::AlignBottom);
     chart->addAxis(ay, Qt::AlignLeft);
     chart->addAxis(ae, Qt::AlignRight);
@@ -245,7 +254,8 @@ namespace orrery::gui {
 
 int ChartsView::scaling_points() const {
   for (auto* s : scaling_view_->chart()->series()) {
-    if (auto* line = qobject_cast<QLineSeries*>(s); line && line->name() == tr("tokens/s")) return static_cast<int>(line->count());
+    if (auto* line = qobject_cast<QLineSeries*>(s); line && line->name() == tr("tokens/s"))
+      return static_cast<int>(line->count());
   }
   return 0;
 }

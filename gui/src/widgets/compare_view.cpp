@@ -10,6 +10,7 @@
 #include <QTableView>
 #include <QVBoxLayout>
 
+#include "orrery/gui/palette.hpp"
 #include "orrery/gui/widgets/timeline_view.hpp"
 
 namespace orrery::gui {
@@ -22,8 +23,8 @@ CompareView::CompareView(QWidget* parent) : QWidget(parent) {
   align_step_ = new QSpinBox(this);
   align_step_->setRange(0, 1'000'000);
   bar->addWidget(align_step_);
-  auto* hint = new QLabel(tr("  B is shifted so that this step starts with A's; zoom and pan move both."),
-                          this);
+  auto* hint = new QLabel(
+      tr("  B is shifted so that this step starts with A's; zoom and pan move both."), this);
   hint->setMinimumWidth(1);
   hint->setSizePolicy(QSizePolicy::Ignored, QSizePolicy::Preferred);
   bar->addWidget(hint, 1);
@@ -39,7 +40,9 @@ CompareView::CompareView(QWidget* parent) : QWidget(parent) {
     label = new QLabel(tr("Open two traces to compare them."), w);
     label->setMinimumWidth(1);
     label->setSizePolicy(QSizePolicy::Ignored, QSizePolicy::Preferred);
-    label->setStyleSheet("QLabel { background: #dde3ea; padding: 3px; font-weight: bold; }");
+    label->setStyleSheet(
+        QStringLiteral("QLabel { background: %1; padding: 3px; font-weight: bold; }")
+            .arg(palette::kCompareTitle.name()));
     l->addWidget(label);
     view = new TimelineView(w);
     l->addWidget(view, 1);
@@ -69,8 +72,10 @@ void CompareView::sync_from(TimelineView* src, TimelineView* dst) {
   syncing_ = false;
 }
 
-void CompareView::set_documents(std::shared_ptr<TraceDocument> a, std::shared_ptr<const profiler::Metrics> ma,
-                                std::shared_ptr<TraceDocument> b, std::shared_ptr<const profiler::Metrics> mb) {
+void CompareView::set_documents(std::shared_ptr<TraceDocument> a,
+                                std::shared_ptr<const profiler::Metrics> ma,
+                                std::shared_ptr<TraceDocument> b,
+                                std::shared_ptr<const profiler::Metrics> mb) {
   const bool same = a_->document() == a && b_->document() == b;
   ma_ = std::move(ma);
   mb_ = std::move(mb);

@@ -32,6 +32,7 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/common/format.hpp"
+#include "orrery/gui/palette.hpp"
 #include "orrery/gui/widgets/charts_view.hpp"
 #include "orrery/gui/widgets/compare_view.hpp"
 #include "orrery/gui/widgets/timeline_view.hpp"
@@ -62,8 +63,8 @@ QIcon kind_icon(traces::SpanKind k) {
   QPixmap pm(14, 14);
   pm.fill(Qt::transparent);
   QPainter p(&pm);
-  p.fillRect(1, 1, 12, 12, kind_color(k));
-  p.setPen(kind_color(k).darker(150));
+  p.fillRect(1, 1, 12, 12, palette::kind_color(k));
+  p.setPen(palette::kind_icon_border(k));
   p.drawRect(1, 1, 11, 11);
   return QIcon(pm);
 }
@@ -136,7 +137,8 @@ void MainWindow::build_menus() {
   auto* file = menuBar()->addMenu(tr("&File"));
   auto* open = file->addAction(tr("&Open..."), this, [this] {
     const QStringList paths = QFileDialog::getOpenFileNames(
-        this, tr("Open trace"), QString(), tr("Orrery traces (*.db *.sqlite *.trace);;Sweep CSV (*.csv);;All files (*)"));
+        this, tr("Open trace"), QString(),
+        tr("Orrery traces (*.db *.sqlite *.trace);;Sweep CSV (*.csv);;All files (*)"));
     if (!paths.isEmpty()) open_files(paths);
   });
   open->setShortcut(QKeySequence::Open);
@@ -144,7 +146,8 @@ void MainWindow::build_menus() {
   rebuild_recent_menu();
   file->addSeparator();
   file->addAction(tr("Save &Screenshot..."), this, [this] {
-    const QString path = QFileDialog::getSaveFileName(this, tr("Save screenshot"), "orrery.png", "PNG (*.png)");
+    const QString path =
+        QFileDialog::getSaveFileName(this, tr("Save screenshot"), "orrery.png", "PNG (*.png)");
     if (!path.isEmpty()) grab().save(path, "PNG");
   });
   file->addSeparator();
@@ -154,7 +157,8 @@ void MainWindow::build_menus() {
   auto* view = menuBar()->addMenu(tr("&View"));
   auto* fit = view->addAction(tr("&Fit all"), timeline_, &TimelineView::fit_all);
   fit->setShortcut(Qt::Key_0);
-  auto* zsel = view->addAction(tr("&Zoom to selection"), timeline_, &TimelineView::zoom_to_selection);
+  auto* zsel =
+      view->addAction(tr("&Zoom to selection"), timeline_, &TimelineView::zoom_to_selection);
   zsel->setShortcut(Qt::Key_F);
   // The timeline handles W/A/S/D, 0 and F itself when it has focus; the menu shortcuts would
   // otherwise steal them, so they only show the keys.
@@ -177,8 +181,9 @@ void MainWindow::build_menus() {
   connect(trace_combo_, &QComboBox::activated, this, &MainWindow::set_current_document);
   group_combo_ = new QComboBox(tb);
   for (auto g : {GroupBy::Rank, GroupBy::DP, GroupBy::TP, GroupBy::PP}) {
-    group_combo_->addItem(g == GroupBy::Rank ? tr("group: rank") : tr("group: %1 groups").arg(to_string(g)),
-                          static_cast<int>(g));
+    group_combo_->addItem(
+        g == GroupBy::Rank ? tr("group: rank") : tr("group: %1 groups").arg(to_string(g)),
+        static_cast<int>(g));
   }
   tb->addWidget(group_combo_);
   connect(group_combo_, &QComboBox::currentIndexChanged, this, [this](int i) {
@@ -201,7 +206,8 @@ void MainWindow::build_menus() {
     }
     search_next();
   });
-  tb->addAction(tr("Previous"), this, &MainWindow::search_previous)->setShortcut(QKeySequence::FindPrevious);
+  tb->addAction(tr("Previous"), this, &MainWindow::search_previous)
+      ->setShortcut(QKeySequence::FindPrevious);
   tb->addAction(tr("Next"), this, &MainWindow::search_next)->setShortcut(QKeySequence::FindNext);
   search_label_ = new QLabel(tb);
   search_label_->setMinimumWidth(90);
@@ -248,7 +254,8 @@ void MainWindow::build_docks() {
   auto* range_box = new QWidget(split);
   auto* range_layout = new QVBoxLayout(range_box);
   range_layout->setContentsMargins(4, 4, 4, 4);
-  range_layout->addWidget(new QLabel(tr("<b>Range metrics</b> (profiler::compute_metrics)"), range_box));
+  range_layout->addWidget(
+      new QLabel(tr("<b>Range metrics</b> (profiler::compute_metrics)"), range_box));
   range_note_ = new QLabel(tr("Shift-drag on the timeline to select a range."), range_box);
   range_note_->setWordWrap(true);
   range_layout->addWidget(range_note_);
@@ -276,7 +283,9 @@ void MainWindow::build_docks() {
 }
 
 std::shared_ptr<TraceDocument> MainWindow::current_document() const {
-  return current_ >= 0 && current_ < static_cast<int>(docs_.size()) ? docs_[static_cast<size_t>(current_)] : nullptr;
+  return current_ >= 0 && current_ < static_cast<int>(docs_.size())
+             ? docs_[static_cast<size_t>(current_)]
+             : nullptr;
 }
 
 void MainWindow::set_current_document(int i) {
@@ -306,16 +315,17 @@ void MainWindow::update_status() {
   }
   const auto& t = d->trace;
   const int64_t dur = d->index.end_ns() - d->index.start_ns();
-  status_label_->setText(tr("%1   source %2   %3 ranks (dp %4, tp %5, pp %6)   %7 lanes   %8 spans   %9")
-                             .arg(QString::fromStdString(d->path))
-                             .arg(QString::fromUtf8(traces::to_string(t.meta.source).data()))
-                             .arg(t.meta.world_size)
-                             .arg(t.meta.dp)
-                             .arg(t.meta.tp)
-                             .arg(t.meta.pp)
-                             .arg(d->index.lanes().size())
-                             .arg(t.spans.size())
-                             .arg(QString::fromStdString(format_duration_ns(static_cast<double>(dur)))));
+  status_label_->setText(
+      tr("%1   source %2   %3 ranks (dp %4, tp %5, pp %6)   %7 lanes   %8 spans   %9")
+          .arg(QString::fromStdString(d->path))
+          .arg(QString::fromUtf8(traces::to_string(t.meta.source).data()))
+          .arg(t.meta.world_size)
+          .arg(t.meta.dp)
+          .arg(t.meta.tp)
+          .arg(t.meta.pp)
+          .arg(d->index.lanes().size())
+          .arg(t.spans.size())
+          .arg(QString::fromStdString(format_duration_ns(static_cast<double>(dur)))));
 }
 
 void MainWindow::update_loading() { progress_->setVisible(pending_loads_ > 0); }
@@ -367,7 +377,8 @@ void MainWindow::wait_for_metrics() {
     j->waitForFinished();
     QCoreApplication::sendPostedEvents();
     QCoreApplication::processEvents();
-    if (!jobs_.empty() && jobs_.front() == j) QCoreApplication::processEvents(QEventLoop::AllEvents, 50);
+    if (!jobs_.empty() && jobs_.front() == j)
+      QCoreApplication::processEvents(QEventLoop::AllEvents, 50);
   }
 }
 
@@ -427,7 +438,8 @@ void MainWindow::start_metrics(const std::shared_ptr<TraceDocument>& doc) {
 }
 
 void MainWindow::refresh_compare_and_charts() {
-  auto metrics_of = [this](const std::shared_ptr<TraceDocument>& d) -> std::shared_ptr<const profiler::Metrics> {
+  auto metrics_of =
+      [this](const std::shared_ptr<TraceDocument>& d) -> std::shared_ptr<const profiler::Metrics> {
     auto it = metrics_.find(d.get());
     return it == metrics_.end() ? nullptr : it->second;
   };
@@ -453,7 +465,8 @@ void MainWindow::show_tab(const QString& name) {
 
 void MainWindow::on_span_selected(qint64 span) {
   auto d = current_document();
-  details_.set_span(d ? &d->trace : nullptr, span, timeline_->index() ? timeline_->index()->start_ns() : 0);
+  details_.set_span(d ? &d->trace : nullptr, span,
+                    timeline_->index() ? timeline_->index()->start_ns() : 0);
   details_view_->resizeColumnToContents(0);
 }
 
@@ -478,8 +491,9 @@ void MainWindow::on_range_selected(qint64 t0, qint64 t1) {
     range_metrics_.set_metrics(*m, t0, t1, d->index.start_ns());
     collectives_.set_collectives(m->collectives);
     range_view_->resizeColumnToContents(0);
-    range_note_->setText(tr("Over %1 of all ranks; press F to zoom to it, Esc to clear.")
-                             .arg(QString::fromStdString(format_duration_ns(static_cast<double>(t1 - t0)))));
+    range_note_->setText(
+        tr("Over %1 of all ranks; press F to zoom to it, Esc to clear.")
+            .arg(QString::fromStdString(format_duration_ns(static_cast<double>(t1 - t0)))));
     emit rangeMetricsReady();
   });
   w->setFuture(QtConcurrent::run([d, t0, t1]() -> std::shared_ptr<const profiler::Metrics> {
@@ -535,7 +549,8 @@ void MainWindow::set_kind_visible(traces::SpanKind k, bool visible) {
     return;
   }
   timeline_->set_kind_mask(m);
-  if (auto d = current_document()) lanes_.set_trace(timeline_->index(), d->trace.ranks, timeline_->group_by());
+  if (auto d = current_document())
+    lanes_.set_trace(timeline_->index(), d->trace.ranks, timeline_->group_by());
   lanes_view_->expandToDepth(0);
   if (search_.size() && !search_edit_->text().isEmpty()) search(search_edit_->text());
 }
@@ -545,7 +560,9 @@ void MainWindow::set_group_by(GroupBy by) {
   if (i >= 0) group_combo_->setCurrentIndex(i);  // its handler regroups the timeline and the tree
 }
 
-QStringList MainWindow::recent_files() const { return QSettings().value(kRecentKey).toStringList(); }
+QStringList MainWindow::recent_files() const {
+  return QSettings().value(kRecentKey).toStringList();
+}
 
 void MainWindow::add_recent(const QString& path) {
   QSettings s;

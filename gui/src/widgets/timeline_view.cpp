@@ -13,36 +13,23 @@
 
 #include "orrery/common/format.hpp"
 #include "orrery/gui/models.hpp"
+#include "orrery/gui/palette.hpp"
 
 namespace orrery::gui {
 namespace {
 
-constexpr QRgb kKindRgb[traces::kSpanKindCount] = {
-    0x4C8BF5,  // compute: blue
-    0xE8710A,  // collective: orange
-    0xA142F4,  // p2p: purple
-    0x1E8E3E,  // memcpy: green
-    0x9AA0A6,  // phase: grey
-    0x12B5CB,  // data: teal
-    0xF9AB00,  // optimizer: amber
-    0x8D6E63,  // other: brown
-};
-
-// A little variation per name, so neighbouring spans of one kind stay distinguishable.
-QColor span_color(traces::SpanKind k, traces::NameId name) {
-  QColor c = kind_color(k);
-  const int shift = static_cast<int>((name * 2654435761u) >> 28) - 8;  // -8 .. 7
-  return shift >= 0 ? c.lighter(100 + shift * 3) : c.darker(100 - shift * 3);
+// The disclosure triangle of a header at (x, centre y): pointing right when collapsed, else down.
+QPolygonF disclosure_triangle(double tx, double cy, bool collapsed) {
+  QPolygonF tri;
+  if (collapsed) {
+    tri << QPointF(tx, cy - 4) << QPointF(tx + 7, cy) << QPointF(tx, cy + 4);
+  } else {
+    tri << QPointF(tx - 1, cy - 3) << QPointF(tx + 7, cy - 3) << QPointF(tx + 3, cy + 3);
+  }
+  return tri;
 }
-
-bool dark_text_on(const QColor& c) { return c.lightness() > 150; }
 
 }  // namespace
-
-QColor kind_color(traces::SpanKind k) {
-  const auto i = static_cast<int>(k);
-  return QColor(kKindRgb[i >= 0 && i < traces::kSpanKindCount ? i : traces::kSpanKindCount - 1]);
-}
 
 TimelineView::TimelineView(QWidget* parent) : QAbstractScrollArea(parent) {
   setHorizontalScrollBarPolicy(Qt::ScrollBarAlwaysOff);
@@ -87,7 +74,8 @@ void TimelineView::relayout() {
     layout_ = LaneLayout();
   }
   const int visible_h = std::max(0, viewport()->height() - kAxisHeight);
-  verticalScrollBar()->setRange(0, std::max(0, static_cast<int>(std::ceil(layout_.total_height())) - visible_h));
+  verticalScrollBar()->setRange(
+      0, std::max(0, static_cast<int>(std::ceil(layout_.total_height())) - visible_h));
   verticalScrollBar()->setPageStep(std::max(1, visible_h));
   verticalScrollBar()->setSingleStep(static_cast<int>(LaneLayout::kRowHeight));
   viewport()->update();
@@ -96,7 +84,8 @@ void TimelineView::relayout() {
 void TimelineView::set_kind_mask(KindMask kinds) {
   if (kinds == kinds_) return;
   kinds_ = kinds;
-  if (selected_ >= 0 && doc_ && !(kinds_ & kind_bit(doc_->trace.spans[static_cast<size_t>(selected_)].kind))) {
+  if (selected_ >= 0 && doc_ &&
+      !(kinds_ & kind_bit(doc_->trace.spans[static_cast<size_t>(selected_)].kind))) {
     selected_ = -1;
     emit spanSelected(-1);
   }
@@ -137,7 +126,9 @@ void TimelineView::changed_mapping() {
 }
 
 void TimelineView::set_mapping(const TimeMapping& m) {
-  if (m.origin_ns == map_.origin_ns && m.origin_frac == map_.origin_frac && m.ns_per_px == map_.ns_per_px) return;
+  if (m.origin_ns == map_.origin_ns && m.origin_frac == map_.origin_frac &&
+      m.ns_per_px == map_.ns_per_px)
+    return;
   map_ = m;
   fitted_ = true;
   pinned_ = false;
@@ -196,7 +187,8 @@ void TimelineView::select_span(int64_t span, bool reveal) {
     if (layout_.row_of_lane(lane) < 0) {
       layout_.set_collapsed("r:" + std::to_string(s.rank), false);
       for (const auto& g : group_ranks(*index_, doc_->trace.ranks, group_by_)) {
-        if (std::find(g.ranks.begin(), g.ranks.end(), s.rank) != g.ranks.end()) layout_.set_collapsed("g:" + g.label, false);
+        if (std::find(g.ranks.begin(), g.ranks.end(), s.rank) != g.ranks.end())
+          layout_.set_collapsed("g:" + g.label, false);
       }
       relayout();
     }
@@ -208,7 +200,8 @@ void TimelineView::select_span(int64_t span, bool reveal) {
     const double w = track_width();
     if (x1 - x0 < kFoldPx * 2) {
       const double dur = std::max<double>(1.0, static_cast<double>(s.duration_ns()));
-      map_.ns_per_px = std::clamp(dur / (w / 10), TimeMapping::kMinNsPerPx, TimeMapping::kMaxNsPerPx);
+      map_.ns_per_px =
+          std::clamp(dur / (w / 10), TimeMapping::kMinNsPerPx, TimeMapping::kMaxNsPerPx);
       map_.origin_ns = s.start_ns + shift_ns_ - static_cast<int64_t>(w * 0.45 * map_.ns_per_px);
       map_.origin_frac = 0;
     } else if (x1 < 0 || x0 > w) {
@@ -218,7 +211,8 @@ void TimelineView::select_span(int64_t span, bool reveal) {
     const int r = layout_.row_of_lane(lane);
     if (r >= 0) {
       const auto& lr = layout_.rows()[static_cast<size_t>(r)];
-      const double row_y = lr.y + index_->row_of(static_cast<uint32_t>(span)) * LaneLayout::kRowHeight;
+      const double row_y =
+          lr.y + index_->row_of(static_cast<uint32_t>(span)) * LaneLayout::kRowHeight;
       const int vis_h = viewport()->height() - kAxisHeight;
       const int v = verticalScrollBar()->value();
       if (row_y < v || row_y + LaneLayout::kRowHeight > v + vis_h) {
@@ -258,7 +252,8 @@ void TimelineView::zoom_to_selection() {
 }
 
 QPoint TimelineView::point_of_span(int64_t span) const {
-  if (!doc_ || !index_ || span < 0 || static_cast<size_t>(span) >= doc_->trace.spans.size()) return {-1, -1};
+  if (!doc_ || !index_ || span < 0 || static_cast<size_t>(span) >= doc_->trace.spans.size())
+    return {-1, -1};
   const auto& s = doc_->trace.spans[static_cast<size_t>(span)];
   const int row = index_->row_of(static_cast<uint32_t>(span));
   const int r = layout_.row_of_lane(index_->lane_of(s.rank, s.stream));
@@ -267,8 +262,8 @@ QPoint TimelineView::point_of_span(int64_t span) const {
   const double x0 = std::max(0.0, tm.x_of(s.start_ns));
   const double x1 = std::min<double>(track_width(), tm.x_of(s.end_ns));
   if (x1 <= x0) return {-1, -1};
-  const double y = lane_top() + layout_.rows()[static_cast<size_t>(r)].y + row * LaneLayout::kRowHeight +
-                   LaneLayout::kRowHeight / 2;
+  const double y = lane_top() + layout_.rows()[static_cast<size_t>(r)].y +
+                   row * LaneLayout::kRowHeight + LaneLayout::kRowHeight / 2;
   if (y < kAxisHeight || y >= viewport()->height()) return {-1, -1};
   return {kLabelWidth + static_cast<int>((x0 + x1) / 2), static_cast<int>(y)};
 }
@@ -310,192 +305,267 @@ void TimelineView::resizeEvent(QResizeEvent* e) {
 
 void TimelineView::scrollContentsBy(int, int) { viewport()->update(); }
 
+// What every paint step of a frame needs, worked out once per frame.
+struct TimelineView::Frame {
+  int width;  // of the viewport
+  int height;
+  int track_width;
+  TimeMapping tm;  // trace time -> track x
+  double top;      // viewport y of layout y = 0
+  QFontMetrics fm;
+  AxisTicks ticks;  // drawn as grid lines under the lanes and as labels in the axis
+};
+
+TimelineView::Frame TimelineView::frame() const {
+  const int tw = track_width();
+  return Frame{viewport()->width(),
+               viewport()->height(),
+               tw,
+               trace_mapping(),
+               lane_top(),
+               QFontMetrics(font()),
+               compute_ticks(map_, tw, index_->start_ns() + shift_ns_)};
+}
+
+// The layers, back to front: background, lanes and headers (with the grid and the spans), the label
+// column's border, the selection, the range, then the axis over everything and the scale.
 void TimelineView::paintEvent(QPaintEvent*) {
   QPainter p(viewport());
-  const int W = viewport()->width();
-  const int H = viewport()->height();
-  const QPalette pal = palette();
-  p.fillRect(0, 0, W, H, QColor(0xFAFAFA));
+  p.fillRect(0, 0, viewport()->width(), viewport()->height(), palette::kBackground);
   last_items_ = 0;
   if (!index_) {
-    p.setPen(QColor(0x606060));
-    p.drawText(rect(), Qt::AlignCenter, tr("Open a trace: File > Open, drag a file here, or orrery-gui TRACE"));
+    paint_empty(p);
     return;
   }
-  const auto& trace = doc_->trace;
-  const int tw = track_width();
-  const TimeMapping tm = trace_mapping();
-  const double top = lane_top();
-  const QFontMetrics fm(font());
-  const int text_h = fm.height();
-
-  // Axis ticks (computed once, drawn as grid lines under the lanes and labels in the axis).
-  const AxisTicks ticks = compute_ticks(map_, tw, index_->start_ns() + shift_ns_);
-
-  // Lanes.
+  const Frame f = frame();
   p.save();
-  p.setClipRect(0, kAxisHeight, W, H - kAxisHeight);
-  std::vector<DrawItem> items;
+  p.setClipRect(0, kAxisHeight, f.width, f.height - kAxisHeight);
+  last_items_ = paint_rows(p, f);
+  paint_label_border(p, f);
+  paint_selection(p, f);
+  paint_range(p, f);
+  p.restore();
+  paint_axis(p, f);
+  paint_scale(p);
+}
+
+void TimelineView::paint_empty(QPainter& p) const {
+  p.setPen(palette::kEmptyText);
+  p.drawText(rect(), Qt::AlignCenter,
+             tr("Open a trace: File > Open, drag a file here, or orrery-gui TRACE"));
+}
+
+size_t TimelineView::paint_rows(QPainter& p, const Frame& f) const {
   const auto& rows = layout_.rows();
-  int first_row = layout_.row_at(std::max(0.0, kAxisHeight - top));
+  int first_row = layout_.row_at(std::max(0.0, kAxisHeight - f.top));
   if (first_row < 0) first_row = 0;
-  int lane_parity = 0;
+  std::vector<DrawItem> items;  // scratch for every row's fold, allocated once per frame
+  size_t drawn = 0;
+  int lane_parity = 0;  // lanes alternate their background from the first one under a header
   for (size_t ri = static_cast<size_t>(first_row); ri < rows.size(); ++ri) {
     const auto& lr = rows[ri];
-    const double y = top + lr.y;
-    if (y > H) break;
-    const QRectF label_rect(0, y, kLabelWidth, lr.height);
-    const QRectF track_rect(kLabelWidth, y, tw, lr.height);
+    const double y = f.top + lr.y;
+    if (y > f.height) break;
     if (lr.kind != LayoutRow::Kind::Lane) {
-      const bool group = lr.kind == LayoutRow::Kind::Group;
-      p.fillRect(QRectF(0, y, W, lr.height), group ? QColor(0xDDE3EA) : QColor(0xECEFF3));
-      p.setPen(QColor(0xC5CCD6));
-      p.drawLine(QPointF(0, y + lr.height - 0.5), QPointF(W, y + lr.height - 0.5));
-      // Disclosure triangle, then the label.
-      const double tx = 6 + lr.indent * 12;
-      const double cy = y + lr.height / 2;
-      QPolygonF tri;
-      if (lr.collapsed) {
-        tri << QPointF(tx, cy - 4) << QPointF(tx + 7, cy) << QPointF(tx, cy + 4);
-      } else {
-        tri << QPointF(tx - 1, cy - 3) << QPointF(tx + 7, cy - 3) << QPointF(tx + 3, cy + 3);
-      }
-      p.setPen(Qt::NoPen);
-      p.setBrush(QColor(0x505860));
-      p.drawPolygon(tri);
-      QFont f = font();
-      f.setBold(true);
-      p.setFont(f);
-      p.setPen(QColor(0x202428));
-      p.drawText(QRectF(tx + 12, y, W - tx - 12, lr.height), Qt::AlignVCenter | Qt::AlignLeft,
-                 QString::fromStdString(lr.label));
-      p.setFont(font());
+      paint_header(p, f, lr, y);
       lane_parity = 0;
       continue;
     }
-    const auto& lane = index_->lanes()[static_cast<size_t>(lr.lane)];
-    p.fillRect(QRectF(0, y, W, lr.height), (lane_parity++ % 2) ? QColor(0xF3F5F7) : QColor(0xFFFFFF));
-    // Grid lines.
-    p.setPen(QColor(0xE6E8EB));
-    for (const auto& t : ticks.ticks) {
-      const double x = kLabelWidth + t.x;
-      p.drawLine(QPointF(x, y), QPointF(x, y + lr.height));
-    }
-    p.save();
-    p.setClipRect(track_rect.intersected(QRectF(kLabelWidth, kAxisHeight, tw, H - kAxisHeight)));
-    for (size_t rowi = 0; rowi < lane.rows.size(); ++rowi) {
-      const auto& row = lane.rows[rowi];
-      const double ry = y + rowi * LaneLayout::kRowHeight + 1;
-      const double rh = LaneLayout::kRowHeight - 2;
-      if (ry > H || ry + rh < kAxisHeight) continue;
-      items.clear();
-      fold_row(row, tm, tw, kFoldPx, items);
-      last_items_ += items.size();
-      for (const auto& it : items) {
-        const auto& s = trace.spans[row.span[it.first]];
-        double x0 = tm.x_of(it.start_ns);
-        double x1 = tm.x_of(it.end_ns);
-        x0 = std::max(x0, -2.0);
-        x1 = std::min(x1, tw + 2.0);
-        const double w = std::max(1.0, x1 - x0);
-        const QRectF r(kLabelWidth + x0, ry, w, rh);
-        if (it.count == 1) {
-          const QColor c = span_color(s.kind, s.name);
-          p.fillRect(r, c);
-          if (w >= 24) {
-            p.setPen(dark_text_on(c) ? QColor(0x101010) : QColor(0xFFFFFF));
-            const QRectF tr = r.adjusted(3, 0, -2, 0).intersected(QRectF(kLabelWidth, ry, tw, rh));
-            const QString name = QString::fromStdString(trace.name_of(s));
-            p.drawText(tr, Qt::AlignVCenter | Qt::AlignLeft, fm.elidedText(name, Qt::ElideRight, static_cast<int>(tr.width())));
-          }
-        } else {
-          // A folded run: the first span's colour, darker, with a light line along its top (a
-          // pattern brush would cost more than the rest of the frame), and its count when it fits.
-          const QColor c = kind_color(s.kind).darker(130);
-          p.fillRect(r, c);
-          if (w >= 4) p.fillRect(QRectF(r.x(), r.y(), r.width(), 2), kind_color(s.kind).lighter(130));
-          if (w >= 36) {
-            p.setPen(QColor(0xFFFFFF));
-            const QRectF tr = r.intersected(QRectF(kLabelWidth, ry, tw, rh));
-            p.drawText(tr, Qt::AlignCenter, fm.elidedText(QStringLiteral("%1 spans").arg(it.count), Qt::ElideRight, static_cast<int>(tr.width())));
-          }
-        }
-      }
-    }
-    p.restore();
-    // Lane label.
-    p.fillRect(label_rect, QColor(0xF0F2F5));
-    p.setPen(QColor(0x303438));
-    p.drawText(label_rect.adjusted(8 + lr.indent * 12, 0, -4, 0), Qt::AlignVCenter | Qt::AlignLeft,
-               fm.elidedText(QString::fromStdString(lr.label), Qt::ElideRight, kLabelWidth - 12 - lr.indent * 12));
-    p.setPen(QColor(0xE0E3E7));
-    p.drawLine(QPointF(0, y + lr.height - 0.5), QPointF(W, y + lr.height - 0.5));
+    drawn += paint_lane(p, f, lr, y, (lane_parity++ % 2) != 0, items);
   }
-  // Label column border.
-  p.setPen(QColor(0xC5CCD6));
-  p.drawLine(QPointF(kLabelWidth - 0.5, kAxisHeight), QPointF(kLabelWidth - 0.5, H));
+  return drawn;
+}
 
-  // Selected span outline.
-  if (selected_ >= 0) {
-    const auto& s = trace.spans[static_cast<size_t>(selected_)];
-    const int row = index_->row_of(static_cast<uint32_t>(selected_));
-    const int r = layout_.row_of_lane(index_->lane_of(s.rank, s.stream));
-    if (row >= 0 && r >= 0) {
-      const double y = top + rows[static_cast<size_t>(r)].y + row * LaneLayout::kRowHeight + 1;
-      const double x0 = std::max(-3.0, tm.x_of(s.start_ns));
-      const double x1 = std::min(tw + 3.0, tm.x_of(s.end_ns));
-      p.setClipRect(kLabelWidth, kAxisHeight, tw, H - kAxisHeight);
-      p.setBrush(Qt::NoBrush);
-      p.setPen(QPen(QColor(0x111111), 2));
-      p.drawRect(QRectF(kLabelWidth + x0 - 1, y - 1, std::max(2.0, x1 - x0) + 2, LaneLayout::kRowHeight));
-      p.setPen(QPen(QColor(0xFFEB3B), 1));
-      p.drawRect(QRectF(kLabelWidth + x0 - 2.5, y - 2.5, std::max(2.0, x1 - x0) + 5, LaneLayout::kRowHeight + 3));
-    }
-  }
-  // Range selection.
-  if (has_range_ || drag_ == Drag::Range) {
-    const double x0 = std::max(-1.0, tm.x_of(range_t0_));
-    const double x1 = std::min(tw + 1.0, tm.x_of(range_t1_));
-    p.setClipRect(kLabelWidth, kAxisHeight, tw, H - kAxisHeight);
-    if (x1 > x0) {
-      p.fillRect(QRectF(kLabelWidth + x0, kAxisHeight, x1 - x0, H - kAxisHeight), QColor(66, 133, 244, 40));
-    }
-    p.setPen(QPen(QColor(0x1A73E8), 1));
-    p.drawLine(QPointF(kLabelWidth + x0, kAxisHeight), QPointF(kLabelWidth + x0, H));
-    p.drawLine(QPointF(kLabelWidth + x1, kAxisHeight), QPointF(kLabelWidth + x1, H));
-  }
-  p.restore();
+void TimelineView::paint_header(QPainter& p, const Frame& f, const LayoutRow& lr, double y) const {
+  const bool group = lr.kind == LayoutRow::Kind::Group;
+  p.fillRect(QRectF(0, y, f.width, lr.height),
+             group ? palette::kGroupHeader : palette::kRankHeader);
+  p.setPen(palette::kBorder);
+  p.drawLine(QPointF(0, y + lr.height - 0.5), QPointF(f.width, y + lr.height - 0.5));
+  // Disclosure triangle, then the label.
+  const double tx = 6 + lr.indent * 12;
+  const double cy = y + lr.height / 2;
+  p.setPen(Qt::NoPen);
+  p.setBrush(palette::kDisclosure);
+  p.drawPolygon(disclosure_triangle(tx, cy, lr.collapsed));
+  QFont bold = font();
+  bold.setBold(true);
+  p.setFont(bold);
+  p.setPen(palette::kHeaderText);
+  p.drawText(QRectF(tx + 12, y, f.width - tx - 12, lr.height), Qt::AlignVCenter | Qt::AlignLeft,
+             QString::fromStdString(lr.label));
+  p.setFont(font());
+}
 
-  // Axis.
-  p.fillRect(0, 0, W, kAxisHeight, QColor(0xECEFF3));
-  p.setPen(QColor(0xC5CCD6));
-  p.drawLine(QPointF(0, kAxisHeight - 0.5), QPointF(W, kAxisHeight - 0.5));
+size_t TimelineView::paint_lane(QPainter& p, const Frame& f, const LayoutRow& lr, double y,
+                                bool odd, std::vector<DrawItem>& items) const {
+  const auto& lane = index_->lanes()[static_cast<size_t>(lr.lane)];
+  p.fillRect(QRectF(0, y, f.width, lr.height), odd ? palette::kLaneOdd : palette::kLaneEven);
+  paint_grid(p, f, y, lr.height);
   p.save();
-  p.setClipRect(kLabelWidth, 0, tw, kAxisHeight);
-  for (const auto& t : ticks.ticks) {
-    const double x = kLabelWidth + t.x;
-    p.setPen(QColor(0x7A828C));
-    p.drawLine(QPointF(x, kAxisHeight - 7), QPointF(x, kAxisHeight - 1));
-    p.setPen(QColor(0x202428));
-    p.drawText(QRectF(x + 3, 0, 200, kAxisHeight - 4), Qt::AlignLeft | Qt::AlignVCenter, QString::fromStdString(t.label));
-  }
-  if (has_range_) {
-    // The range's length above it, as Perfetto shows it.
-    const double x0 = tm.x_of(range_t0_), x1 = tm.x_of(range_t1_);
-    const QString len = QString::fromStdString(format_duration_ns(static_cast<double>(range_t1_ - range_t0_)));
-    const double cx = kLabelWidth + (std::max(0.0, x0) + std::min<double>(tw, x1)) / 2;
-    const QRectF box(cx - fm.horizontalAdvance(len) / 2.0 - 6, 3, fm.horizontalAdvance(len) + 12, kAxisHeight - 8);
-    p.fillRect(box, QColor(0x1A73E8));
-    p.setPen(Qt::white);
-    p.drawText(box, Qt::AlignCenter, len);
+  const QRectF track_rect(kLabelWidth, y, f.track_width, lr.height);
+  p.setClipRect(track_rect.intersected(
+      QRectF(kLabelWidth, kAxisHeight, f.track_width, f.height - kAxisHeight)));
+  size_t drawn = 0;
+  for (size_t rowi = 0; rowi < lane.rows.size(); ++rowi) {
+    const double ry = y + rowi * LaneLayout::kRowHeight + 1;
+    const double rh = LaneLayout::kRowHeight - 2;
+    if (ry > f.height || ry + rh < kAxisHeight) continue;
+    drawn += paint_lane_row(p, f, lane.rows[rowi], ry, rh, items);
   }
   p.restore();
-  // Corner: the trace's span count and the scale.
-  p.setPen(QColor(0x505860));
+  paint_lane_label(p, f, lr, y);
+  return drawn;
+}
+
+void TimelineView::paint_grid(QPainter& p, const Frame& f, double y, double height) const {
+  p.setPen(palette::kGrid);
+  for (const auto& t : f.ticks.ticks) {
+    const double x = kLabelWidth + t.x;
+    p.drawLine(QPointF(x, y), QPointF(x, y + height));
+  }
+}
+
+size_t TimelineView::paint_lane_row(QPainter& p, const Frame& f, const LaneRow& row, double ry,
+                                    double rh, std::vector<DrawItem>& items) const {
+  items.clear();
+  fold_row(row, f.tm, f.track_width, kFoldPx, items);
+  const QRectF row_rect(kLabelWidth, ry, f.track_width, rh);
+  for (const auto& it : items) {
+    const auto& s = doc_->trace.spans[row.span[it.first]];
+    double x0 = f.tm.x_of(it.start_ns);
+    double x1 = f.tm.x_of(it.end_ns);
+    x0 = std::max(x0, -2.0);
+    x1 = std::min(x1, f.track_width + 2.0);
+    const double w = std::max(1.0, x1 - x0);
+    const QRectF r(kLabelWidth + x0, ry, w, rh);
+    if (it.count == 1) {
+      paint_span(p, f, s, r, row_rect);
+    } else {
+      paint_folded(p, f, s, it.count, r, row_rect);
+    }
+  }
+  return items.size();
+}
+
+void TimelineView::paint_span(QPainter& p, const Frame& f, const traces::Span& s, const QRectF& r,
+                              const QRectF& row_rect) const {
+  const QColor c = palette::span_color(s.kind, s.name);
+  p.fillRect(r, c);
+  if (r.width() < 24) return;
+  p.setPen(palette::text_on(c));
+  const QRectF text_rect = r.adjusted(3, 0, -2, 0).intersected(row_rect);
+  const QString name = QString::fromStdString(doc_->trace.name_of(s));
+  p.drawText(text_rect, Qt::AlignVCenter | Qt::AlignLeft,
+             f.fm.elidedText(name, Qt::ElideRight, static_cast<int>(text_rect.width())));
+}
+
+// A folded run: the first span's colour, darker, with a light line along its top (a pattern brush
+// would cost more than the rest of the frame), and its count when it fits.
+void TimelineView::paint_folded(QPainter& p, const Frame& f, const traces::Span& first,
+                                uint32_t count, const QRectF& r, const QRectF& row_rect) const {
+  p.fillRect(r, palette::folded_color(first.kind));
+  if (r.width() >= 4) {
+    p.fillRect(QRectF(r.x(), r.y(), r.width(), 2), palette::folded_edge_color(first.kind));
+  }
+  if (r.width() < 36) return;
+  p.setPen(palette::kFoldedText);
+  const QRectF text_rect = r.intersected(row_rect);
+  p.drawText(text_rect, Qt::AlignCenter,
+             f.fm.elidedText(QStringLiteral("%1 spans").arg(count), Qt::ElideRight,
+                             static_cast<int>(text_rect.width())));
+}
+
+void TimelineView::paint_lane_label(QPainter& p, const Frame& f, const LayoutRow& lr,
+                                    double y) const {
+  const QRectF label_rect(0, y, kLabelWidth, lr.height);
+  p.fillRect(label_rect, palette::kLaneLabel);
+  p.setPen(palette::kLaneLabelText);
+  p.drawText(label_rect.adjusted(8 + lr.indent * 12, 0, -4, 0), Qt::AlignVCenter | Qt::AlignLeft,
+             f.fm.elidedText(QString::fromStdString(lr.label), Qt::ElideRight,
+                             kLabelWidth - 12 - lr.indent * 12));
+  p.setPen(palette::kLaneSeparator);
+  p.drawLine(QPointF(0, y + lr.height - 0.5), QPointF(f.width, y + lr.height - 0.5));
+}
+
+void TimelineView::paint_label_border(QPainter& p, const Frame& f) const {
+  p.setPen(palette::kBorder);
+  p.drawLine(QPointF(kLabelWidth - 0.5, kAxisHeight), QPointF(kLabelWidth - 0.5, f.height));
+}
+
+// The selected span: a dark outline with a yellow halo around it, over whatever covers it.
+void TimelineView::paint_selection(QPainter& p, const Frame& f) const {
+  if (selected_ < 0) return;
+  const auto& s = doc_->trace.spans[static_cast<size_t>(selected_)];
+  const int row = index_->row_of(static_cast<uint32_t>(selected_));
+  const int r = layout_.row_of_lane(index_->lane_of(s.rank, s.stream));
+  if (row < 0 || r < 0) return;
+  const double y =
+      f.top + layout_.rows()[static_cast<size_t>(r)].y + row * LaneLayout::kRowHeight + 1;
+  const double x0 = std::max(-3.0, f.tm.x_of(s.start_ns));
+  const double x1 = std::min(f.track_width + 3.0, f.tm.x_of(s.end_ns));
+  p.setClipRect(kLabelWidth, kAxisHeight, f.track_width, f.height - kAxisHeight);
+  p.setBrush(Qt::NoBrush);
+  p.setPen(QPen(palette::kSelectionOutline, 2));
+  p.drawRect(
+      QRectF(kLabelWidth + x0 - 1, y - 1, std::max(2.0, x1 - x0) + 2, LaneLayout::kRowHeight));
+  p.setPen(QPen(palette::kSelectionHalo, 1));
+  p.drawRect(QRectF(kLabelWidth + x0 - 2.5, y - 2.5, std::max(2.0, x1 - x0) + 5,
+                    LaneLayout::kRowHeight + 3));
+}
+
+// The selected range (or the one being dragged): a translucent band between two lines.
+void TimelineView::paint_range(QPainter& p, const Frame& f) const {
+  if (!has_range_ && drag_ != Drag::Range) return;
+  const double x0 = std::max(-1.0, f.tm.x_of(range_t0_));
+  const double x1 = std::min(f.track_width + 1.0, f.tm.x_of(range_t1_));
+  p.setClipRect(kLabelWidth, kAxisHeight, f.track_width, f.height - kAxisHeight);
+  if (x1 > x0) {
+    p.fillRect(QRectF(kLabelWidth + x0, kAxisHeight, x1 - x0, f.height - kAxisHeight),
+               palette::kRangeFill);
+  }
+  p.setPen(QPen(palette::kAccent, 1));
+  p.drawLine(QPointF(kLabelWidth + x0, kAxisHeight), QPointF(kLabelWidth + x0, f.height));
+  p.drawLine(QPointF(kLabelWidth + x1, kAxisHeight), QPointF(kLabelWidth + x1, f.height));
+}
+
+// The time axis: its band, the ticks with their labels, and the range's length above the range.
+void TimelineView::paint_axis(QPainter& p, const Frame& f) const {
+  p.fillRect(0, 0, f.width, kAxisHeight, palette::kAxis);
+  p.setPen(palette::kBorder);
+  p.drawLine(QPointF(0, kAxisHeight - 0.5), QPointF(f.width, kAxisHeight - 0.5));
+  p.save();
+  p.setClipRect(kLabelWidth, 0, f.track_width, kAxisHeight);
+  for (const auto& t : f.ticks.ticks) {
+    const double x = kLabelWidth + t.x;
+    p.setPen(palette::kTick);
+    p.drawLine(QPointF(x, kAxisHeight - 7), QPointF(x, kAxisHeight - 1));
+    p.setPen(palette::kTickText);
+    p.drawText(QRectF(x + 3, 0, 200, kAxisHeight - 4), Qt::AlignLeft | Qt::AlignVCenter,
+               QString::fromStdString(t.label));
+  }
+  if (has_range_) paint_range_length(p, f);
+  p.restore();
+}
+
+// The range's length above it, as Perfetto shows it.
+void TimelineView::paint_range_length(QPainter& p, const Frame& f) const {
+  const double x0 = f.tm.x_of(range_t0_), x1 = f.tm.x_of(range_t1_);
+  const QString len =
+      QString::fromStdString(format_duration_ns(static_cast<double>(range_t1_ - range_t0_)));
+  const double cx = kLabelWidth + (std::max(0.0, x0) + std::min<double>(f.track_width, x1)) / 2;
+  const QRectF box(cx - f.fm.horizontalAdvance(len) / 2.0 - 6, 3, f.fm.horizontalAdvance(len) + 12,
+                   kAxisHeight - 8);
+  p.fillRect(box, palette::kAccent);
+  p.setPen(palette::kTextOnAccent);
+  p.drawText(box, Qt::AlignCenter, len);
+}
+
+// The corner above the lane names: the scale.
+void TimelineView::paint_scale(QPainter& p) const {
+  p.setPen(palette::kScaleText);
   p.drawText(QRectF(8, 0, kLabelWidth - 12, kAxisHeight), Qt::AlignVCenter | Qt::AlignLeft,
              QString::fromStdString(format_duration_ns(map_.ns_per_px * 100)) + tr(" / 100 px"));
-  (void)pal;
-  (void)text_h;
 }
 
 void TimelineView::wheelEvent(QWheelEvent* e) {
@@ -574,7 +644,8 @@ void TimelineView::mouseMoveEvent(QMouseEvent* e) {
 void TimelineView::show_tooltip(QPoint pos, QPoint global) {
   if (hovered_ < 0 || !doc_) return;
   QString html = "<table>";
-  for (auto& [k, v] : span_attributes(doc_->trace, static_cast<uint32_t>(hovered_), index_->start_ns(), true)) {
+  for (auto& [k, v] :
+       span_attributes(doc_->trace, static_cast<uint32_t>(hovered_), index_->start_ns(), true)) {
     html += "<tr><td><b>" + QString::fromStdString(k).toHtmlEscaped() + "</b></td><td>" +
             QString::fromStdString(v).toHtmlEscaped() + "</td></tr>";
   }
@@ -630,18 +701,32 @@ void TimelineView::keyPressEvent(QKeyEvent* e) {
   double anchor = w / 2;
   if (last_mouse_.x() >= kLabelWidth && underMouse()) anchor = last_mouse_.x() - kLabelWidth;
   switch (e->key()) {
-    case Qt::Key_W: zoom_by(1.25, anchor); break;
-    case Qt::Key_S: zoom_by(1 / 1.25, anchor); break;
-    case Qt::Key_A: pan_by_px(w / 8); break;
-    case Qt::Key_D: pan_by_px(-w / 8); break;
-    case Qt::Key_F: zoom_to_selection(); break;
+    case Qt::Key_W:
+      zoom_by(1.25, anchor);
+      break;
+    case Qt::Key_S:
+      zoom_by(1 / 1.25, anchor);
+      break;
+    case Qt::Key_A:
+      pan_by_px(w / 8);
+      break;
+    case Qt::Key_D:
+      pan_by_px(-w / 8);
+      break;
+    case Qt::Key_F:
+      zoom_to_selection();
+      break;
     case Qt::Key_0:
-    case Qt::Key_Home: fit_all(); break;
+    case Qt::Key_Home:
+      fit_all();
+      break;
     case Qt::Key_Escape:
       clear_range();
       select_span(-1);
       break;
-    default: QAbstractScrollArea::keyPressEvent(e); return;
+    default:
+      QAbstractScrollArea::keyPressEvent(e);
+      return;
   }
   e->accept();
 }

@@ -7,18 +7,20 @@
 #pragma once
 
 #include <QAbstractScrollArea>
+#include <QRectF>
 #include <memory>
 #include <optional>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "orrery/gui/document.hpp"
 #include "orrery/gui/lane_layout.hpp"
 #include "orrery/gui/time_mapping.hpp"
 
-namespace orrery::gui {
+class QPainter;
 
-QColor kind_color(traces::SpanKind k);
+namespace orrery::gui {
 
 class TimelineView : public QAbstractScrollArea {
   Q_OBJECT
@@ -100,6 +102,30 @@ class TimelineView : public QAbstractScrollArea {
   TimeMapping trace_mapping() const;  // maps trace time (view time minus shift)
   double lane_top() const;            // viewport y of layout y = 0
   void show_tooltip(QPoint pos, QPoint global);
+
+  // Painting, one step per layer (paintEvent lists them back to front); colours from palette.hpp.
+  struct Frame;
+  Frame frame() const;
+  void paint_empty(QPainter& p) const;
+  size_t paint_rows(QPainter& p, const Frame& f) const;  // headers and lanes; returns items drawn
+  void paint_header(QPainter& p, const Frame& f, const LayoutRow& lr, double y) const;
+  // `items` is scratch space shared by the rows of a frame; returns the items drawn.
+  size_t paint_lane(QPainter& p, const Frame& f, const LayoutRow& lr, double y, bool odd,
+                    std::vector<DrawItem>& items) const;
+  void paint_grid(QPainter& p, const Frame& f, double y, double height) const;
+  size_t paint_lane_row(QPainter& p, const Frame& f, const LaneRow& row, double ry, double rh,
+                        std::vector<DrawItem>& items) const;
+  void paint_span(QPainter& p, const Frame& f, const traces::Span& s, const QRectF& r,
+                  const QRectF& row_rect) const;
+  void paint_folded(QPainter& p, const Frame& f, const traces::Span& first, uint32_t count,
+                    const QRectF& r, const QRectF& row_rect) const;
+  void paint_lane_label(QPainter& p, const Frame& f, const LayoutRow& lr, double y) const;
+  void paint_label_border(QPainter& p, const Frame& f) const;
+  void paint_selection(QPainter& p, const Frame& f) const;
+  void paint_range(QPainter& p, const Frame& f) const;
+  void paint_axis(QPainter& p, const Frame& f) const;
+  void paint_range_length(QPainter& p, const Frame& f) const;
+  void paint_scale(QPainter& p) const;
 
   std::shared_ptr<TraceDocument> doc_;
   std::unique_ptr<TraceIndex> filtered_;  // when some kinds are hidden
