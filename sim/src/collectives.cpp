@@ -15,12 +15,18 @@ using traces::CollOp;
 
 std::string_view to_string(Algorithm a) {
   switch (a) {
-    case Algorithm::Auto: return "auto";
-    case Algorithm::Ring: return "ring";
-    case Algorithm::Tree: return "tree";
-    case Algorithm::HalvingDoubling: return "halving-doubling";
-    case Algorithm::Direct: return "direct";
-    case Algorithm::Hierarchical: return "hierarchical";
+    case Algorithm::Auto:
+      return "auto";
+    case Algorithm::Ring:
+      return "ring";
+    case Algorithm::Tree:
+      return "tree";
+    case Algorithm::HalvingDoubling:
+      return "halving-doubling";
+    case Algorithm::Direct:
+      return "direct";
+    case Algorithm::Hierarchical:
+      return "hierarchical";
   }
   return "?";
 }
@@ -45,7 +51,8 @@ class PhaseBuilder {
  public:
   void add(int32_t src, int32_t dst, double bytes, double weight = 1.0) {
     if (src == dst || bytes <= 0) return;
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(src)) << 32) | static_cast<uint32_t>(dst);
+    const uint64_t key =
+        (static_cast<uint64_t>(static_cast<uint32_t>(src)) << 32) | static_cast<uint32_t>(dst);
     auto [it, inserted] = index_.try_emplace(key, phase_.flows.size());
     if (inserted) {
       phase_.flows.push_back(FlowSpec{src, dst, bytes, weight});
@@ -95,7 +102,8 @@ std::vector<int32_t> ring_order(const std::vector<std::vector<int32_t>>& groups,
 
 bool is_pow2(size_t n) { return n && !(n & (n - 1)); }
 
-// NCCL's in-order binary tree over n positions (ncclGetBtree): parent of position r, -1 for the root.
+// NCCL's in-order binary tree over n positions (ncclGetBtree): parent of position r, -1 for the
+// root.
 int btree_parent(int n, int r) {
   if (r == 0) return -1;
   int bit = 1;
@@ -142,7 +150,8 @@ void validate(const Cluster& c, const CollectiveRequest& r) {
       throw InputError("collective member GPU " + std::to_string(g) + " is outside the cluster (" +
                        std::to_string(c.num_gpus()) + " GPUs)");
     }
-    if (!seen.insert(g).second) throw InputError("collective member GPU " + std::to_string(g) + " appears twice");
+    if (!seen.insert(g).second)
+      throw InputError("collective member GPU " + std::to_string(g) + " appears twice");
   }
   if ((r.op == CollOp::Send || r.op == CollOp::Recv) && r.members.size() != 2) {
     throw InputError("send/recv needs exactly two members {source, destination}");
@@ -164,206 +173,290 @@ int effective_channels(const Cluster& c, const CollectiveRequest& req) {
   if (req.channels > 0) return req.channels;
   if (c.coll.channels > 0) return c.coll.channels;
   bool multi_node = false;
-  for (int32_t g : req.members) multi_node = multi_node || c.node_of(g) != c.node_of(req.members.front());
+  for (int32_t g : req.members)
+    multi_node = multi_node || c.node_of(g) != c.node_of(req.members.front());
   return multi_node ? c.gpus_per_node : 1;
 }
+
+namespace {
+
+// What every algorithm's planner reads: the request and the quantities derived from it once.
+struct PlanInput {
+  const CollectiveRequest& req;
+  CollOp op;                                // req.op, a barrier planned as an all-reduce
+  int channels;                             // C, effective_channels
+  int n;                                    // members
+  double bytes;                             // S
+  std::vector<std::vector<int32_t>> nodes;  // members grouped by node (by_node)
+};
+
+// Members rotated so the root comes first (broadcast, reduce).
+std::vector<int32_t> rooted(const PlanInput& in, const std::vector<int32_t>& o) {
+  std::vector<int32_t> r = o;
+  auto it = std::find(r.begin(), r.end(), in.req.members[in.req.root]);
+  std::rotate(r.begin(), it, r.end());
+  return r;
+}
+
+// One pipelined phase over every channel's ring: the ring all-reduce, reduce-scatter and
+// all-gather, a chain from or towards the root for broadcast and reduce.
+std::vector<Phase> plan_ring(const PlanInput& in) {
+  const int C = in.channels, n = in.n;
+  const double Sc = in.bytes / C;
+  const CollOp op = in.op;
+  PhaseBuilder b;
+  int steps = 0;
+  for (int ch = 0; ch < C; ++ch) {
+    const auto o = ring_order(in.nodes, ch);
+    switch (op) {
+      case CollOp::AllReduce:
+        add_ring(b, o, 2.0 * (n - 1) / n * Sc);
+        steps = 2 * (n - 1);
+        break;
+      case CollOp::ReduceScatter:
+      case CollOp::AllGather:
+        add_ring(b, o, 1.0 * (n - 1) / n * Sc);
+        steps = n - 1;
+        break;
+      case CollOp::Broadcast:
+      case CollOp::Reduce: {
+        // A pipelined chain from the root (broadcast) or towards it (reduce).
+        const auto r = rooted(in, o);
+        for (int i = 0; i + 1 < n; ++i) {
+          if (op == CollOp::Broadcast)
+            b.add(r[i], r[i + 1], Sc);
+          else
+            b.add(r[i + 1], r[i], Sc);
+        }
+        steps = n - 1;
+        break;
+      }
+      default:
+        unsupported(in.req.op, Algorithm::Ring);
+    }
+  }
+  return {b.take(steps, true)};
+}
+
+// One pipelined phase over every channel's trees: NCCL's double binary tree for all-reduce (between
+// nodes and chained inside them when every node holds the same number of members), a binary tree
+// from or towards the root for broadcast and reduce.
+std::vector<Phase> plan_tree(const PlanInput& in) {
+  const int C = in.channels, n = in.n;
+  const double Sc = in.bytes / C;
+  const CollOp op = in.op;
+  const auto& groups = in.nodes;
+  PhaseBuilder b;
+  int steps = 0;
+  for (int ch = 0; ch < C; ++ch) {
+    const auto o = ring_order(groups, ch);
+    const int g = static_cast<int>(groups.front().size());
+    bool uniform = groups.size() > 1 && g > 1;
+    for (const auto& grp : groups) uniform = uniform && static_cast<int>(grp.size()) == g;
+    if (op == CollOp::AllReduce && uniform) {
+      // NCCL's multi-node tree: a double binary tree between nodes, joined at each node's head
+      // GPU (the channel's first, so each channel uses its own NIC), and a chain through the
+      // node's GPUs below the head. Every link carries half the data per tree, up and down.
+      const int nodes = static_cast<int>(groups.size());
+      for (int t = 0; t < 2; ++t)
+        for (int k = 0; k < nodes; ++k) {
+          const int p = dtree_parent(nodes, k, t);
+          if (p < 0) continue;
+          b.add(o[k * g], o[p * g], Sc / 2);
+          b.add(o[p * g], o[k * g], Sc / 2);
+        }
+      for (int k = 0; k < nodes; ++k)
+        for (int i = 0; i + 1 < g; ++i) {
+          b.add(o[k * g + i + 1], o[k * g + i], Sc);  // both trees' halves, reduce
+          b.add(o[k * g + i], o[k * g + i + 1], Sc);  // and broadcast
+        }
+      steps = 2 * (std::max(tree_depth(nodes, 0), tree_depth(nodes, 1)) + g - 1);
+    } else if (op == CollOp::AllReduce) {
+      // Each tree reduces then broadcasts half the data, pipelined: both directions at once.
+      for (int t = 0; t < 2; ++t)
+        for (int r = 0; r < n; ++r) {
+          const int p = dtree_parent(n, r, t);
+          if (p < 0) continue;
+          b.add(o[r], o[p], Sc / 2);
+          b.add(o[p], o[r], Sc / 2);
+        }
+      steps = 2 * std::max(tree_depth(n, 0), tree_depth(n, 1));
+    } else if (op == CollOp::Broadcast || op == CollOp::Reduce) {
+      const auto ro = rooted(in, o);
+      for (int r = 1; r < n; ++r) {
+        const int p = btree_parent(n, r);
+        if (op == CollOp::Broadcast)
+          b.add(ro[p], ro[r], Sc);
+        else
+          b.add(ro[r], ro[p], Sc);
+      }
+      steps = tree_depth(n, 0);
+    } else {
+      unsupported(in.req.op, Algorithm::Tree);
+    }
+  }
+  return {b.take(steps, true)};
+}
+
+// Recursive halving (reduce-scatter), then the same steps reversed (all-gather by recursive
+// doubling): one phase per step.
+std::vector<Phase> plan_halving_doubling(const PlanInput& in) {
+  const int C = in.channels, n = in.n;
+  const double S = in.bytes;
+  const CollOp op = in.op;
+  const auto& m = in.req.members;
+  if (!is_pow2(static_cast<size_t>(n))) {
+    throw InputError("halving-doubling needs a power-of-two number of ranks; got " +
+                     std::to_string(n));
+  }
+  if (op != CollOp::AllReduce && op != CollOp::ReduceScatter && op != CollOp::AllGather)
+    unsupported(in.req.op, Algorithm::HalvingDoubling);
+  // Reduce-scatter by recursive halving: step k exchanges S/2^(k+1) with the rank n/2^(k+1) away.
+  std::vector<Phase> rs;
+  for (int d = n / 2; d >= 1; d /= 2) {
+    PhaseBuilder b;
+    const double bytes = S * d / n;  // S/2, S/4, ..., S/n
+    for (int r = 0; r < n; ++r) b.add(m[r], m[r ^ d], bytes / C, C);
+    rs.push_back(b.take(1));
+  }
+  std::vector<Phase> phases;
+  if (op != CollOp::AllGather)
+    for (auto& p : rs) phases.push_back(p);
+  if (op != CollOp::ReduceScatter)  // all-gather by recursive doubling: the same steps reversed
+    for (auto it = rs.rbegin(); it != rs.rend(); ++it) phases.push_back(*it);
+  return phases;
+}
+
+// Every pair exchanges directly, in one phase (two for all-reduce: reduce-scatter, all-gather); the
+// root sends to or receives from every other member for broadcast and reduce.
+std::vector<Phase> plan_direct(const PlanInput& in) {
+  const int n = in.n;
+  const double S = in.bytes;
+  const CollOp op = in.op;
+  const auto& req = in.req;
+  const auto& m = req.members;
+  auto exchange = [&](double bytes) {
+    PhaseBuilder b;
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) b.add(m[i], m[j], bytes);
+    return b.take(1);
+  };
+  std::vector<Phase> phases;
+  switch (op) {
+    case CollOp::AllToAll:
+    case CollOp::AllGather:
+    case CollOp::ReduceScatter:
+      phases.push_back(exchange(S / n));
+      break;
+    case CollOp::AllReduce:
+      phases.push_back(exchange(S / n));
+      phases.push_back(exchange(S / n));
+      break;
+    case CollOp::Broadcast:
+    case CollOp::Reduce: {
+      PhaseBuilder b;
+      for (int i = 0; i < n; ++i) {
+        if (i == req.root) continue;
+        if (op == CollOp::Broadcast)
+          b.add(m[req.root], m[i], S);
+        else
+          b.add(m[i], m[req.root], S);
+      }
+      phases.push_back(b.take(1));
+      break;
+    }
+    default:
+      unsupported(req.op, Algorithm::Direct);
+  }
+  return phases;
+}
+
+// Rings inside every node (reduce-scatter, all-gather) around a ring per local index across nodes.
+std::vector<Phase> plan_hierarchical(const PlanInput& in) {
+  const int C = in.channels;
+  const double S = in.bytes;
+  const CollOp op = in.op;
+  const auto& groups = in.nodes;
+  if (op != CollOp::AllReduce && op != CollOp::ReduceScatter && op != CollOp::AllGather)
+    unsupported(in.req.op, Algorithm::Hierarchical);
+  const int g = static_cast<int>(groups.front().size());
+  const int nodes = static_cast<int>(groups.size());
+  for (const auto& grp : groups)
+    if (static_cast<int>(grp.size()) != g) {
+      throw InputError("hierarchical collectives need the same number of members on every node");
+    }
+  auto intra = [&](double factor_bytes) {  // a ring inside every node, all channels
+    PhaseBuilder b;
+    for (int ch = 0; ch < C; ++ch)
+      for (const auto& grp : groups) add_ring(b, ring_order({grp}, ch), factor_bytes / C);
+    return b.take(g - 1, true);
+  };
+  auto inter = [&](double bytes, int steps_per_hop) {  // a ring per local index across nodes
+    PhaseBuilder b;
+    for (int j = 0; j < g; ++j) {
+      std::vector<int32_t> o;
+      for (const auto& grp : groups) o.push_back(grp[j]);
+      add_ring(b, o, bytes / C, C);
+    }
+    return b.take(steps_per_hop * (nodes - 1), true);
+  };
+  const double gd = g, nd = nodes;
+  const double inter_part = S / gd;  // what each GPU owns after the intra-node reduce-scatter
+  std::vector<Phase> phases;
+  if (op == CollOp::AllReduce) {
+    if (g > 1) phases.push_back(intra((gd - 1) / gd * S));
+    if (nodes > 1) phases.push_back(inter(2 * (nd - 1) / nd * inter_part, 2));
+    if (g > 1) phases.push_back(intra((gd - 1) / gd * S));
+  } else if (op == CollOp::ReduceScatter) {
+    if (g > 1) phases.push_back(intra((gd - 1) / gd * S));
+    if (nodes > 1) phases.push_back(inter((nd - 1) / nd * inter_part, 1));
+  } else {
+    if (nodes > 1) phases.push_back(inter((nd - 1) / nd * inter_part, 1));
+    if (g > 1) phases.push_back(intra((gd - 1) / gd * S));
+  }
+  return phases;
+}
+
+}  // namespace
 
 CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
   validate(c, req);
   CollectivePlan plan;
   plan.algo = req.algo == Algorithm::Auto ? choose_algorithm(c, req) : req.algo;
-  const int C = effective_channels(c, req);
-  plan.channels = C;
-  const auto& m = req.members;
-  const int n = static_cast<int>(m.size());
-  const double S = static_cast<double>(req.bytes);
-  const double Sc = S / C;
-  const auto groups = by_node(c, m);
-  const CollOp op = req.op == CollOp::Barrier ? CollOp::AllReduce : req.op;
-
-  if (op == CollOp::Send || op == CollOp::Recv) {
+  plan.channels = effective_channels(c, req);
+  const PlanInput in{req,
+                     req.op == CollOp::Barrier ? CollOp::AllReduce : req.op,
+                     plan.channels,
+                     static_cast<int>(req.members.size()),
+                     static_cast<double>(req.bytes),
+                     by_node(c, req.members)};
+  if (in.op == CollOp::Send || in.op == CollOp::Recv) {
+    // One direct transfer, split over the channels.
     PhaseBuilder b;
-    b.add(m[0], m[1], Sc, C);
+    b.add(req.members[0], req.members[1], in.bytes / in.channels, in.channels);
     plan.algo = Algorithm::Direct;
     plan.phases.push_back(b.take(1));
     return plan;
   }
-  if (n < 2) return plan;  // a collective of one rank moves nothing
-
-  // Members rotated so the root comes first (broadcast, reduce).
-  auto rooted = [&](const std::vector<int32_t>& o) {
-    std::vector<int32_t> r = o;
-    auto it = std::find(r.begin(), r.end(), m[req.root]);
-    std::rotate(r.begin(), it, r.end());
-    return r;
-  };
-
+  if (in.n < 2) return plan;  // a collective of one rank moves nothing
   switch (plan.algo) {
-    case Algorithm::Ring: {
-      PhaseBuilder b;
-      int steps = 0;
-      for (int ch = 0; ch < C; ++ch) {
-        const auto o = ring_order(groups, ch);
-        switch (op) {
-          case CollOp::AllReduce: add_ring(b, o, 2.0 * (n - 1) / n * Sc); steps = 2 * (n - 1); break;
-          case CollOp::ReduceScatter:
-          case CollOp::AllGather: add_ring(b, o, 1.0 * (n - 1) / n * Sc); steps = n - 1; break;
-          case CollOp::Broadcast:
-          case CollOp::Reduce: {
-            // A pipelined chain from the root (broadcast) or towards it (reduce).
-            const auto r = rooted(o);
-            for (int i = 0; i + 1 < n; ++i) {
-              if (op == CollOp::Broadcast) b.add(r[i], r[i + 1], Sc);
-              else b.add(r[i + 1], r[i], Sc);
-            }
-            steps = n - 1;
-            break;
-          }
-          default: unsupported(req.op, plan.algo);
-        }
-      }
-      plan.phases.push_back(b.take(steps, true));
+    case Algorithm::Ring:
+      plan.phases = plan_ring(in);
       return plan;
-    }
-    case Algorithm::Tree: {
-      PhaseBuilder b;
-      int steps = 0;
-      for (int ch = 0; ch < C; ++ch) {
-        const auto o = ring_order(groups, ch);
-        const int g = static_cast<int>(groups.front().size());
-        bool uniform = groups.size() > 1 && g > 1;
-        for (const auto& grp : groups) uniform = uniform && static_cast<int>(grp.size()) == g;
-        if (op == CollOp::AllReduce && uniform) {
-          // NCCL's multi-node tree: a double binary tree between nodes, joined at each node's head
-          // GPU (the channel's first, so each channel uses its own NIC), and a chain through the
-          // node's GPUs below the head. Every link carries half the data per tree, up and down.
-          const int nodes = static_cast<int>(groups.size());
-          for (int t = 0; t < 2; ++t)
-            for (int k = 0; k < nodes; ++k) {
-              const int p = dtree_parent(nodes, k, t);
-              if (p < 0) continue;
-              b.add(o[k * g], o[p * g], Sc / 2);
-              b.add(o[p * g], o[k * g], Sc / 2);
-            }
-          for (int k = 0; k < nodes; ++k)
-            for (int i = 0; i + 1 < g; ++i) {
-              b.add(o[k * g + i + 1], o[k * g + i], Sc);  // both trees' halves, reduce
-              b.add(o[k * g + i], o[k * g + i + 1], Sc);  // and broadcast
-            }
-          steps = 2 * (std::max(tree_depth(nodes, 0), tree_depth(nodes, 1)) + g - 1);
-        } else if (op == CollOp::AllReduce) {
-          // Each tree reduces then broadcasts half the data, pipelined: both directions at once.
-          for (int t = 0; t < 2; ++t)
-            for (int r = 0; r < n; ++r) {
-              const int p = dtree_parent(n, r, t);
-              if (p < 0) continue;
-              b.add(o[r], o[p], Sc / 2);
-              b.add(o[p], o[r], Sc / 2);
-            }
-          steps = 2 * std::max(tree_depth(n, 0), tree_depth(n, 1));
-        } else if (op == CollOp::Broadcast || op == CollOp::Reduce) {
-          const auto ro = rooted(o);
-          for (int r = 1; r < n; ++r) {
-            const int p = btree_parent(n, r);
-            if (op == CollOp::Broadcast) b.add(ro[p], ro[r], Sc);
-            else b.add(ro[r], ro[p], Sc);
-          }
-          steps = tree_depth(n, 0);
-        } else {
-          unsupported(req.op, plan.algo);
-        }
-      }
-      plan.phases.push_back(b.take(steps, true));
+    case Algorithm::Tree:
+      plan.phases = plan_tree(in);
       return plan;
-    }
-    case Algorithm::HalvingDoubling: {
-      if (!is_pow2(static_cast<size_t>(n))) {
-        throw InputError("halving-doubling needs a power-of-two number of ranks; got " + std::to_string(n));
-      }
-      if (op != CollOp::AllReduce && op != CollOp::ReduceScatter && op != CollOp::AllGather) unsupported(req.op, plan.algo);
-      // Reduce-scatter by recursive halving: step k exchanges S/2^(k+1) with the rank n/2^(k+1) away.
-      std::vector<Phase> rs;
-      for (int d = n / 2; d >= 1; d /= 2) {
-        PhaseBuilder b;
-        const double bytes = S * d / n;  // S/2, S/4, ..., S/n
-        for (int r = 0; r < n; ++r) b.add(m[r], m[r ^ d], bytes / C, C);
-        rs.push_back(b.take(1));
-      }
-      if (op != CollOp::AllGather)
-        for (auto& p : rs) plan.phases.push_back(p);
-      if (op != CollOp::ReduceScatter)  // all-gather by recursive doubling: the same steps reversed
-        for (auto it = rs.rbegin(); it != rs.rend(); ++it) plan.phases.push_back(*it);
+    case Algorithm::HalvingDoubling:
+      plan.phases = plan_halving_doubling(in);
       return plan;
-    }
-    case Algorithm::Direct: {
-      auto exchange = [&](double bytes) {
-        PhaseBuilder b;
-        for (int i = 0; i < n; ++i)
-          for (int j = 0; j < n; ++j) b.add(m[i], m[j], bytes);
-        return b.take(1);
-      };
-      switch (op) {
-        case CollOp::AllToAll:
-        case CollOp::AllGather:
-        case CollOp::ReduceScatter: plan.phases.push_back(exchange(S / n)); break;
-        case CollOp::AllReduce:
-          plan.phases.push_back(exchange(S / n));
-          plan.phases.push_back(exchange(S / n));
-          break;
-        case CollOp::Broadcast:
-        case CollOp::Reduce: {
-          PhaseBuilder b;
-          for (int i = 0; i < n; ++i) {
-            if (i == req.root) continue;
-            if (op == CollOp::Broadcast) b.add(m[req.root], m[i], S);
-            else b.add(m[i], m[req.root], S);
-          }
-          plan.phases.push_back(b.take(1));
-          break;
-        }
-        default: unsupported(req.op, plan.algo);
-      }
+    case Algorithm::Direct:
+      plan.phases = plan_direct(in);
       return plan;
-    }
-    case Algorithm::Hierarchical: {
-      if (op != CollOp::AllReduce && op != CollOp::ReduceScatter && op != CollOp::AllGather) unsupported(req.op, plan.algo);
-      const int g = static_cast<int>(groups.front().size());
-      const int nodes = static_cast<int>(groups.size());
-      for (const auto& grp : groups)
-        if (static_cast<int>(grp.size()) != g) {
-          throw InputError("hierarchical collectives need the same number of members on every node");
-        }
-      auto intra = [&](double factor_bytes) {  // a ring inside every node, all channels
-        PhaseBuilder b;
-        for (int ch = 0; ch < C; ++ch)
-          for (const auto& grp : groups) add_ring(b, ring_order({grp}, ch), factor_bytes / C);
-        return b.take(g - 1, true);
-      };
-      auto inter = [&](double bytes, int steps_per_hop) {  // a ring per local index across nodes
-        PhaseBuilder b;
-        for (int j = 0; j < g; ++j) {
-          std::vector<int32_t> o;
-          for (const auto& grp : groups) o.push_back(grp[j]);
-          add_ring(b, o, bytes / C, C);
-        }
-        return b.take(steps_per_hop * (nodes - 1), true);
-      };
-      const double gd = g, nd = nodes;
-      const double inter_part = S / gd;  // what each GPU owns after the intra-node reduce-scatter
-      if (op == CollOp::AllReduce) {
-        if (g > 1) plan.phases.push_back(intra((gd - 1) / gd * S));
-        if (nodes > 1) plan.phases.push_back(inter(2 * (nd - 1) / nd * inter_part, 2));
-        if (g > 1) plan.phases.push_back(intra((gd - 1) / gd * S));
-      } else if (op == CollOp::ReduceScatter) {
-        if (g > 1) plan.phases.push_back(intra((gd - 1) / gd * S));
-        if (nodes > 1) plan.phases.push_back(inter((nd - 1) / nd * inter_part, 1));
-      } else {
-        if (nodes > 1) plan.phases.push_back(inter((nd - 1) / nd * inter_part, 1));
-        if (g > 1) plan.phases.push_back(intra((gd - 1) / gd * S));
-      }
+    case Algorithm::Hierarchical:
+      plan.phases = plan_hierarchical(in);
       return plan;
-    }
-    case Algorithm::Auto: break;
+    case Algorithm::Auto:
+      break;
   }
   throw InternalError("unresolved collective algorithm");
 }
@@ -372,15 +465,18 @@ std::vector<Algorithm> candidate_algorithms(const Cluster& c, const CollectiveRe
   switch (req.op) {
     case CollOp::AllToAll:
     case CollOp::Send:
-    case CollOp::Recv: return {Algorithm::Direct};
+    case CollOp::Recv:
+      return {Algorithm::Direct};
     case CollOp::AllReduce:
     case CollOp::Barrier: {
       bool multi_node = false;
-      for (int32_t g : req.members) multi_node = multi_node || c.node_of(g) != c.node_of(req.members.front());
+      for (int32_t g : req.members)
+        multi_node = multi_node || c.node_of(g) != c.node_of(req.members.front());
       if (!multi_node || req.members.size() < 3) return {Algorithm::Ring};
       return {Algorithm::Ring, Algorithm::Tree};
     }
-    default: return {Algorithm::Ring};
+    default:
+      return {Algorithm::Ring};
   }
 }
 

@@ -14,7 +14,7 @@ namespace orrery::sim {
 
 namespace {
 
-constexpr const char* kClassNames[kOpClassCount] = {"gemm", "attention", "elementwise",
+constexpr const char* kClassNames[kOpClassCount] = {"gemm",      "attention",    "elementwise",
                                                     "layernorm", "softmax_loss", "optimizer"};
 
 std::string where(const std::string& origin, const YAML::Node& n, const std::string& key) {
@@ -25,17 +25,20 @@ std::string where(const std::string& origin, const YAML::Node& n, const std::str
   return o.str();
 }
 
-void check_keys(const YAML::Node& map, const std::set<std::string>& allowed, const std::string& origin,
-                const std::string& prefix) {
+void check_keys(const YAML::Node& map, const std::set<std::string>& allowed,
+                const std::string& origin, const std::string& prefix) {
   if (!map.IsMap()) throw InputError(where(origin, map, prefix) + ": expected a mapping");
   for (const auto& kv : map) {
     // "? [a, b]: 1" is valid YAML; as<std::string>() would throw a YAML exception.
-    if (!kv.first.IsScalar()) throw InputError(where(origin, kv.first, prefix) + ": a key must be a name, not a list or map");
+    if (!kv.first.IsScalar())
+      throw InputError(where(origin, kv.first, prefix) +
+                       ": a key must be a name, not a list or map");
     const std::string k = kv.first.as<std::string>();
     if (!allowed.count(k)) {
       std::string list;
       for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-      throw InputError(where(origin, kv.first, prefix + k) + ": unknown key (expected one of: " + list + ")");
+      throw InputError(where(origin, kv.first, prefix + k) +
+                       ": unknown key (expected one of: " + list + ")");
     }
   }
 }
@@ -44,24 +47,30 @@ double get_number(const YAML::Node& n, const std::string& origin, const std::str
   try {
     return n.as<double>();
   } catch (const YAML::Exception&) {
-    throw InputError(where(origin, n, key) + ": expected a number, got '" + n.as<std::string>("?") + "'");
+    throw InputError(where(origin, n, key) + ": expected a number, got '" + n.as<std::string>("?") +
+                     "'");
   }
 }
 
-// A scalar as a string: a list or map where a name belongs is the user's mistake, not a YAML exception.
+// A scalar as a string: a list or map where a name belongs is the user's mistake, not a YAML
+// exception.
 std::string get_string(const YAML::Node& n, const std::string& origin, const std::string& key) {
   if (!n.IsScalar()) throw InputError(where(origin, n, key) + ": expected a string");
   return n.Scalar();
 }
 
-// A whole number read as a double, range-checked before the cast (a cast out of range is undefined).
+// A whole number read as a double, range-checked before the cast (a cast out of range is
+// undefined).
 int to_int(double v, const YAML::Node& n, const std::string& origin, const std::string& key) {
-  if (!(v <= 2147483647.0)) throw InputError(where(origin, n, key) + ": expected a number <= 2147483647");
+  if (!(v <= 2147483647.0))
+    throw InputError(where(origin, n, key) + ": expected a number <= 2147483647");
   return static_cast<int>(v);
 }
 
-int64_t us_to_ns(double us, const YAML::Node& n, const std::string& origin, const std::string& key) {
-  if (!(us >= 0) || !(us < 9.2e15)) throw InputError(where(origin, n, key) + ": expected a time >= 0 (microseconds)");
+int64_t us_to_ns(double us, const YAML::Node& n, const std::string& origin,
+                 const std::string& key) {
+  if (!(us >= 0) || !(us < 9.2e15))
+    throw InputError(where(origin, n, key) + ": expected a time >= 0 (microseconds)");
   return static_cast<int64_t>(std::llround(us * 1000.0));
 }
 
@@ -69,14 +78,16 @@ int64_t us_to_ns(double us, const YAML::Node& n, const std::string& origin, cons
 
 std::string_view to_string(OpClass c) { return kClassNames[static_cast<int>(c)]; }
 
-const CollectiveOverride* HardwareProfile::find_override(traces::CollOp op, bool intra_node, int group_size) const {
+const CollectiveOverride* HardwareProfile::find_override(traces::CollOp op, bool intra_node,
+                                                         int group_size) const {
   // Most specific first: the group's size and scope, its size, the scope, then any.
   const CollectiveOverride* best = nullptr;
   int best_score = -1;
   for (const auto& o : collectives) {
     if (o.op != op) continue;
     if (o.ranks != 0 && o.ranks != group_size) continue;
-    if (o.scope != CollectiveScope::Any && (o.scope == CollectiveScope::IntraNode) != intra_node) continue;
+    if (o.scope != CollectiveScope::Any && (o.scope == CollectiveScope::IntraNode) != intra_node)
+      continue;
     const int score = (o.ranks != 0 ? 2 : 0) + (o.scope != CollectiveScope::Any ? 1 : 0);
     if (score > best_score) best = &o, best_score = score;
   }
@@ -85,7 +96,8 @@ const CollectiveOverride* HardwareProfile::find_override(traces::CollOp op, bool
 
 int64_t CollectiveOverride::time_ns(int64_t bytes, int group_size) const {
   if (table.empty()) {
-    const double secs = double(bytes) * traces::busbw_factor(op, group_size) / bus_bandwidth_bytes_per_s;
+    const double secs =
+        double(bytes) * traces::busbw_factor(op, group_size) / bus_bandwidth_bytes_per_s;
     return latency_ns + static_cast<int64_t>(std::ceil(secs * 1e9));
   }
   if (table.size() == 1 || bytes <= table.front().first) return table.front().second;
@@ -97,7 +109,10 @@ int64_t CollectiveOverride::time_ns(int64_t bytes, int group_size) const {
   return std::max<int64_t>(0, static_cast<int64_t>(std::llround(t)));
 }
 
-HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& origin) {
+namespace {
+
+// The profile's document; a YAML syntax error names the file and line.
+YAML::Node load_document(const std::string& yaml_text, const std::string& origin) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -106,215 +121,319 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   }
   if (!root.IsMap()) throw InputError(origin + ": a hardware profile must be a YAML mapping");
   check_keys(root,
-             {"name", "device", "precision", "peak_flops", "memory_bandwidth_gbps", "data_load_us", "kernels",
-              "collectives", "machine", "cluster", "sharing", "ops", "rank_jitter", "op_jitter"},
+             {"name", "device", "precision", "peak_flops", "memory_bandwidth_gbps", "data_load_us",
+              "kernels", "collectives", "machine", "cluster", "sharing", "ops", "rank_jitter",
+              "op_jitter"},
              origin, "");
+  return root;
+}
+
+// The top-level scalars (name, device, precision, peaks, jitters, data load): a profile with only
+// those set. `root` is taken by value (a handle on the same document, like the caller's).
+HardwareProfile parse_device(YAML::Node root, const std::string& origin) {
   HardwareProfile p;
   p.name = root["name"] ? get_string(root["name"], origin, "name") : origin;
   if (root["device"]) p.device = get_string(root["device"], origin, "device");
   p.precision = root["precision"] ? get_string(root["precision"], origin, "precision") : "fp32";
-  if (p.precision != "bf16" && p.precision != "fp16" && p.precision != "tf32" && p.precision != "fp32")
-    throw InputError(where(origin, root["precision"], "precision") + ": expected bf16, fp16, tf32 or fp32, got '" +
-                     p.precision + "'");
+  if (p.precision != "bf16" && p.precision != "fp16" && p.precision != "tf32" &&
+      p.precision != "fp32")
+    throw InputError(where(origin, root["precision"], "precision") +
+                     ": expected bf16, fp16, tf32 or fp32, got '" + p.precision + "'");
   if (root["peak_flops"]) {
     p.peak_flops = get_number(root["peak_flops"], origin, "peak_flops");
-    if (p.peak_flops < 0) throw InputError(where(origin, root["peak_flops"], "peak_flops") + ": expected >= 0");
+    if (p.peak_flops < 0)
+      throw InputError(where(origin, root["peak_flops"], "peak_flops") + ": expected >= 0");
   }
   if (root["memory_bandwidth_gbps"]) {
     const double g = get_number(root["memory_bandwidth_gbps"], origin, "memory_bandwidth_gbps");
-    if (g < 0) throw InputError(where(origin, root["memory_bandwidth_gbps"], "memory_bandwidth_gbps") + ": expected >= 0");
+    if (g < 0)
+      throw InputError(where(origin, root["memory_bandwidth_gbps"], "memory_bandwidth_gbps") +
+                       ": expected >= 0");
     p.memory_bandwidth_bytes_per_s = g * 1e9;
   }
   if (root["rank_jitter"]) {
     p.rank_jitter = get_number(root["rank_jitter"], origin, "rank_jitter");
     if (!(p.rank_jitter >= 0) || !(p.rank_jitter < 1))
-      throw InputError(where(origin, root["rank_jitter"], "rank_jitter") + ": expected a fraction in [0, 1)");
+      throw InputError(where(origin, root["rank_jitter"], "rank_jitter") +
+                       ": expected a fraction in [0, 1)");
   }
   if (root["op_jitter"]) {
     p.op_jitter = get_number(root["op_jitter"], origin, "op_jitter");
     if (!(p.op_jitter >= 0) || !(p.op_jitter < 1))
-      throw InputError(where(origin, root["op_jitter"], "op_jitter") + ": expected a fraction in [0, 1)");
+      throw InputError(where(origin, root["op_jitter"], "op_jitter") +
+                       ": expected a fraction in [0, 1)");
   }
   if (root["data_load_us"])
-    p.data_load_ns = us_to_ns(get_number(root["data_load_us"], origin, "data_load_us"), root["data_load_us"], origin,
-                              "data_load_us");
-  if (const auto k = root["kernels"]) {
-    if (!k.IsMap()) throw InputError(where(origin, k, "kernels") + ": expected a mapping of op classes");
-    check_keys(k, {kClassNames[0], kClassNames[1], kClassNames[2], kClassNames[3], kClassNames[4], kClassNames[5]},
-               origin, "kernels.");
-    for (int c = 0; c < kOpClassCount; ++c) {
-      const auto n = k[kClassNames[c]];
-      if (!n) continue;
-      const std::string pre = std::string("kernels.") + kClassNames[c] + ".";
-      if (!n.IsMap()) throw InputError(where(origin, n, pre) + ": expected a mapping");
-      check_keys(n, {"flops_efficiency", "bandwidth_efficiency", "overhead_us"}, origin, pre);
-      ClassCost cc;
-      for (const char* key : {"flops_efficiency", "bandwidth_efficiency"}) {
-        if (!n[key]) continue;
-        const double v = get_number(n[key], origin, pre + key);
-        if (!(v > 0 && v <= 1)) throw InputError(where(origin, n[key], pre + key) + ": expected a fraction in (0, 1]");
-        (std::string(key) == "flops_efficiency" ? cc.flops_efficiency : cc.bandwidth_efficiency) = v;
-      }
-      if (n["overhead_us"])
-        cc.overhead_ns = us_to_ns(get_number(n["overhead_us"], origin, pre + "overhead_us"), n["overhead_us"], origin,
-                                  pre + "overhead_us");
-      p.classes[c] = cc;
-    }
+    p.data_load_ns = us_to_ns(get_number(root["data_load_us"], origin, "data_load_us"),
+                              root["data_load_us"], origin, "data_load_us");
+  return p;
+}
+
+// One op class of the `kernels:` section (`pre` is its key path, "kernels.gemm.").
+ClassCost parse_class_cost(const YAML::Node& n, const std::string& origin, const std::string& pre) {
+  if (!n.IsMap()) throw InputError(where(origin, n, pre) + ": expected a mapping");
+  check_keys(n, {"flops_efficiency", "bandwidth_efficiency", "overhead_us"}, origin, pre);
+  ClassCost cc;
+  for (const char* key : {"flops_efficiency", "bandwidth_efficiency"}) {
+    if (!n[key]) continue;
+    const double v = get_number(n[key], origin, pre + key);
+    if (!(v > 0 && v <= 1))
+      throw InputError(where(origin, n[key], pre + key) + ": expected a fraction in (0, 1]");
+    (std::string(key) == "flops_efficiency" ? cc.flops_efficiency : cc.bandwidth_efficiency) = v;
   }
-  if (const auto cs = root["collectives"]) {
-    if (!cs.IsSequence()) throw InputError(where(origin, cs, "collectives") + ": expected a list");
-    for (const auto& n : cs) {
-      if (!n.IsMap()) throw InputError(where(origin, n, "collectives[]") + ": expected a mapping");
-      check_keys(n, {"op", "scope", "ranks", "latency_us", "bus_bandwidth_gbps", "ranks_on_node", "table"}, origin,
-                 "collectives[].");
-      CollectiveOverride o;
-      const std::string op = n["op"] ? get_string(n["op"], origin, "collectives[].op") : "";
-      const auto parsed = traces::coll_op_from_string(op);
-      if (!parsed || *parsed == traces::CollOp::None)
-        throw InputError(where(origin, n, "collectives[].op") + ": unknown collective '" + op +
-                         "' (expected all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all, send, recv)");
-      o.op = *parsed;
-      const std::string scope = n["scope"] ? get_string(n["scope"], origin, "collectives[].scope") : "any";
-      if (scope == "any") o.scope = CollectiveScope::Any;
-      else if (scope == "intra_node") o.scope = CollectiveScope::IntraNode;
-      else if (scope == "inter_node") o.scope = CollectiveScope::InterNode;
-      else throw InputError(where(origin, n["scope"], "collectives[].scope") + ": expected any, intra_node or inter_node");
-      if (n["ranks"]) {
-        const double r = get_number(n["ranks"], origin, "collectives[].ranks");
-        if (!(r >= 0) || r != std::floor(r)) throw InputError(where(origin, n["ranks"], "collectives[].ranks") + ": expected a whole number >= 0");
-        o.ranks = to_int(r, n["ranks"], origin, "collectives[].ranks");
-      }
-      if (n["latency_us"]) o.latency_ns = us_to_ns(get_number(n["latency_us"], origin, "collectives[].latency_us"),
-                                                   n["latency_us"], origin, "collectives[].latency_us");
-      if (!n["bus_bandwidth_gbps"]) throw InputError(where(origin, n, "collectives[].bus_bandwidth_gbps") + ": required");
-      const double g = get_number(n["bus_bandwidth_gbps"], origin, "collectives[].bus_bandwidth_gbps");
-      if (!(g > 0)) throw InputError(where(origin, n["bus_bandwidth_gbps"], "collectives[].bus_bandwidth_gbps") + ": expected > 0");
-      o.bus_bandwidth_bytes_per_s = g * 1e9;
-      if (n["ranks_on_node"]) {
-        const double r = get_number(n["ranks_on_node"], origin, "collectives[].ranks_on_node");
-        if (!(r >= 0) || r != std::floor(r))
-          throw InputError(where(origin, n["ranks_on_node"], "collectives[].ranks_on_node") + ": expected a whole number >= 0");
-        o.ranks_on_node = to_int(r, n["ranks_on_node"], origin, "collectives[].ranks_on_node");
-      }
-      if (const auto t = n["table"]) {
-        const std::string key = "collectives[].table";
-        if (!t.IsSequence()) throw InputError(where(origin, t, key) + ": expected a list of [bytes, microseconds]");
-        for (const auto& pt : t) {
-          if (!pt.IsSequence() || pt.size() != 2)
-            throw InputError(where(origin, pt, key) + ": expected a pair [bytes, microseconds]");
-          const double b = get_number(pt[0], origin, key);
-          if (!(b >= 0) || !(b < 9.2e18) || b != std::floor(b))
-            throw InputError(where(origin, pt[0], key) + ": expected whole bytes >= 0");
-          const int64_t bytes = static_cast<int64_t>(b);
-          if (!o.table.empty() && bytes <= o.table.back().first)
-            throw InputError(where(origin, pt[0], key) + ": sizes must ascend");
-          o.table.emplace_back(bytes, us_to_ns(get_number(pt[1], origin, key), pt[1], origin, key));
-        }
-      }
-      p.collectives.push_back(o);
-    }
+  if (n["overhead_us"])
+    cc.overhead_ns = us_to_ns(get_number(n["overhead_us"], origin, pre + "overhead_us"),
+                              n["overhead_us"], origin, pre + "overhead_us");
+  return cc;
+}
+
+// The `kernels:` section; classes it leaves out keep the defaults.
+std::array<ClassCost, kOpClassCount> parse_kernels(const YAML::Node& k, const std::string& origin) {
+  if (!k.IsMap())
+    throw InputError(where(origin, k, "kernels") + ": expected a mapping of op classes");
+  check_keys(k,
+             {kClassNames[0], kClassNames[1], kClassNames[2], kClassNames[3], kClassNames[4],
+              kClassNames[5]},
+             origin, "kernels.");
+  std::array<ClassCost, kOpClassCount> classes{};
+  for (int c = 0; c < kOpClassCount; ++c) {
+    const auto n = k[kClassNames[c]];
+    if (!n) continue;
+    classes[c] = parse_class_cost(n, origin, std::string("kernels.") + kClassNames[c] + ".");
   }
-  if (const auto ops = root["ops"]) {
-    if (!ops.IsSequence()) throw InputError(where(origin, ops, "ops") + ": expected a list");
-    for (const auto& n : ops) {
-      if (!n.IsMap()) throw InputError(where(origin, n, "ops[]") + ": expected a mapping");
-      check_keys(n, {"name", "piece", "pieces", "batch", "seq", "d_model", "heads", "vocab", "tp", "params", "time_us"},
-                 origin, "ops[].");
-      MeasuredOp o;
-      if (!n["name"]) throw InputError(where(origin, n, "ops[].name") + ": required");
-      o.name = get_string(n["name"], origin, "ops[].name");
-      if (o.name.empty()) throw InputError(where(origin, n["name"], "ops[].name") + ": expected a name");
-      auto whole = [&](const char* key, double lo, double fallback) -> int64_t {
-        if (!n[key]) return static_cast<int64_t>(fallback);
-        const double v = get_number(n[key], origin, std::string("ops[].") + key);
-        if (!(v >= lo) || !(v <= 1e12) || v != std::floor(v))
-          throw InputError(where(origin, n[key], std::string("ops[].") + key) + ": expected a whole number >= " +
-                           std::to_string(static_cast<int>(lo)));
-        return static_cast<int64_t>(v);
-      };
-      o.pieces = static_cast<int>(whole("pieces", 1, 1));
-      o.piece = static_cast<int>(whole("piece", 0, 0));
-      if (o.piece >= o.pieces)
-        throw InputError(where(origin, n["piece"], "ops[].piece") + ": expected a piece below ops[].pieces (" +
-                         std::to_string(o.pieces) + ")");
-      o.batch = whole("batch", 1, 1);
-      o.seq = whole("seq", 1, 1);
-      o.d_model = whole("d_model", 1, 1);
-      o.heads = whole("heads", 1, 1);
-      o.vocab = whole("vocab", 1, 1);
-      o.tp = whole("tp", 1, 1);
-      if (n["params"]) {
-        o.params = get_number(n["params"], origin, "ops[].params");
-        if (!(o.params >= 0) || !(o.params < 1e15)) throw InputError(where(origin, n["params"], "ops[].params") + ": expected a number >= 0");
-      }
-      if (!n["time_us"]) throw InputError(where(origin, n, "ops[].time_us") + ": required");
-      o.time_ns = us_to_ns(get_number(n["time_us"], origin, "ops[].time_us"), n["time_us"], origin, "ops[].time_us");
-      p.ops.push_back(o);
-    }
+  return classes;
+}
+
+// A collective override's measured `table:` of [bytes, microseconds] pairs, ascending in bytes.
+std::vector<std::pair<int64_t, int64_t>> parse_table(const YAML::Node& t,
+                                                     const std::string& origin) {
+  const std::string key = "collectives[].table";
+  if (!t.IsSequence())
+    throw InputError(where(origin, t, key) + ": expected a list of [bytes, microseconds]");
+  std::vector<std::pair<int64_t, int64_t>> table;
+  for (const auto& pt : t) {
+    if (!pt.IsSequence() || pt.size() != 2)
+      throw InputError(where(origin, pt, key) + ": expected a pair [bytes, microseconds]");
+    const double b = get_number(pt[0], origin, key);
+    if (!(b >= 0) || !(b < 9.2e18) || b != std::floor(b))
+      throw InputError(where(origin, pt[0], key) + ": expected whole bytes >= 0");
+    const int64_t bytes = static_cast<int64_t>(b);
+    if (!table.empty() && bytes <= table.back().first)
+      throw InputError(where(origin, pt[0], key) + ": sizes must ascend");
+    table.emplace_back(bytes, us_to_ns(get_number(pt[1], origin, key), pt[1], origin, key));
   }
-  if (const auto c = root["cluster"]) {
-    if (!c.IsMap()) throw InputError(where(origin, c, "cluster") + ": expected a mapping");
-    check_keys(c, {"device", "nodes", "ranks_per_node", "peak_flops", "memory_bandwidth_gbps", "memory_capacity_gb",
-                   "link", "link_gb_per_s", "link_latency_us"},
-               origin, "cluster.");
-    auto num = [&](const char* key, double lo) {
-      const double v = get_number(c[key], origin, std::string("cluster.") + key);
-      if (!(v >= lo)) throw InputError(where(origin, c[key], std::string("cluster.") + key) + ": expected a number >= " +
-                                       std::to_string(static_cast<int>(lo)));
-      return v;
-    };
-    MachineDescription& m = p.cluster;
-    if (c["device"]) m.device = get_string(c["device"], origin, "cluster.device");
-    m.nodes = c["nodes"] ? to_int(num("nodes", 1), c["nodes"], origin, "cluster.nodes") : 1;
-    if (!c["ranks_per_node"]) throw InputError(where(origin, c, "cluster.ranks_per_node") + ": required");
-    m.ranks_per_node = to_int(num("ranks_per_node", 1), c["ranks_per_node"], origin, "cluster.ranks_per_node");
-    if (c["peak_flops"]) m.peak_flops = num("peak_flops", 0);
-    if (c["memory_bandwidth_gbps"]) m.memory_bandwidth_bytes_per_s = num("memory_bandwidth_gbps", 0) * 1e9;
-    if (c["memory_capacity_gb"]) {
-      const double gb = num("memory_capacity_gb", 0);
-      if (!(gb < 9.2e9)) throw InputError(where(origin, c["memory_capacity_gb"], "cluster.memory_capacity_gb") + ": expected a number < 9.2e9");
-      m.memory_capacity_bytes = static_cast<int64_t>(gb * 1e9);
-    }
-    if (c["link"]) m.link = get_string(c["link"], origin, "cluster.link");
-    if (c["link_gb_per_s"]) m.link_bytes_per_s = num("link_gb_per_s", 0) * 1e9;
-    if (c["link_latency_us"])
-      m.link_latency_ns = us_to_ns(num("link_latency_us", 0), c["link_latency_us"], origin, "cluster.link_latency_us");
+  return table;
+}
+
+// One entry of the `collectives:` list.
+CollectiveOverride parse_collective_override(const YAML::Node& n, const std::string& origin) {
+  if (!n.IsMap()) throw InputError(where(origin, n, "collectives[]") + ": expected a mapping");
+  check_keys(n,
+             {"op", "scope", "ranks", "latency_us", "bus_bandwidth_gbps", "ranks_on_node", "table"},
+             origin, "collectives[].");
+  CollectiveOverride o;
+  const std::string op = n["op"] ? get_string(n["op"], origin, "collectives[].op") : "";
+  const auto parsed = traces::coll_op_from_string(op);
+  if (!parsed || *parsed == traces::CollOp::None)
+    throw InputError(where(origin, n, "collectives[].op") + ": unknown collective '" + op +
+                     "' (expected all_reduce, reduce_scatter, all_gather, broadcast, reduce, "
+                     "all_to_all, send, recv)");
+  o.op = *parsed;
+  const std::string scope =
+      n["scope"] ? get_string(n["scope"], origin, "collectives[].scope") : "any";
+  if (scope == "any")
+    o.scope = CollectiveScope::Any;
+  else if (scope == "intra_node")
+    o.scope = CollectiveScope::IntraNode;
+  else if (scope == "inter_node")
+    o.scope = CollectiveScope::InterNode;
+  else
+    throw InputError(where(origin, n["scope"], "collectives[].scope") +
+                     ": expected any, intra_node or inter_node");
+  if (n["ranks"]) {
+    const double r = get_number(n["ranks"], origin, "collectives[].ranks");
+    if (!(r >= 0) || r != std::floor(r))
+      throw InputError(where(origin, n["ranks"], "collectives[].ranks") +
+                       ": expected a whole number >= 0");
+    o.ranks = to_int(r, n["ranks"], origin, "collectives[].ranks");
   }
-  if (const auto sh = root["sharing"]) {
-    if (!sh.IsMap()) throw InputError(where(origin, sh, "sharing") + ": expected a mapping");
-    check_keys(sh,
-               {"cores", "threads_per_rank", "contention_at_full", "oversubscription_exponent", "comm_exponent",
-                "comm_compute_weight", "comm_thread_weight"},
-               origin, "sharing.");
-    auto num = [&](const char* key, double lo) {
-      const double v = get_number(sh[key], origin, std::string("sharing.") + key);
-      if (!(v >= lo) || !std::isfinite(v))
-        throw InputError(where(origin, sh[key], std::string("sharing.") + key) + ": expected a number >= " +
-                         std::to_string(lo));
-      return v;
-    };
-    CoreSharing& cs = p.sharing;
-    if (!sh["cores"]) throw InputError(where(origin, sh, "sharing.cores") + ": required");
-    cs.cores = to_int(num("cores", 1), sh["cores"], origin, "sharing.cores");
-    if (sh["threads_per_rank"])
-      cs.threads_per_rank = to_int(num("threads_per_rank", 1), sh["threads_per_rank"], origin, "sharing.threads_per_rank");
-    if (sh["contention_at_full"]) {
-      cs.contention_at_full = num("contention_at_full", 0.0);
-      if (!(cs.contention_at_full > 0))
-        throw InputError(where(origin, sh["contention_at_full"], "sharing.contention_at_full") + ": expected a number > 0");
-    }
-    if (sh["oversubscription_exponent"]) cs.oversubscription_exponent = num("oversubscription_exponent", 0.0);
-    if (sh["comm_exponent"]) cs.comm_exponent = num("comm_exponent", 0.0);
-    if (sh["comm_compute_weight"]) cs.comm_compute_weight = num("comm_compute_weight", 0.0);
-    if (sh["comm_thread_weight"]) cs.comm_thread_weight = num("comm_thread_weight", 0.0);
+  if (n["latency_us"])
+    o.latency_ns = us_to_ns(get_number(n["latency_us"], origin, "collectives[].latency_us"),
+                            n["latency_us"], origin, "collectives[].latency_us");
+  if (!n["bus_bandwidth_gbps"])
+    throw InputError(where(origin, n, "collectives[].bus_bandwidth_gbps") + ": required");
+  const double g = get_number(n["bus_bandwidth_gbps"], origin, "collectives[].bus_bandwidth_gbps");
+  if (!(g > 0))
+    throw InputError(where(origin, n["bus_bandwidth_gbps"], "collectives[].bus_bandwidth_gbps") +
+                     ": expected > 0");
+  o.bus_bandwidth_bytes_per_s = g * 1e9;
+  if (n["ranks_on_node"]) {
+    const double r = get_number(n["ranks_on_node"], origin, "collectives[].ranks_on_node");
+    if (!(r >= 0) || r != std::floor(r))
+      throw InputError(where(origin, n["ranks_on_node"], "collectives[].ranks_on_node") +
+                       ": expected a whole number >= 0");
+    o.ranks_on_node = to_int(r, n["ranks_on_node"], origin, "collectives[].ranks_on_node");
   }
-  if (const auto m = root["machine"]) {
-    if (!m.IsMap()) throw InputError(where(origin, m, "machine") + ": expected a mapping of strings");
-    for (const auto& kv : m) {
-      if (!kv.first.IsScalar()) throw InputError(where(origin, kv.first, "machine") + ": a key must be a name, not a list or map");
-      p.machine[kv.first.as<std::string>()] = kv.second.as<std::string>("");
-    }
+  if (const auto t = n["table"]) o.table = parse_table(t, origin);
+  return o;
+}
+
+// The `collectives:` section.
+std::vector<CollectiveOverride> parse_collectives(const YAML::Node& cs, const std::string& origin) {
+  if (!cs.IsSequence()) throw InputError(where(origin, cs, "collectives") + ": expected a list");
+  std::vector<CollectiveOverride> collectives;
+  for (const auto& n : cs) collectives.push_back(parse_collective_override(n, origin));
+  return collectives;
+}
+
+// One entry of the `ops:` list.
+MeasuredOp parse_measured_op(const YAML::Node& n, const std::string& origin) {
+  if (!n.IsMap()) throw InputError(where(origin, n, "ops[]") + ": expected a mapping");
+  check_keys(n,
+             {"name", "piece", "pieces", "batch", "seq", "d_model", "heads", "vocab", "tp",
+              "params", "time_us"},
+             origin, "ops[].");
+  MeasuredOp o;
+  if (!n["name"]) throw InputError(where(origin, n, "ops[].name") + ": required");
+  o.name = get_string(n["name"], origin, "ops[].name");
+  if (o.name.empty())
+    throw InputError(where(origin, n["name"], "ops[].name") + ": expected a name");
+  auto whole = [&](const char* key, double lo, double fallback) -> int64_t {
+    if (!n[key]) return static_cast<int64_t>(fallback);
+    const double v = get_number(n[key], origin, std::string("ops[].") + key);
+    if (!(v >= lo) || !(v <= 1e12) || v != std::floor(v))
+      throw InputError(where(origin, n[key], std::string("ops[].") + key) +
+                       ": expected a whole number >= " + std::to_string(static_cast<int>(lo)));
+    return static_cast<int64_t>(v);
+  };
+  o.pieces = static_cast<int>(whole("pieces", 1, 1));
+  o.piece = static_cast<int>(whole("piece", 0, 0));
+  if (o.piece >= o.pieces)
+    throw InputError(where(origin, n["piece"], "ops[].piece") +
+                     ": expected a piece below ops[].pieces (" + std::to_string(o.pieces) + ")");
+  o.batch = whole("batch", 1, 1);
+  o.seq = whole("seq", 1, 1);
+  o.d_model = whole("d_model", 1, 1);
+  o.heads = whole("heads", 1, 1);
+  o.vocab = whole("vocab", 1, 1);
+  o.tp = whole("tp", 1, 1);
+  if (n["params"]) {
+    o.params = get_number(n["params"], origin, "ops[].params");
+    if (!(o.params >= 0) || !(o.params < 1e15))
+      throw InputError(where(origin, n["params"], "ops[].params") + ": expected a number >= 0");
   }
+  if (!n["time_us"]) throw InputError(where(origin, n, "ops[].time_us") + ": required");
+  o.time_ns = us_to_ns(get_number(n["time_us"], origin, "ops[].time_us"), n["time_us"], origin,
+                       "ops[].time_us");
+  return o;
+}
+
+// The `ops:` section.
+std::vector<MeasuredOp> parse_ops(const YAML::Node& ops, const std::string& origin) {
+  if (!ops.IsSequence()) throw InputError(where(origin, ops, "ops") + ": expected a list");
+  std::vector<MeasuredOp> measured;
+  for (const auto& n : ops) measured.push_back(parse_measured_op(n, origin));
+  return measured;
+}
+
+// The `cluster:` section (the machine a calibrated profile was measured on).
+MachineDescription parse_cluster(const YAML::Node& c, const std::string& origin) {
+  if (!c.IsMap()) throw InputError(where(origin, c, "cluster") + ": expected a mapping");
+  check_keys(c,
+             {"device", "nodes", "ranks_per_node", "peak_flops", "memory_bandwidth_gbps",
+              "memory_capacity_gb", "link", "link_gb_per_s", "link_latency_us"},
+             origin, "cluster.");
+  auto num = [&](const char* key, double lo) {
+    const double v = get_number(c[key], origin, std::string("cluster.") + key);
+    if (!(v >= lo))
+      throw InputError(where(origin, c[key], std::string("cluster.") + key) +
+                       ": expected a number >= " + std::to_string(static_cast<int>(lo)));
+    return v;
+  };
+  MachineDescription m;
+  if (c["device"]) m.device = get_string(c["device"], origin, "cluster.device");
+  m.nodes = c["nodes"] ? to_int(num("nodes", 1), c["nodes"], origin, "cluster.nodes") : 1;
+  if (!c["ranks_per_node"])
+    throw InputError(where(origin, c, "cluster.ranks_per_node") + ": required");
+  m.ranks_per_node =
+      to_int(num("ranks_per_node", 1), c["ranks_per_node"], origin, "cluster.ranks_per_node");
+  if (c["peak_flops"]) m.peak_flops = num("peak_flops", 0);
+  if (c["memory_bandwidth_gbps"])
+    m.memory_bandwidth_bytes_per_s = num("memory_bandwidth_gbps", 0) * 1e9;
+  if (c["memory_capacity_gb"]) {
+    const double gb = num("memory_capacity_gb", 0);
+    if (!(gb < 9.2e9))
+      throw InputError(where(origin, c["memory_capacity_gb"], "cluster.memory_capacity_gb") +
+                       ": expected a number < 9.2e9");
+    m.memory_capacity_bytes = static_cast<int64_t>(gb * 1e9);
+  }
+  if (c["link"]) m.link = get_string(c["link"], origin, "cluster.link");
+  if (c["link_gb_per_s"]) m.link_bytes_per_s = num("link_gb_per_s", 0) * 1e9;
+  if (c["link_latency_us"])
+    m.link_latency_ns = us_to_ns(num("link_latency_us", 0), c["link_latency_us"], origin,
+                                 "cluster.link_latency_us");
+  return m;
+}
+
+// The `sharing:` section (ranks sharing the cores of a node).
+CoreSharing parse_sharing(const YAML::Node& sh, const std::string& origin) {
+  if (!sh.IsMap()) throw InputError(where(origin, sh, "sharing") + ": expected a mapping");
+  check_keys(sh,
+             {"cores", "threads_per_rank", "contention_at_full", "oversubscription_exponent",
+              "comm_exponent", "comm_compute_weight", "comm_thread_weight"},
+             origin, "sharing.");
+  auto num = [&](const char* key, double lo) {
+    const double v = get_number(sh[key], origin, std::string("sharing.") + key);
+    if (!(v >= lo) || !std::isfinite(v))
+      throw InputError(where(origin, sh[key], std::string("sharing.") + key) +
+                       ": expected a number >= " + std::to_string(lo));
+    return v;
+  };
+  CoreSharing cs;
+  if (!sh["cores"]) throw InputError(where(origin, sh, "sharing.cores") + ": required");
+  cs.cores = to_int(num("cores", 1), sh["cores"], origin, "sharing.cores");
+  if (sh["threads_per_rank"])
+    cs.threads_per_rank = to_int(num("threads_per_rank", 1), sh["threads_per_rank"], origin,
+                                 "sharing.threads_per_rank");
+  if (sh["contention_at_full"]) {
+    cs.contention_at_full = num("contention_at_full", 0.0);
+    if (!(cs.contention_at_full > 0))
+      throw InputError(where(origin, sh["contention_at_full"], "sharing.contention_at_full") +
+                       ": expected a number > 0");
+  }
+  if (sh["oversubscription_exponent"])
+    cs.oversubscription_exponent = num("oversubscription_exponent", 0.0);
+  if (sh["comm_exponent"]) cs.comm_exponent = num("comm_exponent", 0.0);
+  if (sh["comm_compute_weight"]) cs.comm_compute_weight = num("comm_compute_weight", 0.0);
+  if (sh["comm_thread_weight"]) cs.comm_thread_weight = num("comm_thread_weight", 0.0);
+  return cs;
+}
+
+// The `machine:` section (free-form strings).
+std::map<std::string, std::string> parse_machine(const YAML::Node& m, const std::string& origin) {
+  if (!m.IsMap()) throw InputError(where(origin, m, "machine") + ": expected a mapping of strings");
+  std::map<std::string, std::string> machine;
+  for (const auto& kv : m) {
+    if (!kv.first.IsScalar())
+      throw InputError(where(origin, kv.first, "machine") +
+                       ": a key must be a name, not a list or map");
+    machine[kv.first.as<std::string>()] = kv.second.as<std::string>("");
+  }
+  return machine;
+}
+
+}  // namespace
+
+// The sections are read in this order, so that a file with several mistakes reports the same one.
+HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& origin) {
+  YAML::Node root = load_document(yaml_text, origin);
+  HardwareProfile p = parse_device(root, origin);
+  if (const auto k = root["kernels"]) p.classes = parse_kernels(k, origin);
+  if (const auto cs = root["collectives"]) p.collectives = parse_collectives(cs, origin);
+  if (const auto ops = root["ops"]) p.ops = parse_ops(ops, origin);
+  if (const auto c = root["cluster"]) p.cluster = parse_cluster(c, origin);
+  if (const auto sh = root["sharing"]) p.sharing = parse_sharing(sh, origin);
+  if (const auto m = root["machine"]) p.machine = parse_machine(m, origin);
   return p;
 }
 
@@ -365,14 +484,17 @@ std::string to_yaml(const HardwareProfile& p) {
       e << YAML::Flow << YAML::BeginMap;
       e << YAML::Key << "op" << YAML::Value << std::string(traces::to_string(o.op));
       e << YAML::Key << "scope" << YAML::Value
-        << (o.scope == CollectiveScope::Any ? "any" : o.scope == CollectiveScope::IntraNode ? "intra_node" : "inter_node");
+        << (o.scope == CollectiveScope::Any         ? "any"
+            : o.scope == CollectiveScope::IntraNode ? "intra_node"
+                                                    : "inter_node");
       if (o.ranks != 0) e << YAML::Key << "ranks" << YAML::Value << o.ranks;
       e << YAML::Key << "latency_us" << YAML::Value << o.latency_ns / 1000.0;
       e << YAML::Key << "bus_bandwidth_gbps" << YAML::Value << o.bus_bandwidth_bytes_per_s / 1e9;
       if (o.ranks_on_node > 0) e << YAML::Key << "ranks_on_node" << YAML::Value << o.ranks_on_node;
       if (!o.table.empty()) {
         e << YAML::Key << "table" << YAML::Value << YAML::Flow << YAML::BeginSeq;
-        for (const auto& [b, ns] : o.table) e << YAML::Flow << YAML::BeginSeq << b << ns / 1000.0 << YAML::EndSeq;
+        for (const auto& [b, ns] : o.table)
+          e << YAML::Flow << YAML::BeginSeq << b << ns / 1000.0 << YAML::EndSeq;
         e << YAML::EndSeq;
       }
       e << YAML::EndMap;
@@ -386,7 +508,8 @@ std::string to_yaml(const HardwareProfile& p) {
     e << YAML::Key << "nodes" << YAML::Value << m.nodes;
     e << YAML::Key << "ranks_per_node" << YAML::Value << m.ranks_per_node;
     e << YAML::Key << "peak_flops" << YAML::Value << m.peak_flops;
-    e << YAML::Key << "memory_bandwidth_gbps" << YAML::Value << m.memory_bandwidth_bytes_per_s / 1e9;
+    e << YAML::Key << "memory_bandwidth_gbps" << YAML::Value
+      << m.memory_bandwidth_bytes_per_s / 1e9;
     e << YAML::Key << "memory_capacity_gb" << YAML::Value << double(m.memory_capacity_bytes) / 1e9;
     if (!m.link.empty()) e << YAML::Key << "link" << YAML::Value << m.link;
     e << YAML::Key << "link_gb_per_s" << YAML::Value << m.link_bytes_per_s / 1e9;
@@ -410,13 +533,18 @@ std::string to_yaml(const HardwareProfile& p) {
     for (const auto& o : p.ops) {
       e << YAML::Flow << YAML::BeginMap;
       emit_string(e << YAML::Key << "name" << YAML::Value, o.name);
-      if (o.pieces > 1) e << YAML::Key << "piece" << YAML::Value << o.piece << YAML::Key << "pieces" << YAML::Value << o.pieces;
+      if (o.pieces > 1)
+        e << YAML::Key << "piece" << YAML::Value << o.piece << YAML::Key << "pieces" << YAML::Value
+          << o.pieces;
       if (o.params > 0) {
         e << YAML::Key << "params" << YAML::Value << o.params;
       } else {
-        e << YAML::Key << "batch" << YAML::Value << o.batch << YAML::Key << "seq" << YAML::Value << o.seq;
-        e << YAML::Key << "d_model" << YAML::Value << o.d_model << YAML::Key << "heads" << YAML::Value << o.heads;
-        e << YAML::Key << "vocab" << YAML::Value << o.vocab << YAML::Key << "tp" << YAML::Value << o.tp;
+        e << YAML::Key << "batch" << YAML::Value << o.batch << YAML::Key << "seq" << YAML::Value
+          << o.seq;
+        e << YAML::Key << "d_model" << YAML::Value << o.d_model << YAML::Key << "heads"
+          << YAML::Value << o.heads;
+        e << YAML::Key << "vocab" << YAML::Value << o.vocab << YAML::Key << "tp" << YAML::Value
+          << o.tp;
       }
       e << YAML::Key << "time_us" << YAML::Value << o.time_ns / 1000.0;
       e << YAML::EndMap;
