@@ -5,19 +5,24 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "orrery/common/error.hpp"
 #include "orrery/profiler/flight_recorder.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/launch.hpp"
 #include "orrery/runtime/trainer.hpp"
+#include "orrery/traces/collective_instances.hpp"
 #include "orrery/traces/store.hpp"
 
 namespace orrery::runtime {
@@ -452,91 +457,97 @@ CommBenchRankResult run_commbench_rank(Communicator& world, const CommBenchOptio
   return result;
 }
 
-std::vector<CommBenchRow> commbench_table(const traces::Trace& t) {
-  using Key = std::tuple<int, int, int64_t>;  // op, group size, bytes
-  struct Acc {
-    std::vector<double> times, spans;
-    std::set<int32_t> comms;
-    int skipped = 0;
-  };
-  std::map<Key, Acc> acc;
-  struct Coll {
-    int64_t max_start = INT64_MIN, min_end = INT64_MAX;
-    int members = 0;
-    Key key{};
-  };
-  std::map<std::pair<int32_t, int64_t>, Coll> colls;  // (comm, seq)
-  // send_recv: (comm, from, to, bytes) -> the spans' (seq, start, end), sends on `from`, receives
-  // on `to`.
-  using Flow = std::tuple<int32_t, int32_t, int32_t, int64_t>;
-  std::map<Flow, std::vector<std::tuple<int64_t, int64_t, int64_t>>> sends, recvs;
-  std::map<Flow, Key> flow_key;
+namespace {
 
-  std::map<traces::NameId, std::optional<BenchOp>> op_of_name;
-  for (const auto& sp : t.spans) {
-    if (sp.kind != traces::SpanKind::Collective && sp.kind != traces::SpanKind::P2P) continue;
-    if (sp.step < 0 || sp.comm < 0) continue;
-    auto it = op_of_name.find(sp.name);
-    if (it == op_of_name.end()) {
-      const std::string& name = t.name_of(sp);
+using TableKey = std::tuple<int, int, int64_t>;  // op, group size, bytes
+struct TableAcc {
+  std::vector<double> times, spans;
+  std::set<int32_t> comms;
+  int skipped = 0;
+};
+using Table = std::map<TableKey, TableAcc>;
+
+// The bench operation of a span: a collective or transfer named "bench.<op>" (not the warm-up),
+// inside a step, on a communicator of 2 ranks or more. Names are parsed once each.
+class BenchSpans {
+ public:
+  explicit BenchSpans(const traces::Trace& t) : t_(t) {}
+
+  std::optional<BenchOp> op(const traces::Span& sp) const {
+    if (sp.kind != traces::SpanKind::Collective && sp.kind != traces::SpanKind::P2P) return {};
+    if (sp.step < 0 || sp.comm < 0) return {};
+    auto it = op_of_name_.find(sp.name);
+    if (it == op_of_name_.end()) {
+      const std::string& name = t_.name_of(sp);
       std::optional<BenchOp> op;
       if (name.rfind("bench.", 0) == 0 && name != kBenchWarmupName)
         op = bench_op_from_string(name.substr(6));
-      it = op_of_name.emplace(sp.name, op).first;
+      it = op_of_name_.emplace(sp.name, op).first;
     }
-    if (!it->second) continue;
-    const BenchOp op = *it->second;
-    const traces::CommunicatorInfo* c = t.comm(sp.comm);
-    const int g = c ? static_cast<int>(c->ranks.size()) : 0;
-    if (g < 2) continue;
-    const Key key{static_cast<int>(op), g, sp.bytes};
-    Acc& a = acc[key];
-    a.spans.push_back(static_cast<double>(sp.duration_ns()));
-    a.comms.insert(sp.comm);
-    if (op == BenchOp::SendRecv) {
-      if (sp.op == traces::CollOp::Send) {
-        const Flow f{sp.comm, sp.rank, sp.peer, sp.bytes};
-        sends[f].emplace_back(sp.seq, sp.start_ns, sp.end_ns);
-        flow_key[f] = key;
-      } else if (sp.op == traces::CollOp::Recv) {
-        recvs[{sp.comm, sp.peer, sp.rank, sp.bytes}].emplace_back(sp.seq, sp.start_ns, sp.end_ns);
-      }
-      continue;
-    }
-    Coll& co = colls[{sp.comm, sp.seq}];
-    co.max_start = std::max(co.max_start, sp.start_ns);
-    co.min_end = std::min(co.min_end, sp.end_ns);
-    co.members++;
-    co.key = key;
+    if (!it->second || group_size(sp.comm) < 2) return {};
+    return it->second;
   }
-  for (const auto& [k, co] : colls) {
-    const traces::CommunicatorInfo* c = t.comm(k.first);
-    if (!c || co.members != static_cast<int>(c->ranks.size()))
+  int group_size(int32_t comm) const {
+    const traces::CommunicatorInfo* c = t_.comm(comm);
+    return c ? static_cast<int>(c->ranks.size()) : 0;
+  }
+  TableKey key(BenchOp op, const traces::Span& sp) const {
+    return {static_cast<int>(op), group_size(sp.comm), sp.bytes};
+  }
+
+ private:
+  const traces::Trace& t_;
+  mutable std::map<traces::NameId, std::optional<BenchOp>> op_of_name_;
+};
+
+// Collectives (every member recorded): the time from the last arrival to the first member done.
+void add_collective_times(const traces::Trace& t, const BenchSpans& bench, Table& acc) {
+  traces::CollectiveOptions opt;
+  opt.keep = [&](const traces::Span& sp) {
+    const auto op = bench.op(sp);
+    return op && *op != BenchOp::SendRecv;
+  };
+  for (const auto& ci : traces::collective_instances(t.spans, opt)) {
+    if (static_cast<int>(ci.members.size()) != bench.group_size(ci.comm))
       continue;  // an incomplete collective
-    Acc& a = acc[co.key];
-    if (co.min_end > co.max_start) {
-      a.times.push_back(static_cast<double>(co.min_end - co.max_start));
+    int64_t max_start = INT64_MIN, min_end = INT64_MAX;
+    for (uint32_t k : ci.members) {
+      max_start = std::max(max_start, t.spans[k].start_ns);
+      min_end = std::min(min_end, t.spans[k].end_ns);
+    }
+    // The row of the member seen last in the trace (they normally all agree).
+    const traces::Span& last = t.spans[*std::max_element(ci.members.begin(), ci.members.end())];
+    TableAcc& a = acc[bench.key(*bench.op(last), last)];
+    if (min_end > max_start) {
+      a.times.push_back(static_cast<double>(min_end - max_start));
     } else {
       a.skipped++;
     }
   }
-  for (auto& [f, sv] : sends) {
-    auto rit = recvs.find(f);
-    if (rit == recvs.end()) continue;
-    auto& rv = rit->second;
-    std::sort(sv.begin(), sv.end());
-    std::sort(rv.begin(), rv.end());
-    Acc& a = acc[flow_key[f]];
-    for (size_t i = 0; i < std::min(sv.size(), rv.size()); ++i) {
-      const int64_t start = std::max(std::get<1>(sv[i]), std::get<1>(rv[i]));
-      const int64_t end = std::get<2>(rv[i]);
-      if (end > start) {
-        a.times.push_back(static_cast<double>(end - start));
-      } else {
-        a.skipped++;
-      }
+}
+
+// send_recv: the k-th send of (comm, from, to, bytes) by issue order (seq) with the k-th receive;
+// from the later of the two posts to the receive's end.
+void add_send_recv_times(const traces::Trace& t, const BenchSpans& bench, Table& acc) {
+  traces::P2pOptions opt;
+  opt.keep = [&](const traces::Span& sp) { return bench.op(sp) == BenchOp::SendRecv; };
+  opt.by_bytes = true;
+  opt.order = traces::P2pOrder::Seq;
+  for (const auto& m : traces::match_p2p(t.spans, opt)) {
+    const traces::Span& snd = t.spans[m.send];
+    const traces::Span& rcv = t.spans[m.recv];
+    TableAcc& a = acc[bench.key(BenchOp::SendRecv, snd)];
+    const int64_t start = std::max(snd.start_ns, rcv.start_ns);
+    const int64_t end = rcv.end_ns;
+    if (end > start) {
+      a.times.push_back(static_cast<double>(end - start));
+    } else {
+      a.skipped++;
     }
   }
+}
+
+std::vector<CommBenchRow> table_rows(const Table& acc) {
   std::vector<CommBenchRow> rows;
   for (const auto& [k, a] : acc) {
     CommBenchRow r;
@@ -561,6 +572,23 @@ std::vector<CommBenchRow> commbench_table(const traces::Trace& t) {
            std::make_tuple(static_cast<int>(y.op), y.group_size, y.bytes);
   });
   return rows;
+}
+
+}  // namespace
+
+std::vector<CommBenchRow> commbench_table(const traces::Trace& t) {
+  const BenchSpans bench(t);
+  Table acc;
+  for (const auto& sp : t.spans) {  // every bench span: its duration and communicator
+    const auto op = bench.op(sp);
+    if (!op) continue;
+    TableAcc& a = acc[bench.key(*op, sp)];
+    a.spans.push_back(static_cast<double>(sp.duration_ns()));
+    a.comms.insert(sp.comm);
+  }
+  add_collective_times(t, bench, acc);
+  add_send_recv_times(t, bench, acc);
+  return table_rows(acc);
 }
 
 }  // namespace orrery::runtime
