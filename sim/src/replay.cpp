@@ -25,6 +25,7 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/sim/engine.hpp"
+#include "orrery/traces/collective_instances.hpp"
 
 namespace orrery::sim {
 
@@ -200,51 +201,43 @@ Graph build_graph(const traces::Trace& t) {
 }
 
 // Collectives by (communicator, sequence); transfers by (source, destination, communicator) and
-// k-th send = k-th receive. Sets Node::group of every matched member.
+// k-th send = k-th receive in each rank's recorded order (traces/collective_instances.hpp). Sets
+// Node::group of every matched member.
 Grouping group_communication(const traces::Trace& t, Graph& graph) {
   auto& nodes = graph.nodes;
   auto span = [&](int32_t n) -> const traces::Span& { return t.spans[nodes[n].span]; };
+  std::vector<int32_t> node_of(t.spans.size(), kNone);  // by span index (phases have none)
+  for (int32_t n = 0; n < int32_t(nodes.size()); ++n) node_of[nodes[n].span] = n;
+  std::vector<size_t> position(nodes.size());  // in the recorded order (Graph::order)
+  for (size_t k = 0; k < graph.order.size(); ++k) position[graph.order[k]] = k;
   Grouping res;
   auto& groups = res.groups;
-  std::map<std::pair<int32_t, int64_t>, int32_t> coll;
-  std::map<std::tuple<int32_t, int32_t, int32_t>, std::vector<int32_t>> sends,
-      recvs;                       // (src, dst, comm)
-  for (int32_t k : graph.order) {  // recorded order per rank and stream
-    const auto& s = span(k);
-    if (!is_comm(s)) continue;
-    if (is_sequenced_collective(s)) {
-      const auto [it, fresh] = coll.try_emplace({s.comm, s.seq}, int32_t(groups.size()));
-      if (fresh) {
-        Group g;
-        g.op = s.op;
-        g.bytes = s.bytes;
-        if (const auto* c = t.comm(s.comm)) g.ranks = c->ranks;
-        groups.push_back(std::move(g));
-      }
-      groups[it->second].members.push_back(k);
-      nodes[k].group = it->second;
-    } else if (s.kind == traces::SpanKind::P2P && s.peer >= 0 &&
-               (s.op == traces::CollOp::Send || s.op == traces::CollOp::Recv)) {
-      if (s.op == traces::CollOp::Send)
-        sends[{s.rank, s.peer, s.comm}].push_back(k);
-      else
-        recvs[{s.peer, s.rank, s.comm}].push_back(k);
-    }
+  for (const auto& ci : traces::collective_instances(t.spans)) {
+    Group g;
+    for (const uint32_t i : ci.members) g.members.push_back(node_of[i]);
+    // Members in the recorded order (rank, stream, start, end): a group's completions, and so the
+    // order its members' dependents are queued in, follow it; op and size are its first member's.
+    std::sort(g.members.begin(), g.members.end(),
+              [&](int32_t a, int32_t b) { return position[a] < position[b]; });
+    g.op = span(g.members.front()).op;
+    g.bytes = span(g.members.front()).bytes;
+    if (const auto* c = t.comm(ci.comm)) g.ranks = c->ranks;
+    for (const int32_t k : g.members) nodes[k].group = int32_t(groups.size());
+    groups.push_back(std::move(g));
   }
-  for (auto& [key, sv] : sends) {
-    const auto r = recvs.find(key);
-    if (r == recvs.end()) continue;
-    const size_t m = std::min(sv.size(), r->second.size());
-    for (size_t i = 0; i < m; ++i) {
-      Group g;
-      g.op = traces::CollOp::Send;
-      g.bytes = span(sv[i]).bytes;
-      g.ranks = {std::get<0>(key), std::get<1>(key)};
-      g.members = {sv[i], r->second[i]};
-      nodes[sv[i]].group = nodes[r->second[i]].group = int32_t(groups.size());
-      groups.push_back(std::move(g));
-      res.transfers++;
-    }
+  traces::P2pOptions p2p;
+  p2p.require_comm = false;  // a transfer without a communicator matches as communicator -1
+  p2p.order = traces::P2pOrder::Stream;
+  for (const auto& m : traces::match_p2p(t.spans, p2p)) {
+    const auto& send = t.spans[m.send];
+    Group g;
+    g.op = traces::CollOp::Send;
+    g.bytes = send.bytes;
+    g.ranks = {send.rank, send.peer};
+    g.members = {node_of[m.send], node_of[m.recv]};
+    nodes[g.members[0]].group = nodes[g.members[1]].group = int32_t(groups.size());
+    groups.push_back(std::move(g));
+    res.transfers++;
   }
   // A collective with members missing from the trace is timed member by member (unmatched).
   for (auto& g : groups) {
