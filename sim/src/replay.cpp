@@ -5,14 +5,13 @@
 // event engine and network model the executor uses), retimed_trace (the replayed trace) and
 // step_times (recorded against replayed step times).
 //
-// Why replay keeps its own loop beside sim::Executor (executor.cpp): the executor runs stage
-// programs, which a trace does not give and which it cannot express: an op there starts as soon as
-// its stream is free and its deps are done, while a replayed span starts its recorded launch gap
-// after its last dependency, its stream is not a serial resource (a span may start while a posted
-// transfer before it on its stream is in flight), its collectives are the trace's (communicator,
-// sequence) groups rather than a layout's groups, and with identity timing each member of a
-// collective ends at its own recorded time. What both share is the engine, the network models and
-// the profile's collective overrides.
+// Why replay keeps its own loop beside sim::Executor (executor.cpp): the executor runs a workload's
+// stage programs, and a recorded graph is not one. An op there starts as soon as its stream is free
+// and its deps are done; a replayed span starts its recorded launch gap after its last dependency,
+// its stream is not a serial resource (a span may start while a posted transfer before it on its
+// stream is in flight), its collectives are the trace's (communicator, sequence) groups rather than
+// a layout's groups, and with identity timing each member of a collective ends at its own recorded
+// time. Both run on the same engine and network models and apply the profile's overrides alike.
 #include "orrery/sim/replay.hpp"
 
 #include <algorithm>
