@@ -16,6 +16,7 @@
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
 #include "orrery/sim/calibrate.hpp"
+#include "orrery/sim/core_sharing.hpp"
 #include "orrery/sim/executor.hpp"
 #include "orrery/sim/hardware.hpp"
 #include "orrery/sim/workload.hpp"

@@ -1,68 +1,71 @@
 // Calibration: fits, from real traces of `orrery run`, the hardware profile the simulator uses
-// (hardware.hpp), so that `orrery sim SCENARIO --hw PROFILE` predicts the machine the traces came from.
+// (hardware.hpp), so that `orrery sim SCENARIO --hw PROFILE` predicts the machine the traces came
+// from.
 //
 // What is fitted, and how (all least squares on medians over the counted steps, steps after the
 // first `skip_steps`):
 //
 //  1. Core sharing. Ranks of one run share the node's cores. For every trace with R ranks on the
-//     node, the slowdown f(R) = Σ_op n_op · median_R(op) / Σ_op n_op · median_1(op) over the compute
-//     ops it shares with the lone-rank (R = 1) trace. The law the simulator applies
-//     (compute_slowdown): with u = R · threads / cores,
-//        u <= 1:  f(R) = 1 + (c − 1) · (R·threads − 1) / (cores − 1)       (memory and polling contention)
-//        u >  1:  f(R) = c · u^e                                           (time slicing of the cores)
-//     c = contention_at_full is f measured at u = 1 (or extrapolated linearly from the u < 1 traces;
-//     not clamped at 1: on a machine shared with other work the crowded run can be the faster one,
-//     and the profile then predicts what the calibration runs showed),
-//     e = oversubscription_exponent fitted from traces with u > 1 (log-log least squares), 1 (fair
-//     time slicing) without any. Collectives slow down by u^comm_exponent beyond the cores
+//     node, the slowdown f(R) = Σ_op n_op · median_R(op) / Σ_op n_op · median_1(op) over the
+//     compute ops it shares with the lone-rank (R = 1) trace. The law the simulator applies
+//     (core_sharing.hpp's compute_slowdown): with u = R · threads / cores,
+//        u <= 1:  f(R) = 1 + (c − 1) · (R·threads − 1) / (cores − 1)   (memory, polling contention)
+//        u >  1:  f(R) = c · u^e                                       (time slicing of the cores)
+//     c = contention_at_full is f measured at u = 1 (or extrapolated linearly from the u < 1
+//     traces; not clamped at 1: on a machine shared with other work the crowded run can be the
+//     faster one, and the profile then predicts what the calibration runs showed), e =
+//     oversubscription_exponent fitted from traces with u > 1 (log-log least squares), 1 (fair time
+//     slicing) without any. Collectives slow down by u^comm_exponent beyond the cores
 //     (comm_slowdown; exponent 1 unless fitted from a trace with u > 1).
 //
-//  2. Compute. Every compute or optimizer span is mapped to the simulator's kernel list of the same op
-//     (cost_model.hpp: the same names, pieces and shapes), divided by its trace's f(R), then
-//     non-negative least squares on the kernels' totals per op class fits
+//  2. Compute. Every compute or optimizer span is mapped to the simulator's kernel list of the
+//     same op (cost_model.hpp: the same names, pieces and shapes), divided by its trace's f(R),
+//     then non-negative least squares on the kernels' totals per op class fits
 //        t(op) = Σ_k [ flops_k · s_class   (gemm, attention: seconds per FLOP)
-//                    + bytes_k · s_class   (elementwise, layernorm, softmax_loss, optimizer: per byte)
-//                    + overhead_class ]    (a per-kernel overhead per class, lightly ridge-penalised)
+//                    + bytes_k · s_class   (elementwise, layernorm, softmax_loss, optimizer: /byte)
+//                    + overhead_class ]    (per-kernel overhead per class, ridge-penalised)
 //     weighting each op by its share of the step (relative errors, weighted by time). The achieved
-//     FLOP/s of a kernel, flops / (flops · s + overhead), thus falls with its size: GEMM FLOP/s as a
-//     function of shape. The profile stores peak_flops = 1 / min s (compute classes) with each class's
-//     efficiency relative to it, and memory_bandwidth likewise. The unexplained remainder of a step
-//     (host work between ops, data loading) becomes data_load (per micro-batch).
-//     The measured ops themselves (median lone-rank time per op and shape) go into the profile's
-//     `ops:` list too: the simulator then costs an op at a measured shape at its measured time and
-//     other shapes (tp shards, other micro-batches) at the nearest measured time scaled by the fitted
+//     FLOP/s of a kernel, flops / (flops · s + overhead), thus falls with its size: GEMM FLOP/s as
+//     a function of shape. The profile stores peak_flops = 1 / min s (compute classes) with each
+//     class's efficiency relative to it, and memory_bandwidth likewise. The unexplained remainder
+//     of a step (host work between ops, data loading) becomes data_load (per micro-batch). The
+//     measured ops themselves (median lone-rank time per op and shape) go into the profile's `ops:`
+//     list too: the simulator then costs an op at a measured shape at its measured time and other
+//     shapes (tp shards, other micro-batches) at the nearest measured time scaled by the fitted
 //     roofline's ratio (CostModel::named_op_ns), so the class fit only has to get ratios right.
 //
-//  3. Collectives. Spans are grouped by (communicator, sequence number) across ranks; a collective's
-//     transfer time is min(end) − max(start) over its members (the time after the last member
-//     arrived). Per op and group size n, t = α + β · bytes · busbw_factor(op, n) is fitted (α, β >= 0),
-//     divided by comm_slowdown(R). α is split into per-step latencies a = α / steps(op, n) (ring
-//     all-reduce 2(n−1) steps, reduce-scatter / all-gather / broadcast n−1, send 1), so the profile
-//     gives collective overrides for every op and group size up to ranks_per_node: measured where the
-//     traces have that (op, n), else steps(op, n) · a with the busbw 1/β of the nearest measured op.
-//     Point-to-point transfers count too (the k-th send from A to B matched with B's k-th receive
-//     from A: the receive's end minus the later post), as op `send` over 2 ranks.
-//     Commbench traces (`orrery commbench`, runtime/commbench.hpp: meta extra_json kind "commbench";
-//     collectives only, every step counted) add a measured TABLE per (op, n, R = ranks of that sweep
-//     on the node): the median per size of max(end) − max(start) (its members issue together; the
-//     simulator completes all members at once), made non-decreasing in size. profile_for_ranks keeps
-//     the tables of the simulated run's own R, so what crowding costs the collectives is measured, not
-//     extrapolated; the generic fits above serve the (op, n, R) no sweep measured.
+//  3. Collectives. Spans are grouped by (communicator, sequence number) across ranks; a
+//     collective's transfer time is min(end) − max(start) over its members (the time after the
+//     last member arrived). Per op and group size n, t = α + β · bytes · busbw_factor(op, n) is
+//     fitted (α, β >= 0), divided by comm_slowdown(R). α is split into per-step latencies a = α /
+//     steps(op, n) (ring all-reduce 2(n−1) steps, reduce-scatter / all-gather / broadcast n−1, send
+//     1), so the profile gives collective overrides for every op and group size up to
+//     ranks_per_node: measured where the traces have that (op, n), else steps(op, n) · a with the
+//     busbw 1/β of the nearest measured op. Point-to-point transfers count too (the k-th send from
+//     A to B matched with B's k-th receive from A: the receive's end minus the later post), as op
+//     `send` over 2 ranks. Commbench traces (`orrery commbench`, runtime/commbench.hpp: meta
+//     extra_json kind "commbench"; collectives only, every step counted) add a measured TABLE per
+//     (op, n, R = ranks of that sweep on the node): the median per size of max(end) − max(start)
+//     (its members issue together; the simulator completes all members at once), made
+//     non-decreasing in size. profile_for_ranks keeps the tables of the simulated run's own R, so
+//     what crowding costs the collectives is measured, not extrapolated; the generic fits above
+//     serve the (op, n, R) no sweep measured.
 //
-//  3b. Spread: rank_jitter, the pooled relative spread of each rank's per-step compute total against
-//     its step's mean over the ranks (multi-rank runs, R − 1 degrees of freedom per step); op_jitter,
-//     the time-weighted relative standard deviation of each (rank, op, layer)'s repeated times. The
-//     executor applies both deterministically (executor.hpp's ExecutorOptions::rank_jitter/op_jitter).
-//     And the sharing weights: comm_thread_weight from compute spans with collectives in flight
-//     against the same ops without; comm_compute_weight from training collectives whose members were
-//     computing against the commbench table of the same (op, n, R).
+//  3b. Spread: rank_jitter, the pooled relative spread of each rank's per-step compute total
+//     against its step's mean over the ranks (multi-rank runs, R − 1 degrees of freedom per step);
+//     op_jitter, the time-weighted relative standard deviation of each (rank, op, layer)'s repeated
+//     times. The executor applies both deterministically (executor.hpp's
+//     ExecutorOptions::rank_jitter/op_jitter). And the sharing weights: comm_thread_weight from
+//     compute spans with collectives in flight against the same ops without; comm_compute_weight
+//     from training collectives whose members were computing against the commbench table of the
+//     same (op, n, R).
 //
 //  4. The machine: `cluster:` (device cpu with the fitted peak and bandwidth, ranks_per_node, the
 //     rank-to-rank link with the fitted per-step latency and busbw) and `sharing:`.
 //
 // The simulator (sweep.hpp's simulate, i.e. `orrery sim`) applies the law dynamically: the node's
-// cores are a processor-sharing server (ExecutorOptions::core_sharing), each computing rank running at
-// 1 / compute_slowdown(n) while n ranks of the node compute at that instant, so ranks idle in a
+// cores are a processor-sharing server (ExecutorOptions::core_sharing), each computing rank running
+// at 1 / compute_slowdown(n) while n ranks of the node compute at that instant, so ranks idle in a
 // pipeline bubble or waiting for a collective free their share; collectives are scaled by
 // comm_slowdown(R) (profile_for_ranks with scale_compute = false). profile_for_ranks with
 // scale_compute = true is the static form (efficiencies ÷ f(R), overheads and data loading × f(R)),
@@ -74,6 +77,7 @@
 #include <vector>
 
 #include "orrery/sim/cluster.hpp"
+#include "orrery/sim/core_sharing.hpp"  // the law the calibration fits and profile_for_ranks applies
 #include "orrery/sim/cost_model.hpp"
 #include "orrery/sim/hardware.hpp"
 #include "orrery/traces/trace.hpp"
@@ -86,15 +90,16 @@ namespace orrery::sim {
 
 // ---- the fitting maths (unit-tested on synthetic data with known parameters) ----
 
-// Non-negative least squares: x >= 0 minimising |A x − b|² (Lawson–Hanson active set). A is row-major
-// rows × cols. Exact for consistent systems with a unique non-negative solution.
-std::vector<double> nnls(const std::vector<double>& a, int rows, int cols, const std::vector<double>& b);
+// Non-negative least squares: x >= 0 minimising |A x − b|² (Lawson–Hanson active set). A is
+// row-major rows × cols. Exact for consistent systems with a unique non-negative solution.
+std::vector<double> nnls(const std::vector<double>& a, int rows, int cols,
+                         const std::vector<double>& b);
 
 // y = intercept + slope · x, both >= 0, least squares (weights optional, same length as x).
 struct AffineFit {
   double intercept = 0;
   double slope = 0;
-  double r2 = 0;       // coefficient of determination (1 when exact)
+  double r2 = 0;  // coefficient of determination (1 when exact)
   int points = 0;
 };
 AffineFit fit_affine_nonneg(const std::vector<double>& x, const std::vector<double>& y,
@@ -104,57 +109,53 @@ AffineFit fit_affine_nonneg(const std::vector<double>& x, const std::vector<doub
 // all-gather, broadcast, reduce: n−1; all-to-all, send, recv: 1).
 int latency_steps(traces::CollOp op, int n);
 
-// ---- the core-sharing law ----
-
-// The compute slowdown of one rank when `ranks_on_node` ranks share the node's cores (1 without a
-// sharing model), and that of collectives (the law in the header comment).
-double compute_slowdown(const CoreSharing& s, int ranks_on_node);
-// The same law for a busy-thread count that need not be whole (compute threads plus
-// comm_thread_weight per collective in flight): compute_slowdown(s, n) = busy_slowdown(s, n · threads).
-double busy_slowdown(const CoreSharing& s, double busy_threads);
-double comm_slowdown(const CoreSharing& s, int ranks_on_node);
+// ---- a calibrated profile in the simulator (the core-sharing law itself: core_sharing.hpp) ----
 
 // The profile as `ranks_on_node` ranks sharing a node see it (unchanged without a sharing model).
 // With scale_compute false only the collectives are scaled: the executor then shares the cores
 // among the ranks computing at each instant (ExecutorOptions::core_sharing), as `orrery sim` does.
-HardwareProfile profile_for_ranks(const HardwareProfile& p, int ranks_on_node, bool scale_compute = true);
+HardwareProfile profile_for_ranks(const HardwareProfile& p, int ranks_on_node,
+                                  bool scale_compute = true);
 
 // Ranks of a scenario that share one node of the cluster (ranks fill nodes in order).
 int ranks_on_node(const Scenario& s, const Cluster& c);
 
-// The cluster a calibrated profile describes (its `cluster:` section), with at least `min_ranks` rank
-// slots (nodes added when needed). InputError when the profile has no `cluster:` section.
+// The cluster a calibrated profile describes (its `cluster:` section), with at least `min_ranks`
+// rank slots (nodes added when needed). InputError when the profile has no `cluster:` section.
 Cluster cluster_from_profile(const HardwareProfile& p, int min_ranks = 0);
 
 // ---- calibration ----
 
 struct CalibrationOptions {
   std::string name = "calibrated";
-  int cores = 0;             // cores per node; 0 = this machine's (std::thread::hardware_concurrency)
+  int cores = 0;  // cores per node; 0 = this machine's (std::thread::hardware_concurrency)
   int threads_per_rank = 0;  // 0 = the traces' runtime.threads (scenario), else 1
   int skip_steps = 1;        // warm-up steps left out
   int ranks_per_node = 8;    // rank slots of the described machine (at least the largest run)
   int64_t memory_capacity_bytes = 0;  // per rank slot; 0 = this machine's memory / ranks_per_node
-  bool measured_ops = true;  // write the measured lone-rank op times (the profile's `ops:`), see step 2
+  // Write the measured lone-rank op times (the profile's `ops:`), see step 2.
+  bool measured_ops = true;
 };
 
 // One fitted op: the median measured time (normalised to a lone rank) and the fitted profile's time
 // (the real CostModel on the profile), over the calibration traces.
 struct OpFitRow {
-  std::string name;     // "fwd.block", "bwd.head[1/3]" (piece of a tp block), "adamw"
-  std::string shape;    // "b8 t128 c256 v8192 tp1"
-  int64_t count = 0;    // spans
+  std::string name;   // "fwd.block", "bwd.head[1/3]" (piece of a tp block), "adamw"
+  std::string shape;  // "b8 t128 c256 v8192 tp1"
+  int64_t count = 0;  // spans
   double measured_ns = 0;
   double fitted_ns = 0;
-  double error_pct() const { return measured_ns > 0 ? 100.0 * (fitted_ns - measured_ns) / measured_ns : 0; }
+  double error_pct() const {
+    return measured_ns > 0 ? 100.0 * (fitted_ns - measured_ns) / measured_ns : 0;
+  }
 };
 
 struct CollFitRow {
   traces::CollOp op = traces::CollOp::AllReduce;
-  int ranks = 0;          // group size
-  int ranks_on_node = 0;  // ranks of the run
-  int points = 0;         // collectives
-  double latency_ns = 0;  // α
+  int ranks = 0;                 // group size
+  int ranks_on_node = 0;         // ranks of the run
+  int points = 0;                // collectives
+  double latency_ns = 0;         // α
   double busbw_bytes_per_s = 0;  // 1/β
   double r2 = 0;
 };
@@ -171,13 +172,14 @@ struct CalibrationResult {
   std::vector<OpFitRow> ops;
   std::vector<CollFitRow> collectives;
   std::vector<SharingRow> sharing;
-  double compute_rel_rms = 0;  // time-weighted relative RMS error of the compute fit
+  double compute_rel_rms = 0;      // time-weighted relative RMS error of the compute fit
   std::vector<std::string> notes;  // what could not be fitted and what was assumed instead
 };
 
-// Fits a profile from real traces (each with its scenario in meta.scenario_text). InputError when no
-// trace has compute spans the simulator knows, or a trace has no scenario.
-CalibrationResult calibrate(const std::vector<traces::Trace>& traces, const CalibrationOptions& opt = {});
+// Fits a profile from real traces (each with its scenario in meta.scenario_text). InputError when
+// no trace has compute spans the simulator knows, or a trace has no scenario.
+CalibrationResult calibrate(const std::vector<traces::Trace>& traces,
+                            const CalibrationOptions& opt = {});
 
 // The profile as documented YAML (comments explaining every section, then hardware.hpp's keys).
 std::string calibrated_yaml(const CalibrationResult& r);
