@@ -24,7 +24,7 @@ int main() {
 #include <vector>
 
 #include "orrery/runtime/data.hpp"
-#include "orrery/runtime/flops.hpp"
+#include "orrery/model/flops.hpp"
 #include "orrery/runtime/kernels.hpp"
 #include "orrery/runtime/model.hpp"
 #include "orrery/runtime/optimizer.hpp"
@@ -93,7 +93,7 @@ nlohmann::json run(const Preset& p, int threads, int steps, int warmup) {
     }
   }
   const double med = median(step_ms);
-  const double flop = rt::flops::model_step(rt::flops::Dims{B, T, p.cfg.n_embd, p.cfg.vocab, 1}, p.cfg.n_layer);
+  const double flop = orrery::model::flops::model_step(orrery::model::flops::Dims{B, T, p.cfg.n_embd, p.cfg.vocab, 1}, p.cfg.n_layer);
   nlohmann::json j;
   j["config"] = p.name;
   j["threads"] = threads;

@@ -289,15 +289,8 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
               "parallel.schedule", "expected gpipe, 1f1b or interleaved, got '" + p.schedule + "'");
   check_range(p.virtual_stages >= 1, origin, "parallel.virtual_stages", "must be >= 1");
   check_range(p.bucket_mb > 0, origin, "parallel.bucket_mb", "must be > 0");
-  {
-    std::vector<std::string> dims;
-    std::stringstream ss(p.placement);
-    for (std::string d; std::getline(ss, d, ',');) dims.push_back(d);
-    std::vector<std::string> sorted = dims;
-    std::sort(sorted.begin(), sorted.end());
-    check_range(sorted == std::vector<std::string>{"dp", "pp", "tp"}, origin, "parallel.placement",
-                "expected a permutation of tp,dp,pp (fastest-varying first), got '" + p.placement + "'");
-  }
+  check_range(parse_placement(p.placement).has_value(), origin, "parallel.placement",
+              "expected a permutation of tp,dp,pp (fastest-varying first), got '" + p.placement + "'");
   check_range(s.runtime.device == "cpu" || s.runtime.device == "cuda", origin, "runtime.device",
               "expected 'cpu' or 'cuda', got '" + s.runtime.device + "'");
   check_range(s.runtime.threads >= 1, origin, "runtime.threads", "must be >= 1");
@@ -401,6 +394,21 @@ std::string to_yaml(const Scenario& s) {
   if (!section.empty()) e << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
+}
+
+std::optional<std::array<int, 3>> parse_placement(const std::string& placement) {
+  std::array<int, 3> axes{};
+  std::array<bool, 3> seen{};
+  int n = 0;
+  std::stringstream ss(placement);
+  for (std::string a; std::getline(ss, a, ',');) {
+    const int id = a == "dp" ? 0 : a == "tp" ? 1 : a == "pp" ? 2 : -1;
+    if (id < 0 || n == 3 || seen[static_cast<size_t>(id)]) return std::nullopt;
+    seen[static_cast<size_t>(id)] = true;
+    axes[static_cast<size_t>(n++)] = id;
+  }
+  if (n != 3) return std::nullopt;
+  return axes;
 }
 
 }  // namespace orrery

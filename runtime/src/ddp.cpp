@@ -5,12 +5,14 @@
 #include <string>
 
 #include "orrery/common/error.hpp"
+#include "orrery/model/buckets.hpp"
+#include "orrery/model/names.hpp"
 
 namespace orrery::runtime {
 namespace {
 
-constexpr const char* kBucketSpanName = "ddp.all_reduce";
-constexpr const char* kBroadcastSpanName = "ddp.broadcast_parameters";
+constexpr const char* kBucketSpanName = model::names::kDpAllReduce.data();
+constexpr const char* kBroadcastSpanName = model::names::kDpBroadcast.data();
 
 // Segments of the model in the order their gradients complete: head LayerNorm (n_layer), blocks
 // from the last, the embedding (kEmbedSegment) last. Segments this shard does not hold are skipped.
@@ -29,31 +31,32 @@ std::vector<DdpBucket> make_ddp_buckets(const Gpt& model, double bucket_mb) {
   if (!(bucket_mb > 0)) {
     throw InputError("parallel.bucket_mb: expected a size in MiB > 0, got " + std::to_string(bucket_mb));
   }
-  const double cap_bytes = bucket_mb * 1024.0 * 1024.0;
-  std::vector<DdpBucket> buckets;
+  std::vector<model::BucketSegment> order;
   for (int seg : ready_order(model)) {
-    const ParamRange r = model.segment_range(seg);
-    const double seg_bytes = static_cast<double>(r.count) * sizeof(float);
-    const bool open_new = buckets.empty() ||
-                          static_cast<double>(buckets.back().bytes()) + seg_bytes > cap_bytes;
-    if (open_new) {
-      DdpBucket b;
-      b.index = static_cast<int>(buckets.size());
-      b.range = r;
-      b.lowest_layer = seg;
-      buckets.push_back(b);
-    } else {
-      DdpBucket& b = buckets.back();
-      // Ready order walks memory backwards, so the new segment must end where the bucket begins.
-      if (r.end() != b.range.offset) {
-        throw InternalError("DDP: model segment " + std::to_string(seg) +
-                            " is not adjacent to its bucket in the gradient array");
+    order.push_back({seg, static_cast<int64_t>(model.segment_range(seg).count)});
+  }
+  const auto plans = model::ddp_buckets(order, bucket_mb * 1024.0 * 1024.0, sizeof(float));
+  std::vector<DdpBucket> buckets;
+  for (const auto& plan : plans) {
+    DdpBucket b;
+    b.index = static_cast<int>(buckets.size());
+    b.range = model.segment_range(order[plan.begin].segment);
+    b.lowest_layer = plan.lowest_segment;
+    for (std::size_t i = plan.begin; i < plan.end; ++i) {
+      const int seg = order[i].segment;
+      const ParamRange r = model.segment_range(seg);
+      if (i > plan.begin) {
+        // Ready order walks memory backwards, so the new segment must end where the bucket begins.
+        if (r.end() != b.range.offset) {
+          throw InternalError("DDP: model segment " + std::to_string(seg) +
+                              " is not adjacent to its bucket in the gradient array");
+        }
+        b.range.offset = r.offset;
+        b.range.count += r.count;
       }
-      b.range.offset = r.offset;
-      b.range.count += r.count;
-      b.lowest_layer = std::min(b.lowest_layer, seg);
+      b.segments.push_back(seg);
     }
-    buckets.back().segments.push_back(seg);
+    buckets.push_back(std::move(b));
   }
   return buckets;
 }

@@ -11,47 +11,32 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
-#include "orrery/runtime/flops.hpp"
+#include "orrery/model/flops.hpp"
+#include "orrery/runtime/buffers.hpp"
 #include "orrery/runtime/kernels.hpp"
 #include "random.hpp"
 
 namespace orrery::runtime {
 namespace {
 
-// How a local tensor is cut from its full-model tensor (rows x cols, row-major).
-enum class Slice {
-  kNone,      // replicated: the whole tensor
-  kQkvRows,   // three row bands [part*C + r*Cl, +Cl) of (3C, cols)
-  kRows,      // rows [r*n, +n) of (R, cols), n = local rows
-  kCols,      // cols [r*n, +n) of (rows, Cfull), n = local cols
-};
-
-enum class Init { kNormal, kZero, kOne };
-
-struct TensorSpec {
-  std::string name;
-  int segment;
-  int rows, cols;            // local shape
-  int full_rows, full_cols;  // full-model shape
-  Slice slice;
-  Init init;
-  float stddev;
-};
+using model::Init;
+using model::Slice;
+using TensorSpec = model::ParamSpec;
 
 void fill_tensor(float* dst, const TensorSpec& t, uint64_t seed, const BlockDims& d, int tp_rank) {
   const std::size_t n = static_cast<std::size_t>(t.rows) * t.cols;
-  if (t.init == Init::kZero) {
+  if (t.init == Init::Zero) {
     std::fill(dst, dst + n, 0.0f);
     return;
   }
-  if (t.init == Init::kOne) {
+  if (t.init == Init::One) {
     std::fill(dst, dst + n, 1.0f);
     return;
   }
   // Draw the full tensor from its own stream, then cut this shard's slice.
   const std::size_t full_n = static_cast<std::size_t>(t.full_rows) * t.full_cols;
   detail::Rng rng(seed, t.name);
-  if (t.slice == Slice::kNone) {
+  if (t.slice == Slice::None) {
     for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(rng.normal() * t.stddev);
     return;
   }
@@ -59,7 +44,7 @@ void fill_tensor(float* dst, const TensorSpec& t, uint64_t seed, const BlockDims
   for (auto& x : full) x = static_cast<float>(rng.normal() * t.stddev);
   const std::size_t fc = static_cast<std::size_t>(t.full_cols);
   switch (t.slice) {
-    case Slice::kQkvRows:
+    case Slice::QkvRows:
       for (int part = 0; part < 3; ++part) {
         for (int r = 0; r < d.Cl; ++r) {
           const std::size_t src_row = static_cast<std::size_t>(part) * d.C + static_cast<std::size_t>(tp_rank) * d.Cl + r;
@@ -68,52 +53,29 @@ void fill_tensor(float* dst, const TensorSpec& t, uint64_t seed, const BlockDims
         }
       }
       break;
-    case Slice::kRows:
+    case Slice::Rows:
       std::memcpy(dst, full.data() + static_cast<std::size_t>(tp_rank) * t.rows * fc, n * sizeof(float));
       break;
-    case Slice::kCols:
+    case Slice::Cols:
       for (int r = 0; r < t.rows; ++r) {
         std::memcpy(dst + static_cast<std::size_t>(r) * t.cols,
                     full.data() + static_cast<std::size_t>(r) * fc + static_cast<std::size_t>(tp_rank) * t.cols,
                     static_cast<std::size_t>(t.cols) * sizeof(float));
       }
       break;
-    case Slice::kNone:
+    case Slice::None:
       break;
   }
 }
 
-std::vector<TensorSpec> tensor_specs(const GptConfig& cfg, const GptShard& sh, const BlockDims& d) {
-  const int C = cfg.n_embd;
-  const float std_w = 0.02f;
-  const float std_res = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
-  std::vector<TensorSpec> specs;
-  if (sh.has_embed || sh.has_head) {
-    specs.push_back({"wte", kEmbedSegment, cfg.vocab, C, cfg.vocab, C, Slice::kNone, Init::kNormal, std_w});
-  }
-  if (sh.has_embed) {
-    specs.push_back({"wpe", kEmbedSegment, cfg.max_seq, C, cfg.max_seq, C, Slice::kNone, Init::kNormal, std_w});
-  }
-  for (int l = sh.layer_begin; l < sh.layer_end; ++l) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    specs.push_back({p + "ln1w", l, 1, C, 1, C, Slice::kNone, Init::kOne, 0});
-    specs.push_back({p + "ln1b", l, 1, C, 1, C, Slice::kNone, Init::kZero, 0});
-    specs.push_back({p + "qkvw", l, 3 * d.Cl, C, 3 * C, C, Slice::kQkvRows, Init::kNormal, std_w});
-    specs.push_back({p + "qkvb", l, 1, 3 * d.Cl, 1, 3 * C, Slice::kNone, Init::kZero, 0});
-    specs.push_back({p + "projw", l, C, d.Cl, C, C, Slice::kCols, Init::kNormal, std_res});
-    specs.push_back({p + "projb", l, 1, C, 1, C, Slice::kNone, Init::kZero, 0});
-    specs.push_back({p + "ln2w", l, 1, C, 1, C, Slice::kNone, Init::kOne, 0});
-    specs.push_back({p + "ln2b", l, 1, C, 1, C, Slice::kNone, Init::kZero, 0});
-    specs.push_back({p + "fcw", l, d.F, C, 4 * C, C, Slice::kRows, Init::kNormal, std_w});
-    specs.push_back({p + "fcb", l, 1, d.F, 1, 4 * C, Slice::kNone, Init::kZero, 0});
-    specs.push_back({p + "fcprojw", l, C, d.F, C, 4 * C, Slice::kCols, Init::kNormal, std_res});
-    specs.push_back({p + "fcprojb", l, 1, C, 1, C, Slice::kNone, Init::kZero, 0});
-  }
-  if (sh.has_head) {
-    specs.push_back({"lnfw", cfg.n_layer, 1, C, 1, C, Slice::kNone, Init::kOne, 0});
-    specs.push_back({"lnfb", cfg.n_layer, 1, C, 1, C, Slice::kNone, Init::kZero, 0});
-  }
-  return specs;
+// The model's parameter table (model/parameters.hpp) for this shard.
+std::vector<TensorSpec> tensor_specs(const GptConfig& cfg, const GptShard& sh) {
+  const model::ModelShape shape{cfg.n_embd, cfg.n_head, cfg.vocab, cfg.max_seq, cfg.n_layer, sh.tp_size};
+  model::StageContents stage;
+  stage.embed = sh.has_embed;
+  stage.head = sh.has_head;
+  stage.layers.emplace_back(sh.layer_begin, sh.layer_end);
+  return model::parameter_tensors(shape, stage);
 }
 
 // Carves the 12 block pointers out of `base` in the order of tensor_specs.
@@ -124,32 +86,7 @@ BlockParams block_pointers(float* base, const std::vector<ParamTensor>& tensors,
                      ptr[6], ptr[7], ptr[8], ptr[9], ptr[10], ptr[11]};
 }
 
-flops::Dims flop_dims(const Gpt& m, int B, int T) {
-  return flops::Dims{B, T, m.config.n_embd, m.config.vocab, m.shard.tp_size};
-}
-
-// Begins and ends observer spans; a null observer costs one branch.
-class Span {
- public:
-  Span(OpObserver* obs, const char* name, int layer, double flops) : obs_(obs) {
-    if (obs_ != nullptr) obs_->begin(name, layer, flops);
-  }
-  ~Span() { close(); }
-  Span(const Span&) = delete;
-  Span& operator=(const Span&) = delete;
-  void close() {
-    if (obs_ != nullptr) obs_->end();
-    obs_ = nullptr;
-  }
-  void reopen(OpObserver* obs, const char* name, int layer, double flops) {
-    close();
-    obs_ = obs;
-    if (obs_ != nullptr) obs_->begin(name, layer, flops);
-  }
-
- private:
-  OpObserver* obs_;
-};
+using Span = OpSpan;  // model.hpp
 
 void tp_reduce(const Gpt& m, const GptHooks& hooks, TpPoint point, int layer, float* data, std::size_t n) {
   if (!hooks.tp_all_reduce) {
@@ -244,7 +181,7 @@ Gpt gpt_create(const GptConfig& config, const GptShard& shard_in, uint64_t seed)
   m.dims.Cl = m.dims.NH * m.dims.hs;
   m.dims.F = 4 * c.n_embd / sh.tp_size;
 
-  const auto specs = tensor_specs(c, sh, m.dims);
+  const auto specs = tensor_specs(c, sh);
   std::size_t offset = 0;
   for (const auto& s : specs) {
     ParamTensor t;
@@ -294,82 +231,17 @@ GptActivations gpt_activations(const Gpt& m, int B, int T) {
     throw InputError("model: batch (" + std::to_string(B) + ", " + std::to_string(T) +
                      ") needs B >= 1 and 1 <= T <= seq " + std::to_string(m.config.max_seq));
   }
-  const std::size_t BT = static_cast<std::size_t>(B) * T;
-  const std::size_t C = static_cast<std::size_t>(m.dims.C), Cl = static_cast<std::size_t>(m.dims.Cl),
-                    F = static_cast<std::size_t>(m.dims.F), NH = static_cast<std::size_t>(m.dims.NH);
-  const std::size_t nb = static_cast<std::size_t>(m.num_blocks());
-  // Each buffer is rounded up to 16 floats so every pointer stays 64-byte aligned.
-  auto up = [](std::size_t n) { return (n + 15) / 16 * 16; };
-  const std::size_t per_block = up(BT * C) * 6 + up(BT) * 4 + up(BT * 3 * Cl) + up(BT * Cl) +
-                                up(static_cast<std::size_t>(B) * NH * T * T) + up(BT * F) * 2;
-  std::size_t total = up((nb + 1) * BT * C) + nb * per_block;
-  if (m.shard.has_head) total += up(BT * C) + up(BT) * 3 + up(BT * static_cast<std::size_t>(m.config.vocab));
-
   GptActivations a;
-  a.B = B;
-  a.T = T;
-  a.boundary_elems = BT * C;
-  a.memory.resize(total);
-  a.inputs.assign(BT, 0);
-  a.targets.assign(BT, 0);
-  float* p = a.memory.data();
-  auto take = [&](std::size_t n) {
-    float* r = p;
-    p += up(n);
-    return r;
-  };
-  a.stream = take((nb + 1) * BT * C);
-  for (std::size_t l = 0; l < nb; ++l) {
-    BlockActivations b{};
-    b.ln1 = take(BT * C);
-    b.ln1_mean = take(BT);
-    b.ln1_rstd = take(BT);
-    b.qkv = take(BT * 3 * Cl);
-    b.atty = take(BT * Cl);
-    b.att = take(static_cast<std::size_t>(B) * NH * T * T);
-    b.attproj = take(BT * C);
-    b.res2 = take(BT * C);
-    b.ln2 = take(BT * C);
-    b.ln2_mean = take(BT);
-    b.ln2_rstd = take(BT);
-    b.fch = take(BT * F);
-    b.fch_gelu = take(BT * F);
-    b.fcproj = take(BT * C);
-    a.blocks.push_back(b);
-  }
-  if (m.shard.has_head) {
-    a.lnf = take(BT * C);
-    a.lnf_mean = take(BT);
-    a.lnf_rstd = take(BT);
-    a.logits = take(BT * static_cast<std::size_t>(m.config.vocab));
-    a.losses = take(BT);
-  }
+  // Each buffer is rounded up to 16 floats so every pointer stays 64-byte aligned.
+  carve_activations(a, buffer_shape(m.dims, m.config, m.shard, std::size_t(m.num_blocks()), B, T), 16);
+  a.inputs.assign(std::size_t(B) * T, 0);
+  a.targets.assign(std::size_t(B) * T, 0);
   return a;
 }
 
 GptGradScratch gpt_grad_scratch(const Gpt& m, int B, int T) {
-  const std::size_t BT = static_cast<std::size_t>(B) * T;
-  const std::size_t C = static_cast<std::size_t>(m.dims.C), Cl = static_cast<std::size_t>(m.dims.Cl),
-                    F = static_cast<std::size_t>(m.dims.F), NH = static_cast<std::size_t>(m.dims.NH);
-  auto up = [](std::size_t n) { return (n + 15) / 16 * 16; };
   GptGradScratch s;
-  s.B = B;
-  s.T = T;
-  s.memory.resize(up(BT * C) * 2 + up(BT * 3 * Cl) + up(BT * Cl) + up(static_cast<std::size_t>(B) * NH * T * T) +
-                  up(BT * F) * 2);
-  float* p = s.memory.data();
-  auto take = [&](std::size_t n) {
-    float* r = p;
-    p += up(n);
-    return r;
-  };
-  s.dres = take(BT * C);
-  s.dln = take(BT * C);
-  s.dqkv = take(BT * 3 * Cl);
-  s.datty = take(BT * Cl);
-  s.datt = take(static_cast<std::size_t>(B) * NH * T * T);
-  s.dfch = take(BT * F);
-  s.dfch_gelu = take(BT * F);
+  carve_grad_scratch(s, buffer_shape(m.dims, m.config, m.shard, std::size_t(m.num_blocks()), B, T), 16);
   return s;
 }
 
@@ -403,7 +275,7 @@ void block_mlp_epilogue(const BlockDims& d, const BlockParams& p, BlockActivatio
 
 void gpt_embed_forward(const Gpt& m, GptActivations& acts, const int32_t* inputs, const GptHooks& hooks) {
   if (!m.shard.has_embed) throw std::logic_error("gpt: embedding forward on a shard without the embedding");
-  Span span(hooks.observer, "fwd.embed", kEmbedSegment, flops::embed_forward(flop_dims(m, acts.B, acts.T)));
+  Span span(hooks.observer, names::kEmbedForward.data(), kEmbedSegment, flops::embed_forward(flop_dims(m, acts.B, acts.T)));
   std::copy(inputs, inputs + acts.inputs.size(), acts.inputs.begin());
   encoder_forward(acts.stream, acts.inputs.data(), m.embed.wte, m.embed.wpe, acts.B, acts.T, m.dims.C);
 }
@@ -421,19 +293,19 @@ void gpt_block_forward(const Gpt& m, GptActivations& acts, int layer, const GptH
   const auto fd = flop_dims(m, B, T);
   const bool tp = m.shard.tp_size > 1;
 
-  Span span(hooks.observer, "fwd.block", layer, tp ? flops::block_attention_forward(fd) : flops::block_forward(fd));
+  Span span(hooks.observer, names::kBlockForward.data(), layer, flops::block_piece(fd, true, 0, tp ? 3 : 1));
   block_attention_part(d, p, a, x, B, T);
   if (tp) {
     span.close();
     tp_reduce(m, hooks, TpPoint::kAttnProjForward, layer, a.attproj, n);
-    span.reopen(hooks.observer, "fwd.block", layer, flops::block_mlp_forward(fd));
+    span.reopen(hooks.observer, names::kBlockForward.data(), layer, flops::block_piece(fd, true, 1, 3));
   }
   block_attention_epilogue(d, p, a, x, B, T);
   block_mlp_part(d, p, a, B, T);
   if (tp) {
     span.close();
     tp_reduce(m, hooks, TpPoint::kMlpProjForward, layer, a.fcproj, n);
-    span.reopen(hooks.observer, "fwd.block", layer, 0.0);
+    span.reopen(hooks.observer, names::kBlockForward.data(), layer, flops::block_piece(fd, true, 2, 3));
   }
   block_mlp_epilogue(d, p, a, y, B, T);
 }
@@ -441,7 +313,7 @@ void gpt_block_forward(const Gpt& m, GptActivations& acts, int layer, const GptH
 float gpt_head_forward(const Gpt& m, GptActivations& acts, const int32_t* targets, const GptHooks& hooks) {
   if (!m.shard.has_head) throw std::logic_error("gpt: head forward on a shard without the head");
   const int B = acts.B, T = acts.T, C = m.dims.C, V = m.config.vocab;
-  Span span(hooks.observer, "fwd.head", m.config.n_layer, flops::head_forward(flop_dims(m, B, T)));
+  Span span(hooks.observer, names::kHeadForward.data(), m.config.n_layer, flops::head_forward(flop_dims(m, B, T)));
   std::copy(targets, targets + acts.targets.size(), acts.targets.begin());
   layernorm_forward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(), m.head.lnfw, m.head.lnfb, B, T, C);
   matmul_forward(acts.logits, acts.lnf, m.embed.wte, nullptr, B, T, C, V);
@@ -454,7 +326,7 @@ void gpt_head_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, float lo
   const int B = acts.B, T = acts.T, C = m.dims.C, V = m.config.vocab;
   const std::size_t n = acts.boundary_elems;
   {
-    Span span(hooks.observer, "bwd.head", m.config.n_layer, flops::head_backward(flop_dims(m, B, T)));
+    Span span(hooks.observer, names::kHeadBackward.data(), m.config.n_layer, flops::head_backward(flop_dims(m, B, T)));
     softmax_crossentropy_backward(acts.logits, acts.targets.data(), loss_scale / static_cast<float>(B * T), B, T, V);
     matmul_backward(s.dln, m.dembed.wte, nullptr, acts.logits, acts.lnf, m.embed.wte, B, T, C, V, false);
     std::fill(s.dres, s.dres + n, 0.0f);
@@ -478,8 +350,8 @@ void gpt_block_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, int lay
   const auto fd = flop_dims(m, B, T);
   const bool tp = m.shard.tp_size > 1;
   {
-    Span span(hooks.observer, "bwd.block", layer,
-              tp ? 2.0 * flops::block_mlp_forward(fd) : flops::block_backward(fd));
+    Span span(hooks.observer, names::kBlockBackward.data(), layer,
+              flops::block_piece(fd, false, 0, tp ? 3 : 1));
     // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + b; s.dres holds dy.
     bias_backward(g.fcprojb, s.dres, B, T, d.C);
     matmul_backward(s.dfch_gelu, g.fcprojw, nullptr, s.dres, a.fch_gelu, p.fcprojw, B, T, d.F, d.C, false);
@@ -489,7 +361,7 @@ void gpt_block_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, int lay
     if (tp) {
       span.close();
       tp_reduce(m, hooks, TpPoint::kMlpInputBackward, layer, s.dln, n);
-      span.reopen(hooks.observer, "bwd.block", layer, 2.0 * flops::block_attention_forward(fd));
+      span.reopen(hooks.observer, names::kBlockBackward.data(), layer, flops::block_piece(fd, false, 1, 3));
     }
     layernorm_backward(s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, B, T, d.C);
     // Attention: res2 = x + proj(attn(qkv(ln1(x)))) + b; s.dres now holds dres2.
@@ -501,7 +373,7 @@ void gpt_block_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, int lay
     if (tp) {
       span.close();
       tp_reduce(m, hooks, TpPoint::kAttnInputBackward, layer, s.dln, n);
-      span.reopen(hooks.observer, "bwd.block", layer, 0.0);
+      span.reopen(hooks.observer, names::kBlockBackward.data(), layer, flops::block_piece(fd, false, 2, 3));
     }
     layernorm_backward(s.dres, g.ln1w, g.ln1b, s.dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd, B, T, d.C);
   }
@@ -511,7 +383,7 @@ void gpt_block_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, int lay
 void gpt_embed_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, const GptHooks& hooks) {
   if (!m.shard.has_embed) throw std::logic_error("gpt: embedding backward on a shard without the embedding");
   {
-    Span span(hooks.observer, "bwd.embed", kEmbedSegment, flops::embed_backward(flop_dims(m, acts.B, acts.T)));
+    Span span(hooks.observer, names::kEmbedBackward.data(), kEmbedSegment, flops::embed_backward(flop_dims(m, acts.B, acts.T)));
     encoder_backward(m.dembed.wte, m.dembed.wpe, s.dres, acts.inputs.data(), acts.B, acts.T, m.dims.C);
   }
   if (hooks.on_grads_ready) hooks.on_grads_ready(kEmbedSegment);
@@ -534,6 +406,10 @@ void gpt_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, float loss_sc
   } else if (m.shard.has_head && hooks.on_grads_ready) {
     hooks.on_grads_ready(kEmbedSegment);  // the head-only stage's copy of wte
   }
+}
+
+flops::Dims flop_dims(const Gpt& m, int B, int T) {
+  return flops::Dims{B, T, m.config.n_embd, m.config.vocab, m.shard.tp_size};
 }
 
 }  // namespace orrery::runtime

@@ -6,8 +6,11 @@
 #include <unordered_map>
 
 #include "orrery/common/error.hpp"
+#include "orrery/model/grid.hpp"
+#include "orrery/model/names.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/kernels.hpp"
+#include "orrery/runtime/groups.hpp"
 #include "orrery/runtime/pipeline.hpp"
 #include "orrery/runtime/tensor_parallel.hpp"
 
@@ -19,31 +22,15 @@ using traces::Span;
 using traces::SpanKind;
 
 Layout Layout::of(const Scenario& s, int world_rank) {
+  const model::RankGrid grid = model::RankGrid::from(s);
+  const model::RankGrid::Coord c = grid.coord(world_rank);
   Layout l;
-  l.dp = s.parallel.dp;
-  l.tp = s.parallel.tp;
-  l.pp = s.parallel.pp;
-  // Axes fastest-varying first.
-  std::vector<std::string> axes;
-  std::stringstream ss(s.parallel.placement);
-  for (std::string a; std::getline(ss, a, ',');) {
-    a.erase(std::remove(a.begin(), a.end(), ' '), a.end());
-    axes.push_back(a);
-  }
-  std::vector<std::string> sorted = axes;
-  std::sort(sorted.begin(), sorted.end());
-  if (sorted != std::vector<std::string>{"dp", "pp", "tp"}) {
-    throw InputError("key 'parallel.placement': expected the three axes tp, dp, pp in some order "
-                     "(fastest-varying first), e.g. \"tp,dp,pp\"; got \"" +
-                     s.parallel.placement + "\"");
-  }
-  int rest = world_rank;
-  for (const auto& a : axes) {
-    int& coord = a == "dp" ? l.dp_rank : a == "tp" ? l.tp_rank : l.pp_rank;
-    const int extent = a == "dp" ? l.dp : a == "tp" ? l.tp : l.pp;
-    coord = rest % extent;
-    rest /= extent;
-  }
+  l.dp = grid.dp;
+  l.tp = grid.tp;
+  l.pp = grid.pp;
+  l.dp_rank = c.dp;
+  l.tp_rank = c.tp;
+  l.pp_rank = c.pp;
   return l;
 }
 
@@ -78,7 +65,7 @@ void check_supported(const Scenario& s) {
 // Turns the model's OpObserver calls into Compute spans with step, micro-batch and layer.
 class Trainer::SpanObserver final : public OpObserver {
  public:
-  explicit SpanObserver(Recorder* rec) : rec_(rec) {}
+  explicit SpanObserver(Recorder* rec) : rec_(rec), names_(rec) {}
   void set_context(int32_t step, int32_t micro_batch) {
     step_ = step;
     micro_batch_ = micro_batch;
@@ -86,7 +73,7 @@ class Trainer::SpanObserver final : public OpObserver {
   void begin(const char* name, int layer, double flops) override {
     open_.kind = SpanKind::Compute;
     open_.stream = Recorder::thread_stream();
-    open_.name = name_id(name);
+    open_.name = names_.id(name);
     open_.layer = layer;
     open_.flops = flops;
     open_.step = step_;
@@ -99,16 +86,8 @@ class Trainer::SpanObserver final : public OpObserver {
   }
 
  private:
-  // The model passes string literals: the pointer is a good enough key, the text the fallback.
-  traces::NameId name_id(const char* name) {
-    auto it = ids_.find(name);
-    if (it != ids_.end()) return it->second;
-    const traces::NameId id = rec_->intern(name);
-    ids_.emplace(name, id);
-    return id;
-  }
   Recorder* rec_;
-  std::unordered_map<const char*, traces::NameId> ids_;
+  profiler::LiteralNames names_;
   Span open_;
   int32_t step_ = -1;
   int32_t micro_batch_ = -1;
@@ -156,20 +135,12 @@ Trainer::Trainer(const Scenario& s, Communicator& world, Recorder* rec)
   set_compute_threads(s_.runtime.threads);
 
   const Layout& L = layout_;
-  // Groups, split in the same order on every rank. dp: same (tp, pp); tp: same (dp, pp); pp: same
-  // (dp, tp); the embedding group: the first and last stage of one pipeline (others alone).
-  dp_ = world_.split(L.tp_rank + L.tp * L.pp_rank, L.dp_rank, traces::CommKind::DP,
-                     "dp[tp=" + std::to_string(L.tp_rank) + ",pp=" + std::to_string(L.pp_rank) + "]");
-  tp_ = world_.split(L.dp_rank + L.dp * L.pp_rank, L.tp_rank, traces::CommKind::TP,
-                     "tp[dp=" + std::to_string(L.dp_rank) + ",pp=" + std::to_string(L.pp_rank) + "]");
-  pp_ = world_.split(L.tp_rank + L.tp * L.dp_rank, L.pp_rank, traces::CommKind::PP,
-                     "pp[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
-  if (L.pp > 1) {
-    const bool ends = L.pp_rank == 0 || L.pp_rank == L.pp - 1;
-    const int color = ends ? L.tp_rank + L.tp * L.dp_rank : L.tp * L.dp + world_.rank();
-    embed_ = world_.split(color, L.pp_rank, traces::CommKind::PP,
-                          "embed[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
-  }
+  // The host groups (groups.hpp: split in one order on every rank).
+  RankGroups groups = split_rank_groups(world_, L);
+  dp_ = std::move(groups.dp);
+  tp_ = std::move(groups.tp);
+  pp_ = std::move(groups.pp);
+  embed_ = std::move(groups.embed);
 
   const GptConfig cfg = gpt_config(s_.model);
   GptShard shard = L.pp > 1 ? GptShard::pipeline_stage(cfg, L.pp_rank, L.pp) : GptShard{};
@@ -261,11 +232,11 @@ void Trainer::record_memory() {
   if (!rec_) return;
   const int64_t now = profiler::steady_now_ns();
   const MemoryBytes m = memory();
-  rec_->counter("mem.parameters", m.parameters, now);
-  rec_->counter("mem.gradients", m.gradients, now);
-  rec_->counter("mem.optimizer", m.optimizer, now);
-  rec_->counter("mem.activations", m.activations, now);
-  rec_->counter("mem.comm_buffers", m.comm_buffers, now);
+  rec_->counter(names::kMemParameters.data(), m.parameters, now);
+  rec_->counter(names::kMemGradients.data(), m.gradients, now);
+  rec_->counter(names::kMemOptimizer.data(), m.optimizer, now);
+  rec_->counter(names::kMemActivations.data(), m.activations, now);
+  rec_->counter(names::kMemCommBuffers.data(), m.comm_buffers, now);
 }
 
 void Trainer::forward_pass(int mb, const GptHooks& hooks, double& loss_sum) {
@@ -278,20 +249,20 @@ void Trainer::forward_pass(int mb, const GptHooks& hooks, double& loss_sum) {
   // The slot's previous activation send must be done before its buffer is overwritten.
   act_send_h_[slot].wait();
   if (model_.shard.has_embed || model_.shard.has_head) {
-    ScopedSpan data(rec_, proto(rec_, SpanKind::Data, "data", step, mb));
+    ScopedSpan data(rec_, proto(rec_, SpanKind::Data, names::kDataLoad.data(), step, mb));
     loader_->next_batch(batch_);
   }
-  ScopedSpan fwd(rec_, proto(rec_, SpanKind::Phase, "forward", step, mb));
+  ScopedSpan fwd(rec_, proto(rec_, SpanKind::Phase, names::kForward.data(), step, mb));
   if (!model_.shard.has_embed) {
     pp_->recv(acts.stage_input(), acts.boundary_elems, DType::F32, layout_.pp_rank - 1,
-              OpLabel{"pp.recv_act", step, mb, -1})
+              OpLabel{names::kRecvActivation.data(), step, mb, -1})
         .wait();
   }
   loss_sum += z3_ ? z3_forward(mb, acts, hooks)
                   : gpt_forward(model_, acts, batch_.inputs.data(), batch_.targets.data(), hooks);
   if (!model_.shard.has_head) {
     act_send_h_[slot] = pp_->send(acts.stage_output(), acts.boundary_elems, DType::F32, layout_.pp_rank + 1,
-                                  OpLabel{"pp.send_act", step, mb, -1});
+                                  OpLabel{names::kSendActivation.data(), step, mb, -1});
   }
 }
 
@@ -299,7 +270,7 @@ void Trainer::embed_all_reduce(float* wte_grad) {
   if (!embed_ || embed_->size() < 2) return;
   const ParamTensor& wte = model_.tensor("wte");
   embed_->all_reduce(wte_grad, wte.count, DType::F32, ReduceOp::Sum,
-                     OpLabel{"pp.embed_all_reduce", step_, -1, -1})
+                     OpLabel{names::kEmbedAllReduce.data(), step_, -1, -1})
       .wait();
 }
 
@@ -324,10 +295,10 @@ void Trainer::backward_pass(int mb, const GptHooks& hooks, float loss_scale) {
   if (rec_) rec_->set_step(step, mb);
   if (observer_) observer_->set_context(step, mb);
   const size_t slot = static_cast<size_t>(mb) % acts_.size();
-  ScopedSpan bwd(rec_, proto(rec_, SpanKind::Phase, "backward", step, mb));
+  ScopedSpan bwd(rec_, proto(rec_, SpanKind::Phase, names::kBackward.data(), step, mb));
   if (!model_.shard.has_head) {
     pp_->recv(scratch_.dres, acts_[slot].boundary_elems, DType::F32, layout_.pp_rank + 1,
-              OpLabel{"pp.recv_grad", step, mb, -1})
+              OpLabel{names::kRecvGradient.data(), step, mb, -1})
         .wait();
   }
   const bool last_mb = mb == micro_batches_ - 1;  // both schedules end with the last backward
@@ -343,7 +314,7 @@ void Trainer::backward_pass(int mb, const GptHooks& hooks, float loss_scale) {
     FloatArray& buf = grad_send_[slot];
     std::copy(scratch_.dres, scratch_.dres + buf.size(), buf.begin());
     grad_send_h_[slot] = pp_->send(buf.data(), buf.size(), DType::F32, layout_.pp_rank - 1,
-                                   OpLabel{"pp.send_grad", step, mb, -1});
+                                   OpLabel{names::kSendGradient.data(), step, mb, -1});
   }
   if (z3_) z3_finish_backward();
   if (layout_.dp > 1 && ((s_.parallel.zero == 1 && last_mb) || s_.parallel.zero == 2)) reduce_gradients_zero(mb);
@@ -490,11 +461,11 @@ StepResult Trainer::step() {
   const int64_t t0 = profiler::steady_now_ns();
   if (rec_) rec_->set_step(step);
   {
-    ScopedSpan step_span(rec_, proto(rec_, SpanKind::Phase, "step", step, -1));
+    ScopedSpan step_span(rec_, proto(rec_, SpanKind::Phase, names::kStep.data(), step, -1));
     {
       // Memory-bound and not small (4 bytes per parameter held): its own span, so that calibration
       // and the simulator see it rather than an unexplained gap at the start of the step.
-      ScopedSpan zero_span(rec_, proto(rec_, SpanKind::Compute, "zero_grad", step, -1));
+      ScopedSpan zero_span(rec_, proto(rec_, SpanKind::Compute, names::kZeroGrad.data(), step, -1));
       gpt_zero_grad(model_);
       if (s_.parallel.zero >= 1) std::fill(zero_grads_.begin(), zero_grads_.end(), 0.0f);
       if (z3_) std::fill(z3_->grads(), z3_->grads() + z3_->shard_elems(), 0.0f);
@@ -541,9 +512,9 @@ StepResult Trainer::step() {
     cur_mb_ = -1;
     if (s_.parallel.zero == 0 || layout_.dp == 1) embed_all_reduce(model_.dembed.wte);
     {
-      ScopedSpan opt(rec_, proto(rec_, SpanKind::Phase, "optimizer", step, -1));
+      ScopedSpan opt(rec_, proto(rec_, SpanKind::Phase, names::kOptimizer.data(), step, -1));
       if (z3_) {
-        ScopedSpan adamw(rec_, proto(rec_, SpanKind::Optimizer, "adamw", step, -1));
+        ScopedSpan adamw(rec_, proto(rec_, SpanKind::Optimizer, names::kOptimizerStep.data(), step, -1));
         auto& segs = z3_->segments();
         for (size_t i = 0; i < segs.size(); ++i) {
           if (segs[i].part.count() == 0) continue;
@@ -552,20 +523,20 @@ StepResult Trainer::step() {
         for (int& g : z3_gathered_) g = -99;
       } else if (s_.parallel.zero >= 1 && layout_.dp > 1) {
         {
-          ScopedSpan adamw(rec_, proto(rec_, SpanKind::Optimizer, "adamw", step, -1));
+          ScopedSpan adamw(rec_, proto(rec_, SpanKind::Optimizer, names::kOptimizerStep.data(), step, -1));
           if (zero_.count() > 0) optimizer_->step(model_.params.data() + zero_.begin(), zero_grads_.data());
         }
         dp_->all_gather(model_.params.data() + zero_.begin(), model_.params.data(), zero_.shard, DType::F32,
                         OpLabel{kZeroAllGatherName, step, -1, -1})
             .wait();
       } else {
-        ScopedSpan adamw(rec_, proto(rec_, SpanKind::Optimizer, "adamw", step, -1));
+        ScopedSpan adamw(rec_, proto(rec_, SpanKind::Optimizer, names::kOptimizerStep.data(), step, -1));
         optimizer_->step(model_.params.data(), model_.grads.data());
       }
     }
     float loss = static_cast<float>(loss_sum / micro_batches_);
     if (layout_.pp > 1) {
-      pp_->broadcast(&loss, 1, DType::F32, layout_.pp - 1, OpLabel{"pp.loss", step, -1, -1}).wait();
+      pp_->broadcast(&loss, 1, DType::F32, layout_.pp - 1, OpLabel{names::kPipelineLoss.data(), step, -1, -1}).wait();
     }
     result.loss = loss;
   }

@@ -7,16 +7,6 @@
 
 namespace orrery::runtime {
 
-ZeroPartition zero_partition(std::size_t total, int rank, int ranks) {
-  if (ranks < 1 || rank < 0 || rank >= ranks) throw std::invalid_argument("zero_partition: bad rank");
-  ZeroPartition p;
-  p.total = total;
-  p.rank = rank;
-  p.ranks = ranks;
-  p.shard = (total + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
-  return p;
-}
-
 namespace {
 void rebase(float*& p, const float* old_base, float* new_base) {
   if (p != nullptr) p = new_base + (p - old_base);
@@ -110,28 +100,13 @@ std::size_t zero3_max_block(const std::vector<Zero3Segment>& segments, int n_lay
   return max_block;
 }
 
-Zero3Storage::Zero3Storage(Gpt& m, int dp_rank, int dp_size)
-    : segments_(zero3_segments(m, dp_rank, dp_size, GptPointers{m.embed, m.dembed, m.blocks, m.dblocks, m.head, m.dhead})) {
-  const int L = m.config.n_layer;
-  std::size_t total_shard = 0;
-  for (const auto& sg : segments_) total_shard += sg.part.shard;
-  params_ = FloatArray(total_shard);
-  grads_ = FloatArray(total_shard);
+Zero3Storage::Zero3Storage(Gpt& m, int dp_rank, int dp_size) {
+  allocate(zero3_segments(m, dp_rank, dp_size, GptPointers{m.embed, m.dembed, m.blocks, m.dblocks, m.head, m.dhead}),
+           m.config.n_layer);
   for (const auto& sg : segments_) {
     const std::size_t n = sg.part.count();
     std::copy(m.params.data() + sg.range.offset + sg.part.begin(),
               m.params.data() + sg.range.offset + sg.part.begin() + n, params_.data() + sg.shard_offset);
-  }
-  const std::size_t max_block = zero3_max_block(segments_, L);
-  for (int slot = 0; slot < 2; ++slot) {
-    pbuf_[slot] = FloatArray(max_block);
-    gbuf_[slot] = FloatArray(max_block);
-  }
-  for (const auto& sg : segments_) {
-    const int slot = sg.id == kEmbedSegment ? 2 : sg.id == L ? 3 : -1;
-    if (slot < 0) continue;
-    pbuf_[slot] = FloatArray(sg.part.padded());
-    gbuf_[slot] = FloatArray(sg.part.padded());
   }
   m.params = FloatArray();
   m.grads = FloatArray();
@@ -141,14 +116,6 @@ Zero3Segment& zero3_segment(std::vector<Zero3Segment>& segments, int id) {
   for (auto& sg : segments)
     if (sg.id == id) return sg;
   throw std::out_of_range("zero3: no segment " + std::to_string(id));
-}
-
-Zero3Storage::Segment& Zero3Storage::segment(int id) { return zero3_segment(segments_, id); }
-
-std::size_t Zero3Storage::buffer_bytes() const {
-  std::size_t b = 0;
-  for (int i = 0; i < 4; ++i) b += pbuf_[i].size_bytes() + gbuf_[i].size_bytes();
-  return b;
 }
 
 }  // namespace orrery::runtime

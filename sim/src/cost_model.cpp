@@ -8,9 +8,13 @@
 #include "orrery/common/scenario.hpp"
 // The runtime's FLOP counting, header-only and self-contained by design: the simulator includes it
 // so that simulated and real spans carry the same FLOPs (checked in test_cost_model.cpp).
-#include "../../runtime/include/orrery/runtime/flops.hpp"
+#include "orrery/model/block.hpp"
+#include "orrery/model/flops.hpp"
+#include "orrery/model/names.hpp"
 
 namespace orrery::sim {
+
+namespace names = ::orrery::model::names;
 
 ModelDims model_dims(const Scenario& s, int64_t act_bytes) {
   ModelDims d;
@@ -117,38 +121,41 @@ std::vector<Kernel> optimizer_kernels(double params, double bytes_per_param) {
   return {{OpClass::Optimizer, 12.0 * params, bytes_per_param * params}};
 }
 
-std::optional<std::vector<Kernel>> op_kernels(const std::string& name, int piece, int pieces, const ModelDims& d,
+std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, int pieces, const ModelDims& d,
                                               double opt_params) {
   auto cat = [](std::vector<Kernel> a, const std::vector<Kernel>& b) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
   };
-  if (name == "fwd.embed") return embedding_forward_kernels(d);
-  if (name == "bwd.embed") return embedding_backward_kernels(d);
-  if (name == "fwd.head") return head_forward_kernels(d);
-  if (name == "bwd.head") return head_backward_kernels(d);
-  if (name == "fwd.block" || name == "bwd.block") {
+  if (name == names::kEmbedForward) return embedding_forward_kernels(d);
+  if (name == names::kEmbedBackward) return embedding_backward_kernels(d);
+  if (name == names::kHeadForward) return head_forward_kernels(d);
+  if (name == names::kHeadBackward) return head_backward_kernels(d);
+  if (name == names::kBlockForward || name == names::kBlockBackward) {
     const auto af = attention_forward_kernels(d), mf = mlp_forward_kernels(d);
     const auto ab = attention_backward_kernels(d), mb = mlp_backward_kernels(d);
-    const bool fwd = name == "fwd.block";
+    const bool fwd = name == names::kBlockForward;
     if (pieces == 1) return fwd ? cat(af, mf) : cat(mb, ab);
-    if (pieces != 3) return std::nullopt;
-    // The runtime's three pieces of a tensor-parallel block (runtime/model.hpp): forward [ln1, qkv,
-    // attention, proj] [bias+residual, ln2, fc1, gelu, fc2] [bias+residual]; backward the mirror.
+    if (pieces != model::kTpBlockPieces || piece < 0 || piece >= pieces) return std::nullopt;
+    // The runtime's three pieces of a tensor-parallel block, cut where model/block.hpp says: the
+    // block's kernels in BlockOp order are the attention half's then the MLP half's.
+    std::vector<Kernel> ops = af;
+    ops.insert(ops.end(), mf.begin(), mf.end());
+    std::vector<Kernel> back = ab;
+    back.insert(back.end(), mb.begin(), mb.end());
+    std::vector<Kernel> out;
     if (fwd) {
-      if (piece == 0) return std::vector<Kernel>{af[0], af[1], af[2], af[3]};
-      if (piece == 1) return std::vector<Kernel>{af[4], mf[0], mf[1], mf[2], mf[3]};
-      if (piece == 2) return std::vector<Kernel>{mf[4]};
+      const auto r = model::kForwardPieces[size_t(piece)];
+      for (int i = r.begin; i < r.end; ++i) out.push_back(ops[size_t(i)]);
     } else {
-      if (piece == 0) return std::vector<Kernel>{mb[4], mb[3], mb[2], mb[1]};
-      if (piece == 1) return std::vector<Kernel>{mb[0], ab[4], ab[3], ab[2], ab[1]};
-      if (piece == 2) return std::vector<Kernel>{ab[0]};
+      const auto r = model::kBackwardPieces[size_t(piece)];
+      for (int i = r.end - 1; i >= r.begin; --i) out.push_back(back[size_t(i)]);
     }
-    return std::nullopt;
+    return out;
   }
-  if (name == "adamw") return optimizer_kernels(opt_params, 28.0);
+  if (name == names::kOptimizerStep) return optimizer_kernels(opt_params, 28.0);
   // Zeroing `opt_params` fp32 gradient elements: a write of 4 bytes each.
-  if (name == "zero_grad") return std::vector<Kernel>{Kernel{OpClass::Elementwise, 0.0, 4.0 * opt_params}};
+  if (name == names::kZeroGrad) return std::vector<Kernel>{Kernel{OpClass::Elementwise, 0.0, 4.0 * opt_params}};
   return std::nullopt;
 }
 
@@ -188,10 +195,10 @@ int64_t CostModel::op_ns(const std::vector<Kernel>& ks) const {
   return t;
 }
 
-int64_t CostModel::named_op_ns(const std::string& name, int piece, int pieces, const ModelDims& d,
+int64_t CostModel::named_op_ns(std::string_view name, int piece, int pieces, const ModelDims& d,
                                double opt_params) const {
   const auto ks = op_kernels(name, piece, pieces, d, opt_params);
-  if (!ks) throw InputError("cost model: no op named '" + name + "' (piece " + std::to_string(piece) + " of " +
+  if (!ks) throw InputError("cost model: no op named '" + std::string(name) + "' (piece " + std::to_string(piece) + " of " +
                             std::to_string(pieces) + ")");
   const int64_t modelled = op_ns(*ks);
   const MeasuredOp* best = nullptr;
@@ -200,7 +207,7 @@ int64_t CostModel::named_op_ns(const std::string& name, int piece, int pieces, c
   for (const auto& m : profile_.ops) {
     if (m.name != name) continue;
     double dist = 0;
-    if (name == "adamw" || name == "zero_grad") {
+    if (name == names::kOptimizerStep || name == names::kZeroGrad) {
       dist = ld(opt_params, m.params);
     } else {
       dist = ld(double(d.batch) * double(d.seq), double(m.batch) * double(m.seq)) + ld(double(d.seq), double(m.seq)) +
@@ -222,13 +229,13 @@ int64_t CostModel::named_op_ns(const std::string& name, int piece, int pieces, c
 }
 
 double model_flops_per_step(const Scenario& s) {
-  runtime::flops::Dims d;
+  model::flops::Dims d;
   d.batch = s.training.micro_batch;
   d.seq = s.model.seq;
   d.d_model = s.model.d_model;
   d.vocab = s.model.vocab;
   d.tp = 1;
-  const double per_micro_batch = runtime::flops::model_step(d, s.model.layers);
+  const double per_micro_batch = model::flops::model_step(d, s.model.layers);
   return per_micro_batch * double(s.micro_batches_per_step()) * double(s.parallel.dp);
 }
 

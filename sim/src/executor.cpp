@@ -9,7 +9,7 @@
 #include <unordered_map>
 
 #include "orrery/common/error.hpp"
-#include "orrery/sim/calibrate.hpp"
+#include "orrery/sim/core_sharing.hpp"
 #include "orrery/sim/engine.hpp"
 
 namespace orrery::sim {
@@ -509,19 +509,19 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
     switch (key_role) {
       case GroupRole::TP:
         ci.kind = traces::CommKind::TP;
-        ci.name = "tp[dp=" + std::to_string(c.dp) + ",pp=" + std::to_string(c.pp) + "]";
+        ci.name = names::tp_group(c.dp, c.pp);
         break;
       case GroupRole::DP:
         ci.kind = traces::CommKind::DP;
-        ci.name = "dp[tp=" + std::to_string(c.tp) + ",pp=" + std::to_string(c.pp) + "]";
+        ci.name = names::dp_group(c.tp, c.pp);
         break;
       case GroupRole::Embedding:
         ci.kind = traces::CommKind::Other;
-        ci.name = "embed[dp=" + std::to_string(c.dp) + ",tp=" + std::to_string(c.tp) + "]";
+        ci.name = names::embed_group(c.dp, c.tp);
         break;
       default:
         ci.kind = traces::CommKind::PP;
-        ci.name = "pp[dp=" + std::to_string(c.dp) + ",tp=" + std::to_string(c.tp) + "]";
+        ci.name = names::pp_group(c.dp, c.tp);
         break;
     }
     t.comms.push_back(ci);

@@ -235,10 +235,10 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
     auto& t = *out.trace;
     for (const auto& rk : r.ranks) {
       const MemoryEstimate& m = out.memory[rk.coord.pp];
-      const std::pair<const char*, double> cats[] = {{"mem.parameters", m.parameters_bytes},
-                                                     {"mem.gradients", m.gradients_bytes},
-                                                     {"mem.optimizer", m.optimizer_bytes},
-                                                     {"mem.activations", m.activations_bytes}};
+      const std::pair<const char*, double> cats[] = {{names::kMemParameters.data(), m.parameters_bytes},
+                                                     {names::kMemGradients.data(), m.gradients_bytes},
+                                                     {names::kMemOptimizer.data(), m.optimizer_bytes},
+                                                     {names::kMemActivations.data(), m.activations_bytes}};
       for (const auto& [name, v] : cats) t.counters.push_back({rk.rank, t.strings.intern(name), 0, v});
     }
   }
@@ -256,9 +256,9 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
   const Layout l = Layout::from(s);
   const ModelDims d = model_dims(s, prec.act_bytes);
   const double m = s.micro_batches_per_step(), pp = s.parallel.pp, lps = double(s.model.layers) / pp;
-  const double tf = double(cost.named_op_ns("fwd.block", 0, 1, d));
-  const double tb = double(cost.named_op_ns("bwd.block", 0, 1, d));
-  const double head = double(cost.named_op_ns("fwd.head", 0, 1, d) + cost.named_op_ns("bwd.head", 0, 1, d));
+  const double tf = double(cost.named_op_ns(names::kBlockForward, 0, 1, d));
+  const double tb = double(cost.named_op_ns(names::kBlockBackward, 0, 1, d));
+  const double head = double(cost.named_op_ns(names::kHeadForward, 0, 1, d) + cost.named_op_ns(names::kHeadBackward, 0, 1, d));
   const int64_t act = int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model * prec.act_bytes;
   auto coll = [&](traces::CollOp op, std::vector<int32_t> members, int64_t bytes) -> double {
     if (members.size() < 2 || bytes <= 0) return 0.0;

@@ -10,6 +10,9 @@
 #include <unordered_map>
 
 #include "orrery/common/error.hpp"
+#include "orrery/model/buckets.hpp"
+#include "orrery/model/flops.hpp"
+#include "orrery/model/zero_partition.hpp"
 
 namespace orrery::sim {
 
@@ -22,44 +25,6 @@ std::string_view stream_name(int stream) {
     case kStreamPpRecv: return "comm.pp.recv";
   }
   return "other";
-}
-
-int Layout::rank_of(int d, int t, int p) const {
-  const int coord[3] = {d, t, p};
-  const int size[3] = {dp, tp, pp};
-  int r = 0;
-  for (int i = 2; i >= 0; --i) r = r * size[order[i]] + coord[order[i]];
-  return r;
-}
-
-Layout::Coord Layout::coord(int rank) const {
-  const int size[3] = {dp, tp, pp};
-  int c[3] = {0, 0, 0};
-  for (int i = 0; i < 3; ++i) {
-    c[order[i]] = rank % size[order[i]];
-    rank /= size[order[i]];
-  }
-  return {c[0], c[1], c[2]};
-}
-
-Layout Layout::from(const Scenario& s) {
-  Layout l;
-  l.dp = s.parallel.dp;
-  l.tp = s.parallel.tp;
-  l.pp = s.parallel.pp;
-  std::stringstream ss(s.parallel.placement);
-  std::string axis;
-  int i = 0;
-  while (std::getline(ss, axis, ',') && i < 3) {
-    axis.erase(std::remove(axis.begin(), axis.end(), ' '), axis.end());
-    if (axis == "dp") l.order[i] = 0;
-    else if (axis == "tp") l.order[i] = 1;
-    else if (axis == "pp") l.order[i] = 2;
-    else throw InputError(s.path + ": key 'parallel.placement': unknown axis '" + axis + "' (expected tp, dp, pp)");
-    ++i;
-  }
-  if (i != 3) throw InputError(s.path + ": key 'parallel.placement': expected a permutation of tp,dp,pp");
-  return l;
 }
 
 PrecisionConfig precision_config(const std::string& name) {
@@ -76,46 +41,11 @@ PrecisionConfig precision_config(const std::string& name) {
   return p;
 }
 
-int chunks_per_stage(const Scenario& s) {
-  return s.parallel.schedule == "interleaved" ? std::max(1, s.parallel.virtual_stages) : 1;
-}
-
 std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage) {
-  const int64_t c = s.model.d_model, v = s.model.vocab, t = s.model.seq, tp = s.parallel.tp;
-  const int pp = s.parallel.pp, L = s.model.layers;
-  const int chunks = chunks_per_stage(s), per_chunk = L / (pp * chunks);
+  const auto specs = model::parameter_tensors(model::model_shape(s), model::stage_contents(s, stage));
   std::vector<ParamTensor> out;
-  if (stage == 0) {
-    out.push_back({"wte", v * c, -1});
-    out.push_back({"wpe", t * c, -1});
-  } else if (stage == pp - 1) {
-    out.push_back({"wte", v * c, -1});  // the last stage's own copy of the tied embedding (model.hpp)
-  }
-  // Megatron slicing (model.hpp): qkv and fc1 column-parallel (weights and biases sliced), proj and
-  // fc2 row-parallel (weights sliced, biases replicated), LayerNorms replicated.
-  // The stage's chunks in order (one chunk, its contiguous layers, unless interleaved): chunk k holds
-  // the layers of virtual stage k·pp + stage.
-  for (int k = 0; k < chunks; ++k) {
-    for (int l = (k * pp + stage) * per_chunk; l < (k * pp + stage + 1) * per_chunk; ++l) {
-      const std::string h = "h." + std::to_string(l) + ".";
-      out.push_back({h + "ln1w", c, l});
-      out.push_back({h + "ln1b", c, l});
-      out.push_back({h + "qkvw", 3 * c * c / tp, l});
-      out.push_back({h + "qkvb", 3 * c / tp, l});
-      out.push_back({h + "projw", c * c / tp, l});
-      out.push_back({h + "projb", c, l});
-      out.push_back({h + "ln2w", c, l});
-      out.push_back({h + "ln2b", c, l});
-      out.push_back({h + "fcw", 4 * c * c / tp, l});
-      out.push_back({h + "fcb", 4 * c / tp, l});
-      out.push_back({h + "fcprojw", 4 * c * c / tp, l});
-      out.push_back({h + "fcprojb", c, l});
-    }
-  }
-  if (stage == pp - 1) {
-    out.push_back({"lnfw", c, L});
-    out.push_back({"lnfb", c, L});
-  }
+  out.reserve(specs.size());
+  for (const auto& p : specs) out.push_back({p.name, p.count(), p.segment});
   return out;
 }
 
@@ -200,23 +130,29 @@ struct ComputeCosts {
 };
 
 ComputeCosts make_costs(const ModelDims& d, const CostModel& cost) {
-  // Each piece's FLOPs and bytes from its kernels, its time from the cost model by name (a measured
-  // op of the profile, scaled to this shape, or the roofline of its kernels: cost_model.hpp).
-  auto piece = [&](const char* name, int index, int pieces) {
+  // Each piece's bytes from its kernels, its time from the cost model by name (a measured op of
+  // the profile, scaled to this shape, or the roofline of its kernels: cost_model.hpp); its model
+  // FLOPs as the runtime's span carries them (model/flops.hpp; a block piece's kernels count the
+  // same FLOPs over the block, cut elsewhere: the LayerNorms fall in the neighbouring piece).
+  const model::flops::Dims fd{d.batch, d.seq, d.d_model, d.vocab, d.tp};
+  auto piece = [&](std::string_view name, int index, int pieces) {
     const auto ks = op_kernels(name, index, pieces, d);
-    return Piece{total_flops(*ks), total_bytes(*ks), cost.named_op_ns(name, index, pieces, d)};
+    const bool block = name == names::kBlockForward || name == names::kBlockBackward;
+    const double f = block ? model::flops::block_piece(fd, name == names::kBlockForward, index, pieces)
+                           : total_flops(*ks);
+    return Piece{f, total_bytes(*ks), cost.named_op_ns(name, index, pieces, d)};
   };
   ComputeCosts c;
-  c.embed_f = piece("fwd.embed", 0, 1);
-  c.embed_b = piece("bwd.embed", 0, 1);
-  c.head_f = piece("fwd.head", 0, 1);
-  c.head_b = piece("bwd.head", 0, 1);
+  c.embed_f = piece(names::kEmbedForward, 0, 1);
+  c.embed_b = piece(names::kEmbedBackward, 0, 1);
+  c.head_f = piece(names::kHeadForward, 0, 1);
+  c.head_b = piece(names::kHeadBackward, 0, 1);
   // One piece per block (tp = 1) or the runtime's three, split where Megatron sums over the tp group
   // (model.hpp; op_kernels lists their kernels).
   const int pieces = d.tp == 1 ? 1 : 3;
   for (int i = 0; i < pieces; ++i) {
-    c.block_f.push_back(piece("fwd.block", i, pieces));
-    c.block_b.push_back(piece("bwd.block", i, pieces));
+    c.block_f.push_back(piece(names::kBlockForward, i, pieces));
+    c.block_b.push_back(piece(names::kBlockBackward, i, pieces));
   }
   return c;
 }
@@ -240,11 +176,13 @@ double workload_ops_bound(const Scenario& s, int steps) {
   return double(std::max(1, steps)) * per_step;
 }
 
-Workload build_workload(const Scenario& s, const CostModel& cost, const WorkloadOptions& opt) {
+namespace {
+
+// The refusals of build_workload (workload.hpp) before anything is built.
+void check_buildable(const Scenario& s, const WorkloadOptions& opt) {
   validate_layout(s);
   if (opt.steps < 1) throw InputError("simulated steps must be >= 1");
-  const bool interleaved = s.parallel.schedule == "interleaved";
-  if (interleaved) {
+  if (s.parallel.schedule == "interleaved") {
     // Megatron's interleaved 1F1B: v model chunks per stage, chunk c of stage s the layers of
     // virtual stage c·pp + s (validate_layout checks that pp·v divides the layers).
     const int pp = s.parallel.pp, v = chunks_per_stage(s);
@@ -277,6 +215,395 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
                      " ops per pipeline stage, more than the simulator's 32-bit op ids allow (" +
                      std::to_string(kMaxStageOps) + ")");
   }
+}
+
+// A DDP bucket of a stage, as the workload issues it.
+struct Bucket {
+  int64_t params = 0;
+  int ready = -1;          // backward position after which it can be reduced
+  int lowest = INT32_MAX;  // lowest segment (the span's layer)
+};
+
+// Builds the program of one pipeline stage, step by step and pass by pass: the state of the
+// original single function (sequence numbers per communicator, the ops a pass waits for) is this
+// object's, each piece of the op structure of workload.hpp one member.
+class StageBuilder {
+ public:
+  StageBuilder(const Scenario& s, const CostModel& cost, const WorkloadOptions& opt, const ComputeCosts& cc,
+               int micro_batches, int stage, StageProgram& prog, std::vector<std::string>& names)
+      : s_(s), par_(s.parallel), cost_(cost), prec_(opt.precision), cc_(cc), steps_(opt.steps), pp_(par_.pp),
+        dp_(par_.dp), m_(micro_batches), L_(s.model.layers), chunks_(chunks_per_stage(s)), per_stage_(L_ / pp_),
+        per_chunk_(per_stage_ / chunks_), st_(stage), first_(stage == 0), last_(stage == pp_ - 1),
+        interleaved_(par_.schedule == "interleaved"), has_embed_segment_(first_ || last_),
+        act_msg_bytes_(int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model * prec_.act_bytes),
+        prog_(prog), b_(prog, names) {
+    prog_.stage = stage;
+  }
+
+  void build() {
+    plan_segments_and_buckets();
+    zero_grad_piece_ = make_zero_grad_piece();
+    for (int step = 0; step < steps_; ++step) build_step(step);
+  }
+
+ private:
+  struct Segment {
+    int id;
+    int64_t params;
+    int position;
+  };
+
+  // Chunk k of the stage: layers [chunk_l0(k), chunk_l0(k) + per_chunk); one chunk = the stage.
+  int chunk_l0(int k) const { return (k * pp_ + st_) * per_chunk_; }
+  int chunk_base(int k) const { return (chunks_ - 1 - k) * (per_chunk_ + 2); }
+  // Parameters per segment of the stage (slot 0 the embedding -1, 1 the final LayerNorm L, then the
+  // blocks by chunk), summed once: a scan of the stage's tensors per segment was quadratic in the
+  // layers (minutes at 100,000).
+  size_t slot(int seg) const {
+    if (seg < 0) return size_t(0);
+    if (seg >= L_) return size_t(1);
+    return size_t(2 + (seg / per_chunk_ / pp_) * per_chunk_ + seg % per_chunk_);  // chunk, then layer
+  }
+  int64_t segment_params(int seg) const { return seg_params_[slot(seg)]; }
+  // ZeRO sizes: the model's partition pads an array of n elements to dp · ceil(n / dp)
+  // (model/zero_partition.hpp); the collectives move the padded total.
+  int64_t padded(int64_t n) const { return int64_t(model::zero_partition(size_t(n), 0, dp_).padded()); }
+
+  // Segments in gradient-ready order with their parameter counts, and the backward position after
+  // which each is ready: 0 = after bwd.head, 1 + k = after block l1-1-k, per_stage + 1 = after
+  // bwd.embed (a head-only stage's wte copy is ready with the last block, as the runtime fires it).
+  // Interleaved: a chunk's gradients are ready after its last backward (micro-batch m-1); those run
+  // chunk v-1 first, chunk 0 last, so chunk k's positions are offset by (v-1-k)·(per_chunk + 2).
+  // Then the DDP buckets: the model's rule (model/buckets.hpp) on this ready order.
+  void plan_segments_and_buckets() {
+    seg_params_.assign(size_t(per_stage_) + 2, 0);
+    for (const auto& p : stage_parameters(s_, st_)) {
+      prog_.param_count += p.count;
+      seg_params_[slot(p.segment)] += p.count;
+    }
+    std::vector<Segment> ready_order;
+    for (int k = chunks_ - 1; k >= 0; --k) {
+      const int l0 = chunk_l0(k), l1 = l0 + per_chunk_, base = chunk_base(k);
+      if (last_ && k == chunks_ - 1) ready_order.push_back({L_, segment_params(L_), base});
+      for (int l = l1 - 1; l >= l0; --l) ready_order.push_back({l, segment_params(l), base + 1 + (l1 - 1 - l)});
+      if (first_ && k == 0) ready_order.push_back({-1, segment_params(-1), base + per_chunk_ + 1});
+    }
+    if (!first_ && last_) ready_order.push_back({-1, segment_params(-1), chunk_base(0) + per_chunk_});
+
+    std::vector<model::BucketSegment> order;
+    order.reserve(ready_order.size());
+    for (const auto& sg : ready_order) order.push_back({sg.id, sg.params});
+    const double cap_bytes = par_.bucket_mb * 1024.0 * 1024.0;
+    for (const auto& plan : model::ddp_buckets(order, cap_bytes, prec_.grad_bytes)) {
+      Bucket bk;
+      bk.params = plan.elements;
+      bk.lowest = plan.lowest_segment;
+      for (size_t i = plan.begin; i < plan.end; ++i) bk.ready = std::max(bk.ready, ready_order[i].position);
+      buckets_.push_back(bk);
+    }
+    for (const auto& bk : buckets_) prog_.bucket_params.push_back(bk.params);
+  }
+
+  // Each step first zeroes the gradients the stage holds (and ZeRO's shard accumulators).
+  Piece make_zero_grad_piece() const {
+    const ModelDims dims = model_dims(s_, prec_.act_bytes);
+    const double zeroed =
+        double(prog_.param_count) + (par_.zero >= 1 ? double(padded(prog_.param_count)) / dp_ : 0.0);
+    return Piece{0.0, total_bytes(*op_kernels(names::kZeroGrad, 0, 1, dims, zeroed)),
+                 cost_.named_op_ns(names::kZeroGrad, 0, 1, dims, zeroed)};
+  }
+
+  Op compute(std::string_view n, const Piece& pc, PhaseKind ph, int mb, int layer,
+             traces::SpanKind kind = traces::SpanKind::Compute) {
+    Op op;
+    op.name = b_.name(n);
+    op.kind = kind;
+    op.stream = kStreamCompute;
+    op.phase = ph;
+    op.step = step_, op.micro_batch = mb, op.layer = layer;
+    op.duration_ns = pc.ns;
+    op.flops = pc.flops;
+    op.bytes = static_cast<int64_t>(pc.bytes);
+    return op;
+  }
+  Op comm(std::string_view n, traces::SpanKind kind, traces::CollOp coll, int stream, GroupRole g, int64_t bytes,
+          int32_t seq, PhaseKind ph, int mb, int layer) {
+    Op op;
+    op.name = b_.name(n);
+    op.kind = kind;
+    op.coll = coll;
+    op.stream = static_cast<uint8_t>(stream);
+    op.group = g;
+    op.bytes = bytes;
+    op.seq = seq;
+    op.phase = ph;
+    op.step = step_, op.micro_batch = mb, op.layer = layer;
+    return op;
+  }
+  uint32_t tp_all_reduce(PhaseKind ph, int mb, int layer, uint32_t after) {
+    return b_.add(comm(names::kTpAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce, kStreamTp,
+                       GroupRole::TP, act_msg_bytes_, seq_tp_++, ph, mb, layer),
+                  {after});
+  }
+  // A block's forward or backward: its pieces, with a tp all-reduce between consecutive pieces.
+  uint32_t block(std::string_view n, const std::vector<Piece>& pieces, PhaseKind ph, int mb, int layer,
+                 std::initializer_list<uint32_t> first_deps) {
+    uint32_t prev = kNone;
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      const uint32_t op = k == 0 ? b_.add(compute(n, pieces[k], ph, mb, layer), first_deps)
+                                 : b_.add(compute(n, pieces[k], ph, mb, layer), {prev});
+      prev = k + 1 < pieces.size() ? tp_all_reduce(ph, mb, layer, op) : op;
+    }
+    return prev;
+  }
+  uint32_t dp_coll(std::string_view n, traces::CollOp c, int64_t bytes, PhaseKind ph, int mb, int layer,
+                   const std::vector<uint32_t>& deps) {
+    return b_.add(comm(n, traces::SpanKind::Collective, c, kStreamDp, GroupRole::DP, bytes, seq_dp_++, ph, mb, layer),
+                  deps);
+  }
+  uint32_t embed_all_reduce(int mb, const std::vector<uint32_t>& deps) {
+    return b_.add(comm(names::kEmbedAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce, kStreamDp,
+                       GroupRole::Embedding, int64_t(s_.model.vocab) * s_.model.d_model * prec_.grad_bytes,
+                       seq_embed_++, PhaseKind::Backward, mb, -1),
+                  deps);
+  }
+  // ZeRO 3 (the runtime's Zero3Storage): one all-gather per segment, issued on the comm thread in
+  // the order the trainer binds them (a block's gather when the block before it is bound, so one
+  // block ahead), and one reduce-scatter per segment as its backward completes.
+  uint32_t z3_gather(PhaseKind ph, int mb, int segment, uint32_t after) {
+    return dp_coll(names::kZeroAllGather, traces::CollOp::AllGather, padded(segment_params(segment)) * prec_.param_bytes,
+                   ph, mb, segment, {after});
+  }
+  uint32_t z3_scatter(int mb, int segment, uint32_t after) {
+    const uint32_t op = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
+                                padded(segment_params(segment)) * prec_.grad_bytes, PhaseKind::Backward, mb, segment,
+                                {after});
+    grad_ops_.push_back(op);
+    return op;
+  }
+
+  std::vector<PipelinePass> pass_order() const {
+    std::vector<PipelinePass> order;
+    if (interleaved_) return pipeline_interleaved_order(pp_, st_, m_, chunks_);
+    for (const int pass : schedule_order(par_.schedule, pp_, st_, m_))
+      order.push_back(pass >= 0 ? PipelinePass{0, pass, true} : PipelinePass{0, -pass - 1, false});
+    return order;
+  }
+
+  void build_step(int step) {
+    step_ = step;
+    grad_ops_.clear();
+    last_backward_op_ = kNone;
+    next_bucket_ = 0;
+    const uint32_t zero_grad = b_.add(compute(names::kZeroGrad, zero_grad_piece_, PhaseKind::None, -1, -1),
+                                      {after_prev_step_});
+    // The op the next pass's first op waits for: the runtime's blocking collectives between passes
+    // (the previous step's ZeRO all-gather and pp.loss, ZeRO 1/2 reductions, ZeRO 3's end of backward).
+    blocker_ = {zero_grad};
+    if (par_.zero == 3) {
+      // The embedding and the final LayerNorm: gathered once a step, before any pass (blocking).
+      uint32_t after = zero_grad;
+      if (has_embed_segment_) after = z3_gather(PhaseKind::None, -1, -1, after);
+      if (last_) after = z3_gather(PhaseKind::None, -1, L_, after);
+      blocker_ = {after};
+    }
+    for (const PipelinePass& pass : pass_order()) {
+      if (pass.forward) forward_pass(pass);
+      else backward_pass(pass);
+    }
+    finish_step();
+  }
+
+  // The pass's chunk: whether it holds the embedding (stage 0's chunk 0) or the head (the last
+  // stage's last chunk); without interleaving the stage's first and last flags.
+  bool embed_chunk(const PipelinePass& p) const { return first_ && p.chunk == 0; }
+  bool head_chunk(const PipelinePass& p) const { return last_ && p.chunk == chunks_ - 1; }
+
+  void forward_pass(const PipelinePass& pass) {
+    const int mb = pass.micro_batch, l0 = chunk_l0(pass.chunk), l1 = l0 + per_chunk_;
+    const bool embed = embed_chunk(pass), head = head_chunk(pass);
+    const std::vector<uint32_t> wait = std::move(blocker_);
+    blocker_.clear();
+    uint32_t data = kNone;
+    if (embed || head)
+      data = b_.add(compute(names::kDataLoad, Piece{0, 0, cc_.data_ns}, PhaseKind::None, mb, -1, traces::SpanKind::Data),
+                    wait);
+    uint32_t prev = kNone;
+    if (embed) {
+      std::vector<uint32_t> deps = wait;
+      deps.push_back(data);
+      prev = b_.add(compute(names::kEmbedForward, cc_.embed_f, PhaseKind::Forward, mb, -1), deps);
+    } else {
+      prev = b_.add(comm(names::kRecvActivation, traces::SpanKind::P2P, traces::CollOp::Recv, kStreamPpRecv,
+                         GroupRole::PPPrev, act_msg_bytes_, 2 * seq_act_prev_++, PhaseKind::Forward, mb, -1),
+                    wait);
+    }
+    uint32_t gathered = kNone;  // ZeRO 3: this block's gather
+    for (int l = l0; l < l1; ++l) {
+      if (par_.zero == 3) {
+        if (l == l0) gathered = z3_gather(PhaseKind::Forward, mb, l, prev);
+        const uint32_t this_gather = gathered;
+        // Prefetch of the next block, issued once this one's gather is waited for.
+        gathered = l + 1 < l1 ? z3_gather(PhaseKind::Forward, mb, l + 1, prev) : kNone;
+        prev = block(names::kBlockForward, cc_.block_f, PhaseKind::Forward, mb, l, {prev, this_gather});
+      } else {
+        prev = block(names::kBlockForward, cc_.block_f, PhaseKind::Forward, mb, l, {prev});
+      }
+    }
+    if (head) {
+      b_.add(compute(names::kHeadForward, cc_.head_f, PhaseKind::Forward, mb, L_), {prev, data});
+    } else {
+      b_.add(comm(names::kSendActivation, traces::SpanKind::P2P, traces::CollOp::Send, kStreamPpSend,
+                  GroupRole::PPNext, act_msg_bytes_, 2 * seq_act_next_++, PhaseKind::Forward, mb, -1),
+             {prev});
+    }
+  }
+
+  // DDP (zero 0): per bucket on the last micro-batch (each chunk's last backward), overlapped with
+  // the backward; the step's last backward (chunk 0's) issues what is left.
+  void issue_bucket(int mb, uint32_t after) {
+    const Bucket& bk = buckets_[next_bucket_++];
+    grad_ops_.push_back(dp_coll(names::kDpAllReduce, traces::CollOp::AllReduce, bk.params * prec_.grad_bytes,
+                                PhaseKind::Backward, mb, bk.lowest, {after}));
+  }
+  // With overlap, a bucket goes out as soon as its last segment's gradient is ready.
+  void issue_ready(bool ddp_sync, int mb, int position, uint32_t producer) {
+    if (!(ddp_sync && par_.overlap)) return;
+    while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready <= position) issue_bucket(mb, producer);
+  }
+
+  // The blocks of a backward pass, last first; returns the last block's op.
+  uint32_t backward_blocks(const PipelinePass& pass, bool ddp_sync, uint32_t prev) {
+    const int mb = pass.micro_batch, l0 = chunk_l0(pass.chunk), l1 = l0 + per_chunk_, base = chunk_base(pass.chunk);
+    uint32_t gathered = kNone;
+    std::vector<uint32_t> rs_of_layer(std::max(1, per_stage_), kNone);
+    for (int l = l1 - 1; l >= l0; --l) {
+      if (par_.zero == 3) {
+        if (l == l1 - 1) gathered = z3_gather(PhaseKind::Backward, mb, l, prev);
+        const uint32_t this_gather = gathered;
+        gathered = l - 1 >= l0 ? z3_gather(PhaseKind::Backward, mb, l - 1, prev) : kNone;
+        // The block's gradient buffer is the one of the block two layers up: its scatter first.
+        const uint32_t buffer_free = l + 2 < l1 ? rs_of_layer[l + 2 - l0] : kNone;
+        prev = block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l, {prev, this_gather, buffer_free});
+        rs_of_layer[l - l0] = z3_scatter(mb, l, prev);
+      } else {
+        prev = block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l, {prev});
+      }
+      issue_ready(ddp_sync, mb, base + 1 + (l1 - 1 - l), prev);
+    }
+    return prev;
+  }
+
+  void backward_pass(const PipelinePass& pass) {
+    const int mb = pass.micro_batch, l0 = chunk_l0(pass.chunk), base = chunk_base(pass.chunk);
+    const bool embed = embed_chunk(pass), head = head_chunk(pass);
+    const std::vector<uint32_t> wait = std::move(blocker_);
+    blocker_.clear();
+    const bool ddp_sync = dp_ > 1 && par_.zero == 0 && mb == m_ - 1;
+    const bool step_last_backward = mb == m_ - 1 && pass.chunk == 0;
+    uint32_t prev = kNone;
+    if (head) {
+      prev = b_.add(compute(names::kHeadBackward, cc_.head_b, PhaseKind::Backward, mb, L_), wait);
+      if (par_.zero == 3) z3_scatter(mb, L_, prev);
+    } else {
+      prev = b_.add(comm(names::kRecvGradient, traces::SpanKind::P2P, traces::CollOp::Recv, kStreamPpRecv,
+                         GroupRole::PPNext, act_msg_bytes_, 2 * seq_grad_next_++ + 1, PhaseKind::Backward, mb, -1),
+                    wait);
+    }
+    if (head) issue_ready(ddp_sync, mb, base + 0, prev);
+    prev = backward_blocks(pass, ddp_sync, prev);
+    if (embed) {
+      prev = b_.add(compute(names::kEmbedBackward, cc_.embed_b, PhaseKind::Backward, mb, -1), {prev});
+      issue_ready(ddp_sync, mb, base + per_chunk_ + 1, prev);
+    } else {
+      b_.add(comm(names::kSendGradient, traces::SpanKind::P2P, traces::CollOp::Send, kStreamPpSend, GroupRole::PPPrev,
+                  act_msg_bytes_, 2 * seq_grad_prev_++ + 1, PhaseKind::Backward, mb, -1),
+             {prev});
+    }
+    last_backward_op_ = prev;
+    // Without overlap: every bucket after the whole backward of this pass (interleaved: of the
+    // step's last pass, chunk 0's backward of micro-batch m-1).
+    if (ddp_sync && step_last_backward)
+      while (next_bucket_ < buckets_.size()) issue_bucket(mb, last_backward_op_);
+    reduce_after_backward(pass, prev, l0);
+  }
+
+  // ZeRO's reductions at the end of a backward pass.
+  void reduce_after_backward(const PipelinePass& pass, uint32_t prev, int l0) {
+    const int mb = pass.micro_batch;
+    if (dp_ > 1 && par_.zero == 3) {
+      // z3_finish_backward: the tied wte's sum, the embedding's scatter, then wait for all.
+      uint32_t after = prev;
+      if (pp_ > 1 && has_embed_segment_) after = embed_all_reduce(mb, {after});
+      if (has_embed_segment_) z3_scatter(mb, -1, after);
+      blocker_ = grad_ops_;
+    } else if (dp_ > 1 && pass.chunk == 0 && (par_.zero == 2 || (par_.zero == 1 && mb == m_ - 1))) {
+      // (Interleaved, ZeRO 1 only: after the step's last backward, chunk 0's of micro-batch m-1.)
+      // reduce_gradients_zero: the tied wte's sum, then one reduce-scatter of the whole array;
+      // both blocking.
+      uint32_t after = prev;
+      if (pp_ > 1 && has_embed_segment_) after = embed_all_reduce(mb, {after});
+      const uint32_t rs = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
+                                  padded(prog_.param_count) * prec_.grad_bytes, PhaseKind::Backward, mb,
+                                  has_embed_segment_ ? -1 : l0, {after});
+      grad_ops_.push_back(rs);
+      blocker_ = {rs};
+    }
+  }
+
+  // After the last pass: tied embedding gradients (without ZeRO), optimizer, ZeRO 1/2 all-gather,
+  // the pipeline's loss broadcast.
+  void finish_step() {
+    std::vector<uint32_t> opt_deps = grad_ops_;
+    opt_deps.push_back(last_backward_op_);
+    opt_deps.insert(opt_deps.end(), blocker_.begin(), blocker_.end());
+    if (pp_ > 1 && has_embed_segment_ && (par_.zero == 0 || dp_ == 1)) opt_deps.push_back(embed_all_reduce(-1, opt_deps));
+    const double opt_params = par_.zero >= 1 ? double(prog_.param_count) / dp_ : double(prog_.param_count);
+    const auto opt_kernels = optimizer_kernels(opt_params, 28.0);
+    // Optimizer ops carry no model FLOPs (MFU counts the model's forward and backward only).
+    const Piece opt_piece{0.0, total_bytes(opt_kernels),
+                          cost_.named_op_ns(names::kOptimizerStep, 0, 1, model_dims(s_, prec_.act_bytes), opt_params)};
+    const uint32_t optim = b_.add(
+        compute(names::kOptimizerStep, opt_piece, PhaseKind::Optimizer, -1, -1, traces::SpanKind::Optimizer), opt_deps);
+    after_prev_step_ = optim;
+    if (dp_ > 1 && (par_.zero == 1 || par_.zero == 2))
+      after_prev_step_ = dp_coll(names::kDpAllGather, traces::CollOp::AllGather,
+                                 padded(prog_.param_count) * prec_.param_bytes, PhaseKind::Optimizer, -1, -1, {optim});
+    if (pp_ > 1)
+      after_prev_step_ = b_.add(comm(names::kPipelineLoss, traces::SpanKind::Collective, traces::CollOp::Broadcast,
+                                     kStreamPpSend, GroupRole::PPNext, 4, seq_pp_++, PhaseKind::None, -1, -1),
+                                {after_prev_step_});
+  }
+
+  const Scenario& s_;
+  const ParallelConfig& par_;
+  const CostModel& cost_;
+  const PrecisionConfig& prec_;
+  const ComputeCosts& cc_;
+  const int steps_, pp_, dp_, m_, L_, chunks_, per_stage_, per_chunk_, st_;
+  const bool first_, last_, interleaved_, has_embed_segment_;
+  const int64_t act_msg_bytes_;
+  StageProgram& prog_;
+  ProgramBuilder b_;
+  std::vector<int64_t> seg_params_;
+  std::vector<Bucket> buckets_;
+  Piece zero_grad_piece_;
+  // Sequence numbers per communicator role, over the whole run.
+  int32_t seq_tp_ = 0, seq_dp_ = 0, seq_act_next_ = 0, seq_act_prev_ = 0, seq_grad_next_ = 0, seq_grad_prev_ = 0;
+  int32_t seq_embed_ = 0, seq_pp_ = 0;
+  uint32_t after_prev_step_ = kNone;  // the op the next step's first pass waits for (optimizer, all-gather, loss)
+  // The step being built.
+  int step_ = 0;
+  std::vector<uint32_t> grad_ops_;  // DP gradient ops of this step (the optimizer waits for all)
+  uint32_t last_backward_op_ = kNone;
+  size_t next_bucket_ = 0;          // DDP buckets issued so far this step
+  std::vector<uint32_t> blocker_;
+};
+
+}  // namespace
+
+Workload build_workload(const Scenario& s, const CostModel& cost, const WorkloadOptions& opt) {
+  check_buildable(s, opt);
   Workload w;
   w.scenario = s;
   w.layout = Layout::from(s);
@@ -288,345 +615,11 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
   // Reserve the phase names first so that their ids are stable.
   for (auto n : {names::kStep, names::kForward, names::kBackward, names::kOptimizer}) w.names.emplace_back(n);
 
-  const auto& par = s.parallel;
-  const int pp = par.pp, dp = par.dp, m = w.micro_batches, L = s.model.layers;
-  const int chunks = chunks_per_stage(s);       // model chunks per stage (1 unless interleaved)
-  const int per_stage = L / pp;                  // layers per stage
-  const int per_chunk = per_stage / chunks;      // layers per chunk
-  const PrecisionConfig& prec = opt.precision;
-  ComputeCosts cc = make_costs(model_dims(s, prec.act_bytes), cost);
+  ComputeCosts cc = make_costs(model_dims(s, opt.precision.act_bytes), cost);
   cc.data_ns = cost.profile().data_load_ns;
-
-  const int64_t act_msg_bytes = int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model * prec.act_bytes;
-  const double bucket_cap_bytes = par.bucket_mb * 1024.0 * 1024.0;
-
-  w.stages.resize(pp);
-  for (int st = 0; st < pp; ++st) {
-    StageProgram& prog = w.stages[st];
-    prog.stage = st;
-    ProgramBuilder b(prog, w.names);
-    const bool first = st == 0, last = st == pp - 1;
-    // Chunk k of the stage: layers [chunk_l0(k), chunk_l0(k) + per_chunk); one chunk = the stage.
-    const auto chunk_l0 = [&](int k) { return (k * pp + st) * per_chunk; };
-
-    // Segments in gradient-ready order with their parameter counts, and the backward position after
-    // which each is ready: 0 = after bwd.head, 1 + k = after block l1-1-k, per_stage + 1 = after
-    // bwd.embed (a head-only stage's wte copy is ready with the last block, as the runtime fires it).
-    // Interleaved: a chunk's gradients are ready after its last backward (micro-batch m-1); those run
-    // chunk v-1 first, chunk 0 last, so chunk k's positions are offset by (v-1-k)·(per_chunk + 2).
-    // Parameters per segment of the stage (slot 0 the embedding -1, 1 the final LayerNorm L, then
-    // the blocks by chunk), summed once: a scan of the stage's tensors per segment was quadratic in
-    // the layers (minutes at 100,000).
-    std::vector<int64_t> seg_params(size_t(per_stage) + 2, 0);
-    const auto slot = [&](int seg) {
-      if (seg < 0) return size_t(0);
-      if (seg >= L) return size_t(1);
-      return size_t(2 + (seg / per_chunk / pp) * per_chunk + seg % per_chunk);  // chunk, then layer
-    };
-    const auto chunk_base = [&](int k) { return (chunks - 1 - k) * (per_chunk + 2); };
-    for (const auto& p : stage_parameters(s, st)) {
-      prog.param_count += p.count;
-      seg_params[slot(p.segment)] += p.count;
-    }
-    auto segment_params = [&](int seg) { return seg_params[slot(seg)]; };
-    struct Segment {
-      int id;
-      int64_t params;
-      int position;
-    };
-    std::vector<Segment> ready_order;
-    for (int k = chunks - 1; k >= 0; --k) {
-      const int l0 = chunk_l0(k), l1 = l0 + per_chunk, base = chunk_base(k);
-      if (last && k == chunks - 1) ready_order.push_back({L, segment_params(L), base});
-      for (int l = l1 - 1; l >= l0; --l) ready_order.push_back({l, segment_params(l), base + 1 + (l1 - 1 - l)});
-      if (first && k == 0) ready_order.push_back({-1, segment_params(-1), base + per_chunk + 1});
-    }
-    if (!first && last) ready_order.push_back({-1, segment_params(-1), chunk_base(0) + per_chunk});
-
-    // DDP buckets (ddp.hpp): whole segments; a bucket closes before the segment that would take it
-    // past the cap, so a segment larger than the cap is a bucket of its own.
-    struct Bucket {
-      int64_t params = 0;
-      int ready = -1;       // backward position after which it can be reduced
-      int lowest = INT32_MAX;  // lowest segment (the span's layer)
-    };
-    std::vector<Bucket> buckets;
-    {
-      Bucket cur;
-      for (const auto& sg : ready_order) {
-        if (cur.params > 0 && double(cur.params + sg.params) * prec.grad_bytes > bucket_cap_bytes) {
-          buckets.push_back(cur);
-          cur = Bucket{};
-        }
-        cur.params += sg.params;
-        cur.ready = std::max(cur.ready, sg.position);
-        cur.lowest = std::min(cur.lowest, sg.id);
-      }
-      if (cur.params > 0) buckets.push_back(cur);
-    }
-    for (const auto& bk : buckets) prog.bucket_params.push_back(bk.params);
-
-    int32_t seq_tp = 0, seq_dp = 0, seq_act_next = 0, seq_act_prev = 0, seq_grad_next = 0, seq_grad_prev = 0;
-    int32_t seq_embed = 0;
-    uint32_t after_prev_step = kNone;  // the op the next step's first pass waits for (optimizer, all-gather, loss)
-
-    auto compute = [&](std::string_view n, const Piece& pc, PhaseKind ph, int step, int mb, int layer,
-                       traces::SpanKind kind = traces::SpanKind::Compute) {
-      Op op;
-      op.name = b.name(n);
-      op.kind = kind;
-      op.stream = kStreamCompute;
-      op.phase = ph;
-      op.step = step, op.micro_batch = mb, op.layer = layer;
-      op.duration_ns = pc.ns;
-      op.flops = pc.flops;
-      op.bytes = static_cast<int64_t>(pc.bytes);
-      return op;
-    };
-    auto comm = [&](std::string_view n, traces::SpanKind kind, traces::CollOp coll, int stream, GroupRole g,
-                    int64_t bytes, int32_t seq, PhaseKind ph, int step, int mb, int layer) {
-      Op op;
-      op.name = b.name(n);
-      op.kind = kind;
-      op.coll = coll;
-      op.stream = static_cast<uint8_t>(stream);
-      op.group = g;
-      op.bytes = bytes;
-      op.seq = seq;
-      op.phase = ph;
-      op.step = step, op.micro_batch = mb, op.layer = layer;
-      return op;
-    };
-    auto tp_all_reduce = [&](PhaseKind ph, int step, int mb, int layer, uint32_t after) {
-      return b.add(comm(names::kTpAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce, kStreamTp,
-                        GroupRole::TP, act_msg_bytes, seq_tp++, ph, step, mb, layer),
-                   {after});
-    };
-    // A block's forward or backward: its pieces, with a tp all-reduce between consecutive pieces.
-    auto block = [&](std::string_view n, const std::vector<Piece>& pieces, PhaseKind ph, int step, int mb, int layer,
-                     std::initializer_list<uint32_t> first_deps) {
-      uint32_t prev = kNone;
-      for (size_t k = 0; k < pieces.size(); ++k) {
-        const uint32_t op = k == 0 ? b.add(compute(n, pieces[k], ph, step, mb, layer), first_deps)
-                                   : b.add(compute(n, pieces[k], ph, step, mb, layer), {prev});
-        prev = k + 1 < pieces.size() ? tp_all_reduce(ph, step, mb, layer, op) : op;
-      }
-      return prev;
-    };
-
-    // ZeRO sizes: the runtime pads an array of n elements to dp · ceil(n / dp) (zero.hpp); the
-    // collectives move the padded total.
-    auto padded = [&](int64_t n) { return (n + dp - 1) / dp * dp; };
-    const bool has_embed_segment = first || last;  // wte (and wpe on stage 0) on this stage
-    int32_t seq_pp = 0;                           // collectives on the pp group (pp.loss)
-    // Each step first zeroes the gradients the stage holds (and ZeRO's shard accumulators).
-    const ModelDims dims = model_dims(s, prec.act_bytes);
-    const double zeroed = double(prog.param_count) + (par.zero >= 1 ? double(padded(prog.param_count)) / dp : 0.0);
-    const Piece zero_grad_piece{0.0, total_bytes(*op_kernels("zero_grad", 0, 1, dims, zeroed)),
-                                cost.named_op_ns("zero_grad", 0, 1, dims, zeroed)};
-
-    for (int step = 0; step < opt.steps; ++step) {
-      std::vector<uint32_t> grad_ops;  // DP gradient ops of this step (the optimizer waits for all)
-      uint32_t last_backward_op = kNone;
-      std::vector<PipelinePass> order;
-      if (interleaved) {
-        order = pipeline_interleaved_order(pp, st, m, chunks);
-      } else {
-        for (const int pass : schedule_order(par.schedule, pp, st, m))
-          order.push_back(pass >= 0 ? PipelinePass{0, pass, true} : PipelinePass{0, -pass - 1, false});
-      }
-      size_t next_bucket = 0;  // DDP buckets issued so far this step
-      const uint32_t zero_grad =
-          b.add(compute(names::kZeroGrad, zero_grad_piece, PhaseKind::None, step, -1, -1), {after_prev_step});
-      // The op the next pass's first op waits for: the runtime's blocking collectives between passes
-      // (the previous step's ZeRO all-gather and pp.loss, ZeRO 1/2 reductions, ZeRO 3's end of backward).
-      std::vector<uint32_t> blocker{zero_grad};
-      auto dp_coll = [&](std::string_view n, traces::CollOp c, int64_t bytes, PhaseKind ph, int mb, int layer,
-                         std::vector<uint32_t> deps) {
-        return b.add(comm(n, traces::SpanKind::Collective, c, kStreamDp, GroupRole::DP, bytes, seq_dp++, ph, step, mb,
-                          layer),
-                     deps);
-      };
-      auto embed_all_reduce = [&](int mb, std::vector<uint32_t> deps) {
-        return b.add(comm(names::kEmbedAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce, kStreamDp,
-                          GroupRole::Embedding, int64_t(s.model.vocab) * s.model.d_model * prec.grad_bytes,
-                          seq_embed++, PhaseKind::Backward, step, mb, -1),
-                     deps);
-      };
-      // ZeRO 3 (the runtime's Zero3Storage): one all-gather per segment, issued on the comm thread in
-      // the order the trainer binds them (a block's gather when the block before it is bound, so one
-      // block ahead), and one reduce-scatter per segment as its backward completes.
-      auto z3_gather = [&](PhaseKind ph, int mb, int segment, uint32_t after) {
-        return dp_coll(names::kZeroAllGather, traces::CollOp::AllGather,
-                       padded(segment_params(segment)) * prec.param_bytes, ph, mb, segment, {after});
-      };
-      auto z3_scatter = [&](int mb, int segment, uint32_t after) {
-        const uint32_t op = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
-                                    padded(segment_params(segment)) * prec.grad_bytes, PhaseKind::Backward, mb, segment,
-                                    {after});
-        grad_ops.push_back(op);
-        return op;
-      };
-      if (par.zero == 3) {
-        // The embedding and the final LayerNorm: gathered once a step, before any pass (blocking).
-        uint32_t after = zero_grad;
-        if (has_embed_segment) after = z3_gather(PhaseKind::None, -1, -1, after);
-        if (last) after = z3_gather(PhaseKind::None, -1, L, after);
-        blocker = {after};
-      }
-
-      for (const PipelinePass& pass : order) {
-        // The pass's chunk: its layers, and whether it holds the embedding (stage 0's chunk 0) or the
-        // head (the last stage's last chunk); without interleaving the stage's first and last flags.
-        const int l0 = chunk_l0(pass.chunk), l1 = l0 + per_chunk;
-        const bool embed_chunk = first && pass.chunk == 0, head_chunk = last && pass.chunk == chunks - 1;
-        const int base = chunk_base(pass.chunk);
-        if (pass.forward) {
-          // ---- forward of micro-batch `mb`
-          const int mb = pass.micro_batch;
-          const std::vector<uint32_t> wait = std::move(blocker);
-          blocker.clear();
-          uint32_t data = kNone;
-          if (embed_chunk || head_chunk)
-            data = b.add(compute(names::kDataLoad, Piece{0, 0, cc.data_ns}, PhaseKind::None, step, mb, -1,
-                                 traces::SpanKind::Data),
-                         wait);
-          uint32_t prev = kNone;
-          if (embed_chunk) {
-            std::vector<uint32_t> deps = wait;
-            deps.push_back(data);
-            prev = b.add(compute(names::kEmbedForward, cc.embed_f, PhaseKind::Forward, step, mb, -1), deps);
-          } else {
-            prev = b.add(comm(names::kRecvActivation, traces::SpanKind::P2P, traces::CollOp::Recv, kStreamPpRecv,
-                              GroupRole::PPPrev, act_msg_bytes, 2 * seq_act_prev++, PhaseKind::Forward, step, mb, -1),
-                         wait);
-          }
-          uint32_t gathered = kNone;  // ZeRO 3: this block's gather
-          for (int l = l0; l < l1; ++l) {
-            if (par.zero == 3) {
-              if (l == l0) gathered = z3_gather(PhaseKind::Forward, mb, l, prev);
-              const uint32_t this_gather = gathered;
-              // Prefetch of the next block, issued once this one's gather is waited for.
-              gathered = l + 1 < l1 ? z3_gather(PhaseKind::Forward, mb, l + 1, prev) : kNone;
-              prev = block(names::kBlockForward, cc.block_f, PhaseKind::Forward, step, mb, l, {prev, this_gather});
-            } else {
-              prev = block(names::kBlockForward, cc.block_f, PhaseKind::Forward, step, mb, l, {prev});
-            }
-          }
-          if (head_chunk) {
-            prev = b.add(compute(names::kHeadForward, cc.head_f, PhaseKind::Forward, step, mb, L), {prev, data});
-          } else {
-            b.add(comm(names::kSendActivation, traces::SpanKind::P2P, traces::CollOp::Send, kStreamPpSend,
-                       GroupRole::PPNext, act_msg_bytes, 2 * seq_act_next++, PhaseKind::Forward, step, mb, -1),
-                  {prev});
-          }
-        } else {
-          // ---- backward of micro-batch `mb`
-          const int mb = pass.micro_batch;
-          const std::vector<uint32_t> wait = std::move(blocker);
-          blocker.clear();
-          // DDP (zero 0): per bucket on the last micro-batch (each chunk's last backward), overlapped
-          // with the backward; the step's last backward (chunk 0's) issues what is left.
-          const bool ddp_sync = dp > 1 && par.zero == 0 && mb == m - 1;
-          const bool step_last_backward = mb == m - 1 && pass.chunk == 0;
-          auto issue_bucket = [&](uint32_t after) {
-            const Bucket& bk = buckets[next_bucket++];
-            grad_ops.push_back(dp_coll(names::kDpAllReduce, traces::CollOp::AllReduce, bk.params * prec.grad_bytes,
-                                       PhaseKind::Backward, mb, bk.lowest, {after}));
-          };
-          // With overlap, a bucket goes out as soon as its last segment's gradient is ready.
-          auto issue_ready = [&](int position, uint32_t producer) {
-            if (!(ddp_sync && par.overlap)) return;
-            while (next_bucket < buckets.size() && buckets[next_bucket].ready <= base + position)
-              issue_bucket(producer);
-          };
-          uint32_t prev = kNone;
-          std::vector<uint32_t> z3_rs;  // ZeRO 3 reduce-scatters of this pass, by position
-          if (head_chunk) {
-            prev = b.add(compute(names::kHeadBackward, cc.head_b, PhaseKind::Backward, step, mb, L), wait);
-            if (par.zero == 3) z3_scatter(mb, L, prev);
-          } else {
-            prev = b.add(comm(names::kRecvGradient, traces::SpanKind::P2P, traces::CollOp::Recv, kStreamPpRecv,
-                              GroupRole::PPNext, act_msg_bytes, 2 * seq_grad_next++ + 1, PhaseKind::Backward, step,
-                              mb, -1),
-                         wait);
-          }
-          if (head_chunk) issue_ready(0, prev);
-          uint32_t gathered = kNone;
-          std::vector<uint32_t> rs_of_layer(std::max(1, per_stage), kNone);
-          for (int l = l1 - 1; l >= l0; --l) {
-            if (par.zero == 3) {
-              if (l == l1 - 1) gathered = z3_gather(PhaseKind::Backward, mb, l, prev);
-              const uint32_t this_gather = gathered;
-              gathered = l - 1 >= l0 ? z3_gather(PhaseKind::Backward, mb, l - 1, prev) : kNone;
-              // The block's gradient buffer is the one of the block two layers up: its scatter first.
-              const uint32_t buffer_free = l + 2 < l1 ? rs_of_layer[l + 2 - l0] : kNone;
-              prev = block(names::kBlockBackward, cc.block_b, PhaseKind::Backward, step, mb, l,
-                           {prev, this_gather, buffer_free});
-              rs_of_layer[l - l0] = z3_scatter(mb, l, prev);
-            } else {
-              prev = block(names::kBlockBackward, cc.block_b, PhaseKind::Backward, step, mb, l, {prev});
-            }
-            issue_ready(1 + (l1 - 1 - l), prev);
-          }
-          if (embed_chunk) {
-            prev = b.add(compute(names::kEmbedBackward, cc.embed_b, PhaseKind::Backward, step, mb, -1), {prev});
-            issue_ready(per_chunk + 1, prev);
-          } else {
-            b.add(comm(names::kSendGradient, traces::SpanKind::P2P, traces::CollOp::Send, kStreamPpSend,
-                       GroupRole::PPPrev, act_msg_bytes, 2 * seq_grad_prev++ + 1, PhaseKind::Backward, step, mb, -1),
-                  {prev});
-          }
-          last_backward_op = prev;
-          // Without overlap: every bucket after the whole backward of this pass (interleaved: of the
-          // step's last pass, chunk 0's backward of micro-batch m-1).
-          if (ddp_sync && step_last_backward)
-            while (next_bucket < buckets.size()) issue_bucket(last_backward_op);
-          if (dp > 1 && par.zero == 3) {
-            // z3_finish_backward: the tied wte's sum, the embedding's scatter, then wait for all.
-            uint32_t after = prev;
-            if (pp > 1 && has_embed_segment) after = embed_all_reduce(mb, {after});
-            if (has_embed_segment) z3_scatter(mb, -1, after);
-            blocker = grad_ops;
-          } else if (dp > 1 && pass.chunk == 0 && (par.zero == 2 || (par.zero == 1 && mb == m - 1))) {
-            // (Interleaved, ZeRO 1 only: after the step's last backward, chunk 0's of micro-batch m-1.)
-            // reduce_gradients_zero: the tied wte's sum, then one reduce-scatter of the whole array;
-            // both blocking.
-            uint32_t after = prev;
-            if (pp > 1 && has_embed_segment) after = embed_all_reduce(mb, {after});
-            const uint32_t rs = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
-                                        padded(prog.param_count) * prec.grad_bytes, PhaseKind::Backward, mb,
-                                        has_embed_segment ? -1 : l0, {after});
-            grad_ops.push_back(rs);
-            blocker = {rs};
-          }
-        }
-      }
-
-      // ---- after the last pass: tied embedding gradients (without ZeRO), optimizer, ZeRO 1/2
-      // all-gather, the pipeline's loss broadcast
-      std::vector<uint32_t> opt_deps = grad_ops;
-      opt_deps.push_back(last_backward_op);
-      opt_deps.insert(opt_deps.end(), blocker.begin(), blocker.end());
-      if (pp > 1 && has_embed_segment && (par.zero == 0 || dp == 1))
-        opt_deps.push_back(embed_all_reduce(-1, opt_deps));
-      const double opt_params = par.zero >= 1 ? double(prog.param_count) / dp : double(prog.param_count);
-      const auto opt_kernels = optimizer_kernels(opt_params, 28.0);
-      // Optimizer ops carry no model FLOPs (MFU counts the model's forward and backward only).
-      const Piece opt_piece{0.0, total_bytes(opt_kernels),
-                            cost.named_op_ns("adamw", 0, 1, model_dims(s, prec.act_bytes), opt_params)};
-      const uint32_t optim = b.add(
-          compute(names::kOptimizerStep, opt_piece, PhaseKind::Optimizer, step, -1, -1, traces::SpanKind::Optimizer),
-          opt_deps);
-      after_prev_step = optim;
-      if (dp > 1 && (par.zero == 1 || par.zero == 2))
-        after_prev_step = dp_coll(names::kDpAllGather, traces::CollOp::AllGather,
-                                  padded(prog.param_count) * prec.param_bytes, PhaseKind::Optimizer, -1, -1, {optim});
-      if (pp > 1)
-        after_prev_step = b.add(comm(names::kPipelineLoss, traces::SpanKind::Collective, traces::CollOp::Broadcast,
-                                     kStreamPpSend, GroupRole::PPNext, 4, seq_pp++, PhaseKind::None, step, -1, -1),
-                                {after_prev_step});
-    }
+  w.stages.resize(s.parallel.pp);
+  for (int st = 0; st < s.parallel.pp; ++st) {
+    StageBuilder(s, cost, opt, cc, w.micro_batches, st, w.stages[st], w.names).build();
   }
   return w;
 }

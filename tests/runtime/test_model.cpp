@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "orrery/common/error.hpp"
-#include "orrery/runtime/flops.hpp"
+#include "orrery/model/flops.hpp"
 #include "orrery/runtime/kernels.hpp"
 #include "orrery/runtime/model.hpp"
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "../../runtime/include/orrery/runtime/flops.hpp"
+#include "orrery/model/flops.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
 #include "orrery/sim/cluster.hpp"
@@ -52,14 +52,14 @@ TEST(Kernels, FlopsEqualTheRuntimeCounting) {
   for (int64_t tp : {1, 2, 4}) {
     ModelDims d;
     d.batch = 4, d.seq = 256, d.d_model = 384, d.heads = 6, d.vocab = 8192, d.layers = 6, d.tp = tp, d.act_bytes = 4;
-    runtime::flops::Dims r{4, 256, 384, 8192, tp};
+    model::flops::Dims r{4, 256, 384, 8192, tp};
     auto near = [](double a, double b) { return std::abs(a - b) <= 1e-12 * std::abs(b); };
-    EXPECT_TRUE(near(total_flops(attention_forward_kernels(d)), runtime::flops::block_attention_forward(r))) << tp;
-    EXPECT_TRUE(near(total_flops(mlp_forward_kernels(d)), runtime::flops::block_mlp_forward(r))) << tp;
+    EXPECT_TRUE(near(total_flops(attention_forward_kernels(d)), model::flops::block_attention_forward(r))) << tp;
+    EXPECT_TRUE(near(total_flops(mlp_forward_kernels(d)), model::flops::block_mlp_forward(r))) << tp;
     EXPECT_TRUE(near(total_flops(attention_backward_kernels(d)) + total_flops(mlp_backward_kernels(d)),
-                     runtime::flops::block_backward(r)));
-    EXPECT_TRUE(near(total_flops(head_forward_kernels(d)), runtime::flops::head_forward(r)));
-    EXPECT_TRUE(near(total_flops(head_backward_kernels(d)), runtime::flops::head_backward(r)));
+                     model::flops::block_backward(r)));
+    EXPECT_TRUE(near(total_flops(head_forward_kernels(d)), model::flops::head_forward(r)));
+    EXPECT_TRUE(near(total_flops(head_backward_kernels(d)), model::flops::head_backward(r)));
     EXPECT_EQ(total_flops(embedding_forward_kernels(d)), 0.0);
   }
 }
@@ -81,8 +81,8 @@ TEST(Kernels, ModelFlopsPerStep) {
   s.training.global_batch = 32;
   s.parallel.dp = 2;
   // 2 micro-batches per replica, 2 replicas: 4 × 3 × forward of 8 sequences.
-  runtime::flops::Dims r{8, 128, 256, 8192, 1};
-  EXPECT_DOUBLE_EQ(model_flops_per_step(s), 4 * runtime::flops::model_step(r, 4));
+  model::flops::Dims r{8, 128, 256, 8192, 1};
+  EXPECT_DOUBLE_EQ(model_flops_per_step(s), 4 * model::flops::model_step(r, 4));
 }
 
 TEST(HardwareProfile, ParsesEveryKey) {

@@ -765,32 +765,15 @@ void softmax_crossentropy_backward(const Context& ctx, float* probs, const int32
 void adamw_update(const Context& ctx, float* params, const float* grads, float* m, float* v, std::size_t offset,
                   std::size_t n, std::span<const ParamRange> decay, int64_t step, const AdamWConfig& cfg) {
   if (step < 1) throw std::invalid_argument("adamw_update: step counts from 1");
-  // The scalars exactly as runtime::adamw_update computes them.
-  const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(step));
-  const float step_size = static_cast<float>(cfg.lr / bc1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  const float keep_decayed = 1.0f - cfg.lr * cfg.weight_decay;
-  const std::size_t end = offset + n;
-  std::size_t pos = offset;
-  auto run = [&](std::size_t from, std::size_t to, float factor) {
-    if (to <= from) return;
-    const std::size_t k = from - offset;
-    adamw_kernel<<<grid_for(to - from), kThreads, 0, ctx.stream()>>>(params + k, grads + k, m + k, v + k, to - from,
-                                                                      factor, cfg.beta1, cfg.beta2, step_size,
-                                                                      inv_sqrt_bc2, cfg.eps);
+  // The scalars and stretches exactly as runtime::adamw_update computes them (optimizer.hpp).
+  const AdamWScalars k = adamw_scalars(step, cfg);
+  for_each_decay_stretch(offset, n, decay, k.keep_decayed, [&](std::size_t from, std::size_t to, float factor) {
+    const std::size_t i = from - offset;
+    adamw_kernel<<<grid_for(to - from), kThreads, 0, ctx.stream()>>>(params + i, grads + i, m + i, v + i, to - from,
+                                                                      factor, cfg.beta1, cfg.beta2, k.step_size,
+                                                                      k.inv_sqrt_bc2, cfg.eps);
     ORRERY_KERNEL_CHECK("adamw_kernel");
-  };
-  for (const ParamRange& r : decay) {
-    if (r.end() <= pos) continue;
-    if (r.offset >= end) break;
-    const std::size_t lo = std::max(r.offset, pos);
-    const std::size_t hi = std::min(r.end(), end);
-    run(pos, lo, 1.0f);
-    run(lo, hi, keep_decayed);
-    pos = hi;
-  }
-  run(pos, end, 1.0f);
+  });
 }
 
 void scale(const Context& ctx, float* out, const float* in, float s, std::size_t N) {

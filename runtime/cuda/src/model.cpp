@@ -7,7 +7,8 @@
 #include <string>
 
 #include "orrery/common/error.hpp"
-#include "orrery/runtime/flops.hpp"
+#include "orrery/runtime/buffers.hpp"
+#include "orrery/model/flops.hpp"
 
 namespace orrery::runtime::cuda {
 namespace {
@@ -24,32 +25,9 @@ BlockParams rebase(const BlockParams& p, const float* hb, float* db) {
                      rebase(p.fcb, hb, db),   rebase(p.fcprojw, hb, db), rebase(p.fcprojb, hb, db)};
 }
 
-flops::Dims flop_dims(const GpuGpt& m, int B, int T) {
-  return flops::Dims{B, T, m.config().n_embd, m.config().vocab, m.host.shard.tp_size};
-}
+flops::Dims flop_dims(const GpuGpt& m, int B, int T) { return runtime::flop_dims(m.host, B, T); }
 
-// Begins and ends observer spans (as model.cpp's Span, with its close/reopen around tp sums).
-class Span {
- public:
-  Span(OpObserver* obs, const char* name, int layer, double flops) : obs_(obs) {
-    if (obs_ != nullptr) obs_->begin(name, layer, flops);
-  }
-  ~Span() { close(); }
-  Span(const Span&) = delete;
-  Span& operator=(const Span&) = delete;
-  void close() {
-    if (obs_ != nullptr) obs_->end();
-    obs_ = nullptr;
-  }
-  void reopen(OpObserver* obs, const char* name, int layer, double flops) {
-    close();
-    obs_ = obs;
-    if (obs_ != nullptr) obs_->begin(name, layer, flops);
-  }
-
- private:
-  OpObserver* obs_;
-};
+using Span = OpSpan;  // model.hpp
 
 // Megatron's sum over the tp group of a device tensor (GptHooks::tp_all_reduce, see model.hpp):
 // the trainer queues it on the device communicator and orders the compute stream after it.
@@ -117,84 +95,19 @@ GpuActivations gpu_activations(const GpuGpt& m, int B, int T) {
     throw InputError("model: batch (" + std::to_string(B) + ", " + std::to_string(T) +
                      ") needs B >= 1 and 1 <= T <= seq " + std::to_string(m.config().max_seq));
   }
-  const BlockDims& d = m.dims();
-  const std::size_t BT = static_cast<std::size_t>(B) * T;
-  const std::size_t C = static_cast<std::size_t>(d.C), Cl = static_cast<std::size_t>(d.Cl),
-                    F = static_cast<std::size_t>(d.F), NH = static_cast<std::size_t>(d.NH);
-  const std::size_t nb = static_cast<std::size_t>(m.host.num_blocks());
-  const bool head = m.host.shard.has_head;
-  // Rounded to 64 floats (256 bytes) per buffer: every pointer keeps cudaMalloc's alignment.
-  auto up = [](std::size_t n) { return (n + 63) / 64 * 64; };
-  const std::size_t per_block = up(BT * C) * 6 + up(BT) * 4 + up(BT * 3 * Cl) + up(BT * Cl) +
-                                up(static_cast<std::size_t>(B) * NH * T * T) + up(BT * F) * 2;
-  std::size_t total = up((nb + 1) * BT * C) + nb * per_block;
-  if (head) total += up(BT * C) + up(BT) * 3 + up(BT * static_cast<std::size_t>(m.config().vocab));
   GpuActivations a;
-  a.B = B;
-  a.T = T;
-  a.boundary_elems = BT * C;
-  a.memory.resize(total);
-  a.inputs.resize(BT);
-  a.targets.resize(BT);
-  float* p = a.memory.data();
-  auto take = [&](std::size_t n) {
-    float* r = p;
-    p += up(n);
-    return r;
-  };
-  a.stream = take((nb + 1) * BT * C);
-  for (std::size_t l = 0; l < nb; ++l) {
-    BlockActivations b{};
-    b.ln1 = take(BT * C);
-    b.ln1_mean = take(BT);
-    b.ln1_rstd = take(BT);
-    b.qkv = take(BT * 3 * Cl);
-    b.atty = take(BT * Cl);
-    b.att = take(static_cast<std::size_t>(B) * NH * T * T);
-    b.attproj = take(BT * C);
-    b.res2 = take(BT * C);
-    b.ln2 = take(BT * C);
-    b.ln2_mean = take(BT);
-    b.ln2_rstd = take(BT);
-    b.fch = take(BT * F);
-    b.fch_gelu = take(BT * F);
-    b.fcproj = take(BT * C);
-    a.blocks.push_back(b);
-  }
-  if (head) {  // the final LayerNorm, logits and losses: the last stage only (as the CPU's)
-    a.lnf = take(BT * C);
-    a.lnf_mean = take(BT);
-    a.lnf_rstd = take(BT);
-    a.logits = take(BT * static_cast<std::size_t>(m.config().vocab));
-    a.losses = take(BT);
-  }
+  // Rounded to 64 floats (256 bytes) per buffer: every pointer keeps cudaMalloc's alignment.
+  carve_activations(a, buffer_shape(m.dims(), m.config(), m.host.shard, std::size_t(m.host.num_blocks()), B, T),
+                    64);
+  a.inputs.resize(std::size_t(B) * T);
+  a.targets.resize(std::size_t(B) * T);
   return a;
 }
 
 GpuGradScratch gpu_grad_scratch(const GpuGpt& m, int B, int T) {
-  const BlockDims& d = m.dims();
-  const std::size_t BT = static_cast<std::size_t>(B) * T;
-  const std::size_t C = static_cast<std::size_t>(d.C), Cl = static_cast<std::size_t>(d.Cl),
-                    F = static_cast<std::size_t>(d.F), NH = static_cast<std::size_t>(d.NH);
-  auto up = [](std::size_t n) { return (n + 63) / 64 * 64; };
   GpuGradScratch s;
-  s.B = B;
-  s.T = T;
-  s.memory.resize(up(BT * C) * 2 + up(BT * 3 * Cl) + up(BT * Cl) + up(static_cast<std::size_t>(B) * NH * T * T) +
-                  up(BT * F) * 2);
-  float* p = s.memory.data();
-  auto take = [&](std::size_t n) {
-    float* r = p;
-    p += up(n);
-    return r;
-  };
-  s.dres = take(BT * C);
-  s.dln = take(BT * C);
-  s.dqkv = take(BT * 3 * Cl);
-  s.datty = take(BT * Cl);
-  s.datt = take(static_cast<std::size_t>(B) * NH * T * T);
-  s.dfch = take(BT * F);
-  s.dfch_gelu = take(BT * F);
+  carve_grad_scratch(s, buffer_shape(m.dims(), m.config(), m.host.shard, std::size_t(m.host.num_blocks()), B, T),
+                     64);
   return s;
 }
 
@@ -204,7 +117,7 @@ void gpu_embed_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts
                        const GptHooks& hooks) {
   if (!m.host.shard.has_embed)
     throw std::logic_error("gpu gpt: embedding forward on a shard without the embedding");
-  Span span(hooks.observer, "fwd.embed", kEmbedSegment, flops::embed_forward(flop_dims(m, acts.B, acts.T)));
+  Span span(hooks.observer, names::kEmbedForward.data(), kEmbedSegment, flops::embed_forward(flop_dims(m, acts.B, acts.T)));
   ORRERY_CUDA_CHECK(cudaMemcpyAsync(acts.inputs.data(), inputs, acts.inputs.size_bytes(), cudaMemcpyHostToDevice,
                                     ctx.stream()));
   encoder_forward(ctx, acts.stream, acts.inputs.data(), m.embed.wte, m.embed.wpe, acts.B, acts.T, m.dims().C);
@@ -222,8 +135,8 @@ void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts
   float* y = acts.stream + (idx + 1) * n;
   const auto fd = flop_dims(m, B, T);
   const bool tp = m.host.shard.tp_size > 1;
-  Span span(hooks.observer, "fwd.block", layer,
-            tp ? flops::block_attention_forward(fd) : flops::block_forward(fd));
+  Span span(hooks.observer, names::kBlockForward.data(), layer,
+            flops::block_piece(fd, true, 0, tp ? 3 : 1));
   // Attention half (block_attention_part).
   layernorm_forward(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, B, T, d.C);
   matmul_forward(ctx, a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, 3 * d.Cl);
@@ -232,7 +145,7 @@ void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts
   if (tp) {
     span.close();
     tp_reduce(hooks, TpPoint::kAttnProjForward, layer, a.attproj, n);
-    span.reopen(hooks.observer, "fwd.block", layer, flops::block_mlp_forward(fd));
+    span.reopen(hooks.observer, names::kBlockForward.data(), layer, flops::block_piece(fd, true, 1, 3));
   }
   bias_residual_forward(ctx, a.res2, x, a.attproj, p.projb, B, T, d.C);
   // MLP half (block_mlp_part).
@@ -243,7 +156,7 @@ void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts
   if (tp) {
     span.close();
     tp_reduce(hooks, TpPoint::kMlpProjForward, layer, a.fcproj, n);
-    span.reopen(hooks.observer, "fwd.block", layer, 0.0);
+    span.reopen(hooks.observer, names::kBlockForward.data(), layer, flops::block_piece(fd, true, 2, 3));
   }
   bias_residual_forward(ctx, y, a.res2, a.fcproj, p.fcprojb, B, T, d.C);
 }
@@ -253,7 +166,7 @@ float gpu_head_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts
   if (!m.host.shard.has_head)
     throw std::logic_error("gpu gpt: head forward on a shard without the head");
   const int B = acts.B, T = acts.T, C = m.dims().C, V = m.config().vocab;
-  Span span(hooks.observer, "fwd.head", m.config().n_layer, flops::head_forward(flop_dims(m, B, T)));
+  Span span(hooks.observer, names::kHeadForward.data(), m.config().n_layer, flops::head_forward(flop_dims(m, B, T)));
   ORRERY_CUDA_CHECK(cudaMemcpyAsync(acts.targets.data(), targets, acts.targets.size_bytes(), cudaMemcpyHostToDevice,
                                     ctx.stream()));
   layernorm_forward(ctx, acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(), m.head.lnfw, m.head.lnfb, B, T,
@@ -269,7 +182,7 @@ void gpu_head_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuG
     throw std::logic_error("gpu gpt: head backward on a shard without the head");
   const int B = acts.B, T = acts.T, C = m.dims().C, V = m.config().vocab;
   {
-    Span span(hooks.observer, "bwd.head", m.config().n_layer, flops::head_backward(flop_dims(m, B, T)));
+    Span span(hooks.observer, names::kHeadBackward.data(), m.config().n_layer, flops::head_backward(flop_dims(m, B, T)));
     softmax_crossentropy_backward(ctx, acts.logits, acts.targets.data(), loss_scale / static_cast<float>(B * T), B, T,
                                   V);
     matmul_backward(ctx, s.dln, m.dembed.wte, nullptr, acts.logits, acts.lnf, m.embed.wte, B, T, C, V, false);
@@ -294,8 +207,8 @@ void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, Gpu
   const auto fd = flop_dims(m, B, T);
   const bool tp = m.host.shard.tp_size > 1;
   {
-    Span span(hooks.observer, "bwd.block", layer,
-              tp ? 2.0 * flops::block_mlp_forward(fd) : flops::block_backward(fd));
+    Span span(hooks.observer, names::kBlockBackward.data(), layer,
+              flops::block_piece(fd, false, 0, tp ? 3 : 1));
     // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + b; s.dres holds dy.
     bias_backward(ctx, g.fcprojb, s.dres, B, T, d.C);
     matmul_backward(ctx, s.dfch_gelu, g.fcprojw, nullptr, s.dres, a.fch_gelu, p.fcprojw, B, T, d.F, d.C, false);
@@ -305,7 +218,7 @@ void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, Gpu
     if (tp) {
       span.close();
       tp_reduce(hooks, TpPoint::kMlpInputBackward, layer, s.dln, n);
-      span.reopen(hooks.observer, "bwd.block", layer, 2.0 * flops::block_attention_forward(fd));
+      span.reopen(hooks.observer, names::kBlockBackward.data(), layer, flops::block_piece(fd, false, 1, 3));
     }
     layernorm_backward(ctx, s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, B, T, d.C);
     // Attention: res2 = x + proj(attn(qkv(ln1(x)))) + b; s.dres now holds dres2.
@@ -317,7 +230,7 @@ void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, Gpu
     if (tp) {
       span.close();
       tp_reduce(hooks, TpPoint::kAttnInputBackward, layer, s.dln, n);
-      span.reopen(hooks.observer, "bwd.block", layer, 0.0);
+      span.reopen(hooks.observer, names::kBlockBackward.data(), layer, flops::block_piece(fd, false, 2, 3));
     }
     layernorm_backward(ctx, s.dres, g.ln1w, g.ln1b, s.dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd, B, T, d.C);
   }
@@ -329,7 +242,7 @@ void gpu_embed_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, Gpu
   if (!m.host.shard.has_embed)
     throw std::logic_error("gpu gpt: embedding backward on a shard without the embedding");
   {
-    Span span(hooks.observer, "bwd.embed", kEmbedSegment, flops::embed_backward(flop_dims(m, acts.B, acts.T)));
+    Span span(hooks.observer, names::kEmbedBackward.data(), kEmbedSegment, flops::embed_backward(flop_dims(m, acts.B, acts.T)));
     encoder_backward(ctx, m.dembed.wte, m.dembed.wpe, s.dres, acts.inputs.data(), acts.B, acts.T, m.dims().C);
   }
   if (hooks.on_grads_ready) hooks.on_grads_ready(kEmbedSegment);

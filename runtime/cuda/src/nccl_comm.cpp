@@ -682,32 +682,12 @@ class NcclCommunicator final : public Communicator {
     const int64_t seq = seq_++;
     o->what = std::string(traces::to_string(op)) + " seq " + std::to_string(seq) + " on " +
               info_.name + " (" + std::to_string(bytes) + " bytes, NCCL)";
-    profiler::FlightRecord fr;
-    fr.comm = info_.id;
-    fr.seq = seq;
-    fr.op = op;
-    fr.bytes = static_cast<int64_t>(bytes);
-    fr.dtype = static_cast<int32_t>(dtype);
-    fr.peer = peer_global;
-    fr.step = label.step;
-    fr.scheduled_ns = profiler::steady_now_ns();
-    o->flight_id = profiler::FlightRecorder::instance().scheduled(fr);
+    o->flight_id = schedule_flight_record(info_.id, seq, op, bytes, static_cast<int32_t>(dtype), peer_global,
+                                           label.step);
     profiler::Recorder* rec = engine_->recorder();
     if (rec && rec->enabled()) {
       o->record = true;
-      auto& s = o->span;
-      s.stream = kNcclStream;
-      s.kind = (op == CollOp::Send || op == CollOp::Recv) ? traces::SpanKind::P2P
-                                                          : traces::SpanKind::Collective;
-      s.name = rec->intern(label.name.empty() ? traces::to_string(op) : label.name);
-      s.step = label.step;
-      s.micro_batch = label.micro_batch;
-      s.layer = label.layer;
-      s.bytes = static_cast<int64_t>(bytes);
-      s.comm = info_.id;
-      s.peer = peer_global;
-      s.seq = seq;
-      s.op = op;
+      o->span = comm_op_span(*rec, kNcclStream, op, label, bytes, info_.id, peer_global, seq);
     }
     // The operation's identity for the tracer's NCCL kernel span (range_hooks.hpp). Not on one
     // rank: NCCL launches no kernel for an in-place operation there, so this span counts it.

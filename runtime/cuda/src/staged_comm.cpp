@@ -127,38 +127,20 @@ class StagedTask final : public Work {
   // pinned buffers are then never reused (leaked), so the copy cannot write into another task's.
   bool keep_buffers = false;
 
-  void complete(std::exception_ptr err) {
-    {
-      std::lock_guard lock(mu_);
-      err_ = std::move(err);
-      done_ = true;
-    }
-    cv_.notify_all();
-  }
+  void complete(std::exception_ptr err) { completion_.complete(std::move(err)); }
 
   void wait() override {
-    {
-      std::unique_lock lock(mu_);
-      // The stages have deadlines of their own; this one only guards against a lost completion.
-      const auto limit = std::chrono::duration<double>(2 * timeout_s + 10);
-      if (!cv_.wait_for(lock, limit, [&] { return done_; })) {
-        throw InternalError("watchdog: " + what + " (staged through host memory) not complete after " +
-                            std::to_string(2 * timeout_s + 10) + " s");
-      }
-      if (err_) std::rethrow_exception(err_);
+    // The stages have deadlines of their own; this one only guards against a lost completion.
+    if (!completion_.wait_for(2 * timeout_s + 10)) {
+      throw InternalError("watchdog: " + what + " (staged through host memory) not complete after " +
+                          std::to_string(2 * timeout_s + 10) + " s");
     }
     if (h2d_done) cuda_check(cudaStreamWaitEvent(compute, h2d_done, 0), "cudaStreamWaitEvent (staged)");
   }
-  bool done() const override {
-    std::lock_guard lock(mu_);
-    return done_;
-  }
+  bool done() const override { return completion_.done(); }
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::exception_ptr err_;
+  Completion completion_;
 };
 
 // A FIFO of tasks and the thread that serves it.

@@ -13,6 +13,7 @@
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/cuda/nccl_comm.hpp"
 #include "orrery/runtime/data.hpp"
+#include "orrery/runtime/groups.hpp"
 #include "orrery/runtime/pipeline.hpp"
 #include "orrery/runtime/tensor_parallel.hpp"
 
@@ -163,7 +164,7 @@ void EventSpans::resolve() {
 // The model's OpObserver calls as event-timed Compute spans (they never nest).
 class GpuTrainer::Observer final : public OpObserver {
  public:
-  Observer(Recorder* rec, EventSpans& spans) : rec_(rec), spans_(spans) {}
+  Observer(Recorder* rec, EventSpans& spans) : names_(rec), spans_(spans) {}
   void set_context(int32_t step, int32_t micro_batch) {
     step_ = step;
     micro_batch_ = micro_batch;
@@ -171,7 +172,7 @@ class GpuTrainer::Observer final : public OpObserver {
   void begin(const char* name, int layer, double flops) override {
     Span s;
     s.kind = SpanKind::Compute;
-    s.name = name_id(name);
+    s.name = names_.id(name);
     s.layer = layer;
     s.flops = flops;
     s.step = step_;
@@ -184,16 +185,8 @@ class GpuTrainer::Observer final : public OpObserver {
   }
 
  private:
-  traces::NameId name_id(const char* name) {
-    auto it = ids_.find(name);
-    if (it != ids_.end()) return it->second;
-    const traces::NameId id = rec_->intern(name);
-    ids_.emplace(name, id);
-    return id;
-  }
-  Recorder* rec_;
+  profiler::LiteralNames names_;
   EventSpans& spans_;
-  std::unordered_map<const char*, traces::NameId> ids_;
   int open_ = -1;
   int32_t step_ = -1;
   int32_t micro_batch_ = -1;
@@ -257,7 +250,7 @@ class GpuTrainer::Ddp {
   void broadcast_parameters() {
     if (dp_ == nullptr || dp_->size() <= 1) return;
     OpLabel label;
-    label.name = "ddp.broadcast_parameters";
+    label.name = names::kDpBroadcast.data();
     dp_->broadcast(model_.params.data(), model_.params.size(), DType::F32, 0, label).wait();
     dp_->synchronize();
   }
@@ -265,7 +258,7 @@ class GpuTrainer::Ddp {
  private:
   void issue(const DdpBucket& b) {
     OpLabel label;
-    label.name = "ddp.all_reduce";
+    label.name = names::kDpAllReduce.data();
     label.step = step_;
     label.micro_batch = micro_batch_;
     label.layer = b.lowest_layer;
@@ -309,23 +302,13 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
   ctx_ = std::make_unique<Context>(stream_->get(), opt_.math);
 
   const Layout& L = layout_;
-  // The groups of the CPU trainer (same colours and keys, split in its order: dp, tp, pp, then the
-  // embedding group of the first and last stage when pp > 1).
-  dp_ = world_.split(L.tp_rank + L.tp * L.pp_rank, L.dp_rank, traces::CommKind::DP,
-                     "dp[tp=" + std::to_string(L.tp_rank) + ",pp=" + std::to_string(L.pp_rank) + "]");
-  tp_ =
-      world_.split(L.dp_rank + L.dp * L.pp_rank, L.tp_rank, traces::CommKind::TP,
-                   "tp[dp=" + std::to_string(L.dp_rank) + ",pp=" + std::to_string(L.pp_rank) + "]");
-  pp_ =
-      world_.split(L.tp_rank + L.tp * L.dp_rank, L.pp_rank, traces::CommKind::PP,
-                   "pp[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
-  if (L.pp > 1) {
-    const bool ends = L.pp_rank == 0 || L.pp_rank == L.pp - 1;
-    const int color = ends ? L.tp_rank + L.tp * L.dp_rank : L.tp * L.dp + world_.rank();
-    embed_ = world_.split(
-        color, L.pp_rank, traces::CommKind::PP,
-        "embed[dp=" + std::to_string(L.dp_rank) + ",tp=" + std::to_string(L.tp_rank) + "]");
-  }
+  // The host groups (groups.hpp: split in one order on every rank).
+  RankGroups groups = split_rank_groups(world_, L);
+  dp_ = std::move(groups.dp);
+  tp_ = std::move(groups.tp);
+  pp_ = std::move(groups.pp);
+  embed_ = std::move(groups.embed);
+
   const bool z3 = s_.parallel.zero == 3;  // dp >= 2 (check_supported)
   if (L.dp > 1 || L.tp > 1 || L.pp > 1) {
     CommBackend backend = opt_.comm;
@@ -505,11 +488,11 @@ void GpuTrainer::record_memory() {
   if (rec_ == nullptr) return;
   const int64_t now = profiler::steady_now_ns();
   const Trainer::MemoryBytes m = memory();
-  rec_->counter("mem.parameters", m.parameters, now);
-  rec_->counter("mem.gradients", m.gradients, now);
-  rec_->counter("mem.optimizer", m.optimizer, now);
-  rec_->counter("mem.activations", m.activations, now);
-  rec_->counter("mem.comm_buffers", m.comm_buffers, now);
+  rec_->counter(names::kMemParameters.data(), m.parameters, now);
+  rec_->counter(names::kMemGradients.data(), m.gradients, now);
+  rec_->counter(names::kMemOptimizer.data(), m.optimizer, now);
+  rec_->counter(names::kMemActivations.data(), m.activations, now);
+  rec_->counter(names::kMemCommBuffers.data(), m.comm_buffers, now);
 }
 
 std::size_t GpuTrainer::flat_elems() const {
@@ -541,7 +524,7 @@ void GpuTrainer::embed_all_reduce() {
   const ParamTensor& wte = model_->host.tensor("wte");
   embed_dev_
       ->all_reduce(model_->dembed.wte, wte.count, DType::F32, ReduceOp::Sum,
-                   OpLabel{"pp.embed_all_reduce", step_, -1, -1})
+                   OpLabel{names::kEmbedAllReduce.data(), step_, -1, -1})
       .wait();  // the compute stream waits for the sum
 }
 
@@ -660,21 +643,21 @@ void GpuTrainer::forward_pass(int mb, const GptHooks& hooks, double& loss_sum) {
   act_send_h_[slot].wait();
   const GptShard& sh = model_->host.shard;
   if (sh.has_embed || sh.has_head) {
-    profiler::ScopedSpan data(rec_, proto(rec_, SpanKind::Data, "data", step, mb));
+    profiler::ScopedSpan data(rec_, proto(rec_, SpanKind::Data, names::kDataLoad.data(), step, mb));
     loader_->next_batch(batch_);
   }
-  const int fwd = spans_->open(proto(rec_, SpanKind::Phase, "forward", step, mb), "forward");
+  const int fwd = spans_->open(proto(rec_, SpanKind::Phase, names::kForward.data(), step, mb), names::kForward.data());
   if (!sh.has_embed) {
     pp_dev_
         ->recv(acts.stage_input(), acts.boundary_elems, DType::F32, layout_.pp_rank - 1,
-               OpLabel{"pp.recv_act", step, mb, -1})
+               OpLabel{names::kRecvActivation.data(), step, mb, -1})
         .wait();  // the compute stream waits for the activation
   }
   loss_sum += z3_ ? z3_forward(acts, hooks)
                   : gpu_forward(*ctx_, *model_, acts, batch_.inputs.data(), batch_.targets.data(), hooks);
   if (!sh.has_head) {
     act_send_h_[slot] = pp_dev_->send(acts.stage_output(), acts.boundary_elems, DType::F32,
-                                      layout_.pp_rank + 1, OpLabel{"pp.send_act", step, mb, -1});
+                                      layout_.pp_rank + 1, OpLabel{names::kSendActivation.data(), step, mb, -1});
   }
   spans_->close(fwd);
 }
@@ -689,11 +672,11 @@ void GpuTrainer::backward_pass(int mb, const GptHooks& hooks, float loss_scale) 
   GpuActivations& acts = *acts_[slot];
   const GptShard& sh = model_->host.shard;
   const bool zero = zero12();
-  const int bwd = spans_->open(proto(rec_, SpanKind::Phase, "backward", step, mb), "backward");
+  const int bwd = spans_->open(proto(rec_, SpanKind::Phase, names::kBackward.data(), step, mb), names::kBackward.data());
   if (!sh.has_head) {
     pp_dev_
         ->recv(scratch_->dres, acts.boundary_elems, DType::F32, layout_.pp_rank + 1,
-               OpLabel{"pp.recv_grad", step, mb, -1})
+               OpLabel{names::kRecvGradient.data(), step, mb, -1})
         .wait();
   }
   const bool last_mb = mb == micro_batches_ - 1;  // both schedules end with the last backward
@@ -710,7 +693,7 @@ void GpuTrainer::backward_pass(int mb, const GptHooks& hooks, float loss_scale) 
     ORRERY_CUDA_CHECK(cudaMemcpyAsync(buf.data(), scratch_->dres, buf.size_bytes(),
                                       cudaMemcpyDeviceToDevice, stream_->get()));
     grad_send_h_[slot] = pp_dev_->send(buf.data(), buf.size(), DType::F32, layout_.pp_rank - 1,
-                                       OpLabel{"pp.send_grad", step, mb, -1});
+                                       OpLabel{names::kSendGradient.data(), step, mb, -1});
   }
   if (z3_) z3_finish_backward(mb);
   if (zero && (s_.parallel.zero == 2 || last_mb)) reduce_gradients_zero(step, mb);
@@ -725,11 +708,11 @@ StepResult GpuTrainer::step() {
   const int64_t t0 = profiler::steady_now_ns();
   if (rec_ != nullptr) rec_->set_step(step);
   spans_->anchor();
-  const int step_span = spans_->open(proto(rec_, SpanKind::Phase, "step", step, -1), "step");
+  const int step_span = spans_->open(proto(rec_, SpanKind::Phase, names::kStep.data(), step, -1), names::kStep.data());
   const bool zero = zero12();
   {
     // The CPU trainer's own span for it (memory-bound, 4 bytes per gradient element held).
-    const int zg = spans_->open(proto(rec_, SpanKind::Compute, "zero_grad", step, -1), "zero_grad");
+    const int zg = spans_->open(proto(rec_, SpanKind::Compute, names::kZeroGrad.data(), step, -1), names::kZeroGrad.data());
     gpu_zero_grad(*ctx_, *model_);  // no full array under ZeRO 3: nothing to do
     if (zero) {
       ORRERY_CUDA_CHECK(
@@ -795,8 +778,8 @@ StepResult GpuTrainer::step() {
   // embedding's reduce-scatter, every micro-batch).
   if (!zero && !z3_) embed_all_reduce();
   {
-    const int opt = spans_->open(proto(rec_, SpanKind::Phase, "optimizer", step, -1), "optimizer");
-    const int adamw = spans_->open(proto(rec_, SpanKind::Optimizer, "adamw", step, -1), "adamw");
+    const int opt = spans_->open(proto(rec_, SpanKind::Phase, names::kOptimizer.data(), step, -1), names::kOptimizer.data());
+    const int adamw = spans_->open(proto(rec_, SpanKind::Optimizer, names::kOptimizerStep.data(), step, -1), names::kOptimizerStep.data());
     ++adam_steps_;
     if (z3_) {
       // Each segment's shard in place; decay ranges in absolute flat coordinates.
@@ -831,7 +814,7 @@ StepResult GpuTrainer::step() {
   float loss = static_cast<float>(loss_sum / micro_batches_);
   if (layout_.pp > 1) {
     // Only the last stage computed the loss: it broadcasts it over the pipeline (host, 4 bytes).
-    pp_->broadcast(&loss, 1, DType::F32, layout_.pp - 1, OpLabel{"pp.loss", step, -1, -1}).wait();
+    pp_->broadcast(&loss, 1, DType::F32, layout_.pp - 1, OpLabel{names::kPipelineLoss.data(), step, -1, -1}).wait();
   }
   spans_->close(step_span);
   spans_->resolve();  // waits for the stream

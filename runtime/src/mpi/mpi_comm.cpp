@@ -196,18 +196,9 @@ class Task final : public Work {
   double watchdog_s = 300;
   uint64_t flight_id = 0;  // its FlightRecorder record (0: none)
 
-  void complete(std::exception_ptr err = nullptr) {
-    {
-      std::lock_guard lock(mu_);
-      error_ = std::move(err);
-      done_ = true;
-    }
-    cv_.notify_all();
-  }
+  void complete(std::exception_ptr err = nullptr) { completion_.complete(std::move(err)); }
   void wait() override {
-    std::unique_lock lock(mu_);
-    const auto limit = std::chrono::duration<double>(watchdog_s);
-    if (!cv_.wait_for(lock, limit, [&] { return done_; })) {
+    if (!completion_.wait_for(watchdog_s)) {
       std::ostringstream msg;
       msg << "watchdog: " << what << " not complete after " << watchdog_s
           << " s (runtime.watchdog_s); a rank is missing from this operation or issued "
@@ -216,18 +207,11 @@ class Task final : public Work {
       profiler::FlightRecorder::instance().dump(msg.str(), true);
       throw InternalError(msg.str());
     }
-    if (error_) std::rethrow_exception(error_);
   }
-  bool done() const override {
-    std::lock_guard lock(mu_);
-    return done_;
-  }
+  bool done() const override { return completion_.done(); }
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
+  Completion completion_;
 };
 
 // The process's communication thread and its queue.
@@ -688,16 +672,8 @@ class MpiCommunicator final : public Communicator {
       }
     }
     if (record_flight) {
-      profiler::FlightRecord fr;
-      fr.comm = info_.id;
-      fr.seq = seq;
-      fr.op = op;
-      fr.bytes = static_cast<int64_t>(bytes);
-      fr.dtype = static_cast<int32_t>(dtype);
-      fr.peer = peer_global;
-      fr.step = label.step;
-      fr.scheduled_ns = profiler::steady_now_ns();
-      t->flight_id = profiler::FlightRecorder::instance().scheduled(fr);
+      t->flight_id = schedule_flight_record(info_.id, seq, op, bytes, static_cast<int32_t>(dtype), peer_global,
+                                             label.step);
     }
     t->watchdog_s = Engine::instance().watchdog_s();
     t->what = std::string(traces::to_string(op)) + " seq " + std::to_string(seq) + " on " +
@@ -705,19 +681,7 @@ class MpiCommunicator final : public Communicator {
     profiler::Recorder* rec = Engine::instance().recorder();
     if (rec && rec->enabled()) {
       t->record = true;
-      auto& s = t->span;
-      s.stream = profiler::kCommStream;
-      s.kind = (op == CollOp::Send || op == CollOp::Recv) ? traces::SpanKind::P2P
-                                                          : traces::SpanKind::Collective;
-      s.name = rec->intern(label.name.empty() ? traces::to_string(op) : label.name);
-      s.step = label.step;
-      s.micro_batch = label.micro_batch;
-      s.layer = label.layer;
-      s.bytes = static_cast<int64_t>(bytes);
-      s.comm = info_.id;
-      s.peer = peer_global;
-      s.seq = seq;
-      s.op = op;
+      t->span = comm_op_span(*rec, profiler::kCommStream, op, label, bytes, info_.id, peer_global, seq);
     }
     return t;
   }

@@ -3,7 +3,9 @@
 // (`orrery sim`). Every key is documented in scenarios/README.md.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -110,6 +112,11 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
 // Checks the parallel layout against the model (heads % tp, layers % (pp*virtual), zero needs dp>1
 // for stages that shard, batch divisibility). Throws InputError with the reason.
 void validate_layout(const Scenario& s);
+
+// parallel.placement parsed: the grid axes fastest-varying first, as ids 0 = dp, 1 = tp, 2 = pp
+// ("tp,dp,pp" gives {1, 0, 2}); nullopt unless it names each of tp, dp and pp once. The one parser
+// of the key: the scenario check and the rank grid (model/grid.hpp) both use it.
+std::optional<std::array<int, 3>> parse_placement(const std::string& placement);
 
 // Serialises back to YAML (all keys, defaults included).
 std::string to_yaml(const Scenario& s);

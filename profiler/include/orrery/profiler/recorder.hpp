@@ -130,6 +130,24 @@ class Recorder {
   std::thread periodic_;
 };
 
+// Name ids of span names passed as string literals (the model's names): the pointer is the key,
+// the text the fallback, so a hot path interns each literal once. Used by the trainers' observers.
+class LiteralNames {
+ public:
+  explicit LiteralNames(Recorder* rec) : rec_(rec) {}
+  traces::NameId id(const char* name) {
+    auto it = ids_.find(name);
+    if (it != ids_.end()) return it->second;
+    const traces::NameId id = rec_->intern(name);
+    ids_.emplace(name, id);
+    return id;
+  }
+
+ private:
+  Recorder* rec_;
+  std::unordered_map<const char*, traces::NameId> ids_;
+};
+
 // Records one span from construction to destruction (used by the runtime for its own work).
 // `proto` carries kind, name and attributes; start, end and the stream (the calling thread's) are
 // filled in. Does nothing when `rec` is nullptr or disabled.

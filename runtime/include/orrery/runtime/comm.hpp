@@ -18,9 +18,12 @@
 //    broadcast), and the operation's sequence number in its communicator.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -151,5 +154,31 @@ bool mpi_available();
 std::unique_ptr<Communicator> make_world_communicator(const WorldOptions& opt = {});
 // A single-rank communicator, no MPI (tests, serial reference runs).
 std::unique_ptr<Communicator> make_local_communicator();
+
+// The completion state of one asynchronous operation, as the communicators' Work objects keep it
+// (MPI, host-staged CUDA): complete() once from the thread that finished it; wait_for() blocks until
+// then, false when `limit_s` passed first, and rethrows the operation's error.
+class Completion {
+ public:
+  void complete(std::exception_ptr err = nullptr);
+  bool wait_for(double limit_s);
+  bool done() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+// Registers a scheduled operation with the process's flight recorder (flight_recorder.hpp), as
+// every communicator does before it issues one; returns the record's id.
+uint64_t schedule_flight_record(int32_t comm, int64_t seq, traces::CollOp op, std::size_t bytes, int32_t dtype,
+                                int32_t peer_global, int32_t step);
+
+// The trace span of one communication operation, as every communicator records it (MPI, NCCL):
+// Collective, or P2P for send and receive; named by the label, else by the op; on `stream`.
+traces::Span comm_op_span(profiler::Recorder& rec, int32_t stream, traces::CollOp op, const OpLabel& label,
+                          std::size_t bytes, int32_t comm, int32_t peer_global, int64_t seq);
 
 }  // namespace orrery::runtime

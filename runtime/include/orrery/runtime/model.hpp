@@ -36,7 +36,7 @@
 // Initialisation depends only on (seed, tensor, layer): every tensor is drawn whole from its own
 // random stream and then sliced, so any shard holds exactly the values of the full model.
 //
-// Spans (OpObserver), names and FLOPs (flops.hpp):
+// Spans (OpObserver), names and FLOPs (model/names.hpp, model/flops.hpp):
 //   "fwd.embed" layer -1 | "fwd.block" layer l | "fwd.head" layer L
 //   "bwd.head"  layer L  | "bwd.block" layer l | "bwd.embed" layer -1
 // With tp_size > 1 each block span is split into three pieces with the same name and layer, ended
@@ -51,6 +51,9 @@
 #include <string>
 #include <vector>
 
+#include "orrery/model/flops.hpp"
+#include "orrery/model/names.hpp"
+#include "orrery/model/parameters.hpp"
 #include "orrery/runtime/tensor.hpp"
 
 namespace orrery {
@@ -58,6 +61,10 @@ struct ModelConfig;
 }
 
 namespace orrery::runtime {
+
+// The model description this runtime implements (model/): FLOPs, span names, parameter table.
+namespace flops = ::orrery::model::flops;
+namespace names = ::orrery::model::names;
 
 struct GptConfig {
   int n_layer = 4;    // L
@@ -112,7 +119,7 @@ struct HeadParams {
   float* lnfb = nullptr;  // (C)
 };
 
-inline constexpr int kEmbedSegment = -1;
+inline constexpr int kEmbedSegment = model::kEmbedSegment;
 
 // One named tensor of the flat array.
 struct ParamTensor {
@@ -169,13 +176,16 @@ struct BlockActivations {
   float* fcproj;    // (B,T,C) fc2 product, before bias (a partial sum under tp)
 };
 
-// Everything the backward of one micro-batch needs from its forward.
-struct GptActivations {
+// Everything the backward of one micro-batch needs from its forward, over any storage: the CPU
+// model's FloatArray and host token copies, or the CUDA model's device arrays (cuda/model.hpp's
+// GpuActivations). The pointers point into `memory` (carved by buffers.hpp, one layout for both).
+template <class FloatStore, class TokenStore>
+struct BasicActivations {
   int B = 0;
   int T = 0;
-  FloatArray memory;
-  std::vector<int32_t> inputs;   // (B,T) copy, for the embedding backward
-  std::vector<int32_t> targets;  // (B,T) copy, for the loss backward
+  FloatStore memory;
+  TokenStore inputs;   // (B,T) copy, for the embedding backward
+  TokenStore targets;  // (B,T) copy, for the loss backward
   float* stream = nullptr;       // (num_blocks+1, B,T,C) residual stream at each block boundary
   std::vector<BlockActivations> blocks;
   float* lnf = nullptr;       // (B,T,C)
@@ -191,13 +201,15 @@ struct GptActivations {
   float* stage_output() { return stream + blocks.size() * boundary_elems; }
   const float* stage_output() const { return stream + blocks.size() * boundary_elems; }
 };
+using GptActivations = BasicActivations<FloatArray, std::vector<int32_t>>;
 GptActivations gpt_activations(const Gpt& model, int B, int T);
 
-// Backward scratch, reusable across micro-batches.
-struct GptGradScratch {
+// Backward scratch, reusable across micro-batches (over any storage, as BasicActivations).
+template <class FloatStore>
+struct BasicGradScratch {
   int B = 0;
   int T = 0;
-  FloatArray memory;
+  FloatStore memory;
   float* dres = nullptr;       // (B,T,C) gradient of the residual stream at the current boundary
   float* dln = nullptr;        // (B,T,C)
   float* dqkv = nullptr;       // (B,T,3*Cl)
@@ -206,7 +218,11 @@ struct GptGradScratch {
   float* dfch = nullptr;       // (B,T,F)
   float* dfch_gelu = nullptr;  // (B,T,F)
 };
+using GptGradScratch = BasicGradScratch<FloatArray>;
 GptGradScratch gpt_grad_scratch(const Gpt& model, int B, int T);
+
+// The FLOP-count dimensions (model/flops.hpp) of a (B, T) micro-batch on this shard.
+flops::Dims flop_dims(const Gpt& model, int B, int T);
 
 // Observer of compute spans (profiling). begin/end pairs never nest.
 class OpObserver {
@@ -214,6 +230,31 @@ class OpObserver {
   virtual ~OpObserver() = default;
   virtual void begin(const char* name, int layer, double flops) = 0;
   virtual void end() = 0;
+};
+
+// An observer span for a scope (CPU and CUDA models): begins at construction, ends at close() or
+// destruction; reopen() ends it and begins the next piece (a tp-split block). A null observer costs
+// one branch.
+class OpSpan {
+ public:
+  OpSpan(OpObserver* obs, const char* name, int layer, double flops) : obs_(obs) {
+    if (obs_ != nullptr) obs_->begin(name, layer, flops);
+  }
+  ~OpSpan() { close(); }
+  OpSpan(const OpSpan&) = delete;
+  OpSpan& operator=(const OpSpan&) = delete;
+  void close() {
+    if (obs_ != nullptr) obs_->end();
+    obs_ = nullptr;
+  }
+  void reopen(OpObserver* obs, const char* name, int layer, double flops) {
+    close();
+    obs_ = obs;
+    if (obs_ != nullptr) obs_->begin(name, layer, flops);
+  }
+
+ private:
+  OpObserver* obs_;
 };
 
 // The four tensor-parallel sum points (see the top of this file).

@@ -30,6 +30,37 @@ void adamw_update(float* params, const float* grads, float* m, float* v, std::si
                   std::size_t n, std::span<const ParamRange> decay, int64_t step,
                   const AdamWConfig& cfg);
 
+// What every AdamW implementation (this CPU one, the CUDA kernel) computes once per call: the bias
+// corrections as scalars, in double and then rounded as here, so the two give the same bits.
+struct AdamWScalars {
+  float step_size = 0;     // lr / (1 - b1^step)
+  float inv_sqrt_bc2 = 0;  // 1 / sqrt(1 - b2^step)
+  float keep_decayed = 0;  // 1 - lr * wd
+};
+AdamWScalars adamw_scalars(int64_t step, const AdamWConfig& cfg);
+
+// Calls run(from, to, factor) for consecutive stretches of [offset, offset + n) in order: factor
+// `keep_decayed` inside the decay ranges, 1 outside (the decoupled weight decay's multiplier).
+template <class Run>
+void for_each_decay_stretch(std::size_t offset, std::size_t n, std::span<const ParamRange> decay,
+                            float keep_decayed, Run&& run) {
+  const std::size_t end = offset + n;
+  std::size_t pos = offset;
+  auto go = [&](std::size_t from, std::size_t to, float factor) {
+    if (to > from) run(from, to, factor);
+  };
+  for (const ParamRange& r : decay) {
+    if (r.end() <= pos) continue;
+    if (r.offset >= end) break;
+    const std::size_t lo = r.offset > pos ? r.offset : pos;
+    const std::size_t hi = r.end() < end ? r.end() : end;
+    go(pos, lo, 1.0f);
+    go(lo, hi, keep_decayed);
+    pos = hi;
+  }
+  go(pos, end, 1.0f);
+}
+
 // Convenience owner of the moments for a range of the flat array.
 class AdamW {
  public:

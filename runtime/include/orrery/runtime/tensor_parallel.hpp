@@ -10,7 +10,7 @@
 
 namespace orrery::runtime {
 
-inline constexpr const char* kTpAllReduceName = "tp.all_reduce";
+inline constexpr const char* kTpAllReduceName = model::names::kTpAllReduce.data();
 
 // The values of `local` (a tensor of a tp shard, rank tp_rank of tp_size) cut from the full,
 // unsharded model `full` (tp_size 1, holding the same layer): qkvw/qkvb rows of the held heads in

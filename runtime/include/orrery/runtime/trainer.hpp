@@ -24,14 +24,14 @@
 //     Phase "optimizer"
 //       Optimizer "adamw"
 //
-// Compute spans carry the model FLOPs of flops.hpp, step, micro-batch and layer. Before step 0 the
+// Compute spans carry the model FLOPs of model/flops.hpp, step, micro-batch and layer. Before step 0 the
 // comm stream holds "ddp.broadcast_parameters" (broadcast) and "barrier". Counters, sampled at
 // the end of every step (bytes): mem.parameters, mem.gradients, mem.optimizer (AdamW moments),
 // mem.activations (the saved activations of every micro-batch in flight plus the backward scratch),
 // mem.comm_buffers (pipeline gradient send buffers, ZeRO's reduce-scatter output; under ZeRO 2 also
 // the full-size array the model writes one backward's gradients into before they are scattered).
 //
-// Parallel strategies (names as the simulator's sim/include/orrery/sim/workload.hpp names::):
+// Parallel strategies (names from model/include/orrery/model/names.hpp, as the simulator's):
 //  - tp > 1 (tensor_parallel.hpp): each block's three compute pieces are separated by the model's
 //    tp sums, Collective "tp.all_reduce" on the tp group (layer l; two in forward, two in backward).
 //  - pp > 1 (pipeline.hpp): passes in pipeline_order(schedule) instead of forward-then-backward per

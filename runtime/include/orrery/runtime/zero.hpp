@@ -28,35 +28,27 @@
 #pragma once
 
 #include <cstddef>
+#include <utility>
 #include <vector>
 
+#include "orrery/model/names.hpp"
+#include "orrery/model/zero_partition.hpp"
 #include "orrery/runtime/model.hpp"
 
 namespace orrery::runtime {
 
-inline constexpr const char* kZeroReduceScatterName = "zero.reduce_scatter";
-inline constexpr const char* kZeroAllGatherName = "zero.all_gather";
+inline constexpr const char* kZeroReduceScatterName = model::names::kDpReduceScatter.data();
+inline constexpr const char* kZeroAllGatherName = model::names::kDpAllGather.data();
 
-struct ZeroPartition {
-  std::size_t total = 0;  // n: elements of the flat array
-  std::size_t shard = 0;  // k = ceil(n / ranks)
-  int rank = 0;
-  int ranks = 1;
-  std::size_t padded() const { return shard * static_cast<std::size_t>(ranks); }
-  std::size_t begin() const { return shard * static_cast<std::size_t>(rank); }
-  // Real (unpadded) elements owned by this rank.
-  std::size_t count() const {
-    const std::size_t b = begin();
-    return b >= total ? 0 : (total - b < shard ? total - b : shard);
-  }
-};
-ZeroPartition zero_partition(std::size_t total, int rank, int ranks);
+// The partition of an array over the dp group (model/zero_partition.hpp).
+using model::ZeroPartition;
+using model::zero_partition;
 
 // Reallocates the model's params and grads to `padded` elements (>= num_params()), zero-filled
 // beyond the end, keeping values and re-pointing every named pointer.
 void gpt_pad_storage(Gpt& model, std::size_t padded);
 
-inline constexpr const char* kZeroFetchLayerName = "zero.fetch_layer";
+inline constexpr const char* kZeroFetchLayerName = model::names::kZeroAllGather.data();
 
 // The pointer structs of a model laid out as Gpt (model.hpp): the CPU model's own, or a device copy
 // of it with the same layout (runtime/cuda/model.hpp's GpuGpt). ZeRO 3 rebinds these pointers.
@@ -96,26 +88,58 @@ inline int zero3_slot(int segment, int n_layer, int layer_begin) {
   return segment == kEmbedSegment ? 2 : segment == n_layer ? 3 : (segment - layer_begin) & 1;
 }
 
-class Zero3Storage {
+// ZeRO 3's storage of one rank over any array type (FloatArray here, DeviceArray<float> for the
+// CUDA model's GpuZero3Storage): the segment table, the owned shards of parameters and gradients
+// (segments in memory order, padding zero) and the four working buffers (zero3_slot: 0/1 the blocks,
+// 2 the embedding, 3 the final LayerNorm). The derived class fills the shards.
+template <class Array>
+class BasicZero3Storage {
  public:
   using Segment = Zero3Segment;
-  // Takes the shards of the model's current values and frees the model's flat arrays.
-  Zero3Storage(Gpt& model, int dp_rank, int dp_size);
-
   std::vector<Segment>& segments() { return segments_; }
-  Segment& segment(int id);
+  Segment& segment(int id) { return zero3_segment(segments_, id); }
   float* params() { return params_.data(); }  // the owned shards, segments in memory order
   float* grads() { return grads_.data(); }
   std::size_t shard_elems() const { return params_.size(); }
-  // Working buffers: 0/1 the blocks (alternating by layer), 2 embedding, 3 final LayerNorm.
   float* param_buffer(int slot) { return pbuf_[static_cast<std::size_t>(slot)].data(); }
   float* grad_buffer(int slot) { return gbuf_[static_cast<std::size_t>(slot)].data(); }
-  std::size_t buffer_bytes() const;
+  std::size_t buffer_bytes() const {
+    std::size_t b = 0;
+    for (int i = 0; i < 4; ++i) b += pbuf_[i].size_bytes() + gbuf_[i].size_bytes();
+    return b;
+  }
 
- private:
+ protected:
+  // Takes the table and sizes the shards (zero-filled) and the working buffers: the blocks' two
+  // at the largest block's padded size, the embedding's and the final LayerNorm's at theirs.
+  void allocate(std::vector<Segment> segments, int n_layer) {
+    segments_ = std::move(segments);
+    std::size_t total_shard = 0;
+    for (const auto& sg : segments_) total_shard += sg.part.shard;
+    params_.resize(total_shard);
+    grads_.resize(total_shard);
+    const std::size_t max_block = zero3_max_block(segments_, n_layer);
+    for (int slot = 0; slot < 2; ++slot) {
+      pbuf_[slot].resize(max_block);
+      gbuf_[slot].resize(max_block);
+    }
+    for (const auto& sg : segments_) {
+      if (sg.id != kEmbedSegment && sg.id != n_layer) continue;
+      const int slot = sg.id == kEmbedSegment ? 2 : 3;
+      pbuf_[slot].resize(sg.part.padded());
+      gbuf_[slot].resize(sg.part.padded());
+    }
+  }
+
   std::vector<Segment> segments_;
-  FloatArray params_, grads_;
-  FloatArray pbuf_[4], gbuf_[4];
+  Array params_, grads_;
+  Array pbuf_[4], gbuf_[4];
+};
+
+class Zero3Storage : public BasicZero3Storage<FloatArray> {
+ public:
+  // Takes the shards of the model's current values and frees the model's flat arrays.
+  Zero3Storage(Gpt& model, int dp_rank, int dp_size);
 };
 
 }  // namespace orrery::runtime

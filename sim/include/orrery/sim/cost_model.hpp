@@ -7,7 +7,7 @@
 // of its kernels' times (kernels of one stream run one after another).
 //
 // FLOPs: the kernels of a block reproduce the runtime's model-FLOPs counting exactly
-// (runtime/include/orrery/runtime/flops.hpp, gpt.md): per token, 2 FLOPs per parameter of each
+// (model/include/orrery/model/flops.hpp, gpt.md): per token, 2 FLOPs per parameter of each
 // linear layer (weights and biases) and LayerNorm, 2·T·C per layer for attention (the causal count
 // of scores plus weighted sum), 2·C·V for the tied LM head; GELU, softmax, the loss and embedding
 // lookups count zero FLOPs but do move bytes. Backward is 2× forward, kernel by kernel. Tensor
@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "orrery/sim/hardware.hpp"
@@ -70,7 +71,7 @@ std::vector<Kernel> optimizer_kernels(double params, double bytes_per_param);
 // block, split where the runtime sums over the tp group), "adamw" (over `opt_params` parameters, fp32
 // master weights and moments), "zero_grad" (`opt_params` gradient elements set to zero); nullopt for
 // any other name or piece.
-std::optional<std::vector<Kernel>> op_kernels(const std::string& name, int piece, int pieces, const ModelDims& d,
+std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, int pieces, const ModelDims& d,
                                               double opt_params = 0);
 
 double total_flops(const std::vector<Kernel>& ks);
@@ -90,7 +91,7 @@ class CostModel {
   // tokens, channels, heads, vocabulary and tp, or parameters for adamw; a different piece split costs
   // more than any shape difference) times the roofline ratio op_ns(this op) / op_ns(that entry's op),
   // so an op at a measured shape costs exactly what was measured and other shapes scale from it.
-  int64_t named_op_ns(const std::string& name, int piece, int pieces, const ModelDims& d, double opt_params = 0) const;
+  int64_t named_op_ns(std::string_view name, int piece, int pieces, const ModelDims& d, double opt_params = 0) const;
   double peak_flops() const { return peak_flops_; }
   double memory_bandwidth() const { return bandwidth_; }
   const HardwareProfile& profile() const { return profile_; }

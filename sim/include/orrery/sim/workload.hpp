@@ -42,6 +42,9 @@
 #include <vector>
 
 #include "orrery/common/scenario.hpp"
+#include "orrery/model/grid.hpp"
+#include "orrery/model/names.hpp"
+#include "orrery/model/parameters.hpp"
 #include "orrery/sim/cost_model.hpp"
 #include "orrery/traces/span.hpp"
 
@@ -58,40 +61,14 @@ inline constexpr int kStreamPpRecv = 4;
 inline constexpr int kStreamCount = 5;
 std::string_view stream_name(int stream);  // "compute", "comm.dp", ...
 
-// The one table of op and phase names, equal to the runtime's span names (runtime/include/orrery/
-// runtime/trainer.hpp, model.hpp, ddp.hpp): compute "zero_grad" (once at the start of each step,
-// 4 bytes written per gradient element held), "fwd.embed" (layer -1), "fwd.block" (layer l;
-// with tp > 1 three pieces of that name split by the two tensor-parallel all-reduces, FLOPs
-// attention / mlp / 0 as the runtime), "fwd.head" (layer L), "bwd.head", "bwd.block" (tp > 1: three
-// pieces, FLOPs 2·mlp / 2·attention / 0), "bwd.embed", optimizer "adamw", data "data", DDP bucket
-// all-reduces "ddp.all_reduce" (layer = the bucket's lowest layer), and the tp, pp and ZeRO
-// collectives and transfers below (change them here and in the runtime together).
-namespace names {
-inline constexpr std::string_view kStep = "step";
-inline constexpr std::string_view kForward = "forward";
-inline constexpr std::string_view kBackward = "backward";
-inline constexpr std::string_view kOptimizer = "optimizer";
-inline constexpr std::string_view kDataLoad = "data";
-inline constexpr std::string_view kZeroGrad = "zero_grad";
-inline constexpr std::string_view kEmbedForward = "fwd.embed";
-inline constexpr std::string_view kBlockForward = "fwd.block";
-inline constexpr std::string_view kHeadForward = "fwd.head";  // final LayerNorm, LM head, loss
-inline constexpr std::string_view kHeadBackward = "bwd.head";
-inline constexpr std::string_view kBlockBackward = "bwd.block";
-inline constexpr std::string_view kEmbedBackward = "bwd.embed";
-inline constexpr std::string_view kOptimizerStep = "adamw";
-inline constexpr std::string_view kDpAllReduce = "ddp.all_reduce";
-inline constexpr std::string_view kTpAllReduce = "tp.all_reduce";
-inline constexpr std::string_view kDpReduceScatter = "zero.reduce_scatter";
-inline constexpr std::string_view kDpAllGather = "zero.all_gather";      // ZeRO 1/2: updated parameters
-inline constexpr std::string_view kZeroAllGather = "zero.fetch_layer";   // ZeRO 3: one layer's parameters
-inline constexpr std::string_view kEmbedAllReduce = "pp.embed_all_reduce";  // tied wte, first+last stage
-inline constexpr std::string_view kSendActivation = "pp.send_act";
-inline constexpr std::string_view kRecvActivation = "pp.recv_act";
-inline constexpr std::string_view kSendGradient = "pp.send_grad";
-inline constexpr std::string_view kRecvGradient = "pp.recv_grad";
-inline constexpr std::string_view kPipelineLoss = "pp.loss";  // the last stage broadcasts the step's loss
-}  // namespace names
+// Op and phase names: the model's one table (model/names.hpp), which the runtime records its spans
+// under. Compute "zero_grad" (once at the start of each step, 4 bytes written per gradient element
+// held), "fwd.embed" (layer -1), "fwd.block" (layer l; with tp > 1 three pieces of that name split
+// by the two tensor-parallel all-reduces, FLOPs attention / mlp / 0 as the runtime), "fwd.head"
+// (layer L), "bwd.head", "bwd.block" (tp > 1: three pieces, FLOPs 2·mlp / 2·attention / 0),
+// "bwd.embed", optimizer "adamw", data "data", DDP bucket all-reduces "ddp.all_reduce" (layer = the
+// bucket's lowest layer), and the tp, pp and ZeRO collectives and transfers.
+namespace names = ::orrery::model::names;
 
 // The communicator of an op, by role relative to the rank that runs it.
 enum class GroupRole : uint8_t {
@@ -136,19 +113,9 @@ struct StageProgram {
   std::vector<int64_t> bucket_params;  // parameters of each gradient bucket, in all-reduce order
 };
 
-// The rank grid: dp × tp × pp ranks, placed fastest-varying first (scenario's parallel.placement,
-// default "tp,dp,pp": tp neighbours on one node).
-struct Layout {
-  int dp = 1, tp = 1, pp = 1;
-  std::array<int, 3> order{1, 0, 2};  // axes fastest first; axis ids 0 = dp, 1 = tp, 2 = pp
-  struct Coord {
-    int dp, tp, pp;
-  };
-  int world() const { return dp * tp * pp; }
-  int rank_of(int d, int t, int p) const;
-  Coord coord(int rank) const;
-  static Layout from(const Scenario& s);
-};
+// The rank grid (model/grid.hpp): dp × tp × pp ranks, placed fastest-varying first (scenario's
+// parallel.placement, default "tp,dp,pp": tp neighbours on one node).
+using Layout = model::RankGrid;
 
 // A parameter tensor held by one rank of a stage, in memory order. Its segment (the runtime's unit
 // of gradient readiness, model.hpp): -1 the embedding (wte, wpe, or the last stage's wte copy),
@@ -158,11 +125,10 @@ struct ParamTensor {
   int64_t count = 0;
   int segment = -1;
 };
-// Model chunks per pipeline stage: parallel.virtual_stages under the interleaved schedule, else 1.
-// Chunk k of stage s holds the layers [(k·pp + s)·Lc, (k·pp + s + 1)·Lc), Lc = layers / (pp·chunks).
-int chunks_per_stage(const Scenario& s);
-// The stage's parameter tensors: wte and wpe (stage 0), the last stage's wte copy, its chunks' blocks
-// in chunk order, the final LayerNorm (last stage).
+// Model chunks per pipeline stage (model/parameters.hpp).
+using model::chunks_per_stage;
+// The stage's parameter tensors (model/parameters.hpp's table): wte and wpe (stage 0), the last
+// stage's wte copy, its chunks' blocks in chunk order, the final LayerNorm (last stage).
 std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage);
 
 // Bytes per parameter, per gradient and of optimizer state per parameter, and per activation.

@@ -7,7 +7,7 @@
 //    the host layout, so DDP buckets (make_ddp_buckets(host, ...)) are the CPU ones and initial
 //    parameters are bit-identical to the CPU run's (copied from gpt_create's values).
 //  - The pieces below mirror gpt_embed_forward ... gpt_embed_backward one for one: they call
-//    GptHooks::observer with the same names, layers and FLOPs (flops.hpp) and fire on_grads_ready
+//    GptHooks::observer with the same names, layers and FLOPs (model/flops.hpp) and fire on_grads_ready
 //    in the same order, so the trainer's spans and DDP buckets are the CPU trainer's. The observer
 //    is called on the host while the work is only queued: a GPU observer records CUDA events on
 //    the compute stream (gpu_trainer's EventSpans), not host clock reads.
@@ -65,39 +65,11 @@ GpuGpt gpu_gpt_create(Gpt host, bool device_storage = true);
 // Zeroes the gradients on ctx's stream.
 void gpu_zero_grad(const Context& ctx, GpuGpt& model);
 
-struct GpuActivations {
-  int B = 0;
-  int T = 0;
-  DeviceArray<float> memory;
-  DeviceArray<int32_t> inputs;   // (B,T)
-  DeviceArray<int32_t> targets;  // (B,T)
-  float* stream = nullptr;       // (num_blocks+1, B,T,C) residual stream at each block boundary
-  std::vector<BlockActivations> blocks;  // device pointers, same fields as the CPU model's
-  float* lnf = nullptr;       // (B,T,C)
-  float* lnf_mean = nullptr;  // (B,T)
-  float* lnf_rstd = nullptr;  // (B,T)
-  float* logits = nullptr;    // (B,T,V) logits, then probabilities, then dlogits (in place)
-  float* losses = nullptr;    // (B,T)
-  float loss = 0.0f;          // mean over B*T, set by the head forward
-  std::size_t boundary_elems = 0;  // B*T*C
-
-  float* stage_input() { return stream; }
-  float* stage_output() { return stream + blocks.size() * boundary_elems; }
-};
+// The CPU model's activation and scratch layout (model.hpp) over device arrays.
+using GpuActivations = BasicActivations<DeviceArray<float>, DeviceArray<int32_t>>;
 GpuActivations gpu_activations(const GpuGpt& model, int B, int T);
 
-struct GpuGradScratch {
-  int B = 0;
-  int T = 0;
-  DeviceArray<float> memory;
-  float* dres = nullptr;       // (B,T,C)
-  float* dln = nullptr;        // (B,T,C)
-  float* dqkv = nullptr;       // (B,T,3C)
-  float* datty = nullptr;      // (B,T,C)
-  float* datt = nullptr;       // (B,NH,T,T)
-  float* dfch = nullptr;       // (B,T,4C)
-  float* dfch_gelu = nullptr;  // (B,T,4C)
-};
+using GpuGradScratch = BasicGradScratch<DeviceArray<float>>;
 GpuGradScratch gpu_grad_scratch(const GpuGpt& model, int B, int T);
 
 // --- pieces (see model.hpp). `inputs`/`targets` are HOST arrays of B*T token ids; they are

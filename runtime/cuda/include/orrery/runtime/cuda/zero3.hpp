@@ -20,27 +20,13 @@
 
 namespace orrery::runtime::cuda {
 
-class GpuZero3Storage {
+class GpuZero3Storage : public BasicZero3Storage<DeviceArray<float>> {
  public:
   // `model` from gpu_gpt_create(host, /*device_storage=*/false): its host copy holds the initial
   // parameters and its device pointers are unbound. Uploads this rank's shard of each segment, then
   // frees the host copy's flat arrays (the layout, tensors and dims stay); full device arrays, if
   // the model has them, are freed too.
   GpuZero3Storage(GpuGpt& model, int dp_rank, int dp_size);
-
-  std::vector<Zero3Segment>& segments() { return segments_; }
-  Zero3Segment& segment(int id);
-  float* params() { return params_.data(); }  // the owned shards, segments in memory order
-  float* grads() { return grads_.data(); }
-  std::size_t shard_elems() const { return params_.size(); }
-  float* param_buffer(int slot) { return pbuf_[static_cast<std::size_t>(slot)].data(); }
-  float* grad_buffer(int slot) { return gbuf_[static_cast<std::size_t>(slot)].data(); }
-  std::size_t buffer_bytes() const;
-
- private:
-  std::vector<Zero3Segment> segments_;
-  DeviceArray<float> params_, grads_;
-  DeviceArray<float> pbuf_[4], gbuf_[4];
 };
 
 }  // namespace orrery::runtime::cuda

@@ -1,6 +1,6 @@
 // Model FLOPs of the reference GPT (shared/reference/gpt.md), per piece of work, as the runtime
 // reports them in its spans (OpObserver) and as the simulator's cost model must count them.
-// Self-contained on purpose (no Orrery includes): the simulator copies or includes it as is.
+// Part of the one model description (model/): the runtime and the simulator both include it.
 //
 // Counting (gpt.md, Kaplan et al. 2020): per token, forward = 2 * (parameters touched by a
 // matrix-vector product or an elementwise affine: weights, biases, LayerNorm gains and shifts)
@@ -23,7 +23,7 @@
 
 #include <cstdint>
 
-namespace orrery::runtime::flops {
+namespace orrery::model::flops {
 
 struct Dims {
   int64_t batch = 1;   // B, sequences in the micro-batch
@@ -48,6 +48,17 @@ inline double block_mlp_forward(const Dims& d) {
 inline double block_forward(const Dims& d) { return block_attention_forward(d) + block_mlp_forward(d); }
 inline double block_backward(const Dims& d) { return 2.0 * block_forward(d); }
 
+// The FLOPs a block's span carries, as the runtime records them and the simulator's ops carry
+// them: the whole block at tp = 1 (pieces = 1), else piece k of the three tensor-parallel pieces
+// (model/block.hpp's cut): forward attention, mlp, 0; backward 2·mlp, 2·attention, 0 (the MLP
+// half's backward runs first).
+inline double block_piece(const Dims& d, bool forward, int piece, int pieces) {
+  if (pieces == 1) return forward ? block_forward(d) : block_backward(d);
+  if (piece == 0) return forward ? block_attention_forward(d) : 2.0 * block_mlp_forward(d);
+  if (piece == 1) return forward ? block_mlp_forward(d) : 2.0 * block_attention_forward(d);
+  return 0.0;
+}
+
 // Token + position embedding lookup: counted as zero.
 inline double embed_forward(const Dims&) { return 0.0; }
 inline double embed_backward(const Dims&) { return 0.0; }
@@ -69,4 +80,4 @@ inline double model_step(const Dims& d, int64_t layers) { return 3.0 * model_for
 inline int64_t params_non_embedding(int64_t layers, int64_t c) { return layers * (12 * c * c + 13 * c) + 2 * c; }
 inline int64_t params_embedding(int64_t vocab, int64_t seq, int64_t c) { return vocab * c + seq * c; }
 
-}  // namespace orrery::runtime::flops
+}  // namespace orrery::model::flops

@@ -1,0 +1,72 @@
+// The one table of span, op, counter and communicator names of a training step. The runtime (CPU
+// and CUDA) records spans under these names and the simulator builds its ops under them, so a real
+// and a simulated trace of one scenario line up name by name (the test RealVsSimulated compares
+// them). Change a name here and both follow; nothing else may spell them.
+//
+// Compute: "zero_grad" (once at the start of each step), "fwd.embed" (layer -1), "fwd.block"
+// (layer l; with tp > 1 three pieces split by the two tensor-parallel all-reduces), "fwd.head"
+// (layer L: final LayerNorm, LM head, loss), "bwd.head", "bwd.block", "bwd.embed"; optimizer
+// "adamw"; data "data". Phases: "step", "forward", "backward", "optimizer". Collectives and
+// transfers: see each constant.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace orrery::model::names {
+
+// Phases.
+inline constexpr std::string_view kStep = "step";
+inline constexpr std::string_view kForward = "forward";
+inline constexpr std::string_view kBackward = "backward";
+inline constexpr std::string_view kOptimizer = "optimizer";
+
+// Compute, optimizer and data.
+inline constexpr std::string_view kDataLoad = "data";
+inline constexpr std::string_view kZeroGrad = "zero_grad";
+inline constexpr std::string_view kEmbedForward = "fwd.embed";
+inline constexpr std::string_view kBlockForward = "fwd.block";
+inline constexpr std::string_view kHeadForward = "fwd.head";  // final LayerNorm, LM head, loss
+inline constexpr std::string_view kHeadBackward = "bwd.head";
+inline constexpr std::string_view kBlockBackward = "bwd.block";
+inline constexpr std::string_view kEmbedBackward = "bwd.embed";
+inline constexpr std::string_view kOptimizerStep = "adamw";
+
+// Collectives and point-to-point transfers.
+inline constexpr std::string_view kDpAllReduce = "ddp.all_reduce";                // DDP bucket
+inline constexpr std::string_view kDpBroadcast = "ddp.broadcast_parameters";      // before step 0
+inline constexpr std::string_view kBarrier = "barrier";                           // before step 0
+inline constexpr std::string_view kTpAllReduce = "tp.all_reduce";
+inline constexpr std::string_view kDpReduceScatter = "zero.reduce_scatter";
+inline constexpr std::string_view kDpAllGather = "zero.all_gather";               // ZeRO 1/2: updated parameters
+inline constexpr std::string_view kZeroAllGather = "zero.fetch_layer";            // ZeRO 3: one segment's parameters
+inline constexpr std::string_view kEmbedAllReduce = "pp.embed_all_reduce";        // tied wte, first + last stage
+inline constexpr std::string_view kSendActivation = "pp.send_act";
+inline constexpr std::string_view kRecvActivation = "pp.recv_act";
+inline constexpr std::string_view kSendGradient = "pp.send_grad";
+inline constexpr std::string_view kRecvGradient = "pp.recv_grad";
+inline constexpr std::string_view kPipelineLoss = "pp.loss";  // the last stage broadcasts the step's loss
+
+// Memory counters (bytes), sampled at the end of every step.
+inline constexpr std::string_view kMemParameters = "mem.parameters";
+inline constexpr std::string_view kMemGradients = "mem.gradients";
+inline constexpr std::string_view kMemOptimizer = "mem.optimizer";      // AdamW moments
+inline constexpr std::string_view kMemActivations = "mem.activations";
+inline constexpr std::string_view kMemCommBuffers = "mem.comm_buffers";
+
+// Communicator names of one rank's groups, from its grid coordinates: "dp[tp=T,pp=P]",
+// "tp[dp=D,pp=P]", "pp[dp=D,tp=T]" and the tied-embedding pair "embed[dp=D,tp=T]".
+inline std::string dp_group(int tp_rank, int pp_rank) {
+  return "dp[tp=" + std::to_string(tp_rank) + ",pp=" + std::to_string(pp_rank) + "]";
+}
+inline std::string tp_group(int dp_rank, int pp_rank) {
+  return "tp[dp=" + std::to_string(dp_rank) + ",pp=" + std::to_string(pp_rank) + "]";
+}
+inline std::string pp_group(int dp_rank, int tp_rank) {
+  return "pp[dp=" + std::to_string(dp_rank) + ",tp=" + std::to_string(tp_rank) + "]";
+}
+inline std::string embed_group(int dp_rank, int tp_rank) {
+  return "embed[dp=" + std::to_string(dp_rank) + ",tp=" + std::to_string(tp_rank) + "]";
+}
+
+}  // namespace orrery::model::names

@@ -1,0 +1,70 @@
+// The parameter tensors of one pipeline stage and tensor-parallel rank, in memory order: the one
+// table the runtime allocates and initialises its flat array from and the simulator counts
+// parameters, gradients, optimizer state and ZeRO segments from.
+//
+// Memory order (the runtime's flat array, model.hpp): wte (a stage with the embedding or the
+// head: the last stage holds its own copy of the tied embedding), wpe (the embedding's stage), the
+// stage's blocks in chunk order, each ln1w ln1b qkvw qkvb projw projb ln2w ln2b fcw fcb fcprojw
+// fcprojb, then lnfw lnfb (the head's stage). Megatron slicing over tp: qkv and fc column-parallel
+// (weights and biases sliced), proj and fcproj row-parallel (weights sliced, biases replicated),
+// LayerNorms replicated. Segments (the unit of gradient readiness and of ZeRO 3's partition):
+// -1 the embedding (wte, wpe, or the last stage's wte copy), l for block l, L for lnf.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "orrery/common/scenario.hpp"
+
+namespace orrery::model {
+
+inline constexpr int kEmbedSegment = -1;
+
+// How a rank's tensor is cut from the full-model tensor (rows x cols, row-major).
+enum class Slice : uint8_t {
+  None,     // replicated: the whole tensor
+  QkvRows,  // three row bands [part*C + r*Cl, +Cl) of (3C, cols)
+  Rows,     // rows [r*n, +n) of (R, cols), n = local rows
+  Cols,     // cols [r*n, +n) of (rows, Cfull), n = local cols
+};
+enum class Init : uint8_t { Normal, Zero, One };
+
+struct ParamSpec {
+  std::string name;          // "wte", "h.3.qkvw", "lnfw"
+  int segment = 0;
+  int rows = 1, cols = 1;            // this rank's shape
+  int full_rows = 1, full_cols = 1;  // the full model's shape
+  Slice slice = Slice::None;
+  Init init = Init::Zero;
+  float stddev = 0;  // Normal: GPT-2's 0.02, residual projections 0.02 / sqrt(2 L)
+  int64_t count() const { return int64_t(rows) * cols; }
+};
+
+struct ModelShape {
+  int d_model = 0;  // C
+  int heads = 1;    // attention heads (the held attention width is heads/tp x C/heads)
+  int vocab = 0;    // V
+  int max_seq = 0;  // T (wpe rows)
+  int layers = 0;   // L
+  int tp = 1;       // tensor-parallel slices (divides heads and 4C)
+};
+ModelShape model_shape(const Scenario& s);
+
+// What one pipeline stage holds: the embedding (stage 0), the head (the last stage), and its
+// blocks as ranges [first, last) in memory order (one range, unless the interleaved schedule gives
+// the stage several model chunks).
+struct StageContents {
+  bool embed = true;
+  bool head = true;
+  std::vector<std::pair<int, int>> layers;
+};
+// Model chunks per pipeline stage: parallel.virtual_stages under the interleaved schedule, else 1.
+// Chunk k of stage s holds the layers [(k·pp + s)·Lc, (k·pp + s + 1)·Lc), Lc = layers / (pp·chunks).
+int chunks_per_stage(const Scenario& s);
+StageContents stage_contents(const Scenario& s, int stage);
+
+std::vector<ParamSpec> parameter_tensors(const ModelShape& m, const StageContents& stage);
+
+}  // namespace orrery::model

@@ -1,0 +1,25 @@
+// The rank's groups (groups.hpp).
+#include "orrery/runtime/groups.hpp"
+
+#include "orrery/model/names.hpp"
+
+namespace orrery::runtime {
+
+RankGroups split_rank_groups(Communicator& world, const Layout& L) {
+  namespace names = model::names;
+  RankGroups g;
+  g.dp = world.split(L.tp_rank + L.tp * L.pp_rank, L.dp_rank, traces::CommKind::DP,
+                     names::dp_group(L.tp_rank, L.pp_rank));
+  g.tp = world.split(L.dp_rank + L.dp * L.pp_rank, L.tp_rank, traces::CommKind::TP,
+                     names::tp_group(L.dp_rank, L.pp_rank));
+  g.pp = world.split(L.tp_rank + L.tp * L.dp_rank, L.pp_rank, traces::CommKind::PP,
+                     names::pp_group(L.dp_rank, L.tp_rank));
+  if (L.pp > 1) {
+    const bool ends = L.pp_rank == 0 || L.pp_rank == L.pp - 1;
+    const int color = ends ? L.tp_rank + L.tp * L.dp_rank : L.tp * L.dp + world.rank();
+    g.embed = world.split(color, L.pp_rank, traces::CommKind::PP, names::embed_group(L.dp_rank, L.tp_rank));
+  }
+  return g;
+}
+
+}  // namespace orrery::runtime

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The one-model-description checks on real runs (CTest model_reference_spans, label mpi):
+#  1. the reference layouts (dp2, tp2, pp2 1F1B, dp2 ZeRO 3, dp2·tp2·pp2) record exactly the span
+#     names, kinds and counts per rank of tests/data/reference_spans/<layout>.tsv, written by
+#     `--record` from the tree before the runtime and simulator shared model/ (commit 0f81bc0);
+#  2. the simulator's ops for each layout (orrery sim --all-ranks) equal the real run's spans, rank by
+#     rank: compute ops in order (with their FLOPs), each communicator's collectives in sequence order and
+#     its transfers as a set (name, step, micro-batch, layer, bytes) (span_tool compare).
+# Usage: reference_spans.sh ORRERY SPAN_TOOL SOURCE_DIR WORK_DIR [--record]
+set -uo pipefail
+ORRERY=$1
+SPAN_TOOL=$2
+SRC=$3
+WORK=$4
+RECORD=${5:-}
+GOLDEN=$SRC/tests/data/reference_spans
+rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+cat > ref.yaml <<'YAML'
+name: reference-spans
+model: {layers: 4, d_model: 32, heads: 2, vocab: 64, seq: 16}
+training: {steps: 2, global_batch: 8, micro_batch: 2, seed: 7, warmup_steps: 1}
+parallel: {dp: 2, tp: 1, pp: 1, bucket_mb: 0.01, schedule: 1f1b}
+runtime: {threads: 1}
+YAML
+
+# layout name, ranks, overrides
+layouts=(
+  "dp2 2 parallel.dp=2"
+  "tp2 2 parallel.dp=1 parallel.tp=2"
+  "pp2-1f1b 2 parallel.dp=1 parallel.pp=2"
+  "dp2-zero3 2 parallel.dp=2 parallel.zero=3"
+  "dp2-tp2-pp2 8 parallel.dp=2 parallel.tp=2 parallel.pp=2"
+)
+for entry in "${layouts[@]}"; do
+  read -r name ranks rest <<< "$entry"
+  sets=()
+  for kv in $rest; do sets+=(--set "$kv"); done
+  if ! timeout 300 "$ORRERY" run ref.yaml --nproc "$ranks" "${sets[@]}" --out "$name.db" > "$name.run.out" 2>&1; then
+    fail "$name: orrery run exited non-zero"; tail -20 "$name.run.out"; continue
+  fi
+  "$SPAN_TOOL" counts "$name.db" > "$name.tsv" || { fail "$name: span_tool counts"; continue; }
+  if [ "$RECORD" = "--record" ]; then
+    mkdir -p "$GOLDEN" && cp "$name.tsv" "$GOLDEN/$name.tsv"
+    echo "recorded $GOLDEN/$name.tsv ($(wc -l < "$name.tsv") lines)"
+    continue
+  fi
+  if diff -u "$GOLDEN/$name.tsv" "$name.tsv" > "$name.diff"; then
+    echo "ok: $name: $(awk -F'\t' '{n += $4} END {print n}' "$name.tsv") spans, names, kinds and counts per rank as recorded"
+  else
+    fail "$name: span counts differ from $GOLDEN/$name.tsv"; head -40 "$name.diff"
+  fi
+  if ! "$ORRERY" sim ref.yaml "${sets[@]}" --precision fp32 --steps 2 --all-ranks --out "$name.sim.db" \
+      > "$name.sim.out" 2>&1; then
+    fail "$name: orrery sim exited non-zero"; tail -20 "$name.sim.out"; continue
+  fi
+  if "$SPAN_TOOL" compare "$name.db" "$name.sim.db" > "$name.cmp" 2> "$name.cmp.err"; then
+    echo "ok: $name: simulated ops equal the real run's: $(cat "$name.cmp")"
+  else
+    fail "$name: simulated ops differ from the real run's"; cat "$name.cmp" "$name.cmp.err"
+  fi
+done
+
+if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "all reference span checks passed"

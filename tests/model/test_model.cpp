@@ -1,0 +1,227 @@
+// model/: the rank grid and the placement parser, the DDP bucket rule, ZeRO's partition and the
+// parameter table, in closed form; and that the runtime and the simulator, which both take these
+// from model/, agree on a stage's parameters and buckets.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "orrery/common/error.hpp"
+#include "orrery/model/block.hpp"
+#include "orrery/model/buckets.hpp"
+#include "orrery/model/grid.hpp"
+#include "orrery/model/names.hpp"
+#include "orrery/model/parameters.hpp"
+#include "orrery/model/zero_partition.hpp"
+
+#if ORRERY_MODEL_TESTS_CROSS
+#include "orrery/runtime/ddp.hpp"
+#include "orrery/runtime/model.hpp"
+#include "orrery/sim/cluster.hpp"
+#include "orrery/sim/cost_model.hpp"
+#include "orrery/sim/hardware.hpp"
+#include "orrery/sim/workload.hpp"
+#endif
+
+namespace orrery::model {
+namespace {
+
+TEST(Placement, ParsesPermutationsOnly) {
+  EXPECT_EQ(parse_placement("tp,dp,pp"), (std::array<int, 3>{1, 0, 2}));
+  EXPECT_EQ(parse_placement("pp,dp,tp"), (std::array<int, 3>{2, 0, 1}));
+  EXPECT_EQ(parse_placement("dp,tp,pp"), (std::array<int, 3>{0, 1, 2}));
+  for (const char* bad : {"", "tp,dp", "tp,dp,pp,dp", "dp,dp,pp", "tp, dp, pp", "tp,,dp", "tp,dp,xx"}) {
+    EXPECT_FALSE(parse_placement(bad).has_value()) << bad;
+  }
+}
+
+TEST(RankGrid, TpFastestByDefaultAndRoundTrips) {
+  Scenario s;
+  s.parallel.dp = 2, s.parallel.tp = 4, s.parallel.pp = 3;
+  const RankGrid g = RankGrid::from(s);
+  EXPECT_EQ(g.world(), 24);
+  EXPECT_EQ(g.rank_of(0, 1, 0), 1);
+  EXPECT_EQ(g.rank_of(1, 0, 0), 4);
+  EXPECT_EQ(g.rank_of(0, 0, 1), 8);
+  for (int r = 0; r < g.world(); ++r) {
+    const auto c = g.coord(r);
+    EXPECT_EQ(g.rank_of(c.dp, c.tp, c.pp), r);
+  }
+  s.parallel.placement = "dp,pp,tp";
+  const RankGrid h = RankGrid::from(s);
+  EXPECT_EQ(h.rank_of(1, 0, 0), 1);
+  EXPECT_EQ(h.rank_of(0, 0, 1), 2);
+  EXPECT_EQ(h.rank_of(0, 1, 0), 6);
+  s.parallel.placement = "dp,dp,pp";
+  EXPECT_THROW(RankGrid::from(s), InputError);
+}
+
+TEST(DdpBuckets, ClosedBeforeTheSegmentThatWouldPassTheCap) {
+  // Cap 100 bytes, 4 bytes per element: 25 elements per bucket at most.
+  const std::vector<BucketSegment> order{{4, 10}, {3, 10}, {2, 10}, {1, 40}, {0, 0}, {-1, 5}};
+  const auto b = ddp_buckets(order, 100.0, 4);
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(b[0].begin, 0u);
+  EXPECT_EQ(b[0].end, 2u);
+  EXPECT_EQ(b[0].elements, 20);
+  EXPECT_EQ(b[0].lowest_segment, 3);
+  // 20 + 10 = 30 elements = 120 bytes > 100: block 2 opens a bucket.
+  EXPECT_EQ(b[1].begin, 2u);
+  EXPECT_EQ(b[1].end, 3u);
+  EXPECT_EQ(b[1].elements, 10);
+  EXPECT_EQ(b[1].lowest_segment, 2);
+  // Block 1 (160 bytes, past the cap by itself) is a bucket of its own.
+  EXPECT_EQ(b[2].begin, 3u);
+  EXPECT_EQ(b[2].end, 4u);
+  EXPECT_EQ(b[2].elements, 40);
+  EXPECT_EQ(b[2].lowest_segment, 1);
+  // The empty segment 0 is skipped; the embedding (5) cannot join block 1's: a bucket of its own.
+  EXPECT_EQ(b[3].begin, 5u);
+  EXPECT_EQ(b[3].end, 6u);
+  EXPECT_EQ(b[3].elements, 5);
+  EXPECT_EQ(b[3].lowest_segment, -1);
+  // Exactly at the cap stays in: 25 elements x 4 = 100 bytes.
+  const std::vector<BucketSegment> exact{{1, 15}, {0, 10}};
+  EXPECT_EQ(ddp_buckets(exact, 100.0, 4).size(), 1u);
+}
+
+TEST(ZeroPartition, PadsToAMultipleOfTheRanks) {
+  const std::vector<size_t> expect{3, 3, 3, 1};
+  for (int r = 0; r < 4; ++r) {
+    const auto p = zero_partition(10, r, 4);
+    EXPECT_EQ(p.shard, 3u);
+    EXPECT_EQ(p.padded(), 12u);
+    EXPECT_EQ(p.begin(), 3u * r);
+    EXPECT_EQ(p.count(), expect[r]);
+  }
+  EXPECT_EQ(zero_partition(2, 3, 4).count(), 0u);  // a rank past the end owns only padding
+  EXPECT_THROW(zero_partition(10, 4, 4), std::invalid_argument);
+}
+
+Scenario model_scenario(int layers, int d_model, int heads, int vocab, int seq, int tp, int pp) {
+  Scenario s;
+  s.model.layers = layers, s.model.d_model = d_model, s.model.heads = heads, s.model.vocab = vocab, s.model.seq = seq;
+  s.parallel.tp = tp, s.parallel.pp = pp;
+  return s;
+}
+
+int64_t total(const std::vector<ParamSpec>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t(0), [](int64_t a, const ParamSpec& p) { return a + p.count(); });
+}
+
+TEST(Parameters, WholeModelIsGptMdsCount) {
+  // gpt.md: L (12 C^2 + 13 C) + 2 C non-embedding, V C + T C embedding.
+  const int64_t L = 4, C = 64, V = 512, T = 32;
+  const Scenario s = model_scenario(int(L), int(C), 4, int(V), int(T), 1, 1);
+  const auto p = parameter_tensors(model_shape(s), stage_contents(s, 0));
+  EXPECT_EQ(total(p), L * (12 * C * C + 13 * C) + 2 * C + V * C + T * C);
+  EXPECT_EQ(p.front().name, "wte");
+  EXPECT_EQ(p[1].name, "wpe");
+  EXPECT_EQ(p[2].name, "h.0.ln1w");
+  EXPECT_EQ(p.back().name, "lnfb");
+  EXPECT_EQ(p.back().segment, int(L));
+  EXPECT_EQ(p.size(), size_t(2 + 12 * L + 2));
+}
+
+TEST(Parameters, TensorParallelSlicesSumToTheWholeBlock) {
+  const int C = 64, tp = 4;
+  const Scenario s = model_scenario(2, C, 8, 256, 16, tp, 1);
+  const auto p = parameter_tensors(model_shape(s), stage_contents(s, 0));
+  int64_t block = 0;
+  for (const auto& t : p) {
+    if (t.segment != 0) continue;
+    block += t.count();
+    // A sliced tensor's full shape is tp times its local one along the slice.
+    if (t.slice == Slice::Rows || t.slice == Slice::QkvRows) EXPECT_EQ(t.full_rows, t.rows * tp) << t.name;
+    if (t.slice == Slice::Cols) EXPECT_EQ(t.full_cols, t.cols * tp) << t.name;
+    // Replicated (not sliced) drawn tensors are whole; the column-parallel biases qkvb and fcb are
+    // held sliced but zero-initialised, so the table cuts nothing from a drawn full tensor.
+    if (t.slice == Slice::None && t.init == Init::Normal) EXPECT_EQ(t.count(), int64_t(t.full_rows) * t.full_cols) << t.name;
+    if (t.slice == Slice::None && t.count() != int64_t(t.full_rows) * t.full_cols) EXPECT_EQ(t.init, Init::Zero) << t.name;
+  }
+  // Sliced: qkvw, qkvb, projw, fcw, fcb, fcprojw (12 C^2 + 7 C over tp); replicated: 4 LayerNorm
+  // vectors, projb and fcprojb (6 C).
+  EXPECT_EQ(block, (12 * C * C + 7 * C) / tp + 6 * C);
+}
+
+TEST(Parameters, PipelineStagesPartitionTheLayersAndCopyWte) {
+  const Scenario s = model_scenario(8, 32, 4, 128, 16, 1, 4);
+  std::map<std::string, int> seen;
+  for (int st = 0; st < 4; ++st) {
+    for (const auto& t : parameter_tensors(model_shape(s), stage_contents(s, st))) ++seen[t.name];
+  }
+  EXPECT_EQ(seen["wte"], 2);  // stage 0 and the last stage's tied copy
+  EXPECT_EQ(seen["wpe"], 1);
+  EXPECT_EQ(seen["lnfw"], 1);
+  for (int l = 0; l < 8; ++l) EXPECT_EQ(seen["h." + std::to_string(l) + ".qkvw"], 1) << l;
+  // Interleaved: stage 1 of pp 2 with 2 chunks holds virtual stages 1 and 3.
+  Scenario v = model_scenario(8, 32, 4, 128, 16, 1, 2);
+  v.parallel.schedule = "interleaved", v.parallel.virtual_stages = 2;
+  const auto c = stage_contents(v, 1);
+  ASSERT_EQ(c.layers.size(), 2u);
+  EXPECT_EQ(c.layers[0], (std::pair<int, int>{2, 4}));
+  EXPECT_EQ(c.layers[1], (std::pair<int, int>{6, 8}));
+}
+
+TEST(Block, TpPiecesPartitionTheOpsAndCutAfterThePartialSums) {
+  // Forward: every op once, in order; the tp sums follow the row-parallel proj and fc2.
+  int next = 0;
+  for (const auto& r : kForwardPieces) {
+    EXPECT_EQ(r.begin, next);
+    next = r.end;
+  }
+  EXPECT_EQ(next, kBlockOps);
+  EXPECT_EQ(kForwardPieces[0].end - 1, int(BlockOp::Proj));
+  EXPECT_EQ(kForwardPieces[1].end - 1, int(BlockOp::Fc2));
+  // Backward: every op once, last first; the tp sums follow the column-parallel fc1 and qkv.
+  next = kBlockOps;
+  for (const auto& r : kBackwardPieces) {
+    EXPECT_EQ(r.end, next);
+    next = r.begin;
+  }
+  EXPECT_EQ(next, 0);
+  EXPECT_EQ(kBackwardPieces[0].begin, int(BlockOp::Fc1));
+  EXPECT_EQ(kBackwardPieces[1].begin, int(BlockOp::Qkv));
+}
+
+TEST(Names, CommunicatorNamesFromCoordinates) {
+  EXPECT_EQ(names::dp_group(1, 2), "dp[tp=1,pp=2]");
+  EXPECT_EQ(names::tp_group(3, 0), "tp[dp=3,pp=0]");
+  EXPECT_EQ(names::pp_group(0, 1), "pp[dp=0,tp=1]");
+  EXPECT_EQ(names::embed_group(2, 1), "embed[dp=2,tp=1]");
+}
+
+#if ORRERY_MODEL_TESTS_CROSS
+// The runtime's model and the simulator's workload take their tensors and buckets from model/: the
+// same stage gives the same parameters (names, segments, counts) and the same DDP buckets.
+TEST(RuntimeAndSimulator, SameParametersAndBucketsPerStage) {
+  Scenario s = model_scenario(4, 64, 4, 512, 32, 2, 2);
+  s.parallel.bucket_mb = 0.05;  // several buckets per stage
+  s.training.global_batch = 8, s.training.micro_batch = 4;
+  const sim::Device d = *sim::device_preset("H100-SXM");
+  const sim::CostModel cost(sim::default_hardware_profile("H100-SXM", true), d.peak_bf16_flops,
+                            d.mem_bandwidth_bytes_per_s);
+  const auto w = sim::build_workload(s, cost);
+  for (int st = 0; st < 2; ++st) {
+    runtime::GptShard sh = runtime::GptShard::pipeline_stage(runtime::gpt_config(s.model), st, 2);
+    sh.tp_rank = 1, sh.tp_size = 2;
+    const runtime::Gpt g = runtime::gpt_create(runtime::gpt_config(s.model), sh, 7);
+    const auto simp = sim::stage_parameters(s, st);
+    ASSERT_EQ(g.tensors.size(), simp.size()) << st;
+    for (size_t i = 0; i < simp.size(); ++i) {
+      EXPECT_EQ(g.tensors[i].name, simp[i].name);
+      EXPECT_EQ(g.tensors[i].segment, simp[i].segment);
+      EXPECT_EQ(int64_t(g.tensors[i].count), simp[i].count) << simp[i].name;
+    }
+    const auto rb = runtime::make_ddp_buckets(g, s.parallel.bucket_mb);
+    const auto& sb = w.stages[size_t(st)].bucket_params;
+    ASSERT_EQ(rb.size(), sb.size()) << st;
+    EXPECT_GT(rb.size(), 2u);
+    for (size_t i = 0; i < rb.size(); ++i) EXPECT_EQ(int64_t(rb[i].range.count), sb[i]) << st << " bucket " << i;
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace orrery::model
