@@ -1,15 +1,15 @@
 // `orrery calibrate TRACE... --out PROFILE.yaml`: fits the simulator's hardware profile from real
-// traces (sim/calibrate.hpp): compute cost per op class, per-kernel overhead, collective latency and
-// bandwidth per group size, the cost of ranks sharing cores, and the machine itself.
+// traces (sim/calibrate.hpp): compute cost per op class, per-kernel overhead, collective latency
+// and bandwidth per group size, the cost of ranks sharing cores, and the machine itself.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "command.hpp"
+#include "orrery/common/atomic_file.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/sim/calibrate.hpp"
 #include "orrery/traces/store.hpp"
@@ -34,15 +34,7 @@ int run_calibrate(const CalibrateArgs& a) {
   sim::CalibrationOptions opt = a.opt;
   if (opt.name.empty()) opt.name = std::filesystem::path(a.out).stem().string();
   const sim::CalibrationResult r = sim::calibrate(ts, opt);
-  // Written whole or not at all: a temporary file renamed over the target.
-  const std::string tmp = a.out + ".tmp";
-  {
-    std::ofstream f(tmp);
-    if (!f) throw InputError(a.out + ": cannot write the profile");
-    f << sim::calibrated_yaml(r);
-    if (!f) throw InputError(a.out + ": writing the profile failed");
-  }
-  std::filesystem::rename(tmp, a.out);
+  write_file_atomic(a.out, sim::calibrated_yaml(r));
 
   if (a.json) {
     nlohmann::json j;
@@ -59,46 +51,62 @@ int run_calibrate(const CalibrateArgs& a) {
                     {"comm_exponent", r.profile.sharing.comm_exponent}};
     j["ops"] = nlohmann::json::array();
     for (const auto& o : r.ops)
-      j["ops"].push_back({{"name", o.name}, {"shape", o.shape}, {"count", o.count}, {"measured_ns", o.measured_ns},
-                          {"fitted_ns", o.fitted_ns}, {"error_pct", o.error_pct()}});
+      j["ops"].push_back({{"name", o.name},
+                          {"shape", o.shape},
+                          {"count", o.count},
+                          {"measured_ns", o.measured_ns},
+                          {"fitted_ns", o.fitted_ns},
+                          {"error_pct", o.error_pct()}});
     j["slowdowns"] = nlohmann::json::array();
     for (const auto& s : r.sharing)
-      j["slowdowns"].push_back({{"trace", s.trace}, {"ranks", s.ranks}, {"measured", s.factor}, {"law", s.model}});
+      j["slowdowns"].push_back(
+          {{"trace", s.trace}, {"ranks", s.ranks}, {"measured", s.factor}, {"law", s.model}});
     j["collectives"] = nlohmann::json::array();
     for (const auto& c : r.collectives)
-      j["collectives"].push_back({{"op", std::string(traces::to_string(c.op))}, {"ranks", c.ranks},
-                                  {"ranks_on_node", c.ranks_on_node}, {"points", c.points},
-                                  {"latency_ns", c.latency_ns}, {"busbw_bytes_per_s", c.busbw_bytes_per_s},
+      j["collectives"].push_back({{"op", std::string(traces::to_string(c.op))},
+                                  {"ranks", c.ranks},
+                                  {"ranks_on_node", c.ranks_on_node},
+                                  {"points", c.points},
+                                  {"latency_ns", c.latency_ns},
+                                  {"busbw_bytes_per_s", c.busbw_bytes_per_s},
                                   {"r2", c.r2}});
     j["notes"] = r.notes;
     std::cout << j.dump(2) << "\n";
     return 0;
   }
   const auto& p = r.profile;
-  std::printf("calibrated profile '%s' written to %s from %zu trace(s)\n", p.name.c_str(), a.out.c_str(), ts.size());
-  std::printf("  one rank alone: %.2f GFLOP/s peak (gemm %.0f %%, attention %.0f %%), %.2f GB/s, "
-              "%.1f us per kernel, %.1f us host time per micro-batch\n",
-              p.peak_flops / 1e9, 100 * p.cost(sim::OpClass::Gemm).flops_efficiency,
-              100 * p.cost(sim::OpClass::Attention).flops_efficiency, p.memory_bandwidth_bytes_per_s / 1e9,
-              p.classes[0].overhead_ns / 1e3, p.data_load_ns / 1e3);
-  std::printf("  sharing %d cores, %d thread(s) per rank: contention at full %.3f, oversubscription exponent "
-              "%.2f, comm exponent %.2f\n",
-              p.sharing.cores, p.sharing.threads_per_rank, p.sharing.contention_at_full,
-              p.sharing.oversubscription_exponent, p.sharing.comm_exponent);
-  std::printf("\n  %-16s %-30s %6s %14s %14s %8s\n", "op", "shape", "spans", "measured", "fitted", "error");
+  std::printf("calibrated profile '%s' written to %s from %zu trace(s)\n", p.name.c_str(),
+              a.out.c_str(), ts.size());
+  std::printf(
+      "  one rank alone: %.2f GFLOP/s peak (gemm %.0f %%, attention %.0f %%), %.2f GB/s, "
+      "%.1f us per kernel, %.1f us host time per micro-batch\n",
+      p.peak_flops / 1e9, 100 * p.cost(sim::OpClass::Gemm).flops_efficiency,
+      100 * p.cost(sim::OpClass::Attention).flops_efficiency, p.memory_bandwidth_bytes_per_s / 1e9,
+      p.classes[0].overhead_ns / 1e3, p.data_load_ns / 1e3);
+  std::printf(
+      "  sharing %d cores, %d thread(s) per rank: contention at full %.3f, oversubscription "
+      "exponent "
+      "%.2f, comm exponent %.2f\n",
+      p.sharing.cores, p.sharing.threads_per_rank, p.sharing.contention_at_full,
+      p.sharing.oversubscription_exponent, p.sharing.comm_exponent);
+  std::printf("\n  %-16s %-30s %6s %14s %14s %8s\n", "op", "shape", "spans", "measured", "fitted",
+              "error");
   for (const auto& o : r.ops)
-    std::printf("  %-16s %-30s %6lld %11.1f us %11.1f us %+7.1f%%\n", o.name.c_str(), o.shape.c_str(),
-                static_cast<long long>(o.count), o.measured_ns / 1e3, o.fitted_ns / 1e3, o.error_pct());
-  std::printf("  time-weighted relative RMS error of the compute fit: %.2f %%\n", 100 * r.compute_rel_rms);
+    std::printf("  %-16s %-30s %6lld %11.1f us %11.1f us %+7.1f%%\n", o.name.c_str(),
+                o.shape.c_str(), static_cast<long long>(o.count), o.measured_ns / 1e3,
+                o.fitted_ns / 1e3, o.error_pct());
+  std::printf("  time-weighted relative RMS error of the compute fit: %.2f %%\n",
+              100 * r.compute_rel_rms);
   std::printf("\n  %-40s %6s %12s %10s\n", "run", "ranks", "slowdown", "law");
   for (const auto& s : r.sharing)
     std::printf("  %-40s %6d %12.3f %10.3f\n", s.trace.c_str(), s.ranks, s.factor, s.model);
   if (!r.collectives.empty()) {
-    std::printf("\n  %-16s %6s %10s %8s %14s %14s %6s\n", "collective", "group", "run ranks", "points", "latency",
-                "busbw", "r2");
+    std::printf("\n  %-16s %6s %10s %8s %14s %14s %6s\n", "collective", "group", "run ranks",
+                "points", "latency", "busbw", "r2");
     for (const auto& c : r.collectives)
-      std::printf("  %-16s %6d %10d %8d %11.1f us %9.3f GB/s %6.3f\n", std::string(traces::to_string(c.op)).c_str(),
-                  c.ranks, c.ranks_on_node, c.points, c.latency_ns / 1e3, c.busbw_bytes_per_s / 1e9, c.r2);
+      std::printf("  %-16s %6d %10d %8d %11.1f us %9.3f GB/s %6.3f\n",
+                  std::string(traces::to_string(c.op)).c_str(), c.ranks, c.ranks_on_node, c.points,
+                  c.latency_ns / 1e3, c.busbw_bytes_per_s / 1e9, c.r2);
   }
   for (const auto& n : r.notes) std::printf("  note: %s\n", n.c_str());
   return 0;
@@ -107,18 +115,23 @@ int run_calibrate(const CalibrateArgs& a) {
 Command setup(CLI::App& root) {
   auto a = std::make_shared<CalibrateArgs>();
   CLI::App* app = root.add_subcommand(
-      "calibrate", "Fit the simulator's hardware profile (and the machine's description) from real traces");
-  app->add_option("TRACE", a->traces, "Traces of `orrery run` (e.g. a serial run and a dp2 run)")->required();
+      "calibrate",
+      "Fit the simulator's hardware profile (and the machine's description) from real traces");
+  app->add_option("TRACE", a->traces, "Traces of `orrery run` (e.g. a serial run and a dp2 run)")
+      ->required();
   app->add_option("--out", a->out, "Profile to write (YAML)")->required();
   app->add_option("--name", a->opt.name, "Profile name (default: the file's stem)");
   a->opt.name.clear();
   app->add_option("--cores", a->opt.cores, "Cores the ranks shared (default: this machine's)");
-  app->add_option("--threads", a->opt.threads_per_rank, "Compute threads per rank (default: the scenario's)");
-  app->add_option("--skip-steps", a->opt.skip_steps, "Warm-up steps left out")->capture_default_str();
+  app->add_option("--threads", a->opt.threads_per_rank,
+                  "Compute threads per rank (default: the scenario's)");
+  app->add_option("--skip-steps", a->opt.skip_steps, "Warm-up steps left out")
+      ->capture_default_str();
   app->add_option("--ranks-per-node", a->opt.ranks_per_node, "Rank slots of the described machine")
       ->capture_default_str();
-  app->add_flag("--roofline-only", [a](std::int64_t) { a->opt.measured_ops = false; },
-                "Leave the measured op times out of the profile: every op costs the fitted roofline");
+  app->add_flag(
+      "--roofline-only", [a](std::int64_t) { a->opt.measured_ops = false; },
+      "Leave the measured op times out of the profile: every op costs the fitted roofline");
   app->add_flag("--json", a->json, "Print one JSON object");
   return {app, [a]() { return run_calibrate(*a); }};
 }

@@ -1,21 +1,19 @@
 // `orrery sim SCENARIO [--cluster C] [--hw PROFILE] [--out TRACE] [--set k=v ...] [--json]`: one
 // simulated training step of a scenario on a cluster: step time, tokens/s, TFLOP/s and MFU per GPU,
 // the breakdown, memory per rank; optionally the simulated trace (source = sim).
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "cluster_arg.hpp"
 #include "command.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
-#include "orrery/sim/calibrate.hpp"
 #include "orrery/sim/cluster.hpp"
+#include "orrery/sim/sim_target.hpp"
 #include "orrery/sim/sweep.hpp"
-#include "orrery/traces/store.hpp"
+#include "output_file.hpp"
 
 namespace orrery::cli {
 namespace {
@@ -34,41 +32,29 @@ struct SimArgs {
   bool json = false;
 };
 
-
-// Without --cluster: one crossbar node of the scenario's device kind, sized to its layout.
-sim::Cluster default_cluster(const Scenario& s) {
-  sim::Cluster c;
-  if (s.runtime.device == "cpu" && std::filesystem::exists("scenarios/clusters/cpu-local.yaml")) {
-    c = sim::load_cluster("scenarios/clusters/cpu-local.yaml");
-  } else {
-    c.name = s.runtime.device == "cpu" ? "cpu-node" : "h100-node";
-    c.device = *sim::device_preset(s.runtime.device == "cpu" ? "cpu" : "H100-SXM");
-    c.nodes = 1;
-    c.gpus_per_node = s.world_size();
-    c.topo.kind = sim::TopologyKind::Crossbar;
-    sim::build_topology(c);
-  }
-  return c.num_gpus() == s.world_size() ? c : sim::resize_cluster(c, s.world_size());
-}
-
 Command setup(CLI::App& root) {
   auto a = std::make_shared<SimArgs>();
   CLI::App* app = root.add_subcommand("sim", "Simulate training steps of a scenario on a cluster");
   app->add_option("scenario", a->scenario, "Scenario file (scenarios/*.yaml)")->required();
-  app->add_option("--cluster", a->cluster,
-                  "Cluster file or name in scenarios/clusters/ (default: one node of the scenario's device); "
-                  "dp grows to fill it when the layout is smaller");
+  app->add_option(
+      "--cluster", a->cluster,
+      "Cluster file or name in scenarios/clusters/ (default: one node of the scenario's device); "
+      "dp grows to fill it when the layout is smaller");
   app->add_option("--hw", a->hw, "Hardware profile (default: scenarios/hardware/<device>.yaml)");
   app->add_option("--out", a->out, "Write the simulated trace (source=sim) to this file");
   app->add_option("--set", a->sets, "Override a scenario key, a.b.c=value (repeatable)");
   app->add_option("--model", a->model, "Network model: flow (max-min contention) or analytical")
       ->capture_default_str();
-  app->add_option("--precision", a->precision, "fp32 or mixed (default: from the hardware profile)");
-  app->add_option("--steps", a->steps, "Training steps to simulate (the first is excluded from the step time "
-                                       "when more than one)")
+  app->add_option("--precision", a->precision,
+                  "fp32 or mixed (default: from the hardware profile)");
+  app->add_option("--steps", a->steps,
+                  "Training steps to simulate (the first is excluded from the step time "
+                  "when more than one)")
       ->capture_default_str();
-  app->add_flag("--all-ranks", a->all_ranks, "Simulate every rank (default: one representative per stage)");
-  app->add_flag("--allow-oom", a->allow_oom, "Simulate even when the model does not fit device memory");
+  app->add_flag("--all-ranks", a->all_ranks,
+                "Simulate every rank (default: one representative per stage)");
+  app->add_flag("--allow-oom", a->allow_oom,
+                "Simulate even when the model does not fit device memory");
   app->add_flag("--json", a->json, "Print one JSON object");
 
   auto run = [a]() {
@@ -77,21 +63,12 @@ Command setup(CLI::App& root) {
     // Before anything is sized by the scenario (the default cluster has one GPU per rank): layers,
     // ranks, ops and the estimated memory against this machine's (sweep.hpp).
     sim::check_simulation_size(loaded, a->steps, a->all_ranks, !a->out.empty());
-    std::string cluster_path;
-    sim::Cluster cluster;
-    if (!a->cluster.empty()) {
-      cluster_path = cli::resolve_cluster_path(a->cluster);
-      cluster = sim::load_cluster(cluster_path);
-    } else if (!a->hw.empty() && sim::load_hardware_profile(a->hw).cluster.nodes > 0) {
-      // A calibrated profile describes the machine its traces came from (sim/calibrate.hpp).
-      cluster = sim::cluster_from_profile(sim::load_hardware_profile(a->hw), loaded.world_size());
-    } else {
-      cluster = default_cluster(loaded);
-    }
+    const sim::SimTarget target = sim::sim_target(loaded, a->cluster, a->hw);
+    const sim::Cluster& cluster = target.cluster;
     const Scenario s = sim::fit_layout(loaded, cluster);
     if (s.parallel.dp != loaded.parallel.dp && !a->json)
-      std::cerr << "orrery sim: dp set to " << s.parallel.dp << " to fill the " << cluster.num_gpus()
-                << " GPUs of " << cluster.name << "\n";
+      std::cerr << "orrery sim: dp set to " << s.parallel.dp << " to fill the "
+                << cluster.num_gpus() << " GPUs of " << cluster.name << "\n";
     const auto model = sim::network_model_from_string(a->model);
     if (!model) throw InputError("--model '" + a->model + "': expected flow or analytical");
 
@@ -100,35 +77,16 @@ Command setup(CLI::App& root) {
     opt.all_ranks = a->all_ranks;
     opt.steps = a->steps;
     opt.precision = a->precision;
-    opt.profile = a->hw.empty() ? sim::profile_for(cluster, sim::hardware_dir_for(cluster_path))
-                                : sim::load_hardware_profile(a->hw);
+    opt.profile = sim::target_profile(target, a->hw);
     // Ranks sharing a node's cores (profiles with a `sharing:` section): sim::simulate shares the
     // cores among the ranks computing at each instant and scales the collectives.
     opt.keep_trace = !a->out.empty();
-
-    // Again with the layout fitted to the cluster (dp may have grown) and the profile known (core
-    // sharing simulates every rank); then the device-memory check: a model that cannot fit is bad
-    // input, not a prediction.
-    sim::check_simulation_size(s, opt.steps, opt.all_ranks || opt.profile->sharing.cores > 0, opt.keep_trace);
-    const std::string prec_name = !opt.precision.empty() ? opt.precision
-                                  : (opt.profile->precision == "bf16" || opt.profile->precision == "fp16") ? "mixed"
-                                                                                                             : "fp32";
-    const auto mem = sim::estimate_memory(s, sim::precision_config(prec_name), cluster.device.mem_capacity_bytes);
-    for (const auto& m : mem) {
-      if (m.fits || a->allow_oom) continue;
-      char buf[512];
-      std::snprintf(buf, sizeof buf,
-                    "%s: the model does not fit device memory: pipeline stage %d needs %.1f GB per GPU "
-                    "(parameters %.1f + gradients %.1f + optimizer %.1f + activations %.1f GB) but %s has %.1f GB; "
-                    "use ZeRO (parallel.zero), more tp/pp, or a smaller micro-batch (or --allow-oom)",
-                    s.path.c_str(), m.stage, m.total_bytes / 1e9, m.parameters_bytes / 1e9, m.gradients_bytes / 1e9,
-                    m.optimizer_bytes / 1e9, m.activations_bytes / 1e9, cluster.device.name.c_str(),
-                    double(cluster.device.mem_capacity_bytes) / 1e9);
-      throw InputError(buf);
-    }
+    // Again with the layout fitted to the cluster (dp may have grown) and the profile known; then
+    // the device-memory check: a model that cannot fit is bad input, not a prediction.
+    sim::check_simulation_fits(s, cluster, opt, a->allow_oom);
 
     sim::SimResult r = sim::simulate(s, cluster, opt);
-    if (!a->out.empty()) traces::write_trace(*r.trace, a->out);
+    if (!a->out.empty()) write_trace_atomic(*r.trace, a->out);
     if (a->json) {
       nlohmann::json j = sim::to_json(r);
       j["scenario"] = s.name;

@@ -6,12 +6,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "cluster_arg.hpp"
 #include "command.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/format.hpp"
 #include "orrery/sim/cluster.hpp"
 #include "orrery/sim/nccl_table.hpp"
+#include "orrery/sim/sim_target.hpp"
 
 namespace orrery::cli {
 namespace {
@@ -29,9 +29,11 @@ struct SimCollectiveArgs {
   bool json = false;
 };
 
-// "all_reduce", "allreduce", "all-reduce" and nccl-tests' binary names ("all_reduce_perf") all work.
+// "all_reduce", "allreduce", "all-reduce" and nccl-tests' binary names ("all_reduce_perf") all
+// work.
 traces::CollOp parse_op(std::string s) {
-  for (char& ch : s) ch = ch == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (char& ch : s)
+    ch = ch == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   if (s.size() > 5 && s.substr(s.size() - 5) == "_perf") s.resize(s.size() - 5);
   if (s == "allreduce") s = "all_reduce";
   if (s == "allgather") s = "all_gather";
@@ -41,42 +43,52 @@ traces::CollOp parse_op(std::string s) {
   auto op = traces::coll_op_from_string(s);
   if (!op || *op == traces::CollOp::None || *op == traces::CollOp::Barrier) {
     throw InputError("unknown collective '" + s +
-                     "'; expected all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all or sendrecv");
+                     "'; expected all_reduce, reduce_scatter, all_gather, broadcast, reduce, "
+                     "all_to_all or sendrecv");
   }
   return *op;
 }
 
-
 Command setup(CLI::App& root) {
   auto a = std::make_shared<SimCollectiveArgs>();
   CLI::App* app = root.add_subcommand(
-      "sim-collective", "Predict the nccl-tests table (size, time, algbw, busbw) of one collective on a cluster");
-  app->add_option("op", a->op, "all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all, sendrecv")
+      "sim-collective",
+      "Predict the nccl-tests table (size, time, algbw, busbw) of one collective on a cluster");
+  app->add_option("op", a->op,
+                  "all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all, sendrecv")
       ->required();
-  app->add_option("--cluster", a->cluster, "Cluster file (scenarios/clusters/*.yaml) or its name")->required();
+  app->add_option("--cluster", a->cluster, "Cluster file (scenarios/clusters/*.yaml) or its name")
+      ->required();
   app->add_option("--ranks,-n", a->ranks, "Ranks (the first N GPUs of the cluster; default: all)");
-  app->add_option("-b,--minbytes", a->min_size, "Smallest size (8, 1K, 1M, 1G)")->capture_default_str();
+  app->add_option("-b,--minbytes", a->min_size, "Smallest size (8, 1K, 1M, 1G)")
+      ->capture_default_str();
   app->add_option("-e,--maxbytes", a->max_size, "Largest size")->capture_default_str();
-  app->add_option("-f,--stepfactor", a->factor, "Size multiplication factor")->capture_default_str();
-  app->add_option("--algo", a->algo, "auto, ring, tree, hd (halving-doubling), direct, hierarchical")
+  app->add_option("-f,--stepfactor", a->factor, "Size multiplication factor")
+      ->capture_default_str();
+  app->add_option("--algo", a->algo,
+                  "auto, ring, tree, hd (halving-doubling), direct, hierarchical")
       ->capture_default_str();
   app->add_option("--model", a->model, "Network model: flow (max-min contention) or analytical")
       ->capture_default_str();
-  app->add_option("--channels", a->channels, "Channels (0: the cluster's default)")->capture_default_str();
+  app->add_option("--channels", a->channels, "Channels (0: the cluster's default)")
+      ->capture_default_str();
   app->add_flag("--json", a->json, "Print one JSON object");
 
   auto run = [a]() {
     sim::NcclSweep s;
     s.op = parse_op(a->op);
-    const sim::Cluster cluster = sim::load_cluster(cli::resolve_cluster_path(a->cluster));
+    const sim::Cluster cluster = sim::load_cluster(sim::find_cluster_file(a->cluster));
     s.ranks = a->ranks > 0 ? a->ranks : cluster.num_gpus();
     if (a->ranks < 0) throw InputError("--ranks must be >= 1");
-    if ((s.op == traces::CollOp::Send || s.op == traces::CollOp::Recv) && a->ranks == 0) s.ranks = 2;
+    if ((s.op == traces::CollOp::Send || s.op == traces::CollOp::Recv) && a->ranks == 0)
+      s.ranks = 2;
     s.min_bytes = parse_size(a->min_size);
     s.max_bytes = parse_size(a->max_size);
     s.factor = a->factor;
     const auto algo = sim::algorithm_from_string(a->algo);
-    if (!algo) throw InputError("--algo '" + a->algo + "': expected auto, ring, tree, hd, direct or hierarchical");
+    if (!algo)
+      throw InputError("--algo '" + a->algo +
+                       "': expected auto, ring, tree, hd, direct or hierarchical");
     s.algo = *algo;
     const auto model = sim::network_model_from_string(a->model);
     if (!model) throw InputError("--model '" + a->model + "': expected flow or analytical");

@@ -1,8 +1,6 @@
 // `orrery sweep SCENARIO --cluster C --gpus 8,64,512 [--search] [--csv FILE] [--json]`: the scaling
 // table of a scenario over cluster sizes (same node type and topology, more nodes), optionally with
 // the best dp/tp/pp/zero/micro-batch layout per size. Progress goes to stderr.
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -10,11 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "cluster_arg.hpp"
 #include "command.hpp"
+#include "orrery/common/atomic_file.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
 #include "orrery/sim/cluster.hpp"
+#include "orrery/sim/sim_target.hpp"
 #include "orrery/sim/sweep.hpp"
 
 namespace orrery::cli {
@@ -35,7 +34,6 @@ struct SweepArgs {
   bool quiet = false;
 };
 
-
 std::vector<int> parse_gpus(const std::string& text) {
   std::vector<int> out;
   std::stringstream ss(text);
@@ -49,7 +47,8 @@ std::vector<int> parse_gpus(const std::string& text) {
       pos = 0;
     }
     if (pos != item.size() || v < 1)
-      throw InputError("--gpus '" + text + "': expected a comma-separated list of positive GPU counts");
+      throw InputError("--gpus '" + text +
+                       "': expected a comma-separated list of positive GPU counts");
     out.push_back(v);
   }
   if (out.empty()) throw InputError("--gpus: expected at least one GPU count");
@@ -60,24 +59,29 @@ Command setup(CLI::App& root) {
   auto a = std::make_shared<SweepArgs>();
   CLI::App* app = root.add_subcommand("sweep", "Predict a scenario's scaling over cluster sizes");
   app->add_option("scenario", a->scenario, "Scenario file (scenarios/*.yaml)")->required();
-  app->add_option("--cluster", a->cluster, "Cluster file or name in scenarios/clusters/ (the node type)")
+  app->add_option("--cluster", a->cluster,
+                  "Cluster file or name in scenarios/clusters/ (the node type)")
       ->required();
   app->add_option("--gpus", a->gpus, "GPU counts, e.g. 8,64,512,4096,16384")->required();
-  app->add_flag("--search", a->search, "Search the best dp/tp/pp/zero/micro-batch per size within device memory");
-  app->add_option("--top", a->top, "--search: layouts simulated per size (best by a closed-form estimate)")
+  app->add_flag("--search", a->search,
+                "Search the best dp/tp/pp/zero/micro-batch per size within device memory");
+  app->add_option("--top", a->top,
+                  "--search: layouts simulated per size (best by a closed-form estimate)")
       ->capture_default_str();
   app->add_option("--csv", a->csv, "Also write the table as CSV to this file");
   app->add_option("--hw", a->hw, "Hardware profile (default: scenarios/hardware/<device>.yaml)");
   app->add_option("--set", a->sets, "Override a scenario key, a.b.c=value (repeatable)");
-  app->add_option("--model", a->model, "Network model: analytical (fast) or flow")->capture_default_str();
-  app->add_option("--precision", a->precision, "fp32 or mixed (default: from the hardware profile)");
+  app->add_option("--model", a->model, "Network model: analytical (fast) or flow")
+      ->capture_default_str();
+  app->add_option("--precision", a->precision,
+                  "fp32 or mixed (default: from the hardware profile)");
   app->add_flag("--quiet", a->quiet, "No progress on stderr");
   app->add_flag("--json", a->json, "Print one JSON object");
 
   auto run = [a]() {
     const Scenario s = load_scenario(a->scenario, a->sets);
-    const std::string cluster_path = cli::resolve_cluster_path(a->cluster);
-    const sim::Cluster cluster = sim::load_cluster(cluster_path);
+    const sim::SimTarget target = sim::load_target(a->cluster);
+    const sim::Cluster& cluster = target.cluster;
     const auto model = sim::network_model_from_string(a->model);
     if (!model) throw InputError("--model '" + a->model + "': expected flow or analytical");
     if (a->top < 1) throw InputError("--top must be >= 1");
@@ -87,20 +91,13 @@ Command setup(CLI::App& root) {
     opt.search_top = a->top;
     opt.sim.network = *model;
     opt.sim.precision = a->precision;
-    if (!a->hw.empty()) opt.sim.profile = sim::load_hardware_profile(a->hw);
-    else opt.sim.profile = sim::profile_for(cluster, sim::hardware_dir_for(cluster_path));
-    if (!a->quiet) opt.progress = [](const std::string& line) { std::cerr << "orrery sweep: " << line << std::endl; };
+    opt.sim.profile = sim::target_profile(target, a->hw);
+    if (!a->quiet)
+      opt.progress = [](const std::string& line) {
+        std::cerr << "orrery sweep: " << line << std::endl;
+      };
     const auto rows = sim::sweep(s, cluster, opt);
-    if (!a->csv.empty()) {
-      const std::string tmp = a->csv + ".tmp";
-      {
-        std::ofstream f(tmp);
-        if (!f) throw InputError("--csv '" + a->csv + "': cannot write");
-        f << sim::format_sweep_csv(rows);
-        if (!f) throw InputError("--csv '" + a->csv + "': write failed");
-      }
-      std::filesystem::rename(tmp, a->csv);  // never leave a half-written table behind
-    }
+    if (!a->csv.empty()) write_file_atomic(a->csv, sim::format_sweep_csv(rows));
     if (a->json) {
       nlohmann::json j;
       j["scenario"] = s.name;
@@ -110,10 +107,10 @@ Command setup(CLI::App& root) {
       j["rows"] = sim::to_json(rows);
       std::cout << j.dump(2) << "\n";
     } else {
-      std::cout << "orrery sweep: " << s.name << " on " << cluster.device.name << " nodes like " << cluster.name
-                << " (" << cluster.topology->describe() << "), global batch " << s.training.global_batch
-                << ", network model " << sim::to_string(*model) << (a->search ? ", best layout per size" : "")
-                << "\n";
+      std::cout << "orrery sweep: " << s.name << " on " << cluster.device.name << " nodes like "
+                << cluster.name << " (" << cluster.topology->describe() << "), global batch "
+                << s.training.global_batch << ", network model " << sim::to_string(*model)
+                << (a->search ? ", best layout per size" : "") << "\n";
       std::cout << sim::format_sweep_table(rows);
       if (!a->csv.empty()) std::cout << "CSV written to " << a->csv << "\n";
     }

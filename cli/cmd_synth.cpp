@@ -7,8 +7,8 @@
 #include "command.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/format.hpp"
-#include "orrery/traces/store.hpp"
 #include "orrery/traces/synth.hpp"
+#include "output_file.hpp"
 
 namespace orrery::cli {
 namespace {
@@ -66,14 +66,14 @@ Command setup(CLI::App& root) {
       try {  // synthesize() checks it too; here the message can say where the steps came from
         traces::check_synth_size(o);
       } catch (const InputError& e) {
-        throw InputError("--spans " + std::to_string(args->target_spans) + " (" + std::to_string(o.steps) +
-                         " steps): " + e.what());
+        throw InputError("--spans " + std::to_string(args->target_spans) + " (" +
+                         std::to_string(o.steps) + " steps): " + e.what());
       }
     }
     if (args->peak_tflops < 0) throw InputError("--peak-tflops: expected a value >= 0");
     o.peak_flops_per_rank = args->peak_tflops * 1e12;
     const traces::Trace t = traces::synthesize(o);
-    traces::write_trace(t, args->out);
+    write_trace_atomic(t, args->out);
     const traces::SynthTotals x = traces::synth_totals(o);
     const bool exact = o.jitter_ns == 0 && (o.straggler_rank < 0 || o.straggler_delay_ns == 0);
     if (args->json) {

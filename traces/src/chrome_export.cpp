@@ -6,12 +6,11 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <utility>
 
+#include "orrery/common/atomic_file.hpp"
 #include "orrery/common/error.hpp"
 
 namespace orrery::traces {
@@ -34,11 +33,21 @@ class JsonOut {
     for (const char ch : s) {
       const auto c = static_cast<unsigned char>(ch);
       switch (c) {
-        case '"': buf_.append("\\\""); break;
-        case '\\': buf_.append("\\\\"); break;
-        case '\n': buf_.append("\\n"); break;
-        case '\r': buf_.append("\\r"); break;
-        case '\t': buf_.append("\\t"); break;
+        case '"':
+          buf_.append("\\\"");
+          break;
+        case '\\':
+          buf_.append("\\\\");
+          break;
+        case '\n':
+          buf_.append("\\n");
+          break;
+        case '\r':
+          buf_.append("\\r");
+          break;
+        case '\t':
+          buf_.append("\\t");
+          break;
         default:
           if (c < 0x20) {
             char u[8];
@@ -190,24 +199,14 @@ void export_chrome_json(const Trace& t, std::ostream& out) {
 }
 
 void export_chrome_json_file(const Trace& t, const std::string& path) {
-  // Written beside the target and renamed, so a failure leaves no file that looks whole.
-  const std::string tmp = path + ".partial";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw InputError(path + ": cannot create output file");
-    try {
-      export_chrome_json(t, f);
-      f.close();
-      if (!f) throw InternalError(path + ": write failed (disk full?)");
-    } catch (...) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw;
-    }
+  AtomicFile f(path);  // a failure leaves no file that looks whole
+  try {
+    export_chrome_json(t, f.stream());
+  } catch (const InternalError&) {
+    f.throw_if_failed();  // a write error, with its reason (disk full?)
+    throw;
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw InputError(path + ": cannot write output file (" + ec.message() + ")");
+  f.commit();
 }
 
 }  // namespace orrery::traces

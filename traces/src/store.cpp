@@ -24,6 +24,8 @@
 // - While writing: WAL journal (readers can read a file being written), synchronous=OFF. close()
 //   builds the secondary indexes, marks the file complete and returns it to a single-file journal
 //   (unless a reader still holds it open; it then stays WAL, which readers handle).
+#include "orrery/traces/store.hpp"
+
 #include <sqlite3.h>
 
 #include <algorithm>
@@ -39,8 +41,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "orrery/common/atomic_file.hpp"
 #include "orrery/common/error.hpp"
-#include "orrery/traces/store.hpp"
 #include "span_block.hpp"
 
 namespace orrery::traces {
@@ -87,7 +89,7 @@ CREATE INDEX IF NOT EXISTS spans_by_step ON spans(step, rank) WHERE step >= 0;
 )sql";
 
 // The tables every Orrery trace of this schema version has (the reader checks them).
-constexpr const char* kOrreryTables[] = {"meta",   "strings",       "ranks",    "streams",
+constexpr const char* kOrreryTables[] = {"meta",          "strings",  "ranks",  "streams",
                                          "communicators", "counters", "blocks", "steps"};
 
 constexpr const char* kSpanColumns =
@@ -112,7 +114,8 @@ std::vector<int32_t> split_ranks(const std::string& s) {
   while (i < s.size()) {
     size_t j = s.find(',', i);
     if (j == std::string::npos) j = s.size();
-    if (j > i) out.push_back(static_cast<int32_t>(std::strtoll(s.substr(i, j - i).c_str(), nullptr, 10)));
+    if (j > i)
+      out.push_back(static_cast<int32_t>(std::strtoll(s.substr(i, j - i).c_str(), nullptr, 10)));
     i = j + 1;
   }
   return out;
@@ -271,9 +274,9 @@ TraceWriter::TraceWriter(const std::string& path, size_t batch_spans, bool sql_s
     : path_(path), batch_spans_(std::max<size_t>(batch_spans, 1)), sql_spans_(sql_spans) {
   std::error_code ec;
   for (const char* suffix : {"", "-wal", "-shm", "-journal"}) fs::remove(path + suffix, ec);
-  const int rc = sqlite3_open_v2(path.c_str(), &db_,
-                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                                 nullptr);
+  const int rc =
+      sqlite3_open_v2(path.c_str(), &db_,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
     sqlite3_close(db_);
@@ -291,9 +294,8 @@ TraceWriter::TraceWriter(const std::string& path, size_t batch_spans, bool sql_s
     exec_or_throw(db_, kSchemaSql, path_);
     const std::string version = "PRAGMA user_version=" + std::to_string(kSchemaVersion);
     exec_or_throw(db_, version.c_str(), path_);
-    const std::string meta =
-        "INSERT INTO meta VALUES('schema_version'," + std::to_string(kSchemaVersion) +
-        "),('complete',0)";
+    const std::string meta = "INSERT INTO meta VALUES('schema_version'," +
+                             std::to_string(kSchemaVersion) + "),('complete',0)";
     exec_or_throw(db_, meta.c_str(), path_);
     exec_or_throw(db_, "COMMIT", path_);
     impl_ = std::make_unique<Impl>();
@@ -604,14 +606,15 @@ void TraceWriter::fill_spans_table() {
     spans.resize(n);
     const auto* data = static_cast<const unsigned char*>(sqlite3_column_blob(blocks.get(), 4));
     const auto size = static_cast<size_t>(sqlite3_column_bytes(blocks.get(), 4));
-    if (!detail::decode_block(data, size, static_cast<int32_t>(sqlite3_column_int64(blocks.get(), 1)),
-                              static_cast<int32_t>(sqlite3_column_int64(blocks.get(), 2)), n,
-                              spans.data())) {
+    if (!detail::decode_block(
+            data, size, static_cast<int32_t>(sqlite3_column_int64(blocks.get(), 1)),
+            static_cast<int32_t>(sqlite3_column_int64(blocks.get(), 2)), n, spans.data())) {
       throw InternalError(path_ + ": a span block written by this writer does not decode");
     }
     size_t k = 0;
     for (; k + kInsertRows <= n; k += kInsertRows) {
-      for (int r = 0; r < kInsertRows; ++r) bind_span(many, r * kSpanInsertCols, spans[k + r], next_id++);
+      for (int r = 0; r < kInsertRows; ++r)
+        bind_span(many, r * kSpanInsertCols, spans[k + r], next_id++);
       if (sqlite3_step(many) != SQLITE_DONE) writer_fail(path_, db_, "insert spans");
       sqlite3_reset(many);
     }
@@ -697,8 +700,9 @@ void load_block_range(const std::string& path, int64_t id0, int64_t id1, int64_t
                       std::vector<Span>& out) {
   sqlite3* db = open_readonly(path);
   DbCloser closer{db};
-  Stmt st = rprep(db, path, "SELECT id, rank, stream, count, packed FROM blocks "
-                            "WHERE id>=?1 AND id<?2 ORDER BY id");
+  Stmt st = rprep(db, path,
+                  "SELECT id, rank, stream, count, packed FROM blocks "
+                  "WHERE id>=?1 AND id<?2 ORDER BY id");
   sqlite3_bind_int64(st.get(), 1, id0);
   sqlite3_bind_int64(st.get(), 2, id1);
   int64_t seen = 0;
@@ -728,7 +732,8 @@ void load_block_range(const std::string& path, int64_t id0, int64_t id1, int64_t
 TraceReader::TraceReader(const std::string& path) : path_(path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw InputError(path + ": no such trace file");
-  if (fs::is_directory(path, ec)) throw InputError(path + ": is a directory, expected a trace file");
+  if (fs::is_directory(path, ec))
+    throw InputError(path + ": is a directory, expected a trace file");
   const auto file_size = fs::file_size(path, ec);
   if (!ec && file_size == 0) throw InputError(path + ": empty file, not an Orrery trace");
   if (!ec) check_not_truncated(path, file_size);
@@ -746,11 +751,13 @@ TraceReader::TraceReader(const std::string& path) : path_(path) {
     bool has_tables = false;
     {
       std::string sql = "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN (";
-      for (const char* name : kOrreryTables) sql += std::string(sql.back() == '(' ? "'" : ",'") + name + "'";
+      for (const char* name : kOrreryTables)
+        sql += std::string(sql.back() == '(' ? "'" : ",'") + name + "'";
       sql += ")";
       auto st = rprep(db_, path_, sql.c_str());
       if (rstep(db_, path_, st)) {
-        has_tables = sqlite3_column_int64(st.get(), 0) == static_cast<int64_t>(std::size(kOrreryTables));
+        has_tables =
+            sqlite3_column_int64(st.get(), 0) == static_cast<int64_t>(std::size(kOrreryTables));
       }
     }
     if (version == 0 && !has_tables) {
@@ -1085,7 +1092,8 @@ Trace TraceReader::load_all(unsigned threads) const {
                       static_cast<size_t>(n)});
     }
   }
-  std::sort(rows.begin(), rows.end(), [](const BlockRow& a, const BlockRow& b) { return a.id < b.id; });
+  std::sort(rows.begin(), rows.end(),
+            [](const BlockRow& a, const BlockRow& b) { return a.id < b.id; });
   std::map<StreamKey, size_t> stream_begin, stream_end;
   size_t total = 0;
   for (const auto& r : rows) stream_end[r.key] += r.count;
@@ -1148,8 +1156,7 @@ Trace TraceReader::load_all(unsigned threads) const {
   std::vector<std::exception_ptr> errors(ranges.size());
   auto work = [&](size_t i) {
     try {
-      load_block_range(path_, ranges[i].id0, ranges[i].id1, ranges[i].blocks, where, base,
-                       t.spans);
+      load_block_range(path_, ranges[i].id0, ranges[i].id1, ranges[i].blocks, where, base, t.spans);
     } catch (...) {
       errors[i] = std::current_exception();
     }
@@ -1260,7 +1267,8 @@ void copy_foreign_tables(const std::vector<std::string>& inputs, const std::stri
     if (error.empty() && !tables.empty()) {
       std::string sql = "BEGIN;";
       for (const auto& [name, create] : tables) {
-        Stmt has = wprep(db, output, "SELECT 1 FROM main.sqlite_master WHERE type='table' AND name=?1");
+        Stmt has =
+            wprep(db, output, "SELECT 1 FROM main.sqlite_master WHERE type='table' AND name=?1");
         sqlite3_bind_text(has.get(), 1, name.c_str(), -1, SQLITE_TRANSIENT);
         // The CREATE statement as SQLite stored it names no schema, so it creates in main.
         if (sqlite3_step(has.get()) != SQLITE_ROW) sql += create + ";";
@@ -1286,19 +1294,10 @@ void copy_foreign_tables(const std::vector<std::string>& inputs, const std::stri
 // leaves no file that looks whole.
 void write_whole(const Trace& t, const std::vector<std::string>& sources, const std::string& output,
                  bool sql_spans) {
-  const std::string tmp = output + ".partial";
-  try {
-    write_trace(t, tmp, sql_spans);
-    copy_foreign_tables(sources, tmp);
-  } catch (...) {
-    std::error_code ec;
-    for (const char* suffix : {"", "-wal", "-shm", "-journal"}) fs::remove(tmp + suffix, ec);
-    throw;
-  }
-  std::error_code ec;
-  for (const char* suffix : {"-wal", "-shm", "-journal"}) fs::remove(output + suffix, ec);
-  fs::rename(tmp, output, ec);
-  if (ec) throw InputError(output + ": cannot write trace (" + ec.message() + ")");
+  AtomicFile f(output, AtomicFile::ByName{{"-wal", "-shm", "-journal"}});
+  write_trace(t, f.temp_path(), sql_spans);
+  copy_foreign_tables(sources, f.temp_path());
+  f.commit();
 }
 
 }  // namespace
