@@ -261,7 +261,8 @@ std::vector<int32_t> parse_ranks(const json* v, int64_t group_size) {
     const int64_t last = first + stride * (group_size - 1);
     if (stride > 0 && last <= std::numeric_limits<int32_t>::max()) {
       out.clear();
-      for (int64_t k = 0; k < group_size; ++k) out.push_back(static_cast<int32_t>(first + stride * k));
+      for (int64_t k = 0; k < group_size; ++k)
+        out.push_back(static_cast<int32_t>(first + stride * k));
     }
   }
   return out;
@@ -304,7 +305,8 @@ CollArgs coll_args(const json& ev, const std::string& file) {
 // exporter). Numbers sort first, by value.
 using Key = std::tuple<int, int64_t, std::string>;
 Key key_of(const json* v) {
-  if (const auto i = v && (v->is_number_integer() || v->is_number_unsigned()) ? as_int(v) : std::nullopt)
+  if (const auto i =
+          v && (v->is_number_integer() || v->is_number_unsigned()) ? as_int(v) : std::nullopt)
     return {0, *i, {}};
   return {1, 0, as_str(v)};
 }
@@ -312,7 +314,17 @@ std::string key_text(const Key& k) {
   return std::get<0>(k) == 0 ? std::to_string(std::get<1>(k)) : std::get<2>(k);
 }
 
-enum class Cat { Kernel, Memcpy, Memset, GpuAnnotation, CpuOp, UserAnnotation, Python, Runtime, Other };
+enum class Cat {
+  Kernel,
+  Memcpy,
+  Memset,
+  GpuAnnotation,
+  CpuOp,
+  UserAnnotation,
+  Python,
+  Runtime,
+  Other
+};
 
 Cat category(const json& ev) {
   const json* c = member(ev, "cat");
@@ -350,6 +362,15 @@ struct Ev {
   int32_t stream = -1;
 };
 
+// A record_param_comms call, a PyTorch backend op or a c10d op: host-side communication, not
+// compute.
+bool host_comm_call(const Ev& ev) {
+  return ev.name == "record_param_comms" || is_backend_comm(ev.name) ||
+         ev.name.rfind("c10d::", 0) == 0;
+}
+
+// One file (one rank) into the draft, in steps that run in this order: the time base, thread
+// names, process groups, events, streams, the host calls device work refers to, spans.
 class FileReader {
  public:
   FileReader(const json& root, const std::string& file, int32_t rank, detail::Draft& d)
@@ -358,6 +379,26 @@ class FileReader {
   void run();
 
  private:
+  using ThreadNames = std::map<std::pair<Key, Key>, std::string>;
+  // The complete events that become spans (memory samples went to the counters on the way).
+  struct Events {
+    std::vector<Ev> evs;
+    bool device_work = false;  // kernels, copies or memsets: else a CPU-only rank
+  };
+  // What the host recorded that device work and collectives refer to. Points into Events::evs.
+  struct HostCalls {
+    std::unordered_map<int64_t, int64_t> launch_ns;  // correlation id -> launch time
+    std::unordered_map<int64_t, const Ev*> comms_by_external;
+    std::vector<const Ev*> comms_calls;  // record_param_comms, by start
+    bool has_backend_ops = false;        // gloo:/nccl:/mpi:/ucc: ops on the host
+  };
+  // CPU-only ranks with backend ops: the k-th op of a kind takes the arguments of the k-th
+  // record_param_comms call of that kind.
+  struct BackendCalls {
+    std::map<CollOp, std::vector<const Ev*>> calls_by_op;
+    std::map<CollOp, size_t> seen;
+  };
+
   [[noreturn]] void fail(const Ev& ev, const std::string& what) const {
     throw InputError(file_ + ": traceEvents[" + std::to_string(ev.index) + "] (\"" + ev.name +
                      "\"): " + what);
@@ -366,6 +407,22 @@ class FileReader {
   // step_span: the event is a step range (its number, -1 for a bare "step").
   void add(const Ev& ev, SpanKind kind, int64_t issue_ns, std::optional<int32_t> step_span = {},
            const CollArgs* ca = nullptr, CollOp op = CollOp::None, int64_t bytes = 0);
+
+  const json& trace_events();
+  ThreadNames thread_names(const json& events) const;
+  void read_process_groups();
+  Events read_events(const json& events);
+  void read_memory_sample(const json& e, const Ev& ev);
+  bool read_complete_event(const std::string& ph, const json& e, Ev& ev);
+  void assign_streams(Events& in, const ThreadNames& names);
+  HostCalls host_calls(const std::vector<Ev>& evs) const;
+  std::vector<char> leaf_ops(const std::vector<Ev>& evs) const;
+  void add_spans(const Events& in, const HostCalls& host, const std::vector<char>& leaf);
+  int64_t issue_of(const Ev& ev, const HostCalls& host) const;
+  void add_kernel(const Ev& ev, const HostCalls& host);
+  void add_copy(const Ev& ev, const HostCalls& host);
+  void add_host_event(const Ev& ev, bool leaf, bool device_work, const HostCalls& host,
+                      BackendCalls& backend);
 
   const json& root_;
   const std::string& file_;
@@ -408,6 +465,19 @@ void FileReader::add(const Ev& ev, SpanKind kind, int64_t issue_ns,
 }
 
 void FileReader::run() {
+  const json& events = trace_events();
+  const ThreadNames names = thread_names(events);
+  read_process_groups();
+  Events in = read_events(events);
+  assign_streams(in, names);
+  const HostCalls host = host_calls(in.evs);
+  const std::vector<char> leaf =
+      in.device_work ? std::vector<char>(in.evs.size(), 0) : leaf_ops(in.evs);
+  add_spans(in, host, leaf);
+}
+
+// The traceEvents array (the root itself in PyTorch's legacy exporter); the time base.
+const json& FileReader::trace_events() {
   const json* events = root_.is_array() ? &root_ : member(root_, "traceEvents");
   if (!root_.is_array() && !root_.is_object()) {
     throw InputError(file_ + ": expected a JSON object with \"traceEvents\" (a Chrome trace)");
@@ -419,37 +489,46 @@ void FileReader::run() {
     if (!b || *b < 0) throw InputError(file_ + ": \"baseTimeNanoseconds\" is not a time in ns");
     base_ns_ = *b;
   }
+  return *events;
+}
 
-  // Metadata: thread names; distributed process groups.
-  std::map<std::pair<Key, Key>, std::string> thread_names;
-  for (const auto& e : *events) {
+// Metadata events "thread_name", by (pid, tid).
+FileReader::ThreadNames FileReader::thread_names(const json& events) const {
+  ThreadNames names;
+  for (const auto& e : events) {
     if (as_str(member(e, "ph")) == "M" && as_str(member(e, "name")) == "thread_name") {
       const json* args = member(e, "args");
       std::string n = trim(args ? as_str(member(*args, "name")) : std::string());
-      if (!n.empty()) thread_names[{key_of(member(e, "pid")), key_of(member(e, "tid"))}] = n;
+      if (!n.empty()) names[{key_of(member(e, "pid")), key_of(member(e, "tid"))}] = n;
     }
   }
-  if (const json* di = member(root_, "distributedInfo")) {
-    if (const json* pgs = member(*di, "pg_config"); pgs && pgs->is_array()) {
-      for (const auto& pg : *pgs) {
-        const std::string key = as_str(member(pg, "pg_name"));
-        if (key.empty()) continue;
-        CollArgs a;
-        a.present = true;
-        a.pg = key;
-        a.pg_desc = as_str(member(pg, "pg_desc"));
-        a.group_size = as_int(member(pg, "pg_size")).value_or(0);
-        a.pg_ranks = parse_ranks(member(pg, "ranks"), a.group_size);
-        comm_for(a);
-      }
-    }
-  }
+  return names;
+}
 
-  // Complete events with their times.
-  std::vector<Ev> evs;
-  bool device_work = false;
-  for (size_t i = 0; i < events->size(); ++i) {
-    const json& e = (*events)[i];
+// distributedInfo.pg_config: the process groups, as communicators of the draft.
+void FileReader::read_process_groups() {
+  const json* di = member(root_, "distributedInfo");
+  if (!di) return;
+  const json* pgs = member(*di, "pg_config");
+  if (!pgs || !pgs->is_array()) return;
+  for (const auto& pg : *pgs) {
+    const std::string key = as_str(member(pg, "pg_name"));
+    if (key.empty()) continue;
+    CollArgs a;
+    a.present = true;
+    a.pg = key;
+    a.pg_desc = as_str(member(pg, "pg_desc"));
+    a.group_size = as_int(member(pg, "pg_size")).value_or(0);
+    a.pg_ranks = parse_ranks(member(pg, "ranks"), a.group_size);
+    comm_for(a);
+  }
+}
+
+// Complete events with their times, in file order; memory samples become counters.
+FileReader::Events FileReader::read_events(const json& events) {
+  Events out;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const json& e = events[i];
     const std::string ph = as_str(member(e, "ph"));
     if (ph == "M") continue;
     Ev ev;
@@ -457,231 +536,263 @@ void FileReader::run() {
     ev.index = i;
     ev.name = as_str(member(e, "name"));
     if ((ph == "i" || ph == "I") && ev.name == "[memory]") {
-      const json* args = member(e, "args");
-      const auto ts = us_to_ns(member(e, "ts"));
-      if (!ts) fail(ev, "\"ts\" missing or not a number of microseconds");
-      const auto total = args ? as_int(member(*args, "Total Allocated")) : std::nullopt;
-      if (!total) {
-        d_.skipped_events += 1;
-        continue;
-      }
-      const int64_t dev = args ? as_int(member(*args, "Device Type")).value_or(0) : 0;
-      CounterSample c;
-      c.rank = rank_;
-      c.name = d_.trace.strings.intern(dev == 0   ? std::string("mem.cpu")
-                                       : dev == 1 ? std::string("mem.cuda")
-                                                  : "mem.device" + std::to_string(dev));
-      if (__builtin_add_overflow(*ts, base_ns_, &c.ts_ns)) fail(ev, "\"ts\" out of range");
-      c.value = static_cast<double>(*total);
-      d_.trace.counters.push_back(c);
+      read_memory_sample(e, ev);
       continue;
     }
-    if (ph != "X") {
-      d_.skipped_events += 1;
-      continue;
-    }
-    if (!e.is_object()) {
-      d_.skipped_events += 1;
-      continue;
-    }
-    ev.cat = category(e);
-    if (ev.cat == Cat::Other) {
-      d_.skipped_events += 1;
-      continue;
-    }
-    if (!member(e, "name") || !member(e, "name")->is_string()) fail(ev, "\"name\" is not a string");
-    const auto ts = us_to_ns(member(e, "ts"));
-    if (!ts) fail(ev, "\"ts\" missing or not a number of microseconds");
-    const auto dur = us_to_ns(member(e, "dur"));
-    if (!dur) fail(ev, "\"dur\" missing or not a number of microseconds");
-    if (*dur < 0) {  // an event the profiler never closed
-      d_.skipped_events += 1;
-      continue;
-    }
-    if (__builtin_add_overflow(*ts, base_ns_, &ev.start_ns) ||
-        __builtin_add_overflow(ev.start_ns, *dur, &ev.end_ns)) {
-      fail(ev, "\"ts\" + \"dur\" out of range");
-    }
-    ev.pid = key_of(member(e, "pid"));
-    ev.tid = key_of(member(e, "tid"));
-    if (ev.cat == Cat::Kernel || ev.cat == Cat::Memcpy || ev.cat == Cat::Memset) device_work = true;
-    evs.push_back(std::move(ev));
+    if (!read_complete_event(ph, e, ev)) continue;
+    if (ev.cat == Cat::Kernel || ev.cat == Cat::Memcpy || ev.cat == Cat::Memset)
+      out.device_work = true;
+    out.evs.push_back(std::move(ev));
   }
+  return out;
+}
 
-  // Streams: device streams by (device, stream), then host threads by (pid, tid).
+// A "[memory]" instant event: the allocated total of its device type, as a counter sample.
+void FileReader::read_memory_sample(const json& e, const Ev& ev) {
+  const json* args = member(e, "args");
+  const auto ts = us_to_ns(member(e, "ts"));
+  if (!ts) fail(ev, "\"ts\" missing or not a number of microseconds");
+  const auto total = args ? as_int(member(*args, "Total Allocated")) : std::nullopt;
+  if (!total) {
+    d_.skipped_events += 1;
+    return;
+  }
+  const int64_t dev = args ? as_int(member(*args, "Device Type")).value_or(0) : 0;
+  CounterSample c;
+  c.rank = rank_;
+  c.name = d_.trace.strings.intern(dev == 0   ? std::string("mem.cpu")
+                                   : dev == 1 ? std::string("mem.cuda")
+                                              : "mem.device" + std::to_string(dev));
+  if (__builtin_add_overflow(*ts, base_ns_, &c.ts_ns)) fail(ev, "\"ts\" out of range");
+  c.value = static_cast<double>(*total);
+  d_.trace.counters.push_back(c);
+}
+
+// Fills the category, times and pid/tid of a complete ("X") event; false (counted as skipped) for
+// an event that is not one, of a category not imported, or never closed.
+bool FileReader::read_complete_event(const std::string& ph, const json& e, Ev& ev) {
+  if (ph != "X" || !e.is_object()) {
+    d_.skipped_events += 1;
+    return false;
+  }
+  ev.cat = category(e);
+  if (ev.cat == Cat::Other) {
+    d_.skipped_events += 1;
+    return false;
+  }
+  if (!member(e, "name") || !member(e, "name")->is_string()) fail(ev, "\"name\" is not a string");
+  const auto ts = us_to_ns(member(e, "ts"));
+  if (!ts) fail(ev, "\"ts\" missing or not a number of microseconds");
+  const auto dur = us_to_ns(member(e, "dur"));
+  if (!dur) fail(ev, "\"dur\" missing or not a number of microseconds");
+  if (*dur < 0) {  // an event the profiler never closed
+    d_.skipped_events += 1;
+    return false;
+  }
+  if (__builtin_add_overflow(*ts, base_ns_, &ev.start_ns) ||
+      __builtin_add_overflow(ev.start_ns, *dur, &ev.end_ns)) {
+    fail(ev, "\"ts\" + \"dur\" out of range");
+  }
+  ev.pid = key_of(member(e, "pid"));
+  ev.tid = key_of(member(e, "tid"));
+  return true;
+}
+
+// Streams: device streams by (device, stream), then host threads by (pid, tid); the rank's device.
+void FileReader::assign_streams(Events& in, const ThreadNames& names) {
   std::map<std::pair<Key, Key>, int32_t> dev_streams, host_streams;
   std::set<Key> devices;
-  for (const auto& ev : evs) {
+  for (const auto& ev : in.evs) {
     (is_device(ev.cat) ? dev_streams : host_streams)[{ev.pid, ev.tid}] = -1;
     if (is_device(ev.cat)) devices.insert(ev.pid);
   }
   int32_t next_stream = 0;
   for (auto& [k, id] : dev_streams) {
     id = next_stream++;
-    auto it = thread_names.find(k);
-    std::string name = it != thread_names.end() ? it->second : "stream " + key_text(k.second);
+    auto it = names.find(k);
+    std::string name = it != names.end() ? it->second : "stream " + key_text(k.second);
     if (devices.size() > 1) name = "device " + key_text(k.first) + " " + name;
     d_.trace.streams.push_back({rank_, id, name});
   }
   for (auto& [k, id] : host_streams) {
     id = next_stream++;
-    auto it = thread_names.find(k);
+    auto it = names.find(k);
     d_.trace.streams.push_back(
-        {rank_, id, it != thread_names.end() ? it->second : "thread " + key_text(k.second)});
+        {rank_, id, it != names.end() ? it->second : "thread " + key_text(k.second)});
   }
-  for (auto& ev : evs) {
+  for (auto& ev : in.evs) {
     ev.stream = (is_device(ev.cat) ? dev_streams : host_streams)[{ev.pid, ev.tid}];
   }
   RankInfo ri;
   ri.rank = rank_;
-  ri.device = devices.empty() || !device_work ? "cpu" : "cuda:" + key_text(*devices.begin());
+  ri.device = devices.empty() || !in.device_work ? "cpu" : "cuda:" + key_text(*devices.begin());
   d_.trace.ranks.push_back(ri);
+}
 
-  // Host side: launch times by correlation id, and the record_param_comms calls.
-  std::unordered_map<int64_t, int64_t> launch_ns;
-  std::unordered_map<int64_t, const Ev*> comms_by_external;
-  std::vector<const Ev*> comms_calls;  // record_param_comms, by start
-  bool has_backend_ops = false;
+// Host side: launch times by correlation id, and the record_param_comms calls.
+FileReader::HostCalls FileReader::host_calls(const std::vector<Ev>& evs) const {
+  HostCalls h;
   for (const auto& ev : evs) {
     const json* args = member(*ev.e, "args");
     if (ev.cat == Cat::Runtime && args) {
-      if (auto c = as_int(member(*args, "correlation"))) launch_ns.emplace(*c, ev.start_ns);
+      if (auto c = as_int(member(*args, "correlation"))) h.launch_ns.emplace(*c, ev.start_ns);
     }
     if (ev.name == "record_param_comms" && !is_device(ev.cat)) {
-      comms_calls.push_back(&ev);
+      h.comms_calls.push_back(&ev);
       if (args) {
-        if (auto x = as_int(member(*args, "External id"))) comms_by_external.emplace(*x, &ev);
+        if (auto x = as_int(member(*args, "External id"))) h.comms_by_external.emplace(*x, &ev);
       }
     }
-    if (!is_device(ev.cat) && is_backend_comm(ev.name)) has_backend_ops = true;
+    if (!is_device(ev.cat) && is_backend_comm(ev.name)) h.has_backend_ops = true;
   }
-  std::stable_sort(comms_calls.begin(), comms_calls.end(),
+  std::stable_sort(h.comms_calls.begin(), h.comms_calls.end(),
                    [](const Ev* a, const Ev* b) { return a->start_ns < b->start_ns; });
+  return h;
+}
 
-  // CPU-only ranks: a cpu_op enclosing no other cpu_op of its thread is Compute.
+// CPU-only ranks: a cpu_op enclosing no other cpu_op of its thread is a leaf (Compute).
+std::vector<char> FileReader::leaf_ops(const std::vector<Ev>& evs) const {
   std::vector<char> leaf(evs.size(), 0);
-  auto host_comm_call = [&](const Ev& ev) {
-    return ev.name == "record_param_comms" || is_backend_comm(ev.name) ||
-           ev.name.rfind("c10d::", 0) == 0;
-  };
-  if (!device_work) {
-    std::map<int32_t, std::vector<size_t>> by_stream;
-    for (size_t i = 0; i < evs.size(); ++i) {
-      const Ev& ev = evs[i];
-      if (ev.cat != Cat::CpuOp || host_comm_call(ev) || detail::parse_step_name(ev.name)) continue;
-      by_stream[ev.stream].push_back(i);
-    }
-    for (auto& [stream, v] : by_stream) {
-      std::stable_sort(v.begin(), v.end(), [&](size_t a, size_t b) {
-        return evs[a].start_ns != evs[b].start_ns ? evs[a].start_ns < evs[b].start_ns
-                                                  : evs[a].end_ns > evs[b].end_ns;
-      });
-      // An op that starts inside another op of its thread is called by it: a thread's ops nest
-      // (an end past the caller's only comes from timestamps rounded to the microsecond).
-      std::vector<size_t> open;
-      for (size_t i : v) {
-        leaf[i] = 1;
-        while (!open.empty() && evs[open.back()].end_ns <= evs[i].start_ns &&
-               evs[open.back()].start_ns != evs[i].start_ns)
-          open.pop_back();
-        if (!open.empty()) leaf[open.back()] = 0;
-        open.push_back(i);
-      }
-    }
-  }
-
-  // CPU-only ranks with backend ops (gloo:all_reduce on gloo's threads): those are the
-  // collectives; the k-th of an op takes the arguments of the k-th record_param_comms of that op.
-  std::map<CollOp, std::vector<const Ev*>> calls_by_op;
-  if (!device_work && has_backend_ops) {
-    for (const Ev* c : comms_calls) calls_by_op[coll_args(*c->e, file_).op].push_back(c);
-  }
-  std::map<CollOp, size_t> backend_seen;
-
+  std::map<int32_t, std::vector<size_t>> by_stream;
   for (size_t i = 0; i < evs.size(); ++i) {
     const Ev& ev = evs[i];
-    const json* args = member(*ev.e, "args");
+    if (ev.cat != Cat::CpuOp || host_comm_call(ev) || detail::parse_step_name(ev.name)) continue;
+    by_stream[ev.stream].push_back(i);
+  }
+  for (auto& [stream, v] : by_stream) {
+    std::stable_sort(v.begin(), v.end(), [&](size_t a, size_t b) {
+      return evs[a].start_ns != evs[b].start_ns ? evs[a].start_ns < evs[b].start_ns
+                                                : evs[a].end_ns > evs[b].end_ns;
+    });
+    // An op that starts inside another op of its thread is called by it: a thread's ops nest
+    // (an end past the caller's only comes from timestamps rounded to the microsecond).
+    std::vector<size_t> open;
+    for (size_t i : v) {
+      leaf[i] = 1;
+      while (!open.empty() && evs[open.back()].end_ns <= evs[i].start_ns &&
+             evs[open.back()].start_ns != evs[i].start_ns)
+        open.pop_back();
+      if (!open.empty()) leaf[open.back()] = 0;
+      open.push_back(i);
+    }
+  }
+  return leaf;
+}
+
+// Every event as a span, in file order.
+void FileReader::add_spans(const Events& in, const HostCalls& host, const std::vector<char>& leaf) {
+  BackendCalls backend;
+  if (!in.device_work && host.has_backend_ops) {
+    for (const Ev* c : host.comms_calls)
+      backend.calls_by_op[coll_args(*c->e, file_).op].push_back(c);
+  }
+  for (size_t i = 0; i < in.evs.size(); ++i) {
+    const Ev& ev = in.evs[i];
     switch (ev.cat) {
-      case Cat::Kernel: {
-        int64_t issue = ev.start_ns;
-        if (args) {
-          if (auto c = as_int(member(*args, "correlation")); c && launch_ns.count(*c)) issue = launch_ns[*c];
-        }
-        const auto nccl = detail::nccl_kernel_op(ev.name);
-        if (!nccl) {
-          add(ev, SpanKind::Compute, issue);
-          break;
-        }
-        CollArgs a = coll_args(*ev.e, file_);
-        if (!a.present && args) {
-          if (auto x = as_int(member(*args, "External id")); x && comms_by_external.count(*x))
-            a = coll_args(*comms_by_external[*x]->e, file_);
-        }
-        if (!a.present && !comms_calls.empty()) {
-          // The record_param_comms call that was open when the kernel was launched.
-          auto ub = std::upper_bound(comms_calls.begin(), comms_calls.end(), issue,
-                                     [](int64_t t, const Ev* c) { return t < c->start_ns; });
-          if (ub != comms_calls.begin() && (*(ub - 1))->end_ns >= issue) a = coll_args(*(*(ub - 1))->e, file_);
-        }
-        CollOp op = a.present && a.op != CollOp::None ? a.op : *nccl;
-        add(ev, detail::kind_of_op(op), issue, {}, &a, op);
+      case Cat::Kernel:
+        add_kernel(ev, host);
         break;
-      }
       case Cat::Memcpy:
-      case Cat::Memset: {
-        int64_t issue = ev.start_ns;
-        if (args) {
-          if (auto c = as_int(member(*args, "correlation")); c && launch_ns.count(*c)) issue = launch_ns[*c];
-        }
-        const int64_t bytes = args ? std::max<int64_t>(0, as_int(member(*args, "bytes")).value_or(0)) : 0;
-        add(ev, SpanKind::Memcpy, issue, {}, nullptr, CollOp::None, bytes);
+      case Cat::Memset:
+        add_copy(ev, host);
         break;
-      }
       case Cat::GpuAnnotation:
         add(ev, SpanKind::Phase, ev.start_ns);
         break;
       case Cat::UserAnnotation:
       case Cat::CpuOp:
       case Cat::Python:
-      case Cat::Runtime: {
-        if (const auto step = detail::parse_step_name(ev.name);
-            step && (ev.cat == Cat::UserAnnotation || ev.name.rfind("ProfilerStep#", 0) == 0)) {
-          add(ev, SpanKind::Phase, ev.start_ns, *step);
-          break;
-        }
-        if (ev.cat == Cat::UserAnnotation) {
-          add(ev, SpanKind::Phase, ev.start_ns);
-          break;
-        }
-        if (!device_work && ev.cat == Cat::CpuOp) {
-          if (has_backend_ops && is_backend_comm(ev.name)) {
-            const CollOp op = detail::torch_collective_op(ev.name);
-            CollArgs a = coll_args(*ev.e, file_);
-            auto& seen = backend_seen[op];
-            auto it = calls_by_op.find(op);
-            if (!a.present && it != calls_by_op.end() && seen < it->second.size())
-              a = coll_args(*it->second[seen]->e, file_);
-            ++seen;
-            add(ev, detail::kind_of_op(op), ev.start_ns, {}, &a, op);
-            break;
-          }
-          if (!has_backend_ops && ev.name == "record_param_comms") {
-            const CollArgs a = coll_args(*ev.e, file_);
-            add(ev, detail::kind_of_op(a.op), ev.start_ns, {}, &a, a.op);
-            break;
-          }
-          if (leaf[i]) {
-            add(ev, SpanKind::Compute, ev.start_ns);
-            break;
-          }
-        }
-        add(ev, SpanKind::Other, ev.start_ns);
+      case Cat::Runtime:
+        add_host_event(ev, leaf[i] != 0, in.device_work, host, backend);
         break;
-      }
       case Cat::Other:
         break;
     }
   }
+}
+
+// Device work belongs to the step its launch was issued in: the launch's time, else its own.
+int64_t FileReader::issue_of(const Ev& ev, const HostCalls& host) const {
+  const json* args = member(*ev.e, "args");
+  if (args) {
+    if (auto c = as_int(member(*args, "correlation"))) {
+      if (auto it = host.launch_ns.find(*c); it != host.launch_ns.end()) return it->second;
+    }
+  }
+  return ev.start_ns;
+}
+
+// A kernel: compute, or an NCCL collective with the arguments of the record_param_comms call it
+// carries, that its External id names, or that was open when it was launched.
+void FileReader::add_kernel(const Ev& ev, const HostCalls& host) {
+  const json* args = member(*ev.e, "args");
+  const int64_t issue = issue_of(ev, host);
+  const auto nccl = detail::nccl_kernel_op(ev.name);
+  if (!nccl) {
+    add(ev, SpanKind::Compute, issue);
+    return;
+  }
+  CollArgs a = coll_args(*ev.e, file_);
+  if (!a.present && args) {
+    if (auto x = as_int(member(*args, "External id"))) {
+      if (auto it = host.comms_by_external.find(*x); it != host.comms_by_external.end())
+        a = coll_args(*it->second->e, file_);
+    }
+  }
+  if (!a.present && !host.comms_calls.empty()) {
+    // The record_param_comms call that was open when the kernel was launched.
+    auto ub = std::upper_bound(host.comms_calls.begin(), host.comms_calls.end(), issue,
+                               [](int64_t t, const Ev* c) { return t < c->start_ns; });
+    if (ub != host.comms_calls.begin() && (*(ub - 1))->end_ns >= issue)
+      a = coll_args(*(*(ub - 1))->e, file_);
+  }
+  CollOp op = a.present && a.op != CollOp::None ? a.op : *nccl;
+  add(ev, detail::kind_of_op(op), issue, {}, &a, op);
+}
+
+void FileReader::add_copy(const Ev& ev, const HostCalls& host) {
+  const json* args = member(*ev.e, "args");
+  const int64_t issue = issue_of(ev, host);
+  const int64_t bytes = args ? std::max<int64_t>(0, as_int(member(*args, "bytes")).value_or(0)) : 0;
+  add(ev, SpanKind::Memcpy, issue, {}, nullptr, CollOp::None, bytes);
+}
+
+// A host event: a step range, an annotation, or on CPU-only ranks a collective (backend op or
+// record_param_comms) or a leaf op (compute); anything else is Other.
+void FileReader::add_host_event(const Ev& ev, bool leaf, bool device_work, const HostCalls& host,
+                                BackendCalls& backend) {
+  if (const auto step = detail::parse_step_name(ev.name);
+      step && (ev.cat == Cat::UserAnnotation || ev.name.rfind("ProfilerStep#", 0) == 0)) {
+    add(ev, SpanKind::Phase, ev.start_ns, *step);
+    return;
+  }
+  if (ev.cat == Cat::UserAnnotation) {
+    add(ev, SpanKind::Phase, ev.start_ns);
+    return;
+  }
+  if (!device_work && ev.cat == Cat::CpuOp) {
+    if (host.has_backend_ops && is_backend_comm(ev.name)) {
+      const CollOp op = detail::torch_collective_op(ev.name);
+      CollArgs a = coll_args(*ev.e, file_);
+      auto& seen = backend.seen[op];
+      auto it = backend.calls_by_op.find(op);
+      if (!a.present && it != backend.calls_by_op.end() && seen < it->second.size())
+        a = coll_args(*it->second[seen]->e, file_);
+      ++seen;
+      add(ev, detail::kind_of_op(op), ev.start_ns, {}, &a, op);
+      return;
+    }
+    if (!host.has_backend_ops && ev.name == "record_param_comms") {
+      const CollArgs a = coll_args(*ev.e, file_);
+      add(ev, detail::kind_of_op(a.op), ev.start_ns, {}, &a, a.op);
+      return;
+    }
+    if (leaf) {
+      add(ev, SpanKind::Compute, ev.start_ns);
+      return;
+    }
+  }
+  add(ev, SpanKind::Other, ev.start_ns);
 }
 
 struct FileInfo {
@@ -704,7 +815,8 @@ FileInfo file_info(const json& root, const std::string& file) {
     if (const json* w = member(*di, "world_size")) {
       const auto v = as_int(w);
       if (!v || *v < 1 || *v > (1 << 24)) {
-        throw InputError(file + ": distributedInfo.world_size is not a positive count (" + w->dump() + ")");
+        throw InputError(file + ": distributedInfo.world_size is not a positive count (" +
+                         w->dump() + ")");
       }
       fi.world = static_cast<int32_t>(*v);
     }
@@ -717,7 +829,8 @@ FileInfo file_info(const json& root, const std::string& file) {
 
 Trace import_kineto_texts(const std::vector<std::string_view>& texts,
                           const std::vector<std::string>& names) {
-  if (texts.size() != names.size()) throw InternalError("import_kineto_texts: texts and names differ in count");
+  if (texts.size() != names.size())
+    throw InternalError("import_kineto_texts: texts and names differ in count");
   if (texts.empty()) throw InputError("import kineto: no input files");
   detail::Draft d;
   d.format = ImportFormat::Kineto;
@@ -747,7 +860,8 @@ Trace import_kineto_texts(const std::vector<std::string_view>& texts,
     }
     auto [it, inserted] = rank_files.emplace(fi.rank, names[i]);
     if (!inserted) {
-      throw InputError(names[i] + ": rank " + std::to_string(fi.rank) + " again (also " + it->second + ")");
+      throw InputError(names[i] + ": rank " + std::to_string(fi.rank) + " again (also " +
+                       it->second + ")");
     }
     d.world_size = std::max(d.world_size, fi.world);
     all_base = all_base && fi.has_base;
@@ -757,7 +871,8 @@ Trace import_kineto_texts(const std::vector<std::string_view>& texts,
   int64_t earliest = std::numeric_limits<int64_t>::max();
   for (const auto& s : d.spans) earliest = std::min(earliest, s.span.start_ns);
   // baseTimeNanoseconds makes times Unix times; so does a Kineto file of old writing epoch us.
-  if (all_base || (earliest != std::numeric_limits<int64_t>::max() && earliest >= int64_t{1'000'000'000'000'000'000}))
+  if (all_base || (earliest != std::numeric_limits<int64_t>::max() &&
+                   earliest >= int64_t{1'000'000'000'000'000'000}))
     d.unix_origin_ns = 0;
   return detail::finish_import(std::move(d));
 }

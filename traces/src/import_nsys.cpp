@@ -44,7 +44,8 @@ class Db {
     char head[16] = {};
     std::ifstream f(path, std::ios::binary);
     if (!f.read(head, sizeof head) || std::memcmp(head, "SQLite format 3", 16) != 0) {
-      throw InputError(path + ": not an SQLite file (expected the output of nsys export --type sqlite)");
+      throw InputError(path +
+                       ": not an SQLite file (expected the output of nsys export --type sqlite)");
     }
     if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr) !=
         SQLITE_OK) {
@@ -181,6 +182,31 @@ class FileReader {
   }
   void read_device_table(const char* table, SpanKind kind, std::vector<DeviceRow>& out);
 
+  // The kernel table's name column, checked with the required columns; reads StringIds.
+  struct KernelTable {
+    bool has_correlation = false;
+    const char* name_col = nullptr;
+  };
+  // Device and host streams per rank: (device, stream) and globalTid -> stream id.
+  struct Streams {
+    std::map<int32_t, std::map<std::pair<int64_t, int64_t>, int32_t>> device;
+    std::map<int32_t, std::map<int64_t, int32_t>> host;
+  };
+  using Ranks = std::map<int64_t, int32_t>;  // process -> rank
+  using Launches =
+      std::map<std::pair<int64_t, int64_t>, int64_t>;  // (process, correlation) -> start
+  KernelTable check_kernel_table();
+  std::vector<DeviceRow> read_kernels(const KernelTable& kt);
+  Ranks assign_ranks(const std::vector<DeviceRow>& rows);
+  Launches launch_times();
+  std::vector<NvtxRow> read_nvtx(const Ranks& rank_of);
+  std::unordered_map<int64_t, std::string> thread_names();
+  Streams assign_streams(const std::vector<DeviceRow>& rows, const std::vector<NvtxRow>& nvtx,
+                         Ranks& rank_of);
+  void add_device_spans(const std::vector<DeviceRow>& rows, const Ranks& rank_of, Streams& streams,
+                        const Launches& launch);
+  void add_nvtx_spans(const std::vector<NvtxRow>& nvtx, Ranks& rank_of, Streams& streams);
+
   Db db_;
   int64_t offset_;
   detail::Draft& d_;
@@ -227,7 +253,20 @@ void FileReader::read_device_table(const char* table, SpanKind kind, std::vector
 }
 
 void FileReader::run() {
-  // Required: the kernel table and the strings it refers to.
+  const KernelTable kt = check_kernel_table();
+  std::vector<DeviceRow> rows = read_kernels(kt);
+  read_device_table("CUPTI_ACTIVITY_KIND_MEMCPY", SpanKind::Memcpy, rows);
+  read_device_table("CUPTI_ACTIVITY_KIND_MEMSET", SpanKind::Memcpy, rows);
+  Ranks rank_of = assign_ranks(rows);
+  const Launches launch = launch_times();
+  const std::vector<NvtxRow> nvtx = read_nvtx(rank_of);
+  Streams streams = assign_streams(rows, nvtx, rank_of);
+  add_device_spans(rows, rank_of, streams, launch);
+  add_nvtx_spans(nvtx, rank_of, streams);
+}
+
+// Required: the kernel table and the strings it refers to.
+FileReader::KernelTable FileReader::check_kernel_table() {
   const auto sid_cols = optional_table(db_, "StringIds", {"id", "value"});
   if (!db_.has_table(kKernelTable)) {
     throw InputError(db_.path() + ": no table " + kKernelTable +
@@ -239,55 +278,60 @@ void FileReader::run() {
       throw InputError(db_.path() + ": table " + kKernelTable + " has no column " + c);
     }
   }
-  const char* name_col = kcols.count("shortName")       ? "shortName"
-                         : kcols.count("demangledName") ? "demangledName"
-                                                        : nullptr;
-  if (!name_col) {
+  KernelTable kt;
+  kt.name_col = kcols.count("shortName")       ? "shortName"
+                : kcols.count("demangledName") ? "demangledName"
+                                               : nullptr;
+  if (!kt.name_col) {
     throw InputError(db_.path() + ": table " + kKernelTable +
                      " has no column shortName or demangledName");
   }
-  if (!sid_cols) throw InputError(db_.path() + ": no table StringIds(id, value) for the kernel names");
+  if (!sid_cols)
+    throw InputError(db_.path() + ": no table StringIds(id, value) for the kernel names");
   {
     Db::Query q(db_, "SELECT id, value FROM StringIds");
     while (q.next()) strings_.emplace(q.integer(0), q.text(1));
   }
+  kt.has_correlation = kcols.count("correlationId") > 0;
+  return kt;
+}
 
+std::vector<DeviceRow> FileReader::read_kernels(const KernelTable& kt) {
   std::vector<DeviceRow> rows;
-  {
-    const bool has_corr = kcols.count("correlationId") > 0;
-    Db::Query q(db_, std::string("SELECT start, end, deviceId, streamId, globalPid, ") + name_col +
-                         (has_corr ? ", correlationId" : ", NULL") + " FROM " + kKernelTable);
-    while (q.next()) {
-      DeviceRow r;
-      if (!times(q, kKernelTable, r.start, r.end)) continue;
-      r.device = q.integer(2);
-      r.stream = q.integer(3);
-      r.process = process_of(q.integer(4));
-      if (!q.is_null(6)) r.correlation = q.integer(6);
-      // Names are StringIds ids; some exports write the text itself.
-      std::string name;
-      if (q.is_int(5)) {
-        const int64_t id = q.integer(5);
-        auto it = kernel_names_.find(id);
-        if (it == kernel_names_.end()) {
-          it = kernel_names_.emplace(id, d_.trace.strings.intern(lookup(id))).first;
-        }
-        r.name = it->second;
-        name = d_.trace.strings.str(r.name);
-      } else {
-        name = q.text(5);
-        r.name = d_.trace.strings.intern(name);
+  Db::Query q(db_, std::string("SELECT start, end, deviceId, streamId, globalPid, ") + kt.name_col +
+                       (kt.has_correlation ? ", correlationId" : ", NULL") + " FROM " +
+                       kKernelTable);
+  while (q.next()) {
+    DeviceRow r;
+    if (!times(q, kKernelTable, r.start, r.end)) continue;
+    r.device = q.integer(2);
+    r.stream = q.integer(3);
+    r.process = process_of(q.integer(4));
+    if (!q.is_null(6)) r.correlation = q.integer(6);
+    // Names are StringIds ids; some exports write the text itself.
+    std::string name;
+    if (q.is_int(5)) {
+      const int64_t id = q.integer(5);
+      auto it = kernel_names_.find(id);
+      if (it == kernel_names_.end()) {
+        it = kernel_names_.emplace(id, d_.trace.strings.intern(lookup(id))).first;
       }
-      const auto nccl = detail::nccl_kernel_op(name);
-      r.kind = nccl ? detail::kind_of_op(*nccl) : SpanKind::Compute;
-      r.op = nccl ? *nccl : CollOp::None;
-      rows.push_back(r);
+      r.name = it->second;
+      name = d_.trace.strings.str(r.name);
+    } else {
+      name = q.text(5);
+      r.name = d_.trace.strings.intern(name);
     }
+    const auto nccl = detail::nccl_kernel_op(name);
+    r.kind = nccl ? detail::kind_of_op(*nccl) : SpanKind::Compute;
+    r.op = nccl ? *nccl : CollOp::None;
+    rows.push_back(r);
   }
-  read_device_table("CUPTI_ACTIVITY_KIND_MEMCPY", SpanKind::Memcpy, rows);
-  read_device_table("CUPTI_ACTIVITY_KIND_MEMSET", SpanKind::Memcpy, rows);
+  return rows;
+}
 
-  // Ranks: the processes that ran kernels, by lowest device, then pid.
+// Ranks: the processes that ran kernels, by lowest device, then pid.
+FileReader::Ranks FileReader::assign_ranks(const std::vector<DeviceRow>& rows) {
   std::map<int64_t, int64_t> min_device;  // process -> lowest deviceId
   for (const auto& r : rows) {
     if (r.kind == SpanKind::Memcpy) continue;
@@ -299,7 +343,7 @@ void FileReader::run() {
   std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first < b.first : pid_of(a.second) < pid_of(b.second);
   });
-  std::map<int64_t, int32_t> rank_of;
+  Ranks rank_of;
   for (const auto& [dev, p] : order) {
     const int32_t rank = next_rank_++;
     rank_of[p] = rank;
@@ -308,9 +352,12 @@ void FileReader::run() {
     ri.device = "cuda:" + std::to_string(dev);
     d_.trace.ranks.push_back(ri);
   }
+  return rank_of;
+}
 
-  // Host launch times, for the step of device work.
-  std::map<std::pair<int64_t, int64_t>, int64_t> launch;  // (process, correlation) -> start
+// Host launch times, for the step of device work.
+FileReader::Launches FileReader::launch_times() {
+  Launches launch;
   if (optional_table(db_, "CUPTI_ACTIVITY_KIND_RUNTIME", {"start", "correlationId", "globalTid"})) {
     Db::Query q(db_, "SELECT start, correlationId, globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME");
     while (q.next()) {
@@ -319,62 +366,77 @@ void FileReader::run() {
       launch.emplace(std::make_pair(process_of(q.integer(2)), q.integer(1)), t);
     }
   }
+  return launch;
+}
 
-  // NVTX ranges.
+// NVTX push/pop and start/end ranges of the ranks' processes.
+std::vector<NvtxRow> FileReader::read_nvtx(const Ranks& rank_of) {
   std::vector<NvtxRow> nvtx;
-  if (auto cols = optional_table(db_, "NVTX_EVENTS", {"start", "end", "eventType", "globalTid"})) {
-    const bool has_text = cols->count("text") > 0, has_text_id = cols->count("textId") > 0;
-    if (has_text || has_text_id) {
-      Db::Query q(db_, std::string("SELECT start, end, globalTid, eventType, ") +
-                           (has_text ? "text" : "NULL") + ", " + (has_text_id ? "textId" : "NULL") +
-                           " FROM NVTX_EVENTS");
-      while (q.next()) {
-        const int64_t type = q.integer(3);
-        if (type != kNvtxPushPopRange && type != kNvtxStartEndRange) continue;
-        NvtxRow r;
-        if (!times(q, "NVTX_EVENTS", r.start, r.end)) continue;
-        r.tid = q.integer(2);
-        if (!rank_of.count(process_of(r.tid))) {
-          d_.skipped_events += 1;  // a process without kernels is not a rank
-          continue;
-        }
-        r.text = !q.is_null(4) ? q.text(4) : !q.is_null(5) ? lookup(q.integer(5)) : std::string();
-        nvtx.push_back(std::move(r));
-      }
+  auto cols = optional_table(db_, "NVTX_EVENTS", {"start", "end", "eventType", "globalTid"});
+  if (!cols) return nvtx;
+  const bool has_text = cols->count("text") > 0, has_text_id = cols->count("textId") > 0;
+  if (!has_text && !has_text_id) return nvtx;
+  Db::Query q(db_, std::string("SELECT start, end, globalTid, eventType, ") +
+                       (has_text ? "text" : "NULL") + ", " + (has_text_id ? "textId" : "NULL") +
+                       " FROM NVTX_EVENTS");
+  while (q.next()) {
+    const int64_t type = q.integer(3);
+    if (type != kNvtxPushPopRange && type != kNvtxStartEndRange) continue;
+    NvtxRow r;
+    if (!times(q, "NVTX_EVENTS", r.start, r.end)) continue;
+    r.tid = q.integer(2);
+    if (!rank_of.count(process_of(r.tid))) {
+      d_.skipped_events += 1;  // a process without kernels is not a rank
+      continue;
     }
+    r.text = !q.is_null(4) ? q.text(4) : !q.is_null(5) ? lookup(q.integer(5)) : std::string();
+    nvtx.push_back(std::move(r));
   }
-  std::unordered_map<int64_t, std::string> thread_names;
+  return nvtx;
+}
+
+std::unordered_map<int64_t, std::string> FileReader::thread_names() {
+  std::unordered_map<int64_t, std::string> names;
   if (optional_table(db_, "ThreadNames", {"nameId", "globalTid"})) {
     Db::Query q(db_, "SELECT nameId, globalTid FROM ThreadNames");
-    while (q.next()) thread_names[q.integer(1)] = lookup(q.integer(0));
+    while (q.next()) names[q.integer(1)] = lookup(q.integer(0));
   }
+  return names;
+}
 
-  // Streams per rank: device streams by (device, stream), then host threads by tid.
-  std::map<int32_t, std::map<std::pair<int64_t, int64_t>, int32_t>> dev_streams;
-  std::map<int32_t, std::map<int64_t, int32_t>> host_streams;
+// Streams per rank: device streams by (device, stream), then host threads by tid.
+FileReader::Streams FileReader::assign_streams(const std::vector<DeviceRow>& rows,
+                                               const std::vector<NvtxRow>& nvtx, Ranks& rank_of) {
+  const std::unordered_map<int64_t, std::string> names = thread_names();
+  Streams st;
   for (const auto& r : rows) {
     auto it = rank_of.find(r.process);
-    if (it != rank_of.end()) dev_streams[it->second][{r.device, r.stream}] = -1;
+    if (it != rank_of.end()) st.device[it->second][{r.device, r.stream}] = -1;
   }
-  for (const auto& r : nvtx) host_streams[rank_of[process_of(r.tid)]][r.tid] = -1;
+  for (const auto& r : nvtx) st.host[rank_of[process_of(r.tid)]][r.tid] = -1;
   for (const auto& [p, rank] : rank_of) {
     int32_t next = 0;
     std::set<int64_t> devices;
-    for (const auto& [k, id] : dev_streams[rank]) devices.insert(k.first);
-    for (auto& [k, id] : dev_streams[rank]) {
+    for (const auto& [k, id] : st.device[rank]) devices.insert(k.first);
+    for (auto& [k, id] : st.device[rank]) {
       id = next++;
       std::string name = "stream " + std::to_string(k.second);
       if (devices.size() > 1) name = "device " + std::to_string(k.first) + " " + name;
       d_.trace.streams.push_back({rank, id, name});
     }
-    for (auto& [tid, id] : host_streams[rank]) {
+    for (auto& [tid, id] : st.host[rank]) {
       id = next++;
-      auto it = thread_names.find(tid);
+      auto it = names.find(tid);
       d_.trace.streams.push_back(
-          {rank, id, it != thread_names.end() ? it->second : "thread " + std::to_string(tid_of(tid))});
+          {rank, id, it != names.end() ? it->second : "thread " + std::to_string(tid_of(tid))});
     }
   }
+  return st;
+}
 
+// Kernels and copies, in their tables' order; the step is that of their launch when known.
+void FileReader::add_device_spans(const std::vector<DeviceRow>& rows, const Ranks& rank_of,
+                                  Streams& streams, const Launches& launch) {
   for (const auto& r : rows) {
     auto it = rank_of.find(r.process);
     if (it == rank_of.end()) {
@@ -383,7 +445,7 @@ void FileReader::run() {
     }
     detail::DraftSpan s;
     s.span.rank = it->second;
-    s.span.stream = dev_streams[it->second][{r.device, r.stream}];
+    s.span.stream = streams.device[it->second][{r.device, r.stream}];
     s.span.kind = r.kind;
     s.span.op = r.op;
     s.span.name = r.name;
@@ -397,11 +459,16 @@ void FileReader::run() {
     }
     d_.spans.push_back(s);
   }
+}
+
+// NVTX ranges as phases; "step N" ranges are steps.
+void FileReader::add_nvtx_spans(const std::vector<NvtxRow>& nvtx, Ranks& rank_of,
+                                Streams& streams) {
   for (const auto& r : nvtx) {
     const int32_t rank = rank_of[process_of(r.tid)];
     detail::DraftSpan s;
     s.span.rank = rank;
-    s.span.stream = host_streams[rank][r.tid];
+    s.span.stream = streams.host[rank][r.tid];
     s.span.kind = SpanKind::Phase;
     const auto step = detail::parse_step_name(r.text);
     s.span.name = d_.trace.strings.intern(step ? std::string("step") : r.text);
