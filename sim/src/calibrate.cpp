@@ -347,18 +347,18 @@ struct TraceInfo {
 // adamw: the parameters the rank updates; zero_grad: the gradient elements it zeroes (its stage's
 // gradients and, under ZeRO, its padded shard accumulator, as workload.cpp counts them).
 double held_params(const std::string& name, const Scenario& s, const traces::RankInfo* coord) {
-  if (name != "adamw" && name != "zero_grad") return 0;
+  if (name != names::kOptimizerStep && name != names::kZeroGrad) return 0;
   int64_t params = 0;
   for (const auto& p : stage_parameters(s, coord ? coord->pp : 0)) params += p.count;
   const int dp = std::max(1, s.parallel.dp);
-  if (name == "zero_grad")
+  if (name == names::kZeroGrad)
     return double(params) + (s.parallel.zero >= 1 ? double((params + dp - 1) / dp) : 0.0);
   return s.parallel.zero >= 1 ? double(params) / dp : double(params);
 }
 std::optional<std::vector<Kernel>> kernels_of(const std::string& name, int piece, const Scenario& s,
                                               const traces::RankInfo* coord) {
   const ModelDims d = model_dims(s, 4);  // the CPU runtime is fp32
-  const int pieces = (name == "fwd.block" || name == "bwd.block") && d.tp > 1 ? 3 : 1;
+  const int pieces = (name == names::kBlockForward || name == names::kBlockBackward) && d.tp > 1 ? 3 : 1;
   return op_kernels(name, piece, pieces, d, held_params(name, s, coord));
 }
 
@@ -512,14 +512,14 @@ TraceOps observe_compute(const TraceInfo& info) {
     const auto it = coords.find(sp.rank);
     const traces::RankInfo* coord = it == coords.end() ? nullptr : it->second;
     const int pieces =
-        (name == "fwd.block" || name == "bwd.block") && info.s.parallel.tp > 1 ? 3 : 1;
+        (name == names::kBlockForward || name == names::kBlockBackward) && info.s.parallel.tp > 1 ? 3 : 1;
     auto ks = kernels_of(name, piece % pieces, info.s, coord);
     if (!ks) {
       out.unknown.insert(name);
       continue;
     }
     OpKey key{name, piece % pieces, pieces, shape_of(info.s),
-              (name == "adamw" || name == "zero_grad") && coord ? coord->pp : 0};
+              (name == names::kOptimizerStep || name == names::kZeroGrad) && coord ? coord->pp : 0};
     auto& o = out.ops[key];
     if (o.kernels.empty()) {
       o.kernels = std::move(*ks);
@@ -869,7 +869,7 @@ PooledOps pool_ops(const std::vector<TraceInfo>& infos,
   // from its measured time (`ops:`) or, in profiles without it, at the elementwise rate.
   PooledOps out;
   for (auto& [k, r] : rows_by_key)
-    (k.name == "zero_grad" ? out.measured_only : out.rows).push_back(std::move(r));
+    (k.name == names::kZeroGrad ? out.measured_only : out.rows).push_back(std::move(r));
   if (out.rows.empty())
     throw InputError(
         "orrery calibrate: the traces have no compute spans the simulator models besides "
@@ -1001,7 +1001,7 @@ DataLoad fit_data_load(const TraceInfo& info, double slowdown) {
   for (const auto& sp : t.spans) {
     if (sp.step < info.first_counted_step) continue;
     const auto key = std::make_pair(sp.rank, sp.step);
-    const bool is_step = sp.kind == traces::SpanKind::Phase && t.name_of(sp) == "step";
+    const bool is_step = sp.kind == traces::SpanKind::Phase && t.name_of(sp) == names::kStep;
     auto& w = window.try_emplace(key, INT64_MAX, INT64_MIN).first->second;
     if (is_step || sp.kind != traces::SpanKind::Phase) {
       w.first = std::min(w.first, sp.start_ns);
@@ -1371,7 +1371,7 @@ std::vector<MeasuredOp> measured_ops(const PooledOps& ops) {
     m.name = r.key.name;
     m.piece = r.key.piece;
     m.pieces = r.key.pieces;
-    if (m.name == "adamw" || m.name == "zero_grad") {
+    if (m.name == names::kOptimizerStep || m.name == names::kZeroGrad) {
       m.params = r.params;
     } else {
       m.batch = r.dims.batch, m.seq = r.dims.seq, m.d_model = r.dims.d_model,
@@ -1437,7 +1437,7 @@ FitReport fit_report(const HardwareProfile& p, const std::vector<Row>& rows) {
                                     std::to_string(r.key.pieces) + "]"
                               : r.key.name;
     f.shape = r.key.shape +
-              (r.key.name == "adamw" && r.key.stage ? " stage" + std::to_string(r.key.stage) : "");
+              (r.key.name == names::kOptimizerStep && r.key.stage ? " stage" + std::to_string(r.key.stage) : "");
     f.count = r.count;
     f.measured_ns = r.measured;
     f.fitted_ns = double(cost.op_ns(r.kernels));

@@ -36,7 +36,7 @@ struct ExecutorOptions {
   // Collective alpha-beta overrides (HardwareProfile::collectives), applied before the network.
   const HardwareProfile* profile = nullptr;
   // Replaces the network entirely (tests): the duration of each collective or transfer.
-  std::function<int64_t(const CollectiveRequest&)> comm_time;  // Ranks of a node sharing its cores (calibrated CPU profiles, calibrate.hpp): the node's cores are
+  std::function<int64_t(const CollectiveRequest&)> comm_time;  // Ranks of a node sharing its cores (calibrated CPU profiles, core_sharing.hpp): the node's cores are
   // a processor-sharing server. A compute op's duration is then its time on a lone rank; while n ranks
   // of the node compute at once, each progresses at 1 / compute_slowdown(sharing, n), re-rated
   // whenever one starts or finishes. Ranks waiting for a transfer or collective do not count, which

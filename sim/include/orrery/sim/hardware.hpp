@@ -108,7 +108,7 @@ struct MachineDescription {
 };
 
 // Ranks sharing the cores of one node (the `sharing:` section; cores == 0: no sharing model). The
-// law that uses these numbers is sim/calibrate.hpp's compute_slowdown / comm_slowdown.
+// law that uses these numbers is sim/core_sharing.hpp's compute_slowdown / comm_slowdown.
 struct CoreSharing {
   int cores = 0;
   int threads_per_rank = 1;
