@@ -22,6 +22,7 @@
 #include "orrery/common/error.hpp"
 #include "orrery/common/format.hpp"
 #include "orrery/common/scenario.hpp"
+#include "orrery/common/stats.hpp"
 
 #if defined(ORRERY_RUNTIME_AVAILABLE)
 #include "orrery/profiler/metrics.hpp"
@@ -30,10 +31,6 @@
 #include "orrery/runtime/launch.hpp"
 #include "orrery/runtime/trainer.hpp"
 #include "orrery/traces/store.hpp"
-#if ORRERY_HAVE_CUDA
-#include "orrery/runtime/cuda/gpu_run.hpp"
-#include "orrery/runtime/cuda/kernels.hpp"
-#endif
 #endif
 
 namespace orrery::cli {
@@ -60,7 +57,8 @@ std::vector<std::string> overrides_of(const RunArgs& a) {
   return o;
 }
 
-// --resume DIR: the checkpoint to continue from (verified), checked against the scenario; "" without.
+// --resume DIR: the checkpoint to continue from (verified), checked against the scenario;
+// none without --resume.
 runtime::ResumePoint resolve_resume(const RunArgs& a, const Scenario& s) {
   if (a.resume.empty()) return {};
   runtime::ResumePoint rp = runtime::find_resume_point(a.resume);
@@ -71,15 +69,7 @@ runtime::ResumePoint resolve_resume(const RunArgs& a, const Scenario& s) {
 // Everything that can be wrong with the input, checked before any process or MPI is started.
 Scenario load_and_check(const RunArgs& a) {
   Scenario s = load_scenario(a.scenario, overrides_of(a));
-#if ORRERY_HAVE_CUDA
-  if (s.runtime.device == "cuda") {
-    runtime::cuda::check_supported_cuda(s);  // also: a usable device is present
-  } else {
-    runtime::check_supported(s);
-  }
-#else
-  runtime::check_supported(s);
-#endif
+  runtime::check_supported_on_device(s);  // a device backend also checks its device is present
   if (s.data.source == "text" && !std::filesystem::is_regular_file(s.data.path)) {
     throw InputError(a.scenario + ": key 'data.path': no such file '" + s.data.path +
                      "' (paths are relative to the working directory)");
@@ -87,9 +77,9 @@ Scenario load_and_check(const RunArgs& a) {
   const int nproc = a.nproc > 0 ? a.nproc : s.world_size();
   if (nproc != s.world_size()) {
     throw InputError(a.scenario + ": key 'parallel.dp': --nproc " + std::to_string(nproc) +
-                     " ranks, but parallel.dp * tp * pp = " + std::to_string(s.parallel.dp) + " * " +
-                     std::to_string(s.parallel.tp) + " * " + std::to_string(s.parallel.pp) + " = " +
-                     std::to_string(s.world_size()) + " (set --set parallel.dp=" +
+                     " ranks, but parallel.dp * tp * pp = " + std::to_string(s.parallel.dp) +
+                     " * " + std::to_string(s.parallel.tp) + " * " + std::to_string(s.parallel.pp) +
+                     " = " + std::to_string(s.world_size()) + " (set --set parallel.dp=" +
                      std::to_string(nproc / std::max(1, s.parallel.tp * s.parallel.pp)) +
                      ", keeping training.global_batch a multiple of dp * micro_batch)");
   }
@@ -110,12 +100,12 @@ int relaunch(const RunArgs& a, const Scenario& s, const std::string& resume_step
                      "`orrery run` under mpirun/srun yourself");
   }
   if (!runtime::mpi_available()) {
-    throw InputError("this orrery was built without MPI, so it cannot run " + std::to_string(nproc) +
-                     " ranks (install libopenmpi-dev and rebuild)");
+    throw InputError("this orrery was built without MPI, so it cannot run " +
+                     std::to_string(nproc) + " ranks (install libopenmpi-dev and rebuild)");
   }
   const std::string out = a.out.empty() ? runtime::default_trace_path(s.name) : a.out;
-  std::vector<std::string> program{runtime::self_executable(), "run", a.scenario, "--nproc",
-                                   std::to_string(nproc), "--out", out};
+  std::vector<std::string> program{runtime::self_executable(), "run",   a.scenario, "--nproc",
+                                   std::to_string(nproc),      "--out", out};
   if (!a.device.empty()) program.insert(program.end(), {"--device", a.device});
   for (const auto& kv : a.sets) program.insert(program.end(), {"--set", kv});
   if (a.json) program.push_back("--json");
@@ -145,13 +135,6 @@ int relaunch(const RunArgs& a, const Scenario& s, const std::string& resume_step
   return 0;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 void print_progress(const Scenario& s, const runtime::StepResult& r) {
   static const bool tty = ::isatty(STDERR_FILENO) != 0;
   const int width = 24;
@@ -161,8 +144,8 @@ void print_progress(const Scenario& s, const runtime::StepResult& r) {
   char line[256];
   std::snprintf(line, sizeof line, "step %*d/%d  loss %.4f  %s  [%s]",
                 static_cast<int>(std::to_string(s.training.steps).size()), r.step + 1,
-                s.training.steps, r.loss, format_duration_ns(static_cast<double>(r.duration_ns)).c_str(),
-                bar.c_str());
+                s.training.steps, r.loss,
+                format_duration_ns(static_cast<double>(r.duration_ns)).c_str(), bar.c_str());
   if (tty) {
     std::fprintf(stderr, "\r%s", line);
     if (r.step + 1 == s.training.steps) std::fprintf(stderr, "\n");
@@ -190,18 +173,7 @@ int run_here(const RunArgs& a, const Scenario& s, const std::string& resume_step
     ro.profile = s.profile.enabled;
     ro.resume = resume_step_dir;
     if (rank == 0) ro.on_step = [&s](const runtime::StepResult& r) { print_progress(s, r); };
-#if ORRERY_HAVE_CUDA
-    if (s.runtime.device == "cuda") {
-      runtime::cuda::CudaRunOptions copt;
-      copt.math = runtime::cuda::parse_math_mode(s.runtime.precision);
-      copt.comm = runtime::cuda::parse_comm_backend(s.parallel.comm_backend);
-      res = runtime::cuda::run_rank_cuda(s, *world, ro, copt);
-    } else {
-      res = runtime::run_rank(s, *world, ro);
-    }
-#else
-    res = runtime::run_rank(s, *world, ro);
-#endif
+    res = runtime::run_rank_on_device(s, *world, ro);
   } catch (const std::exception& e) {
     if (world->size() <= 1) throw;
     const bool input = dynamic_cast<const InputError*>(&e) != nullptr;
@@ -234,7 +206,8 @@ int run_here(const RunArgs& a, const Scenario& s, const std::string& resume_step
   j["median_step_ms"] = median_ns * 1e-6;
   j["tokens_per_s"] = tokens_per_s;
   j["loss"] = res.mean_loss;
-  j["first_step"] = res.steps.empty() ? s.training.steps : res.steps.front().step;  // 0 unless resumed
+  j["first_step"] =
+      res.steps.empty() ? s.training.steps : res.steps.front().step;  // 0 unless resumed
   j["resumed_from"] = resume_step_dir.empty() ? json(nullptr) : json(resume_step_dir);
   j["loop_ms"] = static_cast<double>(res.loop_ns) * 1e-6;
   if (s.checkpoint.every > 0) {
@@ -267,14 +240,15 @@ int run_here(const RunArgs& a, const Scenario& s, const std::string& resume_step
     std::cout << j.dump() << std::endl;
     return 0;
   }
-  std::cout << "orrery run: " << s.name << ", " << res.world_size << " rank(s) (dp=" << s.parallel.dp
-            << " tp=" << s.parallel.tp << " pp=" << s.parallel.pp << "), " << res.steps.size()
-            << " steps, " << res.params << " parameters\n";
+  std::cout << "orrery run: " << s.name << ", " << res.world_size
+            << " rank(s) (dp=" << s.parallel.dp << " tp=" << s.parallel.tp
+            << " pp=" << s.parallel.pp << "), " << res.steps.size() << " steps, " << res.params
+            << " parameters\n";
   char buf[128];
   std::snprintf(buf, sizeof buf, "%.4f", final_loss);
   std::cout << "  final loss        " << buf << "\n";
-  std::cout << "  median step       " << format_duration_ns(median_ns) << " (after " << std::max(0, skip)
-            << " warm-up step(s); slowest rank per step)\n";
+  std::cout << "  median step       " << format_duration_ns(median_ns) << " (after "
+            << std::max(0, skip) << " warm-up step(s); slowest rank per step)\n";
   std::snprintf(buf, sizeof buf, "%.0f", tokens_per_s);
   std::cout << "  tokens/s          " << buf << "\n";
   if (!res.trace_path.empty()) {
@@ -293,12 +267,16 @@ int run_command(const RunArgs& a) {
   const runtime::ResumePoint rp = resolve_resume(a, s);
   // Said once: by the process the user started, or by rank 0 when the user started mpirun (the
   // re-launch marks its ranks with ORRERY_RESUME_REPORTED).
-  if (!rp.step_dir.empty() && (!runtime::started_by_launcher() ||
-                               (runtime::launcher_world_rank() == 0 && !std::getenv("ORRERY_RESUME_REPORTED")))) {
-    for (const auto& why : rp.skipped) std::fprintf(stderr, "orrery run: skipped %s\n", why.c_str());
-    std::fprintf(stderr, "orrery run: resuming from %s (step %d of %d, written with dp=%d tp=%d pp=%d zero=%d)\n",
-                 rp.step_dir.c_str(), rp.manifest.step, s.training.steps, rp.manifest.dp, rp.manifest.tp,
-                 rp.manifest.pp, rp.manifest.zero);
+  if (!rp.step_dir.empty() &&
+      (!runtime::started_by_launcher() ||
+       (runtime::launcher_world_rank() == 0 && !std::getenv("ORRERY_RESUME_REPORTED")))) {
+    for (const auto& why : rp.skipped)
+      std::fprintf(stderr, "orrery run: skipped %s\n", why.c_str());
+    std::fprintf(
+        stderr,
+        "orrery run: resuming from %s (step %d of %d, written with dp=%d tp=%d pp=%d zero=%d)\n",
+        rp.step_dir.c_str(), rp.manifest.step, s.training.steps, rp.manifest.dp, rp.manifest.tp,
+        rp.manifest.pp, rp.manifest.zero);
   }
   if (!runtime::started_by_launcher() && s.world_size() > 1) return relaunch(a, s, rp.step_dir);
   RunArgs here = a;
@@ -317,6 +295,14 @@ int run_command(const RunArgs& a) {
 }
 #endif
 
+std::string device_help() {
+#if defined(ORRERY_RUNTIME_AVAILABLE)
+  if (runtime::has_device_runner("cuda"))
+    return "cpu, or cuda (needs a GPU; dp, ZeRO 1/2/3, tp and pp)";
+#endif
+  return "cpu (cuda: not in this build)";
+}
+
 Command setup(CLI::App& root) {
   auto args = std::make_shared<RunArgs>();
   CLI::App* app = root.add_subcommand(
@@ -324,26 +310,23 @@ Command setup(CLI::App& root) {
   app->add_option("scenario", args->scenario, "Scenario YAML file")->required();
   app->add_option("--nproc,-n", args->nproc,
                   "Ranks to run (default: the scenario's parallel.dp*tp*pp); must equal dp*tp*pp");
-#if ORRERY_HAVE_CUDA
-  app->add_option("--device", args->device, "cpu, or cuda (needs a GPU; dp, ZeRO 1/2/3, tp and pp)")
-#else
-  app->add_option("--device", args->device, "cpu (cuda: not in this build)")
-#endif
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app->add_option("--device", args->device, device_help())->check(CLI::IsMember({"cpu", "cuda"}));
   app->add_option("--out,-o", args->out, "Merged trace file (default out/<scenario>-<time>.db)");
   app->add_option("--set", args->sets, "Override a scenario key, e.g. --set training.steps=20")
       ->allow_extra_args(false);
   app->add_flag("--json", args->json, "Print one JSON object at the end");
   app->add_flag("--no-profile", args->no_profile, "Do not record a trace");
-  app->add_option("--resume", args->resume,
-                  "Continue from the latest complete checkpoint in DIR (or from the checkpoint DIR); "
-                  "dp and parallel.zero may differ from the run that wrote it");
+  app->add_option(
+      "--resume", args->resume,
+      "Continue from the latest complete checkpoint in DIR (or from the checkpoint DIR); "
+      "dp and parallel.zero may differ from the run that wrote it");
   auto run = [args]() -> int {
 #if defined(ORRERY_RUNTIME_AVAILABLE)
     return run_command(*args);
 #else
-    throw InputError("orrery run: this orrery was built without the CPU runtime (needs OpenBLAS: "
-                     "install libopenblas-dev and rebuild)");
+    throw InputError(
+        "orrery run: this orrery was built without the CPU runtime (needs OpenBLAS: "
+        "install libopenblas-dev and rebuild)");
 #endif
   };
   return Command{app, run};

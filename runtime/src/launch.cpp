@@ -13,6 +13,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <thread>
 
@@ -20,7 +21,7 @@
 #include "orrery/profiler/ranges.hpp"
 #include "orrery/profiler/flight_recorder.hpp"
 #include "orrery/profiler/recorder.hpp"
-#include "orrery/runtime/flops.hpp"
+#include "orrery/model/flops.hpp"
 #include "orrery/traces/store.hpp"
 
 namespace orrery::runtime {
@@ -327,6 +328,35 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
   }
   if (writer) result.trace_path = merge_rank_traces(world, out);
   return result;
+}
+
+namespace {
+std::map<std::string, DeviceRunner>& device_runners() {
+  static std::map<std::string, DeviceRunner> runners;  // built before the first registration
+  return runners;
+}
+}  // namespace
+
+void register_device_runner(const std::string& device, DeviceRunner runner) {
+  device_runners()[device] = std::move(runner);
+}
+
+bool has_device_runner(const std::string& device) { return device_runners().count(device) > 0; }
+
+void check_supported_on_device(const Scenario& s) {
+  const auto it = device_runners().find(s.runtime.device);
+  if (it == device_runners().end()) {
+    check_supported(s);
+  } else {
+    it->second.check_supported(s);
+  }
+}
+
+RankRunResult run_rank_on_device(const Scenario& s, Communicator& world,
+                                 const RankRunOptions& opt) {
+  const auto it = device_runners().find(s.runtime.device);
+  if (it == device_runners().end()) return run_rank(s, world, opt);
+  return it->second.run_rank(s, world, opt);
 }
 
 FailedRun salvage_failed_run(const std::string& out, int nproc, int exit_status) {

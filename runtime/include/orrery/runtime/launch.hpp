@@ -45,8 +45,8 @@ std::string rank_trace_path(const std::string& out, int rank);
 std::string default_trace_path(const std::string& scenario_name);
 
 struct RankRunOptions {
-  std::string out;       // merged trace path (rank 0 writes it); "" = default_trace_path
-  bool profile = true;   // record spans (per-rank files, merged at the end)
+  std::string out;      // merged trace path (rank 0 writes it); "" = default_trace_path
+  bool profile = true;  // record spans (per-rank files, merged at the end)
   // Called on every rank after each step with the step's result (rank 0 usually prints).
   std::function<void(const StepResult&)> on_step;
   // Continue from this checkpoint (a step directory, verified; checkpoint.hpp); "" = from scratch.
@@ -56,10 +56,10 @@ struct RankRunOptions {
 struct RankRunResult {
   int rank = 0;
   int world_size = 1;
-  std::vector<StepResult> steps;  // this rank's
-  std::vector<float> mean_loss;   // per step, averaged over the data-parallel replicas
+  std::vector<StepResult> steps;         // this rank's
+  std::vector<float> mean_loss;          // per step, averaged over the data-parallel replicas
   std::vector<int64_t> max_duration_ns;  // per step, the slowest rank's wall time
-  std::string trace_path;         // the merged trace (written by rank 0; "" without profiling)
+  std::string trace_path;  // the merged trace (written by rank 0; "" without profiling)
   int64_t tokens_per_step = 0;
   int64_t params = 0;
   int64_t loop_ns = 0;         // wall time of the training loop on this rank (checkpoints included)
@@ -71,7 +71,8 @@ struct RankRunResult {
 // lost (no status, or still "running": killed without warning), failed (MPI_Abort) or stopped
 // (SIGTERM from mpirun). The files are merged into `out` as after a finished run, flight records
 // and statuses included, meta extra_json marked {"failed": true, "lost_ranks": [...],
-// "failure": message}, and removed. Nothing happens without per-rank files (bad input, --no-profile).
+// "failure": message}, and removed. Nothing happens without per-rank files (bad input,
+// --no-profile).
 struct FailedRun {
   // "rank 2 was lost (killed by signal 9) during step 2; ranks 0,1,3 stopped"; "" without files.
   std::string message;
@@ -86,16 +87,37 @@ FailedRun salvage_failed_run(const std::string& out, int nproc, int exit_status)
 // before creating `world`, so bad input fails before any MPI work.
 RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOptions& opt);
 
+// --- the run of a scenario on its device (runtime.device). The CPU runtime runs "cpu"; a device
+// backend built into this program registers its own (runtime/cuda registers "cuda"), so callers
+// (`orrery run`) need not know which backends a build has.
+struct DeviceRunner {
+  // Refuses (InputError) what the backend cannot run, a missing device included.
+  std::function<void(const Scenario&)> check_supported;
+  // The backend's run_rank.
+  std::function<RankRunResult(const Scenario&, Communicator&, const RankRunOptions&)> run_rank;
+};
+// At static initialisation, once per backend (runtime/cuda/src/device_runner.cpp).
+void register_device_runner(const std::string& device, DeviceRunner runner);
+// Whether a backend registered `device`.
+bool has_device_runner(const std::string& device);
+// The check of the backend registered for s.runtime.device, else the CPU runtime's
+// check_supported (which names the devices this build lacks).
+void check_supported_on_device(const Scenario& s);
+// run_rank of the backend registered for s.runtime.device, else the CPU runtime's run_rank.
+RankRunResult run_rank_on_device(const Scenario& s, Communicator& world, const RankRunOptions& opt);
+
 // --- pieces of run_rank that a device's own run (runtime/cuda: run_rank_cuda) shares with it.
 // The merged trace's path: `requested`, or rank 0's default_trace_path told to every rank.
-std::string agree_on_trace_path(Communicator& world, const Scenario& s, const std::string& requested);
-// This rank's trace file of a run whose merged trace is `out` (rank_trace_path; its folder created),
-// with the flight recorder dumping into it, so the records survive an abort.
+std::string agree_on_trace_path(Communicator& world, const Scenario& s,
+                                const std::string& requested);
+// This rank's trace file of a run whose merged trace is `out` (rank_trace_path; its folder
+// created), with the flight recorder dumping into it, so the records survive an abort.
 std::unique_ptr<traces::TraceWriter> open_rank_trace(const std::string& out, int rank);
 // The trace metadata every real run carries (source, scenario, host, start time, grid, tokens and
 // model FLOPs per step); the caller adds peak_flops_per_rank and extra_json.
 traces::RunMeta real_run_meta(const Scenario& s, const Layout& lay, int world_size);
-traces::RankInfo real_rank_info(const Layout& lay, int rank, const std::string& host, const std::string& device);
+traces::RankInfo real_rank_info(const Layout& lay, int rank, const std::string& host,
+                                const std::string& device);
 // Fills result.mean_loss (averaged over `dp_group`) and result.max_duration_ns (max over `world`)
 // from result.steps: one all-reduce each, after the training steps.
 void reduce_step_reports(RankRunResult& result, Communicator& dp_group, Communicator& world);

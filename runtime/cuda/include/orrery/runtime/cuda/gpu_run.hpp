@@ -1,6 +1,7 @@
 // One rank's run of a scenario on a CUDA device: the GPU counterpart of runtime::run_rank
 // (launch.hpp), with the same contract (trainer, recorder, per-rank trace file, merge on rank 0)
-// and the same result. `orrery run --device cuda` (or runtime.device: cuda) calls it.
+// and the same result. `orrery run --device cuda` (or runtime.device: cuda) reaches it through
+// runtime::run_rank_on_device (launch.hpp; registered in src/device_runner.cpp).
 #pragma once
 
 #include "orrery/common/scenario.hpp"

@@ -1,0 +1,33 @@
+// Registers the CUDA backend as the runner of runtime.device "cuda" (runtime/launch.hpp), so that
+// `orrery run` reaches run_rank_cuda without naming it: the math mode and communication backend
+// come from the scenario (runtime.precision, parallel.comm_backend).
+#include "orrery/runtime/cuda/gpu_run.hpp"
+#include "orrery/runtime/cuda/kernels.hpp"
+#include "orrery/runtime/cuda/trainer.hpp"
+#include "orrery/runtime/launch.hpp"
+
+// Nothing calls into this file, and a linker leaves such an object of a static library out, its
+// registration with it: runtime/cuda/CMakeLists.txt makes every program that links the backend
+// require this symbol.
+extern "C" {
+extern const int orrery_runtime_cuda_device_runner;
+const int orrery_runtime_cuda_device_runner = 1;
+}
+
+namespace orrery::runtime::cuda {
+namespace {
+
+RankRunResult run_rank_on_cuda(const Scenario& s, Communicator& world, const RankRunOptions& opt) {
+  CudaRunOptions copt;
+  copt.math = parse_math_mode(s.runtime.precision);
+  copt.comm = parse_comm_backend(s.parallel.comm_backend);
+  return run_rank_cuda(s, world, opt, copt);
+}
+
+struct Registrar {
+  Registrar() { register_device_runner("cuda", {check_supported_cuda, run_rank_on_cuda}); }
+};
+const Registrar kRegistrar;
+
+}  // namespace
+}  // namespace orrery::runtime::cuda
