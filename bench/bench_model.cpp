@@ -23,8 +23,8 @@ int main() {
 #include <string>
 #include <vector>
 
-#include "orrery/runtime/data.hpp"
 #include "orrery/model/flops.hpp"
+#include "orrery/runtime/data.hpp"
 #include "orrery/runtime/kernels.hpp"
 #include "orrery/runtime/model.hpp"
 #include "orrery/runtime/optimizer.hpp"
@@ -47,7 +47,9 @@ class SpanTimer : public rt::OpObserver {
     name_ = name;
     t0_ = Clock::now();
   }
-  void end() override { ms[name_] += std::chrono::duration<double, std::milli>(Clock::now() - t0_).count(); }
+  void end() override {
+    ms[name_] += std::chrono::duration<double, std::milli>(Clock::now() - t0_).count();
+  }
   std::map<std::string, double> ms;
 
  private:
@@ -93,7 +95,8 @@ nlohmann::json run(const Preset& p, int threads, int steps, int warmup) {
     }
   }
   const double med = median(step_ms);
-  const double flop = orrery::model::flops::model_step(orrery::model::flops::Dims{B, T, p.cfg.n_embd, p.cfg.vocab, 1}, p.cfg.n_layer);
+  const double flop = orrery::model::flops::model_step(
+      orrery::model::flops::Dims{B, T, p.cfg.n_embd, p.cfg.vocab, 1}, p.cfg.n_layer);
   nlohmann::json j;
   j["config"] = p.name;
   j["threads"] = threads;
@@ -151,8 +154,10 @@ int dump(const std::string& path) {
   auto i32 = [&](int32_t v) { out.write(reinterpret_cast<const char*>(&v), 4); };
   out.write("ORGD", 4);
   for (int v : {cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab, T, B}) i32(v);
-  out.write(reinterpret_cast<const char*>(batch.inputs.data()), static_cast<std::streamsize>(4 * batch.inputs.size()));
-  out.write(reinterpret_cast<const char*>(batch.targets.data()), static_cast<std::streamsize>(4 * batch.targets.size()));
+  out.write(reinterpret_cast<const char*>(batch.inputs.data()),
+            static_cast<std::streamsize>(4 * batch.inputs.size()));
+  out.write(reinterpret_cast<const char*>(batch.targets.data()),
+            static_cast<std::streamsize>(4 * batch.targets.size()));
   out.write(reinterpret_cast<const char*>(&loss), 4);
   i32(static_cast<int32_t>(model.tensors.size()));
   for (const auto& t : model.tensors) {
@@ -160,8 +165,10 @@ int dump(const std::string& path) {
     out.write(t.name.data(), static_cast<std::streamsize>(t.name.size()));
     i32(t.rows);
     i32(t.cols);
-    out.write(reinterpret_cast<const char*>(model.params.data() + t.offset), static_cast<std::streamsize>(4 * t.count));
-    out.write(reinterpret_cast<const char*>(model.grads.data() + t.offset), static_cast<std::streamsize>(4 * t.count));
+    out.write(reinterpret_cast<const char*>(model.params.data() + t.offset),
+              static_cast<std::streamsize>(4 * t.count));
+    out.write(reinterpret_cast<const char*>(model.grads.data() + t.offset),
+              static_cast<std::streamsize>(4 * t.count));
   }
   if (!out) {
     std::fprintf(stderr, "bench_model: cannot write %s\n", path.c_str());
@@ -191,22 +198,26 @@ int main(int argc, char** argv) {
   int steps = 20, warmup = 3;
   bool json = false;
   std::string dump_path;
-  app.add_option("--config", config, "tiny | small | all")->check(CLI::IsMember({"tiny", "small", "all"}));
+  app.add_option("--config", config, "tiny | small | all")
+      ->check(CLI::IsMember({"tiny", "small", "all"}));
   app.add_option("--threads", threads_list, "comma-separated thread counts");
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   app.add_flag("--json", json, "one JSON object");
-  app.add_option("--dump", dump_path, "write a golden-check dump for bench/compare_torch_gpt.py and exit");
+  app.add_option("--dump", dump_path,
+                 "write a golden-check dump for bench/compare_torch_gpt.py and exit");
   CLI11_PARSE(app, argc, argv);
   if (!dump_path.empty()) return dump(dump_path);
 
   std::vector<Preset> presets;
-  if (config == "tiny" || config == "all") presets.push_back({"gpt-tiny", {4, 256, 4, 8192, 128}, 8});
-  if (config == "small" || config == "all") presets.push_back({"gpt-small-ish", {6, 384, 6, 8192, 256}, 4});
+  if (config == "tiny" || config == "all")
+    presets.push_back({"gpt-tiny", {4, 256, 4, 8192, 128}, 8});
+  if (config == "small" || config == "all")
+    presets.push_back({"gpt-small-ish", {6, 384, 6, 8192, 256}, 4});
   nlohmann::json results = nlohmann::json::array();
   if (!json) {
-    std::printf("%-14s %7s %10s %10s %10s %9s %12s %9s\n", "config", "threads", "step_ms", "min_ms", "opt_ms",
-                "GFLOP/s", "tokens/s", "loss");
+    std::printf("%-14s %7s %10s %10s %10s %9s %12s %9s\n", "config", "threads", "step_ms", "min_ms",
+                "opt_ms", "GFLOP/s", "tokens/s", "loss");
   }
   for (const auto& p : presets) {
     for (int th : parse_list(threads_list)) {
@@ -217,14 +228,16 @@ int main(int argc, char** argv) {
                     j["optimizer_ms_median"].get<double>(), j["model_gflops"].get<double>(),
                     j["tokens_per_s"].get<double>(), j["final_loss"].get<double>());
         std::printf("  per step:");
-        for (const auto& [name, ms] : j["span_ms_per_step"].items()) std::printf(" %s %.1f ms", name.c_str(), ms.get<double>());
+        for (const auto& [name, ms] : j["span_ms_per_step"].items())
+          std::printf(" %s %.1f ms", name.c_str(), ms.get<double>());
         std::printf("\n");
         std::fflush(stdout);
       }
       results.push_back(j);
     }
   }
-  if (json) std::printf("%s\n", nlohmann::json{{"bench", "model"}, {"results", results}}.dump().c_str());
+  if (json)
+    std::printf("%s\n", nlohmann::json{{"bench", "model"}, {"results", results}}.dump().c_str());
   return 0;
 }
 #endif

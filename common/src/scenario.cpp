@@ -21,11 +21,16 @@ enum class Type { Int, Uint, Double, Bool, String };
 
 const char* type_name(Type t) {
   switch (t) {
-    case Type::Int: return "an integer";
-    case Type::Uint: return "a non-negative integer";
-    case Type::Double: return "a number";
-    case Type::Bool: return "true or false";
-    case Type::String: return "a string";
+    case Type::Int:
+      return "an integer";
+    case Type::Uint:
+      return "a non-negative integer";
+    case Type::Double:
+      return "a number";
+    case Type::Bool:
+      return "true or false";
+    case Type::String:
+      return "a string";
   }
   return "?";
 }
@@ -37,10 +42,10 @@ struct KeySpec {
   std::function<void(const Scenario&, YAML::Emitter&)> emit;
 };
 
-#define ORRERY_KEY(path, type, field, T)                                            \
-  KeySpec {                                                                          \
-    path, type, [](Scenario& s, const YAML::Node& n) { s.field = n.as<T>(); },       \
-        [](const Scenario& s, YAML::Emitter& e) { e << s.field; }                    \
+#define ORRERY_KEY(path, type, field, T)                                       \
+  KeySpec {                                                                    \
+    path, type, [](Scenario& s, const YAML::Node& n) { s.field = n.as<T>(); }, \
+        [](const Scenario& s, YAML::Emitter& e) { e << s.field; }              \
   }
 
 const std::vector<KeySpec>& key_table() {
@@ -103,7 +108,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   for (size_t i = 1; i <= a.size(); ++i) {
     cur[0] = i;
     for (size_t j = 1; j <= b.size(); ++j) {
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      cur[j] =
+          std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
     }
     std::swap(prev, cur);
   }
@@ -146,7 +152,8 @@ std::string where(const std::string& origin, const YAML::Node& n, const std::str
 bool is_known_prefix(const std::string& prefix) {
   for (const auto& k : key_table()) {
     const std::string p = k.path;
-    if (p.size() > prefix.size() && p.compare(0, prefix.size(), prefix) == 0 && p[prefix.size()] == '.')
+    if (p.size() > prefix.size() && p.compare(0, prefix.size(), prefix) == 0 &&
+        p[prefix.size()] == '.')
       return true;
   }
   return false;
@@ -163,7 +170,8 @@ void walk(const YAML::Node& node, const std::string& prefix, const std::string& 
           std::vector<std::pair<std::string, YAML::Node>>& leaves) {
   for (auto it = node.begin(); it != node.end(); ++it) {
     if (!it->first.IsScalar()) {  // "? [a, b]: 1" is valid YAML; as<std::string>() would throw
-      throw InputError(where(origin, it->first, prefix) + ": a key must be a name, not a list or map");
+      throw InputError(where(origin, it->first, prefix) +
+                       ": a key must be a name, not a list or map");
     }
     const std::string k = it->first.as<std::string>();
     const std::string path = prefix.empty() ? k : prefix + "." + k;
@@ -185,7 +193,8 @@ void walk(const YAML::Node& node, const std::string& prefix, const std::string& 
 void apply_override(YAML::Node& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) {
-    throw InputError("--set '" + assignment + "': expected key=value, e.g. --set training.steps=20");
+    throw InputError("--set '" + assignment +
+                     "': expected key=value, e.g. --set training.steps=20");
   }
   const std::string key = assignment.substr(0, eq);
   const std::string value = assignment.substr(eq + 1);
@@ -219,7 +228,8 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
   chain.back()[parts.back()] = parsed;
 }
 
-void check_range(bool ok, const std::string& origin, const std::string& key, const std::string& what) {
+void check_range(bool ok, const std::string& origin, const std::string& key,
+                 const std::string& what) {
   if (!ok) throw InputError(origin + ": key '" + key + "': " + what);
 }
 
@@ -234,7 +244,8 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
     throw InputError(origin + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
   }
   if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  if (!root.IsMap()) throw InputError(origin + ": expected a YAML map of sections (model, training, ...)");
+  if (!root.IsMap())
+    throw InputError(origin + ": expected a YAML map of sections (model, training, ...)");
   for (const auto& o : overrides) apply_override(root, o);
 
   Scenario s;
@@ -251,8 +262,8 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
       }
       spec->set(s, node);
     } catch (const YAML::BadConversion&) {
-      throw InputError(where(origin, node, path) + ": expected " + type_name(spec->type) + ", got '" +
-                       node.Scalar() + "'");
+      throw InputError(where(origin, node, path) + ": expected " + type_name(spec->type) +
+                       ", got '" + node.Scalar() + "'");
     }
   }
   if (s.name.empty()) s.name = s.model.name;
@@ -264,8 +275,8 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
   check_range(m.d_model >= 1, origin, "model.d_model", "must be >= 1");
   check_range(m.heads >= 1, origin, "model.heads", "must be >= 1");
   check_range(m.d_model % m.heads == 0, origin, "model.heads",
-              "model.d_model (" + std::to_string(m.d_model) + ") must be divisible by model.heads (" +
-                  std::to_string(m.heads) + ")");
+              "model.d_model (" + std::to_string(m.d_model) +
+                  ") must be divisible by model.heads (" + std::to_string(m.heads) + ")");
   check_range(m.vocab >= 2, origin, "model.vocab", "must be >= 2");
   check_range(m.seq >= 1, origin, "model.seq", "must be >= 1");
   const auto& t = s.training;
@@ -289,17 +300,22 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
               "parallel.schedule", "expected gpipe, 1f1b or interleaved, got '" + p.schedule + "'");
   check_range(p.virtual_stages >= 1, origin, "parallel.virtual_stages", "must be >= 1");
   check_range(p.bucket_mb > 0, origin, "parallel.bucket_mb", "must be > 0");
-  check_range(parse_placement(p.placement).has_value(), origin, "parallel.placement",
-              "expected a permutation of tp,dp,pp (fastest-varying first), got '" + p.placement + "'");
+  check_range(
+      parse_placement(p.placement).has_value(), origin, "parallel.placement",
+      "expected a permutation of tp,dp,pp (fastest-varying first), got '" + p.placement + "'");
   check_range(s.runtime.device == "cpu" || s.runtime.device == "cuda", origin, "runtime.device",
               "expected 'cpu' or 'cuda', got '" + s.runtime.device + "'");
   check_range(s.runtime.threads >= 1, origin, "runtime.threads", "must be >= 1");
-  check_range(s.runtime.precision == "fp32" || s.runtime.precision == "tf32" || s.runtime.precision == "bf16",
-              origin, "runtime.precision", "expected fp32, tf32 or bf16, got '" + s.runtime.precision + "'");
-  check_range(p.comm_backend == "auto" || p.comm_backend == "nccl" || p.comm_backend == "mpi", origin,
-              "parallel.comm_backend", "expected auto, nccl or mpi, got '" + p.comm_backend + "'");
+  check_range(s.runtime.precision == "fp32" || s.runtime.precision == "tf32" ||
+                  s.runtime.precision == "bf16",
+              origin, "runtime.precision",
+              "expected fp32, tf32 or bf16, got '" + s.runtime.precision + "'");
+  check_range(p.comm_backend == "auto" || p.comm_backend == "nccl" || p.comm_backend == "mpi",
+              origin, "parallel.comm_backend",
+              "expected auto, nccl or mpi, got '" + p.comm_backend + "'");
   check_range(s.runtime.watchdog_s > 0, origin, "runtime.watchdog_s", "must be > 0");
-  check_range(s.checkpoint.every >= 0, origin, "checkpoint.every", "must be >= 0 (0: no checkpoints)");
+  check_range(s.checkpoint.every >= 0, origin, "checkpoint.every",
+              "must be >= 0 (0: no checkpoints)");
 
   s.path = origin;
   YAML::Emitter out;
@@ -331,8 +347,8 @@ void validate_layout(const Scenario& s) {
   const auto& m = s.model;
   const auto& p = s.parallel;
   const auto& t = s.training;
-  const std::string layout = "dp=" + std::to_string(p.dp) + " tp=" + std::to_string(p.tp) +
-                             " pp=" + std::to_string(p.pp);
+  const std::string layout =
+      "dp=" + std::to_string(p.dp) + " tp=" + std::to_string(p.tp) + " pp=" + std::to_string(p.pp);
   if (m.heads % p.tp != 0) {
     throw InputError("key 'parallel.tp': " + layout + ": model.heads (" + std::to_string(m.heads) +
                      ") must be divisible by tp");
@@ -347,14 +363,15 @@ void validate_layout(const Scenario& s) {
                      " pipeline stages but only " + std::to_string(m.layers) + " layers");
   }
   if (m.layers % chunks != 0 && p.schedule == "interleaved") {
-    throw InputError("key 'parallel.virtual_stages': " + layout + " virtual_stages=" +
-                     std::to_string(p.virtual_stages) + ": model.layers (" + std::to_string(m.layers) +
-                     ") must be divisible by pp x virtual_stages (" + std::to_string(chunks) + ")");
+    throw InputError("key 'parallel.virtual_stages': " + layout +
+                     " virtual_stages=" + std::to_string(p.virtual_stages) + ": model.layers (" +
+                     std::to_string(m.layers) + ") must be divisible by pp x virtual_stages (" +
+                     std::to_string(chunks) + ")");
   }
   if (m.layers % chunks != 0) {
-    throw InputError("key 'parallel.pp': " + layout + ": model.layers (" + std::to_string(m.layers) +
-                     ") must be divisible by the number of pipeline stages (" + std::to_string(chunks) +
-                     ")");
+    throw InputError(
+        "key 'parallel.pp': " + layout + ": model.layers (" + std::to_string(m.layers) +
+        ") must be divisible by the number of pipeline stages (" + std::to_string(chunks) + ")");
   }
   if (p.zero > 0 && p.dp < 2) {
     throw InputError("key 'parallel.zero': ZeRO stage " + std::to_string(p.zero) +
@@ -368,9 +385,10 @@ void validate_layout(const Scenario& s) {
                      ") x training.micro_batch (" + std::to_string(t.micro_batch) + ")");
   }
   if (p.schedule == "interleaved" && p.pp > 1 && s.micro_batches_per_step() % p.pp != 0) {
-    throw InputError("key 'parallel.schedule': interleaved 1F1B needs the micro-batches per step (" +
-                     std::to_string(s.micro_batches_per_step()) + ") to be a multiple of pp (" +
-                     std::to_string(p.pp) + ")");
+    throw InputError(
+        "key 'parallel.schedule': interleaved 1F1B needs the micro-batches per step (" +
+        std::to_string(s.micro_batches_per_step()) + ") to be a multiple of pp (" +
+        std::to_string(p.pp) + ")");
   }
 }
 

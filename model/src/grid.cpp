@@ -30,9 +30,11 @@ RankGrid RankGrid::from(const Scenario& s) {
   g.pp = s.parallel.pp;
   const auto axes = parse_placement(s.parallel.placement);
   if (!axes) {
-    throw InputError((s.path.empty() ? std::string("scenario") : s.path) +
-                     ": key 'parallel.placement': expected a permutation of tp,dp,pp (fastest-varying "
-                     "first), got '" + s.parallel.placement + "'");
+    throw InputError(
+        (s.path.empty() ? std::string("scenario") : s.path) +
+        ": key 'parallel.placement': expected a permutation of tp,dp,pp (fastest-varying "
+        "first), got '" +
+        s.parallel.placement + "'");
   }
   g.order = *axes;
   return g;

@@ -7,7 +7,8 @@
 namespace orrery::model {
 
 ModelShape model_shape(const Scenario& s) {
-  return ModelShape{s.model.d_model, s.model.heads, s.model.vocab, s.model.seq, s.model.layers, s.parallel.tp};
+  return ModelShape{s.model.d_model, s.model.heads,  s.model.vocab,
+                    s.model.seq,     s.model.layers, s.parallel.tp};
 }
 
 int chunks_per_stage(const Scenario& s) {
@@ -32,10 +33,12 @@ std::vector<ParamSpec> parameter_tensors(const ModelShape& m, const StageContent
   const float std_res = 0.02f / std::sqrt(2.0f * static_cast<float>(m.layers));
   std::vector<ParamSpec> specs;
   if (stage.embed || stage.head) {
-    specs.push_back({"wte", kEmbedSegment, m.vocab, C, m.vocab, C, Slice::None, Init::Normal, std_w});
+    specs.push_back(
+        {"wte", kEmbedSegment, m.vocab, C, m.vocab, C, Slice::None, Init::Normal, std_w});
   }
   if (stage.embed) {
-    specs.push_back({"wpe", kEmbedSegment, m.max_seq, C, m.max_seq, C, Slice::None, Init::Normal, std_w});
+    specs.push_back(
+        {"wpe", kEmbedSegment, m.max_seq, C, m.max_seq, C, Slice::None, Init::Normal, std_w});
   }
   for (const auto& [first, last] : stage.layers) {
     for (int l = first; l < last; ++l) {

@@ -1,9 +1,9 @@
 // What every communicator shares (comm.hpp): the completion of an operation and its trace span.
+#include <chrono>
+
 #include "orrery/profiler/flight_recorder.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/comm.hpp"
-
-#include <chrono>
 
 namespace orrery::runtime {
 
@@ -18,7 +18,8 @@ void Completion::complete(std::exception_ptr err) {
 
 bool Completion::wait_for(double limit_s) {
   std::unique_lock lock(mu_);
-  if (!cv_.wait_for(lock, std::chrono::duration<double>(limit_s), [&] { return done_; })) return false;
+  if (!cv_.wait_for(lock, std::chrono::duration<double>(limit_s), [&] { return done_; }))
+    return false;
   if (error_) std::rethrow_exception(error_);
   return true;
 }
@@ -28,12 +29,14 @@ bool Completion::done() const {
   return done_;
 }
 
-traces::Span comm_op_span(profiler::Recorder& rec, int32_t stream, traces::CollOp op, const OpLabel& label,
-                          std::size_t bytes, int32_t comm, int32_t peer_global, int64_t seq) {
+traces::Span comm_op_span(profiler::Recorder& rec, int32_t stream, traces::CollOp op,
+                          const OpLabel& label, std::size_t bytes, int32_t comm,
+                          int32_t peer_global, int64_t seq) {
   traces::Span s;
   s.stream = stream;
-  s.kind = (op == traces::CollOp::Send || op == traces::CollOp::Recv) ? traces::SpanKind::P2P
-                                                                      : traces::SpanKind::Collective;
+  s.kind = (op == traces::CollOp::Send || op == traces::CollOp::Recv)
+               ? traces::SpanKind::P2P
+               : traces::SpanKind::Collective;
   s.name = rec.intern(label.name.empty() ? traces::to_string(op) : label.name);
   s.step = label.step;
   s.micro_batch = label.micro_batch;
@@ -46,8 +49,8 @@ traces::Span comm_op_span(profiler::Recorder& rec, int32_t stream, traces::CollO
   return s;
 }
 
-uint64_t schedule_flight_record(int32_t comm, int64_t seq, traces::CollOp op, std::size_t bytes, int32_t dtype,
-                                int32_t peer_global, int32_t step) {
+uint64_t schedule_flight_record(int32_t comm, int64_t seq, traces::CollOp op, std::size_t bytes,
+                                int32_t dtype, int32_t peer_global, int32_t step) {
   profiler::FlightRecord fr;
   fr.comm = comm;
   fr.seq = seq;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "orrery/common/error.hpp"
+#include "orrery/common/stats.hpp"
 #include "orrery/profiler/flight_recorder.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/launch.hpp"
@@ -182,13 +183,6 @@ void aligned_start(Communicator& world, profiler::Recorder* rec) {
   if (rec) world.set_recorder(nullptr);
   world.barrier().wait();
   if (rec) world.set_recorder(rec);
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 traces::CollOp coll_op_of(BenchOp op) {

@@ -29,7 +29,8 @@ std::vector<int> ready_order(const Gpt& model) {
 
 std::vector<DdpBucket> make_ddp_buckets(const Gpt& model, double bucket_mb) {
   if (!(bucket_mb > 0)) {
-    throw InputError("parallel.bucket_mb: expected a size in MiB > 0, got " + std::to_string(bucket_mb));
+    throw InputError("parallel.bucket_mb: expected a size in MiB > 0, got " +
+                     std::to_string(bucket_mb));
   }
   std::vector<model::BucketSegment> order;
   for (int seg : ready_order(model)) {
@@ -76,7 +77,8 @@ void DataParallel::begin_backward(bool sync, int32_t step, int32_t micro_batch) 
   micro_batch_ = micro_batch;
   next_to_issue_ = 0;
   handles_.clear();
-  for (const auto& b : buckets_) pending_[static_cast<size_t>(b.index)] = static_cast<int>(b.segments.size());
+  for (const auto& b : buckets_)
+    pending_[static_cast<size_t>(b.index)] = static_cast<int>(b.segments.size());
 }
 
 void DataParallel::on_grads_ready(int segment) {
@@ -104,8 +106,8 @@ void DataParallel::issue(DdpBucket& b) {
   label.step = step_;
   label.micro_batch = micro_batch_;
   label.layer = b.lowest_layer;
-  handles_.push_back(dp_.all_reduce(model_.grads.data() + b.range.offset, b.range.count,
-                                    DType::F32, ReduceOp::Avg, label));
+  handles_.push_back(dp_.all_reduce(model_.grads.data() + b.range.offset, b.range.count, DType::F32,
+                                    ReduceOp::Avg, label));
 }
 
 void DataParallel::finish_backward() {

@@ -18,10 +18,10 @@
 #include <thread>
 
 #include "orrery/common/error.hpp"
-#include "orrery/profiler/ranges.hpp"
-#include "orrery/profiler/flight_recorder.hpp"
-#include "orrery/profiler/recorder.hpp"
 #include "orrery/model/flops.hpp"
+#include "orrery/profiler/flight_recorder.hpp"
+#include "orrery/profiler/ranges.hpp"
+#include "orrery/profiler/recorder.hpp"
 #include "orrery/traces/store.hpp"
 
 namespace orrery::runtime {
@@ -30,7 +30,7 @@ namespace fs = std::filesystem;
 namespace {
 
 bool is_executable(const std::string& p) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
 }
 
@@ -138,7 +138,8 @@ int run_and_wait(const std::vector<std::string>& argv) {
     ::_exit(127);
   }
   g_child_pid = pid;
-  struct sigaction sa{}, old_int{}, old_term{};
+  struct sigaction sa {
+  }, old_int{}, old_term{};
   sa.sa_handler = forward_signal;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, &old_int);
@@ -169,10 +170,12 @@ std::string default_trace_path(const std::string& scenario_name) {
   ::gmtime_r(&t, &tm);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
-  return "out/" + (scenario_name.empty() ? std::string("run") : scenario_name) + "-" + stamp + ".db";
+  return "out/" + (scenario_name.empty() ? std::string("run") : scenario_name) + "-" + stamp +
+         ".db";
 }
 
-std::string agree_on_trace_path(Communicator& world, const Scenario& s, const std::string& requested) {
+std::string agree_on_trace_path(Communicator& world, const Scenario& s,
+                                const std::string& requested) {
   return agree_on_path(world, requested.empty() ? default_trace_path(s.name) : requested);
 }
 
@@ -208,7 +211,8 @@ traces::RunMeta real_run_meta(const Scenario& s, const Layout& lay, int world_si
   return meta;
 }
 
-traces::RankInfo real_rank_info(const Layout& lay, int rank, const std::string& host, const std::string& device) {
+traces::RankInfo real_rank_info(const Layout& lay, int rank, const std::string& host,
+                                const std::string& device) {
   traces::RankInfo ri;
   ri.rank = rank;
   ri.host = host;
@@ -233,8 +237,8 @@ void reduce_step_reports(RankRunResult& result, Communicator& dp_group, Communic
                   OpLabel{"report.loss"})
       .wait();
   world
-      .all_reduce(result.max_duration_ns.data(), result.max_duration_ns.size(), DType::I64, ReduceOp::Max,
-                  OpLabel{"report.step_time"})
+      .all_reduce(result.max_duration_ns.data(), result.max_duration_ns.size(), DType::I64,
+                  ReduceOp::Max, OpLabel{"report.step_time"})
       .wait();
 }
 
@@ -279,7 +283,8 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
   Trainer trainer(s, world, &rec);
   const Layout& lay = trainer.layout();
   result.tokens_per_step = static_cast<int64_t>(s.training.global_batch) * s.model.seq;
-  result.params = static_cast<int64_t>(trainer.flat_elems());  // this rank's shard, without ZeRO padding
+  result.params =
+      static_cast<int64_t>(trainer.flat_elems());  // this rank's shard, without ZeRO padding
 
   if (writer) {
     traces::RunMeta meta = real_run_meta(s, lay, world.size());
@@ -298,7 +303,7 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
   // Checkpoints: checkpoint.dir, else next to the checkpoint resumed from, else "checkpoints".
   const std::string ckpt_dir = !s.checkpoint.dir.empty() ? s.checkpoint.dir
                                : opt.resume.empty()      ? std::string("checkpoints")
-                                                         : fs::path(opt.resume).parent_path().string();
+                                                    : fs::path(opt.resume).parent_path().string();
   CheckpointSession ckpt(s, trainer, world, &rec, ckpt_dir);
   if (!opt.resume.empty()) restore_trainer(trainer, s, opt.resume, verify_checkpoint(opt.resume));
   trainer.prepare();
@@ -396,11 +401,11 @@ FailedRun salvage_failed_run(const std::string& out, int nproc, int exit_status)
   if (!lost.empty()) {
     std::string how = exit_status > 128 ? "killed by signal " + std::to_string(exit_status - 128)
                                         : "ended without saying why";
-    parts.push_back(rank_list_text(lost) + (lost.size() == 1 ? " was" : " were") + " lost (" +
-                    how + ")" + (step >= 0 ? " during step " + std::to_string(step) : " in set-up"));
+    parts.push_back(rank_list_text(lost) + (lost.size() == 1 ? " was" : " were") + " lost (" + how +
+                    ")" + (step >= 0 ? " during step " + std::to_string(step) : " in set-up"));
   } else {
-    parts.push_back("the run failed" +
-                    (step >= 0 ? " during step " + std::to_string(step) : std::string(" in set-up")));
+    parts.push_back("the run failed" + (step >= 0 ? " during step " + std::to_string(step)
+                                                  : std::string(" in set-up")));
   }
   for (const auto& x : failed) parts.push_back(x);
   if (!stopped.empty()) parts.push_back(rank_list_text(stopped) + " stopped");

@@ -47,19 +47,22 @@ void fill_tensor(float* dst, const TensorSpec& t, uint64_t seed, const BlockDims
     case Slice::QkvRows:
       for (int part = 0; part < 3; ++part) {
         for (int r = 0; r < d.Cl; ++r) {
-          const std::size_t src_row = static_cast<std::size_t>(part) * d.C + static_cast<std::size_t>(tp_rank) * d.Cl + r;
-          std::memcpy(dst + (static_cast<std::size_t>(part) * d.Cl + r) * fc, full.data() + src_row * fc,
-                      fc * sizeof(float));
+          const std::size_t src_row =
+              static_cast<std::size_t>(part) * d.C + static_cast<std::size_t>(tp_rank) * d.Cl + r;
+          std::memcpy(dst + (static_cast<std::size_t>(part) * d.Cl + r) * fc,
+                      full.data() + src_row * fc, fc * sizeof(float));
         }
       }
       break;
     case Slice::Rows:
-      std::memcpy(dst, full.data() + static_cast<std::size_t>(tp_rank) * t.rows * fc, n * sizeof(float));
+      std::memcpy(dst, full.data() + static_cast<std::size_t>(tp_rank) * t.rows * fc,
+                  n * sizeof(float));
       break;
     case Slice::Cols:
       for (int r = 0; r < t.rows; ++r) {
         std::memcpy(dst + static_cast<std::size_t>(r) * t.cols,
-                    full.data() + static_cast<std::size_t>(r) * fc + static_cast<std::size_t>(tp_rank) * t.cols,
+                    full.data() + static_cast<std::size_t>(r) * fc +
+                        static_cast<std::size_t>(tp_rank) * t.cols,
                     static_cast<std::size_t>(t.cols) * sizeof(float));
       }
       break;
@@ -70,7 +73,8 @@ void fill_tensor(float* dst, const TensorSpec& t, uint64_t seed, const BlockDims
 
 // The model's parameter table (model/parameters.hpp) for this shard.
 std::vector<TensorSpec> tensor_specs(const GptConfig& cfg, const GptShard& sh) {
-  const model::ModelShape shape{cfg.n_embd, cfg.n_head, cfg.vocab, cfg.max_seq, cfg.n_layer, sh.tp_size};
+  const model::ModelShape shape{cfg.n_embd,  cfg.n_head,  cfg.vocab,
+                                cfg.max_seq, cfg.n_layer, sh.tp_size};
   model::StageContents stage;
   stage.embed = sh.has_embed;
   stage.head = sh.has_head;
@@ -79,16 +83,18 @@ std::vector<TensorSpec> tensor_specs(const GptConfig& cfg, const GptShard& sh) {
 }
 
 // Carves the 12 block pointers out of `base` in the order of tensor_specs.
-BlockParams block_pointers(float* base, const std::vector<ParamTensor>& tensors, std::size_t first) {
+BlockParams block_pointers(float* base, const std::vector<ParamTensor>& tensors,
+                           std::size_t first) {
   float* ptr[12];
   for (int i = 0; i < 12; ++i) ptr[i] = base + tensors[first + static_cast<std::size_t>(i)].offset;
-  return BlockParams{ptr[0], ptr[1], ptr[2], ptr[3], ptr[4], ptr[5],
+  return BlockParams{ptr[0], ptr[1], ptr[2], ptr[3], ptr[4],  ptr[5],
                      ptr[6], ptr[7], ptr[8], ptr[9], ptr[10], ptr[11]};
 }
 
 using Span = OpSpan;  // model.hpp
 
-void tp_reduce(const Gpt& m, const GptHooks& hooks, TpPoint point, int layer, float* data, std::size_t n) {
+void tp_reduce(const Gpt& m, const GptHooks& hooks, TpPoint point, int layer, float* data,
+               std::size_t n) {
   if (!hooks.tp_all_reduce) {
     throw std::logic_error("gpt: tp_size > 1 but GptHooks::tp_all_reduce is not set");
   }
@@ -98,7 +104,8 @@ void tp_reduce(const Gpt& m, const GptHooks& hooks, TpPoint point, int layer, fl
 void check_layer(const Gpt& m, int layer) {
   if (layer < m.shard.layer_begin || layer >= m.shard.layer_end) {
     throw std::out_of_range("gpt: layer " + std::to_string(layer) + " is not held by this shard [" +
-                            std::to_string(m.shard.layer_begin) + ", " + std::to_string(m.shard.layer_end) + ")");
+                            std::to_string(m.shard.layer_begin) + ", " +
+                            std::to_string(m.shard.layer_end) + ")");
   }
 }
 
@@ -165,12 +172,13 @@ Gpt gpt_create(const GptConfig& config, const GptShard& shard_in, uint64_t seed)
   GptShard sh = shard_in;
   if (sh.layer_end < 0) sh.layer_end = c.n_layer;
   if (sh.layer_begin < 0 || sh.layer_begin > sh.layer_end || sh.layer_end > c.n_layer) {
-    throw InputError("model: layer range [" + std::to_string(sh.layer_begin) + ", " + std::to_string(sh.layer_end) +
-                     ") is outside the model's " + std::to_string(c.n_layer) + " layers");
+    throw InputError("model: layer range [" + std::to_string(sh.layer_begin) + ", " +
+                     std::to_string(sh.layer_end) + ") is outside the model's " +
+                     std::to_string(c.n_layer) + " layers");
   }
   if (sh.tp_size < 1 || sh.tp_rank < 0 || sh.tp_rank >= sh.tp_size || c.n_head % sh.tp_size != 0) {
-    throw InputError("model: tensor parallelism " + std::to_string(sh.tp_size) + " must divide heads " +
-                     std::to_string(c.n_head));
+    throw InputError("model: tensor parallelism " + std::to_string(sh.tp_size) +
+                     " must divide heads " + std::to_string(c.n_head));
   }
   Gpt m;
   m.config = c;
@@ -218,8 +226,10 @@ Gpt gpt_create(const GptConfig& config, const GptShard& shard_in, uint64_t seed)
     idx += 12;
   }
   if (sh.has_head) {
-    m.head = HeadParams{m.params.data() + m.tensors[idx].offset, m.params.data() + m.tensors[idx + 1].offset};
-    m.dhead = HeadParams{m.grads.data() + m.tensors[idx].offset, m.grads.data() + m.tensors[idx + 1].offset};
+    m.head = HeadParams{m.params.data() + m.tensors[idx].offset,
+                        m.params.data() + m.tensors[idx + 1].offset};
+    m.dhead = HeadParams{m.grads.data() + m.tensors[idx].offset,
+                         m.grads.data() + m.tensors[idx + 1].offset};
   }
   return m;
 }
@@ -233,7 +243,8 @@ GptActivations gpt_activations(const Gpt& m, int B, int T) {
   }
   GptActivations a;
   // Each buffer is rounded up to 16 floats so every pointer stays 64-byte aligned.
-  carve_activations(a, buffer_shape(m.dims, m.config, m.shard, std::size_t(m.num_blocks()), B, T), 16);
+  carve_activations(a, buffer_shape(m.dims, m.config, m.shard, std::size_t(m.num_blocks()), B, T),
+                    16);
   a.inputs.assign(std::size_t(B) * T, 0);
   a.targets.assign(std::size_t(B) * T, 0);
   return a;
@@ -241,22 +252,23 @@ GptActivations gpt_activations(const Gpt& m, int B, int T) {
 
 GptGradScratch gpt_grad_scratch(const Gpt& m, int B, int T) {
   GptGradScratch s;
-  carve_grad_scratch(s, buffer_shape(m.dims, m.config, m.shard, std::size_t(m.num_blocks()), B, T), 16);
+  carve_grad_scratch(s, buffer_shape(m.dims, m.config, m.shard, std::size_t(m.num_blocks()), B, T),
+                     16);
   return s;
 }
 
 // ---------------------------------------------------------------- block halves
 
-void block_attention_part(const BlockDims& d, const BlockParams& p, BlockActivations& a, const float* x, int B,
-                          int T) {
+void block_attention_part(const BlockDims& d, const BlockParams& p, BlockActivations& a,
+                          const float* x, int B, int T) {
   layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, B, T, d.C);
   matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, 3 * d.Cl);
   attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH);
   matmul_forward(a.attproj, a.atty, p.projw, nullptr, B, T, d.Cl, d.C);
 }
 
-void block_attention_epilogue(const BlockDims& d, const BlockParams& p, BlockActivations& a, const float* x,
-                              int B, int T) {
+void block_attention_epilogue(const BlockDims& d, const BlockParams& p, BlockActivations& a,
+                              const float* x, int B, int T) {
   bias_residual_forward(a.res2, x, a.attproj, p.projb, B, T, d.C);
 }
 
@@ -267,17 +279,22 @@ void block_mlp_part(const BlockDims& d, const BlockParams& p, BlockActivations& 
   matmul_forward(a.fcproj, a.fch_gelu, p.fcprojw, nullptr, B, T, d.F, d.C);
 }
 
-void block_mlp_epilogue(const BlockDims& d, const BlockParams& p, BlockActivations& a, float* y, int B, int T) {
+void block_mlp_epilogue(const BlockDims& d, const BlockParams& p, BlockActivations& a, float* y,
+                        int B, int T) {
   bias_residual_forward(y, a.res2, a.fcproj, p.fcprojb, B, T, d.C);
 }
 
 // ---------------------------------------------------------------- pieces
 
-void gpt_embed_forward(const Gpt& m, GptActivations& acts, const int32_t* inputs, const GptHooks& hooks) {
-  if (!m.shard.has_embed) throw std::logic_error("gpt: embedding forward on a shard without the embedding");
-  Span span(hooks.observer, names::kEmbedForward.data(), kEmbedSegment, flops::embed_forward(flop_dims(m, acts.B, acts.T)));
+void gpt_embed_forward(const Gpt& m, GptActivations& acts, const int32_t* inputs,
+                       const GptHooks& hooks) {
+  if (!m.shard.has_embed)
+    throw std::logic_error("gpt: embedding forward on a shard without the embedding");
+  Span span(hooks.observer, names::kEmbedForward.data(), kEmbedSegment,
+            flops::embed_forward(flop_dims(m, acts.B, acts.T)));
   std::copy(inputs, inputs + acts.inputs.size(), acts.inputs.begin());
-  encoder_forward(acts.stream, acts.inputs.data(), m.embed.wte, m.embed.wpe, acts.B, acts.T, m.dims.C);
+  encoder_forward(acts.stream, acts.inputs.data(), m.embed.wte, m.embed.wpe, acts.B, acts.T,
+                  m.dims.C);
 }
 
 void gpt_block_forward(const Gpt& m, GptActivations& acts, int layer, const GptHooks& hooks) {
@@ -293,50 +310,61 @@ void gpt_block_forward(const Gpt& m, GptActivations& acts, int layer, const GptH
   const auto fd = flop_dims(m, B, T);
   const bool tp = m.shard.tp_size > 1;
 
-  Span span(hooks.observer, names::kBlockForward.data(), layer, flops::block_piece(fd, true, 0, tp ? 3 : 1));
+  Span span(hooks.observer, names::kBlockForward.data(), layer,
+            flops::block_piece(fd, true, 0, tp ? 3 : 1));
   block_attention_part(d, p, a, x, B, T);
   if (tp) {
     span.close();
     tp_reduce(m, hooks, TpPoint::kAttnProjForward, layer, a.attproj, n);
-    span.reopen(hooks.observer, names::kBlockForward.data(), layer, flops::block_piece(fd, true, 1, 3));
+    span.reopen(hooks.observer, names::kBlockForward.data(), layer,
+                flops::block_piece(fd, true, 1, 3));
   }
   block_attention_epilogue(d, p, a, x, B, T);
   block_mlp_part(d, p, a, B, T);
   if (tp) {
     span.close();
     tp_reduce(m, hooks, TpPoint::kMlpProjForward, layer, a.fcproj, n);
-    span.reopen(hooks.observer, names::kBlockForward.data(), layer, flops::block_piece(fd, true, 2, 3));
+    span.reopen(hooks.observer, names::kBlockForward.data(), layer,
+                flops::block_piece(fd, true, 2, 3));
   }
   block_mlp_epilogue(d, p, a, y, B, T);
 }
 
-float gpt_head_forward(const Gpt& m, GptActivations& acts, const int32_t* targets, const GptHooks& hooks) {
+float gpt_head_forward(const Gpt& m, GptActivations& acts, const int32_t* targets,
+                       const GptHooks& hooks) {
   if (!m.shard.has_head) throw std::logic_error("gpt: head forward on a shard without the head");
   const int B = acts.B, T = acts.T, C = m.dims.C, V = m.config.vocab;
-  Span span(hooks.observer, names::kHeadForward.data(), m.config.n_layer, flops::head_forward(flop_dims(m, B, T)));
+  Span span(hooks.observer, names::kHeadForward.data(), m.config.n_layer,
+            flops::head_forward(flop_dims(m, B, T)));
   std::copy(targets, targets + acts.targets.size(), acts.targets.begin());
-  layernorm_forward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(), m.head.lnfw, m.head.lnfb, B, T, C);
+  layernorm_forward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(), m.head.lnfw,
+                    m.head.lnfb, B, T, C);
   matmul_forward(acts.logits, acts.lnf, m.embed.wte, nullptr, B, T, C, V);
   acts.loss = softmax_crossentropy_forward(acts.losses, acts.logits, acts.targets.data(), B, T, V);
   return acts.loss;
 }
 
-void gpt_head_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, float loss_scale, const GptHooks& hooks) {
+void gpt_head_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, float loss_scale,
+                       const GptHooks& hooks) {
   if (!m.shard.has_head) throw std::logic_error("gpt: head backward on a shard without the head");
   const int B = acts.B, T = acts.T, C = m.dims.C, V = m.config.vocab;
   const std::size_t n = acts.boundary_elems;
   {
-    Span span(hooks.observer, names::kHeadBackward.data(), m.config.n_layer, flops::head_backward(flop_dims(m, B, T)));
-    softmax_crossentropy_backward(acts.logits, acts.targets.data(), loss_scale / static_cast<float>(B * T), B, T, V);
-    matmul_backward(s.dln, m.dembed.wte, nullptr, acts.logits, acts.lnf, m.embed.wte, B, T, C, V, false);
+    Span span(hooks.observer, names::kHeadBackward.data(), m.config.n_layer,
+              flops::head_backward(flop_dims(m, B, T)));
+    softmax_crossentropy_backward(acts.logits, acts.targets.data(),
+                                  loss_scale / static_cast<float>(B * T), B, T, V);
+    matmul_backward(s.dln, m.dembed.wte, nullptr, acts.logits, acts.lnf, m.embed.wte, B, T, C, V,
+                    false);
     std::fill(s.dres, s.dres + n, 0.0f);
-    layernorm_backward(s.dres, m.dhead.lnfw, m.dhead.lnfb, s.dln, acts.stage_output(), m.head.lnfw, acts.lnf_mean,
-                       acts.lnf_rstd, B, T, C);
+    layernorm_backward(s.dres, m.dhead.lnfw, m.dhead.lnfb, s.dln, acts.stage_output(), m.head.lnfw,
+                       acts.lnf_mean, acts.lnf_rstd, B, T, C);
   }
   if (hooks.on_grads_ready) hooks.on_grads_ready(m.config.n_layer);
 }
 
-void gpt_block_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, int layer, const GptHooks& hooks) {
+void gpt_block_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, int layer,
+                        const GptHooks& hooks) {
   check_layer(m, layer);
   const std::size_t idx = static_cast<std::size_t>(layer - m.shard.layer_begin);
   const BlockDims& d = m.dims;
@@ -354,16 +382,19 @@ void gpt_block_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, int lay
               flops::block_piece(fd, false, 0, tp ? 3 : 1));
     // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + b; s.dres holds dy.
     bias_backward(g.fcprojb, s.dres, B, T, d.C);
-    matmul_backward(s.dfch_gelu, g.fcprojw, nullptr, s.dres, a.fch_gelu, p.fcprojw, B, T, d.F, d.C, false);
+    matmul_backward(s.dfch_gelu, g.fcprojw, nullptr, s.dres, a.fch_gelu, p.fcprojw, B, T, d.F, d.C,
+                    false);
     std::fill(s.dfch, s.dfch + BT * d.F, 0.0f);
     gelu_backward(s.dfch, a.fch, s.dfch_gelu, BT * d.F);
     matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, p.fcw, B, T, d.C, d.F, false);
     if (tp) {
       span.close();
       tp_reduce(m, hooks, TpPoint::kMlpInputBackward, layer, s.dln, n);
-      span.reopen(hooks.observer, names::kBlockBackward.data(), layer, flops::block_piece(fd, false, 1, 3));
+      span.reopen(hooks.observer, names::kBlockBackward.data(), layer,
+                  flops::block_piece(fd, false, 1, 3));
     }
-    layernorm_backward(s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, B, T, d.C);
+    layernorm_backward(s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, B, T,
+                       d.C);
     // Attention: res2 = x + proj(attn(qkv(ln1(x)))) + b; s.dres now holds dres2.
     bias_backward(g.projb, s.dres, B, T, d.C);
     matmul_backward(s.datty, g.projw, nullptr, s.dres, a.atty, p.projw, B, T, d.Cl, d.C, false);
@@ -373,7 +404,8 @@ void gpt_block_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, int lay
     if (tp) {
       span.close();
       tp_reduce(m, hooks, TpPoint::kAttnInputBackward, layer, s.dln, n);
-      span.reopen(hooks.observer, names::kBlockBackward.data(), layer, flops::block_piece(fd, false, 2, 3));
+      span.reopen(hooks.observer, names::kBlockBackward.data(), layer,
+                  flops::block_piece(fd, false, 2, 3));
     }
     layernorm_backward(s.dres, g.ln1w, g.ln1b, s.dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd, B, T, d.C);
   }
@@ -381,10 +413,13 @@ void gpt_block_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, int lay
 }
 
 void gpt_embed_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, const GptHooks& hooks) {
-  if (!m.shard.has_embed) throw std::logic_error("gpt: embedding backward on a shard without the embedding");
+  if (!m.shard.has_embed)
+    throw std::logic_error("gpt: embedding backward on a shard without the embedding");
   {
-    Span span(hooks.observer, names::kEmbedBackward.data(), kEmbedSegment, flops::embed_backward(flop_dims(m, acts.B, acts.T)));
-    encoder_backward(m.dembed.wte, m.dembed.wpe, s.dres, acts.inputs.data(), acts.B, acts.T, m.dims.C);
+    Span span(hooks.observer, names::kEmbedBackward.data(), kEmbedSegment,
+              flops::embed_backward(flop_dims(m, acts.B, acts.T)));
+    encoder_backward(m.dembed.wte, m.dembed.wpe, s.dres, acts.inputs.data(), acts.B, acts.T,
+                     m.dims.C);
   }
   if (hooks.on_grads_ready) hooks.on_grads_ready(kEmbedSegment);
 }
@@ -392,15 +427,19 @@ void gpt_embed_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, const G
 float gpt_forward(const Gpt& m, GptActivations& acts, const int32_t* inputs, const int32_t* targets,
                   const GptHooks& hooks) {
   if (m.shard.has_embed) gpt_embed_forward(m, acts, inputs, hooks);
-  for (int l = m.shard.layer_begin; l < m.shard.layer_end; ++l) gpt_block_forward(m, acts, l, hooks);
+  for (int l = m.shard.layer_begin; l < m.shard.layer_end; ++l)
+    gpt_block_forward(m, acts, l, hooks);
   if (m.shard.has_head) return gpt_head_forward(m, acts, targets, hooks);
   return 0.0f;
 }
 
-void gpt_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, float loss_scale, const GptHooks& hooks) {
-  if (s.B != acts.B || s.T != acts.T) throw std::logic_error("gpt: scratch and activations differ in (B, T)");
+void gpt_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, float loss_scale,
+                  const GptHooks& hooks) {
+  if (s.B != acts.B || s.T != acts.T)
+    throw std::logic_error("gpt: scratch and activations differ in (B, T)");
   if (m.shard.has_head) gpt_head_backward(m, acts, s, loss_scale, hooks);
-  for (int l = m.shard.layer_end - 1; l >= m.shard.layer_begin; --l) gpt_block_backward(m, acts, s, l, hooks);
+  for (int l = m.shard.layer_end - 1; l >= m.shard.layer_begin; --l)
+    gpt_block_backward(m, acts, s, l, hooks);
   if (m.shard.has_embed) {
     gpt_embed_backward(m, acts, s, hooks);
   } else if (m.shard.has_head && hooks.on_grads_ready) {

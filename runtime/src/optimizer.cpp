@@ -11,8 +11,8 @@
 namespace orrery::runtime {
 namespace {
 
-void adamw_stretch(float* p, const float* g, float* m, float* v, std::size_t n, float decay_factor, float b1,
-                   float b2, float step_size, float inv_sqrt_bc2, float eps) {
+void adamw_stretch(float* p, const float* g, float* m, float* v, std::size_t n, float decay_factor,
+                   float b1, float b2, float step_size, float inv_sqrt_bc2, float eps) {
   // p <- p * (1 - lr*wd) - lr * mhat / (sqrt(vhat) + eps), mhat = m/bc1, vhat = v/bc2.
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = g[i];
@@ -24,14 +24,16 @@ void adamw_stretch(float* p, const float* g, float* m, float* v, std::size_t n, 
   }
 }
 
-void adamw_update_serial(float* params, const float* grads, float* m, float* v, std::size_t offset, std::size_t n,
-                         std::span<const ParamRange> decay, int64_t step, const AdamWConfig& cfg) {
+void adamw_update_serial(float* params, const float* grads, float* m, float* v, std::size_t offset,
+                         std::size_t n, std::span<const ParamRange> decay, int64_t step,
+                         const AdamWConfig& cfg) {
   const AdamWScalars k = adamw_scalars(step, cfg);
-  for_each_decay_stretch(offset, n, decay, k.keep_decayed, [&](std::size_t from, std::size_t to, float factor) {
-    const std::size_t i = from - offset;
-    adamw_stretch(params + i, grads + i, m + i, v + i, to - from, factor, cfg.beta1, cfg.beta2, k.step_size,
-                  k.inv_sqrt_bc2, cfg.eps);
-  });
+  for_each_decay_stretch(
+      offset, n, decay, k.keep_decayed, [&](std::size_t from, std::size_t to, float factor) {
+        const std::size_t i = from - offset;
+        adamw_stretch(params + i, grads + i, m + i, v + i, to - from, factor, cfg.beta1, cfg.beta2,
+                      k.step_size, k.inv_sqrt_bc2, cfg.eps);
+      });
 }
 
 }  // namespace
@@ -46,14 +48,15 @@ AdamWScalars adamw_scalars(int64_t step, const AdamWConfig& cfg) {
   return k;
 }
 
-void adamw_update(float* params, const float* grads, float* m, float* v, std::size_t offset, std::size_t n,
-                  std::span<const ParamRange> decay, int64_t step, const AdamWConfig& cfg) {
+void adamw_update(float* params, const float* grads, float* m, float* v, std::size_t offset,
+                  std::size_t n, std::span<const ParamRange> decay, int64_t step,
+                  const AdamWConfig& cfg) {
   if (step < 1) throw std::invalid_argument("adamw_update: step counts from 1");
   // Elementwise, so any split over threads gives the same bits.
   parallel_for(static_cast<std::ptrdiff_t>(n), n * 4, [&](std::ptrdiff_t b, std::ptrdiff_t e) {
     const auto k = static_cast<std::size_t>(b);
-    adamw_update_serial(params + k, grads + k, m + k, v + k, offset + k, static_cast<std::size_t>(e - b), decay, step,
-                        cfg);
+    adamw_update_serial(params + k, grads + k, m + k, v + k, offset + k,
+                        static_cast<std::size_t>(e - b), decay, step, cfg);
   });
 }
 

@@ -9,8 +9,8 @@
 #include "orrery/model/grid.hpp"
 #include "orrery/model/names.hpp"
 #include "orrery/profiler/recorder.hpp"
-#include "orrery/runtime/kernels.hpp"
 #include "orrery/runtime/groups.hpp"
+#include "orrery/runtime/kernels.hpp"
 #include "orrery/runtime/pipeline.hpp"
 #include "orrery/runtime/tensor_parallel.hpp"
 
@@ -52,9 +52,10 @@ void check_supported(const Scenario& s) {
   }
   if (s.runtime.device != "cpu") {
     // Device cuda goes to the CUDA runtime (runtime/cuda, check_supported_cuda) when it is built.
-    throw InputError(origin + ": key 'runtime.device': '" + s.runtime.device +
-                     "' is not available in the CPU runtime; expected cpu (device cuda needs a build "
-                     "with the CUDA toolkit)");
+    throw InputError(
+        origin + ": key 'runtime.device': '" + s.runtime.device +
+        "' is not available in the CPU runtime; expected cpu (device cuda needs a build "
+        "with the CUDA toolkit)");
   }
   if (s.runtime.threads < 1) {
     throw InputError(origin + ": key 'runtime.threads': expected at least 1, got " +
@@ -148,8 +149,8 @@ Trainer::Trainer(const Scenario& s, Communicator& world, Recorder* rec)
   shard.tp_size = L.tp;
   model_ = gpt_create(cfg, shard, s_.training.seed);
   source_ = make_token_source(s_.data.source, s_.data.path, cfg.vocab, s_.training.seed);
-  loader_ = std::make_unique<DataLoader>(*source_, s_.model.seq, s_.training.micro_batch,
-                                         L.dp_rank, L.dp, s_.training.seed);
+  loader_ = std::make_unique<DataLoader>(*source_, s_.model.seq, s_.training.micro_batch, L.dp_rank,
+                                         L.dp, s_.training.seed);
   DdpOptions dopt;
   dopt.bucket_mb = s_.parallel.bucket_mb;
   dopt.overlap = s_.parallel.overlap;
@@ -160,8 +161,8 @@ Trainer::Trainer(const Scenario& s, Communicator& world, Recorder* rec)
     const std::vector<ParamRange> decay = model_.decay_ranges();
     z3_ = std::make_unique<Zero3Storage>(model_, L.dp_rank, L.dp);
     for (const auto& sg : z3_->segments()) {
-      z3_opt_.push_back(std::make_unique<AdamW>(sg.range.offset + sg.part.begin(), sg.part.count(), decay,
-                                                adamw_config(s_.training)));
+      z3_opt_.push_back(std::make_unique<AdamW>(sg.range.offset + sg.part.begin(), sg.part.count(),
+                                                decay, adamw_config(s_.training)));
     }
     z3_recv_ = FloatArray(z3_->shard_elems());
   } else if (s_.parallel.zero >= 1) {
@@ -175,8 +176,10 @@ Trainer::Trainer(const Scenario& s, Communicator& world, Recorder* rec)
     zero_ = zero_partition(n, 0, 1);
     optimizer_ = std::make_unique<AdamW>(0, n, model_.decay_ranges(), adamw_config(s_.training));
   }
-  const int in_flight = L.pp > 1 ? pipeline_in_flight(s_.parallel.schedule, L.pp, L.pp_rank, micro_batches_) : 1;
-  for (int i = 0; i < in_flight; ++i) acts_.push_back(gpt_activations(model_, s_.training.micro_batch, s_.model.seq));
+  const int in_flight =
+      L.pp > 1 ? pipeline_in_flight(s_.parallel.schedule, L.pp, L.pp_rank, micro_batches_) : 1;
+  for (int i = 0; i < in_flight; ++i)
+    acts_.push_back(gpt_activations(model_, s_.training.micro_batch, s_.model.seq));
   act_send_h_.resize(static_cast<size_t>(in_flight));
   grad_send_h_.resize(static_cast<size_t>(in_flight));
   if (L.pp > 1 && L.pp_rank > 0) {
@@ -210,7 +213,8 @@ Trainer::MemoryBytes Trainer::memory() const {
   }
   m.parameters = static_cast<double>(model_.params.size_bytes());
   const double full_grads = static_cast<double>(model_.grads.size_bytes());
-  m.optimizer = 2.0 * sizeof(float) * static_cast<double>(s_.parallel.zero >= 1 ? zero_.shard : model_.params.size());
+  m.optimizer = 2.0 * sizeof(float) *
+                static_cast<double>(s_.parallel.zero >= 1 ? zero_.shard : model_.params.size());
   double acts = static_cast<double>(scratch_.memory.size_bytes());
   for (const auto& a : acts_) acts += static_cast<double>(a.memory.size_bytes());
   m.activations = acts;
@@ -261,16 +265,18 @@ void Trainer::forward_pass(int mb, const GptHooks& hooks, double& loss_sum) {
   loss_sum += z3_ ? z3_forward(mb, acts, hooks)
                   : gpt_forward(model_, acts, batch_.inputs.data(), batch_.targets.data(), hooks);
   if (!model_.shard.has_head) {
-    act_send_h_[slot] = pp_->send(acts.stage_output(), acts.boundary_elems, DType::F32, layout_.pp_rank + 1,
-                                  OpLabel{names::kSendActivation.data(), step, mb, -1});
+    act_send_h_[slot] =
+        pp_->send(acts.stage_output(), acts.boundary_elems, DType::F32, layout_.pp_rank + 1,
+                  OpLabel{names::kSendActivation.data(), step, mb, -1});
   }
 }
 
 void Trainer::embed_all_reduce(float* wte_grad) {
   if (!embed_ || embed_->size() < 2) return;
   const ParamTensor& wte = model_.tensor("wte");
-  embed_->all_reduce(wte_grad, wte.count, DType::F32, ReduceOp::Sum,
-                     OpLabel{names::kEmbedAllReduce.data(), step_, -1, -1})
+  embed_
+      ->all_reduce(wte_grad, wte.count, DType::F32, ReduceOp::Sum,
+                   OpLabel{names::kEmbedAllReduce.data(), step_, -1, -1})
       .wait();
 }
 
@@ -278,9 +284,11 @@ void Trainer::reduce_gradients_zero(int mb) {
   const int32_t step = step_;
   embed_all_reduce(model_.dembed.wte);
   float* out = s_.parallel.zero == 2 ? zero_recv_.data() : zero_grads_.data();
-  dp_->reduce_scatter(model_.grads.data(), out, zero_.shard, DType::F32, ReduceOp::Avg,
-                      OpLabel{kZeroReduceScatterName, step, mb,
-                              model_.shard.has_embed || model_.shard.has_head ? kEmbedSegment : model_.shard.layer_begin})
+  dp_->reduce_scatter(
+         model_.grads.data(), out, zero_.shard, DType::F32, ReduceOp::Avg,
+         OpLabel{kZeroReduceScatterName, step, mb,
+                 model_.shard.has_embed || model_.shard.has_head ? kEmbedSegment
+                                                                 : model_.shard.layer_begin})
       .wait();
   if (s_.parallel.zero == 2) {
     float* acc = zero_grads_.data();
@@ -317,14 +325,16 @@ void Trainer::backward_pass(int mb, const GptHooks& hooks, float loss_scale) {
                                    OpLabel{names::kSendGradient.data(), step, mb, -1});
   }
   if (z3_) z3_finish_backward();
-  if (layout_.dp > 1 && ((s_.parallel.zero == 1 && last_mb) || s_.parallel.zero == 2)) reduce_gradients_zero(mb);
+  if (layout_.dp > 1 && ((s_.parallel.zero == 1 && last_mb) || s_.parallel.zero == 2))
+    reduce_gradients_zero(mb);
 }
 
 // --- ZeRO 3 (zero.hpp). Working buffers: slots 0/1 blocks by layer parity, 2 embedding, 3 final LN.
 void Trainer::z3_gather(int segment, int slot, int mb) {
   Zero3Storage::Segment& sg = z3_->segment(segment);
-  z3_gather_h_[slot] = dp_->all_gather(z3_->params() + sg.shard_offset, z3_->param_buffer(slot), sg.part.shard,
-                                       DType::F32, OpLabel{kZeroFetchLayerName, step_, mb, segment});
+  z3_gather_h_[slot] =
+      dp_->all_gather(z3_->params() + sg.shard_offset, z3_->param_buffer(slot), sg.part.shard,
+                      DType::F32, OpLabel{kZeroFetchLayerName, step_, mb, segment});
   z3_gathered_[slot] = segment;
 }
 
@@ -333,14 +343,16 @@ void Trainer::z3_bind_block(int layer, int next_layer, int mb) {
   if (z3_gathered_[slot] != layer) z3_gather(layer, slot, mb);
   z3_gather_h_[slot].wait();
   // Prefetch: the next block's gather runs on the comm thread while this one computes.
-  if (next_layer >= model_.shard.layer_begin && next_layer < model_.shard.layer_end) z3_gather(next_layer, slot ^ 1, mb);
+  if (next_layer >= model_.shard.layer_begin && next_layer < model_.shard.layer_end)
+    z3_gather(next_layer, slot ^ 1, mb);
   z3_->segment(layer).bind(z3_->param_buffer(slot), z3_->grad_buffer(slot));
 }
 
 void Trainer::z3_reduce_scatter(int segment, int slot, int mb) {
   Zero3Storage::Segment& sg = z3_->segment(segment);
-  z3_rs_h_[slot] = dp_->reduce_scatter(z3_->grad_buffer(slot), z3_recv_.data() + sg.shard_offset, sg.part.shard,
-                                       DType::F32, ReduceOp::Avg, OpLabel{kZeroReduceScatterName, step_, mb, segment});
+  z3_rs_h_[slot] = dp_->reduce_scatter(z3_->grad_buffer(slot), z3_recv_.data() + sg.shard_offset,
+                                       sg.part.shard, DType::F32, ReduceOp::Avg,
+                                       OpLabel{kZeroReduceScatterName, step_, mb, segment});
 }
 
 float Trainer::z3_forward(int mb, GptActivations& acts, const GptHooks& hooks) {
@@ -350,15 +362,19 @@ float Trainer::z3_forward(int mb, GptActivations& acts, const GptHooks& hooks) {
     gpt_block_forward(model_, acts, l, hooks);
     z3_gathered_[(l - model_.shard.layer_begin) & 1] = -99;  // used: the backward gathers it again
   }
-  return model_.shard.has_head ? gpt_head_forward(model_, acts, batch_.targets.data(), hooks) : 0.0f;
+  return model_.shard.has_head ? gpt_head_forward(model_, acts, batch_.targets.data(), hooks)
+                               : 0.0f;
 }
 
 void Trainer::z3_backward(int mb, GptActivations& acts, const GptHooks& hooks, float loss_scale) {
   const int L = model_.config.n_layer;
   GptHooks h = hooks;
   h.on_grads_ready = nullptr;
-  auto clear = [&](int slot, size_t n) { std::fill(z3_->grad_buffer(slot), z3_->grad_buffer(slot) + n, 0.0f); };
-  if (model_.shard.has_embed || model_.shard.has_head) clear(2, z3_->segment(kEmbedSegment).part.padded());
+  auto clear = [&](int slot, size_t n) {
+    std::fill(z3_->grad_buffer(slot), z3_->grad_buffer(slot) + n, 0.0f);
+  };
+  if (model_.shard.has_embed || model_.shard.has_head)
+    clear(2, z3_->segment(kEmbedSegment).part.padded());
   if (model_.shard.has_head) {
     clear(3, z3_->segment(L).part.padded());
     gpt_head_backward(model_, acts, scratch_, loss_scale, h);
@@ -393,7 +409,8 @@ std::vector<float> Trainer::full_parameters() {
   if (!z3_) {
     size_t n = 0;
     for (const auto& t : model_.tensors) n = std::max(n, t.offset + t.count);
-    return std::vector<float>(model_.params.begin(), model_.params.begin() + static_cast<std::ptrdiff_t>(n));
+    return std::vector<float>(model_.params.begin(),
+                              model_.params.begin() + static_cast<std::ptrdiff_t>(n));
   }
   size_t n = 0;
   for (const auto& sg : z3_->segments()) n = std::max(n, sg.range.end());
@@ -401,7 +418,8 @@ std::vector<float> Trainer::full_parameters() {
   for (const auto& sg : z3_->segments()) {
     std::vector<float> buf(sg.part.padded());
     dp_->all_gather(z3_->params() + sg.shard_offset, buf.data(), sg.part.shard, DType::F32).wait();
-    std::copy(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(sg.range.count), out.begin() + static_cast<std::ptrdiff_t>(sg.range.offset));
+    std::copy(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(sg.range.count),
+              out.begin() + static_cast<std::ptrdiff_t>(sg.range.offset));
   }
   return out;
 }
@@ -430,8 +448,8 @@ std::vector<Trainer::StateRange> Trainer::state_to_save() {
   }
   if (s_.parallel.zero == 0 && layout_.dp_rank != 0) return out;  // dp rank 0 holds the same
   if (optimizer_->size() > 0) {
-    out.push_back({optimizer_->offset(), optimizer_->size(), model_.params.data() + optimizer_->offset(),
-                   optimizer_->m(), optimizer_->v()});
+    out.push_back({optimizer_->offset(), optimizer_->size(),
+                   model_.params.data() + optimizer_->offset(), optimizer_->m(), optimizer_->v()});
   }
   return out;
 }
@@ -441,7 +459,8 @@ std::vector<Trainer::StateRange> Trainer::state_to_load() {
   std::vector<StateRange> out;
   out.push_back({0, flat_elems(), model_.params.data(), nullptr, nullptr});
   if (optimizer_->size() > 0) {
-    out.push_back({optimizer_->offset(), optimizer_->size(), nullptr, optimizer_->m(), optimizer_->v()});
+    out.push_back(
+        {optimizer_->offset(), optimizer_->size(), nullptr, optimizer_->m(), optimizer_->v()});
   }
   return out;
 }
@@ -473,7 +492,8 @@ StepResult Trainer::step() {
     if (z3_) {
       // The embedding and final LayerNorm serve both ends of every micro-batch: gathered once a step.
       for (int id : {kEmbedSegment, model_.config.n_layer}) {
-        const bool held = id == kEmbedSegment ? (model_.shard.has_embed || model_.shard.has_head) : model_.shard.has_head;
+        const bool held = id == kEmbedSegment ? (model_.shard.has_embed || model_.shard.has_head)
+                                              : model_.shard.has_head;
         if (!held) continue;
         const int slot = id == kEmbedSegment ? 2 : 3;
         z3_gather(id, slot, -1);
@@ -486,19 +506,22 @@ StepResult Trainer::step() {
     hooks.on_grads_ready = [this](int segment) { ddp_->on_grads_ready(segment); };
     if (layout_.tp > 1) {
       hooks.tp_all_reduce = [this](TpPoint, int layer, float* data, size_t count) {
-        tp_->all_reduce(data, count, DType::F32, ReduceOp::Sum, OpLabel{kTpAllReduceName, step_, cur_mb_, layer})
+        tp_->all_reduce(data, count, DType::F32, ReduceOp::Sum,
+                        OpLabel{kTpAllReduceName, step_, cur_mb_, layer})
             .wait();
       };
     }
     const float loss_scale = 1.0f / static_cast<float>(micro_batches_);
     double loss_sum = 0;
-    const std::vector<int> order =
-        layout_.pp > 1 ? pipeline_order(s_.parallel.schedule, layout_.pp, layout_.pp_rank, micro_batches_)
-                       : pipeline_order("gpipe", 1, 0, 1);
+    const std::vector<int> order = layout_.pp > 1 ? pipeline_order(s_.parallel.schedule, layout_.pp,
+                                                                   layout_.pp_rank, micro_batches_)
+                                                  : pipeline_order("gpipe", 1, 0, 1);
     if (layout_.pp > 1) {
       for (int pass : order) {
-        if (pass >= 0) forward_pass(pass, hooks, loss_sum);
-        else backward_pass(-pass - 1, hooks, loss_scale);
+        if (pass >= 0)
+          forward_pass(pass, hooks, loss_sum);
+        else
+          backward_pass(-pass - 1, hooks, loss_scale);
       }
       for (auto& h : act_send_h_) h.wait();
       for (auto& h : grad_send_h_) h.wait();
@@ -514,29 +537,36 @@ StepResult Trainer::step() {
     {
       ScopedSpan opt(rec_, proto(rec_, SpanKind::Phase, names::kOptimizer.data(), step, -1));
       if (z3_) {
-        ScopedSpan adamw(rec_, proto(rec_, SpanKind::Optimizer, names::kOptimizerStep.data(), step, -1));
+        ScopedSpan adamw(rec_,
+                         proto(rec_, SpanKind::Optimizer, names::kOptimizerStep.data(), step, -1));
         auto& segs = z3_->segments();
         for (size_t i = 0; i < segs.size(); ++i) {
           if (segs[i].part.count() == 0) continue;
-          z3_opt_[i]->step(z3_->params() + segs[i].shard_offset, z3_->grads() + segs[i].shard_offset);
+          z3_opt_[i]->step(z3_->params() + segs[i].shard_offset,
+                           z3_->grads() + segs[i].shard_offset);
         }
         for (int& g : z3_gathered_) g = -99;
       } else if (s_.parallel.zero >= 1 && layout_.dp > 1) {
         {
-          ScopedSpan adamw(rec_, proto(rec_, SpanKind::Optimizer, names::kOptimizerStep.data(), step, -1));
-          if (zero_.count() > 0) optimizer_->step(model_.params.data() + zero_.begin(), zero_grads_.data());
+          ScopedSpan adamw(
+              rec_, proto(rec_, SpanKind::Optimizer, names::kOptimizerStep.data(), step, -1));
+          if (zero_.count() > 0)
+            optimizer_->step(model_.params.data() + zero_.begin(), zero_grads_.data());
         }
-        dp_->all_gather(model_.params.data() + zero_.begin(), model_.params.data(), zero_.shard, DType::F32,
-                        OpLabel{kZeroAllGatherName, step, -1, -1})
+        dp_->all_gather(model_.params.data() + zero_.begin(), model_.params.data(), zero_.shard,
+                        DType::F32, OpLabel{kZeroAllGatherName, step, -1, -1})
             .wait();
       } else {
-        ScopedSpan adamw(rec_, proto(rec_, SpanKind::Optimizer, names::kOptimizerStep.data(), step, -1));
+        ScopedSpan adamw(rec_,
+                         proto(rec_, SpanKind::Optimizer, names::kOptimizerStep.data(), step, -1));
         optimizer_->step(model_.params.data(), model_.grads.data());
       }
     }
     float loss = static_cast<float>(loss_sum / micro_batches_);
     if (layout_.pp > 1) {
-      pp_->broadcast(&loss, 1, DType::F32, layout_.pp - 1, OpLabel{names::kPipelineLoss.data(), step, -1, -1}).wait();
+      pp_->broadcast(&loss, 1, DType::F32, layout_.pp - 1,
+                     OpLabel{names::kPipelineLoss.data(), step, -1, -1})
+          .wait();
     }
     result.loss = loss;
   }

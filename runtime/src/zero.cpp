@@ -12,11 +12,12 @@ void rebase(float*& p, const float* old_base, float* new_base) {
   if (p != nullptr) p = new_base + (p - old_base);
 }
 void rebase(BlockParams& b, const float* o, float* n) {
-  for (float** p : {&b.ln1w, &b.ln1b, &b.qkvw, &b.qkvb, &b.projw, &b.projb, &b.ln2w, &b.ln2b, &b.fcw,
-                    &b.fcb, &b.fcprojw, &b.fcprojb})
+  for (float** p : {&b.ln1w, &b.ln1b, &b.qkvw, &b.qkvb, &b.projw, &b.projb, &b.ln2w, &b.ln2b,
+                    &b.fcw, &b.fcb, &b.fcprojw, &b.fcprojb})
     rebase(*p, o, n);
 }
-void repad(FloatArray& a, std::size_t padded, EmbedParams& e, std::vector<BlockParams>& blocks, HeadParams& h) {
+void repad(FloatArray& a, std::size_t padded, EmbedParams& e, std::vector<BlockParams>& blocks,
+           HeadParams& h) {
   FloatArray fresh(padded);  // zero-filled
   std::copy(a.begin(), a.end(), fresh.begin());
   const float* o = a.data();
@@ -31,7 +32,8 @@ void repad(FloatArray& a, std::size_t padded, EmbedParams& e, std::vector<BlockP
 }  // namespace
 
 void gpt_pad_storage(Gpt& m, std::size_t padded) {
-  if (padded < m.params.size()) throw std::invalid_argument("gpt_pad_storage: smaller than the model");
+  if (padded < m.params.size())
+    throw std::invalid_argument("gpt_pad_storage: smaller than the model");
   if (padded == m.params.size()) return;
   repad(m.params, padded, m.embed, m.blocks, m.head);
   repad(m.grads, padded, m.dembed, m.dblocks, m.dhead);
@@ -44,7 +46,8 @@ void Zero3Segment::bind(float* params, float* grads) const {
   }
 }
 
-std::vector<Zero3Segment> zero3_segments(const Gpt& m, int dp_rank, int dp_size, GptPointers bound) {
+std::vector<Zero3Segment> zero3_segments(const Gpt& m, int dp_rank, int dp_size,
+                                         GptPointers bound) {
   const int L = m.config.n_layer;
   std::vector<Zero3Segment> segments;
   std::size_t total_shard = 0;
@@ -62,8 +65,9 @@ std::vector<Zero3Segment> zero3_segments(const Gpt& m, int dp_rank, int dp_size,
   // The named pointers of each segment (the tensors of a block come in BlockParams' field order),
   // read from the layout model and bound to the same fields of `bound`.
   auto block_fields = [](auto& b) {
-    return std::vector<decltype(&b.ln1w)>{&b.ln1w, &b.ln1b, &b.qkvw, &b.qkvb, &b.projw, &b.projb,
-                                          &b.ln2w, &b.ln2b, &b.fcw,  &b.fcb,  &b.fcprojw, &b.fcprojb};
+    return std::vector<decltype(&b.ln1w)>{&b.ln1w,  &b.ln1b,  &b.qkvw,    &b.qkvb,
+                                          &b.projw, &b.projb, &b.ln2w,    &b.ln2b,
+                                          &b.fcw,   &b.fcb,   &b.fcprojw, &b.fcprojb};
   };
   for (auto& sg : segments) {
     std::vector<float* const*> layout;
@@ -101,12 +105,14 @@ std::size_t zero3_max_block(const std::vector<Zero3Segment>& segments, int n_lay
 }
 
 Zero3Storage::Zero3Storage(Gpt& m, int dp_rank, int dp_size) {
-  allocate(zero3_segments(m, dp_rank, dp_size, GptPointers{m.embed, m.dembed, m.blocks, m.dblocks, m.head, m.dhead}),
+  allocate(zero3_segments(m, dp_rank, dp_size,
+                          GptPointers{m.embed, m.dembed, m.blocks, m.dblocks, m.head, m.dhead}),
            m.config.n_layer);
   for (const auto& sg : segments_) {
     const std::size_t n = sg.part.count();
     std::copy(m.params.data() + sg.range.offset + sg.part.begin(),
-              m.params.data() + sg.range.offset + sg.part.begin() + n, params_.data() + sg.shard_offset);
+              m.params.data() + sg.range.offset + sg.part.begin() + n,
+              params_.data() + sg.shard_offset);
   }
   m.params = FloatArray();
   m.grads = FloatArray();

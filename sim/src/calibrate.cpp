@@ -22,6 +22,7 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
+#include "orrery/common/stats.hpp"
 #include "orrery/sim/core_sharing.hpp"
 #include "orrery/sim/workload.hpp"
 #include "orrery/traces/collective_instances.hpp"
@@ -322,13 +323,6 @@ bool is_compute(const traces::Span& sp) {
   return sp.kind == traces::SpanKind::Compute || sp.kind == traces::SpanKind::Optimizer;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 void append(std::vector<std::string>& notes, const std::vector<std::string>& more) {
   notes.insert(notes.end(), more.begin(), more.end());
 }
@@ -358,7 +352,8 @@ double held_params(const std::string& name, const Scenario& s, const traces::Ran
 std::optional<std::vector<Kernel>> kernels_of(const std::string& name, int piece, const Scenario& s,
                                               const traces::RankInfo* coord) {
   const ModelDims d = model_dims(s, 4);  // the CPU runtime is fp32
-  const int pieces = (name == names::kBlockForward || name == names::kBlockBackward) && d.tp > 1 ? 3 : 1;
+  const int pieces =
+      (name == names::kBlockForward || name == names::kBlockBackward) && d.tp > 1 ? 3 : 1;
   return op_kernels(name, piece, pieces, d, held_params(name, s, coord));
 }
 
@@ -512,7 +507,9 @@ TraceOps observe_compute(const TraceInfo& info) {
     const auto it = coords.find(sp.rank);
     const traces::RankInfo* coord = it == coords.end() ? nullptr : it->second;
     const int pieces =
-        (name == names::kBlockForward || name == names::kBlockBackward) && info.s.parallel.tp > 1 ? 3 : 1;
+        (name == names::kBlockForward || name == names::kBlockBackward) && info.s.parallel.tp > 1
+            ? 3
+            : 1;
     auto ks = kernels_of(name, piece % pieces, info.s, coord);
     if (!ks) {
       out.unknown.insert(name);
@@ -1436,8 +1433,9 @@ FitReport fit_report(const HardwareProfile& p, const std::vector<Row>& rows) {
     f.name = r.key.pieces > 1 ? r.key.name + "[" + std::to_string(r.key.piece + 1) + "/" +
                                     std::to_string(r.key.pieces) + "]"
                               : r.key.name;
-    f.shape = r.key.shape +
-              (r.key.name == names::kOptimizerStep && r.key.stage ? " stage" + std::to_string(r.key.stage) : "");
+    f.shape = r.key.shape + (r.key.name == names::kOptimizerStep && r.key.stage
+                                 ? " stage" + std::to_string(r.key.stage)
+                                 : "");
     f.count = r.count;
     f.measured_ns = r.measured;
     f.fitted_ns = double(cost.op_ns(r.kernels));

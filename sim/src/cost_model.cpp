@@ -35,7 +35,11 @@ struct Shape {
   double n, c, t, v, tp, e;  // tokens, channels, sequence, vocabulary, tp slices, element bytes
 };
 Shape shape(const ModelDims& d) {
-  return {double(d.batch) * double(d.seq), double(d.d_model), double(d.seq), double(d.vocab), double(d.tp),
+  return {double(d.batch) * double(d.seq),
+          double(d.d_model),
+          double(d.seq),
+          double(d.vocab),
+          double(d.tp),
           double(d.act_bytes)};
 }
 
@@ -52,7 +56,8 @@ std::vector<Kernel> backward_of(std::vector<Kernel> ks) {
 // A LayerNorm over n tokens of c channels: 2 FLOPs per gain and shift per token (the runtime's
 // counting, divided by tp like the rest of the block), reads and writes the activations.
 Kernel layernorm(const Shape& x, bool sliced_flops) {
-  return {OpClass::LayerNorm, x.n * 4.0 * x.c / (sliced_flops ? x.tp : 1.0), x.e * (2.0 * x.n * x.c + 2.0 * x.c)};
+  return {OpClass::LayerNorm, x.n * 4.0 * x.c / (sliced_flops ? x.tp : 1.0),
+          x.e * (2.0 * x.n * x.c + 2.0 * x.c)};
 }
 // out (n, oc) = in (n, ic) @ W^T + bias: 2 FLOPs per weight and per counted bias element per token.
 // A row-parallel layer's bias is replicated but counted as sliced (bias_count = oc/tp), as the runtime.
@@ -102,8 +107,12 @@ std::vector<Kernel> mlp_forward_kernels(const ModelDims& d) {
   };
 }
 
-std::vector<Kernel> attention_backward_kernels(const ModelDims& d) { return backward_of(attention_forward_kernels(d)); }
-std::vector<Kernel> mlp_backward_kernels(const ModelDims& d) { return backward_of(mlp_forward_kernels(d)); }
+std::vector<Kernel> attention_backward_kernels(const ModelDims& d) {
+  return backward_of(attention_forward_kernels(d));
+}
+std::vector<Kernel> mlp_backward_kernels(const ModelDims& d) {
+  return backward_of(mlp_forward_kernels(d));
+}
 
 std::vector<Kernel> head_forward_kernels(const ModelDims& d) {
   const Shape x = shape(d);
@@ -115,14 +124,16 @@ std::vector<Kernel> head_forward_kernels(const ModelDims& d) {
       {OpClass::SoftmaxLoss, 0.0, x.e * 2.0 * x.n * x.v},
   };
 }
-std::vector<Kernel> head_backward_kernels(const ModelDims& d) { return backward_of(head_forward_kernels(d)); }
+std::vector<Kernel> head_backward_kernels(const ModelDims& d) {
+  return backward_of(head_forward_kernels(d));
+}
 
 std::vector<Kernel> optimizer_kernels(double params, double bytes_per_param) {
   return {{OpClass::Optimizer, 12.0 * params, bytes_per_param * params}};
 }
 
-std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, int pieces, const ModelDims& d,
-                                              double opt_params) {
+std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, int pieces,
+                                              const ModelDims& d, double opt_params) {
   auto cat = [](std::vector<Kernel> a, const std::vector<Kernel>& b) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
@@ -155,7 +166,8 @@ std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, 
   }
   if (name == names::kOptimizerStep) return optimizer_kernels(opt_params, 28.0);
   // Zeroing `opt_params` fp32 gradient elements: a write of 4 bytes each.
-  if (name == names::kZeroGrad) return std::vector<Kernel>{Kernel{OpClass::Elementwise, 0.0, 4.0 * opt_params}};
+  if (name == names::kZeroGrad)
+    return std::vector<Kernel>{Kernel{OpClass::Elementwise, 0.0, 4.0 * opt_params}};
   return std::nullopt;
 }
 
@@ -170,11 +182,12 @@ double total_bytes(const std::vector<Kernel>& ks) {
   return b;
 }
 
-CostModel::CostModel(HardwareProfile profile, double peak_flops, double memory_bandwidth_bytes_per_s)
+CostModel::CostModel(HardwareProfile profile, double peak_flops,
+                     double memory_bandwidth_bytes_per_s)
     : profile_(std::move(profile)),
       peak_flops_(profile_.peak_flops > 0 ? profile_.peak_flops : peak_flops),
       bandwidth_(profile_.memory_bandwidth_bytes_per_s > 0 ? profile_.memory_bandwidth_bytes_per_s
-                                                             : memory_bandwidth_bytes_per_s) {
+                                                           : memory_bandwidth_bytes_per_s) {
   if (!(peak_flops_ > 0) || !(bandwidth_ > 0))
     throw InputError("hardware profile '" + profile_.name +
                      "': the device has no peak FLOP/s or memory bandwidth (set peak_flops and "
@@ -198,8 +211,9 @@ int64_t CostModel::op_ns(const std::vector<Kernel>& ks) const {
 int64_t CostModel::named_op_ns(std::string_view name, int piece, int pieces, const ModelDims& d,
                                double opt_params) const {
   const auto ks = op_kernels(name, piece, pieces, d, opt_params);
-  if (!ks) throw InputError("cost model: no op named '" + std::string(name) + "' (piece " + std::to_string(piece) + " of " +
-                            std::to_string(pieces) + ")");
+  if (!ks)
+    throw InputError("cost model: no op named '" + std::string(name) + "' (piece " +
+                     std::to_string(piece) + " of " + std::to_string(pieces) + ")");
   const int64_t modelled = op_ns(*ks);
   const MeasuredOp* best = nullptr;
   double best_dist = 0;
@@ -210,11 +224,14 @@ int64_t CostModel::named_op_ns(std::string_view name, int piece, int pieces, con
     if (name == names::kOptimizerStep || name == names::kZeroGrad) {
       dist = ld(opt_params, m.params);
     } else {
-      dist = ld(double(d.batch) * double(d.seq), double(m.batch) * double(m.seq)) + ld(double(d.seq), double(m.seq)) +
-             ld(double(d.d_model), double(m.d_model)) + ld(double(d.heads), double(m.heads)) +
-             ld(double(d.vocab), double(m.vocab)) + ld(double(d.tp), double(m.tp));
-      if (m.pieces != pieces) dist += 100.0;
-      else if (m.piece != piece) dist += 1000.0;
+      dist = ld(double(d.batch) * double(d.seq), double(m.batch) * double(m.seq)) +
+             ld(double(d.seq), double(m.seq)) + ld(double(d.d_model), double(m.d_model)) +
+             ld(double(d.heads), double(m.heads)) + ld(double(d.vocab), double(m.vocab)) +
+             ld(double(d.tp), double(m.tp));
+      if (m.pieces != pieces)
+        dist += 100.0;
+      else if (m.piece != piece)
+        dist += 1000.0;
     }
     if (!best || dist < best_dist) best = &m, best_dist = dist;
   }

@@ -59,12 +59,14 @@ namespace {
 
 class Executor {
  public:
-  Executor(const Workload& w, const Cluster& c, const ExecutorOptions& opt) : w_(w), c_(c), opt_(opt) {
+  Executor(const Workload& w, const Cluster& c, const ExecutorOptions& opt)
+      : w_(w), c_(c), opt_(opt) {
     const Layout& l = w.layout;
     if (c.num_gpus() < l.world())
-      throw InputError("cluster '" + c.name + "' has " + std::to_string(c.num_gpus()) + " GPUs; the layout dp=" +
-                       std::to_string(l.dp) + " tp=" + std::to_string(l.tp) + " pp=" + std::to_string(l.pp) +
-                       " needs " + std::to_string(l.world()));
+      throw InputError("cluster '" + c.name + "' has " + std::to_string(c.num_gpus()) +
+                       " GPUs; the layout dp=" + std::to_string(l.dp) +
+                       " tp=" + std::to_string(l.tp) + " pp=" + std::to_string(l.pp) + " needs " +
+                       std::to_string(l.world()));
     sharing_ = opt.core_sharing && opt.core_sharing->cores > 0;
     std::vector<int32_t> ranks =
         opt.ranks.empty() ? representative_ranks(l, opt.all_ranks || sharing_) : opt.ranks;
@@ -73,7 +75,8 @@ class Executor {
     ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
     sim_index_.assign(l.world(), -1);
     for (int32_t r : ranks) {
-      if (r < 0 || r >= l.world()) throw InputError("simulated rank " + std::to_string(r) + " is not in the layout");
+      if (r < 0 || r >= l.world())
+        throw InputError("simulated rank " + std::to_string(r) + " is not in the layout");
       sim_index_[r] = static_cast<int32_t>(runs_.size());
       RankRun run;
       run.rank = r;
@@ -100,7 +103,8 @@ class Executor {
     }
     // Every rank simulated: the rank spread applies (with representatives it would have no meaning).
     every_rank_ = static_cast<int64_t>(runs_.size()) == int64_t(l.world()) && l.world() > 1;
-    if (opt.rank_jitter > 0 && every_rank_) jitter_q_ = expected_normal_order_statistics(static_cast<int>(runs_.size()));
+    if (opt.rank_jitter > 0 && every_rank_)
+      jitter_q_ = expected_normal_order_statistics(static_cast<int>(runs_.size()));
     state_.resize(runs_.size());
     for (size_t i = 0; i < runs_.size(); ++i) {
       const auto& p = *runs_[i].program;
@@ -121,9 +125,9 @@ class Executor {
         if (state_[i].cursor[s] < p.stream_ops[s].size()) {
           const Op& op = p.ops[p.stream_ops[s][state_[i].cursor[s]]];
           std::ostringstream o;
-          o << "simulation deadlock: rank " << runs_[i].rank << " stream " << stream_name(s) << " stuck at op '"
-            << w_.names[op.name] << "' (step " << op.step << ", micro-batch " << op.micro_batch << ", layer "
-            << op.layer << ")";
+          o << "simulation deadlock: rank " << runs_[i].rank << " stream " << stream_name(s)
+            << " stuck at op '" << w_.names[op.name] << "' (step " << op.step << ", micro-batch "
+            << op.micro_batch << ", layer " << op.layer << ")";
           throw InternalError(o.str());
         }
       }
@@ -139,7 +143,7 @@ class Executor {
 
  private:
   struct RankState {
-    double jitter_var = 0;          // ns², op_jitter variance of the compute since its last collective
+    double jitter_var = 0;  // ns², op_jitter variance of the compute since its last collective
     std::vector<uint32_t> pending;  // deps not yet done, per op
     std::array<uint32_t, kStreamCount> cursor{};
     std::array<bool, kStreamCount> busy{};
@@ -195,7 +199,8 @@ class Executor {
       default: {
         t.active_ns = t.start_ns;
         const int64_t dur = jittered(ri, op);
-        if (every_rank_ && opt_.op_jitter > 0) st.jitter_var += std::pow(opt_.op_jitter * double(dur), 2);
+        if (every_rank_ && opt_.op_jitter > 0)
+          st.jitter_var += std::pow(opt_.op_jitter * double(dur), 2);
         if (sharing_) {
           start_shared(ri, id, dur);
         } else {
@@ -211,7 +216,8 @@ class Executor {
     if (jitter_q_.empty() || op.step < 0) return op.duration_ns;
     const size_t n = jitter_q_.size();
     const double q = jitter_q_[(static_cast<size_t>(ri) + static_cast<size_t>(op.step)) % n];
-    return static_cast<int64_t>(std::llround(double(op.duration_ns) * std::max(0.1, 1.0 + opt_.rank_jitter * q)));
+    return static_cast<int64_t>(
+        std::llround(double(op.duration_ns) * std::max(0.1, 1.0 + opt_.rank_jitter * q)));
   }
 
   void complete(int32_t ri, uint32_t id) {
@@ -246,7 +252,8 @@ class Executor {
   double shared_rate(const NodeCpu& n) const {
     if (n.running.empty()) return 1.0;
     const double busy =
-        double(n.running.size()) * std::max(1, opt_.core_sharing->threads_per_rank) + n.comm_threads;
+        double(n.running.size()) * std::max(1, opt_.core_sharing->threads_per_rank) +
+        n.comm_threads;
     return 1.0 / busy_slowdown(*opt_.core_sharing, busy);
   }
   // Work done since the last update, at the rate of the ranks that were busy meanwhile.
@@ -361,7 +368,8 @@ class Executor {
   // E[max of n standard normals], cached per n.
   double expected_max(int n) {
     if (n < 2) return 0.0;
-    if (static_cast<size_t>(n) >= max_cache_.size()) max_cache_.resize(static_cast<size_t>(n) + 1, -1.0);
+    if (static_cast<size_t>(n) >= max_cache_.size())
+      max_cache_.resize(static_cast<size_t>(n) + 1, -1.0);
     double& v = max_cache_[static_cast<size_t>(n)];
     if (v < 0) v = expected_normal_order_statistics(n).back();
     return v;
@@ -373,7 +381,8 @@ class Executor {
     // op_jitter: a collective waits, on average, for the last of its members' independently late
     // arrivals: σ · E[max of n], σ² the members' mean variance since their previous collective.
     int64_t jitter_wait = 0;
-    if (every_rank_ && opt_.op_jitter > 0 && req.op != traces::CollOp::Send && members.size() >= 2) {
+    if (every_rank_ && opt_.op_jitter > 0 && req.op != traces::CollOp::Send &&
+        members.size() >= 2) {
       double var = 0;
       for (const auto& [ri, id] : members) var += state_[ri].jitter_var, state_[ri].jitter_var = 0;
       const int n = static_cast<int>(members.size());
@@ -399,7 +408,8 @@ class Executor {
       base_ns = opt_.comm_time(req);
     } else if (opt_.profile) {
       // A send/recv override is stored under `send`.
-      if (const CollectiveOverride* o = opt_.profile->find_override(req.op, intra_node, static_cast<int>(req.members.size())))
+      if (const CollectiveOverride* o =
+              opt_.profile->find_override(req.op, intra_node, static_cast<int>(req.members.size())))
         base_ns = o->time_ns(req.bytes, static_cast<int>(req.members.size()));
     }
     if (base_ns < 0) {
@@ -414,9 +424,11 @@ class Executor {
     // backward op, when a bucket is issued) counts.
     if (sharing_ && opt_.core_sharing->comm_compute_weight > 0) {
       engine_.schedule_at(now, [this, req, base_ns, jitter_wait, done = std::move(done)]() mutable {
-        const double stretch = 1.0 + opt_.core_sharing->comm_compute_weight * double(members_computing(req)) /
+        const double stretch = 1.0 + opt_.core_sharing->comm_compute_weight *
+                                         double(members_computing(req)) /
                                          double(opt_.core_sharing->cores);
-        engine_.schedule_at(engine_.now() + jitter_wait + static_cast<int64_t>(std::llround(double(base_ns) * stretch)),
+        engine_.schedule_at(engine_.now() + jitter_wait +
+                                static_cast<int64_t>(std::llround(double(base_ns) * stretch)),
                             std::move(done));
       });
       return;
@@ -437,9 +449,9 @@ class Executor {
   std::unordered_map<uint64_t, Pending> pending_;
   std::unordered_map<uint64_t, Channel> channels_[2];  // activations, gradients
   bool sharing_ = false;
-  std::vector<NodeCpu> cpus_;  // per node, with core sharing
-  std::vector<double> jitter_q_;  // per simulated rank slot (rotated by step); empty: no spread
-  bool every_rank_ = false;       // every rank of the layout is simulated
+  std::vector<NodeCpu> cpus_;      // per node, with core sharing
+  std::vector<double> jitter_q_;   // per simulated rank slot (rotated by step); empty: no spread
+  bool every_rank_ = false;        // every rank of the layout is simulated
   std::vector<double> max_cache_;  // expected_max per n (-1: not computed)
 };
 
@@ -454,7 +466,8 @@ std::vector<double> expected_normal_order_statistics(int n) {
   const double h = (kHi - kLo) / kSteps;
   std::vector<double> q(static_cast<size_t>(n), 0.0), log_coef(static_cast<size_t>(n));
   for (int i = 1; i <= n; ++i)
-    log_coef[static_cast<size_t>(i - 1)] = std::lgamma(n + 1.0) - std::lgamma(double(i)) - std::lgamma(double(n - i + 1));
+    log_coef[static_cast<size_t>(i - 1)] =
+        std::lgamma(n + 1.0) - std::lgamma(double(i)) - std::lgamma(double(n - i + 1));
   for (int k = 0; k <= kSteps; ++k) {
     const double z = kLo + h * k;
     const double phi = std::exp(-0.5 * z * z) / std::sqrt(2.0 * M_PI);
@@ -463,7 +476,8 @@ std::vector<double> expected_normal_order_statistics(int n) {
     for (int i = 1; i <= n; ++i) {
       const double a = cdf > 0 ? (i - 1) * std::log(cdf) : (i == 1 ? 0.0 : -INFINITY);
       const double b = cdf < 1 ? (n - i) * std::log1p(-cdf) : (i == n ? 0.0 : -INFINITY);
-      q[static_cast<size_t>(i - 1)] += w * z * phi * std::exp(log_coef[static_cast<size_t>(i - 1)] + a + b);
+      q[static_cast<size_t>(i - 1)] +=
+          w * z * phi * std::exp(log_coef[static_cast<size_t>(i - 1)] + a + b);
     }
   }
   for (auto& v : q) v *= h / 3.0;
@@ -475,7 +489,8 @@ ExecResult execute(const Workload& w, const Cluster& cluster, const ExecutorOpti
   return e.run();
 }
 
-traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& cluster, double peak_flops_per_rank) {
+traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& cluster,
+                         double peak_flops_per_rank) {
   traces::Trace t;
   const Layout& l = w.layout;
   t.meta.source = traces::TraceSource::Sim;
@@ -531,8 +546,10 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
 
   std::vector<traces::NameId> name_ids(w.names.size());
   for (size_t i = 0; i < w.names.size(); ++i) name_ids[i] = t.strings.intern(w.names[i]);
-  const traces::NameId step_name = t.strings.intern(names::kStep), fwd_name = t.strings.intern(names::kForward),
-                       bwd_name = t.strings.intern(names::kBackward), opt_name = t.strings.intern(names::kOptimizer);
+  const traces::NameId step_name = t.strings.intern(names::kStep),
+                       fwd_name = t.strings.intern(names::kForward),
+                       bwd_name = t.strings.intern(names::kBackward),
+                       opt_name = t.strings.intern(names::kOptimizer);
 
   size_t total = 0;
   for (const auto& run : r.ranks) total += run.ops.size();
@@ -556,7 +573,8 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
       }
     };
     std::vector<Extent> step_ext(w.steps), opt_ext(w.steps);
-    std::vector<Extent> fwd_ext(size_t(w.steps) * w.micro_batches), bwd_ext(size_t(w.steps) * w.micro_batches);
+    std::vector<Extent> fwd_ext(size_t(w.steps) * w.micro_batches),
+        bwd_ext(size_t(w.steps) * w.micro_batches);
     for (size_t i = 0; i < p.ops.size(); ++i) {
       const Op& op = p.ops[i];
       const OpTiming& tm = run.ops[i];
@@ -576,7 +594,8 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
       if (op.group != GroupRole::None) {
         sp.comm = comm_of(run.rank, op.group);
         sp.seq = op.seq;
-        if (op.kind == traces::SpanKind::P2P && (op.group == GroupRole::PPNext || op.group == GroupRole::PPPrev))
+        if (op.kind == traces::SpanKind::P2P &&
+            (op.group == GroupRole::PPNext || op.group == GroupRole::PPPrev))
           sp.peer = l.rank_of(run.coord.dp, run.coord.tp, pp_peer(l, run.coord.pp, op.group));
       }
       t.spans.push_back(sp);

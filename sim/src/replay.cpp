@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "orrery/common/error.hpp"
+#include "orrery/common/stats.hpp"
 #include "orrery/sim/engine.hpp"
 #include "orrery/traces/collective_instances.hpp"
 
@@ -83,13 +84,6 @@ bool is_comm(const traces::Span& s) {
 // A collective span that names its communicator and sequence number: grouped by both.
 bool is_sequenced_collective(const traces::Span& s) {
   return s.kind == traces::SpanKind::Collective && s.comm >= 0 && s.seq >= 0;
-}
-
-int64_t median_of(std::vector<int64_t> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // Stream order: each node's predecessor on its (rank, stream). Sets Graph::order and world.
@@ -454,8 +448,8 @@ StepTimes step_times(const traces::Trace& t, const Graph& g, const std::vector<T
       rep_steps.push_back(res.steps.back().replayed_ns);
     }
   }
-  res.recorded_step_ns = median_of(rec_steps);
-  res.replayed_step_ns = median_of(rep_steps);
+  res.recorded_step_ns = median(rec_steps);
+  res.replayed_step_ns = median(rep_steps);
   if (st.empty())
     res.recorded_step_ns = res.recorded_makespan_ns,
     res.replayed_step_ns = res.replayed_makespan_ns;

@@ -15,6 +15,7 @@
 #include "orrery/profiler/metrics.hpp"
 #include "orrery/sim/calibrate.hpp"
 #include "orrery/sim/cost_model.hpp"
+#include "orrery/sim/sim_target.hpp"
 #include "orrery/sim/workload.hpp"
 
 namespace orrery::sim {
@@ -27,9 +28,9 @@ std::string layout_string(const Scenario& s) {
   return o.str();
 }
 
+// The precision choice of sim_target.hpp (one rule for the CLI's checks and the simulation).
 PrecisionConfig precision_for(const SimOptions& opt, const HardwareProfile& prof) {
-  if (!opt.precision.empty()) return precision_config(opt.precision);
-  return precision_config(prof.precision == "bf16" || prof.precision == "fp16" ? "mixed" : "fp32");
+  return precision_config(precision_name(opt.precision, prof));
 }
 
 double peak_for(const Cluster& c, const HardwareProfile& prof) {
@@ -47,9 +48,10 @@ Scenario fit_layout(Scenario s, const Cluster& c) {
   const int tp = s.parallel.tp, pp = s.parallel.pp;
   if (s.world_size() != gpus) {
     if (tp * pp > gpus || gpus % (tp * pp) != 0)
-      throw InputError(s.path + ": the layout tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) +
-                       " (tp*pp = " + std::to_string(tp * pp) + " GPUs per replica) does not divide cluster '" +
-                       c.name + "' of " + std::to_string(gpus) + " GPUs");
+      throw InputError(s.path + ": the layout tp=" + std::to_string(tp) +
+                       " pp=" + std::to_string(pp) + " (tp*pp = " + std::to_string(tp * pp) +
+                       " GPUs per replica) does not divide cluster '" + c.name + "' of " +
+                       std::to_string(gpus) + " GPUs");
     s.parallel.dp = gpus / (tp * pp);
   }
   validate_layout(s);
@@ -64,7 +66,8 @@ HardwareProfile profile_for(const Cluster& c, const std::string& search_dir) {
   return default_hardware_profile(c.device.name, c.device.name != "cpu");
 }
 
-SimulationSize estimate_simulation_size(const Scenario& s, int steps, bool every_rank, bool keep_trace) {
+SimulationSize estimate_simulation_size(const Scenario& s, int steps, bool every_rank,
+                                        bool keep_trace) {
   SimulationSize z;
   const auto& p = s.parallel;
   z.world = int64_t(std::max(1, p.dp)) * std::max(1, p.tp) * std::max(1, p.pp);
@@ -82,7 +85,8 @@ SimulationSize estimate_simulation_size(const Scenario& s, int steps, bool every
                           double(z.simulated_ranks) * ops * (sizeof(OpTiming) + sizeof(uint32_t)) +
                           ops * 4 * 2 * sizeof(int64_t);
   // The trace: every op of every simulated rank a span (reserved with an eighth more for phases).
-  const double trace = keep_trace ? double(z.simulated_ranks) * ops * 1.125 * sizeof(traces::Span) : 0.0;
+  const double trace =
+      keep_trace ? double(z.simulated_ranks) * ops * 1.125 * sizeof(traces::Span) : 0.0;
   z.bytes = programs + executor + trace + double(z.world) * 512.0;
   return z;
 }
@@ -91,31 +95,37 @@ void check_simulation_size(const Scenario& s, int steps, bool every_rank, bool k
                            int64_t memory_bytes) {
   const std::string where = s.path.empty() ? std::string("scenario") : s.path;
   if (s.model.layers > kMaxSimulatedLayers)
-    throw InputError(where + ": key 'model.layers': " + std::to_string(s.model.layers) +
-                     " layers; the simulator takes at most " + std::to_string(kMaxSimulatedLayers) +
-                     " (100 times the deepest published transformer, DeepNet's 1,000; GPT-3 has 96)");
+    throw InputError(
+        where + ": key 'model.layers': " + std::to_string(s.model.layers) +
+        " layers; the simulator takes at most " + std::to_string(kMaxSimulatedLayers) +
+        " (100 times the deepest published transformer, DeepNet's 1,000; GPT-3 has 96)");
   const SimulationSize z = estimate_simulation_size(s, steps, every_rank, keep_trace);
   const auto& p = s.parallel;
   if (z.world > std::numeric_limits<int32_t>::max())
-    throw InputError(where + ": keys 'parallel.dp' x 'parallel.tp' x 'parallel.pp' = " + std::to_string(p.dp) +
-                     " x " + std::to_string(p.tp) + " x " + std::to_string(p.pp) + " = " + std::to_string(z.world) +
-                     " ranks, more than 2^31 - 1");
+    throw InputError(
+        where + ": keys 'parallel.dp' x 'parallel.tp' x 'parallel.pp' = " + std::to_string(p.dp) +
+        " x " + std::to_string(p.tp) + " x " + std::to_string(p.pp) + " = " +
+        std::to_string(z.world) + " ranks, more than 2^31 - 1");
   const int64_t limit = memory_bytes > 0 ? memory_bytes : physical_memory_bytes();
   const bool too_many_ops = z.ops_per_stage > double(kMaxStageOps);
   if (!too_many_ops && (limit <= 0 || z.bytes <= double(limit))) return;
   // The factors, with the keys that set them.
-  const int64_t m = int64_t(s.training.global_batch) / (int64_t(std::max(1, p.dp)) * std::max(1, s.training.micro_batch));
+  const int64_t m = int64_t(s.training.global_batch) /
+                    (int64_t(std::max(1, p.dp)) * std::max(1, s.training.micro_batch));
   char ops[32];
   std::snprintf(ops, sizeof ops, "%.3g", z.ops_per_stage);
   std::string what = where + ": key 'model.layers' (" + std::to_string(s.model.layers) + ", " +
-                     std::to_string(s.model.layers / std::max(1, p.pp)) + " per stage) x " + std::to_string(m) +
-                     " micro-batches per step ('training.global_batch' " + std::to_string(s.training.global_batch) +
-                     " / ('parallel.dp' " + std::to_string(p.dp) + " x 'training.micro_batch' " +
+                     std::to_string(s.model.layers / std::max(1, p.pp)) + " per stage) x " +
+                     std::to_string(m) + " micro-batches per step ('training.global_batch' " +
+                     std::to_string(s.training.global_batch) + " / ('parallel.dp' " +
+                     std::to_string(p.dp) + " x 'training.micro_batch' " +
                      std::to_string(s.training.micro_batch) + ")) x " + std::to_string(steps) +
                      " steps (--steps) make up to " + ops + " ops per pipeline stage";
   if (too_many_ops)
-    throw InputError(what + ", more than the simulator's 32-bit op ids allow (" + std::to_string(kMaxStageOps) + ")");
-  what += ", simulated on " + std::to_string(z.simulated_ranks) + " of " + std::to_string(z.world) + " ranks";
+    throw InputError(what + ", more than the simulator's 32-bit op ids allow (" +
+                     std::to_string(kMaxStageOps) + ")");
+  what += ", simulated on " + std::to_string(z.simulated_ranks) + " of " + std::to_string(z.world) +
+          " ranks";
   if (every_rank) what += " (every rank: --all-ranks or a core-sharing profile)";
   if (keep_trace) what += " with the trace (--out)";
   throw InputError(what + ": about " + format_memory_bytes(z.bytes) + " of memory, more than " +
@@ -126,15 +136,17 @@ void check_simulation_size(const Scenario& s, int steps, bool every_rank, bool k
 SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   if (s.world_size() != cluster.num_gpus())
-    throw InputError(s.path + ": the layout " + layout_string(s) + " uses " + std::to_string(s.world_size()) +
-                     " GPUs but cluster '" + cluster.name + "' has " + std::to_string(cluster.num_gpus()));
+    throw InputError(s.path + ": the layout " + layout_string(s) + " uses " +
+                     std::to_string(s.world_size()) + " GPUs but cluster '" + cluster.name +
+                     "' has " + std::to_string(cluster.num_gpus()));
   // A profile with a core-sharing law (calibrated on a CPU machine): collectives scaled for the
   // ranks on a node here, compute shared among the busy ranks by the executor.
   const HardwareProfile given = opt.profile ? *opt.profile : profile_for(cluster);
   const bool shared_cores = given.sharing.cores > 0;
   check_simulation_size(s, opt.steps, opt.all_ranks || shared_cores, opt.keep_trace);
   const HardwareProfile prof =
-      shared_cores ? profile_for_ranks(given, ranks_on_node(s, cluster), /*scale_compute=*/false) : given;
+      shared_cores ? profile_for_ranks(given, ranks_on_node(s, cluster), /*scale_compute=*/false)
+                   : given;
   const PrecisionConfig prec = precision_for(opt, prof);
   const double peak = peak_for(cluster, prof);
   const CostModel cost(prof, peak, cluster.device.mem_bandwidth_bytes_per_s);
@@ -150,7 +162,8 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   const ExecResult r = execute(w, cluster, eo);
 
   SimResult out;
-  out.dp = s.parallel.dp, out.tp = s.parallel.tp, out.pp = s.parallel.pp, out.zero = s.parallel.zero;
+  out.dp = s.parallel.dp, out.tp = s.parallel.tp, out.pp = s.parallel.pp,
+  out.zero = s.parallel.zero;
   out.micro_batch = s.training.micro_batch;
   out.micro_batches = w.micro_batches;
   out.schedule = s.parallel.schedule;
@@ -173,7 +186,8 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   const int first_counted = w.steps > 1 ? 1 : 0;
   const int counted = w.steps - first_counted;
   double step_sum = 0;
-  for (int st = first_counted; st < w.steps; ++st) step_sum += double(step_end[st] - step_start[st]);
+  for (int st = first_counted; st < w.steps; ++st)
+    step_sum += double(step_end[st] - step_start[st]);
   out.step_time_ns = static_cast<int64_t>(std::llround(step_sum / counted));
 
   // Breakdown per rank and counted step (sweep.hpp), averaged.
@@ -186,9 +200,12 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
         const Op& op = rk.program->ops[i];
         if (op.step != st) continue;
         const Interval iv{std::max(ws, rk.ops[i].active_ns), std::min(we, rk.ops[i].end_ns)};
-        if (op.kind == traces::SpanKind::Compute || op.kind == traces::SpanKind::Optimizer) comp.push_back(iv);
-        else if (op.kind == traces::SpanKind::P2P) pp.push_back(iv);
-        else if (op.kind == traces::SpanKind::Collective) (op.group == GroupRole::TP ? tp : dp).push_back(iv);
+        if (op.kind == traces::SpanKind::Compute || op.kind == traces::SpanKind::Optimizer)
+          comp.push_back(iv);
+        else if (op.kind == traces::SpanKind::P2P)
+          pp.push_back(iv);
+        else if (op.kind == traces::SpanKind::Collective)
+          (op.group == GroupRole::TP ? tp : dp).push_back(iv);
       }
       const auto C = profiler::merge_intervals(comp);
       const auto TP = profiler::merge_intervals(tp);
@@ -204,16 +221,20 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
       const double window = double(we - ws);
       sum.window_ns += window;
       sum.compute_ns += double(profiler::total_length(C));
-      sum.exposed_tp_ns += double(profiler::total_length(TP) - profiler::intersection_length(TP, C));
-      sum.exposed_pp_ns += double(profiler::total_length(PP) - profiler::intersection_length(PP, C_TP));
-      sum.exposed_dp_ns += double(profiler::total_length(DP) - profiler::intersection_length(DP, C_TP_PP));
+      sum.exposed_tp_ns +=
+          double(profiler::total_length(TP) - profiler::intersection_length(TP, C));
+      sum.exposed_pp_ns +=
+          double(profiler::total_length(PP) - profiler::intersection_length(PP, C_TP));
+      sum.exposed_dp_ns +=
+          double(profiler::total_length(DP) - profiler::intersection_length(DP, C_TP_PP));
       const double rest = window - double(profiler::total_length(all));
       (s.parallel.pp > 1 ? sum.bubble_ns : sum.idle_ns) += rest;
     }
   }
   const double n = double(r.ranks.size()) * counted;
-  out.breakdown = {sum.window_ns / n,     sum.compute_ns / n, sum.exposed_tp_ns / n, sum.exposed_dp_ns / n,
-                   sum.exposed_pp_ns / n, sum.bubble_ns / n,  sum.idle_ns / n};
+  out.breakdown = {sum.window_ns / n,     sum.compute_ns / n,    sum.exposed_tp_ns / n,
+                   sum.exposed_dp_ns / n, sum.exposed_pp_ns / n, sum.bubble_ns / n,
+                   sum.idle_ns / n};
 
   const double step_s = double(out.step_time_ns) * 1e-9;
   if (step_s > 0) {
@@ -235,11 +256,13 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
     auto& t = *out.trace;
     for (const auto& rk : r.ranks) {
       const MemoryEstimate& m = out.memory[rk.coord.pp];
-      const std::pair<const char*, double> cats[] = {{names::kMemParameters.data(), m.parameters_bytes},
-                                                     {names::kMemGradients.data(), m.gradients_bytes},
-                                                     {names::kMemOptimizer.data(), m.optimizer_bytes},
-                                                     {names::kMemActivations.data(), m.activations_bytes}};
-      for (const auto& [name, v] : cats) t.counters.push_back({rk.rank, t.strings.intern(name), 0, v});
+      const std::pair<const char*, double> cats[] = {
+          {names::kMemParameters.data(), m.parameters_bytes},
+          {names::kMemGradients.data(), m.gradients_bytes},
+          {names::kMemOptimizer.data(), m.optimizer_bytes},
+          {names::kMemActivations.data(), m.activations_bytes}};
+      for (const auto& [name, v] : cats)
+        t.counters.push_back({rk.rank, t.strings.intern(name), 0, v});
     }
   }
   out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -252,14 +275,18 @@ namespace {
 // the pipeline (m + p - 1 slots of one micro-batch's stage work, TP all-reduces in line; interleaved
 // m·v + p - 1 slots of a chunk's), the head
 // on the last stage, and the data-parallel traffic that backward cannot hide.
-double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& cost, const PrecisionConfig& prec) {
+double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& cost,
+                        const PrecisionConfig& prec) {
   const Layout l = Layout::from(s);
   const ModelDims d = model_dims(s, prec.act_bytes);
-  const double m = s.micro_batches_per_step(), pp = s.parallel.pp, lps = double(s.model.layers) / pp;
+  const double m = s.micro_batches_per_step(), pp = s.parallel.pp,
+               lps = double(s.model.layers) / pp;
   const double tf = double(cost.named_op_ns(names::kBlockForward, 0, 1, d));
   const double tb = double(cost.named_op_ns(names::kBlockBackward, 0, 1, d));
-  const double head = double(cost.named_op_ns(names::kHeadForward, 0, 1, d) + cost.named_op_ns(names::kHeadBackward, 0, 1, d));
-  const int64_t act = int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model * prec.act_bytes;
+  const double head = double(cost.named_op_ns(names::kHeadForward, 0, 1, d) +
+                             cost.named_op_ns(names::kHeadBackward, 0, 1, d));
+  const int64_t act =
+      int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model * prec.act_bytes;
   auto coll = [&](traces::CollOp op, std::vector<int32_t> members, int64_t bytes) -> double {
     if (members.size() < 2 || bytes <= 0) return 0.0;
     CollectiveRequest req;
@@ -269,9 +296,12 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
     return double(collective_time_ns(c, req, NetworkModel::Analytical));
   };
   const double t_ar = coll(traces::CollOp::AllReduce, group_members(l, 0, GroupRole::TP), act);
-  const double t_p2p = s.parallel.pp > 1 ? coll(traces::CollOp::Send, {0, l.rank_of(0, 0, 1)}, act) : 0.0;
+  const double t_p2p =
+      s.parallel.pp > 1 ? coll(traces::CollOp::Send, {0, l.rank_of(0, 0, 1)}, act) : 0.0;
   // Interleaved 1F1B: m·v + p - 1 slots of one chunk's work (lps / v layers), a transfer each way per chunk.
-  const double v = s.parallel.schedule == "interleaved" && s.parallel.pp > 1 ? std::max(1, s.parallel.virtual_stages) : 1;
+  const double v = s.parallel.schedule == "interleaved" && s.parallel.pp > 1
+                       ? std::max(1, s.parallel.virtual_stages)
+                       : 1;
   const double slot = lps / v * (tf + tb + 4 * t_ar) + 2 * t_p2p;
   double est = (m * v + pp - 1) * slot + m * head;
   int64_t params = 0;
@@ -280,10 +310,15 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
   const int z = s.parallel.zero;
   double dp_total = 0;
   const double grads = double(params) * prec.grad_bytes;
-  if (z == 0) dp_total = coll(traces::CollOp::AllReduce, dpg, int64_t(grads));
-  else dp_total = coll(traces::CollOp::ReduceScatter, dpg, int64_t(grads)) * (z >= 2 ? m : 1.0);
-  if (z == 1 || z == 2) dp_total += coll(traces::CollOp::AllGather, dpg, int64_t(double(params) * prec.param_bytes));
-  if (z == 3) dp_total += 2 * m * coll(traces::CollOp::AllGather, dpg, int64_t(double(params) * prec.param_bytes));
+  if (z == 0)
+    dp_total = coll(traces::CollOp::AllReduce, dpg, int64_t(grads));
+  else
+    dp_total = coll(traces::CollOp::ReduceScatter, dpg, int64_t(grads)) * (z >= 2 ? m : 1.0);
+  if (z == 1 || z == 2)
+    dp_total += coll(traces::CollOp::AllGather, dpg, int64_t(double(params) * prec.param_bytes));
+  if (z == 3)
+    dp_total +=
+        2 * m * coll(traces::CollOp::AllGather, dpg, int64_t(double(params) * prec.param_bytes));
   // Backward of the last micro-batch hides some of it; the rest is exposed.
   est += std::max(0.0, dp_total - lps * tb);
   return est;
@@ -353,7 +388,8 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
       row.ok = true;
       row.candidates = row.simulated = 1;
       row.note = scaled_note;
-      if (!row.result.fits) row.note += std::string(row.note.empty() ? "" : "; ") + "does not fit device memory";
+      if (!row.result.fits)
+        row.note += std::string(row.note.empty() ? "" : "; ") + "does not fit device memory";
       rows.push_back(row);
       continue;
     }
@@ -373,7 +409,8 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
             if (zero > 0 && dp < 2) continue;
             Candidate cd;
             cd.s = s;
-            cd.s.parallel.dp = dp, cd.s.parallel.tp = tp, cd.s.parallel.pp = pp, cd.s.parallel.zero = zero;
+            cd.s.parallel.dp = dp, cd.s.parallel.tp = tp, cd.s.parallel.pp = pp,
+            cd.s.parallel.zero = zero;
             cd.s.training.micro_batch = mb;
             try {
               validate_layout(cd.s);
@@ -381,7 +418,8 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
               continue;
             }
             bool fits = true;
-            for (const auto& m : estimate_memory(cd.s, prec, c.device.mem_capacity_bytes)) fits = fits && m.fits;
+            for (const auto& m : estimate_memory(cd.s, prec, c.device.mem_capacity_bytes))
+              fits = fits && m.fits;
             if (!fits) continue;
             cd.estimate = estimate_step_ns(cd.s, c, cost, prec);
             cands.push_back(std::move(cd));
@@ -406,9 +444,10 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
     const int top = std::min<int>(opt.search_top, static_cast<int>(cands.size()));
     for (int i = 0; i < top; ++i) {
       const Scenario& x = cands[i].s;
-      say("[" + std::to_string(gpus) + " GPUs] " + std::to_string(i + 1) + "/" + std::to_string(top) + " (of " +
-          std::to_string(cands.size()) + " fitting) " + layout_string(x) + " zero=" +
-          std::to_string(x.parallel.zero) + " mb=" + std::to_string(x.training.micro_batch));
+      say("[" + std::to_string(gpus) + " GPUs] " + std::to_string(i + 1) + "/" +
+          std::to_string(top) + " (of " + std::to_string(cands.size()) + " fitting) " +
+          layout_string(x) + " zero=" + std::to_string(x.parallel.zero) +
+          " mb=" + std::to_string(x.training.micro_batch));
       SimResult res = simulate(x, c, so);
       ++row.simulated;
       if (!row.ok || res.tokens_per_s > row.result.tokens_per_s) {
@@ -485,9 +524,12 @@ nlohmann::json to_json(const SimResult& r) {
   j["mfu"] = r.mfu;
   j["peak_flops_per_gpu"] = r.peak_flops;
   const auto& b = r.breakdown;
-  j["breakdown_ns"] = {{"window", b.window_ns},         {"compute", b.compute_ns},
-                       {"exposed_tp_comm", b.exposed_tp_ns}, {"exposed_dp_comm", b.exposed_dp_ns},
-                       {"exposed_pp_comm", b.exposed_pp_ns}, {"bubble", b.bubble_ns},
+  j["breakdown_ns"] = {{"window", b.window_ns},
+                       {"compute", b.compute_ns},
+                       {"exposed_tp_comm", b.exposed_tp_ns},
+                       {"exposed_dp_comm", b.exposed_dp_ns},
+                       {"exposed_pp_comm", b.exposed_pp_ns},
+                       {"bubble", b.bubble_ns},
                        {"idle", b.idle_ns}};
   j["memory"] = nlohmann::json::array();
   for (const auto& m : r.memory)
@@ -510,19 +552,21 @@ nlohmann::json to_json(const SimResult& r) {
   return j;
 }
 
-std::string format_report(const SimResult& r, const Scenario& s, const Cluster& c, NetworkModel model) {
+std::string format_report(const SimResult& r, const Scenario& s, const Cluster& c,
+                          NetworkModel model) {
   std::ostringstream o;
   const double step = double(r.step_time_ns);
-  o << "orrery sim: " << s.name << " on " << c.name << " (" << c.num_gpus() << " x " << c.device.name << ", "
-    << c.topology->describe() << ")\n";
-  o << "  network model " << to_string(model) << ", hardware profile " << r.profile_name << ", " << r.precision
-    << " precision\n";
-  o << "layout        dp=" << r.dp << " tp=" << r.tp << " pp=" << r.pp << " zero=" << r.zero << ", " << r.schedule
-    << ", micro-batch " << r.micro_batch << " x " << r.micro_batches << " per replica per step\n";
+  o << "orrery sim: " << s.name << " on " << c.name << " (" << c.num_gpus() << " x "
+    << c.device.name << ", " << c.topology->describe() << ")\n";
+  o << "  network model " << to_string(model) << ", hardware profile " << r.profile_name << ", "
+    << r.precision << " precision\n";
+  o << "layout        dp=" << r.dp << " tp=" << r.tp << " pp=" << r.pp << " zero=" << r.zero << ", "
+    << r.schedule << ", micro-batch " << r.micro_batch << " x " << r.micro_batches
+    << " per replica per step\n";
   o << "step time     " << seconds(step) << "\n";
   o << "tokens/s      " << fmt("%.0f", r.tokens_per_s) << "\n";
-  o << "per GPU       " << flops_str(r.tflops_per_gpu * 1e12) << ", MFU " << fmt("%.1f %%", 100 * r.mfu)
-    << " (peak " << flops_str(r.peak_flops) << ")\n";
+  o << "per GPU       " << flops_str(r.tflops_per_gpu * 1e12) << ", MFU "
+    << fmt("%.1f %%", 100 * r.mfu) << " (peak " << flops_str(r.peak_flops) << ")\n";
   const auto& b = r.breakdown;
   o << "breakdown (one step, mean over ranks)\n";
   auto line = [&](const char* name, double ns) {
@@ -539,9 +583,11 @@ std::string format_report(const SimResult& r, const Scenario& s, const Cluster& 
   o << "memory per GPU (parameters + gradients + optimizer + activations = total, capacity "
     << bytes_str(double(r.capacity_bytes)) << ")\n";
   auto mem_line = [&](const MemoryEstimate& m) {
-    o << "  stage " << m.stage << ": " << bytes_str(m.parameters_bytes) << " + " << bytes_str(m.gradients_bytes)
-      << " + " << bytes_str(m.optimizer_bytes) << " + " << bytes_str(m.activations_bytes) << " ("
-      << m.micro_batches_in_flight << " micro-batches in flight) = " << bytes_str(m.total_bytes) << (m.fits ? "  fits" : "  DOES NOT FIT") << "\n";
+    o << "  stage " << m.stage << ": " << bytes_str(m.parameters_bytes) << " + "
+      << bytes_str(m.gradients_bytes) << " + " << bytes_str(m.optimizer_bytes) << " + "
+      << bytes_str(m.activations_bytes) << " (" << m.micro_batches_in_flight
+      << " micro-batches in flight) = " << bytes_str(m.total_bytes)
+      << (m.fits ? "  fits" : "  DOES NOT FIT") << "\n";
   };
   if (r.memory.size() <= 4) {
     for (const auto& m : r.memory) mem_line(m);
@@ -583,8 +629,9 @@ nlohmann::json to_json(const std::vector<SweepRow>& rows) {
 std::string format_sweep_table(const std::vector<SweepRow>& rows) {
   std::ostringstream o;
   char buf[512];
-  std::snprintf(buf, sizeof buf, "%7s  %-22s %4s %3s  %11s  %12s  %11s  %6s  %6s  %10s  %s\n", "gpus", "layout", "zero",
-                "mb", "step time", "tokens/s", "TFLOP/s/GPU", "MFU", "eff.", "mem/GPU", "fits");
+  std::snprintf(buf, sizeof buf, "%7s  %-22s %4s %3s  %11s  %12s  %11s  %6s  %6s  %10s  %s\n",
+                "gpus", "layout", "zero", "mb", "step time", "tokens/s", "TFLOP/s/GPU", "MFU",
+                "eff.", "mem/GPU", "fits");
   o << buf;
   for (const auto& r : rows) {
     if (!r.ok) {
@@ -593,11 +640,13 @@ std::string format_sweep_table(const std::vector<SweepRow>& rows) {
       continue;
     }
     const auto& x = r.result;
-    const std::string layout = "dp=" + std::to_string(x.dp) + " tp=" + std::to_string(x.tp) + " pp=" + std::to_string(x.pp);
-    std::snprintf(buf, sizeof buf, "%7d  %-22s %4d %3d  %11s  %12.0f  %11.1f  %5.1f%%  %5.1f%%  %10s  %s\n", r.gpus,
-                  layout.c_str(), x.zero, x.micro_batch, seconds(double(x.step_time_ns)).c_str(), x.tokens_per_s,
-                  x.tflops_per_gpu, 100 * x.mfu, 100 * r.efficiency, gb(x.peak_memory_bytes).c_str(),
-                  x.fits ? "yes" : "NO");
+    const std::string layout = "dp=" + std::to_string(x.dp) + " tp=" + std::to_string(x.tp) +
+                               " pp=" + std::to_string(x.pp);
+    std::snprintf(buf, sizeof buf,
+                  "%7d  %-22s %4d %3d  %11s  %12.0f  %11.1f  %5.1f%%  %5.1f%%  %10s  %s\n", r.gpus,
+                  layout.c_str(), x.zero, x.micro_batch, seconds(double(x.step_time_ns)).c_str(),
+                  x.tokens_per_s, x.tflops_per_gpu, 100 * x.mfu, 100 * r.efficiency,
+                  gb(x.peak_memory_bytes).c_str(), x.fits ? "yes" : "NO");
     o << buf;
   }
   return o.str();
@@ -605,7 +654,8 @@ std::string format_sweep_table(const std::vector<SweepRow>& rows) {
 
 std::string format_sweep_csv(const std::vector<SweepRow>& rows) {
   std::ostringstream o;
-  o << "gpus,dp,tp,pp,zero,micro_batch,step_time_s,tokens_per_s,tflops_per_gpu,mfu,efficiency,peak_memory_bytes,fits,"
+  o << "gpus,dp,tp,pp,zero,micro_batch,step_time_s,tokens_per_s,tflops_per_gpu,mfu,efficiency,peak_"
+       "memory_bytes,fits,"
        "note\n";
   for (const auto& r : rows) {
     std::string note = r.note;
@@ -616,10 +666,12 @@ std::string format_sweep_csv(const std::vector<SweepRow>& rows) {
       continue;
     }
     const auto& x = r.result;
-    o << r.gpus << "," << x.dp << "," << x.tp << "," << x.pp << "," << x.zero << "," << x.micro_batch << ","
-      << fmt("%.9g", double(x.step_time_ns) * 1e-9) << "," << fmt("%.6g", x.tokens_per_s) << ","
-      << fmt("%.6g", x.tflops_per_gpu) << "," << fmt("%.6g", x.mfu) << "," << fmt("%.6g", r.efficiency) << ","
-      << fmt("%.0f", x.peak_memory_bytes) << "," << (x.fits ? "true" : "false") << ",\"" << note << "\"\n";
+    o << r.gpus << "," << x.dp << "," << x.tp << "," << x.pp << "," << x.zero << ","
+      << x.micro_batch << "," << fmt("%.9g", double(x.step_time_ns) * 1e-9) << ","
+      << fmt("%.6g", x.tokens_per_s) << "," << fmt("%.6g", x.tflops_per_gpu) << ","
+      << fmt("%.6g", x.mfu) << "," << fmt("%.6g", r.efficiency) << ","
+      << fmt("%.0f", x.peak_memory_bytes) << "," << (x.fits ? "true" : "false") << ",\"" << note
+      << "\"\n";
   }
   return o.str();
 }

@@ -1,6 +1,5 @@
 // Builds the per-stage op programs of a training step (see workload.hpp for the op structure and the
 // symmetry argument).
-#include "orrery/common/pipeline_schedule.hpp"
 #include "orrery/sim/workload.hpp"
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 #include <unordered_map>
 
 #include "orrery/common/error.hpp"
+#include "orrery/common/pipeline_schedule.hpp"
 #include "orrery/model/buckets.hpp"
 #include "orrery/model/flops.hpp"
 #include "orrery/model/zero_partition.hpp"
@@ -18,11 +18,16 @@ namespace orrery::sim {
 
 std::string_view stream_name(int stream) {
   switch (stream) {
-    case kStreamCompute: return "compute";
-    case kStreamDp: return "comm.dp";
-    case kStreamTp: return "comm.tp";
-    case kStreamPpSend: return "comm.pp.send";
-    case kStreamPpRecv: return "comm.pp.recv";
+    case kStreamCompute:
+      return "compute";
+    case kStreamDp:
+      return "comm.dp";
+    case kStreamTp:
+      return "comm.tp";
+    case kStreamPpSend:
+      return "comm.pp.send";
+    case kStreamPpRecv:
+      return "comm.pp.recv";
   }
   return "other";
 }
@@ -36,13 +41,15 @@ PrecisionConfig precision_config(const std::string& name) {
     p.name = "mixed";
     p.param_bytes = 2, p.grad_bytes = 2, p.optimizer_bytes = 12, p.act_bytes = 2;
   } else {
-    throw InputError("precision '" + name + "': expected fp32 or mixed (bf16 with fp32 master weights)");
+    throw InputError("precision '" + name +
+                     "': expected fp32 or mixed (bf16 with fp32 master weights)");
   }
   return p;
 }
 
 std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage) {
-  const auto specs = model::parameter_tensors(model::model_shape(s), model::stage_contents(s, stage));
+  const auto specs =
+      model::parameter_tensors(model::model_shape(s), model::stage_contents(s, stage));
   std::vector<ParamTensor> out;
   out.reserve(specs.size());
   for (const auto& p : specs) out.push_back({p.name, p.count(), p.segment});
@@ -138,8 +145,9 @@ ComputeCosts make_costs(const ModelDims& d, const CostModel& cost) {
   auto piece = [&](std::string_view name, int index, int pieces) {
     const auto ks = op_kernels(name, index, pieces, d);
     const bool block = name == names::kBlockForward || name == names::kBlockBackward;
-    const double f = block ? model::flops::block_piece(fd, name == names::kBlockForward, index, pieces)
-                           : total_flops(*ks);
+    const double f =
+        block ? model::flops::block_piece(fd, name == names::kBlockForward, index, pieces)
+              : total_flops(*ks);
     return Piece{f, total_bytes(*ks), cost.named_op_ns(name, index, pieces, d)};
   };
   ComputeCosts c;
@@ -172,7 +180,8 @@ double workload_ops_bound(const Scenario& s, int steps) {
   // collectives, the extra prefetch); per step at most one DDP bucket per segment and 10 more
   // (zero_grad, ZeRO 3's start gathers, tied-embedding all-reduce, optimizer, all-gather, loss).
   // Interleaved: per micro-batch and chunk at most the 10 (a chunk's pass has the same extras).
-  const double per_step = m * (per_stage * per_layer + 10 * chunks_per_stage(s)) + (per_stage + 2) + 10;
+  const double per_step =
+      m * (per_stage * per_layer + 10 * chunks_per_stage(s)) + (per_stage + 2) + 10;
   return double(std::max(1, steps)) * per_step;
 }
 
@@ -187,23 +196,31 @@ void check_buildable(const Scenario& s, const WorkloadOptions& opt) {
     // virtual stage c·pp + s (validate_layout checks that pp·v divides the layers).
     const int pp = s.parallel.pp, v = chunks_per_stage(s);
     if (pp < 2)
-      throw InputError(s.path + ": key 'parallel.schedule': the interleaved schedule needs parallel.pp >= 2 (got " +
-                       std::to_string(pp) + ")");
+      throw InputError(
+          s.path +
+          ": key 'parallel.schedule': the interleaved schedule needs parallel.pp >= 2 (got " +
+          std::to_string(pp) + ")");
     if (s.model.layers % (pp * v) != 0)
-      throw InputError(s.path + ": key 'parallel.virtual_stages': model.layers (" + std::to_string(s.model.layers) +
-                       ") must be divisible by pp x virtual_stages (" + std::to_string(pp * v) + ")");
+      throw InputError(s.path + ": key 'parallel.virtual_stages': model.layers (" +
+                       std::to_string(s.model.layers) +
+                       ") must be divisible by pp x virtual_stages (" + std::to_string(pp * v) +
+                       ")");
     // ZeRO 2 sums the tied embedding between the first and the last stage after every micro-batch's
     // backward, blocking (reduce_gradients_zero): under this order the last stage would wait there
     // after chunk 0's backward of micro-batch i for stage 0, whose backward of it needs a forward the
     // last stage runs only later (p = 4, v = 2: stage 3 runs B0.0 before F0.6, whose output stage 0's
     // F1.6 needs before its B0.0): a deadlock, so refused. ZeRO 3 is not built for chunks.
     if (s.parallel.zero == 2)
-      throw InputError(s.path + ": key 'parallel.zero': ZeRO 2 cannot run the interleaved schedule (its blocking " +
-                       "per-micro-batch sum of the tied embedding between the first and last stage would deadlock " +
-                       "it); use zero 0 or 1, or schedule 1f1b");
+      throw InputError(
+          s.path +
+          ": key 'parallel.zero': ZeRO 2 cannot run the interleaved schedule (its blocking " +
+          "per-micro-batch sum of the tied embedding between the first and last stage would "
+          "deadlock " +
+          "it); use zero 0 or 1, or schedule 1f1b");
     if (s.parallel.zero == 3)
-      throw InputError(s.path + ": key 'parallel.zero': ZeRO 3 with the interleaved schedule is not simulated " +
-                       "(use zero 0 or 1, or schedule 1f1b)");
+      throw InputError(
+          s.path + ": key 'parallel.zero': ZeRO 3 with the interleaved schedule is not simulated " +
+          "(use zero 0 or 1, or schedule 1f1b)");
   }
   // Op ids, dependency offsets and sequence numbers are 32-bit (Op): refuse before building.
   if (const double ops = workload_ops_bound(s, opt.steps); ops > double(kMaxStageOps)) {
@@ -229,14 +246,31 @@ struct Bucket {
 // object's, each piece of the op structure of workload.hpp one member.
 class StageBuilder {
  public:
-  StageBuilder(const Scenario& s, const CostModel& cost, const WorkloadOptions& opt, const ComputeCosts& cc,
-               int micro_batches, int stage, StageProgram& prog, std::vector<std::string>& names)
-      : s_(s), par_(s.parallel), cost_(cost), prec_(opt.precision), cc_(cc), steps_(opt.steps), pp_(par_.pp),
-        dp_(par_.dp), m_(micro_batches), L_(s.model.layers), chunks_(chunks_per_stage(s)), per_stage_(L_ / pp_),
-        per_chunk_(per_stage_ / chunks_), st_(stage), first_(stage == 0), last_(stage == pp_ - 1),
-        interleaved_(par_.schedule == "interleaved"), has_embed_segment_(first_ || last_),
-        act_msg_bytes_(int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model * prec_.act_bytes),
-        prog_(prog), b_(prog, names) {
+  StageBuilder(const Scenario& s, const CostModel& cost, const WorkloadOptions& opt,
+               const ComputeCosts& cc, int micro_batches, int stage, StageProgram& prog,
+               std::vector<std::string>& names)
+      : s_(s),
+        par_(s.parallel),
+        cost_(cost),
+        prec_(opt.precision),
+        cc_(cc),
+        steps_(opt.steps),
+        pp_(par_.pp),
+        dp_(par_.dp),
+        m_(micro_batches),
+        L_(s.model.layers),
+        chunks_(chunks_per_stage(s)),
+        per_stage_(L_ / pp_),
+        per_chunk_(per_stage_ / chunks_),
+        st_(stage),
+        first_(stage == 0),
+        last_(stage == pp_ - 1),
+        interleaved_(par_.schedule == "interleaved"),
+        has_embed_segment_(first_ || last_),
+        act_msg_bytes_(int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model *
+                       prec_.act_bytes),
+        prog_(prog),
+        b_(prog, names) {
     prog_.stage = stage;
   }
 
@@ -262,12 +296,15 @@ class StageBuilder {
   size_t slot(int seg) const {
     if (seg < 0) return size_t(0);
     if (seg >= L_) return size_t(1);
-    return size_t(2 + (seg / per_chunk_ / pp_) * per_chunk_ + seg % per_chunk_);  // chunk, then layer
+    return size_t(2 + (seg / per_chunk_ / pp_) * per_chunk_ +
+                  seg % per_chunk_);  // chunk, then layer
   }
   int64_t segment_params(int seg) const { return seg_params_[slot(seg)]; }
   // ZeRO sizes: the model's partition pads an array of n elements to dp · ceil(n / dp)
   // (model/zero_partition.hpp); the collectives move the padded total.
-  int64_t padded(int64_t n) const { return int64_t(model::zero_partition(size_t(n), 0, dp_).padded()); }
+  int64_t padded(int64_t n) const {
+    return int64_t(model::zero_partition(size_t(n), 0, dp_).padded());
+  }
 
   // Segments in gradient-ready order with their parameter counts, and the backward position after
   // which each is ready: 0 = after bwd.head, 1 + k = after block l1-1-k, per_stage + 1 = after
@@ -285,10 +322,12 @@ class StageBuilder {
     for (int k = chunks_ - 1; k >= 0; --k) {
       const int l0 = chunk_l0(k), l1 = l0 + per_chunk_, base = chunk_base(k);
       if (last_ && k == chunks_ - 1) ready_order.push_back({L_, segment_params(L_), base});
-      for (int l = l1 - 1; l >= l0; --l) ready_order.push_back({l, segment_params(l), base + 1 + (l1 - 1 - l)});
+      for (int l = l1 - 1; l >= l0; --l)
+        ready_order.push_back({l, segment_params(l), base + 1 + (l1 - 1 - l)});
       if (first_ && k == 0) ready_order.push_back({-1, segment_params(-1), base + per_chunk_ + 1});
     }
-    if (!first_ && last_) ready_order.push_back({-1, segment_params(-1), chunk_base(0) + per_chunk_});
+    if (!first_ && last_)
+      ready_order.push_back({-1, segment_params(-1), chunk_base(0) + per_chunk_});
 
     std::vector<model::BucketSegment> order;
     order.reserve(ready_order.size());
@@ -298,7 +337,8 @@ class StageBuilder {
       Bucket bk;
       bk.params = plan.elements;
       bk.lowest = plan.lowest_segment;
-      for (size_t i = plan.begin; i < plan.end; ++i) bk.ready = std::max(bk.ready, ready_order[i].position);
+      for (size_t i = plan.begin; i < plan.end; ++i)
+        bk.ready = std::max(bk.ready, ready_order[i].position);
       buckets_.push_back(bk);
     }
     for (const auto& bk : buckets_) prog_.bucket_params.push_back(bk.params);
@@ -307,8 +347,8 @@ class StageBuilder {
   // Each step first zeroes the gradients the stage holds (and ZeRO's shard accumulators).
   Piece make_zero_grad_piece() const {
     const ModelDims dims = model_dims(s_, prec_.act_bytes);
-    const double zeroed =
-        double(prog_.param_count) + (par_.zero >= 1 ? double(padded(prog_.param_count)) / dp_ : 0.0);
+    const double zeroed = double(prog_.param_count) +
+                          (par_.zero >= 1 ? double(padded(prog_.param_count)) / dp_ : 0.0);
     return Piece{0.0, total_bytes(*op_kernels(names::kZeroGrad, 0, 1, dims, zeroed)),
                  cost_.named_op_ns(names::kZeroGrad, 0, 1, dims, zeroed)};
   }
@@ -326,8 +366,8 @@ class StageBuilder {
     op.bytes = static_cast<int64_t>(pc.bytes);
     return op;
   }
-  Op comm(std::string_view n, traces::SpanKind kind, traces::CollOp coll, int stream, GroupRole g, int64_t bytes,
-          int32_t seq, PhaseKind ph, int mb, int layer) {
+  Op comm(std::string_view n, traces::SpanKind kind, traces::CollOp coll, int stream, GroupRole g,
+          int64_t bytes, int32_t seq, PhaseKind ph, int mb, int layer) {
     Op op;
     op.name = b_.name(n);
     op.kind = kind;
@@ -341,13 +381,13 @@ class StageBuilder {
     return op;
   }
   uint32_t tp_all_reduce(PhaseKind ph, int mb, int layer, uint32_t after) {
-    return b_.add(comm(names::kTpAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce, kStreamTp,
-                       GroupRole::TP, act_msg_bytes_, seq_tp_++, ph, mb, layer),
+    return b_.add(comm(names::kTpAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce,
+                       kStreamTp, GroupRole::TP, act_msg_bytes_, seq_tp_++, ph, mb, layer),
                   {after});
   }
   // A block's forward or backward: its pieces, with a tp all-reduce between consecutive pieces.
-  uint32_t block(std::string_view n, const std::vector<Piece>& pieces, PhaseKind ph, int mb, int layer,
-                 std::initializer_list<uint32_t> first_deps) {
+  uint32_t block(std::string_view n, const std::vector<Piece>& pieces, PhaseKind ph, int mb,
+                 int layer, std::initializer_list<uint32_t> first_deps) {
     uint32_t prev = kNone;
     for (size_t k = 0; k < pieces.size(); ++k) {
       const uint32_t op = k == 0 ? b_.add(compute(n, pieces[k], ph, mb, layer), first_deps)
@@ -356,28 +396,30 @@ class StageBuilder {
     }
     return prev;
   }
-  uint32_t dp_coll(std::string_view n, traces::CollOp c, int64_t bytes, PhaseKind ph, int mb, int layer,
-                   const std::vector<uint32_t>& deps) {
-    return b_.add(comm(n, traces::SpanKind::Collective, c, kStreamDp, GroupRole::DP, bytes, seq_dp_++, ph, mb, layer),
+  uint32_t dp_coll(std::string_view n, traces::CollOp c, int64_t bytes, PhaseKind ph, int mb,
+                   int layer, const std::vector<uint32_t>& deps) {
+    return b_.add(comm(n, traces::SpanKind::Collective, c, kStreamDp, GroupRole::DP, bytes,
+                       seq_dp_++, ph, mb, layer),
                   deps);
   }
   uint32_t embed_all_reduce(int mb, const std::vector<uint32_t>& deps) {
-    return b_.add(comm(names::kEmbedAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce, kStreamDp,
-                       GroupRole::Embedding, int64_t(s_.model.vocab) * s_.model.d_model * prec_.grad_bytes,
-                       seq_embed_++, PhaseKind::Backward, mb, -1),
+    return b_.add(comm(names::kEmbedAllReduce, traces::SpanKind::Collective,
+                       traces::CollOp::AllReduce, kStreamDp, GroupRole::Embedding,
+                       int64_t(s_.model.vocab) * s_.model.d_model * prec_.grad_bytes, seq_embed_++,
+                       PhaseKind::Backward, mb, -1),
                   deps);
   }
   // ZeRO 3 (the runtime's Zero3Storage): one all-gather per segment, issued on the comm thread in
   // the order the trainer binds them (a block's gather when the block before it is bound, so one
   // block ahead), and one reduce-scatter per segment as its backward completes.
   uint32_t z3_gather(PhaseKind ph, int mb, int segment, uint32_t after) {
-    return dp_coll(names::kZeroAllGather, traces::CollOp::AllGather, padded(segment_params(segment)) * prec_.param_bytes,
-                   ph, mb, segment, {after});
+    return dp_coll(names::kZeroAllGather, traces::CollOp::AllGather,
+                   padded(segment_params(segment)) * prec_.param_bytes, ph, mb, segment, {after});
   }
   uint32_t z3_scatter(int mb, int segment, uint32_t after) {
     const uint32_t op = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
-                                padded(segment_params(segment)) * prec_.grad_bytes, PhaseKind::Backward, mb, segment,
-                                {after});
+                                padded(segment_params(segment)) * prec_.grad_bytes,
+                                PhaseKind::Backward, mb, segment, {after});
     grad_ops_.push_back(op);
     return op;
   }
@@ -395,8 +437,8 @@ class StageBuilder {
     grad_ops_.clear();
     last_backward_op_ = kNone;
     next_bucket_ = 0;
-    const uint32_t zero_grad = b_.add(compute(names::kZeroGrad, zero_grad_piece_, PhaseKind::None, -1, -1),
-                                      {after_prev_step_});
+    const uint32_t zero_grad = b_.add(
+        compute(names::kZeroGrad, zero_grad_piece_, PhaseKind::None, -1, -1), {after_prev_step_});
     // The op the next pass's first op waits for: the runtime's blocking collectives between passes
     // (the previous step's ZeRO all-gather and pp.loss, ZeRO 1/2 reductions, ZeRO 3's end of backward).
     blocker_ = {zero_grad};
@@ -408,8 +450,10 @@ class StageBuilder {
       blocker_ = {after};
     }
     for (const PipelinePass& pass : pass_order()) {
-      if (pass.forward) forward_pass(pass);
-      else backward_pass(pass);
+      if (pass.forward)
+        forward_pass(pass);
+      else
+        backward_pass(pass);
     }
     finish_step();
   }
@@ -426,7 +470,8 @@ class StageBuilder {
     blocker_.clear();
     uint32_t data = kNone;
     if (embed || head)
-      data = b_.add(compute(names::kDataLoad, Piece{0, 0, cc_.data_ns}, PhaseKind::None, mb, -1, traces::SpanKind::Data),
+      data = b_.add(compute(names::kDataLoad, Piece{0, 0, cc_.data_ns}, PhaseKind::None, mb, -1,
+                            traces::SpanKind::Data),
                     wait);
     uint32_t prev = kNone;
     if (embed) {
@@ -434,9 +479,10 @@ class StageBuilder {
       deps.push_back(data);
       prev = b_.add(compute(names::kEmbedForward, cc_.embed_f, PhaseKind::Forward, mb, -1), deps);
     } else {
-      prev = b_.add(comm(names::kRecvActivation, traces::SpanKind::P2P, traces::CollOp::Recv, kStreamPpRecv,
-                         GroupRole::PPPrev, act_msg_bytes_, 2 * seq_act_prev_++, PhaseKind::Forward, mb, -1),
-                    wait);
+      prev = b_.add(
+          comm(names::kRecvActivation, traces::SpanKind::P2P, traces::CollOp::Recv, kStreamPpRecv,
+               GroupRole::PPPrev, act_msg_bytes_, 2 * seq_act_prev_++, PhaseKind::Forward, mb, -1),
+          wait);
     }
     uint32_t gathered = kNone;  // ZeRO 3: this block's gather
     for (int l = l0; l < l1; ++l) {
@@ -445,7 +491,8 @@ class StageBuilder {
         const uint32_t this_gather = gathered;
         // Prefetch of the next block, issued once this one's gather is waited for.
         gathered = l + 1 < l1 ? z3_gather(PhaseKind::Forward, mb, l + 1, prev) : kNone;
-        prev = block(names::kBlockForward, cc_.block_f, PhaseKind::Forward, mb, l, {prev, this_gather});
+        prev = block(names::kBlockForward, cc_.block_f, PhaseKind::Forward, mb, l,
+                     {prev, this_gather});
       } else {
         prev = block(names::kBlockForward, cc_.block_f, PhaseKind::Forward, mb, l, {prev});
       }
@@ -453,9 +500,10 @@ class StageBuilder {
     if (head) {
       b_.add(compute(names::kHeadForward, cc_.head_f, PhaseKind::Forward, mb, L_), {prev, data});
     } else {
-      b_.add(comm(names::kSendActivation, traces::SpanKind::P2P, traces::CollOp::Send, kStreamPpSend,
-                  GroupRole::PPNext, act_msg_bytes_, 2 * seq_act_next_++, PhaseKind::Forward, mb, -1),
-             {prev});
+      b_.add(
+          comm(names::kSendActivation, traces::SpanKind::P2P, traces::CollOp::Send, kStreamPpSend,
+               GroupRole::PPNext, act_msg_bytes_, 2 * seq_act_next_++, PhaseKind::Forward, mb, -1),
+          {prev});
     }
   }
 
@@ -463,18 +511,21 @@ class StageBuilder {
   // the backward; the step's last backward (chunk 0's) issues what is left.
   void issue_bucket(int mb, uint32_t after) {
     const Bucket& bk = buckets_[next_bucket_++];
-    grad_ops_.push_back(dp_coll(names::kDpAllReduce, traces::CollOp::AllReduce, bk.params * prec_.grad_bytes,
-                                PhaseKind::Backward, mb, bk.lowest, {after}));
+    grad_ops_.push_back(dp_coll(names::kDpAllReduce, traces::CollOp::AllReduce,
+                                bk.params * prec_.grad_bytes, PhaseKind::Backward, mb, bk.lowest,
+                                {after}));
   }
   // With overlap, a bucket goes out as soon as its last segment's gradient is ready.
   void issue_ready(bool ddp_sync, int mb, int position, uint32_t producer) {
     if (!(ddp_sync && par_.overlap)) return;
-    while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready <= position) issue_bucket(mb, producer);
+    while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready <= position)
+      issue_bucket(mb, producer);
   }
 
   // The blocks of a backward pass, last first; returns the last block's op.
   uint32_t backward_blocks(const PipelinePass& pass, bool ddp_sync, uint32_t prev) {
-    const int mb = pass.micro_batch, l0 = chunk_l0(pass.chunk), l1 = l0 + per_chunk_, base = chunk_base(pass.chunk);
+    const int mb = pass.micro_batch, l0 = chunk_l0(pass.chunk), l1 = l0 + per_chunk_,
+              base = chunk_base(pass.chunk);
     uint32_t gathered = kNone;
     std::vector<uint32_t> rs_of_layer(std::max(1, per_stage_), kNone);
     for (int l = l1 - 1; l >= l0; --l) {
@@ -484,7 +535,8 @@ class StageBuilder {
         gathered = l - 1 >= l0 ? z3_gather(PhaseKind::Backward, mb, l - 1, prev) : kNone;
         // The block's gradient buffer is the one of the block two layers up: its scatter first.
         const uint32_t buffer_free = l + 2 < l1 ? rs_of_layer[l + 2 - l0] : kNone;
-        prev = block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l, {prev, this_gather, buffer_free});
+        prev = block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l,
+                     {prev, this_gather, buffer_free});
         rs_of_layer[l - l0] = z3_scatter(mb, l, prev);
       } else {
         prev = block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l, {prev});
@@ -506,18 +558,21 @@ class StageBuilder {
       prev = b_.add(compute(names::kHeadBackward, cc_.head_b, PhaseKind::Backward, mb, L_), wait);
       if (par_.zero == 3) z3_scatter(mb, L_, prev);
     } else {
-      prev = b_.add(comm(names::kRecvGradient, traces::SpanKind::P2P, traces::CollOp::Recv, kStreamPpRecv,
-                         GroupRole::PPNext, act_msg_bytes_, 2 * seq_grad_next_++ + 1, PhaseKind::Backward, mb, -1),
+      prev = b_.add(comm(names::kRecvGradient, traces::SpanKind::P2P, traces::CollOp::Recv,
+                         kStreamPpRecv, GroupRole::PPNext, act_msg_bytes_, 2 * seq_grad_next_++ + 1,
+                         PhaseKind::Backward, mb, -1),
                     wait);
     }
     if (head) issue_ready(ddp_sync, mb, base + 0, prev);
     prev = backward_blocks(pass, ddp_sync, prev);
     if (embed) {
-      prev = b_.add(compute(names::kEmbedBackward, cc_.embed_b, PhaseKind::Backward, mb, -1), {prev});
+      prev =
+          b_.add(compute(names::kEmbedBackward, cc_.embed_b, PhaseKind::Backward, mb, -1), {prev});
       issue_ready(ddp_sync, mb, base + per_chunk_ + 1, prev);
     } else {
-      b_.add(comm(names::kSendGradient, traces::SpanKind::P2P, traces::CollOp::Send, kStreamPpSend, GroupRole::PPPrev,
-                  act_msg_bytes_, 2 * seq_grad_prev_++ + 1, PhaseKind::Backward, mb, -1),
+      b_.add(comm(names::kSendGradient, traces::SpanKind::P2P, traces::CollOp::Send, kStreamPpSend,
+                  GroupRole::PPPrev, act_msg_bytes_, 2 * seq_grad_prev_++ + 1, PhaseKind::Backward,
+                  mb, -1),
              {prev});
     }
     last_backward_op_ = prev;
@@ -544,8 +599,8 @@ class StageBuilder {
       uint32_t after = prev;
       if (pp_ > 1 && has_embed_segment_) after = embed_all_reduce(mb, {after});
       const uint32_t rs = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
-                                  padded(prog_.param_count) * prec_.grad_bytes, PhaseKind::Backward, mb,
-                                  has_embed_segment_ ? -1 : l0, {after});
+                                  padded(prog_.param_count) * prec_.grad_bytes, PhaseKind::Backward,
+                                  mb, has_embed_segment_ ? -1 : l0, {after});
       grad_ops_.push_back(rs);
       blocker_ = {rs};
     }
@@ -557,22 +612,28 @@ class StageBuilder {
     std::vector<uint32_t> opt_deps = grad_ops_;
     opt_deps.push_back(last_backward_op_);
     opt_deps.insert(opt_deps.end(), blocker_.begin(), blocker_.end());
-    if (pp_ > 1 && has_embed_segment_ && (par_.zero == 0 || dp_ == 1)) opt_deps.push_back(embed_all_reduce(-1, opt_deps));
-    const double opt_params = par_.zero >= 1 ? double(prog_.param_count) / dp_ : double(prog_.param_count);
+    if (pp_ > 1 && has_embed_segment_ && (par_.zero == 0 || dp_ == 1))
+      opt_deps.push_back(embed_all_reduce(-1, opt_deps));
+    const double opt_params =
+        par_.zero >= 1 ? double(prog_.param_count) / dp_ : double(prog_.param_count);
     const auto opt_kernels = optimizer_kernels(opt_params, 28.0);
     // Optimizer ops carry no model FLOPs (MFU counts the model's forward and backward only).
     const Piece opt_piece{0.0, total_bytes(opt_kernels),
-                          cost_.named_op_ns(names::kOptimizerStep, 0, 1, model_dims(s_, prec_.act_bytes), opt_params)};
-    const uint32_t optim = b_.add(
-        compute(names::kOptimizerStep, opt_piece, PhaseKind::Optimizer, -1, -1, traces::SpanKind::Optimizer), opt_deps);
+                          cost_.named_op_ns(names::kOptimizerStep, 0, 1,
+                                            model_dims(s_, prec_.act_bytes), opt_params)};
+    const uint32_t optim = b_.add(compute(names::kOptimizerStep, opt_piece, PhaseKind::Optimizer,
+                                          -1, -1, traces::SpanKind::Optimizer),
+                                  opt_deps);
     after_prev_step_ = optim;
     if (dp_ > 1 && (par_.zero == 1 || par_.zero == 2))
       after_prev_step_ = dp_coll(names::kDpAllGather, traces::CollOp::AllGather,
-                                 padded(prog_.param_count) * prec_.param_bytes, PhaseKind::Optimizer, -1, -1, {optim});
+                                 padded(prog_.param_count) * prec_.param_bytes,
+                                 PhaseKind::Optimizer, -1, -1, {optim});
     if (pp_ > 1)
-      after_prev_step_ = b_.add(comm(names::kPipelineLoss, traces::SpanKind::Collective, traces::CollOp::Broadcast,
-                                     kStreamPpSend, GroupRole::PPNext, 4, seq_pp_++, PhaseKind::None, -1, -1),
-                                {after_prev_step_});
+      after_prev_step_ =
+          b_.add(comm(names::kPipelineLoss, traces::SpanKind::Collective, traces::CollOp::Broadcast,
+                      kStreamPpSend, GroupRole::PPNext, 4, seq_pp_++, PhaseKind::None, -1, -1),
+                 {after_prev_step_});
   }
 
   const Scenario& s_;
@@ -589,14 +650,16 @@ class StageBuilder {
   std::vector<Bucket> buckets_;
   Piece zero_grad_piece_;
   // Sequence numbers per communicator role, over the whole run.
-  int32_t seq_tp_ = 0, seq_dp_ = 0, seq_act_next_ = 0, seq_act_prev_ = 0, seq_grad_next_ = 0, seq_grad_prev_ = 0;
+  int32_t seq_tp_ = 0, seq_dp_ = 0, seq_act_next_ = 0, seq_act_prev_ = 0, seq_grad_next_ = 0,
+          seq_grad_prev_ = 0;
   int32_t seq_embed_ = 0, seq_pp_ = 0;
-  uint32_t after_prev_step_ = kNone;  // the op the next step's first pass waits for (optimizer, all-gather, loss)
+  uint32_t after_prev_step_ =
+      kNone;  // the op the next step's first pass waits for (optimizer, all-gather, loss)
   // The step being built.
   int step_ = 0;
   std::vector<uint32_t> grad_ops_;  // DP gradient ops of this step (the optimizer waits for all)
   uint32_t last_backward_op_ = kNone;
-  size_t next_bucket_ = 0;          // DDP buckets issued so far this step
+  size_t next_bucket_ = 0;  // DDP buckets issued so far this step
   std::vector<uint32_t> blocker_;
 };
 
@@ -613,7 +676,8 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
   w.model_flops_per_step = model_flops_per_step(s);
   w.tokens_per_step = int64_t(s.training.global_batch) * s.model.seq;
   // Reserve the phase names first so that their ids are stable.
-  for (auto n : {names::kStep, names::kForward, names::kBackward, names::kOptimizer}) w.names.emplace_back(n);
+  for (auto n : {names::kStep, names::kForward, names::kBackward, names::kOptimizer})
+    w.names.emplace_back(n);
 
   ComputeCosts cc = make_costs(model_dims(s, opt.precision.act_bytes), cost);
   cc.data_ns = cost.profile().data_load_ns;

@@ -26,18 +26,23 @@ using orrery::traces::Trace;
 int counts(const Trace& t) {
   std::map<std::tuple<int, std::string, std::string>, long> n;
   for (const Span& s : t.spans) ++n[{s.rank, std::string(to_string(s.kind)), t.name_of(s)}];
-  for (const auto& [k, c] : n) std::printf("%d\t%s\t%s\t%ld\n", std::get<0>(k), std::get<1>(k).c_str(), std::get<2>(k).c_str(), c);
+  for (const auto& [k, c] : n)
+    std::printf("%d\t%s\t%s\t%ld\n", std::get<0>(k), std::get<1>(k).c_str(), std::get<2>(k).c_str(),
+                c);
   return 0;
 }
 
-bool is_compute(SpanKind k) { return k == SpanKind::Compute || k == SpanKind::Optimizer || k == SpanKind::Data; }
+bool is_compute(SpanKind k) {
+  return k == SpanKind::Compute || k == SpanKind::Optimizer || k == SpanKind::Data;
+}
 bool is_comm(SpanKind k) { return k == SpanKind::Collective || k == SpanKind::P2P; }
 
 // One rank's comparable program: compute ops in start order, communication per communicator name.
 struct Program {
   std::vector<std::string> compute;
-  std::map<std::string, std::vector<std::pair<int64_t, std::string>>> comm;  // comm name -> (seq, op)
-  std::map<std::string, std::vector<std::string>> p2p;                        // comm name -> transfers
+  std::map<std::string, std::vector<std::pair<int64_t, std::string>>>
+      comm;                                             // comm name -> (seq, op)
+  std::map<std::string, std::vector<std::string>> p2p;  // comm name -> transfers
 };
 
 std::map<int, Program> programs(const Trace& t) {
@@ -52,36 +57,44 @@ std::map<int, Program> programs(const Trace& t) {
   char buf[96];
   for (const Span* s : spans) {
     Program& p = out[s->rank];
-    std::string op = std::string(to_string(s->kind)) + " " + t.name_of(*s) + " step " + std::to_string(s->step) +
-                     " mb " + std::to_string(s->micro_batch) + " layer " + std::to_string(s->layer);
+    std::string op = std::string(to_string(s->kind)) + " " + t.name_of(*s) + " step " +
+                     std::to_string(s->step) + " mb " + std::to_string(s->micro_batch) + " layer " +
+                     std::to_string(s->layer);
     if (is_compute(s->kind)) {
       std::snprintf(buf, sizeof buf, " flops %.6g", s->flops);
       p.compute.push_back(op + buf);
     } else {
       const auto* c = t.comm(s->comm);
       const std::string comm = c != nullptr ? c->name : "comm " + std::to_string(s->comm);
-      const std::string entry = op + " op " + std::string(to_string(s->op)) + " bytes " + std::to_string(s->bytes);
+      const std::string entry =
+          op + " op " + std::string(to_string(s->op)) + " bytes " + std::to_string(s->bytes);
       // Collectives in their communicator's sequence; transfers as a set (below): the simulator
       // numbers a pipeline's sends and receives by matching pair, not in the communicator's order.
-      if (s->kind == SpanKind::Collective) p.comm[comm].emplace_back(s->seq, entry);
-      else p.p2p[comm].push_back(entry);
+      if (s->kind == SpanKind::Collective)
+        p.comm[comm].emplace_back(s->seq, entry);
+      else
+        p.p2p[comm].push_back(entry);
     }
   }
   for (auto& [rank, p] : out) {
-    for (auto& [name, v] : p.comm) std::stable_sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    for (auto& [name, v] : p.comm)
+      std::stable_sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.first < b.first; });
     for (auto& [name, v] : p.p2p) std::sort(v.begin(), v.end());
   }
   return out;
 }
 
-int diff_lists(const std::string& what, const std::vector<std::string>& a, const std::vector<std::string>& b, int& shown) {
+int diff_lists(const std::string& what, const std::vector<std::string>& a,
+               const std::vector<std::string>& b, int& shown) {
   int bad = 0;
   const size_t n = std::max(a.size(), b.size());
   for (size_t i = 0; i < n; ++i) {
     const std::string x = i < a.size() ? a[i] : "(none)", y = i < b.size() ? b[i] : "(none)";
     if (x == y) continue;
     ++bad;
-    if (shown++ < 20) std::fprintf(stderr, "%s #%zu: real '%s' vs sim '%s'\n", what.c_str(), i, x.c_str(), y.c_str());
+    if (shown++ < 20)
+      std::fprintf(stderr, "%s #%zu: real '%s' vs sim '%s'\n", what.c_str(), i, x.c_str(),
+                   y.c_str());
   }
   return bad;
 }
@@ -105,8 +118,10 @@ int compare(const Trace& real, const Trace& sim) {
     for (const auto& [c, v] : sp.comm) names[c] |= 2;
     for (const auto& [c, where] : names) {
       std::vector<std::string> a, b;
-      if (where & 1) for (const auto& e : rp.comm.at(c)) a.push_back(e.second);
-      if (where & 2) for (const auto& e : sp.comm.at(c)) b.push_back(e.second);
+      if (where & 1)
+        for (const auto& e : rp.comm.at(c)) a.push_back(e.second);
+      if (where & 2)
+        for (const auto& e : sp.comm.at(c)) b.push_back(e.second);
       bad += diff_lists("rank " + std::to_string(rank) + " " + c, a, b, shown);
       ops += long(a.size());
     }

@@ -31,7 +31,8 @@ TEST(Placement, ParsesPermutationsOnly) {
   EXPECT_EQ(parse_placement("tp,dp,pp"), (std::array<int, 3>{1, 0, 2}));
   EXPECT_EQ(parse_placement("pp,dp,tp"), (std::array<int, 3>{2, 0, 1}));
   EXPECT_EQ(parse_placement("dp,tp,pp"), (std::array<int, 3>{0, 1, 2}));
-  for (const char* bad : {"", "tp,dp", "tp,dp,pp,dp", "dp,dp,pp", "tp, dp, pp", "tp,,dp", "tp,dp,xx"}) {
+  for (const char* bad :
+       {"", "tp,dp", "tp,dp,pp,dp", "dp,dp,pp", "tp, dp, pp", "tp,,dp", "tp,dp,xx"}) {
     EXPECT_FALSE(parse_placement(bad).has_value()) << bad;
   }
 }
@@ -101,13 +102,15 @@ TEST(ZeroPartition, PadsToAMultipleOfTheRanks) {
 
 Scenario model_scenario(int layers, int d_model, int heads, int vocab, int seq, int tp, int pp) {
   Scenario s;
-  s.model.layers = layers, s.model.d_model = d_model, s.model.heads = heads, s.model.vocab = vocab, s.model.seq = seq;
+  s.model.layers = layers, s.model.d_model = d_model, s.model.heads = heads, s.model.vocab = vocab,
+  s.model.seq = seq;
   s.parallel.tp = tp, s.parallel.pp = pp;
   return s;
 }
 
 int64_t total(const std::vector<ParamSpec>& v) {
-  return std::accumulate(v.begin(), v.end(), int64_t(0), [](int64_t a, const ParamSpec& p) { return a + p.count(); });
+  return std::accumulate(v.begin(), v.end(), int64_t(0),
+                         [](int64_t a, const ParamSpec& p) { return a + p.count(); });
 }
 
 TEST(Parameters, WholeModelIsGptMdsCount) {
@@ -133,12 +136,15 @@ TEST(Parameters, TensorParallelSlicesSumToTheWholeBlock) {
     if (t.segment != 0) continue;
     block += t.count();
     // A sliced tensor's full shape is tp times its local one along the slice.
-    if (t.slice == Slice::Rows || t.slice == Slice::QkvRows) EXPECT_EQ(t.full_rows, t.rows * tp) << t.name;
+    if (t.slice == Slice::Rows || t.slice == Slice::QkvRows)
+      EXPECT_EQ(t.full_rows, t.rows * tp) << t.name;
     if (t.slice == Slice::Cols) EXPECT_EQ(t.full_cols, t.cols * tp) << t.name;
     // Replicated (not sliced) drawn tensors are whole; the column-parallel biases qkvb and fcb are
     // held sliced but zero-initialised, so the table cuts nothing from a drawn full tensor.
-    if (t.slice == Slice::None && t.init == Init::Normal) EXPECT_EQ(t.count(), int64_t(t.full_rows) * t.full_cols) << t.name;
-    if (t.slice == Slice::None && t.count() != int64_t(t.full_rows) * t.full_cols) EXPECT_EQ(t.init, Init::Zero) << t.name;
+    if (t.slice == Slice::None && t.init == Init::Normal)
+      EXPECT_EQ(t.count(), int64_t(t.full_rows) * t.full_cols) << t.name;
+    if (t.slice == Slice::None && t.count() != int64_t(t.full_rows) * t.full_cols)
+      EXPECT_EQ(t.init, Init::Zero) << t.name;
   }
   // Sliced: qkvw, qkvb, projw, fcw, fcb, fcprojw (12 C^2 + 7 C over tp); replicated: 4 LayerNorm
   // vectors, projb and fcprojb (6 C).
@@ -218,7 +224,8 @@ TEST(RuntimeAndSimulator, SameParametersAndBucketsPerStage) {
     const auto& sb = w.stages[size_t(st)].bucket_params;
     ASSERT_EQ(rb.size(), sb.size()) << st;
     EXPECT_GT(rb.size(), 2u);
-    for (size_t i = 0; i < rb.size(); ++i) EXPECT_EQ(int64_t(rb[i].range.count), sb[i]) << st << " bucket " << i;
+    for (size_t i = 0; i < rb.size(); ++i)
+      EXPECT_EQ(int64_t(rb[i].range.count), sb[i]) << st << " bucket " << i;
   }
 }
 #endif

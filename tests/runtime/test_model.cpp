@@ -47,8 +47,8 @@ struct Run {
   std::vector<float> grads;
 };
 
-Run forward_backward(Gpt& m, const std::vector<int32_t>& in, const std::vector<int32_t>& tg, int B, int T,
-                     const GptHooks& hooks = {}) {
+Run forward_backward(Gpt& m, const std::vector<int32_t>& in, const std::vector<int32_t>& tg, int B,
+                     int T, const GptHooks& hooks = {}) {
   auto acts = gpt_activations(m, B, T);
   auto scratch = gpt_grad_scratch(m, B, T);
   gpt_zero_grad(m);
@@ -61,8 +61,8 @@ TEST(Model, ParameterCountAndLayout) {
   const auto cfg = tiny();
   auto m = gpt_create(cfg, GptShard{}, 1);
   const int64_t C = cfg.n_embd;
-  const int64_t expected =
-      flops::params_non_embedding(cfg.n_layer, C) + flops::params_embedding(cfg.vocab, cfg.max_seq, C);
+  const int64_t expected = flops::params_non_embedding(cfg.n_layer, C) +
+                           flops::params_embedding(cfg.vocab, cfg.max_seq, C);
   EXPECT_EQ(static_cast<int64_t>(m.num_params()), expected);
   // Segments tile the array in memory order: embedding, blocks, final LayerNorm.
   std::size_t pos = 0;
@@ -76,7 +76,8 @@ TEST(Model, ParameterCountAndLayout) {
   // Decay on matrices only: wte, wpe and the four block matrices per layer.
   std::size_t decayed = 0;
   for (const auto& r : m.decay_ranges()) decayed += r.count;
-  EXPECT_EQ(decayed, static_cast<std::size_t>(cfg.vocab * C + cfg.max_seq * C + cfg.n_layer * 12 * C * C));
+  EXPECT_EQ(decayed,
+            static_cast<std::size_t>(cfg.vocab * C + cfg.max_seq * C + cfg.n_layer * 12 * C * C));
 }
 
 TEST(Model, InitialisationFollowsTheReference) {
@@ -148,7 +149,8 @@ TEST(Model, GradientsMatchFiniteDifferences) {
       p = saved;
       const double numeric = (up - down) / (2.0 * eps);
       const double analytic = run.grads[t.offset + i];
-      const double err = std::abs(numeric - analytic) / (std::abs(numeric) + std::abs(analytic) + 1e-2);
+      const double err =
+          std::abs(numeric - analytic) / (std::abs(numeric) + std::abs(analytic) + 1e-2);
       if (err > worst) {
         worst = err;
         worst_i = i;
@@ -209,14 +211,17 @@ TEST(Model, SpansNameEveryPieceAndCountTheReferenceFlops) {
   GptHooks hooks;
   hooks.observer = &rec;
   forward_backward(m, in, tg, kB, kT, hooks);
-  EXPECT_EQ(rec.names, (std::vector<std::string>{"fwd.embed:-1", "fwd.block:0", "fwd.block:1", "fwd.head:2",
-                                                 "bwd.head:2", "bwd.block:1", "bwd.block:0", "bwd.embed:-1"}));
+  EXPECT_EQ(rec.names,
+            (std::vector<std::string>{"fwd.embed:-1", "fwd.block:0", "fwd.block:1", "fwd.head:2",
+                                      "bwd.head:2", "bwd.block:1", "bwd.block:0", "bwd.embed:-1"}));
   // gpt.md: forward per token = 2 N_nonembedding + 2 L T C + 2 C V; step = 3 x forward.
   const double C = cfg.n_embd, L = cfg.n_layer, V = cfg.vocab;
-  const double per_token = 2.0 * static_cast<double>(flops::params_non_embedding(cfg.n_layer, cfg.n_embd)) +
-                           2.0 * L * kT * C + 2.0 * C * V;
+  const double per_token =
+      2.0 * static_cast<double>(flops::params_non_embedding(cfg.n_layer, cfg.n_embd)) +
+      2.0 * L * kT * C + 2.0 * C * V;
   EXPECT_NEAR(rec.total_flops, 3.0 * per_token * kB * kT, 1e-6 * rec.total_flops);
-  EXPECT_DOUBLE_EQ(rec.total_flops, flops::model_step(flops::Dims{kB, kT, cfg.n_embd, cfg.vocab, 1}, cfg.n_layer));
+  EXPECT_DOUBLE_EQ(rec.total_flops,
+                   flops::model_step(flops::Dims{kB, kT, cfg.n_embd, cfg.vocab, 1}, cfg.n_layer));
 }
 
 // Two micro-batches of B with loss_scale 1/2 accumulate the gradient of one batch of 2B.
@@ -377,7 +382,9 @@ TEST(Model, TensorParallelShardsMatchTheFullModel) {
         const std::string n = t.name.substr(t.name.rfind('.') + 1);
         if (n == "qkvw") {
           const int part = row / Cl, k = row % Cl;
-          return static_cast<std::size_t>(part * C + r * Cl + k) * static_cast<std::size_t>(f.cols) + col;
+          return static_cast<std::size_t>(part * C + r * Cl + k) *
+                     static_cast<std::size_t>(f.cols) +
+                 col;
         }
         if (n == "fcw") return static_cast<std::size_t>(r * F + row) * f.cols + col;
         if (n == "projw") return static_cast<std::size_t>(row) * f.cols + r * Cl + col;

@@ -6,14 +6,13 @@
 #include <cmath>
 #include <random>
 
+#include "calibration_fixtures.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
 #include "orrery/sim/calibrate.hpp"
 #include "orrery/sim/core_sharing.hpp"
 #include "orrery/sim/cost_model.hpp"
 #include "orrery/sim/workload.hpp"
-
-#include "calibration_fixtures.hpp"
 
 namespace orrery::sim {
 namespace {
@@ -91,11 +90,11 @@ TEST(CoreSharing, LawBelowAndBeyondTheCores) {
   s.comm_exponent = 0.5;
   EXPECT_DOUBLE_EQ(compute_slowdown(s, 1), 1.0);
   EXPECT_DOUBLE_EQ(compute_slowdown(s, 4), 1.3);
-  EXPECT_NEAR(compute_slowdown(s, 2), 1.1, 1e-12);     // 1 + 0.3 · (2−1)/(4−1)
-  EXPECT_NEAR(compute_slowdown(s, 8), 2.6, 1e-12);     // 1.3 · 2
+  EXPECT_NEAR(compute_slowdown(s, 2), 1.1, 1e-12);  // 1 + 0.3 · (2−1)/(4−1)
+  EXPECT_NEAR(compute_slowdown(s, 8), 2.6, 1e-12);  // 1.3 · 2
   EXPECT_DOUBLE_EQ(comm_slowdown(s, 4), 1.0);
-  EXPECT_NEAR(comm_slowdown(s, 16), 2.0, 1e-12);       // 4^0.5
-  s.threads_per_rank = 2;                              // 2 ranks of 2 threads fill 4 cores
+  EXPECT_NEAR(comm_slowdown(s, 16), 2.0, 1e-12);  // 4^0.5
+  s.threads_per_rank = 2;                         // 2 ranks of 2 threads fill 4 cores
   EXPECT_DOUBLE_EQ(compute_slowdown(s, 2), 1.3);
   CoreSharing none;
   EXPECT_DOUBLE_EQ(compute_slowdown(none, 64), 1.0);
@@ -116,7 +115,8 @@ TEST(CoreSharing, ProfileForRanksScalesKernelTimes) {
   EXPECT_NEAR(double(b.kernel_ns(ln)), 2.5 * double(a.kernel_ns(ln)), 2.0);
   EXPECT_EQ(q.collectives[0].latency_ns, 20'000);  // comm: u^1 = 2
   EXPECT_DOUBLE_EQ(q.collectives[0].bus_bandwidth_bytes_per_s, 1e9);
-  EXPECT_EQ(profile_for_ranks(p, 2).classes[0].overhead_ns, std::llround(1.25 * p.classes[0].overhead_ns));
+  EXPECT_EQ(profile_for_ranks(p, 2).classes[0].overhead_ns,
+            std::llround(1.25 * p.classes[0].overhead_ns));
 }
 
 TEST(HardwareProfileYaml, ClusterSharingAndSizedOverridesRoundTrip) {
@@ -173,7 +173,8 @@ TEST(Calibrate, RecoversOpTimesSlowdownAndCollectiveCosts) {
   ASSERT_FALSE(r.ops.empty());
   // (Within 3 %: the roofline's max() and the near-collinear FLOP columns of these small shapes keep
   // the non-negative fit from being exact; the maths itself is checked exactly above.)
-  for (const auto& o : r.ops) EXPECT_NEAR(o.fitted_ns, o.measured_ns, 0.03 * o.measured_ns + 50) << o.name << " " << o.shape;
+  for (const auto& o : r.ops)
+    EXPECT_NEAR(o.fitted_ns, o.measured_ns, 0.03 * o.measured_ns + 50) << o.name << " " << o.shape;
   EXPECT_LT(r.compute_rel_rms, 0.03);
   // The 2-rank run is 1.2x slower: contention at full = 1.2 (2 ranks on 2 cores).
   EXPECT_NEAR(r.profile.sharing.contention_at_full, 1.2, 1e-6);
@@ -227,7 +228,8 @@ TEST(Calibrate, WritesTheLoneRankMediansAsMeasuredOps) {
   EXPECT_EQ(found, 6);  // fwd/bwd of embed, block, head
   // The simulator's cost of those ops is then exactly the measurement, whatever the class fit says.
   const CostModel cost(r.profile, r.profile.peak_flops, r.profile.memory_bandwidth_bytes_per_s);
-  EXPECT_NEAR(double(cost.named_op_ns("bwd.block", 0, 1, d)), truth.op_ns(*op_kernels("bwd.block", 0, 1, d)), 2.0);
+  EXPECT_NEAR(double(cost.named_op_ns("bwd.block", 0, 1, d)),
+              truth.op_ns(*op_kernels("bwd.block", 0, 1, d)), 2.0);
   // --roofline-only: no measured ops.
   opt.measured_ops = false;
   EXPECT_TRUE(calibrate(runs, opt).profile.ops.empty());
@@ -291,9 +293,12 @@ TEST(HardwareProfileYaml, MeasuredOpsRoundTripAndBadEntriesAreNamed) {
     return std::string("no error");
   };
   EXPECT_NE(err("ops: [{name: fwd.block, batch: 8}]").find("ops[].time_us"), std::string::npos);
-  EXPECT_NE(err("ops: [{name: fwd.block, piece: 3, pieces: 3, time_us: 1}]").find("ops[].piece"), std::string::npos);
-  EXPECT_NE(err("ops: [{name: fwd.block, batch: 0.5, time_us: 1}]").find("ops[].batch"), std::string::npos);
-  EXPECT_NE(err("ops: [{name: fwd.block, colour: red, time_us: 1}]").find("unknown key"), std::string::npos);
+  EXPECT_NE(err("ops: [{name: fwd.block, piece: 3, pieces: 3, time_us: 1}]").find("ops[].piece"),
+            std::string::npos);
+  EXPECT_NE(err("ops: [{name: fwd.block, batch: 0.5, time_us: 1}]").find("ops[].batch"),
+            std::string::npos);
+  EXPECT_NE(err("ops: [{name: fwd.block, colour: red, time_us: 1}]").find("unknown key"),
+            std::string::npos);
   EXPECT_NE(err("ops: {name: x}").find("expected a list"), std::string::npos);
 }
 
@@ -301,12 +306,16 @@ TEST(Calibrate, BadInput) {
   {
     // Options out of range are named (an ASan/UBSan session found them accepted silently).
     std::vector<traces::Trace> one;
-    one.push_back(testing_fixtures::make_run(testing_fixtures::tiny(1, 4, 64), testing_fixtures::Truth{}, 1.0));
-    for (auto [field, value, name] : {std::tuple{0, -1, "--cores"}, std::tuple{1, -2, "--threads"},
-                                      std::tuple{2, -1, "--skip-steps"}, std::tuple{3, 0, "--ranks-per-node"}}) {
+    one.push_back(testing_fixtures::make_run(testing_fixtures::tiny(1, 4, 64),
+                                             testing_fixtures::Truth{}, 1.0));
+    for (auto [field, value, name] :
+         {std::tuple{0, -1, "--cores"}, std::tuple{1, -2, "--threads"},
+          std::tuple{2, -1, "--skip-steps"}, std::tuple{3, 0, "--ranks-per-node"}}) {
       CalibrationOptions bad;
-      (field == 0 ? bad.cores : field == 1 ? bad.threads_per_rank : field == 2 ? bad.skip_steps : bad.ranks_per_node) =
-          value;
+      (field == 0   ? bad.cores
+       : field == 1 ? bad.threads_per_rank
+       : field == 2 ? bad.skip_steps
+                    : bad.ranks_per_node) = value;
       try {
         calibrate(one, bad);
         ADD_FAILURE() << name << " " << value << " accepted";

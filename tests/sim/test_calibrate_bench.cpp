@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "calibration_fixtures.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
 #include "orrery/sim/calibrate.hpp"
@@ -16,8 +17,6 @@
 #include "orrery/sim/cost_model.hpp"
 #include "orrery/sim/hardware.hpp"
 #include "orrery/sim/workload.hpp"
-
-#include "calibration_fixtures.hpp"
 
 namespace orrery::sim {
 namespace {

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <filesystem>
 
-#include "orrery/model/flops.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
+#include "orrery/model/flops.hpp"
 #include "orrery/sim/cluster.hpp"
 #include "orrery/sim/cost_model.hpp"
 #include "orrery/sim/hardware.hpp"
@@ -32,7 +32,8 @@ TEST(Roofline, ComputeBoundAndMemoryBound) {
   // Exactly balanced: 5e10 FLOPs and 8e8 bytes both take 1 ms.
   EXPECT_EQ(cm.kernel_ns({OpClass::Attention, 5e10, 8e8}), 1'000'000 + 3000);
   // An op is its kernels in sequence.
-  EXPECT_EQ(cm.op_ns({{OpClass::Gemm, 1e12, 1e6}, {OpClass::Elementwise, 1e6, 8e9}}), 30'000'000 + 6000);
+  EXPECT_EQ(cm.op_ns({{OpClass::Gemm, 1e12, 1e6}, {OpClass::Elementwise, 1e6, 8e9}}),
+            30'000'000 + 6000);
   // Zero work costs the overhead only.
   EXPECT_EQ(cm.kernel_ns({OpClass::LayerNorm, 0, 0}), 3000);
 }
@@ -51,13 +52,18 @@ TEST(Roofline, PerClassEfficiencyAndProfileOverrides) {
 TEST(Kernels, FlopsEqualTheRuntimeCounting) {
   for (int64_t tp : {1, 2, 4}) {
     ModelDims d;
-    d.batch = 4, d.seq = 256, d.d_model = 384, d.heads = 6, d.vocab = 8192, d.layers = 6, d.tp = tp, d.act_bytes = 4;
+    d.batch = 4, d.seq = 256, d.d_model = 384, d.heads = 6, d.vocab = 8192, d.layers = 6, d.tp = tp,
+    d.act_bytes = 4;
     model::flops::Dims r{4, 256, 384, 8192, tp};
     auto near = [](double a, double b) { return std::abs(a - b) <= 1e-12 * std::abs(b); };
-    EXPECT_TRUE(near(total_flops(attention_forward_kernels(d)), model::flops::block_attention_forward(r))) << tp;
-    EXPECT_TRUE(near(total_flops(mlp_forward_kernels(d)), model::flops::block_mlp_forward(r))) << tp;
-    EXPECT_TRUE(near(total_flops(attention_backward_kernels(d)) + total_flops(mlp_backward_kernels(d)),
-                     model::flops::block_backward(r)));
+    EXPECT_TRUE(
+        near(total_flops(attention_forward_kernels(d)), model::flops::block_attention_forward(r)))
+        << tp;
+    EXPECT_TRUE(near(total_flops(mlp_forward_kernels(d)), model::flops::block_mlp_forward(r)))
+        << tp;
+    EXPECT_TRUE(
+        near(total_flops(attention_backward_kernels(d)) + total_flops(mlp_backward_kernels(d)),
+             model::flops::block_backward(r)));
     EXPECT_TRUE(near(total_flops(head_forward_kernels(d)), model::flops::head_forward(r)));
     EXPECT_TRUE(near(total_flops(head_backward_kernels(d)), model::flops::head_backward(r)));
     EXPECT_EQ(total_flops(embedding_forward_kernels(d)), 0.0);
@@ -128,7 +134,8 @@ TEST(HardwareProfile, BadInputIsAnInputError) {
   EXPECT_THROW(parse_hardware_profile("kernels: {gemmm: {}}", "x"), InputError);
   EXPECT_THROW(parse_hardware_profile("speed: 3", "x"), InputError);
   EXPECT_THROW(parse_hardware_profile("precision: fp8", "x"), InputError);
-  EXPECT_THROW(parse_hardware_profile("collectives: [{op: shuffle, bus_bandwidth_gbps: 1}]", "x"), InputError);
+  EXPECT_THROW(parse_hardware_profile("collectives: [{op: shuffle, bus_bandwidth_gbps: 1}]", "x"),
+               InputError);
   EXPECT_THROW(parse_hardware_profile("data_load_us: -1", "x"), InputError);
   EXPECT_THROW(load_hardware_profile("/nonexistent/profile.yaml"), InputError);
   try {
@@ -136,19 +143,21 @@ TEST(HardwareProfile, BadInputIsAnInputError) {
     FAIL();
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("p.yaml:3"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("kernels.gemm.flops_efficiency"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("kernels.gemm.flops_efficiency"), std::string::npos)
+        << e.what();
   }
 }
 
 // Inputs found with fuzz/fuzz_hardware (fuzz/README.md): uncaught YAML exceptions and out-of-range
 // double -> int casts (UBSan); each is now an InputError.
 TEST(HardwareProfile, FuzzFindingsAreInputErrors) {
-  for (const char* yaml : {"name: {a: 1}", "? [a]: 1", "machine: {? [x]: 1}", "collectives: [5]",
-                           "collectives: [{op: [all_reduce], bus_bandwidth_gbps: 1}]",
-                           "collectives: [{op: all_reduce, ranks: 1e20, bus_bandwidth_gbps: 1}]",
-                           "cluster: {ranks_per_node: 1e30}", "cluster: {ranks_per_node: 2, nodes: 1e12}",
-                           "cluster: {ranks_per_node: 2, memory_capacity_gb: 1e300}", "sharing: {cores: 1e10}",
-                           "data_load_us: 1e300"}) {
+  for (const char* yaml :
+       {"name: {a: 1}", "? [a]: 1", "machine: {? [x]: 1}", "collectives: [5]",
+        "collectives: [{op: [all_reduce], bus_bandwidth_gbps: 1}]",
+        "collectives: [{op: all_reduce, ranks: 1e20, bus_bandwidth_gbps: 1}]",
+        "cluster: {ranks_per_node: 1e30}", "cluster: {ranks_per_node: 2, nodes: 1e12}",
+        "cluster: {ranks_per_node: 2, memory_capacity_gb: 1e300}", "sharing: {cores: 1e10}",
+        "data_load_us: 1e300"}) {
     EXPECT_THROW(parse_hardware_profile(yaml, "x"), InputError) << yaml;
   }
 }
@@ -169,7 +178,8 @@ TEST(HardwareProfile, StringsThatAreNotPlainRoundTrip) {
 }
 
 TEST(HardwareProfile, ShippedDefaultsLoadAndMatchTheBuiltIns) {
-  const std::filesystem::path dir = std::filesystem::path(ORRERY_SOURCE_DIR) / "scenarios" / "hardware";
+  const std::filesystem::path dir =
+      std::filesystem::path(ORRERY_SOURCE_DIR) / "scenarios" / "hardware";
   int n = 0;
   for (const auto& name : device_preset_names()) {
     const auto file = dir / (name + ".yaml");
@@ -180,7 +190,8 @@ TEST(HardwareProfile, ShippedDefaultsLoadAndMatchTheBuiltIns) {
     EXPECT_EQ(p.precision, b.precision);
     for (int c = 0; c < kOpClassCount; ++c) {
       EXPECT_EQ(p.classes[c].flops_efficiency, b.classes[c].flops_efficiency) << name << " " << c;
-      EXPECT_EQ(p.classes[c].bandwidth_efficiency, b.classes[c].bandwidth_efficiency) << name << " " << c;
+      EXPECT_EQ(p.classes[c].bandwidth_efficiency, b.classes[c].bandwidth_efficiency)
+          << name << " " << c;
       EXPECT_EQ(p.classes[c].overhead_ns, b.classes[c].overhead_ns) << name << " " << c;
     }
     ++n;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "calibration_fixtures.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
 #include "orrery/sim/calibrate.hpp"
@@ -20,8 +21,6 @@
 #include "orrery/sim/executor.hpp"
 #include "orrery/sim/hardware.hpp"
 #include "orrery/sim/workload.hpp"
-
-#include "calibration_fixtures.hpp"
 
 namespace orrery::sim {
 namespace {
@@ -43,7 +42,8 @@ TEST(BusySlowdown, EqualsComputeSlowdownAtWholeRanksTimesThreads) {
   for (int threads : {1, 2, 3}) {
     s.threads_per_rank = threads;
     for (int n = 1; n <= 10; ++n)
-      EXPECT_DOUBLE_EQ(busy_slowdown(s, double(n) * threads), compute_slowdown(s, n)) << threads << " " << n;
+      EXPECT_DOUBLE_EQ(busy_slowdown(s, double(n) * threads), compute_slowdown(s, n))
+          << threads << " " << n;
   }
 }
 
@@ -54,7 +54,7 @@ TEST(BusySlowdown, FractionalCountsBelowAndBeyondTheCores) {
   s.oversubscription_exponent = 2.0;
   // u <= 1: 1 + (c - 1)(busy - 1)/(cores - 1).
   EXPECT_DOUBLE_EQ(busy_slowdown(s, 1.0), 1.0);
-  EXPECT_NEAR(busy_slowdown(s, 2.5), 1.0 + 0.3 * 1.5 / 3.0, 1e-12);   // 1.15
+  EXPECT_NEAR(busy_slowdown(s, 2.5), 1.0 + 0.3 * 1.5 / 3.0, 1e-12);    // 1.15
   EXPECT_NEAR(busy_slowdown(s, 3.25), 1.0 + 0.3 * 2.25 / 3.0, 1e-12);  // 1.225
   EXPECT_DOUBLE_EQ(busy_slowdown(s, 4.0), 1.3);                        // u = 1: c
   // u > 1: c · u^e.
@@ -84,7 +84,8 @@ TEST(BusySlowdown, FractionalCountsBelowAndBeyondTheCores) {
 TEST(BusySlowdown, NoCoresOrNoBusyThreadsIsOne) {
   CoreSharing none;  // cores = 0: no sharing model
   none.contention_at_full = 2.0;
-  for (double b : {0.0, 0.5, 1.0, 3.5, 64.0, 1000.0}) EXPECT_DOUBLE_EQ(busy_slowdown(none, b), 1.0) << b;
+  for (double b : {0.0, 0.5, 1.0, 3.5, 64.0, 1000.0})
+    EXPECT_DOUBLE_EQ(busy_slowdown(none, b), 1.0) << b;
   CoreSharing s;
   s.cores = 2;
   s.contention_at_full = 1.5;
@@ -115,8 +116,8 @@ TEST(SharingWeightsYaml, RoundTripAndDefaults) {
   const HardwareProfile d = parse_hardware_profile("sharing: {cores: 2}\n", "d.yaml");
   EXPECT_EQ(d.sharing.comm_compute_weight, 0.0);
   EXPECT_EQ(d.sharing.comm_thread_weight, 0.0);
-  const HardwareProfile z =
-      parse_hardware_profile("sharing: {cores: 2, comm_compute_weight: 0, comm_thread_weight: 0.5}\n", "z.yaml");
+  const HardwareProfile z = parse_hardware_profile(
+      "sharing: {cores: 2, comm_compute_weight: 0, comm_thread_weight: 0.5}\n", "z.yaml");
   EXPECT_EQ(z.sharing.comm_compute_weight, 0.0);
   EXPECT_DOUBLE_EQ(z.sharing.comm_thread_weight, 0.5);
 }
@@ -129,7 +130,8 @@ TEST(SharingWeightsYaml, NegativeOrNonNumericWeightIsAnInputErrorNamingTheKey) {
     EXPECT_NE(neg.find("bad.yaml"), std::string::npos) << neg;
     const std::string word = parse_error("sharing: {cores: 2, " + k + ": lots}\n");
     EXPECT_NE(word.find("sharing." + k), std::string::npos) << word;
-    EXPECT_THROW(parse_hardware_profile("sharing: {cores: 2, " + k + ": -1e-9}\n", "bad.yaml"), InputError);
+    EXPECT_THROW(parse_hardware_profile("sharing: {cores: 2, " + k + ": -1e-9}\n", "bad.yaml"),
+                 InputError);
   }
 }
 
@@ -414,11 +416,15 @@ struct OpTime {
   bool backward;
   traces::SpanKind kind = traces::SpanKind::Compute;
 };
-const std::vector<OpTime> kOps{
-    {"fwd.embed", -1, 20'000, false},   {"fwd.block", 0, 100'000, false},  {"fwd.block", 1, 100'000, false},
-    {"fwd.head", 2, 60'000, false},     {"bwd.head", 2, 120'000, true},    {"bwd.block", 1, 200'000, true},
-    {"bwd.block", 0, 200'000, true},    {"bwd.embed", -1, 40'000, true},
-    {"adamw", -1, 80'000, false, traces::SpanKind::Optimizer}};
+const std::vector<OpTime> kOps{{"fwd.embed", -1, 20'000, false},
+                               {"fwd.block", 0, 100'000, false},
+                               {"fwd.block", 1, 100'000, false},
+                               {"fwd.head", 2, 60'000, false},
+                               {"bwd.head", 2, 120'000, true},
+                               {"bwd.block", 1, 200'000, true},
+                               {"bwd.block", 0, 200'000, true},
+                               {"bwd.embed", -1, 40'000, true},
+                               {"adamw", -1, 80'000, false, traces::SpanKind::Optimizer}};
 constexpr int64_t kBackwardNs = 120'000 + 2 * 200'000 + 40'000;  // 560 us alone
 constexpr int64_t kArBytes = 1 << 20;
 
@@ -448,24 +454,28 @@ traces::Trace make_run(int dp, double plain, double overlapped, bool stagger = f
       auto all_reduce = [&](int64_t from) {
         traces::Span sp;
         sp.rank = r, sp.stream = 1, sp.kind = traces::SpanKind::Collective, sp.name = ar_name;
-        sp.start_ns = from, sp.end_ns = from + bwd, sp.step = step, sp.bytes = kArBytes, sp.comm = 0;
+        sp.start_ns = from, sp.end_ns = from + bwd, sp.step = step, sp.bytes = kArBytes,
+        sp.comm = 0;
         sp.seq = step, sp.op = CollOp::AllReduce;
         t.spans.push_back(sp);
         ar_open = true;
       };
       for (const auto& o : kOps) {
         if (o.backward && !ar_open && dp > 1 && !rank1_early) {
-          if (stagger) tt += std::llround(double(kBackwardNs) * plain);  // rank 0 waits for rank 1's backward
+          if (stagger)
+            tt += std::llround(double(kBackwardNs) * plain);  // rank 0 waits for rank 1's backward
           all_reduce(tt);  // the all-reduce covers the backward ops exactly
         }
         if (!o.backward && o.kind == traces::SpanKind::Optimizer && rank1_early) {
           all_reduce(tt);  // rank 1 waits in it, idle
           tt += bwd;
         }
-        const int64_t dur = std::llround(double(o.ns) * (o.backward && !rank1_early ? bwd_factor : plain));
+        const int64_t dur =
+            std::llround(double(o.ns) * (o.backward && !rank1_early ? bwd_factor : plain));
         traces::Span sp;
         sp.rank = r, sp.stream = 0, sp.kind = o.kind, sp.name = t.strings.intern(o.name);
-        sp.start_ns = tt, sp.end_ns = tt + dur, sp.step = step, sp.micro_batch = 0, sp.layer = o.layer;
+        sp.start_ns = tt, sp.end_ns = tt + dur, sp.step = step, sp.micro_batch = 0,
+        sp.layer = o.layer;
         t.spans.push_back(sp);
         tt += dur;
       }
@@ -543,7 +553,8 @@ traces::Trace make_bench() {
   t.meta.scenario_text = "# commbench: a collective sweep, not a training run\n" + to_yaml(s);
   t.meta.world_size = 2;
   t.meta.dp = 2;
-  t.meta.extra_json = R"({"kind": "commbench", "commbench": {"groups": [2], "iters": 3, "warmup": 0}})";
+  t.meta.extra_json =
+      R"({"kind": "commbench", "commbench": {"groups": [2], "iters": 3, "warmup": 0}})";
   t.path = "commbench-2.db";
   for (int r = 0; r < 2; ++r) t.ranks.push_back({r, "host", "cpu", r, 0, 0});
   traces::CommunicatorInfo c;
@@ -600,7 +611,8 @@ TEST(CalibrateSharingWeights, ComputeWeightFromOverlappedCollectivesAgainstTheBe
   // Only one member computing at the all-reduces' midpoints (rank 1 ran its backward before, at 1x,
   // and waits): 1 + w · 1 / cores = 1.5 -> w = 1 on 2 cores (2 on 4). The thread weight is unchanged:
   // rank 0's backward still has both ranks' all-reduce spans in flight (m = 2) at 1.5x, rank 1's none.
-  const std::vector<traces::Trace> staggered{make_run(1, 1.0, 1.0), make_run(2, 1.0, 1.5, true), make_bench()};
+  const std::vector<traces::Trace> staggered{make_run(1, 1.0, 1.0), make_run(2, 1.0, 1.5, true),
+                                             make_bench()};
   opt.cores = 2;
   const CalibrationResult rs = calibrate(staggered, opt);
   EXPECT_NEAR(rs.profile.sharing.comm_compute_weight, 1.0, 1e-12);
@@ -610,7 +622,8 @@ TEST(CalibrateSharingWeights, ComputeWeightFromOverlappedCollectivesAgainstTheBe
   EXPECT_NEAR(calibrate(staggered, opt).profile.sharing.comm_compute_weight, 2.0, 1e-12);
 
   // Collectives that took the bench's time: w = 0. (All-reduces of 560 us: backward at 1x.)
-  const CalibrationResult r1 = calibrate({make_run(1, 1.0, 1.0), make_run(2, 1.0, 1.0), make_bench()}, opt);
+  const CalibrationResult r1 =
+      calibrate({make_run(1, 1.0, 1.0), make_run(2, 1.0, 1.0), make_bench()}, opt);
   EXPECT_NEAR(r1.profile.sharing.comm_compute_weight, 0.0, 1e-12);
 }
 

@@ -10,6 +10,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "orrery/common/atomic_file.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/traces/store.hpp"
 
@@ -115,14 +116,14 @@ CollOp torch_collective_op(std::string_view name) {
 
 int64_t dtype_bytes(std::string_view dtype) {
   static const std::unordered_map<std::string, int64_t> kSizes = {
-      {"byte", 1},         {"uint8", 1},         {"char", 1},           {"int8", 1},
-      {"short", 2},        {"int16", 2},         {"int", 4},            {"int32", 4},
-      {"long", 8},         {"int64", 8},         {"half", 2},           {"float16", 2},
-      {"fp16", 2},         {"float", 4},         {"float32", 4},        {"fp32", 4},
-      {"double", 8},       {"float64", 8},       {"bfloat16", 2},       {"bf16", 2},
-      {"bool", 1},         {"complexhalf", 4},   {"complexfloat", 8},   {"complexdouble", 16},
-      {"uint16", 2},       {"uint32", 4},        {"uint64", 8},         {"qint8", 1},
-      {"quint8", 1},       {"qint32", 4},        {"quint4x2", 1},       {"quint2x4", 1}};
+      {"byte", 1},   {"uint8", 1},       {"char", 1},         {"int8", 1},
+      {"short", 2},  {"int16", 2},       {"int", 4},          {"int32", 4},
+      {"long", 8},   {"int64", 8},       {"half", 2},         {"float16", 2},
+      {"fp16", 2},   {"float", 4},       {"float32", 4},      {"fp32", 4},
+      {"double", 8}, {"float64", 8},     {"bfloat16", 2},     {"bf16", 2},
+      {"bool", 1},   {"complexhalf", 4}, {"complexfloat", 8}, {"complexdouble", 16},
+      {"uint16", 2}, {"uint32", 4},      {"uint64", 8},       {"qint8", 1},
+      {"quint8", 1}, {"qint32", 4},      {"quint4x2", 1},     {"quint2x4", 1}};
   const std::string l = lower(dtype);
   if (auto it = kSizes.find(l); it != kSizes.end()) return it->second;
   if (starts_with(l, "float8")) return 1;
@@ -138,8 +139,8 @@ Trace finish_import(Draft&& d) {
   std::vector<int32_t> ranks;
   for (const auto& r : t.ranks) ranks.push_back(r.rank);
   std::sort(ranks.begin(), ranks.end());
-  const int32_t world =
-      std::max({d.world_size, static_cast<int32_t>(ranks.size()), ranks.empty() ? 0 : ranks.back() + 1});
+  const int32_t world = std::max(
+      {d.world_size, static_cast<int32_t>(ranks.size()), ranks.empty() ? 0 : ranks.back() + 1});
 
   // Steps: per rank, the "step" phases sorted by start; a bare "step" is numbered by its ordinal.
   const NameId step_name = t.strings.intern("step");
@@ -151,7 +152,8 @@ Trace finish_import(Draft&& d) {
   {
     std::map<int32_t, std::vector<DraftSpan*>> by_rank;
     for (auto& s : d.spans) {
-      if (s.span.kind == SpanKind::Phase && s.span.name == step_name) by_rank[s.span.rank].push_back(&s);
+      if (s.span.kind == SpanKind::Phase && s.span.name == step_name)
+        by_rank[s.span.rank].push_back(&s);
     }
     for (auto& [rank, v] : by_rank) {
       std::stable_sort(v.begin(), v.end(), [](const DraftSpan* a, const DraftSpan* b) {
@@ -247,15 +249,17 @@ Trace finish_import(Draft&& d) {
   }
   for (auto& c : t.counters) rebase(c.ts_ns);
   t.sort_spans();
-  std::sort(t.counters.begin(), t.counters.end(), [](const CounterSample& a, const CounterSample& b) {
-    return a.rank != b.rank ? a.rank < b.rank : a.ts_ns < b.ts_ns;
-  });
+  std::sort(t.counters.begin(), t.counters.end(),
+            [](const CounterSample& a, const CounterSample& b) {
+              return a.rank != b.rank ? a.rank < b.rank : a.ts_ns < b.ts_ns;
+            });
 
   t.meta.source = TraceSource::Import;
   t.meta.world_size = world;
   if (d.unix_origin_ns) t.meta.start_time_unix_ns = *d.unix_origin_ns + origin;
   nlohmann::json extra;
-  extra["import"] = {{"format", std::string(to_string(d.format))}, {"files", d.files},
+  extra["import"] = {{"format", std::string(to_string(d.format))},
+                     {"files", d.files},
                      {"skipped_events", d.skipped_events}};
   t.meta.extra_json = extra.dump();
   std::sort(t.ranks.begin(), t.ranks.end(),
@@ -313,23 +317,15 @@ ImportSummary import_to_file(ImportFormat format, const std::vector<std::string>
     }
   }
   const Trace t = format == ImportFormat::Kineto ? import_kineto(files) : import_nsys(files);
-  // Written next to the output and renamed, so a failed import leaves no file that looks whole.
-  const std::string tmp = out_path + ".partial";
-  try {
-    TraceWriter w(tmp);
+  // Written next to the output, synced and renamed (common's AtomicFile), so a failed import leaves
+  // no file that looks whole.
+  AtomicFile f(out_path, AtomicFile::ByName{{"-wal", "-shm", "-journal"}});
+  {
+    TraceWriter w(f.temp_path());
     write_to(t, w);
     w.close();
-  } catch (...) {
-    fs::remove(tmp, ec);
-    throw;
   }
-  for (const char* suffix : {"-wal", "-shm", "-journal"}) fs::remove(out_path + suffix, ec);
-  fs::rename(tmp, out_path, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    fs::remove(tmp, ec);
-    throw InputError(out_path + ": cannot write the imported trace (" + why + ")");
-  }
+  f.commit();
   return summarize_import(t, format, files);
 }
 

@@ -4,18 +4,16 @@
 // reduce over a few row strides in shared memory, and the embedding gradient sorts the positions by
 // token (no atomics), so every sum is deterministic: the same inputs give the same bits on every
 // call. Matrix products go to cuBLAS. Every launch and library call is checked.
-#include "orrery/runtime/cuda/kernels.hpp"
-
 #include <cuda_bf16.h>
-
-#include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
 #include <cmath>
+#include <cub/device/device_radix_sort.cuh>
 #include <stdexcept>
 #include <string>
 
 #include "orrery/common/error.hpp"
+#include "orrery/runtime/cuda/kernels.hpp"
 
 namespace orrery::runtime::cuda {
 namespace {
@@ -23,11 +21,13 @@ namespace {
 constexpr int kThreads = 256;
 constexpr unsigned kFullMask = 0xffffffffu;
 
-#define ORRERY_KERNEL_CHECK(name) ::orrery::runtime::cuda::cuda_check(cudaGetLastError(), "launch of " name)
+#define ORRERY_KERNEL_CHECK(name) \
+  ::orrery::runtime::cuda::cuda_check(cudaGetLastError(), "launch of " name)
 
 // Blocks for a grid-stride loop over n elements (capped: the loop covers the rest).
 unsigned grid_for(std::size_t n, int threads = kThreads) {
-  const std::size_t b = (n + static_cast<std::size_t>(threads) - 1) / static_cast<std::size_t>(threads);
+  const std::size_t b =
+      (n + static_cast<std::size_t>(threads) - 1) / static_cast<std::size_t>(threads);
   return static_cast<unsigned>(std::min<std::size_t>(b, 65535u * 8u));
 }
 
@@ -70,14 +70,15 @@ __global__ void f32_to_bf16_kernel(__nv_bfloat16* out, const float* in, std::siz
     out[i] = __float2bfloat16(in[i]);
 }
 
-__global__ void encoder_forward_kernel(float* out, const int32_t* inp, const float* wte, const float* wpe, int T,
-                                       int C, std::size_t n) {
+__global__ void encoder_forward_kernel(float* out, const int32_t* inp, const float* wte,
+                                       const float* wpe, int T, int C, std::size_t n) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const std::size_t bt = i / C;
     const int c = static_cast<int>(i % C);
     const int t = static_cast<int>(bt % T);
-    out[i] = wte[static_cast<std::size_t>(inp[bt]) * C + c] + wpe[static_cast<std::size_t>(t) * C + c];
+    out[i] =
+        wte[static_cast<std::size_t>(inp[bt]) * C + c] + wpe[static_cast<std::size_t>(t) * C + c];
   }
 }
 
@@ -96,7 +97,8 @@ constexpr int kEmbedThreads = 128;
 constexpr int kEmbedUnroll = 8;
 
 __global__ void iota_kernel(int32_t* out, int n) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = i;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    out[i] = i;
 }
 
 // Block (run start i, channel chunk): only the block whose sorted index starts a run works.
@@ -109,7 +111,10 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, cons
   int lo = i + 1, hi = n;
   while (lo < hi) {
     const int mid = lo + (hi - lo) / 2;
-    if (tokens[mid] == tok) lo = mid + 1; else hi = mid;
+    if (tokens[mid] == tok)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   const int end = lo;
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
@@ -120,7 +125,8 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, cons
   for (; j + kEmbedUnroll <= end; j += kEmbedUnroll) {
     float v[kEmbedUnroll];
 #pragma unroll
-    for (int u = 0; u < kEmbedUnroll; ++u) v[u] = dout[static_cast<std::size_t>(positions[j + u]) * C + c];
+    for (int u = 0; u < kEmbedUnroll; ++u)
+      v[u] = dout[static_cast<std::size_t>(positions[j + u]) * C + c];
 #pragma unroll
     for (int u = 0; u < kEmbedUnroll; ++u) s += v[u];
   }
@@ -140,8 +146,8 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int 
 }
 
 // One warp per row.
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                                         const float* bias, int N, int C) {
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
+                                         const float* weight, const float* bias, int N, int C) {
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -165,8 +171,9 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
 }
 
 // dinp only, one warp per row; the parameter gradients are column sums (column_grads_kernel).
-__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
-                                               const float* mean, const float* rstd, int N, int C) {
+__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp,
+                                               const float* weight, const float* mean,
+                                               const float* rstd, int N, int C) {
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -196,8 +203,9 @@ constexpr int kColY = 16;  // row strides per block
 
 // Column sums over N rows of (N,C): dbias[c] += sum dout; with dweight (LayerNorm),
 // dweight[c] += sum dout * (x - mean) * rstd. Block (kColX, kColY), one block per 32 columns.
-__global__ void column_grads_kernel(float* dweight, float* dbias, const float* dout, const float* inp,
-                                    const float* mean, const float* rstd, int N, int C) {
+__global__ void column_grads_kernel(float* dweight, float* dbias, const float* dout,
+                                    const float* inp, const float* mean, const float* rstd, int N,
+                                    int C) {
   __shared__ float sw[kColY][kColX + 1];
   __shared__ float sb[kColY][kColX + 1];
   const int c = blockIdx.x * kColX + threadIdx.x;
@@ -243,8 +251,8 @@ __device__ std::size_t head_major_to_row_major(std::size_t i, int T, int NH, int
 }
 
 // inp (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs) each.
-__global__ void permute_qkv_kernel(float* q, float* k, float* v, const float* inp, int T, int NH, int hs,
-                                   std::size_t n) {
+__global__ void permute_qkv_kernel(float* q, float* k, float* v, const float* inp, int T, int NH,
+                                   int hs, std::size_t n) {
   const int C = NH * hs;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
@@ -256,8 +264,8 @@ __global__ void permute_qkv_kernel(float* q, float* k, float* v, const float* in
 }
 
 // dinp (B,T,3,NH,hs) += dq, dk, dv (B,NH,T,hs).
-__global__ void unpermute_qkv_add_kernel(float* dinp, const float* dq, const float* dk, const float* dv, int T,
-                                         int NH, int hs, std::size_t n) {
+__global__ void unpermute_qkv_add_kernel(float* dinp, const float* dq, const float* dk,
+                                         const float* dv, int T, int NH, int hs, std::size_t n) {
   const int C = NH * hs;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
@@ -304,7 +312,8 @@ __global__ void causal_softmax_kernel(float* att, std::size_t rows, int T) {
 }
 
 // In place: datt becomes dS * scale, dS = P * (dP - sum_j P dP) over [0, t], zero after.
-__global__ void causal_softmax_backward_kernel(float* datt, const float* att, std::size_t rows, int T, float scale) {
+__global__ void causal_softmax_backward_kernel(float* datt, const float* att, std::size_t rows,
+                                               int T, float scale) {
   const std::size_t row = blockIdx.x * static_cast<std::size_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -330,14 +339,16 @@ __global__ void gelu_forward_kernel(float* out, const float* inp, std::size_t n)
   }
 }
 
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, std::size_t n) {
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout,
+                                     std::size_t n) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const float x = inp[i];
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
     const float th = tanhf(u);
     const float sech2 = 1.0f - th * th;
-    const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    const float grad =
+        0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
     dinp[i] += grad * dout[i];
   }
 }
@@ -348,8 +359,9 @@ __global__ void residual_forward_kernel(float* out, const float* a, const float*
     out[i] = a[i] + b[i];
 }
 
-__global__ void bias_residual_forward_kernel(float* out, const float* residual, const float* partial,
-                                             const float* bias, int C, std::size_t n) {
+__global__ void bias_residual_forward_kernel(float* out, const float* residual,
+                                             const float* partial, const float* bias, int C,
+                                             std::size_t n) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
     out[i] = residual[i] + partial[i] + (bias != nullptr ? bias[i % C] : 0.0f);
@@ -362,7 +374,8 @@ __global__ void scale_kernel(float* out, const float* in, float s, std::size_t n
 }
 
 // One block per row of (N, V): in place softmax, losses[row] = log(sum) - (logit[target] - max).
-__global__ void softmax_crossentropy_forward_kernel(float* losses, float* logits, const int32_t* targets, int V) {
+__global__ void softmax_crossentropy_forward_kernel(float* losses, float* logits,
+                                                    const int32_t* targets, int V) {
   __shared__ float shared[32];
   const std::size_t row = blockIdx.x;
   float* p = logits + row * V;
@@ -392,8 +405,8 @@ __global__ void sum_losses_kernel(double* out, const float* losses, std::size_t 
   if (threadIdx.x == 0) out[0] = s;
 }
 
-__global__ void softmax_crossentropy_backward_kernel(float* probs, const int32_t* targets, float dloss, int V,
-                                                     std::size_t n) {
+__global__ void softmax_crossentropy_backward_kernel(float* probs, const int32_t* targets,
+                                                     float dloss, int V, std::size_t n) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const std::size_t row = i / V;
@@ -403,8 +416,9 @@ __global__ void softmax_crossentropy_backward_kernel(float* probs, const int32_t
   }
 }
 
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::size_t n, float decay_factor, float b1,
-                             float b2, float step_size, float inv_sqrt_bc2, float eps) {
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::size_t n,
+                             float decay_factor, float b1, float b2, float step_size,
+                             float inv_sqrt_bc2, float eps) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const float gi = g[i];
@@ -417,7 +431,8 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::
 }
 
 void check_dims(const char* what, long long a, long long b = 1, long long c = 1) {
-  if (a < 0 || b < 0 || c < 0) throw std::invalid_argument(std::string(what) + ": negative dimension");
+  if (a < 0 || b < 0 || c < 0)
+    throw std::invalid_argument(std::string(what) + ": negative dimension");
 }
 
 }  // namespace
@@ -433,17 +448,20 @@ MathMode parse_math_mode(const std::string& text, const std::string& key) {
 
 const char* math_mode_name(MathMode m) {
   switch (m) {
-    case MathMode::kFp32: return "fp32";
-    case MathMode::kTf32: return "tf32";
-    case MathMode::kBf16: return "bf16";
+    case MathMode::kFp32:
+      return "fp32";
+    case MathMode::kTf32:
+      return "tf32";
+    case MathMode::kBf16:
+      return "bf16";
   }
   return "?";
 }
 
 void cublas_check(cublasStatus_t st, const char* what) {
   if (st == CUBLAS_STATUS_SUCCESS) return;
-  std::string msg = std::string("cuBLAS error: ") + what + " failed with " + cublasGetStatusName(st) + " (" +
-                    cublasGetStatusString(st) + ")";
+  std::string msg = std::string("cuBLAS error: ") + what + " failed with " +
+                    cublasGetStatusName(st) + " (" + cublasGetStatusString(st) + ")";
   if (st == CUBLAS_STATUS_ALLOC_FAILED) msg = "device memory exhausted: " + msg;
   throw InternalError(msg);
 }
@@ -465,7 +483,8 @@ Context::~Context() {
 }
 
 float* Context::scratch_f32(int slot, std::size_t count) const {
-  if (slot < 0 || slot >= kSlots) throw std::out_of_range("cuda::Context: scratch slot " + std::to_string(slot));
+  if (slot < 0 || slot >= kSlots)
+    throw std::out_of_range("cuda::Context: scratch slot " + std::to_string(slot));
   DeviceArray<float>& a = f32_[slot];
   if (a.size() < count) {
     ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -476,7 +495,8 @@ float* Context::scratch_f32(int slot, std::size_t count) const {
 }
 
 uint16_t* Context::scratch_bf16(int slot, std::size_t count) const {
-  if (slot < 0 || slot >= kSlots) throw std::out_of_range("cuda::Context: scratch slot " + std::to_string(slot));
+  if (slot < 0 || slot >= kSlots)
+    throw std::out_of_range("cuda::Context: scratch slot " + std::to_string(slot));
   DeviceArray<uint16_t>& a = bf16_[slot];
   if (a.size() < count) {
     ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -494,9 +514,9 @@ std::size_t Context::scratch_bytes() const {
 
 // ------------------------------------------------------------------------------------ gemm
 
-void gemm(const Context& ctx, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* A, int lda,
-          long long stride_a, const float* B, int ldb, long long stride_b, float beta, float* C, int ldc,
-          long long stride_c, int batch) {
+void gemm(const Context& ctx, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+          const float* A, int lda, long long stride_a, const float* B, int ldb, long long stride_b,
+          float beta, float* C, int ldc, long long stride_c, int batch) {
   check_dims("gemm", m, n, k);
   if (m == 0 || n == 0 || batch <= 0) return;
   if (k == 0) throw std::invalid_argument("gemm: k == 0");
@@ -528,46 +548,50 @@ void gemm(const Context& ctx, bool trans_a, bool trans_b, int m, int n, int k, f
     ab_type = CUDA_R_16BF;
   }
   if (batch == 1) {
-    ORRERY_CUBLAS_CHECK(cublasGemmEx(ctx.cublas(), ta, tb, m, n, k, &alpha, a, ab_type, lda, b, ab_type, ldb, &beta,
-                                     C, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+    ORRERY_CUBLAS_CHECK(cublasGemmEx(ctx.cublas(), ta, tb, m, n, k, &alpha, a, ab_type, lda, b,
+                                     ab_type, ldb, &beta, C, CUDA_R_32F, ldc, compute,
+                                     CUBLAS_GEMM_DEFAULT));
   } else {
-    ORRERY_CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx.cublas(), ta, tb, m, n, k, &alpha, a, ab_type, lda, stride_a, b,
-                                                   ab_type, ldb, stride_b, &beta, C, CUDA_R_32F, ldc, stride_c, batch,
-                                                   compute, CUBLAS_GEMM_DEFAULT));
+    ORRERY_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        ctx.cublas(), ta, tb, m, n, k, &alpha, a, ab_type, lda, stride_a, b, ab_type, ldb, stride_b,
+        &beta, C, CUDA_R_32F, ldc, stride_c, batch, compute, CUBLAS_GEMM_DEFAULT));
   }
 }
 
 // ------------------------------------------------------------------------------------ ops
 
-void encoder_forward(const Context& ctx, float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                     int T, int C) {
+void encoder_forward(const Context& ctx, float* out, const int32_t* inp, const float* wte,
+                     const float* wpe, int B, int T, int C) {
   const std::size_t n = static_cast<std::size_t>(B) * T * C;
   if (n == 0) return;
   encoder_forward_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(out, inp, wte, wpe, T, C, n);
   ORRERY_KERNEL_CHECK("encoder_forward_kernel");
 }
 
-void encoder_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
-                      int T, int C) {
+void encoder_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout,
+                      const int32_t* inp, int B, int T, int C) {
   const std::size_t n = static_cast<std::size_t>(B) * T * C;
   if (n == 0) return;
   if (dwte != nullptr) {
     const std::size_t bt = static_cast<std::size_t>(B) * T;
     if (bt > static_cast<std::size_t>(INT32_MAX)) {
-      throw InternalError("encoder_backward: B*T = " + std::to_string(bt) + " positions exceed the sort's int range");
+      throw InternalError("encoder_backward: B*T = " + std::to_string(bt) +
+                          " positions exceed the sort's int range");
     }
     const int N = static_cast<int>(bt);
     // Scratch (slot 2, also attention backward's: free between ops): sorted tokens, positions in,
     // positions sorted, then cub's temporary storage, each 256-byte aligned.
     std::size_t temp_bytes = 0;
-    cuda_check(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, static_cast<const int32_t*>(nullptr),
-                                               static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
-                                               static_cast<int32_t*>(nullptr), N, 0, 32, ctx.stream()),
+    cuda_check(cub::DeviceRadixSort::SortPairs(
+                   nullptr, temp_bytes, static_cast<const int32_t*>(nullptr),
+                   static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                   static_cast<int32_t*>(nullptr), N, 0, 32, ctx.stream()),
                "cub::DeviceRadixSort::SortPairs (size query)");
     const auto aligned = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
     const std::size_t array_bytes = aligned(bt * sizeof(int32_t));
     const std::size_t total = 3 * array_bytes + aligned(temp_bytes);
-    auto* base = reinterpret_cast<unsigned char*>(ctx.scratch_f32(2, (total + sizeof(float) - 1) / sizeof(float)));
+    auto* base = reinterpret_cast<unsigned char*>(
+        ctx.scratch_f32(2, (total + sizeof(float) - 1) / sizeof(float)));
     auto* tokens = reinterpret_cast<int32_t*>(base);
     auto* pos_in = reinterpret_cast<int32_t*>(base + array_bytes);
     auto* pos_sorted = reinterpret_cast<int32_t*>(base + 2 * array_bytes);
@@ -576,16 +600,18 @@ void encoder_backward(const Context& ctx, float* dwte, float* dwpe, const float*
     ORRERY_KERNEL_CHECK("iota_kernel");
     // Stable: equal tokens keep ascending positions. All 32 key bits: the vocabulary size is not
     // known here (the cost is a few passes over B*T ints).
-    cuda_check(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, inp, tokens, pos_in, pos_sorted, N, 0, 32,
-                                               ctx.stream()),
+    cuda_check(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, inp, tokens, pos_in, pos_sorted, N,
+                                               0, 32, ctx.stream()),
                "cub::DeviceRadixSort::SortPairs (embedding tokens)");
-    const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>((C + kEmbedThreads - 1) / kEmbedThreads));
-    encoder_backward_wte_kernel<<<grid, kEmbedThreads, 0, ctx.stream()>>>(dwte, dout, tokens, pos_sorted, N, C);
+    const dim3 grid(static_cast<unsigned>(N),
+                    static_cast<unsigned>((C + kEmbedThreads - 1) / kEmbedThreads));
+    encoder_backward_wte_kernel<<<grid, kEmbedThreads, 0, ctx.stream()>>>(dwte, dout, tokens,
+                                                                          pos_sorted, N, C);
     ORRERY_KERNEL_CHECK("encoder_backward_wte_kernel");
   }
   if (dwpe != nullptr) {
-    encoder_backward_wpe_kernel<<<grid_for(static_cast<std::size_t>(T) * C), kThreads, 0, ctx.stream()>>>(dwpe, dout,
-                                                                                                         B, T, C);
+    encoder_backward_wpe_kernel<<<grid_for(static_cast<std::size_t>(T) * C), kThreads, 0,
+                                  ctx.stream()>>>(dwpe, dout, B, T, C);
     ORRERY_KERNEL_CHECK("encoder_backward_wpe_kernel");
   }
 }
@@ -595,27 +621,27 @@ void layernorm_forward(const Context& ctx, float* out, float* mean, float* rstd,
   const int N = B * T;
   if (N == 0 || C == 0) return;
   const int rows_per_block = kThreads / 32;
-  layernorm_forward_kernel<<<(N + rows_per_block - 1) / rows_per_block, kThreads, 0, ctx.stream()>>>(
-      out, mean, rstd, inp, weight, bias, N, C);
+  layernorm_forward_kernel<<<(N + rows_per_block - 1) / rows_per_block, kThreads, 0,
+                             ctx.stream()>>>(out, mean, rstd, inp, weight, bias, N, C);
   ORRERY_KERNEL_CHECK("layernorm_forward_kernel");
 }
 
-void layernorm_backward(const Context& ctx, float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd, int B, int T,
-                        int C) {
+void layernorm_backward(const Context& ctx, float* dinp, float* dweight, float* dbias,
+                        const float* dout, const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int B, int T, int C) {
   const int N = B * T;
   if (N == 0 || C == 0) return;
   const int rows_per_block = kThreads / 32;
-  layernorm_backward_dinp_kernel<<<(N + rows_per_block - 1) / rows_per_block, kThreads, 0, ctx.stream()>>>(
-      dinp, dout, inp, weight, mean, rstd, N, C);
+  layernorm_backward_dinp_kernel<<<(N + rows_per_block - 1) / rows_per_block, kThreads, 0,
+                                   ctx.stream()>>>(dinp, dout, inp, weight, mean, rstd, N, C);
   ORRERY_KERNEL_CHECK("layernorm_backward_dinp_kernel");
-  column_grads_kernel<<<(C + kColX - 1) / kColX, dim3(kColX, kColY), 0, ctx.stream()>>>(dweight, dbias, dout, inp,
-                                                                                        mean, rstd, N, C);
+  column_grads_kernel<<<(C + kColX - 1) / kColX, dim3(kColX, kColY), 0, ctx.stream()>>>(
+      dweight, dbias, dout, inp, mean, rstd, N, C);
   ORRERY_KERNEL_CHECK("column_grads_kernel (layernorm)");
 }
 
-void matmul_forward(const Context& ctx, float* out, const float* inp, const float* weight, const float* bias, int B,
-                    int T, int C, int OC) {
+void matmul_forward(const Context& ctx, float* out, const float* inp, const float* weight,
+                    const float* bias, int B, int T, int C, int OC) {
   const int N = B * T;
   if (N == 0 || OC == 0) return;
   // Row-major out (N,OC) is column-major (OC,N): out^T = W (OC,C) . inp^T.
@@ -635,21 +661,25 @@ void bias_backward(const Context& ctx, float* dbias, const float* dout, int B, i
   ORRERY_KERNEL_CHECK("column_grads_kernel (bias)");
 }
 
-void matmul_backward(const Context& ctx, float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int B, int T, int C, int OC, bool accumulate_dinp) {
+void matmul_backward(const Context& ctx, float* dinp, float* dweight, float* dbias,
+                     const float* dout, const float* inp, const float* weight, int B, int T, int C,
+                     int OC, bool accumulate_dinp) {
   const int N = B * T;
   if (N == 0) return;
   if (dinp != nullptr) {
     // dinp (N,C) = dout (N,OC) . W (OC,C); column-major (C,N) = W^T-view (C,OC) . dout-view (OC,N).
-    gemm(ctx, false, false, C, N, OC, 1.0f, weight, C, 0, dout, OC, 0, accumulate_dinp ? 1.0f : 0.0f, dinp, C, 0);
+    gemm(ctx, false, false, C, N, OC, 1.0f, weight, C, 0, dout, OC, 0,
+         accumulate_dinp ? 1.0f : 0.0f, dinp, C, 0);
   }
   // dweight (OC,C) += dout^T (OC,N) . inp (N,C); column-major (C,OC) = inp-view (C,N) . dout-view^T (N,OC).
   gemm(ctx, false, true, C, OC, N, 1.0f, inp, C, 0, dout, OC, 0, 1.0f, dweight, C, 0);
   if (dbias != nullptr) bias_backward(ctx, dbias, dout, B, T, OC);
 }
 
-void attention_forward(const Context& ctx, float* out, float* att, const float* inp, int B, int T, int C, int NH) {
-  if (NH <= 0 || C % NH != 0) throw std::invalid_argument("attention_forward: C must be a multiple of NH");
+void attention_forward(const Context& ctx, float* out, float* att, const float* inp, int B, int T,
+                       int C, int NH) {
+  if (NH <= 0 || C % NH != 0)
+    throw std::invalid_argument("attention_forward: C must be a multiple of NH");
   const int hs = C / NH;
   const std::size_t n = static_cast<std::size_t>(B) * T * C;  // one of q, k, v
   if (n == 0) return;
@@ -666,8 +696,8 @@ void attention_forward(const Context& ctx, float* out, float* att, const float* 
   gemm(ctx, true, false, T, T, hs, scale, k, hs, sq, q, hs, sq, 0.0f, att, T, sa, BNH);
   const std::size_t rows = static_cast<std::size_t>(BNH) * T;
   const unsigned warps_per_block = kThreads / 32;
-  causal_softmax_kernel<<<static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block), kThreads, 0,
-                          ctx.stream()>>>(att, rows, T);
+  causal_softmax_kernel<<<static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block),
+                          kThreads, 0, ctx.stream()>>>(att, rows, T);
   ORRERY_KERNEL_CHECK("causal_softmax_kernel");
   // y (T,hs) = att (T,T) . v (T,hs), per (b, h).
   gemm(ctx, false, false, hs, T, T, 1.0f, v, hs, sq, att, T, sa, 0.0f, y, hs, sq, BNH);
@@ -675,9 +705,10 @@ void attention_forward(const Context& ctx, float* out, float* att, const float* 
   ORRERY_KERNEL_CHECK("unpermute_kernel");
 }
 
-void attention_backward(const Context& ctx, float* dinp, float* datt, const float* dout, const float* inp,
-                        const float* att, int B, int T, int C, int NH) {
-  if (NH <= 0 || C % NH != 0) throw std::invalid_argument("attention_backward: C must be a multiple of NH");
+void attention_backward(const Context& ctx, float* dinp, float* datt, const float* dout,
+                        const float* inp, const float* att, int B, int T, int C, int NH) {
+  if (NH <= 0 || C % NH != 0)
+    throw std::invalid_argument("attention_backward: C must be a multiple of NH");
   const int hs = C / NH;
   const std::size_t n = static_cast<std::size_t>(B) * T * C;
   if (n == 0) return;
@@ -701,13 +732,15 @@ void attention_backward(const Context& ctx, float* dinp, float* datt, const floa
   gemm(ctx, false, true, hs, T, T, 1.0f, dy, hs, sq, att, T, sa, 0.0f, dv, hs, sq, BNH);
   const std::size_t rows = static_cast<std::size_t>(BNH) * T;
   const unsigned warps_per_block = kThreads / 32;
-  causal_softmax_backward_kernel<<<static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block), kThreads, 0,
-                                   ctx.stream()>>>(datt, att, rows, T, scale);
+  causal_softmax_backward_kernel<<<static_cast<unsigned>((rows + warps_per_block - 1) /
+                                                         warps_per_block),
+                                   kThreads, 0, ctx.stream()>>>(datt, att, rows, T, scale);
   ORRERY_KERNEL_CHECK("causal_softmax_backward_kernel");
   // dq[t1] = sum_t2 dS[t1][t2] k[t2];  dk[t2] = sum_t1 dS[t1][t2] q[t1]  (scale folded into dS)
   gemm(ctx, false, false, hs, T, T, 1.0f, k, hs, sq, datt, T, sa, 0.0f, dq, hs, sq, BNH);
   gemm(ctx, false, true, hs, T, T, 1.0f, q, hs, sq, datt, T, sa, 0.0f, dk, hs, sq, BNH);
-  unpermute_qkv_add_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(dinp, dq, dk, dv, T, NH, hs, n);
+  unpermute_qkv_add_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(dinp, dq, dk, dv, T, NH, hs,
+                                                                       n);
   ORRERY_KERNEL_CHECK("unpermute_qkv_add_kernel");
 }
 
@@ -717,63 +750,71 @@ void gelu_forward(const Context& ctx, float* out, const float* inp, std::size_t 
   ORRERY_KERNEL_CHECK("gelu_forward_kernel");
 }
 
-void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout, std::size_t N) {
+void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout,
+                   std::size_t N) {
   if (N == 0) return;
   gelu_backward_kernel<<<grid_for(N), kThreads, 0, ctx.stream()>>>(dinp, inp, dout, N);
   ORRERY_KERNEL_CHECK("gelu_backward_kernel");
 }
 
-void residual_forward(const Context& ctx, float* out, const float* inp1, const float* inp2, std::size_t N) {
+void residual_forward(const Context& ctx, float* out, const float* inp1, const float* inp2,
+                      std::size_t N) {
   if (N == 0) return;
   residual_forward_kernel<<<grid_for(N), kThreads, 0, ctx.stream()>>>(out, inp1, inp2, N);
   ORRERY_KERNEL_CHECK("residual_forward_kernel");
 }
 
-void bias_residual_forward(const Context& ctx, float* out, const float* residual, const float* partial,
-                           const float* bias, int B, int T, int C) {
+void bias_residual_forward(const Context& ctx, float* out, const float* residual,
+                           const float* partial, const float* bias, int B, int T, int C) {
   const std::size_t n = static_cast<std::size_t>(B) * T * C;
   if (n == 0) return;
-  bias_residual_forward_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(out, residual, partial, bias, C, n);
+  bias_residual_forward_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(out, residual, partial,
+                                                                           bias, C, n);
   ORRERY_KERNEL_CHECK("bias_residual_forward_kernel");
 }
 
-float softmax_crossentropy_forward(const Context& ctx, float* losses, float* logits, const int32_t* targets, int B,
-                                   int T, int V) {
+float softmax_crossentropy_forward(const Context& ctx, float* losses, float* logits,
+                                   const int32_t* targets, int B, int T, int V) {
   const std::size_t N = static_cast<std::size_t>(B) * T;
   if (N == 0 || V == 0) return 0.0f;
   if (N > 0x7fffffffu) throw std::invalid_argument("softmax_crossentropy_forward: too many rows");
-  softmax_crossentropy_forward_kernel<<<static_cast<unsigned>(N), 512, 0, ctx.stream()>>>(losses, logits, targets, V);
+  softmax_crossentropy_forward_kernel<<<static_cast<unsigned>(N), 512, 0, ctx.stream()>>>(
+      losses, logits, targets, V);
   ORRERY_KERNEL_CHECK("softmax_crossentropy_forward_kernel");
   // Slot 3 of the scratch is reserved for this sum.
   auto* sum = reinterpret_cast<double*>(ctx.scratch_f32(3, 2));
   sum_losses_kernel<<<1, 1024, 0, ctx.stream()>>>(sum, losses, N);
   ORRERY_KERNEL_CHECK("sum_losses_kernel");
   double host_sum = 0.0;
-  ORRERY_CUDA_CHECK(cudaMemcpyAsync(&host_sum, sum, sizeof host_sum, cudaMemcpyDeviceToHost, ctx.stream()));
+  ORRERY_CUDA_CHECK(
+      cudaMemcpyAsync(&host_sum, sum, sizeof host_sum, cudaMemcpyDeviceToHost, ctx.stream()));
   ORRERY_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
   return static_cast<float>(host_sum / static_cast<double>(N));
 }
 
-void softmax_crossentropy_backward(const Context& ctx, float* probs, const int32_t* targets, float dloss, int B,
-                                   int T, int V) {
+void softmax_crossentropy_backward(const Context& ctx, float* probs, const int32_t* targets,
+                                   float dloss, int B, int T, int V) {
   const std::size_t n = static_cast<std::size_t>(B) * T * V;
   if (n == 0) return;
-  softmax_crossentropy_backward_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(probs, targets, dloss, V, n);
+  softmax_crossentropy_backward_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(probs, targets,
+                                                                                   dloss, V, n);
   ORRERY_KERNEL_CHECK("softmax_crossentropy_backward_kernel");
 }
 
-void adamw_update(const Context& ctx, float* params, const float* grads, float* m, float* v, std::size_t offset,
-                  std::size_t n, std::span<const ParamRange> decay, int64_t step, const AdamWConfig& cfg) {
+void adamw_update(const Context& ctx, float* params, const float* grads, float* m, float* v,
+                  std::size_t offset, std::size_t n, std::span<const ParamRange> decay,
+                  int64_t step, const AdamWConfig& cfg) {
   if (step < 1) throw std::invalid_argument("adamw_update: step counts from 1");
   // The scalars and stretches exactly as runtime::adamw_update computes them (optimizer.hpp).
   const AdamWScalars k = adamw_scalars(step, cfg);
-  for_each_decay_stretch(offset, n, decay, k.keep_decayed, [&](std::size_t from, std::size_t to, float factor) {
-    const std::size_t i = from - offset;
-    adamw_kernel<<<grid_for(to - from), kThreads, 0, ctx.stream()>>>(params + i, grads + i, m + i, v + i, to - from,
-                                                                      factor, cfg.beta1, cfg.beta2, k.step_size,
-                                                                      k.inv_sqrt_bc2, cfg.eps);
-    ORRERY_KERNEL_CHECK("adamw_kernel");
-  });
+  for_each_decay_stretch(offset, n, decay, k.keep_decayed,
+                         [&](std::size_t from, std::size_t to, float factor) {
+                           const std::size_t i = from - offset;
+                           adamw_kernel<<<grid_for(to - from), kThreads, 0, ctx.stream()>>>(
+                               params + i, grads + i, m + i, v + i, to - from, factor, cfg.beta1,
+                               cfg.beta2, k.step_size, k.inv_sqrt_bc2, cfg.eps);
+                           ORRERY_KERNEL_CHECK("adamw_kernel");
+                         });
 }
 
 void scale(const Context& ctx, float* out, const float* in, float s, std::size_t N) {

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "orrery/common/error.hpp"
-#include "orrery/runtime/buffers.hpp"
 #include "orrery/model/flops.hpp"
+#include "orrery/runtime/buffers.hpp"
 
 namespace orrery::runtime::cuda {
 namespace {
@@ -19,10 +19,10 @@ float* rebase(const float* host_ptr, const float* host_base, float* dev_base) {
 }
 
 BlockParams rebase(const BlockParams& p, const float* hb, float* db) {
-  return BlockParams{rebase(p.ln1w, hb, db),  rebase(p.ln1b, hb, db),    rebase(p.qkvw, hb, db),
-                     rebase(p.qkvb, hb, db),  rebase(p.projw, hb, db),   rebase(p.projb, hb, db),
-                     rebase(p.ln2w, hb, db),  rebase(p.ln2b, hb, db),    rebase(p.fcw, hb, db),
-                     rebase(p.fcb, hb, db),   rebase(p.fcprojw, hb, db), rebase(p.fcprojb, hb, db)};
+  return BlockParams{rebase(p.ln1w, hb, db), rebase(p.ln1b, hb, db),    rebase(p.qkvw, hb, db),
+                     rebase(p.qkvb, hb, db), rebase(p.projw, hb, db),   rebase(p.projb, hb, db),
+                     rebase(p.ln2w, hb, db), rebase(p.ln2b, hb, db),    rebase(p.fcw, hb, db),
+                     rebase(p.fcb, hb, db),  rebase(p.fcprojw, hb, db), rebase(p.fcprojb, hb, db)};
 }
 
 flops::Dims flop_dims(const GpuGpt& m, int B, int T) { return runtime::flop_dims(m.host, B, T); }
@@ -88,7 +88,9 @@ GpuGpt gpu_gpt_create(Gpt host, bool device_storage) {
   return m;
 }
 
-void gpu_zero_grad(const Context& ctx, GpuGpt& model) { zero_async(ctx, model.grads.data(), model.grads.size()); }
+void gpu_zero_grad(const Context& ctx, GpuGpt& model) {
+  zero_async(ctx, model.grads.data(), model.grads.size());
+}
 
 GpuActivations gpu_activations(const GpuGpt& m, int B, int T) {
   if (B < 1 || T < 1 || T > m.config().max_seq) {
@@ -97,8 +99,9 @@ GpuActivations gpu_activations(const GpuGpt& m, int B, int T) {
   }
   GpuActivations a;
   // Rounded to 64 floats (256 bytes) per buffer: every pointer keeps cudaMalloc's alignment.
-  carve_activations(a, buffer_shape(m.dims(), m.config(), m.host.shard, std::size_t(m.host.num_blocks()), B, T),
-                    64);
+  carve_activations(
+      a, buffer_shape(m.dims(), m.config(), m.host.shard, std::size_t(m.host.num_blocks()), B, T),
+      64);
   a.inputs.resize(std::size_t(B) * T);
   a.targets.resize(std::size_t(B) * T);
   return a;
@@ -106,21 +109,24 @@ GpuActivations gpu_activations(const GpuGpt& m, int B, int T) {
 
 GpuGradScratch gpu_grad_scratch(const GpuGpt& m, int B, int T) {
   GpuGradScratch s;
-  carve_grad_scratch(s, buffer_shape(m.dims(), m.config(), m.host.shard, std::size_t(m.host.num_blocks()), B, T),
-                     64);
+  carve_grad_scratch(
+      s, buffer_shape(m.dims(), m.config(), m.host.shard, std::size_t(m.host.num_blocks()), B, T),
+      64);
   return s;
 }
 
 // ---------------------------------------------------------------- pieces
 
-void gpu_embed_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* inputs,
-                       const GptHooks& hooks) {
+void gpu_embed_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts,
+                       const int32_t* inputs, const GptHooks& hooks) {
   if (!m.host.shard.has_embed)
     throw std::logic_error("gpu gpt: embedding forward on a shard without the embedding");
-  Span span(hooks.observer, names::kEmbedForward.data(), kEmbedSegment, flops::embed_forward(flop_dims(m, acts.B, acts.T)));
-  ORRERY_CUDA_CHECK(cudaMemcpyAsync(acts.inputs.data(), inputs, acts.inputs.size_bytes(), cudaMemcpyHostToDevice,
-                                    ctx.stream()));
-  encoder_forward(ctx, acts.stream, acts.inputs.data(), m.embed.wte, m.embed.wpe, acts.B, acts.T, m.dims().C);
+  Span span(hooks.observer, names::kEmbedForward.data(), kEmbedSegment,
+            flops::embed_forward(flop_dims(m, acts.B, acts.T)));
+  ORRERY_CUDA_CHECK(cudaMemcpyAsync(acts.inputs.data(), inputs, acts.inputs.size_bytes(),
+                                    cudaMemcpyHostToDevice, ctx.stream()));
+  encoder_forward(ctx, acts.stream, acts.inputs.data(), m.embed.wte, m.embed.wpe, acts.B, acts.T,
+                  m.dims().C);
 }
 
 void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, int layer,
@@ -145,7 +151,8 @@ void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts
   if (tp) {
     span.close();
     tp_reduce(hooks, TpPoint::kAttnProjForward, layer, a.attproj, n);
-    span.reopen(hooks.observer, names::kBlockForward.data(), layer, flops::block_piece(fd, true, 1, 3));
+    span.reopen(hooks.observer, names::kBlockForward.data(), layer,
+                flops::block_piece(fd, true, 1, 3));
   }
   bias_residual_forward(ctx, a.res2, x, a.attproj, p.projb, B, T, d.C);
   // MLP half (block_mlp_part).
@@ -156,45 +163,50 @@ void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts
   if (tp) {
     span.close();
     tp_reduce(hooks, TpPoint::kMlpProjForward, layer, a.fcproj, n);
-    span.reopen(hooks.observer, names::kBlockForward.data(), layer, flops::block_piece(fd, true, 2, 3));
+    span.reopen(hooks.observer, names::kBlockForward.data(), layer,
+                flops::block_piece(fd, true, 2, 3));
   }
   bias_residual_forward(ctx, y, a.res2, a.fcproj, p.fcprojb, B, T, d.C);
 }
 
-float gpu_head_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* targets,
-                       const GptHooks& hooks) {
+float gpu_head_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts,
+                       const int32_t* targets, const GptHooks& hooks) {
   if (!m.host.shard.has_head)
     throw std::logic_error("gpu gpt: head forward on a shard without the head");
   const int B = acts.B, T = acts.T, C = m.dims().C, V = m.config().vocab;
-  Span span(hooks.observer, names::kHeadForward.data(), m.config().n_layer, flops::head_forward(flop_dims(m, B, T)));
-  ORRERY_CUDA_CHECK(cudaMemcpyAsync(acts.targets.data(), targets, acts.targets.size_bytes(), cudaMemcpyHostToDevice,
-                                    ctx.stream()));
-  layernorm_forward(ctx, acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(), m.head.lnfw, m.head.lnfb, B, T,
-                    C);
+  Span span(hooks.observer, names::kHeadForward.data(), m.config().n_layer,
+            flops::head_forward(flop_dims(m, B, T)));
+  ORRERY_CUDA_CHECK(cudaMemcpyAsync(acts.targets.data(), targets, acts.targets.size_bytes(),
+                                    cudaMemcpyHostToDevice, ctx.stream()));
+  layernorm_forward(ctx, acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(), m.head.lnfw,
+                    m.head.lnfb, B, T, C);
   matmul_forward(ctx, acts.logits, acts.lnf, m.embed.wte, nullptr, B, T, C, V);
-  acts.loss = softmax_crossentropy_forward(ctx, acts.losses, acts.logits, acts.targets.data(), B, T, V);
+  acts.loss =
+      softmax_crossentropy_forward(ctx, acts.losses, acts.logits, acts.targets.data(), B, T, V);
   return acts.loss;
 }
 
-void gpu_head_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, float loss_scale,
-                       const GptHooks& hooks) {
+void gpu_head_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s,
+                       float loss_scale, const GptHooks& hooks) {
   if (!m.host.shard.has_head)
     throw std::logic_error("gpu gpt: head backward on a shard without the head");
   const int B = acts.B, T = acts.T, C = m.dims().C, V = m.config().vocab;
   {
-    Span span(hooks.observer, names::kHeadBackward.data(), m.config().n_layer, flops::head_backward(flop_dims(m, B, T)));
-    softmax_crossentropy_backward(ctx, acts.logits, acts.targets.data(), loss_scale / static_cast<float>(B * T), B, T,
-                                  V);
-    matmul_backward(ctx, s.dln, m.dembed.wte, nullptr, acts.logits, acts.lnf, m.embed.wte, B, T, C, V, false);
+    Span span(hooks.observer, names::kHeadBackward.data(), m.config().n_layer,
+              flops::head_backward(flop_dims(m, B, T)));
+    softmax_crossentropy_backward(ctx, acts.logits, acts.targets.data(),
+                                  loss_scale / static_cast<float>(B * T), B, T, V);
+    matmul_backward(ctx, s.dln, m.dembed.wte, nullptr, acts.logits, acts.lnf, m.embed.wte, B, T, C,
+                    V, false);
     zero_async(ctx, s.dres, acts.boundary_elems);
-    layernorm_backward(ctx, s.dres, m.dhead.lnfw, m.dhead.lnfb, s.dln, acts.stage_output(), m.head.lnfw,
-                       acts.lnf_mean, acts.lnf_rstd, B, T, C);
+    layernorm_backward(ctx, s.dres, m.dhead.lnfw, m.dhead.lnfb, s.dln, acts.stage_output(),
+                       m.head.lnfw, acts.lnf_mean, acts.lnf_rstd, B, T, C);
   }
   if (hooks.on_grads_ready) hooks.on_grads_ready(m.config().n_layer);
 }
 
-void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, int layer,
-                        const GptHooks& hooks) {
+void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s,
+                        int layer, const GptHooks& hooks) {
   const std::size_t idx = check_layer(m, layer);
   const BlockDims& d = m.dims();
   const BlockParams& p = m.blocks[idx];
@@ -211,28 +223,34 @@ void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, Gpu
               flops::block_piece(fd, false, 0, tp ? 3 : 1));
     // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + b; s.dres holds dy.
     bias_backward(ctx, g.fcprojb, s.dres, B, T, d.C);
-    matmul_backward(ctx, s.dfch_gelu, g.fcprojw, nullptr, s.dres, a.fch_gelu, p.fcprojw, B, T, d.F, d.C, false);
+    matmul_backward(ctx, s.dfch_gelu, g.fcprojw, nullptr, s.dres, a.fch_gelu, p.fcprojw, B, T, d.F,
+                    d.C, false);
     zero_async(ctx, s.dfch, BT * d.F);
     gelu_backward(ctx, s.dfch, a.fch, s.dfch_gelu, BT * d.F);
     matmul_backward(ctx, s.dln, g.fcw, g.fcb, s.dfch, a.ln2, p.fcw, B, T, d.C, d.F, false);
     if (tp) {
       span.close();
       tp_reduce(hooks, TpPoint::kMlpInputBackward, layer, s.dln, n);
-      span.reopen(hooks.observer, names::kBlockBackward.data(), layer, flops::block_piece(fd, false, 1, 3));
+      span.reopen(hooks.observer, names::kBlockBackward.data(), layer,
+                  flops::block_piece(fd, false, 1, 3));
     }
-    layernorm_backward(ctx, s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, B, T, d.C);
+    layernorm_backward(ctx, s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd,
+                       B, T, d.C);
     // Attention: res2 = x + proj(attn(qkv(ln1(x)))) + b; s.dres now holds dres2.
     bias_backward(ctx, g.projb, s.dres, B, T, d.C);
-    matmul_backward(ctx, s.datty, g.projw, nullptr, s.dres, a.atty, p.projw, B, T, d.Cl, d.C, false);
+    matmul_backward(ctx, s.datty, g.projw, nullptr, s.dres, a.atty, p.projw, B, T, d.Cl, d.C,
+                    false);
     zero_async(ctx, s.dqkv, BT * 3 * d.Cl);
     attention_backward(ctx, s.dqkv, s.datt, s.datty, a.qkv, a.att, B, T, d.Cl, d.NH);
     matmul_backward(ctx, s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, p.qkvw, B, T, d.C, 3 * d.Cl, false);
     if (tp) {
       span.close();
       tp_reduce(hooks, TpPoint::kAttnInputBackward, layer, s.dln, n);
-      span.reopen(hooks.observer, names::kBlockBackward.data(), layer, flops::block_piece(fd, false, 2, 3));
+      span.reopen(hooks.observer, names::kBlockBackward.data(), layer,
+                  flops::block_piece(fd, false, 2, 3));
     }
-    layernorm_backward(ctx, s.dres, g.ln1w, g.ln1b, s.dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd, B, T, d.C);
+    layernorm_backward(ctx, s.dres, g.ln1w, g.ln1b, s.dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd, B, T,
+                       d.C);
   }
   if (hooks.on_grads_ready) hooks.on_grads_ready(layer);
 }
@@ -242,8 +260,10 @@ void gpu_embed_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, Gpu
   if (!m.host.shard.has_embed)
     throw std::logic_error("gpu gpt: embedding backward on a shard without the embedding");
   {
-    Span span(hooks.observer, names::kEmbedBackward.data(), kEmbedSegment, flops::embed_backward(flop_dims(m, acts.B, acts.T)));
-    encoder_backward(ctx, m.dembed.wte, m.dembed.wpe, s.dres, acts.inputs.data(), acts.B, acts.T, m.dims().C);
+    Span span(hooks.observer, names::kEmbedBackward.data(), kEmbedSegment,
+              flops::embed_backward(flop_dims(m, acts.B, acts.T)));
+    encoder_backward(ctx, m.dembed.wte, m.dembed.wpe, s.dres, acts.inputs.data(), acts.B, acts.T,
+                     m.dims().C);
   }
   if (hooks.on_grads_ready) hooks.on_grads_ready(kEmbedSegment);
 }
@@ -257,9 +277,10 @@ float gpu_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, con
   return 0.0f;
 }
 
-void gpu_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, float loss_scale,
-                  const GptHooks& hooks) {
-  if (s.B != acts.B || s.T != acts.T) throw std::logic_error("gpu gpt: scratch and activations differ in (B, T)");
+void gpu_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s,
+                  float loss_scale, const GptHooks& hooks) {
+  if (s.B != acts.B || s.T != acts.T)
+    throw std::logic_error("gpu gpt: scratch and activations differ in (B, T)");
   const GptShard& sh = m.host.shard;
   if (sh.has_head) gpu_head_backward(ctx, m, acts, s, loss_scale, hooks);
   for (int l = sh.layer_end - 1; l >= sh.layer_begin; --l)

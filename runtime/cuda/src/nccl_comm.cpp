@@ -23,6 +23,8 @@
 // (error: half that interval, a few microseconds). An event's time is anchor_ns + elapsed(anchor,
 // event). The anchor is re-taken in synchronize() when older than kReanchorAfterNs, which bounds
 // both the float rounding of long intervals and the GPU/host clock drift.
+#include "orrery/runtime/cuda/nccl_comm.hpp"
+
 #include <nccl.h>
 
 #include <algorithm>
@@ -45,7 +47,6 @@
 #include "orrery/profiler/range_hooks.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/cuda/device.hpp"
-#include "orrery/runtime/cuda/nccl_comm.hpp"
 
 namespace orrery::runtime::cuda {
 namespace {
@@ -57,7 +58,8 @@ constexpr auto kWatchdogPeriod = std::chrono::milliseconds(20);
 constexpr int64_t kReanchorAfterNs = 1'000'000'000;
 
 std::string nccl_error_text(ncclResult_t rc, ncclComm_t comm) {
-  std::string s = std::string(ncclGetErrorString(rc)) + " (ncclResult_t " + std::to_string(rc) + ")";
+  std::string s =
+      std::string(ncclGetErrorString(rc)) + " (ncclResult_t " + std::to_string(rc) + ")";
   const char* last = ncclGetLastError(comm);
   if (last != nullptr && last[0] != '\0') s += ": " + std::string(last);
   return s;
@@ -65,26 +67,34 @@ std::string nccl_error_text(ncclResult_t rc, ncclComm_t comm) {
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::F32: return ncclFloat32;
-    case DType::F64: return ncclFloat64;
-    case DType::I32: return ncclInt32;
-    case DType::I64: return ncclInt64;
-    case DType::U8: return ncclUint8;
+    case DType::F32:
+      return ncclFloat32;
+    case DType::F64:
+      return ncclFloat64;
+    case DType::I32:
+      return ncclInt32;
+    case DType::I64:
+      return ncclInt64;
+    case DType::U8:
+      return ncclUint8;
   }
   throw InternalError("NCCL communicator: unknown dtype " + std::to_string(static_cast<int>(t)));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op, DType t) {
   switch (op) {
-    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Sum:
+      return ncclSum;
     case ReduceOp::Avg:
       // As the MPI communicator: an average of integers is not what anyone means.
       if (t != DType::F32 && t != DType::F64) {
         throw InternalError("NCCL communicator: ReduceOp::Avg needs a floating-point dtype");
       }
       return ncclAvg;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Max:
+      return ncclMax;
+    case ReduceOp::Min:
+      return ncclMin;
   }
   throw InternalError("NCCL communicator: unknown reduce op");
 }
@@ -275,14 +285,15 @@ class NcclEngine {
         const cudaError_t q = cudaEventQuery(fence_);
         if (q == cudaSuccess) break;
         if (q != cudaErrorNotReady) {
-          const std::string msg = what + ": " + cudaGetErrorName(q) + " (" + cudaGetErrorString(q) + ")";
+          const std::string msg =
+              what + ": " + cudaGetErrorName(q) + " (" + cudaGetErrorString(q) + ")";
           fail_locked(msg);
           throw InternalError(msg);
         }
         if (std::chrono::steady_clock::now() > deadline) {
           const std::string msg = "watchdog: " + what + " not complete after " +
-                                  std::to_string(watchdog_s_) +
-                                  " s (runtime.watchdog_s); " + oldest_pending_locked();
+                                  std::to_string(watchdog_s_) + " s (runtime.watchdog_s); " +
+                                  oldest_pending_locked();
           fail_locked(msg);
           throw InternalError(msg);
         }
@@ -404,13 +415,15 @@ class NcclEngine {
         const ncclResult_t q = ncclCommGetAsyncError(c, &state);
         const ncclResult_t bad = q != ncclSuccess ? q : state;
         if (bad != ncclSuccess && bad != ncclInProgress) {
-          fail_locked("NCCL asynchronous error (ncclCommGetAsyncError): " + nccl_error_text(bad, c));
+          fail_locked("NCCL asynchronous error (ncclCommGetAsyncError): " +
+                      nccl_error_text(bad, c));
           break;
         }
       }
       if (!failure_.empty() || pending_.empty()) continue;
       const auto& oldest = pending_.front();
-      const double age_s = static_cast<double>(profiler::steady_now_ns() - oldest->issued_ns) * 1e-9;
+      const double age_s =
+          static_cast<double>(profiler::steady_now_ns() - oldest->issued_ns) * 1e-9;
       if (age_s > watchdog_s_) {
         std::ostringstream msg;
         msg << "watchdog: " << oldest->what << " not complete after " << watchdog_s_
@@ -485,7 +498,8 @@ class NcclCommunicator final : public Communicator {
 
   ~NcclCommunicator() override {
     try {
-      if (engine_->failure().empty()) engine_->synchronize("destroying NCCL communicator " + info_.name);
+      if (engine_->failure().empty())
+        engine_->synchronize("destroying NCCL communicator " + info_.name);
     } catch (...) {
       // Torn down after a failure: the communicator is aborted below.
     }
@@ -512,8 +526,9 @@ class NcclCommunicator final : public Communicator {
     const ncclDataType_t t = nccl_type(dtype);
     const ncclRedOp_t o = nccl_op(op, dtype);
     ncclComm_t c = comm_;
-    return issue(CollOp::ReduceScatter, label, recv_count * size_ * dtype_size(dtype), -1, dtype,
-                 [=](cudaStream_t s) { return ncclReduceScatter(send, recv, recv_count, t, o, c, s); });
+    return issue(
+        CollOp::ReduceScatter, label, recv_count * size_ * dtype_size(dtype), -1, dtype,
+        [=](cudaStream_t s) { return ncclReduceScatter(send, recv, recv_count, t, o, c, s); });
   }
 
   Handle all_gather(const void* send, void* recv, size_t send_count, DType dtype,
@@ -525,8 +540,7 @@ class NcclCommunicator final : public Communicator {
                  [=](cudaStream_t s) { return ncclAllGather(send, recv, send_count, t, c, s); });
   }
 
-  Handle broadcast(void* data, size_t count, DType dtype, int root,
-                   const OpLabel& label) override {
+  Handle broadcast(void* data, size_t count, DType dtype, int root, const OpLabel& label) override {
     check_peer(root);
     const ncclDataType_t t = nccl_type(dtype);
     ncclComm_t c = comm_;
@@ -555,13 +569,15 @@ class NcclCommunicator final : public Communicator {
   Handle barrier(const OpLabel& label) override {
     if (scratch_ == nullptr) {
       ORRERY_CUDA_CHECK(cudaSetDevice(engine_->device()));
-      cuda_check(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc (NCCL barrier word)", sizeof(float));
+      cuda_check(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc (NCCL barrier word)",
+                 sizeof(float));
       ORRERY_CUDA_CHECK(cudaMemsetAsync(scratch_, 0, sizeof(float), compute_));
     }
     void* w = scratch_;
     ncclComm_t c = comm_;
-    return issue(CollOp::Barrier, label, 0, -1, DType::F32,
-                 [=](cudaStream_t s) { return ncclAllReduce(w, w, 1, ncclFloat32, ncclSum, c, s); });
+    return issue(CollOp::Barrier, label, 0, -1, DType::F32, [=](cudaStream_t s) {
+      return ncclAllReduce(w, w, 1, ncclFloat32, ncclSum, c, s);
+    });
   }
 
   void synchronize() override { engine_->synchronize("synchronize on " + info_.name); }
@@ -587,7 +603,8 @@ class NcclCommunicator final : public Communicator {
                                       cudaMemcpyHostToDevice, compute_));
     all_gather(dev + 3 * rank_, dev, 3, DType::I32, OpLabel{"split"}).wait();
     synchronize();
-    ORRERY_CUDA_CHECK(cudaMemcpy(all.data(), dev, all.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    ORRERY_CUDA_CHECK(
+        cudaMemcpy(all.data(), dev, all.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
 
     ncclComm_t out = nullptr;
     ncclConfig_t config = nonblocking_config();
@@ -601,11 +618,11 @@ class NcclCommunicator final : public Communicator {
     });
     if (settled != ncclSuccess) {
       if (out != nullptr) ncclCommAbort(out);
-      const std::string msg =
-          "ncclCommSplit of " + info_.name + " into " + name + " failed: " +
-          (settled == ncclInProgress ? "not complete after " + std::to_string(engine_->watchdog_s()) +
-                                           " s (runtime.watchdog_s)"
-                                     : nccl_error_text(settled, parent));
+      const std::string msg = "ncclCommSplit of " + info_.name + " into " + name + " failed: " +
+                              (settled == ncclInProgress
+                                   ? "not complete after " + std::to_string(engine_->watchdog_s()) +
+                                         " s (runtime.watchdog_s)"
+                                   : nccl_error_text(settled, parent));
       engine_->abort_all(msg);
       throw InternalError(msg);
     }
@@ -682,8 +699,8 @@ class NcclCommunicator final : public Communicator {
     const int64_t seq = seq_++;
     o->what = std::string(traces::to_string(op)) + " seq " + std::to_string(seq) + " on " +
               info_.name + " (" + std::to_string(bytes) + " bytes, NCCL)";
-    o->flight_id = schedule_flight_record(info_.id, seq, op, bytes, static_cast<int32_t>(dtype), peer_global,
-                                           label.step);
+    o->flight_id = schedule_flight_record(info_.id, seq, op, bytes, static_cast<int32_t>(dtype),
+                                          peer_global, label.step);
     profiler::Recorder* rec = engine_->recorder();
     if (rec && rec->enabled()) {
       o->record = true;
@@ -766,7 +783,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap,
   }
   std::vector<BootStatus> statuses(static_cast<size_t>(n));
   bootstrap
-      .all_gather(&status, statuses.data(), sizeof(BootStatus), DType::U8, OpLabel{"nccl_bootstrap"})
+      .all_gather(&status, statuses.data(), sizeof(BootStatus), DType::U8,
+                  OpLabel{"nccl_bootstrap"})
       .wait();
   std::string failures = describe_failures(statuses, bootstrap);
   if (!failures.empty()) throw InternalError("NCCL cannot start: " + failures);
@@ -787,8 +805,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap,
                                 std::to_string(opt.watchdog_s) + " s (runtime.watchdog_s)"
                           : "ncclCommInitRankConfig: " + nccl_error_text(rc, comm);
     if (rc == ncclInvalidUsage && n > 1) {
-      why += " (two ranks on one GPU? NCCL needs one GPU per rank; ranks sharing a GPU use the "
-             "host-staged MPI communicator)";
+      why +=
+          " (two ranks on one GPU? NCCL needs one GPU per rank; ranks sharing a GPU use the "
+          "host-staged MPI communicator)";
     }
     fail_local(why);
     if (comm != nullptr) ncclCommAbort(comm);

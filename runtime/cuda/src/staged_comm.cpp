@@ -94,8 +94,9 @@ void poll_event(cudaEvent_t e, double timeout_s, const std::string& what) {
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) cuda_check(q, what.c_str());
     if (std::chrono::steady_clock::now() > deadline) {
-      throw InternalError("watchdog: " + what + " not complete after " + std::to_string(timeout_s) +
-                          " s (runtime.watchdog_s); the compute stream did not reach the operation");
+      throw InternalError(
+          "watchdog: " + what + " not complete after " + std::to_string(timeout_s) +
+          " s (runtime.watchdog_s); the compute stream did not reach the operation");
     }
     if (polls > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
@@ -132,10 +133,12 @@ class StagedTask final : public Work {
   void wait() override {
     // The stages have deadlines of their own; this one only guards against a lost completion.
     if (!completion_.wait_for(2 * timeout_s + 10)) {
-      throw InternalError("watchdog: " + what + " (staged through host memory) not complete after " +
+      throw InternalError("watchdog: " + what +
+                          " (staged through host memory) not complete after " +
                           std::to_string(2 * timeout_s + 10) + " s");
     }
-    if (h2d_done) cuda_check(cudaStreamWaitEvent(compute, h2d_done, 0), "cudaStreamWaitEvent (staged)");
+    if (h2d_done)
+      cuda_check(cudaStreamWaitEvent(compute, h2d_done, 0), "cudaStreamWaitEvent (staged)");
   }
   bool done() const override { return completion_.done(); }
 
@@ -239,10 +242,11 @@ class Completer {
     for (;;) {
       incoming.clear();
       const bool more = thread_.take(incoming, /*idle=*/active.empty());
-      if (!more && active.empty()) return;  // stopping, drained
+      if (!more && active.empty()) return;                                   // stopping, drained
       if (!more) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // stopping: no spin
       for (auto& t : incoming) {
-        const auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t->timeout_s));
+        const auto limit = std::chrono::duration_cast<Clock::duration>(
+            std::chrono::duration<double>(t->timeout_s));
         active.push_back(Active{std::move(t), Clock::now() + limit, false});
       }
       for (std::size_t i = 0; i < active.size();) {
@@ -280,17 +284,20 @@ class Completer {
         }
         if (!reached(t.ready, "compute stream before ", t)) {
           if (late) {
-            throw InternalError("watchdog: " + t.what + " not complete after " + std::to_string(t.timeout_s) +
-                                " s (runtime.watchdog_s); the compute stream did not reach the operation");
+            throw InternalError(
+                "watchdog: " + t.what + " not complete after " + std::to_string(t.timeout_s) +
+                " s (runtime.watchdog_s); the compute stream did not reach the operation");
           }
           return false;
         }
         t.keep_buffers = true;  // until the copy is seen done
-        ORRERY_CUDA_CHECK(cudaMemcpyAsync(t.dev_out, t.out.ptr, t.out_bytes, cudaMemcpyHostToDevice, h2d_));
+        ORRERY_CUDA_CHECK(
+            cudaMemcpyAsync(t.dev_out, t.out.ptr, t.out_bytes, cudaMemcpyHostToDevice, h2d_));
         ORRERY_CUDA_CHECK(cudaEventRecord(t.h2d_done, h2d_));
         a.copying = true;
         // The copy has a deadline of its own (the host operation may have finished just in time).
-        a.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t.timeout_s));
+        a.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(t.timeout_s));
         return false;
       }
       if (!reached(t.h2d_done, "copy to device for ", t)) {
@@ -321,7 +328,8 @@ class StagedEngine {
       : device_(device),
         h2d_(make_stream()),
         stage1_([this](const std::shared_ptr<StagedTask>& t) { run_stage1(t); }),
-        stage2_([this](const std::shared_ptr<StagedTask>& t, std::exception_ptr err) { finish(t, std::move(err)); },
+        stage2_([this](const std::shared_ptr<StagedTask>& t,
+                       std::exception_ptr err) { finish(t, std::move(err)); },
                 h2d_) {
     ORRERY_CUDA_CHECK(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
     stage1_.start(device);
@@ -432,7 +440,8 @@ class StagedCommunicator final : public Communicator {
     const size_t out_bytes = recv_count * dtype_size(dtype);
     Communicator& h = host_;
     return stage("reduce_scatter", label, send, out_bytes * static_cast<size_t>(size()), recv,
-                 out_bytes, false, [&h, recv_count, dtype, op](void* in, void* out, const OpLabel& l) {
+                 out_bytes, false,
+                 [&h, recv_count, dtype, op](void* in, void* out, const OpLabel& l) {
                    return h.reduce_scatter(in, out, recv_count, dtype, op, l);
                  });
   }
@@ -447,14 +456,13 @@ class StagedCommunicator final : public Communicator {
                  });
   }
 
-  Handle broadcast(void* data, size_t count, DType dtype, int root,
-                   const OpLabel& label) override {
+  Handle broadcast(void* data, size_t count, DType dtype, int root, const OpLabel& label) override {
     const size_t bytes = count * dtype_size(dtype);
     Communicator& h = host_;
     // Only the root's data matters on the way in; only the others need it back.
     const bool is_root = rank() == root;
-    return stage("broadcast", label, is_root ? data : nullptr, bytes, is_root ? nullptr : data, bytes,
-                 true, [&h, count, dtype, root](void* in, void*, const OpLabel& l) {
+    return stage("broadcast", label, is_root ? data : nullptr, bytes, is_root ? nullptr : data,
+                 bytes, true, [&h, count, dtype, root](void* in, void*, const OpLabel& l) {
                    return h.broadcast(in, count, dtype, root, l);
                  });
   }
@@ -565,7 +573,8 @@ class StagedCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_staged_communicator(Communicator& host_comm,
-                                                       cudaStream_t compute_stream, double watchdog_s) {
+                                                       cudaStream_t compute_stream,
+                                                       double watchdog_s) {
   if (std::string why = no_device_reason(); !why.empty()) {
     throw InternalError("staged device communicator: " + why);
   }
@@ -582,7 +591,8 @@ std::unique_ptr<Communicator> make_staged_communicator(Communicator& host_comm,
       registry[device] = engine;
     }
   }
-  return std::make_unique<StagedCommunicator>(engine, host_comm, nullptr, compute_stream, watchdog_s);
+  return std::make_unique<StagedCommunicator>(engine, host_comm, nullptr, compute_stream,
+                                              watchdog_s);
 }
 
 }  // namespace orrery::runtime::cuda

@@ -25,7 +25,9 @@ using traces::SpanKind;
 
 namespace {
 
-std::string origin_of(const Scenario& s) { return s.path.empty() ? std::string("scenario") : s.path; }
+std::string origin_of(const Scenario& s) {
+  return s.path.empty() ? std::string("scenario") : s.path;
+}
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -37,7 +39,8 @@ int env_int(const char* name, int fallback) {
 
 // Ranks the launcher put on this node (1 when not started by one).
 int local_world_size() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE", "LOCAL_WORLD_SIZE"}) {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE",
+                           "LOCAL_WORLD_SIZE"}) {
     const int n = env_int(name, 0);
     if (n > 0) return n;
   }
@@ -79,7 +82,8 @@ void check_supported_cuda(const Scenario& s) {
                      "' is not available on device cuda; expected gpipe or 1f1b");
   }
   Scenario c = s;
-  c.runtime.device = "cpu";  // everything the CPU runtime checks (layout, batch, threads) holds here too
+  c.runtime.device =
+      "cpu";  // everything the CPU runtime checks (layout, batch, threads) holds here too
   check_supported(c);
   if (device_count() == 0) {
     throw InputError(origin + ": key 'runtime.device' is cuda, but " + no_device_reason());
@@ -89,7 +93,9 @@ void check_supported_cuda(const Scenario& s) {
 // ------------------------------------------------------------------------------------ EventSpans
 
 EventSpans::EventSpans(Recorder* rec, cudaStream_t stream, int32_t trace_stream)
-    : rec_(rec != nullptr && rec->enabled() ? rec : nullptr), stream_(stream), trace_stream_(trace_stream) {
+    : rec_(rec != nullptr && rec->enabled() ? rec : nullptr),
+      stream_(stream),
+      trace_stream_(trace_stream) {
   if (rec_ != nullptr) ORRERY_CUDA_CHECK(cudaEventCreateWithFlags(&ref_, cudaEventDefault));
 }
 
@@ -212,21 +218,24 @@ class GpuTrainer::Ddp {
     micro_batch_ = micro_batch;
     next_ = 0;
     handles_.clear();
-    for (const auto& b : buckets_) pending_[static_cast<std::size_t>(b.index)] = static_cast<int>(b.segments.size());
+    for (const auto& b : buckets_)
+      pending_[static_cast<std::size_t>(b.index)] = static_cast<int>(b.segments.size());
   }
 
   void on_grads_ready(int segment) {
     if (!sync_) return;
     const std::size_t slot = static_cast<std::size_t>(segment + 1);
     if (slot >= bucket_of_segment_.size() || bucket_of_segment_[slot] < 0) {
-      throw InternalError("GPU DDP: gradients ready for segment " + std::to_string(segment) + ", which is in no bucket");
+      throw InternalError("GPU DDP: gradients ready for segment " + std::to_string(segment) +
+                          ", which is in no bucket");
     }
     const int bi = bucket_of_segment_[slot];
     if (--pending_[static_cast<std::size_t>(bi)] < 0) {
       throw InternalError("GPU DDP: segment " + std::to_string(segment) + " reported ready twice");
     }
     if (!overlap_) return;
-    while (next_ < static_cast<int>(buckets_.size()) && pending_[static_cast<std::size_t>(next_)] == 0) {
+    while (next_ < static_cast<int>(buckets_.size()) &&
+           pending_[static_cast<std::size_t>(next_)] == 0) {
       issue(buckets_[static_cast<std::size_t>(next_++)]);
     }
   }
@@ -237,10 +246,12 @@ class GpuTrainer::Ddp {
     if (sync_) {
       for (std::size_t i = 0; i < buckets_.size(); ++i) {
         if (pending_[i] != 0) {
-          throw InternalError("GPU DDP: backward finished with bucket " + std::to_string(i) + " incomplete");
+          throw InternalError("GPU DDP: backward finished with bucket " + std::to_string(i) +
+                              " incomplete");
         }
       }
-      while (next_ < static_cast<int>(buckets_.size())) issue(buckets_[static_cast<std::size_t>(next_++)]);
+      while (next_ < static_cast<int>(buckets_.size()))
+        issue(buckets_[static_cast<std::size_t>(next_++)]);
     }
     for (auto& h : handles_) h.wait();
     handles_.clear();
@@ -262,8 +273,8 @@ class GpuTrainer::Ddp {
     label.step = step_;
     label.micro_batch = micro_batch_;
     label.layer = b.lowest_layer;
-    handles_.push_back(
-        dp_->all_reduce(model_.grads.data() + b.range.offset, b.range.count, DType::F32, ReduceOp::Avg, label));
+    handles_.push_back(dp_->all_reduce(model_.grads.data() + b.range.offset, b.range.count,
+                                       DType::F32, ReduceOp::Avg, label));
   }
 
   GpuGpt& model_;
@@ -281,17 +292,19 @@ class GpuTrainer::Ddp {
 
 // ------------------------------------------------------------------------------------ trainer
 
-GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, const CudaRunOptions& opt)
+GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec,
+                       const CudaRunOptions& opt)
     : s_(s), world_(world), rec_(rec != nullptr && rec->enabled() ? rec : nullptr), opt_(opt) {
   check_supported_cuda(s_);
   const std::string origin = origin_of(s_);
   if (world_.size() != s_.world_size()) {
-    throw InputError(origin + ": parallel.dp * tp * pp = " + std::to_string(s_.world_size()) + " but " +
-                     std::to_string(world_.size()) + " ranks were started");
+    throw InputError(origin + ": parallel.dp * tp * pp = " + std::to_string(s_.world_size()) +
+                     " but " + std::to_string(world_.size()) + " ranks were started");
   }
   layout_ = Layout::of(s_, world_.rank());
   micro_batches_ = s_.micro_batches_per_step();
-  if (micro_batches_ < 1 || micro_batches_ * s_.parallel.dp * s_.training.micro_batch != s_.training.global_batch) {
+  if (micro_batches_ < 1 ||
+      micro_batches_ * s_.parallel.dp * s_.training.micro_batch != s_.training.global_batch) {
     throw InputError("key 'training.global_batch': " + std::to_string(s_.training.global_batch) +
                      " is not a multiple of parallel.dp * training.micro_batch = " +
                      std::to_string(s_.parallel.dp * s_.training.micro_batch));
@@ -345,7 +358,8 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
       if (embed_->size() > 1) embed_dev_ = make_device_comm(*embed_, pipe);
       pipeline_staged_ = pipe != backend;
     }
-    comm_name_ = backend == CommBackend::kNccl ? (pipeline_staged_ ? "nccl+staged-pp" : "nccl") : "staged";
+    comm_name_ =
+        backend == CommBackend::kNccl ? (pipeline_staged_ ? "nccl+staged-pp" : "nccl") : "staged";
   }
 
   const GptConfig cfg = gpt_config(s_.model);
@@ -374,8 +388,8 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
   }
   ddp_ = std::make_unique<Ddp>(*model_, dp_dev_.get(), buckets_, s_.parallel.overlap);
   source_ = make_token_source(s_.data.source, s_.data.path, cfg.vocab, s_.training.seed);
-  loader_ = std::make_unique<DataLoader>(*source_, s_.model.seq, s_.training.micro_batch, L.dp_rank, L.dp,
-                                         s_.training.seed);
+  loader_ = std::make_unique<DataLoader>(*source_, s_.model.seq, s_.training.micro_batch, L.dp_rank,
+                                         L.dp, s_.training.seed);
   // One activation set per micro-batch in flight (index mb % size), as the CPU trainer's.
   const int in_flight =
       L.pp > 1 ? pipeline_in_flight(s_.parallel.schedule, L.pp, L.pp_rank, micro_batches_) : 1;
@@ -388,7 +402,8 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec, co
   if (L.pp > 1 && L.pp_rank > 0) {
     for (int i = 0; i < in_flight; ++i) grad_send_.emplace_back(acts_[0]->boundary_elems);
   }
-  scratch_ = std::make_unique<GpuGradScratch>(gpu_grad_scratch(*model_, s_.training.micro_batch, s_.model.seq));
+  scratch_ = std::make_unique<GpuGradScratch>(
+      gpu_grad_scratch(*model_, s_.training.micro_batch, s_.model.seq));
   const std::size_t moments = z3 ? z3_->shard_elems() : zero ? zero_.shard : n;
   adam_m_.resize(moments);
   adam_v_.resize(moments);
@@ -424,8 +439,7 @@ std::unique_ptr<Communicator> GpuTrainer::make_device_comm(Communicator& host,
 GpuTrainer::~GpuTrainer() {
   // Let queued work finish before buffers go (errors cannot be reported from here).
   if (stream_) cudaStreamSynchronize(stream_->get());
-  for (Communicator* c :
-       {dp_dev_.get(), tp_dev_.get(), pp_dev_.get(), embed_dev_.get()}) {
+  for (Communicator* c : {dp_dev_.get(), tp_dev_.get(), pp_dev_.get(), embed_dev_.get()}) {
     if (c == nullptr) continue;
     try {
       c->set_recorder(nullptr);
@@ -437,8 +451,7 @@ GpuTrainer::~GpuTrainer() {
 
 void GpuTrainer::finish() {
   ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
-  for (Communicator* c :
-       {dp_dev_.get(), tp_dev_.get(), pp_dev_.get(), embed_dev_.get()}) {
+  for (Communicator* c : {dp_dev_.get(), tp_dev_.get(), pp_dev_.get(), embed_dev_.get()}) {
     if (c == nullptr) continue;
     c->synchronize();
     c->set_recorder(nullptr);
@@ -507,7 +520,8 @@ std::vector<float> GpuTrainer::parameters() {
     // Each segment gathered over the dp group into a scratch buffer, its real elements kept.
     for (const Zero3Segment& sg : z3_->segments()) {
       DeviceArray<float> full(sg.part.padded());
-      dp_dev_->all_gather(z3_->params() + sg.shard_offset, full.data(), sg.part.shard, DType::F32).wait();
+      dp_dev_->all_gather(z3_->params() + sg.shard_offset, full.data(), sg.part.shard, DType::F32)
+          .wait();
       ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
       full.copy_to_host(out.data() + sg.range.offset, sg.range.count);
     }
@@ -551,8 +565,9 @@ void GpuTrainer::reduce_gradients_zero(int32_t step, int32_t mb) {
 // gathered into while queued kernels still read it, nor cleared while its reduce-scatter reads it.
 void GpuTrainer::z3_gather(int segment, int slot, int mb) {
   Zero3Segment& sg = z3_->segment(segment);
-  z3_gather_h_[slot] = dp_dev_->all_gather(z3_->params() + sg.shard_offset, z3_->param_buffer(slot), sg.part.shard,
-                                           DType::F32, OpLabel{kZeroFetchLayerName, step_, mb, segment});
+  z3_gather_h_[slot] =
+      dp_dev_->all_gather(z3_->params() + sg.shard_offset, z3_->param_buffer(slot), sg.part.shard,
+                          DType::F32, OpLabel{kZeroFetchLayerName, step_, mb, segment});
   z3_gathered_[slot] = segment;
 }
 
@@ -562,15 +577,16 @@ void GpuTrainer::z3_bind_block(int layer, int next_layer, int mb) {
   if (z3_gathered_[slot] != layer) z3_gather(layer, slot, mb);
   z3_gather_h_[slot].wait();
   // Prefetch: the next block's gather runs on the communicator's stream while this one computes.
-  if (next_layer >= sh.layer_begin && next_layer < sh.layer_end) z3_gather(next_layer, slot ^ 1, mb);
+  if (next_layer >= sh.layer_begin && next_layer < sh.layer_end)
+    z3_gather(next_layer, slot ^ 1, mb);
   z3_->segment(layer).bind(z3_->param_buffer(slot), z3_->grad_buffer(slot));
 }
 
 void GpuTrainer::z3_reduce_scatter(int segment, int slot, int mb) {
   Zero3Segment& sg = z3_->segment(segment);
-  z3_rs_h_[slot] = dp_dev_->reduce_scatter(z3_->grad_buffer(slot), z3_recv_.data() + sg.shard_offset, sg.part.shard,
-                                           DType::F32, ReduceOp::Avg,
-                                           OpLabel{kZeroReduceScatterName, step_, mb, segment});
+  z3_rs_h_[slot] = dp_dev_->reduce_scatter(
+      z3_->grad_buffer(slot), z3_recv_.data() + sg.shard_offset, sg.part.shard, DType::F32,
+      ReduceOp::Avg, OpLabel{kZeroReduceScatterName, step_, mb, segment});
 }
 
 float GpuTrainer::z3_forward(GpuActivations& acts, const GptHooks& hooks) {
@@ -584,13 +600,15 @@ float GpuTrainer::z3_forward(GpuActivations& acts, const GptHooks& hooks) {
   return sh.has_head ? gpu_head_forward(*ctx_, *model_, acts, batch_.targets.data(), hooks) : 0.0f;
 }
 
-void GpuTrainer::z3_backward(GpuActivations& acts, int mb, const GptHooks& hooks, float loss_scale) {
+void GpuTrainer::z3_backward(GpuActivations& acts, int mb, const GptHooks& hooks,
+                             float loss_scale) {
   const GptShard& sh = model_->host.shard;
   const int L = model_->config().n_layer;
   GptHooks h = hooks;
   h.on_grads_ready = nullptr;  // no DDP buckets: each segment is scattered below
   auto clear = [&](int slot, int segment) {
-    ORRERY_CUDA_CHECK(cudaMemsetAsync(z3_->grad_buffer(slot), 0, z3_->segment(segment).part.padded() * sizeof(float),
+    ORRERY_CUDA_CHECK(cudaMemsetAsync(z3_->grad_buffer(slot), 0,
+                                      z3_->segment(segment).part.padded() * sizeof(float),
                                       stream_->get()));
   };
   // The previous backward's scatters of these buffers were waited for in z3_finish_backward.
@@ -646,18 +664,21 @@ void GpuTrainer::forward_pass(int mb, const GptHooks& hooks, double& loss_sum) {
     profiler::ScopedSpan data(rec_, proto(rec_, SpanKind::Data, names::kDataLoad.data(), step, mb));
     loader_->next_batch(batch_);
   }
-  const int fwd = spans_->open(proto(rec_, SpanKind::Phase, names::kForward.data(), step, mb), names::kForward.data());
+  const int fwd = spans_->open(proto(rec_, SpanKind::Phase, names::kForward.data(), step, mb),
+                               names::kForward.data());
   if (!sh.has_embed) {
     pp_dev_
         ->recv(acts.stage_input(), acts.boundary_elems, DType::F32, layout_.pp_rank - 1,
                OpLabel{names::kRecvActivation.data(), step, mb, -1})
         .wait();  // the compute stream waits for the activation
   }
-  loss_sum += z3_ ? z3_forward(acts, hooks)
-                  : gpu_forward(*ctx_, *model_, acts, batch_.inputs.data(), batch_.targets.data(), hooks);
+  loss_sum +=
+      z3_ ? z3_forward(acts, hooks)
+          : gpu_forward(*ctx_, *model_, acts, batch_.inputs.data(), batch_.targets.data(), hooks);
   if (!sh.has_head) {
-    act_send_h_[slot] = pp_dev_->send(acts.stage_output(), acts.boundary_elems, DType::F32,
-                                      layout_.pp_rank + 1, OpLabel{names::kSendActivation.data(), step, mb, -1});
+    act_send_h_[slot] =
+        pp_dev_->send(acts.stage_output(), acts.boundary_elems, DType::F32, layout_.pp_rank + 1,
+                      OpLabel{names::kSendActivation.data(), step, mb, -1});
   }
   spans_->close(fwd);
 }
@@ -672,7 +693,8 @@ void GpuTrainer::backward_pass(int mb, const GptHooks& hooks, float loss_scale) 
   GpuActivations& acts = *acts_[slot];
   const GptShard& sh = model_->host.shard;
   const bool zero = zero12();
-  const int bwd = spans_->open(proto(rec_, SpanKind::Phase, names::kBackward.data(), step, mb), names::kBackward.data());
+  const int bwd = spans_->open(proto(rec_, SpanKind::Phase, names::kBackward.data(), step, mb),
+                               names::kBackward.data());
   if (!sh.has_head) {
     pp_dev_
         ->recv(scratch_->dres, acts.boundary_elems, DType::F32, layout_.pp_rank + 1,
@@ -708,11 +730,13 @@ StepResult GpuTrainer::step() {
   const int64_t t0 = profiler::steady_now_ns();
   if (rec_ != nullptr) rec_->set_step(step);
   spans_->anchor();
-  const int step_span = spans_->open(proto(rec_, SpanKind::Phase, names::kStep.data(), step, -1), names::kStep.data());
+  const int step_span = spans_->open(proto(rec_, SpanKind::Phase, names::kStep.data(), step, -1),
+                                     names::kStep.data());
   const bool zero = zero12();
   {
     // The CPU trainer's own span for it (memory-bound, 4 bytes per gradient element held).
-    const int zg = spans_->open(proto(rec_, SpanKind::Compute, names::kZeroGrad.data(), step, -1), names::kZeroGrad.data());
+    const int zg = spans_->open(proto(rec_, SpanKind::Compute, names::kZeroGrad.data(), step, -1),
+                                names::kZeroGrad.data());
     gpu_zero_grad(*ctx_, *model_);  // no full array under ZeRO 3: nothing to do
     if (zero) {
       ORRERY_CUDA_CHECK(
@@ -778,16 +802,20 @@ StepResult GpuTrainer::step() {
   // embedding's reduce-scatter, every micro-batch).
   if (!zero && !z3_) embed_all_reduce();
   {
-    const int opt = spans_->open(proto(rec_, SpanKind::Phase, names::kOptimizer.data(), step, -1), names::kOptimizer.data());
-    const int adamw = spans_->open(proto(rec_, SpanKind::Optimizer, names::kOptimizerStep.data(), step, -1), names::kOptimizerStep.data());
+    const int opt = spans_->open(proto(rec_, SpanKind::Phase, names::kOptimizer.data(), step, -1),
+                                 names::kOptimizer.data());
+    const int adamw =
+        spans_->open(proto(rec_, SpanKind::Optimizer, names::kOptimizerStep.data(), step, -1),
+                     names::kOptimizerStep.data());
     ++adam_steps_;
     if (z3_) {
       // Each segment's shard in place; decay ranges in absolute flat coordinates.
       for (const Zero3Segment& sg : z3_->segments()) {
         if (sg.part.count() == 0) continue;
         const std::size_t k = sg.shard_offset;
-        adamw_update(*ctx_, z3_->params() + k, z3_->grads() + k, adam_m_.data() + k, adam_v_.data() + k,
-                     sg.range.offset + sg.part.begin(), sg.part.count(), decay_, adam_steps_, adamw_);
+        adamw_update(*ctx_, z3_->params() + k, z3_->grads() + k, adam_m_.data() + k,
+                     adam_v_.data() + k, sg.range.offset + sg.part.begin(), sg.part.count(), decay_,
+                     adam_steps_, adamw_);
       }
       for (int& g : z3_gathered_) g = -99;  // the buffers hold the old parameters
     } else if (zero) {
@@ -814,7 +842,9 @@ StepResult GpuTrainer::step() {
   float loss = static_cast<float>(loss_sum / micro_batches_);
   if (layout_.pp > 1) {
     // Only the last stage computed the loss: it broadcasts it over the pipeline (host, 4 bytes).
-    pp_->broadcast(&loss, 1, DType::F32, layout_.pp - 1, OpLabel{names::kPipelineLoss.data(), step, -1, -1}).wait();
+    pp_->broadcast(&loss, 1, DType::F32, layout_.pp - 1,
+                   OpLabel{names::kPipelineLoss.data(), step, -1, -1})
+        .wait();
   }
   spans_->close(step_span);
   spans_->resolve();  // waits for the stream

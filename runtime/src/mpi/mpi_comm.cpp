@@ -31,23 +31,22 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <condition_variable>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <mutex>
 #include <sstream>
 #include <thread>
-
-#include "orrery/profiler/flight_recorder.hpp"
 #include <vector>
 
 #include "orrery/common/error.hpp"
+#include "orrery/profiler/flight_recorder.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/comm.hpp"
 
@@ -64,13 +63,13 @@ std::string mpi_error_string(int code) {
   return std::string(text, static_cast<size_t>(len));
 }
 
-#define ORRERY_MPI_CHECK(call)                                                          \
-  do {                                                                                  \
-    const int orrery_rc_ = (call);                                                      \
-    if (orrery_rc_ != MPI_SUCCESS) {                                                    \
-      throw InternalError(std::string(#call) + " failed at " + __FILE__ + ":" +          \
+#define ORRERY_MPI_CHECK(call)                                                             \
+  do {                                                                                     \
+    const int orrery_rc_ = (call);                                                         \
+    if (orrery_rc_ != MPI_SUCCESS) {                                                       \
+      throw InternalError(std::string(#call) + " failed at " + __FILE__ + ":" +            \
                           std::to_string(__LINE__) + ": " + mpi_error_string(orrery_rc_)); \
-    }                                                                                   \
+    }                                                                                      \
   } while (0)
 
 MPI_Datatype mpi_type(DType t) {
@@ -156,12 +155,13 @@ void install_stop_handlers() {
       if (fr.status().state == profiler::RankState::Failed) return;
       flush_for_exit(profiler::RankState::Stopped, sig == SIGINT ? "SIGINT" : "SIGTERM");
       const profiler::RankStatus st = fr.status();
-      std::fprintf(stderr, "orrery: rank %d stopped by %s in step %d; spans recorded so far saved\n",
+      std::fprintf(stderr,
+                   "orrery: rank %d stopped by %s in step %d; spans recorded so far saved\n",
                    st.rank, sig == SIGINT ? "SIGINT" : "SIGTERM", st.step);
       std::fflush(stderr);
       std::_Exit(128 + sig);
     }).detach();
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
@@ -178,9 +178,9 @@ class Task final : public Work {
   enum class Kind { Collective, Send, Recv, Fence, Stop };
 
   Kind kind = Kind::Collective;
-  std::function<void()> run;                // Collective, blocking form (setup calls)
-  std::function<void(MPI_Request*)> post;   // Collective, non-blocking form (operations)
-  std::function<void()> after;              // run once the posted collective is complete
+  std::function<void()> run;               // Collective, blocking form (setup calls)
+  std::function<void(MPI_Request*)> post;  // Collective, non-blocking form (operations)
+  std::function<void()> after;             // run once the posted collective is complete
   // Send / Recv:
   const void* send_buf = nullptr;
   void* recv_buf = nullptr;
@@ -290,7 +290,8 @@ class Engine {
 
   void loop() {
     profiler::Recorder::set_thread_stream(profiler::kCommStream);
-    if (const char* v = std::getenv("ORRERY_COMM_POLL_US")) poll_sleep_us_ = std::max(0, std::atoi(v));
+    if (const char* v = std::getenv("ORRERY_COMM_POLL_US"))
+      poll_sleep_us_ = std::max(0, std::atoi(v));
     try {
       int provided = 0;
       ORRERY_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
@@ -420,9 +421,11 @@ class Engine {
     if (t->flight_id) profiler::FlightRecorder::instance().started(t->flight_id, t->span.start_ns);
     try {
       if (t->kind == Task::Kind::Send) {
-        ORRERY_MPI_CHECK(MPI_Isend(t->send_buf, t->count, t->type, t->peer, 0, t->comm, &t->request));
+        ORRERY_MPI_CHECK(
+            MPI_Isend(t->send_buf, t->count, t->type, t->peer, 0, t->comm, &t->request));
       } else {
-        ORRERY_MPI_CHECK(MPI_Irecv(t->recv_buf, t->count, t->type, t->peer, 0, t->comm, &t->request));
+        ORRERY_MPI_CHECK(
+            MPI_Irecv(t->recv_buf, t->count, t->type, t->peer, 0, t->comm, &t->request));
       }
     } catch (...) {
       finish(t, std::current_exception());
@@ -436,8 +439,8 @@ class Engine {
       const int rc = MPI_Test(&t->request, &flag, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS || flag) {
         finish(t, rc == MPI_SUCCESS ? nullptr
-                                    : std::make_exception_ptr(InternalError(
-                                          t->what + ": " + mpi_error_string(rc))));
+                                    : std::make_exception_ptr(
+                                          InternalError(t->what + ": " + mpi_error_string(rc))));
         in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
       } else {
         ++i;
@@ -505,7 +508,8 @@ class MpiCommunicator final : public Communicator {
                         const OpLabel& label) override {
     const int n = checked_count(recv_count);
     checked_count(recv_count * static_cast<size_t>(size_));
-    auto t = make_task(CollOp::ReduceScatter, label, recv_count * size_ * dtype_size(dtype), -1, dtype);
+    auto t =
+        make_task(CollOp::ReduceScatter, label, recv_count * size_ * dtype_size(dtype), -1, dtype);
     const int size = size_;
     MPI_Comm comm = comm_;
     t->post = [=](MPI_Request* req) {
@@ -533,11 +537,11 @@ class MpiCommunicator final : public Communicator {
     return submit(t);
   }
 
-  Handle broadcast(void* data, size_t count, DType dtype, int root,
-                   const OpLabel& label) override {
+  Handle broadcast(void* data, size_t count, DType dtype, int root, const OpLabel& label) override {
     const int n = checked_count(count);
     check_peer(root);
-    auto t = make_task(CollOp::Broadcast, label, count * dtype_size(dtype), global_rank(root), dtype);
+    auto t =
+        make_task(CollOp::Broadcast, label, count * dtype_size(dtype), global_rank(root), dtype);
     MPI_Comm comm = comm_;
     t->post = [=](MPI_Request* req) {
       ORRERY_MPI_CHECK(MPI_Ibcast(data, n, mpi_type(dtype), root, comm, req));
@@ -617,7 +621,8 @@ class MpiCommunicator final : public Communicator {
     int min_rank = INT_MAX;
     for (int r : members) min_rank = std::min(min_rank, r);
     const int64_t id =
-        (static_cast<int64_t>(info_.id) * 97 + ordinal) * Engine::instance().world_size() + min_rank;
+        (static_cast<int64_t>(info_.id) * 97 + ordinal) * Engine::instance().world_size() +
+        min_rank;
     if (id > INT32_MAX) throw InternalError("communicator ids exhausted (splits nested too deep)");
     info.id = static_cast<int32_t>(id);
     info.kind = kind;
@@ -672,8 +677,8 @@ class MpiCommunicator final : public Communicator {
       }
     }
     if (record_flight) {
-      t->flight_id = schedule_flight_record(info_.id, seq, op, bytes, static_cast<int32_t>(dtype), peer_global,
-                                             label.step);
+      t->flight_id = schedule_flight_record(info_.id, seq, op, bytes, static_cast<int32_t>(dtype),
+                                            peer_global, label.step);
     }
     t->watchdog_s = Engine::instance().watchdog_s();
     t->what = std::string(traces::to_string(op)) + " seq " + std::to_string(seq) + " on " +
@@ -681,7 +686,8 @@ class MpiCommunicator final : public Communicator {
     profiler::Recorder* rec = Engine::instance().recorder();
     if (rec && rec->enabled()) {
       t->record = true;
-      t->span = comm_op_span(*rec, profiler::kCommStream, op, label, bytes, info_.id, peer_global, seq);
+      t->span =
+          comm_op_span(*rec, profiler::kCommStream, op, label, bytes, info_.id, peer_global, seq);
     }
     return t;
   }

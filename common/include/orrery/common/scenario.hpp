@@ -12,18 +12,19 @@
 namespace orrery {
 
 struct ModelConfig {
-  int layers = 4;      // L, transformer blocks
-  int d_model = 256;   // C, hidden size
-  int heads = 4;       // H, attention heads (C % H == 0)
-  int vocab = 8192;    // V
-  int seq = 128;       // T, sequence length (also the size of the position embedding)
-  std::string name;    // optional label, e.g. "gpt-tiny"
+  int layers = 4;     // L, transformer blocks
+  int d_model = 256;  // C, hidden size
+  int heads = 4;      // H, attention heads (C % H == 0)
+  int vocab = 8192;   // V
+  int seq = 128;      // T, sequence length (also the size of the position embedding)
+  std::string name;   // optional label, e.g. "gpt-tiny"
 };
 
 struct TrainingConfig {
   int steps = 10;
   int global_batch = 8;  // sequences per step over all data-parallel replicas
-  int micro_batch = 8;   // sequences per micro-batch per rank; global/(dp*micro) accumulated per step
+  int micro_batch =
+      8;  // sequences per micro-batch per rank; global/(dp*micro) accumulated per step
   uint64_t seed = 1234;
   double lr = 3e-4;
   double beta1 = 0.9;
@@ -42,19 +43,19 @@ struct ParallelConfig {
   int dp = 1;
   int tp = 1;
   int pp = 1;
-  int zero = 0;                      // 0..3, over the dp group
-  std::string schedule = "1f1b";     // gpipe | 1f1b | interleaved
-  int virtual_stages = 1;            // model chunks per pipeline rank (interleaved)
-  double bucket_mb = 25.0;           // DDP gradient bucket size, MiB
-  bool overlap = true;               // overlap gradient communication with backward
+  int zero = 0;                        // 0..3, over the dp group
+  std::string schedule = "1f1b";       // gpipe | 1f1b | interleaved
+  int virtual_stages = 1;              // model chunks per pipeline rank (interleaved)
+  double bucket_mb = 25.0;             // DDP gradient bucket size, MiB
+  bool overlap = true;                 // overlap gradient communication with backward
   std::string placement = "tp,dp,pp";  // fastest-varying first (Megatron's default)
   std::string comm_backend = "auto";   // device cuda: auto | nccl | mpi (host-staged)
 };
 
 struct RuntimeConfig {
-  std::string device = "cpu";  // cpu | cuda
-  int threads = 1;             // compute threads per rank
-  double watchdog_s = 300.0;   // a collective not done after this long ends the job
+  std::string device = "cpu";      // cpu | cuda
+  int threads = 1;                 // compute threads per rank
+  double watchdog_s = 300.0;       // a collective not done after this long ends the job
   std::string precision = "fp32";  // device cuda: fp32 | tf32 | bf16 (fp32 master weights)
 };
 
@@ -67,7 +68,8 @@ struct FaultsConfig {
   int sleep_rank = -1;
   int sleep_ms = 0;
   int kill_rank = -1;  // that rank SIGKILLs itself at the start of step `step` (rank death)
-  int kill_after_step = -1;  // every rank SIGKILLs itself once the checkpoint of this step is complete
+  int kill_after_step =
+      -1;  // every rank SIGKILLs itself once the checkpoint of this step is complete
 };
 
 struct ProfileConfig {
@@ -76,9 +78,9 @@ struct ProfileConfig {
 
 // Checkpoints of a real run (runtime/include/orrery/runtime/checkpoint.hpp).
 struct CheckpointConfig {
-  int every = 0;                   // steps between checkpoints; 0 = none
-  std::string dir;                 // DIR/step-<k>/; "" = "checkpoints", or where a run resumed from
-  bool background = false;         // write from a thread while training continues
+  int every = 0;            // steps between checkpoints; 0 = none
+  std::string dir;          // DIR/step-<k>/; "" = "checkpoints", or where a run resumed from
+  bool background = false;  // write from a thread while training continues
 };
 
 struct Scenario {

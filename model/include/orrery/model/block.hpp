@@ -13,7 +13,18 @@
 
 namespace orrery::model {
 
-enum class BlockOp : int { Ln1, Qkv, Attention, Proj, AttnResidual, Ln2, Fc1, Gelu, Fc2, MlpResidual };
+enum class BlockOp : int {
+  Ln1,
+  Qkv,
+  Attention,
+  Proj,
+  AttnResidual,
+  Ln2,
+  Fc1,
+  Gelu,
+  Fc2,
+  MlpResidual
+};
 inline constexpr int kBlockOps = 10;
 inline constexpr int kTpBlockPieces = 3;  // pieces of a block under tp > 1 (one piece at tp = 1)
 

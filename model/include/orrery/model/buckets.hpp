@@ -21,7 +21,7 @@ struct BucketSegment {
 struct BucketPlan {
   std::size_t begin = 0, end = 0;  // the bucket's segments: ready_order[begin, end)
   int64_t elements = 0;
-  int lowest_segment = 0;          // the span's layer
+  int lowest_segment = 0;  // the span's layer
 };
 
 // `cap_bytes` = parallel.bucket_mb MiB; `bytes_per_element` of the gradients that travel.

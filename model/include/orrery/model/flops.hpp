@@ -26,14 +26,16 @@
 namespace orrery::model::flops {
 
 struct Dims {
-  int64_t batch = 1;   // B, sequences in the micro-batch
-  int64_t seq = 1;     // T
-  int64_t d_model = 1; // C
-  int64_t vocab = 1;   // V
-  int64_t tp = 1;      // tensor-parallel slices of each block
+  int64_t batch = 1;    // B, sequences in the micro-batch
+  int64_t seq = 1;      // T
+  int64_t d_model = 1;  // C
+  int64_t vocab = 1;    // V
+  int64_t tp = 1;       // tensor-parallel slices of each block
 };
 
-inline double tokens(const Dims& d) { return static_cast<double>(d.batch) * static_cast<double>(d.seq); }
+inline double tokens(const Dims& d) {
+  return static_cast<double>(d.batch) * static_cast<double>(d.seq);
+}
 
 // Forward of the attention half of one block: ln1, qkv, attention, output projection.
 inline double block_attention_forward(const Dims& d) {
@@ -45,7 +47,9 @@ inline double block_mlp_forward(const Dims& d) {
   const double c = static_cast<double>(d.d_model);
   return tokens(d) * (2.0 * (8.0 * c * c + 7.0 * c)) / static_cast<double>(d.tp);
 }
-inline double block_forward(const Dims& d) { return block_attention_forward(d) + block_mlp_forward(d); }
+inline double block_forward(const Dims& d) {
+  return block_attention_forward(d) + block_mlp_forward(d);
+}
 inline double block_backward(const Dims& d) { return 2.0 * block_forward(d); }
 
 // The FLOPs a block's span carries, as the runtime records them and the simulator's ops carry
@@ -77,7 +81,11 @@ inline double model_forward(const Dims& d, int64_t layers) {
 inline double model_step(const Dims& d, int64_t layers) { return 3.0 * model_forward(d, layers); }
 
 // Parameter counts (for MFU and memory): non-embedding = L * (12C^2 + 13C) + 2C; embedding = V*C + T*C.
-inline int64_t params_non_embedding(int64_t layers, int64_t c) { return layers * (12 * c * c + 13 * c) + 2 * c; }
-inline int64_t params_embedding(int64_t vocab, int64_t seq, int64_t c) { return vocab * c + seq * c; }
+inline int64_t params_non_embedding(int64_t layers, int64_t c) {
+  return layers * (12 * c * c + 13 * c) + 2 * c;
+}
+inline int64_t params_embedding(int64_t vocab, int64_t seq, int64_t c) {
+  return vocab * c + seq * c;
+}
 
 }  // namespace orrery::model::flops

@@ -33,24 +33,27 @@ inline constexpr std::string_view kEmbedBackward = "bwd.embed";
 inline constexpr std::string_view kOptimizerStep = "adamw";
 
 // Collectives and point-to-point transfers.
-inline constexpr std::string_view kDpAllReduce = "ddp.all_reduce";                // DDP bucket
-inline constexpr std::string_view kDpBroadcast = "ddp.broadcast_parameters";      // before step 0
-inline constexpr std::string_view kBarrier = "barrier";                           // before step 0
+inline constexpr std::string_view kDpAllReduce = "ddp.all_reduce";            // DDP bucket
+inline constexpr std::string_view kDpBroadcast = "ddp.broadcast_parameters";  // before step 0
+inline constexpr std::string_view kBarrier = "barrier";                       // before step 0
 inline constexpr std::string_view kTpAllReduce = "tp.all_reduce";
 inline constexpr std::string_view kDpReduceScatter = "zero.reduce_scatter";
-inline constexpr std::string_view kDpAllGather = "zero.all_gather";               // ZeRO 1/2: updated parameters
-inline constexpr std::string_view kZeroAllGather = "zero.fetch_layer";            // ZeRO 3: one segment's parameters
-inline constexpr std::string_view kEmbedAllReduce = "pp.embed_all_reduce";        // tied wte, first + last stage
+inline constexpr std::string_view kDpAllGather = "zero.all_gather";  // ZeRO 1/2: updated parameters
+inline constexpr std::string_view kZeroAllGather =
+    "zero.fetch_layer";  // ZeRO 3: one segment's parameters
+inline constexpr std::string_view kEmbedAllReduce =
+    "pp.embed_all_reduce";  // tied wte, first + last stage
 inline constexpr std::string_view kSendActivation = "pp.send_act";
 inline constexpr std::string_view kRecvActivation = "pp.recv_act";
 inline constexpr std::string_view kSendGradient = "pp.send_grad";
 inline constexpr std::string_view kRecvGradient = "pp.recv_grad";
-inline constexpr std::string_view kPipelineLoss = "pp.loss";  // the last stage broadcasts the step's loss
+inline constexpr std::string_view kPipelineLoss =
+    "pp.loss";  // the last stage broadcasts the step's loss
 
 // Memory counters (bytes), sampled at the end of every step.
 inline constexpr std::string_view kMemParameters = "mem.parameters";
 inline constexpr std::string_view kMemGradients = "mem.gradients";
-inline constexpr std::string_view kMemOptimizer = "mem.optimizer";      // AdamW moments
+inline constexpr std::string_view kMemOptimizer = "mem.optimizer";  // AdamW moments
 inline constexpr std::string_view kMemActivations = "mem.activations";
 inline constexpr std::string_view kMemCommBuffers = "mem.comm_buffers";
 

@@ -32,7 +32,7 @@ enum class Slice : uint8_t {
 enum class Init : uint8_t { Normal, Zero, One };
 
 struct ParamSpec {
-  std::string name;          // "wte", "h.3.qkvw", "lnfw"
+  std::string name;  // "wte", "h.3.qkvw", "lnfw"
   int segment = 0;
   int rows = 1, cols = 1;            // this rank's shape
   int full_rows = 1, full_cols = 1;  // the full model's shape

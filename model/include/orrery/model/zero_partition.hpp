@@ -26,7 +26,8 @@ struct ZeroPartition {
 
 // Throws std::invalid_argument unless 0 <= rank < ranks.
 inline ZeroPartition zero_partition(std::size_t total, int rank, int ranks) {
-  if (ranks < 1 || rank < 0 || rank >= ranks) throw std::invalid_argument("zero_partition: bad rank");
+  if (ranks < 1 || rank < 0 || rank >= ranks)
+    throw std::invalid_argument("zero_partition: bad rank");
   ZeroPartition p;
   p.total = total;
   p.rank = rank;

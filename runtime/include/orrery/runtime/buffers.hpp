@@ -13,16 +13,17 @@
 namespace orrery::runtime {
 
 struct BufferShape {
-  std::size_t B = 0, T = 0;                // micro-batch
+  std::size_t B = 0, T = 0;                  // micro-batch
   std::size_t C = 0, Cl = 0, F = 0, NH = 0;  // BlockDims
-  std::size_t V = 0;                       // vocab
-  std::size_t blocks = 0;                  // blocks this shard holds
-  bool head = false;                       // final LayerNorm, logits and losses (the last stage)
+  std::size_t V = 0;                         // vocab
+  std::size_t blocks = 0;                    // blocks this shard holds
+  bool head = false;                         // final LayerNorm, logits and losses (the last stage)
 };
-inline BufferShape buffer_shape(const BlockDims& d, const GptConfig& c, const GptShard& sh, std::size_t blocks,
-                                int B, int T) {
-  return BufferShape{std::size_t(B), std::size_t(T), std::size_t(d.C), std::size_t(d.Cl), std::size_t(d.F),
-                     std::size_t(d.NH), std::size_t(c.vocab), blocks, sh.has_head};
+inline BufferShape buffer_shape(const BlockDims& d, const GptConfig& c, const GptShard& sh,
+                                std::size_t blocks, int B, int T) {
+  return BufferShape{std::size_t(B),       std::size_t(T),   std::size_t(d.C),
+                     std::size_t(d.Cl),    std::size_t(d.F), std::size_t(d.NH),
+                     std::size_t(c.vocab), blocks,           sh.has_head};
 }
 
 // Hands out consecutive buffers of a counted allocation, each rounded up to `align` floats.
@@ -45,8 +46,9 @@ template <class Acts>
 void carve_activations(Acts& a, const BufferShape& s, std::size_t align) {
   const std::size_t BT = s.B * s.T, att = s.B * s.NH * s.T * s.T;
   BufferCarver count(align);
-  const std::size_t per_block = count.up(BT * s.C) * 6 + count.up(BT) * 4 + count.up(BT * 3 * s.Cl) +
-                                count.up(BT * s.Cl) + count.up(att) + count.up(BT * s.F) * 2;
+  const std::size_t per_block = count.up(BT * s.C) * 6 + count.up(BT) * 4 +
+                                count.up(BT * 3 * s.Cl) + count.up(BT * s.Cl) + count.up(att) +
+                                count.up(BT * s.F) * 2;
   std::size_t total = count.up((s.blocks + 1) * BT * s.C) + s.blocks * per_block;
   if (s.head) total += count.up(BT * s.C) + count.up(BT) * 3 + count.up(BT * s.V);
   a.B = int(s.B);
@@ -88,8 +90,8 @@ void carve_grad_scratch(Scratch& g, const BufferShape& s, std::size_t align) {
   BufferCarver count(align);
   g.B = int(s.B);
   g.T = int(s.T);
-  g.memory.resize(count.up(BT * s.C) * 2 + count.up(BT * 3 * s.Cl) + count.up(BT * s.Cl) + count.up(att) +
-                  count.up(BT * s.F) * 2);
+  g.memory.resize(count.up(BT * s.C) * 2 + count.up(BT * 3 * s.Cl) + count.up(BT * s.Cl) +
+                  count.up(att) + count.up(BT * s.F) * 2);
   BufferCarver c(align, g.memory.data());
   g.dres = c.take(BT * s.C);
   g.dln = c.take(BT * s.C);

@@ -173,12 +173,13 @@ class Completion {
 
 // Registers a scheduled operation with the process's flight recorder (flight_recorder.hpp), as
 // every communicator does before it issues one; returns the record's id.
-uint64_t schedule_flight_record(int32_t comm, int64_t seq, traces::CollOp op, std::size_t bytes, int32_t dtype,
-                                int32_t peer_global, int32_t step);
+uint64_t schedule_flight_record(int32_t comm, int64_t seq, traces::CollOp op, std::size_t bytes,
+                                int32_t dtype, int32_t peer_global, int32_t step);
 
 // The trace span of one communication operation, as every communicator records it (MPI, NCCL):
 // Collective, or P2P for send and receive; named by the label, else by the op; on `stream`.
-traces::Span comm_op_span(profiler::Recorder& rec, int32_t stream, traces::CollOp op, const OpLabel& label,
-                          std::size_t bytes, int32_t comm, int32_t peer_global, int64_t seq);
+traces::Span comm_op_span(profiler::Recorder& rec, int32_t stream, traces::CollOp op,
+                          const OpLabel& label, std::size_t bytes, int32_t comm,
+                          int32_t peer_global, int64_t seq);
 
 }  // namespace orrery::runtime

@@ -11,10 +11,11 @@
 namespace orrery::runtime {
 
 struct RankGroups {
-  std::unique_ptr<Communicator> dp;     // same (tp, pp)
-  std::unique_ptr<Communicator> tp;     // same (dp, pp)
-  std::unique_ptr<Communicator> pp;     // same (dp, tp)
-  std::unique_ptr<Communicator> embed;  // pp > 1: the first and last stage of one pipeline (others alone)
+  std::unique_ptr<Communicator> dp;  // same (tp, pp)
+  std::unique_ptr<Communicator> tp;  // same (dp, pp)
+  std::unique_ptr<Communicator> pp;  // same (dp, tp)
+  // pp > 1: the first and last stage of one pipeline (the other stages alone).
+  std::unique_ptr<Communicator> embed;
 };
 
 RankGroups split_rank_groups(Communicator& world, const Layout& layout);

@@ -78,9 +78,9 @@ GptConfig gpt_config(const orrery::ModelConfig& m);
 // The part of the model one rank holds.
 struct GptShard {
   int layer_begin = 0;
-  int layer_end = -1;      // exclusive; -1 means n_layer
-  bool has_embed = true;   // first pipeline stage: wte, wpe, embedding forward/backward
-  bool has_head = true;    // last pipeline stage: final LayerNorm, tied LM head, loss
+  int layer_end = -1;     // exclusive; -1 means n_layer
+  bool has_embed = true;  // first pipeline stage: wte, wpe, embedding forward/backward
+  bool has_head = true;   // last pipeline stage: final LayerNorm, tied LM head, loss
   int tp_rank = 0;
   int tp_size = 1;
   // Blocks split as evenly as possible over `stages`, earlier stages taking the remainder.
@@ -127,7 +127,7 @@ struct ParamTensor {
   int segment = 0;   // kEmbedSegment, a layer, or n_layer for the final LayerNorm
   std::size_t offset = 0;
   std::size_t count = 0;
-  int rows = 1;      // local shape (rows, cols); vectors have rows == 1
+  int rows = 1;  // local shape (rows, cols); vectors have rows == 1
   int cols = 1;
   bool decay = false;  // AdamW weight decay: matrices only (dim >= 2)
 };
@@ -136,10 +136,10 @@ struct Gpt {
   GptConfig config;
   GptShard shard;  // layer_end resolved
   BlockDims dims;
-  std::vector<ParamTensor> tensors;  // memory order
-  FloatArray params;                 // all parameters of this shard
-  FloatArray grads;                  // same layout
-  EmbedParams embed, dembed;         // pointers into params / grads
+  std::vector<ParamTensor> tensors;          // memory order
+  FloatArray params;                         // all parameters of this shard
+  FloatArray grads;                          // same layout
+  EmbedParams embed, dembed;                 // pointers into params / grads
   std::vector<BlockParams> blocks, dblocks;  // index layer - layer_begin
   HeadParams head, dhead;
 
@@ -184,9 +184,9 @@ struct BasicActivations {
   int B = 0;
   int T = 0;
   FloatStore memory;
-  TokenStore inputs;   // (B,T) copy, for the embedding backward
-  TokenStore targets;  // (B,T) copy, for the loss backward
-  float* stream = nullptr;       // (num_blocks+1, B,T,C) residual stream at each block boundary
+  TokenStore inputs;        // (B,T) copy, for the embedding backward
+  TokenStore targets;       // (B,T) copy, for the loss backward
+  float* stream = nullptr;  // (num_blocks+1, B,T,C) residual stream at each block boundary
   std::vector<BlockActivations> blocks;
   float* lnf = nullptr;       // (B,T,C)
   float* lnf_mean = nullptr;  // (B,T)
@@ -195,7 +195,8 @@ struct BasicActivations {
   float* losses = nullptr;    // (B,T)
   float loss = 0.0f;          // mean over B*T, set by the head forward
 
-  std::size_t boundary_elems = 0;  // B*T*C: one residual-stream tensor, what crosses a stage boundary
+  std::size_t boundary_elems =
+      0;  // B*T*C: one residual-stream tensor, what crosses a stage boundary
 
   float* stage_input() { return stream; }
   float* stage_output() { return stream + blocks.size() * boundary_elems; }
@@ -259,8 +260,8 @@ class OpSpan {
 
 // The four tensor-parallel sum points (see the top of this file).
 enum class TpPoint {
-  kAttnProjForward,  // attproj (B,T,C) after the output-projection matmul
-  kMlpProjForward,   // fcproj (B,T,C) after the fc2 matmul
+  kAttnProjForward,    // attproj (B,T,C) after the output-projection matmul
+  kMlpProjForward,     // fcproj (B,T,C) after the fc2 matmul
   kMlpInputBackward,   // dln (B,T,C): gradient of the ln2 output, before the ln2 backward
   kAttnInputBackward,  // dln (B,T,C): gradient of the ln1 output, before the ln1 backward
 };
@@ -278,7 +279,8 @@ struct GptHooks {
 void gpt_embed_forward(const Gpt& model, GptActivations& acts, const int32_t* inputs,
                        const GptHooks& hooks = {});
 // stream[l-lb+1] = block_l(stream[l-lb]).
-void gpt_block_forward(const Gpt& model, GptActivations& acts, int layer, const GptHooks& hooks = {});
+void gpt_block_forward(const Gpt& model, GptActivations& acts, int layer,
+                       const GptHooks& hooks = {});
 // Final LayerNorm, LM head, softmax cross-entropy on stage_output(); returns and stores the mean
 // loss (needs has_head).
 float gpt_head_forward(const Gpt& model, GptActivations& acts, const int32_t* targets,
@@ -298,21 +300,21 @@ void gpt_embed_backward(Gpt& model, GptActivations& acts, GptGradScratch& scratc
 // The block's halves, for trainers that schedule the tensor-parallel sums themselves. Forward:
 // attention_part writes attproj; attention_epilogue res2 = x + attproj + projb; mlp_part writes
 // fcproj; mlp_epilogue y = res2 + fcproj + fcprojb.
-void block_attention_part(const BlockDims& d, const BlockParams& p, BlockActivations& a, const float* x,
-                          int B, int T);
+void block_attention_part(const BlockDims& d, const BlockParams& p, BlockActivations& a,
+                          const float* x, int B, int T);
 void block_attention_epilogue(const BlockDims& d, const BlockParams& p, BlockActivations& a,
                               const float* x, int B, int T);
 void block_mlp_part(const BlockDims& d, const BlockParams& p, BlockActivations& a, int B, int T);
-void block_mlp_epilogue(const BlockDims& d, const BlockParams& p, BlockActivations& a, float* y, int B,
-                        int T);
+void block_mlp_epilogue(const BlockDims& d, const BlockParams& p, BlockActivations& a, float* y,
+                        int B, int T);
 
 // --- whole stage: embedding (if held), blocks, head (if held). Returns the mean loss, or 0 on a
 // stage without the head.
-float gpt_forward(const Gpt& model, GptActivations& acts, const int32_t* inputs, const int32_t* targets,
-                  const GptHooks& hooks = {});
+float gpt_forward(const Gpt& model, GptActivations& acts, const int32_t* inputs,
+                  const int32_t* targets, const GptHooks& hooks = {});
 // Head (if held; otherwise scratch.dres must hold the output gradient), blocks in reverse,
 // embedding (if held). On a head-only stage that holds wte, fires on_grads_ready(kEmbedSegment) last.
-void gpt_backward(Gpt& model, GptActivations& acts, GptGradScratch& scratch, float loss_scale = 1.0f,
-                  const GptHooks& hooks = {});
+void gpt_backward(Gpt& model, GptActivations& acts, GptGradScratch& scratch,
+                  float loss_scale = 1.0f, const GptHooks& hooks = {});
 
 }  // namespace orrery::runtime

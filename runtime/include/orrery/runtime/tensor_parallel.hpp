@@ -16,6 +16,7 @@ inline constexpr const char* kTpAllReduceName = model::names::kTpAllReduce.data(
 // unsharded model `full` (tp_size 1, holding the same layer): qkvw/qkvb rows of the held heads in
 // each of q, k, v; fcw/fcb rows of the held MLP width; projw/fcprojw the matching columns;
 // everything else whole (replicated). Used to compare a tensor-parallel run with a serial one.
-std::vector<float> tp_slice_of_full(const Gpt& full, const ParamTensor& local, int tp_rank, int tp_size);
+std::vector<float> tp_slice_of_full(const Gpt& full, const ParamTensor& local, int tp_rank,
+                                    int tp_size);
 
 }  // namespace orrery::runtime

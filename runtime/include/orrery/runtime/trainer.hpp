@@ -86,9 +86,9 @@ void check_supported(const Scenario& s);
 
 struct StepResult {
   int32_t step = 0;
-  float loss = 0;          // mean over this rank's micro-batches of the step
-  int64_t duration_ns = 0; // wall time of the step on this rank
-  int64_t tokens = 0;      // global tokens of the step (all dp replicas)
+  float loss = 0;           // mean over this rank's micro-batches of the step
+  int64_t duration_ns = 0;  // wall time of the step on this rank
+  int64_t tokens = 0;       // global tokens of the step (all dp replicas)
 };
 
 class Trainer {
@@ -169,20 +169,20 @@ class Trainer {
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<DataParallel> ddp_;
   std::unique_ptr<AdamW> optimizer_;
-  std::vector<GptActivations> acts_;  // one per micro-batch in flight (index mb % size)
-  std::vector<FloatArray> grad_send_;  // pipeline: gradient sent back, one per micro-batch in flight
+  std::vector<GptActivations> acts_;   // one per micro-batch in flight (index mb % size)
+  std::vector<FloatArray> grad_send_;  // pipeline: gradients sent back, one per mb in flight
   std::vector<Handle> act_send_h_, grad_send_h_;
   GptGradScratch scratch_;
   ZeroPartition zero_;
-  FloatArray zero_grads_;    // (k) the owned shard of the averaged gradients
-  FloatArray zero_recv_;     // (k) zero 2: one micro-batch's scattered shard
+  FloatArray zero_grads_;  // (k) the owned shard of the averaged gradients
+  FloatArray zero_recv_;   // (k) zero 2: one micro-batch's scattered shard
   int32_t cur_mb_ = -1;
   // ZeRO 3
   std::unique_ptr<Zero3Storage> z3_;
   std::vector<std::unique_ptr<AdamW>> z3_opt_;  // one per segment shard
   FloatArray z3_recv_;                          // reduce-scatter output, shard layout
   Handle z3_gather_h_[4], z3_rs_h_[4];
-  int z3_gathered_[4] = {-99, -99, -99, -99};    // segment held by each working buffer
+  int z3_gathered_[4] = {-99, -99, -99, -99};  // segment held by each working buffer
   Batch batch_;
   std::unique_ptr<SpanObserver> observer_;
   int micro_batches_ = 1;

@@ -41,8 +41,8 @@ inline constexpr const char* kZeroReduceScatterName = model::names::kDpReduceSca
 inline constexpr const char* kZeroAllGatherName = model::names::kDpAllGather.data();
 
 // The partition of an array over the dp group (model/zero_partition.hpp).
-using model::ZeroPartition;
 using model::zero_partition;
+using model::ZeroPartition;
 
 // Reallocates the model's params and grads to `padded` elements (>= num_params()), zero-filled
 // beyond the end, keeping values and re-pointing every named pointer.
@@ -62,9 +62,9 @@ struct GptPointers {
 };
 
 struct Zero3Segment {
-  int id = 0;               // kEmbedSegment, a layer, or n_layer
-  ParamRange range;         // in the original flat array
-  ZeroPartition part;       // of range.count over the dp group
+  int id = 0;                    // kEmbedSegment, a layer, or n_layer
+  ParamRange range;              // in the original flat array
+  ZeroPartition part;            // of range.count over the dp group
   std::size_t shard_offset = 0;  // of this rank's k elements in the shard arrays
   // The bound pointers of this segment and their offsets from range.offset.
   std::vector<float**> param_ptrs, grad_ptrs;
@@ -77,7 +77,8 @@ struct Zero3Segment {
 // pointers) over dp_size ranks, segments in memory order with their shard offsets, the pointers of
 // `bound` (null fields skipped, e.g. wpe on a head-only stage). `bound` may be `layout`'s own
 // pointers or those of a device copy with the same layout.
-std::vector<Zero3Segment> zero3_segments(const Gpt& layout, int dp_rank, int dp_size, GptPointers bound);
+std::vector<Zero3Segment> zero3_segments(const Gpt& layout, int dp_rank, int dp_size,
+                                         GptPointers bound);
 // The segment `id` of a table (std::out_of_range when it holds none).
 Zero3Segment& zero3_segment(std::vector<Zero3Segment>& segments, int id);
 // The largest block segment's padded size, the size of a block working buffer.

@@ -71,8 +71,8 @@ std::vector<Kernel> optimizer_kernels(double params, double bytes_per_param);
 // block, split where the runtime sums over the tp group), "adamw" (over `opt_params` parameters, fp32
 // master weights and moments), "zero_grad" (`opt_params` gradient elements set to zero); nullopt for
 // any other name or piece.
-std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, int pieces, const ModelDims& d,
-                                              double opt_params = 0);
+std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, int pieces,
+                                              const ModelDims& d, double opt_params = 0);
 
 double total_flops(const std::vector<Kernel>& ks);
 double total_bytes(const std::vector<Kernel>& ks);
@@ -91,7 +91,8 @@ class CostModel {
   // tokens, channels, heads, vocabulary and tp, or parameters for adamw; a different piece split costs
   // more than any shape difference) times the roofline ratio op_ns(this op) / op_ns(that entry's op),
   // so an op at a measured shape costs exactly what was measured and other shapes scale from it.
-  int64_t named_op_ns(std::string_view name, int piece, int pieces, const ModelDims& d, double opt_params = 0) const;
+  int64_t named_op_ns(std::string_view name, int piece, int pieces, const ModelDims& d,
+                      double opt_params = 0) const;
   double peak_flops() const { return peak_flops_; }
   double memory_bandwidth() const { return bandwidth_; }
   const HardwareProfile& profile() const { return profile_; }

@@ -31,12 +31,13 @@ namespace orrery::sim {
 
 struct ExecutorOptions {
   NetworkModel network = NetworkModel::Flow;
-  bool all_ranks = false;       // simulate every rank (contention between symmetric groups)
-  std::vector<int32_t> ranks;   // explicit simulated ranks (overrides the default and all_ranks)
+  bool all_ranks = false;      // simulate every rank (contention between symmetric groups)
+  std::vector<int32_t> ranks;  // explicit simulated ranks (overrides the default and all_ranks)
   // Collective alpha-beta overrides (HardwareProfile::collectives), applied before the network.
   const HardwareProfile* profile = nullptr;
   // Replaces the network entirely (tests): the duration of each collective or transfer.
-  std::function<int64_t(const CollectiveRequest&)> comm_time;  // Ranks of a node sharing its cores (calibrated CPU profiles, core_sharing.hpp): the node's cores are
+  std::function<int64_t(const CollectiveRequest&)> comm_time;
+  // Ranks of a node sharing its cores (calibrated CPU profiles, core_sharing.hpp): the node's cores are
   // a processor-sharing server. A compute op's duration is then its time on a lone rank; while n ranks
   // of the node compute at once, each progresses at 1 / compute_slowdown(sharing, n), re-rated
   // whenever one starts or finishes. Ranks waiting for a transfer or collective do not count, which
@@ -58,8 +59,9 @@ struct ExecutorOptions {
 std::vector<double> expected_normal_order_statistics(int n);
 
 struct OpTiming {
-  int64_t start_ns = -1;   // the rank reached the op (stream free, deps done)
-  int64_t active_ns = -1;  // communication: every member arrived and the transfer began; compute: start
+  int64_t start_ns = -1;  // the rank reached the op (stream free, deps done)
+  int64_t active_ns =
+      -1;  // communication: every member arrived and the transfer began; compute: start
   int64_t end_ns = -1;
 };
 
@@ -73,7 +75,7 @@ struct RankRun {
 struct ExecResult {
   std::vector<RankRun> ranks;  // in rank order
   int64_t makespan_ns = 0;
-  uint64_t events = 0;         // engine events processed
+  uint64_t events = 0;  // engine events processed
   NetworkStats network;
 };
 
@@ -94,6 +96,7 @@ ExecResult execute(const Workload& w, const Cluster& cluster, const ExecutorOpti
 // The simulated trace (source = sim): one span per op of each simulated rank, phase spans ("step",
 // "forward" and "backward" per micro-batch, "optimizer"), the communicators of the simulated ranks,
 // rank coordinates, streams, and run metadata (tokens, model FLOPs, device peak).
-traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& cluster, double peak_flops_per_rank);
+traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& cluster,
+                         double peak_flops_per_rank);
 
 }  // namespace orrery::sim

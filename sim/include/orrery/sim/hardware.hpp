@@ -60,7 +60,14 @@ namespace orrery::sim {
 // Classes of kernels with their own efficiency: dense matrix products, fused attention, elementwise
 // maps (GELU, bias, residual, embedding gather/scatter), LayerNorm, softmax + cross-entropy, and
 // the optimizer update.
-enum class OpClass : uint8_t { Gemm = 0, Attention, Elementwise, LayerNorm, SoftmaxLoss, Optimizer };
+enum class OpClass : uint8_t {
+  Gemm = 0,
+  Attention,
+  Elementwise,
+  LayerNorm,
+  SoftmaxLoss,
+  Optimizer
+};
 inline constexpr int kOpClassCount = 6;
 std::string_view to_string(OpClass c);  // "gemm", "attention", ...
 
@@ -87,7 +94,7 @@ struct CollectiveOverride {
   int ranks = 0;  // applies to groups of exactly this many ranks; 0 = any size
   int64_t latency_ns = 0;
   double bus_bandwidth_bytes_per_s = 0;
-  int ranks_on_node = 0;  // 0: any crowding
+  int ranks_on_node = 0;                           // 0: any crowding
   std::vector<std::pair<int64_t, int64_t>> table;  // (bytes, ns), ascending bytes
   // The time of one operation moving `bytes` (nccl-tests' size) over `group_size` ranks.
   int64_t time_ns(int64_t bytes, int group_size) const;
@@ -102,9 +109,9 @@ struct MachineDescription {
   double peak_flops = 0;                    // per rank slot, FLOP/s (0: the preset's)
   double memory_bandwidth_bytes_per_s = 0;  // per rank slot (0: the preset's)
   int64_t memory_capacity_bytes = 0;        // per rank slot (0: the preset's)
-  double link_bytes_per_s = 0;              // rank-to-rank bandwidth, per direction (0: the preset's)
+  double link_bytes_per_s = 0;  // rank-to-rank bandwidth, per direction (0: the preset's)
   int64_t link_latency_ns = 0;
-  std::string link;                         // how ranks reach each other, in words
+  std::string link;  // how ranks reach each other, in words
 };
 
 // Ranks sharing the cores of one node (the `sharing:` section; cores == 0: no sharing model). The
@@ -141,9 +148,9 @@ struct MeasuredOp {
 
 struct HardwareProfile {
   std::string name;
-  std::string path;       // file it was read from ("" for built-in defaults)
-  std::string device;     // device preset name it describes
-  std::string precision;  // bf16 | fp16 | tf32 | fp32
+  std::string path;                         // file it was read from ("" for built-in defaults)
+  std::string device;                       // device preset name it describes
+  std::string precision;                    // bf16 | fp16 | tf32 | fp32
   double peak_flops = 0;                    // 0: the cluster device's peak for `precision`
   double memory_bandwidth_bytes_per_s = 0;  // 0: the cluster device's
   int64_t data_load_ns = 0;
@@ -166,12 +173,13 @@ struct HardwareProfile {
   // late, σ² = the members' mean of Σ (op_jitter · d)²: the expected wait for the last of n
   // independently late arrivals. 0 = none. Fitted by `orrery calibrate` from the multi-rank runs.
   double op_jitter = 0;
-  std::vector<MeasuredOp> ops;                 // the `ops:` section
+  std::vector<MeasuredOp> ops;  // the `ops:` section
 
   const ClassCost& cost(OpClass c) const { return classes[static_cast<int>(c)]; }
   // The override for `op` over a group that is (or is not) inside one node, or null. With
   // group_size > 0, an override for exactly that many ranks beats one for any size.
-  const CollectiveOverride* find_override(traces::CollOp op, bool intra_node, int group_size = 0) const;
+  const CollectiveOverride* find_override(traces::CollOp op, bool intra_node,
+                                          int group_size = 0) const;
 };
 
 // Reads a profile file; throws InputError naming the file and key on unknown keys, wrong types,

@@ -92,11 +92,12 @@ struct Op {
   int32_t step = -1;
   int32_t micro_batch = -1;
   int32_t layer = -1;
-  int32_t seq = -1;          // sequence number within its communicator (ops of the rank on that group)
-  int64_t bytes = 0;         // collectives: nccl-tests' size; p2p: the message; compute: memory traffic
-  double flops = 0;          // model FLOPs (the runtime's counting)
-  int64_t duration_ns = 0;   // compute: the cost model's time; communication: 0 (the network decides)
-  uint32_t dep_begin = 0;    // deps: Program::deps[dep_begin, dep_begin + dep_count)
+  int32_t seq = -1;   // sequence number within its communicator (ops of the rank on that group)
+  int64_t bytes = 0;  // collectives: nccl-tests' size; p2p: the message; compute: memory traffic
+  double flops = 0;   // model FLOPs (the runtime's counting)
+  int64_t duration_ns =
+      0;                   // compute: the cost model's time; communication: 0 (the network decides)
+  uint32_t dep_begin = 0;  // deps: Program::deps[dep_begin, dep_begin + dep_count)
   uint32_t dep_count = 0;
 };
 
@@ -105,9 +106,9 @@ struct Op {
 struct StageProgram {
   int stage = 0;
   std::vector<Op> ops;
-  std::vector<uint32_t> deps;  // op indices
+  std::vector<uint32_t> deps;                                  // op indices
   std::array<std::vector<uint32_t>, kStreamCount> stream_ops;  // op indices per stream, in order
-  int64_t param_count = 0;     // parameters held by one rank of this stage (tp slice, unsharded)
+  int64_t param_count = 0;  // parameters held by one rank of this stage (tp slice, unsharded)
   // DDP buckets (ddp.hpp's rule): runs of whole segments in gradient-ready order (L, L-1, ...,
   // -1), a bucket closed before the segment that would take it past bucket_mb of gradients.
   std::vector<int64_t> bucket_params;  // parameters of each gradient bucket, in all-reduce order
@@ -136,7 +137,7 @@ struct PrecisionConfig {
   std::string name = "fp32";  // fp32 | mixed
   int param_bytes = 4;
   int grad_bytes = 4;
-  int optimizer_bytes = 8;    // Adam moments (mixed: + fp32 master copy = 12)
+  int optimizer_bytes = 8;  // Adam moments (mixed: + fp32 master copy = 12)
   int act_bytes = 4;
 };
 // "fp32" (4/4/8, activations 4) or "mixed" (bf16 parameters and gradients with fp32 master and
@@ -153,14 +154,14 @@ struct Workload {
   Layout layout;
   PrecisionConfig precision;
   int steps = 1;
-  int micro_batches = 1;           // per step per data-parallel replica
+  int micro_batches = 1;  // per step per data-parallel replica
   std::vector<StageProgram> stages;
-  std::vector<std::string> names;  // op names
+  std::vector<std::string> names;   // op names
   double model_flops_per_step = 0;  // all ranks, the runtime's counting
   int64_t tokens_per_step = 0;
 
   const StageProgram& program_of_rank(int rank) const { return stages[layout.coord(rank).pp]; }
-  size_t op_count() const;  // over the stage programs
+  size_t op_count() const;                     // over the stage programs
   uint32_t name_id(std::string_view n) const;  // UINT32_MAX when absent
 };
 
@@ -180,6 +181,7 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
 
 // The order of forward (+mb) and backward (-mb-1) passes of stage `stage` for the schedule, e.g.
 // 1F1B p=4 m=8 stage 0: F0 F1 F2 F3 B0 F4 B1 ... The same function orders the runtime's passes.
-std::vector<int> schedule_order(const std::string& schedule, int stages, int stage, int micro_batches);
+std::vector<int> schedule_order(const std::string& schedule, int stages, int stage,
+                                int micro_batches);
 
 }  // namespace orrery::sim

@@ -75,24 +75,24 @@ GpuGradScratch gpu_grad_scratch(const GpuGpt& model, int B, int T);
 // --- pieces (see model.hpp). `inputs`/`targets` are HOST arrays of B*T token ids; they are
 // copied to the device on ctx's stream. The embedding pieces need has_embed, the head pieces
 // has_head (std::logic_error otherwise), a block piece a layer of the shard (std::out_of_range).
-void gpu_embed_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* inputs,
-                       const GptHooks& hooks = {});
+void gpu_embed_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts,
+                       const int32_t* inputs, const GptHooks& hooks = {});
 void gpu_block_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, int layer,
                        const GptHooks& hooks = {});
 // Returns the mean loss (waits for the stream: the loss is read back).
-float gpu_head_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* targets,
-                       const GptHooks& hooks = {});
-void gpu_head_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, float loss_scale,
-                       const GptHooks& hooks = {});
-void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, int layer,
-                        const GptHooks& hooks = {});
+float gpu_head_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts,
+                       const int32_t* targets, const GptHooks& hooks = {});
+void gpu_head_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s,
+                       float loss_scale, const GptHooks& hooks = {});
+void gpu_block_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s,
+                        int layer, const GptHooks& hooks = {});
 void gpu_embed_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s,
                         const GptHooks& hooks = {});
 
 // Whole stage: embedding (if held), blocks, head (if held); the mean loss, or 0 without the head.
 float gpu_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts, const int32_t* inputs,
                   const int32_t* targets, const GptHooks& hooks = {});
-void gpu_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s, float loss_scale = 1.0f,
-                  const GptHooks& hooks = {});
+void gpu_backward(const Context& ctx, GpuGpt& m, GpuActivations& acts, GpuGradScratch& s,
+                  float loss_scale = 1.0f, const GptHooks& hooks = {});
 
 }  // namespace orrery::runtime::cuda
