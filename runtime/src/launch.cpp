@@ -259,26 +259,61 @@ std::string merge_rank_traces(Communicator& world, const std::string& out) {
   return out;
 }
 
-RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOptions& opt) {
-  RankRunResult result;
-  result.rank = world.rank();
-  result.world_size = world.size();
-  const std::string out = agree_on_trace_path(world, s, opt.out);
-
+RankSession::RankSession(const Scenario& s, Communicator& world, const RankRunOptions& opt,
+                         bool clear_flight_dump)
+    : world_(world),
+      out_(agree_on_trace_path(world, s, opt.out)),
+      clear_flight_dump_(clear_flight_dump) {
+  result_.rank = world.rank();
+  result_.world_size = world.size();
   // Per-rank trace file, written while the run goes.
-  std::unique_ptr<traces::TraceWriter> writer;
-  if (opt.profile) writer = open_rank_trace(out, world.rank());
-  profiler::Recorder rec(writer.get(), world.rank());
-  rec.start_periodic_flush(std::chrono::milliseconds(500));  // bounds what a SIGKILL loses
-  profiler::Recorder::set_current(&rec);
-  world.set_recorder(&rec);
-  struct Detach {
-    Communicator& w;
-    ~Detach() {
-      w.set_recorder(nullptr);
-      profiler::Recorder::set_current(nullptr);
-    }
-  } detach{world};
+  if (opt.profile) writer_ = open_rank_trace(out_, world.rank());
+  rec_ = std::make_unique<profiler::Recorder>(writer_.get(), world.rank());
+  rec_->start_periodic_flush(std::chrono::milliseconds(500));  // bounds what a SIGKILL loses
+  profiler::Recorder::set_current(rec_.get());
+  world.set_recorder(rec_.get());
+}
+
+RankSession::~RankSession() {
+  world_.set_recorder(nullptr);
+  profiler::Recorder::set_current(nullptr);
+  if (clear_flight_dump_) profiler::FlightRecorder::instance().set_dump_path("");
+}
+
+void RankSession::describe(const traces::RunMeta& meta, const traces::RankInfo& rank) {
+  if (!writer_) return;
+  std::unique_lock file(profiler::trace_file_mutex());  // the flight recorder writes too
+  writer_->set_meta(meta);
+  writer_->add_rank(rank);
+  file.unlock();
+  rec_->add_stream(profiler::kComputeStream, "compute");
+  rec_->add_stream(profiler::kCommStream, "comm");
+}
+
+void RankSession::reduce_reports(Communicator& dp_group) {
+  reduce_step_reports(result_, dp_group, world_);
+}
+
+void RankSession::end_steps(const std::function<void()>& before_close) {
+  world_.set_recorder(nullptr);
+  world_.synchronize();
+  if (before_close) before_close();
+}
+
+RankRunResult RankSession::finish() {
+  if (writer_) {
+    profiler::FlightRecorder::instance().set_dump_path("");  // last write, before close()
+    rec_->flush();
+    writer_->close();
+    result_.trace_path = merge_rank_traces(world_, out_);
+  }
+  return result_;
+}
+
+RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOptions& opt) {
+  RankSession session(s, world, opt, false);
+  profiler::Recorder& rec = session.recorder();
+  RankRunResult& result = session.result();
 
   Trainer trainer(s, world, &rec);
   const Layout& lay = trainer.layout();
@@ -286,18 +321,13 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
   result.params =
       static_cast<int64_t>(trainer.flat_elems());  // this rank's shard, without ZeRO padding
 
-  if (writer) {
+  if (session.profiling()) {
     traces::RunMeta meta = real_run_meta(s, lay, world.size());
     meta.extra_json = "{\"threads\": " + std::to_string(s.runtime.threads) +
                       ", \"micro_batches\": " + std::to_string(trainer.micro_batches()) +
                       ", \"ddp_buckets\": " + std::to_string(trainer.ddp().buckets().size()) +
                       ", \"params\": " + std::to_string(result.params) + "}";
-    std::unique_lock file(profiler::trace_file_mutex());  // the flight recorder writes too
-    writer->set_meta(meta);
-    writer->add_rank(real_rank_info(lay, world.rank(), meta.host, "cpu"));
-    file.unlock();
-    rec.add_stream(profiler::kComputeStream, "compute");
-    rec.add_stream(profiler::kCommStream, "comm");
+    session.describe(meta, real_rank_info(lay, world.rank(), meta.host, "cpu"));
   }
 
   // Checkpoints: checkpoint.dir, else next to the checkpoint resumed from, else "checkpoints".
@@ -322,17 +352,9 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
   result.loop_ns = profiler::steady_now_ns() - loop_t0;
   result.checkpoint = ckpt.stats();
 
-  reduce_step_reports(result, trainer.dp_group(), world);
-
-  world.set_recorder(nullptr);
-  world.synchronize();
-  if (writer) {
-    profiler::FlightRecorder::instance().set_dump_path("");  // last write, before close()
-    rec.flush();
-    writer->close();
-  }
-  if (writer) result.trace_path = merge_rank_traces(world, out);
-  return result;
+  session.reduce_reports(trainer.dp_group());
+  session.end_steps();
+  return session.finish();
 }
 
 namespace {

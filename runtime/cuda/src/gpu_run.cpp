@@ -33,54 +33,36 @@ std::string json_escape(const std::string& s) {
 double peak_flops(const DeviceInfo& d, MathMode m) {
   const int i = m == MathMode::kFp32 ? 0 : m == MathMode::kTf32 ? 1 : 2;
   if (d.cc_major == 8 && d.cc_minor == 0) return std::array<double, 3>{19.5e12, 156e12, 312e12}[i];
-  if (d.cc_major == 9 && d.cc_minor == 0) return std::array<double, 3>{67e12, 494.7e12, 989.4e12}[i];
+  if (d.cc_major == 9 && d.cc_minor == 0)
+    return std::array<double, 3>{67e12, 494.7e12, 989.4e12}[i];
   return 0.0;
 }
 
 RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRunOptions& opt,
                             const CudaRunOptions& copt) {
   check_supported_cuda(s);
-  RankRunResult result;
-  result.rank = world.rank();
-  result.world_size = world.size();
-  const std::string out = agree_on_trace_path(world, s, opt.out);
-
-  std::unique_ptr<traces::TraceWriter> writer;
-  if (opt.profile) writer = open_rank_trace(out, world.rank());
-  profiler::Recorder rec(writer.get(), world.rank());
-  rec.start_periodic_flush(std::chrono::milliseconds(500));  // bounds what a SIGKILL loses, as on CPUs
-  profiler::Recorder::set_current(&rec);
-  world.set_recorder(&rec);
-  struct Detach {
-    Communicator& w;
-    ~Detach() {
-      w.set_recorder(nullptr);
-      profiler::Recorder::set_current(nullptr);
-      profiler::FlightRecorder::instance().set_dump_path("");
-    }
-  } detach{world};
+  RankSession session(s, world, opt, true);
+  profiler::Recorder& rec = session.recorder();
+  RankRunResult& result = session.result();
 
   GpuTrainer trainer(s, world, &rec, copt);
   const Layout& lay = trainer.layout();
   const DeviceInfo& dev = trainer.device();
   result.tokens_per_step = static_cast<int64_t>(s.training.global_batch) * s.model.seq;
-  result.params = static_cast<int64_t>(trainer.flat_elems());  // this rank's shard, without ZeRO padding
+  result.params =
+      static_cast<int64_t>(trainer.flat_elems());  // this rank's shard, without ZeRO padding
 
-  if (writer) {
+  if (session.profiling()) {
     traces::RunMeta meta = real_run_meta(s, lay, world.size());
     meta.peak_flops_per_rank = peak_flops(dev, copt.math);
     meta.extra_json = "{\"device\": \"" + json_escape(dev.name) + "\", \"precision\": \"" +
-                      math_mode_name(copt.math) + "\", \"comm_backend\": \"" + trainer.comm_backend() +
+                      math_mode_name(copt.math) + "\", \"comm_backend\": \"" +
+                      trainer.comm_backend() +
                       "\", \"micro_batches\": " + std::to_string(trainer.micro_batches()) +
                       ", \"ddp_buckets\": " + std::to_string(trainer.buckets().size()) +
                       ", \"params\": " + std::to_string(result.params) + "}";
-    std::unique_lock file(profiler::trace_file_mutex());  // the flight recorder writes too
-    writer->set_meta(meta);
-    writer->add_rank(
-        real_rank_info(lay, world.rank(), meta.host, "cuda:" + std::to_string(dev.index) + " " + dev.name));
-    file.unlock();
-    rec.add_stream(profiler::kComputeStream, "compute");
-    rec.add_stream(profiler::kCommStream, "comm");
+    session.describe(meta, real_rank_info(lay, world.rank(), meta.host,
+                                          "cuda:" + std::to_string(dev.index) + " " + dev.name));
   }
 
 #if ORRERY_HAVE_CUPTI_TRACER
@@ -88,11 +70,12 @@ RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRu
   // event-timed op spans. A CUPTI that refuses (no profiling permission, another profiler attached)
   // costs the kernel spans only: the run goes on and says why.
   std::unique_ptr<profiler::CuptiTracer> cupti;
-  if (writer) {
+  if (session.profiling()) {
     try {
       cupti = profiler::CuptiTracer::start(rec);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "orrery: rank %d: CUPTI kernel tracing is off: %s\n", world.rank(), e.what());
+      std::fprintf(stderr, "orrery: rank %d: CUPTI kernel tracing is off: %s\n", world.rank(),
+                   e.what());
     }
   }
 #endif
@@ -105,29 +88,24 @@ RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRu
   }
 
   // Reports over the host communicators (host buffers), as run_rank does.
-  reduce_step_reports(result, trainer.dp_group(), world);
-
+  session.reduce_reports(trainer.dp_group());
   trainer.finish();
-  world.set_recorder(nullptr);
-  world.synchronize();
+  session.end_steps([&] {
 #if ORRERY_HAVE_CUPTI_TRACER
-  if (cupti) {
-    ORRERY_CUDA_CHECK(cudaDeviceSynchronize());  // every kernel complete, so flush() gets them all
-    cupti->flush();
-    if (cupti->dropped_records() > 0) {
-      std::fprintf(stderr, "orrery: rank %d: CUPTI dropped %llu activity records (buffers full)\n", world.rank(),
-                   static_cast<unsigned long long>(cupti->dropped_records()));
+    if (cupti) {
+      ORRERY_CUDA_CHECK(
+          cudaDeviceSynchronize());  // every kernel complete, so flush() gets them all
+      cupti->flush();
+      if (cupti->dropped_records() > 0) {
+        std::fprintf(stderr,
+                     "orrery: rank %d: CUPTI dropped %llu activity records (buffers full)\n",
+                     world.rank(), static_cast<unsigned long long>(cupti->dropped_records()));
+      }
+      cupti.reset();
     }
-    cupti.reset();
-  }
 #endif
-  if (writer) {
-    profiler::FlightRecorder::instance().set_dump_path("");
-    rec.flush();
-    writer->close();
-  }
-  if (writer) result.trace_path = merge_rank_traces(world, out);
-  return result;
+  });
+  return session.finish();
 }
 
 }  // namespace orrery::runtime::cuda

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "orrery/common/scenario.hpp"
+#include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/checkpoint.hpp"
 #include "orrery/runtime/comm.hpp"
 #include "orrery/runtime/trainer.hpp"
@@ -124,5 +125,40 @@ void reduce_step_reports(RankRunResult& result, Communicator& dp_group, Communic
 // After every rank closed its per-rank file: a barrier, then rank 0 merges the files into `out` and
 // removes them. Returns `out`.
 std::string merge_rank_traces(Communicator& world, const std::string& out);
+
+// What one rank's run holds around its trainer, on any device (run_rank, run_rank_cuda): the
+// agreed trace path, this rank's trace file and the recorder (flushed every 0.5 s, so a SIGKILL
+// loses at most that; the process's current recorder; attached to `world`), and at the end the
+// step reports, the flush, the close and the merge. Destroyed early (an exception), it detaches
+// the recorder; with `clear_flight_dump` also the flight recorder's dump into the trace file.
+class RankSession {
+ public:
+  RankSession(const Scenario& s, Communicator& world, const RankRunOptions& opt,
+              bool clear_flight_dump);
+  ~RankSession();
+  RankSession(const RankSession&) = delete;
+  RankSession& operator=(const RankSession&) = delete;
+
+  profiler::Recorder& recorder() { return *rec_; }
+  bool profiling() const { return writer_ != nullptr; }
+  RankRunResult& result() { return result_; }
+  // Profiling only: the run's metadata, this rank's row and the compute and comm streams.
+  void describe(const traces::RunMeta& meta, const traces::RankInfo& rank);
+  // After the steps: the step reports over the groups (reduce_step_reports).
+  void reduce_reports(Communicator& dp_group);
+  // Detaches the recorder from the world, synchronises it, then calls `before_close` (a device's
+  // last flush of its kernel records).
+  void end_steps(const std::function<void()>& before_close = {});
+  // Closes this rank's file and merges every rank's (rank 0); returns the result.
+  RankRunResult finish();
+
+ private:
+  Communicator& world_;
+  std::string out_;
+  std::unique_ptr<traces::TraceWriter> writer_;
+  std::unique_ptr<profiler::Recorder> rec_;
+  bool clear_flight_dump_ = false;
+  RankRunResult result_;
+};
 
 }  // namespace orrery::runtime
