@@ -296,8 +296,8 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
   check_range(p.tp >= 1, origin, "parallel.tp", "must be >= 1");
   check_range(p.pp >= 1, origin, "parallel.pp", "must be >= 1");
   check_range(p.zero >= 0 && p.zero <= 3, origin, "parallel.zero", "expected 0, 1, 2 or 3");
-  check_range(p.schedule == "gpipe" || p.schedule == "1f1b" || p.schedule == "interleaved", origin,
-              "parallel.schedule", "expected gpipe, 1f1b or interleaved, got '" + p.schedule + "'");
+  check_range(parse_schedule(p.schedule).has_value(), origin, "parallel.schedule",
+              "expected gpipe, 1f1b or interleaved, got '" + p.schedule + "'");
   check_range(p.virtual_stages >= 1, origin, "parallel.virtual_stages", "must be >= 1");
   check_range(p.bucket_mb > 0, origin, "parallel.bucket_mb", "must be > 0");
   check_range(
@@ -357,12 +357,12 @@ void validate_layout(const Scenario& s) {
     throw InputError("key 'parallel.tp': " + layout + ": the MLP width 4*d_model (" +
                      std::to_string(4 * m.d_model) + ") must be divisible by tp");
   }
-  const int chunks = p.pp * (p.schedule == "interleaved" ? p.virtual_stages : 1);
+  const int chunks = p.pp * (schedule_of(p) == Schedule::Interleaved ? p.virtual_stages : 1);
   if (chunks > m.layers) {
     throw InputError("key 'parallel.pp': " + layout + ": " + std::to_string(chunks) +
                      " pipeline stages but only " + std::to_string(m.layers) + " layers");
   }
-  if (m.layers % chunks != 0 && p.schedule == "interleaved") {
+  if (m.layers % chunks != 0 && schedule_of(p) == Schedule::Interleaved) {
     throw InputError("key 'parallel.virtual_stages': " + layout +
                      " virtual_stages=" + std::to_string(p.virtual_stages) + ": model.layers (" +
                      std::to_string(m.layers) + ") must be divisible by pp x virtual_stages (" +
@@ -384,7 +384,8 @@ void validate_layout(const Scenario& s) {
                      " sequences must be divisible by dp (" + std::to_string(p.dp) +
                      ") x training.micro_batch (" + std::to_string(t.micro_batch) + ")");
   }
-  if (p.schedule == "interleaved" && p.pp > 1 && s.micro_batches_per_step() % p.pp != 0) {
+  if (schedule_of(p) == Schedule::Interleaved && p.pp > 1 &&
+      s.micro_batches_per_step() % p.pp != 0) {
     throw InputError(
         "key 'parallel.schedule': interleaved 1F1B needs the micro-batches per step (" +
         std::to_string(s.micro_batches_per_step()) + ") to be a multiple of pp (" +
@@ -412,6 +413,22 @@ std::string to_yaml(const Scenario& s) {
   if (!section.empty()) e << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
+}
+
+std::optional<Schedule> parse_schedule(const std::string& name) {
+  if (name == "gpipe") return Schedule::GPipe;
+  if (name == "1f1b") return Schedule::OneFOneB;
+  if (name == "interleaved") return Schedule::Interleaved;
+  return std::nullopt;
+}
+
+Schedule schedule_of(const ParallelConfig& p) {
+  const auto s = parse_schedule(p.schedule);
+  if (!s) {
+    throw InputError("key 'parallel.schedule': expected gpipe, 1f1b or interleaved, got '" +
+                     p.schedule + "'");
+  }
+  return *s;
 }
 
 std::optional<std::array<int, 3>> parse_placement(const std::string& placement) {

@@ -12,7 +12,8 @@ ModelShape model_shape(const Scenario& s) {
 }
 
 int chunks_per_stage(const Scenario& s) {
-  return s.parallel.schedule == "interleaved" ? std::max(1, s.parallel.virtual_stages) : 1;
+  return schedule_of(s.parallel) == Schedule::Interleaved ? std::max(1, s.parallel.virtual_stages)
+                                                          : 1;
 }
 
 StageContents stage_contents(const Scenario& s, int stage) {

@@ -46,7 +46,7 @@ void check_supported(const Scenario& s) {
     throw InputError(origin + ": key 'parallel.zero': expected a ZeRO stage 0-3, got " +
                      std::to_string(s.parallel.zero));
   }
-  if (s.parallel.pp > 1 && s.parallel.schedule != "gpipe" && s.parallel.schedule != "1f1b") {
+  if (s.parallel.pp > 1 && schedule_of(s.parallel) == Schedule::Interleaved) {
     throw InputError(origin + ": key 'parallel.schedule': '" + s.parallel.schedule +
                      "' is not available in the CPU runtime; expected gpipe or 1f1b");
   }

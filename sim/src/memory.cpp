@@ -22,7 +22,8 @@ double activation_bytes_per_layer(const Scenario& s, const PrecisionConfig& p) {
   return sq * b * h * (34.0 + 5.0 * a * sq / h) / t * (p.act_bytes / 2.0);
 }
 
-std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionConfig& p, int64_t capacity_bytes) {
+std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionConfig& p,
+                                            int64_t capacity_bytes) {
   const int pp = s.parallel.pp;
   const int m = s.micro_batches_per_step();
   const int per_stage = s.model.layers / pp;
@@ -36,8 +37,9 @@ std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionCo
     e.parameters_bytes = ms.parameters;
     e.gradients_bytes = ms.gradients;
     e.optimizer_bytes = ms.optimizer;
-    const double embed_act = st == 0 ? double(s.model.seq) * s.training.micro_batch * s.model.d_model * 2.0 : 0.0;
-    if (s.parallel.schedule == "interleaved" && pp > 1) {
+    const double embed_act =
+        st == 0 ? double(s.model.seq) * s.training.micro_batch * s.model.d_model * 2.0 : 0.0;
+    if (schedule_of(s.parallel) == Schedule::Interleaved && pp > 1) {
       // Chunk passes hold per_stage / v layers' activations (chunk 0 of stage 0 also the embedding's)
       // from their forward to their backward: the peak over the stage's order, in chunk passes.
       const int v = std::max(1, s.parallel.virtual_stages);
@@ -59,11 +61,15 @@ std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionCo
       e.micro_batches_in_flight = (peak_passes + v - 1) / v;  // in whole stages' worth, rounded up
       e.activations_bytes = peak;
     } else {
-      e.micro_batches_in_flight = s.parallel.schedule == "gpipe" ? m : std::min(pp - st, m);
+      e.micro_batches_in_flight =
+          schedule_of(s.parallel) == Schedule::GPipe ? m : std::min(pp - st, m);
       e.activations_bytes = (per_layer * per_stage + embed_act) * e.micro_batches_in_flight;
     }
-    if (st == pp - 1) e.activations_bytes += double(s.training.micro_batch) * s.model.seq * s.model.vocab * 4.0 * 2.0;
-    e.total_bytes = e.parameters_bytes + e.gradients_bytes + e.optimizer_bytes + e.activations_bytes;
+    if (st == pp - 1)
+      e.activations_bytes +=
+          double(s.training.micro_batch) * s.model.seq * s.model.vocab * 4.0 * 2.0;
+    e.total_bytes =
+        e.parameters_bytes + e.gradients_bytes + e.optimizer_bytes + e.activations_bytes;
     e.capacity_bytes = capacity_bytes;
     e.fits = capacity_bytes <= 0 || e.total_bytes <= double(capacity_bytes);
     out.push_back(e);

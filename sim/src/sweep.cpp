@@ -299,7 +299,7 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
   const double t_p2p =
       s.parallel.pp > 1 ? coll(traces::CollOp::Send, {0, l.rank_of(0, 0, 1)}, act) : 0.0;
   // Interleaved 1F1B: m·v + p - 1 slots of one chunk's work (lps / v layers), a transfer each way per chunk.
-  const double v = s.parallel.schedule == "interleaved" && s.parallel.pp > 1
+  const double v = schedule_of(s.parallel) == Schedule::Interleaved && s.parallel.pp > 1
                        ? std::max(1, s.parallel.virtual_stages)
                        : 1;
   const double slot = lps / v * (tf + tb + 4 * t_ar) + 2 * t_p2p;

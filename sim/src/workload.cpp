@@ -191,7 +191,7 @@ namespace {
 void check_buildable(const Scenario& s, const WorkloadOptions& opt) {
   validate_layout(s);
   if (opt.steps < 1) throw InputError("simulated steps must be >= 1");
-  if (s.parallel.schedule == "interleaved") {
+  if (schedule_of(s.parallel) == Schedule::Interleaved) {
     // Megatron's interleaved 1F1B: v model chunks per stage, chunk c of stage s the layers of
     // virtual stage c·pp + s (validate_layout checks that pp·v divides the layers).
     const int pp = s.parallel.pp, v = chunks_per_stage(s);
@@ -265,7 +265,7 @@ class StageBuilder {
         st_(stage),
         first_(stage == 0),
         last_(stage == pp_ - 1),
-        interleaved_(par_.schedule == "interleaved"),
+        interleaved_(schedule_of(par_) == Schedule::Interleaved),
         has_embed_segment_(first_ || last_),
         act_msg_bytes_(int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model *
                        prec_.act_bytes),

@@ -77,7 +77,7 @@ CommBackend parse_comm_backend(const std::string& text, const std::string& key) 
 
 void check_supported_cuda(const Scenario& s) {
   const std::string origin = origin_of(s);
-  if (s.parallel.pp > 1 && s.parallel.schedule != "gpipe" && s.parallel.schedule != "1f1b") {
+  if (s.parallel.pp > 1 && schedule_of(s.parallel) == Schedule::Interleaved) {
     throw InputError(origin + ": key 'parallel.schedule': '" + s.parallel.schedule +
                      "' is not available on device cuda; expected gpipe or 1f1b");
   }
@@ -351,9 +351,10 @@ GpuTrainer::GpuTrainer(const Scenario& s, Communicator& world, Recorder* rec,
       // whose members all run one stage's schedule, so their orders agree. GPipe's transfers do
       // not cross (all forwards, then all backwards, in micro-batch order at both ends): on NCCL.
       // (Megatron pairs each send with the next receive in one NCCL group; not done here.)
-      const CommBackend pipe = backend == CommBackend::kNccl && s_.parallel.schedule == "1f1b"
-                                   ? CommBackend::kStaged
-                                   : backend;
+      const CommBackend pipe =
+          backend == CommBackend::kNccl && schedule_of(s_.parallel) == Schedule::OneFOneB
+              ? CommBackend::kStaged
+              : backend;
       pp_dev_ = make_device_comm(*pp_, pipe);
       if (embed_->size() > 1) embed_dev_ = make_device_comm(*embed_, pipe);
       pipeline_staged_ = pipe != backend;

@@ -115,6 +115,14 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
 // for stages that shard, batch divisibility). Throws InputError with the reason.
 void validate_layout(const Scenario& s);
 
+// parallel.schedule parsed, by its one parser: the scenario check and every consumer compare the
+// enum, not the text.
+enum class Schedule : uint8_t { GPipe, OneFOneB, Interleaved };
+std::optional<Schedule> parse_schedule(
+    const std::string& name);  // "gpipe" | "1f1b" | "interleaved"
+// p.schedule as the enum; InputError naming the key when it is none of the three.
+Schedule schedule_of(const ParallelConfig& p);
+
 // parallel.placement parsed: the grid axes fastest-varying first, as ids 0 = dp, 1 = tp, 2 = pp
 // ("tp,dp,pp" gives {1, 0, 2}); nullopt unless it names each of tp, dp and pp once. The one parser
 // of the key: the scenario check and the rank grid (model/grid.hpp) both use it.
