@@ -261,7 +261,9 @@ std::string merge_rank_traces(Communicator& world, const std::string& out) {
 
 RankSession::RankSession(const Scenario& s, Communicator& world, const RankRunOptions& opt,
                          bool clear_flight_dump)
-    : world_(world),
+    : s_(s),
+      opt_(opt),
+      world_(world),
       out_(agree_on_trace_path(world, s, opt.out)),
       clear_flight_dump_(clear_flight_dump) {
   result_.rank = world.rank();
@@ -288,6 +290,18 @@ void RankSession::describe(const traces::RunMeta& meta, const traces::RankInfo& 
   file.unlock();
   rec_->add_stream(profiler::kComputeStream, "compute");
   rec_->add_stream(profiler::kCommStream, "comm");
+}
+
+void RankSession::start_steps(int first) { save_progress(*rec_, first); }
+
+void RankSession::before_step(int i) const {
+  if (i == s_.faults.step && world_.rank() == s_.faults.kill_rank) ::raise(SIGKILL);
+}
+
+void RankSession::after_step(int i, const StepResult& r) {
+  result_.steps.push_back(r);
+  save_progress(*rec_, i + 1);
+  if (opt_.on_step) opt_.on_step(r);
 }
 
 void RankSession::reduce_reports(Communicator& dp_group) {
@@ -337,15 +351,11 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
   CheckpointSession ckpt(s, trainer, world, &rec, ckpt_dir);
   if (!opt.resume.empty()) restore_trainer(trainer, s, opt.resume, verify_checkpoint(opt.resume));
   trainer.prepare();
-  save_progress(rec, 0);
+  session.start_steps(0);
   const int64_t loop_t0 = profiler::steady_now_ns();
   for (int i = trainer.steps_done(); i < s.training.steps; ++i) {
-    // Test-only rank death (faults.kill_rank): no warning and no flush, like a crash or an OOM kill.
-    if (i == s.faults.step && world.rank() == s.faults.kill_rank) ::raise(SIGKILL);
-    StepResult r = trainer.step();
-    result.steps.push_back(r);
-    save_progress(rec, i + 1);
-    if (opt.on_step) opt.on_step(r);
+    session.before_step(i);
+    session.after_step(i, trainer.step());
     ckpt.after_step();
   }
   ckpt.finish();

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "orrery/common/error.hpp"
 #include "orrery/profiler/flight_recorder.hpp"
 #if ORRERY_HAVE_CUPTI_TRACER
 #include "orrery/profiler/cupti_tracer.hpp"
@@ -41,6 +42,10 @@ double peak_flops(const DeviceInfo& d, MathMode m) {
 RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRunOptions& opt,
                             const CudaRunOptions& copt) {
   check_supported_cuda(s);
+  if (!opt.resume.empty()) {
+    throw InputError("--resume " + opt.resume + ": resuming is not available on device cuda yet " +
+                     "(runtime.device: cpu resumes)");
+  }
   RankSession session(s, world, opt, true);
   profiler::Recorder& rec = session.recorder();
   RankRunResult& result = session.result();
@@ -81,10 +86,10 @@ RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRu
 #endif
 
   trainer.prepare();
+  session.start_steps(0);
   for (int i = 0; i < s.training.steps; ++i) {
-    StepResult r = trainer.step();
-    result.steps.push_back(r);
-    if (opt.on_step) opt.on_step(r);
+    session.before_step(i);
+    session.after_step(i, trainer.step());
   }
 
   // Reports over the host communicators (host buffers), as run_rank does.

@@ -81,9 +81,16 @@ void check_supported_cuda(const Scenario& s) {
     throw InputError(origin + ": key 'parallel.schedule': '" + s.parallel.schedule +
                      "' is not available on device cuda; expected gpipe or 1f1b");
   }
+  // Checkpoints need the device trainer's state ranges (the CPU trainer's state_to_save/load), not
+  // written yet: refused rather than silently not written.
+  if (s.checkpoint.every > 0) {
+    throw InputError(origin +
+                     ": key 'checkpoint.every': checkpoints are not available on device cuda " +
+                     "yet (runtime.device: cpu writes them)");
+  }
   Scenario c = s;
-  c.runtime.device =
-      "cpu";  // everything the CPU runtime checks (layout, batch, threads) holds here too
+  // Everything the CPU runtime checks (layout, batch, threads) holds here too.
+  c.runtime.device = "cpu";
   check_supported(c);
   if (device_count() == 0) {
     throw InputError(origin + ": key 'runtime.device' is cuda, but " + no_device_reason());

@@ -3,7 +3,6 @@
 // / run_rank_cuda failing at once with InputError (exit 2 at the CLI) and the reason, and the
 // layouts the CUDA runtime refuses. The few checks that need a device are in suites named Gpu*.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cstdlib>
@@ -34,7 +33,9 @@ Scenario tiny_cuda_scenario() {
   return s;
 }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 TEST(CudaDevice, CountAndReasonAgree) {
   const int n = device_count();  // never throws
@@ -51,7 +52,8 @@ TEST(CudaDevice, CountAndReasonAgree) {
 
 TEST(CudaDevice, OutOfMemoryMessageNamesCallBytesAndFreeMemory) {
   const std::size_t gib = std::size_t{1} << 30;
-  const std::string msg = cuda_error_message(cudaErrorMemoryAllocation, "cudaMalloc", 3 * gib, gib / 2, 80 * gib);
+  const std::string msg =
+      cuda_error_message(cudaErrorMemoryAllocation, "cudaMalloc", 3 * gib, gib / 2, 80 * gib);
   EXPECT_EQ(msg.rfind("device memory exhausted: ", 0), 0u) << msg;
   EXPECT_TRUE(contains(msg, "cudaMalloc")) << msg;
   EXPECT_TRUE(contains(msg, "3.00 GiB")) << msg;
@@ -74,7 +76,9 @@ TEST(CudaDevice, CudaCheckThrowsForOutOfMemoryWithoutTouchingADevice) {
 
 TEST(CudaDevice, OtherErrorsNameTheCall) {
   const std::string msg = cuda_error_message(cudaErrorInvalidValue, "cudaMemcpy(dst, src, n)");
-  EXPECT_EQ(msg.rfind("CUDA error: cudaMemcpy(dst, src, n) failed with cudaErrorInvalidValue", 0), 0u) << msg;
+  EXPECT_EQ(msg.rfind("CUDA error: cudaMemcpy(dst, src, n) failed with cudaErrorInvalidValue", 0),
+            0u)
+      << msg;
   EXPECT_THROW(ORRERY_CUDA_CHECK(cudaErrorInvalidValue), InternalError);
 }
 
@@ -131,6 +135,12 @@ TEST(CudaRuntime, RefusesInterleavedAcceptsPipelineTensorParallelAndZero) {
   EXPECT_TRUE(contains(e, "key 'parallel.schedule'")) << e;
   EXPECT_TRUE(contains(e, "'interleaved' is not available on device cuda")) << e;
   EXPECT_TRUE(contains(e, "expected gpipe or 1f1b")) << e;
+  // Checkpoints are not written on the GPU yet: refused, not silently skipped.
+  s = tiny_cuda_scenario();
+  s.checkpoint.every = 2;
+  e = refusal(s);
+  EXPECT_TRUE(contains(e, "key 'checkpoint.every'")) << e;
+  EXPECT_TRUE(contains(e, "not available on device cuda")) << e;
   // Accepted layouts: no complaint about their keys; without a device, the device is the reason.
   struct Case {
     int dp, tp, pp, zero;
@@ -161,7 +171,8 @@ TEST(CudaRuntime, RefusesInterleavedAcceptsPipelineTensorParallelAndZero) {
 }
 
 TEST(CudaRuntime, NoDeviceFailsAtOnceWithTheReason) {
-  if (device_count() > 0) GTEST_SKIP() << "a CUDA device is present: the no-device path cannot be checked";
+  if (device_count() > 0)
+    GTEST_SKIP() << "a CUDA device is present: the no-device path cannot be checked";
   const std::string reason = no_device_reason();
   try {
     select_device(0);

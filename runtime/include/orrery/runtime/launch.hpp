@@ -144,6 +144,13 @@ class RankSession {
   RankRunResult& result() { return result_; }
   // Profiling only: the run's metadata, this rank's row and the compute and comm streams.
   void describe(const traces::RunMeta& meta, const traces::RankInfo& rank);
+  // The training loop's bookkeeping, the same on every device. start_steps(): this rank's
+  // progress (step `first`) on disk. before_step(i): the test-only fault faults.kill_rank (SIGKILL
+  // at the start of step faults.step: no warning, no flush, like a crash). after_step(i, r): the
+  // result kept, the step's spans and progress on disk (a rank killed later keeps them), on_step.
+  void start_steps(int first);
+  void before_step(int i) const;
+  void after_step(int i, const StepResult& r);
   // After the steps: the step reports over the groups (reduce_step_reports).
   void reduce_reports(Communicator& dp_group);
   // Detaches the recorder from the world, synchronises it, then calls `before_close` (a device's
@@ -153,6 +160,8 @@ class RankSession {
   RankRunResult finish();
 
  private:
+  const Scenario& s_;
+  const RankRunOptions& opt_;
   Communicator& world_;
   std::string out_;
   std::unique_ptr<traces::TraceWriter> writer_;
