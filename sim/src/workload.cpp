@@ -10,6 +10,7 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/common/pipeline_schedule.hpp"
+#include "orrery/model/block.hpp"
 #include "orrery/model/buckets.hpp"
 #include "orrery/model/flops.hpp"
 #include "orrery/model/zero_partition.hpp"
@@ -156,8 +157,8 @@ ComputeCosts make_costs(const ModelDims& d, const CostModel& cost) {
   c.head_f = piece(names::kHeadForward, 0, 1);
   c.head_b = piece(names::kHeadBackward, 0, 1);
   // One piece per block (tp = 1) or the runtime's three, split where Megatron sums over the tp group
-  // (model.hpp; op_kernels lists their kernels).
-  const int pieces = d.tp == 1 ? 1 : 3;
+  // (model/block.hpp; op_kernels lists their kernels).
+  const int pieces = d.tp == 1 ? 1 : model::kTpBlockPieces;
   for (int i = 0; i < pieces; ++i) {
     c.block_f.push_back(piece(names::kBlockForward, i, pieces));
     c.block_b.push_back(piece(names::kBlockBackward, i, pieces));
