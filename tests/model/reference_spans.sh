@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one-model-description checks on real runs (CTest model_reference_spans, label mpi):
-#  1. the reference layouts (dp2, tp2, pp2 1F1B, dp2 ZeRO 3, dp2·tp2·pp2) record exactly the span
+#  1. the reference layouts (dp2, tp2, pp2 1F1B, dp2 ZeRO 3, dp2·tp2·pp2; dp2 ZeRO 1 and 2, pp2
+#     GPipe) record exactly the span
 #     names, kinds and counts per rank of tests/data/reference_spans/<layout>.tsv, written by
 #     `--record` from the tree before the runtime and simulator shared model/ (commit 0f81bc0);
 #  2. the simulator's ops for each layout (orrery sim --all-ranks) equal the real run's spans, rank by
@@ -34,6 +35,9 @@ layouts=(
   "pp2-1f1b 2 parallel.dp=1 parallel.pp=2"
   "dp2-zero3 2 parallel.dp=2 parallel.zero=3"
   "dp2-tp2-pp2 8 parallel.dp=2 parallel.tp=2 parallel.pp=2"
+  "dp2-zero1 2 parallel.dp=2 parallel.zero=1"
+  "dp2-zero2 2 parallel.dp=2 parallel.zero=2"
+  "pp2-gpipe 2 parallel.dp=1 parallel.pp=2 parallel.schedule=gpipe"
 )
 for entry in "${layouts[@]}"; do
   read -r name ranks rest <<< "$entry"

@@ -4,10 +4,9 @@
 // k = ceil(n / N), and data-parallel rank r owns elements [r*k, r*k + k) (the last owner's tail is
 // padding). The whole array is one bucket: one reduce-scatter of the gradients into the owned
 // shard ("zero.reduce_scatter", ReduceOp::Avg), AdamW on the shard only, one in-place all-gather of
-// the updated parameters ("zero.all_gather"). Names as the simulator's names::kDpReduceScatter and
-// names::kDpAllGather; the simulator splits these by DDP bucket, so the two agree op for op when one
-// bucket holds the whole array (bucket_mb at least the stage's gradient bytes, true of gpt-tiny and
-// gpt-small-ish at the default 25 MiB).
+// the updated parameters ("zero.all_gather"). Names from model/names.hpp (kDpReduceScatter,
+// kDpAllGather); the simulator issues the same single reduce-scatter and all-gather of the padded
+// array whatever parallel.bucket_mb (tests/model/reference_spans.sh checks ZeRO 1 and 2 op by op).
 //   stage 1: gradients accumulate over the step's micro-batches in the full array; reduce-scatter
 //            once, after the last backward. Optimizer state 8Ψ/N.
 //   stage 2: reduce-scatter after every micro-batch's backward, accumulated into a shard gradient
