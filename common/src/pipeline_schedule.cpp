@@ -6,6 +6,7 @@
 #include <string>
 
 #include "orrery/common/error.hpp"
+#include "orrery/common/scenario.hpp"
 
 namespace orrery {
 
@@ -13,10 +14,11 @@ std::vector<int> pipeline_schedule_order(const std::string& schedule, int stages
                                          const std::string& who) {
   std::vector<int> order;
   order.reserve(2 * static_cast<size_t>(m));
-  if (schedule == "gpipe") {
+  const std::optional<Schedule> kind = parse_schedule(schedule);
+  if (kind == Schedule::GPipe) {
     for (int i = 0; i < m; ++i) order.push_back(i);
     for (int i = 0; i < m; ++i) order.push_back(-i - 1);
-  } else if (schedule == "1f1b") {
+  } else if (kind == Schedule::OneFOneB) {
     const int warmup = std::min(stages - stage - 1, m);
     int f = 0, b = 0;
     for (; f < warmup; ++f) order.push_back(f);
@@ -34,12 +36,14 @@ std::vector<int> pipeline_schedule_order(const std::string& schedule, int stages
 
 std::vector<PipelinePass> pipeline_interleaved_order(int stages, int stage, int m, int chunks) {
   if (stages < 1 || chunks < 1 || m < 1 || stage < 0 || stage >= stages)
-    throw InputError("interleaved pipeline schedule: stages (" + std::to_string(stages) + "), stage (" +
-                     std::to_string(stage) + "), micro-batches (" + std::to_string(m) + ") and chunks (" +
-                     std::to_string(chunks) + ") must be >= 1 with stage < stages");
+    throw InputError("interleaved pipeline schedule: stages (" + std::to_string(stages) +
+                     "), stage (" + std::to_string(stage) + "), micro-batches (" +
+                     std::to_string(m) + ") and chunks (" + std::to_string(chunks) +
+                     ") must be >= 1 with stage < stages");
   if (m % stages != 0)
-    throw InputError("key 'parallel.schedule': interleaved 1F1B needs the micro-batches per step (" +
-                     std::to_string(m) + ") to be a multiple of pp (" + std::to_string(stages) + ")");
+    throw InputError(
+        "key 'parallel.schedule': interleaved 1F1B needs the micro-batches per step (" +
+        std::to_string(m) + ") to be a multiple of pp (" + std::to_string(stages) + ")");
   const int p = stages, v = chunks;
   const int64_t total = int64_t(m) * v;
   auto pass = [&](int64_t k, bool forward) {

@@ -33,19 +33,21 @@ std::vector<DdpBucket> make_ddp_buckets(const Gpt& model, double bucket_mb) {
                      std::to_string(bucket_mb));
   }
   std::vector<model::BucketSegment> order;
+  std::vector<ParamRange> ranges;  // of order's segments
   for (int seg : ready_order(model)) {
-    order.push_back({seg, static_cast<int64_t>(model.segment_range(seg).count)});
+    ranges.push_back(model.segment_range(seg));
+    order.push_back({seg, static_cast<int64_t>(ranges.back().count)});
   }
   const auto plans = model::ddp_buckets(order, bucket_mb * 1024.0 * 1024.0, sizeof(float));
   std::vector<DdpBucket> buckets;
   for (const auto& plan : plans) {
     DdpBucket b;
     b.index = static_cast<int>(buckets.size());
-    b.range = model.segment_range(order[plan.begin].segment);
+    b.range = ranges[plan.begin];
     b.lowest_layer = plan.lowest_segment;
     for (std::size_t i = plan.begin; i < plan.end; ++i) {
       const int seg = order[i].segment;
-      const ParamRange r = model.segment_range(seg);
+      const ParamRange& r = ranges[i];
       if (i > plan.begin) {
         // Ready order walks memory backwards, so the new segment must end where the bucket begins.
         if (r.end() != b.range.offset) {

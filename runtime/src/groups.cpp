@@ -6,7 +6,6 @@
 namespace orrery::runtime {
 
 RankGroups split_rank_groups(Communicator& world, const Layout& L) {
-  namespace names = model::names;
   RankGroups g;
   g.dp = world.split(L.tp_rank + L.tp * L.pp_rank, L.dp_rank, traces::CommKind::DP,
                      names::dp_group(L.tp_rank, L.pp_rank));

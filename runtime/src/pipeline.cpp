@@ -1,10 +1,11 @@
 // Pipeline schedules (see pipeline.hpp).
-#include "orrery/common/pipeline_schedule.hpp"
 #include "orrery/runtime/pipeline.hpp"
 
 #include <algorithm>
 
 #include "orrery/common/error.hpp"
+#include "orrery/common/pipeline_schedule.hpp"
+#include "orrery/common/scenario.hpp"
 
 namespace orrery::runtime {
 
@@ -13,7 +14,7 @@ std::vector<int> pipeline_order(const std::string& schedule, int stages, int sta
 }
 
 int pipeline_in_flight(const std::string& schedule, int stages, int stage, int m) {
-  if (schedule == "gpipe") return m;
+  if (parse_schedule(schedule) == Schedule::GPipe) return m;
   return std::max(1, std::min(m, stages - stage));
 }
 
