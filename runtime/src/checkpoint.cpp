@@ -53,7 +53,8 @@ uint32_t crc32c_table(const unsigned char* p, std::size_t n, uint32_t c) {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const unsigned char* p, std::size_t n, uint32_t c) {
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const unsigned char* p, std::size_t n,
+                                                        uint32_t c) {
   uint64_t c64 = c;
   while (n >= 8) {
     uint64_t w;
@@ -105,8 +106,14 @@ int64_t step_of(const std::string& name) {
 json file_to_json(const CheckpointFile& f) {
   json rs = json::array();
   for (const auto& r : f.ranges) rs.push_back({{"offset", r.offset}, {"count", r.count}});
-  return {{"name", f.name}, {"bytes", f.bytes},   {"crc32c", hex32(f.crc32c)},   {"tp", f.tp},
-          {"pp", f.pp},     {"dp", f.dp},         {"flat_elems", f.flat_elems}, {"data_calls", f.data_calls},
+  return {{"name", f.name},
+          {"bytes", f.bytes},
+          {"crc32c", hex32(f.crc32c)},
+          {"tp", f.tp},
+          {"pp", f.pp},
+          {"dp", f.dp},
+          {"flat_elems", f.flat_elems},
+          {"data_calls", f.data_calls},
           {"ranges", rs}};
 }
 
@@ -130,8 +137,8 @@ CheckpointFile file_from_json(const json& jf, const std::string& origin) {
     total += 12 * f.ranges.back().count;
   }
   if (total != f.bytes) {
-    throw InputError(origin + ": key 'files': '" + f.name + "' lists ranges of " + std::to_string(total) +
-                     " bytes but " + std::to_string(f.bytes) + " bytes");
+    throw InputError(origin + ": key 'files': '" + f.name + "' lists ranges of " +
+                     std::to_string(total) + " bytes but " + std::to_string(f.bytes) + " bytes");
   }
   return f;
 }
@@ -160,7 +167,11 @@ std::string manifest_to_json(const CheckpointManifest& m) {
   j["step"] = m.step;
   j["adamw_steps"] = m.adamw_steps;
   j["layout"] = {{"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}, {"zero", m.zero}};
-  j["model"] = {{"layers", m.layers}, {"d_model", m.d_model}, {"heads", m.heads}, {"vocab", m.vocab}, {"seq", m.seq}};
+  j["model"] = {{"layers", m.layers},
+                {"d_model", m.d_model},
+                {"heads", m.heads},
+                {"vocab", m.vocab},
+                {"seq", m.seq}};
   j["rng"] = {{"seed", m.seed},
               {"streams", "counter-based: (seed, stream, index) -> xoshiro256**; no other state"}};
   j["data"] = {{"source", m.data_source},
@@ -168,7 +179,8 @@ std::string manifest_to_json(const CheckpointManifest& m) {
                {"sequences_per_call", m.sequences_per_call},
                {"calls_per_epoch", m.calls_per_epoch}};
   j["checksum"] = "crc32c";
-  j["file_layout"] = "per range: count float32 params, count exp_avg, count exp_avg_sq (little-endian)";
+  j["file_layout"] =
+      "per range: count float32 params, count exp_avg, count exp_avg_sq (little-endian)";
   json files = json::array();
   for (const auto& f : m.files) files.push_back(file_to_json(f));
   j["files"] = files;
@@ -225,7 +237,8 @@ CheckpointManifest parse_manifest(const std::string& text, const std::string& or
   } catch (const InputError&) {
     throw;
   } catch (const std::exception& e) {
-    throw InputError(origin + ": key '" + key + "': missing or of the wrong type (" + e.what() + ")");
+    throw InputError(origin + ": key '" + key + "': missing or of the wrong type (" + e.what() +
+                     ")");
   }
   return m;
 }
@@ -269,7 +282,8 @@ WrittenFile write_file_atomic(const std::string& path, const std::vector<ConstPi
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     ::unlink(tmp.c_str());
-    throw InternalError("checkpoint: cannot rename '" + tmp + "' to '" + path + "': " + errno_text());
+    throw InternalError("checkpoint: cannot rename '" + tmp + "' to '" + path +
+                        "': " + errno_text());
   }
   fsync_dir(fs::path(path).parent_path().string());
   return w;
@@ -280,10 +294,12 @@ WrittenFile write_file_atomic(const std::string& path, const std::vector<ConstPi
 CheckpointManifest verify_checkpoint(const std::string& step_dir) {
   const std::string mpath = (fs::path(step_dir) / kManifest).string();
   std::error_code ec;
-  if (!fs::is_directory(step_dir, ec)) throw InputError("checkpoint '" + step_dir + "': no such directory");
+  if (!fs::is_directory(step_dir, ec))
+    throw InputError("checkpoint '" + step_dir + "': no such directory");
   if (!fs::is_regular_file(mpath, ec)) {
-    throw InputError("checkpoint '" + step_dir + "': no " + kManifest +
-                     " (a partial checkpoint: its writer stopped before the manifest, which is written last)");
+    throw InputError(
+        "checkpoint '" + step_dir + "': no " + kManifest +
+        " (a partial checkpoint: its writer stopped before the manifest, which is written last)");
   }
   CheckpointManifest m = parse_manifest(read_text(mpath), mpath);
   std::vector<char> buf(std::size_t{8} << 20);
@@ -291,15 +307,16 @@ CheckpointManifest verify_checkpoint(const std::string& step_dir) {
     const std::string p = (fs::path(step_dir) / f.name).string();
     const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-      throw InputError("checkpoint '" + step_dir + "': file '" + f.name + "' named in the manifest is missing (" +
-                       errno_text() + ")");
+      throw InputError("checkpoint '" + step_dir + "': file '" + f.name +
+                       "' named in the manifest is missing (" + errno_text() + ")");
     }
-    struct stat st{};
+    struct stat st {};
     ::fstat(fd, &st);
     if (static_cast<uint64_t>(st.st_size) != f.bytes) {
       ::close(fd);
-      throw InputError("checkpoint '" + step_dir + "': file '" + f.name + "' has " + std::to_string(st.st_size) +
-                       " bytes, the manifest says " + std::to_string(f.bytes) +
+      throw InputError("checkpoint '" + step_dir + "': file '" + f.name + "' has " +
+                       std::to_string(st.st_size) + " bytes, the manifest says " +
+                       std::to_string(f.bytes) +
                        (static_cast<uint64_t>(st.st_size) < f.bytes ? " (truncated)" : ""));
     }
     uint32_t crc = 0;
@@ -308,15 +325,17 @@ CheckpointManifest verify_checkpoint(const std::string& step_dir) {
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
         ::close(fd);
-        throw InputError("checkpoint '" + step_dir + "': cannot read '" + f.name + "': " + errno_text());
+        throw InputError("checkpoint '" + step_dir + "': cannot read '" + f.name +
+                         "': " + errno_text());
       }
       if (n == 0) break;
       crc = crc32c(buf.data(), static_cast<std::size_t>(n), crc);
     }
     ::close(fd);
     if (crc != f.crc32c) {
-      throw InputError("checkpoint '" + step_dir + "': file '" + f.name + "' fails its checksum (CRC32C " +
-                       hex32(crc) + ", the manifest says " + hex32(f.crc32c) + "): the file is damaged");
+      throw InputError("checkpoint '" + step_dir + "': file '" + f.name +
+                       "' fails its checksum (CRC32C " + hex32(crc) + ", the manifest says " +
+                       hex32(f.crc32c) + "): the file is damaged");
     }
   }
   return m;
@@ -326,7 +345,8 @@ ResumePoint find_resume_point(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError("--resume '" + dir + "': no such directory");
   ResumePoint rp;
-  if (fs::exists(fs::path(dir) / kManifest, ec) || step_of(fs::path(dir).filename().string()) >= 0) {
+  if (fs::exists(fs::path(dir) / kManifest, ec) ||
+      step_of(fs::path(dir).filename().string()) >= 0) {
     rp.step_dir = dir;
     rp.manifest = verify_checkpoint(dir);
     return rp;
@@ -337,7 +357,8 @@ ResumePoint find_resume_point(const std::string& dir) {
     if (k >= 0 && e.is_directory()) steps.emplace_back(k, e.path().string());
   }
   std::sort(steps.rbegin(), steps.rend());
-  if (steps.empty()) throw InputError("--resume '" + dir + "': no checkpoints (step-<k> directories) in it");
+  if (steps.empty())
+    throw InputError("--resume '" + dir + "': no checkpoints (step-<k> directories) in it");
   for (const auto& [k, path] : steps) {
     try {
       rp.manifest = verify_checkpoint(path);
@@ -352,7 +373,8 @@ ResumePoint find_resume_point(const std::string& dir) {
   throw InputError("--resume '" + dir + "': no complete checkpoint:" + why);
 }
 
-void check_resume_compatible(const CheckpointManifest& m, const Scenario& s, const std::string& where) {
+void check_resume_compatible(const CheckpointManifest& m, const Scenario& s,
+                             const std::string& where) {
   auto differ = [&](const char* key, int64_t ckpt, int64_t now, const char* extra) {
     if (ckpt == now) return;
     throw InputError(where + ": key '" + key + "': the checkpoint was written with " + key + "=" +
@@ -367,26 +389,30 @@ void check_resume_compatible(const CheckpointManifest& m, const Scenario& s, con
   differ("model.vocab", m.vocab, s.model.vocab, "");
   differ("model.seq", m.seq, s.model.seq, "");
   if (m.seed != s.training.seed) {
-    throw InputError(where + ": key 'training.seed': the checkpoint was written with seed " + std::to_string(m.seed) +
-                     ", the scenario has " + std::to_string(s.training.seed) +
+    throw InputError(where + ": key 'training.seed': the checkpoint was written with seed " +
+                     std::to_string(m.seed) + ", the scenario has " +
+                     std::to_string(s.training.seed) +
                      " (the seed fixes the data order, so a resumed run keeps it)");
   }
   if (m.data_source != s.data.source) {
-    throw InputError(where + ": key 'data.source': the checkpoint was written with '" + m.data_source +
-                     "', the scenario has '" + s.data.source + "'");
+    throw InputError(where + ": key 'data.source': the checkpoint was written with '" +
+                     m.data_source + "', the scenario has '" + s.data.source + "'");
   }
   const int64_t g_new = static_cast<int64_t>(s.training.micro_batch) * s.parallel.dp;
   if (m.sequences_per_call > 0 && m.calls_per_epoch > 0 && g_new != m.sequences_per_call) {
     const int64_t within = (m.data_calls % m.calls_per_epoch) * m.sequences_per_call;
     if (within % g_new != 0) {
       throw InputError(where + ": key 'training.micro_batch': the checkpoint's data position (" +
-                       std::to_string(within) + " sequences into the epoch) is not a whole number of "
-                       "micro-batches of micro_batch * dp = " + std::to_string(g_new) + " sequences");
+                       std::to_string(within) +
+                       " sequences into the epoch) is not a whole number of "
+                       "micro-batches of micro_batch * dp = " +
+                       std::to_string(g_new) + " sequences");
     }
   }
   if (m.step >= s.training.steps) {
-    throw InputError(where + ": key 'training.steps': the checkpoint is at step " + std::to_string(m.step) +
-                     " and training.steps is " + std::to_string(s.training.steps) +
+    throw InputError(where + ": key 'training.steps': the checkpoint is at step " +
+                     std::to_string(m.step) + " and training.steps is " +
+                     std::to_string(s.training.steps) +
                      ": nothing left to run (raise training.steps)");
   }
 }
@@ -396,7 +422,8 @@ void check_resume_compatible(const CheckpointManifest& m, const Scenario& s, con
 CheckpointReader::CheckpointReader(std::string step_dir, CheckpointManifest m)
     : dir_(std::move(step_dir)), m_(std::move(m)) {}
 
-void CheckpointReader::read(int tp, int pp, Field field, uint64_t offset, uint64_t count, float* dst) const {
+void CheckpointReader::read(int tp, int pp, Field field, uint64_t offset, uint64_t count,
+                            float* dst) const {
   const uint64_t end = offset + count;
   uint64_t covered = 0;
   // Pieces of [offset, end) found so far, to tell a gap from a double.
@@ -407,13 +434,17 @@ void CheckpointReader::read(int tp, int pp, Field field, uint64_t offset, uint64
     int fd = -1;
     for (const auto& r : f.ranges) {
       const uint64_t lo = std::max(offset, r.offset), hi = std::min(end, r.offset + r.count);
-      if (lo < hi && std::none_of(got.begin(), got.end(), [&](auto& g) { return lo < g.second && g.first < hi; })) {
+      if (lo < hi && std::none_of(got.begin(), got.end(),
+                                  [&](auto& g) { return lo < g.second && g.first < hi; })) {
         if (fd < 0) {
           const std::string p = (fs::path(dir_) / f.name).string();
           fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-          if (fd < 0) throw InputError("checkpoint '" + dir_ + "': cannot open '" + f.name + "': " + errno_text());
+          if (fd < 0)
+            throw InputError("checkpoint '" + dir_ + "': cannot open '" + f.name +
+                             "': " + errno_text());
         }
-        const uint64_t at = file_pos + (static_cast<uint64_t>(field) * r.count + (lo - r.offset)) * sizeof(float);
+        const uint64_t at =
+            file_pos + (static_cast<uint64_t>(field) * r.count + (lo - r.offset)) * sizeof(float);
         auto* out = reinterpret_cast<char*>(dst + (lo - offset));
         uint64_t left = (hi - lo) * sizeof(float), pos = at;
         while (left > 0) {
@@ -437,14 +468,15 @@ void CheckpointReader::read(int tp, int pp, Field field, uint64_t offset, uint64
     if (covered == count) return;
   }
   if (covered != count) {
-    throw InputError("checkpoint '" + dir_ + "': elements [" + std::to_string(offset) + ", " + std::to_string(end) +
-                     ") of the tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) +
-                     " shard are not all in its files (" + std::to_string(covered) + " of " + std::to_string(count) +
-                     " found)");
+    throw InputError("checkpoint '" + dir_ + "': elements [" + std::to_string(offset) + ", " +
+                     std::to_string(end) + ") of the tp=" + std::to_string(tp) +
+                     " pp=" + std::to_string(pp) + " shard are not all in its files (" +
+                     std::to_string(covered) + " of " + std::to_string(count) + " found)");
   }
 }
 
-void restore_trainer(Trainer& trainer, const Scenario& s, const std::string& step_dir, const CheckpointManifest& m) {
+void restore_trainer(RankTrainer& trainer, const Scenario& s, const std::string& step_dir,
+                     const CheckpointManifest& m) {
   check_resume_compatible(m, s, s.path.empty() ? std::string("scenario") : s.path);
   const Layout& L = trainer.layout();
   for (const auto& f : m.files) {
@@ -461,6 +493,7 @@ void restore_trainer(Trainer& trainer, const Scenario& s, const std::string& ste
     if (r.m) reader.read(L.tp_rank, L.pp_rank, F::M, r.offset, r.count, r.m);
     if (r.v) reader.read(L.tp_rank, L.pp_rank, F::V, r.offset, r.count, r.v);
   }
+  trainer.commit_loaded_state();  // a device copies the state in
   // The data position in global sequences, mapped onto this run's sequences per call.
   const DataLoader& ld = trainer.loader();
   int64_t calls = m.data_calls;
@@ -478,8 +511,8 @@ struct CheckpointSession::Pending {
   int32_t step = 0;
   int64_t adamw_steps = 0;  // at the snapshot (a background write completes a step later)
   std::string step_dir;
-  CheckpointFile file;           // this rank's (name "" when it writes none)
-  std::vector<float> buffer;     // background: the snapshot
+  CheckpointFile file;        // this rank's (name "" when it writes none)
+  std::vector<float> buffer;  // background: the snapshot
   std::vector<ConstPiece> pieces;
   std::thread thread;
   std::exception_ptr error;
@@ -487,10 +520,15 @@ struct CheckpointSession::Pending {
   int64_t started_ns = 0;
 };
 
-CheckpointSession::CheckpointSession(const Scenario& s, Trainer& trainer, Communicator& world,
+CheckpointSession::CheckpointSession(const Scenario& s, RankTrainer& trainer, Communicator& world,
                                      profiler::Recorder* rec, std::string dir)
-    : s_(s), trainer_(trainer), world_(world), rec_(rec && rec->enabled() ? rec : nullptr), dir_(std::move(dir)) {
-  if (rec_ && s_.checkpoint.every > 0 && s_.checkpoint.background) rec_->add_stream(kCheckpointStream, "checkpoint");
+    : s_(s),
+      trainer_(trainer),
+      world_(world),
+      rec_(rec && rec->enabled() ? rec : nullptr),
+      dir_(std::move(dir)) {
+  if (rec_ && s_.checkpoint.every > 0 && s_.checkpoint.background)
+    rec_->add_stream(kCheckpointStream, "checkpoint");
 }
 
 CheckpointSession::~CheckpointSession() {
@@ -544,12 +582,13 @@ void CheckpointSession::snapshot_and_write() {
   const Layout& L = trainer_.layout();
   std::error_code ec;
   fs::create_directories(p->step_dir, ec);
-  if (ec) throw InputError("key 'checkpoint.dir': cannot create '" + p->step_dir + "': " + ec.message());
+  if (ec)
+    throw InputError("key 'checkpoint.dir': cannot create '" + p->step_dir + "': " + ec.message());
   // A checkpoint of this step written before (a run resumed from an earlier one) stops being complete
   // now; its files are replaced below.
   if (world_.rank() == 0) fs::remove(fs::path(p->step_dir) / kManifest, ec);
 
-  const std::vector<Trainer::StateRange> ranges = trainer_.state_to_save();
+  const std::vector<StateRange> ranges = trainer_.state_to_save();
   p->file.tp = L.tp_rank;
   p->file.pp = L.pp_rank;
   p->file.dp = L.dp_rank;
@@ -566,8 +605,8 @@ void CheckpointSession::snapshot_and_write() {
       p->buffer.resize(total);
       float* out = p->buffer.data();
       for (const auto& r : ranges) {
-        for (const float* src : {static_cast<const float*>(r.params), static_cast<const float*>(r.m),
-                                 static_cast<const float*>(r.v)}) {
+        for (const float* src : {static_cast<const float*>(r.params),
+                                 static_cast<const float*>(r.m), static_cast<const float*>(r.v)}) {
           std::copy(src, src + r.count, out);
           out += r.count;
         }
@@ -586,7 +625,8 @@ void CheckpointSession::snapshot_and_write() {
     try {
       if (pp->file.name.empty()) return;
       const int64_t t0 = profiler::steady_now_ns();
-      const WrittenFile w = write_file_atomic((fs::path(pp->step_dir) / pp->file.name).string(), pp->pieces);
+      const WrittenFile w =
+          write_file_atomic((fs::path(pp->step_dir) / pp->file.name).string(), pp->pieces);
       pp->file.bytes = w.bytes;
       pp->file.crc32c = w.crc32c;
       pp->write_ns = profiler::steady_now_ns() - t0;
@@ -620,9 +660,11 @@ void CheckpointSession::complete(Pending& p) {
   const OpLabel label{"checkpoint.gather", -1, -1, -1};
   int64_t len = static_cast<int64_t>(mine.size());
   world_.all_reduce(&len, 1, DType::I64, ReduceOp::Max, label).wait();
-  std::vector<char> send(static_cast<size_t>(len), ' '), all(static_cast<size_t>(len) * static_cast<size_t>(world_.size()));
+  std::vector<char> send(static_cast<size_t>(len), ' '),
+      all(static_cast<size_t>(len) * static_cast<size_t>(world_.size()));
   std::copy(mine.begin(), mine.end(), send.begin());
-  if (len > 0) world_.all_gather(send.data(), all.data(), static_cast<size_t>(len), DType::U8, label).wait();
+  if (len > 0)
+    world_.all_gather(send.data(), all.data(), static_cast<size_t>(len), DType::U8, label).wait();
 
   CheckpointManifest m;
   m.scenario = s_.name;
@@ -639,7 +681,8 @@ void CheckpointSession::complete(Pending& p) {
   m.seq = s_.model.seq;
   m.seed = s_.training.seed;
   m.data_source = s_.data.source;
-  m.data_calls = p.file.data_calls;  // world rank 0 (a first stage: it loads data) is the one that writes
+  m.data_calls =
+      p.file.data_calls;  // world rank 0 (a first stage: it loads data) is the one that writes
   m.sequences_per_call = trainer_.loader().sequences_per_call();
   m.calls_per_epoch = trainer_.loader().calls_per_epoch();
   for (int r = 0; r < world_.size(); ++r) {
@@ -647,7 +690,8 @@ void CheckpointSession::complete(Pending& p) {
                     all.begin() + static_cast<std::ptrdiff_t>(r + 1) * len);
     while (!rec.empty() && rec.back() == ' ') rec.pop_back();
     if (rec.empty()) continue;
-    CheckpointFile f = file_from_json(json::parse(rec), "checkpoint record of rank " + std::to_string(r));
+    CheckpointFile f =
+        file_from_json(json::parse(rec), "checkpoint record of rank " + std::to_string(r));
     stats_.bytes += f.bytes;
     m.files.push_back(std::move(f));
   }

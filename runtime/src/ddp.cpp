@@ -64,17 +64,27 @@ std::vector<DdpBucket> make_ddp_buckets(const Gpt& model, double bucket_mb) {
   return buckets;
 }
 
-DataParallel::DataParallel(Gpt& model, Communicator& dp, const DdpOptions& opt)
-    : model_(model), dp_(dp), opt_(opt), buckets_(make_ddp_buckets(model, opt.bucket_mb)) {
-  bucket_of_segment_.assign(static_cast<size_t>(model.config.n_layer) + 2, -1);
+DataParallel::DataParallel(std::vector<DdpBucket> buckets, int n_layer, float* grads, float* params,
+                           std::size_t n_params, Communicator* dp, const DdpOptions& opt)
+    : buckets_(std::move(buckets)),
+      grads_(grads),
+      params_(params),
+      n_params_(n_params),
+      dp_(dp),
+      opt_(opt) {
+  bucket_of_segment_.assign(static_cast<size_t>(n_layer) + 2, -1);
   for (const auto& b : buckets_) {
     for (int seg : b.segments) bucket_of_segment_[static_cast<size_t>(seg + 1)] = b.index;
   }
   pending_.assign(buckets_.size(), 0);
 }
 
+DataParallel::DataParallel(Gpt& model, Communicator& dp, const DdpOptions& opt)
+    : DataParallel(make_ddp_buckets(model, opt.bucket_mb), model.config.n_layer, model.grads.data(),
+                   model.params.data(), model.params.size(), &dp, opt) {}
+
 void DataParallel::begin_backward(bool sync, int32_t step, int32_t micro_batch) {
-  sync_ = sync && dp_.size() > 1;
+  sync_ = sync && dp_ != nullptr && dp_->size() > 1;
   step_ = step;
   micro_batch_ = micro_batch;
   next_to_issue_ = 0;
@@ -108,8 +118,8 @@ void DataParallel::issue(DdpBucket& b) {
   label.step = step_;
   label.micro_batch = micro_batch_;
   label.layer = b.lowest_layer;
-  handles_.push_back(dp_.all_reduce(model_.grads.data() + b.range.offset, b.range.count, DType::F32,
-                                    ReduceOp::Avg, label));
+  handles_.push_back(
+      dp_->all_reduce(grads_ + b.range.offset, b.range.count, DType::F32, ReduceOp::Avg, label));
 }
 
 void DataParallel::finish_backward() {
@@ -130,10 +140,11 @@ void DataParallel::finish_backward() {
 }
 
 void DataParallel::broadcast_parameters() {
-  if (dp_.size() <= 1) return;
+  if (dp_ == nullptr || dp_->size() <= 1) return;
   OpLabel label;
   label.name = kBroadcastSpanName;
-  dp_.broadcast(model_.params.data(), model_.params.size(), DType::F32, 0, label).wait();
+  dp_->broadcast(params_, n_params_, DType::F32, 0, label).wait();
+  dp_->synchronize();  // a device communicator: the broadcast is complete, not only queued
 }
 
 }  // namespace orrery::runtime

@@ -22,4 +22,11 @@ RankGroups split_rank_groups(Communicator& world, const Layout& L) {
   return g;
 }
 
+DeviceGroups host_device_groups(const RankGroups& groups) {
+  auto many = [](const std::unique_ptr<Communicator>& c) {
+    return c && c->size() > 1 ? c.get() : nullptr;
+  };
+  return DeviceGroups{many(groups.dp), many(groups.tp), many(groups.pp), many(groups.embed)};
+}
+
 }  // namespace orrery::runtime

@@ -259,13 +259,8 @@ std::string merge_rank_traces(Communicator& world, const std::string& out) {
   return out;
 }
 
-RankSession::RankSession(const Scenario& s, Communicator& world, const RankRunOptions& opt,
-                         bool clear_flight_dump)
-    : s_(s),
-      opt_(opt),
-      world_(world),
-      out_(agree_on_trace_path(world, s, opt.out)),
-      clear_flight_dump_(clear_flight_dump) {
+RankSession::RankSession(const Scenario& s, Communicator& world, const RankRunOptions& opt)
+    : s_(s), opt_(opt), world_(world), out_(agree_on_trace_path(world, s, opt.out)) {
   result_.rank = world.rank();
   result_.world_size = world.size();
   // Per-rank trace file, written while the run goes.
@@ -279,7 +274,6 @@ RankSession::RankSession(const Scenario& s, Communicator& world, const RankRunOp
 RankSession::~RankSession() {
   world_.set_recorder(nullptr);
   profiler::Recorder::set_current(nullptr);
-  if (clear_flight_dump_) profiler::FlightRecorder::instance().set_dump_path("");
 }
 
 void RankSession::describe(const traces::RunMeta& meta, const traces::RankInfo& rank) {
@@ -324,12 +318,15 @@ RankRunResult RankSession::finish() {
   return result_;
 }
 
-RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOptions& opt) {
-  RankSession session(s, world, opt, false);
+RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOptions& opt,
+                       const TrainerFactory& make) {
+  RankSession session(s, world, opt);
   profiler::Recorder& rec = session.recorder();
   RankRunResult& result = session.result();
 
-  Trainer trainer(s, world, &rec);
+  std::unique_ptr<RankTrainer> owned =
+      make ? make(s, world, &rec) : std::make_unique<Trainer>(s, world, &rec);
+  RankTrainer& trainer = *owned;
   const Layout& lay = trainer.layout();
   result.tokens_per_step = static_cast<int64_t>(s.training.global_batch) * s.model.seq;
   result.params =
@@ -337,11 +334,14 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
 
   if (session.profiling()) {
     traces::RunMeta meta = real_run_meta(s, lay, world.size());
-    meta.extra_json = "{\"threads\": " + std::to_string(s.runtime.threads) +
+    if (trainer.peak_flops_per_rank() > 0) meta.peak_flops_per_rank = trainer.peak_flops_per_rank();
+    meta.extra_json = "{" + trainer.meta_fields() +
                       ", \"micro_batches\": " + std::to_string(trainer.micro_batches()) +
-                      ", \"ddp_buckets\": " + std::to_string(trainer.ddp().buckets().size()) +
+                      ", \"ddp_buckets\": " + std::to_string(trainer.buckets().size()) +
                       ", \"params\": " + std::to_string(result.params) + "}";
-    session.describe(meta, real_rank_info(lay, world.rank(), meta.host, "cpu"));
+    session.describe(meta,
+                     real_rank_info(lay, world.rank(), meta.host, trainer.device_description()));
+    trainer.start_device_tracing(rec);
   }
 
   // Checkpoints: checkpoint.dir, else next to the checkpoint resumed from, else "checkpoints".
@@ -362,8 +362,10 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
   result.loop_ns = profiler::steady_now_ns() - loop_t0;
   result.checkpoint = ckpt.stats();
 
+  // Reports over the host communicators (host buffers).
   session.reduce_reports(trainer.dp_group());
-  session.end_steps();
+  trainer.finish();
+  session.end_steps([&] { trainer.stop_device_tracing(); });
   return session.finish();
 }
 
@@ -393,7 +395,7 @@ RankRunResult run_rank_on_device(const Scenario& s, Communicator& world,
                                  const RankRunOptions& opt) {
   const auto it = device_runners().find(s.runtime.device);
   if (it == device_runners().end()) return run_rank(s, world, opt);
-  return it->second.run_rank(s, world, opt);
+  return run_rank(s, world, opt, it->second.make_trainer);
 }
 
 FailedRun salvage_failed_run(const std::string& out, int nproc, int exit_status) {

@@ -1,6 +1,6 @@
 // The reference GPT on CPUs: parameter layout and initialisation, activation buffers, and the
 // forward/backward pieces (embedding, blocks, head) composed from the kernels. See model.hpp for
-// the layout, the hooks and the span names.
+// the layout, the hooks and the span names; the pieces are gpt_pieces.hpp's, over the CPU kernels.
 #include "orrery/runtime/model.hpp"
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "orrery/common/scenario.hpp"
 #include "orrery/model/flops.hpp"
 #include "orrery/runtime/buffers.hpp"
+#include "orrery/runtime/gpt_pieces.hpp"
 #include "orrery/runtime/kernels.hpp"
 #include "random.hpp"
 
@@ -89,24 +90,6 @@ BlockParams block_pointers(float* base, const std::vector<ParamTensor>& tensors,
   for (int i = 0; i < 12; ++i) ptr[i] = base + tensors[first + static_cast<std::size_t>(i)].offset;
   return BlockParams{ptr[0], ptr[1], ptr[2], ptr[3], ptr[4],  ptr[5],
                      ptr[6], ptr[7], ptr[8], ptr[9], ptr[10], ptr[11]};
-}
-
-using Span = OpSpan;  // model.hpp
-
-void tp_reduce(const Gpt& m, const GptHooks& hooks, TpPoint point, int layer, float* data,
-               std::size_t n) {
-  if (!hooks.tp_all_reduce) {
-    throw std::logic_error("gpt: tp_size > 1 but GptHooks::tp_all_reduce is not set");
-  }
-  hooks.tp_all_reduce(point, layer, data, n);
-}
-
-void check_layer(const Gpt& m, int layer) {
-  if (layer < m.shard.layer_begin || layer >= m.shard.layer_end) {
-    throw std::out_of_range("gpt: layer " + std::to_string(layer) + " is not held by this shard [" +
-                            std::to_string(m.shard.layer_begin) + ", " +
-                            std::to_string(m.shard.layer_end) + ")");
-  }
 }
 
 }  // namespace
@@ -257,194 +240,50 @@ GptGradScratch gpt_grad_scratch(const Gpt& m, int B, int T) {
   return s;
 }
 
-// ---------------------------------------------------------------- block halves
+// ---------------------------------------------------------------- pieces (gpt_pieces.hpp)
 
-void block_attention_part(const BlockDims& d, const BlockParams& p, BlockActivations& a,
-                          const float* x, int B, int T) {
-  layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, B, T, d.C);
-  matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, 3 * d.Cl);
-  attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH);
-  matmul_forward(a.attproj, a.atty, p.projw, nullptr, B, T, d.Cl, d.C);
+void CpuKernels::zero(float* p, std::size_t n) const { std::fill(p, p + n, 0.0f); }
+
+void CpuKernels::upload_tokens(int32_t* dst, const int32_t* src, std::size_t n) const {
+  std::copy(src, src + n, dst);
 }
-
-void block_attention_epilogue(const BlockDims& d, const BlockParams& p, BlockActivations& a,
-                              const float* x, int B, int T) {
-  bias_residual_forward(a.res2, x, a.attproj, p.projb, B, T, d.C);
-}
-
-void block_mlp_part(const BlockDims& d, const BlockParams& p, BlockActivations& a, int B, int T) {
-  layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, B, T, d.C);
-  matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, B, T, d.C, d.F);
-  gelu_forward(a.fch_gelu, a.fch, static_cast<std::size_t>(B) * T * d.F);
-  matmul_forward(a.fcproj, a.fch_gelu, p.fcprojw, nullptr, B, T, d.F, d.C);
-}
-
-void block_mlp_epilogue(const BlockDims& d, const BlockParams& p, BlockActivations& a, float* y,
-                        int B, int T) {
-  bias_residual_forward(y, a.res2, a.fcproj, p.fcprojb, B, T, d.C);
-}
-
-// ---------------------------------------------------------------- pieces
 
 void gpt_embed_forward(const Gpt& m, GptActivations& acts, const int32_t* inputs,
                        const GptHooks& hooks) {
-  if (!m.shard.has_embed)
-    throw std::logic_error("gpt: embedding forward on a shard without the embedding");
-  Span span(hooks.observer, names::kEmbedForward.data(), kEmbedSegment,
-            flops::embed_forward(flop_dims(m, acts.B, acts.T)));
-  std::copy(inputs, inputs + acts.inputs.size(), acts.inputs.begin());
-  encoder_forward(acts.stream, acts.inputs.data(), m.embed.wte, m.embed.wpe, acts.B, acts.T,
-                  m.dims.C);
+  pieces::embed_forward(CpuKernels{}, m, acts, inputs, hooks);
 }
 
 void gpt_block_forward(const Gpt& m, GptActivations& acts, int layer, const GptHooks& hooks) {
-  check_layer(m, layer);
-  const std::size_t idx = static_cast<std::size_t>(layer - m.shard.layer_begin);
-  const BlockDims& d = m.dims;
-  const BlockParams& p = m.blocks[idx];
-  BlockActivations& a = acts.blocks[idx];
-  const int B = acts.B, T = acts.T;
-  const std::size_t n = acts.boundary_elems;
-  const float* x = acts.stream + idx * n;
-  float* y = acts.stream + (idx + 1) * n;
-  const auto fd = flop_dims(m, B, T);
-  const bool tp = m.shard.tp_size > 1;
-
-  Span span(hooks.observer, names::kBlockForward.data(), layer,
-            flops::block_piece(fd, true, 0, tp ? 3 : 1));
-  block_attention_part(d, p, a, x, B, T);
-  if (tp) {
-    span.close();
-    tp_reduce(m, hooks, TpPoint::kAttnProjForward, layer, a.attproj, n);
-    span.reopen(hooks.observer, names::kBlockForward.data(), layer,
-                flops::block_piece(fd, true, 1, 3));
-  }
-  block_attention_epilogue(d, p, a, x, B, T);
-  block_mlp_part(d, p, a, B, T);
-  if (tp) {
-    span.close();
-    tp_reduce(m, hooks, TpPoint::kMlpProjForward, layer, a.fcproj, n);
-    span.reopen(hooks.observer, names::kBlockForward.data(), layer,
-                flops::block_piece(fd, true, 2, 3));
-  }
-  block_mlp_epilogue(d, p, a, y, B, T);
+  pieces::block_forward(CpuKernels{}, m, acts, layer, hooks);
 }
 
 float gpt_head_forward(const Gpt& m, GptActivations& acts, const int32_t* targets,
                        const GptHooks& hooks) {
-  if (!m.shard.has_head) throw std::logic_error("gpt: head forward on a shard without the head");
-  const int B = acts.B, T = acts.T, C = m.dims.C, V = m.config.vocab;
-  Span span(hooks.observer, names::kHeadForward.data(), m.config.n_layer,
-            flops::head_forward(flop_dims(m, B, T)));
-  std::copy(targets, targets + acts.targets.size(), acts.targets.begin());
-  layernorm_forward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(), m.head.lnfw,
-                    m.head.lnfb, B, T, C);
-  matmul_forward(acts.logits, acts.lnf, m.embed.wte, nullptr, B, T, C, V);
-  acts.loss = softmax_crossentropy_forward(acts.losses, acts.logits, acts.targets.data(), B, T, V);
-  return acts.loss;
+  return pieces::head_forward(CpuKernels{}, m, acts, targets, hooks);
 }
 
 void gpt_head_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, float loss_scale,
                        const GptHooks& hooks) {
-  if (!m.shard.has_head) throw std::logic_error("gpt: head backward on a shard without the head");
-  const int B = acts.B, T = acts.T, C = m.dims.C, V = m.config.vocab;
-  const std::size_t n = acts.boundary_elems;
-  {
-    Span span(hooks.observer, names::kHeadBackward.data(), m.config.n_layer,
-              flops::head_backward(flop_dims(m, B, T)));
-    softmax_crossentropy_backward(acts.logits, acts.targets.data(),
-                                  loss_scale / static_cast<float>(B * T), B, T, V);
-    matmul_backward(s.dln, m.dembed.wte, nullptr, acts.logits, acts.lnf, m.embed.wte, B, T, C, V,
-                    false);
-    std::fill(s.dres, s.dres + n, 0.0f);
-    layernorm_backward(s.dres, m.dhead.lnfw, m.dhead.lnfb, s.dln, acts.stage_output(), m.head.lnfw,
-                       acts.lnf_mean, acts.lnf_rstd, B, T, C);
-  }
-  if (hooks.on_grads_ready) hooks.on_grads_ready(m.config.n_layer);
+  pieces::head_backward(CpuKernels{}, m, acts, s, loss_scale, hooks);
 }
 
 void gpt_block_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, int layer,
                         const GptHooks& hooks) {
-  check_layer(m, layer);
-  const std::size_t idx = static_cast<std::size_t>(layer - m.shard.layer_begin);
-  const BlockDims& d = m.dims;
-  const BlockParams& p = m.blocks[idx];
-  const BlockParams& g = m.dblocks[idx];
-  const BlockActivations& a = acts.blocks[idx];
-  const int B = acts.B, T = acts.T;
-  const std::size_t BT = static_cast<std::size_t>(B) * T;
-  const std::size_t n = acts.boundary_elems;
-  const float* x = acts.stream + idx * n;
-  const auto fd = flop_dims(m, B, T);
-  const bool tp = m.shard.tp_size > 1;
-  {
-    Span span(hooks.observer, names::kBlockBackward.data(), layer,
-              flops::block_piece(fd, false, 0, tp ? 3 : 1));
-    // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + b; s.dres holds dy.
-    bias_backward(g.fcprojb, s.dres, B, T, d.C);
-    matmul_backward(s.dfch_gelu, g.fcprojw, nullptr, s.dres, a.fch_gelu, p.fcprojw, B, T, d.F, d.C,
-                    false);
-    std::fill(s.dfch, s.dfch + BT * d.F, 0.0f);
-    gelu_backward(s.dfch, a.fch, s.dfch_gelu, BT * d.F);
-    matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, p.fcw, B, T, d.C, d.F, false);
-    if (tp) {
-      span.close();
-      tp_reduce(m, hooks, TpPoint::kMlpInputBackward, layer, s.dln, n);
-      span.reopen(hooks.observer, names::kBlockBackward.data(), layer,
-                  flops::block_piece(fd, false, 1, 3));
-    }
-    layernorm_backward(s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, B, T,
-                       d.C);
-    // Attention: res2 = x + proj(attn(qkv(ln1(x)))) + b; s.dres now holds dres2.
-    bias_backward(g.projb, s.dres, B, T, d.C);
-    matmul_backward(s.datty, g.projw, nullptr, s.dres, a.atty, p.projw, B, T, d.Cl, d.C, false);
-    std::fill(s.dqkv, s.dqkv + BT * 3 * d.Cl, 0.0f);
-    attention_backward(s.dqkv, s.datt, s.datty, a.qkv, a.att, B, T, d.Cl, d.NH);
-    matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, p.qkvw, B, T, d.C, 3 * d.Cl, false);
-    if (tp) {
-      span.close();
-      tp_reduce(m, hooks, TpPoint::kAttnInputBackward, layer, s.dln, n);
-      span.reopen(hooks.observer, names::kBlockBackward.data(), layer,
-                  flops::block_piece(fd, false, 2, 3));
-    }
-    layernorm_backward(s.dres, g.ln1w, g.ln1b, s.dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd, B, T, d.C);
-  }
-  if (hooks.on_grads_ready) hooks.on_grads_ready(layer);
+  pieces::block_backward(CpuKernels{}, m, acts, s, layer, hooks);
 }
 
 void gpt_embed_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, const GptHooks& hooks) {
-  if (!m.shard.has_embed)
-    throw std::logic_error("gpt: embedding backward on a shard without the embedding");
-  {
-    Span span(hooks.observer, names::kEmbedBackward.data(), kEmbedSegment,
-              flops::embed_backward(flop_dims(m, acts.B, acts.T)));
-    encoder_backward(m.dembed.wte, m.dembed.wpe, s.dres, acts.inputs.data(), acts.B, acts.T,
-                     m.dims.C);
-  }
-  if (hooks.on_grads_ready) hooks.on_grads_ready(kEmbedSegment);
+  pieces::embed_backward(CpuKernels{}, m, acts, s, hooks);
 }
 
 float gpt_forward(const Gpt& m, GptActivations& acts, const int32_t* inputs, const int32_t* targets,
                   const GptHooks& hooks) {
-  if (m.shard.has_embed) gpt_embed_forward(m, acts, inputs, hooks);
-  for (int l = m.shard.layer_begin; l < m.shard.layer_end; ++l)
-    gpt_block_forward(m, acts, l, hooks);
-  if (m.shard.has_head) return gpt_head_forward(m, acts, targets, hooks);
-  return 0.0f;
+  return pieces::forward(CpuKernels{}, m, acts, inputs, targets, hooks);
 }
 
 void gpt_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, float loss_scale,
                   const GptHooks& hooks) {
-  if (s.B != acts.B || s.T != acts.T)
-    throw std::logic_error("gpt: scratch and activations differ in (B, T)");
-  if (m.shard.has_head) gpt_head_backward(m, acts, s, loss_scale, hooks);
-  for (int l = m.shard.layer_end - 1; l >= m.shard.layer_begin; --l)
-    gpt_block_backward(m, acts, s, l, hooks);
-  if (m.shard.has_embed) {
-    gpt_embed_backward(m, acts, s, hooks);
-  } else if (m.shard.has_head && hooks.on_grads_ready) {
-    hooks.on_grads_ready(kEmbedSegment);  // the head-only stage's copy of wte
-  }
+  pieces::backward(CpuKernels{}, m, acts, s, loss_scale, hooks);
 }
 
 flops::Dims flop_dims(const Gpt& m, int B, int T) {

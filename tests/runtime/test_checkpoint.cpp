@@ -4,15 +4,14 @@
 // and 1 read as 2) on hand-built checkpoints. The multi-rank cases run under mpirun
 // (tests/runtime/mpi/checkpoint_checks.sh).
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -26,7 +25,8 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path temp_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("orrery_ckpt_" + std::to_string(::getpid()) + "_" + name);
+  const fs::path p =
+      fs::temp_directory_path() / ("orrery_ckpt_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(p);
   fs::create_directories(p);
   return p;
@@ -70,7 +70,7 @@ RunOut run(const Scenario& s, const std::string& resume = "") {
     ck.after_step();
   }
   ck.finish();
-  out.params = t.full_parameters();
+  out.params = t.parameters();
   return out;
 }
 
@@ -109,12 +109,14 @@ TEST_P(RoundTrip, ResumedRunIsBitIdentical) {
   ASSERT_TRUE(fs::exists(root / "a" / "step-2" / "manifest.json"));
   ASSERT_TRUE(fs::exists(root / "a" / "step-4" / "manifest.json"));
 
-  const RunOut resumed = run(tiny(4, (root / "b").string(), background), (root / "a" / "step-2").string());
+  const RunOut resumed =
+      run(tiny(4, (root / "b").string(), background), (root / "a" / "step-2").string());
   ASSERT_EQ(resumed.losses.size(), 2u);
   EXPECT_EQ(resumed.losses[0], full.losses[2]);
   EXPECT_EQ(resumed.losses[1], full.losses[3]);
   ASSERT_EQ(resumed.params.size(), full.params.size());
-  EXPECT_EQ(0, std::memcmp(resumed.params.data(), full.params.data(), full.params.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(resumed.params.data(), full.params.data(),
+                           full.params.size() * sizeof(float)));
   // Both runs' step-4 checkpoints hold the same bytes.
   const CheckpointManifest a = verify_checkpoint((root / "a" / "step-4").string());
   const CheckpointManifest b = verify_checkpoint((root / "b" / "step-4").string());
@@ -172,9 +174,9 @@ TEST(Checkpoint, DamageIsDetectedAndNamed) {
 
 TEST(Checkpoint, LatestCompleteIsChosenNewerPartialSkipped) {
   const fs::path root = temp_dir("latest");
-  run(tiny(6, (root / "a").string()));  // step-2, step-4, step-6
-  fs::remove(root / "a" / "step-6" / "manifest.json");            // partial
-  flip_byte(root / "a" / "step-4" / "tp0-pp0-dp0.bin", 77);        // damaged
+  run(tiny(6, (root / "a").string()));                       // step-2, step-4, step-6
+  fs::remove(root / "a" / "step-6" / "manifest.json");       // partial
+  flip_byte(root / "a" / "step-4" / "tp0-pp0-dp0.bin", 77);  // damaged
   const ResumePoint rp = find_resume_point((root / "a").string());
   EXPECT_EQ(fs::path(rp.step_dir).filename(), "step-2");
   ASSERT_EQ(rp.skipped.size(), 2u);
@@ -214,7 +216,8 @@ TEST(Checkpoint, OtherTensorParallelSizeIsRefused) {
 
 // A hand-built checkpoint of an n-element flat array: params[i] = i, m[i] = -i, v[i] = i/2, in the
 // files and ranges given.
-CheckpointManifest build(const fs::path& dir, std::size_t n, const std::vector<std::vector<CheckpointRange>>& files) {
+CheckpointManifest build(const fs::path& dir, std::size_t n,
+                         const std::vector<std::vector<CheckpointRange>>& files) {
   fs::create_directories(dir);
   CheckpointManifest m;
   m.scenario = "hand";
@@ -235,7 +238,8 @@ CheckpointManifest build(const fs::path& dir, std::size_t n, const std::vector<s
     cf.dp = dp++;
     cf.flat_elems = n;
     cf.ranges = ranges;
-    const WrittenFile w = write_file_atomic((dir / cf.name).string(), {{data.data(), data.size() * sizeof(float)}});
+    const WrittenFile w =
+        write_file_atomic((dir / cf.name).string(), {{data.data(), data.size() * sizeof(float)}});
     cf.bytes = w.bytes;
     cf.crc32c = w.crc32c;
     m.files.push_back(cf);
@@ -273,7 +277,8 @@ TEST(Checkpoint, ReshardsZeroRangesTwoToOneAndOneToTwo) {
   expect_range(r1, 0, k);
   expect_range(r1, k, n - k);
   // 3 -> 2: files of several ranges each (ZeRO 3 segments), read as 2 shards.
-  const CheckpointManifest three = build(root / "three", n, {{{0, 100}, {500, 100}}, {{100, 400}}, {{600, 401}}});
+  const CheckpointManifest three =
+      build(root / "three", n, {{{0, 100}, {500, 100}}, {{100, 400}}, {{600, 401}}});
   CheckpointReader r3((root / "three").string(), three);
   expect_range(r3, 0, k);
   expect_range(r3, k, n - k);
@@ -281,7 +286,8 @@ TEST(Checkpoint, ReshardsZeroRangesTwoToOneAndOneToTwo) {
   const CheckpointManifest hole = build(root / "hole", n, {{{0, 500}}, {{501, 500}}});
   CheckpointReader rh((root / "hole").string(), hole);
   std::vector<float> buf(n);
-  const std::string e = error_of([&] { rh.read(0, 0, CheckpointReader::Field::Params, 0, n, buf.data()); });
+  const std::string e =
+      error_of([&] { rh.read(0, 0, CheckpointReader::Field::Params, 0, n, buf.data()); });
   EXPECT_NE(e.find("elements [0, 1001)"), std::string::npos) << e;
   EXPECT_NE(e.find("1000 of 1001 found"), std::string::npos) << e;
   fs::remove_all(root);

@@ -1,5 +1,5 @@
 // Registers the CUDA backend as the runner of runtime.device "cuda" (runtime/launch.hpp), so that
-// `orrery run` reaches run_rank_cuda without naming it: the math mode and communication backend
+// `orrery run` reaches the GPU trainer without naming it: the math mode and communication backend
 // come from the scenario (runtime.precision, parallel.comm_backend).
 #include "orrery/runtime/cuda/gpu_run.hpp"
 #include "orrery/runtime/cuda/kernels.hpp"
@@ -17,15 +17,16 @@ const int orrery_runtime_cuda_device_runner = 1;
 namespace orrery::runtime::cuda {
 namespace {
 
-RankRunResult run_rank_on_cuda(const Scenario& s, Communicator& world, const RankRunOptions& opt) {
+std::unique_ptr<RankTrainer> make_cuda_trainer(const Scenario& s, Communicator& world,
+                                               profiler::Recorder* rec) {
   CudaRunOptions copt;
   copt.math = parse_math_mode(s.runtime.precision);
   copt.comm = parse_comm_backend(s.parallel.comm_backend);
-  return run_rank_cuda(s, world, opt, copt);
+  return gpu_trainer_factory(copt)(s, world, rec);
 }
 
 struct Registrar {
-  Registrar() { register_device_runner("cuda", {check_supported_cuda, run_rank_on_cuda}); }
+  Registrar() { register_device_runner("cuda", {check_supported_cuda, make_cuda_trainer}); }
 };
 const Registrar kRegistrar;
 

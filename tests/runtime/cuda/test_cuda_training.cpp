@@ -3,7 +3,11 @@
 //  - three steps (two micro-batches each, so gradient accumulation is in play) give the CPU losses
 //    within 1e-4 relative in fp32, 2e-2 with TF32 or bf16 matrix products (fp32 master weights);
 //  - a profiled run_rank_cuda writes the CPU run's compute spans (names, layers, steps,
-//    micro-batches, FLOPs) in the CPU run's order.
+//    micro-batches, FLOPs) in the CPU run's order;
+//  - checkpoints and --resume (the training loop every backend shares): a run of 4 steps with a
+//    checkpoint every 2, resumed from step 2, gives the uninterrupted run's last two losses and
+//    final parameters bit for bit (fp32: the same kernels in the same order), and the checkpoint
+//    written on the GPU resumes on the CPU with losses within 1e-4 relative.
 // Suites are named Gpu*: they need a device and skip with the reason without one.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -16,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "orrery/runtime/checkpoint.hpp"
 #include "orrery/runtime/cuda/gpu_run.hpp"
 #include "orrery/runtime/cuda/trainer.hpp"
 #include "orrery/runtime/launch.hpp"
@@ -45,7 +50,7 @@ std::vector<float> cpu_losses(const Scenario& s, std::vector<float>* initial_par
   auto world = make_local_communicator();
   Trainer t(s, *world, nullptr);
   t.prepare();
-  if (initial_params != nullptr) *initial_params = t.full_parameters();
+  if (initial_params != nullptr) *initial_params = t.parameters();
   std::vector<float> out;
   for (int i = 0; i < s.training.steps; ++i) out.push_back(t.step().loss);
   return out;
@@ -70,9 +75,10 @@ void check_against_cpu(MathMode math, double rel_bound) {
       << "initial parameters differ from the CPU model's";
   for (int i = 0; i < s.training.steps; ++i) {
     const float l = t.step().loss;
-    const double rel = std::fabs(l - l_cpu[static_cast<size_t>(i)]) / std::fabs(l_cpu[static_cast<size_t>(i)]);
-    std::printf("  step %d %s loss gpu %.7f cpu %.7f rel %.3g (bound %.0e)\n", i, math_mode_name(math), l,
-                l_cpu[static_cast<size_t>(i)], rel, rel_bound);
+    const double rel =
+        std::fabs(l - l_cpu[static_cast<size_t>(i)]) / std::fabs(l_cpu[static_cast<size_t>(i)]);
+    std::printf("  step %d %s loss gpu %.7f cpu %.7f rel %.3g (bound %.0e)\n", i,
+                math_mode_name(math), l, l_cpu[static_cast<size_t>(i)], rel, rel_bound);
     EXPECT_LT(rel, rel_bound) << "step " << i;
     EXPECT_TRUE(std::isfinite(l));
   }
@@ -123,6 +129,98 @@ TEST(GpuTraining, ProfiledRunHasTheCpuComputeSpans) {
   ASSERT_EQ(t.ranks.size(), 1u);
   EXPECT_EQ(t.ranks[0].device.rfind("cuda:", 0), 0u) << t.ranks[0].device;
   for (const auto& sp : t.spans) EXPECT_LE(sp.start_ns, sp.end_ns);
+  std::filesystem::remove_all(dir);
+}
+
+// Checkpoints on the GPU: saved from device memory, resumed into it.
+TEST(GpuTraining, CheckpointResumeIsBitIdentical) {
+  if (device_count() == 0) GTEST_SKIP() << no_device_reason();
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("orrery-cuda-ckpt-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  Scenario g = tiny_scenario();
+  g.runtime.device = "cuda";
+  g.training.steps = 4;
+  g.checkpoint.every = 2;
+  g.checkpoint.dir = (dir / "a").string();
+  struct Out {
+    std::vector<float> losses, params;
+  };
+  auto run = [](const Scenario& s, const std::string& resume) {
+    auto world = make_local_communicator();
+    Out o;
+    if (s.runtime.device == "cuda") {
+      GpuTrainer t(s, *world, nullptr);
+      CheckpointSession ckpt(s, t, *world, nullptr, s.checkpoint.dir);
+      if (!resume.empty()) restore_trainer(t, s, resume, verify_checkpoint(resume));
+      t.prepare();
+      while (t.steps_done() < s.training.steps) {
+        o.losses.push_back(t.step().loss);
+        ckpt.after_step();
+      }
+      ckpt.finish();
+      o.params = t.parameters();
+      t.finish();
+    } else {
+      Trainer t(s, *world, nullptr);
+      if (!resume.empty()) restore_trainer(t, s, resume, verify_checkpoint(resume));
+      t.prepare();
+      while (t.steps_done() < s.training.steps) o.losses.push_back(t.step().loss);
+      o.params = t.parameters();
+    }
+    return o;
+  };
+  const Out full = run(g, "");
+  ASSERT_EQ(full.losses.size(), 4u);
+  const std::string step2 = (dir / "a" / "step-2").string();
+  ASSERT_TRUE(std::filesystem::exists(std::filesystem::path(step2) / "manifest.json"));
+  Scenario again = g;
+  again.checkpoint.dir = (dir / "b").string();
+  const Out resumed = run(again, step2);
+  ASSERT_EQ(resumed.losses.size(), 2u);
+  EXPECT_EQ(resumed.losses[0], full.losses[2]);
+  EXPECT_EQ(resumed.losses[1], full.losses[3]);
+  ASSERT_EQ(resumed.params.size(), full.params.size());
+  EXPECT_EQ(0, std::memcmp(resumed.params.data(), full.params.data(),
+                           full.params.size() * sizeof(float)));
+  // The GPU's checkpoint on the CPU: the same state, the CPU's kernels.
+  Scenario c = g;
+  c.runtime.device = "cpu";
+  c.checkpoint.every = 0;
+  const Out on_cpu = run(c, step2);
+  ASSERT_EQ(on_cpu.losses.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NEAR(on_cpu.losses[i], full.losses[2 + i], 1e-4 * std::abs(full.losses[2 + i])) << i;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// `orrery run --resume` on the GPU: run_rank_cuda continues from the checkpoint to the last step.
+TEST(GpuTraining, RunRankResumes) {
+  if (device_count() == 0) GTEST_SKIP() << no_device_reason();
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("orrery-cuda-resume-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  Scenario g = tiny_scenario();
+  g.runtime.device = "cuda";
+  g.training.steps = 4;
+  g.checkpoint.every = 2;
+  g.checkpoint.dir = (dir / "ckpt").string();
+  RankRunOptions opt;
+  opt.profile = false;
+  std::vector<float> full;
+  {
+    auto world = make_local_communicator();
+    for (const auto& r : run_rank_cuda(g, *world, opt).steps) full.push_back(r.loss);
+  }
+  ASSERT_EQ(full.size(), 4u);
+  opt.resume = (dir / "ckpt" / "step-2").string();
+  auto world = make_local_communicator();
+  const RankRunResult r = run_rank_cuda(g, *world, opt);
+  ASSERT_EQ(r.steps.size(), 2u);
+  EXPECT_EQ(r.steps[0].step, 2);
+  EXPECT_EQ(r.steps[0].loss, full[2]);
+  EXPECT_EQ(r.steps[1].loss, full[3]);
   std::filesystem::remove_all(dir);
 }
 

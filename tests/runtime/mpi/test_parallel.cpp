@@ -62,7 +62,8 @@ class ParallelEquivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ParallelEquivalence, SameLossAndParametersAsSerial) {
   const Case c = GetParam();
-  if (c.dp * c.tp * c.pp != world().size()) GTEST_SKIP() << "needs " << c.dp * c.tp * c.pp << " ranks";
+  if (c.dp * c.tp * c.pp != world().size())
+    GTEST_SKIP() << "needs " << c.dp * c.tp * c.pp << " ranks";
   const Scenario s = tiny(c);
   check_supported(s);
   Trainer par(s, world(), nullptr);
@@ -89,7 +90,7 @@ TEST_P(ParallelEquivalence, SameLossAndParametersAsSerial) {
   const Layout& L = par.layout();
   double max_diff = 0, max_ref = 0;
   const Gpt& m = par.model();
-  const std::vector<float> params = par.full_parameters();  // ZeRO 3: gathered over dp
+  const std::vector<float> params = par.parameters();  // ZeRO 3: gathered over dp
   for (const auto& t : m.tensors) {
     const std::vector<float> want = tp_slice_of_full(ser.model(), t, L.tp_rank, L.tp);
     for (size_t i = 0; i < t.count; ++i) {
@@ -129,15 +130,17 @@ TEST_P(ParallelEquivalence, SameLossAndParametersAsSerial) {
   const double k = std::ceil(psi / N);
   const Trainer::MemoryBytes mem = par.memory();
   if (c.zero == 3) {
-    const double segments = (L.pp_rank == 0 || L.pp_rank == L.pp - 1 ? 1 : 0) + (L.pp_rank == L.pp - 1 ? 1 : 0) +
-                            static_cast<double>(m.num_blocks());
+    const double segments = (L.pp_rank == 0 || L.pp_rank == L.pp - 1 ? 1 : 0) +
+                            (L.pp_rank == L.pp - 1 ? 1 : 0) + static_cast<double>(m.num_blocks());
     EXPECT_EQ(mem.gradients, mem.parameters);
     EXPECT_EQ(mem.optimizer, 2 * mem.parameters);
     EXPECT_GE(mem.parameters, 4.0 * psi / N);
     EXPECT_LT(mem.parameters - 4.0 * psi / N, 4.0 * N * segments);
     if (world().rank() == 0)
-      std::printf("  zero3 rank 0: psi %zu, N %d: params %.0f B (4psi/N %.0f), grads %.0f, optimizer %.0f\n", psi,
-                  L.dp, mem.parameters, 4.0 * psi / N, mem.gradients, mem.optimizer);
+      std::printf(
+          "  zero3 rank 0: psi %zu, N %d: params %.0f B (4psi/N %.0f), grads %.0f, optimizer "
+          "%.0f\n",
+          psi, L.dp, mem.parameters, 4.0 * psi / N, mem.gradients, mem.optimizer);
     return;
   }
   EXPECT_EQ(mem.parameters, 4 * (c.zero >= 1 ? N * k : psi));
@@ -148,15 +151,16 @@ TEST_P(ParallelEquivalence, SameLossAndParametersAsSerial) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ParallelEquivalence,
-    ::testing::Values(Case{"dp2_zero1", 2, 1, 1, 1, "gpipe"}, Case{"dp2_zero2", 2, 1, 1, 2, "gpipe"},
-                      Case{"dp2_zero3", 2, 1, 1, 3, "gpipe"}, Case{"dp2_pp2_zero3", 2, 1, 2, 3, "1f1b"},
-                      Case{"dp2_tp2_zero3", 2, 2, 1, 3, "gpipe"},
-                      Case{"tp2", 1, 2, 1, 0, "gpipe"}, Case{"pp2_gpipe", 1, 1, 2, 0, "gpipe"},
-                      Case{"pp2_1f1b", 1, 1, 2, 0, "1f1b"}, Case{"tp4", 1, 4, 1, 0, "gpipe"},
-                      Case{"pp4_1f1b", 1, 1, 4, 0, "1f1b"}, Case{"dp2_tp2", 2, 2, 1, 0, "gpipe"},
-                      Case{"tp2_pp2", 1, 2, 2, 0, "1f1b"}, Case{"dp2_pp2_zero2", 2, 1, 2, 2, "1f1b"},
-                      Case{"dp4_zero1", 4, 1, 1, 1, "gpipe"}, Case{"dp2_tp2_pp2_zero1", 2, 2, 2, 1, "1f1b"},
-                      Case{"dp2_tp2_pp2_gpipe", 2, 2, 2, 0, "gpipe"}),
+    ::testing::Values(
+        Case{"dp2_zero1", 2, 1, 1, 1, "gpipe"}, Case{"dp2_zero2", 2, 1, 1, 2, "gpipe"},
+        Case{"dp2_zero3", 2, 1, 1, 3, "gpipe"}, Case{"dp2_pp2_zero3", 2, 1, 2, 3, "1f1b"},
+        Case{"dp2_tp2_zero3", 2, 2, 1, 3, "gpipe"}, Case{"tp2", 1, 2, 1, 0, "gpipe"},
+        Case{"pp2_gpipe", 1, 1, 2, 0, "gpipe"}, Case{"pp2_1f1b", 1, 1, 2, 0, "1f1b"},
+        Case{"tp4", 1, 4, 1, 0, "gpipe"}, Case{"pp4_1f1b", 1, 1, 4, 0, "1f1b"},
+        Case{"dp2_tp2", 2, 2, 1, 0, "gpipe"}, Case{"tp2_pp2", 1, 2, 2, 0, "1f1b"},
+        Case{"dp2_pp2_zero2", 2, 1, 2, 2, "1f1b"}, Case{"dp4_zero1", 4, 1, 1, 1, "gpipe"},
+        Case{"dp2_tp2_pp2_zero1", 2, 2, 2, 1, "1f1b"},
+        Case{"dp2_tp2_pp2_gpipe", 2, 2, 2, 0, "gpipe"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -16,7 +16,7 @@
 // name, index): initialisation per tensor, the data permutation per epoch, each synthetic sequence
 // by its index), so the seed and the loader's position are the whole of it; nothing else draws.
 //
-// Resuming: every rank reads, for each stretch it needs (Trainer::state_to_load), the pieces of
+// Resuming: every rank reads, for each stretch it needs (RankTrainer::state_to_load), the pieces of
 // whichever files hold it, so the data-parallel size and the ZeRO stage may differ from the run
 // that wrote the checkpoint; tp, pp, the model and the seed must be equal. The data position is
 // kept in global sequences: call c at G sequences per call becomes call c*G/G' (data.hpp; within
@@ -32,7 +32,7 @@
 
 #include "orrery/common/scenario.hpp"
 #include "orrery/runtime/comm.hpp"
-#include "orrery/runtime/trainer.hpp"
+#include "orrery/runtime/rank_trainer.hpp"
 
 namespace orrery::profiler {
 class Recorder;
@@ -53,9 +53,9 @@ struct CheckpointFile {
   std::string name;  // relative to the checkpoint directory
   uint64_t bytes = 0;
   uint32_t crc32c = 0;
-  int tp = 0, pp = 0, dp = 0;     // the writer's coordinates
-  uint64_t flat_elems = 0;        // of its (tp, pp) shard's flat array
-  int64_t data_calls = 0;         // the writer's loader position
+  int tp = 0, pp = 0, dp = 0;           // the writer's coordinates
+  uint64_t flat_elems = 0;              // of its (tp, pp) shard's flat array
+  int64_t data_calls = 0;               // the writer's loader position
   std::vector<CheckpointRange> ranges;  // in file order; 12 * count bytes each
 };
 
@@ -99,7 +99,7 @@ WrittenFile write_file_atomic(const std::string& path, const std::vector<ConstPi
 CheckpointManifest verify_checkpoint(const std::string& step_dir);
 
 struct ResumePoint {
-  std::string step_dir;           // the checkpoint used
+  std::string step_dir;  // the checkpoint used
   CheckpointManifest manifest;
   std::vector<std::string> skipped;  // newer checkpoints passed over, each "path: why"
 };
@@ -110,7 +110,8 @@ ResumePoint find_resume_point(const std::string& dir);
 
 // Throws InputError naming the key when `s` cannot continue from `m`: a different model, tp, pp or
 // seed, a data position that does not map onto s's data-parallel size, or no steps left.
-void check_resume_compatible(const CheckpointManifest& m, const Scenario& s, const std::string& where);
+void check_resume_compatible(const CheckpointManifest& m, const Scenario& s,
+                             const std::string& where);
 
 // Reads ranges of one (tp, pp) shard's fields from the files of a verified checkpoint, whichever
 // files hold them.
@@ -128,15 +129,15 @@ class CheckpointReader {
   CheckpointManifest m_;
 };
 
-// Restores a trainer (before prepare()) from a verified checkpoint.
-void restore_trainer(Trainer& trainer, const Scenario& s, const std::string& step_dir,
+// Restores a trainer of any device (before prepare()) from a verified checkpoint.
+void restore_trainer(RankTrainer& trainer, const Scenario& s, const std::string& step_dir,
                      const CheckpointManifest& m);
 
 struct CheckpointStats {
   int saves = 0;
-  uint64_t bytes = 0;            // of every file of every checkpoint written (all ranks)
-  int64_t blocking_ns = 0;       // training loop held (this rank): snapshot, write or wait, manifest
-  int64_t write_ns = 0;          // this rank's file writes (on the thread when in background)
+  uint64_t bytes = 0;       // of every file of every checkpoint written (all ranks)
+  int64_t blocking_ns = 0;  // training loop held (this rank): snapshot, write or wait, manifest
+  int64_t write_ns = 0;     // this rank's file writes (on the thread when in background)
   std::vector<std::string> written;  // checkpoint directories completed
 };
 
@@ -149,8 +150,8 @@ struct CheckpointStats {
 class CheckpointSession {
  public:
   // Checkpoints go to `dir`/step-<k>/. Construct before prepare() (it records a stream).
-  CheckpointSession(const Scenario& s, Trainer& trainer, Communicator& world, profiler::Recorder* rec,
-                    std::string dir);
+  CheckpointSession(const Scenario& s, RankTrainer& trainer, Communicator& world,
+                    profiler::Recorder* rec, std::string dir);
   ~CheckpointSession();  // joins a pending write (no manifest: the checkpoint stays partial)
   CheckpointSession(const CheckpointSession&) = delete;
   CheckpointSession& operator=(const CheckpointSession&) = delete;
@@ -165,7 +166,7 @@ class CheckpointSession {
   void complete(Pending& p);
 
   Scenario s_;
-  Trainer& trainer_;
+  RankTrainer& trainer_;
   Communicator& world_;
   profiler::Recorder* rec_;
   std::string dir_;

@@ -45,7 +45,13 @@ std::vector<DdpBucket> make_ddp_buckets(const Gpt& model, double bucket_mb);
 
 class DataParallel {
  public:
-  // `dp` is the data-parallel group; the model must outlive this object.
+  // The buckets over a flat gradient array `grads` (and `params` of `n_params` elements, the
+  // broadcast's), in any memory the communicator `dp` takes: host arrays with a host communicator,
+  // device arrays with a device one (cuda/backend.hpp). `dp` null or of size 1: nothing is sent.
+  // `n_layer` bounds the segment ids (kEmbedSegment .. n_layer). The arrays must outlive this.
+  DataParallel(std::vector<DdpBucket> buckets, int n_layer, float* grads, float* params,
+               std::size_t n_params, Communicator* dp, const DdpOptions& opt);
+  // A CPU model's buckets (make_ddp_buckets) over its own arrays.
   DataParallel(Gpt& model, Communicator& dp, const DdpOptions& opt);
 
   const std::vector<DdpBucket>& buckets() const { return buckets_; }
@@ -57,11 +63,13 @@ class DataParallel {
   // The GptHooks::on_grads_ready callback for the current backward pass.
   void on_grads_ready(int segment);
   // Issues the buckets still due (all of them without overlap) and waits for every all-reduce of
-  // this backward pass. After it, gradients are averaged over the group (when `sync` was set).
+  // this backward pass (Handle::wait: on a device communicator the compute stream waits). After it,
+  // gradients are averaged over the group (when `sync` was set).
   void finish_backward();
 
   // Makes every replica's parameters equal to rank 0's (a broadcast; replicas initialised from the
-  // same seed are equal already, this makes it a guarantee rather than an assumption).
+  // same seed are equal already, this makes it a guarantee rather than an assumption), and waits
+  // for the communicator.
   void broadcast_parameters();
 
   // Bytes of communication buffers DDP holds beyond the gradients (0: buckets are views).
@@ -70,10 +78,12 @@ class DataParallel {
  private:
   void issue(DdpBucket& b);
 
-  Gpt& model_;
-  Communicator& dp_;
-  DdpOptions opt_;
   std::vector<DdpBucket> buckets_;
+  float* grads_;
+  float* params_;
+  std::size_t n_params_;
+  Communicator* dp_;
+  DdpOptions opt_;
   std::vector<int> bucket_of_segment_;  // index segment + 1 (the embedding is -1)
   std::vector<int> pending_;            // segments still to come, per bucket
   std::vector<Handle> handles_;

@@ -1,12 +1,12 @@
 // The communicators of one rank's dp, tp and pp groups and of the tied-embedding pair, split from
 // the world in one order on every rank (every rank must call split in the same sequence). Both
-// trainers (CPU and CUDA) take their host groups from here.
+// backends (CPU and CUDA) of the training loop take their host groups from here.
 #pragma once
 
 #include <memory>
 
 #include "orrery/runtime/comm.hpp"
-#include "orrery/runtime/trainer.hpp"
+#include "orrery/runtime/rank_trainer.hpp"
 
 namespace orrery::runtime {
 
@@ -19,5 +19,17 @@ struct RankGroups {
 };
 
 RankGroups split_rank_groups(Communicator& world, const Layout& layout);
+
+// The communicators a backend moves its buffers over, one per host group of more than one rank
+// (null for a group of one, and for the embedding pair unless this rank is its first or last
+// stage): on CPUs the host groups themselves, on a device its own (training_loop.hpp).
+struct DeviceGroups {
+  Communicator* dp = nullptr;
+  Communicator* tp = nullptr;
+  Communicator* pp = nullptr;
+  Communicator* embed = nullptr;
+};
+// The host groups of more than one rank as they are (the CPU backend's connect).
+DeviceGroups host_device_groups(const RankGroups& groups);
 
 }  // namespace orrery::runtime

@@ -83,10 +83,17 @@ struct FailedRun {
 };
 FailedRun salvage_failed_run(const std::string& out, int nproc, int exit_status);
 
-// Runs this process's rank of `s` on `world` (which must have s.world_size() ranks): trainer,
-// recorder, per-rank trace file, merge on rank 0. Call check_supported(s) and validate inputs
-// before creating `world`, so bad input fails before any MPI work.
-RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOptions& opt);
+// The trainer of one rank on a device (`rec` may be null): the CPU Trainer, cuda::GpuTrainer.
+using TrainerFactory = std::function<std::unique_ptr<RankTrainer>(
+    const Scenario& s, Communicator& world, profiler::Recorder* rec)>;
+
+// Runs this process's rank of `s` on `world` (which must have s.world_size() ranks), on any device:
+// the trainer `make` builds (the CPU Trainer when empty), the recorder, the per-rank trace file
+// with the run's metadata, the device's kernel tracing, checkpoints (checkpoint.*) and --resume,
+// faults.*, the steps, the reports and the merge on rank 0. Call the device's check_supported(s)
+// and validate inputs before creating `world`, so bad input fails before any MPI work.
+RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOptions& opt,
+                       const TrainerFactory& make = {});
 
 // --- the run of a scenario on its device (runtime.device). The CPU runtime runs "cpu"; a device
 // backend built into this program registers its own (runtime/cuda registers "cuda"), so callers
@@ -94,8 +101,8 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
 struct DeviceRunner {
   // Refuses (InputError) what the backend cannot run, a missing device included.
   std::function<void(const Scenario&)> check_supported;
-  // The backend's run_rank.
-  std::function<RankRunResult(const Scenario&, Communicator&, const RankRunOptions&)> run_rank;
+  // The backend's trainer (run_rank runs it).
+  TrainerFactory make_trainer;
 };
 // At static initialisation, once per backend (runtime/cuda/src/device_runner.cpp).
 void register_device_runner(const std::string& device, DeviceRunner runner);
@@ -104,10 +111,10 @@ bool has_device_runner(const std::string& device);
 // The check of the backend registered for s.runtime.device, else the CPU runtime's
 // check_supported (which names the devices this build lacks).
 void check_supported_on_device(const Scenario& s);
-// run_rank of the backend registered for s.runtime.device, else the CPU runtime's run_rank.
+// run_rank with the trainer of the backend registered for s.runtime.device, else the CPU Trainer.
 RankRunResult run_rank_on_device(const Scenario& s, Communicator& world, const RankRunOptions& opt);
 
-// --- pieces of run_rank that a device's own run (runtime/cuda: run_rank_cuda) shares with it.
+// --- pieces of run_rank.
 // The merged trace's path: `requested`, or rank 0's default_trace_path told to every rank.
 std::string agree_on_trace_path(Communicator& world, const Scenario& s,
                                 const std::string& requested);
@@ -126,15 +133,15 @@ void reduce_step_reports(RankRunResult& result, Communicator& dp_group, Communic
 // removes them. Returns `out`.
 std::string merge_rank_traces(Communicator& world, const std::string& out);
 
-// What one rank's run holds around its trainer, on any device (run_rank, run_rank_cuda): the
+// What one rank's run holds around its trainer, on any device (run_rank): the
 // agreed trace path, this rank's trace file and the recorder (flushed every 0.5 s, so a SIGKILL
 // loses at most that; the process's current recorder; attached to `world`), and at the end the
 // step reports, the flush, the close and the merge. Destroyed early (an exception), it detaches
-// the recorder; with `clear_flight_dump` also the flight recorder's dump into the trace file.
+// the recorder (the flight recorder keeps dumping into the trace file, so an abort leaves its
+// records there).
 class RankSession {
  public:
-  RankSession(const Scenario& s, Communicator& world, const RankRunOptions& opt,
-              bool clear_flight_dump);
+  RankSession(const Scenario& s, Communicator& world, const RankRunOptions& opt);
   ~RankSession();
   RankSession(const RankSession&) = delete;
   RankSession& operator=(const RankSession&) = delete;
@@ -166,7 +173,6 @@ class RankSession {
   std::string out_;
   std::unique_ptr<traces::TraceWriter> writer_;
   std::unique_ptr<profiler::Recorder> rec_;
-  bool clear_flight_dump_ = false;
   RankRunResult result_;
 };
 

@@ -297,17 +297,6 @@ void gpt_block_backward(Gpt& model, GptActivations& acts, GptGradScratch& scratc
 void gpt_embed_backward(Gpt& model, GptActivations& acts, GptGradScratch& scratch,
                         const GptHooks& hooks = {});
 
-// The block's halves, for trainers that schedule the tensor-parallel sums themselves. Forward:
-// attention_part writes attproj; attention_epilogue res2 = x + attproj + projb; mlp_part writes
-// fcproj; mlp_epilogue y = res2 + fcproj + fcprojb.
-void block_attention_part(const BlockDims& d, const BlockParams& p, BlockActivations& a,
-                          const float* x, int B, int T);
-void block_attention_epilogue(const BlockDims& d, const BlockParams& p, BlockActivations& a,
-                              const float* x, int B, int T);
-void block_mlp_part(const BlockDims& d, const BlockParams& p, BlockActivations& a, int B, int T);
-void block_mlp_epilogue(const BlockDims& d, const BlockParams& p, BlockActivations& a, float* y,
-                        int B, int T);
-
 // --- whole stage: embedding (if held), blocks, head (if held). Returns the mean loss, or 0 on a
 // stage without the head.
 float gpt_forward(const Gpt& model, GptActivations& acts, const int32_t* inputs,

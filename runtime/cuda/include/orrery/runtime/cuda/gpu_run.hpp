@@ -1,6 +1,6 @@
-// One rank's run of a scenario on a CUDA device: the GPU counterpart of runtime::run_rank
-// (launch.hpp), with the same contract (trainer, recorder, per-rank trace file, merge on rank 0)
-// and the same result. `orrery run --device cuda` (or runtime.device: cuda) reaches it through
+// One rank's run of a scenario on a CUDA device: runtime::run_rank (launch.hpp) with the GPU
+// trainer, so the same contract (recorder, per-rank trace file, checkpoints, --resume, faults.*,
+// merge on rank 0) and the same result. `orrery run --device cuda` (or runtime.device: cuda) reaches it through
 // runtime::run_rank_on_device (launch.hpp; registered in src/device_runner.cpp).
 #pragma once
 
@@ -21,6 +21,8 @@ namespace orrery::runtime::cuda {
 // peak_flops_per_rank is set for A100 (cc 8.0) and H100/H200 (cc 9.0) in the run's precision.
 RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRunOptions& opt,
                             const CudaRunOptions& copt = {});
+// run_rank's trainer for device cuda with these options.
+TrainerFactory gpu_trainer_factory(const CudaRunOptions& copt);
 
 // Dense peak FLOP/s of one device for a math mode, from its compute capability: A100 SXM (8.0)
 // 19.5/156/312 TFLOP/s for fp32/tf32/bf16, H100 SXM and H200 (9.0) 67/495/989; 0 when unknown.

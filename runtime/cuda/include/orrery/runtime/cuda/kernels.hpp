@@ -22,8 +22,10 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "orrery/runtime/cuda/device.hpp"
+#include "orrery/runtime/kernels.hpp"  // ORRERY_MODEL_KERNELS
 #include "orrery/runtime/optimizer.hpp"
 #include "orrery/runtime/tensor.hpp"
 
@@ -69,62 +71,83 @@ class Context {
 
 // Column-major GEMM C = alpha op(A) op(B) + beta C in the context's math mode (the building block
 // of the kernels below; exposed for tests). `batch` > 1: strided-batched.
-void gemm(const Context& ctx, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* A,
-          int lda, long long stride_a, const float* B, int ldb, long long stride_b, float beta, float* C, int ldc,
-          long long stride_c, int batch = 1);
+void gemm(const Context& ctx, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+          const float* A, int lda, long long stride_a, const float* B, int ldb, long long stride_b,
+          float beta, float* C, int ldc, long long stride_c, int batch = 1);
 
 // --- the ops of runtime/kernels.hpp
-void encoder_forward(const Context& ctx, float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                     int T, int C);
+void encoder_forward(const Context& ctx, float* out, const int32_t* inp, const float* wte,
+                     const float* wpe, int B, int T, int C);
 // Deterministic: no atomics. dwpe sums over b in order; for dwte the B*T positions are sorted by token
 // on the device (stable radix sort; scratch slot 2) and each token's dout rows are added to its row
 // in ascending position order. These are the CPU reference's additions in its order, so the result
 // is bit-identical from call to call and equal to runtime::encoder_backward's. The host is not
 // waited for, unless scratch slot 2 has to grow.
-void encoder_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
-                      int T, int C);
+void encoder_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout,
+                      const int32_t* inp, int B, int T, int C);
 
 void layernorm_forward(const Context& ctx, float* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int B, int T, int C);
-void layernorm_backward(const Context& ctx, float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd, int B, int T,
-                        int C);
+void layernorm_backward(const Context& ctx, float* dinp, float* dweight, float* dbias,
+                        const float* dout, const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int B, int T, int C);
 
-void matmul_forward(const Context& ctx, float* out, const float* inp, const float* weight, const float* bias, int B,
-                    int T, int C, int OC);
-void matmul_backward(const Context& ctx, float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int B, int T, int C, int OC,
-                     bool accumulate_dinp = true);
+void matmul_forward(const Context& ctx, float* out, const float* inp, const float* weight,
+                    const float* bias, int B, int T, int C, int OC);
+void matmul_backward(const Context& ctx, float* dinp, float* dweight, float* dbias,
+                     const float* dout, const float* inp, const float* weight, int B, int T, int C,
+                     int OC, bool accumulate_dinp = true);
 
-void attention_forward(const Context& ctx, float* out, float* att, const float* inp, int B, int T, int C, int NH);
-void attention_backward(const Context& ctx, float* dinp, float* datt, const float* dout, const float* inp,
-                        const float* att, int B, int T, int C, int NH);
+void attention_forward(const Context& ctx, float* out, float* att, const float* inp, int B, int T,
+                       int C, int NH);
+void attention_backward(const Context& ctx, float* dinp, float* datt, const float* dout,
+                        const float* inp, const float* att, int B, int T, int C, int NH);
 
 void gelu_forward(const Context& ctx, float* out, const float* inp, std::size_t N);
-void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout, std::size_t N);
+void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout,
+                   std::size_t N);
 
-void residual_forward(const Context& ctx, float* out, const float* inp1, const float* inp2, std::size_t N);
-void bias_residual_forward(const Context& ctx, float* out, const float* residual, const float* partial,
-                           const float* bias, int B, int T, int C);
+void residual_forward(const Context& ctx, float* out, const float* inp1, const float* inp2,
+                      std::size_t N);
+void bias_residual_forward(const Context& ctx, float* out, const float* residual,
+                           const float* partial, const float* bias, int B, int T, int C);
 void bias_backward(const Context& ctx, float* dbias, const float* dout, int B, int T, int C);
 
 // Returns the mean loss over B*T tokens (summed in double on the device); waits for ctx.stream().
-float softmax_crossentropy_forward(const Context& ctx, float* losses, float* logits, const int32_t* targets, int B,
-                                   int T, int V);
-void softmax_crossentropy_backward(const Context& ctx, float* probs, const int32_t* targets, float dloss, int B,
-                                   int T, int V);
+float softmax_crossentropy_forward(const Context& ctx, float* losses, float* logits,
+                                   const int32_t* targets, int B, int T, int V);
+void softmax_crossentropy_backward(const Context& ctx, float* probs, const int32_t* targets,
+                                   float dloss, int B, int T, int V);
 
 // AdamW on elements [offset, offset + n) of the flat arrays, the maths of runtime::adamw_update
 // (optimizer.hpp), decay ranges in absolute flat coordinates (host memory, sorted).
-void adamw_update(const Context& ctx, float* params, const float* grads, float* m, float* v, std::size_t offset,
-                  std::size_t n, std::span<const ParamRange> decay, int64_t step, const AdamWConfig& cfg);
+void adamw_update(const Context& ctx, float* params, const float* grads, float* m, float* v,
+                  std::size_t offset, std::size_t n, std::span<const ParamRange> decay,
+                  int64_t step, const AdamWConfig& cfg);
 
 // out (N) = in * scale, in place allowed (used for loss scaling and averaging).
 void scale(const Context& ctx, float* out, const float* in, float s, std::size_t N);
+
+// The kernels above as gpt_pieces.hpp's `Kernels`: each call queued on the context's stream.
+struct CudaKernels {
+  const Context* ctx = nullptr;
+#define ORRERY_CUDA_KERNEL(name)                                       \
+  template <class... A>                                                \
+  auto name(A&&... a) const {                                          \
+    return ::orrery::runtime::cuda::name(*ctx, std::forward<A>(a)...); \
+  }
+  ORRERY_MODEL_KERNELS(ORRERY_CUDA_KERNEL)
+#undef ORRERY_CUDA_KERNEL
+  void zero(float* p, std::size_t n) const;  // cudaMemsetAsync
+  // Host token ids copied into device storage on the stream (pageable source: the copy is staged
+  // before the call returns, so the host buffer may be refilled at once).
+  void upload_tokens(int32_t* dst, const int32_t* src, std::size_t n) const;
+};
 
 }  // namespace orrery::runtime::cuda
 
 #define ORRERY_CUBLAS_STR2(x) #x
 #define ORRERY_CUBLAS_STR(x) ORRERY_CUBLAS_STR2(x)
-#define ORRERY_CUBLAS_CHECK(expr) \
-  ::orrery::runtime::cuda::cublas_check((expr), #expr " at " __FILE__ ":" ORRERY_CUBLAS_STR(__LINE__))
+#define ORRERY_CUBLAS_CHECK(expr)               \
+  ::orrery::runtime::cuda::cublas_check((expr), \
+                                        #expr " at " __FILE__ ":" ORRERY_CUBLAS_STR(__LINE__))

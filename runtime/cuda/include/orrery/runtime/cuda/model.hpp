@@ -57,6 +57,9 @@ struct GpuGpt {
   const FloatArray& download_params();
 };
 
+// The host layout (gpt_pieces.hpp's layout_of).
+inline const Gpt& layout_of(const GpuGpt& m) { return m.host; }
+
 // Moves `host` (any pipeline stage and tp shard gpt_create makes; possibly padded for ZeRO) onto
 // the current device, parameters copied. With device_storage false nothing is allocated on the
 // device and every device pointer is null (ZeRO 3: GpuZero3Storage, cuda/zero3.hpp, uploads the

@@ -1,0 +1,254 @@
+// The reference GPT's forward and backward pieces, written once over a backend's kernels: the CPU
+// model (model.hpp: gpt_embed_forward ... gpt_backward) and the CUDA model (cuda/model.hpp:
+// gpu_embed_forward ... gpu_backward) are these templates with their own `Kernels`.
+//
+// `Kernels` (CpuKernels below, cuda::CudaKernels in cuda/backend.hpp) has every kernel of
+// kernels.hpp under the same name and argument list, plus
+//   zero(float* p, size_t n)                         p[0, n) = 0
+//   upload_tokens(int32_t* dst, const int32_t* src, size_t n)
+//                                                    host token ids into the activations' storage
+// Each call is issued in program order on the backend's one compute stream; the CPU runs it there
+// and then, the CUDA kernels queue it (softmax_crossentropy_forward waits: it returns the loss).
+//
+// `Model` is runtime::Gpt or cuda::GpuGpt: layout_of(m) (found by argument-dependent lookup) is the
+// host layout (config, shard, dims, tensors); m.embed, m.blocks, m.head and their gradients
+// m.dembed, m.dblocks, m.dhead are pointers in the backend's memory.
+//
+// Layout, hooks, spans and FLOPs: model.hpp. With tp > 1 a block's span is three pieces around the
+// tensor-parallel sums (model/block.hpp's cut points), so no collective sits inside a compute span.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "orrery/model/flops.hpp"
+#include "orrery/model/names.hpp"
+#include "orrery/runtime/kernels.hpp"
+#include "orrery/runtime/model.hpp"
+
+namespace orrery::runtime {
+
+inline const Gpt& layout_of(const Gpt& m) { return m; }
+
+// The CPU kernels (kernels.hpp) as a `Kernels`.
+struct CpuKernels {
+#define ORRERY_CPU_KERNEL(name)                            \
+  template <class... A>                                    \
+  auto name(A&&... a) const {                              \
+    return ::orrery::runtime::name(std::forward<A>(a)...); \
+  }
+  ORRERY_MODEL_KERNELS(ORRERY_CPU_KERNEL)
+#undef ORRERY_CPU_KERNEL
+  void zero(float* p, std::size_t n) const;
+  void upload_tokens(int32_t* dst, const int32_t* src, std::size_t n) const;
+};
+
+namespace pieces {
+
+template <class Model>
+std::size_t block_index(const Model& m, int layer) {
+  const GptShard& sh = layout_of(m).shard;
+  if (layer < sh.layer_begin || layer >= sh.layer_end) {
+    throw std::out_of_range("gpt: layer " + std::to_string(layer) + " is not held by this shard [" +
+                            std::to_string(sh.layer_begin) + ", " + std::to_string(sh.layer_end) +
+                            ")");
+  }
+  return static_cast<std::size_t>(layer - sh.layer_begin);
+}
+
+inline void tp_reduce(const GptHooks& hooks, TpPoint point, int layer, float* data, std::size_t n) {
+  if (!hooks.tp_all_reduce) {
+    throw std::logic_error("gpt: tp_size > 1 but GptHooks::tp_all_reduce is not set");
+  }
+  hooks.tp_all_reduce(point, layer, data, n);
+}
+
+// stream[0] = wte[inputs] + wpe.
+template <class Kernels, class Model, class Acts>
+void embed_forward(const Kernels& k, const Model& m, Acts& acts, const int32_t* inputs,
+                   const GptHooks& hooks) {
+  const Gpt& g = layout_of(m);
+  if (!g.shard.has_embed)
+    throw std::logic_error("gpt: embedding forward on a shard without the embedding");
+  OpSpan span(hooks.observer, names::kEmbedForward.data(), kEmbedSegment,
+              flops::embed_forward(flop_dims(g, acts.B, acts.T)));
+  k.upload_tokens(acts.inputs.data(), inputs, acts.inputs.size());
+  k.encoder_forward(acts.stream, acts.inputs.data(), m.embed.wte, m.embed.wpe, acts.B, acts.T,
+                    g.dims.C);
+}
+
+// stream[l-lb+1] = block_l(stream[l-lb]).
+template <class Kernels, class Model, class Acts>
+void block_forward(const Kernels& k, const Model& m, Acts& acts, int layer, const GptHooks& hooks) {
+  const Gpt& g = layout_of(m);
+  const std::size_t idx = block_index(m, layer);
+  const BlockDims& d = g.dims;
+  const BlockParams& p = m.blocks[idx];
+  BlockActivations& a = acts.blocks[idx];
+  const int B = acts.B, T = acts.T;
+  const std::size_t n = acts.boundary_elems;
+  const float* x = acts.stream + idx * n;
+  float* y = acts.stream + (idx + 1) * n;
+  const auto fd = flop_dims(g, B, T);
+  const bool tp = g.shard.tp_size > 1;
+  const char* name = names::kBlockForward.data();
+
+  OpSpan span(hooks.observer, name, layer, flops::block_piece(fd, true, 0, tp ? 3 : 1));
+  // Attention: res2 = x + proj(attn(qkv(ln1(x)))) + projb.
+  k.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, B, T, d.C);
+  k.matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, 3 * d.Cl);
+  k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH);
+  k.matmul_forward(a.attproj, a.atty, p.projw, nullptr, B, T, d.Cl, d.C);
+  if (tp) {
+    span.close();
+    tp_reduce(hooks, TpPoint::kAttnProjForward, layer, a.attproj, n);
+    span.reopen(hooks.observer, name, layer, flops::block_piece(fd, true, 1, 3));
+  }
+  k.bias_residual_forward(a.res2, x, a.attproj, p.projb, B, T, d.C);
+  // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + fcprojb.
+  k.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, B, T, d.C);
+  k.matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, B, T, d.C, d.F);
+  k.gelu_forward(a.fch_gelu, a.fch, static_cast<std::size_t>(B) * T * d.F);
+  k.matmul_forward(a.fcproj, a.fch_gelu, p.fcprojw, nullptr, B, T, d.F, d.C);
+  if (tp) {
+    span.close();
+    tp_reduce(hooks, TpPoint::kMlpProjForward, layer, a.fcproj, n);
+    span.reopen(hooks.observer, name, layer, flops::block_piece(fd, true, 2, 3));
+  }
+  k.bias_residual_forward(y, a.res2, a.fcproj, p.fcprojb, B, T, d.C);
+}
+
+// Final LayerNorm, tied LM head, softmax cross-entropy; returns and stores the mean loss.
+template <class Kernels, class Model, class Acts>
+float head_forward(const Kernels& k, const Model& m, Acts& acts, const int32_t* targets,
+                   const GptHooks& hooks) {
+  const Gpt& g = layout_of(m);
+  if (!g.shard.has_head) throw std::logic_error("gpt: head forward on a shard without the head");
+  const int B = acts.B, T = acts.T, C = g.dims.C, V = g.config.vocab;
+  OpSpan span(hooks.observer, names::kHeadForward.data(), g.config.n_layer,
+              flops::head_forward(flop_dims(g, B, T)));
+  k.upload_tokens(acts.targets.data(), targets, acts.targets.size());
+  k.layernorm_forward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(), m.head.lnfw,
+                      m.head.lnfb, B, T, C);
+  k.matmul_forward(acts.logits, acts.lnf, m.embed.wte, nullptr, B, T, C, V);
+  acts.loss =
+      k.softmax_crossentropy_forward(acts.losses, acts.logits, acts.targets.data(), B, T, V);
+  return acts.loss;
+}
+
+template <class Kernels, class Model, class Acts, class Scratch>
+void head_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, float loss_scale,
+                   const GptHooks& hooks) {
+  const Gpt& g = layout_of(m);
+  if (!g.shard.has_head) throw std::logic_error("gpt: head backward on a shard without the head");
+  const int B = acts.B, T = acts.T, C = g.dims.C, V = g.config.vocab;
+  {
+    OpSpan span(hooks.observer, names::kHeadBackward.data(), g.config.n_layer,
+                flops::head_backward(flop_dims(g, B, T)));
+    k.softmax_crossentropy_backward(acts.logits, acts.targets.data(),
+                                    loss_scale / static_cast<float>(B * T), B, T, V);
+    k.matmul_backward(s.dln, m.dembed.wte, nullptr, acts.logits, acts.lnf, m.embed.wte, B, T, C, V,
+                      false);
+    k.zero(s.dres, acts.boundary_elems);
+    k.layernorm_backward(s.dres, m.dhead.lnfw, m.dhead.lnfb, s.dln, acts.stage_output(),
+                         m.head.lnfw, acts.lnf_mean, acts.lnf_rstd, B, T, C);
+  }
+  if (hooks.on_grads_ready) hooks.on_grads_ready(g.config.n_layer);
+}
+
+template <class Kernels, class Model, class Acts, class Scratch>
+void block_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, int layer,
+                    const GptHooks& hooks) {
+  const Gpt& gl = layout_of(m);
+  const std::size_t idx = block_index(m, layer);
+  const BlockDims& d = gl.dims;
+  const BlockParams& p = m.blocks[idx];
+  const BlockParams& g = m.dblocks[idx];
+  const BlockActivations& a = acts.blocks[idx];
+  const int B = acts.B, T = acts.T;
+  const std::size_t BT = static_cast<std::size_t>(B) * T;
+  const std::size_t n = acts.boundary_elems;
+  const float* x = acts.stream + idx * n;
+  const auto fd = flop_dims(gl, B, T);
+  const bool tp = gl.shard.tp_size > 1;
+  const char* name = names::kBlockBackward.data();
+  {
+    OpSpan span(hooks.observer, name, layer, flops::block_piece(fd, false, 0, tp ? 3 : 1));
+    // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + b; s.dres holds dy.
+    k.bias_backward(g.fcprojb, s.dres, B, T, d.C);
+    k.matmul_backward(s.dfch_gelu, g.fcprojw, nullptr, s.dres, a.fch_gelu, p.fcprojw, B, T, d.F,
+                      d.C, false);
+    k.zero(s.dfch, BT * d.F);
+    k.gelu_backward(s.dfch, a.fch, s.dfch_gelu, BT * d.F);
+    k.matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, p.fcw, B, T, d.C, d.F, false);
+    if (tp) {
+      span.close();
+      tp_reduce(hooks, TpPoint::kMlpInputBackward, layer, s.dln, n);
+      span.reopen(hooks.observer, name, layer, flops::block_piece(fd, false, 1, 3));
+    }
+    k.layernorm_backward(s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, B,
+                         T, d.C);
+    // Attention: res2 = x + proj(attn(qkv(ln1(x)))) + b; s.dres now holds dres2.
+    k.bias_backward(g.projb, s.dres, B, T, d.C);
+    k.matmul_backward(s.datty, g.projw, nullptr, s.dres, a.atty, p.projw, B, T, d.Cl, d.C, false);
+    k.zero(s.dqkv, BT * 3 * d.Cl);
+    k.attention_backward(s.dqkv, s.datt, s.datty, a.qkv, a.att, B, T, d.Cl, d.NH);
+    k.matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, p.qkvw, B, T, d.C, 3 * d.Cl, false);
+    if (tp) {
+      span.close();
+      tp_reduce(hooks, TpPoint::kAttnInputBackward, layer, s.dln, n);
+      span.reopen(hooks.observer, name, layer, flops::block_piece(fd, false, 2, 3));
+    }
+    k.layernorm_backward(s.dres, g.ln1w, g.ln1b, s.dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd, B, T,
+                         d.C);
+  }
+  if (hooks.on_grads_ready) hooks.on_grads_ready(layer);
+}
+
+template <class Kernels, class Model, class Acts, class Scratch>
+void embed_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, const GptHooks& hooks) {
+  const Gpt& g = layout_of(m);
+  if (!g.shard.has_embed)
+    throw std::logic_error("gpt: embedding backward on a shard without the embedding");
+  {
+    OpSpan span(hooks.observer, names::kEmbedBackward.data(), kEmbedSegment,
+                flops::embed_backward(flop_dims(g, acts.B, acts.T)));
+    k.encoder_backward(m.dembed.wte, m.dembed.wpe, s.dres, acts.inputs.data(), acts.B, acts.T,
+                       g.dims.C);
+  }
+  if (hooks.on_grads_ready) hooks.on_grads_ready(kEmbedSegment);
+}
+
+// Whole stage: embedding (if held), blocks, head (if held); the mean loss, or 0 without the head.
+template <class Kernels, class Model, class Acts>
+float forward(const Kernels& k, const Model& m, Acts& acts, const int32_t* inputs,
+              const int32_t* targets, const GptHooks& hooks) {
+  const GptShard& sh = layout_of(m).shard;
+  if (sh.has_embed) embed_forward(k, m, acts, inputs, hooks);
+  for (int l = sh.layer_begin; l < sh.layer_end; ++l) block_forward(k, m, acts, l, hooks);
+  if (sh.has_head) return head_forward(k, m, acts, targets, hooks);
+  return 0.0f;
+}
+
+// Head (if held; otherwise scratch.dres holds the output gradient), blocks in reverse, embedding (if
+// held). A head-only stage that holds wte fires on_grads_ready(kEmbedSegment) last.
+template <class Kernels, class Model, class Acts, class Scratch>
+void backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, float loss_scale,
+              const GptHooks& hooks) {
+  if (s.B != acts.B || s.T != acts.T)
+    throw std::logic_error("gpt: scratch and activations differ in (B, T)");
+  const GptShard& sh = layout_of(m).shard;
+  if (sh.has_head) head_backward(k, m, acts, s, loss_scale, hooks);
+  for (int l = sh.layer_end - 1; l >= sh.layer_begin; --l) block_backward(k, m, acts, s, l, hooks);
+  if (sh.has_embed) {
+    embed_backward(k, m, acts, s, hooks);
+  } else if (sh.has_head && hooks.on_grads_ready) {
+    hooks.on_grads_ready(kEmbedSegment);  // the head-only stage's copy of wte
+  }
+}
+
+}  // namespace pieces
+}  // namespace orrery::runtime

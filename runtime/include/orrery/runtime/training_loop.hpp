@@ -1,0 +1,214 @@
+// The training loop of one rank, written once for every backend: data, forward, backward with
+// DDP's overlapped gradient all-reduce or ZeRO 1/2/3, tensor and pipeline parallelism, AdamW,
+// every piece recorded as spans and memory as counters, checkpoint state and resume.
+// TrainingLoop<CpuBackend> is the CPU Trainer (trainer.hpp), TrainingLoop<cuda::CudaBackend> the
+// GpuTrainer (cuda/trainer.hpp); the definitions are in training_loop_impl.hpp, instantiated by
+// each backend's trainer.cpp.
+//
+// What one step records (the simulator reproduces these names in this order; M = micro-batches per
+// step = global_batch / (dp * micro_batch), L = model.layers, K = DDP buckets):
+//
+//   compute stream (0)                                   comm stream (1)
+//   Phase "step"                       step s
+//     Compute "zero_grad"                (the gradients, and ZeRO's shard accumulators, set to 0)
+//     for mb in 0..M-1:
+//       Data "data"                    mb                (the loader filling the micro-batch; a
+//                                                         host span on every device)
+//       Phase "forward"                mb
+//         Compute "fwd.embed"  layer -1
+//         Compute "fwd.block"  layer 0 .. L-1
+//         Compute "fwd.head"   layer L
+//       Phase "backward"               mb
+//         Compute "bwd.head"   layer L
+//         Compute "bwd.block"  layer L-1 .. 0             Collective "ddp.all_reduce" bucket 0..K-1
+//         Compute "bwd.embed"  layer -1                     (mb = M-1 only, when dp > 1; layer = the
+//                                                            bucket's lowest layer; issued as each
+//                                                            bucket's last segment is done, or all
+//                                                            after "bwd.embed" with overlap off)
+//         (the backward phase ends when the last all-reduce is complete)
+//     Phase "optimizer"
+//       Optimizer "adamw"
+//
+// Compute spans carry the model FLOPs of model/flops.hpp, step, micro-batch and layer. Before step 0 the
+// comm stream holds "ddp.broadcast_parameters" (broadcast) and "barrier". Counters, sampled at
+// the end of every step (bytes): mem.parameters, mem.gradients, mem.optimizer (AdamW moments),
+// mem.activations (the saved activations of every micro-batch in flight plus the backward scratch
+// and a device's kernel scratch), mem.comm_buffers (pipeline gradient send buffers, ZeRO's
+// reduce-scatter output; under ZeRO 2 also the full-size array the model writes one backward's
+// gradients into before they are scattered).
+//
+// How a span is timed is the backend's (steady clock on CPUs, CUDA events on the compute stream);
+// communication goes over the backend's device communicators of the host groups (the host groups
+// themselves on CPUs; NCCL or host-staged MPI on GPUs), whose Handle::wait orders the compute stream
+// after the operation.
+//
+// Parallel strategies (names from model/include/orrery/model/names.hpp, as the simulator's):
+//  - tp > 1 (tensor_parallel.hpp): each block's three compute pieces are separated by the model's
+//    tp sums, Collective "tp.all_reduce" on the tp group (layer l; two in forward, two in backward).
+//  - pp > 1 (pipeline.hpp): passes in pipeline_order(schedule) instead of forward-then-backward per
+//    micro-batch; a stage without the embedding receives "pp.recv_act" before its forward, one
+//    without the head sends "pp.send_act" after it; backward "pp.recv_grad" / "pp.send_grad" (P2P,
+//    layer -1; the gradient sent from a per-slot buffer, so the next backward may reuse the
+//    scratch). Only the first and last stages load data. After the step's gradient reduction the
+//    first and last stage sum the tied wte gradient: "pp.embed_all_reduce" (Collective, Sum, on the
+//    embedding group; under ZeRO it comes before each reduce-scatter instead). At the end of the
+//    step the last stage broadcasts the step's loss over the host pp group ("pp.loss", 4 bytes) so
+//    every rank reports it.
+//  - zero 1/2 (zero.hpp): "zero.reduce_scatter" instead of "ddp.all_reduce" (one per step for
+//    zero 1, one per micro-batch for zero 2, after the backward pass), AdamW on the owned shard,
+//    then "zero.all_gather" of the parameters (Phase "optimizer").
+//  - zero 3 (zero.hpp, the backend's Zero3 storage): "zero.fetch_layer" all-gathers (a block before
+//    its forward and before its backward, the next one prefetched; the embedding and final
+//    LayerNorm once per step), "zero.reduce_scatter" per segment as its backward completes, every
+//    micro-batch; AdamW per segment shard; no parameter broadcast (every rank makes the same model
+//    from the seed and keeps its shard) and no all-gather after the optimizer.
+//
+// A Backend B (CpuBackend in cpu_backend.hpp, cuda::CudaBackend in cuda/backend.hpp) provides:
+//   types    Options, Array (float storage: resize, size, size_bytes, data; constructible from a
+//            count), Model, Activations, Scratch, Zero3 (a BasicZero3Storage<Array>);
+//            kHostMemory (whether Array is host memory: checkpoint state needs no staging)
+//   setup    static check_supported(s); B(s, rec, options); connect(host groups, layout) -> the
+//            device communicators; make_model(host Gpt, device storage?); make_zero3(model, r, n);
+//            activations(model, B, T); scratch(model, B, T)
+//   ops      kernels() (gpt_pieces.hpp's Kernels); zero, add (acc += in), copy, adamw
+//            (optimizer.hpp's maths), download / upload (host <-> Array memory, synchronous),
+//            synchronize (every queued operation done), scratch_bytes()
+//   spans    begin_step() / end_step() around a step (end_step: everything the step queued is done
+//            and its spans are in the recorder); open(proto, annotation) -> handle, close(handle)
+//   the run  finish(); drain() (finish's waits, never throwing: the destructor's); device_description(); peak_flops_per_rank(); meta_fields();
+//            start_device_tracing(rec) / stop_device_tracing()
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "orrery/common/scenario.hpp"
+#include "orrery/runtime/comm.hpp"
+#include "orrery/runtime/data.hpp"
+#include "orrery/runtime/ddp.hpp"
+#include "orrery/runtime/groups.hpp"
+#include "orrery/runtime/model.hpp"
+#include "orrery/runtime/optimizer.hpp"
+#include "orrery/runtime/rank_trainer.hpp"
+#include "orrery/runtime/zero.hpp"
+
+namespace orrery::runtime {
+
+template <class B>
+class TrainingLoop : public RankTrainer {
+ public:
+  using Backend = B;
+  using Array = typename B::Array;
+  using Model = typename B::Model;
+
+  // `world` must have exactly s.world_size() ranks. `rec` may be nullptr (no profiling). Throws
+  // InputError for what the backend cannot run (B::check_supported) or a batch that does not split.
+  TrainingLoop(const Scenario& s, Communicator& world, profiler::Recorder* rec,
+               const typename B::Options& opt = {});
+  ~TrainingLoop() override;
+  TrainingLoop(const TrainingLoop&) = delete;
+  TrainingLoop& operator=(const TrainingLoop&) = delete;
+
+  void prepare() override;
+  StepResult step() override;
+  void finish() override;
+  int32_t steps_done() const override { return step_; }
+
+  const Layout& layout() const override { return layout_; }
+  int micro_batches() const override { return micro_batches_; }
+  Communicator& dp_group() override { return *groups_.dp; }
+  Communicator& tp_group() { return *groups_.tp; }
+  Communicator& pp_group() { return *groups_.pp; }
+  const std::vector<DdpBucket>& buckets() const override { return ddp_->buckets(); }
+  std::size_t flat_elems() const override;
+  MemoryBytes memory() const override;
+  std::vector<float> parameters() override;
+
+  std::vector<StateRange> state_to_save() override;
+  std::vector<StateRange> state_to_load() override;
+  void commit_loaded_state() override;
+  int64_t adamw_steps() const override { return adam_steps_; }
+  const DataLoader& loader() const override { return *loader_; }
+  void restore_counters(int32_t steps_done, int64_t adamw_steps, int64_t data_calls) override;
+
+  std::string device_description() const override { return backend_.device_description(); }
+  double peak_flops_per_rank() const override { return backend_.peak_flops_per_rank(); }
+  std::string meta_fields() const override { return backend_.meta_fields(); }
+  void start_device_tracing(profiler::Recorder& rec) override {
+    backend_.start_device_tracing(rec);
+  }
+  void stop_device_tracing() override { backend_.stop_device_tracing(); }
+
+  B& backend() { return backend_; }
+  const B& backend() const { return backend_; }
+  Model& model() { return *model_; }
+  // The ZeRO partition of this rank's flat array over dp (ranks 1 without ZeRO).
+  const ZeroPartition& zero() const { return zero_; }
+  // ZeRO 3's storage (null unless parallel.zero = 3).
+  typename B::Zero3* zero3() { return z3_.get(); }
+  DataParallel& ddp() { return *ddp_; }
+  const TokenSource& source() const { return *source_; }
+
+ private:
+  class Observer;
+  struct Staged;
+  bool zero12() const { return !z3_ && zero_.ranks > 1; }
+  void record_memory();
+  int open(traces::SpanKind kind, const char* name, int32_t micro_batch);
+  void close(int handle) { backend_.close(handle); }
+  std::size_t begin_pass(int mb);
+  void forward_pass(int mb, const GptHooks& hooks, double& loss_sum);
+  void backward_pass(int mb, const GptHooks& hooks, float loss_scale);
+  void run_passes(const GptHooks& hooks, double& loss_sum);
+  void optimizer_phase();
+  void reduce_gradients_zero(int mb);
+  void embed_all_reduce();
+  float* stage(float* data, std::size_t n, bool upload);
+  // ZeRO 3
+  void z3_gather(int segment, int slot, int mb);
+  void z3_gather_step_segments();
+  void z3_bind_block(int layer, int next_layer, int mb);
+  void z3_reduce_scatter(int segment, int slot, int mb);
+  float z3_forward(typename B::Activations& acts, int mb, const GptHooks& hooks);
+  void z3_backward(typename B::Activations& acts, int mb, const GptHooks& hooks, float loss_scale);
+  void z3_finish_backward(int mb);
+
+  Scenario s_;
+  Communicator& world_;
+  profiler::Recorder* rec_;
+  Layout layout_;
+  int micro_batches_ = 1;
+  RankGroups groups_;  // host; outlive the backend's device communicators over them
+  // Declared before everything that holds its memory or queues work on it: destroyed last.
+  B backend_;
+  DeviceGroups dev_;  // the backend's communicators of the groups (null: a group of one)
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<DataParallel> ddp_;
+  std::unique_ptr<TokenSource> source_;
+  std::unique_ptr<DataLoader> loader_;
+  std::vector<std::unique_ptr<typename B::Activations>> acts_;  // one per micro-batch in flight
+  std::vector<Array> grad_send_;  // pipeline: the gradient sent back, one per slot
+  std::vector<Handle> act_send_h_, grad_send_h_;
+  std::unique_ptr<typename B::Scratch> scratch_;
+  ZeroPartition zero_;
+  Array zero_grads_;  // (k) ZeRO 1/2: the owned shard of the averaged gradients
+  Array zero_recv_;   // (k) ZeRO 2: one micro-batch's scattered shard
+  std::unique_ptr<typename B::Zero3> z3_;
+  Array z3_recv_;                              // ZeRO 3: one micro-batch's scattered shards
+  Handle z3_gather_h_[4], z3_rs_h_[4];         // by working buffer (zero3_slot)
+  int z3_gathered_[4] = {-99, -99, -99, -99};  // the segment each parameter buffer holds
+  Array adam_m_, adam_v_;  // AdamW moments of the range this rank updates (shard layout)
+  std::size_t opt_offset_ = 0, opt_count_ = 0;  // that range in the flat array (not ZeRO 3)
+  std::vector<ParamRange> decay_;
+  AdamWConfig adamw_;
+  int64_t adam_steps_ = 0;
+  std::vector<Staged> staged_;  // checkpoint state copied to the host (device backends)
+  std::unique_ptr<Observer> observer_;
+  Batch batch_;
+  int32_t step_ = 0;
+  int32_t cur_mb_ = -1;  // the micro-batch in flight (tp.all_reduce labels)
+};
+
+}  // namespace orrery::runtime

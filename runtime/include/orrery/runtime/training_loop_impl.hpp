@@ -1,0 +1,685 @@
+// TrainingLoop's definitions (training_loop.hpp), included only by a backend's trainer.cpp, which
+// instantiates them once: `template class TrainingLoop<ItsBackend>;`.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "orrery/common/error.hpp"
+#include "orrery/model/names.hpp"
+#include "orrery/profiler/recorder.hpp"
+#include "orrery/runtime/gpt_pieces.hpp"
+#include "orrery/runtime/pipeline.hpp"
+#include "orrery/runtime/tensor_parallel.hpp"
+#include "orrery/runtime/training_loop.hpp"
+
+namespace orrery::runtime {
+
+namespace loop_detail {
+
+inline AdamWConfig adamw_config(const TrainingConfig& t) {
+  AdamWConfig c;
+  c.lr = static_cast<float>(t.lr);
+  c.beta1 = static_cast<float>(t.beta1);
+  c.beta2 = static_cast<float>(t.beta2);
+  c.eps = static_cast<float>(t.eps);
+  c.weight_decay = static_cast<float>(t.weight_decay);
+  return c;
+}
+
+inline std::string origin_of(const Scenario& s) {
+  return s.path.empty() ? std::string("scenario") : s.path;
+}
+
+// The world's size and the batch split, checked before any group is made.
+inline Layout checked_layout(const Scenario& s, const Communicator& world) {
+  if (world.size() != s.world_size()) {
+    throw InputError(origin_of(s) + ": parallel.dp * tp * pp = " + std::to_string(s.world_size()) +
+                     " but " + std::to_string(world.size()) + " ranks were started");
+  }
+  const int m = s.micro_batches_per_step();
+  if (m < 1 || m * s.parallel.dp * s.training.micro_batch != s.training.global_batch) {
+    throw InputError("key 'training.global_batch': " + std::to_string(s.training.global_batch) +
+                     " is not a multiple of parallel.dp * training.micro_batch = " +
+                     std::to_string(s.parallel.dp * s.training.micro_batch));
+  }
+  return Layout::of(s, world.rank());
+}
+
+template <class B>
+const Scenario& checked(const Scenario& s) {
+  B::check_supported(s);
+  return s;
+}
+
+}  // namespace loop_detail
+
+// The model's OpObserver calls as Compute spans timed by the backend (they never nest).
+template <class B>
+class TrainingLoop<B>::Observer final : public OpObserver {
+ public:
+  Observer(profiler::Recorder* rec, B& backend) : names_(rec), backend_(backend) {}
+  void set_context(int32_t step, int32_t micro_batch) {
+    step_ = step;
+    micro_batch_ = micro_batch;
+  }
+  void begin(const char* name, int layer, double flops) override {
+    traces::Span s;
+    s.kind = traces::SpanKind::Compute;
+    s.name = names_.id(name);
+    s.layer = layer;
+    s.flops = flops;
+    s.step = step_;
+    s.micro_batch = micro_batch_;
+    open_ = backend_.open(s, name);
+  }
+  void end() override {
+    backend_.close(open_);
+    open_ = -1;
+  }
+
+ private:
+  profiler::LiteralNames names_;
+  B& backend_;
+  int open_ = -1;
+  int32_t step_ = -1;
+  int32_t micro_batch_ = -1;
+};
+
+// A stretch of checkpoint state copied to the host (backends whose memory is not the host's).
+template <class B>
+struct TrainingLoop<B>::Staged {
+  float* device = nullptr;
+  std::vector<float> host;
+  bool upload = false;  // copied back by commit_loaded_state
+};
+
+template <class B>
+TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::Recorder* rec,
+                              const typename B::Options& opt)
+    : s_(loop_detail::checked<B>(s)),
+      world_(world),
+      rec_(rec != nullptr && rec->enabled() ? rec : nullptr),
+      layout_(loop_detail::checked_layout(s_, world_)),
+      micro_batches_(s_.micro_batches_per_step()),
+      groups_(split_rank_groups(world_, layout_)),
+      backend_(s_, rec_, opt) {
+  const Layout& L = layout_;
+  dev_ = backend_.connect(groups_, L);
+
+  const GptConfig cfg = gpt_config(s_.model);
+  // The pipeline stage's layers (every layer when pp = 1), the tp slice of each block.
+  GptShard shard = L.pp > 1 ? GptShard::pipeline_stage(cfg, L.pp_rank, L.pp) : GptShard{};
+  shard.tp_rank = L.tp_rank;
+  shard.tp_size = L.tp;
+  Gpt host = gpt_create(cfg, shard, s_.training.seed);
+  std::vector<DdpBucket> buckets = make_ddp_buckets(host, s_.parallel.bucket_mb);  // unpadded
+  const std::size_t n = host.num_params();
+  decay_ = host.decay_ranges();
+  adamw_ = loop_detail::adamw_config(s_.training);
+  const bool z3 = s_.parallel.zero == 3;                       // dp >= 2 (check_supported)
+  const bool zero = !z3 && s_.parallel.zero >= 1 && L.dp > 1;  // ZeRO 1/2
+  std::size_t moments = n;
+  opt_count_ = n;
+  if (z3) {
+    zero_ = zero_partition(n, L.dp_rank, L.dp);
+    model_ = std::make_unique<Model>(backend_.make_model(std::move(host), false));
+    z3_ = backend_.make_zero3(*model_, L.dp_rank, L.dp);
+    z3_recv_.resize(z3_->shard_elems());
+    moments = z3_->shard_elems();
+    opt_count_ = 0;  // per segment shard
+  } else {
+    if (zero) {
+      zero_ = zero_partition(n, L.dp_rank, L.dp);
+      gpt_pad_storage(host, zero_.padded());
+      moments = zero_.shard;
+      opt_offset_ = zero_.begin();
+      opt_count_ = zero_.count();
+    } else {
+      zero_ = zero_partition(n, 0, 1);
+    }
+    model_ = std::make_unique<Model>(backend_.make_model(std::move(host), true));
+  }
+  DdpOptions dopt;
+  dopt.bucket_mb = s_.parallel.bucket_mb;
+  dopt.overlap = s_.parallel.overlap;
+  ddp_ =
+      std::make_unique<DataParallel>(std::move(buckets), cfg.n_layer, model_->grads.data(),
+                                     model_->params.data(), model_->params.size(), dev_.dp, dopt);
+  source_ = make_token_source(s_.data.source, s_.data.path, cfg.vocab, s_.training.seed);
+  loader_ = std::make_unique<DataLoader>(*source_, s_.model.seq, s_.training.micro_batch, L.dp_rank,
+                                         L.dp, s_.training.seed);
+  // One activation set per micro-batch in flight (index mb % size).
+  const int in_flight =
+      L.pp > 1 ? pipeline_in_flight(s_.parallel.schedule, L.pp, L.pp_rank, micro_batches_) : 1;
+  for (int i = 0; i < in_flight; ++i) {
+    acts_.push_back(std::make_unique<typename B::Activations>(
+        backend_.activations(*model_, s_.training.micro_batch, s_.model.seq)));
+  }
+  act_send_h_.resize(static_cast<std::size_t>(in_flight));
+  grad_send_h_.resize(static_cast<std::size_t>(in_flight));
+  if (L.pp > 1 && L.pp_rank > 0) {
+    for (int i = 0; i < in_flight; ++i) grad_send_.emplace_back(acts_[0]->boundary_elems);
+  }
+  scratch_ = std::make_unique<typename B::Scratch>(
+      backend_.scratch(*model_, s_.training.micro_batch, s_.model.seq));
+  adam_m_.resize(moments);
+  adam_v_.resize(moments);
+  if (zero) {
+    zero_grads_.resize(zero_.shard);
+    if (s_.parallel.zero == 2) zero_recv_.resize(zero_.shard);
+  }
+  if (rec_ != nullptr) observer_ = std::make_unique<Observer>(rec_, backend_);
+  backend_.synchronize();  // the model's upload is complete before any stream uses it
+}
+
+template <class B>
+TrainingLoop<B>::~TrainingLoop() {
+  backend_.drain();  // nothing queued still reads a buffer when the members go
+}
+
+template <class B>
+void TrainingLoop<B>::prepare() {
+  if (!z3_) ddp_->broadcast_parameters();  // ZeRO 3 shards come from the same seed on every rank
+  backend_.synchronize();
+  world_.barrier().wait();
+  record_memory();
+}
+
+template <class B>
+void TrainingLoop<B>::finish() {
+  backend_.finish();
+}
+
+template <class B>
+std::size_t TrainingLoop<B>::flat_elems() const {
+  std::size_t n = 0;
+  for (const auto& t : layout_of(*model_).tensors) n = std::max(n, t.offset + t.count);
+  return n;
+}
+
+template <class B>
+MemoryBytes TrainingLoop<B>::memory() const {
+  MemoryBytes m;
+  double acts = static_cast<double>(scratch_->memory.size_bytes()) + backend_.scratch_bytes();
+  for (const auto& a : acts_) acts += static_cast<double>(a->memory.size_bytes());
+  m.activations = acts;
+  if (z3_) {
+    const double shard = static_cast<double>(z3_->shard_elems()) * sizeof(float);
+    m.parameters = shard;
+    m.gradients = shard;
+    m.optimizer = 2 * shard;
+    m.comm_buffers = static_cast<double>(z3_->buffer_bytes() + z3_recv_.size_bytes());
+    for (const auto& g : grad_send_) m.comm_buffers += static_cast<double>(g.size_bytes());
+    return m;
+  }
+  m.parameters = static_cast<double>(model_->params.size_bytes());
+  const double full_grads = static_cast<double>(model_->grads.size_bytes());
+  m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes());
+  double comm = static_cast<double>(ddp_->comm_buffer_bytes());
+  for (const auto& g : grad_send_) comm += static_cast<double>(g.size_bytes());  // pipeline
+  if (zero12() && s_.parallel.zero == 2) {
+    // The shard is the gradient state; the full array only stages one backward before scattering.
+    m.gradients = static_cast<double>(zero_grads_.size_bytes());
+    comm += full_grads + static_cast<double>(zero_recv_.size_bytes());
+  } else {
+    m.gradients = full_grads;
+    comm += static_cast<double>(zero_grads_.size_bytes());  // ZeRO 1: the reduce-scatter output
+  }
+  m.comm_buffers = comm;
+  return m;
+}
+
+template <class B>
+void TrainingLoop<B>::record_memory() {
+  if (rec_ == nullptr) return;
+  const int64_t now = profiler::steady_now_ns();
+  const MemoryBytes m = memory();
+  rec_->counter(names::kMemParameters.data(), m.parameters, now);
+  rec_->counter(names::kMemGradients.data(), m.gradients, now);
+  rec_->counter(names::kMemOptimizer.data(), m.optimizer, now);
+  rec_->counter(names::kMemActivations.data(), m.activations, now);
+  rec_->counter(names::kMemCommBuffers.data(), m.comm_buffers, now);
+}
+
+template <class B>
+int TrainingLoop<B>::open(traces::SpanKind kind, const char* name, int32_t micro_batch) {
+  if (rec_ == nullptr) return -1;
+  traces::Span s;
+  s.kind = kind;
+  s.name = rec_->intern(name);
+  s.step = step_;
+  s.micro_batch = micro_batch;
+  return backend_.open(s, name);
+}
+
+template <class B>
+std::vector<float> TrainingLoop<B>::parameters() {
+  std::vector<float> out(flat_elems());
+  if (z3_) {
+    // Each segment gathered over the dp group into a scratch buffer, its real elements kept.
+    for (const auto& sg : z3_->segments()) {
+      Array full(sg.part.padded());
+      dev_.dp->all_gather(z3_->params() + sg.shard_offset, full.data(), sg.part.shard, DType::F32)
+          .wait();
+      backend_.synchronize();
+      backend_.download(out.data() + sg.range.offset, full.data(), sg.range.count);
+    }
+    return out;
+  }
+  backend_.synchronize();
+  backend_.download(out.data(), model_->params.data(), out.size());
+  return out;
+}
+
+// --- checkpoint state
+
+template <class B>
+float* TrainingLoop<B>::stage(float* data, std::size_t n, bool upload) {
+  if constexpr (B::kHostMemory) {
+    return data;
+  } else {
+    Staged st;
+    st.device = data;
+    st.host.resize(n);
+    st.upload = upload;
+    if (!upload) backend_.download(st.host.data(), data, n);  // saving: the current values
+    staged_.push_back(std::move(st));
+    return staged_.back().host.data();
+  }
+}
+
+template <class B>
+std::vector<StateRange> TrainingLoop<B>::state_to_save() {
+  staged_.clear();
+  backend_.synchronize();
+  std::vector<StateRange> out;
+  auto add = [&](std::size_t offset, std::size_t count, float* p, float* m, float* v, bool load) {
+    out.push_back({offset, count, p ? stage(p, count, load) : nullptr,
+                   m ? stage(m, count, load) : nullptr, v ? stage(v, count, load) : nullptr});
+  };
+  if (z3_) {
+    for (const auto& sg : z3_->segments()) {
+      if (sg.part.count() == 0) continue;
+      add(sg.range.offset + sg.part.begin(), sg.part.count(), z3_->params() + sg.shard_offset,
+          adam_m_.data() + sg.shard_offset, adam_v_.data() + sg.shard_offset, false);
+    }
+    return out;
+  }
+  if (s_.parallel.zero == 0 && layout_.dp_rank != 0) return out;  // dp rank 0 holds the same
+  if (opt_count_ > 0) {
+    add(opt_offset_, opt_count_, model_->params.data() + opt_offset_, adam_m_.data(),
+        adam_v_.data(), false);
+  }
+  return out;
+}
+
+template <class B>
+std::vector<StateRange> TrainingLoop<B>::state_to_load() {
+  if (z3_) {
+    std::vector<StateRange> out = state_to_save();
+    for (auto& st : staged_) st.upload = true;  // whatever is read goes back to the device
+    return out;
+  }
+  staged_.clear();
+  std::vector<StateRange> out;
+  const std::size_t n = flat_elems();
+  out.push_back({0, n, stage(model_->params.data(), n, true), nullptr, nullptr});
+  if (opt_count_ > 0) {
+    out.push_back({opt_offset_, opt_count_, nullptr, stage(adam_m_.data(), opt_count_, true),
+                   stage(adam_v_.data(), opt_count_, true)});
+  }
+  return out;
+}
+
+template <class B>
+void TrainingLoop<B>::commit_loaded_state() {
+  for (auto& st : staged_) {
+    if (st.upload) backend_.upload(st.device, st.host.data(), st.host.size());
+  }
+  staged_.clear();
+  backend_.synchronize();
+}
+
+template <class B>
+void TrainingLoop<B>::restore_counters(int32_t steps_done, int64_t adamw_steps,
+                                       int64_t data_calls) {
+  step_ = steps_done;
+  adam_steps_ = adamw_steps;
+  loader_->seek(data_calls);
+}
+
+// --- one step
+
+// A pass of micro-batch `mb` begins: its labels and the slot of its activations (mb % in flight).
+template <class B>
+std::size_t TrainingLoop<B>::begin_pass(int mb) {
+  cur_mb_ = mb;
+  if (rec_ != nullptr) rec_->set_step(step_, mb);
+  if (observer_) observer_->set_context(step_, mb);
+  return static_cast<std::size_t>(mb) % acts_.size();
+}
+
+// Data on the stages that hold the embedding or the head; the activation received before / sent
+// after the stage's forward (pp > 1).
+template <class B>
+void TrainingLoop<B>::forward_pass(int mb, const GptHooks& hooks, double& loss_sum) {
+  const int32_t step = step_;
+  const std::size_t slot = begin_pass(mb);
+  auto& acts = *acts_[slot];
+  // The slot's previous activation send must be done before its buffer is overwritten.
+  act_send_h_[slot].wait();
+  const GptShard& sh = layout_of(*model_).shard;
+  if (sh.has_embed || sh.has_head) {
+    traces::Span data;
+    data.kind = traces::SpanKind::Data;
+    if (rec_ != nullptr) data.name = rec_->intern(names::kDataLoad.data());
+    data.step = step;
+    data.micro_batch = mb;
+    profiler::ScopedSpan span(rec_, data);  // the host loader: a host span on every backend
+    loader_->next_batch(batch_);
+  }
+  const int fwd = open(traces::SpanKind::Phase, names::kForward.data(), mb);
+  if (!sh.has_embed) {
+    dev_.pp
+        ->recv(acts.stage_input(), acts.boundary_elems, DType::F32, layout_.pp_rank - 1,
+               OpLabel{names::kRecvActivation.data(), step, mb, -1})
+        .wait();
+  }
+  loss_sum += z3_ ? z3_forward(acts, mb, hooks)
+                  : pieces::forward(backend_.kernels(), *model_, acts, batch_.inputs.data(),
+                                    batch_.targets.data(), hooks);
+  if (!sh.has_head) {
+    act_send_h_[slot] =
+        dev_.pp->send(acts.stage_output(), acts.boundary_elems, DType::F32, layout_.pp_rank + 1,
+                      OpLabel{names::kSendActivation.data(), step, mb, -1});
+  }
+  close(fwd);
+}
+
+// The output gradient received first on a stage without the head, DDP's all-reduce during the
+// last micro-batch's backward, the input gradient sent back (from a buffer of its own: the scratch
+// is the next backward's) on a stage without the embedding, then ZeRO's reduce-scatter.
+template <class B>
+void TrainingLoop<B>::backward_pass(int mb, const GptHooks& hooks, float loss_scale) {
+  const int32_t step = step_;
+  const std::size_t slot = begin_pass(mb);
+  auto& acts = *acts_[slot];
+  const GptShard& sh = layout_of(*model_).shard;
+  const int bwd = open(traces::SpanKind::Phase, names::kBackward.data(), mb);
+  if (!sh.has_head) {
+    dev_.pp
+        ->recv(scratch_->dres, acts.boundary_elems, DType::F32, layout_.pp_rank + 1,
+               OpLabel{names::kRecvGradient.data(), step, mb, -1})
+        .wait();
+  }
+  const bool last_mb = mb == micro_batches_ - 1;  // both schedules end with the last backward
+  if (z3_) {
+    z3_backward(acts, mb, hooks, loss_scale);
+  } else {
+    ddp_->begin_backward(!zero12() && last_mb, step, mb);
+    pieces::backward(backend_.kernels(), *model_, acts, *scratch_, loss_scale, hooks);
+    ddp_->finish_backward();
+  }
+  if (!sh.has_embed) {
+    grad_send_h_[slot].wait();
+    Array& buf = grad_send_[slot];
+    backend_.copy(buf.data(), scratch_->dres, buf.size());
+    grad_send_h_[slot] = dev_.pp->send(buf.data(), buf.size(), DType::F32, layout_.pp_rank - 1,
+                                       OpLabel{names::kSendGradient.data(), step, mb, -1});
+  }
+  if (z3_) z3_finish_backward(mb);
+  if (zero12() && (s_.parallel.zero == 2 || last_mb)) reduce_gradients_zero(mb);
+  close(bwd);
+}
+
+// The tied wte's gradient summed over the first and last stage (pp > 1; a no-op elsewhere).
+template <class B>
+void TrainingLoop<B>::embed_all_reduce() {
+  if (dev_.embed == nullptr) return;
+  const ParamTensor& wte = layout_of(*model_).tensor("wte");
+  dev_.embed
+      ->all_reduce(model_->dembed.wte, wte.count, DType::F32, ReduceOp::Sum,
+                   OpLabel{names::kEmbedAllReduce.data(), step_, -1, -1})
+      .wait();
+}
+
+template <class B>
+void TrainingLoop<B>::reduce_gradients_zero(int mb) {
+  embed_all_reduce();
+  const GptShard& sh = layout_of(*model_).shard;
+  float* out = s_.parallel.zero == 2 ? zero_recv_.data() : zero_grads_.data();
+  dev_.dp
+      ->reduce_scatter(model_->grads.data(), out, zero_.shard, DType::F32, ReduceOp::Avg,
+                       OpLabel{kZeroReduceScatterName, step_, mb,
+                               sh.has_embed || sh.has_head ? kEmbedSegment : sh.layer_begin})
+      .wait();
+  if (s_.parallel.zero == 2) {
+    backend_.add(zero_grads_.data(), out, zero_.shard);         // the shard gradient accumulates
+    backend_.zero(model_->grads.data(), model_->grads.size());  // the next backward: a clean array
+  }
+}
+
+// --- ZeRO 3. Working buffers (zero3_slot): 0/1 blocks by layer parity, 2 embedding, 3 final LN.
+// On a device every operation is ordered against the compute stream by the device communicator
+// (issued after the kernels queued so far; Handle::wait puts the compute stream behind it), so a
+// working buffer is never gathered into while queued kernels still read it, nor cleared while its
+// reduce-scatter reads it.
+template <class B>
+void TrainingLoop<B>::z3_gather(int segment, int slot, int mb) {
+  auto& sg = z3_->segment(segment);
+  z3_gather_h_[slot] =
+      dev_.dp->all_gather(z3_->params() + sg.shard_offset, z3_->param_buffer(slot), sg.part.shard,
+                          DType::F32, OpLabel{kZeroFetchLayerName, step_, mb, segment});
+  z3_gathered_[slot] = segment;
+}
+
+// The embedding and final LayerNorm serve both ends of every micro-batch: gathered once a step.
+template <class B>
+void TrainingLoop<B>::z3_gather_step_segments() {
+  const GptShard& sh = layout_of(*model_).shard;
+  const int L = layout_of(*model_).config.n_layer;
+  for (int id : {kEmbedSegment, L}) {
+    const bool held = id == kEmbedSegment ? (sh.has_embed || sh.has_head) : sh.has_head;
+    if (!held) continue;
+    const int slot = zero3_slot(id, L, sh.layer_begin);
+    z3_gather(id, slot, -1);
+    z3_gather_h_[slot].wait();
+    z3_->segment(id).bind(z3_->param_buffer(slot), z3_->grad_buffer(slot));
+  }
+}
+
+template <class B>
+void TrainingLoop<B>::z3_bind_block(int layer, int next_layer, int mb) {
+  const GptShard& sh = layout_of(*model_).shard;
+  const int slot = zero3_slot(layer, layout_of(*model_).config.n_layer, sh.layer_begin);
+  if (z3_gathered_[slot] != layer) z3_gather(layer, slot, mb);
+  z3_gather_h_[slot].wait();
+  // Prefetch: the next block's gather runs on the communicator while this one computes.
+  if (next_layer >= sh.layer_begin && next_layer < sh.layer_end)
+    z3_gather(next_layer, slot ^ 1, mb);
+  z3_->segment(layer).bind(z3_->param_buffer(slot), z3_->grad_buffer(slot));
+}
+
+template <class B>
+void TrainingLoop<B>::z3_reduce_scatter(int segment, int slot, int mb) {
+  auto& sg = z3_->segment(segment);
+  z3_rs_h_[slot] = dev_.dp->reduce_scatter(
+      z3_->grad_buffer(slot), z3_recv_.data() + sg.shard_offset, sg.part.shard, DType::F32,
+      ReduceOp::Avg, OpLabel{kZeroReduceScatterName, step_, mb, segment});
+}
+
+template <class B>
+float TrainingLoop<B>::z3_forward(typename B::Activations& acts, int mb, const GptHooks& hooks) {
+  const auto& k = backend_.kernels();
+  const GptShard& sh = layout_of(*model_).shard;
+  if (sh.has_embed) pieces::embed_forward(k, *model_, acts, batch_.inputs.data(), hooks);
+  for (int l = sh.layer_begin; l < sh.layer_end; ++l) {
+    z3_bind_block(l, l + 1, mb);
+    pieces::block_forward(k, *model_, acts, l, hooks);
+    z3_gathered_[(l - sh.layer_begin) & 1] = -99;  // used: the backward gathers it again
+  }
+  return sh.has_head ? pieces::head_forward(k, *model_, acts, batch_.targets.data(), hooks) : 0.0f;
+}
+
+template <class B>
+void TrainingLoop<B>::z3_backward(typename B::Activations& acts, int mb, const GptHooks& hooks,
+                                  float loss_scale) {
+  const auto& k = backend_.kernels();
+  const GptShard& sh = layout_of(*model_).shard;
+  const int L = layout_of(*model_).config.n_layer;
+  GptHooks h = hooks;
+  h.on_grads_ready = nullptr;  // no DDP buckets: each segment is scattered below
+  auto clear = [&](int slot, int segment) {
+    backend_.zero(z3_->grad_buffer(slot), z3_->segment(segment).part.padded());
+  };
+  // The previous backward's scatters of these buffers were waited for in z3_finish_backward.
+  if (sh.has_embed || sh.has_head) clear(2, kEmbedSegment);
+  if (sh.has_head) {
+    clear(3, L);
+    pieces::head_backward(k, *model_, acts, *scratch_, loss_scale, h);
+    z3_reduce_scatter(L, 3, mb);
+  }
+  for (int l = sh.layer_end - 1; l >= sh.layer_begin; --l) {
+    const int slot = zero3_slot(l, L, sh.layer_begin);
+    z3_rs_h_[slot].wait();  // the buffer's previous gradients are scattered
+    z3_bind_block(l, l - 1, mb);
+    clear(slot, l);
+    pieces::block_backward(k, *model_, acts, *scratch_, l, h);
+    z3_reduce_scatter(l, slot, mb);
+    z3_gathered_[slot] = -99;
+  }
+  if (sh.has_embed) pieces::embed_backward(k, *model_, acts, *scratch_, h);
+}
+
+// After the pipeline send of the backward pass (so a neighbour never waits behind a collective):
+// the tied wte's gradient, the embedding's reduce-scatter, then every scattered shard accumulated.
+template <class B>
+void TrainingLoop<B>::z3_finish_backward(int mb) {
+  const GptShard& sh = layout_of(*model_).shard;
+  if (sh.has_embed || sh.has_head) {
+    embed_all_reduce();  // dembed.wte is bound to working buffer 2
+    z3_reduce_scatter(kEmbedSegment, 2, mb);
+  }
+  for (auto& hd : z3_rs_h_) hd.wait();
+  backend_.add(z3_->grads(), z3_recv_.data(), z3_->shard_elems());
+}
+
+// The step's passes: forward then backward per micro-batch, or the pipeline schedule's order.
+template <class B>
+void TrainingLoop<B>::run_passes(const GptHooks& hooks, double& loss_sum) {
+  const float loss_scale = 1.0f / static_cast<float>(micro_batches_);
+  if (layout_.pp == 1) {
+    for (int mb = 0; mb < micro_batches_; ++mb) {
+      forward_pass(mb, hooks, loss_sum);
+      backward_pass(mb, hooks, loss_scale);
+    }
+    return;
+  }
+  // pipeline.hpp: mb >= 0 a forward, -(mb+1) a backward.
+  for (int pass :
+       pipeline_order(s_.parallel.schedule, layout_.pp, layout_.pp_rank, micro_batches_)) {
+    if (pass >= 0)
+      forward_pass(pass, hooks, loss_sum);
+    else
+      backward_pass(-pass - 1, hooks, loss_scale);
+  }
+  // Every send of the step complete (and the handles dropped: the next step starts clean).
+  for (auto& h : act_send_h_) h.wait();
+  for (auto& h : grad_send_h_) h.wait();
+  std::fill(act_send_h_.begin(), act_send_h_.end(), Handle());
+  std::fill(grad_send_h_.begin(), grad_send_h_.end(), Handle());
+}
+
+// Phase "optimizer": AdamW on what this rank updates, then ZeRO 1/2's parameter all-gather.
+template <class B>
+void TrainingLoop<B>::optimizer_phase() {
+  const int opt = open(traces::SpanKind::Phase, names::kOptimizer.data(), -1);
+  const int adamw = open(traces::SpanKind::Optimizer, names::kOptimizerStep.data(), -1);
+  ++adam_steps_;
+  if (z3_) {
+    // Each segment's shard in place; decay ranges in absolute flat coordinates.
+    for (const auto& sg : z3_->segments()) {
+      if (sg.part.count() == 0) continue;
+      const std::size_t k = sg.shard_offset;
+      backend_.adamw(z3_->params() + k, z3_->grads() + k, adam_m_.data() + k, adam_v_.data() + k,
+                     sg.range.offset + sg.part.begin(), sg.part.count(), decay_, adam_steps_,
+                     adamw_);
+    }
+    for (int& g : z3_gathered_) g = -99;  // the buffers hold the old parameters
+  } else if (opt_count_ > 0) {
+    // ZeRO 1/2: the owned shard [begin, begin + count) only, its gradients in the shard array.
+    const float* grads = zero12() ? zero_grads_.data() : model_->grads.data();
+    backend_.adamw(model_->params.data() + opt_offset_, grads, adam_m_.data(), adam_v_.data(),
+                   opt_offset_, opt_count_, decay_, adam_steps_, adamw_);
+  }
+  close(adamw);
+  if (zero12()) {
+    // In place: this rank's shard is block dp_rank of the gathered array.
+    dev_.dp
+        ->all_gather(model_->params.data() + zero_.begin(), model_->params.data(), zero_.shard,
+                     DType::F32, OpLabel{kZeroAllGatherName, step_, -1, -1})
+        .wait();
+  }
+  close(opt);
+}
+
+template <class B>
+StepResult TrainingLoop<B>::step() {
+  const int32_t step = step_;
+  StepResult result;
+  result.step = step;
+  result.tokens = static_cast<int64_t>(s_.training.global_batch) * s_.model.seq;
+  const int64_t t0 = profiler::steady_now_ns();
+  if (rec_ != nullptr) rec_->set_step(step);
+  backend_.begin_step();
+  const int step_span = open(traces::SpanKind::Phase, names::kStep.data(), -1);
+  {
+    // Memory-bound and not small (4 bytes per gradient element held): its own span, so that
+    // calibration and the simulator see it rather than an unexplained gap at the start of the step.
+    const int zg = open(traces::SpanKind::Compute, names::kZeroGrad.data(), -1);
+    backend_.zero(model_->grads.data(), model_->grads.size());  // none under ZeRO 3
+    if (zero12()) backend_.zero(zero_grads_.data(), zero_grads_.size());
+    if (z3_) backend_.zero(z3_->grads(), z3_->shard_elems());
+    close(zg);
+  }
+  if (z3_) z3_gather_step_segments();
+
+  GptHooks hooks;
+  hooks.observer = observer_.get();
+  hooks.on_grads_ready = [this](int segment) { ddp_->on_grads_ready(segment); };
+  if (dev_.tp != nullptr) {
+    hooks.tp_all_reduce = [this](TpPoint, int layer, float* data, std::size_t count) {
+      dev_.tp
+          ->all_reduce(data, count, DType::F32, ReduceOp::Sum,
+                       OpLabel{kTpAllReduceName, step_, cur_mb_, layer})
+          .wait();  // on a device the compute stream (not the host) waits for the sum
+    };
+  }
+  double loss_sum = 0;
+  run_passes(hooks, loss_sum);
+  if (rec_ != nullptr) rec_->set_step(step, -1);
+  cur_mb_ = -1;
+  // After DDP's all-reduce (ZeRO 1/2: before each reduce-scatter; ZeRO 3: before the embedding's
+  // reduce-scatter, every micro-batch).
+  if (!zero12() && !z3_) embed_all_reduce();
+  optimizer_phase();
+  float loss = static_cast<float>(loss_sum / micro_batches_);
+  if (layout_.pp > 1) {
+    // Only the last stage computed the loss: it broadcasts it over the pipeline (host, 4 bytes).
+    groups_.pp
+        ->broadcast(&loss, 1, DType::F32, layout_.pp - 1,
+                    OpLabel{names::kPipelineLoss.data(), step, -1, -1})
+        .wait();
+  }
+  close(step_span);
+  backend_.end_step();
+  result.loss = loss;
+  record_memory();
+  result.duration_ns = profiler::steady_now_ns() - t0;
+  ++step_;
+  return result;
+}
+
+}  // namespace orrery::runtime
