@@ -84,9 +84,13 @@ void softmax_crossentropy_backward(float* probs, const int32_t* targets, float d
 
 // The kernels the model's pieces call (gpt_pieces.hpp), by name: each backend's `Kernels` forwards
 // every one of them to its own implementation (CpuKernels; cuda::CudaKernels adds its Context).
-#define ORRERY_MODEL_KERNELS(X)                                                          \
-  X(encoder_forward)                                                                     \
-  X(encoder_backward) X(layernorm_forward) X(layernorm_backward) X(matmul_forward)       \
-      X(matmul_backward) X(attention_forward) X(attention_backward) X(gelu_forward)      \
-          X(gelu_backward) X(residual_forward) X(bias_residual_forward) X(bias_backward) \
-              X(softmax_crossentropy_forward) X(softmax_crossentropy_backward)
+// clang-format off
+#define ORRERY_MODEL_KERNELS(X) \
+  X(encoder_forward) X(encoder_backward) \
+  X(layernorm_forward) X(layernorm_backward) \
+  X(matmul_forward) X(matmul_backward) \
+  X(attention_forward) X(attention_backward) \
+  X(gelu_forward) X(gelu_backward) \
+  X(residual_forward) X(bias_residual_forward) X(bias_backward) \
+  X(softmax_crossentropy_forward) X(softmax_crossentropy_backward)
+// clang-format on
