@@ -27,6 +27,7 @@ struct SimArgs {
   std::string model = "flow";
   std::string precision;
   int steps = 1;
+  int gpus = -1;  // -1: the cluster's own size
   bool all_ranks = false;
   bool allow_oom = false;
   bool json = false;
@@ -40,6 +41,9 @@ Command setup(CLI::App& root) {
       "--cluster", a->cluster,
       "Cluster file or name in scenarios/clusters/ (default: one node of the scenario's device); "
       "dp grows to fill it when the layout is smaller");
+  app->add_option("--gpus", a->gpus,
+                  "Simulate on this many GPUs of the cluster's design (nodes = GPUs / "
+                  "gpus_per_node, rounded up; the fabric resized as a sweep does)");
   app->add_option("--hw", a->hw, "Hardware profile (default: scenarios/hardware/<device>.yaml)");
   app->add_option("--out", a->out, "Write the simulated trace (source=sim) to this file");
   app->add_option("--set", a->sets, "Override a scenario key, a.b.c=value (repeatable)");
@@ -63,7 +67,10 @@ Command setup(CLI::App& root) {
     // Before anything is sized by the scenario (the default cluster has one GPU per rank): layers,
     // ranks, ops and the estimated memory against this machine's (sweep.hpp).
     sim::check_simulation_size(loaded, a->steps, a->all_ranks, !a->out.empty());
-    const sim::SimTarget target = sim::sim_target(loaded, a->cluster, a->hw);
+    sim::SimTarget target = sim::sim_target(loaded, a->cluster, a->hw);
+    if (a->gpus != -1 && a->gpus < 1)
+      throw InputError("--gpus must be >= 1, got " + std::to_string(a->gpus));
+    if (a->gpus != -1) target.cluster = sim::resize_cluster(target.cluster, a->gpus);
     const sim::Cluster& cluster = target.cluster;
     const Scenario s = sim::fit_layout(loaded, cluster);
     if (s.parallel.dp != loaded.parallel.dp && !a->json)

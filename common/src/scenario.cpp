@@ -67,6 +67,7 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("training.eps", Type::Double, training.eps, double),
       ORRERY_KEY("training.weight_decay", Type::Double, training.weight_decay, double),
       ORRERY_KEY("training.warmup_steps", Type::Int, training.warmup_steps, int),
+      ORRERY_KEY("training.recompute", Type::String, training.recompute, std::string),
       ORRERY_KEY("data.source", Type::String, data.source, std::string),
       ORRERY_KEY("data.path", Type::String, data.path, std::string),
       ORRERY_KEY("parallel.dp", Type::Int, parallel.dp, int),
@@ -79,6 +80,7 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("parallel.overlap", Type::Bool, parallel.overlap, bool),
       ORRERY_KEY("parallel.placement", Type::String, parallel.placement, std::string),
       ORRERY_KEY("parallel.comm_backend", Type::String, parallel.comm_backend, std::string),
+      ORRERY_KEY("parallel.sequence_parallel", Type::Bool, parallel.sequence_parallel, bool),
       ORRERY_KEY("runtime.device", Type::String, runtime.device, std::string),
       ORRERY_KEY("runtime.threads", Type::Int, runtime.threads, int),
       ORRERY_KEY("runtime.precision", Type::String, runtime.precision, std::string),
@@ -285,6 +287,8 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
   check_range(t.micro_batch >= 1, origin, "training.micro_batch", "must be >= 1");
   check_range(t.lr > 0, origin, "training.lr", "must be > 0");
   check_range(t.warmup_steps >= 0, origin, "training.warmup_steps", "must be >= 0");
+  check_range(parse_recompute(t.recompute).has_value(), origin, "training.recompute",
+              "expected none, selective or full, got '" + t.recompute + "'");
   check_range(s.data.source == "synthetic" || s.data.source == "text", origin, "data.source",
               "expected 'synthetic' or 'text', got '" + s.data.source + "'");
   check_range(s.data.source != "text" || !s.data.path.empty(), origin, "data.path",
@@ -349,6 +353,11 @@ void validate_layout(const Scenario& s) {
   const auto& t = s.training;
   const std::string layout =
       "dp=" + std::to_string(p.dp) + " tp=" + std::to_string(p.tp) + " pp=" + std::to_string(p.pp);
+  if (p.sequence_parallel && p.tp < 2) {
+    throw InputError("key 'parallel.sequence_parallel': " + layout +
+                     ": sequence parallelism shards the tensor-parallel group's LayerNorm and "
+                     "dropout regions along the sequence and needs tp > 1");
+  }
   if (m.heads % p.tp != 0) {
     throw InputError("key 'parallel.tp': " + layout + ": model.heads (" + std::to_string(m.heads) +
                      ") must be divisible by tp");
@@ -429,6 +438,34 @@ Schedule schedule_of(const ParallelConfig& p) {
                      p.schedule + "'");
   }
   return *s;
+}
+
+std::optional<Recompute> parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::None;
+  if (name == "selective") return Recompute::Selective;
+  if (name == "full") return Recompute::Full;
+  return std::nullopt;
+}
+
+Recompute recompute_of(const TrainingConfig& t) {
+  const auto r = parse_recompute(t.recompute);
+  if (!r) {
+    throw InputError("key 'training.recompute': expected none, selective or full, got '" +
+                     t.recompute + "'");
+  }
+  return *r;
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::None:
+      return "none";
+    case Recompute::Selective:
+      return "selective";
+    case Recompute::Full:
+      return "full";
+  }
+  return "?";
 }
 
 std::optional<std::array<int, 3>> parse_placement(const std::string& placement) {

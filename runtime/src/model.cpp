@@ -219,24 +219,24 @@ Gpt gpt_create(const GptConfig& config, const GptShard& shard_in, uint64_t seed)
 
 void gpt_zero_grad(Gpt& model) { model.grads.zero(); }
 
-GptActivations gpt_activations(const Gpt& m, int B, int T) {
+GptActivations gpt_activations(const Gpt& m, int B, int T, Recompute recompute) {
   if (B < 1 || T < 1 || T > m.config.max_seq) {
     throw InputError("model: batch (" + std::to_string(B) + ", " + std::to_string(T) +
                      ") needs B >= 1 and 1 <= T <= seq " + std::to_string(m.config.max_seq));
   }
   GptActivations a;
   // Each buffer is rounded up to 16 floats so every pointer stays 64-byte aligned.
-  carve_activations(a, buffer_shape(m.dims, m.config, m.shard, std::size_t(m.num_blocks()), B, T),
-                    16);
+  carve_activations(
+      a, buffer_shape(m.dims, m.config, m.shard, std::size_t(m.num_blocks()), B, T, recompute), 16);
   a.inputs.assign(std::size_t(B) * T, 0);
   a.targets.assign(std::size_t(B) * T, 0);
   return a;
 }
 
-GptGradScratch gpt_grad_scratch(const Gpt& m, int B, int T) {
+GptGradScratch gpt_grad_scratch(const Gpt& m, int B, int T, Recompute recompute) {
   GptGradScratch s;
-  carve_grad_scratch(s, buffer_shape(m.dims, m.config, m.shard, std::size_t(m.num_blocks()), B, T),
-                     16);
+  carve_grad_scratch(
+      s, buffer_shape(m.dims, m.config, m.shard, std::size_t(m.num_blocks()), B, T, recompute), 16);
   return s;
 }
 

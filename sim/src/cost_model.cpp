@@ -164,6 +164,24 @@ std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, 
     }
     return out;
   }
+  if (name == names::kBlockRecompute || name == names::kAttentionRecompute) {
+    // Activation recomputation (model/block.hpp): forward kernels of the block, in BlockOp order.
+    std::vector<Kernel> ops = attention_forward_kernels(d);
+    const auto mf = mlp_forward_kernels(d);
+    ops.insert(ops.end(), mf.begin(), mf.end());
+    model::OpRange r{};
+    if (name == names::kAttentionRecompute) {
+      if (pieces != 1 || piece != 0) return std::nullopt;
+      r = model::kRecomputeAttention;
+    } else if (pieces == 1 && piece == 0) {
+      r = model::kRecomputeBlock;
+    } else if (pieces == int(model::kRecomputePieces.size()) && piece >= 0 && piece < pieces) {
+      r = model::kRecomputePieces[size_t(piece)];
+    } else {
+      return std::nullopt;
+    }
+    return std::vector<Kernel>(ops.begin() + r.begin, ops.begin() + r.end);
+  }
   if (name == names::kOptimizerStep) return optimizer_kernels(opt_params, 28.0);
   // Zeroing `opt_params` fp32 gradient elements: a write of 4 bytes each.
   if (name == names::kZeroGrad)

@@ -16,10 +16,48 @@ ModelStateBytes model_state_bytes(double params, int zero_stage, int dp, const P
   return m;
 }
 
+namespace {
+// The paper's per-layer terms, in units of s·b·h 16-bit bytes: what the layer keeps besides the
+// attention core (34 in all: 10 replicated under plain tp, all divided by t with sequence
+// parallelism) and the attention core's 5·a·s/h (divided by t).
+struct LayerTerms {
+  double rest = 0, core = 0;
+};
+LayerTerms layer_terms(const Scenario& s) {
+  const double sq = s.model.seq, h = s.model.d_model, a = s.model.heads, t = s.parallel.tp;
+  const bool sp = s.parallel.sequence_parallel && s.parallel.tp > 1;
+  return {sp ? 34.0 / t : 10.0 + 24.0 / t, 5.0 * a * sq / (h * t)};
+}
+double sbh_bytes(const Scenario& s, const PrecisionConfig& p) {
+  return double(s.model.seq) * s.training.micro_batch * s.model.d_model * (p.act_bytes / 2.0);
+}
+}  // namespace
+
 double activation_bytes_per_layer(const Scenario& s, const PrecisionConfig& p) {
-  const double sq = s.model.seq, b = s.training.micro_batch, h = s.model.d_model, a = s.model.heads,
-               t = s.parallel.tp;
-  return sq * b * h * (34.0 + 5.0 * a * sq / h) / t * (p.act_bytes / 2.0);
+  const LayerTerms x = layer_terms(s);
+  const bool sp = s.parallel.sequence_parallel && s.parallel.tp > 1;
+  switch (recompute_of(s.training)) {
+    case Recompute::None:
+      return sbh_bytes(s, p) * (x.rest + x.core);
+    case Recompute::Selective:
+      return sbh_bytes(s, p) * x.rest;
+    case Recompute::Full:
+      return sbh_bytes(s, p) * (sp ? 2.0 / s.parallel.tp : 2.0);
+  }
+  return 0;
+}
+
+double recompute_workspace_bytes(const Scenario& s, const PrecisionConfig& p) {
+  const LayerTerms x = layer_terms(s);
+  switch (recompute_of(s.training)) {
+    case Recompute::None:
+      return 0;
+    case Recompute::Selective:
+      return sbh_bytes(s, p) * x.core;
+    case Recompute::Full:
+      return sbh_bytes(s, p) * (x.rest + x.core);
+  }
+  return 0;
 }
 
 std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionConfig& p,
@@ -65,6 +103,7 @@ std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionCo
           schedule_of(s.parallel) == Schedule::GPipe ? m : std::min(pp - st, m);
       e.activations_bytes = (per_layer * per_stage + embed_act) * e.micro_batches_in_flight;
     }
+    e.activations_bytes += recompute_workspace_bytes(s, p);
     if (st == pp - 1)
       e.activations_bytes +=
           double(s.training.micro_batch) * s.model.seq * s.model.vocab * 4.0 * 2.0;

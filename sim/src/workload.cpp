@@ -134,6 +134,8 @@ struct Piece {
 struct ComputeCosts {
   Piece embed_f, embed_b, head_f, head_b;
   std::vector<Piece> block_f, block_b;  // one piece (tp = 1) or three (tp > 1, model.hpp)
+  std::vector<Piece> recompute_block;   // full recomputation: one piece (tp = 1) or two
+  Piece recompute_attention;            // selective recomputation
   int64_t data_ns = 0;
 };
 
@@ -146,9 +148,10 @@ ComputeCosts make_costs(const ModelDims& d, const CostModel& cost) {
   auto piece = [&](std::string_view name, int index, int pieces) {
     const auto ks = op_kernels(name, index, pieces, d);
     const bool block = name == names::kBlockForward || name == names::kBlockBackward;
-    const double f =
-        block ? model::flops::block_piece(fd, name == names::kBlockForward, index, pieces)
-              : total_flops(*ks);
+    double f = block ? model::flops::block_piece(fd, name == names::kBlockForward, index, pieces)
+                     : total_flops(*ks);
+    if (name == names::kBlockRecompute) f = model::flops::recompute_block_piece(fd, index, pieces);
+    if (name == names::kAttentionRecompute) f = model::flops::recompute_attention(fd);
     return Piece{f, total_bytes(*ks), cost.named_op_ns(name, index, pieces, d)};
   };
   ComputeCosts c;
@@ -163,6 +166,10 @@ ComputeCosts make_costs(const ModelDims& d, const CostModel& cost) {
     c.block_f.push_back(piece(names::kBlockForward, i, pieces));
     c.block_b.push_back(piece(names::kBlockBackward, i, pieces));
   }
+  const int rpieces = d.tp == 1 ? 1 : int(model::kRecomputePieces.size());
+  for (int i = 0; i < rpieces; ++i)
+    c.recompute_block.push_back(piece(names::kBlockRecompute, i, rpieces));
+  c.recompute_attention = piece(names::kAttentionRecompute, 0, 1);
   return c;
 }
 
@@ -176,7 +183,12 @@ double workload_ops_bound(const Scenario& s, int steps) {
   const double pieces = par.tp > 1 ? 3 : 1;
   // Per micro-batch and layer: the forward's and the backward's pieces with the tp all-reduces
   // between them; ZeRO 3 adds a gather before each and the backward's reduce-scatter.
-  const double per_layer = 2 * (2 * pieces - 1) + (par.zero == 3 ? 3 : 0);
+  // Recomputation adds, in the backward, one op (selective) or the full recomputation's pieces with
+  // the tp all-reduce between them (3 ops under tp, else 1).
+  const Recompute rc = recompute_of(s.training);
+  const double recompute_ops =
+      rc == Recompute::None ? 0 : (rc == Recompute::Full && par.tp > 1 ? 3 : 1);
+  const double per_layer = 2 * (2 * pieces - 1) + (par.zero == 3 ? 3 : 0) + recompute_ops;
   // Per micro-batch at most 10 more (data, embedding or receive, head or send, ZeRO's blocking
   // collectives, the extra prefetch); per step at most one DDP bucket per segment and 10 more
   // (zero_grad, ZeRO 3's start gathers, tied-embedding all-reduce, optimizer, all-gather, loss).
@@ -268,6 +280,7 @@ class StageBuilder {
         last_(stage == pp_ - 1),
         interleaved_(schedule_of(par_) == Schedule::Interleaved),
         has_embed_segment_(first_ || last_),
+        recompute_(recompute_of(s.training)),
         act_msg_bytes_(int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model *
                        prec_.act_bytes),
         prog_(prog),
@@ -396,6 +409,17 @@ class StageBuilder {
       prev = k + 1 < pieces.size() ? tp_all_reduce(ph, mb, layer, op) : op;
     }
     return prev;
+  }
+  // Activation recomputation before block `layer`'s backward (model/block.hpp): the full
+  // recomputation's pieces with the attention projection's tp all-reduce between them, or the
+  // attention core; kNone without recomputation.
+  uint32_t recompute_ops(int mb, int layer, std::initializer_list<uint32_t> deps) {
+    if (recompute_ == Recompute::None) return kNone;
+    if (recompute_ == Recompute::Selective)
+      return b_.add(compute(names::kAttentionRecompute, cc_.recompute_attention,
+                            PhaseKind::Backward, mb, layer),
+                    deps);
+    return block(names::kBlockRecompute, cc_.recompute_block, PhaseKind::Backward, mb, layer, deps);
   }
   uint32_t dp_coll(std::string_view n, traces::CollOp c, int64_t bytes, PhaseKind ph, int mb,
                    int layer, const std::vector<uint32_t>& deps) {
@@ -536,11 +560,16 @@ class StageBuilder {
         gathered = l - 1 >= l0 ? z3_gather(PhaseKind::Backward, mb, l - 1, prev) : kNone;
         // The block's gradient buffer is the one of the block two layers up: its scatter first.
         const uint32_t buffer_free = l + 2 < l1 ? rs_of_layer[l + 2 - l0] : kNone;
-        prev = block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l,
-                     {prev, this_gather, buffer_free});
+        const uint32_t rc = recompute_ops(mb, l, {prev, this_gather});
+        prev = rc == kNone ? block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l,
+                                   {prev, this_gather, buffer_free})
+                           : block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l,
+                                   {rc, buffer_free});
         rs_of_layer[l - l0] = z3_scatter(mb, l, prev);
       } else {
-        prev = block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l, {prev});
+        const uint32_t rc = recompute_ops(mb, l, {prev});
+        prev = block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l,
+                     {rc == kNone ? prev : rc});
       }
       issue_ready(ddp_sync, mb, base + 1 + (l1 - 1 - l), prev);
     }
@@ -644,6 +673,7 @@ class StageBuilder {
   const ComputeCosts& cc_;
   const int steps_, pp_, dp_, m_, L_, chunks_, per_stage_, per_chunk_, st_;
   const bool first_, last_, interleaved_, has_embed_segment_;
+  const Recompute recompute_;
   const int64_t act_msg_bytes_;
   StageProgram& prog_;
   ProgramBuilder b_;

@@ -4,9 +4,14 @@
 #     GPipe) record exactly the span
 #     names, kinds and counts per rank of tests/data/reference_spans/<layout>.tsv, written by
 #     `--record` from the tree before the runtime and simulator shared model/ (commit 0f81bc0);
+#     the three recomputation layouts (tp2 full, pp2 selective, dp2 ZeRO 3 full) were recorded when
+#     training.recompute was added, and their recomputation spans are also counted in closed form
+#     (3 below);
 #  2. the simulator's ops for each layout (orrery sim --all-ranks) equal the real run's spans, rank by
 #     rank: compute ops in order (with their FLOPs), each communicator's collectives in sequence order and
-#     its transfers as a set (name, step, micro-batch, layer, bytes) (span_tool compare).
+#     its transfers as a set (name, step, micro-batch, layer, bytes) (span_tool compare);
+#  3. recomputation spans per rank: 2 steps x 4 micro-batches x the rank's blocks x pieces (full: 2
+#     pieces under tp, else 1; selective: 1), and under tp 2 x 4 x 4 more tp all-reduces than tp2.
 # Usage: reference_spans.sh ORRERY SPAN_TOOL SOURCE_DIR WORK_DIR [--record]
 set -uo pipefail
 ORRERY=$1
@@ -38,6 +43,9 @@ layouts=(
   "dp2-zero1 2 parallel.dp=2 parallel.zero=1"
   "dp2-zero2 2 parallel.dp=2 parallel.zero=2"
   "pp2-gpipe 2 parallel.dp=1 parallel.pp=2 parallel.schedule=gpipe"
+  "tp2-recompute-full 2 parallel.dp=1 parallel.tp=2 training.recompute=full"
+  "pp2-recompute-selective 2 parallel.dp=1 parallel.pp=2 training.recompute=selective"
+  "dp2-zero3-recompute-full 2 parallel.dp=2 parallel.zero=3 training.recompute=full"
 )
 for entry in "${layouts[@]}"; do
   read -r name ranks rest <<< "$entry"
@@ -67,6 +75,31 @@ for entry in "${layouts[@]}"; do
     fail "$name: simulated ops differ from the real run's"; cat "$name.cmp" "$name.cmp.err"
   fi
 done
+
+# 3. Recomputation spans in closed form (span_tool counts: rank, name, kind, count).
+count_of() {  # FILE RANK NAME -> the count (0 when absent)
+  awk -F'\t' -v r="$2" -v n="$3" '$1 == r && $3 == n {c += $4} END {print c + 0}' "$1"
+}
+check_count() {  # LABEL GOT WANT
+  if [ "$2" -eq "$3" ]; then echo "ok: $1 = $2"; else fail "$1 = $2, expected $3"; fi
+}
+if [ "$RECORD" != "--record" ] && [ -f tp2-recompute-full.tsv ] && [ -f tp2.tsv ]; then
+  for r in 0 1; do
+    check_count "tp2 full rank $r recompute.block" "$(count_of tp2-recompute-full.tsv $r recompute.block)" $((2 * 4 * 4 * 2))
+    check_count "tp2 full rank $r extra tp.all_reduce" \
+      $(( $(count_of tp2-recompute-full.tsv $r tp.all_reduce) - $(count_of tp2.tsv $r tp.all_reduce) )) $((2 * 4 * 4))
+  done
+fi
+if [ "$RECORD" != "--record" ] && [ -f pp2-recompute-selective.tsv ]; then
+  for r in 0 1; do
+    check_count "pp2 selective rank $r recompute.attention" "$(count_of pp2-recompute-selective.tsv $r recompute.attention)" $((2 * 4 * 2))
+  done
+fi
+if [ "$RECORD" != "--record" ] && [ -f dp2-zero3-recompute-full.tsv ]; then
+  for r in 0 1; do
+    check_count "dp2 zero3 full rank $r recompute.block" "$(count_of dp2-zero3-recompute-full.tsv $r recompute.block)" $((2 * 2 * 4))
+  done
+fi
 
 if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "all reference span checks passed"

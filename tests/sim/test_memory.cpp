@@ -2,6 +2,10 @@
 // in flight per schedule, and the fits check.
 #include <gtest/gtest.h>
 
+#include <string>
+
+#include "orrery/common/error.hpp"
+#include "orrery/sim/cluster.hpp"
 #include "orrery/sim/memory.hpp"
 #include "test_workload_util.hpp"
 
@@ -21,7 +25,8 @@ TEST(Memory, ZeroStagesMixedPrecision) {
   EXPECT_EQ(total(2), 2 * psi + 14 * psi / n);
   EXPECT_EQ(total(3), 16 * psi / n);
   // The paper's example: 7.5B parameters, N = 64, stage 3: 120 GB / 64 = 1.875 GB.
-  EXPECT_EQ(model_state_bytes(psi, 3, 64, p).parameters + model_state_bytes(psi, 3, 64, p).gradients +
+  EXPECT_EQ(model_state_bytes(psi, 3, 64, p).parameters +
+                model_state_bytes(psi, 3, 64, p).gradients +
                 model_state_bytes(psi, 3, 64, p).optimizer,
             1.875e9);
 }
@@ -44,11 +49,80 @@ TEST(Memory, ActivationsKorthikanti) {
   Scenario s = testing::gpt3_175b(8);
   s.parallel.tp = 1;
   const double sbh = 2048.0 * 1 * 12288;
-  EXPECT_EQ(activation_bytes_per_layer(s, precision_config("mixed")), sbh * (34 + 5.0 * 96 * 2048 / 12288));
-  EXPECT_EQ(activation_bytes_per_layer(s, precision_config("fp32")), 2 * sbh * (34 + 5.0 * 96 * 2048 / 12288));
-  // With tp = 8 every term is divided by tp (sequence parallelism).
+  EXPECT_EQ(activation_bytes_per_layer(s, precision_config("mixed")),
+            sbh * (34 + 5.0 * 96 * 2048 / 12288));
+  EXPECT_EQ(activation_bytes_per_layer(s, precision_config("fp32")),
+            2 * sbh * (34 + 5.0 * 96 * 2048 / 12288));
+  // With tp = 8 and sequence parallelism every term is divided by tp.
   s.parallel.tp = 8;
-  EXPECT_EQ(activation_bytes_per_layer(s, precision_config("mixed")), sbh * (34 + 5.0 * 96 * 2048 / 12288) / 8);
+  s.parallel.sequence_parallel = true;
+  EXPECT_EQ(activation_bytes_per_layer(s, precision_config("mixed")),
+            sbh * (34 + 5.0 * 96 * 2048 / 12288) / 8);
+  // Plain tensor parallelism keeps the LayerNorm and dropout regions' 10·s·b·h replicated.
+  s.parallel.sequence_parallel = false;
+  EXPECT_EQ(activation_bytes_per_layer(s, precision_config("mixed")),
+            sbh * (10 + 24.0 / 8 + 5.0 * 96 * 2048 / (12288 * 8)));
+}
+
+// Korthikanti et al. 2022, Table 2: selective recomputation drops the 5·a·s/h term, full keeps
+// 2·s·b·h (the layer's input); sequence parallelism divides what is left by t. Recomputation adds
+// its workspace once per rank: one layer without recomputation (full), one attention core
+// (selective).
+TEST(Memory, ActivationsWithRecomputation) {
+  Scenario s = testing::gpt3_175b(8);
+  const double sbh = 2048.0 * 1 * 12288, core = 5.0 * 96 * 2048 / (12288 * 8);
+  const auto p = precision_config("mixed");
+  s.training.recompute = "selective";
+  EXPECT_EQ(activation_bytes_per_layer(s, p), sbh * (10 + 24.0 / 8));
+  EXPECT_EQ(recompute_workspace_bytes(s, p), sbh * core);
+  s.parallel.sequence_parallel = true;
+  EXPECT_EQ(activation_bytes_per_layer(s, p), sbh * 34 / 8);
+  s.training.recompute = "full";
+  EXPECT_EQ(activation_bytes_per_layer(s, p), sbh * 2 / 8);
+  EXPECT_EQ(recompute_workspace_bytes(s, p), sbh * (34.0 / 8 + core));
+  s.parallel.sequence_parallel = false;
+  EXPECT_EQ(activation_bytes_per_layer(s, p), sbh * 2);
+  EXPECT_EQ(recompute_workspace_bytes(s, p), sbh * (10 + 24.0 / 8 + core));
+  s.training.recompute = "none";
+  EXPECT_EQ(recompute_workspace_bytes(s, p), 0);
+  // A stage's estimate: in flight × layers × per layer + the workspace (+ embedding, logits).
+  s.training.recompute = "full";
+  const auto e = estimate_memory(s, p, 0);
+  EXPECT_EQ(e[5].activations_bytes, 11 * 6 * sbh * 2 + sbh * (10 + 24.0 / 8 + core));
+  s.training.recompute = "sometimes";
+  EXPECT_THROW(activation_bytes_per_layer(s, p), InputError);
+}
+
+// The layouts Megatron-LM trains these models with on A100-80GB (Korthikanti et al. 2022, Table 3:
+// tp 8, pp 8 / 35 / 64, micro-batch 1, dp 1) fit with full recomputation and do not without it.
+// Stage 0 holds pp micro-batches in flight (1F1B), each layer's input 2·s·b·h bytes, plus one
+// layer's workspace and the embedding output; model states 16 bytes per parameter.
+TEST(Memory, MegatronLayoutsFitOnlyWithRecomputation) {
+  struct Want {
+    const char* file;
+    double h, a, layers, pp;
+  };
+  for (const Want& w :
+       {Want{"gpt3-175b.yaml", 12288, 96, 96, 8}, Want{"mt-nlg-530b.yaml", 20480, 128, 105, 35},
+        Want{"gpt-1t.yaml", 25600, 160, 128, 64}}) {
+    Scenario s = load_scenario(std::string(ORRERY_SOURCE_DIR) + "/scenarios/megatron/" + w.file);
+    ASSERT_EQ(s.training.recompute, "full") << w.file;
+    const auto p = precision_config("mixed");
+    const int64_t a100 = device_preset("A100-SXM-80GB")->mem_capacity_bytes;
+    const auto e = estimate_memory(s, p, a100);
+    const double sbh = 2048.0 * w.h, per_stage = w.layers / w.pp;
+    const double workspace = sbh * (10 + 24.0 / 8 + 5 * w.a * 2048 / (w.h * 8));
+    EXPECT_EQ(e[0].micro_batches_in_flight, int(w.pp)) << w.file;
+    EXPECT_DOUBLE_EQ(e[0].activations_bytes, w.pp * (per_stage * 2 * sbh + 2 * sbh) + workspace)
+        << w.file;
+    for (const auto& x : e) {
+      EXPECT_TRUE(x.fits) << w.file << " stage " << x.stage << ": " << x.total_bytes / 1e9 << " GB";
+      EXPECT_EQ(x.total_bytes,
+                x.parameters_bytes + x.gradients_bytes + x.optimizer_bytes + x.activations_bytes);
+    }
+    s.training.recompute = "none";
+    EXPECT_FALSE(estimate_memory(s, p, a100)[0].fits) << w.file << " fits without recomputation";
+  }
 }
 
 TEST(Memory, MicroBatchesInFlight) {
@@ -60,7 +134,8 @@ TEST(Memory, MicroBatchesInFlight) {
   e = estimate_memory(s, precision_config("fp32"), 0);
   for (int st = 0; st < 4; ++st) EXPECT_EQ(e[st].micro_batches_in_flight, 8);
   // Middle stage: activations = in flight × layers per stage × per-layer bytes.
-  EXPECT_EQ(e[1].activations_bytes, 8 * 2 * activation_bytes_per_layer(s, precision_config("fp32")));
+  EXPECT_EQ(e[1].activations_bytes,
+            8 * 2 * activation_bytes_per_layer(s, precision_config("fp32")));
   EXPECT_TRUE(e[1].fits);  // capacity 0: unknown
 }
 
@@ -76,7 +151,8 @@ TEST(Memory, InterleavedChunksInFlight) {
   const double chunk = 2 * activation_bytes_per_layer(s, p);  // 16 / (4 · 2) layers
   for (int st = 1; st < 4; ++st) {  // stage 0 adds the embedding output to its chunk-0 passes
     const int passes = std::min(2 * (4 - st - 1) + 4 + 1, 16);
-    EXPECT_EQ(e[st].activations_bytes - (st == 3 ? 2.0 * 128 * 1024 * 4 * 2 : 0.0), passes * chunk) << st;
+    EXPECT_EQ(e[st].activations_bytes - (st == 3 ? 2.0 * 128 * 1024 * 4 * 2 : 0.0), passes * chunk)
+        << st;
     EXPECT_EQ(e[st].micro_batches_in_flight, (passes + 1) / 2) << st;
   }
   // Stage 0: 11 chunk passes; 1F1B would hold 4 whole stages (8 chunks' worth).
@@ -94,7 +170,9 @@ TEST(Memory, Gpt3FitsOnlyWhenSharded) {
   const auto e = estimate_memory(s, p, 80'000'000'000);
   EXPECT_EQ(e[5].param_count, 6 * (12LL * 12288 * 12288 / 8 + 7 * 12288 / 8 + 6 * 12288));
   EXPECT_EQ(e[5].micro_batches_in_flight, 11);
-  for (const auto& x : e) EXPECT_EQ(x.total_bytes, x.parameters_bytes + x.gradients_bytes + x.optimizer_bytes + x.activations_bytes);
+  for (const auto& x : e)
+    EXPECT_EQ(x.total_bytes,
+              x.parameters_bytes + x.gradients_bytes + x.optimizer_bytes + x.activations_bytes);
   // The same model on tp 1, pp 1 does not fit one GPU.
   Scenario one = s;
   one.parallel.tp = 1, one.parallel.pp = 1, one.parallel.dp = 1;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "orrery/common/error.hpp"
+#include "orrery/model/flops.hpp"
 #include "orrery/sim/workload.hpp"
 #include "test_workload_util.hpp"
 
@@ -17,21 +18,27 @@ using testing::small_scenario;
 
 std::string order_string(const std::vector<int>& order) {
   std::string s;
-  for (int x : order) s += (s.empty() ? "" : " ") + (x >= 0 ? "F" + std::to_string(x) : "B" + std::to_string(-x - 1));
+  for (int x : order)
+    s += (s.empty() ? "" : " ") + (x >= 0 ? "F" + std::to_string(x) : "B" + std::to_string(-x - 1));
   return s;
 }
 
 TEST(Schedule, OneFOneBTextbookOrderP4M8) {
   // Narayanan et al. 2021, Fig. 4 (top): p - s - 1 warm-up forwards, then 1F1B, then cool-down.
-  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 0, 8)), "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
-  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 1, 8)), "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
-  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 2, 8)), "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7");
-  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 3, 8)), "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 0, 8)),
+            "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 1, 8)),
+            "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
+  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 2, 8)),
+            "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7");
+  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 3, 8)),
+            "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
 }
 
 TEST(Schedule, GPipeOrderP4M8) {
   for (int s = 0; s < 4; ++s)
-    EXPECT_EQ(order_string(schedule_order("gpipe", 4, s, 8)), "F0 F1 F2 F3 F4 F5 F6 F7 B0 B1 B2 B3 B4 B5 B6 B7");
+    EXPECT_EQ(order_string(schedule_order("gpipe", 4, s, 8)),
+              "F0 F1 F2 F3 F4 F5 F6 F7 B0 B1 B2 B3 B4 B5 B6 B7");
 }
 
 TEST(Schedule, FewerMicroBatchesThanStages) {
@@ -59,7 +66,8 @@ TEST(Workload, OpCountsPerStage1F1B) {
     // tp > 1: each block's forward and backward are three pieces around two tp all-reduces.
     EXPECT_EQ(n[std::string(names::kBlockForward)], 3 * m * lps);
     EXPECT_EQ(n[std::string(names::kBlockBackward)], 3 * m * lps);
-    EXPECT_EQ(n[std::string(names::kTpAllReduce)], 4 * m * lps);  // 2 in forward + 2 in backward per block
+    EXPECT_EQ(n[std::string(names::kTpAllReduce)],
+              4 * m * lps);  // 2 in forward + 2 in backward per block
     EXPECT_EQ(n[std::string(names::kEmbedForward)], st == 0 ? m : 0);
     EXPECT_EQ(n[std::string(names::kEmbedBackward)], st == 0 ? m : 0);
     EXPECT_EQ(n[std::string(names::kHeadForward)], st == pp - 1 ? m : 0);
@@ -85,6 +93,42 @@ TEST(Workload, OpCountsPerStage1F1B) {
   }
 }
 
+// Activation recomputation (model/block.hpp): in the backward, before each block's "bwd.block",
+// full adds the two recomputation pieces around one more tp all-reduce (tp > 1), selective one
+// attention-core op; their FLOPs are the closed forms of model/flops.hpp; the op bound holds.
+TEST(Workload, RecomputationOps) {
+  const int L = 8, pp = 2, tp = 2, dp = 1, m = 4, lps = L / pp;
+  for (const char* mode : {"full", "selective"}) {
+    Scenario s = small_scenario(L, dp, tp, pp, m);
+    s.training.recompute = mode;
+    const Workload w = build_workload(s, h100_cost());
+    const bool full = std::string(mode) == "full";
+    const model::flops::Dims fd{2, 128, 256, 1024, tp};
+    for (int st = 0; st < pp; ++st) {
+      const auto& p = w.stages[st];
+      auto n = count_by_name(w, p);
+      EXPECT_EQ(n[std::string(names::kBlockRecompute)], full ? 2 * m * lps : 0) << mode;
+      EXPECT_EQ(n[std::string(names::kAttentionRecompute)], full ? 0 : m * lps) << mode;
+      EXPECT_EQ(n[std::string(names::kTpAllReduce)], (full ? 5 : 4) * m * lps) << mode;
+      EXPECT_EQ(n[std::string(names::kBlockBackward)], 3 * m * lps) << mode;
+      EXPECT_LE(double(p.ops.size()), workload_ops_bound(s, 1)) << mode;
+      double recompute_flops = 0;
+      for (size_t i = 0; i < p.ops.size(); ++i) {
+        const auto& op = p.ops[i];
+        const std::string name = w.names[op.name];
+        if (name != names::kBlockRecompute && name != names::kAttentionRecompute) continue;
+        recompute_flops += op.flops;
+        EXPECT_EQ(op.phase, PhaseKind::Backward);
+        EXPECT_GT(op.duration_ns, 0);
+      }
+      const double per_block = full ? model::flops::recompute_block_piece(fd, 0, 2) +
+                                          model::flops::recompute_block_piece(fd, 1, 2)
+                                    : model::flops::recompute_attention(fd);
+      EXPECT_DOUBLE_EQ(recompute_flops, m * lps * per_block) << mode;
+    }
+  }
+}
+
 TEST(Workload, ComputeOrderFollowsTheSchedule) {
   for (const char* sched : {"1f1b", "gpipe"}) {
     const Scenario s = small_scenario(4, 1, 1, 4, 8, sched);
@@ -95,8 +139,10 @@ TEST(Workload, ComputeOrderFollowsTheSchedule) {
       std::vector<int> seen;
       for (uint32_t id : w.stages[st].stream_ops[kStreamCompute]) {
         const Op& op = w.stages[st].ops[id];
-        if (w.names[op.name] == names::kBlockForward && op.layer == st) seen.push_back(op.micro_batch);
-        if (w.names[op.name] == names::kBlockBackward && op.layer == st) seen.push_back(-op.micro_batch - 1);
+        if (w.names[op.name] == names::kBlockForward && op.layer == st)
+          seen.push_back(op.micro_batch);
+        if (w.names[op.name] == names::kBlockBackward && op.layer == st)
+          seen.push_back(-op.micro_batch - 1);
       }
       EXPECT_EQ(seen, schedule_order(sched, 4, st, 8)) << sched << " stage " << st;
     }
@@ -145,7 +191,10 @@ TEST(Workload, ZeroStagesOps) {
     EXPECT_EQ(n[std::string(names::kDpAllReduce)], 0);
     // ZeRO 1: one reduce-scatter per step; ZeRO 2: one per micro-batch; ZeRO 3: one per segment
     // (L blocks, the final LayerNorm, the embedding) per micro-batch.
-    EXPECT_EQ(n[std::string(names::kDpReduceScatter)], zero == 1 ? 1 : zero == 2 ? m : m * (L + 2)) << zero;
+    EXPECT_EQ(n[std::string(names::kDpReduceScatter)], zero == 1   ? 1
+                                                       : zero == 2 ? m
+                                                                   : m * (L + 2))
+        << zero;
     // ZeRO 1/2: one all-gather of the updated parameters after the optimizer.
     EXPECT_EQ(n[std::string(names::kDpAllGather)], zero <= 2 ? 1 : 0) << zero;
     // ZeRO 3: each block before its forward and its backward, every micro-batch, plus the embedding
@@ -155,7 +204,8 @@ TEST(Workload, ZeroStagesOps) {
     const int64_t count = w.stages[0].param_count, padded = (count + 3) / 4 * 4;
     for (const auto& op : w.stages[0].ops) {
       const std::string& name = w.names[op.name];
-      if (zero <= 2 && (name == names::kDpReduceScatter || name == names::kDpAllGather)) EXPECT_EQ(op.bytes, 4 * padded);
+      if (zero <= 2 && (name == names::kDpReduceScatter || name == names::kDpAllGather))
+        EXPECT_EQ(op.bytes, 4 * padded);
     }
   }
 }
@@ -232,7 +282,8 @@ TEST(Workload, Gpt3On1024GpusBuildsOneProgramPerStage) {
   double total = 0;
   for (const auto& st : w.stages) total += double(st.param_count);
   const double c = 12288, v = 51200, t = 2048, tp = 8;
-  const double expected_total = 96 * (12 * c * c + 7 * c + 6 * c * tp) / tp * tp + tp * (2 * v * c + t * c + 2 * c);
+  const double expected_total =
+      96 * (12 * c * c + 7 * c + 6 * c * tp) / tp * tp + tp * (2 * v * c + t * c + 2 * c);
   EXPECT_EQ(total * tp, expected_total);
   // The model itself is GPT-3's 175B (Narayanan et al.'s P formula): blocks and one embedding.
   EXPECT_NEAR((96 * (12 * c * c + 13 * c) + v * c + t * c + 2 * c) / 1e9, 174.6, 0.1);

@@ -68,26 +68,28 @@ void gpu_zero_grad(const Context& ctx, GpuGpt& model) {
   zero_async(ctx, model.grads.data(), model.grads.size());
 }
 
-GpuActivations gpu_activations(const GpuGpt& m, int B, int T) {
+GpuActivations gpu_activations(const GpuGpt& m, int B, int T, Recompute recompute) {
   if (B < 1 || T < 1 || T > m.config().max_seq) {
     throw InputError("model: batch (" + std::to_string(B) + ", " + std::to_string(T) +
                      ") needs B >= 1 and 1 <= T <= seq " + std::to_string(m.config().max_seq));
   }
   GpuActivations a;
   // Rounded to 64 floats (256 bytes) per buffer: every pointer keeps cudaMalloc's alignment.
-  carve_activations(
-      a, buffer_shape(m.dims(), m.config(), m.host.shard, std::size_t(m.host.num_blocks()), B, T),
-      64);
+  carve_activations(a,
+                    buffer_shape(m.dims(), m.config(), m.host.shard,
+                                 std::size_t(m.host.num_blocks()), B, T, recompute),
+                    64);
   a.inputs.resize(std::size_t(B) * T);
   a.targets.resize(std::size_t(B) * T);
   return a;
 }
 
-GpuGradScratch gpu_grad_scratch(const GpuGpt& m, int B, int T) {
+GpuGradScratch gpu_grad_scratch(const GpuGpt& m, int B, int T, Recompute recompute) {
   GpuGradScratch s;
-  carve_grad_scratch(
-      s, buffer_shape(m.dims(), m.config(), m.host.shard, std::size_t(m.host.num_blocks()), B, T),
-      64);
+  carve_grad_scratch(s,
+                     buffer_shape(m.dims(), m.config(), m.host.shard,
+                                  std::size_t(m.host.num_blocks()), B, T, recompute),
+                     64);
   return s;
 }
 

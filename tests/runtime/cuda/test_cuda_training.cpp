@@ -132,6 +132,42 @@ TEST(GpuTraining, ProfiledRunHasTheCpuComputeSpans) {
   std::filesystem::remove_all(dir);
 }
 
+// Activation recomputation on the GPU (the shared training loop and gpt_pieces.hpp): the same
+// kernels on the same inputs, so selective and full give the losses and parameters of none bit
+// for bit (as checkpoint/resume below relies on the kernels being deterministic), with less
+// activation memory.
+TEST(GpuTraining, RecomputationIsBitIdentical) {
+  if (device_count() == 0) GTEST_SKIP() << no_device_reason();
+  struct Out {
+    std::vector<float> losses, params;
+    double activations = 0;
+  };
+  auto run = [](Recompute mode) {
+    Scenario s = tiny_scenario();
+    s.runtime.device = "cuda";
+    s.training.steps = 3;
+    s.training.recompute = recompute_name(mode);
+    auto world = make_local_communicator();
+    GpuTrainer t(s, *world, nullptr);
+    t.prepare();
+    Out o;
+    for (int i = 0; i < s.training.steps; ++i) o.losses.push_back(t.step().loss);
+    o.params = t.parameters();
+    o.activations = t.memory().activations;
+    t.finish();
+    return o;
+  };
+  const Out none = run(Recompute::None);
+  for (Recompute mode : {Recompute::Selective, Recompute::Full}) {
+    const Out o = run(mode);
+    EXPECT_EQ(o.losses, none.losses) << recompute_name(mode);
+    ASSERT_EQ(o.params.size(), none.params.size());
+    EXPECT_EQ(std::memcmp(o.params.data(), none.params.data(), o.params.size() * sizeof(float)), 0)
+        << recompute_name(mode);
+    EXPECT_LT(o.activations, none.activations) << recompute_name(mode);
+  }
+}
+
 // Checkpoints on the GPU: saved from device memory, resumed into it.
 TEST(GpuTraining, CheckpointResumeIsBitIdentical) {
   if (device_count() == 0) GTEST_SKIP() << no_device_reason();

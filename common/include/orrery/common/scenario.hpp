@@ -32,6 +32,10 @@ struct TrainingConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;
   int warmup_steps = 1;  // steps excluded from step-time statistics
+  // Activation recomputation (Korthikanti et al. 2022): none | selective (the attention core, whose
+  // B·heads·T·T probabilities are recomputed in the backward) | full (each block keeps only its
+  // input and recomputes its forward in the backward). Parsed by recompute_of.
+  std::string recompute = "none";
 };
 
 struct DataConfig {
@@ -50,6 +54,9 @@ struct ParallelConfig {
   bool overlap = true;                 // overlap gradient communication with backward
   std::string placement = "tp,dp,pp";  // fastest-varying first (Megatron's default)
   std::string comm_backend = "auto";   // device cuda: auto | nccl | mpi (host-staged)
+  // Megatron sequence parallelism (needs tp > 1): LayerNorm and dropout regions sharded along the
+  // sequence, each tp all-reduce a reduce-scatter plus an all-gather. Simulated; the runtime refuses it.
+  bool sequence_parallel = false;
 };
 
 struct RuntimeConfig {
@@ -122,6 +129,13 @@ std::optional<Schedule> parse_schedule(
     const std::string& name);  // "gpipe" | "1f1b" | "interleaved"
 // p.schedule as the enum; InputError naming the key when it is none of the three.
 Schedule schedule_of(const ParallelConfig& p);
+
+// training.recompute parsed, by its one parser (as parallel.schedule).
+enum class Recompute : uint8_t { None, Selective, Full };
+std::optional<Recompute> parse_recompute(const std::string& name);  // "none" | "selective" | "full"
+// t.recompute as the enum; InputError naming the key when it is none of the three.
+Recompute recompute_of(const TrainingConfig& t);
+const char* recompute_name(Recompute r);
 
 // parallel.placement parsed: the grid axes fastest-varying first, as ids 0 = dp, 1 = tp, 2 = pp
 // ("tp,dp,pp" gives {1, 0, 2}); nullopt unless it names each of tp, dp and pp once. The one parser

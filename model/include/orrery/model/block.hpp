@@ -36,4 +36,18 @@ inline constexpr std::array<OpRange, kTpBlockPieces> kForwardPieces{{{0, 4}, {4,
 // Backward piece k holds the BlockOps from end-1 down to begin, in that order.
 inline constexpr std::array<OpRange, kTpBlockPieces> kBackwardPieces{{{6, 10}, {1, 6}, {0, 1}}};
 
+// Activation recomputation (training.recompute, Korthikanti et al. 2022), run in the backward just
+// before the block's backward, from what the forward kept:
+// - full: the block kept only its input (the residual stream at its boundary); the recomputation
+//   runs the forward ops [Ln1, Fc2): everything the backward reads. Fc2's product, its tp sum and
+//   the MLP residual are not read by the backward (the block's output is kept as the next block's
+//   input), so they are not recomputed. Under tp > 1 two pieces around the attention
+//   projection's tp all-reduce, as the forward's first two pieces less Fc2.
+// - selective: the block kept everything but the attention probabilities (B·heads·T·T, the
+//   5·a·s/h term of the paper's s·b·h·(34 + 5·a·s/h)); the recomputation runs the attention core
+//   [Attention, Proj) once, whatever tp.
+inline constexpr std::array<OpRange, 2> kRecomputePieces{{{0, 4}, {4, 8}}};  // tp > 1
+inline constexpr OpRange kRecomputeBlock{0, 8};                              // tp = 1
+inline constexpr OpRange kRecomputeAttention{2, 3};
+
 }  // namespace orrery::model

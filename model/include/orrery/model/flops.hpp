@@ -63,6 +63,22 @@ inline double block_piece(const Dims& d, bool forward, int piece, int pieces) {
   return 0.0;
 }
 
+// Activation recomputation (model/block.hpp), the FLOPs its spans carry (executed work, which the
+// model FLOPs of MFU exclude): full, piece k of `pieces` (1 at tp = 1, else 2: the attention half,
+// then ln2, fc1 and GELU, i.e. the MLP half less fc2's 2·(4C·C + C) per token); selective, the
+// attention core 2·T·C per token.
+inline double recompute_block_piece(const Dims& d, int piece, int pieces) {
+  const double c = static_cast<double>(d.d_model);
+  const double mlp_less_fc2 =
+      tokens(d) * (2.0 * (4.0 * c * c + 6.0 * c)) / static_cast<double>(d.tp);
+  if (pieces == 1) return block_attention_forward(d) + mlp_less_fc2;
+  return piece == 0 ? block_attention_forward(d) : mlp_less_fc2;
+}
+inline double recompute_attention(const Dims& d) {
+  return tokens(d) * 2.0 * static_cast<double>(d.seq) * static_cast<double>(d.d_model) /
+         static_cast<double>(d.tp);
+}
+
 // Token + position embedding lookup: counted as zero.
 inline double embed_forward(const Dims&) { return 0.0; }
 inline double embed_backward(const Dims&) { return 0.0; }

@@ -5,7 +5,8 @@
 //
 // Compute: "zero_grad" (once at the start of each step), "fwd.embed" (layer -1), "fwd.block"
 // (layer l; with tp > 1 three pieces split by the two tensor-parallel all-reduces), "fwd.head"
-// (layer L: final LayerNorm, LM head, loss), "bwd.head", "bwd.block", "bwd.embed"; optimizer
+// (layer L: final LayerNorm, LM head, loss), "bwd.head", "bwd.block", "bwd.embed", and under
+// activation recomputation "recompute.block" / "recompute.attention" (layer l, before its "bwd.block"); optimizer
 // "adamw"; data "data". Phases: "step", "forward", "backward", "optimizer". Collectives and
 // transfers: see each constant.
 #pragma once
@@ -30,6 +31,12 @@ inline constexpr std::string_view kHeadForward = "fwd.head";  // final LayerNorm
 inline constexpr std::string_view kHeadBackward = "bwd.head";
 inline constexpr std::string_view kBlockBackward = "bwd.block";
 inline constexpr std::string_view kEmbedBackward = "bwd.embed";
+// Activation recomputation (training.recompute), inside the backward, just before the block's
+// "bwd.block": full recomputes the block's forward up to its GELU output (model/block.hpp:
+// kRecomputePieces; with tp > 1 two pieces around the attention projection's tp all-reduce),
+// selective the attention core (scores, softmax, weighted sum) of the block.
+inline constexpr std::string_view kBlockRecompute = "recompute.block";
+inline constexpr std::string_view kAttentionRecompute = "recompute.attention";
 inline constexpr std::string_view kOptimizerStep = "adamw";
 
 // Collectives and point-to-point transfers.

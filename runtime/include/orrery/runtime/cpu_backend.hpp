@@ -46,8 +46,12 @@ class CpuBackend {
   std::unique_ptr<Zero3> make_zero3(Model& m, int dp_rank, int dp_size) {
     return std::make_unique<Zero3Storage>(m, dp_rank, dp_size);
   }
-  Activations activations(const Model& m, int B, int T) { return gpt_activations(m, B, T); }
-  Scratch scratch(const Model& m, int B, int T) { return gpt_grad_scratch(m, B, T); }
+  Activations activations(const Model& m, int B, int T, Recompute rc) {
+    return gpt_activations(m, B, T, rc);
+  }
+  Scratch scratch(const Model& m, int B, int T, Recompute rc) {
+    return gpt_grad_scratch(m, B, T, rc);
+  }
 
   const CpuKernels& kernels() const { return kernels_; }
   void zero(float* p, std::size_t n) { kernels_.zero(p, n); }

@@ -80,6 +80,35 @@ void embed_forward(const Kernels& k, const Model& m, Acts& acts, const int32_t* 
                     g.dims.C);
 }
 
+// The block's forward ops, in model/block.hpp's pieces, shared by its forward and its
+// recomputation (so that a recomputed buffer is the forward's to the bit).
+// [Ln1, Qkv, Attention, Proj]: attproj = proj(attn(qkv(ln1(x)))), before the tp sum and the bias.
+template <class Kernels>
+void attention_half(const Kernels& k, const BlockParams& p, BlockActivations& a, const float* x,
+                    int B, int T, const BlockDims& d) {
+  k.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, B, T, d.C);
+  k.matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, 3 * d.Cl);
+  k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH);
+  k.matmul_forward(a.attproj, a.atty, p.projw, nullptr, B, T, d.Cl, d.C);
+}
+// [AttnResidual, Ln2, Fc1, Gelu]: res2 = x + attproj + projb, fch_gelu = gelu(fc1(ln2(res2))).
+template <class Kernels>
+void mlp_front(const Kernels& k, const BlockParams& p, BlockActivations& a, const float* x, int B,
+               int T, const BlockDims& d) {
+  k.bias_residual_forward(a.res2, x, a.attproj, p.projb, B, T, d.C);
+  k.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, B, T, d.C);
+  k.matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, B, T, d.C, d.F);
+  k.gelu_forward(a.fch_gelu, a.fch, static_cast<std::size_t>(B) * T * d.F);
+}
+
+inline void check_bound(const BlockActivations& a) {
+  if (a.att == nullptr || a.ln1 == nullptr) {
+    throw std::logic_error(
+        "gpt: activations made for recomputation are not bound to a scratch workspace "
+        "(bind_recompute_workspace)");
+  }
+}
+
 // stream[l-lb+1] = block_l(stream[l-lb]).
 template <class Kernels, class Model, class Acts>
 void block_forward(const Kernels& k, const Model& m, Acts& acts, int layer, const GptHooks& hooks) {
@@ -88,6 +117,7 @@ void block_forward(const Kernels& k, const Model& m, Acts& acts, int layer, cons
   const BlockDims& d = g.dims;
   const BlockParams& p = m.blocks[idx];
   BlockActivations& a = acts.blocks[idx];
+  check_bound(a);
   const int B = acts.B, T = acts.T;
   const std::size_t n = acts.boundary_elems;
   const float* x = acts.stream + idx * n;
@@ -97,21 +127,14 @@ void block_forward(const Kernels& k, const Model& m, Acts& acts, int layer, cons
   const char* name = names::kBlockForward.data();
 
   OpSpan span(hooks.observer, name, layer, flops::block_piece(fd, true, 0, tp ? 3 : 1));
-  // Attention: res2 = x + proj(attn(qkv(ln1(x)))) + projb.
-  k.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, B, T, d.C);
-  k.matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, 3 * d.Cl);
-  k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH);
-  k.matmul_forward(a.attproj, a.atty, p.projw, nullptr, B, T, d.Cl, d.C);
+  attention_half(k, p, a, x, B, T, d);
   if (tp) {
     span.close();
     tp_reduce(hooks, TpPoint::kAttnProjForward, layer, a.attproj, n);
     span.reopen(hooks.observer, name, layer, flops::block_piece(fd, true, 1, 3));
   }
-  k.bias_residual_forward(a.res2, x, a.attproj, p.projb, B, T, d.C);
-  // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + fcprojb.
-  k.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, B, T, d.C);
-  k.matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, B, T, d.C, d.F);
-  k.gelu_forward(a.fch_gelu, a.fch, static_cast<std::size_t>(B) * T * d.F);
+  mlp_front(k, p, a, x, B, T, d);
+  // y = res2 + fc2(fch_gelu) + fcprojb.
   k.matmul_forward(a.fcproj, a.fch_gelu, p.fcprojw, nullptr, B, T, d.F, d.C);
   if (tp) {
     span.close();
@@ -119,6 +142,41 @@ void block_forward(const Kernels& k, const Model& m, Acts& acts, int layer, cons
     span.reopen(hooks.observer, name, layer, flops::block_piece(fd, true, 2, 3));
   }
   k.bias_residual_forward(y, a.res2, a.fcproj, p.fcprojb, B, T, d.C);
+}
+
+// Recomputation before block l's backward (training.recompute; model/block.hpp): full reruns its
+// forward from its kept input up to the GELU output into the workspace (with tp > 1 around the
+// attention projection's tp all-reduce, again); selective reruns the attention core into the
+// workspace's probabilities (atty is rewritten with the values it holds). The same kernels on the
+// same inputs: the backward then reads exactly what it would have without recomputation.
+template <class Kernels, class Model, class Acts>
+void recompute(const Kernels& k, const Model& m, Acts& acts, int layer, const GptHooks& hooks) {
+  const Gpt& g = layout_of(m);
+  const std::size_t idx = block_index(m, layer);
+  const BlockDims& d = g.dims;
+  const BlockParams& p = m.blocks[idx];
+  BlockActivations& a = acts.blocks[idx];
+  check_bound(a);
+  const int B = acts.B, T = acts.T;
+  const auto fd = flop_dims(g, B, T);
+  if (acts.recompute == Recompute::Selective) {
+    OpSpan span(hooks.observer, names::kAttentionRecompute.data(), layer,
+                flops::recompute_attention(fd));
+    k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH);
+    return;
+  }
+  const std::size_t n = acts.boundary_elems;
+  const float* x = acts.stream + idx * n;
+  const bool tp = g.shard.tp_size > 1;
+  const char* name = names::kBlockRecompute.data();
+  OpSpan span(hooks.observer, name, layer, flops::recompute_block_piece(fd, 0, tp ? 2 : 1));
+  attention_half(k, p, a, x, B, T, d);
+  if (tp) {
+    span.close();
+    tp_reduce(hooks, TpPoint::kAttnProjForward, layer, a.attproj, n);
+    span.reopen(hooks.observer, name, layer, flops::recompute_block_piece(fd, 1, 2));
+  }
+  mlp_front(k, p, a, x, B, T, d);
 }
 
 // Final LayerNorm, tied LM head, softmax cross-entropy; returns and stores the mean loss.
@@ -168,6 +226,7 @@ void block_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, int laye
   const BlockParams& p = m.blocks[idx];
   const BlockParams& g = m.dblocks[idx];
   const BlockActivations& a = acts.blocks[idx];
+  check_bound(a);
   const int B = acts.B, T = acts.T;
   const std::size_t BT = static_cast<std::size_t>(B) * T;
   const std::size_t n = acts.boundary_elems;
@@ -175,6 +234,7 @@ void block_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, int laye
   const auto fd = flop_dims(gl, B, T);
   const bool tp = gl.shard.tp_size > 1;
   const char* name = names::kBlockBackward.data();
+  if (acts.recompute != Recompute::None) recompute(k, m, acts, layer, hooks);
   {
     OpSpan span(hooks.observer, name, layer, flops::block_piece(fd, false, 0, tp ? 3 : 1));
     // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + b; s.dres holds dy.

@@ -51,14 +51,11 @@
 #include <string>
 #include <vector>
 
+#include "orrery/common/scenario.hpp"
 #include "orrery/model/flops.hpp"
 #include "orrery/model/names.hpp"
 #include "orrery/model/parameters.hpp"
 #include "orrery/runtime/tensor.hpp"
-
-namespace orrery {
-struct ModelConfig;
-}
 
 namespace orrery::runtime {
 
@@ -194,6 +191,9 @@ struct BasicActivations {
   float* logits = nullptr;    // (B,T,V) logits, then probabilities, then dlogits (in place)
   float* losses = nullptr;    // (B,T)
   float loss = 0.0f;          // mean over B*T, set by the head forward
+  // What the blocks keep (buffers.hpp): under recomputation some of `blocks`' pointers are the
+  // backward scratch's workspace (bind_recompute_workspace), and block_backward recomputes them.
+  Recompute recompute = Recompute::None;
 
   std::size_t boundary_elems =
       0;  // B*T*C: one residual-stream tensor, what crosses a stage boundary
@@ -203,7 +203,10 @@ struct BasicActivations {
   const float* stage_output() const { return stream + blocks.size() * boundary_elems; }
 };
 using GptActivations = BasicActivations<FloatArray, std::vector<int32_t>>;
-GptActivations gpt_activations(const Gpt& model, int B, int T);
+// Under recomputation, usable once bind_recompute_workspace(acts, scratch) (buffers.hpp) has
+// pointed it at a scratch made with the same mode.
+GptActivations gpt_activations(const Gpt& model, int B, int T,
+                               Recompute recompute = Recompute::None);
 
 // Backward scratch, reusable across micro-batches (over any storage, as BasicActivations).
 template <class FloatStore>
@@ -218,9 +221,13 @@ struct BasicGradScratch {
   float* datt = nullptr;       // (B,NH,T,T)
   float* dfch = nullptr;       // (B,T,F)
   float* dfch_gelu = nullptr;  // (B,T,F)
+  // Recomputation's workspace (buffers.hpp): a whole block's buffers (full), only `att`
+  // (selective), nothing (none).
+  BlockActivations work{};
 };
 using GptGradScratch = BasicGradScratch<FloatArray>;
-GptGradScratch gpt_grad_scratch(const Gpt& model, int B, int T);
+GptGradScratch gpt_grad_scratch(const Gpt& model, int B, int T,
+                                Recompute recompute = Recompute::None);
 
 // The FLOP-count dimensions (model/flops.hpp) of a (B, T) micro-batch on this shard.
 flops::Dims flop_dims(const Gpt& model, int B, int T);

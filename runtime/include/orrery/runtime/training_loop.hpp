@@ -69,7 +69,7 @@
 //            kHostMemory (whether Array is host memory: checkpoint state needs no staging)
 //   setup    static check_supported(s); B(s, rec, options); connect(host groups, layout) -> the
 //            device communicators; make_model(host Gpt, device storage?); make_zero3(model, r, n);
-//            activations(model, B, T); scratch(model, B, T)
+//            activations(model, B, T, recompute); scratch(model, B, T, recompute)
 //   ops      kernels() (gpt_pieces.hpp's Kernels); zero, add (acc += in), copy, adamw
 //            (optimizer.hpp's maths), download / upload (host <-> Array memory, synchronous),
 //            synchronize (every queued operation done), scratch_bytes()

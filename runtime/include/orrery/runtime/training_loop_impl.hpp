@@ -9,6 +9,7 @@
 #include "orrery/common/error.hpp"
 #include "orrery/model/names.hpp"
 #include "orrery/profiler/recorder.hpp"
+#include "orrery/runtime/buffers.hpp"
 #include "orrery/runtime/gpt_pieces.hpp"
 #include "orrery/runtime/pipeline.hpp"
 #include "orrery/runtime/tensor_parallel.hpp"
@@ -150,12 +151,14 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   source_ = make_token_source(s_.data.source, s_.data.path, cfg.vocab, s_.training.seed);
   loader_ = std::make_unique<DataLoader>(*source_, s_.model.seq, s_.training.micro_batch, L.dp_rank,
                                          L.dp, s_.training.seed);
-  // One activation set per micro-batch in flight (index mb % size).
+  // One activation set per micro-batch in flight (index mb % size); under recomputation the buffers
+  // the blocks do not keep are the scratch's workspace, once per rank (buffers.hpp).
+  const Recompute recompute = recompute_of(s_.training);
   const int in_flight =
       L.pp > 1 ? pipeline_in_flight(s_.parallel.schedule, L.pp, L.pp_rank, micro_batches_) : 1;
   for (int i = 0; i < in_flight; ++i) {
     acts_.push_back(std::make_unique<typename B::Activations>(
-        backend_.activations(*model_, s_.training.micro_batch, s_.model.seq)));
+        backend_.activations(*model_, s_.training.micro_batch, s_.model.seq, recompute)));
   }
   act_send_h_.resize(static_cast<std::size_t>(in_flight));
   grad_send_h_.resize(static_cast<std::size_t>(in_flight));
@@ -163,7 +166,8 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
     for (int i = 0; i < in_flight; ++i) grad_send_.emplace_back(acts_[0]->boundary_elems);
   }
   scratch_ = std::make_unique<typename B::Scratch>(
-      backend_.scratch(*model_, s_.training.micro_batch, s_.model.seq));
+      backend_.scratch(*model_, s_.training.micro_batch, s_.model.seq, recompute));
+  for (auto& a : acts_) bind_recompute_workspace(*a, *scratch_);
   adam_m_.resize(moments);
   adam_v_.resize(moments);
   if (zero) {

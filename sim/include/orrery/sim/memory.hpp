@@ -5,15 +5,20 @@
 // fp32 master copy and moments in o):
 //   stage 0: (p + g + o)·Ψ     stage 1: (p + g)·Ψ + o·Ψ/N
 //   stage 2: p·Ψ + (g + o)·Ψ/N  stage 3: (p + g + o)·Ψ/N
-// Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation"), per layer per
-// micro-batch, without recomputation, in 16-bit: s·b·h·(34 + 5·a·s/h) / t bytes (t = tp). Dividing
-// every term by t assumes Megatron's sequence parallelism (LayerNorm and dropout activations
-// sharded too); plain tensor parallelism keeps s·b·h·10 replicated, i.e. s·b·h·(10 + 24/t +
-// 5·a·s/(h·t)). fp32 activations double it. Micro-batches in flight on
-// stage s: 1F1B min(p - s, m), GPipe m; interleaved 1F1B (v chunks of a v-th of the stage's layers)
-// the peak of chunk passes between forward and backward over the stage's order, i.e. its warm-up
-// plus one, min(2(p-s-1) + (v-1)p + 1, m·v) (micro_batches_in_flight: that / v, rounded up). The last stage adds its logits and their gradient,
-// b·s·V·4·2 bytes for one micro-batch (fp32 loss); stage 0 adds the embedding output s·b·h·2.
+// Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+// Models", Table 2), per layer per micro-batch, in 16-bit, t = tp, with training.recompute:
+//   none       s·b·h·(10 + 24/t + 5·a·s/(h·t))   with sequence parallelism s·b·h·(34 + 5·a·s/h)/t
+//   selective  s·b·h·(10 + 24/t)                 with sequence parallelism 34·s·b·h/t
+//   full       2·s·b·h (the block's input)       with sequence parallelism 2·s·b·h/t
+// (plain tensor parallelism keeps the LayerNorm and dropout regions' 10·s·b·h replicated). fp32
+// activations double it. Recomputation adds, once per rank, the workspace it runs in: one layer's
+// activations without recomputation (full) or its attention core's 5·a·s/(h·t)·s·b·h (selective).
+// Micro-batches in flight on stage s: 1F1B min(p - s, m), GPipe m; interleaved 1F1B (v chunks of a
+// v-th of the stage's layers) the peak of chunk passes between forward and backward over the
+// stage's order, i.e. its warm-up plus one, min(2(p-s-1) + (v-1)p + 1, m·v)
+// (micro_batches_in_flight: that / v, rounded up). The last stage adds its logits and their
+// gradient, b·s·V·4·2 bytes for one micro-batch (fp32 loss); stage 0 adds the embedding output
+// s·b·h·2.
 // Not counted: communication buffers, allocator fragmentation, workspace (cuBLAS, NCCL).
 #pragma once
 
@@ -27,14 +32,14 @@ namespace orrery::sim {
 
 struct MemoryEstimate {
   int stage = 0;
-  int64_t param_count = 0;      // Ψ of one rank (tp slice, unsharded)
+  int64_t param_count = 0;  // Ψ of one rank (tp slice, unsharded)
   double parameters_bytes = 0;
   double gradients_bytes = 0;
   double optimizer_bytes = 0;
   double activations_bytes = 0;
   int micro_batches_in_flight = 0;
   double total_bytes = 0;
-  int64_t capacity_bytes = 0;   // the device's memory (0: unknown, always fits)
+  int64_t capacity_bytes = 0;  // the device's memory (0: unknown, always fits)
   bool fits = true;
 };
 
@@ -46,8 +51,11 @@ ModelStateBytes model_state_bytes(double params, int zero_stage, int dp, const P
 
 // Activation bytes of one layer for one micro-batch on one rank (16-bit formula × act_bytes/2).
 double activation_bytes_per_layer(const Scenario& s, const PrecisionConfig& p);
+// The recomputation's workspace, once per rank (0 without recomputation).
+double recompute_workspace_bytes(const Scenario& s, const PrecisionConfig& p);
 
 // One estimate per pipeline stage.
-std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionConfig& p, int64_t capacity_bytes);
+std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionConfig& p,
+                                            int64_t capacity_bytes);
 
 }  // namespace orrery::sim

@@ -121,8 +121,12 @@ class CudaBackend {
   // The model (and ZeRO 3's shards) on the device, their uploads complete.
   Model make_model(Gpt host, bool storage);
   std::unique_ptr<Zero3> make_zero3(Model& m, int dp_rank, int dp_size);
-  Activations activations(const Model& m, int B, int T) { return gpu_activations(m, B, T); }
-  Scratch scratch(const Model& m, int B, int T) { return gpu_grad_scratch(m, B, T); }
+  Activations activations(const Model& m, int B, int T, Recompute rc) {
+    return gpu_activations(m, B, T, rc);
+  }
+  Scratch scratch(const Model& m, int B, int T, Recompute rc) {
+    return gpu_grad_scratch(m, B, T, rc);
+  }
 
   const CudaKernels& kernels() const { return kernels_; }
   void zero(float* p, std::size_t n) { kernels_.zero(p, n); }

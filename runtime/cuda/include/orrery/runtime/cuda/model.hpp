@@ -70,10 +70,12 @@ void gpu_zero_grad(const Context& ctx, GpuGpt& model);
 
 // The CPU model's activation and scratch layout (model.hpp) over device arrays.
 using GpuActivations = BasicActivations<DeviceArray<float>, DeviceArray<int32_t>>;
-GpuActivations gpu_activations(const GpuGpt& model, int B, int T);
+GpuActivations gpu_activations(const GpuGpt& model, int B, int T,
+                               Recompute recompute = Recompute::None);
 
 using GpuGradScratch = BasicGradScratch<DeviceArray<float>>;
-GpuGradScratch gpu_grad_scratch(const GpuGpt& model, int B, int T);
+GpuGradScratch gpu_grad_scratch(const GpuGpt& model, int B, int T,
+                                Recompute recompute = Recompute::None);
 
 // --- pieces (see model.hpp). `inputs`/`targets` are HOST arrays of B*T token ids; they are
 // copied to the device on ctx's stream. The embedding pieces need has_embed, the head pieces

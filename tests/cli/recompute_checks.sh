@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# training.recompute and parallel.sequence_parallel from the command line:
+#  - the layouts Megatron-LM trains GPT-3 175B, MT-NLG 530B and a 1T model with on A100-80GB
+#    (scenarios/megatron/, Korthikanti et al. 2022 Table 3) simulate without --allow-oom with full
+#    recomputation, on the GPU counts of the paper (--gpus), and are refused as not fitting without it;
+#  - bad input exits 2 naming the key before anything runs: an unknown recompute mode, sequence
+#    parallelism without tp, sequence parallelism on `orrery run`, --gpus 0;
+#  - `orrery run` with full recomputation trains and records its recompute.block spans.
+# Usage: recompute_checks.sh ORRERY SOURCE_DIR
+set -u
+ORRERY=$1
+SRC=$2
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# expect RC "text in the output" orrery args...
+expect() {
+  local want_rc=$1 want=$2
+  shift 2
+  (cd "$SRC" && timeout 120 "$ORRERY" "$@") >"$TMP/out" 2>&1
+  local rc=$?
+  if [ $rc -ne "$want_rc" ] || ! grep -qF -- "$want" "$TMP/out" || grep -q "internal error" "$TMP/out"; then
+    fail "orrery $* -> exit $rc (want $want_rc and '$want'):"
+    tail -n 20 "$TMP/out"
+  else
+    echo "ok: orrery $* -> exit $rc: $(grep -F -m1 -- "$want" "$TMP/out")"
+  fi
+}
+
+for entry in "gpt3-175b 64" "mt-nlg-530b 280" "gpt-1t 512"; do
+  read -r model gpus <<< "$entry"
+  expect 0 "step time" sim "scenarios/megatron/$model.yaml" --cluster selene-a100 --gpus "$gpus"
+  expect 2 "does not fit device memory" sim "scenarios/megatron/$model.yaml" --cluster selene-a100 \
+    --gpus "$gpus" --set training.recompute=none
+done
+expect 2 "key 'training.recompute': expected none, selective or full, got 'sometimes'" \
+  sim scenarios/gpt-tiny.yaml --set training.recompute=sometimes
+expect 2 "key 'training.recompute': expected none, selective or full, got 'sometimes'" \
+  run scenarios/gpt-tiny.yaml --nproc 1 --set training.recompute=sometimes
+expect 2 "key 'parallel.sequence_parallel'" sim scenarios/gpt-tiny.yaml --set parallel.sequence_parallel=true
+expect 2 "key 'parallel.sequence_parallel': sequence parallelism is simulated" \
+  run scenarios/gpt-tiny.yaml --nproc 2 --set parallel.dp=1 --set parallel.tp=2 --set parallel.sequence_parallel=true
+expect 2 "--gpus must be >= 1, got 0" sim scenarios/gpt-tiny.yaml --gpus 0
+
+expect 0 "" run scenarios/gpt-tiny.yaml --nproc 1 --set parallel.dp=1 --set training.steps=2 \
+  --set training.recompute=full --out "$TMP/full.db"
+if [ -f "$TMP/full.db" ] && (cd "$SRC" && "$ORRERY" report "$TMP/full.db") > "$TMP/report" 2>&1; then
+  echo "ok: orrery report of the full-recomputation run"
+else
+  fail "orrery report of the full-recomputation run"; tail -n 20 "$TMP/report"
+fi
+
+if [ $fails -ne 0 ]; then
+  echo "$fails check(s) failed"
+  exit 1
+fi
+echo "all checks passed"
