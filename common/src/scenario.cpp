@@ -358,6 +358,12 @@ void validate_layout(const Scenario& s) {
                      ": sequence parallelism shards the tensor-parallel group's LayerNorm and "
                      "dropout regions along the sequence and needs tp > 1");
   }
+  if (p.sequence_parallel && (int64_t(t.micro_batch) * m.seq) % p.tp != 0) {
+    throw InputError("key 'parallel.sequence_parallel': " + layout + ": the " +
+                     std::to_string(int64_t(t.micro_batch) * m.seq) +
+                     " tokens of a micro-batch (training.micro_batch x model.seq) must be "
+                     "divisible by tp to shard them");
+  }
   if (m.heads % p.tp != 0) {
     throw InputError("key 'parallel.tp': " + layout + ": model.heads (" + std::to_string(m.heads) +
                      ") must be divisible by tp");

@@ -244,6 +244,10 @@ GptGradScratch gpt_grad_scratch(const Gpt& m, int B, int T, Recompute recompute)
 
 void CpuKernels::zero(float* p, std::size_t n) const { std::fill(p, p + n, 0.0f); }
 
+void CpuKernels::copy(float* dst, const float* src, std::size_t n) const {
+  std::copy(src, src + n, dst);
+}
+
 void CpuKernels::upload_tokens(int32_t* dst, const int32_t* src, std::size_t n) const {
   std::copy(src, src + n, dst);
 }

@@ -54,11 +54,6 @@ void check_supported(const Scenario& s) {
         "' is not available in the CPU runtime; expected cpu (device cuda needs a build "
         "with the CUDA toolkit)");
   }
-  if (s.parallel.sequence_parallel) {
-    throw InputError(origin +
-                     ": key 'parallel.sequence_parallel': sequence parallelism is simulated "
-                     "(orrery sim) but not yet run by the runtime; set it to false for orrery run");
-  }
   if (s.runtime.threads < 1) {
     throw InputError(origin + ": key 'runtime.threads': expected at least 1, got " +
                      std::to_string(s.runtime.threads));

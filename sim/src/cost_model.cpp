@@ -26,6 +26,7 @@ ModelDims model_dims(const Scenario& s, int64_t act_bytes) {
   d.layers = s.model.layers;
   d.tp = s.parallel.tp;
   d.act_bytes = act_bytes;
+  d.sequence_parallel = s.parallel.sequence_parallel && s.parallel.tp > 1;
   return d;
 }
 
@@ -117,8 +118,10 @@ std::vector<Kernel> mlp_backward_kernels(const ModelDims& d) {
 std::vector<Kernel> head_forward_kernels(const ModelDims& d) {
   const Shape x = shape(d);
   Kernel lm = linear(x, x.c, x.v, 0.0);  // tied to wte, not sliced over tp (as the runtime)
+  Kernel ln = layernorm(x, false);
+  if (d.sequence_parallel) ln = {ln.cls, ln.flops / x.tp, ln.bytes / x.tp};  // this rank's tokens
   return {
-      layernorm(x, false),
+      ln,
       lm,
       // Softmax and cross-entropy in place over the logits: read and write (n, V).
       {OpClass::SoftmaxLoss, 0.0, x.e * 2.0 * x.n * x.v},
@@ -132,16 +135,55 @@ std::vector<Kernel> optimizer_kernels(double params, double bytes_per_param) {
   return {{OpClass::Optimizer, 12.0 * params, bytes_per_param * params}};
 }
 
+namespace {
+// Sequence parallelism (model/block.hpp): the block's ten forward kernels in BlockOp order, the
+// token-wise ones (LayerNorms, residual adds) over this rank's 1/tp of the tokens; forward pieces,
+// backward pieces (the forward kernels' backward, in reverse) or the full recomputation's pieces.
+std::optional<std::vector<Kernel>> sp_block_kernels(std::string_view name, int piece, int pieces,
+                                                    const ModelDims& d) {
+  std::vector<Kernel> ops = attention_forward_kernels(d);
+  const auto mf = mlp_forward_kernels(d);
+  ops.insert(ops.end(), mf.begin(), mf.end());
+  for (int op : {0, 4, 5, 9}) ops[size_t(op)].bytes /= double(d.tp);  // token-wise ops
+  if (piece < 0 || piece >= pieces) return std::nullopt;
+  if (name == names::kBlockRecompute) {
+    if (pieces != int(model::kSpRecomputePieces.size())) return std::nullopt;
+    const auto r = model::kSpRecomputePieces[size_t(piece)];
+    return std::vector<Kernel>(ops.begin() + r.begin, ops.begin() + r.end);
+  }
+  if (pieces != model::kSpBlockPieces) return std::nullopt;
+  if (name == names::kBlockForward) {
+    const auto r = model::kSpForwardPieces[size_t(piece)];
+    return std::vector<Kernel>(ops.begin() + r.begin, ops.begin() + r.end);
+  }
+  const auto back = backward_of(ops);
+  const auto r = model::kSpBackwardPieces[size_t(piece)];
+  std::vector<Kernel> out;
+  for (int i = r.end - 1; i >= r.begin; --i) out.push_back(back[size_t(i)]);
+  return out;
+}
+}  // namespace
+
 std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, int pieces,
                                               const ModelDims& d, double opt_params) {
   auto cat = [](std::vector<Kernel> a, const std::vector<Kernel>& b) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
   };
+  if (d.sequence_parallel && name == names::kHeadForward && pieces == 2) {
+    const auto h = head_forward_kernels(d);
+    if (piece == 0) return std::vector<Kernel>{h[0]};
+    if (piece == 1) return std::vector<Kernel>(h.begin() + 1, h.end());
+    return std::nullopt;
+  }
   if (name == names::kEmbedForward) return embedding_forward_kernels(d);
   if (name == names::kEmbedBackward) return embedding_backward_kernels(d);
   if (name == names::kHeadForward) return head_forward_kernels(d);
   if (name == names::kHeadBackward) return head_backward_kernels(d);
+  if (d.sequence_parallel && (name == names::kBlockForward || name == names::kBlockBackward ||
+                              name == names::kBlockRecompute)) {
+    return sp_block_kernels(name, piece, pieces, d);
+  }
   if (name == names::kBlockForward || name == names::kBlockBackward) {
     const auto af = attention_forward_kernels(d), mf = mlp_forward_kernels(d);
     const auto ab = attention_backward_kernels(d), mb = mlp_backward_kernels(d);

@@ -134,7 +134,8 @@ struct Piece {
 struct ComputeCosts {
   Piece embed_f, embed_b, head_f, head_b;
   std::vector<Piece> block_f, block_b;  // one piece (tp = 1) or three (tp > 1, model.hpp)
-  std::vector<Piece> recompute_block;   // full recomputation: one piece (tp = 1) or two
+  std::vector<Piece> recompute_block;   // full recomputation: one piece (tp = 1), two, or four (sp)
+  std::vector<Piece> head_f_sp;         // sequence parallelism: the head forward's two pieces
   Piece recompute_attention;            // selective recomputation
   int64_t data_ns = 0;
 };
@@ -152,6 +153,15 @@ ComputeCosts make_costs(const ModelDims& d, const CostModel& cost) {
                      : total_flops(*ks);
     if (name == names::kBlockRecompute) f = model::flops::recompute_block_piece(fd, index, pieces);
     if (name == names::kAttentionRecompute) f = model::flops::recompute_attention(fd);
+    if (d.sequence_parallel && (block || name == names::kBlockRecompute)) {
+      // model/block.hpp's sequence-parallel pieces, the FLOPs of their BlockOps.
+      const model::OpRange r =
+          name == names::kBlockRecompute
+              ? model::kSpRecomputePieces[size_t(index)]
+              : (name == names::kBlockForward ? model::kSpForwardPieces[size_t(index)]
+                                              : model::kSpBackwardPieces[size_t(index)]);
+      f = model::flops::block_ops_flops(fd, name != names::kBlockBackward, r.begin, r.end);
+    }
     return Piece{f, total_bytes(*ks), cost.named_op_ns(name, index, pieces, d)};
   };
   ComputeCosts c;
@@ -159,14 +169,20 @@ ComputeCosts make_costs(const ModelDims& d, const CostModel& cost) {
   c.embed_b = piece(names::kEmbedBackward, 0, 1);
   c.head_f = piece(names::kHeadForward, 0, 1);
   c.head_b = piece(names::kHeadBackward, 0, 1);
-  // One piece per block (tp = 1) or the runtime's three, split where Megatron sums over the tp group
-  // (model/block.hpp; op_kernels lists their kernels).
-  const int pieces = d.tp == 1 ? 1 : model::kTpBlockPieces;
+  if (d.sequence_parallel) {  // the final LayerNorm, all-gather, then the LM head
+    c.head_f_sp = {piece(names::kHeadForward, 0, 2), piece(names::kHeadForward, 1, 2)};
+  }
+  // One piece per block (tp = 1) or the runtime's three, split where Megatron sums over the tp group,
+  // or five under sequence parallelism (model/block.hpp; op_kernels lists their kernels).
+  const int pieces =
+      d.tp == 1 ? 1 : (d.sequence_parallel ? model::kSpBlockPieces : model::kTpBlockPieces);
   for (int i = 0; i < pieces; ++i) {
     c.block_f.push_back(piece(names::kBlockForward, i, pieces));
     c.block_b.push_back(piece(names::kBlockBackward, i, pieces));
   }
-  const int rpieces = d.tp == 1 ? 1 : int(model::kRecomputePieces.size());
+  const int rpieces = d.tp == 1 ? 1
+                                : int(d.sequence_parallel ? model::kSpRecomputePieces.size()
+                                                          : model::kRecomputePieces.size());
   for (int i = 0; i < rpieces; ++i)
     c.recompute_block.push_back(piece(names::kBlockRecompute, i, rpieces));
   c.recompute_attention = piece(names::kAttentionRecompute, 0, 1);
@@ -180,21 +196,24 @@ double workload_ops_bound(const Scenario& s, int steps) {
   const double pp = std::max(1, par.pp), per_stage = double(s.model.layers) / pp;
   const double m = double(s.training.global_batch) /
                    (double(std::max(1, par.dp)) * double(std::max(1, s.training.micro_batch)));
-  const double pieces = par.tp > 1 ? 3 : 1;
+  const bool sp = par.sequence_parallel && par.tp > 1;
+  const double pieces = par.tp > 1 ? (sp ? 5 : 3) : 1;
   // Per micro-batch and layer: the forward's and the backward's pieces with the tp all-reduces
   // between them; ZeRO 3 adds a gather before each and the backward's reduce-scatter.
   // Recomputation adds, in the backward, one op (selective) or the full recomputation's pieces with
   // the tp all-reduce between them (3 ops under tp, else 1).
   const Recompute rc = recompute_of(s.training);
   const double recompute_ops =
-      rc == Recompute::None ? 0 : (rc == Recompute::Full && par.tp > 1 ? 3 : 1);
-  const double per_layer = 2 * (2 * pieces - 1) + (par.zero == 3 ? 3 : 0) + recompute_ops;
+      rc == Recompute::None ? 0 : (rc == Recompute::Full && par.tp > 1 ? (sp ? 7 : 3) : 1);
+  // Sequence parallelism: one all-reduce of the replicated gradients per block backward.
+  const double per_layer =
+      2 * (2 * pieces - 1) + (par.zero == 3 ? 3 : 0) + recompute_ops + (sp ? 1 : 0);
   // Per micro-batch at most 10 more (data, embedding or receive, head or send, ZeRO's blocking
   // collectives, the extra prefetch); per step at most one DDP bucket per segment and 10 more
   // (zero_grad, ZeRO 3's start gathers, tied-embedding all-reduce, optimizer, all-gather, loss).
   // Interleaved: per micro-batch and chunk at most the 10 (a chunk's pass has the same extras).
-  const double per_step =
-      m * (per_stage * per_layer + 10 * chunks_per_stage(s)) + (per_stage + 2) + 10;
+  const double per_step = m * (per_stage * per_layer + (10 + (sp ? 4 : 0)) * chunks_per_stage(s)) +
+                          (per_stage + 2) + 10;
   return double(std::max(1, steps)) * per_step;
 }
 
@@ -282,6 +301,10 @@ class StageBuilder {
         has_embed_segment_(first_ || last_),
         recompute_(recompute_of(s.training)),
         act_msg_bytes_(int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model *
+                       prec_.act_bytes /
+                       (s.parallel.sequence_parallel && s.parallel.tp > 1 ? s.parallel.tp : 1)),
+        sp_(s.parallel.sequence_parallel && s.parallel.tp > 1),
+        sp_coll_bytes_(int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model *
                        prec_.act_bytes),
         prog_(prog),
         b_(prog, names) {
@@ -399,14 +422,37 @@ class StageBuilder {
                        kStreamTp, GroupRole::TP, act_msg_bytes_, seq_tp_++, ph, mb, layer),
                   {after});
   }
-  // A block's forward or backward: its pieces, with a tp all-reduce between consecutive pieces.
+  // Sequence parallelism's collectives (model/block.hpp): the all-gather of a LayerNorm output or
+  // a residual gradient and the reduce-scatter of a partial product, both of the whole (B,T,C)
+  // tensor's bytes, and the all-reduce of `values` replicated gradients.
+  uint32_t tp_sp_coll(bool gather, PhaseKind ph, int mb, int layer, uint32_t after) {
+    return b_.add(
+        comm(gather ? names::kTpAllGather : names::kTpReduceScatter, traces::SpanKind::Collective,
+             gather ? traces::CollOp::AllGather : traces::CollOp::ReduceScatter, kStreamTp,
+             GroupRole::TP, sp_coll_bytes_, seq_tp_++, ph, mb, layer),
+        {after});
+  }
+  uint32_t tp_grad_all_reduce(int mb, int layer, int64_t values, uint32_t after) {
+    return b_.add(comm(names::kTpGradAllReduce, traces::SpanKind::Collective,
+                       traces::CollOp::AllReduce, kStreamTp, GroupRole::TP,
+                       values * prec_.grad_bytes, seq_tp_++, PhaseKind::Backward, mb, layer),
+                  {after});
+  }
+  // A block's forward or backward: its pieces, with a tp all-reduce between consecutive pieces
+  // (sequence parallelism: an all-gather after even pieces, a reduce-scatter after odd ones).
   uint32_t block(std::string_view n, const std::vector<Piece>& pieces, PhaseKind ph, int mb,
                  int layer, std::initializer_list<uint32_t> first_deps) {
     uint32_t prev = kNone;
     for (size_t k = 0; k < pieces.size(); ++k) {
       const uint32_t op = k == 0 ? b_.add(compute(n, pieces[k], ph, mb, layer), first_deps)
                                  : b_.add(compute(n, pieces[k], ph, mb, layer), {prev});
-      prev = k + 1 < pieces.size() ? tp_all_reduce(ph, mb, layer, op) : op;
+      if (k + 1 == pieces.size()) {
+        prev = op;
+      } else if (sp_) {
+        prev = tp_sp_coll(model::sp_gather_after(int(k)), ph, mb, layer, op);
+      } else {
+        prev = tp_all_reduce(ph, mb, layer, op);
+      }
     }
     return prev;
   }
@@ -523,7 +569,15 @@ class StageBuilder {
       }
     }
     if (head) {
-      b_.add(compute(names::kHeadForward, cc_.head_f, PhaseKind::Forward, mb, L_), {prev, data});
+      if (sp_) {  // the final LayerNorm on this rank's tokens, all-gathered for the LM head
+        const uint32_t ln =
+            b_.add(compute(names::kHeadForward, cc_.head_f_sp[0], PhaseKind::Forward, mb, L_),
+                   {prev, data});
+        const uint32_t ag = tp_sp_coll(true, PhaseKind::Forward, mb, L_, ln);
+        b_.add(compute(names::kHeadForward, cc_.head_f_sp[1], PhaseKind::Forward, mb, L_), {ag});
+      } else {
+        b_.add(compute(names::kHeadForward, cc_.head_f, PhaseKind::Forward, mb, L_), {prev, data});
+      }
     } else {
       b_.add(
           comm(names::kSendActivation, traces::SpanKind::P2P, traces::CollOp::Send, kStreamPpSend,
@@ -565,11 +619,13 @@ class StageBuilder {
                                    {prev, this_gather, buffer_free})
                            : block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l,
                                    {rc, buffer_free});
+        if (sp_) prev = tp_grad_all_reduce(mb, l, 6 * int64_t(s_.model.d_model), prev);
         rs_of_layer[l - l0] = z3_scatter(mb, l, prev);
       } else {
         const uint32_t rc = recompute_ops(mb, l, {prev});
         prev = block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l,
                      {rc == kNone ? prev : rc});
+        if (sp_) prev = tp_grad_all_reduce(mb, l, 6 * int64_t(s_.model.d_model), prev);
       }
       issue_ready(ddp_sync, mb, base + 1 + (l1 - 1 - l), prev);
     }
@@ -586,6 +642,7 @@ class StageBuilder {
     uint32_t prev = kNone;
     if (head) {
       prev = b_.add(compute(names::kHeadBackward, cc_.head_b, PhaseKind::Backward, mb, L_), wait);
+      if (sp_) prev = tp_grad_all_reduce(mb, L_, 2 * int64_t(s_.model.d_model), prev);
       if (par_.zero == 3) z3_scatter(mb, L_, prev);
     } else {
       prev = b_.add(comm(names::kRecvGradient, traces::SpanKind::P2P, traces::CollOp::Recv,
@@ -596,6 +653,8 @@ class StageBuilder {
     if (head) issue_ready(ddp_sync, mb, base + 0, prev);
     prev = backward_blocks(pass, ddp_sync, prev);
     if (embed) {
+      if (sp_)
+        prev = tp_sp_coll(true, PhaseKind::Backward, mb, -1, prev);  // every token's gradient
       prev =
           b_.add(compute(names::kEmbedBackward, cc_.embed_b, PhaseKind::Backward, mb, -1), {prev});
       issue_ready(ddp_sync, mb, base + per_chunk_ + 1, prev);
@@ -675,6 +734,8 @@ class StageBuilder {
   const bool first_, last_, interleaved_, has_embed_segment_;
   const Recompute recompute_;
   const int64_t act_msg_bytes_;
+  const bool sp_;                // sequence parallelism (tp > 1)
+  const int64_t sp_coll_bytes_;  // its all-gathers and reduce-scatters: the whole (B,T,C)
   StageProgram& prog_;
   ProgramBuilder b_;
   std::vector<int64_t> seg_params_;

@@ -4,7 +4,7 @@
 #    (scenarios/megatron/, Korthikanti et al. 2022 Table 3) simulate without --allow-oom with full
 #    recomputation, on the GPU counts of the paper (--gpus), and are refused as not fitting without it;
 #  - bad input exits 2 naming the key before anything runs: an unknown recompute mode, sequence
-#    parallelism without tp, sequence parallelism on `orrery run`, --gpus 0;
+#    parallelism without tp or with tokens that tp does not divide, --gpus 0;
 #  - `orrery run` with full recomputation trains and records its recompute.block spans.
 # Usage: recompute_checks.sh ORRERY SOURCE_DIR
 set -u
@@ -41,8 +41,11 @@ expect 2 "key 'training.recompute': expected none, selective or full, got 'somet
 expect 2 "key 'training.recompute': expected none, selective or full, got 'sometimes'" \
   run scenarios/gpt-tiny.yaml --nproc 1 --set training.recompute=sometimes
 expect 2 "key 'parallel.sequence_parallel'" sim scenarios/gpt-tiny.yaml --set parallel.sequence_parallel=true
-expect 2 "key 'parallel.sequence_parallel': sequence parallelism is simulated" \
-  run scenarios/gpt-tiny.yaml --nproc 2 --set parallel.dp=1 --set parallel.tp=2 --set parallel.sequence_parallel=true
+expect 2 "key 'parallel.sequence_parallel': sequence parallelism shards" \
+  run scenarios/gpt-tiny.yaml --nproc 2 --set parallel.dp=2 --set parallel.sequence_parallel=true
+expect 2 "tokens of a micro-batch (training.micro_batch x model.seq) must be divisible by tp" \
+  sim scenarios/gpt-tiny.yaml --set parallel.dp=1 --set parallel.tp=2 --set parallel.sequence_parallel=true \
+  --set training.micro_batch=1 --set model.seq=15 --set training.global_batch=8
 expect 2 "--gpus must be >= 1, got 0" sim scenarios/gpt-tiny.yaml --gpus 0
 
 expect 0 "" run scenarios/gpt-tiny.yaml --nproc 1 --set parallel.dp=1 --set training.steps=2 \

@@ -5,13 +5,17 @@
 #     names, kinds and counts per rank of tests/data/reference_spans/<layout>.tsv, written by
 #     `--record` from the tree before the runtime and simulator shared model/ (commit 0f81bc0);
 #     the three recomputation layouts (tp2 full, pp2 selective, dp2 ZeRO 3 full) were recorded when
-#     training.recompute was added, and their recomputation spans are also counted in closed form
-#     (3 below);
+#     training.recompute was added, the two sequence-parallel ones (tp2, dp2·tp2·pp2 with full
+#     recomputation) when parallel.sequence_parallel was; their recomputation and sequence-parallel
+#     spans are also counted in closed form (3 below);
 #  2. the simulator's ops for each layout (orrery sim --all-ranks) equal the real run's spans, rank by
 #     rank: compute ops in order (with their FLOPs), each communicator's collectives in sequence order and
 #     its transfers as a set (name, step, micro-batch, layer, bytes) (span_tool compare);
 #  3. recomputation spans per rank: 2 steps x 4 micro-batches x the rank's blocks x pieces (full: 2
-#     pieces under tp, else 1; selective: 1), and under tp 2 x 4 x 4 more tp all-reduces than tp2.
+#     pieces under tp, else 1; selective: 1), and under tp 2 x 4 x 4 more tp all-reduces than tp2;
+#     sequence parallelism (tp2, 4 blocks, 4 micro-batches, 2 steps): per block and micro-batch 4
+#     all-gathers and 4 reduce-scatters in place of tp2's 4 all-reduces, plus the head's all-gather
+#     and the embedding's, and one tp.grad_all_reduce per block and one for the head.
 # Usage: reference_spans.sh ORRERY SPAN_TOOL SOURCE_DIR WORK_DIR [--record]
 set -uo pipefail
 ORRERY=$1
@@ -46,6 +50,8 @@ layouts=(
   "tp2-recompute-full 2 parallel.dp=1 parallel.tp=2 training.recompute=full"
   "pp2-recompute-selective 2 parallel.dp=1 parallel.pp=2 training.recompute=selective"
   "dp2-zero3-recompute-full 2 parallel.dp=2 parallel.zero=3 training.recompute=full"
+  "tp2-sp 2 parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true"
+  "dp2-tp2-pp2-sp-full 8 parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.sequence_parallel=true training.recompute=full"
 )
 for entry in "${layouts[@]}"; do
   read -r name ranks rest <<< "$entry"
@@ -98,6 +104,16 @@ fi
 if [ "$RECORD" != "--record" ] && [ -f dp2-zero3-recompute-full.tsv ]; then
   for r in 0 1; do
     check_count "dp2 zero3 full rank $r recompute.block" "$(count_of dp2-zero3-recompute-full.tsv $r recompute.block)" $((2 * 2 * 4))
+  done
+fi
+
+if [ "$RECORD" != "--record" ] && [ -f tp2-sp.tsv ]; then
+  for r in 0 1; do
+    check_count "tp2 sp rank $r tp.all_reduce" "$(count_of tp2-sp.tsv $r tp.all_reduce)" 0
+    check_count "tp2 sp rank $r tp.reduce_scatter" "$(count_of tp2-sp.tsv $r tp.reduce_scatter)" $((2 * 4 * 4 * 4))
+    check_count "tp2 sp rank $r tp.all_gather" "$(count_of tp2-sp.tsv $r tp.all_gather)" $((2 * 4 * (4 * 4 + 2)))
+    check_count "tp2 sp rank $r tp.grad_all_reduce" "$(count_of tp2-sp.tsv $r tp.grad_all_reduce)" $((2 * 4 * (4 + 1)))
+    check_count "tp2 sp rank $r fwd.block" "$(count_of tp2-sp.tsv $r fwd.block)" $((2 * 4 * 4 * 5))
   done
 fi
 

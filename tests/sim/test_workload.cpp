@@ -129,6 +129,45 @@ TEST(Workload, RecomputationOps) {
   }
 }
 
+// Sequence parallelism (model/block.hpp): five pieces per block each way, 4 all-gathers and 4
+// reduce-scatters of the whole (B,T,C) per block and micro-batch instead of 4 all-reduces, the
+// head's and the embedding's all-gathers, one replicated-gradient all-reduce (6·C values) per block
+// and one (2·C) for the head, pipeline messages 1/tp of the activation; FLOPs per piece sum to the
+// block's.
+TEST(Workload, SequenceParallelOps) {
+  const int L = 8, pp = 2, tp = 2, dp = 1, m = 4, lps = L / pp;
+  Scenario s = small_scenario(L, dp, tp, pp, m);
+  s.parallel.sequence_parallel = true;
+  const Workload w = build_workload(s, h100_cost());
+  const int64_t act = int64_t(2) * 128 * 256 * 4;  // B·T·C fp32
+  const model::flops::Dims fd{2, 128, 256, 1024, tp};
+  for (int st = 0; st < pp; ++st) {
+    const auto& p = w.stages[st];
+    auto n = count_by_name(w, p);
+    const bool first = st == 0, last = st == pp - 1;
+    EXPECT_EQ(n[std::string(names::kTpAllReduce)], 0);
+    EXPECT_EQ(n[std::string(names::kBlockForward)], 5 * m * lps);
+    EXPECT_EQ(n[std::string(names::kBlockBackward)], 5 * m * lps);
+    EXPECT_EQ(n[std::string(names::kTpReduceScatter)], 4 * m * lps);
+    EXPECT_EQ(n[std::string(names::kTpAllGather)], 4 * m * lps + (first ? m : 0) + (last ? m : 0));
+    EXPECT_EQ(n[std::string(names::kTpGradAllReduce)], m * lps + (last ? m : 0));
+    EXPECT_EQ(n[std::string(names::kHeadForward)], last ? 2 * m : 0);
+    EXPECT_LE(double(p.ops.size()), workload_ops_bound(s, 1));
+    double block_flops = 0;
+    for (const auto& op : p.ops) {
+      const std::string name = w.names[op.name];
+      if (name == names::kTpAllGather || name == names::kTpReduceScatter) EXPECT_EQ(op.bytes, act);
+      if (name == names::kTpGradAllReduce)
+        EXPECT_TRUE(op.bytes == 6 * 256 * 4 || op.bytes == 2 * 256 * 4);
+      if (name == names::kSendActivation || name == names::kRecvGradient ||
+          name == names::kSendGradient || name == names::kRecvActivation)
+        EXPECT_EQ(op.bytes, act / tp);
+      if (name == names::kBlockForward || name == names::kBlockBackward) block_flops += op.flops;
+    }
+    EXPECT_DOUBLE_EQ(block_flops, m * lps * 3 * model::flops::block_forward(fd));
+  }
+}
+
 TEST(Workload, ComputeOrderFollowsTheSchedule) {
   for (const char* sched : {"1f1b", "gpipe"}) {
     const Scenario s = small_scenario(4, 1, 1, 4, 8, sched);

@@ -97,6 +97,11 @@ GpuGradScratch gpu_grad_scratch(const GpuGpt& m, int B, int T, Recompute recompu
 
 void CudaKernels::zero(float* p, std::size_t n) const { zero_async(*ctx, p, n); }
 
+void CudaKernels::copy(float* dst, const float* src, std::size_t n) const {
+  ORRERY_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, ctx->stream()));
+}
+
 void CudaKernels::upload_tokens(int32_t* dst, const int32_t* src, std::size_t n) const {
   ORRERY_CUDA_CHECK(
       cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice, ctx->stream()));

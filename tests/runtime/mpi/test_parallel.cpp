@@ -35,6 +35,8 @@ struct Case {
   const char* name;
   int dp, tp, pp, zero;
   const char* schedule;
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::None;
 };
 
 Scenario tiny(const Case& c) {
@@ -56,6 +58,8 @@ Scenario tiny(const Case& c) {
   s.parallel.zero = c.zero;
   s.parallel.schedule = c.schedule;
   s.parallel.bucket_mb = 0.01;
+  s.parallel.sequence_parallel = c.sequence_parallel;
+  s.training.recompute = recompute_name(c.recompute);
   s.runtime.threads = 1;
   return s;
 }
@@ -162,7 +166,14 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"dp2_tp2", 2, 2, 1, 0, "gpipe"}, Case{"tp2_pp2", 1, 2, 2, 0, "1f1b"},
         Case{"dp2_pp2_zero2", 2, 1, 2, 2, "1f1b"}, Case{"dp4_zero1", 4, 1, 1, 1, "gpipe"},
         Case{"dp2_tp2_pp2_zero1", 2, 2, 2, 1, "1f1b"},
-        Case{"dp2_tp2_pp2_gpipe", 2, 2, 2, 0, "gpipe"}),
+        Case{"dp2_tp2_pp2_gpipe", 2, 2, 2, 0, "gpipe"},
+        // Sequence parallelism (the tp all-reduces as reduce-scatters and all-gathers, the
+        // residual stream sharded over tp), alone and with pipelines, ZeRO and recomputation.
+        Case{"tp2_sp", 1, 2, 1, 0, "gpipe", true}, Case{"tp4_sp", 1, 4, 1, 0, "gpipe", true},
+        Case{"dp2_tp2_sp", 2, 2, 1, 0, "gpipe", true}, Case{"tp2_pp2_sp", 1, 2, 2, 0, "1f1b", true},
+        Case{"dp2_tp2_sp_zero3_full", 2, 2, 1, 3, "gpipe", true, Recompute::Full},
+        Case{"dp2_tp2_pp2_sp_full", 2, 2, 2, 0, "1f1b", true, Recompute::Full},
+        Case{"dp2_tp2_pp2_sp_selective", 2, 2, 2, 1, "1f1b", true, Recompute::Selective}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Activation recomputation under each parallelism: the same layout run with training.recompute

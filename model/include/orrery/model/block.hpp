@@ -46,6 +46,29 @@ inline constexpr std::array<OpRange, kTpBlockPieces> kBackwardPieces{{{6, 10}, {
 // - selective: the block kept everything but the attention probabilities (B·heads·T·T, the
 //   5·a·s/h term of the paper's s·b·h·(34 + 5·a·s/h)); the recomputation runs the attention core
 //   [Attention, Proj) once, whatever tp.
+// Sequence parallelism (parallel.sequence_parallel, Korthikanti et al. 2022): the residual stream,
+// the LayerNorms and the residual adds work on this rank's 1/tp of the tokens; each tp all-reduce
+// becomes a reduce-scatter of the partial product onto the token shards, and each LayerNorm output
+// is all-gathered before the column-parallel matmul that reads it. Five pieces each way:
+// Forward:  [Ln1] all-gather [Qkv Attention Proj] reduce-scatter [AttnResidual Ln2] all-gather
+//           [Fc1 Gelu Fc2] reduce-scatter [MlpResidual]
+// Backward: [MlpResidual] all-gather(dy) [Fc2 Gelu Fc1] reduce-scatter(dln2) [Ln2 AttnResidual]
+//           all-gather [Proj Attention Qkv] reduce-scatter(dln1) [Ln1], then one tp all-reduce of the
+//           replicated LayerNorm and row-parallel bias gradients, which each rank summed over its
+//           tokens only ("tp.grad_all_reduce", 6·C values per block).
+// The full recomputation under sequence parallelism reruns [Ln1] all-gather [Qkv Attention Proj]
+// reduce-scatter [AttnResidual Ln2] all-gather [Fc1 Gelu] (kSpRecomputePieces: four pieces, three
+// collectives).
+inline constexpr int kSpBlockPieces = 5;
+inline constexpr std::array<OpRange, kSpBlockPieces> kSpForwardPieces{
+    {{0, 1}, {1, 4}, {4, 6}, {6, 9}, {9, 10}}};
+inline constexpr std::array<OpRange, kSpBlockPieces> kSpBackwardPieces{
+    {{9, 10}, {6, 9}, {4, 6}, {1, 4}, {0, 1}}};
+inline constexpr std::array<OpRange, 4> kSpRecomputePieces{{{0, 1}, {1, 4}, {4, 6}, {6, 8}}};
+// Which tp collective follows piece k (forward and recomputation: all-gather after even pieces,
+// reduce-scatter after odd ones; backward: all-gather after even pieces, reduce-scatter after odd).
+inline constexpr bool sp_gather_after(int piece) { return piece % 2 == 0; }
+
 inline constexpr std::array<OpRange, 2> kRecomputePieces{{{0, 4}, {4, 8}}};  // tp > 1
 inline constexpr OpRange kRecomputeBlock{0, 8};                              // tp = 1
 inline constexpr OpRange kRecomputeAttention{2, 3};

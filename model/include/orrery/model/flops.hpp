@@ -63,6 +63,44 @@ inline double block_piece(const Dims& d, bool forward, int piece, int pieces) {
   return 0.0;
 }
 
+// Forward FLOPs of one BlockOp (model/block.hpp's order; the counting above, every term divided by
+// tp): Ln 2·2C, Qkv 2·(3C·C + 3C), Attention 2·T·C, Proj 2·(C·C + C), Fc1 2·(4C·C + 4C), Fc2
+// 2·(4C·C + C) per token; residual adds and GELU 0. They sum to block_forward.
+inline double block_op_forward(const Dims& d, int op) {
+  const double c = static_cast<double>(d.d_model), t = static_cast<double>(d.seq);
+  double per_token = 0;
+  switch (op) {
+    case 0:  // Ln1
+    case 5:  // Ln2
+      per_token = 4.0 * c;
+      break;
+    case 1:
+      per_token = 2.0 * (3.0 * c * c + 3.0 * c);
+      break;
+    case 2:
+      per_token = 2.0 * t * c;
+      break;
+    case 3:
+      per_token = 2.0 * (c * c + c);
+      break;
+    case 6:
+      per_token = 2.0 * (4.0 * c * c + 4.0 * c);
+      break;
+    case 8:
+      per_token = 2.0 * (4.0 * c * c + c);
+      break;
+    default:
+      per_token = 0.0;  // residual adds, GELU
+  }
+  return tokens(d) * per_token / static_cast<double>(d.tp);
+}
+// The FLOPs of BlockOps [begin, end), forward, or backward (2x).
+inline double block_ops_flops(const Dims& d, bool forward, int begin, int end) {
+  double f = 0;
+  for (int op = begin; op < end; ++op) f += block_op_forward(d, op);
+  return forward ? f : 2.0 * f;
+}
+
 // Activation recomputation (model/block.hpp), the FLOPs its spans carry (executed work, which the
 // model FLOPs of MFU exclude): full, piece k of `pieces` (1 at tp = 1, else 2: the attention half,
 // then ln2, fc1 and GELU, i.e. the MLP half less fc2's 2·(4C·C + C) per token); selective, the
@@ -87,6 +125,15 @@ inline double embed_backward(const Dims&) { return 0.0; }
 inline double head_forward(const Dims& d) {
   const double c = static_cast<double>(d.d_model), v = static_cast<double>(d.vocab);
   return tokens(d) * (2.0 * 2.0 * c + 2.0 * c * v);
+}
+// Its two parts: the final LayerNorm (over this rank's 1/tp of the tokens under sequence
+// parallelism, which splits the head's spans there) and the LM head.
+inline double head_norm_forward(const Dims& d, bool sequence_parallel) {
+  return tokens(d) * 4.0 * static_cast<double>(d.d_model) /
+         (sequence_parallel ? static_cast<double>(d.tp) : 1.0);
+}
+inline double head_lm_forward(const Dims& d) {
+  return tokens(d) * 2.0 * static_cast<double>(d.d_model) * static_cast<double>(d.vocab);
 }
 inline double head_backward(const Dims& d) { return 2.0 * head_forward(d); }
 

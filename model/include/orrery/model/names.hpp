@@ -44,6 +44,12 @@ inline constexpr std::string_view kDpAllReduce = "ddp.all_reduce";            //
 inline constexpr std::string_view kDpBroadcast = "ddp.broadcast_parameters";  // before step 0
 inline constexpr std::string_view kBarrier = "barrier";                       // before step 0
 inline constexpr std::string_view kTpAllReduce = "tp.all_reduce";
+// Sequence parallelism (model/block.hpp): the tp all-reduces become a reduce-scatter onto the token
+// shards and an all-gather of each LayerNorm output; the replicated LayerNorm and bias gradients,
+// summed by each rank over its tokens, are all-reduced once per block and once for the head.
+inline constexpr std::string_view kTpReduceScatter = "tp.reduce_scatter";
+inline constexpr std::string_view kTpAllGather = "tp.all_gather";
+inline constexpr std::string_view kTpGradAllReduce = "tp.grad_all_reduce";
 inline constexpr std::string_view kDpReduceScatter = "zero.reduce_scatter";
 inline constexpr std::string_view kDpAllGather = "zero.all_gather";  // ZeRO 1/2: updated parameters
 inline constexpr std::string_view kZeroAllGather =

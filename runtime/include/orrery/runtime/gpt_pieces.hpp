@@ -5,6 +5,7 @@
 // `Kernels` (CpuKernels below, cuda::CudaKernels in cuda/backend.hpp) has every kernel of
 // kernels.hpp under the same name and argument list, plus
 //   zero(float* p, size_t n)                         p[0, n) = 0
+//   copy(float* dst, const float* src, size_t n)     dst[0, n) = src[0, n)
 //   upload_tokens(int32_t* dst, const int32_t* src, size_t n)
 //                                                    host token ids into the activations' storage
 // Each call is issued in program order on the backend's one compute stream; the CPU runs it there
@@ -18,12 +19,14 @@
 // tensor-parallel sums (model/block.hpp's cut points), so no collective sits inside a compute span.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "orrery/model/block.hpp"
 #include "orrery/model/flops.hpp"
 #include "orrery/model/names.hpp"
 #include "orrery/runtime/kernels.hpp"
@@ -43,6 +46,7 @@ struct CpuKernels {
   ORRERY_MODEL_KERNELS(ORRERY_CPU_KERNEL)
 #undef ORRERY_CPU_KERNEL
   void zero(float* p, std::size_t n) const;
+  void copy(float* dst, const float* src, std::size_t n) const;
   void upload_tokens(int32_t* dst, const int32_t* src, std::size_t n) const;
 };
 
@@ -66,6 +70,65 @@ inline void tp_reduce(const GptHooks& hooks, TpPoint point, int layer, float* da
   hooks.tp_all_reduce(point, layer, data, n);
 }
 
+// Sequence parallelism (GptShard::sp(), model/block.hpp): the tp collectives that replace the
+// all-reduces, each between two pieces of a span.
+inline void tp_gather(const GptHooks& hooks, TpPoint point, int layer, const float* send,
+                      float* recv, std::size_t send_count) {
+  if (!hooks.tp_all_gather) {
+    throw std::logic_error("gpt: sequence parallelism but GptHooks::tp_all_gather is not set");
+  }
+  hooks.tp_all_gather(point, layer, send, recv, send_count);
+}
+inline void tp_scatter(const GptHooks& hooks, TpPoint point, int layer, const float* send,
+                       float* recv, std::size_t recv_count) {
+  if (!hooks.tp_reduce_scatter) {
+    throw std::logic_error("gpt: sequence parallelism but GptHooks::tp_reduce_scatter is not set");
+  }
+  hooks.tp_reduce_scatter(point, layer, send, recv, recv_count);
+}
+
+// The tokens of this rank's residual stream: all B·T, or its contiguous 1/tp under sequence
+// parallelism; and the FLOPs of sequence-parallel piece k (model/block.hpp's tables).
+inline int local_tokens(const Gpt& g, int B, int T) {
+  return g.shard.sp() ? B * T / g.shard.tp_size : B * T;
+}
+inline double sp_piece_flops(const flops::Dims& fd, const model::OpRange& r, bool forward) {
+  return flops::block_ops_flops(fd, forward, r.begin, r.end);
+}
+
+// Sequence-parallel [Ln1 .. Gelu] of block `layer` into `a` (forward pieces 0-3 less Fc2, or the
+// full recomputation's four pieces): the span `span` is cut at each collective and reopened with the
+// next piece's FLOPs from `pieces`.
+template <class Kernels, class Acts, std::size_t P>
+void sp_block_front(const Kernels& k, const Gpt& g, const BlockParams& p, BlockActivations& a,
+                    Acts& acts, const float* x, int layer, const GptHooks& hooks, OpSpan& span,
+                    const char* name, const std::array<model::OpRange, P>& pieces) {
+  const BlockDims& d = g.dims;
+  const int B = acts.B, T = acts.T, n = local_tokens(g, B, T);
+  const std::size_t nC = acts.boundary_elems;
+  const auto fd = flop_dims(g, B, T);
+  auto next = [&](int piece) {
+    span.reopen(hooks.observer, name, layer, sp_piece_flops(fd, pieces[std::size_t(piece)], true));
+  };
+  k.layernorm_forward(acts.tp_local, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, 1, n, d.C);
+  span.close();
+  tp_gather(hooks, TpPoint::kLn1Gather, layer, acts.tp_local, a.ln1, nC);
+  next(1);
+  k.matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, 3 * d.Cl);
+  k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH);
+  k.matmul_forward(acts.tp_partial, a.atty, p.projw, nullptr, B, T, d.Cl, d.C);
+  span.close();
+  tp_scatter(hooks, TpPoint::kAttnProjForward, layer, acts.tp_partial, a.attproj, nC);
+  next(2);
+  k.bias_residual_forward(a.res2, x, a.attproj, p.projb, 1, n, d.C);
+  k.layernorm_forward(acts.tp_local, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, 1, n, d.C);
+  span.close();
+  tp_gather(hooks, TpPoint::kLn2Gather, layer, acts.tp_local, a.ln2, nC);
+  next(3);
+  k.matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, B, T, d.C, d.F);
+  k.gelu_forward(a.fch_gelu, a.fch, static_cast<std::size_t>(B) * T * d.F);
+}
+
 // stream[0] = wte[inputs] + wpe.
 template <class Kernels, class Model, class Acts>
 void embed_forward(const Kernels& k, const Model& m, Acts& acts, const int32_t* inputs,
@@ -76,8 +139,17 @@ void embed_forward(const Kernels& k, const Model& m, Acts& acts, const int32_t* 
   OpSpan span(hooks.observer, names::kEmbedForward.data(), kEmbedSegment,
               flops::embed_forward(flop_dims(g, acts.B, acts.T)));
   k.upload_tokens(acts.inputs.data(), inputs, acts.inputs.size());
-  k.encoder_forward(acts.stream, acts.inputs.data(), m.embed.wte, m.embed.wpe, acts.B, acts.T,
+  if (!g.shard.sp()) {
+    k.encoder_forward(acts.stream, acts.inputs.data(), m.embed.wte, m.embed.wpe, acts.B, acts.T,
+                      g.dims.C);
+    return;
+  }
+  // Sequence parallelism: every tp rank embeds all tokens (the embedding is replicated) and keeps
+  // its shard, Megatron's scatter to the sequence-parallel region.
+  k.encoder_forward(acts.tp_partial, acts.inputs.data(), m.embed.wte, m.embed.wpe, acts.B, acts.T,
                     g.dims.C);
+  k.copy(acts.stream, acts.tp_partial + std::size_t(g.shard.tp_rank) * acts.boundary_elems,
+         acts.boundary_elems);
 }
 
 // The block's forward ops, in model/block.hpp's pieces, shared by its forward and its
@@ -125,6 +197,16 @@ void block_forward(const Kernels& k, const Model& m, Acts& acts, int layer, cons
   const auto fd = flop_dims(g, B, T);
   const bool tp = g.shard.tp_size > 1;
   const char* name = names::kBlockForward.data();
+  if (g.shard.sp()) {
+    OpSpan span(hooks.observer, name, layer, sp_piece_flops(fd, model::kSpForwardPieces[0], true));
+    sp_block_front(k, g, p, a, acts, x, layer, hooks, span, name, model::kSpForwardPieces);
+    k.matmul_forward(acts.tp_partial, a.fch_gelu, p.fcprojw, nullptr, B, T, d.F, d.C);
+    span.close();
+    tp_scatter(hooks, TpPoint::kMlpProjForward, layer, acts.tp_partial, a.fcproj, n);
+    span.reopen(hooks.observer, name, layer, sp_piece_flops(fd, model::kSpForwardPieces[4], true));
+    k.bias_residual_forward(y, a.res2, a.fcproj, p.fcprojb, 1, local_tokens(g, B, T), d.C);
+    return;
+  }
 
   OpSpan span(hooks.observer, name, layer, flops::block_piece(fd, true, 0, tp ? 3 : 1));
   attention_half(k, p, a, x, B, T, d);
@@ -169,6 +251,12 @@ void recompute(const Kernels& k, const Model& m, Acts& acts, int layer, const Gp
   const float* x = acts.stream + idx * n;
   const bool tp = g.shard.tp_size > 1;
   const char* name = names::kBlockRecompute.data();
+  if (g.shard.sp()) {
+    OpSpan span(hooks.observer, name, layer,
+                sp_piece_flops(fd, model::kSpRecomputePieces[0], true));
+    sp_block_front(k, g, p, a, acts, x, layer, hooks, span, name, model::kSpRecomputePieces);
+    return;
+  }
   OpSpan span(hooks.observer, name, layer, flops::recompute_block_piece(fd, 0, tp ? 2 : 1));
   attention_half(k, p, a, x, B, T, d);
   if (tp) {
@@ -186,11 +274,25 @@ float head_forward(const Kernels& k, const Model& m, Acts& acts, const int32_t* 
   const Gpt& g = layout_of(m);
   if (!g.shard.has_head) throw std::logic_error("gpt: head forward on a shard without the head");
   const int B = acts.B, T = acts.T, C = g.dims.C, V = g.config.vocab;
-  OpSpan span(hooks.observer, names::kHeadForward.data(), g.config.n_layer,
-              flops::head_forward(flop_dims(g, B, T)));
+  const auto fd = flop_dims(g, B, T);
+  const bool sp = g.shard.sp();
+  const char* name = names::kHeadForward.data();
+  OpSpan span(hooks.observer, name, g.config.n_layer,
+              sp ? flops::head_norm_forward(fd, true) : flops::head_forward(fd));
   k.upload_tokens(acts.targets.data(), targets, acts.targets.size());
-  k.layernorm_forward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(), m.head.lnfw,
-                      m.head.lnfb, B, T, C);
+  if (!sp) {
+    k.layernorm_forward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(), m.head.lnfw,
+                        m.head.lnfb, B, T, C);
+  } else {
+    // Sequence parallelism: the final LayerNorm on this rank's tokens, gathered for the LM head
+    // (replicated over tp, as the loss).
+    k.layernorm_forward(acts.tp_local, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(),
+                        m.head.lnfw, m.head.lnfb, 1, local_tokens(g, B, T), C);
+    span.close();
+    tp_gather(hooks, TpPoint::kHeadGather, g.config.n_layer, acts.tp_local, acts.lnf,
+              acts.boundary_elems);
+    span.reopen(hooks.observer, name, g.config.n_layer, flops::head_lm_forward(fd));
+  }
   k.matmul_forward(acts.logits, acts.lnf, m.embed.wte, nullptr, B, T, C, V);
   acts.loss =
       k.softmax_crossentropy_forward(acts.losses, acts.logits, acts.targets.data(), B, T, V);
@@ -204,17 +306,94 @@ void head_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, float los
   if (!g.shard.has_head) throw std::logic_error("gpt: head backward on a shard without the head");
   const int B = acts.B, T = acts.T, C = g.dims.C, V = g.config.vocab;
   {
+    const auto fd = flop_dims(g, B, T);
     OpSpan span(hooks.observer, names::kHeadBackward.data(), g.config.n_layer,
-                flops::head_backward(flop_dims(g, B, T)));
+                g.shard.sp()
+                    ? 2.0 * (flops::head_lm_forward(fd) + flops::head_norm_forward(fd, true))
+                    : flops::head_backward(fd));
     k.softmax_crossentropy_backward(acts.logits, acts.targets.data(),
                                     loss_scale / static_cast<float>(B * T), B, T, V);
     k.matmul_backward(s.dln, m.dembed.wte, nullptr, acts.logits, acts.lnf, m.embed.wte, B, T, C, V,
                       false);
     k.zero(s.dres, acts.boundary_elems);
-    k.layernorm_backward(s.dres, m.dhead.lnfw, m.dhead.lnfb, s.dln, acts.stage_output(),
-                         m.head.lnfw, acts.lnf_mean, acts.lnf_rstd, B, T, C);
+    if (!g.shard.sp()) {
+      k.layernorm_backward(s.dres, m.dhead.lnfw, m.dhead.lnfb, s.dln, acts.stage_output(),
+                           m.head.lnfw, acts.lnf_mean, acts.lnf_rstd, B, T, C);
+    } else {
+      // This rank's rows of the (replicated) gradient of the LayerNorm output; its gain and bias
+      // gradients over these tokens only, summed over tp below.
+      k.zero(s.tp_grads, 2 * std::size_t(C));
+      k.layernorm_backward(s.dres, s.tp_grads, s.tp_grads + C,
+                           s.dln + std::size_t(g.shard.tp_rank) * acts.boundary_elems,
+                           acts.stage_output(), m.head.lnfw, acts.lnf_mean, acts.lnf_rstd, 1,
+                           local_tokens(g, B, T), C);
+    }
+  }
+  if (g.shard.sp()) {
+    tp_reduce(hooks, TpPoint::kReplicatedGrads, g.config.n_layer, s.tp_grads, 2 * std::size_t(C));
+    k.residual_forward(m.dhead.lnfw, m.dhead.lnfw, s.tp_grads, std::size_t(C));
+    k.residual_forward(m.dhead.lnfb, m.dhead.lnfb, s.tp_grads + C, std::size_t(C));
   }
   if (hooks.on_grads_ready) hooks.on_grads_ready(g.config.n_layer);
+}
+
+// Sequence-parallel backward of one block (model/block.hpp's five backward pieces): s.dres holds
+// this rank's tokens of dy and ends with those of dx. The replicated LayerNorm gains and biases and
+// the row-parallel biases get this rank's tokens' share in s.tp_grads, summed over tp once and then
+// added to the block's gradients (so accumulation over micro-batches is not summed twice).
+template <class Kernels, class Acts, class Scratch>
+void sp_block_backward(const Kernels& k, const Gpt& gl, const BlockParams& p, const BlockParams& g,
+                       const BlockActivations& a, Acts& acts, Scratch& s, const float* x, int layer,
+                       const GptHooks& hooks) {
+  const BlockDims& d = gl.dims;
+  const int B = acts.B, T = acts.T, n = local_tokens(gl, B, T);
+  const std::size_t BT = static_cast<std::size_t>(B) * T, nC = acts.boundary_elems;
+  const std::size_t C = std::size_t(d.C);
+  const auto fd = flop_dims(gl, B, T);
+  const char* name = names::kBlockBackward.data();
+  BlockParams r = g;  // the replicated gradients of this micro-batch, in s.tp_grads
+  r.ln1w = s.tp_grads, r.ln1b = s.tp_grads + C, r.projb = s.tp_grads + 2 * C;
+  r.ln2w = s.tp_grads + 3 * C, r.ln2b = s.tp_grads + 4 * C, r.fcprojb = s.tp_grads + 5 * C;
+  auto piece = [&](int i) {
+    return sp_piece_flops(fd, model::kSpBackwardPieces[std::size_t(i)], false);
+  };
+  {
+    OpSpan span(hooks.observer, name, layer, piece(0));
+    k.zero(s.tp_grads, 6 * C);
+    k.bias_backward(r.fcprojb, s.dres, 1, n, d.C);
+    span.close();
+    tp_gather(hooks, TpPoint::kOutputGradGather, layer, s.dres, s.tp_full, nC);
+    span.reopen(hooks.observer, name, layer, piece(1));
+    k.matmul_backward(s.dfch_gelu, g.fcprojw, nullptr, s.tp_full, a.fch_gelu, p.fcprojw, B, T, d.F,
+                      d.C, false);
+    k.zero(s.dfch, BT * d.F);
+    k.gelu_backward(s.dfch, a.fch, s.dfch_gelu, BT * d.F);
+    k.matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, p.fcw, B, T, d.C, d.F, false);
+    span.close();
+    tp_scatter(hooks, TpPoint::kMlpInputBackward, layer, s.dln, s.tp_local, nC);
+    span.reopen(hooks.observer, name, layer, piece(2));
+    k.layernorm_backward(s.dres, r.ln2w, r.ln2b, s.tp_local, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd,
+                         1, n, d.C);
+    k.bias_backward(r.projb, s.dres, 1, n, d.C);
+    span.close();
+    tp_gather(hooks, TpPoint::kOutputGradGather, layer, s.dres, s.tp_full, nC);
+    span.reopen(hooks.observer, name, layer, piece(3));
+    k.matmul_backward(s.datty, g.projw, nullptr, s.tp_full, a.atty, p.projw, B, T, d.Cl, d.C,
+                      false);
+    k.zero(s.dqkv, BT * 3 * d.Cl);
+    k.attention_backward(s.dqkv, s.datt, s.datty, a.qkv, a.att, B, T, d.Cl, d.NH);
+    k.matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, p.qkvw, B, T, d.C, 3 * d.Cl, false);
+    span.close();
+    tp_scatter(hooks, TpPoint::kAttnInputBackward, layer, s.dln, s.tp_local, nC);
+    span.reopen(hooks.observer, name, layer, piece(4));
+    k.layernorm_backward(s.dres, r.ln1w, r.ln1b, s.tp_local, x, p.ln1w, a.ln1_mean, a.ln1_rstd, 1,
+                         n, d.C);
+  }
+  tp_reduce(hooks, TpPoint::kReplicatedGrads, layer, s.tp_grads, 6 * C);
+  for (auto [dst, off] : {std::pair{g.ln1w, 0}, std::pair{g.ln1b, 1}, std::pair{g.projb, 2},
+                          std::pair{g.ln2w, 3}, std::pair{g.ln2b, 4}, std::pair{g.fcprojb, 5}}) {
+    k.residual_forward(dst, dst, s.tp_grads + std::size_t(off) * C, C);
+  }
 }
 
 template <class Kernels, class Model, class Acts, class Scratch>
@@ -235,6 +414,11 @@ void block_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, int laye
   const bool tp = gl.shard.tp_size > 1;
   const char* name = names::kBlockBackward.data();
   if (acts.recompute != Recompute::None) recompute(k, m, acts, layer, hooks);
+  if (gl.shard.sp()) {
+    sp_block_backward(k, gl, p, g, a, acts, s, x, layer, hooks);
+    if (hooks.on_grads_ready) hooks.on_grads_ready(layer);
+    return;
+  }
   {
     OpSpan span(hooks.observer, name, layer, flops::block_piece(fd, false, 0, tp ? 3 : 1));
     // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + b; s.dres holds dy.
@@ -274,9 +458,15 @@ void embed_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, const Gp
   if (!g.shard.has_embed)
     throw std::logic_error("gpt: embedding backward on a shard without the embedding");
   {
+    const float* dout = s.dres;
+    if (g.shard.sp()) {  // every token's gradient, for the replicated embedding's
+      tp_gather(hooks, TpPoint::kEmbedGather, kEmbedSegment, s.dres, s.tp_full,
+                acts.boundary_elems);
+      dout = s.tp_full;
+    }
     OpSpan span(hooks.observer, names::kEmbedBackward.data(), kEmbedSegment,
                 flops::embed_backward(flop_dims(g, acts.B, acts.T)));
-    k.encoder_backward(m.dembed.wte, m.dembed.wpe, s.dres, acts.inputs.data(), acts.B, acts.T,
+    k.encoder_backward(m.dembed.wte, m.dembed.wpe, dout, acts.inputs.data(), acts.B, acts.T,
                        g.dims.C);
   }
   if (hooks.on_grads_ready) hooks.on_grads_ready(kEmbedSegment);

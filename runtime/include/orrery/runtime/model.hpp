@@ -80,6 +80,10 @@ struct GptShard {
   bool has_head = true;   // last pipeline stage: final LayerNorm, tied LM head, loss
   int tp_rank = 0;
   int tp_size = 1;
+  // Megatron sequence parallelism (tp_size > 1): the residual stream, LayerNorms and residual adds
+  // hold this rank's contiguous 1/tp of the B·T tokens (buffers.hpp; gpt_pieces.hpp).
+  bool sequence_parallel = false;
+  bool sp() const { return sequence_parallel && tp_size > 1; }
   // Blocks split as evenly as possible over `stages`, earlier stages taking the remainder.
   static GptShard pipeline_stage(const GptConfig& cfg, int stage, int stages);
 };
@@ -196,7 +200,13 @@ struct BasicActivations {
   Recompute recompute = Recompute::None;
 
   std::size_t boundary_elems =
-      0;  // B*T*C: one residual-stream tensor, what crosses a stage boundary
+      0;  // B*T*C (B*T*C/tp under sequence parallelism): what crosses a stage boundary
+  std::size_t full_elems = 0;  // B*T*C
+  // Sequence parallelism's workspace (the backward scratch's, bound by bind_recompute_workspace):
+  // a (B,T,C) partial product before its reduce-scatter (and the whole embedding output), and this
+  // rank's (B·T/tp, C) LayerNorm output before its all-gather.
+  float* tp_partial = nullptr;
+  float* tp_local = nullptr;
 
   float* stage_input() { return stream; }
   float* stage_output() { return stream + blocks.size() * boundary_elems; }
@@ -224,6 +234,13 @@ struct BasicGradScratch {
   // Recomputation's workspace (buffers.hpp): a whole block's buffers (full), only `att`
   // (selective), nothing (none).
   BlockActivations work{};
+  // Sequence parallelism (else null): dres is then (B·T/tp, C); tp_full a gathered (B,T,C)
+  // gradient, tp_partial / tp_local the activations' workspace (above), tp_grads the 6·C
+  // replicated LayerNorm and bias gradients of one block's backward before their tp all-reduce.
+  float* tp_full = nullptr;
+  float* tp_partial = nullptr;
+  float* tp_local = nullptr;
+  float* tp_grads = nullptr;
 };
 using GptGradScratch = BasicGradScratch<FloatArray>;
 GptGradScratch gpt_grad_scratch(const Gpt& model, int B, int T,
@@ -265,19 +282,36 @@ class OpSpan {
   OpObserver* obs_;
 };
 
-// The four tensor-parallel sum points (see the top of this file).
+// The four tensor-parallel sum points (see the top of this file), and under sequence parallelism
+// (model/block.hpp) the reduce-scatters and all-gathers that replace them and the all-reduce of the
+// replicated gradients.
 enum class TpPoint {
   kAttnProjForward,    // attproj (B,T,C) after the output-projection matmul
   kMlpProjForward,     // fcproj (B,T,C) after the fc2 matmul
   kMlpInputBackward,   // dln (B,T,C): gradient of the ln2 output, before the ln2 backward
   kAttnInputBackward,  // dln (B,T,C): gradient of the ln1 output, before the ln1 backward
+  kLn1Gather,          // sequence parallelism: ln1's output, before qkv
+  kLn2Gather,          // ln2's output, before fc1
+  kOutputGradGather,   // a residual-stream gradient, before fc2's or the projection's backward
+  kHeadGather,         // the final LayerNorm's output, before the LM head
+  kEmbedGather,        // the first block's input gradient, before the embedding backward
+  kReplicatedGrads,    // LayerNorm and row-parallel bias gradients summed over the tp group
 };
 // Must replace data[0..count) by its sum over the tensor-parallel group (an in-place all-reduce).
 using TpAllReduce = std::function<void(TpPoint point, int layer, float* data, std::size_t count)>;
 
+// Sequence parallelism: recv[0..recv_count) = this rank's shard of the sum over the tp group of
+// send[0..tp·recv_count); and recv[0..tp·send_count) = every rank's send, in tp-rank order.
+using TpReduceScatter = std::function<void(TpPoint point, int layer, const float* send, float* recv,
+                                           std::size_t recv_count)>;
+using TpAllGather = std::function<void(TpPoint point, int layer, const float* send, float* recv,
+                                       std::size_t send_count)>;
+
 struct GptHooks {
   OpObserver* observer = nullptr;
-  TpAllReduce tp_all_reduce;  // required when shard.tp_size > 1, unused otherwise
+  TpAllReduce tp_all_reduce;          // required when shard.tp_size > 1, unused otherwise
+  TpReduceScatter tp_reduce_scatter;  // required under sequence parallelism
+  TpAllGather tp_all_gather;          // required under sequence parallelism
   std::function<void(int segment)> on_grads_ready;  // see the layout note at the top
 };
 

@@ -114,6 +114,7 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   GptShard shard = L.pp > 1 ? GptShard::pipeline_stage(cfg, L.pp_rank, L.pp) : GptShard{};
   shard.tp_rank = L.tp_rank;
   shard.tp_size = L.tp;
+  shard.sequence_parallel = s_.parallel.sequence_parallel;
   Gpt host = gpt_create(cfg, shard, s_.training.seed);
   std::vector<DdpBucket> buckets = make_ddp_buckets(host, s_.parallel.bucket_mb);  // unpadded
   const std::size_t n = host.num_params();
@@ -654,11 +655,27 @@ StepResult TrainingLoop<B>::step() {
   hooks.observer = observer_.get();
   hooks.on_grads_ready = [this](int segment) { ddp_->on_grads_ready(segment); };
   if (dev_.tp != nullptr) {
-    hooks.tp_all_reduce = [this](TpPoint, int layer, float* data, std::size_t count) {
+    hooks.tp_all_reduce = [this](TpPoint point, int layer, float* data, std::size_t count) {
+      const char* name =
+          point == TpPoint::kReplicatedGrads ? names::kTpGradAllReduce.data() : kTpAllReduceName;
       dev_.tp
-          ->all_reduce(data, count, DType::F32, ReduceOp::Sum,
-                       OpLabel{kTpAllReduceName, step_, cur_mb_, layer})
+          ->all_reduce(data, count, DType::F32, ReduceOp::Sum, OpLabel{name, step_, cur_mb_, layer})
           .wait();  // on a device the compute stream (not the host) waits for the sum
+    };
+    // Sequence parallelism (gpt_pieces.hpp).
+    hooks.tp_reduce_scatter = [this](TpPoint, int layer, const float* send, float* recv,
+                                     std::size_t recv_count) {
+      dev_.tp
+          ->reduce_scatter(send, recv, recv_count, DType::F32, ReduceOp::Sum,
+                           OpLabel{names::kTpReduceScatter.data(), step_, cur_mb_, layer})
+          .wait();
+    };
+    hooks.tp_all_gather = [this](TpPoint, int layer, const float* send, float* recv,
+                                 std::size_t send_count) {
+      dev_.tp
+          ->all_gather(send, recv, send_count, DType::F32,
+                       OpLabel{names::kTpAllGather.data(), step_, cur_mb_, layer})
+          .wait();
     };
   }
   double loss_sum = 0;

@@ -40,6 +40,9 @@ struct ModelDims {
   int64_t layers = 1;   // L (whole model)
   int64_t tp = 1;
   int64_t act_bytes = 4;  // bytes per activation element
+  // Sequence parallelism (tp > 1): blocks in model/block.hpp's five pieces, the token-wise ops
+  // (LayerNorms, residual adds) over B·T/tp tokens, the head's LayerNorm too.
+  bool sequence_parallel = false;
 };
 ModelDims model_dims(const Scenario& s, int64_t act_bytes);
 

@@ -139,6 +139,8 @@ struct CudaKernels {
   ORRERY_MODEL_KERNELS(ORRERY_CUDA_KERNEL)
 #undef ORRERY_CUDA_KERNEL
   void zero(float* p, std::size_t n) const;  // cudaMemsetAsync
+  void copy(float* dst, const float* src,
+            std::size_t n) const;  // cudaMemcpyAsync, device to device
   // Host token ids copied into device storage on the stream (pageable source: the copy is staged
   // before the call returns, so the host buffer may be refilled at once).
   void upload_tokens(int32_t* dst, const int32_t* src, std::size_t n) const;
