@@ -324,7 +324,10 @@ gc_stage_probe() {
   gc_probe_driver
   gc_probe_bundle
   if [ -z "$GC_BROKEN" ] && [ -x "$probe" ]; then
-    gc_run "$(gc_limit 60 probe)" "$log" "$probe"
+    local limit
+    limit=$(gc_limit 60 probe)
+    [ "$limit" -lt 20 ] && limit=20   # the probe runs even when unpacking took the stage's share
+    gc_run "$limit" "$log" "$probe"
     rc=$?
     grep -vE '^probe:' "$log" | sed 's/^/  /' | tee -a "$GC_SUMMARY" >/dev/null
     gc_say "  runtime_cuda_gpu_probe: exit $rc: $(grep -E '^probe:' "$log" | tail -n 1)"
@@ -367,6 +370,7 @@ gc_stage_probe() {
 gc_mpi_works() {
   local log=$GC_WORK/logs/mpirun-check.log
   if [ ! -x "$GC_B/mpi/bin/mpirun" ]; then
+    GC_NO_MPI="the bundle has no Open MPI (built without MPI)"
     gc_say "  mpirun: not in the bundle (built without MPI): one-process checks only"
     return 1
   fi
