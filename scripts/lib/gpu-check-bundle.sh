@@ -64,6 +64,9 @@ gc_median() {
     END { if (NR == 0) exit 1; if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
 }
 
+# gc_ms V...: each number with 3 decimals (milliseconds shown in the summary).
+gc_ms() { printf '%s\n' "$@" | awk '{printf "%s%.3f", (NR > 1 ? " " : ""), $1} END {print ""}'; }
+
 # gc_ratio A B: A / B with 3 decimals.
 gc_ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) exit 1; printf "%.3f\n", a / b }'; }
 
@@ -171,9 +174,16 @@ gc_run() {
 gc_unpack() {
   local dir=$1 dest=$2
   if [ -f "$dir/bundle.tar.xz" ]; then
-    command -v xz >/dev/null 2>&1 || { echo "xz not found: cannot unpack $dir/bundle.tar.xz" >&2; return 2; }
     mkdir -p "$dest/bundle"
-    tar -C "$dest/bundle" -xJf "$dir/bundle.tar.xz" || { echo "cannot unpack $dir/bundle.tar.xz" >&2; return 2; }
+    if command -v xz >/dev/null 2>&1; then
+      tar -C "$dest/bundle" -xJf "$dir/bundle.tar.xz" || { echo "cannot unpack $dir/bundle.tar.xz" >&2; return 2; }
+    elif command -v python3 >/dev/null 2>&1; then  # no xz: Python's lzma
+      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+        "$dir/bundle.tar.xz" "$dest/bundle" || { echo "cannot unpack $dir/bundle.tar.xz" >&2; return 2; }
+    else
+      echo "neither xz nor python3 found: cannot unpack $dir/bundle.tar.xz" >&2
+      return 2
+    fi
     echo "$dest/bundle"
   elif [ -d "$dir/bin" ] && [ -f "$dir/tests.json" ]; then
     (cd "$dir" && pwd)
@@ -276,6 +286,7 @@ gc_probe_driver() {
       sed 's/^/  device: /' "$GC_WORK/logs/nvidia-smi-query.log" | tee -a "$GC_SUMMARY"
       GC_MODE=$(awk -F', ' 'NR == 1 {print $4}' "$GC_WORK/logs/nvidia-smi-query.log")
       [ -s "$GC_WORK/logs/nvidia-smi-query.log" ] || GC_NO_GPU="nvidia-smi lists no GPU"
+      [ "$GC_MODE" = Prohibited ] && GC_NO_GPU="GPU 0 is in Prohibited compute mode"
     fi
   fi
   if command -v nvcc >/dev/null 2>&1; then
@@ -303,6 +314,7 @@ gc_probe_bundle() {
   fi
   local files=() f
   for f in "$GC_B"/bin/* "$GC_B"/lib/*.so* "$GC_B"/mpi/bin/orterun; do [ -f "$f" ] && files+=("$f"); done
+  [ -d "$GC_B/mpi" ] && mapfile -t -O "${#files[@]}" files < <(find "$GC_B/mpi" -name '*.so' -type f)
   gc_unresolved "$GC_LD" "${files[@]}" >"$GC_WORK/logs/unresolved.txt"
   if [ -s "$GC_WORK/logs/unresolved.txt" ]; then
     gc_say "  the loader cannot resolve $(wc -l <"$GC_WORK/logs/unresolved.txt") libraries of the bundle:"
@@ -351,7 +363,7 @@ gc_stage_probe() {
     gc_result probe failed "$GC_STOP (${dt} s)"
     return 1
   fi
-  if [ $rc -eq 5 ] || { [ -n "$GC_MODE" ] && [ "$GC_MODE" != Default ]; }; then
+  if [ $rc -eq 5 ] || [[ $GC_MODE == Exclusive* ]]; then
     gc_result probe failed "compute mode ${GC_MODE:-not Default}: ranks cannot share the GPU; one-process checks only (${dt} s)"
     return 5
   fi
@@ -526,7 +538,9 @@ sys.exit(0 if max(rel) < 1e-3 else 1)
 PY
 }
 
-# gc_orrery_run NAME WANT_S ARGS...: one `orrery run` of gpt-tiny (--json), log logs/run-NAME.log;
+# gc_orrery_run NAME WANT_S ARGS...: one `orrery run` of gpt-tiny (--json; --device cuda, or
+# GPU_CHECK_DEVICE: cpu checks this stage on a machine without a GPU; GPU_CHECK_STEPS steps, 12),
+# log logs/run-NAME.log;
 # returns its status (125: not reached, the stage's time is spent).
 gc_orrery_run() {
   local name=$1 want=$2 limit rc
@@ -538,7 +552,7 @@ gc_orrery_run() {
     return 125
   fi
   (cd "$GC_WORK" && gc_run "$limit" "$GC_WORK/logs/run-$name.log" "$GC_B/bin/orrery" run \
-    "$GC_ROOT/scenarios/gpt-tiny.yaml" --device cuda --json "$@")
+    "$GC_ROOT/scenarios/gpt-tiny.yaml" --device "${GPU_CHECK_DEVICE:-cuda}" --json "$@")
   rc=$?
   if [ $rc -ne 0 ]; then
     GC_RUNS_FAILED+=("$name (exit $rc)")
@@ -552,7 +566,7 @@ gc_orrery_run() {
 # one unprofiled warm-up; the median step time of each kind and their ratio.
 gc_overhead_runs() {
   local n=$1 i kind order prof=() plain=() v
-  local one=(--nproc 1 --set parallel.dp=1 --set training.global_batch=8 --set training.steps=12)
+  local one=(--nproc 1 --set parallel.dp=1 --set training.global_batch=8 --set training.steps="${GPU_CHECK_STEPS:-12}")
   gc_orrery_run 1rank-warmup 90 "${one[@]}" --no-profile || return 1
   for ((i = 1; i <= n; i++)); do
     if [ $((i % 2)) -eq 1 ]; then order="p u"; else order="u p"; fi
@@ -568,8 +582,8 @@ gc_overhead_runs() {
   done
   local mp mu
   mp=$(gc_median "${prof[@]}") && mu=$(gc_median "${plain[@]}") || return 1
-  gc_say "  1 GPU, profiled:   median step $mp ms (median of $n runs: ${prof[*]}); $(gc_json_field "$GC_WORK/logs/run-1rank-profiled-1.log" spans) spans"
-  gc_say "  1 GPU, unprofiled: median step $mu ms (median of $n runs: ${plain[*]})"
+  gc_say "  1 GPU, profiled:   median step $(gc_ms "$mp") ms (median of $n runs: $(gc_ms "${prof[@]}")); $(gc_json_field "$GC_WORK/logs/run-1rank-profiled-1.log" spans) spans"
+  gc_say "  1 GPU, unprofiled: median step $(gc_ms "$mu") ms (median of $n runs: $(gc_ms "${plain[@]}"))"
   gc_say "  profiler overhead: ratio $(gc_ratio "$mp" "$mu") (profiled / unprofiled, runs alternated; target < 1.030)"
   # One profiled trace is enough for the archive.
   for ((i = 2; i <= n; i++)); do rm -f "$GC_WORK/traces/gpt-tiny-cuda-1rank-$i.db"; done
@@ -579,8 +593,8 @@ gc_overhead_runs() {
 # 1F1B, ZeRO 3, and 4 ranks for ZeRO 3 over a pipeline; each loss curve against DDP's.
 gc_shared_runs() {
   local t=$GC_WORK/traces name v
-  gc_orrery_run 2ranks-dp2 120 --nproc 2 --set training.steps=12 --out "$t/gpt-tiny-cuda-2ranks-dp2.db" || return 1
-  gc_say "  2 ranks sharing the GPU, DDP (dp=2): median step $(gc_json_field "$GC_WORK/logs/run-2ranks-dp2.log" median_step_ms) ms"
+  gc_orrery_run 2ranks-dp2 120 --nproc 2 --set training.steps="${GPU_CHECK_STEPS:-12}" --out "$t/gpt-tiny-cuda-2ranks-dp2.db" || return 1
+  gc_say "  2ranks-dp2 (DDP, sharing the GPU): median step $(gc_ms "$(gc_json_field "$GC_WORK/logs/run-2ranks-dp2.log" median_step_ms)") ms"
   local -a runs=(
     "2ranks-zero2|--nproc 2 --set parallel.dp=2 --set parallel.zero=2"
     "2ranks-tp2|--nproc 2 --set parallel.dp=1 --set parallel.tp=2"
@@ -591,9 +605,9 @@ gc_shared_runs() {
   for spec in "${runs[@]}"; do
     name=${spec%%|*}
     read -ra args <<<"${spec#*|}"
-    gc_orrery_run "$name" 150 "${args[@]}" --set training.steps=12 --out "$t/gpt-tiny-cuda-$name.db" || continue
+    gc_orrery_run "$name" 150 "${args[@]}" --set training.steps="${GPU_CHECK_STEPS:-12}" --out "$t/gpt-tiny-cuda-$name.db" || continue
     if v=$(gc_loss_vs "$GC_WORK/logs/run-2ranks-dp2.log" "$GC_WORK/logs/run-$name.log"); then
-      gc_say "  $name: median step $(gc_json_field "$GC_WORK/logs/run-$name.log" median_step_ms) ms; loss vs DDP: $v"
+      gc_say "  $name: median step $(gc_ms "$(gc_json_field "$GC_WORK/logs/run-$name.log" median_step_ms)") ms; loss vs DDP: $v"
     else
       gc_say "  $name: loss vs DDP: FAILED - $v"
       GC_RUNS_FAILED+=("$name (loss)")
