@@ -440,7 +440,7 @@ gc_test_outcome() {
 gc_run_tests() {
   local json=$1 bin=$2 root=$3 mpi_ok=$4 dir=$GC_WORK/logs/tests n id name limit skip mpi
   local -A count=([passed]=0 [failed]=0 [skipped]=0 ["timed out"]=0 ["not run"]=0)
-  mkdir -p "$dir" "$GC_WORK/test-cwd"
+  mkdir -p "$dir" "${GC_TMP:-$GC_WORK}/test-cwd"
   n=$(gc_expand_tests "$json" "$bin" "$root" "$dir") || { GC_COUNTS="0 0 0 0 0 0"; return 1; }
   : >"$dir/results.tsv"
   while IFS=$'\t' read -r id name limit skip mpi; do
@@ -453,7 +453,7 @@ gc_run_tests() {
     else
       mapfile -d '' -t argv <"$dir/$id.argv"
       t0=$(date +%s)
-      (cd "$GC_WORK/test-cwd" && gc_run "$limit" "$dir/$id.log" env "${argv[@]}")
+      (cd "${GC_TMP:-$GC_WORK}/test-cwd" && gc_run "$limit" "$dir/$id.log" env "${argv[@]}")
       rc=$?
       outcome=$(gc_test_outcome "$rc" "$skip" "$dir/$id.log")
       rc="$rc after $(($(date +%s) - t0)) s of $limit"
@@ -627,6 +627,16 @@ gc_stage_runs() {
     return
   fi
   gc_overhead_runs "${GPU_CHECK_REPEATS:-3}"
+  # What profiling costs per kernel launch (tiny kernels: the worst case), one JSON line.
+  if [ -x "$GC_B/bin/runtime_cuda_cupti_overhead" ] && [ "${GPU_CHECK_DEVICE:-cuda}" = cuda ]; then
+    if gc_run "$(gc_limit 60 runs)" "$GC_WORK/logs/cupti-overhead.log" "$GC_B/bin/runtime_cuda_cupti_overhead" 20000 10; then
+      gc_say "  per kernel launch (runtime_cuda_cupti_overhead 20000 10): $(tail -n 1 "$GC_WORK/logs/cupti-overhead.log")"
+    else
+      GC_RUNS_FAILED+=("cupti-overhead")
+      gc_say "  runtime_cuda_cupti_overhead: FAILED"
+      tail -n 4 "$GC_WORK/logs/cupti-overhead.log" | gc_indent
+    fi
+  fi
   if [ "$1" = 1 ] && [ "$GC_MPI_OK" = 1 ]; then
     gc_shared_runs
   else
