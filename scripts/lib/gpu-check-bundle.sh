@@ -159,12 +159,12 @@ gc_result() {
 }
 
 # gc_run LIMIT LOG CMD...: CMD under `timeout` with the bundle's environment, output in LOG;
-# returns its status (124: timed out).
+# returns its status (124: timed out). Stdin is /dev/null (mpirun would read the caller's).
 gc_run() {
   local limit=$1 log=$2
   shift 2
   if [ "$limit" -le 0 ]; then echo "not started: no time left" >"$log"; return 124; fi
-  timeout --kill-after=5 "$limit" env "${GC_ENV[@]}" "$@" >"$log" 2>&1
+  timeout --kill-after=5 "$limit" env "${GC_ENV[@]}" "$@" </dev/null >"$log" 2>&1
 }
 
 # ---------------------------------------------------------------- the bundle

@@ -7,6 +7,7 @@
 #      (site-packages/nvidia/X/lib, found through python3's site and through the glob fallback) and
 #      on LD_LIBRARY_PATH, a non-ELF file of the same name passed over, a missing name failing;
 #   4. the tests stage: a tests.json of real commands (pass, fail, the skip code, GoogleTest's SKIPPED,
+#      one reading its standard input,
 #      a time-out, an MPI test without MPI, a test whose TIMEOUT does not fit the time left, the
 #      @BIN@/@ROOT@ placeholders and the environment): exact counts; an empty tests.json fails;
 #   5. the contract when the probe fails (PATH without nvidia-smi): exit 3, exactly summary.txt and
@@ -90,6 +91,7 @@ chmod +x "$T/bin/hello"
 printf 'test "$1" = arg\n' >"$T/root/check_arg.sh"
 cat >"$T/tests.json" <<'EOF'
 {"tests": [
+ {"name": "reads-stdin", "command": ["bash", "-c", "cat >/dev/null"], "labels": ["gpu"], "timeout_s": 0, "skip_return_code": null, "environment": {}},
  {"name": "pass", "command": ["bash", "-c", "echo ok"], "labels": ["gpu"], "timeout_s": 0, "skip_return_code": null, "environment": {}},
  {"name": "fail", "command": ["bash", "-c", "exit 3"], "labels": ["gpu"], "timeout_s": 0, "skip_return_code": null, "environment": {}},
  {"name": "skip-code", "command": ["bash", "-c", "exit 77"], "labels": ["gpu"], "timeout_s": 0, "skip_return_code": "77", "environment": {}},
@@ -105,7 +107,8 @@ gc_plan "$(date +%s)" 480
 GC_DEADLINE[1]=$(($(date +%s) + 200))   # 200 s left in the tests stage: "long" (330 s) must not start
 GC_NO_MPI="no MPI in this check"
 gc_run_tests "$T/tests.json" "$T/bin" "$T/root" 0
-check "counts: passed failed skipped timed-out not-run listed" "3 1 2 1 2 9" "$GC_COUNTS"
+# (reads-stdin: a test reading its input, as mpirun does, must not eat the list of tests.)
+check "counts: passed failed skipped timed-out not-run listed" "4 1 2 1 2 10" "$GC_COUNTS"
 R=$GC_WORK/logs/tests/results.tsv
 check "the longest TIMEOUT first" long "$(head -n 1 "$R" | cut -f2)"
 check "long: not run" "not run" "$(awk -F'\t' '$2 == "long" {print $3}' "$R")"
