@@ -255,9 +255,14 @@ gc_setup_env() {
     path=$GC_B/mpi/bin:$path
     GC_ENV+=(OPAL_PREFIX="$GC_B/mpi")
     # PMIx's prefix: two folders above its plugins (PREFIX/lib/pmix/pmix_mca_*.so), wherever the
-    # bundle keeps them below mpi/pmix.
+    # bundle keeps them below mpi/pmix. Debian's PMIx has absolute library and data folders, which
+    # PMIX_PREFIX does not move: they are named too (else no plugin, and help files not found).
     d=$(find "$GC_B/mpi/pmix" -name 'pmix_mca_*.so' 2>/dev/null | head -n 1)
-    [ -n "$d" ] && GC_ENV+=(PMIX_PREFIX="${d%/*/*/*}")
+    if [ -n "$d" ]; then
+      d=${d%/*/*/*}
+      GC_ENV+=(PMIX_PREFIX="$d" PMIX_LIBDIR="$d/lib" PMIX_PKGLIBDIR="$d/lib/pmix"
+               PMIX_DATADIR="$d/share" PMIX_PKGDATADIR="$d/share/pmix")
+    fi
   fi
   GC_ENV+=(PATH="$path")
 }
