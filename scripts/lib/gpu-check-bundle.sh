@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # gpu-check-bundle.sh: `scripts/gpu-check --bundle DIR`, the runner of a bundle made by
 # scripts/gpu-bundle on a bare GPU machine (no build there). Sourced by scripts/gpu-check; its pure
 # parts (deadline arithmetic, library search, medians, the tests stage) are sourced and checked by
@@ -274,7 +275,7 @@ gc_setup_env() {
 # GC_MODE to the compute mode.
 gc_probe_driver() {
   local log=$GC_WORK/logs/nvidia-smi.log rc
-  GC_NO_GPU= GC_MODE=
+  GC_NO_GPU='' GC_MODE=''
   if ! command -v nvidia-smi >/dev/null 2>&1; then
     GC_NO_GPU="nvidia-smi not found (no NVIDIA driver on this machine)"
     gc_say "  nvidia-smi: not found"
@@ -656,7 +657,8 @@ gc_stage_runs() {
       gc_say "  orrery report $name.db: FAILED"
     fi
   done
-  local figures="$(ls "$GC_WORK"/traces/*.db 2>/dev/null | wc -l) traces, $(($(date +%s) - t0)) s"
+  local figures
+  figures="$(find "$GC_WORK/traces" -name '*.db' | wc -l) traces, $(($(date +%s) - t0)) s"
   if [ ${#GC_RUNS_FAILED[@]} -eq 0 ]; then
     gc_result "gpt-tiny runs" passed "$figures"
   else
@@ -767,7 +769,8 @@ gc_main() {
   gc_stage_probe
   rc=$?
   if [ $rc -eq 0 ] || [ $rc -eq 5 ]; then
-    local shared=$([ $rc -eq 0 ] && echo 1 || echo 0)
+    local shared=0
+    [ $rc -eq 0 ] && shared=1
     gc_stage_tests "$shared"
     gc_stage_runs "$shared"
   fi
