@@ -6,13 +6,17 @@
 #     `--record` from the tree before the runtime and simulator shared model/ (commit 0f81bc0);
 #     the three recomputation layouts (tp2 full, pp2 selective, dp2 ZeRO 3 full) were recorded when
 #     training.recompute was added, and their recomputation spans are also counted in closed form
-#     (3 below);
+#     (3 below); pp2-uneven (parallel.pp_layers=1,3: stage 0 one block, stage 1 three) was
+#     recorded when parallel.pp_layers was added, by this script's --record with that change
+#     (ONLY=pp2-uneven), and its blocks per rank are also counted in closed form (4 below);
 #  2. the simulator's ops for each layout (orrery sim --all-ranks) equal the real run's spans, rank by
 #     rank: compute ops in order (with their FLOPs), each communicator's collectives in sequence order and
 #     its transfers as a set (name, step, micro-batch, layer, bytes) (span_tool compare);
 #  3. recomputation spans per rank: 2 steps x 4 micro-batches x the rank's blocks x pieces (full: 2
 #     pieces under tp, else 1; selective: 1), and under tp 2 x 4 x 4 more tp all-reduces than tp2.
+#  4. pp2-uneven: fwd.block and bwd.block spans per rank = 2 steps x 4 micro-batches x its blocks.
 # Usage: reference_spans.sh ORRERY SPAN_TOOL SOURCE_DIR WORK_DIR [--record]
+# (ONLY=<layout> in the environment runs, or records, that layout alone.)
 set -uo pipefail
 ORRERY=$1
 SPAN_TOOL=$2
@@ -46,9 +50,11 @@ layouts=(
   "tp2-recompute-full 2 parallel.dp=1 parallel.tp=2 training.recompute=full"
   "pp2-recompute-selective 2 parallel.dp=1 parallel.pp=2 training.recompute=selective"
   "dp2-zero3-recompute-full 2 parallel.dp=2 parallel.zero=3 training.recompute=full"
+  "pp2-uneven 2 parallel.dp=1 parallel.pp=2 parallel.pp_layers=1,3"
 )
 for entry in "${layouts[@]}"; do
   read -r name ranks rest <<< "$entry"
+  if [ -n "${ONLY:-}" ] && [ "$ONLY" != "$name" ]; then continue; fi
   sets=()
   for kv in $rest; do sets+=(--set "$kv"); done
   if ! timeout 300 "$ORRERY" run ref.yaml --nproc "$ranks" "${sets[@]}" --out "$name.db" > "$name.run.out" 2>&1; then
@@ -98,6 +104,15 @@ fi
 if [ "$RECORD" != "--record" ] && [ -f dp2-zero3-recompute-full.tsv ]; then
   for r in 0 1; do
     check_count "dp2 zero3 full rank $r recompute.block" "$(count_of dp2-zero3-recompute-full.tsv $r recompute.block)" $((2 * 2 * 4))
+  done
+fi
+
+if [ "$RECORD" != "--record" ] && [ -f pp2-uneven.tsv ]; then
+  for rb in "0 1" "1 3"; do
+    read -r r blocks <<< "$rb"
+    for op in fwd.block bwd.block; do
+      check_count "pp2-uneven rank $r $op" "$(count_of pp2-uneven.tsv $r $op)" $((2 * 4 * blocks))
+    done
   done
 fi
 
