@@ -5,7 +5,8 @@
 #    stage's; the memory per stage names each stage's layers;
 #  - bad input exits 2 naming the key and the numbers, from sim and from run, before any rank
 #    starts: the wrong number of entries, the wrong sum, a zero entry, a non-integer, the
-#    interleaved schedule;
+#    interleaved schedule; and the other refusals of issue 16 item 5 that exist (an unknown
+#    recompute mode, sequence parallelism without tp) on `orrery run`;
 #  - `orrery run` trains pp 2 cut 1 + 3 with checkpoints, and resuming its checkpoint with the
 #    stages cut 2 + 2 is refused naming parallel.pp_layers (with 1 + 3 it resumes); a manifest
 #    without the key (older) reads as the even split.
@@ -75,6 +76,14 @@ for cmd in sim run; do
   expect 2 "key 'parallel.pp_layers': [2, 2]: the interleaved schedule cuts the layers" \
     $cmd four.yaml "${extra[@]}" --set parallel.pp_layers=2,2 --set parallel.schedule=interleaved
 done
+
+# Issue 16 item 5's other refusals on `orrery run`, before any rank starts (no step printed).
+expect 2 "key 'training.recompute': expected none, selective or full, got 'often'" \
+  run four.yaml --nproc 2 --no-profile --set training.recompute=often
+if grep -q "^step " "$TMP/out"; then fail "the refused recompute run printed a step"; fi
+expect 2 "key 'parallel.sequence_parallel': dp=1 tp=1 pp=2: sequence parallelism shards" \
+  run four.yaml --nproc 2 --no-profile --set parallel.sequence_parallel=true
+if grep -q "^step " "$TMP/out"; then fail "the refused sequence-parallel run printed a step"; fi
 
 # A real run cut 1 + 3, checkpointed; resumed with another cut: refused; with the same: resumes.
 expect 0 "" run four.yaml --nproc 2 --no-profile --set parallel.pp_layers=1,3 \
