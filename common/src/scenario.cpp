@@ -17,7 +17,7 @@
 namespace orrery {
 namespace {
 
-enum class Type { Int, Uint, Double, Bool, String };
+enum class Type { Int, Uint, Double, Bool, String, IntList };
 
 const char* type_name(Type t) {
   switch (t) {
@@ -31,6 +31,8 @@ const char* type_name(Type t) {
       return "true or false";
     case Type::String:
       return "a string";
+    case Type::IntList:
+      return "a list of integers ([11, 12, 12, 13], or 11,12,12,13 on the command line)";
   }
   return "?";
 }
@@ -41,6 +43,50 @@ struct KeySpec {
   std::function<void(Scenario&, const YAML::Node&)> set;
   std::function<void(const Scenario&, YAML::Emitter&)> emit;
 };
+
+// A list of integers: a YAML sequence ([1, 3]) or a comma-separated scalar ("1,3", which is what
+// --set parallel.pp_layers=1,3 gives); an empty scalar is the empty list. nullopt when an entry is
+// not an integer.
+std::optional<std::vector<int>> int_list(const YAML::Node& n) {
+  std::vector<int> out;
+  if (n.IsSequence()) {
+    for (const auto& e : n) {
+      if (!e.IsScalar()) return std::nullopt;
+      try {
+        out.push_back(e.as<int>());
+      } catch (const YAML::BadConversion&) {
+        return std::nullopt;
+      }
+    }
+    return out;
+  }
+  if (!n.IsScalar()) return std::nullopt;
+  std::string text = n.Scalar();
+  if (text.find_first_not_of(" \t") == std::string::npos) return out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b == std::string::npos) return std::nullopt;
+    item = item.substr(b, e - b + 1);
+    size_t used = 0;
+    try {
+      const long v = std::stol(item, &used);
+      if (used != item.size() || v < std::numeric_limits<int>::min() ||
+          v > std::numeric_limits<int>::max())
+        return std::nullopt;
+      out.push_back(static_cast<int>(v));
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+std::string join_ints(const std::vector<int>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return "[" + out + "]";
+}
 
 #define ORRERY_KEY(path, type, field, T)                                       \
   KeySpec {                                                                    \
@@ -76,6 +122,17 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("parallel.zero", Type::Int, parallel.zero, int),
       ORRERY_KEY("parallel.schedule", Type::String, parallel.schedule, std::string),
       ORRERY_KEY("parallel.virtual_stages", Type::Int, parallel.virtual_stages, int),
+      KeySpec{"parallel.pp_layers", Type::IntList,
+              [](Scenario& s, const YAML::Node& n) {
+                const auto v = int_list(n);
+                if (!v) throw YAML::BadConversion(n.Mark());
+                s.parallel.pp_layers = *v;
+              },
+              [](const Scenario& s, YAML::Emitter& e) {
+                e << YAML::Flow << YAML::BeginSeq;
+                for (int x : s.parallel.pp_layers) e << x;
+                e << YAML::EndSeq;
+              }},
       ORRERY_KEY("parallel.bucket_mb", Type::Double, parallel.bucket_mb, double),
       ORRERY_KEY("parallel.overlap", Type::Bool, parallel.overlap, bool),
       ORRERY_KEY("parallel.placement", Type::String, parallel.placement, std::string),
@@ -255,7 +312,7 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
   walk(root, "", origin, leaves);
   for (const auto& [path, node] : leaves) {
     const KeySpec* spec = find_key(path);
-    if (!node.IsScalar()) {
+    if (!node.IsScalar() && !(spec->type == Type::IntList && node.IsSequence())) {
       throw InputError(where(origin, node, path) + ": expected " + type_name(spec->type));
     }
     try {
@@ -264,8 +321,9 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
       }
       spec->set(s, node);
     } catch (const YAML::BadConversion&) {
+      const std::string got = node.IsSequence() ? YAML::Dump(node) : node.Scalar();
       throw InputError(where(origin, node, path) + ": expected " + type_name(spec->type) +
-                       ", got '" + node.Scalar() + "'");
+                       ", got '" + got + "'");
     }
   }
   if (s.name.empty()) s.name = s.model.name;
@@ -347,6 +405,36 @@ Scenario load_scenario(const std::string& path, const std::vector<std::string>& 
   return s;
 }
 
+namespace {
+// parallel.pp_layers against pp, the layers and the schedule (validate_layout).
+void check_pp_layers(const Scenario& s, const std::string& layout) {
+  const auto& p = s.parallel;
+  const std::string key = "key 'parallel.pp_layers': " + join_ints(p.pp_layers) + ": ";
+  if (schedule_of(p) == Schedule::Interleaved) {
+    throw InputError(key +
+                     "the interleaved schedule cuts the layers into pp x virtual_stages "
+                     "equal chunks and cannot take layers per stage; use schedule gpipe or "
+                     "1f1b with pp_layers, or leave pp_layers empty");
+  }
+  if (static_cast<int>(p.pp_layers.size()) != p.pp) {
+    throw InputError(key + std::to_string(p.pp_layers.size()) + " entries, but " + layout +
+                     " has " + std::to_string(p.pp) + " pipeline stages (one entry per stage)");
+  }
+  int64_t sum = 0;
+  for (size_t i = 0; i < p.pp_layers.size(); ++i) {
+    if (p.pp_layers[i] < 1) {
+      throw InputError(key + "stage " + std::to_string(i) + " has " +
+                       std::to_string(p.pp_layers[i]) + " layers; every stage needs at least 1");
+    }
+    sum += p.pp_layers[i];
+  }
+  if (sum != s.model.layers) {
+    throw InputError(key + "the stages hold " + std::to_string(sum) + " layers in all, but " +
+                     "model.layers is " + std::to_string(s.model.layers));
+  }
+}
+}  // namespace
+
 void validate_layout(const Scenario& s) {
   const auto& m = s.model;
   const auto& p = s.parallel;
@@ -372,6 +460,8 @@ void validate_layout(const Scenario& s) {
     throw InputError("key 'parallel.tp': " + layout + ": the MLP width 4*d_model (" +
                      std::to_string(4 * m.d_model) + ") must be divisible by tp");
   }
+  // Layers per stage given: they replace the "layers divisible by pp" rule.
+  if (!p.pp_layers.empty()) check_pp_layers(s, layout);
   const int chunks = p.pp * (schedule_of(p) == Schedule::Interleaved ? p.virtual_stages : 1);
   if (chunks > m.layers) {
     throw InputError("key 'parallel.pp': " + layout + ": " + std::to_string(chunks) +
@@ -383,10 +473,11 @@ void validate_layout(const Scenario& s) {
                      std::to_string(m.layers) + ") must be divisible by pp x virtual_stages (" +
                      std::to_string(chunks) + ")");
   }
-  if (m.layers % chunks != 0) {
+  if (p.pp_layers.empty() && m.layers % chunks != 0) {
     throw InputError(
         "key 'parallel.pp': " + layout + ": model.layers (" + std::to_string(m.layers) +
-        ") must be divisible by the number of pipeline stages (" + std::to_string(chunks) + ")");
+        ") must be divisible by the number of pipeline stages (" + std::to_string(chunks) +
+        "), or give each stage's layers in parallel.pp_layers");
   }
   if (p.zero > 0 && p.dp < 2) {
     throw InputError("key 'parallel.zero': ZeRO stage " + std::to_string(p.zero) +

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "orrery/common/error.hpp"
+
 namespace orrery::model {
 
 ModelShape model_shape(const Scenario& s) {
@@ -16,12 +18,60 @@ int chunks_per_stage(const Scenario& s) {
                                                           : 1;
 }
 
+std::vector<int> stage_layer_counts(int layers, int pp, const std::vector<int>& pp_layers) {
+  if (pp < 1) throw InputError("pipeline: " + std::to_string(pp) + " stages (expected >= 1)");
+  if (pp_layers.empty()) {
+    const int base = layers / pp, rem = layers % pp;
+    std::vector<int> counts(static_cast<size_t>(pp), base);
+    for (int i = 0; i < rem; ++i) ++counts[static_cast<size_t>(i)];
+    return counts;
+  }
+  int64_t sum = 0;
+  bool positive = true;
+  for (int n : pp_layers) {
+    sum += n;
+    positive = positive && n >= 1;
+  }
+  if (static_cast<int>(pp_layers.size()) != pp || !positive || sum != layers) {
+    throw InputError("key 'parallel.pp_layers': " + std::to_string(pp_layers.size()) +
+                     " entries summing to " + std::to_string(sum) + " for " + std::to_string(pp) +
+                     " stages of " + std::to_string(layers) +
+                     " layers (expected one entry >= 1 per stage, summing to model.layers)");
+  }
+  return pp_layers;
+}
+
+std::vector<int> stage_layer_counts(const Scenario& s) {
+  return stage_layer_counts(s.model.layers, s.parallel.pp, s.parallel.pp_layers);
+}
+
+std::pair<int, int> stage_layer_range(int layers, int pp, const std::vector<int>& pp_layers,
+                                      int stage) {
+  if (stage < 0 || stage >= pp) {
+    throw InputError("pipeline: stage " + std::to_string(stage) + " of " + std::to_string(pp) +
+                     " does not exist");
+  }
+  if (pp_layers.empty()) {  // in closed form: the simulator asks once per stage, pp up to 100,000
+    const int base = layers / pp, rem = layers % pp;
+    const int first = stage * base + std::min(stage, rem);
+    return {first, first + base + (stage < rem ? 1 : 0)};
+  }
+  const std::vector<int> counts = stage_layer_counts(layers, pp, pp_layers);
+  int first = 0;
+  for (int i = 0; i < stage; ++i) first += counts[static_cast<size_t>(i)];
+  return {first, first + counts[static_cast<size_t>(stage)]};
+}
+
 StageContents stage_contents(const Scenario& s, int stage) {
   const int pp = s.parallel.pp, chunks = chunks_per_stage(s);
-  const int per_chunk = s.model.layers / (pp * chunks);
   StageContents c;
   c.embed = stage == 0;
   c.head = stage == pp - 1;
+  if (chunks == 1) {
+    c.layers.push_back(stage_layer_range(s.model.layers, pp, s.parallel.pp_layers, stage));
+    return c;
+  }
+  const int per_chunk = s.model.layers / (pp * chunks);
   for (int k = 0; k < chunks; ++k) {
     c.layers.emplace_back((k * pp + stage) * per_chunk, (k * pp + stage + 1) * per_chunk);
   }

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "orrery/common/error.hpp"
+#include "orrery/model/parameters.hpp"
 #include "orrery/profiler/recorder.hpp"
 
 #if defined(__x86_64__)
@@ -166,7 +167,8 @@ std::string manifest_to_json(const CheckpointManifest& m) {
   j["scenario"] = m.scenario;
   j["step"] = m.step;
   j["adamw_steps"] = m.adamw_steps;
-  j["layout"] = {{"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}, {"zero", m.zero}};
+  j["layout"] = {
+      {"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}, {"zero", m.zero}, {"pp_layers", m.pp_layers}};
   j["model"] = {{"layers", m.layers},
                 {"d_model", m.d_model},
                 {"heads", m.heads},
@@ -217,6 +219,7 @@ CheckpointManifest parse_manifest(const std::string& text, const std::string& or
     m.tp = l.at("tp").get<int>();
     m.pp = l.at("pp").get<int>();
     m.zero = l.at("zero").get<int>();
+    if (l.contains("pp_layers")) m.pp_layers = l.at("pp_layers").get<std::vector<int>>();
     key = "model";
     const json& md = j.at("model");
     m.layers = md.at("layers").get<int>();
@@ -373,6 +376,29 @@ ResumePoint find_resume_point(const std::string& dir) {
   throw InputError("--resume '" + dir + "': no complete checkpoint:" + why);
 }
 
+namespace {
+// The blocks of each pipeline stage, as written and as the scenario cuts them: a stage's shard
+// (its flat array) holds other tensors when they differ, so the checkpoint cannot be loaded.
+void check_stage_layers(const CheckpointManifest& m, const Scenario& s, const std::string& where) {
+  std::vector<int> written, now = model::stage_layer_counts(s);
+  try {
+    written = model::stage_layer_counts(m.layers, m.pp, m.pp_layers);
+  } catch (const InputError& e) {
+    throw InputError(where + ": the checkpoint's layout: " + e.what());
+  }
+  if (written == now) return;
+  auto list = [](const std::vector<int>& v) {
+    std::string out;
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+    return out;
+  };
+  throw InputError(where + ": key 'parallel.pp_layers': the checkpoint was written with " +
+                   "pp_layers=" + list(written) +
+                   " (layers per pipeline stage), the scenario has " + list(now) +
+                   " (resuming may change parallel.dp and parallel.zero only)");
+}
+}  // namespace
+
 void check_resume_compatible(const CheckpointManifest& m, const Scenario& s,
                              const std::string& where) {
   auto differ = [&](const char* key, int64_t ckpt, int64_t now, const char* extra) {
@@ -388,6 +414,7 @@ void check_resume_compatible(const CheckpointManifest& m, const Scenario& s,
   differ("model.heads", m.heads, s.model.heads, "");
   differ("model.vocab", m.vocab, s.model.vocab, "");
   differ("model.seq", m.seq, s.model.seq, "");
+  check_stage_layers(m, s, where);
   if (m.seed != s.training.seed) {
     throw InputError(where + ": key 'training.seed': the checkpoint was written with seed " +
                      std::to_string(m.seed) + ", the scenario has " +
@@ -673,6 +700,7 @@ void CheckpointSession::complete(Pending& p) {
   m.dp = s_.parallel.dp;
   m.tp = s_.parallel.tp;
   m.pp = s_.parallel.pp;
+  m.pp_layers = model::stage_layer_counts(s_);
   m.zero = s_.parallel.zero;
   m.layers = s_.model.layers;
   m.d_model = s_.model.d_model;

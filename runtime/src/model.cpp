@@ -98,15 +98,16 @@ GptConfig gpt_config(const orrery::ModelConfig& m) {
   return GptConfig{m.layers, m.d_model, m.heads, m.vocab, m.seq};
 }
 
-GptShard GptShard::pipeline_stage(const GptConfig& cfg, int stage, int stages) {
+GptShard GptShard::pipeline_stage(const GptConfig& cfg, int stage, int stages,
+                                  const std::vector<int>& stage_layers) {
   if (stages < 1 || stage < 0 || stage >= stages || stages > cfg.n_layer) {
     throw InputError("pipeline: stage " + std::to_string(stage) + " of " + std::to_string(stages) +
                      " is impossible with " + std::to_string(cfg.n_layer) + " layers");
   }
-  const int base = cfg.n_layer / stages, rem = cfg.n_layer % stages;
+  const auto [first, last] = model::stage_layer_range(cfg.n_layer, stages, stage_layers, stage);
   GptShard s;
-  s.layer_begin = stage * base + std::min(stage, rem);
-  s.layer_end = s.layer_begin + base + (stage < rem ? 1 : 0);
+  s.layer_begin = first;
+  s.layer_end = last;
   s.has_embed = stage == 0;
   s.has_head = stage == stages - 1;
   return s;

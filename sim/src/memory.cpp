@@ -64,12 +64,14 @@ std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionCo
                                             int64_t capacity_bytes) {
   const int pp = s.parallel.pp;
   const int m = s.micro_batches_per_step();
-  const int per_stage = s.model.layers / pp;
   const double per_layer = activation_bytes_per_layer(s, p);
   std::vector<MemoryEstimate> out;
   for (int st = 0; st < pp; ++st) {
     MemoryEstimate e;
     e.stage = st;
+    // The stage's own blocks (parallel.pp_layers, or layers / pp: model::stage_contents).
+    for (const auto& [first, last] : model::stage_contents(s, st).layers) e.layers += last - first;
+    const int per_stage = e.layers;
     for (const auto& t : stage_parameters(s, st)) e.param_count += t.count;
     const auto ms = model_state_bytes(double(e.param_count), s.parallel.zero, s.parallel.dp, p);
     e.parameters_bytes = ms.parameters;

@@ -66,6 +66,14 @@ HardwareProfile profile_for(const Cluster& c, const std::string& search_dir) {
   return default_hardware_profile(c.device.name, c.device.name != "cpu");
 }
 
+namespace {
+// Blocks of the largest pipeline stage (parallel.pp_layers, or layers / pp).
+int max_stage_layers(const Scenario& s) {
+  if (s.parallel.pp_layers.empty()) return s.model.layers / std::max(1, s.parallel.pp);
+  return *std::max_element(s.parallel.pp_layers.begin(), s.parallel.pp_layers.end());
+}
+}  // namespace
+
 SimulationSize estimate_simulation_size(const Scenario& s, int steps, bool every_rank,
                                         bool keep_trace) {
   SimulationSize z;
@@ -115,7 +123,7 @@ void check_simulation_size(const Scenario& s, int steps, bool every_rank, bool k
   char ops[32];
   std::snprintf(ops, sizeof ops, "%.3g", z.ops_per_stage);
   std::string what = where + ": key 'model.layers' (" + std::to_string(s.model.layers) + ", " +
-                     std::to_string(s.model.layers / std::max(1, p.pp)) + " per stage) x " +
+                     std::to_string(max_stage_layers(s)) + " per stage, the largest) x " +
                      std::to_string(m) + " micro-batches per step ('training.global_batch' " +
                      std::to_string(s.training.global_batch) + " / ('parallel.dp' " +
                      std::to_string(p.dp) + " x 'training.micro_batch' " +
@@ -244,6 +252,7 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
     out.mfu = out.peak_flops > 0 ? per_gpu / out.peak_flops : 0;
   }
 
+  out.stages = stage_compute(w);
   out.capacity_bytes = cluster.device.mem_capacity_bytes;
   out.memory = estimate_memory(s, prec, out.capacity_bytes);
   for (const auto& m : out.memory) {
@@ -280,7 +289,7 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
   const Layout l = Layout::from(s);
   const ModelDims d = model_dims(s, prec.act_bytes);
   const double m = s.micro_batches_per_step(), pp = s.parallel.pp,
-               lps = double(s.model.layers) / pp;
+               lps = max_stage_layers(s);  // the slowest stage sets the pipeline's slot
   const double tf = double(cost.named_op_ns(names::kBlockForward, 0, 1, d));
   const double tb = double(cost.named_op_ns(names::kBlockBackward, 0, 1, d));
   const double head = double(cost.named_op_ns(names::kHeadForward, 0, 1, d) +
@@ -411,6 +420,8 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
             cd.s = s;
             cd.s.parallel.dp = dp, cd.s.parallel.tp = tp, cd.s.parallel.pp = pp,
             cd.s.parallel.zero = zero;
+            // The scenario's layers per stage fit its own pp only; other pp split evenly.
+            if (int(s.parallel.pp_layers.size()) != pp) cd.s.parallel.pp_layers.clear();
             cd.s.training.micro_batch = mb;
             try {
               validate_layout(cd.s);
@@ -504,6 +515,35 @@ std::string seconds(double ns) {
   return fmt("%.1f us", ns / 1e3);
 }
 
+// Each stage's layers and compute (one rank, one step), so an uneven pipeline shows: all stages up
+// to 8, else the first, the slowest, the fastest and the last.
+void format_stage_compute(std::ostringstream& o, const std::vector<StageCompute>& stages) {
+  if (stages.size() < 2) return;
+  size_t slow = 0, fast = 0;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    if (stages[i].compute_ns > stages[slow].compute_ns) slow = i;
+    if (stages[i].compute_ns < stages[fast].compute_ns) fast = i;
+  }
+  const double ratio =
+      stages[fast].compute_ns > 0 ? stages[slow].compute_ns / stages[fast].compute_ns : 0.0;
+  o << "compute per stage (one rank, one step; slowest / fastest " << fmt("%.2f", ratio) << ")\n";
+  auto line = [&](size_t i) {
+    const StageCompute& c = stages[i];
+    o << "  stage " << c.stage << ": " << c.layers << (c.layers == 1 ? " layer, " : " layers, ")
+      << seconds(c.compute_ns) << ", " << fmt("%.4g", c.flops) << " FLOP"
+      << (i == slow ? "  slowest" : "") << "\n";
+  };
+  if (stages.size() <= 8) {
+    for (size_t i = 0; i < stages.size(); ++i) line(i);
+    return;
+  }
+  std::vector<size_t> shown{0, slow, fast, stages.size() - 1};
+  std::sort(shown.begin(), shown.end());
+  shown.erase(std::unique(shown.begin(), shown.end()), shown.end());
+  for (size_t i : shown) line(i);
+  o << "  (" << stages.size() - shown.size() << " other stages in --json)\n";
+}
+
 }  // namespace
 
 nlohmann::json to_json(const SimResult& r) {
@@ -534,6 +574,7 @@ nlohmann::json to_json(const SimResult& r) {
   j["memory"] = nlohmann::json::array();
   for (const auto& m : r.memory)
     j["memory"].push_back({{"stage", m.stage},
+                           {"layers", m.layers},
                            {"parameters", m.param_count},
                            {"parameters_bytes", m.parameters_bytes},
                            {"gradients_bytes", m.gradients_bytes},
@@ -542,6 +583,13 @@ nlohmann::json to_json(const SimResult& r) {
                            {"micro_batches_in_flight", m.micro_batches_in_flight},
                            {"total_bytes", m.total_bytes},
                            {"fits", m.fits}});
+  j["stages"] = nlohmann::json::array();
+  for (const auto& c : r.stages)
+    j["stages"].push_back({{"stage", c.stage},
+                           {"layers", c.layers},
+                           {"compute_ns", c.compute_ns},
+                           {"flops", c.flops},
+                           {"block_flops", c.block_flops}});
   j["peak_memory_bytes"] = r.peak_memory_bytes;
   j["capacity_bytes"] = r.capacity_bytes;
   j["fits"] = r.fits;
@@ -580,13 +628,14 @@ std::string format_report(const SimResult& r, const Scenario& s, const Cluster& 
   line("exposed dp comm", b.exposed_dp_ns);
   line("pipeline bubble", b.bubble_ns);
   line("idle", b.idle_ns);
+  format_stage_compute(o, r.stages);
   o << "memory per GPU (parameters + gradients + optimizer + activations = total, capacity "
     << bytes_str(double(r.capacity_bytes)) << ")\n";
   auto mem_line = [&](const MemoryEstimate& m) {
-    o << "  stage " << m.stage << ": " << bytes_str(m.parameters_bytes) << " + "
-      << bytes_str(m.gradients_bytes) << " + " << bytes_str(m.optimizer_bytes) << " + "
-      << bytes_str(m.activations_bytes) << " (" << m.micro_batches_in_flight
-      << " micro-batches in flight) = " << bytes_str(m.total_bytes)
+    o << "  stage " << m.stage << " (" << m.layers << (m.layers == 1 ? " layer" : " layers")
+      << "): " << bytes_str(m.parameters_bytes) << " + " << bytes_str(m.gradients_bytes) << " + "
+      << bytes_str(m.optimizer_bytes) << " + " << bytes_str(m.activations_bytes) << " ("
+      << m.micro_batches_in_flight << " micro-batches in flight) = " << bytes_str(m.total_bytes)
       << (m.fits ? "  fits" : "  DOES NOT FIT") << "\n";
   };
   if (r.memory.size() <= 4) {

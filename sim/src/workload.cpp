@@ -61,6 +61,30 @@ std::vector<int> schedule_order(const std::string& schedule, int stages, int sta
   return pipeline_schedule_order(schedule, stages, stage, m, "the simulator");
 }
 
+std::vector<StageCompute> stage_compute(const Workload& w) {
+  std::vector<StageCompute> out;
+  const double steps = std::max(1, w.steps);
+  for (const auto& p : w.stages) {
+    StageCompute c;
+    c.stage = p.stage;
+    c.layers = p.layers;
+    for (const auto& op : p.ops) {
+      if (op.kind != traces::SpanKind::Compute && op.kind != traces::SpanKind::Optimizer) continue;
+      c.compute_ns += double(op.duration_ns);
+      c.flops += op.flops;
+      const std::string_view n = w.names[op.name];
+      if (n == names::kBlockForward || n == names::kBlockBackward || n == names::kBlockRecompute ||
+          n == names::kAttentionRecompute)
+        c.block_flops += op.flops;
+    }
+    c.compute_ns /= steps;
+    c.flops /= steps;
+    c.block_flops /= steps;
+    out.push_back(c);
+  }
+  return out;
+}
+
 size_t Workload::op_count() const {
   size_t n = 0;
   for (const auto& st : stages) n += st.ops.size();
@@ -193,7 +217,10 @@ ComputeCosts make_costs(const ModelDims& d, const CostModel& cost) {
 
 double workload_ops_bound(const Scenario& s, int steps) {
   const auto& par = s.parallel;
-  const double pp = std::max(1, par.pp), per_stage = double(s.model.layers) / pp;
+  // Layers of the largest stage (parallel.pp_layers may make them uneven).
+  double per_stage = double(s.model.layers) / std::max(1, par.pp);
+  if (!par.pp_layers.empty())
+    per_stage = double(*std::max_element(par.pp_layers.begin(), par.pp_layers.end()));
   const double m = double(s.training.global_batch) /
                    (double(std::max(1, par.dp)) * double(std::max(1, s.training.micro_batch)));
   const bool sp = par.sequence_parallel && par.tp > 1;
@@ -266,6 +293,13 @@ void check_buildable(const Scenario& s, const WorkloadOptions& opt) {
   }
 }
 
+// Blocks held by one stage (model::stage_contents: parallel.pp_layers, or layers / pp).
+int stage_blocks(const Scenario& s, int stage) {
+  int n = 0;
+  for (const auto& [first, last] : model::stage_contents(s, stage).layers) n += last - first;
+  return n;
+}
+
 // A DDP bucket of a stage, as the workload issues it.
 struct Bucket {
   int64_t params = 0;
@@ -292,9 +326,10 @@ class StageBuilder {
         m_(micro_batches),
         L_(s.model.layers),
         chunks_(chunks_per_stage(s)),
-        per_stage_(L_ / pp_),
+        per_stage_(stage_blocks(s, stage)),
         per_chunk_(per_stage_ / chunks_),
         st_(stage),
+        first_layer_(model::stage_contents(s, stage).layers.front().first),
         first_(stage == 0),
         last_(stage == pp_ - 1),
         interleaved_(schedule_of(par_) == Schedule::Interleaved),
@@ -309,6 +344,7 @@ class StageBuilder {
         prog_(prog),
         b_(prog, names) {
     prog_.stage = stage;
+    prog_.layers = per_stage_;
   }
 
   void build() {
@@ -324,8 +360,9 @@ class StageBuilder {
     int position;
   };
 
-  // Chunk k of the stage: layers [chunk_l0(k), chunk_l0(k) + per_chunk); one chunk = the stage.
-  int chunk_l0(int k) const { return (k * pp_ + st_) * per_chunk_; }
+  // Chunk k of the stage: layers [chunk_l0(k), chunk_l0(k) + per_chunk); one chunk = the stage
+  // (its own layer count under parallel.pp_layers).
+  int chunk_l0(int k) const { return chunks_ == 1 ? first_layer_ : (k * pp_ + st_) * per_chunk_; }
   int chunk_base(int k) const { return (chunks_ - 1 - k) * (per_chunk_ + 2); }
   // Parameters per segment of the stage (slot 0 the embedding -1, 1 the final LayerNorm L, then the
   // blocks by chunk), summed once: a scan of the stage's tensors per segment was quadratic in the
@@ -333,6 +370,7 @@ class StageBuilder {
   size_t slot(int seg) const {
     if (seg < 0) return size_t(0);
     if (seg >= L_) return size_t(1);
+    if (chunks_ == 1) return size_t(2 + seg - first_layer_);
     return size_t(2 + (seg / per_chunk_ / pp_) * per_chunk_ +
                   seg % per_chunk_);  // chunk, then layer
   }
@@ -731,6 +769,7 @@ class StageBuilder {
   const PrecisionConfig& prec_;
   const ComputeCosts& cc_;
   const int steps_, pp_, dp_, m_, L_, chunks_, per_stage_, per_chunk_, st_;
+  const int first_layer_;  // the stage's first block (its layers by model::stage_contents)
   const bool first_, last_, interleaved_, has_embed_segment_;
   const Recompute recompute_;
   const int64_t act_msg_bytes_;

@@ -22,7 +22,8 @@ std::string error_of(const std::string& yaml, const std::vector<std::string>& ov
 
 TEST(Scenario, ParsesKeysAndDefaults) {
   const Scenario s = parse_scenario(
-      "model:\n  layers: 6\n  d_model: 384\n  heads: 6\ntraining:\n  global_batch: 16\n  micro_batch: 4\n"
+      "model:\n  layers: 6\n  d_model: 384\n  heads: 6\ntraining:\n  global_batch: 16\n  "
+      "micro_batch: 4\n"
       "parallel:\n  dp: 2\n  overlap: false\n",
       "s.yaml");
   EXPECT_EQ(s.model.layers, 6);
@@ -35,9 +36,9 @@ TEST(Scenario, ParsesKeysAndDefaults) {
 }
 
 TEST(Scenario, OverridesApplyAndAreTyped) {
-  const Scenario s =
-      parse_scenario("model:\n  layers: 4\n", "s.yaml",
-                     {"model.layers=8", "parallel.schedule=gpipe", "training.lr=0.001", "profile.enabled=false"});
+  const Scenario s = parse_scenario(
+      "model:\n  layers: 4\n", "s.yaml",
+      {"model.layers=8", "parallel.schedule=gpipe", "training.lr=0.001", "profile.enabled=false"});
   EXPECT_EQ(s.model.layers, 8);
   EXPECT_EQ(s.parallel.schedule, "gpipe");
   EXPECT_DOUBLE_EQ(s.training.lr, 0.001);
@@ -64,18 +65,85 @@ TEST(Scenario, WrongTypeNamesLine) {
 TEST(Scenario, BadOverride) {
   EXPECT_EQ(error_of("", {"model.layres=3"}),
             "--set 'model.layres=3': unknown key 'model.layres' (did you mean 'model.layers'?)");
-  EXPECT_EQ(error_of("", {"noequals"}), "--set 'noequals': expected key=value, e.g. --set training.steps=20");
+  EXPECT_EQ(error_of("", {"noequals"}),
+            "--set 'noequals': expected key=value, e.g. --set training.steps=20");
 }
 
 TEST(Scenario, ImpossibleLayoutsAreRefused) {
-  EXPECT_NE(error_of("model:\n  heads: 4\nparallel:\n  tp: 3\n").find("model.heads (4) must be divisible by tp"),
+  EXPECT_NE(error_of("model:\n  heads: 4\nparallel:\n  tp: 3\n")
+                .find("model.heads (4) must be divisible by tp"),
             std::string::npos);
-  EXPECT_NE(error_of("model:\n  layers: 2\nparallel:\n  pp: 4\n").find("4 pipeline stages but only 2 layers"),
+  EXPECT_NE(error_of("model:\n  layers: 2\nparallel:\n  pp: 4\n")
+                .find("4 pipeline stages but only 2 layers"),
             std::string::npos);
   EXPECT_NE(error_of("parallel:\n  zero: 2\n").find("needs parallel.dp >= 2"), std::string::npos);
-  EXPECT_NE(error_of("training:\n  global_batch: 10\n  micro_batch: 4\n").find("must be divisible by dp (1)"),
+  EXPECT_NE(error_of("training:\n  global_batch: 10\n  micro_batch: 4\n")
+                .find("must be divisible by dp (1)"),
             std::string::npos);
   EXPECT_NE(error_of("parallel:\n  zero: 5\n").find("expected 0, 1, 2 or 3"), std::string::npos);
+}
+
+// parallel.pp_layers: a YAML sequence or, from --set, a comma string; validated against pp, the
+// layers and the schedule, each refusal naming the key and the numbers.
+TEST(Scenario, PpLayersParseFromYamlAndFromSet) {
+  const std::string base = "model:\n  layers: 48\nparallel:\n  pp: 4\n";
+  const Scenario y = parse_scenario(base + "  pp_layers: [11, 12, 12, 13]\n", "s.yaml");
+  EXPECT_EQ(y.parallel.pp_layers, (std::vector<int>{11, 12, 12, 13}));
+  const Scenario c = parse_scenario(base, "s.yaml", {"parallel.pp_layers=11,12,12,13"});
+  EXPECT_EQ(c.parallel.pp_layers, (std::vector<int>{11, 12, 12, 13}));
+  const Scenario f = parse_scenario(base, "s.yaml", {"parallel.pp_layers=[13, 12, 12, 11]"});
+  EXPECT_EQ(f.parallel.pp_layers, (std::vector<int>{13, 12, 12, 11}));
+  const Scenario spaced = parse_scenario(base, "s.yaml", {"parallel.pp_layers= 11, 12 ,12,13"});
+  EXPECT_EQ(spaced.parallel.pp_layers, (std::vector<int>{11, 12, 12, 13}));
+  EXPECT_TRUE(parse_scenario(base, "s.yaml").parallel.pp_layers.empty());  // default: even split
+  // Back through the stored text and through to_yaml.
+  EXPECT_EQ(parse_scenario(c.text, "again").parallel.pp_layers, c.parallel.pp_layers);
+  EXPECT_EQ(parse_scenario(to_yaml(y), "r.yaml").parallel.pp_layers, y.parallel.pp_layers);
+  EXPECT_TRUE(
+      parse_scenario(to_yaml(parse_scenario(base, "s.yaml")), "r.yaml").parallel.pp_layers.empty());
+  // pp_layers replaces the "layers divisible by pp" rule: 5 layers over 2 stages.
+  const Scenario odd =
+      parse_scenario("model:\n  layers: 5\nparallel:\n  pp: 2\n  pp_layers: [2, 3]\n", "s.yaml");
+  EXPECT_EQ(odd.parallel.pp_layers, (std::vector<int>{2, 3}));
+  EXPECT_NE(
+      error_of("model:\n  layers: 5\nparallel:\n  pp: 2\n")
+          .find("must be divisible by the number of pipeline stages (2), or give each stage's "
+                "layers in parallel.pp_layers"),
+      std::string::npos);
+}
+
+TEST(Scenario, PpLayersRefusedWithTheNumbers) {
+  const std::string base = "model:\n  layers: 48\nparallel:\n  pp: 4\n";
+  EXPECT_EQ(error_of(base, {"parallel.pp_layers=12,12,24"}),
+            "s.yaml: key 'parallel.pp_layers': [12, 12, 24]: 3 entries, but dp=1 tp=1 pp=4 has 4 "
+            "pipeline stages (one entry per stage)");
+  EXPECT_EQ(error_of(base, {"parallel.pp_layers=11,12,12,12"}),
+            "s.yaml: key 'parallel.pp_layers': [11, 12, 12, 12]: the stages hold 47 layers in all, "
+            "but model.layers is 48");
+  EXPECT_EQ(error_of(base, {"parallel.pp_layers=0,16,16,16"}),
+            "s.yaml: key 'parallel.pp_layers': [0, 16, 16, 16]: stage 0 has 0 layers; every stage "
+            "needs at least 1");
+  EXPECT_EQ(
+      error_of(base, {"parallel.pp_layers=-1,17,16,16"}),
+      "s.yaml: key 'parallel.pp_layers': [-1, 17, 16, 16]: stage 0 has -1 layers; every stage "
+      "needs at least 1");
+  EXPECT_EQ(
+      error_of(base +
+               "  schedule: interleaved\n  virtual_stages: 2\n  pp_layers: [12, 12, 12, 12]\n"),
+      "s.yaml: key 'parallel.pp_layers': [12, 12, 12, 12]: the interleaved schedule cuts the "
+      "layers into pp x virtual_stages equal chunks and cannot take layers per stage; use "
+      "schedule gpipe or 1f1b with pp_layers, or leave pp_layers empty");
+  EXPECT_EQ(error_of(base + "  pp_layers: 11,x,12,13\n"),
+            "s.yaml:5: key 'parallel.pp_layers': expected a list of integers ([11, 12, 12, 13], or "
+            "11,12,12,13 on the command line), got '11,x,12,13'");
+  EXPECT_NE(
+      error_of(base + "  pp_layers: [11, [12], 12, 13]\n").find("expected a list of integers"),
+      std::string::npos);
+  EXPECT_NE(error_of(base + "  pp_layers: {a: 1}\n")
+                .find("key 'parallel.pp_layers': expected a list of integers"),
+            std::string::npos);
+  EXPECT_NE(error_of(base, {"parallel.pp_layers=11,,12,13"}).find("expected a list of integers"),
+            std::string::npos);
 }
 
 TEST(Scenario, MalformedYamlAndMissingFile) {
@@ -90,7 +158,9 @@ TEST(Scenario, MalformedYamlAndMissingFile) {
 }
 
 TEST(Scenario, RoundTripsThroughYaml) {
-  Scenario s = parse_scenario("model:\n  layers: 8\nparallel:\n  dp: 2\n  bucket_mb: 4.5\ntraining:\n  global_batch: 16\n", "s.yaml");
+  Scenario s = parse_scenario(
+      "model:\n  layers: 8\nparallel:\n  dp: 2\n  bucket_mb: 4.5\ntraining:\n  global_batch: 16\n",
+      "s.yaml");
   const Scenario r = parse_scenario(to_yaml(s), "r.yaml");
   EXPECT_EQ(r.model.layers, 8);
   EXPECT_EQ(r.parallel.dp, 2);
@@ -101,11 +171,14 @@ TEST(Scenario, RoundTripsThroughYaml) {
 // Inputs found by fuzz/fuzz_scenario (fuzz/README.md): each was an uncaught YAML exception.
 TEST(Scenario, FuzzFindingsAreInputErrors) {
   // --set into a section that the file gives as a scalar (was YAML::BadSubscript).
-  EXPECT_EQ(error_of("parallel: 3\n", {"parallel.dp=2"}),
-            "--set 'parallel.dp=2': key 'parallel' in the scenario is not a section (a map of keys)");
+  EXPECT_EQ(
+      error_of("parallel: 3\n", {"parallel.dp=2"}),
+      "--set 'parallel.dp=2': key 'parallel' in the scenario is not a section (a map of keys)");
   // A key that is a list (was YAML::TypedBadConversion).
-  EXPECT_NE(error_of("? [a, b]\n: 1\n").find("a key must be a name, not a list or map"), std::string::npos);
-  EXPECT_NE(error_of("model:\n  ? {x: 1}\n  : 2\n").find("s.yaml:2: key 'model'"), std::string::npos);
+  EXPECT_NE(error_of("? [a, b]\n: 1\n").find("a key must be a name, not a list or map"),
+            std::string::npos);
+  EXPECT_NE(error_of("model:\n  ? {x: 1}\n  : 2\n").find("s.yaml:2: key 'model'"),
+            std::string::npos);
 }
 
 }  // namespace orrery

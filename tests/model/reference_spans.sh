@@ -7,7 +7,10 @@
 #     the three recomputation layouts (tp2 full, pp2 selective, dp2 ZeRO 3 full) were recorded when
 #     training.recompute was added, the two sequence-parallel ones (tp2, dp2·tp2·pp2 with full
 #     recomputation) when parallel.sequence_parallel was; their recomputation and sequence-parallel
-#     spans are also counted in closed form (3 below);
+#     spans are also counted in closed form (3 below); pp2-uneven (parallel.pp_layers=1,3: stage 0
+#     one block, stage 1 three) was recorded when parallel.pp_layers was added, by this script's
+#     --record with that change (ONLY=pp2-uneven), and its blocks per rank are also counted in
+#     closed form (4 below);
 #  2. the simulator's ops for each layout (orrery sim --all-ranks) equal the real run's spans, rank by
 #     rank: compute ops in order (with their FLOPs), each communicator's collectives in sequence order and
 #     its transfers as a set (name, step, micro-batch, layer, bytes) (span_tool compare);
@@ -16,7 +19,9 @@
 #     sequence parallelism (tp2, 4 blocks, 4 micro-batches, 2 steps): per block and micro-batch 4
 #     all-gathers and 4 reduce-scatters in place of tp2's 4 all-reduces, plus the head's all-gather
 #     and the embedding's, and one tp.grad_all_reduce per block and one for the head.
+#  4. pp2-uneven: fwd.block and bwd.block spans per rank = 2 steps x 4 micro-batches x its blocks.
 # Usage: reference_spans.sh ORRERY SPAN_TOOL SOURCE_DIR WORK_DIR [--record]
+# (ONLY=<layout> in the environment runs, or records, that layout alone.)
 set -uo pipefail
 ORRERY=$1
 SPAN_TOOL=$2
@@ -52,9 +57,11 @@ layouts=(
   "dp2-zero3-recompute-full 2 parallel.dp=2 parallel.zero=3 training.recompute=full"
   "tp2-sp 2 parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true"
   "dp2-tp2-pp2-sp-full 8 parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.sequence_parallel=true training.recompute=full"
+  "pp2-uneven 2 parallel.dp=1 parallel.pp=2 parallel.pp_layers=1,3"
 )
 for entry in "${layouts[@]}"; do
   read -r name ranks rest <<< "$entry"
+  if [ -n "${ONLY:-}" ] && [ "$ONLY" != "$name" ]; then continue; fi
   sets=()
   for kv in $rest; do sets+=(--set "$kv"); done
   if ! timeout 300 "$ORRERY" run ref.yaml --nproc "$ranks" "${sets[@]}" --out "$name.db" > "$name.run.out" 2>&1; then
@@ -114,6 +121,12 @@ if [ "$RECORD" != "--record" ] && [ -f tp2-sp.tsv ]; then
     check_count "tp2 sp rank $r tp.all_gather" "$(count_of tp2-sp.tsv $r tp.all_gather)" $((2 * 4 * (4 * 4 + 2)))
     check_count "tp2 sp rank $r tp.grad_all_reduce" "$(count_of tp2-sp.tsv $r tp.grad_all_reduce)" $((2 * 4 * (4 + 1)))
     check_count "tp2 sp rank $r fwd.block" "$(count_of tp2-sp.tsv $r fwd.block)" $((2 * 4 * 4 * 5))
+if [ "$RECORD" != "--record" ] && [ -f pp2-uneven.tsv ]; then
+  for rb in "0 1" "1 3"; do
+    read -r r blocks <<< "$rb"
+    for op in fwd.block bwd.block; do
+      check_count "pp2-uneven rank $r $op" "$(count_of pp2-uneven.tsv $r $op)" $((2 * 4 * blocks))
+    done
   done
 fi
 

@@ -170,6 +170,46 @@ TEST(Parameters, PipelineStagesPartitionTheLayersAndCopyWte) {
   EXPECT_EQ(c.layers[1], (std::pair<int, int>{6, 8}));
 }
 
+// parallel.pp_layers: the stages' blocks as given, contiguous from layer 0; without it the even
+// split (the first layers % pp stages one more when pp does not divide the layers).
+TEST(Parameters, StageLayersFollowPpLayersOrSplitEvenly) {
+  EXPECT_EQ(stage_layer_counts(48, 4, {}), (std::vector<int>{12, 12, 12, 12}));
+  EXPECT_EQ(stage_layer_counts(5, 2, {}), (std::vector<int>{3, 2}));
+  EXPECT_EQ(stage_layer_counts(48, 4, {11, 12, 12, 13}), (std::vector<int>{11, 12, 12, 13}));
+  const std::vector<std::pair<int, int>> want{{0, 11}, {11, 23}, {23, 35}, {35, 48}};
+  Scenario s = model_scenario(48, 32, 4, 128, 16, 1, 4);
+  s.parallel.pp_layers = {11, 12, 12, 13};
+  std::map<std::string, int> seen;
+  for (int st = 0; st < 4; ++st) {
+    EXPECT_EQ(stage_layer_range(48, 4, s.parallel.pp_layers, st), want[size_t(st)]) << st;
+    const StageContents c = stage_contents(s, st);
+    ASSERT_EQ(c.layers.size(), 1u);
+    EXPECT_EQ(c.layers[0], want[size_t(st)]) << st;
+    EXPECT_EQ(c.embed, st == 0);
+    EXPECT_EQ(c.head, st == 3);
+    int blocks = 0;
+    for (const auto& p : parameter_tensors(model_shape(s), c)) {
+      ++seen[p.name];
+      blocks += p.name.ends_with(".qkvw");
+    }
+    EXPECT_EQ(blocks, want[size_t(st)].second - want[size_t(st)].first) << st;
+  }
+  for (int l = 0; l < 48; ++l) EXPECT_EQ(seen["h." + std::to_string(l) + ".qkvw"], 1) << l;
+  // Even split, in closed form, against the counts.
+  EXPECT_EQ(stage_layer_range(5, 2, {}, 0), (std::pair<int, int>{0, 3}));
+  EXPECT_EQ(stage_layer_range(5, 2, {}, 1), (std::pair<int, int>{3, 5}));
+  // A list that does not describe the stages is refused, naming the key.
+  for (const std::vector<int>& bad : {std::vector<int>{1, 3}, {1, 1, 1}, {0, 2, 2}, {2, 2, 1}}) {
+    try {
+      stage_layer_counts(4, 3, bad);
+      ADD_FAILURE() << "accepted " << bad.size() << " entries";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("key 'parallel.pp_layers'"), std::string::npos);
+    }
+  }
+  EXPECT_THROW(stage_layer_range(4, 2, {}, 2), InputError);
+}
+
 TEST(Block, TpPiecesPartitionTheOpsAndCutAfterThePartialSums) {
   // Forward: every op once, in order; the tp sums follow the row-parallel proj and fc2.
   int next = 0;
@@ -201,8 +241,12 @@ TEST(Names, CommunicatorNamesFromCoordinates) {
 #if ORRERY_MODEL_TESTS_CROSS
 // The runtime's model and the simulator's workload take their tensors and buckets from model/: the
 // same stage gives the same parameters (names, segments, counts) and the same DDP buckets.
-TEST(RuntimeAndSimulator, SameParametersAndBucketsPerStage) {
+// Also with the stages cut unevenly (parallel.pp_layers, 1 block then 3).
+class RuntimeAndSimulator : public ::testing::TestWithParam<std::vector<int>> {};
+
+TEST_P(RuntimeAndSimulator, SameParametersAndBucketsPerStage) {
   Scenario s = model_scenario(4, 64, 4, 512, 32, 2, 2);
+  s.parallel.pp_layers = GetParam();
   s.parallel.bucket_mb = 0.05;  // several buckets per stage
   s.training.global_batch = 8, s.training.micro_batch = 4;
   const sim::Device d = *sim::device_preset("H100-SXM");
@@ -210,7 +254,12 @@ TEST(RuntimeAndSimulator, SameParametersAndBucketsPerStage) {
                             d.mem_bandwidth_bytes_per_s);
   const auto w = sim::build_workload(s, cost);
   for (int st = 0; st < 2; ++st) {
-    runtime::GptShard sh = runtime::GptShard::pipeline_stage(runtime::gpt_config(s.model), st, 2);
+    runtime::GptShard sh = runtime::GptShard::pipeline_stage(runtime::gpt_config(s.model), st, 2,
+                                                             s.parallel.pp_layers);
+    const auto [first, last] = stage_layer_range(4, 2, s.parallel.pp_layers, st);
+    EXPECT_EQ(sh.layer_begin, first);
+    EXPECT_EQ(sh.layer_end, last);
+    EXPECT_EQ(w.stages[size_t(st)].layers, last - first);
     sh.tp_rank = 1, sh.tp_size = 2;
     const runtime::Gpt g = runtime::gpt_create(runtime::gpt_config(s.model), sh, 7);
     const auto simp = sim::stage_parameters(s, st);
@@ -223,11 +272,16 @@ TEST(RuntimeAndSimulator, SameParametersAndBucketsPerStage) {
     const auto rb = runtime::make_ddp_buckets(g, s.parallel.bucket_mb);
     const auto& sb = w.stages[size_t(st)].bucket_params;
     ASSERT_EQ(rb.size(), sb.size()) << st;
-    EXPECT_GT(rb.size(), 2u);
+    EXPECT_GT(rb.size(), 1u);  // several (a 1-block stage: its block and the embedding)
     for (size_t i = 0; i < rb.size(); ++i)
       EXPECT_EQ(int64_t(rb[i].range.count), sb[i]) << st << " bucket " << i;
   }
 }
+INSTANTIATE_TEST_SUITE_P(PpLayers, RuntimeAndSimulator,
+                         ::testing::Values(std::vector<int>{}, std::vector<int>{1, 3}),
+                         [](const auto& tp_info) {
+                           return tp_info.param.empty() ? std::string("even") : std::string("1_3");
+                         });
 #endif
 
 }  // namespace

@@ -139,6 +139,35 @@ TEST(Memory, MicroBatchesInFlight) {
   EXPECT_TRUE(e[1].fits);  // capacity 0: unknown
 }
 
+// parallel.pp_layers: each stage's activations count its own blocks, its parameters its own
+// tensors; the even split's total is the same.
+TEST(Memory, UnevenStagesCountTheirOwnLayers) {
+  Scenario s = testing::small_scenario(8, 1, 1, 4, 8, "1f1b");
+  s.parallel.pp_layers = {1, 2, 2, 3};
+  const PrecisionConfig fp32 = precision_config("fp32");
+  const auto e = estimate_memory(s, fp32, 0);
+  ASSERT_EQ(e.size(), 4u);
+  const double per_layer = activation_bytes_per_layer(s, fp32);
+  const double sbh2 = 128.0 * 2 * 256 * 2;         // stage 0's embedding output
+  const double logits = 2.0 * 128 * 1024 * 4 * 2;  // the last stage's logits and their gradient
+  const int64_t block_params = 12LL * 256 * 256 + 13LL * 256;
+  for (int st = 0; st < 4; ++st) {
+    EXPECT_EQ(e[st].layers, s.parallel.pp_layers[size_t(st)]);
+    const double want =
+        (per_layer * s.parallel.pp_layers[size_t(st)] + (st == 0 ? sbh2 : 0.0)) * (4 - st) +
+        (st == 3 ? logits : 0.0);
+    EXPECT_DOUBLE_EQ(e[st].activations_bytes, want) << st;
+  }
+  // Middle stages hold blocks only: parameters = blocks x the block's.
+  EXPECT_EQ(e[1].param_count, 2 * block_params);
+  EXPECT_EQ(e[2].param_count, 2 * block_params);
+  s.parallel.pp_layers.clear();
+  const auto even = estimate_memory(s, fp32, 0);
+  EXPECT_EQ(even[1].layers, 2);
+  EXPECT_EQ(even[1].param_count, e[1].param_count);
+  EXPECT_DOUBLE_EQ(even[3].activations_bytes, (per_layer * 2) * 1 + logits);
+}
+
 // Interleaved 1F1B (v chunks of per_stage / v layers): stage s holds its warm-up forwards plus one,
 // min(2(p-s-1) + (v-1)p + 1, m·v) chunk passes, at the peak (Narayanan et al. 2021: more in flight
 // than 1F1B's p - s, each a v-th of a stage). p = 4, v = 2, m = 8, 16 layers (2 per chunk).

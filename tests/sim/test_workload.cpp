@@ -293,6 +293,55 @@ TEST(Workload, PlacementTpFastest) {
   EXPECT_EQ(l2.rank_of(0, 1, 0), 4);
 }
 
+// parallel.pp_layers: each stage's program runs its own blocks (layer ids from model/'s ranges), the
+// head's stage its three after the embedding's stage's one; stage_compute counts them, and its
+// block FLOPs are m x blocks x (forward + backward) of model/flops.hpp, exactly: 3x on the 3-block
+// stage. Under tp the pieces carry 1/tp each. The per-stage ops bound holds for the larger stage.
+TEST(Workload, UnevenStagesFollowPpLayers) {
+  const int L = 4, pp = 2, m = 4;
+  for (int tp : {1, 2}) {
+    Scenario s = small_scenario(L, 1, tp, pp, m);
+    s.parallel.pp_layers = {1, 3};
+    const Workload w = build_workload(s, h100_cost());
+    const model::flops::Dims fd{2, 128, 256, 1024, tp};
+    const double per_block = model::flops::block_forward(fd) + model::flops::block_backward(fd);
+    const auto sc = stage_compute(w);
+    ASSERT_EQ(sc.size(), 2u);
+    const int first[2] = {0, 1}, blocks[2] = {1, 3};
+    for (int st = 0; st < pp; ++st) {
+      const auto& p = w.stages[st];
+      EXPECT_EQ(p.layers, blocks[st]);
+      auto n = count_by_name(w, p);
+      const int pieces = tp == 1 ? 1 : 3;
+      EXPECT_EQ(n[std::string(names::kBlockForward)], pieces * m * blocks[st]) << tp;
+      EXPECT_EQ(n[std::string(names::kBlockBackward)], pieces * m * blocks[st]) << tp;
+      for (const auto& op : p.ops) {
+        const std::string name = w.names[op.name];
+        if (name != names::kBlockForward && name != names::kBlockBackward) continue;
+        EXPECT_GE(op.layer, first[st]);
+        EXPECT_LT(op.layer, first[st] + blocks[st]);
+      }
+      EXPECT_EQ(sc[st].stage, st);
+      EXPECT_EQ(sc[st].layers, blocks[st]);
+      EXPECT_DOUBLE_EQ(sc[st].block_flops, m * blocks[st] * per_block) << "stage " << st;
+      EXPECT_GT(sc[st].compute_ns, 0);
+      EXPECT_LE(double(p.ops.size()), workload_ops_bound(s, 1));
+      int64_t sum = 0;
+      for (auto b : p.bucket_params) sum += b;
+      EXPECT_EQ(sum, p.param_count);
+    }
+    EXPECT_DOUBLE_EQ(sc[1].block_flops, 3 * sc[0].block_flops);
+    // The head on stage 1, the embedding's zero FLOPs on stage 0: stage flops = blocks + head.
+    const double head = model::flops::head_forward(fd) + model::flops::head_backward(fd);
+    EXPECT_DOUBLE_EQ(sc[0].flops, sc[0].block_flops);
+    EXPECT_NEAR(sc[1].flops, sc[1].block_flops + m * head, 1e-9 * sc[1].flops);
+  }
+  // Without pp_layers: 2 blocks each, the same total.
+  const Workload even = build_workload(small_scenario(L, 1, 1, pp, m), h100_cost());
+  EXPECT_EQ(even.stages[0].layers, 2);
+  EXPECT_EQ(even.stages[1].layers, 2);
+}
+
 TEST(Workload, BadLayoutsAreInputErrors) {
   Scenario s = small_scenario(8, 1, 3, 1, 2);  // 8 heads % tp 3
   EXPECT_THROW(build_workload(s, h100_cost()), InputError);
@@ -302,6 +351,14 @@ TEST(Workload, BadLayoutsAreInputErrors) {
   s.parallel.virtual_stages = 3;  // 8 layers % (pp 2 x 3 chunks)
   EXPECT_THROW(build_workload(s, h100_cost()), InputError);
   EXPECT_THROW(precision_config("fp8"), InputError);
+  s = small_scenario(8, 1, 1, 2, 4);
+  s.parallel.pp_layers = {3, 4};  // 7 layers of 8
+  EXPECT_THROW(build_workload(s, h100_cost()), InputError);
+  s.parallel.pp_layers = {8};  // one entry for two stages
+  EXPECT_THROW(build_workload(s, h100_cost()), InputError);
+  s = small_scenario(8, 1, 1, 2, 4, "interleaved");
+  s.parallel.virtual_stages = 2, s.parallel.pp_layers = {4, 4};
+  EXPECT_THROW(build_workload(s, h100_cost()), InputError);
 }
 
 TEST(Workload, Gpt3On1024GpusBuildsOneProgramPerStage) {

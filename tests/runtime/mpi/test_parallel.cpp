@@ -1,5 +1,6 @@
 // Tensor, pipeline and ZeRO parallelism, alone and combined, against a serial run under mpirun:
-// the same loss curve and the same final parameters on the same global batch. Each case runs only
+// the same loss curve and the same final parameters on the same global batch; pipelines also cut
+// unevenly (parallel.pp_layers). Each case runs only
 // when its dp*tp*pp equals the world size (the suite is started with 2, 4 and 8 ranks).
 //
 // Tolerances: the parallel runs sum in another order (tp splits the matmul reductions, dp and ZeRO
@@ -35,6 +36,7 @@ struct Case {
   const char* name;
   int dp, tp, pp, zero;
   const char* schedule;
+  std::vector<int> pp_layers = {};  // parallel.pp_layers; empty: 2 blocks per stage
   bool sequence_parallel = false;
   Recompute recompute = Recompute::None;
 };
@@ -57,6 +59,7 @@ Scenario tiny(const Case& c) {
   s.parallel.pp = c.pp;
   s.parallel.zero = c.zero;
   s.parallel.schedule = c.schedule;
+  s.parallel.pp_layers = c.pp_layers;
   s.parallel.bucket_mb = 0.01;
   s.parallel.sequence_parallel = c.sequence_parallel;
   s.training.recompute = recompute_name(c.recompute);
@@ -78,7 +81,7 @@ TEST_P(ParallelEquivalence, SameLossAndParametersAsSerial) {
   for (int i = 0; i < s.training.steps; ++i) losses.push_back(par.step().loss);
   par.dp_group().all_reduce(losses.data(), losses.size(), DType::F32, ReduceOp::Avg).wait();
 
-  Case serial_case{"serial", 1, 1, 1, 0, "gpipe"};
+  Case serial_case{"serial", 1, 1, 1, 0, "gpipe", {}};
   Scenario ss = tiny(serial_case);
   // The same micro-batches per step as the parallel run, each dp times larger: the same global batch
   // accumulated in the same grouping, so only the parallel reductions differ in order.
@@ -94,6 +97,12 @@ TEST_P(ParallelEquivalence, SameLossAndParametersAsSerial) {
   }
   // Final parameters: every tensor this rank holds against its slice of the serial model.
   const Layout& L = par.layout();
+  if (!c.pp_layers.empty()) {  // the stage holds the blocks parallel.pp_layers gives it
+    int first = 0;
+    for (int i = 0; i < L.pp_rank; ++i) first += c.pp_layers[size_t(i)];
+    EXPECT_EQ(par.model().shard.layer_begin, first);
+    EXPECT_EQ(par.model().num_blocks(), c.pp_layers[size_t(L.pp_rank)]);
+  }
   double max_diff = 0, max_ref = 0;
   const Gpt& m = par.model();
   const std::vector<float> params = par.parameters();  // ZeRO 3: gathered over dp
@@ -158,22 +167,29 @@ TEST_P(ParallelEquivalence, SameLossAndParametersAsSerial) {
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ParallelEquivalence,
     ::testing::Values(
-        Case{"dp2_zero1", 2, 1, 1, 1, "gpipe"}, Case{"dp2_zero2", 2, 1, 1, 2, "gpipe"},
-        Case{"dp2_zero3", 2, 1, 1, 3, "gpipe"}, Case{"dp2_pp2_zero3", 2, 1, 2, 3, "1f1b"},
-        Case{"dp2_tp2_zero3", 2, 2, 1, 3, "gpipe"}, Case{"tp2", 1, 2, 1, 0, "gpipe"},
-        Case{"pp2_gpipe", 1, 1, 2, 0, "gpipe"}, Case{"pp2_1f1b", 1, 1, 2, 0, "1f1b"},
-        Case{"tp4", 1, 4, 1, 0, "gpipe"}, Case{"pp4_1f1b", 1, 1, 4, 0, "1f1b"},
-        Case{"dp2_tp2", 2, 2, 1, 0, "gpipe"}, Case{"tp2_pp2", 1, 2, 2, 0, "1f1b"},
-        Case{"dp2_pp2_zero2", 2, 1, 2, 2, "1f1b"}, Case{"dp4_zero1", 4, 1, 1, 1, "gpipe"},
-        Case{"dp2_tp2_pp2_zero1", 2, 2, 2, 1, "1f1b"},
-        Case{"dp2_tp2_pp2_gpipe", 2, 2, 2, 0, "gpipe"},
+        Case{"dp2_zero1", 2, 1, 1, 1, "gpipe", {}}, Case{"dp2_zero2", 2, 1, 1, 2, "gpipe", {}},
+        Case{"dp2_zero3", 2, 1, 1, 3, "gpipe", {}}, Case{"dp2_pp2_zero3", 2, 1, 2, 3, "1f1b", {}},
+        Case{"dp2_tp2_zero3", 2, 2, 1, 3, "gpipe", {}}, Case{"tp2", 1, 2, 1, 0, "gpipe", {}},
+        Case{"pp2_gpipe", 1, 1, 2, 0, "gpipe", {}}, Case{"pp2_1f1b", 1, 1, 2, 0, "1f1b", {}},
+        Case{"tp4", 1, 4, 1, 0, "gpipe", {}}, Case{"pp4_1f1b", 1, 1, 4, 0, "1f1b", {}},
+        Case{"dp2_tp2", 2, 2, 1, 0, "gpipe", {}}, Case{"tp2_pp2", 1, 2, 2, 0, "1f1b", {}},
+        Case{"dp2_pp2_zero2", 2, 1, 2, 2, "1f1b", {}}, Case{"dp4_zero1", 4, 1, 1, 1, "gpipe", {}},
+        Case{"dp2_tp2_pp2_zero1", 2, 2, 2, 1, "1f1b", {}},
+        Case{"dp2_tp2_pp2_gpipe", 2, 2, 2, 0, "gpipe", {}},
+        // Stages cut unevenly (parallel.pp_layers): the embedding's stage 1 block, the head's 3,
+        // and the other way round.
+        Case{"pp2_1f1b_layers_1_3", 1, 1, 2, 0, "1f1b", {1, 3}},
+        Case{"pp2_gpipe_layers_3_1", 1, 1, 2, 0, "gpipe", {3, 1}},
+        Case{"dp2_pp2_zero1_layers_1_3", 2, 1, 2, 1, "1f1b", {1, 3}},
+        Case{"tp2_pp2_layers_3_1", 1, 2, 2, 0, "1f1b", {3, 1}},
+        Case{"dp2_pp2_zero3_layers_1_3", 2, 1, 2, 3, "1f1b", {1, 3}},
         // Sequence parallelism (the tp all-reduces as reduce-scatters and all-gathers, the
         // residual stream sharded over tp), alone and with pipelines, ZeRO and recomputation.
-        Case{"tp2_sp", 1, 2, 1, 0, "gpipe", true}, Case{"tp4_sp", 1, 4, 1, 0, "gpipe", true},
-        Case{"dp2_tp2_sp", 2, 2, 1, 0, "gpipe", true}, Case{"tp2_pp2_sp", 1, 2, 2, 0, "1f1b", true},
-        Case{"dp2_tp2_sp_zero3_full", 2, 2, 1, 3, "gpipe", true, Recompute::Full},
-        Case{"dp2_tp2_pp2_sp_full", 2, 2, 2, 0, "1f1b", true, Recompute::Full},
-        Case{"dp2_tp2_pp2_sp_selective", 2, 2, 2, 1, "1f1b", true, Recompute::Selective}),
+        Case{"tp2_sp", 1, 2, 1, 0, "gpipe", {}, true}, Case{"tp4_sp", 1, 4, 1, 0, "gpipe", {}, true},
+        Case{"dp2_tp2_sp", 2, 2, 1, 0, "gpipe", {}, true}, Case{"tp2_pp2_sp", 1, 2, 2, 0, "1f1b", {}, true},
+        Case{"dp2_tp2_sp_zero3_full", 2, 2, 1, 3, "gpipe", {}, true, Recompute::Full},
+        Case{"dp2_tp2_pp2_sp_full", 2, 2, 2, 0, "1f1b", {}, true, Recompute::Full},
+        Case{"dp2_tp2_pp2_sp_selective", 2, 2, 2, 1, "1f1b", {}, true, Recompute::Selective}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Activation recomputation under each parallelism: the same layout run with training.recompute
@@ -194,7 +210,7 @@ TEST_P(RecomputeEquivalence, BitIdenticalToNoRecomputation) {
   const RecomputeCase c = GetParam();
   if (c.dp * c.tp * c.pp != world().size())
     GTEST_SKIP() << "needs " << c.dp * c.tp * c.pp << " ranks";
-  Scenario s = tiny(Case{c.name, c.dp, c.tp, c.pp, c.zero, "1f1b"});
+  Scenario s = tiny(Case{c.name, c.dp, c.tp, c.pp, c.zero, "1f1b", {}});
   auto train = [&](Recompute mode, std::vector<float>& losses, Trainer::MemoryBytes& mem) {
     Scenario r = s;
     r.training.recompute = recompute_name(mode);

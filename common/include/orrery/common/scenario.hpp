@@ -47,9 +47,14 @@ struct ParallelConfig {
   int dp = 1;
   int tp = 1;
   int pp = 1;
-  int zero = 0;                        // 0..3, over the dp group
-  std::string schedule = "1f1b";       // gpipe | 1f1b | interleaved
-  int virtual_stages = 1;              // model chunks per pipeline rank (interleaved)
+  int zero = 0;                   // 0..3, over the dp group
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  int virtual_stages = 1;         // model chunks per pipeline rank (interleaved)
+  // Blocks per pipeline stage, stage 0 first (e.g. {11, 12, 12, 13}: the stages with the embedding
+  // and the head take fewer), as Megatron-LM and DeepSpeed cut them; empty = layers / pp each. Exactly
+  // pp entries, each >= 1, summing to model.layers (validate_layout); not with the interleaved
+  // schedule. model/parameters.hpp's stage_layer_counts is the one reader.
+  std::vector<int> pp_layers;
   double bucket_mb = 25.0;             // DDP gradient bucket size, MiB
   bool overlap = true;                 // overlap gradient communication with backward
   std::string placement = "tp,dp,pp";  // fastest-varying first (Megatron's default)
@@ -118,8 +123,9 @@ Scenario load_scenario(const std::string& path, const std::vector<std::string>& 
 Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
                         const std::vector<std::string>& overrides = {});
 
-// Checks the parallel layout against the model (heads % tp, layers % (pp*virtual), zero needs dp>1
-// for stages that shard, batch divisibility). Throws InputError with the reason.
+// Checks the parallel layout against the model (heads % tp, layers % (pp*virtual) or
+// parallel.pp_layers, zero needs dp>1 for stages that shard, batch divisibility). Throws InputError
+// with the reason.
 void validate_layout(const Scenario& s);
 
 // parallel.schedule parsed, by its one parser: the scenario check and every consumer compare the

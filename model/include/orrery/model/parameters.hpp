@@ -60,8 +60,19 @@ struct StageContents {
   bool head = true;
   std::vector<std::pair<int, int>> layers;
 };
+// Blocks of each pipeline stage, stage 0 first: `pp_layers` (parallel.pp_layers, checked by
+// validate_layout) when given, else `layers` split evenly over `pp` stages (when pp does not divide
+// them, the first layers % pp stages take one more). The one rule the runtime's shards
+// (GptShard::pipeline_stage) and the simulator's stage programs and memory take a stage's layers
+// from. InputError when pp_layers has not pp entries, or they are not >= 1 summing to `layers`.
+std::vector<int> stage_layer_counts(int layers, int pp, const std::vector<int>& pp_layers);
+std::vector<int> stage_layer_counts(const Scenario& s);  // model.layers, parallel.pp, pp_layers
+// Stage `stage`'s blocks [first, last) under stage_layer_counts.
+std::pair<int, int> stage_layer_range(int layers, int pp, const std::vector<int>& pp_layers,
+                                      int stage);
 // Model chunks per pipeline stage: parallel.virtual_stages under the interleaved schedule, else 1.
-// Chunk k of stage s holds the layers [(k·pp + s)·Lc, (k·pp + s + 1)·Lc), Lc = layers / (pp·chunks).
+// Chunk k of stage s holds the layers [(k·pp + s)·Lc, (k·pp + s + 1)·Lc), Lc = layers / (pp·chunks);
+// one chunk: stage_layer_range.
 int chunks_per_stage(const Scenario& s);
 StageContents stage_contents(const Scenario& s, int stage);
 

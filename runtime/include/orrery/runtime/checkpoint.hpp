@@ -64,6 +64,9 @@ struct CheckpointManifest {
   int32_t step = 0;         // steps done
   int64_t adamw_steps = 0;  // AdamW's step count (bias corrections)
   int dp = 1, tp = 1, pp = 1, zero = 0;
+  // Blocks per pipeline stage (model::stage_layer_counts: parallel.pp_layers or the even split);
+  // empty in a manifest that does not record it (the even split).
+  std::vector<int> pp_layers;
   int layers = 0, d_model = 0, heads = 0, vocab = 0, seq = 0;
   uint64_t seed = 0;
   std::string data_source;

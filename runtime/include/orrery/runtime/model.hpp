@@ -84,8 +84,11 @@ struct GptShard {
   // hold this rank's contiguous 1/tp of the B·T tokens (buffers.hpp; gpt_pieces.hpp).
   bool sequence_parallel = false;
   bool sp() const { return sequence_parallel && tp_size > 1; }
-  // Blocks split as evenly as possible over `stages`, earlier stages taking the remainder.
-  static GptShard pipeline_stage(const GptConfig& cfg, int stage, int stages);
+  // Stage `stage` of `stages`: its blocks by the model's one rule (model::stage_layer_range):
+  // `stage_layers` (parallel.pp_layers) when given, else split as evenly as possible, earlier
+  // stages taking the remainder.
+  static GptShard pipeline_stage(const GptConfig& cfg, int stage, int stages,
+                                 const std::vector<int>& stage_layers = {});
 };
 
 // Sizes inside one block of this shard (the local slice under tensor parallelism).

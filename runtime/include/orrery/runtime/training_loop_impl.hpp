@@ -110,8 +110,10 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   dev_ = backend_.connect(groups_, L);
 
   const GptConfig cfg = gpt_config(s_.model);
-  // The pipeline stage's layers (every layer when pp = 1), the tp slice of each block.
-  GptShard shard = L.pp > 1 ? GptShard::pipeline_stage(cfg, L.pp_rank, L.pp) : GptShard{};
+  // The pipeline stage's layers (parallel.pp_layers, or an even split; every layer when pp = 1),
+  // the tp slice of each block.
+  GptShard shard =
+      L.pp > 1 ? GptShard::pipeline_stage(cfg, L.pp_rank, L.pp, s_.parallel.pp_layers) : GptShard{};
   shard.tp_rank = L.tp_rank;
   shard.tp_size = L.tp;
   shard.sequence_parallel = s_.parallel.sequence_parallel;

@@ -13,7 +13,8 @@
 // (plain tensor parallelism keeps the LayerNorm and dropout regions' 10·s·b·h replicated). fp32
 // activations double it. Recomputation adds, once per rank, the workspace it runs in: one layer's
 // activations without recomputation (full) or its attention core's 5·a·s/(h·t)·s·b·h (selective).
-// Micro-batches in flight on stage s: 1F1B min(p - s, m), GPipe m; interleaved 1F1B (v chunks of a
+// Each stage counts its own blocks (parallel.pp_layers, or layers / pp). Micro-batches in flight
+// on stage s: 1F1B min(p - s, m), GPipe m; interleaved 1F1B (v chunks of a
 // v-th of the stage's layers) the peak of chunk passes between forward and backward over the
 // stage's order, i.e. its warm-up plus one, min(2(p-s-1) + (v-1)p + 1, m·v)
 // (micro_batches_in_flight: that / v, rounded up). The last stage adds its logits and their
@@ -32,6 +33,7 @@ namespace orrery::sim {
 
 struct MemoryEstimate {
   int stage = 0;
+  int layers = 0;           // blocks the stage holds (parallel.pp_layers, or layers / pp)
   int64_t param_count = 0;  // Ψ of one rank (tp slice, unsharded)
   double parameters_bytes = 0;
   double gradients_bytes = 0;

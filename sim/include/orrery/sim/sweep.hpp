@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,17 +30,15 @@
 #include "orrery/sim/network.hpp"
 #include "orrery/traces/trace.hpp"
 
-#include <nlohmann/json.hpp>
-
 namespace orrery::sim {
 
 struct SimOptions {
   NetworkModel network = NetworkModel::Flow;
   bool all_ranks = false;
   int steps = 1;
-  std::string precision;                  // fp32 | mixed; "" = from the profile (bf16/fp16 -> mixed)
-  std::optional<HardwareProfile> profile; // none: default_hardware_profile(cluster device)
-  bool keep_trace = false;                // build the simulated trace (SimResult::trace)
+  std::string precision;  // fp32 | mixed; "" = from the profile (bf16/fp16 -> mixed)
+  std::optional<HardwareProfile> profile;  // none: default_hardware_profile(cluster device)
+  bool keep_trace = false;                 // build the simulated trace (SimResult::trace)
 };
 
 struct StepBreakdown {
@@ -57,20 +56,21 @@ struct SimResult {
   std::string schedule;
   std::string precision;
   std::string profile_name;
-  int64_t step_time_ns = 0;      // mean over the simulated steps (the first skipped when steps > 1)
+  int64_t step_time_ns = 0;  // mean over the simulated steps (the first skipped when steps > 1)
   double tokens_per_s = 0;
-  double tflops_per_gpu = 0;     // model FLOP/s per GPU / 1e12
-  double mfu = 0;                // model FLOP/s per GPU / peak
-  double peak_flops = 0;         // per GPU, the precision's
-  StepBreakdown breakdown;       // per step, mean over simulated ranks
+  double tflops_per_gpu = 0;           // model FLOP/s per GPU / 1e12
+  double mfu = 0;                      // model FLOP/s per GPU / peak
+  double peak_flops = 0;               // per GPU, the precision's
+  StepBreakdown breakdown;             // per step, mean over simulated ranks
   std::vector<MemoryEstimate> memory;  // per stage
-  double peak_memory_bytes = 0;  // max over stages
+  std::vector<StageCompute> stages;    // per stage: layers, compute time and FLOPs of one rank
+  double peak_memory_bytes = 0;        // max over stages
   bool fits = true;
   int64_t capacity_bytes = 0;
   size_t simulated_ranks = 0;
-  size_t ops = 0;                // ops executed (over the simulated ranks)
-  uint64_t events = 0;           // engine events
-  double wall_s = 0;             // host time of build + execution
+  size_t ops = 0;       // ops executed (over the simulated ranks)
+  uint64_t events = 0;  // engine events
+  double wall_s = 0;    // host time of build + execution
   std::optional<traces::Trace> trace;
 };
 
@@ -94,7 +94,8 @@ struct SimulationSize {
   double ops_per_stage = 0;     // workload_ops_bound
   double bytes = 0;
 };
-SimulationSize estimate_simulation_size(const Scenario& s, int steps, bool every_rank, bool keep_trace);
+SimulationSize estimate_simulation_size(const Scenario& s, int steps, bool every_rank,
+                                        bool keep_trace);
 
 // Refuses, with an InputError naming the scenario keys (and --steps, --all-ranks, --out) and their
 // values, a simulation that cannot run before it allocates anything: model.layers above
@@ -115,11 +116,11 @@ HardwareProfile profile_for(const Cluster& c, const std::string& search_dir = ""
 
 struct SweepRow {
   int gpus = 0;
-  bool ok = false;           // a layout was simulated
-  std::string note;          // why not, or remarks ("does not fit")
-  SimResult result;          // valid when ok
-  double efficiency = 0;     // per-GPU throughput relative to the smallest simulated size
-  int candidates = 0;        // --search: layouts considered (fitting memory) / simulated
+  bool ok = false;        // a layout was simulated
+  std::string note;       // why not, or remarks ("does not fit")
+  SimResult result;       // valid when ok
+  double efficiency = 0;  // per-GPU throughput relative to the smallest simulated size
+  int candidates = 0;     // --search: layouts considered (fitting memory) / simulated
   int simulated = 0;
 };
 
@@ -134,13 +135,15 @@ struct SweepOptions {
 // The scaling table: the scenario at each size (same node type and topology, more nodes: see
 // resize_cluster), global batch fixed. Without search: the scenario's tp, pp, zero and micro-batch
 // with dp filling the size; with search: the best (tokens/s) dp/tp/pp/zero/micro-batch that fits
-// device memory (tp within a node and dividing the heads, pp dividing the layers).
+// device memory (tp within a node and dividing the heads, pp dividing the layers; the scenario's
+// parallel.pp_layers kept for its own pp, an even split for the others).
 std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const SweepOptions& opt);
 
 // Output of `orrery sim` and `orrery sweep`: one JSON object per result (keys in snake_case with
 // units), the human-readable report, and the sweep table (text and CSV).
 nlohmann::json to_json(const SimResult& r);
-std::string format_report(const SimResult& r, const Scenario& s, const Cluster& c, NetworkModel model);
+std::string format_report(const SimResult& r, const Scenario& s, const Cluster& c,
+                          NetworkModel model);
 nlohmann::json to_json(const std::vector<SweepRow>& rows);
 std::string format_sweep_table(const std::vector<SweepRow>& rows);
 std::string format_sweep_csv(const std::vector<SweepRow>& rows);

@@ -105,6 +105,7 @@ struct Op {
 // ops in that order, and an op also waits for its deps (ops of the same rank, any stream).
 struct StageProgram {
   int stage = 0;
+  int layers = 0;  // blocks the stage holds (parallel.pp_layers, or layers / pp)
   std::vector<Op> ops;
   std::vector<uint32_t> deps;                                  // op indices
   std::array<std::vector<uint32_t>, kStreamCount> stream_ops;  // op indices per stream, in order
@@ -164,6 +165,20 @@ struct Workload {
   size_t op_count() const;                     // over the stage programs
   uint32_t name_id(std::string_view n) const;  // UINT32_MAX when absent
 };
+
+// What one rank of each pipeline stage computes in one step, from its program (the mean over the
+// workload's steps): the blocks it holds, the cost model's time and the model FLOPs of its compute
+// and optimizer ops, and of those the blocks' (fwd.block, bwd.block, recompute.block,
+// recompute.attention). `orrery sim` prints it, so a pipeline cut unevenly (parallel.pp_layers)
+// shows which stage bounds the step.
+struct StageCompute {
+  int stage = 0;
+  int layers = 0;
+  double compute_ns = 0;
+  double flops = 0;
+  double block_flops = 0;
+};
+std::vector<StageCompute> stage_compute(const Workload& w);
 
 // An upper bound of the ops of the largest stage program build_workload makes for `steps` steps, in
 // closed form and in double (absurd scenarios overflow int64), without building anything: per
