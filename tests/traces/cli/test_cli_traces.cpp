@@ -129,7 +129,7 @@ TEST(CliInfo, VerifyExitCodes) {
   EXPECT_EQ(j["damaged"][0].get<std::string>().rfind(block + ": checksum mismatch", 0), 0u);
 
   // Every command that reads the spans stops with the same one-line error, exit 2.
-  for (const std::string cmd :
+  for (const std::string& cmd :
        {std::string("report "), "export --format chrome --out " + dir.path("x.json") + " "}) {
     r = run(cmd + path);
     EXPECT_EQ(r.rc, 2) << cmd << r.out;
