@@ -18,21 +18,22 @@
 //   `counters`) is still read, without checks.
 // - steps: per (rank, step) aggregates, kept up to date by the writer at every flush.
 // - strings, meta, ranks, streams, communicators: one row each, as named.
-// - A flush writes blocks and steps in one transaction; blocks are never modified afterwards, so
-//   a reader of a file still being written sees whole batches only. Among equal starts, spans
-//   keep the order they were added.
+// - A flush writes span blocks, counter blocks and steps in one transaction; blocks are never
+//   modified afterwards, so a reader of a file still being written sees whole batches only. Among
+//   equal starts, spans keep the order they were added.
 // - spans (optional, only in files written with sql_spans, e.g. by `orrery export --format
 //   sqlite`): one row per span with every attribute as a column, indexed by (comm, seq) and
 //   (step, rank), for people who query traces in SQL, and beside it `counters`, one row per counter
-//   sample (rank, name, ts_ns, value). Schema version 1 wrote spans into every file at
-//   close(); filling it costs about 1.3 us of CPU per span, five times what recording the span
+//   sample (rank, name, ts_ns, value). Schema version 1 wrote spans into every file at close();
+//   filling it costs about 1.3 us of CPU per span, five times what recording the span
 //   costs, and no Orrery reader needs it, so version 2 writes it on request only. Meta key
 //   'sql_spans' says whether a file has it.
 // - Tables the store does not own (the profiler's flight_records and rank_status) may be added to
 //   a file by others; merge_traces() copies them.
 // - While writing: WAL journal (readers can read a file being written), synchronous=OFF. close()
-//   builds the secondary indexes, marks the file complete and returns it to a single-file journal
-//   (unless a reader still holds it open; it then stays WAL, which readers handle).
+//   fills and indexes the SQL tables (with sql_spans), marks the file complete and returns it to a
+//   single-file journal (unless a reader still holds it open; it then stays WAL, which readers
+//   handle).
 #include "orrery/traces/store.hpp"
 
 #include <sqlite3.h>
