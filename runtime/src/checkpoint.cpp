@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -20,10 +19,6 @@
 #include "orrery/model/parameters.hpp"
 #include "orrery/profiler/recorder.hpp"
 
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
-
 namespace orrery::runtime {
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -34,41 +29,6 @@ constexpr const char* kFormat = "orrery-checkpoint";
 constexpr int kVersion = 1;
 constexpr const char* kManifest = "manifest.json";
 constexpr int32_t kCheckpointStream = 3;
-
-// ---------------------------------------------------------------- CRC32C
-
-std::array<uint32_t, 256> crc_table() {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    t[i] = c;
-  }
-  return t;
-}
-
-uint32_t crc32c_table(const unsigned char* p, std::size_t n, uint32_t c) {
-  static const std::array<uint32_t, 256> t = crc_table();
-  for (std::size_t i = 0; i < n; ++i) c = t[(c ^ p[i]) & 0xFF] ^ (c >> 8);
-  return c;
-}
-
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const unsigned char* p, std::size_t n,
-                                                        uint32_t c) {
-  uint64_t c64 = c;
-  while (n >= 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    c64 = _mm_crc32_u64(c64, w);
-    p += 8;
-    n -= 8;
-  }
-  c = static_cast<uint32_t>(c64);
-  while (n--) c = _mm_crc32_u8(c, *p++);
-  return c;
-}
-#endif
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -145,18 +105,6 @@ CheckpointFile file_from_json(const json& jf, const std::string& origin) {
 }
 
 }  // namespace
-
-uint32_t crc32c(const void* data, std::size_t bytes, uint32_t crc) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-#if defined(__x86_64__)
-  static const bool hw = __builtin_cpu_supports("sse4.2");
-  crc = hw ? crc32c_sse42(p, bytes, crc) : crc32c_table(p, bytes, crc);
-#else
-  crc = crc32c_table(p, bytes, crc);
-#endif
-  return ~crc;
-}
 
 // ---------------------------------------------------------------- manifest
 

@@ -1,7 +1,10 @@
-// Packed span blocks (see span_block.hpp): zigzag varints with a presence byte per span.
+// Packed span and counter blocks (see span_block.hpp): zigzag varints, a presence byte per span,
+// and the blocks' CRC32C.
 #include "span_block.hpp"
 
 #include <cstring>
+
+#include "orrery/common/crc32c.hpp"
 
 namespace orrery::traces::detail {
 namespace {
@@ -11,6 +14,12 @@ inline uint64_t zigzag(int64_t v) {
 }
 inline int64_t unzigzag(uint64_t v) {
   return static_cast<int64_t>(v >> 1) ^ -static_cast<int64_t>(v & 1);
+}
+
+inline void put_f64(std::string& out, uint64_t bits) {
+  char b[8];
+  for (int k = 0; k < 8; ++k) b[k] = static_cast<char>((bits >> (8 * k)) & 0xff);
+  out.append(b, 8);
 }
 
 inline void put_varint(std::string& out, uint64_t v) {
@@ -101,11 +110,7 @@ void encode_block(const Span* spans, size_t n, std::string& out) {
     if (mask & kHasMicroBatch) put_varint(out, zigzag(s.micro_batch));
     if (mask & kHasLayer) put_varint(out, zigzag(s.layer));
     if (mask & kHasBytes) put_varint(out, zigzag(s.bytes));
-    if (mask & kHasFlops) {
-      char b[8];
-      for (int k = 0; k < 8; ++k) b[k] = static_cast<char>((flops_bits >> (8 * k)) & 0xff);
-      out.append(b, 8);
-    }
+    if (mask & kHasFlops) put_f64(out, flops_bits);
     if (mask & kHasComm) put_varint(out, zigzag(s.comm));
     if (mask & kHasPeer) put_varint(out, zigzag(s.peer));
     if (mask & kHasSeq) put_varint(out, zigzag(s.seq));
@@ -139,6 +144,48 @@ bool decode_block(const unsigned char* data, size_t size, int32_t rank, int32_t 
     if (!c.ok) return false;
   }
   return c.p == c.end;
+}
+
+void encode_counter_block(const CounterSample* samples, size_t n, std::string& out) {
+  int64_t prev = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const CounterSample& c = samples[i];
+    put_varint(out, zigzag(static_cast<int64_t>(static_cast<uint64_t>(c.ts_ns) -
+                                                static_cast<uint64_t>(prev))));
+    prev = c.ts_ns;
+    uint64_t bits;
+    std::memcpy(&bits, &c.value, sizeof bits);
+    put_f64(out, bits);
+  }
+}
+
+bool decode_counter_block(const unsigned char* data, size_t size, int32_t rank, NameId name,
+                          size_t count, CounterSample* out) {
+  Cursor c{data, data + size};
+  uint64_t prev = 0;
+  for (size_t i = 0; i < count; ++i) {
+    CounterSample& s = out[i];
+    s.rank = rank;
+    s.name = name;
+    prev += static_cast<uint64_t>(c.svarint());
+    s.ts_ns = static_cast<int64_t>(prev);
+    s.value = c.f64();
+    if (!c.ok) return false;
+  }
+  return c.p == c.end;
+}
+
+uint32_t block_crc(int64_t key0, int64_t key1, int64_t count, const unsigned char* data,
+                   size_t size) {
+  unsigned char head[16];
+  const auto k0 = static_cast<uint32_t>(key0), k1 = static_cast<uint32_t>(key1);
+  const auto n = static_cast<uint64_t>(count);
+  for (int i = 0; i < 4; ++i) {
+    head[i] = static_cast<unsigned char>(k0 >> (8 * i));
+    head[4 + i] = static_cast<unsigned char>(k1 >> (8 * i));
+  }
+  for (int i = 0; i < 8; ++i) head[8 + i] = static_cast<unsigned char>(n >> (8 * i));
+  return crc32c(data, size, crc32c(head, sizeof head));
 }
 
 }  // namespace orrery::traces::detail

@@ -1,29 +1,39 @@
 // The SQLite trace store: schema, the buffered writer, the read-only reader and merge_traces().
 //
-// Schema version 2. Layout, and why:
+// Schema version 3. Layout, and why:
 // - blocks: the spans, packed (span_block.hpp) per (rank, stream) in runs of at most
-//   kBlockSpans sorted by start, with each block's count, first start, last end, longest span and
-//   the smallest and largest communicator id among its spans (NULL when none has one). load_all(),
+//   kBlockSpans sorted by start, with each block's count, first start, last end, longest span,
+//   the smallest and largest communicator id among its spans (NULL when none has one) and its
+//   CRC32C (detail::block_crc: of rank, stream, count and the packed bytes). load_all(),
 //   spans_in_window() and collectives_of() read these: decoding bytes costs a fraction of stepping
 //   SQLite once per span and reading 15 columns. blocks_by_stream (rank, stream, min_start_ns,
 //   max_end_ns) finds the blocks that meet a time window without touching the packed bytes; the
 //   packed bytes are the last column so that the others are read without the overflow pages.
+// - counter_blocks: the counter samples, packed per (rank, counter name) in runs of at most
+//   kBlockSpans sorted by time, with count, first and last time and the CRC32C (of rank, name id,
+//   count and the packed bytes).
+// - Every read of a block checks its CRC32C first: a mismatch is an InputError naming the file and
+//   the block (table, id, rank and stream or counter name id); TraceReader::verify() checks them
+//   all. Version 2 (before the checksums: no crc32c column, counters one row per sample in a table
+//   `counters`) is still read, without checks.
 // - steps: per (rank, step) aggregates, kept up to date by the writer at every flush.
-// - counters, strings, meta, ranks, streams, communicators: one row each, as named.
-// - A flush writes blocks and steps in one transaction; blocks are never modified afterwards, so
-//   a reader of a file still being written sees whole batches only. Among equal starts, spans
-//   keep the order they were added.
+// - strings, meta, ranks, streams, communicators: one row each, as named.
+// - A flush writes span blocks, counter blocks and steps in one transaction; blocks are never
+//   modified afterwards, so a reader of a file still being written sees whole batches only. Among
+//   equal starts, spans keep the order they were added.
 // - spans (optional, only in files written with sql_spans, e.g. by `orrery export --format
 //   sqlite`): one row per span with every attribute as a column, indexed by (comm, seq) and
-//   (step, rank), for people who query traces in SQL. Schema version 1 wrote it into every file at
-//   close(); filling it costs about 1.3 us of CPU per span, five times what recording the span
+//   (step, rank), for people who query traces in SQL, and beside it `counters`, one row per counter
+//   sample (rank, name, ts_ns, value). Schema version 1 wrote spans into every file at close();
+//   filling it costs about 1.3 us of CPU per span, five times what recording the span
 //   costs, and no Orrery reader needs it, so version 2 writes it on request only. Meta key
 //   'sql_spans' says whether a file has it.
 // - Tables the store does not own (the profiler's flight_records and rank_status) may be added to
 //   a file by others; merge_traces() copies them.
 // - While writing: WAL journal (readers can read a file being written), synchronous=OFF. close()
-//   builds the secondary indexes, marks the file complete and returns it to a single-file journal
-//   (unless a reader still holds it open; it then stays WAL, which readers handle).
+//   fills and indexes the SQL tables (with sql_spans), marks the file complete and returns it to a
+//   single-file journal (unless a reader still holds it open; it then stays WAL, which readers
+//   handle).
 #include "orrery/traces/store.hpp"
 
 #include <sqlite3.h>
@@ -38,10 +48,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 
 #include "orrery/common/atomic_file.hpp"
+#include "orrery/common/crc32c.hpp"
 #include "orrery/common/error.hpp"
 #include "span_block.hpp"
 
@@ -61,36 +73,37 @@ CREATE TABLE strings(id INTEGER PRIMARY KEY, text TEXT NOT NULL);
 CREATE TABLE communicators(id INTEGER PRIMARY KEY, kind TEXT, name TEXT, ranks TEXT);
 CREATE TABLE blocks(id INTEGER PRIMARY KEY, rank INTEGER, stream INTEGER, chunk INTEGER,
                     count INTEGER, min_start_ns INTEGER, max_end_ns INTEGER, max_dur_ns INTEGER,
-                    min_comm INTEGER, max_comm INTEGER, packed BLOB);
+                    min_comm INTEGER, max_comm INTEGER, crc32c INTEGER, packed BLOB);
 CREATE INDEX blocks_by_stream ON blocks(rank, stream, min_start_ns, max_end_ns, count);
 CREATE TABLE steps(rank INTEGER, step INTEGER, start_ns INTEGER, end_ns INTEGER,
                    compute_ns INTEGER, collective_ns INTEGER, span_count INTEGER,
                    PRIMARY KEY(rank, step)) WITHOUT ROWID;
-CREATE TABLE counters(rank INTEGER, name INTEGER, ts_ns INTEGER, value REAL);
+CREATE TABLE counter_blocks(id INTEGER PRIMARY KEY, rank INTEGER, name INTEGER, count INTEGER,
+                            min_ts_ns INTEGER, max_ts_ns INTEGER, crc32c INTEGER, packed BLOB);
 )sql";
 
-// Secondary indexes, built once by close(): building them at the end is much cheaper than keeping
-// them up to date under millions of inserts. A reader of an unclosed file works without them.
-// Window queries need none: blocks_by_stream is kept from the start, it is small.
-constexpr const char* kIndexSql = R"sql(
-CREATE INDEX IF NOT EXISTS counters_by_rank ON counters(rank, name, ts_ns);
-)sql";
-
-// The optional per-span SQL table (files written with sql_spans), filled and indexed by close().
+// The optional per-span and per-sample SQL tables (files written with sql_spans), filled and
+// indexed by close(). The store's readers never read them: blocks are the trace.
 constexpr const char* kSqlSpansTable = R"sql(
 CREATE TABLE spans(id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, stream INTEGER NOT NULL,
                    kind INTEGER, name INTEGER, start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL,
                    step INTEGER, micro_batch INTEGER, layer INTEGER, bytes INTEGER, flops REAL,
                    comm INTEGER, peer INTEGER, seq INTEGER, op INTEGER);
+CREATE TABLE counters(rank INTEGER, name INTEGER, ts_ns INTEGER, value REAL);
 )sql";
 constexpr const char* kSqlSpansIndexSql = R"sql(
 CREATE INDEX IF NOT EXISTS spans_by_comm_seq ON spans(comm, seq) WHERE comm >= 0;
 CREATE INDEX IF NOT EXISTS spans_by_step ON spans(step, rank) WHERE step >= 0;
+CREATE INDEX IF NOT EXISTS counters_by_rank ON counters(rank, name, ts_ns);
 )sql";
 
-// The tables every Orrery trace of this schema version has (the reader checks them).
-constexpr const char* kOrreryTables[] = {"meta",          "strings",  "ranks",  "streams",
-                                         "communicators", "counters", "blocks", "steps"};
+// The tables every Orrery trace of this schema version has (the reader checks them), and those of
+// version 2, which is still read.
+constexpr const char* kOrreryTables[] = {"meta",          "strings",        "ranks",  "streams",
+                                         "communicators", "counter_blocks", "blocks", "steps"};
+constexpr const char* kOrreryTablesV2[] = {"meta",          "strings",  "ranks",  "streams",
+                                           "communicators", "counters", "blocks", "steps"};
+constexpr int kOldestReadableVersion = 2;
 
 constexpr const char* kSpanColumns =
     "rank, stream, kind, name, start_ns, end_ns, step, micro_batch, layer, bytes, flops, comm, "
@@ -204,6 +217,120 @@ Stmt wprep(sqlite3* db, const std::string& path, const char* sql) {
   return Stmt(st);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Checked blocks. Every query of packed blocks selects (id, key0, key1, count, crc32c, packed) as
+// its first six columns: key0, key1 are rank and stream (blocks) or rank and counter name id
+// (counter_blocks); crc32c is NULL in a file of schema 2, which has none.
+
+// The least bytes one packed span (a presence byte and five varints) and one packed counter
+// sample (a varint and 8 bytes) take: a count beyond size / this is damage, not an allocation.
+constexpr size_t kMinSpanBytes = 6;
+constexpr size_t kMinSampleBytes = 9;
+
+struct PackedRow {
+  int64_t id = 0, key0 = 0, key1 = 0, count = 0;
+  const unsigned char* data = nullptr;
+  size_t size = 0;
+};
+
+PackedRow packed_row(sqlite3_stmt* st) {
+  PackedRow r;
+  r.id = sqlite3_column_int64(st, 0);
+  r.key0 = sqlite3_column_int64(st, 1);
+  r.key1 = sqlite3_column_int64(st, 2);
+  r.count = sqlite3_column_int64(st, 3);
+  r.data = static_cast<const unsigned char*>(sqlite3_column_blob(st, 5));
+  r.size = static_cast<size_t>(sqlite3_column_bytes(st, 5));
+  return r;
+}
+
+const char* crc_column(bool checksums) { return checksums ? "crc32c" : "NULL"; }
+
+std::string hex32(int64_t v) {
+  if (v < 0 || v > 0xffffffffLL) return std::to_string(v) + " (not a 32-bit value)";
+  char b[16];
+  std::snprintf(b, sizeof b, "0x%08x", static_cast<unsigned>(v));
+  return b;
+}
+
+// What is wrong with a block row before it is decoded, "" if nothing: its checksum (when the file
+// has them), then its count against its size (each item takes at least `min_item_bytes`).
+std::string row_problem(sqlite3_stmt* st, const PackedRow& r, bool checksums,
+                        size_t min_item_bytes) {
+  if (checksums) {
+    if (sqlite3_column_type(st, 4) != SQLITE_INTEGER) return "its crc32c column is not an integer";
+    const int64_t stored = sqlite3_column_int64(st, 4);
+    const uint32_t actual = detail::block_crc(r.key0, r.key1, r.count, r.data, r.size);
+    if (stored != static_cast<int64_t>(actual)) {
+      return "checksum mismatch: CRC32C " + hex32(actual) + " of its key, count and " +
+             std::to_string(r.size) + " packed bytes, the block records " + hex32(stored);
+    }
+  }
+  if (r.count < 0) return "negative count " + std::to_string(r.count);
+  if (static_cast<uint64_t>(r.count) > r.size / min_item_bytes) {
+    return "count " + std::to_string(r.count) + ", more than its " + std::to_string(r.size) +
+           " packed bytes can hold";
+  }
+  return {};
+}
+
+std::string span_block_label(const PackedRow& r) {
+  return "span block " + std::to_string(r.id) + " (rank " + std::to_string(r.key0) + ", stream " +
+         std::to_string(r.key1) + ")";
+}
+
+std::string counter_block_label(const PackedRow& r) {
+  return "counter block " + std::to_string(r.id) + " (rank " + std::to_string(r.key0) +
+         ", counter name id " + std::to_string(r.key1) + ")";
+}
+
+[[noreturn]] void corrupt_block(const std::string& path, const std::string& label,
+                                const std::string& problem) {
+  throw InputError(path + ": corrupt trace (" + label + ": " + problem + ")");
+}
+
+// Checks and decodes the span block of the current row into `out` (resized to its count).
+// Returns the problem, "" if none.
+std::string span_block_problem(sqlite3_stmt* st, bool checksums, std::vector<Span>& out) {
+  const PackedRow r = packed_row(st);
+  std::string problem = row_problem(st, r, checksums, kMinSpanBytes);
+  if (!problem.empty()) return problem;
+  out.resize(static_cast<size_t>(r.count));
+  if (!detail::decode_block(r.data, r.size, static_cast<int32_t>(r.key0),
+                            static_cast<int32_t>(r.key1), out.size(), out.data())) {
+    return "its bytes do not decode";
+  }
+  return {};
+}
+
+// The same for the counter block of the current row.
+std::string counter_block_problem(sqlite3_stmt* st, bool checksums,
+                                  std::vector<CounterSample>& out) {
+  const PackedRow r = packed_row(st);
+  std::string problem = row_problem(st, r, checksums, kMinSampleBytes);
+  if (!problem.empty()) return problem;
+  out.resize(static_cast<size_t>(r.count));
+  if (!detail::decode_counter_block(r.data, r.size, static_cast<int32_t>(r.key0),
+                                    static_cast<NameId>(r.key1), out.size(), out.data())) {
+    return "its bytes do not decode";
+  }
+  return {};
+}
+
+// Decodes the span (counter) block of the current row into `out`; throws InputError naming
+// `path` and the block if it is damaged.
+void read_span_block(const std::string& path, sqlite3_stmt* st, bool checksums,
+                     std::vector<Span>& out) {
+  const std::string problem = span_block_problem(st, checksums, out);
+  if (!problem.empty()) corrupt_block(path, span_block_label(packed_row(st)), problem);
+}
+
+void read_counter_block(const std::string& path, sqlite3_stmt* st, bool checksums,
+                        std::vector<CounterSample>& out) {
+  const std::string problem = counter_block_problem(st, checksums, out);
+  if (!problem.empty()) corrupt_block(path, counter_block_label(packed_row(st)), problem);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -257,10 +384,50 @@ struct StepAgg {
   bool dirty = false;
 };
 
+using CounterKey = std::pair<int32_t, NameId>;  // (rank, counter name)
+
+// Scratch of the counter flush, kept between flushes to avoid reallocating.
+struct CounterScratch {
+  std::map<CounterKey, std::vector<uint32_t>> groups;
+  std::vector<CounterSample> block;
+  std::string packed;
+};
+
+// Writes `buf` as counter blocks through `st` (the INSERT INTO counter_blocks): grouped by (rank,
+// name), each group in time order (ties in arrival order), runs of kBlockSpans samples.
+void write_counter_blocks(sqlite3* db, const std::string& path, sqlite3_stmt* st,
+                          const std::vector<CounterSample>& buf, CounterScratch& sc) {
+  for (auto& [key, g] : sc.groups) g.clear();
+  for (uint32_t i = 0; i < buf.size(); ++i) sc.groups[{buf[i].rank, buf[i].name}].push_back(i);
+  auto by_time = [&buf](uint32_t a, uint32_t b) { return buf[a].ts_ns < buf[b].ts_ns; };
+  for (auto& [key, g] : sc.groups) {
+    if (!std::is_sorted(g.begin(), g.end(), by_time)) std::stable_sort(g.begin(), g.end(), by_time);
+    for (size_t b = 0; b < g.size(); b += detail::kBlockSpans) {
+      const size_t n = std::min(detail::kBlockSpans, g.size() - b);
+      sc.block.clear();
+      for (size_t j = b; j < b + n; ++j) sc.block.push_back(buf[g[j]]);
+      sc.packed.clear();
+      detail::encode_counter_block(sc.block.data(), n, sc.packed);
+      const auto* bytes = reinterpret_cast<const unsigned char*>(sc.packed.data());
+      sqlite3_bind_int64(st, 1, key.first);
+      sqlite3_bind_int64(st, 2, key.second);
+      sqlite3_bind_int64(st, 3, static_cast<int64_t>(n));
+      sqlite3_bind_int64(st, 4, sc.block.front().ts_ns);
+      sqlite3_bind_int64(st, 5, sc.block.back().ts_ns);
+      sqlite3_bind_int64(st, 6,
+                         detail::block_crc(key.first, key.second, static_cast<int64_t>(n), bytes,
+                                           sc.packed.size()));
+      sqlite3_bind_blob(st, 7, sc.packed.data(), static_cast<int>(sc.packed.size()), SQLITE_STATIC);
+      if (sqlite3_step(st) != SQLITE_DONE) writer_fail(path, db, "insert counter block");
+      sqlite3_reset(st);
+    }
+  }
+}
+
 }  // namespace
 
 struct TraceWriter::Impl {
-  Stmt insert_string, insert_counter, insert_block, upsert_step;
+  Stmt insert_string, insert_counter_block, insert_block, upsert_step;
   int64_t next_chunk = 0;
   // Per (rank, step), over everything written so far; rewritten when a flush changed them.
   std::map<std::pair<int32_t, int32_t>, StepAgg> steps;
@@ -268,6 +435,7 @@ struct TraceWriter::Impl {
   std::map<StreamKey, std::vector<uint32_t>> groups;
   std::vector<Span> block;
   std::string packed;
+  CounterScratch counters;
 };
 
 TraceWriter::TraceWriter(const std::string& path, size_t batch_spans, bool sql_spans)
@@ -300,12 +468,13 @@ TraceWriter::TraceWriter(const std::string& path, size_t batch_spans, bool sql_s
     exec_or_throw(db_, "COMMIT", path_);
     impl_ = std::make_unique<Impl>();
     impl_->insert_string = wprep(db_, path_, "INSERT INTO strings(id, text) VALUES(?,?)");
-    impl_->insert_counter =
-        wprep(db_, path_, "INSERT INTO counters(rank, name, ts_ns, value) VALUES(?,?,?,?)");
+    impl_->insert_counter_block = wprep(db_, path_,
+                                        "INSERT INTO counter_blocks(rank, name, count, min_ts_ns, "
+                                        "max_ts_ns, crc32c, packed) VALUES(?,?,?,?,?,?,?)");
     impl_->insert_block = wprep(db_, path_,
                                 "INSERT INTO blocks(rank, stream, chunk, count, min_start_ns, "
-                                "max_end_ns, max_dur_ns, min_comm, max_comm, packed) "
-                                "VALUES(?,?,?,?,?,?,?,?,?,?)");
+                                "max_end_ns, max_dur_ns, min_comm, max_comm, crc32c, packed) "
+                                "VALUES(?,?,?,?,?,?,?,?,?,?,?)");
     impl_->upsert_step = wprep(db_, path_, "INSERT OR REPLACE INTO steps VALUES(?,?,?,?,?,?,?)");
   } catch (...) {
     impl_.reset();
@@ -525,7 +694,12 @@ void TraceWriter::flush_locked() {
           sqlite3_bind_null(block_st, 8);
           sqlite3_bind_null(block_st, 9);
         }
-        sqlite3_bind_blob(block_st, 10, im.packed.data(), static_cast<int>(im.packed.size()),
+        sqlite3_bind_int64(
+            block_st, 10,
+            detail::block_crc(key.first, key.second, static_cast<int64_t>(n),
+                              reinterpret_cast<const unsigned char*>(im.packed.data()),
+                              im.packed.size()));
+        sqlite3_bind_blob(block_st, 11, im.packed.data(), static_cast<int>(im.packed.size()),
                           SQLITE_STATIC);
         if (sqlite3_step(block_st) != SQLITE_DONE) writer_fail(path_, db_, "insert block");
         sqlite3_reset(block_st);
@@ -548,21 +722,43 @@ void TraceWriter::flush_locked() {
     }
   }
 
-  {
-    sqlite3_stmt* st = im.insert_counter.get();
-    for (const auto& c : counter_buf_) {
-      sqlite3_bind_int64(st, 1, c.rank);
-      sqlite3_bind_int64(st, 2, c.name);
-      sqlite3_bind_int64(st, 3, c.ts_ns);
-      sqlite3_bind_double(st, 4, c.value);
-      if (sqlite3_step(st) != SQLITE_DONE) writer_fail(path_, db_, "insert counter");
-      sqlite3_reset(st);
-    }
-  }
+  write_counter_blocks(db_, path_, im.insert_counter_block.get(), counter_buf_, im.counters);
   exec_or_throw(db_, "COMMIT", path_);
   span_buf_.clear();
   counter_buf_.clear();
 }
+
+namespace {
+
+// The SQL table `counters` of a file written with sql_spans: one row per sample, from the counter
+// blocks.
+void fill_counters_table(sqlite3* db, const std::string& path) {
+  Stmt insert = wprep(db, path, "INSERT INTO counters(rank, name, ts_ns, value) VALUES(?,?,?,?)");
+  Stmt blocks = wprep(
+      db, path, "SELECT id, rank, name, count, crc32c, packed FROM counter_blocks ORDER BY id");
+  std::vector<CounterSample> samples;
+  for (;;) {
+    const int rc = sqlite3_step(blocks.get());
+    if (rc == SQLITE_DONE) break;
+    if (rc != SQLITE_ROW) writer_fail(path, db, "read counter blocks");
+    const std::string problem = counter_block_problem(blocks.get(), true, samples);
+    if (!problem.empty()) {
+      throw InternalError(path + ": " + counter_block_label(packed_row(blocks.get())) +
+                          ", written by this writer: " + problem);
+    }
+    sqlite3_stmt* st = insert.get();
+    for (const auto& c : samples) {
+      sqlite3_bind_int64(st, 1, c.rank);
+      sqlite3_bind_int64(st, 2, c.name);
+      sqlite3_bind_int64(st, 3, c.ts_ns);
+      sqlite3_bind_double(st, 4, c.value);
+      if (sqlite3_step(st) != SQLITE_DONE) writer_fail(path, db, "insert counter");
+      sqlite3_reset(st);
+    }
+  }
+}
+
+}  // namespace
 
 void TraceWriter::close() {
   std::lock_guard lock(mu_);
@@ -572,10 +768,10 @@ void TraceWriter::close() {
   if (sql_spans_) {
     exec_or_throw(db_, kSqlSpansTable, path_);
     fill_spans_table();
+    fill_counters_table(db_, path_);
     exec_or_throw(db_, kSqlSpansIndexSql, path_);
     exec_or_throw(db_, "INSERT OR REPLACE INTO meta(key, value) VALUES('sql_spans', 1)", path_);
   }
-  exec_or_throw(db_, kIndexSql, path_);
   exec_or_throw(db_, "INSERT OR REPLACE INTO meta(key, value) VALUES('complete', 1)", path_);
   exec_or_throw(db_, "COMMIT", path_);
   closed_ = true;
@@ -593,7 +789,8 @@ void TraceWriter::fill_spans_table() {
   // more than everything else the writer does, and a running program should not pay it.
   Stmt insert_many = wprep(db_, path_, span_insert_sql(kInsertRows).c_str());
   Stmt insert_one = wprep(db_, path_, span_insert_sql(1).c_str());
-  Stmt blocks = wprep(db_, path_, "SELECT id, rank, stream, count, packed FROM blocks ORDER BY id");
+  Stmt blocks =
+      wprep(db_, path_, "SELECT id, rank, stream, count, crc32c, packed FROM blocks ORDER BY id");
   std::vector<Span> spans;
   int64_t next_id = 0;
   sqlite3_stmt* many = insert_many.get();
@@ -602,15 +799,12 @@ void TraceWriter::fill_spans_table() {
     const int rc = sqlite3_step(blocks.get());
     if (rc == SQLITE_DONE) break;
     if (rc != SQLITE_ROW) writer_fail(path_, db_, "read blocks");
-    const auto n = static_cast<size_t>(sqlite3_column_int64(blocks.get(), 3));
-    spans.resize(n);
-    const auto* data = static_cast<const unsigned char*>(sqlite3_column_blob(blocks.get(), 4));
-    const auto size = static_cast<size_t>(sqlite3_column_bytes(blocks.get(), 4));
-    if (!detail::decode_block(
-            data, size, static_cast<int32_t>(sqlite3_column_int64(blocks.get(), 1)),
-            static_cast<int32_t>(sqlite3_column_int64(blocks.get(), 2)), n, spans.data())) {
-      throw InternalError(path_ + ": a span block written by this writer does not decode");
+    const std::string problem = span_block_problem(blocks.get(), true, spans);
+    if (!problem.empty()) {
+      throw InternalError(path_ + ": " + span_block_label(packed_row(blocks.get())) +
+                          ", written by this writer: " + problem);
     }
+    const size_t n = spans.size();
     size_t k = 0;
     for (; k + kInsertRows <= n; k += kInsertRows) {
       for (int r = 0; r < kInsertRows; ++r)
@@ -694,31 +888,32 @@ struct DbCloser {
 };
 
 // Decodes the blocks with ids in [id0, id1) into `out`, each at the place `where` gives
-// (indexed by id - where_base); every block must hold the count the index said.
-void load_block_range(const std::string& path, int64_t id0, int64_t id1, int64_t expected_blocks,
-                      const std::vector<std::pair<size_t, size_t>>& where, int64_t where_base,
-                      std::vector<Span>& out) {
+// (indexed by id - where_base), after checking its checksum (`checksums`: the file has them);
+// every block must hold the count the index said.
+void load_block_range(const std::string& path, bool checksums, int64_t id0, int64_t id1,
+                      int64_t expected_blocks, const std::vector<std::pair<size_t, size_t>>& where,
+                      int64_t where_base, std::vector<Span>& out) {
   sqlite3* db = open_readonly(path);
   DbCloser closer{db};
-  Stmt st = rprep(db, path,
-                  "SELECT id, rank, stream, count, packed FROM blocks "
-                  "WHERE id>=?1 AND id<?2 ORDER BY id");
+  const std::string sql = std::string("SELECT id, rank, stream, count, ") + crc_column(checksums) +
+                          ", packed FROM blocks WHERE id>=?1 AND id<?2 ORDER BY id";
+  Stmt st = rprep(db, path, sql.c_str());
   sqlite3_bind_int64(st.get(), 1, id0);
   sqlite3_bind_int64(st.get(), 2, id1);
   int64_t seen = 0;
   while (rstep(db, path, st)) {
-    const int64_t id = sqlite3_column_int64(st.get(), 0);
-    const auto [pos, count] = where.at(static_cast<size_t>(id - where_base));
-    const auto n = sqlite3_column_int64(st.get(), 3);
-    const auto* data = static_cast<const unsigned char*>(sqlite3_column_blob(st.get(), 4));
-    const auto size = static_cast<size_t>(sqlite3_column_bytes(st.get(), 4));
-    if (n < 0 || static_cast<size_t>(n) != count ||
-        !detail::decode_block(data, size, static_cast<int32_t>(sqlite3_column_int64(st.get(), 1)),
-                              static_cast<int32_t>(sqlite3_column_int64(st.get(), 2)), count,
-                              out.data() + pos)) {
-      throw InputError(path + ": corrupt trace (span block " + std::to_string(id) +
-                       " does not decode)");
+    const PackedRow r = packed_row(st.get());
+    const auto [pos, count] = where.at(static_cast<size_t>(r.id - where_base));
+    std::string problem = row_problem(st.get(), r, checksums, kMinSpanBytes);
+    if (problem.empty() && static_cast<size_t>(r.count) != count) {
+      problem = "count " + std::to_string(r.count) + ", the index said " + std::to_string(count);
     }
+    if (problem.empty() &&
+        !detail::decode_block(r.data, r.size, static_cast<int32_t>(r.key0),
+                              static_cast<int32_t>(r.key1), count, out.data() + pos)) {
+      problem = "its bytes do not decode";
+    }
+    if (!problem.empty()) corrupt_block(path, span_block_label(r), problem);
     ++seen;
   }
   if (seen != expected_blocks) {
@@ -751,21 +946,22 @@ TraceReader::TraceReader(const std::string& path) : path_(path) {
     bool has_tables = false;
     {
       std::string sql = "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN (";
-      for (const char* name : kOrreryTables)
+      const auto& tables = version == 2 ? kOrreryTablesV2 : kOrreryTables;
+      for (const char* name : tables)
         sql += std::string(sql.back() == '(' ? "'" : ",'") + name + "'";
       sql += ")";
       auto st = rprep(db_, path_, sql.c_str());
       if (rstep(db_, path_, st)) {
-        has_tables =
-            sqlite3_column_int64(st.get(), 0) == static_cast<int64_t>(std::size(kOrreryTables));
+        has_tables = sqlite3_column_int64(st.get(), 0) == static_cast<int64_t>(std::size(tables));
       }
     }
     if (version == 0 && !has_tables) {
       throw InputError(path + ": not an Orrery trace (no Orrery tables in this SQLite file)");
     }
-    if (version != kSchemaVersion) {
+    if (version < kOldestReadableVersion || version > kSchemaVersion) {
       throw InputError(path + ": schema version " + std::to_string(version) + ", expected " +
-                       std::to_string(kSchemaVersion));
+                       std::to_string(kSchemaVersion) + " (or " +
+                       std::to_string(kOldestReadableVersion) + ", without block checksums)");
     }
     if (!has_tables) {
       throw InputError(path + ": not an Orrery trace (tables missing for schema version " +
@@ -901,7 +1097,9 @@ int64_t TraceReader::span_count() const {
 
 int64_t TraceReader::counter_count() const {
   std::lock_guard lock(mu_);
-  auto st = rprep(db_, path_, "SELECT count(*) FROM counters");
+  auto st = rprep(db_, path_,
+                  checksums() ? "SELECT COALESCE(SUM(count), 0) FROM counter_blocks"
+                              : "SELECT count(*) FROM counters");
   return rstep(db_, path_, st) ? sqlite3_column_int64(st.get(), 0) : 0;
 }
 
@@ -955,20 +1153,16 @@ std::vector<Span> TraceReader::spans_in_window(int32_t rank, int32_t stream, int
     upper += n;
   }
   if (ids.empty()) return out;
-  out.reserve(upper);
-  auto data = rprep(db_, path_, "SELECT packed FROM blocks WHERE id=?1");
+  out.reserve(std::min<size_t>(upper, size_t{1} << 20));
+  const std::string sql = std::string("SELECT id, rank, stream, count, ") +
+                          crc_column(checksums()) + ", packed FROM blocks WHERE id=?1";
+  auto data = rprep(db_, path_, sql.c_str());
   std::vector<Span> block;
   int runs = 0;
   for (const auto& [id, n] : ids) {
     sqlite3_bind_int64(data.get(), 1, id);
     if (!rstep(db_, path_, data)) continue;
-    const auto* bytes = static_cast<const unsigned char*>(sqlite3_column_blob(data.get(), 0));
-    const auto size = static_cast<size_t>(sqlite3_column_bytes(data.get(), 0));
-    block.resize(n);
-    if (!detail::decode_block(bytes, size, rank, stream, n, block.data())) {
-      throw InputError(path_ + ": corrupt trace (span block " + std::to_string(id) +
-                       " does not decode)");
-    }
+    read_span_block(path_, data.get(), checksums(), block);
     sqlite3_reset(data.get());
     // The block is sorted by start: skip to the first span that can start inside the window's
     // reach, stop at the first that starts at or after t1.
@@ -995,22 +1189,14 @@ std::vector<Span> TraceReader::collectives_of(int32_t comm) const {
     // Only the blocks whose communicator range holds `comm` are read and decoded; in a run that
     // keeps collectives on their own streams, that is those streams' blocks.
     std::lock_guard lock(mu_);
-    auto st = rprep(db_, path_,
-                    "SELECT id, rank, stream, count, packed FROM blocks "
-                    "WHERE min_comm<=?1 AND max_comm>=?1 ORDER BY id");
+    const std::string sql = std::string("SELECT id, rank, stream, count, ") +
+                            crc_column(checksums()) +
+                            ", packed FROM blocks WHERE min_comm<=?1 AND max_comm>=?1 ORDER BY id";
+    auto st = rprep(db_, path_, sql.c_str());
     sqlite3_bind_int64(st.get(), 1, comm);
     std::vector<Span> block;
     while (rstep(db_, path_, st)) {
-      const auto n = static_cast<size_t>(std::max<int64_t>(0, sqlite3_column_int64(st.get(), 3)));
-      block.resize(n);
-      const auto* data = static_cast<const unsigned char*>(sqlite3_column_blob(st.get(), 4));
-      const auto size = static_cast<size_t>(sqlite3_column_bytes(st.get(), 4));
-      if (!detail::decode_block(data, size, static_cast<int32_t>(sqlite3_column_int64(st.get(), 1)),
-                                static_cast<int32_t>(sqlite3_column_int64(st.get(), 2)), n,
-                                block.data())) {
-        throw InputError(path_ + ": corrupt trace (span block " +
-                         std::to_string(sqlite3_column_int64(st.get(), 0)) + " does not decode)");
-      }
+      read_span_block(path_, st.get(), checksums(), block);
       for (const Span& s : block) {
         if (s.comm == comm) out.push_back(s);
       }
@@ -1046,6 +1232,20 @@ std::vector<TraceReader::StepAggregate> TraceReader::step_aggregates() const {
 std::vector<CounterSample> TraceReader::counters() const {
   std::lock_guard lock(mu_);
   std::vector<CounterSample> out;
+  if (checksums()) {
+    // Blocks in arrival order, each in time order: a stable sort keeps arrival order among ties.
+    auto st = rprep(db_, path_,
+                    "SELECT id, rank, name, count, crc32c, packed FROM counter_blocks ORDER BY id");
+    std::vector<CounterSample> block;
+    while (rstep(db_, path_, st)) {
+      read_counter_block(path_, st.get(), true, block);
+      out.insert(out.end(), block.begin(), block.end());
+    }
+    std::stable_sort(out.begin(), out.end(), [](const CounterSample& a, const CounterSample& b) {
+      return std::tie(a.rank, a.name, a.ts_ns) < std::tie(b.rank, b.name, b.ts_ns);
+    });
+    return out;
+  }
   auto st =
       rprep(db_, path_, "SELECT rank, name, ts_ns, value FROM counters ORDER BY rank, name, ts_ns");
   while (rstep(db_, path_, st)) {
@@ -1156,7 +1356,8 @@ Trace TraceReader::load_all(unsigned threads) const {
   std::vector<std::exception_ptr> errors(ranges.size());
   auto work = [&](size_t i) {
     try {
-      load_block_range(path_, ranges[i].id0, ranges[i].id1, ranges[i].blocks, where, base, t.spans);
+      load_block_range(path_, checksums(), ranges[i].id0, ranges[i].id1, ranges[i].blocks, where,
+                       base, t.spans);
     } catch (...) {
       errors[i] = std::current_exception();
     }
@@ -1202,6 +1403,165 @@ Trace TraceReader::load_all(unsigned threads) const {
 Trace load_trace(const std::string& path) { return TraceReader(path).load_all(); }
 
 // ---------------------------------------------------------------------------------------------
+// Verification
+
+namespace {
+
+// "" if the integer column `col` of the current row is `want` (NULL when `want` is nullopt),
+// otherwise what it holds instead.
+std::string column_mismatch(sqlite3_stmt* st, int col, const char* name,
+                            std::optional<int64_t> want) {
+  const bool null = sqlite3_column_type(st, col) == SQLITE_NULL;
+  const bool integer = sqlite3_column_type(st, col) == SQLITE_INTEGER;
+  if (!want && null) return {};
+  if (want && integer && sqlite3_column_int64(st, col) == *want) return {};
+  const std::string have = null      ? std::string("NULL")
+                           : integer ? std::to_string(sqlite3_column_int64(st, col))
+                                     : column_text(st, col);
+  return std::string("its index column ") + name + " is " + have + ", its contents say " +
+         (want ? std::to_string(*want) : std::string("NULL"));
+}
+
+// The index columns of a decoded span block (columns 6..10 of the verify query: min_start_ns,
+// max_end_ns, max_dur_ns, min_comm, max_comm) against its spans, as the writer computes them, and
+// the spans' start order; "" if all agree.
+std::string span_index_problem(sqlite3_stmt* st, const std::vector<Span>& spans) {
+  if (spans.empty()) return "it holds no spans";
+  int64_t max_end = std::numeric_limits<int64_t>::min(), max_dur = 0;
+  int32_t min_comm = std::numeric_limits<int32_t>::max(), max_comm = -1;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const Span& s = spans[i];
+    if (i > 0 && s.start_ns < spans[i - 1].start_ns) {
+      return "its spans are out of start order at span " + std::to_string(i);
+    }
+    max_end = std::max(max_end, std::max(s.end_ns, s.start_ns));
+    max_dur = std::max(max_dur, s.end_ns - s.start_ns);
+    if (s.comm >= 0) {
+      min_comm = std::min(min_comm, s.comm);
+      max_comm = std::max(max_comm, s.comm);
+    }
+  }
+  const bool comms = max_comm >= 0;
+  for (std::string p :
+       {column_mismatch(st, 6, "min_start_ns", spans.front().start_ns),
+        column_mismatch(st, 7, "max_end_ns", max_end),
+        column_mismatch(st, 8, "max_dur_ns", max_dur),
+        column_mismatch(st, 9, "min_comm", comms ? std::optional<int64_t>(min_comm) : std::nullopt),
+        column_mismatch(st, 10, "max_comm",
+                        comms ? std::optional<int64_t>(max_comm) : std::nullopt)}) {
+    if (!p.empty()) return p;
+  }
+  return {};
+}
+
+// The same for a counter block (columns 6, 7: min_ts_ns, max_ts_ns).
+std::string counter_index_problem(sqlite3_stmt* st, const std::vector<CounterSample>& samples) {
+  if (samples.empty()) return "it holds no samples";
+  for (size_t i = 1; i < samples.size(); ++i) {
+    if (samples[i].ts_ns < samples[i - 1].ts_ns) {
+      return "its samples are out of time order at sample " + std::to_string(i);
+    }
+  }
+  std::string p = column_mismatch(st, 6, "min_ts_ns", samples.front().ts_ns);
+  return p.empty() ? column_mismatch(st, 7, "max_ts_ns", samples.back().ts_ns) : p;
+}
+
+}  // namespace
+
+TraceReader::Verification TraceReader::verify() const {
+  std::lock_guard lock(mu_);
+  Verification v;
+  v.checksums = checksums();
+  {
+    const std::string sql = std::string("SELECT id, rank, stream, count, ") +
+                            crc_column(v.checksums) +
+                            ", packed, min_start_ns, max_end_ns, max_dur_ns, min_comm, max_comm "
+                            "FROM blocks ORDER BY id";
+    auto st = rprep(db_, path_, sql.c_str());
+    std::vector<Span> spans;
+    while (rstep(db_, path_, st)) {
+      ++v.span_blocks;
+      std::string problem = span_block_problem(st.get(), v.checksums, spans);
+      if (problem.empty()) problem = span_index_problem(st.get(), spans);
+      if (problem.empty()) {
+        v.spans += static_cast<int64_t>(spans.size());
+      } else {
+        v.damaged.push_back(span_block_label(packed_row(st.get())) + ": " + problem);
+      }
+    }
+  }
+  if (!v.checksums) {
+    // Schema 2: one row per sample, nothing to check beyond what SQLite checks.
+    auto st = rprep(db_, path_, "SELECT count(*) FROM counters");
+    if (rstep(db_, path_, st)) v.counter_samples = sqlite3_column_int64(st.get(), 0);
+    return v;
+  }
+  auto st = rprep(db_, path_,
+                  "SELECT id, rank, name, count, crc32c, packed, min_ts_ns, max_ts_ns "
+                  "FROM counter_blocks ORDER BY id");
+  std::vector<CounterSample> samples;
+  while (rstep(db_, path_, st)) {
+    ++v.counter_blocks;
+    std::string problem = counter_block_problem(st.get(), true, samples);
+    if (problem.empty()) problem = counter_index_problem(st.get(), samples);
+    if (problem.empty()) {
+      v.counter_samples += static_cast<int64_t>(samples.size());
+    } else {
+      v.damaged.push_back(counter_block_label(packed_row(st.get())) + ": " + problem);
+    }
+  }
+  return v;
+}
+
+void reseal_block_checksums(const std::string& path) {
+  sqlite3* db = nullptr;
+  const int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr);
+  DbCloser closer{db};
+  auto fail = [&](const std::string& what) {
+    throw InputError(path + ": cannot reseal checksums: " + what + " (" +
+                     (db ? sqlite3_errmsg(db) : sqlite3_errstr(rc)) + ")");
+  };
+  if (rc != SQLITE_OK) fail("open");
+  sqlite3_busy_timeout(db, 5000);
+  {
+    sqlite3_stmt* raw = nullptr;
+    if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &raw, nullptr) != SQLITE_OK) {
+      fail("read the schema version");
+    }
+    Stmt st(raw);
+    if (sqlite3_step(raw) != SQLITE_ROW || sqlite3_column_int64(raw, 0) != 3) {
+      throw InputError(path + ": cannot reseal checksums: not a schema 3 trace");
+    }
+  }
+  if (sqlite3_exec(db, "BEGIN", nullptr, nullptr, nullptr) != SQLITE_OK) fail("begin");
+  for (const char* table : {"blocks", "counter_blocks"}) {
+    const bool spans = std::string(table) == "blocks";
+    const std::string select = std::string("SELECT id, rank, ") + (spans ? "stream" : "name") +
+                               ", count, NULL, packed FROM " + table;
+    const std::string update = std::string("UPDATE ") + table + " SET crc32c=?1 WHERE id=?2";
+    std::vector<std::pair<int64_t, uint32_t>> crcs;
+    sqlite3_stmt* raw = nullptr;
+    if (sqlite3_prepare_v2(db, select.c_str(), -1, &raw, nullptr) != SQLITE_OK) fail(select);
+    Stmt sel(raw);
+    int step = 0;
+    while ((step = sqlite3_step(raw)) == SQLITE_ROW) {
+      const PackedRow r = packed_row(raw);
+      crcs.emplace_back(r.id, detail::block_crc(r.key0, r.key1, r.count, r.data, r.size));
+    }
+    if (step != SQLITE_DONE) fail(select);
+    if (sqlite3_prepare_v2(db, update.c_str(), -1, &raw, nullptr) != SQLITE_OK) fail(update);
+    Stmt upd(raw);
+    for (const auto& [id, crc] : crcs) {
+      sqlite3_bind_int64(raw, 1, crc);
+      sqlite3_bind_int64(raw, 2, id);
+      if (sqlite3_step(raw) != SQLITE_DONE) fail(update);
+      sqlite3_reset(raw);
+    }
+  }
+  if (sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) fail("commit");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Merge and SQL export
 
 namespace {
@@ -1228,7 +1588,7 @@ std::string quoted_name(const std::string& name) {
 }
 
 bool is_store_table(const std::string& name) {
-  if (name == "spans" || name.rfind("sqlite_", 0) == 0) return true;
+  if (name == "spans" || name == "counters" || name.rfind("sqlite_", 0) == 0) return true;
   for (const char* t : kOrreryTables) {
     if (name == t) return true;
   }

@@ -1,6 +1,8 @@
-// `orrery info` and `orrery export` run as a user runs them: on a trace written here, on bad
-// files and with a bad --format. Exit codes: 0 ok, 2 bad input.
+// `orrery info`, `orrery info --verify` and `orrery export` run as a user runs them: on a trace
+// written here, on one with a flipped bit, on a schema-2 file, on bad files and with a bad
+// --format. Exit codes: 0 ok, 2 bad input.
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -43,6 +45,7 @@ TEST(CliInfo, JsonDescribesTheTrace) {
   ASSERT_EQ(r.rc, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["schema_version"], kSchemaVersion);
+  EXPECT_EQ(j["block_checksums"], true);
   EXPECT_EQ(j["complete"], true);
   EXPECT_EQ(j["source"], "synth");
   EXPECT_EQ(j["scenario_name"], "test");
@@ -65,6 +68,94 @@ TEST(CliInfo, JsonDescribesTheTrace) {
   ASSERT_EQ(text.rc, 0) << text.out;
   EXPECT_NE(text.out.find("spans            600"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("dp=3 tp=1 pp=1"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("checksums        CRC32C on every span and counter block"),
+            std::string::npos)
+      << text.out;
+}
+
+// Flips bit 2 of byte 9 of the packed bytes of the span block of (rank 1, stream 1), as a bad disk
+// sector or a bad copy would; returns the block's id.
+int64_t flip_one_bit(const std::string& path) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(db, "SELECT id, packed FROM blocks WHERE rank=1 AND stream=1", -1,
+                               &st, nullptr),
+            SQLITE_OK);
+  EXPECT_EQ(sqlite3_step(st), SQLITE_ROW);
+  const int64_t id = sqlite3_column_int64(st, 0);
+  const auto* p = static_cast<const unsigned char*>(sqlite3_column_blob(st, 1));
+  std::string bytes(reinterpret_cast<const char*>(p),
+                    static_cast<size_t>(sqlite3_column_bytes(st, 1)));
+  sqlite3_finalize(st);
+  bytes.at(9) = static_cast<char>(bytes.at(9) ^ 0x04);
+  EXPECT_EQ(sqlite3_prepare_v2(db, "UPDATE blocks SET packed=?1 WHERE id=?2", -1, &st, nullptr),
+            SQLITE_OK);
+  sqlite3_bind_blob(st, 1, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
+  sqlite3_bind_int64(st, 2, id);
+  EXPECT_EQ(sqlite3_step(st), SQLITE_DONE);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return id;
+}
+
+TEST(CliInfo, VerifyExitCodes) {
+  testing::TempDir dir;
+  const auto path = dir.path("t.db");
+  write_trace(testing::make_trace(2, 12), path);
+  Result r = run("info --verify " + path);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(
+      r.out.find(path + ": checked 4 span blocks (48 spans) and 2 counter blocks (40 samples)"),
+      std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("ok: every block matches its CRC32C and decodes"), std::string::npos)
+      << r.out;
+
+  const int64_t id = flip_one_bit(path);
+  const std::string block = "span block " + std::to_string(id) + " (rank 1, stream 1)";
+  r = run("info --verify " + path);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find(path + ": 1 of 6 blocks damaged:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  " + block + ": checksum mismatch: CRC32C 0x"), std::string::npos)
+      << r.out;
+  r = run("info --verify --json " + path);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["ok"], false);
+  EXPECT_EQ(j["span_blocks"], 4);
+  EXPECT_EQ(j["spans"], 36);  // the spans of the 3 whole blocks
+  ASSERT_EQ(j["damaged"].size(), 1u);
+  EXPECT_EQ(j["damaged"][0].get<std::string>().rfind(block + ": checksum mismatch", 0), 0u);
+
+  // Every command that reads the spans stops with the same one-line error, exit 2.
+  for (const std::string& cmd :
+       {std::string("report "), "export --format chrome --out " + dir.path("x.json") + " "}) {
+    r = run(cmd + path);
+    EXPECT_EQ(r.rc, 2) << cmd << r.out;
+    EXPECT_NE(r.out.find(path + ": corrupt trace (" + block + ": checksum mismatch"),
+              std::string::npos)
+        << cmd << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << cmd << r.out;
+  }
+  // `orrery info` alone does not read the blocks.
+  EXPECT_EQ(run("info " + path).rc, 0);
+}
+
+TEST(CliInfo, SchemaTwoFileSaysItHasNoChecksums) {
+  const std::string path = std::string(ORRERY_TRACE_DATA) + "/schema2-ddp2.db";
+  Result r = run("info " + path);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("checksums        none (schema version 2, written before block checksums"),
+            std::string::npos)
+      << r.out;
+  r = run("info --verify " + path);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("checked 6 span blocks (44 spans) and 0 counter blocks (28 samples)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("ok: every block decodes"), std::string::npos) << r.out;
+  EXPECT_EQ(run("report " + path).rc, 0);
 }
 
 TEST(CliInfo, BadFilesExitTwoWithOneLine) {

@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "orrery/common/crc32c.hpp"
 #include "orrery/common/scenario.hpp"
 #include "orrery/runtime/comm.hpp"
 #include "orrery/runtime/rank_trainer.hpp"
@@ -40,9 +41,8 @@ class Recorder;
 
 namespace orrery::runtime {
 
-// CRC32C (Castagnoli, reflected polynomial 0x82F63B78), continuing from `crc` (0 to start):
-// crc32c("123456789") = 0xE3069283. SSE4.2 instruction when the CPU has it, a table otherwise.
-uint32_t crc32c(const void* data, std::size_t bytes, uint32_t crc = 0);
+// The checksum of the shard files: CRC32C (orrery/common/crc32c.hpp).
+using orrery::crc32c;
 
 struct CheckpointRange {
   uint64_t offset = 0;  // in the (tp, pp) shard's flat array

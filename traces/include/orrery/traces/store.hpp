@@ -21,7 +21,10 @@ namespace orrery::traces {
 
 // 2: the per-span SQL table `spans` is optional (written on request, see store.cpp); blocks carry
 // their spans' communicator range.
-inline constexpr int kSchemaVersion = 2;
+// 3: every span block and counter block carries a CRC32C, checked on every read; counter samples
+// are packed in blocks (table counter_blocks) like spans. Version 2 files are still read (without
+// checks: they have no checksums).
+inline constexpr int kSchemaVersion = 3;
 
 // Buffered writer. Spans and counters are appended to an in-memory batch and flushed in one
 // transaction when the batch fills, on flush(), and on close(). All methods are safe to call from
@@ -31,8 +34,7 @@ inline constexpr int kSchemaVersion = 2;
 class TraceWriter {
  public:
   // Creates (truncates) `path`. Throws InputError if the file cannot be created.
-  explicit TraceWriter(const std::string& path, size_t batch_spans = 65536,
-                       bool sql_spans = false);
+  explicit TraceWriter(const std::string& path, size_t batch_spans = 65536, bool sql_spans = false);
   ~TraceWriter();  // close()s, swallowing errors
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
@@ -78,7 +80,10 @@ void write_trace(const Trace& t, const std::string& path, bool sql_spans = false
 void export_sqlite(const std::string& input, const std::string& output);
 
 // Read-only access. Open throws InputError naming the file and the problem: missing, not SQLite,
-// corrupt, another schema version ("schema version 7, expected 2"), no Orrery tables.
+// corrupt, another schema version ("schema version 7, expected 3 (or 2, ...)"), no Orrery tables.
+// Every read of a packed block checks its CRC32C first (schema 3); a mismatch, or bytes that do
+// not decode, is an InputError naming the file and the block: "T.db: corrupt trace (span block 7
+// (rank 0, stream 1): checksum mismatch: ...)".
 class TraceReader {
  public:
   explicit TraceReader(const std::string& path);
@@ -88,6 +93,8 @@ class TraceReader {
 
   const std::string& path() const { return path_; }
   int schema_version() const { return schema_version_; }
+  // Whether the file's blocks carry checksums (schema 3; a schema 2 file has none).
+  bool checksums() const { return schema_version_ >= 3; }
   bool complete() const;  // false for a trace whose writer never close()d (a run that died)
 
   RunMeta meta() const;
@@ -124,8 +131,8 @@ class TraceReader {
   struct StepAggregate {
     int32_t rank;
     int32_t step;
-    int64_t start_ns;  // earliest span start in the step
-    int64_t end_ns;    // latest span end in the step
+    int64_t start_ns;       // earliest span start in the step
+    int64_t end_ns;         // latest span end in the step
     int64_t compute_ns;     // sum of compute-kind span durations (not merged)
     int64_t collective_ns;  // sum of collective + p2p durations (not merged)
     int64_t span_count;
@@ -138,6 +145,20 @@ class TraceReader {
   Trace load_all() const;
   // The same with an explicit number of reading threads (0: the default above).
   Trace load_all(unsigned threads) const;
+
+  // `orrery info --verify`: checks every span and counter block, one at a time (memory bounded by
+  // a block): its checksum (when the file has them), that it decodes to its count, and that its
+  // index columns (first start, last end, longest span, communicator range; first and last time)
+  // are those of its spans. Damage is reported here, not thrown.
+  struct Verification {
+    bool checksums = false;                           // the file has them (schema 3)
+    int64_t span_blocks = 0, spans = 0;               // checked
+    int64_t counter_blocks = 0, counter_samples = 0;  // checked (schema 2: samples, no blocks)
+    // One line per damaged block, in table then id order: "span block 7 (rank 0, stream 1):
+    // checksum mismatch: ...".
+    std::vector<std::string> damaged;
+  };
+  Verification verify() const;
 
  private:
   std::string path_;
@@ -156,5 +177,11 @@ Trace load_trace(const std::string& path);
 // (INSERT OR REPLACE: a table with a primary key keeps the last input's row). Throws InputError on
 // unreadable inputs.
 void merge_traces(const std::vector<std::string>& inputs, const std::string& output);
+
+// For tests and the fuzzer only: rewrites the CRC32C of every block of the schema-3 trace at `path`
+// to match its bytes, so that damage made on purpose reaches the decoder below the checksum. Never
+// for real traces: it makes a damaged block look whole. Throws InputError if the file cannot be
+// opened for writing or is not schema 3.
+void reseal_block_checksums(const std::string& path);
 
 }  // namespace orrery::traces
