@@ -41,7 +41,7 @@ expect 2 "key 'training.recompute': expected none, selective or full, got 'somet
 expect 2 "key 'training.recompute': expected none, selective or full, got 'sometimes'" \
   run scenarios/gpt-tiny.yaml --nproc 1 --set training.recompute=sometimes
 expect 2 "key 'parallel.sequence_parallel'" sim scenarios/gpt-tiny.yaml --set parallel.sequence_parallel=true
-expect 2 "key 'parallel.sequence_parallel': sequence parallelism shards" \
+expect 2 "sequence parallelism shards the tensor-parallel group's LayerNorm and dropout regions along the sequence and needs tp > 1" \
   run scenarios/gpt-tiny.yaml --nproc 2 --set parallel.dp=2 --set parallel.sequence_parallel=true
 expect 2 "tokens of a micro-batch (training.micro_batch x model.seq) must be divisible by tp" \
   sim scenarios/gpt-tiny.yaml --set parallel.dp=1 --set parallel.tp=2 --set parallel.sequence_parallel=true \

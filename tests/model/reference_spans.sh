@@ -121,6 +121,8 @@ if [ "$RECORD" != "--record" ] && [ -f tp2-sp.tsv ]; then
     check_count "tp2 sp rank $r tp.all_gather" "$(count_of tp2-sp.tsv $r tp.all_gather)" $((2 * 4 * (4 * 4 + 2)))
     check_count "tp2 sp rank $r tp.grad_all_reduce" "$(count_of tp2-sp.tsv $r tp.grad_all_reduce)" $((2 * 4 * (4 + 1)))
     check_count "tp2 sp rank $r fwd.block" "$(count_of tp2-sp.tsv $r fwd.block)" $((2 * 4 * 4 * 5))
+  done
+fi
 if [ "$RECORD" != "--record" ] && [ -f pp2-uneven.tsv ]; then
   for rb in "0 1" "1 3"; do
     read -r r blocks <<< "$rb"

@@ -185,8 +185,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"dp2_pp2_zero3_layers_1_3", 2, 1, 2, 3, "1f1b", {1, 3}},
         // Sequence parallelism (the tp all-reduces as reduce-scatters and all-gathers, the
         // residual stream sharded over tp), alone and with pipelines, ZeRO and recomputation.
-        Case{"tp2_sp", 1, 2, 1, 0, "gpipe", {}, true}, Case{"tp4_sp", 1, 4, 1, 0, "gpipe", {}, true},
-        Case{"dp2_tp2_sp", 2, 2, 1, 0, "gpipe", {}, true}, Case{"tp2_pp2_sp", 1, 2, 2, 0, "1f1b", {}, true},
+        Case{"tp2_sp", 1, 2, 1, 0, "gpipe", {}, true},
+        Case{"tp4_sp", 1, 4, 1, 0, "gpipe", {}, true},
+        Case{"dp2_tp2_sp", 2, 2, 1, 0, "gpipe", {}, true},
+        Case{"tp2_pp2_sp", 1, 2, 2, 0, "1f1b", {}, true},
         Case{"dp2_tp2_sp_zero3_full", 2, 2, 1, 3, "gpipe", {}, true, Recompute::Full},
         Case{"dp2_tp2_pp2_sp_full", 2, 2, 2, 0, "1f1b", {}, true, Recompute::Full},
         Case{"dp2_tp2_pp2_sp_selective", 2, 2, 2, 1, "1f1b", {}, true, Recompute::Selective}),
