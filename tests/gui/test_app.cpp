@@ -20,6 +20,7 @@
 #include <cmath>
 #include <functional>
 
+#include "orrery/gui/palette.hpp"
 #include "orrery/gui/widgets/charts_view.hpp"
 #include "orrery/gui/widgets/compare_view.hpp"
 #include "orrery/gui/widgets/main_window.hpp"
@@ -64,15 +65,15 @@ QString write_synth(const QString& name, const traces::SynthOptions& o, int64_t 
   return path;
 }
 
-void send_mouse(QWidget* w, QEvent::Type type, QPoint pos, Qt::MouseButton button, Qt::MouseButtons buttons,
-                Qt::KeyboardModifiers mods = Qt::NoModifier) {
+void send_mouse(QWidget* w, QEvent::Type type, QPoint pos, Qt::MouseButton button,
+                Qt::MouseButtons buttons, Qt::KeyboardModifiers mods = Qt::NoModifier) {
   QMouseEvent e(type, QPointF(pos), QPointF(w->mapToGlobal(pos)), button, buttons, mods);
   QApplication::sendEvent(w, &e);
 }
 
 void send_wheel(QWidget* w, QPoint pos, int delta_y) {
-  QWheelEvent e(QPointF(pos), QPointF(w->mapToGlobal(pos)), QPoint(), QPoint(0, delta_y), Qt::NoButton,
-                Qt::NoModifier, Qt::NoScrollPhase, false);
+  QWheelEvent e(QPointF(pos), QPointF(w->mapToGlobal(pos)), QPoint(), QPoint(0, delta_y),
+                Qt::NoButton, Qt::NoModifier, Qt::NoScrollPhase, false);
   QApplication::sendEvent(w, &e);
 }
 
@@ -93,7 +94,8 @@ class GuiApp : public ::testing::Test {
     int metrics = 0;
     auto c = QObject::connect(win_.get(), &MainWindow::metricsReady, [&] { ++metrics; });
     win_->open_files({path});
-    ASSERT_TRUE(wait_for([&] { return win_->document_count() > before && metrics > 0; })) << path.toStdString();
+    ASSERT_TRUE(wait_for([&] { return win_->document_count() > before && metrics > 0; }))
+        << path.toStdString();
     QObject::disconnect(c);
     QTest::qWait(20);
   }
@@ -135,7 +137,8 @@ TEST_F(GuiApp, OpensZoomsPansSelectsAndSavesAScreenshot) {
   EXPECT_NEAR(tl->mapping().ns_per_px, npp1, npp1 * 1e-9);
   const int64_t start0 = tl->visible_start_ns();
   QTest::keyClick(tl, Qt::Key_D);
-  EXPECT_NEAR(static_cast<double>(tl->visible_start_ns() - start0), tl->track_width() / 8.0 * npp1, 2.0);
+  EXPECT_NEAR(static_cast<double>(tl->visible_start_ns() - start0), tl->track_width() / 8.0 * npp1,
+              2.0);
   QTest::keyClick(tl, Qt::Key_A);
   EXPECT_NEAR(static_cast<double>(tl->visible_start_ns()), static_cast<double>(start0), 2.0);
 
@@ -145,7 +148,8 @@ TEST_F(GuiApp, OpensZoomsPansSelectsAndSavesAScreenshot) {
   send_mouse(vp, QEvent::MouseMove, QPoint(x + 50, 300), Qt::NoButton, Qt::LeftButton);
   send_mouse(vp, QEvent::MouseMove, QPoint(x + 100, 300), Qt::NoButton, Qt::LeftButton);
   send_mouse(vp, QEvent::MouseButtonRelease, QPoint(x + 100, 300), Qt::LeftButton, Qt::NoButton);
-  EXPECT_NEAR(static_cast<double>(before_drag - tl->visible_start_ns()), 100 * tl->mapping().ns_per_px, 2.0);
+  EXPECT_NEAR(static_cast<double>(before_drag - tl->visible_start_ns()),
+              100 * tl->mapping().ns_per_px, 2.0);
   EXPECT_EQ(tl->selected_span(), -1);  // a drag does not select
 
   // Zoom onto rank 1's backward of layer 2 in step 1 and click it.
@@ -153,7 +157,8 @@ TEST_F(GuiApp, OpensZoomsPansSelectsAndSavesAScreenshot) {
   int64_t target = -1;
   for (size_t i = 0; i < tr.spans.size(); ++i) {
     const auto& s = tr.spans[i];
-    if (s.rank == 1 && s.step == 1 && tr.name_of(s) == "layers.2.backward") target = static_cast<int64_t>(i);
+    if (s.rank == 1 && s.step == 1 && tr.name_of(s) == "layers.2.backward")
+      target = static_cast<int64_t>(i);
   }
   ASSERT_GE(target, 0);
   const auto& ts = tr.spans[static_cast<size_t>(target)];
@@ -162,7 +167,8 @@ TEST_F(GuiApp, OpensZoomsPansSelectsAndSavesAScreenshot) {
   ASSERT_GE(p.x(), 0);
   EXPECT_EQ(tl->span_at_point(p), target);
   int hovered = -2;
-  auto hc = QObject::connect(tl, &TimelineView::spanHovered, [&](qint64 s) { hovered = static_cast<int>(s); });
+  auto hc = QObject::connect(tl, &TimelineView::spanHovered,
+                             [&](qint64 s) { hovered = static_cast<int>(s); });
   send_mouse(vp, QEvent::MouseMove, p, Qt::NoButton, Qt::NoButton);
   EXPECT_EQ(hovered, target);
   QObject::disconnect(hc);
@@ -192,12 +198,16 @@ TEST_F(GuiApp, RangeSelectionShowsTheLibraryMetrics) {
   open(write_synth("e2e_range.db", o));
   TimelineView* tl = win_->timeline();
   QWidget* vp = tl->viewport();
-  const int x0 = TimelineView::kLabelWidth + 50, x1 = TimelineView::kLabelWidth + tl->track_width() - 50;
+  const int x0 = TimelineView::kLabelWidth + 50,
+            x1 = TimelineView::kLabelWidth + tl->track_width() - 50;
   int ready = 0;
   auto c = QObject::connect(win_.get(), &MainWindow::rangeMetricsReady, [&] { ++ready; });
-  send_mouse(vp, QEvent::MouseButtonPress, QPoint(x0, 200), Qt::LeftButton, Qt::LeftButton, Qt::ShiftModifier);
-  send_mouse(vp, QEvent::MouseMove, QPoint(x1, 220), Qt::NoButton, Qt::LeftButton, Qt::ShiftModifier);
-  send_mouse(vp, QEvent::MouseButtonRelease, QPoint(x1, 220), Qt::LeftButton, Qt::NoButton, Qt::ShiftModifier);
+  send_mouse(vp, QEvent::MouseButtonPress, QPoint(x0, 200), Qt::LeftButton, Qt::LeftButton,
+             Qt::ShiftModifier);
+  send_mouse(vp, QEvent::MouseMove, QPoint(x1, 220), Qt::NoButton, Qt::LeftButton,
+             Qt::ShiftModifier);
+  send_mouse(vp, QEvent::MouseButtonRelease, QPoint(x1, 220), Qt::LeftButton, Qt::NoButton,
+             Qt::ShiftModifier);
   ASSERT_TRUE(tl->has_range());
   const auto [t0, t1] = tl->range();
   EXPECT_EQ(t0, tl->mapping().t_floor(50));
@@ -250,9 +260,11 @@ TEST_F(GuiApp, SearchFilterCollapseAndGroup) {
   // A click on rank 1's header collapses its three lanes.
   const auto& rows = tl->lane_layout().rows();
   size_t hdr = 0;
-  while (hdr < rows.size() && !(rows[hdr].kind == LayoutRow::Kind::Rank && rows[hdr].rank == 1)) ++hdr;
+  while (hdr < rows.size() && !(rows[hdr].kind == LayoutRow::Kind::Rank && rows[hdr].rank == 1))
+    ++hdr;
   ASSERT_LT(hdr, rows.size());
-  const int y = static_cast<int>(TimelineView::kAxisHeight - tl->verticalScrollBar()->value() + rows[hdr].y + 5);
+  const int y = static_cast<int>(TimelineView::kAxisHeight - tl->verticalScrollBar()->value() +
+                                 rows[hdr].y + 5);
   QTest::mouseClick(tl->viewport(), Qt::LeftButton, Qt::NoModifier, QPoint(30, y));
   EXPECT_EQ(tl->lane_layout().rows().size(), size_t(o.ranks * 4 - 3));
 
@@ -274,14 +286,16 @@ TEST_F(GuiApp, SweepCsvShowsScalingCurves) {
   {
     QFile f(csv);
     ASSERT_TRUE(f.open(QIODevice::WriteOnly));
-    f.write("gpus,dp,tp,pp,zero,micro_batch,step_time_s,tokens_per_s,tflops_per_gpu,mfu,efficiency,"
-            "peak_memory_bytes,fits,note\n"
-            "8,8,1,1,0,4,0.5,65536,300,0.3,1,1e10,true,\"\"\n"
-            "64,16,4,1,1,4,0.55,476626,280,0.28,0.909,1e10,true,\"\"\n"
-            "512,128,4,1,1,4,0.6,3495253,260,0.26,0.833,1e10,true,\"\"\n");
+    f.write(
+        "gpus,dp,tp,pp,zero,micro_batch,step_time_s,tokens_per_s,tflops_per_gpu,mfu,efficiency,"
+        "peak_memory_bytes,fits,note\n"
+        "8,8,1,1,0,4,0.5,65536,300,0.3,1,1e10,true,\"\"\n"
+        "64,16,4,1,1,4,0.55,476626,280,0.28,0.909,1e10,true,\"\"\n"
+        "512,128,4,1,1,4,0.6,3495253,260,0.26,0.833,1e10,true,\"\"\n");
   }
   QString loaded;
-  auto c = QObject::connect(win_.get(), &MainWindow::documentLoaded, [&](const QString& p) { loaded = p; });
+  auto c = QObject::connect(win_.get(), &MainWindow::documentLoaded,
+                            [&](const QString& p) { loaded = p; });
   win_->open_files({csv});
   ASSERT_TRUE(wait_for([&] { return !loaded.isEmpty(); }));
   QObject::disconnect(c);
@@ -299,15 +313,18 @@ TEST_F(GuiApp, CompareAlignsByStepAndChartsShowTheBreakdown) {
   ASSERT_TRUE(wait_for([&] { return win_->compare()->diff_model()->rowCount() == oa.steps; }));
   const auto* dm = win_->compare()->diff_model();
   for (int r = 0; r < dm->rowCount(); ++r) {
-    EXPECT_EQ(dm->index(r, StepDiffModel::kDiff).data(Qt::UserRole).toLongLong(), tb.step_ns - ta.step_ns);
+    EXPECT_EQ(dm->index(r, StepDiffModel::kDiff).data(Qt::UserRole).toLongLong(),
+              tb.step_ns - ta.step_ns);
   }
   // Aligned on the first step: B is drawn 5 ms earlier, and both views share the time axis.
   EXPECT_EQ(win_->compare()->view_b()->shift_ns(), -5'000'000);
   win_->show_tab("compare");
   QTest::qWait(20);
   win_->compare()->view_a()->zoom_by(2.0, 100);
-  EXPECT_DOUBLE_EQ(win_->compare()->view_b()->mapping().ns_per_px, win_->compare()->view_a()->mapping().ns_per_px);
-  EXPECT_EQ(win_->compare()->view_b()->mapping().origin_ns, win_->compare()->view_a()->mapping().origin_ns);
+  EXPECT_DOUBLE_EQ(win_->compare()->view_b()->mapping().ns_per_px,
+                   win_->compare()->view_a()->mapping().ns_per_px);
+  EXPECT_EQ(win_->compare()->view_b()->mapping().origin_ns,
+            win_->compare()->view_a()->mapping().origin_ns);
   ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_compare.png"));
 
   // Charts: the mean per-step breakdown of each rank, in ms, from the metrics.
@@ -330,7 +347,8 @@ TEST_F(GuiApp, BadFilesGiveADialogNotACrash) {
     f.write("this is not a trace, nor any SQLite database at all; just text.\n");
   }
   QString reason;
-  auto c = QObject::connect(win_.get(), &MainWindow::loadFailed, [&](const QString&, const QString& r) { reason = r; });
+  auto c = QObject::connect(win_.get(), &MainWindow::loadFailed,
+                            [&](const QString&, const QString& r) { reason = r; });
   win_->open_files({bad});
   ASSERT_TRUE(wait_for([&] { return !reason.isEmpty(); }));
   ASSERT_TRUE(win_->last_error());
@@ -355,6 +373,66 @@ TEST_F(GuiApp, BadFilesGiveADialogNotACrash) {
   QDropEvent drop(QPointF(200, 200), Qt::CopyAction, &mime, Qt::LeftButton, Qt::NoModifier);
   QApplication::sendEvent(win_.get(), &drop);
   ASSERT_TRUE(wait_for([&] { return win_->document_count() == 1; }));
+}
+
+// Zoomed out, a folded block is coloured by the kind that covers most of its time (not by its first
+// span's), shaded by its busy fraction, and its tooltip gives the count, busy fraction and kinds.
+// One lane: 100 groups of a 10 ns "data" span then a 70 ns compute span, 100 ns apart.
+TEST(GuiTimeline, FoldedBlockTakesTheKindThatCoversMostOfItsTime) {
+  traces::Trace t;
+  const auto load = t.strings.intern("load");
+  const auto matmul = t.strings.intern("matmul");
+  for (int g = 0; g < 100; ++g) {
+    traces::Span d;
+    d.kind = traces::SpanKind::Data;
+    d.name = load;
+    d.start_ns = 100 * g;
+    d.end_ns = 100 * g + 10;
+    traces::Span c = d;
+    c.kind = traces::SpanKind::Compute;
+    c.name = matmul;
+    c.start_ns = 100 * g + 10;
+    c.end_ns = 100 * g + 80;
+    t.spans.push_back(d);
+    t.spans.push_back(c);
+  }
+  t.sort_spans();
+  TimelineView tl;
+  tl.resize(TimelineView::kLabelWidth + 300 + tl.verticalScrollBar()->sizeHint().width(), 200);
+  tl.show();
+  ASSERT_TRUE(QTest::qWaitForWindowExposed(&tl));
+  tl.set_document(make_document(std::move(t), "fold.db"));
+  tl.fit_all();
+  ASSERT_LT(70.0 / tl.mapping().ns_per_px, TimelineView::kFoldPx);  // every span folds
+  // Rows: rank 0's header, then its lane; a point in the block, left of its "200 spans" label.
+  const auto& rows = tl.lane_layout().rows();
+  ASSERT_EQ(rows.size(), 2u);
+  const int y =
+      static_cast<int>(TimelineView::kAxisHeight + rows[1].y + LaneLayout::kRowHeight / 2);
+  const QPoint p(TimelineView::kLabelWidth + static_cast<int>(tl.mapping().x_of(1'000)), y);
+  const auto fold = tl.fold_at_point(p);
+  ASSERT_TRUE(fold.has_value());
+  EXPECT_EQ(fold->count, 200u);
+  EXPECT_EQ(fold->dominant, traces::SpanKind::Compute);
+  EXPECT_EQ(fold->busy_ns, 8'000);
+  EXPECT_DOUBLE_EQ(fold->busy_fraction(), 8'000.0 / 9'980.0);
+  EXPECT_EQ(tl.span_at_point(p), -1);
+
+  const QImage img = tl.viewport()->grab().toImage();
+  ASSERT_TRUE(img.save(kDir + "/gui_folded_block.png"));
+  const QColor want =
+      palette::folded_color(traces::SpanKind::Compute, 8'000.0 / 9'980.0, palette::kLaneEven);
+  EXPECT_EQ(img.pixelColor(p).name().toStdString(), want.name().toStdString());
+  EXPECT_NE(want.name(),
+            palette::folded_color(traces::SpanKind::Data, 1.0, palette::kLaneEven).name());
+
+  const QString tip = tl.tooltip_at(p);
+  EXPECT_TRUE(tip.contains("200 spans")) << tip.toStdString();
+  EXPECT_TRUE(tip.contains("80.2 %")) << tip.toStdString();  // 8000 / 9980 busy
+  // Kinds, largest first, as shares of the busy time.
+  EXPECT_TRUE(tip.contains("compute</b></td><td>7.00 us (87.5 %)")) << tip.toStdString();
+  EXPECT_TRUE(tip.contains("data</b></td><td>1.00 us (12.5 %)")) << tip.toStdString();
+  EXPECT_LT(tip.indexOf("compute"), tip.indexOf("data"));
 }
 
 TEST(GuiCli, ScreenshotModeRendersAndExits) {
@@ -386,10 +464,9 @@ TEST(GuiCli, ScreenshotModeRendersAndExits) {
   // --range/--zoom offsets beyond +-1e17 ns are refused naming the option (any 64-bit value used
   // to overflow int64 in the view: a signed overflow under UBSan); at the bound the view still
   // renders, with no overflow.
-  for (const QStringList& args :
-       {QStringList{"--range", "0:9223372036854775807"},
-        QStringList{"--zoom", "-9223372036854775808:9223372036854775807"},
-        QStringList{"--zoom", "0:100000000000000001"}}) {
+  for (const QStringList& args : {QStringList{"--range", "0:9223372036854775807"},
+                                  QStringList{"--zoom", "-9223372036854775808:9223372036854775807"},
+                                  QStringList{"--zoom", "0:100000000000000001"}}) {
     QProcess far;
     far.setProcessEnvironment(env);
     far.start(ORRERY_GUI_BIN,
@@ -402,9 +479,9 @@ TEST(GuiCli, ScreenshotModeRendersAndExits) {
   }
   QProcess edge;
   edge.setProcessEnvironment(env);
-  edge.start(ORRERY_GUI_BIN, {"--screenshot", png, "--size", "900x600", "--zoom",
-                              "-100000000000000000:100000000000000000", "--range",
-                              "0:100000000000000000", trace});
+  edge.start(ORRERY_GUI_BIN,
+             {"--screenshot", png, "--size", "900x600", "--zoom",
+              "-100000000000000000:100000000000000000", "--range", "0:100000000000000000", trace});
   ASSERT_TRUE(edge.waitForFinished(60000));
   EXPECT_EQ(edge.exitCode(), 0) << edge.readAllStandardError().toStdString();
 }

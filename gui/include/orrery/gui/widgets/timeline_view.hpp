@@ -72,6 +72,11 @@ class TimelineView : public QAbstractScrollArea {
   // there). The span under a viewport point, or -1 (folded blocks and gaps are -1).
   QPoint point_of_span(int64_t span) const;
   int64_t span_at_point(QPoint p) const;
+  // The folded block under a viewport point (count, busy fraction, time per kind), or none.
+  std::optional<FoldSummary> fold_at_point(QPoint p) const;
+  // The hover tooltip at a viewport point (HTML): a span's attributes, or a folded block's count,
+  // busy fraction and kinds; empty over nothing.
+  QString tooltip_at(QPoint p) const;
   // Draw items of the last paint (for the benchmark's report).
   size_t last_frame_items() const { return last_items_; }
 
@@ -102,6 +107,8 @@ class TimelineView : public QAbstractScrollArea {
   TimeMapping trace_mapping() const;  // maps trace time (view time minus shift)
   double lane_top() const;            // viewport y of layout y = 0
   void show_tooltip(QPoint pos, QPoint global);
+  // The row and draw item under a viewport point, folded as painting folds it.
+  std::optional<std::pair<const LaneRow*, DrawItem>> item_at_point(QPoint p) const;
 
   // Painting, one step per layer (paintEvent lists them back to front); colours from palette.hpp.
   struct Frame;
@@ -114,10 +121,10 @@ class TimelineView : public QAbstractScrollArea {
                     std::vector<DrawItem>& items) const;
   void paint_grid(QPainter& p, const Frame& f, double y, double height) const;
   size_t paint_lane_row(QPainter& p, const Frame& f, const LaneRow& row, double ry, double rh,
-                        std::vector<DrawItem>& items) const;
+                        const QColor& bg, std::vector<DrawItem>& items) const;
   void paint_span(QPainter& p, const Frame& f, const traces::Span& s, const QRectF& r,
                   const QRectF& row_rect) const;
-  void paint_folded(QPainter& p, const Frame& f, const traces::Span& first, uint32_t count,
+  void paint_folded(QPainter& p, const Frame& f, const FoldSummary& fold, const QColor& bg,
                     const QRectF& r, const QRectF& row_rect) const;
   void paint_lane_label(QPainter& p, const Frame& f, const LayoutRow& lr, double y) const;
   void paint_label_border(QPainter& p, const Frame& f) const;
