@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <QApplication>
+#include <QComboBox>
 #include <QDropEvent>
 #include <QElapsedTimer>
 #include <QFile>
 #include <QFileInfo>
 #include <QImage>
+#include <QLineEdit>
 #include <QMessageBox>
 #include <QMimeData>
 #include <QProcess>
@@ -191,6 +193,69 @@ TEST_F(GuiApp, OpensZoomsPansSelectsAndSavesAScreenshot) {
   QTest::mouseClick(vp, Qt::LeftButton, Qt::NoModifier, QPoint(x, vp->height() - 2));
   EXPECT_EQ(tl->selected_span(), -1);
   EXPECT_EQ(win_->details_model()->rowCount(), 0);
+}
+
+// W/S/A/D, F and 0 work without a click on the timeline, wherever the focus is except in a text
+// field; after a search (Enter in the box) the focus is back on the timeline, so the keys navigate
+// instead of changing the query.
+TEST_F(GuiApp, NavigationKeysWorkWithoutAClickAndAfterASearch) {
+  open(write_synth("e2e_keys.db", small_opts()));
+  ASSERT_TRUE(QTest::qWaitForWindowActive(win_.get()));
+  TimelineView* tl = win_->timeline();
+  // Keys as the keyboard sends them: to the focus widget, or to the window when there is none.
+  auto press = [&](Qt::Key k, Qt::KeyboardModifiers mods = Qt::NoModifier) {
+    QWidget* f = QApplication::focusWidget();
+    QTest::keyClick(f ? f : win_.get(), k, mods);
+  };
+  auto check_keys = [&](const char* where) {
+    SCOPED_TRACE(where);
+    tl->fit_all();
+    const double npp = tl->mapping().ns_per_px;
+    press(Qt::Key_W);
+    EXPECT_NEAR(tl->mapping().ns_per_px, npp / 1.25, npp * 1e-9);
+    press(Qt::Key_S);
+    EXPECT_NEAR(tl->mapping().ns_per_px, npp, npp * 1e-9);
+    const int64_t start = tl->visible_start_ns();
+    press(Qt::Key_D);
+    EXPECT_NEAR(static_cast<double>(tl->visible_start_ns() - start), tl->track_width() / 8.0 * npp,
+                2.0);
+    press(Qt::Key_A);
+    EXPECT_NEAR(static_cast<double>(tl->visible_start_ns()), static_cast<double>(start), 2.0);
+    press(Qt::Key_W);
+    press(Qt::Key_0);
+    EXPECT_NEAR(tl->mapping().ns_per_px, npp, npp * 1e-9);
+  };
+  // As the window is after opening a trace, no click anywhere.
+  check_keys("after open");
+  // With the focus on a toolbar control (the trace selector), as after choosing a trace there.
+  auto* combo = win_->findChild<QComboBox*>();
+  ASSERT_TRUE(combo);
+  combo->setFocus();
+  ASSERT_EQ(QApplication::focusWidget(), combo);
+  check_keys("focus on the trace selector");
+
+  // Ctrl+F, type a query, Enter: the first match is selected and the focus is the timeline's.
+  press(Qt::Key_F, Qt::ControlModifier);
+  auto* edit = qobject_cast<QLineEdit*>(QApplication::focusWidget());
+  ASSERT_TRUE(edit);
+  // In the box, the letters are text, not navigation.
+  const double npp = tl->mapping().ns_per_px;
+  QTest::keyClicks(edit, "wasd");
+  EXPECT_EQ(edit->text(), "wasd");
+  EXPECT_EQ(tl->mapping().ns_per_px, npp);
+  edit->clear();
+  QTest::keyClicks(edit, "optimizer");
+  press(Qt::Key_Return);
+  ASSERT_GE(tl->selected_span(), 0);
+  EXPECT_EQ(win_->details_model()->value("Name"), "optimizer");
+  EXPECT_EQ(QApplication::focusWidget(), tl);
+  const double npp_found = tl->mapping().ns_per_px;
+  press(Qt::Key_W);
+  EXPECT_NEAR(tl->mapping().ns_per_px, npp_found / 1.25, npp_found * 1e-9);
+  EXPECT_EQ(edit->text(), "optimizer");  // the query is unchanged
+  press(Qt::Key_F);  // zooms to the match: it fills the track less 5 % each side
+  const auto& s = tl->document()->trace.spans[static_cast<size_t>(tl->selected_span())];
+  EXPECT_NEAR(tl->mapping().ns_per_px, s.duration_ns() * 1.1 / tl->track_width(), 1.0);
 }
 
 TEST_F(GuiApp, RangeSelectionShowsTheLibraryMetrics) {

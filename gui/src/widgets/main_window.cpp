@@ -155,15 +155,23 @@ void MainWindow::build_menus() {
   quit->setShortcut(QKeySequence::Quit);
 
   auto* view = menuBar()->addMenu(tr("&View"));
-  auto* fit = view->addAction(tr("&Fit all"), timeline_, &TimelineView::fit_all);
-  fit->setShortcut(Qt::Key_0);
-  auto* zsel =
-      view->addAction(tr("&Zoom to selection"), timeline_, &TimelineView::zoom_to_selection);
-  zsel->setShortcut(Qt::Key_F);
-  // The timeline handles W/A/S/D, 0 and F itself when it has focus; the menu shortcuts would
-  // otherwise steal them, so they only show the keys.
-  fit->setShortcutContext(Qt::WidgetShortcut);
-  zsel->setShortcutContext(Qt::WidgetShortcut);
+  // The navigation keys are window shortcuts, so they work without a click on the timeline; a
+  // text field with the focus (the search box, the compare view's step) keeps its typed keys.
+  auto nav = [this, view](const QString& text, QList<QKeySequence> keys) {
+    const int key = keys.front()[0].key();
+    auto* a = view->addAction(text, this, [this, key] {
+      if (TimelineView* t = key_target()) t->navigate(key);
+    });
+    a->setShortcuts(keys);
+    a->setShortcutContext(Qt::WindowShortcut);
+    return a;
+  };
+  auto* fit = nav(tr("&Fit all"), {QKeySequence(Qt::Key_0), QKeySequence(Qt::Key_Home)});
+  auto* zsel = nav(tr("&Zoom to selection"), {QKeySequence(Qt::Key_F)});
+  nav(tr("Zoom &in"), {QKeySequence(Qt::Key_W)});
+  nav(tr("Zoom &out"), {QKeySequence(Qt::Key_S)});
+  nav(tr("Pan &left"), {QKeySequence(Qt::Key_A)});
+  nav(tr("Pan &right"), {QKeySequence(Qt::Key_D)});
   view->addSeparator();
   auto* kinds = view->addMenu(tr("Span &kinds"));
 
@@ -205,6 +213,9 @@ void MainWindow::build_menus() {
       search_edit_->setModified(false);
     }
     search_next();
+    // With a match shown, the keys go back to the timeline (W/S/A/D, F); with none, the box
+    // keeps the focus so the query can be fixed.
+    if (search_.size()) timeline_->setFocus();
   });
   tb->addAction(tr("Previous"), this, &MainWindow::search_previous)
       ->setShortcut(QKeySequence::FindPrevious);
@@ -303,8 +314,19 @@ void MainWindow::set_current_document(int i) {
   search_label_->clear();
   if (!search_edit_->text().isEmpty()) search(search_edit_->text());
   setWindowTitle(tr("Orrery - %1").arg(QFileInfo(QString::fromStdString(doc->path)).fileName()));
+  if (tabs_->currentWidget() == timeline_) timeline_->setFocus();
   update_status();
   refresh_compare_and_charts();
+}
+
+TimelineView* MainWindow::key_target() const {
+  // The timeline with the focus (a compare pane, say), else the shown tab's.
+  for (QWidget* w = QApplication::focusWidget(); w; w = w->parentWidget()) {
+    if (auto* t = qobject_cast<TimelineView*>(w)) return t->isVisible() ? t : nullptr;
+  }
+  if (tabs_->currentWidget() == timeline_) return timeline_;
+  if (tabs_->currentWidget() == compare_) return compare_->view_a();
+  return nullptr;
 }
 
 void MainWindow::update_status() {

@@ -737,38 +737,44 @@ void TimelineView::mouseDoubleClickEvent(QMouseEvent* e) {
   }
 }
 
-void TimelineView::keyPressEvent(QKeyEvent* e) {
+bool TimelineView::navigate(int key) {
   const double w = track_width();
   // The anchor of keyboard zoom is the mouse when it is over the track, else the centre.
   double anchor = w / 2;
   if (last_mouse_.x() >= kLabelWidth && underMouse()) anchor = last_mouse_.x() - kLabelWidth;
-  switch (e->key()) {
+  switch (key) {
     case Qt::Key_W:
       zoom_by(1.25, anchor);
-      break;
+      return true;
     case Qt::Key_S:
       zoom_by(1 / 1.25, anchor);
-      break;
+      return true;
     case Qt::Key_A:
       pan_by_px(w / 8);
-      break;
+      return true;
     case Qt::Key_D:
       pan_by_px(-w / 8);
-      break;
+      return true;
     case Qt::Key_F:
       zoom_to_selection();
-      break;
+      return true;
     case Qt::Key_0:
     case Qt::Key_Home:
       fit_all();
-      break;
+      return true;
     case Qt::Key_Escape:
       clear_range();
       select_span(-1);
-      break;
+      return true;
     default:
-      QAbstractScrollArea::keyPressEvent(e);
-      return;
+      return false;
+  }
+}
+
+void TimelineView::keyPressEvent(QKeyEvent* e) {
+  if (!navigate(e->key())) {
+    QAbstractScrollArea::keyPressEvent(e);
+    return;
   }
   e->accept();
 }

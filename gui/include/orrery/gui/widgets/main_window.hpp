@@ -95,6 +95,8 @@ class MainWindow : public QMainWindow {
   void on_span_selected(qint64 span);
   void on_range_selected(qint64 t0, qint64 t1);
   void update_status();
+  // Where the navigation keys go: the focused timeline, else the current tab's (none on Charts).
+  TimelineView* key_target() const;
   void update_loading();
 
   std::vector<std::shared_ptr<TraceDocument>> docs_;

@@ -57,6 +57,11 @@ class TimelineView : public QAbstractScrollArea {
   void zoom_to(int64_t t0_ns, int64_t t1_ns);  // trace time, with a small margin
   void zoom_by(double factor, double anchor_x_track);
   void pan_by_px(double dx);
+  // The navigation keys: W/S zoom in/out (around the mouse when it is over the track), A/D pan by
+  // an eighth of the track, F zooms to the selection, 0 or Home fits all, Escape clears the range
+  // and the selection. False for any other key. The main window's View actions call it, so the
+  // keys work wherever the focus is (except in a text field).
+  bool navigate(int key);
 
   // Selection (span index into the trace's spans, -1 for none). reveal: expand its rank, scroll it
   // into view and zoom so it is at least a few pixels wide.
