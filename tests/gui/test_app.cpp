@@ -5,17 +5,20 @@
 
 #include <QApplication>
 #include <QComboBox>
+#include <QDir>
 #include <QDropEvent>
 #include <QElapsedTimer>
 #include <QFile>
 #include <QFileInfo>
 #include <QImage>
+#include <QLabel>
 #include <QLineEdit>
 #include <QMessageBox>
 #include <QMimeData>
 #include <QProcess>
 #include <QScrollBar>
 #include <QSettings>
+#include <QStatusBar>
 #include <QTest>
 #include <QUrl>
 #include <QWheelEvent>
@@ -258,6 +261,75 @@ TEST_F(GuiApp, NavigationKeysWorkWithoutAClickAndAfterASearch) {
   EXPECT_NEAR(tl->mapping().ns_per_px, s.duration_ns() * 1.1 / tl->track_width(), 1.0);
 }
 
+// File > Open of a second trace shows it (timeline, title, status, trace box); the same file again
+// gives no second entry and shows it; the box tells files of one name apart by their folders;
+// File > Close closes the shown trace.
+TEST_F(GuiApp, OpenShowsTheNewTraceOnceAndCloseClosesIt) {
+  QDir(kDir).mkpath("run1");
+  QDir(kDir).mkpath("run2");
+  auto o2 = small_opts();
+  o2.ranks = 2;
+  const QString p1 = write_synth("run1/trace.db", small_opts());
+  const QString p2 = write_synth("run2/trace.db", o2);
+  QComboBox* box = nullptr;
+  for (auto* c : win_->findChildren<QComboBox*>()) {
+    if (c->toolTip() == "The trace shown in the timeline") box = c;
+  }
+  ASSERT_TRUE(box);
+  auto status = [&] {
+    for (auto* l : win_->statusBar()->findChildren<QLabel*>()) {
+      if (l->text().contains("spans") || l->text().contains("No trace")) return l->text();
+    }
+    return QString();
+  };
+  TimelineView* tl = win_->timeline();
+  open(p1);
+  open(p2);
+  ASSERT_EQ(win_->document_count(), 2);
+  EXPECT_EQ(QString::fromStdString(tl->document()->path), p2);
+  EXPECT_EQ(tl->document()->trace.meta.world_size, 2);
+  EXPECT_EQ(win_->windowTitle(), "Orrery - run2/trace.db");
+  EXPECT_TRUE(status().startsWith(p2 + " ")) << status().toStdString();
+  ASSERT_EQ(box->count(), 2);
+  EXPECT_EQ(box->itemText(0), "run1/trace.db");
+  EXPECT_EQ(box->itemText(1), "run2/trace.db");
+  EXPECT_EQ(box->currentIndex(), 1);
+
+  // The first file again: no new entry, and it is shown.
+  int loaded = 0;
+  auto c = QObject::connect(win_.get(), &MainWindow::documentLoaded, [&] { ++loaded; });
+  win_->open_files({p1});
+  ASSERT_TRUE(wait_for([&] { return loaded > 0 && win_->document_count() >= 2; }));
+  QTest::qWait(20);
+  QObject::disconnect(c);
+  EXPECT_EQ(win_->document_count(), 2);
+  EXPECT_EQ(box->count(), 2);
+  EXPECT_EQ(QString::fromStdString(tl->document()->path), p1);
+  EXPECT_EQ(box->currentIndex(), 0);
+  EXPECT_EQ(win_->windowTitle(), "Orrery - run1/trace.db");
+
+  // File > Close: run1 goes, run2 is shown, named by its file name alone now.
+  QAction* close = nullptr;
+  for (auto* a : win_->findChildren<QAction*>()) {
+    if (a->text() == "&Close") close = a;
+  }
+  ASSERT_TRUE(close);
+  close->trigger();
+  EXPECT_EQ(win_->document_count(), 1);
+  ASSERT_TRUE(tl->document());
+  EXPECT_EQ(QString::fromStdString(tl->document()->path), p2);
+  EXPECT_EQ(box->count(), 1);
+  EXPECT_EQ(box->itemText(0), "trace.db");
+  EXPECT_EQ(win_->windowTitle(), "Orrery - trace.db");
+  close->trigger();
+  EXPECT_EQ(win_->document_count(), 0);
+  EXPECT_FALSE(tl->document());
+  EXPECT_EQ(box->count(), 0);
+  EXPECT_EQ(win_->windowTitle(), "Orrery");
+  EXPECT_EQ(status(), "No trace open");
+  EXPECT_EQ(win_->compare()->view_a()->document(), nullptr);
+}
+
 TEST_F(GuiApp, RangeSelectionShowsTheLibraryMetrics) {
   const auto o = small_opts();
   open(write_synth("e2e_range.db", o));
@@ -392,8 +464,13 @@ TEST_F(GuiApp, CompareAlignsByStepAndChartsShowTheBreakdown) {
             win_->compare()->view_a()->mapping().origin_ns);
   ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_compare.png"));
 
-  // Charts: the mean per-step breakdown of each rank, in ms, from the metrics.
+  // Charts: the mean per-step breakdown of each rank, in ms, from the metrics, of the trace in the
+  // timeline: B, opened last, then A once it is chosen in the trace box.
   win_->show_tab("charts");
+  QTest::qWait(20);
+  for (double v : win_->charts()->breakdown_values("compute"))
+    EXPECT_NEAR(v, tb.compute_ns / 1e6, 1e-9);
+  win_->set_current_document(0);
   QTest::qWait(20);
   EXPECT_EQ(win_->charts()->breakdown_categories(), oa.ranks);
   const auto compute = win_->charts()->breakdown_values("compute");

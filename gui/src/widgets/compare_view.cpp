@@ -114,6 +114,16 @@ void CompareView::set_documents(std::shared_ptr<TraceDocument> a,
   }
 }
 
+void CompareView::clear() {
+  ma_.reset();
+  mb_.reset();
+  a_label_->setText(tr("Open two traces to compare them."));
+  b_label_->setText(tr("Open two traces to compare them."));
+  a_->set_document(nullptr);
+  b_->set_document(nullptr);
+  diff_model_.set_diffs({}, "A", "B");
+}
+
 void CompareView::align_on_step(int step) {
   if (!ma_ || !mb_) return;
   const int64_t sa = step_start_ns(*ma_, step);

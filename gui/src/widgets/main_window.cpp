@@ -144,6 +144,8 @@ void MainWindow::build_menus() {
   open->setShortcut(QKeySequence::Open);
   recent_menu_ = file->addMenu(tr("Open &Recent"));
   rebuild_recent_menu();
+  file->addAction(tr("&Close"), this, &MainWindow::close_current_document)
+      ->setShortcut(QKeySequence::Close);
   file->addSeparator();
   file->addAction(tr("Save &Screenshot..."), this, [this] {
     const QString path =
@@ -308,15 +310,72 @@ void MainWindow::set_current_document(int i) {
   lanes_.set_trace(timeline_->index(), doc->trace.ranks, timeline_->group_by());
   lanes_view_->expandToDepth(0);
   details_.set_span(nullptr, -1, 0);
+  ++range_generation_;  // a range computed on the previous trace is not shown on this one
   range_metrics_.clear();
   collectives_.set_collectives({});
   search_.clear();
   search_label_->clear();
   if (!search_edit_->text().isEmpty()) search(search_edit_->text());
-  setWindowTitle(tr("Orrery - %1").arg(QFileInfo(QString::fromStdString(doc->path)).fileName()));
+  setWindowTitle(tr("Orrery - %1").arg(trace_combo_->itemText(i)));
   if (tabs_->currentWidget() == timeline_) timeline_->setFocus();
   update_status();
   refresh_compare_and_charts();
+}
+
+void MainWindow::close_current_document() {
+  if (current_ < 0 || current_ >= static_cast<int>(docs_.size())) return;
+  metrics_.erase(docs_[static_cast<size_t>(current_)].get());
+  docs_.erase(docs_.begin() + current_);
+  refresh_trace_names();
+  if (docs_.empty()) {
+    current_ = -1;
+    timeline_->set_document(nullptr);
+    lanes_.set_trace(nullptr, {}, timeline_->group_by());
+    details_.set_span(nullptr, -1, 0);
+    ++range_generation_;
+    range_metrics_.clear();
+    collectives_.set_collectives({});
+    search_.clear();
+    search_label_->clear();
+    setWindowTitle(tr("Orrery"));
+    update_status();
+    refresh_compare_and_charts();
+    return;
+  }
+  set_current_document(std::min(current_, static_cast<int>(docs_.size()) - 1));
+}
+
+bool MainWindow::show_document(const QString& path) {
+  const int i = find_document(path);
+  if (i >= 0) set_current_document(i);
+  return i >= 0;
+}
+
+int MainWindow::find_document(const QString& path) const {
+  auto key = [](const QString& p) {
+    const QFileInfo fi(p);
+    const QString c = fi.canonicalFilePath();
+    return c.isEmpty() ? fi.absoluteFilePath() : c;
+  };
+  const QString k = key(path);
+  for (size_t i = 0; i < docs_.size(); ++i) {
+    if (key(QString::fromStdString(docs_[i]->path)) == k) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void MainWindow::refresh_trace_names() {
+  std::vector<std::string> paths;
+  for (const auto& d : docs_)
+    paths.push_back(QFileInfo(QString::fromStdString(d->path)).absoluteFilePath().toStdString());
+  const auto names = distinct_names(paths);
+  trace_combo_->clear();
+  for (size_t i = 0; i < names.size(); ++i) {
+    trace_combo_->addItem(QString::fromStdString(names[i]));
+    trace_combo_->setItemData(static_cast<int>(i), QString::fromStdString(paths[i]),
+                              Qt::ToolTipRole);
+  }
+  if (current_ >= 0 && current_ < trace_combo_->count()) trace_combo_->setCurrentIndex(current_);
 }
 
 TimelineView* MainWindow::key_target() const {
@@ -356,6 +415,13 @@ void MainWindow::open_files(const QStringList& paths) {
   for (const QString& path : paths) {
     if (path.endsWith(".csv", Qt::CaseInsensitive)) {
       add_sweep(path);
+      continue;
+    }
+    if (const int open = find_document(path); open >= 0) {
+      // Already open: show it, do not add a second, identical entry.
+      set_current_document(open);
+      add_recent(path);
+      emit documentLoaded(path);
       continue;
     }
     ++pending_loads_;
@@ -428,16 +494,16 @@ void MainWindow::show_error(const QString& path, const QString& reason) {
 }
 
 void MainWindow::add_document(std::shared_ptr<TraceDocument> doc) {
-  docs_.push_back(doc);
-  trace_combo_->addItem(QFileInfo(QString::fromStdString(doc->path)).fileName());
-  start_metrics(doc);
-  // The first trace opened is shown; later ones go to the compare view (and the trace selector).
-  if (current_ < 0) {
-    set_current_document(0);
-  } else {
-    update_status();
-    refresh_compare_and_charts();
+  // Opened twice before the first load finished: keep the first.
+  if (const int open = find_document(QString::fromStdString(doc->path)); open >= 0) {
+    set_current_document(open);
+    return;
   }
+  docs_.push_back(doc);
+  refresh_trace_names();
+  start_metrics(doc);
+  // The trace just opened is shown: in the timeline, the title, the status and the trace box.
+  set_current_document(static_cast<int>(docs_.size()) - 1);
 }
 
 void MainWindow::start_metrics(const std::shared_ptr<TraceDocument>& doc) {
@@ -445,7 +511,9 @@ void MainWindow::start_metrics(const std::shared_ptr<TraceDocument>& doc) {
   jobs_.push_back(w);
   connect(w, &QFutureWatcherBase::finished, this, [this, w, doc] {
     jobs_.erase(std::remove(jobs_.begin(), jobs_.end(), w), jobs_.end());
-    if (auto m = w->result()) metrics_[doc.get()] = m;
+    auto m = w->result();
+    const bool open = std::find(docs_.begin(), docs_.end(), doc) != docs_.end();
+    if (m && open) metrics_[doc.get()] = m;  // none for a trace closed meanwhile
     w->deleteLater();
     refresh_compare_and_charts();
     emit metricsReady();
@@ -468,10 +536,13 @@ void MainWindow::refresh_compare_and_charts() {
   auto cur = current_document();
   charts_->set_breakdown(cur.get(), cur ? metrics_of(cur) : nullptr);
   if (docs_.size() >= 2) {
-    // A is the trace in the timeline, B the first other one.
-    auto a = cur ? cur : docs_[0];
-    auto b = docs_[0] == a ? docs_[1] : docs_[0];
+    // A is the first trace opened, B the one in the timeline (the second while it shows the first):
+    // open a real run, then its simulation, and compare shows real over simulated.
+    auto a = docs_[0];
+    auto b = cur && cur != a ? cur : docs_[1];
     compare_->set_documents(a, metrics_of(a), b, metrics_of(b));
+  } else {
+    compare_->clear();
   }
 }
 

@@ -24,6 +24,8 @@ class CompareView : public QWidget {
   // Metrics may be null while they are computed; call again when they arrive.
   void set_documents(std::shared_ptr<TraceDocument> a, std::shared_ptr<const profiler::Metrics> ma,
                      std::shared_ptr<TraceDocument> b, std::shared_ptr<const profiler::Metrics> mb);
+  // Back to "Open two traces to compare them." (fewer than two traces open).
+  void clear();
   TimelineView* view_a() const { return a_; }
   TimelineView* view_b() const { return b_; }
   const StepDiffModel* diff_model() const { return &diff_model_; }
