@@ -77,6 +77,13 @@ int main(int argc, char** argv) {
   if (!parse_pair(cli.value(size), 'x', w, h) || w < 200 || h < 150 || w > 10000 || h > 10000) {
     return fail("--size: expected WxH such as 1600x1000, got '" + cli.value(size) + "'", 2);
   }
+  const QStringList groups{"rank", "dp", "tp", "pp"}, tabs{"timeline", "compare", "charts"};
+  if (!groups.contains(cli.value(group))) {
+    return fail("--group: expected rank, dp, tp or pp, got '" + cli.value(group) + "'", 2);
+  }
+  if (!tabs.contains(cli.value(tab))) {
+    return fail("--tab: expected timeline, compare or charts, got '" + cli.value(tab) + "'", 2);
+  }
   qlonglong r0 = 0, r1 = 0, z0 = 0, z1 = 0;
   if (cli.isSet(range) && !parse_offsets(cli.value(range), r0, r1)) {
     return fail("--range: expected T0:T1 in ns from the trace start, each within +-1e17, got '" +
@@ -100,9 +107,8 @@ int main(int argc, char** argv) {
     }
   }
   auto apply_view_options = [&] {
-    const QString by = cli.value(group);
-    const int gi = by == "dp" ? 1 : by == "tp" ? 2 : by == "pp" ? 3 : 0;
-    win.set_group_by(static_cast<orrery::gui::GroupBy>(gi));
+    // GroupBy's values are the positions in `groups` (Rank, DP, TP, PP).
+    win.set_group_by(static_cast<orrery::gui::GroupBy>(groups.indexOf(cli.value(group))));
     auto doc = win.current_document();
     const int64_t zero = doc ? doc->index.start_ns() : 0;
     if (cli.isSet(zoom)) win.timeline()->zoom_to(zero + z0, zero + z1);

@@ -6,6 +6,7 @@
 #include <QApplication>
 #include <QComboBox>
 #include <QDir>
+#include <QDockWidget>
 #include <QDropEvent>
 #include <QElapsedTimer>
 #include <QFile>
@@ -13,9 +14,12 @@
 #include <QImage>
 #include <QLabel>
 #include <QLineEdit>
+#include <QMenu>
+#include <QMenuBar>
 #include <QMessageBox>
 #include <QMimeData>
 #include <QProcess>
+#include <QScreen>
 #include <QScrollBar>
 #include <QSettings>
 #include <QStatusBar>
@@ -330,6 +334,96 @@ TEST_F(GuiApp, OpenShowsTheNewTraceOnceAndCloseClosesIt) {
   EXPECT_EQ(win_->compare()->view_a()->document(), nullptr);
 }
 
+// Zoom and pan stay on the trace: zoomed out at most to the fit-all view, and at most a quarter of
+// the view past either end, by keys, the wheel, a drag, and a jump to a match at the trace start.
+TEST_F(GuiApp, PanAndZoomStayOnTheTrace) {
+  open(write_synth("e2e_bounds.db", small_opts()));
+  TimelineView* tl = win_->timeline();
+  QWidget* vp = tl->viewport();
+  const int64_t lo = tl->index()->start_ns(), hi = tl->index()->end_ns();
+  tl->fit_all();
+  const double fit_npp = tl->mapping().ns_per_px;
+  auto view_ns = [&] { return tl->mapping().ns_per_px * tl->track_width(); };
+  auto within = [&](const char* what) {
+    SCOPED_TRACE(what);
+    EXPECT_LE(tl->mapping().ns_per_px, fit_npp * (1 + 1e-12));
+    EXPECT_GE(static_cast<double>(tl->visible_start_ns()), lo - view_ns() / 4 - 1);
+    EXPECT_LE(static_cast<double>(tl->visible_end_ns()), hi + view_ns() / 4 + 1);
+  };
+  for (int i = 0; i < 20; ++i) QTest::keyClick(tl, Qt::Key_S);
+  EXPECT_DOUBLE_EQ(tl->mapping().ns_per_px, fit_npp);
+  within("S x20");
+  send_wheel(vp, QPoint(TimelineView::kLabelWidth + 10, 200), -2400);
+  within("wheel out");
+  for (int i = 0; i < 30; ++i) QTest::keyClick(tl, Qt::Key_A);
+  within("A x30");
+  EXPECT_NEAR(static_cast<double>(tl->visible_start_ns()), lo - view_ns() / 4, 2.0);
+  for (int i = 0; i < 10; ++i) QTest::keyClick(tl, Qt::Key_W);
+  for (int i = 0; i < 200; ++i) QTest::keyClick(tl, Qt::Key_D);
+  within("W x10, D x200");
+  EXPECT_NEAR(static_cast<double>(tl->visible_end_ns()), hi + view_ns() / 4, 2.0);
+  // A drag far to the left (later times) stops at the end too.
+  const QPoint at(TimelineView::kLabelWidth + tl->track_width() - 10, 300);
+  send_mouse(vp, QEvent::MouseButtonPress, at, Qt::LeftButton, Qt::LeftButton);
+  send_mouse(vp, QEvent::MouseMove, at - QPoint(tl->track_width() - 20, 0), Qt::NoButton,
+             Qt::LeftButton);
+  send_mouse(vp, QEvent::MouseButtonRelease, at - QPoint(tl->track_width() - 20, 0), Qt::LeftButton,
+             Qt::NoButton);
+  within("drag");
+  // Deep in, at the end: jump to the trace's first span (a search match would do the same).
+  for (int i = 0; i < 30; ++i) QTest::keyClick(tl, Qt::Key_W);
+  const auto& spans = tl->document()->trace.spans;
+  size_t first = 0;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (spans[i].start_ns < spans[first].start_ns) first = i;
+  }
+  ASSERT_EQ(spans[first].start_ns, lo);
+  tl->select_span(static_cast<int64_t>(first), true);
+  within("jump to the first span");
+  EXPECT_GE(tl->point_of_span(static_cast<int64_t>(first)).x(), 0);  // still shown
+  // --zoom past the trace shows the bounded view.
+  tl->zoom_to(lo - 100 * (hi - lo), hi + 100 * (hi - lo));
+  within("zoom_to far past the ends");
+}
+
+// The window fits the screen by default; a closed panel comes back from View > Panels.
+TEST_F(GuiApp, DefaultSizeFitsTheScreenAndClosedDocksComeBack) {
+  MainWindow fresh;
+  const QRect avail = fresh.screen()->availableGeometry();
+  EXPECT_LE(fresh.width(), avail.width());
+  EXPECT_LE(fresh.height(), avail.height());
+
+  QMenu* view = nullptr;
+  for (QAction* a : win_->menuBar()->actions()) {
+    if (a->text() == "&View") view = a->menu();
+  }
+  ASSERT_TRUE(view);
+  std::vector<QAction*> actions;
+  std::function<void(QMenu*)> collect = [&](QMenu* m) {
+    for (QAction* a : m->actions()) {
+      actions.push_back(a);
+      if (a->menu()) collect(a->menu());
+    }
+  };
+  collect(view);
+  const auto docks = win_->findChildren<QDockWidget*>();
+  ASSERT_EQ(docks.size(), 2);
+  for (QDockWidget* dock : docks) {
+    SCOPED_TRACE(dock->windowTitle().toStdString());
+    QAction* toggle = nullptr;
+    for (QAction* a : actions) {
+      if (a->text() == dock->windowTitle()) toggle = a;
+    }
+    ASSERT_TRUE(toggle);
+    ASSERT_TRUE(dock->isVisible());
+    dock->close();
+    EXPECT_FALSE(dock->isVisible());
+    EXPECT_FALSE(toggle->isChecked());
+    toggle->trigger();
+    EXPECT_TRUE(dock->isVisible());
+  }
+}
+
 TEST_F(GuiApp, RangeSelectionShowsTheLibraryMetrics) {
   const auto o = small_opts();
   open(write_synth("e2e_range.db", o));
@@ -581,6 +675,7 @@ TEST(GuiCli, ScreenshotModeRendersAndExits) {
   const QString trace = write_synth("cli_shot.db", small_opts());
   const QString png = kDir + "/cli_shot.png";
   QFile::remove(png);
+  QFile::remove(kDir + "/never.png");  // left by an earlier, failed run
   QProcess p;
   QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
   env.insert("QT_QPA_PLATFORM", "offscreen");
@@ -617,6 +712,22 @@ TEST(GuiCli, ScreenshotModeRendersAndExits) {
     EXPECT_EQ(far.exitCode(), 2) << args.join(' ').toStdString();
     const QString far_err = QString::fromLocal8Bit(far.readAllStandardError());
     EXPECT_TRUE(far_err.contains(args[0] + ": expected T0:T1")) << far_err.toStdString();
+    EXPECT_FALSE(QFileInfo::exists(kDir + "/never.png"));
+  }
+  // --group and --tab with an unknown value: exit 2 listing the choices.
+  for (const QStringList& args : {QStringList{"--group", "ranks"}, QStringList{"--tab", "flows"}}) {
+    QFile::remove(kDir + "/never.png");
+    QProcess unknown;
+    unknown.setProcessEnvironment(env);
+    unknown.start(ORRERY_GUI_BIN,
+                  QStringList{"--screenshot", kDir + "/never.png"} + args + QStringList{trace});
+    ASSERT_TRUE(unknown.waitForFinished(60000));
+    EXPECT_EQ(unknown.exitCode(), 2) << args.join(' ').toStdString();
+    const QString unknown_err = QString::fromLocal8Bit(unknown.readAllStandardError());
+    const QString want = args[0] == "--group"
+                             ? "--group: expected rank, dp, tp or pp, got 'ranks'"
+                             : "--tab: expected timeline, compare or charts, got 'flows'";
+    EXPECT_TRUE(unknown_err.contains(want)) << unknown_err.toStdString();
     EXPECT_FALSE(QFileInfo::exists(kDir + "/never.png"));
   }
   QProcess edge;

@@ -18,6 +18,7 @@
 #include <QMimeData>
 #include <QPainter>
 #include <QProgressBar>
+#include <QScreen>
 #include <QSettings>
 #include <QShortcut>
 #include <QSplitter>
@@ -29,6 +30,7 @@
 #include <QTreeView>
 #include <QVBoxLayout>
 #include <QtConcurrent/QtConcurrentRun>
+#include <algorithm>
 
 #include "orrery/common/error.hpp"
 #include "orrery/common/format.hpp"
@@ -86,7 +88,9 @@ QTableView* make_table(QAbstractItemModel* m, QWidget* parent) {
 MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   setWindowTitle(tr("Orrery"));
   setAcceptDrops(true);
-  resize(1600, 1000);
+  // 1600x1000, or 90 % of a smaller screen's free area.
+  const QRect avail = screen() ? screen()->availableGeometry() : QRect(0, 0, 1600, 1000);
+  resize(std::min(1600, avail.width() * 9 / 10), std::min(1000, avail.height() * 9 / 10));
 
   tabs_ = new QTabWidget(this);
   timeline_ = new TimelineView(tabs_);
@@ -293,6 +297,14 @@ void MainWindow::build_docks() {
   left->setWidget(lanes_view_);
   addDockWidget(Qt::LeftDockWidgetArea, left);
   resizeDocks({left, right}, {190, 420}, Qt::Horizontal);
+  // A closed panel comes back from View > Panels (not only from a toolbar's context menu).
+  for (QAction* a : menuBar()->actions()) {
+    if (a->menu() && a->text() == tr("&View")) {
+      QMenu* panels = a->menu()->addMenu(tr("&Panels"));
+      panels->addAction(left->toggleViewAction());
+      panels->addAction(right->toggleViewAction());
+    }
+  }
 }
 
 std::shared_ptr<TraceDocument> MainWindow::current_document() const {

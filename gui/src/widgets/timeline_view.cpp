@@ -153,6 +153,27 @@ void TimelineView::fit_all() {
   changed_mapping();
 }
 
+bool TimelineView::bound_view() {
+  if (!index_) return false;
+  const TimeMapping before = map_;
+  const double w = track_width();
+  const int64_t lo = index_->start_ns() + shift_ns_, hi = index_->end_ns() + shift_ns_;
+  // Zoomed out at most to fit_all's view.
+  const double len = static_cast<double>(hi - lo);
+  const double max_npp =
+      std::max(TimeMapping::kMinNsPerPx, (len + 2 * std::max(1.0, std::floor(len / 100))) / w);
+  if (map_.ns_per_px > max_npp) map_.zoom(map_.ns_per_px / max_npp, w / 2);
+  // Panned at most a quarter of the view past either end (the left end wins on a tie).
+  const double margin = map_.ns_per_px * w / 4;
+  const double past_end =
+      static_cast<double>(map_.origin_ns - hi) + map_.origin_frac + map_.ns_per_px * w - margin;
+  if (past_end > 0) map_.pan_px(past_end / map_.ns_per_px);
+  const double before_start = static_cast<double>(lo - map_.origin_ns) - map_.origin_frac - margin;
+  if (before_start > 0) map_.pan_px(-before_start / map_.ns_per_px);
+  return map_.origin_ns != before.origin_ns || map_.origin_frac != before.origin_frac ||
+         map_.ns_per_px != before.ns_per_px;
+}
+
 void TimelineView::zoom_to(int64_t t0_ns, int64_t t1_ns) {
   if (t1_ns <= t0_ns) t1_ns = t0_ns + 1;
   const int64_t margin = std::max<int64_t>(1, (t1_ns - t0_ns) / 20);
@@ -160,6 +181,10 @@ void TimelineView::zoom_to(int64_t t0_ns, int64_t t1_ns) {
   pinned_t0_ = t0_ns + shift_ns_ - margin;
   pinned_t1_ = t1_ns + shift_ns_ + margin;
   map_.fit(pinned_t0_, pinned_t1_, track_width());
+  if (bound_view()) {  // a range past the trace: pin what is shown instead
+    pinned_t0_ = map_.t_floor(0);
+    pinned_t1_ = map_.t_ceil(track_width());
+  }
   fitted_ = true;
   changed_mapping();
 }
@@ -167,12 +192,14 @@ void TimelineView::zoom_to(int64_t t0_ns, int64_t t1_ns) {
 void TimelineView::zoom_by(double factor, double anchor_x_track) {
   pinned_ = false;
   map_.zoom(factor, anchor_x_track);
+  bound_view();
   changed_mapping();
 }
 
 void TimelineView::pan_by_px(double dx) {
   pinned_ = false;
   map_.pan_px(dx);
+  bound_view();
   changed_mapping();
 }
 
@@ -219,6 +246,7 @@ void TimelineView::select_span(int64_t span, bool reveal) {
         verticalScrollBar()->setValue(static_cast<int>(row_y - vis_h / 3.0));
       }
     }
+    bound_view();
     changed_mapping();
   }
   viewport()->update();
@@ -347,6 +375,8 @@ void TimelineView::resizeEvent(QResizeEvent* e) {
     fit_all();
   } else if (pinned_) {
     map_.fit(pinned_t0_, pinned_t1_, track_width());
+    changed_mapping();
+  } else if (bound_view()) {  // a wider track shows more: keep it within the bounds
     changed_mapping();
   }
   relayout();
@@ -670,6 +700,7 @@ void TimelineView::mouseMoveEvent(QMouseEvent* e) {
     pinned_ = false;
     map_ = press_map_;
     map_.pan_px(pos.x() - press_pos_.x());
+    bound_view();
     verticalScrollBar()->setValue(press_scroll_ - (pos.y() - press_pos_.y()));
     changed_mapping();
     return;

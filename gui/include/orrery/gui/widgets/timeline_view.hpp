@@ -1,5 +1,5 @@
 // The timeline widget: lanes per rank and stream, spans coloured by kind, a time axis, zoom and pan
-// with the mouse and W/A/S/D keys, hover details, click selection and shift-drag range selection.
+// with the mouse and W/A/S/D keys (bounded to the trace, with a margin), hover details, click selection and shift-drag range selection.
 //
 // Painting asks the core's fold_row for each visible row, so the work per frame is bounded by the
 // number of pixels, not of spans. The view's time ("view time") is the trace's time plus shift_ns,
@@ -111,6 +111,10 @@ class TimelineView : public QAbstractScrollArea {
   void changed_mapping();
   TimeMapping trace_mapping() const;  // maps trace time (view time minus shift)
   double lane_top() const;            // viewport y of layout y = 0
+  // Keeps zoom and pan on the trace: zoomed out at most to fit_all's view, and at most a quarter
+  // of the view past either end. Compare's second view follows the first through set_mapping,
+  // which is not bounded. True when the mapping changed.
+  bool bound_view();
   void show_tooltip(QPoint pos, QPoint global);
   // The row and draw item under a viewport point, folded as painting folds it.
   std::optional<std::pair<const LaneRow*, DrawItem>> item_at_point(QPoint p) const;
