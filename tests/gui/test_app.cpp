@@ -424,6 +424,52 @@ TEST_F(GuiApp, DefaultSizeFitsTheScreenAndClosedDocksComeBack) {
   }
 }
 
+// The smaller ones: the search label is cleared with the query; a switched-off kind's swatch is an
+// empty box, not its colour; the empty timeline says a trace is loading rather than "Open a trace".
+TEST_F(GuiApp, SearchLabelKindSwatchAndLoadingMessage) {
+  const QString path = write_synth("e2e_small.db", small_opts());
+  EXPECT_TRUE(win_->timeline()->empty_message().startsWith("Open a trace"));
+  int metrics = 0;
+  auto c = QObject::connect(win_.get(), &MainWindow::metricsReady, [&] { ++metrics; });
+  win_->open_files({path});
+  // Until the worker's result is delivered (events processed), the trace is loading.
+  EXPECT_EQ(win_->timeline()->empty_message(), "Loading the trace...");
+  ASSERT_TRUE(wait_for([&] { return win_->document_count() == 1 && metrics > 0; }));
+  QObject::disconnect(c);
+
+  auto labels_saying = [&](const QString& text) {
+    int n = 0;
+    for (auto* l : win_->findChildren<QLabel*>()) n += l->text() == text;
+    return n;
+  };
+  win_->search("no_such_span_name");
+  EXPECT_EQ(labels_saying("no match"), 1);
+  QLineEdit* edit = nullptr;
+  for (auto* e : win_->findChildren<QLineEdit*>()) {
+    if (e->placeholderText() == "Search spans by name") edit = e;
+  }
+  ASSERT_TRUE(edit);
+  edit->clear();  // as its clear button does
+  EXPECT_EQ(labels_saying("no match"), 0);
+  EXPECT_EQ(win_->span_search().size(), 0u);
+
+  QAction* phase = nullptr;
+  for (auto* a : win_->findChildren<QAction*>()) {
+    if (a->isCheckable() && a->text() == "phase") phase = a;
+  }
+  ASSERT_TRUE(phase);
+  auto swatch_centre = [&] {
+    const QIcon::State st = phase->isChecked() ? QIcon::On : QIcon::Off;
+    return phase->icon().pixmap(QSize(14, 14), 1.0, QIcon::Normal, st).toImage().pixelColor(7, 7);
+  };
+  EXPECT_EQ(swatch_centre(), palette::kind_color(traces::SpanKind::Phase));
+  win_->set_kind_visible(traces::SpanKind::Phase, false);
+  EXPECT_FALSE(phase->isChecked());
+  EXPECT_EQ(swatch_centre().alpha(), 0);  // an empty box
+  win_->set_kind_visible(traces::SpanKind::Phase, true);
+  EXPECT_EQ(swatch_centre(), palette::kind_color(traces::SpanKind::Phase));
+}
+
 TEST_F(GuiApp, RangeSelectionShowsTheLibraryMetrics) {
   const auto o = small_opts();
   open(write_synth("e2e_range.db", o));

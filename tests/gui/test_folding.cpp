@@ -264,6 +264,15 @@ TEST(LaneLayout, PositionsAndCollapse) {
   EXPECT_EQ(l.rows()[6].kind, LayoutRow::Kind::Group);
   EXPECT_TRUE(l.rows()[6].collapsed);
   EXPECT_EQ(l.rows()[2].lane, idx.lane_of(0, 1));
+  EXPECT_EQ(l.rows()[0].label, "dp[tp=0,pp=0]  (2 ranks)");
+
+  // A group of one rank says "1 rank".
+  const auto one =
+      group_ranks(idx, t.ranks, GroupBy::PP);  // pp groups share (dp, tp): one rank each
+  ASSERT_EQ(one.size(), 4u);
+  LaneLayout lp;
+  lp.build(idx, t.ranks, GroupBy::PP, {});
+  EXPECT_EQ(lp.rows()[0].label, "pp[dp=0,tp=0]  (1 rank)");
 }
 
 // A folded block's time per kind, busy time and dominant kind come from the row's running sums:

@@ -61,14 +61,21 @@ LoadResult load_job(const QString& path) {
   return r;
 }
 
+// A kind's swatch: filled with its colour when the kind is shown (the action's On state), an empty
+// grey box when it is switched off (Off), so the legend says which kinds are drawn.
 QIcon kind_icon(traces::SpanKind k) {
-  QPixmap pm(14, 14);
-  pm.fill(Qt::transparent);
-  QPainter p(&pm);
-  p.fillRect(1, 1, 12, 12, palette::kind_color(k));
-  p.setPen(palette::kind_icon_border(k));
-  p.drawRect(1, 1, 11, 11);
-  return QIcon(pm);
+  QIcon icon;
+  for (const bool on : {true, false}) {
+    QPixmap pm(14, 14);
+    pm.fill(Qt::transparent);
+    QPainter p(&pm);
+    if (on) p.fillRect(1, 1, 12, 12, palette::kind_color(k));
+    p.setPen(on ? palette::kind_icon_border(k) : palette::kKindOff);
+    p.drawRect(1, 1, 11, 11);
+    p.end();
+    icon.addPixmap(pm, QIcon::Normal, on ? QIcon::On : QIcon::Off);
+  }
+  return icon;
 }
 
 QTableView* make_table(QAbstractItemModel* m, QWidget* parent) {
@@ -222,6 +229,12 @@ void MainWindow::build_menus() {
     // With a match shown, the keys go back to the timeline (W/S/A/D, F); with none, the box
     // keeps the focus so the query can be fixed.
     if (search_.size()) timeline_->setFocus();
+  });
+  // Clearing the box (its clear button, or deleting the text) clears the search and its label.
+  connect(search_edit_, &QLineEdit::textChanged, this, [this](const QString& text) {
+    if (!text.isEmpty()) return;
+    search_.clear();
+    search_label_->clear();
   });
   tb->addAction(tr("Previous"), this, &MainWindow::search_previous)
       ->setShortcut(QKeySequence::FindPrevious);
@@ -421,7 +434,14 @@ void MainWindow::update_status() {
           .arg(QString::fromStdString(format_duration_ns(static_cast<double>(dur)))));
 }
 
-void MainWindow::update_loading() { progress_->setVisible(pending_loads_ > 0); }
+void MainWindow::update_loading() {
+  progress_->setVisible(pending_loads_ > 0);
+  // The empty timeline says a trace is on its way rather than "Open a trace".
+  timeline_->set_empty_message(pending_loads_ == 0 ? QString()
+                               : pending_loads_ == 1
+                                   ? tr("Loading the trace...")
+                                   : tr("Loading %1 traces...").arg(pending_loads_));
+}
 
 void MainWindow::open_files(const QStringList& paths) {
   for (const QString& path : paths) {
@@ -617,6 +637,11 @@ void MainWindow::search(const QString& text) {
   auto d = current_document();
   if (!d) return;
   search_edit_->setText(text);
+  if (text.isEmpty()) {  // an empty query matches nothing and says nothing
+    search_.clear();
+    search_label_->clear();
+    return;
+  }
   search_.run(d->trace, text.toStdString(), timeline_->kind_mask());
   search_label_->setText(search_.size() ? tr("%1 matches").arg(search_.size()) : tr("no match"));
 }

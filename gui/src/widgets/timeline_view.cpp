@@ -38,6 +38,14 @@ TimelineView::TimelineView(QWidget* parent) : QAbstractScrollArea(parent) {
   viewport()->setAttribute(Qt::WA_OpaquePaintEvent);
   setFocusPolicy(Qt::StrongFocus);
   setMinimumSize(240, 100);
+  set_empty_message({});
+}
+
+void TimelineView::set_empty_message(const QString& text) {
+  empty_message_ = text.isEmpty()
+                       ? tr("Open a trace: File > Open, drag a file here, or orrery-gui TRACE")
+                       : text;
+  viewport()->update();
 }
 
 void TimelineView::set_document(std::shared_ptr<TraceDocument> doc) {
@@ -430,8 +438,7 @@ void TimelineView::paintEvent(QPaintEvent*) {
 
 void TimelineView::paint_empty(QPainter& p) const {
   p.setPen(palette::kEmptyText);
-  p.drawText(rect(), Qt::AlignCenter,
-             tr("Open a trace: File > Open, drag a file here, or orrery-gui TRACE"));
+  p.drawText(rect(), Qt::AlignCenter, empty_message_);
 }
 
 size_t TimelineView::paint_rows(QPainter& p, const Frame& f) const {

@@ -61,8 +61,9 @@ inline QColor folded_color(traces::SpanKind k, double busy_fraction, const QColo
 }
 inline QColor folded_edge_color(traces::SpanKind k) { return kind_color(k).lighter(130); }
 
-// The outline of a kind's swatch in the kinds list.
+// The outline of a kind's swatch in the kinds list; a switched-off kind's swatch is an empty box.
 inline QColor kind_icon_border(traces::SpanKind k) { return kind_color(k).darker(150); }
+inline constexpr QColor kKindOff = rgb(0x9AA0A6);
 
 // Text on a span: dark on light colours, white on dark ones.
 inline constexpr QColor kTextOnLight = rgb(0x101010);

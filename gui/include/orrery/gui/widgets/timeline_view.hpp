@@ -34,6 +34,10 @@ class TimelineView : public QAbstractScrollArea {
   void set_document(std::shared_ptr<TraceDocument> doc);
   const std::shared_ptr<TraceDocument>& document() const { return doc_; }
   const TraceIndex* index() const { return index_; }
+  // What the view says when it has no trace: how to open one, or, while one loads, that it loads
+  // (an empty text restores the default).
+  void set_empty_message(const QString& text);
+  const QString& empty_message() const { return empty_message_; }
   const LaneLayout& lane_layout() const { return layout_; }
 
   void set_kind_mask(KindMask kinds);
@@ -143,6 +147,7 @@ class TimelineView : public QAbstractScrollArea {
   void paint_range_length(QPainter& p, const Frame& f) const;
   void paint_scale(QPainter& p) const;
 
+  QString empty_message_;
   std::shared_ptr<TraceDocument> doc_;
   std::unique_ptr<TraceIndex> filtered_;  // when some kinds are hidden
   const TraceIndex* index_ = nullptr;
