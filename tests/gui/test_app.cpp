@@ -568,7 +568,8 @@ TEST_F(GuiApp, SweepCsvShowsScalingCurves) {
         "peak_memory_bytes,fits,note\n"
         "8,8,1,1,0,4,0.5,65536,300,0.3,1,1e10,true,\"\"\n"
         "64,16,4,1,1,4,0.55,476626,280,0.28,0.909,1e10,true,\"\"\n"
-        "512,128,4,1,1,4,0.6,3495253,260,0.26,0.833,1e10,true,\"\"\n");
+        "512,128,4,1,1,4,0.6,3495253,260,0.26,0.833,1e10,true,\"\"\n"
+        "1024,,,,,,,,,,,,false,\"no layout fits in memory\"\n");
   }
   QString loaded;
   auto c = QObject::connect(win_.get(), &MainWindow::documentLoaded,
@@ -577,6 +578,8 @@ TEST_F(GuiApp, SweepCsvShowsScalingCurves) {
   ASSERT_TRUE(wait_for([&] { return !loaded.isEmpty(); }));
   QObject::disconnect(c);
   EXPECT_EQ(win_->charts()->scaling_points(), 3);
+  // The row the sweep could not place is named, not dropped.
+  EXPECT_EQ(win_->charts()->scaling_note(), "Not placed: 1024 GPUs (no layout fits in memory)");
   EXPECT_EQ(win_->document_count(), 0);  // a sweep is not a trace
 }
 

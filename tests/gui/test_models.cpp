@@ -260,6 +260,26 @@ TEST(SpanSearch, FindsByNameInTimeOrderWithNextAndPrevious) {
   EXPECT_EQ(s.size(), size_t(o.ranks * o.steps * 2));  // the optimizer span and its phase
 }
 
+// A GPU count the sweep could not place is reported with its note (which may hold commas), unless
+// another layout places it.
+TEST(SweepCsv, ReportsTheGpuCountsNotPlaced) {
+  std::vector<SweepUnplaced> unplaced;
+  const auto pts = parse_sweep_csv(
+      "gpus,dp,tp,tokens_per_s,fits,note\n"
+      "8,8,1,8000,true,\"\"\n"
+      "16,16,1,,false,\"does not fit: 90 GiB > 80 GiB, even with zero 3\"\n"
+      "32,32,1,,false,\"tp 1 too small\"\n"
+      "32,8,4,30000,true,\"\"\n"  // 32 GPUs placed by another layout
+      "64,64,1,,false,\n",
+      "sweep.csv", &unplaced);
+  ASSERT_EQ(pts.size(), 2u);
+  ASSERT_EQ(unplaced.size(), 2u);
+  EXPECT_EQ(unplaced[0].gpus, 16);
+  EXPECT_EQ(unplaced[0].note, "does not fit: 90 GiB > 80 GiB, even with zero 3");
+  EXPECT_EQ(unplaced[1].gpus, 64);
+  EXPECT_EQ(unplaced[1].note, "");
+}
+
 TEST(SweepCsv, ParsesAndComputesEfficiency) {
   const auto pts = parse_sweep_csv(
       "scenario,gpus,tokens_per_s,step_ms\n"

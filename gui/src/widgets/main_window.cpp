@@ -484,7 +484,9 @@ void MainWindow::open_files(const QStringList& paths) {
 void MainWindow::open_files_now(const QStringList& paths) {
   for (const QString& path : paths) {
     if (path.endsWith(".csv", Qt::CaseInsensitive)) {
-      charts_->set_sweep(load_sweep_csv(path.toStdString()), path);
+      std::vector<SweepUnplaced> unplaced;
+      auto points = load_sweep_csv(path.toStdString(), &unplaced);
+      charts_->set_sweep(std::move(points), path, std::move(unplaced));
       continue;
     }
     add_document(load_document(path.toStdString()));
@@ -504,7 +506,9 @@ void MainWindow::wait_for_metrics() {
 
 void MainWindow::add_sweep(const QString& path) {
   try {
-    charts_->set_sweep(load_sweep_csv(path.toStdString()), path);
+    std::vector<SweepUnplaced> unplaced;
+    auto points = load_sweep_csv(path.toStdString(), &unplaced);
+    charts_->set_sweep(std::move(points), path, std::move(unplaced));
     add_recent(path);
     tabs_->setCurrentWidget(charts_);
     emit documentLoaded(path);
