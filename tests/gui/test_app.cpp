@@ -22,6 +22,7 @@
 #include <QScreen>
 #include <QScrollBar>
 #include <QSettings>
+#include <QSpinBox>
 #include <QStatusBar>
 #include <QTest>
 #include <QUrl>
@@ -29,6 +30,7 @@
 #include <cmath>
 #include <functional>
 
+#include "orrery/common/format.hpp"
 #include "orrery/gui/palette.hpp"
 #include "orrery/gui/widgets/charts_view.hpp"
 #include "orrery/gui/widgets/compare_view.hpp"
@@ -606,6 +608,53 @@ TEST_F(GuiApp, CompareAlignsByStepAndChartsShowTheBreakdown) {
   EXPECT_EQ(win_->compare()->view_b()->mapping().origin_ns,
             win_->compare()->view_a()->mapping().origin_ns);
   ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_compare.png"));
+
+  // The step box offers the steps both traces have; a step past them leaves the shift and says so.
+  auto* spin = win_->compare()->findChild<QSpinBox*>();
+  ASSERT_TRUE(spin);
+  EXPECT_EQ(spin->minimum(), 0);
+  EXPECT_EQ(spin->maximum(), oa.steps - 1);
+  win_->compare()->align_on_step(99);
+  EXPECT_EQ(win_->compare()->view_b()->shift_ns(), -5'000'000);
+  EXPECT_TRUE(
+      win_->compare()->align_note().startsWith("step 99 is not in both traces (steps 0 to 2"))
+      << win_->compare()->align_note().toStdString();
+  win_->compare()->align_on_step(1);
+  EXPECT_TRUE(win_->compare()->align_note().isEmpty());
+
+  // Compare follows the grouping.
+  win_->set_group_by(GroupBy::DP);
+  EXPECT_EQ(win_->compare()->view_a()->group_by(), GroupBy::DP);
+  EXPECT_EQ(win_->compare()->view_b()->lane_layout().rows().front().kind, LayoutRow::Kind::Group);
+  win_->set_group_by(GroupBy::Rank);
+
+  // A click on a span in a compare pane fills the details with that pane's trace; a shift-drag
+  // range there computes its metrics.
+  TimelineView* vb = win_->compare()->view_b();
+  const auto& trb = vb->document()->trace;
+  int64_t target = -1;
+  for (size_t i = 0; i < trb.spans.size(); ++i) {
+    const auto& s = trb.spans[i];
+    if (s.rank == 1 && s.step == 1 && trb.name_of(s) == "layers.2.backward")
+      target = static_cast<int64_t>(i);
+  }
+  ASSERT_GE(target, 0);
+  const auto& ts = trb.spans[static_cast<size_t>(target)];
+  vb->zoom_to(ts.start_ns - 1'000'000, ts.end_ns + 1'000'000);
+  QTest::qWait(20);
+  const QPoint at = vb->point_of_span(target);
+  ASSERT_GE(at.x(), 0);
+  QTest::mouseClick(vb->viewport(), Qt::LeftButton, Qt::NoModifier, at);
+  EXPECT_EQ(vb->selected_span(), target);
+  EXPECT_EQ(win_->details_model()->value("Name"), "layers.2.backward");
+  EXPECT_EQ(win_->details_model()->value("Duration"),
+            QString::fromStdString(orrery::format_duration_ns(2'500'000)));
+  int ready = 0;
+  auto rc = QObject::connect(win_.get(), &MainWindow::rangeMetricsReady, [&] { ++ready; });
+  vb->set_range(ts.start_ns, ts.end_ns);
+  ASSERT_TRUE(wait_for([&] { return ready > 0; }));
+  QObject::disconnect(rc);
+  EXPECT_GT(win_->range_model()->rowCount(), 0);
 
   // Charts: the mean per-step breakdown of each rank, in ms, from the metrics, of the trace in the
   // timeline: B, opened last, then A once it is chosen in the trace box.

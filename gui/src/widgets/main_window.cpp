@@ -108,14 +108,19 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   tabs_->addTab(charts_, tr("Charts"));
   setCentralWidget(tabs_);
 
-  connect(timeline_, &TimelineView::spanSelected, this, &MainWindow::on_span_selected);
-  connect(timeline_, &TimelineView::rangeSelected, this, &MainWindow::on_range_selected);
-  connect(timeline_, &TimelineView::rangeCleared, this, [this] {
-    ++range_generation_;
-    range_metrics_.clear();
-    collectives_.set_collectives({});
-    range_note_->setText(tr("Shift-drag on the timeline to select a range."));
-  });
+  // The timeline and both compare panes fill the details and range panels, each with its trace.
+  for (TimelineView* v : {timeline_, compare_->view_a(), compare_->view_b()}) {
+    connect(v, &TimelineView::spanSelected, this,
+            [this, v](qint64 span) { on_span_selected(v, span); });
+    connect(v, &TimelineView::rangeSelected, this,
+            [this, v](qint64 t0, qint64 t1) { on_range_selected(v, t0, t1); });
+    connect(v, &TimelineView::rangeCleared, this, [this] {
+      ++range_generation_;
+      range_metrics_.clear();
+      collectives_.set_collectives({});
+      range_note_->setText(tr("Shift-drag on the timeline to select a range."));
+    });
+  }
   connect(&lanes_, &LaneTreeModel::visibilityChanged, this,
           [this] { timeline_->set_hidden_lanes(lanes_.hidden_lanes()); });
 
@@ -210,6 +215,8 @@ void MainWindow::build_menus() {
   connect(group_combo_, &QComboBox::currentIndexChanged, this, [this](int i) {
     const auto by = static_cast<GroupBy>(group_combo_->itemData(i).toInt());
     timeline_->set_group_by(by);
+    compare_->view_a()->set_group_by(by);
+    compare_->view_b()->set_group_by(by);
     if (auto d = current_document()) lanes_.set_trace(timeline_->index(), d->trace.ranks, by);
     lanes_view_->expandToDepth(0);
   });
@@ -592,17 +599,16 @@ void MainWindow::show_tab(const QString& name) {
   }
 }
 
-void MainWindow::on_span_selected(qint64 span) {
-  auto d = current_document();
-  details_.set_span(d ? &d->trace : nullptr, span,
-                    timeline_->index() ? timeline_->index()->start_ns() : 0);
+void MainWindow::on_span_selected(TimelineView* src, qint64 span) {
+  auto d = src->document();
+  details_.set_span(d ? &d->trace : nullptr, span, src->index() ? src->index()->start_ns() : 0);
   details_view_->resizeColumnToContents(0);
 }
 
 void MainWindow::select_range(int64_t t0_ns, int64_t t1_ns) { timeline_->set_range(t0_ns, t1_ns); }
 
-void MainWindow::on_range_selected(qint64 t0, qint64 t1) {
-  auto d = current_document();
+void MainWindow::on_range_selected(TimelineView* src, qint64 t0, qint64 t1) {
+  auto d = src->document();
   if (!d) return;
   const uint64_t gen = ++range_generation_;
   range_note_->setText(tr("Computing..."));

@@ -100,8 +100,9 @@ class MainWindow : public QMainWindow {
   void rebuild_recent_menu();
   void start_metrics(const std::shared_ptr<TraceDocument>& doc);
   void refresh_compare_and_charts();
-  void on_span_selected(qint64 span);
-  void on_range_selected(qint64 t0, qint64 t1);
+  // A span or range selected in `src` (the timeline or a compare pane), of src's trace.
+  void on_span_selected(TimelineView* src, qint64 span);
+  void on_range_selected(TimelineView* src, qint64 t0, qint64 t1);
   void update_status();
   // Where the navigation keys go: the focused timeline, else the current tab's (none on Charts).
   TimelineView* key_target() const;
