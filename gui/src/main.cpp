@@ -1,5 +1,5 @@
 // orrery-gui: the desktop application. `orrery-gui [TRACE...]` opens traces (the first in the
-// timeline, the first two in the compare view); `--screenshot FILE.png [--size WxH]` renders the
+// timeline and as A in the compare view, the second as B); `--screenshot FILE.png [--size WxH]` renders the
 // window as a user first sees it and exits (for documentation, bug reports and tests).
 #include <QApplication>
 #include <QCommandLineParser>
@@ -47,17 +47,26 @@ int main(int argc, char** argv) {
   QCoreApplication::setApplicationVersion("0.1.0");
 
   QCommandLineParser cli;
-  cli.setApplicationDescription("Orrery: timelines of real and simulated training runs, metrics and charts.");
+  cli.setApplicationDescription(
+      "Orrery: timelines of real and simulated training runs, metrics and charts.");
   cli.addHelpOption();
   cli.addVersionOption();
-  cli.addPositionalArgument("TRACE", "Trace files (.db) to open; a .csv from `orrery sweep --csv` opens as scaling curves.",
-                            "[TRACE...]");
-  QCommandLineOption shot(QString("screenshot"), "Render the window to FILE.png and exit.", "FILE.png");
-  QCommandLineOption size(QString("size"), "Window size for --screenshot (default 1600x1000).", "WxH", "1600x1000");
-  QCommandLineOption tab(QString("tab"), "Tab to show: timeline, compare or charts.", "NAME", "timeline");
-  QCommandLineOption select(QString("select"),
-                            "Select the first span whose name contains TEXT, at or after the start of the view.", "TEXT");
-  QCommandLineOption range(QString("range"), "Select the range T0:T1 (ns from the trace start) and show its metrics.", "T0:T1");
+  cli.addPositionalArgument(
+      "TRACE",
+      "Trace files (.db) to open; a .csv from `orrery sweep --csv` opens as scaling curves.",
+      "[TRACE...]");
+  QCommandLineOption shot(QString("screenshot"), "Render the window to FILE.png and exit.",
+                          "FILE.png");
+  QCommandLineOption size(QString("size"), "Window size for --screenshot (default 1600x1000).",
+                          "WxH", "1600x1000");
+  QCommandLineOption tab(QString("tab"), "Tab to show: timeline, compare or charts.", "NAME",
+                         "timeline");
+  QCommandLineOption select(
+      QString("select"),
+      "Select the first span whose name contains TEXT, at or after the start of the view.", "TEXT");
+  QCommandLineOption range(QString("range"),
+                           "Select the range T0:T1 (ns from the trace start) and show its metrics.",
+                           "T0:T1");
   QCommandLineOption zoom(QString("zoom"), "Show T0:T1 (ns from the trace start).", "T0:T1");
   QCommandLineOption group(QString("group"), "Group lanes by rank, dp, tp or pp.", "BY", "rank");
   cli.addOptions({shot, size, tab, select, range, zoom, group});
@@ -67,6 +76,13 @@ int main(int argc, char** argv) {
   qlonglong w = 1600, h = 1000;
   if (!parse_pair(cli.value(size), 'x', w, h) || w < 200 || h < 150 || w > 10000 || h > 10000) {
     return fail("--size: expected WxH such as 1600x1000, got '" + cli.value(size) + "'", 2);
+  }
+  const QStringList groups{"rank", "dp", "tp", "pp"}, tabs{"timeline", "compare", "charts"};
+  if (!groups.contains(cli.value(group))) {
+    return fail("--group: expected rank, dp, tp or pp, got '" + cli.value(group) + "'", 2);
+  }
+  if (!tabs.contains(cli.value(tab))) {
+    return fail("--tab: expected timeline, compare or charts, got '" + cli.value(tab) + "'", 2);
   }
   qlonglong r0 = 0, r1 = 0, z0 = 0, z1 = 0;
   if (cli.isSet(range) && !parse_offsets(cli.value(range), r0, r1)) {
@@ -83,10 +99,16 @@ int main(int argc, char** argv) {
   orrery::gui::MainWindow win;
   win.resize(static_cast<int>(w), static_cast<int>(h));
   const QStringList files = cli.positionalArguments();
+  QString first_trace;
+  for (const QString& f : files) {
+    if (!f.endsWith(".csv", Qt::CaseInsensitive)) {
+      first_trace = f;
+      break;
+    }
+  }
   auto apply_view_options = [&] {
-    const QString by = cli.value(group);
-    const int gi = by == "dp" ? 1 : by == "tp" ? 2 : by == "pp" ? 3 : 0;
-    win.set_group_by(static_cast<orrery::gui::GroupBy>(gi));
+    // GroupBy's values are the positions in `groups` (Rank, DP, TP, PP).
+    win.set_group_by(static_cast<orrery::gui::GroupBy>(groups.indexOf(cli.value(group))));
     auto doc = win.current_document();
     const int64_t zero = doc ? doc->index.start_ns() : 0;
     if (cli.isSet(zoom)) win.timeline()->zoom_to(zero + z0, zero + z1);
@@ -106,6 +128,8 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       return fail(QString::fromUtf8(e.what()), 1);
     }
+    // Each trace opened is shown in turn; the first one named is the one to show.
+    if (win.document_count() > 0) win.show_document(first_trace);
     win.show();
     QCoreApplication::processEvents();
     win.wait_for_metrics();
@@ -118,12 +142,20 @@ int main(int argc, char** argv) {
   }
 
   win.show();
+  // Once every file named is loaded (or failed), show the first trace named and apply the options;
+  // files opened later from the menu do not count.
+  int pending = static_cast<int>(files.size());
   if (!files.isEmpty()) {
+    auto one_done = [&] {
+      if (pending <= 0 || --pending > 0) return;
+      if (win.document_count() > 0) win.show_document(first_trace);
+      if (cli.isSet(zoom) || cli.isSet(range) || cli.isSet(select) || cli.isSet(tab) ||
+          cli.isSet(group))
+        apply_view_options();
+    };
+    QObject::connect(&win, &orrery::gui::MainWindow::documentLoaded, &win, one_done);
+    QObject::connect(&win, &orrery::gui::MainWindow::loadFailed, &win, one_done);
     win.open_files(files);
-    if (cli.isSet(zoom) || cli.isSet(range) || cli.isSet(select) || cli.isSet(tab) || cli.isSet(group)) {
-      QObject::connect(&win, &orrery::gui::MainWindow::documentLoaded, &win, [&] { apply_view_options(); },
-                       Qt::SingleShotConnection);
-    }
   }
   return app.exec();
 }

@@ -4,22 +4,34 @@
 #include <gtest/gtest.h>
 
 #include <QApplication>
+#include <QComboBox>
+#include <QDir>
+#include <QDockWidget>
 #include <QDropEvent>
 #include <QElapsedTimer>
 #include <QFile>
 #include <QFileInfo>
 #include <QImage>
+#include <QLabel>
+#include <QLineEdit>
+#include <QMenu>
+#include <QMenuBar>
 #include <QMessageBox>
 #include <QMimeData>
 #include <QProcess>
+#include <QScreen>
 #include <QScrollBar>
 #include <QSettings>
+#include <QSpinBox>
+#include <QStatusBar>
 #include <QTest>
 #include <QUrl>
 #include <QWheelEvent>
 #include <cmath>
 #include <functional>
 
+#include "orrery/common/format.hpp"
+#include "orrery/gui/palette.hpp"
 #include "orrery/gui/widgets/charts_view.hpp"
 #include "orrery/gui/widgets/compare_view.hpp"
 #include "orrery/gui/widgets/main_window.hpp"
@@ -64,15 +76,15 @@ QString write_synth(const QString& name, const traces::SynthOptions& o, int64_t 
   return path;
 }
 
-void send_mouse(QWidget* w, QEvent::Type type, QPoint pos, Qt::MouseButton button, Qt::MouseButtons buttons,
-                Qt::KeyboardModifiers mods = Qt::NoModifier) {
+void send_mouse(QWidget* w, QEvent::Type type, QPoint pos, Qt::MouseButton button,
+                Qt::MouseButtons buttons, Qt::KeyboardModifiers mods = Qt::NoModifier) {
   QMouseEvent e(type, QPointF(pos), QPointF(w->mapToGlobal(pos)), button, buttons, mods);
   QApplication::sendEvent(w, &e);
 }
 
 void send_wheel(QWidget* w, QPoint pos, int delta_y) {
-  QWheelEvent e(QPointF(pos), QPointF(w->mapToGlobal(pos)), QPoint(), QPoint(0, delta_y), Qt::NoButton,
-                Qt::NoModifier, Qt::NoScrollPhase, false);
+  QWheelEvent e(QPointF(pos), QPointF(w->mapToGlobal(pos)), QPoint(), QPoint(0, delta_y),
+                Qt::NoButton, Qt::NoModifier, Qt::NoScrollPhase, false);
   QApplication::sendEvent(w, &e);
 }
 
@@ -93,7 +105,8 @@ class GuiApp : public ::testing::Test {
     int metrics = 0;
     auto c = QObject::connect(win_.get(), &MainWindow::metricsReady, [&] { ++metrics; });
     win_->open_files({path});
-    ASSERT_TRUE(wait_for([&] { return win_->document_count() > before && metrics > 0; })) << path.toStdString();
+    ASSERT_TRUE(wait_for([&] { return win_->document_count() > before && metrics > 0; }))
+        << path.toStdString();
     QObject::disconnect(c);
     QTest::qWait(20);
   }
@@ -135,7 +148,8 @@ TEST_F(GuiApp, OpensZoomsPansSelectsAndSavesAScreenshot) {
   EXPECT_NEAR(tl->mapping().ns_per_px, npp1, npp1 * 1e-9);
   const int64_t start0 = tl->visible_start_ns();
   QTest::keyClick(tl, Qt::Key_D);
-  EXPECT_NEAR(static_cast<double>(tl->visible_start_ns() - start0), tl->track_width() / 8.0 * npp1, 2.0);
+  EXPECT_NEAR(static_cast<double>(tl->visible_start_ns() - start0), tl->track_width() / 8.0 * npp1,
+              2.0);
   QTest::keyClick(tl, Qt::Key_A);
   EXPECT_NEAR(static_cast<double>(tl->visible_start_ns()), static_cast<double>(start0), 2.0);
 
@@ -145,7 +159,8 @@ TEST_F(GuiApp, OpensZoomsPansSelectsAndSavesAScreenshot) {
   send_mouse(vp, QEvent::MouseMove, QPoint(x + 50, 300), Qt::NoButton, Qt::LeftButton);
   send_mouse(vp, QEvent::MouseMove, QPoint(x + 100, 300), Qt::NoButton, Qt::LeftButton);
   send_mouse(vp, QEvent::MouseButtonRelease, QPoint(x + 100, 300), Qt::LeftButton, Qt::NoButton);
-  EXPECT_NEAR(static_cast<double>(before_drag - tl->visible_start_ns()), 100 * tl->mapping().ns_per_px, 2.0);
+  EXPECT_NEAR(static_cast<double>(before_drag - tl->visible_start_ns()),
+              100 * tl->mapping().ns_per_px, 2.0);
   EXPECT_EQ(tl->selected_span(), -1);  // a drag does not select
 
   // Zoom onto rank 1's backward of layer 2 in step 1 and click it.
@@ -153,7 +168,8 @@ TEST_F(GuiApp, OpensZoomsPansSelectsAndSavesAScreenshot) {
   int64_t target = -1;
   for (size_t i = 0; i < tr.spans.size(); ++i) {
     const auto& s = tr.spans[i];
-    if (s.rank == 1 && s.step == 1 && tr.name_of(s) == "layers.2.backward") target = static_cast<int64_t>(i);
+    if (s.rank == 1 && s.step == 1 && tr.name_of(s) == "layers.2.backward")
+      target = static_cast<int64_t>(i);
   }
   ASSERT_GE(target, 0);
   const auto& ts = tr.spans[static_cast<size_t>(target)];
@@ -162,7 +178,8 @@ TEST_F(GuiApp, OpensZoomsPansSelectsAndSavesAScreenshot) {
   ASSERT_GE(p.x(), 0);
   EXPECT_EQ(tl->span_at_point(p), target);
   int hovered = -2;
-  auto hc = QObject::connect(tl, &TimelineView::spanHovered, [&](qint64 s) { hovered = static_cast<int>(s); });
+  auto hc = QObject::connect(tl, &TimelineView::spanHovered,
+                             [&](qint64 s) { hovered = static_cast<int>(s); });
   send_mouse(vp, QEvent::MouseMove, p, Qt::NoButton, Qt::NoButton);
   EXPECT_EQ(hovered, target);
   QObject::disconnect(hc);
@@ -187,17 +204,289 @@ TEST_F(GuiApp, OpensZoomsPansSelectsAndSavesAScreenshot) {
   EXPECT_EQ(win_->details_model()->rowCount(), 0);
 }
 
+// W/S/A/D, F and 0 work without a click on the timeline, wherever the focus is except in a text
+// field; after a search (Enter in the box) the focus is back on the timeline, so the keys navigate
+// instead of changing the query.
+TEST_F(GuiApp, NavigationKeysWorkWithoutAClickAndAfterASearch) {
+  open(write_synth("e2e_keys.db", small_opts()));
+  ASSERT_TRUE(QTest::qWaitForWindowActive(win_.get()));
+  TimelineView* tl = win_->timeline();
+  // Keys as the keyboard sends them: to the focus widget, or to the window when there is none.
+  auto press = [&](Qt::Key k, Qt::KeyboardModifiers mods = Qt::NoModifier) {
+    QWidget* f = QApplication::focusWidget();
+    QTest::keyClick(f ? f : win_.get(), k, mods);
+  };
+  auto check_keys = [&](const char* where) {
+    SCOPED_TRACE(where);
+    tl->fit_all();
+    const double npp = tl->mapping().ns_per_px;
+    press(Qt::Key_W);
+    EXPECT_NEAR(tl->mapping().ns_per_px, npp / 1.25, npp * 1e-9);
+    press(Qt::Key_S);
+    EXPECT_NEAR(tl->mapping().ns_per_px, npp, npp * 1e-9);
+    const int64_t start = tl->visible_start_ns();
+    press(Qt::Key_D);
+    EXPECT_NEAR(static_cast<double>(tl->visible_start_ns() - start), tl->track_width() / 8.0 * npp,
+                2.0);
+    press(Qt::Key_A);
+    EXPECT_NEAR(static_cast<double>(tl->visible_start_ns()), static_cast<double>(start), 2.0);
+    press(Qt::Key_W);
+    press(Qt::Key_0);
+    EXPECT_NEAR(tl->mapping().ns_per_px, npp, npp * 1e-9);
+  };
+  // As the window is after opening a trace, no click anywhere.
+  check_keys("after open");
+  // With the focus on a toolbar control (the trace selector), as after choosing a trace there.
+  auto* combo = win_->findChild<QComboBox*>();
+  ASSERT_TRUE(combo);
+  combo->setFocus();
+  ASSERT_EQ(QApplication::focusWidget(), combo);
+  check_keys("focus on the trace selector");
+
+  // Ctrl+F, type a query, Enter: the first match is selected and the focus is the timeline's.
+  press(Qt::Key_F, Qt::ControlModifier);
+  auto* edit = qobject_cast<QLineEdit*>(QApplication::focusWidget());
+  ASSERT_TRUE(edit);
+  // In the box, the letters are text, not navigation.
+  const double npp = tl->mapping().ns_per_px;
+  QTest::keyClicks(edit, "wasd");
+  EXPECT_EQ(edit->text(), "wasd");
+  EXPECT_EQ(tl->mapping().ns_per_px, npp);
+  edit->clear();
+  QTest::keyClicks(edit, "optimizer");
+  press(Qt::Key_Return);
+  ASSERT_GE(tl->selected_span(), 0);
+  EXPECT_EQ(win_->details_model()->value("Name"), "optimizer");
+  EXPECT_EQ(QApplication::focusWidget(), tl);
+  const double npp_found = tl->mapping().ns_per_px;
+  press(Qt::Key_W);
+  EXPECT_NEAR(tl->mapping().ns_per_px, npp_found / 1.25, npp_found * 1e-9);
+  EXPECT_EQ(edit->text(), "optimizer");  // the query is unchanged
+  press(Qt::Key_F);  // zooms to the match: it fills the track less 5 % each side
+  const auto& s = tl->document()->trace.spans[static_cast<size_t>(tl->selected_span())];
+  EXPECT_NEAR(tl->mapping().ns_per_px, s.duration_ns() * 1.1 / tl->track_width(), 1.0);
+}
+
+// File > Open of a second trace shows it (timeline, title, status, trace box); the same file again
+// gives no second entry and shows it; the box tells files of one name apart by their folders;
+// File > Close closes the shown trace.
+TEST_F(GuiApp, OpenShowsTheNewTraceOnceAndCloseClosesIt) {
+  QDir(kDir).mkpath("run1");
+  QDir(kDir).mkpath("run2");
+  auto o2 = small_opts();
+  o2.ranks = 2;
+  const QString p1 = write_synth("run1/trace.db", small_opts());
+  const QString p2 = write_synth("run2/trace.db", o2);
+  QComboBox* box = nullptr;
+  for (auto* c : win_->findChildren<QComboBox*>()) {
+    if (c->toolTip() == "The trace shown in the timeline") box = c;
+  }
+  ASSERT_TRUE(box);
+  auto status = [&] {
+    for (auto* l : win_->statusBar()->findChildren<QLabel*>()) {
+      if (l->text().contains("spans") || l->text().contains("No trace")) return l->text();
+    }
+    return QString();
+  };
+  TimelineView* tl = win_->timeline();
+  open(p1);
+  open(p2);
+  ASSERT_EQ(win_->document_count(), 2);
+  EXPECT_EQ(QString::fromStdString(tl->document()->path), p2);
+  EXPECT_EQ(tl->document()->trace.meta.world_size, 2);
+  EXPECT_EQ(win_->windowTitle(), "Orrery - run2/trace.db");
+  EXPECT_TRUE(status().startsWith(p2 + " ")) << status().toStdString();
+  ASSERT_EQ(box->count(), 2);
+  EXPECT_EQ(box->itemText(0), "run1/trace.db");
+  EXPECT_EQ(box->itemText(1), "run2/trace.db");
+  EXPECT_EQ(box->currentIndex(), 1);
+
+  // The first file again: no new entry, and it is shown.
+  int loaded = 0;
+  auto c = QObject::connect(win_.get(), &MainWindow::documentLoaded, [&] { ++loaded; });
+  win_->open_files({p1});
+  ASSERT_TRUE(wait_for([&] { return loaded > 0 && win_->document_count() >= 2; }));
+  QTest::qWait(20);
+  QObject::disconnect(c);
+  EXPECT_EQ(win_->document_count(), 2);
+  EXPECT_EQ(box->count(), 2);
+  EXPECT_EQ(QString::fromStdString(tl->document()->path), p1);
+  EXPECT_EQ(box->currentIndex(), 0);
+  EXPECT_EQ(win_->windowTitle(), "Orrery - run1/trace.db");
+
+  // File > Close: run1 goes, run2 is shown, named by its file name alone now.
+  QAction* close = nullptr;
+  for (auto* a : win_->findChildren<QAction*>()) {
+    if (a->text() == "&Close") close = a;
+  }
+  ASSERT_TRUE(close);
+  close->trigger();
+  EXPECT_EQ(win_->document_count(), 1);
+  ASSERT_TRUE(tl->document());
+  EXPECT_EQ(QString::fromStdString(tl->document()->path), p2);
+  EXPECT_EQ(box->count(), 1);
+  EXPECT_EQ(box->itemText(0), "trace.db");
+  EXPECT_EQ(win_->windowTitle(), "Orrery - trace.db");
+  close->trigger();
+  EXPECT_EQ(win_->document_count(), 0);
+  EXPECT_FALSE(tl->document());
+  EXPECT_EQ(box->count(), 0);
+  EXPECT_EQ(win_->windowTitle(), "Orrery");
+  EXPECT_EQ(status(), "No trace open");
+  EXPECT_EQ(win_->compare()->view_a()->document(), nullptr);
+}
+
+// Zoom and pan stay on the trace: zoomed out at most to the fit-all view, and at most a quarter of
+// the view past either end, by keys, the wheel, a drag, and a jump to a match at the trace start.
+TEST_F(GuiApp, PanAndZoomStayOnTheTrace) {
+  open(write_synth("e2e_bounds.db", small_opts()));
+  TimelineView* tl = win_->timeline();
+  QWidget* vp = tl->viewport();
+  const int64_t lo = tl->index()->start_ns(), hi = tl->index()->end_ns();
+  tl->fit_all();
+  const double fit_npp = tl->mapping().ns_per_px;
+  auto view_ns = [&] { return tl->mapping().ns_per_px * tl->track_width(); };
+  auto within = [&](const char* what) {
+    SCOPED_TRACE(what);
+    EXPECT_LE(tl->mapping().ns_per_px, fit_npp * (1 + 1e-12));
+    EXPECT_GE(static_cast<double>(tl->visible_start_ns()), lo - view_ns() / 4 - 1);
+    EXPECT_LE(static_cast<double>(tl->visible_end_ns()), hi + view_ns() / 4 + 1);
+  };
+  for (int i = 0; i < 20; ++i) QTest::keyClick(tl, Qt::Key_S);
+  EXPECT_DOUBLE_EQ(tl->mapping().ns_per_px, fit_npp);
+  within("S x20");
+  send_wheel(vp, QPoint(TimelineView::kLabelWidth + 10, 200), -2400);
+  within("wheel out");
+  for (int i = 0; i < 30; ++i) QTest::keyClick(tl, Qt::Key_A);
+  within("A x30");
+  EXPECT_NEAR(static_cast<double>(tl->visible_start_ns()), lo - view_ns() / 4, 2.0);
+  for (int i = 0; i < 10; ++i) QTest::keyClick(tl, Qt::Key_W);
+  for (int i = 0; i < 200; ++i) QTest::keyClick(tl, Qt::Key_D);
+  within("W x10, D x200");
+  EXPECT_NEAR(static_cast<double>(tl->visible_end_ns()), hi + view_ns() / 4, 2.0);
+  // A drag far to the left (later times) stops at the end too.
+  const QPoint at(TimelineView::kLabelWidth + tl->track_width() - 10, 300);
+  send_mouse(vp, QEvent::MouseButtonPress, at, Qt::LeftButton, Qt::LeftButton);
+  send_mouse(vp, QEvent::MouseMove, at - QPoint(tl->track_width() - 20, 0), Qt::NoButton,
+             Qt::LeftButton);
+  send_mouse(vp, QEvent::MouseButtonRelease, at - QPoint(tl->track_width() - 20, 0), Qt::LeftButton,
+             Qt::NoButton);
+  within("drag");
+  // Deep in, at the end: jump to the trace's first span (a search match would do the same).
+  for (int i = 0; i < 30; ++i) QTest::keyClick(tl, Qt::Key_W);
+  const auto& spans = tl->document()->trace.spans;
+  size_t first = 0;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (spans[i].start_ns < spans[first].start_ns) first = i;
+  }
+  ASSERT_EQ(spans[first].start_ns, lo);
+  tl->select_span(static_cast<int64_t>(first), true);
+  within("jump to the first span");
+  EXPECT_GE(tl->point_of_span(static_cast<int64_t>(first)).x(), 0);  // still shown
+  // --zoom past the trace shows the bounded view.
+  tl->zoom_to(lo - 100 * (hi - lo), hi + 100 * (hi - lo));
+  within("zoom_to far past the ends");
+}
+
+// The window fits the screen by default; a closed panel comes back from View > Panels.
+TEST_F(GuiApp, DefaultSizeFitsTheScreenAndClosedDocksComeBack) {
+  MainWindow fresh;
+  const QRect avail = fresh.screen()->availableGeometry();
+  EXPECT_LE(fresh.width(), avail.width());
+  EXPECT_LE(fresh.height(), avail.height());
+
+  QMenu* view = nullptr;
+  for (QAction* a : win_->menuBar()->actions()) {
+    if (a->text() == "&View") view = a->menu();
+  }
+  ASSERT_TRUE(view);
+  std::vector<QAction*> actions;
+  std::function<void(QMenu*)> collect = [&](QMenu* m) {
+    for (QAction* a : m->actions()) {
+      actions.push_back(a);
+      if (a->menu()) collect(a->menu());
+    }
+  };
+  collect(view);
+  const auto docks = win_->findChildren<QDockWidget*>();
+  ASSERT_EQ(docks.size(), 2);
+  for (QDockWidget* dock : docks) {
+    SCOPED_TRACE(dock->windowTitle().toStdString());
+    QAction* toggle = nullptr;
+    for (QAction* a : actions) {
+      if (a->text() == dock->windowTitle()) toggle = a;
+    }
+    ASSERT_TRUE(toggle);
+    ASSERT_TRUE(dock->isVisible());
+    dock->close();
+    EXPECT_FALSE(dock->isVisible());
+    EXPECT_FALSE(toggle->isChecked());
+    toggle->trigger();
+    EXPECT_TRUE(dock->isVisible());
+  }
+}
+
+// The smaller ones: the search label is cleared with the query; a switched-off kind's swatch is an
+// empty box, not its colour; the empty timeline says a trace is loading rather than "Open a trace".
+TEST_F(GuiApp, SearchLabelKindSwatchAndLoadingMessage) {
+  const QString path = write_synth("e2e_small.db", small_opts());
+  EXPECT_TRUE(win_->timeline()->empty_message().startsWith("Open a trace"));
+  int metrics = 0;
+  auto c = QObject::connect(win_.get(), &MainWindow::metricsReady, [&] { ++metrics; });
+  win_->open_files({path});
+  // Until the worker's result is delivered (events processed), the trace is loading.
+  EXPECT_EQ(win_->timeline()->empty_message(), "Loading the trace...");
+  ASSERT_TRUE(wait_for([&] { return win_->document_count() == 1 && metrics > 0; }));
+  QObject::disconnect(c);
+
+  auto labels_saying = [&](const QString& text) {
+    int n = 0;
+    for (auto* l : win_->findChildren<QLabel*>()) n += l->text() == text;
+    return n;
+  };
+  win_->search("no_such_span_name");
+  EXPECT_EQ(labels_saying("no match"), 1);
+  QLineEdit* edit = nullptr;
+  for (auto* e : win_->findChildren<QLineEdit*>()) {
+    if (e->placeholderText() == "Search spans by name") edit = e;
+  }
+  ASSERT_TRUE(edit);
+  edit->clear();  // as its clear button does
+  EXPECT_EQ(labels_saying("no match"), 0);
+  EXPECT_EQ(win_->span_search().size(), 0u);
+
+  QAction* phase = nullptr;
+  for (auto* a : win_->findChildren<QAction*>()) {
+    if (a->isCheckable() && a->text() == "phase") phase = a;
+  }
+  ASSERT_TRUE(phase);
+  auto swatch_centre = [&] {
+    const QIcon::State st = phase->isChecked() ? QIcon::On : QIcon::Off;
+    return phase->icon().pixmap(QSize(14, 14), 1.0, QIcon::Normal, st).toImage().pixelColor(7, 7);
+  };
+  EXPECT_EQ(swatch_centre(), palette::kind_color(traces::SpanKind::Phase));
+  win_->set_kind_visible(traces::SpanKind::Phase, false);
+  EXPECT_FALSE(phase->isChecked());
+  EXPECT_EQ(swatch_centre().alpha(), 0);  // an empty box
+  win_->set_kind_visible(traces::SpanKind::Phase, true);
+  EXPECT_EQ(swatch_centre(), palette::kind_color(traces::SpanKind::Phase));
+}
+
 TEST_F(GuiApp, RangeSelectionShowsTheLibraryMetrics) {
   const auto o = small_opts();
   open(write_synth("e2e_range.db", o));
   TimelineView* tl = win_->timeline();
   QWidget* vp = tl->viewport();
-  const int x0 = TimelineView::kLabelWidth + 50, x1 = TimelineView::kLabelWidth + tl->track_width() - 50;
+  const int x0 = TimelineView::kLabelWidth + 50,
+            x1 = TimelineView::kLabelWidth + tl->track_width() - 50;
   int ready = 0;
   auto c = QObject::connect(win_.get(), &MainWindow::rangeMetricsReady, [&] { ++ready; });
-  send_mouse(vp, QEvent::MouseButtonPress, QPoint(x0, 200), Qt::LeftButton, Qt::LeftButton, Qt::ShiftModifier);
-  send_mouse(vp, QEvent::MouseMove, QPoint(x1, 220), Qt::NoButton, Qt::LeftButton, Qt::ShiftModifier);
-  send_mouse(vp, QEvent::MouseButtonRelease, QPoint(x1, 220), Qt::LeftButton, Qt::NoButton, Qt::ShiftModifier);
+  send_mouse(vp, QEvent::MouseButtonPress, QPoint(x0, 200), Qt::LeftButton, Qt::LeftButton,
+             Qt::ShiftModifier);
+  send_mouse(vp, QEvent::MouseMove, QPoint(x1, 220), Qt::NoButton, Qt::LeftButton,
+             Qt::ShiftModifier);
+  send_mouse(vp, QEvent::MouseButtonRelease, QPoint(x1, 220), Qt::LeftButton, Qt::NoButton,
+             Qt::ShiftModifier);
   ASSERT_TRUE(tl->has_range());
   const auto [t0, t1] = tl->range();
   EXPECT_EQ(t0, tl->mapping().t_floor(50));
@@ -250,9 +539,11 @@ TEST_F(GuiApp, SearchFilterCollapseAndGroup) {
   // A click on rank 1's header collapses its three lanes.
   const auto& rows = tl->lane_layout().rows();
   size_t hdr = 0;
-  while (hdr < rows.size() && !(rows[hdr].kind == LayoutRow::Kind::Rank && rows[hdr].rank == 1)) ++hdr;
+  while (hdr < rows.size() && !(rows[hdr].kind == LayoutRow::Kind::Rank && rows[hdr].rank == 1))
+    ++hdr;
   ASSERT_LT(hdr, rows.size());
-  const int y = static_cast<int>(TimelineView::kAxisHeight - tl->verticalScrollBar()->value() + rows[hdr].y + 5);
+  const int y = static_cast<int>(TimelineView::kAxisHeight - tl->verticalScrollBar()->value() +
+                                 rows[hdr].y + 5);
   QTest::mouseClick(tl->viewport(), Qt::LeftButton, Qt::NoModifier, QPoint(30, y));
   EXPECT_EQ(tl->lane_layout().rows().size(), size_t(o.ranks * 4 - 3));
 
@@ -274,18 +565,23 @@ TEST_F(GuiApp, SweepCsvShowsScalingCurves) {
   {
     QFile f(csv);
     ASSERT_TRUE(f.open(QIODevice::WriteOnly));
-    f.write("gpus,dp,tp,pp,zero,micro_batch,step_time_s,tokens_per_s,tflops_per_gpu,mfu,efficiency,"
-            "peak_memory_bytes,fits,note\n"
-            "8,8,1,1,0,4,0.5,65536,300,0.3,1,1e10,true,\"\"\n"
-            "64,16,4,1,1,4,0.55,476626,280,0.28,0.909,1e10,true,\"\"\n"
-            "512,128,4,1,1,4,0.6,3495253,260,0.26,0.833,1e10,true,\"\"\n");
+    f.write(
+        "gpus,dp,tp,pp,zero,micro_batch,step_time_s,tokens_per_s,tflops_per_gpu,mfu,efficiency,"
+        "peak_memory_bytes,fits,note\n"
+        "8,8,1,1,0,4,0.5,65536,300,0.3,1,1e10,true,\"\"\n"
+        "64,16,4,1,1,4,0.55,476626,280,0.28,0.909,1e10,true,\"\"\n"
+        "512,128,4,1,1,4,0.6,3495253,260,0.26,0.833,1e10,true,\"\"\n"
+        "1024,,,,,,,,,,,,false,\"no layout fits in memory\"\n");
   }
   QString loaded;
-  auto c = QObject::connect(win_.get(), &MainWindow::documentLoaded, [&](const QString& p) { loaded = p; });
+  auto c = QObject::connect(win_.get(), &MainWindow::documentLoaded,
+                            [&](const QString& p) { loaded = p; });
   win_->open_files({csv});
   ASSERT_TRUE(wait_for([&] { return !loaded.isEmpty(); }));
   QObject::disconnect(c);
   EXPECT_EQ(win_->charts()->scaling_points(), 3);
+  // The row the sweep could not place is named, not dropped.
+  EXPECT_EQ(win_->charts()->scaling_note(), "Not placed: 1024 GPUs (no layout fits in memory)");
   EXPECT_EQ(win_->document_count(), 0);  // a sweep is not a trace
 }
 
@@ -299,19 +595,74 @@ TEST_F(GuiApp, CompareAlignsByStepAndChartsShowTheBreakdown) {
   ASSERT_TRUE(wait_for([&] { return win_->compare()->diff_model()->rowCount() == oa.steps; }));
   const auto* dm = win_->compare()->diff_model();
   for (int r = 0; r < dm->rowCount(); ++r) {
-    EXPECT_EQ(dm->index(r, StepDiffModel::kDiff).data(Qt::UserRole).toLongLong(), tb.step_ns - ta.step_ns);
+    EXPECT_EQ(dm->index(r, StepDiffModel::kDiff).data(Qt::UserRole).toLongLong(),
+              tb.step_ns - ta.step_ns);
   }
   // Aligned on the first step: B is drawn 5 ms earlier, and both views share the time axis.
   EXPECT_EQ(win_->compare()->view_b()->shift_ns(), -5'000'000);
   win_->show_tab("compare");
   QTest::qWait(20);
   win_->compare()->view_a()->zoom_by(2.0, 100);
-  EXPECT_DOUBLE_EQ(win_->compare()->view_b()->mapping().ns_per_px, win_->compare()->view_a()->mapping().ns_per_px);
-  EXPECT_EQ(win_->compare()->view_b()->mapping().origin_ns, win_->compare()->view_a()->mapping().origin_ns);
+  EXPECT_DOUBLE_EQ(win_->compare()->view_b()->mapping().ns_per_px,
+                   win_->compare()->view_a()->mapping().ns_per_px);
+  EXPECT_EQ(win_->compare()->view_b()->mapping().origin_ns,
+            win_->compare()->view_a()->mapping().origin_ns);
   ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_compare.png"));
 
-  // Charts: the mean per-step breakdown of each rank, in ms, from the metrics.
+  // The step box offers the steps both traces have; a step past them leaves the shift and says so.
+  auto* spin = win_->compare()->findChild<QSpinBox*>();
+  ASSERT_TRUE(spin);
+  EXPECT_EQ(spin->minimum(), 0);
+  EXPECT_EQ(spin->maximum(), oa.steps - 1);
+  win_->compare()->align_on_step(99);
+  EXPECT_EQ(win_->compare()->view_b()->shift_ns(), -5'000'000);
+  EXPECT_TRUE(
+      win_->compare()->align_note().startsWith("step 99 is not in both traces (steps 0 to 2"))
+      << win_->compare()->align_note().toStdString();
+  win_->compare()->align_on_step(1);
+  EXPECT_TRUE(win_->compare()->align_note().isEmpty());
+
+  // Compare follows the grouping.
+  win_->set_group_by(GroupBy::DP);
+  EXPECT_EQ(win_->compare()->view_a()->group_by(), GroupBy::DP);
+  EXPECT_EQ(win_->compare()->view_b()->lane_layout().rows().front().kind, LayoutRow::Kind::Group);
+  win_->set_group_by(GroupBy::Rank);
+
+  // A click on a span in a compare pane fills the details with that pane's trace; a shift-drag
+  // range there computes its metrics.
+  TimelineView* vb = win_->compare()->view_b();
+  const auto& trb = vb->document()->trace;
+  int64_t target = -1;
+  for (size_t i = 0; i < trb.spans.size(); ++i) {
+    const auto& s = trb.spans[i];
+    if (s.rank == 1 && s.step == 1 && trb.name_of(s) == "layers.2.backward")
+      target = static_cast<int64_t>(i);
+  }
+  ASSERT_GE(target, 0);
+  const auto& ts = trb.spans[static_cast<size_t>(target)];
+  vb->zoom_to(ts.start_ns - 1'000'000, ts.end_ns + 1'000'000);
+  QTest::qWait(20);
+  const QPoint at = vb->point_of_span(target);
+  ASSERT_GE(at.x(), 0);
+  QTest::mouseClick(vb->viewport(), Qt::LeftButton, Qt::NoModifier, at);
+  EXPECT_EQ(vb->selected_span(), target);
+  EXPECT_EQ(win_->details_model()->value("Name"), "layers.2.backward");
+  EXPECT_EQ(win_->details_model()->value("Duration"),
+            QString::fromStdString(orrery::format_duration_ns(2'500'000)));
+  int ready = 0;
+  auto rc = QObject::connect(win_.get(), &MainWindow::rangeMetricsReady, [&] { ++ready; });
+  vb->set_range(ts.start_ns, ts.end_ns);
+  ASSERT_TRUE(wait_for([&] { return ready > 0; }));
+  QObject::disconnect(rc);
+  EXPECT_GT(win_->range_model()->rowCount(), 0);
+
+  // Charts: the mean per-step breakdown of each rank, in ms, from the metrics, of the trace in the
+  // timeline: B, opened last, then A once it is chosen in the trace box.
   win_->show_tab("charts");
+  QTest::qWait(20);
+  for (double v : win_->charts()->breakdown_values("compute"))
+    EXPECT_NEAR(v, tb.compute_ns / 1e6, 1e-9);
+  win_->set_current_document(0);
   QTest::qWait(20);
   EXPECT_EQ(win_->charts()->breakdown_categories(), oa.ranks);
   const auto compute = win_->charts()->breakdown_values("compute");
@@ -330,7 +681,8 @@ TEST_F(GuiApp, BadFilesGiveADialogNotACrash) {
     f.write("this is not a trace, nor any SQLite database at all; just text.\n");
   }
   QString reason;
-  auto c = QObject::connect(win_.get(), &MainWindow::loadFailed, [&](const QString&, const QString& r) { reason = r; });
+  auto c = QObject::connect(win_.get(), &MainWindow::loadFailed,
+                            [&](const QString&, const QString& r) { reason = r; });
   win_->open_files({bad});
   ASSERT_TRUE(wait_for([&] { return !reason.isEmpty(); }));
   ASSERT_TRUE(win_->last_error());
@@ -357,10 +709,71 @@ TEST_F(GuiApp, BadFilesGiveADialogNotACrash) {
   ASSERT_TRUE(wait_for([&] { return win_->document_count() == 1; }));
 }
 
+// Zoomed out, a folded block is coloured by the kind that covers most of its time (not by its first
+// span's), shaded by its busy fraction, and its tooltip gives the count, busy fraction and kinds.
+// One lane: 100 groups of a 10 ns "data" span then a 70 ns compute span, 100 ns apart.
+TEST(GuiTimeline, FoldedBlockTakesTheKindThatCoversMostOfItsTime) {
+  traces::Trace t;
+  const auto load = t.strings.intern("load");
+  const auto matmul = t.strings.intern("matmul");
+  for (int g = 0; g < 100; ++g) {
+    traces::Span d;
+    d.kind = traces::SpanKind::Data;
+    d.name = load;
+    d.start_ns = 100 * g;
+    d.end_ns = 100 * g + 10;
+    traces::Span c = d;
+    c.kind = traces::SpanKind::Compute;
+    c.name = matmul;
+    c.start_ns = 100 * g + 10;
+    c.end_ns = 100 * g + 80;
+    t.spans.push_back(d);
+    t.spans.push_back(c);
+  }
+  t.sort_spans();
+  TimelineView tl;
+  tl.resize(TimelineView::kLabelWidth + 300 + tl.verticalScrollBar()->sizeHint().width(), 200);
+  tl.show();
+  ASSERT_TRUE(QTest::qWaitForWindowExposed(&tl));
+  tl.set_document(make_document(std::move(t), "fold.db"));
+  tl.fit_all();
+  ASSERT_LT(70.0 / tl.mapping().ns_per_px, TimelineView::kFoldPx);  // every span folds
+  // Rows: rank 0's header, then its lane; a point in the block, left of its "200 spans" label.
+  const auto& rows = tl.lane_layout().rows();
+  ASSERT_EQ(rows.size(), 2u);
+  const int y =
+      static_cast<int>(TimelineView::kAxisHeight + rows[1].y + LaneLayout::kRowHeight / 2);
+  const QPoint p(TimelineView::kLabelWidth + static_cast<int>(tl.mapping().x_of(1'000)), y);
+  const auto fold = tl.fold_at_point(p);
+  ASSERT_TRUE(fold.has_value());
+  EXPECT_EQ(fold->count, 200u);
+  EXPECT_EQ(fold->dominant, traces::SpanKind::Compute);
+  EXPECT_EQ(fold->busy_ns, 8'000);
+  EXPECT_DOUBLE_EQ(fold->busy_fraction(), 8'000.0 / 9'980.0);
+  EXPECT_EQ(tl.span_at_point(p), -1);
+
+  const QImage img = tl.viewport()->grab().toImage();
+  ASSERT_TRUE(img.save(kDir + "/gui_folded_block.png"));
+  const QColor want =
+      palette::folded_color(traces::SpanKind::Compute, 8'000.0 / 9'980.0, palette::kLaneEven);
+  EXPECT_EQ(img.pixelColor(p).name().toStdString(), want.name().toStdString());
+  EXPECT_NE(want.name(),
+            palette::folded_color(traces::SpanKind::Data, 1.0, palette::kLaneEven).name());
+
+  const QString tip = tl.tooltip_at(p);
+  EXPECT_TRUE(tip.contains("200 spans")) << tip.toStdString();
+  EXPECT_TRUE(tip.contains("80.2 %")) << tip.toStdString();  // 8000 / 9980 busy
+  // Kinds, largest first, as shares of the busy time.
+  EXPECT_TRUE(tip.contains("compute</b></td><td>7.00 us (87.5 %)")) << tip.toStdString();
+  EXPECT_TRUE(tip.contains("data</b></td><td>1.00 us (12.5 %)")) << tip.toStdString();
+  EXPECT_LT(tip.indexOf("compute"), tip.indexOf("data"));
+}
+
 TEST(GuiCli, ScreenshotModeRendersAndExits) {
   const QString trace = write_synth("cli_shot.db", small_opts());
   const QString png = kDir + "/cli_shot.png";
   QFile::remove(png);
+  QFile::remove(kDir + "/never.png");  // left by an earlier, failed run
   QProcess p;
   QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
   env.insert("QT_QPA_PLATFORM", "offscreen");
@@ -386,10 +799,9 @@ TEST(GuiCli, ScreenshotModeRendersAndExits) {
   // --range/--zoom offsets beyond +-1e17 ns are refused naming the option (any 64-bit value used
   // to overflow int64 in the view: a signed overflow under UBSan); at the bound the view still
   // renders, with no overflow.
-  for (const QStringList& args :
-       {QStringList{"--range", "0:9223372036854775807"},
-        QStringList{"--zoom", "-9223372036854775808:9223372036854775807"},
-        QStringList{"--zoom", "0:100000000000000001"}}) {
+  for (const QStringList& args : {QStringList{"--range", "0:9223372036854775807"},
+                                  QStringList{"--zoom", "-9223372036854775808:9223372036854775807"},
+                                  QStringList{"--zoom", "0:100000000000000001"}}) {
     QProcess far;
     far.setProcessEnvironment(env);
     far.start(ORRERY_GUI_BIN,
@@ -400,11 +812,27 @@ TEST(GuiCli, ScreenshotModeRendersAndExits) {
     EXPECT_TRUE(far_err.contains(args[0] + ": expected T0:T1")) << far_err.toStdString();
     EXPECT_FALSE(QFileInfo::exists(kDir + "/never.png"));
   }
+  // --group and --tab with an unknown value: exit 2 listing the choices.
+  for (const QStringList& args : {QStringList{"--group", "ranks"}, QStringList{"--tab", "flows"}}) {
+    QFile::remove(kDir + "/never.png");
+    QProcess unknown;
+    unknown.setProcessEnvironment(env);
+    unknown.start(ORRERY_GUI_BIN,
+                  QStringList{"--screenshot", kDir + "/never.png"} + args + QStringList{trace});
+    ASSERT_TRUE(unknown.waitForFinished(60000));
+    EXPECT_EQ(unknown.exitCode(), 2) << args.join(' ').toStdString();
+    const QString unknown_err = QString::fromLocal8Bit(unknown.readAllStandardError());
+    const QString want = args[0] == "--group"
+                             ? "--group: expected rank, dp, tp or pp, got 'ranks'"
+                             : "--tab: expected timeline, compare or charts, got 'flows'";
+    EXPECT_TRUE(unknown_err.contains(want)) << unknown_err.toStdString();
+    EXPECT_FALSE(QFileInfo::exists(kDir + "/never.png"));
+  }
   QProcess edge;
   edge.setProcessEnvironment(env);
-  edge.start(ORRERY_GUI_BIN, {"--screenshot", png, "--size", "900x600", "--zoom",
-                              "-100000000000000000:100000000000000000", "--range",
-                              "0:100000000000000000", trace});
+  edge.start(ORRERY_GUI_BIN,
+             {"--screenshot", png, "--size", "900x600", "--zoom",
+              "-100000000000000000:100000000000000000", "--range", "0:100000000000000000", trace});
   ASSERT_TRUE(edge.waitForFinished(60000));
   EXPECT_EQ(edge.exitCode(), 0) << edge.readAllStandardError().toStdString();
 }

@@ -15,7 +15,8 @@ using orrery::traces::Trace;
 
 namespace {
 
-Span make_span(int32_t rank, int32_t stream, int64_t start, int64_t end, SpanKind k = SpanKind::Compute) {
+Span make_span(int32_t rank, int32_t stream, int64_t start, int64_t end,
+               SpanKind k = SpanKind::Compute) {
   Span s;
   s.rank = rank;
   s.stream = stream;
@@ -80,7 +81,8 @@ TEST(Folding, ClustersFoldIntoOneBlockEach) {
   // 10 clusters of 100 spans of 1 ns, 10 ns apart (a cluster is 0.1 px), clusters 100 px apart.
   std::vector<std::pair<int64_t, int64_t>> v;
   for (int c = 0; c < 10; ++c) {
-    for (int i = 0; i < 100; ++i) v.emplace_back(c * 1'000'000 + i * 10, c * 1'000'000 + i * 10 + 1);
+    for (int i = 0; i < 100; ++i)
+      v.emplace_back(c * 1'000'000 + i * 10, c * 1'000'000 + i * 10 + 1);
   }
   const auto items = fold(one_lane(v), 0, 10'000'000, 1000);
   ASSERT_EQ(items.size(), 10u);
@@ -126,7 +128,8 @@ TEST(Folding, CountsAddUpToTheVisibleSpansAtEveryZoom) {
   int64_t t = 0;
   for (int i = 0; i < 20000; ++i) {
     t += static_cast<int64_t>(rng() % 200);
-    const int64_t d = (rng() % 10 == 0) ? static_cast<int64_t>(rng() % 100000) : static_cast<int64_t>(rng() % 50);
+    const int64_t d =
+        (rng() % 10 == 0) ? static_cast<int64_t>(rng() % 100000) : static_cast<int64_t>(rng() % 50);
     v.emplace_back(t, t + d + 1);
     t += d + 1;
   }
@@ -148,8 +151,8 @@ TEST(Folding, CountsAddUpToTheVisibleSpansAtEveryZoom) {
 TEST(TraceIndex, NestedSpansGoOneRowDown) {
   Trace t;
   t.strings.intern("x");
-  t.spans = {make_span(0, 2, 0, 100, SpanKind::Phase), make_span(0, 2, 0, 40, SpanKind::Phase),
-             make_span(0, 2, 0, 10, SpanKind::Phase), make_span(0, 2, 40, 90, SpanKind::Phase),
+  t.spans = {make_span(0, 2, 0, 100, SpanKind::Phase),   make_span(0, 2, 0, 40, SpanKind::Phase),
+             make_span(0, 2, 0, 10, SpanKind::Phase),    make_span(0, 2, 40, 90, SpanKind::Phase),
              make_span(0, 2, 100, 200, SpanKind::Phase), make_span(1, 0, 5, 6)};
   t.sort_spans();
   TraceIndex idx(t);
@@ -194,8 +197,9 @@ TEST(TraceIndex, KindFilterAndSynthTrace) {
   EXPECT_EQ(all.span_count(), static_cast<size_t>(orrery::traces::synth_span_count(o)));
   EXPECT_EQ(all.lanes().size(), 6u);  // 2 ranks x (compute, comm, phases)
   TraceIndex no_phases(t, kAllKinds & ~kind_bit(SpanKind::Phase));
-  EXPECT_EQ(no_phases.span_count(), all.span_count() - 2u * 3u * 4u);  // step, forward, backward, optimizer
-  EXPECT_EQ(no_phases.lanes().size(), 6u);  // the phases lane stays, empty
+  EXPECT_EQ(no_phases.span_count(),
+            all.span_count() - 2u * 3u * 4u);  // step, forward, backward, optimizer
+  EXPECT_EQ(no_phases.lanes().size(), 6u);     // the phases lane stays, empty
   // Fit all: every span is counted once.
   TimeMapping m;
   m.fit(all.start_ns(), all.end_ns(), 1200);
@@ -260,4 +264,51 @@ TEST(LaneLayout, PositionsAndCollapse) {
   EXPECT_EQ(l.rows()[6].kind, LayoutRow::Kind::Group);
   EXPECT_TRUE(l.rows()[6].collapsed);
   EXPECT_EQ(l.rows()[2].lane, idx.lane_of(0, 1));
+  EXPECT_EQ(l.rows()[0].label, "dp[tp=0,pp=0]  (2 ranks)");
+
+  // A group of one rank says "1 rank".
+  const auto one =
+      group_ranks(idx, t.ranks, GroupBy::PP);  // pp groups share (dp, tp): one rank each
+  ASSERT_EQ(one.size(), 4u);
+  LaneLayout lp;
+  lp.build(idx, t.ranks, GroupBy::PP, {});
+  EXPECT_EQ(lp.rows()[0].label, "pp[dp=0,tp=0]  (1 rank)");
+}
+
+// A folded block's time per kind, busy time and dominant kind come from the row's running sums:
+// 100 groups of a 10 ns "data" span then a 70 ns compute span, 100 ns apart, fold into one block
+// whose first span is data but whose time is 7/8 compute.
+TEST(Folding, SummaryGivesTheKindThatCoversMostOfTheBlockAndItsBusyTime) {
+  Trace t;
+  t.strings.intern("k");
+  for (int g = 0; g < 100; ++g) {
+    t.spans.push_back(make_span(0, 0, 100 * g, 100 * g + 10, SpanKind::Data));
+    t.spans.push_back(make_span(0, 0, 100 * g + 10, 100 * g + 80, SpanKind::Compute));
+  }
+  t.sort_spans();
+  TraceIndex idx(t);
+  ASSERT_EQ(idx.lanes().at(0).rows.size(), 1u);
+  const auto& row = idx.lanes()[0].rows[0];
+  TimeMapping m;
+  m.fit(0, 10'000, 200);  // 50 ns/px: every span is under 3 px, every gap 0.4 px
+  std::vector<DrawItem> items;
+  fold_row(row, m, 200, 3.0, items);
+  ASSERT_EQ(items.size(), 1u);
+  ASSERT_EQ(items[0].count, 200u);
+  EXPECT_EQ(t.spans[row.span[items[0].first]].kind, SpanKind::Data);  // the first span is data
+  const FoldSummary f = summarize(row, items[0]);
+  EXPECT_EQ(f.count, 200u);
+  EXPECT_EQ(f.start_ns, 0);
+  EXPECT_EQ(f.end_ns, 9'980);
+  EXPECT_EQ(f.kind_ns[static_cast<size_t>(SpanKind::Data)], 1'000);
+  EXPECT_EQ(f.kind_ns[static_cast<size_t>(SpanKind::Compute)], 7'000);
+  EXPECT_EQ(f.busy_ns, 8'000);
+  EXPECT_EQ(f.dominant, SpanKind::Compute);
+  EXPECT_DOUBLE_EQ(f.busy_fraction(), 8'000.0 / 9'980.0);
+
+  // A sub-run (spans 20..59: groups 10..29) sums only its own spans.
+  const FoldSummary part = summarize(row, DrawItem{1'000, 2'980, 20, 40});
+  EXPECT_EQ(part.kind_ns[static_cast<size_t>(SpanKind::Data)], 200);
+  EXPECT_EQ(part.kind_ns[static_cast<size_t>(SpanKind::Compute)], 1'400);
+  EXPECT_EQ(part.busy_ns, 1'600);
 }

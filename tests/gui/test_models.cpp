@@ -124,8 +124,10 @@ TEST_F(ModelTest, RangeMetricsAndCollectivesMatchTheClosedForms) {
   QAbstractItemModelTester t1(&rm, QAbstractItemModelTester::FailureReportingMode::Warning);
   rm.set_metrics(m, mo.window_start_ns, mo.window_end_ns, doc->index.start_ns());
   EXPECT_EQ(rm.value("Ranks"), "4");
-  EXPECT_EQ(rm.value("Overlap %").toStdString(), fixed(100.0 * tot.overlap_ns / tot.comm_ns, 1) + " %");
-  EXPECT_EQ(rm.value("Comm/comp ratio").toStdString(), fixed(double(tot.comm_ns) / tot.compute_ns, 3));
+  EXPECT_EQ(rm.value("Overlap %").toStdString(),
+            fixed(100.0 * tot.overlap_ns / tot.comm_ns, 1) + " %");
+  EXPECT_EQ(rm.value("Comm/comp ratio").toStdString(),
+            fixed(double(tot.comm_ns) / tot.compute_ns, 3));
   EXPECT_EQ(rm.value("Spans").toInt(), traces::synth_span_count(o));
 
   CollectiveModel cm;
@@ -137,7 +139,8 @@ TEST_F(ModelTest, RangeMetricsAndCollectivesMatchTheClosedForms) {
             tot.allreduce_calls * o.steps * o.ranks);
   // busbw = algbw * 2(R-1)/R, algbw = grad_bytes_per_layer / comm_ns_per_layer.
   const double algbw = double(o.grad_bytes_per_layer) / double(o.comm_ns_per_layer);
-  EXPECT_NEAR(cm.index(0, CollectiveModel::kBusbw).data(Qt::UserRole).toDouble(), algbw * 1.5, 1e-6);
+  EXPECT_NEAR(cm.index(0, CollectiveModel::kBusbw).data(Qt::UserRole).toDouble(), algbw * 1.5,
+              1e-6);
   rm.clear();
   EXPECT_EQ(rm.rowCount(), 0);
 }
@@ -174,7 +177,8 @@ TEST_F(ModelTest, StepDiffsOfTwoRuns) {
   for (int r = 0; r < dm.rowCount(); ++r) {
     EXPECT_EQ(dm.index(r, StepDiffModel::kA).data(Qt::UserRole).toLongLong(), ta.step_ns);
     EXPECT_EQ(dm.index(r, StepDiffModel::kB).data(Qt::UserRole).toLongLong(), tb.step_ns);
-    EXPECT_EQ(dm.index(r, StepDiffModel::kDiff).data(Qt::UserRole).toLongLong(), tb.step_ns - ta.step_ns);
+    EXPECT_EQ(dm.index(r, StepDiffModel::kDiff).data(Qt::UserRole).toLongLong(),
+              tb.step_ns - ta.step_ns);
     EXPECT_EQ(dm.index(r, StepDiffModel::kBCompute).data(Qt::UserRole).toLongLong(), tb.compute_ns);
     EXPECT_NEAR(dm.index(r, StepDiffModel::kDiffPct).data(Qt::UserRole).toDouble(),
                 100.0 * double(tb.step_ns - ta.step_ns) / double(ta.step_ns), 1e-9);
@@ -215,7 +219,8 @@ TEST_F(ModelTest, LaneTreeChecksFilterLanes) {
   ASSERT_EQ(m.rowCount(), 2);
   const QModelIndex g1 = m.index(1, 0);
   EXPECT_EQ(g1.data().toString(), "dp[tp=1,pp=0]");
-  EXPECT_EQ(g1.data(Qt::CheckStateRole).toInt(), Qt::PartiallyChecked);  // rank 1 lanes still hidden
+  EXPECT_EQ(g1.data(Qt::CheckStateRole).toInt(),
+            Qt::PartiallyChecked);  // rank 1 lanes still hidden
   EXPECT_TRUE(m.setData(g1, Qt::Checked, Qt::CheckStateRole));
   EXPECT_TRUE(m.hidden_lanes().empty());
   EXPECT_TRUE(m.setData(m.index(0, 0), Qt::Unchecked, Qt::CheckStateRole));
@@ -255,12 +260,32 @@ TEST(SpanSearch, FindsByNameInTimeOrderWithNextAndPrevious) {
   EXPECT_EQ(s.size(), size_t(o.ranks * o.steps * 2));  // the optimizer span and its phase
 }
 
+// A GPU count the sweep could not place is reported with its note (which may hold commas), unless
+// another layout places it.
+TEST(SweepCsv, ReportsTheGpuCountsNotPlaced) {
+  std::vector<SweepUnplaced> unplaced;
+  const auto pts = parse_sweep_csv(
+      "gpus,dp,tp,tokens_per_s,fits,note\n"
+      "8,8,1,8000,true,\"\"\n"
+      "16,16,1,,false,\"does not fit: 90 GiB > 80 GiB, even with zero 3\"\n"
+      "32,32,1,,false,\"tp 1 too small\"\n"
+      "32,8,4,30000,true,\"\"\n"  // 32 GPUs placed by another layout
+      "64,64,1,,false,\n",
+      "sweep.csv", &unplaced);
+  ASSERT_EQ(pts.size(), 2u);
+  ASSERT_EQ(unplaced.size(), 2u);
+  EXPECT_EQ(unplaced[0].gpus, 16);
+  EXPECT_EQ(unplaced[0].note, "does not fit: 90 GiB > 80 GiB, even with zero 3");
+  EXPECT_EQ(unplaced[1].gpus, 64);
+  EXPECT_EQ(unplaced[1].note, "");
+}
+
 TEST(SweepCsv, ParsesAndComputesEfficiency) {
   const auto pts = parse_sweep_csv(
       "scenario,gpus,tokens_per_s,step_ms\n"
       "a,8,8000,10\n"
       "a,16,15000,11\n"
-      "b,16,14000,12\n"   // a slower layout at 16 GPUs: the faster one is kept
+      "b,16,14000,12\n"  // a slower layout at 16 GPUs: the faster one is kept
       "a,32,28000,12\n",
       "sweep.csv");
   ASSERT_EQ(pts.size(), 3u);
@@ -275,7 +300,8 @@ TEST(SweepCsv, ParsesAndComputesEfficiency) {
 
 TEST(SweepCsv, ReadsWhatOrrerySweepWrites) {
   const auto pts = parse_sweep_csv(
-      "gpus,dp,tp,pp,zero,micro_batch,step_time_s,tokens_per_s,tflops_per_gpu,mfu,efficiency,peak_memory_bytes,fits,"
+      "gpus,dp,tp,pp,zero,micro_batch,step_time_s,tokens_per_s,tflops_per_gpu,mfu,efficiency,peak_"
+      "memory_bytes,fits,"
       "note\n"
       "8,8,1,1,0,4,0.5,65536,300,0.3,1,1e10,true,\"\"\n"
       "16,,,,,,,,,,,,,\"no layout fits, sorry\"\n"
@@ -303,4 +329,19 @@ TEST(SweepCsv, BadInputNamesTheFileAndLine) {
   }
   EXPECT_THROW(load_sweep_csv("/nonexistent/sweep.csv"), orrery::InputError);
   EXPECT_THROW(parse_sweep_csv("gpus,tokens_per_s\n", "empty.csv"), orrery::InputError);
+}
+
+// The trace box's names: as few trailing components as tell the files apart.
+TEST(DistinctNames, AsFewTrailingComponentsAsTellThePathsApart) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(distinct_names(V{"/data/a.db", "/data/b.db"}), (V{"a.db", "b.db"}));
+  EXPECT_EQ(distinct_names(V{"/x/run1/trace.db", "/x/run2/trace.db", "/x/run2/other.db"}),
+            (V{"run1/trace.db", "run2/trace.db", "other.db"}));
+  EXPECT_EQ(distinct_names(V{"/r/a/same/t.db", "/r/b/same/t.db"}),
+            (V{"a/same/t.db", "b/same/t.db"}));
+  // A path that needs every component is shown whole.
+  EXPECT_EQ(distinct_names(V{"/x/t.db", "/y/x/t.db"}), (V{"/x/t.db", "/y/x/t.db"}));
+  EXPECT_EQ(distinct_names(V{"t.db"}), (V{"t.db"}));
+  EXPECT_EQ(distinct_names(V{"/only/one.db"}), (V{"one.db"}));
+  EXPECT_EQ(distinct_names(V{}), V{});
 }

@@ -1,6 +1,7 @@
 // Loading a trace for the GUI, and the per-step figures the charts and the compare view show.
 #include "orrery/gui/document.hpp"
 
+#include <algorithm>
 #include <map>
 
 #include "orrery/traces/store.hpp"
@@ -17,6 +18,53 @@ std::shared_ptr<TraceDocument> make_document(traces::Trace t, std::string path) 
   doc->trace = std::move(t);
   doc->index = TraceIndex(doc->trace);
   return doc;
+}
+
+namespace {
+
+// The components of a path, last first ("/a/b/c.db" -> c.db, b, a), empty ones dropped.
+std::vector<std::string> components_reversed(const std::string& path) {
+  std::vector<std::string> out;
+  size_t end = path.size();
+  while (end > 0) {
+    const size_t slash = path.rfind('/', end - 1);
+    const size_t begin = slash == std::string::npos ? 0 : slash + 1;
+    if (end > begin) out.push_back(path.substr(begin, end - begin));
+    if (slash == std::string::npos) break;
+    end = slash;
+  }
+  return out;
+}
+
+// The last k components of `comps` (reversed, as above) joined with '/'.
+std::string suffix(const std::vector<std::string>& comps, size_t k) {
+  std::string s;
+  for (size_t i = std::min(k, comps.size()); i-- > 0;) {
+    s += comps[i];
+    if (i > 0) s += '/';
+  }
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> distinct_names(const std::vector<std::string>& paths) {
+  std::vector<std::vector<std::string>> comps;
+  for (const auto& p : paths) comps.push_back(components_reversed(p));
+  std::vector<std::string> out(paths.size());
+  for (size_t i = 0; i < paths.size(); ++i) {
+    size_t k = 1;
+    auto clashes = [&](size_t kk) {
+      for (size_t j = 0; j < paths.size(); ++j) {
+        if (j != i && paths[j] != paths[i] && suffix(comps[j], kk) == suffix(comps[i], kk))
+          return true;
+      }
+      return false;
+    };
+    while (k < comps[i].size() && clashes(k)) ++k;
+    out[i] = k >= comps[i].size() ? paths[i] : suffix(comps[i], k);
+  }
+  return out;
 }
 
 std::vector<StepBreakdown> step_breakdowns(const profiler::Metrics& m, const traces::Trace& t) {

@@ -9,16 +9,20 @@ namespace orrery::gui {
 
 const char* to_string(GroupBy g) {
   switch (g) {
-    case GroupBy::Rank: return "rank";
-    case GroupBy::DP: return "dp";
-    case GroupBy::TP: return "tp";
-    case GroupBy::PP: return "pp";
+    case GroupBy::Rank:
+      return "rank";
+    case GroupBy::DP:
+      return "dp";
+    case GroupBy::TP:
+      return "tp";
+    case GroupBy::PP:
+      return "pp";
   }
   return "rank";
 }
 
-std::vector<RankGroup> group_ranks(const TraceIndex& index, const std::vector<traces::RankInfo>& infos,
-                                   GroupBy by) {
+std::vector<RankGroup> group_ranks(const TraceIndex& index,
+                                   const std::vector<traces::RankInfo>& infos, GroupBy by) {
   std::vector<int32_t> ranks;
   for (const auto& l : index.lanes()) {
     if (ranks.empty() || ranks.back() != l.rank) ranks.push_back(l.rank);
@@ -71,8 +75,8 @@ void LaneLayout::set_collapsed(const std::string& key, bool collapsed) {
   }
 }
 
-void LaneLayout::build(const TraceIndex& index, const std::vector<traces::RankInfo>& infos, GroupBy by,
-                       const std::set<std::pair<int32_t, int32_t>>& hidden_lanes) {
+void LaneLayout::build(const TraceIndex& index, const std::vector<traces::RankInfo>& infos,
+                       GroupBy by, const std::set<std::pair<int32_t, int32_t>>& hidden_lanes) {
   rows_.clear();
   double y = 0;
   auto add = [&](LayoutRow r, double h) {
@@ -105,7 +109,8 @@ void LaneLayout::build(const TraceIndex& index, const std::vector<traces::RankIn
       LayoutRow h;
       h.kind = LayoutRow::Kind::Group;
       h.key = "g:" + g.label;
-      h.label = g.label + "  (" + std::to_string(g.ranks.size()) + " ranks)";
+      h.label = g.label + "  (" + std::to_string(g.ranks.size()) +
+                (g.ranks.size() == 1 ? " rank)" : " ranks)");
       group_collapsed = h.collapsed = is_collapsed(h.key);
       add(std::move(h), kGroupHeight);
     }

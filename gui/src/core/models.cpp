@@ -34,15 +34,16 @@ double span_busbw_gbps(const traces::Trace& t, const traces::Span& s) {
   if (dur <= 0 || s.bytes <= 0) return 0;
   int n = t.meta.world_size;
   if (const auto* c = t.comm(s.comm); c && !c->ranks.empty()) n = static_cast<int>(c->ranks.size());
-  const auto op = s.op != traces::CollOp::None ? s.op
+  const auto op = s.op != traces::CollOp::None      ? s.op
                   : s.kind == traces::SpanKind::P2P ? traces::CollOp::Send
-                                                     : traces::CollOp::AllReduce;
+                                                    : traces::CollOp::AllReduce;
   // bytes per ns is GB/s (decimal).
   return static_cast<double>(s.bytes) / static_cast<double>(dur) * traces::busbw_factor(op, n);
 }
 
-std::vector<std::pair<std::string, std::string>> span_attributes(const traces::Trace& t, uint32_t span,
-                                                                 int64_t zero_ns, bool brief) {
+std::vector<std::pair<std::string, std::string>> span_attributes(const traces::Trace& t,
+                                                                 uint32_t span, int64_t zero_ns,
+                                                                 bool brief) {
   std::vector<std::pair<std::string, std::string>> out;
   if (span >= t.spans.size()) return out;
   const auto& s = t.spans[span];
@@ -60,7 +61,10 @@ std::vector<std::pair<std::string, std::string>> span_attributes(const traces::T
   out.emplace_back("Start", format_duration_ns(static_cast<double>(s.start_ns - zero_ns)));
   if (!brief) out.emplace_back("End", format_duration_ns(static_cast<double>(s.end_ns - zero_ns)));
   out.emplace_back("Duration", format_duration_ns(static_cast<double>(s.duration_ns())));
-  if (!brief || s.bytes) out.emplace_back("Bytes", s.bytes ? format_bytes(static_cast<double>(s.bytes)) + " (" + std::to_string(s.bytes) + ")" : "-");
+  if (!brief || s.bytes)
+    out.emplace_back("Bytes", s.bytes ? format_bytes(static_cast<double>(s.bytes)) + " (" +
+                                            std::to_string(s.bytes) + ")"
+                                      : "-");
   const double busbw = span_busbw_gbps(t, s);
   if (!brief || busbw > 0) out.emplace_back("busbw", busbw > 0 ? fixed(busbw, 2) + " GB/s" : "-");
   if (!brief || s.flops > 0) out.emplace_back("FLOPs", s.flops > 0 ? flops_text(s.flops) : "-");
@@ -70,20 +74,25 @@ std::vector<std::pair<std::string, std::string>> span_attributes(const traces::T
   }
   if (brief) return out;
   if (s.flops > 0 && s.duration_ns() > 0) {
-    out.emplace_back("Achieved", fixed(s.flops / static_cast<double>(s.duration_ns()), 2) + " GFLOP/s");
+    out.emplace_back("Achieved",
+                     fixed(s.flops / static_cast<double>(s.duration_ns()), 2) + " GFLOP/s");
   }
   out.emplace_back("Layer", s.layer >= 0 ? std::to_string(s.layer) : "-");
   out.emplace_back("Op", std::string(traces::to_string(s.op)));
   std::string comm = "-";
   if (s.comm >= 0) {
     comm = std::to_string(s.comm);
-    if (const auto* c = t.comm(s.comm)) comm += " " + c->name + " (" + std::to_string(c->ranks.size()) + " ranks)";
+    if (const auto* c = t.comm(s.comm))
+      comm += " " + c->name + " (" + std::to_string(c->ranks.size()) +
+              (c->ranks.size() == 1 ? " rank)" : " ranks)");
   }
   out.emplace_back("Communicator", comm);
   out.emplace_back("Peer", s.peer >= 0 ? std::to_string(s.peer) : "-");
   out.emplace_back("Sequence", s.seq >= 0 ? std::to_string(s.seq) : "-");
   if (s.bytes > 0 && s.duration_ns() > 0) {
-    out.emplace_back("algbw", fixed(static_cast<double>(s.bytes) / static_cast<double>(s.duration_ns()), 2) + " GB/s");
+    out.emplace_back(
+        "algbw",
+        fixed(static_cast<double>(s.bytes) / static_cast<double>(s.duration_ns()), 2) + " GB/s");
   }
   out.emplace_back("Start (ns)", std::to_string(s.start_ns));
   out.emplace_back("End (ns)", std::to_string(s.end_ns));
@@ -127,7 +136,8 @@ void SpanDetailsModel::set_span(const traces::Trace* t, int64_t span, int64_t ze
   span_ = (t && span >= 0 && static_cast<size_t>(span) < t->spans.size()) ? span : -1;
   std::vector<std::pair<QString, QString>> rows;
   if (span_ >= 0) {
-    for (auto& [k, v] : span_attributes(*t, static_cast<uint32_t>(span_), zero_ns)) rows.emplace_back(q(k), q(v));
+    for (auto& [k, v] : span_attributes(*t, static_cast<uint32_t>(span_), zero_ns))
+      rows.emplace_back(q(k), q(v));
   }
   set_rows(std::move(rows));
 }
@@ -144,11 +154,16 @@ void RangeMetricsModel::set_metrics(const profiler::Metrics& m, int64_t t0_ns, i
   rows.emplace_back("Spans", QString::number(m.span_count));
   rows.emplace_back("Comm/comp ratio", q(fixed(tb.comm_comp_ratio(), 3)));
   rows.emplace_back("Overlap %", q(fixed(tb.overlap_pct(), 1)) + " %");
-  rows.emplace_back("Exposed comm (mean/rank)", dur(static_cast<int64_t>(static_cast<double>(tb.exposed_comm_ns) / n_ranks)));
-  rows.emplace_back("Compute (mean/rank)", dur(static_cast<int64_t>(static_cast<double>(tb.compute_ns) / n_ranks)));
-  rows.emplace_back("Communication (mean/rank)", dur(static_cast<int64_t>(static_cast<double>(tb.comm_ns) / n_ranks)));
-  rows.emplace_back("Memcpy (mean/rank)", dur(static_cast<int64_t>(static_cast<double>(tb.memcpy_ns) / n_ranks)));
-  rows.emplace_back("Idle (mean/rank)", dur(static_cast<int64_t>(static_cast<double>(tb.idle_ns) / n_ranks)));
+  rows.emplace_back("Exposed comm (mean/rank)",
+                    dur(static_cast<int64_t>(static_cast<double>(tb.exposed_comm_ns) / n_ranks)));
+  rows.emplace_back("Compute (mean/rank)",
+                    dur(static_cast<int64_t>(static_cast<double>(tb.compute_ns) / n_ranks)));
+  rows.emplace_back("Communication (mean/rank)",
+                    dur(static_cast<int64_t>(static_cast<double>(tb.comm_ns) / n_ranks)));
+  rows.emplace_back("Memcpy (mean/rank)",
+                    dur(static_cast<int64_t>(static_cast<double>(tb.memcpy_ns) / n_ranks)));
+  rows.emplace_back("Idle (mean/rank)",
+                    dur(static_cast<int64_t>(static_cast<double>(tb.idle_ns) / n_ranks)));
   if (!m.steps.empty()) {
     rows.emplace_back("Steps", QString::number(m.steps.size()));
     rows.emplace_back("Step time p50", dur(static_cast<int64_t>(m.step_p50_ns)));
@@ -157,7 +172,8 @@ void RangeMetricsModel::set_metrics(const profiler::Metrics& m, int64_t t0_ns, i
   if (m.mfu > 0) rows.emplace_back("MFU", q(fixed(100 * m.mfu, 1)) + " %");
   if (m.bubble_pct > 0) rows.emplace_back("Bubble", q(fixed(m.bubble_pct, 1)) + " %");
   for (const auto& c : m.collectives) {
-    rows.emplace_back("busbw " + q(c.op) + " " + q(c.comm_name), q(fixed(c.busbw_gbps, 2)) + " GB/s");
+    rows.emplace_back("busbw " + q(c.op) + " " + q(c.comm_name),
+                      q(fixed(c.busbw_gbps, 2)) + " GB/s");
   }
   set_rows(std::move(rows));
 }
@@ -167,19 +183,27 @@ void RangeMetricsModel::set_metrics(const profiler::Metrics& m, int64_t t0_ns, i
 int CollectiveModel::rowCount(const QModelIndex& parent) const {
   return parent.isValid() ? 0 : static_cast<int>(rows_.size());
 }
-int CollectiveModel::columnCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : kColumnCount; }
+int CollectiveModel::columnCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : kColumnCount;
+}
 
 QVariant CollectiveModel::data(const QModelIndex& index, int role) const {
   if (!index.isValid() || index.row() >= static_cast<int>(rows_.size())) return {};
   const auto& c = rows_[static_cast<size_t>(index.row())];
   if (role == Qt::UserRole) {
     switch (index.column()) {
-      case kCalls: return QVariant::fromValue<qlonglong>(c.count);
-      case kBytes: return QVariant::fromValue<qlonglong>(c.bytes);
-      case kTime: return QVariant::fromValue<qlonglong>(c.time_ns);
-      case kAlgbw: return c.algbw_gbps;
-      case kBusbw: return c.busbw_gbps;
-      default: break;
+      case kCalls:
+        return QVariant::fromValue<qlonglong>(c.count);
+      case kBytes:
+        return QVariant::fromValue<qlonglong>(c.bytes);
+      case kTime:
+        return QVariant::fromValue<qlonglong>(c.time_ns);
+      case kAlgbw:
+        return c.algbw_gbps;
+      case kBusbw:
+        return c.busbw_gbps;
+      default:
+        break;
     }
   }
   if (role == Qt::TextAlignmentRole && index.column() >= kRanks) {
@@ -187,21 +211,31 @@ QVariant CollectiveModel::data(const QModelIndex& index, int role) const {
   }
   if (role != Qt::DisplayRole) return {};
   switch (index.column()) {
-    case kOp: return q(c.op);
-    case kComm: return q(c.comm_name.empty() ? std::to_string(c.comm) : c.comm_name);
-    case kRanks: return c.comm_size;
-    case kCalls: return QVariant::fromValue<qlonglong>(c.count);
-    case kBytes: return q(format_bytes(static_cast<double>(c.bytes)));
-    case kTime: return q(format_duration_ns(static_cast<double>(c.time_ns)));
-    case kAlgbw: return q(fixed(c.algbw_gbps, 2));
-    case kBusbw: return q(fixed(c.busbw_gbps, 2));
-    default: return {};
+    case kOp:
+      return q(c.op);
+    case kComm:
+      return q(c.comm_name.empty() ? std::to_string(c.comm) : c.comm_name);
+    case kRanks:
+      return c.comm_size;
+    case kCalls:
+      return QVariant::fromValue<qlonglong>(c.count);
+    case kBytes:
+      return q(format_bytes(static_cast<double>(c.bytes)));
+    case kTime:
+      return q(format_duration_ns(static_cast<double>(c.time_ns)));
+    case kAlgbw:
+      return q(fixed(c.algbw_gbps, 2));
+    case kBusbw:
+      return q(fixed(c.busbw_gbps, 2));
+    default:
+      return {};
   }
 }
 
 QVariant CollectiveModel::headerData(int section, Qt::Orientation o, int role) const {
   if (role != Qt::DisplayRole || o != Qt::Horizontal) return {};
-  static const char* kNames[] = {"Op", "Communicator", "Ranks", "Calls", "Bytes", "Time", "algbw GB/s", "busbw GB/s"};
+  static const char* kNames[] = {"Op",    "Communicator", "Ranks",      "Calls",
+                                 "Bytes", "Time",         "algbw GB/s", "busbw GB/s"};
   return section >= 0 && section < kColumnCount ? QString(kNames[section]) : QVariant();
 }
 
@@ -216,22 +250,41 @@ void CollectiveModel::set_collectives(std::vector<profiler::CollectiveStats> c) 
 int StepDiffModel::rowCount(const QModelIndex& parent) const {
   return parent.isValid() ? 0 : static_cast<int>(rows_.size());
 }
-int StepDiffModel::columnCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : kColumnCount; }
+int StepDiffModel::columnCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : kColumnCount;
+}
 
 QVariant StepDiffModel::data(const QModelIndex& index, int role) const {
   if (!index.isValid() || index.row() >= static_cast<int>(rows_.size())) return {};
   const auto& d = rows_[static_cast<size_t>(index.row())];
   int64_t ns = 0;
   switch (index.column()) {
-    case kStep: ns = d.step; break;
-    case kA: ns = d.a_ns; break;
-    case kB: ns = d.b_ns; break;
-    case kDiff: ns = d.diff_ns(); break;
-    case kACompute: ns = d.a_compute_ns; break;
-    case kBCompute: ns = d.b_compute_ns; break;
-    case kAExposed: ns = d.a_exposed_ns; break;
-    case kBExposed: ns = d.b_exposed_ns; break;
-    default: break;
+    case kStep:
+      ns = d.step;
+      break;
+    case kA:
+      ns = d.a_ns;
+      break;
+    case kB:
+      ns = d.b_ns;
+      break;
+    case kDiff:
+      ns = d.diff_ns();
+      break;
+    case kACompute:
+      ns = d.a_compute_ns;
+      break;
+    case kBCompute:
+      ns = d.b_compute_ns;
+      break;
+    case kAExposed:
+      ns = d.a_exposed_ns;
+      break;
+    case kBExposed:
+      ns = d.b_exposed_ns;
+      break;
+    default:
+      break;
   }
   if (role == Qt::UserRole) {
     if (index.column() == kDiffPct) return d.diff_pct();
@@ -240,7 +293,8 @@ QVariant StepDiffModel::data(const QModelIndex& index, int role) const {
   if (role == Qt::TextAlignmentRole) return QVariant::fromValue(Qt::AlignRight | Qt::AlignVCenter);
   if (role != Qt::DisplayRole) return {};
   if (index.column() == kStep) return d.step;
-  if (index.column() == kDiffPct) return q((d.diff_pct() >= 0 ? "+" : "") + fixed(d.diff_pct(), 1) + " %");
+  if (index.column() == kDiffPct)
+    return q((d.diff_pct() >= 0 ? "+" : "") + fixed(d.diff_pct(), 1) + " %");
   if (index.column() == kDiff) {
     return q((ns >= 0 ? "+" : "-") + format_duration_ns(static_cast<double>(ns >= 0 ? ns : -ns)));
   }
@@ -250,16 +304,26 @@ QVariant StepDiffModel::data(const QModelIndex& index, int role) const {
 QVariant StepDiffModel::headerData(int section, Qt::Orientation o, int role) const {
   if (role != Qt::DisplayRole || o != Qt::Horizontal) return {};
   switch (section) {
-    case kStep: return QStringLiteral("Step");
-    case kA: return a_name_ + " step";
-    case kB: return b_name_ + " step";
-    case kDiff: return QStringLiteral("Δ");
-    case kDiffPct: return QStringLiteral("Δ %");
-    case kACompute: return a_name_ + " compute";
-    case kBCompute: return b_name_ + " compute";
-    case kAExposed: return a_name_ + " exp. comm";
-    case kBExposed: return b_name_ + " exp. comm";
-    default: return {};
+    case kStep:
+      return QStringLiteral("Step");
+    case kA:
+      return a_name_ + " step";
+    case kB:
+      return b_name_ + " step";
+    case kDiff:
+      return QStringLiteral("Δ");
+    case kDiffPct:
+      return QStringLiteral("Δ %");
+    case kACompute:
+      return a_name_ + " compute";
+    case kBCompute:
+      return b_name_ + " compute";
+    case kAExposed:
+      return a_name_ + " exp. comm";
+    case kBExposed:
+      return b_name_ + " exp. comm";
+    default:
+      return {};
   }
 }
 
@@ -274,7 +338,8 @@ void StepDiffModel::set_diffs(std::vector<StepDiff> d, QString a_name, QString b
 
 // --- LaneTreeModel
 
-void LaneTreeModel::set_trace(const TraceIndex* index, const std::vector<traces::RankInfo>& ranks, GroupBy by) {
+void LaneTreeModel::set_trace(const TraceIndex* index, const std::vector<traces::RankInfo>& ranks,
+                              GroupBy by) {
   beginResetModel();
   nodes_.clear();
   nodes_.push_back(Node{});  // root
@@ -317,7 +382,8 @@ void LaneTreeModel::set_trace(const TraceIndex* index, const std::vector<traces:
   // Hidden lanes that no longer exist are forgotten.
   std::set<std::pair<int32_t, int32_t>> still;
   for (const auto& n : nodes_) {
-    if (n.kind == Node::Kind::Lane && hidden_.count({n.rank, n.stream})) still.insert({n.rank, n.stream});
+    if (n.kind == Node::Kind::Lane && hidden_.count({n.rank, n.stream}))
+      still.insert({n.rank, n.stream});
   }
   hidden_ = std::move(still);
   endResetModel();
@@ -354,7 +420,8 @@ int LaneTreeModel::columnCount(const QModelIndex&) const { return 1; }
 
 Qt::CheckState LaneTreeModel::check_state(int node) const {
   const auto& n = nodes_[static_cast<size_t>(node)];
-  if (n.kind == Node::Kind::Lane) return hidden_.count({n.rank, n.stream}) ? Qt::Unchecked : Qt::Checked;
+  if (n.kind == Node::Kind::Lane)
+    return hidden_.count({n.rank, n.stream}) ? Qt::Unchecked : Qt::Checked;
   bool any_on = false, any_off = false;
   for (int c : n.children) {
     const auto s = check_state(c);
@@ -400,7 +467,8 @@ bool LaneTreeModel::setData(const QModelIndex& index, const QVariant& value, int
   const int id = static_cast<int>(index.internalId());
   set_checked(id, static_cast<Qt::CheckState>(value.toInt()) != Qt::Unchecked);
   notify_subtree(id);
-  for (int p = nodes_[static_cast<size_t>(id)].parent; p > 0; p = nodes_[static_cast<size_t>(p)].parent) {
+  for (int p = nodes_[static_cast<size_t>(id)].parent; p > 0;
+       p = nodes_[static_cast<size_t>(p)].parent) {
     const auto idx = index_of(p);
     emit dataChanged(idx, idx, {Qt::CheckStateRole});
   }

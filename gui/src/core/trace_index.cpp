@@ -7,6 +7,29 @@
 #include <numeric>
 
 namespace orrery::gui {
+namespace {
+
+// The row's per-kind running sums of durations, for the kinds it has.
+void build_kind_time(LaneRow& row) {
+  KindMask present = 0;
+  for (uint8_t k : row.kind) present |= 1u << k;
+  const size_t n = row.size();
+  for (int k = 0; k < traces::kSpanKindCount; ++k) {
+    if (!(present & (1u << k))) continue;
+    LaneRow::KindTime kt;
+    kt.kind = static_cast<traces::SpanKind>(k);
+    kt.prefix_ns.resize(n + 1);
+    int64_t sum = 0;
+    kt.prefix_ns[0] = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (row.kind[i] == k) sum += row.end_ns[i] - row.start_ns[i];
+      kt.prefix_ns[i + 1] = sum;
+    }
+    row.kind_time.push_back(std::move(kt));
+  }
+}
+
+}  // namespace
 
 TraceIndex::TraceIndex(const traces::Trace& t, KindMask kinds) : kinds_(kinds) {
   const auto& spans = t.spans;
@@ -17,7 +40,8 @@ TraceIndex::TraceIndex(const traces::Trace& t, KindMask kinds) : kinds_(kinds) {
   for (const auto& s : t.streams) lane_names[{s.rank, s.stream}] = s.name;
   std::pair<int32_t, int32_t> last{INT32_MIN, INT32_MIN};
   for (const auto& s : spans) {
-    if (std::pair{s.rank, s.stream} == last) continue;  // spans come grouped by lane: one lookup per run
+    if (std::pair{s.rank, s.stream} == last)
+      continue;  // spans come grouped by lane: one lookup per run
     last = {s.rank, s.stream};
     lane_names.try_emplace(last, std::string());
   }
@@ -87,7 +111,8 @@ TraceIndex::TraceIndex(const traces::Trace& t, KindMask kinds) : kinds_(kinds) {
       // First overlap in the overflow row: from here on keep a running max of the ends.
       row.max_end_ns.resize(row.end_ns.size());
       int64_t m = INT64_MIN;
-      for (size_t k = 0; k < row.end_ns.size(); ++k) row.max_end_ns[k] = m = std::max(m, row.end_ns[k]);
+      for (size_t k = 0; k < row.end_ns.size(); ++k)
+        row.max_end_ns[k] = m = std::max(m, row.end_ns[k]);
     }
     row.start_ns.push_back(s.start_ns);
     row.end_ns.push_back(s.end_ns);
@@ -95,10 +120,14 @@ TraceIndex::TraceIndex(const traces::Trace& t, KindMask kinds) : kinds_(kinds) {
       row.max_end_ns.push_back(std::max(row.max_end_ns.back(), s.end_ns));
     }
     row.span.push_back(i);
+    row.kind.push_back(static_cast<uint8_t>(s.kind));
     row_last_end[r] = std::max(row_last_end[r], s.end_ns);
     row_of_[i] = static_cast<int8_t>(r);
     ++lane->span_count;
     ++span_count_;
+  }
+  for (auto& l : lanes_) {
+    for (auto& row : l.rows) build_kind_time(row);
   }
   start_ns_ = lo;
   end_ns_ = any ? std::max(hi, lo + 1) : 1;
@@ -140,9 +169,10 @@ void fold_row(const LaneRow& row, const TimeMapping& m, double width_px, double 
       const double limit = static_cast<double>(g_end) + min_ns;
       // Every span that ends before the limit is within min_px of the run: skip them all at once.
       const auto lim = static_cast<int64_t>(std::ceil(limit));
-      const size_t j = static_cast<size_t>(
-          std::lower_bound(ends.begin() + static_cast<ptrdiff_t>(k), ends.begin() + static_cast<ptrdiff_t>(n), lim) -
-          ends.begin());
+      const size_t j =
+          static_cast<size_t>(std::lower_bound(ends.begin() + static_cast<ptrdiff_t>(k),
+                                               ends.begin() + static_cast<ptrdiff_t>(n), lim) -
+                              ends.begin());
       if (j > k) {
         g_end = std::max(g_end, ends[j - 1]);
         k = j;
@@ -160,6 +190,27 @@ void fold_row(const LaneRow& row, const TimeMapping& m, double width_px, double 
     out.push_back({g_start, g_end, static_cast<uint32_t>(i), static_cast<uint32_t>(k - i)});
     i = k;
   }
+}
+
+FoldSummary summarize(const LaneRow& row, const DrawItem& item) {
+  FoldSummary f;
+  f.count = item.count;
+  f.start_ns = item.start_ns;
+  f.end_ns = item.end_ns;
+  const size_t a = item.first, b = static_cast<size_t>(item.first) + item.count;
+  if (b > row.size() || a >= b) return f;
+  int64_t best = -1;
+  for (const auto& kt : row.kind_time) {
+    const int64_t ns = kt.prefix_ns[b] - kt.prefix_ns[a];
+    f.kind_ns[static_cast<size_t>(kt.kind)] = ns;
+    f.busy_ns += ns;
+    if (ns > best) {  // kind_time is in SpanKind order, so a tie keeps the lower kind
+      best = ns;
+      f.dominant = kt.kind;
+    }
+  }
+  f.busy_ns = std::min(f.busy_ns, f.end_ns - f.start_ns);
+  return f;
 }
 
 int64_t span_at(const LaneRow& row, int64_t t_ns) {

@@ -42,10 +42,19 @@ ChartsView::ChartsView(QWidget* parent) : QWidget(parent) {
   auto* split = new QSplitter(Qt::Horizontal, this);
   breakdown_view_ = new QChartView(split);
   breakdown_view_->setRenderHint(QPainter::Antialiasing);
-  scaling_view_ = new QChartView(split);
+  // The scaling chart, with a line under it naming the GPU counts the sweep could not place.
+  auto* scaling_box = new QWidget(split);
+  auto* scaling_layout = new QVBoxLayout(scaling_box);
+  scaling_layout->setContentsMargins(0, 0, 0, 0);
+  scaling_view_ = new QChartView(scaling_box);
   scaling_view_->setRenderHint(QPainter::Antialiasing);
+  scaling_layout->addWidget(scaling_view_, 1);
+  scaling_note_ = new QLabel(scaling_box);
+  scaling_note_->setWordWrap(true);
+  scaling_note_->hide();
+  scaling_layout->addWidget(scaling_note_);
   split->addWidget(breakdown_view_);
-  split->addWidget(scaling_view_);
+  split->addWidget(scaling_box);
   split->setSizes({600, 500});
   layout->addWidget(split, 1);
   connect(step_combo_, &QComboBox::currentIndexChanged, this, [this] { rebuild_breakdown(); });
@@ -146,11 +155,22 @@ void ChartsView::rebuild_breakdown() {
   delete old;
 }
 
-void ChartsView::set_sweep(std::vector<SweepPoint> points, const QString& source) {
+void ChartsView::set_sweep(std::vector<SweepPoint> points, const QString& source,
+                           std::vector<SweepUnplaced> unplaced) {
   sweep_ = std::move(points);
   sweep_source_ = source;
+  unplaced_ = std::move(unplaced);
+  QStringList parts;
+  for (const auto& u : unplaced_) {
+    parts << (u.note.empty() ? tr("%1 GPUs").arg(u.gpus)
+                             : tr("%1 GPUs (%2)").arg(u.gpus).arg(QString::fromStdString(u.note)));
+  }
+  scaling_note_->setText(parts.isEmpty() ? QString() : tr("Not placed: %1").arg(parts.join("; ")));
+  scaling_note_->setVisible(!parts.isEmpty());
   rebuild_scaling();
 }
+
+QString ChartsView::scaling_note() const { return scaling_note_->text(); }
 
 void ChartsView::rebuild_scaling() {
   auto* chart = new QChart();

@@ -9,6 +9,7 @@
 #include <QSplitter>
 #include <QTableView>
 #include <QVBoxLayout>
+#include <algorithm>
 
 #include "orrery/gui/palette.hpp"
 #include "orrery/gui/widgets/timeline_view.hpp"
@@ -23,6 +24,10 @@ CompareView::CompareView(QWidget* parent) : QWidget(parent) {
   align_step_ = new QSpinBox(this);
   align_step_->setRange(0, 1'000'000);
   bar->addWidget(align_step_);
+  align_note_ = new QLabel(this);
+  align_note_->setStyleSheet(
+      QStringLiteral("QLabel { color: %1; }").arg(palette::kEfficiency.name()));
+  bar->addWidget(align_note_);
   auto* hint = new QLabel(
       tr("  B is shifted so that this step starts with A's; zoom and pan move both."), this);
   hint->setMinimumWidth(1);
@@ -91,12 +96,16 @@ void CompareView::set_documents(std::shared_ptr<TraceDocument> a,
   }
   if (ma_ && mb_) {
     diff_model_.set_diffs(diff_steps(*ma_, *mb_), "A", "B");
-    int first = -1;
+    int first = -1, last = -1;
     for (const auto& s : ma_->steps) {
-      if (step_start_ns(*mb_, s.step) != INT64_MIN) {
-        first = s.step;
-        break;
-      }
+      if (step_start_ns(*mb_, s.step) == INT64_MIN) continue;
+      if (first < 0) first = s.step;
+      last = std::max(last, s.step);
+    }
+    if (first >= 0) {
+      align_step_->blockSignals(true);
+      align_step_->setRange(first, last);
+      align_step_->blockSignals(false);
     }
     if (!same || align_step_->value() == 0) {
       if (first >= 0) {
@@ -114,11 +123,31 @@ void CompareView::set_documents(std::shared_ptr<TraceDocument> a,
   }
 }
 
+QString CompareView::align_note() const { return align_note_->text(); }
+
+void CompareView::clear() {
+  align_note_->clear();
+  ma_.reset();
+  mb_.reset();
+  a_label_->setText(tr("Open two traces to compare them."));
+  b_label_->setText(tr("Open two traces to compare them."));
+  a_->set_document(nullptr);
+  b_->set_document(nullptr);
+  diff_model_.set_diffs({}, "A", "B");
+}
+
 void CompareView::align_on_step(int step) {
   if (!ma_ || !mb_) return;
   const int64_t sa = step_start_ns(*ma_, step);
   const int64_t sb = step_start_ns(*mb_, step);
-  if (sa == INT64_MIN || sb == INT64_MIN) return;
+  if (sa == INT64_MIN || sb == INT64_MIN) {
+    align_note_->setText(tr("step %1 is not in both traces (steps %2 to %3 are)")
+                             .arg(step)
+                             .arg(align_step_->minimum())
+                             .arg(align_step_->maximum()));
+    return;
+  }
+  align_note_->clear();
   b_->set_shift_ns(sa - sb);
   sync_from(a_, b_);
 }

@@ -18,6 +18,7 @@
 #include <QMimeData>
 #include <QPainter>
 #include <QProgressBar>
+#include <QScreen>
 #include <QSettings>
 #include <QShortcut>
 #include <QSplitter>
@@ -29,6 +30,7 @@
 #include <QTreeView>
 #include <QVBoxLayout>
 #include <QtConcurrent/QtConcurrentRun>
+#include <algorithm>
 
 #include "orrery/common/error.hpp"
 #include "orrery/common/format.hpp"
@@ -59,14 +61,21 @@ LoadResult load_job(const QString& path) {
   return r;
 }
 
+// A kind's swatch: filled with its colour when the kind is shown (the action's On state), an empty
+// grey box when it is switched off (Off), so the legend says which kinds are drawn.
 QIcon kind_icon(traces::SpanKind k) {
-  QPixmap pm(14, 14);
-  pm.fill(Qt::transparent);
-  QPainter p(&pm);
-  p.fillRect(1, 1, 12, 12, palette::kind_color(k));
-  p.setPen(palette::kind_icon_border(k));
-  p.drawRect(1, 1, 11, 11);
-  return QIcon(pm);
+  QIcon icon;
+  for (const bool on : {true, false}) {
+    QPixmap pm(14, 14);
+    pm.fill(Qt::transparent);
+    QPainter p(&pm);
+    if (on) p.fillRect(1, 1, 12, 12, palette::kind_color(k));
+    p.setPen(on ? palette::kind_icon_border(k) : palette::kKindOff);
+    p.drawRect(1, 1, 11, 11);
+    p.end();
+    icon.addPixmap(pm, QIcon::Normal, on ? QIcon::On : QIcon::Off);
+  }
+  return icon;
 }
 
 QTableView* make_table(QAbstractItemModel* m, QWidget* parent) {
@@ -86,7 +95,9 @@ QTableView* make_table(QAbstractItemModel* m, QWidget* parent) {
 MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   setWindowTitle(tr("Orrery"));
   setAcceptDrops(true);
-  resize(1600, 1000);
+  // 1600x1000, or 90 % of a smaller screen's free area.
+  const QRect avail = screen() ? screen()->availableGeometry() : QRect(0, 0, 1600, 1000);
+  resize(std::min(1600, avail.width() * 9 / 10), std::min(1000, avail.height() * 9 / 10));
 
   tabs_ = new QTabWidget(this);
   timeline_ = new TimelineView(tabs_);
@@ -97,14 +108,19 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   tabs_->addTab(charts_, tr("Charts"));
   setCentralWidget(tabs_);
 
-  connect(timeline_, &TimelineView::spanSelected, this, &MainWindow::on_span_selected);
-  connect(timeline_, &TimelineView::rangeSelected, this, &MainWindow::on_range_selected);
-  connect(timeline_, &TimelineView::rangeCleared, this, [this] {
-    ++range_generation_;
-    range_metrics_.clear();
-    collectives_.set_collectives({});
-    range_note_->setText(tr("Shift-drag on the timeline to select a range."));
-  });
+  // The timeline and both compare panes fill the details and range panels, each with its trace.
+  for (TimelineView* v : {timeline_, compare_->view_a(), compare_->view_b()}) {
+    connect(v, &TimelineView::spanSelected, this,
+            [this, v](qint64 span) { on_span_selected(v, span); });
+    connect(v, &TimelineView::rangeSelected, this,
+            [this, v](qint64 t0, qint64 t1) { on_range_selected(v, t0, t1); });
+    connect(v, &TimelineView::rangeCleared, this, [this] {
+      ++range_generation_;
+      range_metrics_.clear();
+      collectives_.set_collectives({});
+      range_note_->setText(tr("Shift-drag on the timeline to select a range."));
+    });
+  }
   connect(&lanes_, &LaneTreeModel::visibilityChanged, this,
           [this] { timeline_->set_hidden_lanes(lanes_.hidden_lanes()); });
 
@@ -144,6 +160,8 @@ void MainWindow::build_menus() {
   open->setShortcut(QKeySequence::Open);
   recent_menu_ = file->addMenu(tr("Open &Recent"));
   rebuild_recent_menu();
+  file->addAction(tr("&Close"), this, &MainWindow::close_current_document)
+      ->setShortcut(QKeySequence::Close);
   file->addSeparator();
   file->addAction(tr("Save &Screenshot..."), this, [this] {
     const QString path =
@@ -155,15 +173,23 @@ void MainWindow::build_menus() {
   quit->setShortcut(QKeySequence::Quit);
 
   auto* view = menuBar()->addMenu(tr("&View"));
-  auto* fit = view->addAction(tr("&Fit all"), timeline_, &TimelineView::fit_all);
-  fit->setShortcut(Qt::Key_0);
-  auto* zsel =
-      view->addAction(tr("&Zoom to selection"), timeline_, &TimelineView::zoom_to_selection);
-  zsel->setShortcut(Qt::Key_F);
-  // The timeline handles W/A/S/D, 0 and F itself when it has focus; the menu shortcuts would
-  // otherwise steal them, so they only show the keys.
-  fit->setShortcutContext(Qt::WidgetShortcut);
-  zsel->setShortcutContext(Qt::WidgetShortcut);
+  // The navigation keys are window shortcuts, so they work without a click on the timeline; a
+  // text field with the focus (the search box, the compare view's step) keeps its typed keys.
+  auto nav = [this, view](const QString& text, QList<QKeySequence> keys) {
+    const int key = keys.front()[0].key();
+    auto* a = view->addAction(text, this, [this, key] {
+      if (TimelineView* t = key_target()) t->navigate(key);
+    });
+    a->setShortcuts(keys);
+    a->setShortcutContext(Qt::WindowShortcut);
+    return a;
+  };
+  auto* fit = nav(tr("&Fit all"), {QKeySequence(Qt::Key_0), QKeySequence(Qt::Key_Home)});
+  auto* zsel = nav(tr("&Zoom to selection"), {QKeySequence(Qt::Key_F)});
+  nav(tr("Zoom &in"), {QKeySequence(Qt::Key_W)});
+  nav(tr("Zoom &out"), {QKeySequence(Qt::Key_S)});
+  nav(tr("Pan &left"), {QKeySequence(Qt::Key_A)});
+  nav(tr("Pan &right"), {QKeySequence(Qt::Key_D)});
   view->addSeparator();
   auto* kinds = view->addMenu(tr("Span &kinds"));
 
@@ -189,6 +215,8 @@ void MainWindow::build_menus() {
   connect(group_combo_, &QComboBox::currentIndexChanged, this, [this](int i) {
     const auto by = static_cast<GroupBy>(group_combo_->itemData(i).toInt());
     timeline_->set_group_by(by);
+    compare_->view_a()->set_group_by(by);
+    compare_->view_b()->set_group_by(by);
     if (auto d = current_document()) lanes_.set_trace(timeline_->index(), d->trace.ranks, by);
     lanes_view_->expandToDepth(0);
   });
@@ -205,6 +233,15 @@ void MainWindow::build_menus() {
       search_edit_->setModified(false);
     }
     search_next();
+    // With a match shown, the keys go back to the timeline (W/S/A/D, F); with none, the box
+    // keeps the focus so the query can be fixed.
+    if (search_.size()) timeline_->setFocus();
+  });
+  // Clearing the box (its clear button, or deleting the text) clears the search and its label.
+  connect(search_edit_, &QLineEdit::textChanged, this, [this](const QString& text) {
+    if (!text.isEmpty()) return;
+    search_.clear();
+    search_label_->clear();
   });
   tb->addAction(tr("Previous"), this, &MainWindow::search_previous)
       ->setShortcut(QKeySequence::FindPrevious);
@@ -280,6 +317,14 @@ void MainWindow::build_docks() {
   left->setWidget(lanes_view_);
   addDockWidget(Qt::LeftDockWidgetArea, left);
   resizeDocks({left, right}, {190, 420}, Qt::Horizontal);
+  // A closed panel comes back from View > Panels (not only from a toolbar's context menu).
+  for (QAction* a : menuBar()->actions()) {
+    if (a->menu() && a->text() == tr("&View")) {
+      QMenu* panels = a->menu()->addMenu(tr("&Panels"));
+      panels->addAction(left->toggleViewAction());
+      panels->addAction(right->toggleViewAction());
+    }
+  }
 }
 
 std::shared_ptr<TraceDocument> MainWindow::current_document() const {
@@ -297,14 +342,82 @@ void MainWindow::set_current_document(int i) {
   lanes_.set_trace(timeline_->index(), doc->trace.ranks, timeline_->group_by());
   lanes_view_->expandToDepth(0);
   details_.set_span(nullptr, -1, 0);
+  ++range_generation_;  // a range computed on the previous trace is not shown on this one
   range_metrics_.clear();
   collectives_.set_collectives({});
   search_.clear();
   search_label_->clear();
   if (!search_edit_->text().isEmpty()) search(search_edit_->text());
-  setWindowTitle(tr("Orrery - %1").arg(QFileInfo(QString::fromStdString(doc->path)).fileName()));
+  setWindowTitle(tr("Orrery - %1").arg(trace_combo_->itemText(i)));
+  if (tabs_->currentWidget() == timeline_) timeline_->setFocus();
   update_status();
   refresh_compare_and_charts();
+}
+
+void MainWindow::close_current_document() {
+  if (current_ < 0 || current_ >= static_cast<int>(docs_.size())) return;
+  metrics_.erase(docs_[static_cast<size_t>(current_)].get());
+  docs_.erase(docs_.begin() + current_);
+  refresh_trace_names();
+  if (docs_.empty()) {
+    current_ = -1;
+    timeline_->set_document(nullptr);
+    lanes_.set_trace(nullptr, {}, timeline_->group_by());
+    details_.set_span(nullptr, -1, 0);
+    ++range_generation_;
+    range_metrics_.clear();
+    collectives_.set_collectives({});
+    search_.clear();
+    search_label_->clear();
+    setWindowTitle(tr("Orrery"));
+    update_status();
+    refresh_compare_and_charts();
+    return;
+  }
+  set_current_document(std::min(current_, static_cast<int>(docs_.size()) - 1));
+}
+
+bool MainWindow::show_document(const QString& path) {
+  const int i = find_document(path);
+  if (i >= 0) set_current_document(i);
+  return i >= 0;
+}
+
+int MainWindow::find_document(const QString& path) const {
+  auto key = [](const QString& p) {
+    const QFileInfo fi(p);
+    const QString c = fi.canonicalFilePath();
+    return c.isEmpty() ? fi.absoluteFilePath() : c;
+  };
+  const QString k = key(path);
+  for (size_t i = 0; i < docs_.size(); ++i) {
+    if (key(QString::fromStdString(docs_[i]->path)) == k) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void MainWindow::refresh_trace_names() {
+  std::vector<std::string> paths;
+  for (const auto& d : docs_)
+    paths.push_back(QFileInfo(QString::fromStdString(d->path)).absoluteFilePath().toStdString());
+  const auto names = distinct_names(paths);
+  trace_combo_->clear();
+  for (size_t i = 0; i < names.size(); ++i) {
+    trace_combo_->addItem(QString::fromStdString(names[i]));
+    trace_combo_->setItemData(static_cast<int>(i), QString::fromStdString(paths[i]),
+                              Qt::ToolTipRole);
+  }
+  if (current_ >= 0 && current_ < trace_combo_->count()) trace_combo_->setCurrentIndex(current_);
+}
+
+TimelineView* MainWindow::key_target() const {
+  // The timeline with the focus (a compare pane, say), else the shown tab's.
+  for (QWidget* w = QApplication::focusWidget(); w; w = w->parentWidget()) {
+    if (auto* t = qobject_cast<TimelineView*>(w)) return t->isVisible() ? t : nullptr;
+  }
+  if (tabs_->currentWidget() == timeline_) return timeline_;
+  if (tabs_->currentWidget() == compare_) return compare_->view_a();
+  return nullptr;
 }
 
 void MainWindow::update_status() {
@@ -328,12 +441,26 @@ void MainWindow::update_status() {
           .arg(QString::fromStdString(format_duration_ns(static_cast<double>(dur)))));
 }
 
-void MainWindow::update_loading() { progress_->setVisible(pending_loads_ > 0); }
+void MainWindow::update_loading() {
+  progress_->setVisible(pending_loads_ > 0);
+  // The empty timeline says a trace is on its way rather than "Open a trace".
+  timeline_->set_empty_message(pending_loads_ == 0 ? QString()
+                               : pending_loads_ == 1
+                                   ? tr("Loading the trace...")
+                                   : tr("Loading %1 traces...").arg(pending_loads_));
+}
 
 void MainWindow::open_files(const QStringList& paths) {
   for (const QString& path : paths) {
     if (path.endsWith(".csv", Qt::CaseInsensitive)) {
       add_sweep(path);
+      continue;
+    }
+    if (const int open = find_document(path); open >= 0) {
+      // Already open: show it, do not add a second, identical entry.
+      set_current_document(open);
+      add_recent(path);
+      emit documentLoaded(path);
       continue;
     }
     ++pending_loads_;
@@ -364,7 +491,9 @@ void MainWindow::open_files(const QStringList& paths) {
 void MainWindow::open_files_now(const QStringList& paths) {
   for (const QString& path : paths) {
     if (path.endsWith(".csv", Qt::CaseInsensitive)) {
-      charts_->set_sweep(load_sweep_csv(path.toStdString()), path);
+      std::vector<SweepUnplaced> unplaced;
+      auto points = load_sweep_csv(path.toStdString(), &unplaced);
+      charts_->set_sweep(std::move(points), path, std::move(unplaced));
       continue;
     }
     add_document(load_document(path.toStdString()));
@@ -384,7 +513,9 @@ void MainWindow::wait_for_metrics() {
 
 void MainWindow::add_sweep(const QString& path) {
   try {
-    charts_->set_sweep(load_sweep_csv(path.toStdString()), path);
+    std::vector<SweepUnplaced> unplaced;
+    auto points = load_sweep_csv(path.toStdString(), &unplaced);
+    charts_->set_sweep(std::move(points), path, std::move(unplaced));
     add_recent(path);
     tabs_->setCurrentWidget(charts_);
     emit documentLoaded(path);
@@ -406,16 +537,16 @@ void MainWindow::show_error(const QString& path, const QString& reason) {
 }
 
 void MainWindow::add_document(std::shared_ptr<TraceDocument> doc) {
-  docs_.push_back(doc);
-  trace_combo_->addItem(QFileInfo(QString::fromStdString(doc->path)).fileName());
-  start_metrics(doc);
-  // The first trace opened is shown; later ones go to the compare view (and the trace selector).
-  if (current_ < 0) {
-    set_current_document(0);
-  } else {
-    update_status();
-    refresh_compare_and_charts();
+  // Opened twice before the first load finished: keep the first.
+  if (const int open = find_document(QString::fromStdString(doc->path)); open >= 0) {
+    set_current_document(open);
+    return;
   }
+  docs_.push_back(doc);
+  refresh_trace_names();
+  start_metrics(doc);
+  // The trace just opened is shown: in the timeline, the title, the status and the trace box.
+  set_current_document(static_cast<int>(docs_.size()) - 1);
 }
 
 void MainWindow::start_metrics(const std::shared_ptr<TraceDocument>& doc) {
@@ -423,7 +554,9 @@ void MainWindow::start_metrics(const std::shared_ptr<TraceDocument>& doc) {
   jobs_.push_back(w);
   connect(w, &QFutureWatcherBase::finished, this, [this, w, doc] {
     jobs_.erase(std::remove(jobs_.begin(), jobs_.end(), w), jobs_.end());
-    if (auto m = w->result()) metrics_[doc.get()] = m;
+    auto m = w->result();
+    const bool open = std::find(docs_.begin(), docs_.end(), doc) != docs_.end();
+    if (m && open) metrics_[doc.get()] = m;  // none for a trace closed meanwhile
     w->deleteLater();
     refresh_compare_and_charts();
     emit metricsReady();
@@ -446,10 +579,13 @@ void MainWindow::refresh_compare_and_charts() {
   auto cur = current_document();
   charts_->set_breakdown(cur.get(), cur ? metrics_of(cur) : nullptr);
   if (docs_.size() >= 2) {
-    // A is the trace in the timeline, B the first other one.
-    auto a = cur ? cur : docs_[0];
-    auto b = docs_[0] == a ? docs_[1] : docs_[0];
+    // A is the first trace opened, B the one in the timeline (the second while it shows the first):
+    // open a real run, then its simulation, and compare shows real over simulated.
+    auto a = docs_[0];
+    auto b = cur && cur != a ? cur : docs_[1];
     compare_->set_documents(a, metrics_of(a), b, metrics_of(b));
+  } else {
+    compare_->clear();
   }
 }
 
@@ -463,17 +599,16 @@ void MainWindow::show_tab(const QString& name) {
   }
 }
 
-void MainWindow::on_span_selected(qint64 span) {
-  auto d = current_document();
-  details_.set_span(d ? &d->trace : nullptr, span,
-                    timeline_->index() ? timeline_->index()->start_ns() : 0);
+void MainWindow::on_span_selected(TimelineView* src, qint64 span) {
+  auto d = src->document();
+  details_.set_span(d ? &d->trace : nullptr, span, src->index() ? src->index()->start_ns() : 0);
   details_view_->resizeColumnToContents(0);
 }
 
 void MainWindow::select_range(int64_t t0_ns, int64_t t1_ns) { timeline_->set_range(t0_ns, t1_ns); }
 
-void MainWindow::on_range_selected(qint64 t0, qint64 t1) {
-  auto d = current_document();
+void MainWindow::on_range_selected(TimelineView* src, qint64 t0, qint64 t1) {
+  auto d = src->document();
   if (!d) return;
   const uint64_t gen = ++range_generation_;
   range_note_->setText(tr("Computing..."));
@@ -512,6 +647,11 @@ void MainWindow::search(const QString& text) {
   auto d = current_document();
   if (!d) return;
   search_edit_->setText(text);
+  if (text.isEmpty()) {  // an empty query matches nothing and says nothing
+    search_.clear();
+    search_label_->clear();
+    return;
+  }
   search_.run(d->trace, text.toStdString(), timeline_->kind_mask());
   search_label_->setText(search_.size() ? tr("%1 matches").arg(search_.size()) : tr("no match"));
 }

@@ -38,6 +38,14 @@ TimelineView::TimelineView(QWidget* parent) : QAbstractScrollArea(parent) {
   viewport()->setAttribute(Qt::WA_OpaquePaintEvent);
   setFocusPolicy(Qt::StrongFocus);
   setMinimumSize(240, 100);
+  set_empty_message({});
+}
+
+void TimelineView::set_empty_message(const QString& text) {
+  empty_message_ = text.isEmpty()
+                       ? tr("Open a trace: File > Open, drag a file here, or orrery-gui TRACE")
+                       : text;
+  viewport()->update();
 }
 
 void TimelineView::set_document(std::shared_ptr<TraceDocument> doc) {
@@ -153,6 +161,27 @@ void TimelineView::fit_all() {
   changed_mapping();
 }
 
+bool TimelineView::bound_view() {
+  if (!index_) return false;
+  const TimeMapping before = map_;
+  const double w = track_width();
+  const int64_t lo = index_->start_ns() + shift_ns_, hi = index_->end_ns() + shift_ns_;
+  // Zoomed out at most to fit_all's view.
+  const double len = static_cast<double>(hi - lo);
+  const double max_npp =
+      std::max(TimeMapping::kMinNsPerPx, (len + 2 * std::max(1.0, std::floor(len / 100))) / w);
+  if (map_.ns_per_px > max_npp) map_.zoom(map_.ns_per_px / max_npp, w / 2);
+  // Panned at most a quarter of the view past either end (the left end wins on a tie).
+  const double margin = map_.ns_per_px * w / 4;
+  const double past_end =
+      static_cast<double>(map_.origin_ns - hi) + map_.origin_frac + map_.ns_per_px * w - margin;
+  if (past_end > 0) map_.pan_px(past_end / map_.ns_per_px);
+  const double before_start = static_cast<double>(lo - map_.origin_ns) - map_.origin_frac - margin;
+  if (before_start > 0) map_.pan_px(-before_start / map_.ns_per_px);
+  return map_.origin_ns != before.origin_ns || map_.origin_frac != before.origin_frac ||
+         map_.ns_per_px != before.ns_per_px;
+}
+
 void TimelineView::zoom_to(int64_t t0_ns, int64_t t1_ns) {
   if (t1_ns <= t0_ns) t1_ns = t0_ns + 1;
   const int64_t margin = std::max<int64_t>(1, (t1_ns - t0_ns) / 20);
@@ -160,6 +189,10 @@ void TimelineView::zoom_to(int64_t t0_ns, int64_t t1_ns) {
   pinned_t0_ = t0_ns + shift_ns_ - margin;
   pinned_t1_ = t1_ns + shift_ns_ + margin;
   map_.fit(pinned_t0_, pinned_t1_, track_width());
+  if (bound_view()) {  // a range past the trace: pin what is shown instead
+    pinned_t0_ = map_.t_floor(0);
+    pinned_t1_ = map_.t_ceil(track_width());
+  }
   fitted_ = true;
   changed_mapping();
 }
@@ -167,12 +200,14 @@ void TimelineView::zoom_to(int64_t t0_ns, int64_t t1_ns) {
 void TimelineView::zoom_by(double factor, double anchor_x_track) {
   pinned_ = false;
   map_.zoom(factor, anchor_x_track);
+  bound_view();
   changed_mapping();
 }
 
 void TimelineView::pan_by_px(double dx) {
   pinned_ = false;
   map_.pan_px(dx);
+  bound_view();
   changed_mapping();
 }
 
@@ -219,6 +254,7 @@ void TimelineView::select_span(int64_t span, bool reveal) {
         verticalScrollBar()->setValue(static_cast<int>(row_y - vis_h / 3.0));
       }
     }
+    bound_view();
     changed_mapping();
   }
   viewport()->update();
@@ -268,28 +304,77 @@ QPoint TimelineView::point_of_span(int64_t span) const {
   return {kLabelWidth + static_cast<int>((x0 + x1) / 2), static_cast<int>(y)};
 }
 
-int64_t TimelineView::span_at_point(QPoint p) const {
-  if (!index_ || p.x() < kLabelWidth || p.y() < kAxisHeight) return -1;
+std::optional<std::pair<const LaneRow*, DrawItem>> TimelineView::item_at_point(QPoint p) const {
+  if (!index_ || p.x() < kLabelWidth || p.y() < kAxisHeight) return std::nullopt;
   const int r = layout_.row_at(p.y() - lane_top());
-  if (r < 0) return -1;
+  if (r < 0) return std::nullopt;
   const auto& lr = layout_.rows()[static_cast<size_t>(r)];
-  if (lr.kind != LayoutRow::Kind::Lane) return -1;
+  if (lr.kind != LayoutRow::Kind::Lane) return std::nullopt;
   const auto& lane = index_->lanes()[static_cast<size_t>(lr.lane)];
   const int row = static_cast<int>((p.y() - lane_top() - lr.y) / LaneLayout::kRowHeight);
-  if (row < 0 || row >= static_cast<int>(lane.rows.size())) return -1;
-  // Fold the row exactly as painting does, and pick the item under x: a folded block is no span.
+  if (row < 0 || row >= static_cast<int>(lane.rows.size())) return std::nullopt;
+  // Fold the row exactly as painting does, and pick the item under x.
   const TimeMapping tm = trace_mapping();
   const double x = p.x() - kLabelWidth;
+  const LaneRow& lrow = lane.rows[static_cast<size_t>(row)];
   std::vector<DrawItem> items;
-  fold_row(lane.rows[static_cast<size_t>(row)], tm, track_width(), kFoldPx, items);
+  fold_row(lrow, tm, track_width(), kFoldPx, items);
   for (const auto& it : items) {
     const double x0 = tm.x_of(it.start_ns);
     const double x1 = std::max(x0 + 1, tm.x_of(it.end_ns));
-    if (x >= x0 - 0.5 && x <= x1 + 0.5) {
-      return it.count == 1 ? lane.rows[static_cast<size_t>(row)].span[it.first] : -1;
+    if (x >= x0 - 0.5 && x <= x1 + 0.5) return std::pair{&lrow, it};
+  }
+  return std::nullopt;
+}
+
+int64_t TimelineView::span_at_point(QPoint p) const {
+  const auto hit = item_at_point(p);
+  // A folded block is no span.
+  if (!hit || hit->second.count != 1) return -1;
+  return hit->first->span[hit->second.first];
+}
+
+std::optional<FoldSummary> TimelineView::fold_at_point(QPoint p) const {
+  const auto hit = item_at_point(p);
+  if (!hit || hit->second.count < 2) return std::nullopt;
+  return summarize(*hit->first, hit->second);
+}
+
+QString TimelineView::tooltip_at(QPoint p) const {
+  if (!doc_) return {};
+  auto row = [](const QString& k, const QString& v) {
+    return "<tr><td><b>" + k.toHtmlEscaped() + "</b></td><td>" + v.toHtmlEscaped() + "</td></tr>";
+  };
+  QString html;
+  if (const int64_t span = span_at_point(p); span >= 0) {
+    for (auto& [k, v] :
+         span_attributes(doc_->trace, static_cast<uint32_t>(span), index_->start_ns(), true)) {
+      html += row(QString::fromStdString(k), QString::fromStdString(v));
+    }
+  } else if (const auto f = fold_at_point(p)) {
+    html += row(tr("Folded"), tr("%1 spans").arg(f->count));
+    html += row(
+        tr("Length"),
+        QString::fromStdString(format_duration_ns(static_cast<double>(f->end_ns - f->start_ns))));
+    html += row(tr("Busy"), QStringLiteral("%1 %").arg(100.0 * f->busy_fraction(), 0, 'f', 1));
+    // The kinds by their time, largest first, as a share of the busy time.
+    std::vector<int> kinds;
+    for (int k = 0; k < traces::kSpanKindCount; ++k) {
+      if (f->kind_ns[static_cast<size_t>(k)] > 0) kinds.push_back(k);
+    }
+    std::stable_sort(kinds.begin(), kinds.end(), [&](int a, int b) {
+      return f->kind_ns[static_cast<size_t>(a)] > f->kind_ns[static_cast<size_t>(b)];
+    });
+    for (int k : kinds) {
+      const auto ns = static_cast<double>(f->kind_ns[static_cast<size_t>(k)]);
+      html +=
+          row(QString::fromUtf8(traces::to_string(static_cast<traces::SpanKind>(k)).data()),
+              QStringLiteral("%1 (%2 %)")
+                  .arg(QString::fromStdString(format_duration_ns(ns)))
+                  .arg(f->busy_ns ? 100.0 * ns / static_cast<double>(f->busy_ns) : 0.0, 0, 'f', 1));
     }
   }
-  return -1;
+  return html.isEmpty() ? QString() : "<table>" + html + "</table>";
 }
 
 void TimelineView::resizeEvent(QResizeEvent* e) {
@@ -298,6 +383,8 @@ void TimelineView::resizeEvent(QResizeEvent* e) {
     fit_all();
   } else if (pinned_) {
     map_.fit(pinned_t0_, pinned_t1_, track_width());
+    changed_mapping();
+  } else if (bound_view()) {  // a wider track shows more: keep it within the bounds
     changed_mapping();
   }
   relayout();
@@ -351,8 +438,7 @@ void TimelineView::paintEvent(QPaintEvent*) {
 
 void TimelineView::paint_empty(QPainter& p) const {
   p.setPen(palette::kEmptyText);
-  p.drawText(rect(), Qt::AlignCenter,
-             tr("Open a trace: File > Open, drag a file here, or orrery-gui TRACE"));
+  p.drawText(rect(), Qt::AlignCenter, empty_message_);
 }
 
 size_t TimelineView::paint_rows(QPainter& p, const Frame& f) const {
@@ -400,7 +486,8 @@ void TimelineView::paint_header(QPainter& p, const Frame& f, const LayoutRow& lr
 size_t TimelineView::paint_lane(QPainter& p, const Frame& f, const LayoutRow& lr, double y,
                                 bool odd, std::vector<DrawItem>& items) const {
   const auto& lane = index_->lanes()[static_cast<size_t>(lr.lane)];
-  p.fillRect(QRectF(0, y, f.width, lr.height), odd ? palette::kLaneOdd : palette::kLaneEven);
+  const QColor bg = odd ? palette::kLaneOdd : palette::kLaneEven;
+  p.fillRect(QRectF(0, y, f.width, lr.height), bg);
   paint_grid(p, f, y, lr.height);
   p.save();
   const QRectF track_rect(kLabelWidth, y, f.track_width, lr.height);
@@ -411,7 +498,7 @@ size_t TimelineView::paint_lane(QPainter& p, const Frame& f, const LayoutRow& lr
     const double ry = y + rowi * LaneLayout::kRowHeight + 1;
     const double rh = LaneLayout::kRowHeight - 2;
     if (ry > f.height || ry + rh < kAxisHeight) continue;
-    drawn += paint_lane_row(p, f, lane.rows[rowi], ry, rh, items);
+    drawn += paint_lane_row(p, f, lane.rows[rowi], ry, rh, bg, items);
   }
   p.restore();
   paint_lane_label(p, f, lr, y);
@@ -427,12 +514,12 @@ void TimelineView::paint_grid(QPainter& p, const Frame& f, double y, double heig
 }
 
 size_t TimelineView::paint_lane_row(QPainter& p, const Frame& f, const LaneRow& row, double ry,
-                                    double rh, std::vector<DrawItem>& items) const {
+                                    double rh, const QColor& bg,
+                                    std::vector<DrawItem>& items) const {
   items.clear();
   fold_row(row, f.tm, f.track_width, kFoldPx, items);
   const QRectF row_rect(kLabelWidth, ry, f.track_width, rh);
   for (const auto& it : items) {
-    const auto& s = doc_->trace.spans[row.span[it.first]];
     double x0 = f.tm.x_of(it.start_ns);
     double x1 = f.tm.x_of(it.end_ns);
     x0 = std::max(x0, -2.0);
@@ -440,9 +527,9 @@ size_t TimelineView::paint_lane_row(QPainter& p, const Frame& f, const LaneRow& 
     const double w = std::max(1.0, x1 - x0);
     const QRectF r(kLabelWidth + x0, ry, w, rh);
     if (it.count == 1) {
-      paint_span(p, f, s, r, row_rect);
+      paint_span(p, f, doc_->trace.spans[row.span[it.first]], r, row_rect);
     } else {
-      paint_folded(p, f, s, it.count, r, row_rect);
+      paint_folded(p, f, summarize(row, it), bg, r, row_rect);
     }
   }
   return items.size();
@@ -460,19 +547,20 @@ void TimelineView::paint_span(QPainter& p, const Frame& f, const traces::Span& s
              f.fm.elidedText(name, Qt::ElideRight, static_cast<int>(text_rect.width())));
 }
 
-// A folded run: the first span's colour, darker, with a light line along its top (a pattern brush
-// would cost more than the rest of the frame), and its count when it fits.
-void TimelineView::paint_folded(QPainter& p, const Frame& f, const traces::Span& first,
-                                uint32_t count, const QRectF& r, const QRectF& row_rect) const {
-  p.fillRect(r, palette::folded_color(first.kind));
+// A folded run: the colour of the kind with most of its time, shaded by its busy fraction, with a
+// light line along its top (a pattern brush would cost more than the rest of the frame), and its
+// count when it fits.
+void TimelineView::paint_folded(QPainter& p, const Frame& f, const FoldSummary& fold,
+                                const QColor& bg, const QRectF& r, const QRectF& row_rect) const {
+  p.fillRect(r, palette::folded_color(fold.dominant, fold.busy_fraction(), bg));
   if (r.width() >= 4) {
-    p.fillRect(QRectF(r.x(), r.y(), r.width(), 2), palette::folded_edge_color(first.kind));
+    p.fillRect(QRectF(r.x(), r.y(), r.width(), 2), palette::folded_edge_color(fold.dominant));
   }
   if (r.width() < 36) return;
   p.setPen(palette::kFoldedText);
   const QRectF text_rect = r.intersected(row_rect);
   p.drawText(text_rect, Qt::AlignCenter,
-             f.fm.elidedText(QStringLiteral("%1 spans").arg(count), Qt::ElideRight,
+             f.fm.elidedText(QStringLiteral("%1 spans").arg(fold.count), Qt::ElideRight,
                              static_cast<int>(text_rect.width())));
 }
 
@@ -619,6 +707,7 @@ void TimelineView::mouseMoveEvent(QMouseEvent* e) {
     pinned_ = false;
     map_ = press_map_;
     map_.pan_px(pos.x() - press_pos_.x());
+    bound_view();
     verticalScrollBar()->setValue(press_scroll_ - (pos.y() - press_pos_.y()));
     changed_mapping();
     return;
@@ -636,33 +725,24 @@ void TimelineView::mouseMoveEvent(QMouseEvent* e) {
   if (h != hovered_) {
     hovered_ = h;
     emit spanHovered(h);
-    if (h < 0) QToolTip::hideText();
   }
-  if (h >= 0) show_tooltip(pos, e->globalPosition().toPoint());
+  show_tooltip(pos, e->globalPosition().toPoint());
 }
 
 void TimelineView::show_tooltip(QPoint pos, QPoint global) {
-  if (hovered_ < 0 || !doc_) return;
-  QString html = "<table>";
-  for (auto& [k, v] :
-       span_attributes(doc_->trace, static_cast<uint32_t>(hovered_), index_->start_ns(), true)) {
-    html += "<tr><td><b>" + QString::fromStdString(k).toHtmlEscaped() + "</b></td><td>" +
-            QString::fromStdString(v).toHtmlEscaped() + "</td></tr>";
+  const QString html = tooltip_at(pos);
+  if (html.isEmpty()) {
+    QToolTip::hideText();
+  } else {
+    QToolTip::showText(global, html, viewport(), QRect(pos, QSize(1, 1)));
   }
-  html += "</table>";
-  QToolTip::showText(global, html, viewport(), QRect(pos, QSize(1, 1)));
 }
 
 bool TimelineView::viewportEvent(QEvent* e) {
   if (e->type() == QEvent::ToolTip) {
     auto* he = static_cast<QHelpEvent*>(e);
-    const int64_t h = span_at_point(he->pos());
-    hovered_ = h;
-    if (h >= 0) {
-      show_tooltip(he->pos(), he->globalPos());
-    } else {
-      QToolTip::hideText();
-    }
+    hovered_ = span_at_point(he->pos());
+    show_tooltip(he->pos(), he->globalPos());
     return true;
   }
   return QAbstractScrollArea::viewportEvent(e);
@@ -695,38 +775,44 @@ void TimelineView::mouseDoubleClickEvent(QMouseEvent* e) {
   }
 }
 
-void TimelineView::keyPressEvent(QKeyEvent* e) {
+bool TimelineView::navigate(int key) {
   const double w = track_width();
   // The anchor of keyboard zoom is the mouse when it is over the track, else the centre.
   double anchor = w / 2;
   if (last_mouse_.x() >= kLabelWidth && underMouse()) anchor = last_mouse_.x() - kLabelWidth;
-  switch (e->key()) {
+  switch (key) {
     case Qt::Key_W:
       zoom_by(1.25, anchor);
-      break;
+      return true;
     case Qt::Key_S:
       zoom_by(1 / 1.25, anchor);
-      break;
+      return true;
     case Qt::Key_A:
       pan_by_px(w / 8);
-      break;
+      return true;
     case Qt::Key_D:
       pan_by_px(-w / 8);
-      break;
+      return true;
     case Qt::Key_F:
       zoom_to_selection();
-      break;
+      return true;
     case Qt::Key_0:
     case Qt::Key_Home:
       fit_all();
-      break;
+      return true;
     case Qt::Key_Escape:
       clear_range();
       select_span(-1);
-      break;
+      return true;
     default:
-      QAbstractScrollArea::keyPressEvent(e);
-      return;
+      return false;
+  }
+}
+
+void TimelineView::keyPressEvent(QKeyEvent* e) {
+  if (!navigate(e->key())) {
+    QAbstractScrollArea::keyPressEvent(e);
+    return;
   }
   e->accept();
 }

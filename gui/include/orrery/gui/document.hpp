@@ -24,6 +24,11 @@ std::shared_ptr<TraceDocument> load_document(const std::string& path);
 // Wraps an in-memory trace (tests, benchmarks, generated traces).
 std::shared_ptr<TraceDocument> make_document(traces::Trace t, std::string path = {});
 
+// Names that tell open files apart, as editors label tabs: for each path, its last components
+// ('/'-separated), as few as make it differ from every other path's (at least the file name); a
+// path that needs all its components is shown whole. Equal paths get equal names.
+std::vector<std::string> distinct_names(const std::vector<std::string>& paths);
+
 // Per rank and step: where the step's time went. Compute and exposed communication come from the
 // metrics' per-step breakdown; the idle time of a rank in a pipeline-parallel run (pp > 1) is the
 // pipeline bubble, as the metrics define it, and is reported as bubble instead of idle.
@@ -43,9 +48,9 @@ std::vector<StepBreakdown> mean_per_rank(const std::vector<StepBreakdown>& per_s
 // Per-step comparison of two runs, aligned by step number (steps present in both).
 struct StepDiff {
   int32_t step = 0;
-  int64_t a_ns = 0, b_ns = 0;                   // step durations (earliest start to latest end)
-  int64_t a_compute_ns = 0, b_compute_ns = 0;   // mean over ranks
-  int64_t a_exposed_ns = 0, b_exposed_ns = 0;   // mean over ranks
+  int64_t a_ns = 0, b_ns = 0;                  // step durations (earliest start to latest end)
+  int64_t a_compute_ns = 0, b_compute_ns = 0;  // mean over ranks
+  int64_t a_exposed_ns = 0, b_exposed_ns = 0;  // mean over ranks
   int64_t diff_ns() const { return b_ns - a_ns; }
   double diff_pct() const { return a_ns ? 100.0 * static_cast<double>(b_ns - a_ns) / a_ns : 0.0; }
 };

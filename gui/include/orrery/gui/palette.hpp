@@ -45,12 +45,25 @@ inline QColor span_color(traces::SpanKind k, traces::NameId name) {
   return shift >= 0 ? c.lighter(100 + shift * 3) : c.darker(100 - shift * 3);
 }
 
-// A folded run of spans: its first span's kind, darker, with a lighter line along its top.
-inline QColor folded_color(traces::SpanKind k) { return kind_color(k).darker(130); }
+// Mixes a over b: a where t = 1, b where t = 0 (channel by channel, rounded; opaque).
+inline QColor mix(const QColor& a, const QColor& b, double t) {
+  t = t < 0 ? 0 : t > 1 ? 1 : t;
+  auto ch = [t](int x, int y) { return static_cast<int>(y + (x - y) * t + 0.5); };
+  return QColor(ch(a.red(), b.red()), ch(a.green(), b.green()), ch(a.blue(), b.blue()));
+}
+
+// A folded run of spans: the colour of the kind that covers most of its time, darker, shaded into
+// the lane's background by how much of the run is busy (a run that is mostly gaps looks pale, as
+// Perfetto and Tracy show density), with a lighter line along its top. A fully idle run keeps a
+// quarter of the colour, so it stays visible.
+inline QColor folded_color(traces::SpanKind k, double busy_fraction, const QColor& background) {
+  return mix(kind_color(k).darker(130), background, 0.25 + 0.75 * busy_fraction);
+}
 inline QColor folded_edge_color(traces::SpanKind k) { return kind_color(k).lighter(130); }
 
-// The outline of a kind's swatch in the kinds list.
+// The outline of a kind's swatch in the kinds list; a switched-off kind's swatch is an empty box.
 inline QColor kind_icon_border(traces::SpanKind k) { return kind_color(k).darker(150); }
+inline constexpr QColor kKindOff = rgb(0x9AA0A6);
 
 // Text on a span: dark on light colours, white on dark ones.
 inline constexpr QColor kTextOnLight = rgb(0x101010);

@@ -6,6 +6,7 @@
 // run is skipped by binary search too, so a frame costs O(pixels x log n) whatever the zoom.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,9 +24,20 @@ struct LaneRow {
   // other row end_ns is already sorted and is searched directly).
   std::vector<int64_t> max_end_ns;
   std::vector<uint32_t> span;  // index into Trace::spans
+  std::vector<uint8_t> kind;   // the span's SpanKind
+  // Per kind present in the row, the running sum of its spans' durations: prefix_ns[i] is the time
+  // of that kind's spans among the row's first i spans (size() + 1 entries). A folded block's time
+  // per kind is then two look-ups, so colouring blocks by their time keeps a frame O(pixels).
+  struct KindTime {
+    traces::SpanKind kind = traces::SpanKind::Other;
+    std::vector<int64_t> prefix_ns;
+  };
+  std::vector<KindTime> kind_time;
 
   size_t size() const { return start_ns.size(); }
-  const std::vector<int64_t>& search_end() const { return max_end_ns.empty() ? end_ns : max_end_ns; }
+  const std::vector<int64_t>& search_end() const {
+    return max_end_ns.empty() ? end_ns : max_end_ns;
+  }
 };
 
 struct Lane {
@@ -83,6 +95,23 @@ struct DrawItem {
 // that is wide or starts later. Appends to `out`.
 void fold_row(const LaneRow& row, const TimeMapping& m, double width_px, double min_px,
               std::vector<DrawItem>& out);
+
+// What a draw item stands for: its spans' count, their time per kind, the busy time (the spans'
+// summed durations, at most the item's length: spans of a row do not overlap, except in the
+// overflow row) and the kind that covers most of that time (ties go to the lower SpanKind).
+struct FoldSummary {
+  uint32_t count = 0;
+  int64_t start_ns = 0, end_ns = 0;
+  int64_t busy_ns = 0;
+  std::array<int64_t, traces::kSpanKindCount> kind_ns{};
+  traces::SpanKind dominant = traces::SpanKind::Other;
+  // busy_ns over the item's length, in [0, 1].
+  double busy_fraction() const {
+    return end_ns > start_ns ? static_cast<double>(busy_ns) / static_cast<double>(end_ns - start_ns)
+                             : 1.0;
+  }
+};
+FoldSummary summarize(const LaneRow& row, const DrawItem& item);
 
 // The first span of `row` whose [start, end) contains t, searching from the last span that starts
 // at or before t; -1 when none. Used for hit tests below the folding threshold.

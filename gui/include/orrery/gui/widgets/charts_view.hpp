@@ -22,7 +22,11 @@ class ChartsView : public QWidget {
   explicit ChartsView(QWidget* parent = nullptr);
   // The trace whose breakdown is shown, and its metrics (null while they are being computed).
   void set_breakdown(const TraceDocument* doc, std::shared_ptr<const profiler::Metrics> m);
-  void set_sweep(std::vector<SweepPoint> points, const QString& source);
+  // The sweep's points, and the GPU counts it could not place (named under the scaling chart).
+  void set_sweep(std::vector<SweepPoint> points, const QString& source,
+                 std::vector<SweepUnplaced> unplaced = {});
+  // The line under the scaling chart: the GPU counts not placed and why, empty when none.
+  QString scaling_note() const;
   // What the breakdown chart shows now (tests): bar values per set name, in ms.
   std::vector<double> breakdown_values(const QString& set_name) const;
   int breakdown_categories() const;
@@ -42,6 +46,8 @@ class ChartsView : public QWidget {
   std::vector<StepBreakdown> per_step_;
   std::vector<SweepPoint> sweep_;
   QString sweep_source_;
+  std::vector<SweepUnplaced> unplaced_;
+  QLabel* scaling_note_ = nullptr;
 };
 
 }  // namespace orrery::gui

@@ -24,10 +24,15 @@ class CompareView : public QWidget {
   // Metrics may be null while they are computed; call again when they arrive.
   void set_documents(std::shared_ptr<TraceDocument> a, std::shared_ptr<const profiler::Metrics> ma,
                      std::shared_ptr<TraceDocument> b, std::shared_ptr<const profiler::Metrics> mb);
+  // Back to "Open two traces to compare them." (fewer than two traces open).
+  void clear();
   TimelineView* view_a() const { return a_; }
   TimelineView* view_b() const { return b_; }
   const StepDiffModel* diff_model() const { return &diff_model_; }
+  // Shifts B so that `step` starts where A's does; a step not in both traces leaves the shift and
+  // says so (align_note). The step box offers the steps both traces have.
   void align_on_step(int step);
+  QString align_note() const;
 
  private:
   void sync_from(TimelineView* src, TimelineView* dst);
@@ -37,6 +42,7 @@ class CompareView : public QWidget {
   QLabel* a_label_ = nullptr;
   QLabel* b_label_ = nullptr;
   QSpinBox* align_step_ = nullptr;
+  QLabel* align_note_ = nullptr;
   QTableView* table_ = nullptr;
   StepDiffModel diff_model_;
   std::shared_ptr<const profiler::Metrics> ma_, mb_;

@@ -48,6 +48,10 @@ class MainWindow : public QMainWindow {
   int document_count() const { return static_cast<int>(docs_.size()); }
   std::shared_ptr<TraceDocument> current_document() const;
   void set_current_document(int i);
+  // Shows the open trace at `path` in the timeline; false when it is not open.
+  bool show_document(const QString& path);
+  // File > Close: closes the trace in the timeline and shows the next one (or the one before).
+  void close_current_document();
   void show_tab(const QString& name);  // "timeline", "compare", "charts"
   void search(const QString& text);
   void search_next();
@@ -86,15 +90,22 @@ class MainWindow : public QMainWindow {
   void build_menus();
   void build_docks();
   void add_document(std::shared_ptr<TraceDocument> doc);
+  // Index of the open trace at `path` (compared as absolute, canonical paths), or -1.
+  int find_document(const QString& path) const;
+  // The trace box's entries: names that tell the open files apart, full paths as tooltips.
+  void refresh_trace_names();
   void add_sweep(const QString& path);
   void show_error(const QString& path, const QString& reason);
   void add_recent(const QString& path);
   void rebuild_recent_menu();
   void start_metrics(const std::shared_ptr<TraceDocument>& doc);
   void refresh_compare_and_charts();
-  void on_span_selected(qint64 span);
-  void on_range_selected(qint64 t0, qint64 t1);
+  // A span or range selected in `src` (the timeline or a compare pane), of src's trace.
+  void on_span_selected(TimelineView* src, qint64 span);
+  void on_range_selected(TimelineView* src, qint64 t0, qint64 t1);
   void update_status();
+  // Where the navigation keys go: the focused timeline, else the current tab's (none on Charts).
+  TimelineView* key_target() const;
   void update_loading();
 
   std::vector<std::shared_ptr<TraceDocument>> docs_;

@@ -1,5 +1,5 @@
 // The timeline widget: lanes per rank and stream, spans coloured by kind, a time axis, zoom and pan
-// with the mouse and W/A/S/D keys, hover details, click selection and shift-drag range selection.
+// with the mouse and W/A/S/D keys (bounded to the trace, with a margin), hover details, click selection and shift-drag range selection.
 //
 // Painting asks the core's fold_row for each visible row, so the work per frame is bounded by the
 // number of pixels, not of spans. The view's time ("view time") is the trace's time plus shift_ns,
@@ -34,6 +34,10 @@ class TimelineView : public QAbstractScrollArea {
   void set_document(std::shared_ptr<TraceDocument> doc);
   const std::shared_ptr<TraceDocument>& document() const { return doc_; }
   const TraceIndex* index() const { return index_; }
+  // What the view says when it has no trace: how to open one, or, while one loads, that it loads
+  // (an empty text restores the default).
+  void set_empty_message(const QString& text);
+  const QString& empty_message() const { return empty_message_; }
   const LaneLayout& lane_layout() const { return layout_; }
 
   void set_kind_mask(KindMask kinds);
@@ -57,6 +61,11 @@ class TimelineView : public QAbstractScrollArea {
   void zoom_to(int64_t t0_ns, int64_t t1_ns);  // trace time, with a small margin
   void zoom_by(double factor, double anchor_x_track);
   void pan_by_px(double dx);
+  // The navigation keys: W/S zoom in/out (around the mouse when it is over the track), A/D pan by
+  // an eighth of the track, F zooms to the selection, 0 or Home fits all, Escape clears the range
+  // and the selection. False for any other key. The main window's View actions call it, so the
+  // keys work wherever the focus is (except in a text field).
+  bool navigate(int key);
 
   // Selection (span index into the trace's spans, -1 for none). reveal: expand its rank, scroll it
   // into view and zoom so it is at least a few pixels wide.
@@ -72,6 +81,11 @@ class TimelineView : public QAbstractScrollArea {
   // there). The span under a viewport point, or -1 (folded blocks and gaps are -1).
   QPoint point_of_span(int64_t span) const;
   int64_t span_at_point(QPoint p) const;
+  // The folded block under a viewport point (count, busy fraction, time per kind), or none.
+  std::optional<FoldSummary> fold_at_point(QPoint p) const;
+  // The hover tooltip at a viewport point (HTML): a span's attributes, or a folded block's count,
+  // busy fraction and kinds; empty over nothing.
+  QString tooltip_at(QPoint p) const;
   // Draw items of the last paint (for the benchmark's report).
   size_t last_frame_items() const { return last_items_; }
 
@@ -101,7 +115,13 @@ class TimelineView : public QAbstractScrollArea {
   void changed_mapping();
   TimeMapping trace_mapping() const;  // maps trace time (view time minus shift)
   double lane_top() const;            // viewport y of layout y = 0
+  // Keeps zoom and pan on the trace: zoomed out at most to fit_all's view, and at most a quarter
+  // of the view past either end. Compare's second view follows the first through set_mapping,
+  // which is not bounded. True when the mapping changed.
+  bool bound_view();
   void show_tooltip(QPoint pos, QPoint global);
+  // The row and draw item under a viewport point, folded as painting folds it.
+  std::optional<std::pair<const LaneRow*, DrawItem>> item_at_point(QPoint p) const;
 
   // Painting, one step per layer (paintEvent lists them back to front); colours from palette.hpp.
   struct Frame;
@@ -114,10 +134,10 @@ class TimelineView : public QAbstractScrollArea {
                     std::vector<DrawItem>& items) const;
   void paint_grid(QPainter& p, const Frame& f, double y, double height) const;
   size_t paint_lane_row(QPainter& p, const Frame& f, const LaneRow& row, double ry, double rh,
-                        std::vector<DrawItem>& items) const;
+                        const QColor& bg, std::vector<DrawItem>& items) const;
   void paint_span(QPainter& p, const Frame& f, const traces::Span& s, const QRectF& r,
                   const QRectF& row_rect) const;
-  void paint_folded(QPainter& p, const Frame& f, const traces::Span& first, uint32_t count,
+  void paint_folded(QPainter& p, const Frame& f, const FoldSummary& fold, const QColor& bg,
                     const QRectF& r, const QRectF& row_rect) const;
   void paint_lane_label(QPainter& p, const Frame& f, const LayoutRow& lr, double y) const;
   void paint_label_border(QPainter& p, const Frame& f) const;
@@ -127,6 +147,7 @@ class TimelineView : public QAbstractScrollArea {
   void paint_range_length(QPainter& p, const Frame& f) const;
   void paint_scale(QPainter& p) const;
 
+  QString empty_message_;
   std::shared_ptr<TraceDocument> doc_;
   std::unique_ptr<TraceIndex> filtered_;  // when some kinds are hidden
   const TraceIndex* index_ = nullptr;
