@@ -769,6 +769,30 @@ TEST(GuiTimeline, FoldedBlockTakesTheKindThatCoversMostOfItsTime) {
   EXPECT_LT(tip.indexOf("compute"), tip.indexOf("data"));
 }
 
+// The range's length is drawn at the bottom of the range's band, not over the axis's tick labels:
+// the axis looks the same with and without a range.
+TEST(GuiTimeline, RangeLengthLeavesTheAxisTicksAlone) {
+  TimelineView tl;
+  tl.resize(900, 400);
+  tl.show();
+  ASSERT_TRUE(QTest::qWaitForWindowExposed(&tl));
+  tl.set_document(make_document(traces::synthesize(small_opts()), "range.db"));
+  const int64_t lo = tl.index()->start_ns(), hi = tl.index()->end_ns();
+  auto axis = [&] {
+    return tl.viewport()->grab().toImage().copy(0, 0, tl.viewport()->width(),
+                                                TimelineView::kAxisHeight);
+  };
+  const QImage without = axis();
+  tl.set_range(lo + (hi - lo) / 4, hi - (hi - lo) / 4);
+  const QImage img = tl.viewport()->grab().toImage();
+  ASSERT_TRUE(img.save(kDir + "/gui_range_length.png"));
+  EXPECT_TRUE(axis() == without);
+  // The box, centred on the range, 4 px above the bottom.
+  const int cx = TimelineView::kLabelWidth + static_cast<int>(tl.mapping().x_of((lo + hi) / 2));
+  const int y = tl.viewport()->height() - 4 - 2;
+  EXPECT_EQ(img.pixelColor(cx - 30, y), palette::kAccent);
+}
+
 TEST(GuiCli, ScreenshotModeRendersAndExits) {
   const QString trace = write_synth("cli_shot.db", small_opts());
   const QString png = kDir + "/cli_shot.png";

@@ -431,6 +431,7 @@ void TimelineView::paintEvent(QPaintEvent*) {
   paint_label_border(p, f);
   paint_selection(p, f);
   paint_range(p, f);
+  paint_range_length(p, f);
   p.restore();
   paint_axis(p, f);
   paint_scale(p);
@@ -617,7 +618,7 @@ void TimelineView::paint_range(QPainter& p, const Frame& f) const {
   p.drawLine(QPointF(kLabelWidth + x1, kAxisHeight), QPointF(kLabelWidth + x1, f.height));
 }
 
-// The time axis: its band, the ticks with their labels, and the range's length above the range.
+// The time axis: its band and the ticks with their labels.
 void TimelineView::paint_axis(QPainter& p, const Frame& f) const {
   p.fillRect(0, 0, f.width, kAxisHeight, palette::kAxis);
   p.setPen(palette::kBorder);
@@ -632,18 +633,20 @@ void TimelineView::paint_axis(QPainter& p, const Frame& f) const {
     p.drawText(QRectF(x + 3, 0, 200, kAxisHeight - 4), Qt::AlignLeft | Qt::AlignVCenter,
                QString::fromStdString(t.label));
   }
-  if (has_range_) paint_range_length(p, f);
   p.restore();
 }
 
-// The range's length above it, as Perfetto shows it.
+// The range's length, in a box at the bottom of the range's band: in the axis band it covered the
+// tick labels.
 void TimelineView::paint_range_length(QPainter& p, const Frame& f) const {
+  if (!has_range_) return;
   const double x0 = f.tm.x_of(range_t0_), x1 = f.tm.x_of(range_t1_);
   const QString len =
       QString::fromStdString(format_duration_ns(static_cast<double>(range_t1_ - range_t0_)));
   const double cx = kLabelWidth + (std::max(0.0, x0) + std::min<double>(f.track_width, x1)) / 2;
-  const QRectF box(cx - f.fm.horizontalAdvance(len) / 2.0 - 6, 3, f.fm.horizontalAdvance(len) + 12,
-                   kAxisHeight - 8);
+  const double h = kAxisHeight - 8;
+  const QRectF box(cx - f.fm.horizontalAdvance(len) / 2.0 - 6, f.height - h - 4,
+                   f.fm.horizontalAdvance(len) + 12, h);
   p.fillRect(box, palette::kAccent);
   p.setPen(palette::kTextOnAccent);
   p.drawText(box, Qt::AlignCenter, len);
