@@ -59,8 +59,9 @@ struct ParallelConfig {
   bool overlap = true;                 // overlap gradient communication with backward
   std::string placement = "tp,dp,pp";  // fastest-varying first (Megatron's default)
   std::string comm_backend = "auto";   // device cuda: auto | nccl | mpi (host-staged)
-  // Megatron sequence parallelism (needs tp > 1): LayerNorm and dropout regions sharded along the
-  // sequence, each tp all-reduce a reduce-scatter plus an all-gather. Simulated; the runtime refuses it.
+  // Megatron sequence parallelism (needs tp > 1 and micro_batch x seq divisible by tp): the residual
+  // stream, LayerNorms and residual adds sharded over the tp group's tokens, each tp all-reduce a
+  // reduce-scatter plus an all-gather (model/block.hpp). Run and simulated.
   bool sequence_parallel = false;
 };
 
