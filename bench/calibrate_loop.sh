@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prediction-accuracy loop of "measure here, predict there" on this machine:
 #   1. real runs of gpt-tiny: the calibration set (serial, dp2), a block of CALIB_EVERY layouts to
-#      predict (dp4, dp8, tp, pp, ZeRO, 3-D), the calibration set again, the next block, ..., the
+#      predict (dp4, dp8, tp, pp, ZeRO, 3-D, recomputation, sequence parallelism, uneven stages), the calibration set again, the next block, ..., the
 #      calibration set: the machine is shared and its load swings, so each prediction uses
 #      calibration runs measured just before and just after the runs it predicts;
 #   2. per block, `orrery calibrate` on those two calibration sets only -> a profile of this machine;
@@ -49,6 +49,11 @@ pp4-1f1b|4|parallel.dp=1 parallel.pp=4 parallel.schedule=1f1b training.micro_bat
 zero2-dp2|2|parallel.dp=2 parallel.zero=2 training.micro_batch=4|16|predict
 zero3-dp2|2|parallel.dp=2 parallel.zero=3 training.micro_batch=4|16|predict
 dp2tp2pp2|8|parallel.dp=2 parallel.tp=2 parallel.pp=2 training.micro_batch=4|16|predict
+recompute-full|1|parallel.dp=1 training.recompute=full|8|predict
+recompute-selective|1|parallel.dp=1 training.recompute=selective|8|predict
+tp2-sp|2|parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true|8|predict
+tp2-sp-full|2|parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true training.recompute=full|8|predict
+pp2-uneven|2|parallel.dp=1 parallel.pp=2 parallel.pp_layers=1,3 training.micro_batch=4|8|predict
 "
 
 row_of() { grep "^$1|" <<<"$LAYOUT_TABLE"; }
