@@ -17,8 +17,9 @@ SRC=$2
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+EXPECT_DIR="$TMP"
+# shellcheck source=expect.sh
+source "$(dirname "$0")/expect.sh"
 
 cat > "$TMP/four.yaml" <<'EOF'
 name: four-layers
@@ -28,19 +29,6 @@ parallel: {dp: 1, tp: 1, pp: 2, bucket_mb: 0.01, schedule: 1f1b}
 runtime: {threads: 1}
 EOF
 
-# expect RC "text in the output" orrery args...
-expect() {
-  local want_rc=$1 want=$2
-  shift 2
-  (cd "$TMP" && timeout 120 "$ORRERY" "$@") >"$TMP/out" 2>&1
-  local rc=$?
-  if [ $rc -ne "$want_rc" ] || ! grep -qF -- "$want" "$TMP/out" || grep -q "internal error" "$TMP/out"; then
-    fail "orrery $* -> exit $rc (want $want_rc and '$want'):"
-    tail -n 20 "$TMP/out"
-  else
-    echo "ok: orrery $* -> exit $rc: $(grep -F -m1 -- "$want" "$TMP/out")"
-  fi
-}
 
 # The report: each stage's layers and compute, the memory per stage with its layers.
 expect 0 "  stage 0: 1 layer, " sim four.yaml --set parallel.pp_layers=1,3

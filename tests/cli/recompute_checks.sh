@@ -13,22 +13,9 @@ SRC=$2
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-
-# expect RC "text in the output" orrery args...
-expect() {
-  local want_rc=$1 want=$2
-  shift 2
-  (cd "$SRC" && timeout 120 "$ORRERY" "$@") >"$TMP/out" 2>&1
-  local rc=$?
-  if [ $rc -ne "$want_rc" ] || ! grep -qF -- "$want" "$TMP/out" || grep -q "internal error" "$TMP/out"; then
-    fail "orrery $* -> exit $rc (want $want_rc and '$want'):"
-    tail -n 20 "$TMP/out"
-  else
-    echo "ok: orrery $* -> exit $rc: $(grep -F -m1 -- "$want" "$TMP/out")"
-  fi
-}
+EXPECT_DIR="$SRC"
+# shellcheck source=expect.sh
+source "$(dirname "$0")/expect.sh"
 
 for entry in "gpt3-175b 64" "mt-nlg-530b 280" "gpt-1t 512"; do
   read -r model gpus <<< "$entry"

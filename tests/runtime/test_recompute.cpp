@@ -35,7 +35,7 @@ Pass run(const GptShard& shard, Recompute mode, OpObserver* obs = nullptr) {
   std::vector<GptActivations> acts;
   for (int i = 0; i < 2; ++i) acts.push_back(gpt_activations(m, kB, kT, mode));
   GptGradScratch scratch = gpt_grad_scratch(m, kB, kT, mode);
-  for (auto& a : acts) bind_recompute_workspace(a, scratch);
+  for (auto& a : acts) bind_workspace(a, scratch);
   MarkovSource src(kCfg.vocab, 3, 4096, 2, 4);
   DataLoader loader(src, kT, kB, 0, 1, 5);
   std::vector<Batch> batches(2);

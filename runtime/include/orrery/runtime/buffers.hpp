@@ -95,7 +95,7 @@ inline BlockActivations carve_block(BufferCarver& c, const BufferShape& s, bool 
 // A micro-batch's saved activations. Under recomputation the buffers a block does not keep (all of
 // them under full, the attention probabilities under selective) are left null here: they live once
 // per rank in the backward scratch's workspace (carve_grad_scratch), which
-// bind_recompute_workspace points them to (and sequence parallelism's tp_partial / tp_local).
+// bind_workspace points them to (and sequence parallelism's tp_partial / tp_local).
 template <class Acts>
 void carve_activations(Acts& a, const BufferShape& s, std::size_t align) {
   const std::size_t N = s.tokens(), n = s.local_tokens();
@@ -166,7 +166,7 @@ void carve_grad_scratch(Scratch& g, const BufferShape& s, std::size_t align) {
 // without recomputation or sequence parallelism). `g` must outlive `a` and not be re-carved while
 // `a` is in use.
 template <class Acts, class Scratch>
-void bind_recompute_workspace(Acts& a, const Scratch& g) {
+void bind_workspace(Acts& a, const Scratch& g) {
   for (BlockActivations& b : a.blocks) {
     if (a.recompute == Recompute::Full) b = g.work;
     if (a.recompute == Recompute::Selective) b.att = g.work.att;

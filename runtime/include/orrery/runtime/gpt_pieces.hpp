@@ -177,7 +177,7 @@ inline void check_bound(const BlockActivations& a) {
   if (a.att == nullptr || a.ln1 == nullptr) {
     throw std::logic_error(
         "gpt: activations made for recomputation are not bound to a scratch workspace "
-        "(bind_recompute_workspace)");
+        "(bind_workspace)");
   }
 }
 

@@ -199,13 +199,13 @@ struct BasicActivations {
   float* losses = nullptr;    // (B,T)
   float loss = 0.0f;          // mean over B*T, set by the head forward
   // What the blocks keep (buffers.hpp): under recomputation some of `blocks`' pointers are the
-  // backward scratch's workspace (bind_recompute_workspace), and block_backward recomputes them.
+  // backward scratch's workspace (bind_workspace), and block_backward recomputes them.
   Recompute recompute = Recompute::None;
 
   std::size_t boundary_elems =
       0;  // B*T*C (B*T*C/tp under sequence parallelism): what crosses a stage boundary
   std::size_t full_elems = 0;  // B*T*C
-  // Sequence parallelism's workspace (the backward scratch's, bound by bind_recompute_workspace):
+  // Sequence parallelism's workspace (the backward scratch's, bound by bind_workspace):
   // a (B,T,C) partial product before its reduce-scatter (and the whole embedding output), and this
   // rank's (B·T/tp, C) LayerNorm output before its all-gather.
   float* tp_partial = nullptr;
@@ -216,7 +216,7 @@ struct BasicActivations {
   const float* stage_output() const { return stream + blocks.size() * boundary_elems; }
 };
 using GptActivations = BasicActivations<FloatArray, std::vector<int32_t>>;
-// Under recomputation, usable once bind_recompute_workspace(acts, scratch) (buffers.hpp) has
+// Under recomputation, usable once bind_workspace(acts, scratch) (buffers.hpp) has
 // pointed it at a scratch made with the same mode.
 GptActivations gpt_activations(const Gpt& model, int B, int T,
                                Recompute recompute = Recompute::None);

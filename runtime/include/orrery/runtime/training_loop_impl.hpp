@@ -170,7 +170,7 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   }
   scratch_ = std::make_unique<typename B::Scratch>(
       backend_.scratch(*model_, s_.training.micro_batch, s_.model.seq, recompute));
-  for (auto& a : acts_) bind_recompute_workspace(*a, *scratch_);
+  for (auto& a : acts_) bind_workspace(*a, *scratch_);
   adam_m_.resize(moments);
   adam_v_.resize(moments);
   if (zero) {
