@@ -7,6 +7,8 @@
 #include <sqlite3.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -227,6 +229,66 @@ TEST(Integrity, DamagedKeyAndIndexColumnsAreFound) {
       "UPDATE blocks SET max_dur_ns=max_dur_ns-1, crc32c=(crc32c | 1) - (crc32c & 1) WHERE id=" +
       std::to_string(id));
   EXPECT_NE(TraceReader(path).verify().damaged.at(0).find("checksum mismatch"), std::string::npos);
+}
+
+// Rewrites, in the file's bytes, the rowid of the `cell`-th cell of the blocks table's root page
+// (a leaf holding every block in these small traces; rowids under 128 are one-byte varints). The
+// table's b-tree then disagrees with the blocks_by_stream index, as a damaged page can make it.
+void set_block_rowid_in_page(const std::string& path, int cell, unsigned char rowid) {
+  int64_t root = 0;
+  {
+    Db db(path);
+    root = db.integer("SELECT rootpage FROM sqlite_master WHERE name='blocks'");
+  }
+  std::vector<unsigned char> file;
+  {
+    std::ifstream in(path, std::ios::binary);
+    file.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(file.size(), 100u);
+  size_t page_size = (size_t{file[16]} << 8) | file[17];
+  if (page_size == 1) page_size = 65536;
+  const size_t page = static_cast<size_t>(root - 1) * page_size;
+  const size_t header = page + (root == 1 ? 100 : 0);
+  ASSERT_LT(header + 8, file.size());
+  ASSERT_EQ(file[header], 0x0D) << "the blocks table is not one leaf page";
+  const int cells = (file[header + 3] << 8) | file[header + 4];
+  ASSERT_LT(cell, cells);
+  const size_t ptr = header + 8 + 2 * static_cast<size_t>(cell);
+  size_t at = page + ((size_t{file[ptr]} << 8) | file[ptr + 1]);
+  while (file[at] & 0x80) ++at;  // the payload-size varint
+  ++at;
+  ASSERT_EQ(file[at] & 0x80, 0) << "rowid is not a one-byte varint";
+  file[at] = rowid;
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(file.data()), static_cast<std::streamsize>(file.size()));
+}
+
+TEST(Integrity, TableAndIndexThatDisagreeAreCorruptNotACrash) {
+  // Found by fuzz_trace: a rowid range scan trusts the page's order, so a cell whose rowid was
+  // damaged to one below the range came back from the scan and was looked up at index -1.
+  TempDir dir;
+  const auto path = write_small_trace(dir, make_trace(2, 12));
+  {
+    Db db(path);
+    ASSERT_EQ(db.integer("SELECT count(*) FROM blocks"), 4);
+    ASSERT_EQ(db.integer("SELECT min(id) FROM blocks"), 1);
+  }
+  const auto good = dir.path("good.db");
+  std::filesystem::copy_file(path, good);
+  // Cells hold rowids 1, 2, 3, 4; the third becomes 0: the scan from id 1 meets 1, 2, 0, 4.
+  set_block_rowid_in_page(path, 2, 0);
+  std::string msg = input_error_of([&] { (void)TraceReader(path).load_all(); });
+  EXPECT_EQ(msg.find(path + ": corrupt trace (span block 0 (rank "), 0u) << msg;
+  EXPECT_NE(msg.find("): its id is not one the block index lists)"), std::string::npos) << msg;
+  // The same cell given the rowid of the one before it: one id read twice.
+  std::filesystem::copy_file(good, path, std::filesystem::copy_options::overwrite_existing);
+  set_block_rowid_in_page(path, 2, 2);
+  msg = input_error_of([&] { (void)TraceReader(path).load_all(); });
+  EXPECT_EQ(msg.find(path + ": corrupt trace (span block 2 (rank "), 0u) << msg;
+  EXPECT_NE(msg.find("): the table holds this id twice)"), std::string::npos) << msg;
+  // Undamaged, the copy reads.
+  EXPECT_EQ(TraceReader(good).load_all().spans.size(), 48u);
 }
 
 TEST(Integrity, ResealLetsDamageReachTheDecoder) {

@@ -887,11 +887,19 @@ struct DbCloser {
   ~DbCloser() { sqlite3_close(db); }
 };
 
+// Where the block index (read through the blocks_by_stream index) puts one span block's spans.
+struct BlockPlace {
+  size_t pos = 0, count = 0;
+  int32_t rank = 0, stream = 0;
+  bool listed = false;
+};
+
 // Decodes the blocks with ids in [id0, id1) into `out`, each at the place `where` gives
-// (indexed by id - where_base), after checking its checksum (`checksums`: the file has them);
-// every block must hold the count the index said.
+// (indexed by id - where_base), after checking its checksum (`checksums`: the file has them).
+// Every block must be one the index listed, once, with the key and count the index said: the
+// table and the index are separate b-trees, and a damaged file can make them disagree.
 void load_block_range(const std::string& path, bool checksums, int64_t id0, int64_t id1,
-                      int64_t expected_blocks, const std::vector<std::pair<size_t, size_t>>& where,
+                      int64_t expected_blocks, const std::vector<BlockPlace>& where,
                       int64_t where_base, std::vector<Span>& out) {
   sqlite3* db = open_readonly(path);
   DbCloser closer{db};
@@ -901,10 +909,25 @@ void load_block_range(const std::string& path, bool checksums, int64_t id0, int6
   sqlite3_bind_int64(st.get(), 1, id0);
   sqlite3_bind_int64(st.get(), 2, id1);
   int64_t seen = 0;
+  std::vector<char> decoded(static_cast<size_t>(std::max<int64_t>(id1 - id0, 0)), 0);
   while (rstep(db, path, st)) {
     const PackedRow r = packed_row(st.get());
-    const auto [pos, count] = where.at(static_cast<size_t>(r.id - where_base));
+    // A rowid range scan trusts the b-tree's order, so a damaged cell can bring an id outside
+    // [id0, id1) or one already read.
+    if (sqlite3_column_type(st.get(), 0) != SQLITE_INTEGER || r.id < id0 || r.id >= id1 ||
+        !where[static_cast<size_t>(r.id - where_base)].listed) {
+      corrupt_block(path, span_block_label(r), "its id is not one the block index lists");
+    }
+    if (decoded[static_cast<size_t>(r.id - id0)]++) {
+      corrupt_block(path, span_block_label(r), "the table holds this id twice");
+    }
+    const BlockPlace& place = where[static_cast<size_t>(r.id - where_base)];
+    const size_t pos = place.pos, count = place.count;
     std::string problem = row_problem(st.get(), r, checksums, kMinSpanBytes);
+    if (problem.empty() && (r.key0 != place.rank || r.key1 != place.stream)) {
+      problem = "the block index lists it under rank " + std::to_string(place.rank) + ", stream " +
+                std::to_string(place.stream);
+    }
     if (problem.empty() && static_cast<size_t>(r.count) != count) {
       problem = "count " + std::to_string(r.count) + ", the index said " + std::to_string(count);
     }
@@ -1286,6 +1309,9 @@ Trace TraceReader::load_all(unsigned threads) const {
     while (rstep(db_, path_, st)) {
       const auto n = sqlite3_column_int64(st.get(), 3);
       if (n < 0) throw InputError(path_ + ": corrupt trace (negative block count)");
+      if (sqlite3_column_type(st.get(), 0) != SQLITE_INTEGER) {
+        throw InputError(path_ + ": corrupt trace (a span block's id is not an integer)");
+      }
       rows.push_back({sqlite3_column_int64(st.get(), 0),
                       {static_cast<int32_t>(sqlite3_column_int64(st.get(), 1)),
                        static_cast<int32_t>(sqlite3_column_int64(st.get(), 2))},
@@ -1294,6 +1320,12 @@ Trace TraceReader::load_all(unsigned threads) const {
   }
   std::sort(rows.begin(), rows.end(),
             [](const BlockRow& a, const BlockRow& b) { return a.id < b.id; });
+  for (size_t i = 1; i < rows.size(); ++i) {
+    if (rows[i].id == rows[i - 1].id) {
+      throw InputError(path_ + ": corrupt trace (span block id " + std::to_string(rows[i].id) +
+                       " listed twice)");
+    }
+  }
   std::map<StreamKey, size_t> stream_begin, stream_end;
   size_t total = 0;
   for (const auto& r : rows) stream_end[r.key] += r.count;
@@ -1304,15 +1336,19 @@ Trace TraceReader::load_all(unsigned threads) const {
   }
   // Where each block's spans go: streams in (rank, stream) order, blocks of a stream by id.
   const int64_t base = rows.empty() ? 0 : rows.front().id;
-  const int64_t id_span = rows.empty() ? 0 : rows.back().id - base + 1;
-  if (id_span > static_cast<int64_t>(rows.size()) * 4 + 1024) {
+  // Unsigned: ids at both ends of the int64 range must not overflow the difference.
+  const uint64_t id_span =
+      rows.empty() ? 0 : static_cast<uint64_t>(rows.back().id) - static_cast<uint64_t>(base) + 1;
+  if (id_span > static_cast<uint64_t>(rows.size()) * 4 + 1024 ||
+      (!rows.empty() && rows.back().id == std::numeric_limits<int64_t>::max())) {
     throw InputError(path_ + ": corrupt trace (block ids far from contiguous)");
   }
-  std::vector<std::pair<size_t, size_t>> where(static_cast<size_t>(id_span), {0, 0});
+  std::vector<BlockPlace> where(static_cast<size_t>(id_span));
   {
     std::map<StreamKey, size_t> cursor = stream_begin;
     for (const auto& r : rows) {
-      where[static_cast<size_t>(r.id - base)] = {cursor[r.key], r.count};
+      where[static_cast<size_t>(r.id - base)] = {cursor[r.key], r.count, r.key.first, r.key.second,
+                                                 true};
       cursor[r.key] += r.count;
     }
   }
