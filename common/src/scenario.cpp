@@ -103,6 +103,14 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("model.heads", Type::Int, model.heads, int),
       ORRERY_KEY("model.vocab", Type::Int, model.vocab, int),
       ORRERY_KEY("model.seq", Type::Int, model.seq, int),
+      ORRERY_KEY("model.kv_heads", Type::Int, model.kv_heads, int),
+      ORRERY_KEY("model.ffn_hidden", Type::Int, model.ffn_hidden, int),
+      ORRERY_KEY("model.activation", Type::String, model.activation, std::string),
+      ORRERY_KEY("model.norm", Type::String, model.norm, std::string),
+      ORRERY_KEY("model.position", Type::String, model.position, std::string),
+      ORRERY_KEY("model.rope_theta", Type::Double, model.rope_theta, double),
+      ORRERY_KEY("model.tied_embeddings", Type::Bool, model.tied_embeddings, bool),
+      ORRERY_KEY("model.bias", Type::Bool, model.bias, bool),
       ORRERY_KEY("training.steps", Type::Int, training.steps, int),
       ORRERY_KEY("training.global_batch", Type::Int, training.global_batch, int),
       ORRERY_KEY("training.micro_batch", Type::Int, training.micro_batch, int),
@@ -339,6 +347,21 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
                   ") must be divisible by model.heads (" + std::to_string(m.heads) + ")");
   check_range(m.vocab >= 2, origin, "model.vocab", "must be >= 2");
   check_range(m.seq >= 1, origin, "model.seq", "must be >= 1");
+  check_range(m.kv_heads >= 0, origin, "model.kv_heads", "must be >= 0 (0: model.heads)");
+  check_range(m.kv_heads == 0 || m.heads % m.kv_heads == 0, origin, "model.kv_heads",
+              "model.heads (" + std::to_string(m.heads) + ") must be divisible by model.kv_heads (" +
+                  std::to_string(m.kv_heads) + "): each key/value head serves a whole group");
+  check_range(m.ffn_hidden >= 0, origin, "model.ffn_hidden", "must be >= 0 (0: 4 x d_model)");
+  check_range(m.activation == "gelu" || m.activation == "swiglu", origin, "model.activation",
+              "expected gelu or swiglu, got '" + m.activation + "'");
+  check_range(m.norm == "layernorm" || m.norm == "rmsnorm", origin, "model.norm",
+              "expected layernorm or rmsnorm, got '" + m.norm + "'");
+  check_range(m.position == "learned" || m.position == "rope", origin, "model.position",
+              "expected learned or rope, got '" + m.position + "'");
+  check_range(m.rope_theta > 0, origin, "model.rope_theta", "must be > 0");
+  check_range(m.position != "rope" || (m.d_model / m.heads) % 2 == 0, origin, "model.position",
+              "rope rotates pairs of channels: the head size d_model / heads (" +
+                  std::to_string(m.d_model / m.heads) + ") must be even");
   const auto& t = s.training;
   check_range(t.steps >= 1, origin, "training.steps", "must be >= 1");
   check_range(t.global_batch >= 1, origin, "training.global_batch", "must be >= 1");
@@ -456,9 +479,16 @@ void validate_layout(const Scenario& s) {
     throw InputError("key 'parallel.tp': " + layout + ": model.heads (" + std::to_string(m.heads) +
                      ") must be divisible by tp");
   }
-  if ((4 * m.d_model) % p.tp != 0) {
-    throw InputError("key 'parallel.tp': " + layout + ": the MLP width 4*d_model (" +
-                     std::to_string(4 * m.d_model) + ") must be divisible by tp");
+  const BlockArch arch = block_arch(m);
+  if (arch.kv_heads % p.tp != 0) {
+    throw InputError("key 'parallel.tp': " + layout + ": the key/value heads (model.kv_heads " +
+                     std::to_string(arch.kv_heads) +
+                     ") must be divisible by tp: each tensor-parallel rank holds whole groups");
+  }
+  if (arch.ffn_hidden % p.tp != 0) {
+    throw InputError("key 'parallel.tp': " + layout + ": the MLP width " +
+                     std::string(m.ffn_hidden ? "model.ffn_hidden" : "4*d_model") + " (" +
+                     std::to_string(arch.ffn_hidden) + ") must be divisible by tp");
   }
   // Layers per stage given: they replace the "layers divisible by pp" rule.
   if (!p.pp_layers.empty()) check_pp_layers(s, layout);
@@ -564,6 +594,41 @@ const char* recompute_name(Recompute r) {
   }
   return "?";
 }
+
+BlockArch block_arch(const ModelConfig& m) {
+  BlockArch a;
+  a.kv_heads = m.kv_heads > 0 ? m.kv_heads : m.heads;
+  a.ffn_hidden = m.ffn_hidden > 0 ? m.ffn_hidden : 4 * m.d_model;
+  if (m.activation == "gelu") {
+    a.activation = Activation::Gelu;
+  } else if (m.activation == "swiglu") {
+    a.activation = Activation::Swiglu;
+  } else {
+    throw InputError("key 'model.activation': expected gelu or swiglu, got '" + m.activation + "'");
+  }
+  if (m.norm == "layernorm") {
+    a.norm = Norm::LayerNorm;
+  } else if (m.norm == "rmsnorm") {
+    a.norm = Norm::RmsNorm;
+  } else {
+    throw InputError("key 'model.norm': expected layernorm or rmsnorm, got '" + m.norm + "'");
+  }
+  if (m.position == "learned") {
+    a.position = Position::Learned;
+  } else if (m.position == "rope") {
+    a.position = Position::Rope;
+  } else {
+    throw InputError("key 'model.position': expected learned or rope, got '" + m.position + "'");
+  }
+  a.rope_theta = m.rope_theta;
+  a.tied_embeddings = m.tied_embeddings;
+  a.bias = m.bias;
+  return a;
+}
+
+const char* activation_name(Activation a) { return a == Activation::Swiglu ? "swiglu" : "gelu"; }
+const char* norm_name(Norm n) { return n == Norm::RmsNorm ? "rmsnorm" : "layernorm"; }
+const char* position_name(Position p) { return p == Position::Rope ? "rope" : "learned"; }
 
 std::optional<std::array<int, 3>> parse_placement(const std::string& placement) {
   std::array<int, 3> axes{};

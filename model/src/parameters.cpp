@@ -10,7 +10,8 @@ namespace orrery::model {
 
 ModelShape model_shape(const Scenario& s) {
   return ModelShape{s.model.d_model, s.model.heads,  s.model.vocab,
-                    s.model.seq,     s.model.layers, s.parallel.tp};
+                    s.model.seq,     s.model.layers, s.parallel.tp,
+                    block_arch(s.model)};
 }
 
 int chunks_per_stage(const Scenario& s) {
@@ -79,38 +80,66 @@ StageContents stage_contents(const Scenario& s, int stage) {
 }
 
 std::vector<ParamSpec> parameter_tensors(const ModelShape& m, const StageContents& stage) {
-  const int C = m.d_model, Cl = (m.heads / m.tp) * (m.d_model / m.heads), F = 4 * m.d_model / m.tp;
+  const BlockArch& a = m.arch;
+  const int C = m.d_model, hs = m.d_model / m.heads, tp = m.tp;
+  const int Cl = (m.heads / tp) * hs, Ckv = a.kv_heads * hs, Ckvl = (a.kv_heads / tp) * hs;
+  const int F = a.ffn_hidden, Fl = F / tp, up = a.swiglu() ? 2 : 1;
+  const bool norm_bias = a.bias && !a.rmsnorm();
   const float std_w = 0.02f;
   const float std_res = 0.02f / std::sqrt(2.0f * static_cast<float>(m.layers));
   std::vector<ParamSpec> specs;
-  if (stage.embed || stage.head) {
+  if (stage.embed || (stage.head && a.tied_embeddings)) {
     specs.push_back(
-        {"wte", kEmbedSegment, m.vocab, C, m.vocab, C, Slice::None, Init::Normal, std_w});
+        {"wte", kEmbedSegment, m.vocab, C, m.vocab, C, Slice::None, Init::Normal, std_w, {}});
   }
-  if (stage.embed) {
+  if (stage.embed && !a.rope()) {
     specs.push_back(
-        {"wpe", kEmbedSegment, m.max_seq, C, m.max_seq, C, Slice::None, Init::Normal, std_w});
+        {"wpe", kEmbedSegment, m.max_seq, C, m.max_seq, C, Slice::None, Init::Normal, std_w, {}});
   }
+  const std::vector<int> qkv_bands{C, Ckv, Ckv};
+  const std::vector<int> fc_bands = a.swiglu() ? std::vector<int>{F, F} : std::vector<int>{F};
+  const auto gain = [&](const std::string& n, int l) {
+    return ParamSpec{n, l, 1, C, 1, C, Slice::None, Init::One, 0, {}};
+  };
+  const auto zero = [&](const std::string& n, int l, int local, int full) {
+    return ParamSpec{n, l, 1, local, 1, full, Slice::None, Init::Zero, 0, {}};
+  };
   for (const auto& [first, last] : stage.layers) {
     for (int l = first; l < last; ++l) {
       const std::string p = "h." + std::to_string(l) + ".";
-      specs.push_back({p + "ln1w", l, 1, C, 1, C, Slice::None, Init::One, 0});
-      specs.push_back({p + "ln1b", l, 1, C, 1, C, Slice::None, Init::Zero, 0});
-      specs.push_back({p + "qkvw", l, 3 * Cl, C, 3 * C, C, Slice::QkvRows, Init::Normal, std_w});
-      specs.push_back({p + "qkvb", l, 1, 3 * Cl, 1, 3 * C, Slice::None, Init::Zero, 0});
-      specs.push_back({p + "projw", l, C, Cl, C, C, Slice::Cols, Init::Normal, std_res});
-      specs.push_back({p + "projb", l, 1, C, 1, C, Slice::None, Init::Zero, 0});
-      specs.push_back({p + "ln2w", l, 1, C, 1, C, Slice::None, Init::One, 0});
-      specs.push_back({p + "ln2b", l, 1, C, 1, C, Slice::None, Init::Zero, 0});
-      specs.push_back({p + "fcw", l, F, C, 4 * C, C, Slice::Rows, Init::Normal, std_w});
-      specs.push_back({p + "fcb", l, 1, F, 1, 4 * C, Slice::None, Init::Zero, 0});
-      specs.push_back({p + "fcprojw", l, C, F, C, 4 * C, Slice::Cols, Init::Normal, std_res});
-      specs.push_back({p + "fcprojb", l, 1, C, 1, C, Slice::None, Init::Zero, 0});
+      specs.push_back(gain(p + "ln1w", l));
+      if (norm_bias) specs.push_back(zero(p + "ln1b", l, C, C));
+      specs.push_back({p + "qkvw", l, Cl + 2 * Ckvl, C, C + 2 * Ckv, C, Slice::Bands,
+                       Init::Normal, std_w, qkv_bands});
+      if (a.bias) {
+        ParamSpec b = zero(p + "qkvb", l, Cl + 2 * Ckvl, C + 2 * Ckv);
+        b.slice = Slice::Bands;  // a (1, n) vector: its columns are cut as qkvw's rows
+        b.bands = qkv_bands;
+        specs.push_back(b);
+      }
+      specs.push_back({p + "projw", l, C, Cl, C, C, Slice::Cols, Init::Normal, std_res, {}});
+      if (a.bias) specs.push_back(zero(p + "projb", l, C, C));
+      specs.push_back(gain(p + "ln2w", l));
+      if (norm_bias) specs.push_back(zero(p + "ln2b", l, C, C));
+      specs.push_back({p + "fcw", l, up * Fl, C, up * F, C, a.swiglu() ? Slice::Bands : Slice::Rows,
+                       Init::Normal, std_w, a.swiglu() ? fc_bands : std::vector<int>{}});
+      if (a.bias) {
+        ParamSpec b = zero(p + "fcb", l, up * Fl, up * F);
+        b.slice = Slice::Bands;
+        b.bands = fc_bands;
+        specs.push_back(b);
+      }
+      specs.push_back({p + "fcprojw", l, C, Fl, C, F, Slice::Cols, Init::Normal, std_res, {}});
+      if (a.bias) specs.push_back(zero(p + "fcprojb", l, C, C));
     }
   }
   if (stage.head) {
-    specs.push_back({"lnfw", m.layers, 1, C, 1, C, Slice::None, Init::One, 0});
-    specs.push_back({"lnfb", m.layers, 1, C, 1, C, Slice::None, Init::Zero, 0});
+    specs.push_back(gain("lnfw", m.layers));
+    if (norm_bias) specs.push_back(zero("lnfb", m.layers, C, C));
+    if (!a.tied_embeddings) {
+      specs.push_back(
+          {"lmw", m.layers, m.vocab, C, m.vocab, C, Slice::None, Init::Normal, std_w, {}});
+    }
   }
   return specs;
 }

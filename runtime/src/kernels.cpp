@@ -14,6 +14,8 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -321,14 +323,14 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 namespace {
 constexpr int kBlock = 64;
 
-void attention_forward_head(float* y, float* P, const float* q, int T, int C, int hs, float scale) {
-  const int C3 = 3 * C;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
+// One query head over its key/value head: q, k, v point at the head's first row in the fused qkv
+// (row stride W), y at its columns of out (row stride C).
+void attention_forward_head(float* y, float* P, const float* q, const float* k, const float* v, int T,
+                            int W, int C, int hs, float scale) {
   for (int r0 = 0; r0 < T; r0 += kBlock) {
     const int r1 = std::min(T, r0 + kBlock);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale, q + static_cast<std::size_t>(r0) * C3,
-                C3, k, C3, 0.0f, P + static_cast<std::size_t>(r0) * T, T);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale, q + static_cast<std::size_t>(r0) * W,
+                W, k, W, 0.0f, P + static_cast<std::size_t>(r0) * T, T);
   }
   for (int t = 0; t < T; ++t) {
     float* row = P + static_cast<std::size_t>(t) * T;
@@ -347,26 +349,23 @@ void attention_forward_head(float* y, float* P, const float* q, int T, int C, in
   for (int r0 = 0; r0 < T; r0 += kBlock) {
     const int r1 = std::min(T, r0 + kBlock);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f, P + static_cast<std::size_t>(r0) * T,
-                T, v, C3, 0.0f, y + static_cast<std::size_t>(r0) * C, C);
+                T, v, W, 0.0f, y + static_cast<std::size_t>(r0) * C, C);
   }
 }
 
-void attention_backward_head(float* dq, float* dP, const float* dy, const float* q, const float* P, int T, int C,
-                             int hs, float scale) {
-  const int C3 = 3 * C;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
-  float* dk = dq + C;
-  float* dv = dq + 2 * C;
+// Its backward: dq, dk, dv (the same offsets in dinp) += ...; dP is scratch.
+void attention_backward_head(float* dq, float* dk, float* dv, float* dP, const float* dy, const float* q,
+                             const float* k, const float* v, const float* P, int T, int W, int C, int hs,
+                             float scale) {
   for (int r0 = 0; r0 < T; r0 += kBlock) {
     const int r1 = std::min(T, r0 + kBlock);
     // dP[r0:r1, 0:r1] = dY[r0:r1] V[0:r1]^T
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f, dy + static_cast<std::size_t>(r0) * C,
-                C, v, C3, 0.0f, dP + static_cast<std::size_t>(r0) * T, T);
+                C, v, W, 0.0f, dP + static_cast<std::size_t>(r0) * T, T);
     // dV[r0:r1] += P[r0:T, r0:r1]^T dY[r0:T]  (P is zero above the diagonal)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, 1.0f,
                 P + static_cast<std::size_t>(r0) * T + r0, T, dy + static_cast<std::size_t>(r0) * C, C, 1.0f,
-                dv + static_cast<std::size_t>(r0) * C3, C3);
+                dv + static_cast<std::size_t>(r0) * W, W);
   }
   // Softmax backward: dS = P * (dP - sum_j P dP); the scale is folded into the next products.
   for (int t = 0; t < T; ++t) {
@@ -381,44 +380,61 @@ void attention_backward_head(float* dq, float* dP, const float* dy, const float*
     const int r1 = std::min(T, r0 + kBlock);
     // dQ[r0:r1] += scale * dS[r0:r1, 0:r1] K[0:r1]
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, scale,
-                dP + static_cast<std::size_t>(r0) * T, T, k, C3, 1.0f, dq + static_cast<std::size_t>(r0) * C3, C3);
+                dP + static_cast<std::size_t>(r0) * T, T, k, W, 1.0f, dq + static_cast<std::size_t>(r0) * W, W);
     // dK[r0:r1] += scale * dS[r0:T, r0:r1]^T Q[r0:T]
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, scale,
-                dP + static_cast<std::size_t>(r0) * T + r0, T, q + static_cast<std::size_t>(r0) * C3, C3, 1.0f,
-                dk + static_cast<std::size_t>(r0) * C3, C3);
+                dP + static_cast<std::size_t>(r0) * T + r0, T, q + static_cast<std::size_t>(r0) * W, W, 1.0f,
+                dk + static_cast<std::size_t>(r0) * W, W);
+  }
+}
+
+void check_heads(const char* fn, int C, int NH, int NKV) {
+  if (NH < 1 || NKV < 1 || C % NH != 0 || NH % NKV != 0) {
+    throw std::invalid_argument(std::string(fn) + ": C (" + std::to_string(C) + ") must be a multiple of NH (" +
+                                std::to_string(NH) + ") and NH of NKV (" + std::to_string(NKV) + ")");
   }
 }
 
 }  // namespace
 
-void attention_forward(float* out, float* att, const float* inp, int B, int T, int C, int NH) {
-  const int hs = C / NH;
+void attention_forward(float* out, float* att, const float* inp, int B, int T, int C, int NH, int NKV) {
+  check_heads("attention_forward", C, NH, NKV);
+  const int hs = C / NH, W = C + 2 * NKV * hs, group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   BlasSingleThreaded blas_guard;
   const std::ptrdiff_t pairs = static_cast<std::ptrdiff_t>(B) * NH;
   parallel_rows(pairs, pairs * 16384, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
     for (std::ptrdiff_t i = i0; i < i1; ++i) {
-      const std::ptrdiff_t b = i / NH, h = i % NH;
+      const std::ptrdiff_t b = i / NH, h = i % NH, g = h / group;
+      const float* row0 = inp + static_cast<std::size_t>(b) * T * W;
       attention_forward_head(out + static_cast<std::size_t>(b) * T * C + h * hs,
-                             att + static_cast<std::size_t>(i) * T * T,
-                             inp + static_cast<std::size_t>(b) * T * 3 * C + h * hs, T, C, hs, scale);
+                             att + static_cast<std::size_t>(i) * T * T, row0 + h * hs, row0 + C + g * hs,
+                             row0 + C + (NKV + g) * hs, T, W, C, hs, scale);
     }
   });
 }
 
 void attention_backward(float* dinp, float* datt, const float* dout, const float* inp, const float* att,
-                        int B, int T, int C, int NH) {
-  const int hs = C / NH;
+                        int B, int T, int C, int NH, int NKV) {
+  check_heads("attention_backward", C, NH, NKV);
+  const int hs = C / NH, W = C + 2 * NKV * hs, group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   BlasSingleThreaded blas_guard;
-  const std::ptrdiff_t pairs = static_cast<std::ptrdiff_t>(B) * NH;
-  parallel_rows(pairs, pairs * 16384, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+  // Split over (batch, key/value head): the query heads of a group add into the same dk, dv, so one
+  // thread runs them in head order (with NKV = NH this is one head per item, as before).
+  const std::ptrdiff_t items = static_cast<std::ptrdiff_t>(B) * NKV;
+  parallel_rows(items, items * group * 16384, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
     for (std::ptrdiff_t i = i0; i < i1; ++i) {
-      const std::ptrdiff_t b = i / NH, h = i % NH;
-      const std::size_t qoff = static_cast<std::size_t>(b) * T * 3 * C + h * hs;
-      attention_backward_head(dinp + qoff, datt + static_cast<std::size_t>(i) * T * T,
-                              dout + static_cast<std::size_t>(b) * T * C + h * hs, inp + qoff,
-                              att + static_cast<std::size_t>(i) * T * T, T, C, hs, scale);
+      const std::ptrdiff_t b = i / NKV, g = i % NKV;
+      const std::size_t row0 = static_cast<std::size_t>(b) * T * W;
+      const std::size_t koff = row0 + C + g * hs, voff = row0 + C + (NKV + g) * hs;
+      for (std::ptrdiff_t h = g * group; h < (g + 1) * group; ++h) {
+        const std::size_t qoff = row0 + h * hs;
+        const std::size_t pair = static_cast<std::size_t>(b * NH + h);
+        attention_backward_head(dinp + qoff, dinp + koff, dinp + voff, datt + pair * T * T,
+                                dout + static_cast<std::size_t>(b) * T * C + h * hs, inp + qoff, inp + koff,
+                                inp + voff, att + pair * T * T, T, W, C, hs, scale);
+      }
     }
   });
 }

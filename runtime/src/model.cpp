@@ -45,16 +45,19 @@ void fill_tensor(float* dst, const TensorSpec& t, uint64_t seed, const BlockDims
   for (auto& x : full) x = static_cast<float>(rng.normal() * t.stddev);
   const std::size_t fc = static_cast<std::size_t>(t.full_cols);
   switch (t.slice) {
-    case Slice::QkvRows:
-      for (int part = 0; part < 3; ++part) {
-        for (int r = 0; r < d.Cl; ++r) {
-          const std::size_t src_row =
-              static_cast<std::size_t>(part) * d.C + static_cast<std::size_t>(tp_rank) * d.Cl + r;
-          std::memcpy(dst + (static_cast<std::size_t>(part) * d.Cl + r) * fc,
-                      full.data() + src_row * fc, fc * sizeof(float));
-        }
+    case Slice::Bands: {
+      // Weights only (biases start at zero): band k's local rows from its rank's slice.
+      std::size_t src_band = 0, dst_row = 0;
+      for (const int band : t.bands) {
+        const std::size_t local = static_cast<std::size_t>(band / d.tp);
+        std::memcpy(dst + dst_row * fc,
+                    full.data() + (src_band + static_cast<std::size_t>(tp_rank) * local) * fc,
+                    local * fc * sizeof(float));
+        src_band += static_cast<std::size_t>(band);
+        dst_row += local;
       }
       break;
+    }
     case Slice::Rows:
       std::memcpy(dst, full.data() + static_cast<std::size_t>(tp_rank) * t.rows * fc,
                   n * sizeof(float));
@@ -172,6 +175,9 @@ Gpt gpt_create(const GptConfig& config, const GptShard& shard_in, uint64_t seed)
   m.dims.hs = c.n_embd / c.n_head;
   m.dims.Cl = m.dims.NH * m.dims.hs;
   m.dims.F = 4 * c.n_embd / sh.tp_size;
+  m.dims.tp = sh.tp_size;
+  m.dims.NKV = m.dims.NH;
+  m.dims.Ckvl = m.dims.Cl;
 
   const auto specs = tensor_specs(c, sh);
   std::size_t offset = 0;

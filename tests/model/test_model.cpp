@@ -136,7 +136,7 @@ TEST(Parameters, TensorParallelSlicesSumToTheWholeBlock) {
     if (t.segment != 0) continue;
     block += t.count();
     // A sliced tensor's full shape is tp times its local one along the slice.
-    if (t.slice == Slice::Rows || t.slice == Slice::QkvRows)
+    if (t.slice == Slice::Rows || t.slice == Slice::Bands)
       EXPECT_EQ(t.full_rows, t.rows * tp) << t.name;
     if (t.slice == Slice::Cols) EXPECT_EQ(t.full_cols, t.cols * tp) << t.name;
     // Replicated (not sliced) drawn tensors are whole; the column-parallel biases qkvb and fcb are

@@ -147,16 +147,16 @@ void check_attention(int B, int T, int C, int NH, uint32_t seed) {
   const auto wout = randn(static_cast<std::size_t>(B) * T * C, 1.0f, seed + 1);
   std::vector<float> out(static_cast<std::size_t>(B) * T * C), att(static_cast<std::size_t>(B) * NH * T * T);
   auto objective = [&] {
-    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NH);
     return dot(out, wout);
   };
   objective();
-  const auto ref = attention_reference(qkv, B, T, C, NH);
+  const auto ref = attention_reference(qkv, B, T, C, NH, NH);
   double maxdiff = 0.0;
   for (std::size_t i = 0; i < out.size(); ++i) maxdiff = std::max(maxdiff, std::abs(ref[i] - out[i]));
   EXPECT_LT(maxdiff, 1e-5) << "T=" << T;
   std::vector<float> dqkv(qkv.size(), 0.0f), datt(att.size());
-  attention_backward(dqkv.data(), datt.data(), wout.data(), qkv.data(), att.data(), B, T, C, NH);
+  attention_backward(dqkv.data(), datt.data(), wout.data(), qkv.data(), att.data(), B, T, C, NH, NH);
   EXPECT_LT(max_fd_error(qkv, dqkv, objective, 1e-2f), kTol) << "T=" << T;
 }
 
@@ -258,7 +258,7 @@ TEST(Kernels, ThreadCountDoesNotChangeResults) {
   auto run = [&](int threads) {
     set_compute_threads(threads);
     std::vector<float> out(static_cast<std::size_t>(B) * T * C), att(static_cast<std::size_t>(B) * NH * T * T);
-    attention_forward(out.data(), att.data(), x.data(), B, T, C, NH);
+    attention_forward(out.data(), att.data(), x.data(), B, T, C, NH, NH);
     std::vector<float> lg = logits, losses(static_cast<std::size_t>(B) * T);
     const float loss = softmax_crossentropy_forward(losses.data(), lg.data(), targets.data(), B, T, V);
     out.push_back(loss);

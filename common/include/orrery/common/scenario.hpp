@@ -18,6 +18,17 @@ struct ModelConfig {
   int vocab = 8192;   // V
   int seq = 128;      // T, sequence length (also the size of the position embedding)
   std::string name;   // optional label, e.g. "gpt-tiny"
+  // Llama-style blocks (Touvron et al. 2023, arXiv 2302.13971 and 2307.09288); the defaults are
+  // GPT-2/3's. Read through block_arch() below, the one reader of these keys.
+  int kv_heads = 0;    // key/value heads: 0 = heads (multi-head), 1 = multi-query, else grouped-query
+                       // (Ainslie et al. 2023); divides heads
+  int ffn_hidden = 0;  // MLP width F: 0 = 4 * d_model
+  std::string activation = "gelu";   // gelu (tanh approximation) | swiglu (Shazeer 2020)
+  std::string norm = "layernorm";    // layernorm | rmsnorm (Zhang & Sennrich 2019: gain only)
+  std::string position = "learned";  // learned (wpe) | rope (rotary, Su et al. 2021)
+  double rope_theta = 10000.0;       // RoPE base
+  bool tied_embeddings = true;       // the LM head is wte; false: its own (V, C) matrix
+  bool bias = true;  // biases in the linear layers and LayerNorms (false: Llama, none anywhere)
 };
 
 struct TrainingConfig {
@@ -143,6 +154,33 @@ std::optional<Recompute> parse_recompute(const std::string& name);  // "none" | 
 // t.recompute as the enum; InputError naming the key when it is none of the three.
 Recompute recompute_of(const TrainingConfig& t);
 const char* recompute_name(Recompute r);
+
+// The block architecture with its defaults resolved: model.kv_heads, ffn_hidden, activation, norm,
+// position, rope_theta, tied_embeddings, bias, parsed by one function (InputError naming the key
+// for a value none of the choices). The runtime's shards, the parameter table, the FLOPs and the
+// simulator all take the block from it.
+enum class Activation : uint8_t { Gelu, Swiglu };
+enum class Norm : uint8_t { LayerNorm, RmsNorm };
+enum class Position : uint8_t { Learned, Rope };
+struct BlockArch {
+  int kv_heads = 1;    // resolved: heads when model.kv_heads is 0
+  int ffn_hidden = 4;  // resolved: 4 * d_model when model.ffn_hidden is 0
+  Activation activation = Activation::Gelu;
+  Norm norm = Norm::LayerNorm;
+  Position position = Position::Learned;
+  double rope_theta = 10000.0;
+  bool tied_embeddings = true;
+  bool bias = true;
+  bool swiglu() const { return activation == Activation::Swiglu; }
+  bool rmsnorm() const { return norm == Norm::RmsNorm; }
+  bool rope() const { return position == Position::Rope; }
+  // Gains and shifts of one norm: 2 C for a LayerNorm with bias, else C.
+  int norm_params_per_channel() const { return !rmsnorm() && bias ? 2 : 1; }
+};
+BlockArch block_arch(const ModelConfig& m);
+const char* activation_name(Activation a);
+const char* norm_name(Norm n);
+const char* position_name(Position p);
 
 // parallel.placement parsed: the grid axes fastest-varying first, as ids 0 = dp, 1 = tp, 2 = pp
 // ("tp,dp,pp" gives {1, 0, 2}); nullopt unless it names each of tp, dp and pp once. The one parser

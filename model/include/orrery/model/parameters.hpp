@@ -2,13 +2,17 @@
 // table the runtime allocates and initialises its flat array from and the simulator counts
 // parameters, gradients, optimizer state and ZeRO segments from.
 //
-// Memory order (the runtime's flat array, model.hpp): wte (a stage with the embedding or the
-// head: the last stage holds its own copy of the tied embedding), wpe (the embedding's stage), the
-// stage's blocks in chunk order, each ln1w ln1b qkvw qkvb projw projb ln2w ln2b fcw fcb fcprojw
-// fcprojb, then lnfw lnfb (the head's stage). Megatron slicing over tp: qkv and fc column-parallel
-// (weights and biases sliced), proj and fcproj row-parallel (weights sliced, biases replicated),
-// LayerNorms replicated. Segments (the unit of gradient readiness and of ZeRO 3's partition):
-// -1 the embedding (wte, wpe, or the last stage's wte copy), l for block l, L for lnf.
+// Memory order (the runtime's flat array, model.hpp): wte (the embedding's stage, and with tied
+// embeddings the head's stage too: the last stage holds its own copy), wpe (the embedding's stage,
+// learned positions only), the stage's blocks in chunk order, each ln1w ln1b qkvw qkvb projw projb
+// ln2w ln2b fcw fcb fcprojw fcprojb, then lnfw lnfb, and lmw (V, C) when the embeddings are not
+// tied (the head's stage). Without biases (model.bias false) every *b tensor is absent; RMSNorm
+// has no ln*b either. qkvw is (C + 2 Ckv, C): q | k | v rows, Ckv = kv_heads x head size; fcw is
+// (F, C), or (2F, C) for SwiGLU: gate | up rows. Megatron slicing over tp: qkv and fc
+// column-parallel (weights and biases sliced, band by band), proj and fcproj row-parallel (weights
+// sliced, biases replicated), norms replicated, lmw replicated. Segments (the unit of gradient
+// readiness and of ZeRO 3's partition): -1 the embedding (wte, wpe, or the last stage's wte copy),
+// l for block l, L for the final norm and lmw.
 #pragma once
 
 #include <cstdint>
@@ -24,10 +28,11 @@ inline constexpr int kEmbedSegment = -1;
 
 // How a rank's tensor is cut from the full-model tensor (rows x cols, row-major).
 enum class Slice : uint8_t {
-  None,     // replicated: the whole tensor
-  QkvRows,  // three row bands [part*C + r*Cl, +Cl) of (3C, cols)
-  Rows,     // rows [r*n, +n) of (R, cols), n = local rows
-  Cols,     // cols [r*n, +n) of (rows, Cfull), n = local cols
+  None,   // replicated: the whole tensor
+  Bands,  // row bands: band k's rows [start_k + r*n_k, +n_k), n_k = bands[k] / tp (qkv's q | k | v,
+          // SwiGLU fc1's gate | up)
+  Rows,   // rows [r*n, +n) of (R, cols), n = local rows
+  Cols,   // cols [r*n, +n) of (rows, Cfull), n = local cols
 };
 enum class Init : uint8_t { Normal, Zero, One };
 
@@ -39,6 +44,7 @@ struct ParamSpec {
   Slice slice = Slice::None;
   Init init = Init::Zero;
   float stddev = 0;  // Normal: GPT-2's 0.02, residual projections 0.02 / sqrt(2 L)
+  std::vector<int> bands;  // Slice::Bands: the full rows of each band, in order
   int64_t count() const { return int64_t(rows) * cols; }
 };
 
@@ -48,7 +54,8 @@ struct ModelShape {
   int vocab = 0;    // V
   int max_seq = 0;  // T (wpe rows)
   int layers = 0;   // L
-  int tp = 1;       // tensor-parallel slices (divides heads and 4C)
+  int tp = 1;       // tensor-parallel slices (divides heads, kv heads and the MLP width)
+  BlockArch arch;   // kv heads, MLP width, activation, norm, position, tied head, biases
 };
 ModelShape model_shape(const Scenario& s);
 

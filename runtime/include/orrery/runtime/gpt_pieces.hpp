@@ -115,7 +115,7 @@ void sp_block_front(const Kernels& k, const Gpt& g, const BlockParams& p, BlockA
   tp_gather(hooks, TpPoint::kLn1Gather, layer, acts.tp_local, a.ln1, nC);
   next(1);
   k.matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, 3 * d.Cl);
-  k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH);
+  k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH, d.NKV);
   k.matmul_forward(acts.tp_partial, a.atty, p.projw, nullptr, B, T, d.Cl, d.C);
   span.close();
   tp_scatter(hooks, TpPoint::kAttnProjForward, layer, acts.tp_partial, a.attproj, nC);
@@ -160,7 +160,7 @@ void attention_half(const Kernels& k, const BlockParams& p, BlockActivations& a,
                     int B, int T, const BlockDims& d) {
   k.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, B, T, d.C);
   k.matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, 3 * d.Cl);
-  k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH);
+  k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH, d.NKV);
   k.matmul_forward(a.attproj, a.atty, p.projw, nullptr, B, T, d.Cl, d.C);
 }
 // [AttnResidual, Ln2, Fc1, Gelu]: res2 = x + attproj + projb, fch_gelu = gelu(fc1(ln2(res2))).
@@ -244,7 +244,7 @@ void recompute(const Kernels& k, const Model& m, Acts& acts, int layer, const Gp
   if (acts.recompute == Recompute::Selective) {
     OpSpan span(hooks.observer, names::kAttentionRecompute.data(), layer,
                 flops::recompute_attention(fd));
-    k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH);
+    k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH, d.NKV);
     return;
   }
   const std::size_t n = acts.boundary_elems;
@@ -381,7 +381,7 @@ void sp_block_backward(const Kernels& k, const Gpt& gl, const BlockParams& p, co
     k.matmul_backward(s.datty, g.projw, nullptr, s.tp_full, a.atty, p.projw, B, T, d.Cl, d.C,
                       false);
     k.zero(s.dqkv, BT * 3 * d.Cl);
-    k.attention_backward(s.dqkv, s.datt, s.datty, a.qkv, a.att, B, T, d.Cl, d.NH);
+    k.attention_backward(s.dqkv, s.datt, s.datty, a.qkv, a.att, B, T, d.Cl, d.NH, d.NKV);
     k.matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, p.qkvw, B, T, d.C, 3 * d.Cl, false);
     span.close();
     tp_scatter(hooks, TpPoint::kAttnInputBackward, layer, s.dln, s.tp_local, nC);
@@ -439,7 +439,7 @@ void block_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, int laye
     k.bias_backward(g.projb, s.dres, B, T, d.C);
     k.matmul_backward(s.datty, g.projw, nullptr, s.dres, a.atty, p.projw, B, T, d.Cl, d.C, false);
     k.zero(s.dqkv, BT * 3 * d.Cl);
-    k.attention_backward(s.dqkv, s.datt, s.datty, a.qkv, a.att, B, T, d.Cl, d.NH);
+    k.attention_backward(s.dqkv, s.datt, s.datty, a.qkv, a.att, B, T, d.Cl, d.NH, d.NKV);
     k.matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, p.qkvw, B, T, d.C, 3 * d.Cl, false);
     if (tp) {
       span.close();

@@ -93,11 +93,15 @@ struct GptShard {
 
 // Sizes inside one block of this shard (the local slice under tensor parallelism).
 struct BlockDims {
-  int C = 0;   // model width (LayerNorms, residual stream)
-  int NH = 0;  // heads held: n_head / tp
-  int hs = 0;  // head size C / n_head
-  int Cl = 0;  // attention channels held: NH * hs
-  int F = 0;   // MLP width held: 4C / tp
+  int C = 0;     // model width (norms, residual stream)
+  int NH = 0;    // heads held: n_head / tp
+  int hs = 0;    // head size C / n_head
+  int Cl = 0;    // attention channels held: NH * hs
+  int F = 0;     // MLP width held: ffn_hidden / tp
+  int tp = 1;    // tensor-parallel slices
+  int NKV = 0;   // key/value heads held: kv_heads / tp
+  int Ckvl = 0;  // key/value channels held: NKV * hs
+  int qkv() const { return Cl + 2 * Ckvl; }  // qkv width held
 };
 
 struct BlockParams {
