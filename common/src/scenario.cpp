@@ -349,8 +349,9 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
   check_range(m.seq >= 1, origin, "model.seq", "must be >= 1");
   check_range(m.kv_heads >= 0, origin, "model.kv_heads", "must be >= 0 (0: model.heads)");
   check_range(m.kv_heads == 0 || m.heads % m.kv_heads == 0, origin, "model.kv_heads",
-              "model.heads (" + std::to_string(m.heads) + ") must be divisible by model.kv_heads (" +
-                  std::to_string(m.kv_heads) + "): each key/value head serves a whole group");
+              "model.heads (" + std::to_string(m.heads) +
+                  ") must be divisible by model.kv_heads (" + std::to_string(m.kv_heads) +
+                  "): each key/value head serves a whole group");
   check_range(m.ffn_hidden >= 0, origin, "model.ffn_hidden", "must be >= 0 (0: 4 x d_model)");
   check_range(m.activation == "gelu" || m.activation == "swiglu", origin, "model.activation",
               "expected gelu or swiglu, got '" + m.activation + "'");

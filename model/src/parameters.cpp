@@ -9,9 +9,8 @@
 namespace orrery::model {
 
 ModelShape model_shape(const Scenario& s) {
-  return ModelShape{s.model.d_model, s.model.heads,  s.model.vocab,
-                    s.model.seq,     s.model.layers, s.parallel.tp,
-                    block_arch(s.model)};
+  return ModelShape{s.model.d_model, s.model.heads, s.model.vocab,      s.model.seq,
+                    s.model.layers,  s.parallel.tp, block_arch(s.model)};
 }
 
 int chunks_per_stage(const Scenario& s) {
@@ -80,7 +79,7 @@ StageContents stage_contents(const Scenario& s, int stage) {
 }
 
 std::vector<ParamSpec> parameter_tensors(const ModelShape& m, const StageContents& stage) {
-  const BlockArch& a = m.arch;
+  const BlockArch a = m.arch.resolve(m.heads, m.d_model);
   const int C = m.d_model, hs = m.d_model / m.heads, tp = m.tp;
   const int Cl = (m.heads / tp) * hs, Ckv = a.kv_heads * hs, Ckvl = (a.kv_heads / tp) * hs;
   const int F = a.ffn_hidden, Fl = F / tp, up = a.swiglu() ? 2 : 1;
@@ -109,8 +108,8 @@ std::vector<ParamSpec> parameter_tensors(const ModelShape& m, const StageContent
       const std::string p = "h." + std::to_string(l) + ".";
       specs.push_back(gain(p + "ln1w", l));
       if (norm_bias) specs.push_back(zero(p + "ln1b", l, C, C));
-      specs.push_back({p + "qkvw", l, Cl + 2 * Ckvl, C, C + 2 * Ckv, C, Slice::Bands,
-                       Init::Normal, std_w, qkv_bands});
+      specs.push_back({p + "qkvw", l, Cl + 2 * Ckvl, C, C + 2 * Ckv, C, Slice::Bands, Init::Normal,
+                       std_w, qkv_bands});
       if (a.bias) {
         ParamSpec b = zero(p + "qkvb", l, Cl + 2 * Ckvl, C + 2 * Ckv);
         b.slice = Slice::Bands;  // a (1, n) vector: its columns are cut as qkvw's rows

@@ -66,7 +66,6 @@ class BlasSingleThreaded {
   int saved_;
 };
 
-
 // Splits [0, n) into one contiguous chunk per thread; the caller runs chunk 0. Workers sleep on a
 // condition variable between jobs. One job at a time: a second concurrent caller runs serially.
 class ThreadPool {
@@ -87,7 +86,8 @@ class ThreadPool {
     stop_ = false;
     // Each worker starts from the current generation, so a job posted before it first waits is
     // still seen as new.
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i, g = generation_] { work(i, g); });
+    for (int i = 1; i < threads; ++i)
+      workers_.emplace_back([this, i, g = generation_] { work(i, g); });
   }
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
@@ -161,7 +161,8 @@ void parallel_rows(std::ptrdiff_t n, std::size_t work, F&& fn) {
 
 }  // namespace
 
-void parallel_for(std::ptrdiff_t n, std::size_t work, const std::function<void(std::ptrdiff_t, std::ptrdiff_t)>& fn) {
+void parallel_for(std::ptrdiff_t n, std::size_t work,
+                  const std::function<void(std::ptrdiff_t, std::ptrdiff_t)>& fn) {
   parallel_rows(n, work, fn);
 }
 
@@ -176,12 +177,16 @@ int compute_threads() { return g_threads; }
 
 // ------------------------------------------------------------------------------------ embedding
 
-void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
-                     int C) {
+void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
+                     int T, int C) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       float* o = out + (static_cast<std::size_t>(b) * T + t) * C;
       const float* we = wte + static_cast<std::size_t>(inp[b * T + t]) * C;
+      if (wpe == nullptr) {  // rotary positions: the token embedding alone
+        for (int c = 0; c < C; ++c) o[c] = we[c];
+        continue;
+      }
       const float* pe = wpe + static_cast<std::size_t>(t) * C;
       for (int c = 0; c < C; ++c) o[c] = we[c] + pe[c];
     }
@@ -225,15 +230,20 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
       }
       v /= static_cast<float>(C);
       const float r = 1.0f / std::sqrt(v + 1e-5f);
-      for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+      if (bias != nullptr) {
+        for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+      } else {
+        for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * r * weight[c];
+      }
       mean[i] = m;
       rstd[i] = r;
     }
   });
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int B, int T, int C) {
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int B, int T, int C) {
   const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
   std::mutex merge;
   parallel_rows(N, static_cast<std::size_t>(N) * C, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
@@ -266,17 +276,113 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       }
     }
     std::lock_guard<std::mutex> lk(merge);
-    for (int c = 0; c < C; ++c) {
-      dweight[c] += dwp[c];
-      dbias[c] += dbp[c];
+    for (int c = 0; c < C; ++c) dweight[c] += dwp[c];
+    if (dbias != nullptr) {
+      for (int c = 0; c < C; ++c) dbias[c] += dbp[c];
     }
   });
 }
 
+// ------------------------------------------------------------------------------------ rmsnorm
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int B, int T,
+                     int C) {
+  const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
+  parallel_rows(N, static_cast<std::size_t>(N) * C, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+    for (std::ptrdiff_t i = i0; i < i1; ++i) {
+      const float* x = inp + i * C;
+      float* o = out + i * C;
+      float ss = 0.0f;
+      for (int c = 0; c < C; ++c) ss += x[c] * x[c];
+      const float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + 1e-5f);
+      for (int c = 0; c < C; ++c) o[c] = x[c] * r * weight[c];
+      rstd[i] = r;
+    }
+  });
+}
+
+// y = x r w, r = (mean(x²) + eps)^(-1/2): dx_c = r (w_c dy_c) - x_c r³ / C · sum_j (w_j dy_j x_j).
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int B, int T, int C) {
+  const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
+  std::mutex merge;
+  parallel_rows(N, static_cast<std::size_t>(N) * C, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+    std::vector<float> dw(static_cast<std::size_t>(C), 0.0f);
+    for (std::ptrdiff_t i = i0; i < i1; ++i) {
+      const float* x = inp + i * C;
+      const float* d = dout + i * C;
+      float* di = dinp + i * C;
+      const float r = rstd[i];
+      float dot = 0.0f;
+      for (int c = 0; c < C; ++c) {
+        dot += weight[c] * d[c] * x[c];
+        dw[static_cast<std::size_t>(c)] += x[c] * r * d[c];
+      }
+      const float k = dot * r * r * r / static_cast<float>(C);
+      for (int c = 0; c < C; ++c) di[c] += weight[c] * d[c] * r - x[c] * k;
+    }
+    std::lock_guard<std::mutex> lk(merge);
+    for (int c = 0; c < C; ++c) dweight[c] += dw[static_cast<std::size_t>(c)];
+  });
+}
+
+// ------------------------------------------------------------------------------------ rope
+
+namespace {
+// cos and sin of the rotation of pair i at position t: angle t · theta^(-2i/hs), in double.
+void rope_table(std::vector<float>& cs, std::vector<float>& sn, int T, int hs, float theta) {
+  const int half = hs / 2;
+  cs.resize(static_cast<std::size_t>(T) * half);
+  sn.resize(cs.size());
+  for (int i = 0; i < half; ++i) {
+    const double inv = std::pow(static_cast<double>(theta), -2.0 * i / static_cast<double>(hs));
+    for (int t = 0; t < T; ++t) {
+      const double a = static_cast<double>(t) * inv;
+      cs[static_cast<std::size_t>(t) * half + i] = static_cast<float>(std::cos(a));
+      sn[static_cast<std::size_t>(t) * half + i] = static_cast<float>(std::sin(a));
+    }
+  }
+}
+
+// Rotates the q and k heads of every row by +angle (sign 1) or -angle (sign -1).
+void rope_apply(float* qkv, int B, int T, int NH, int NKV, int hs, float theta, float sign) {
+  if (hs % 2 != 0) throw std::invalid_argument("rope: head size " + std::to_string(hs) + " is odd");
+  std::vector<float> cs, sn;
+  rope_table(cs, sn, T, hs, theta);
+  const int half = hs / 2, W = (NH + 2 * NKV) * hs, rotated = NH + NKV;
+  const std::ptrdiff_t rows = static_cast<std::ptrdiff_t>(B) * T;
+  parallel_rows(rows, static_cast<std::size_t>(rows) * rotated * hs,
+                [&](std::ptrdiff_t r0, std::ptrdiff_t r1) {
+                  for (std::ptrdiff_t r = r0; r < r1; ++r) {
+                    const std::size_t t = static_cast<std::size_t>(r % T);
+                    const float* c = cs.data() + t * half;
+                    const float* s = sn.data() + t * half;
+                    for (int h = 0; h < rotated; ++h) {
+                      float* x =
+                          qkv + static_cast<std::size_t>(r) * W + static_cast<std::size_t>(h) * hs;
+                      for (int i = 0; i < half; ++i) {
+                        const float a = x[i], b = x[i + half], sv = sign * s[i];
+                        x[i] = a * c[i] - b * sv;
+                        x[i + half] = b * c[i] + a * sv;
+                      }
+                    }
+                  }
+                });
+}
+}  // namespace
+
+void rope_forward(float* qkv, int B, int T, int NH, int NKV, int hs, float theta) {
+  rope_apply(qkv, B, T, NH, NKV, hs, theta, 1.0f);
+}
+
+void rope_backward(float* dqkv, int B, int T, int NH, int NKV, int hs, float theta) {
+  rope_apply(dqkv, B, T, NH, NKV, hs, theta, -1.0f);
+}
+
 // ------------------------------------------------------------------------------------ matmul
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int B, int T,
-                    int C, int OC) {
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int B,
+                    int T, int C, int OC) {
   const int N = B * T;
   float beta = 0.0f;
   if (bias != nullptr) {
@@ -286,7 +392,8 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     });
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out,
+              OC);
 }
 
 void bias_backward(float* dbias, const float* dout, int B, int T, int C) {
@@ -309,7 +416,8 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
                 accumulate_dinp ? 1.0f : 0.0f, dinp, C);
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
+              dweight, C);
   if (dbias != nullptr) bias_backward(dbias, dout, B, T, OC);
 }
 
@@ -325,12 +433,13 @@ constexpr int kBlock = 64;
 
 // One query head over its key/value head: q, k, v point at the head's first row in the fused qkv
 // (row stride W), y at its columns of out (row stride C).
-void attention_forward_head(float* y, float* P, const float* q, const float* k, const float* v, int T,
-                            int W, int C, int hs, float scale) {
+void attention_forward_head(float* y, float* P, const float* q, const float* k, const float* v,
+                            int T, int W, int C, int hs, float scale) {
   for (int r0 = 0; r0 < T; r0 += kBlock) {
     const int r1 = std::min(T, r0 + kBlock);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale, q + static_cast<std::size_t>(r0) * W,
-                W, k, W, 0.0f, P + static_cast<std::size_t>(r0) * T, T);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale,
+                q + static_cast<std::size_t>(r0) * W, W, k, W, 0.0f,
+                P + static_cast<std::size_t>(r0) * T, T);
   }
   for (int t = 0; t < T; ++t) {
     float* row = P + static_cast<std::size_t>(t) * T;
@@ -348,24 +457,26 @@ void attention_forward_head(float* y, float* P, const float* q, const float* k, 
   }
   for (int r0 = 0; r0 < T; r0 += kBlock) {
     const int r1 = std::min(T, r0 + kBlock);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f, P + static_cast<std::size_t>(r0) * T,
-                T, v, W, 0.0f, y + static_cast<std::size_t>(r0) * C, C);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f,
+                P + static_cast<std::size_t>(r0) * T, T, v, W, 0.0f,
+                y + static_cast<std::size_t>(r0) * C, C);
   }
 }
 
 // Its backward: dq, dk, dv (the same offsets in dinp) += ...; dP is scratch.
-void attention_backward_head(float* dq, float* dk, float* dv, float* dP, const float* dy, const float* q,
-                             const float* k, const float* v, const float* P, int T, int W, int C, int hs,
-                             float scale) {
+void attention_backward_head(float* dq, float* dk, float* dv, float* dP, const float* dy,
+                             const float* q, const float* k, const float* v, const float* P, int T,
+                             int W, int C, int hs, float scale) {
   for (int r0 = 0; r0 < T; r0 += kBlock) {
     const int r1 = std::min(T, r0 + kBlock);
     // dP[r0:r1, 0:r1] = dY[r0:r1] V[0:r1]^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f, dy + static_cast<std::size_t>(r0) * C,
-                C, v, W, 0.0f, dP + static_cast<std::size_t>(r0) * T, T);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f,
+                dy + static_cast<std::size_t>(r0) * C, C, v, W, 0.0f,
+                dP + static_cast<std::size_t>(r0) * T, T);
     // dV[r0:r1] += P[r0:T, r0:r1]^T dY[r0:T]  (P is zero above the diagonal)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, 1.0f,
-                P + static_cast<std::size_t>(r0) * T + r0, T, dy + static_cast<std::size_t>(r0) * C, C, 1.0f,
-                dv + static_cast<std::size_t>(r0) * W, W);
+                P + static_cast<std::size_t>(r0) * T + r0, T, dy + static_cast<std::size_t>(r0) * C,
+                C, 1.0f, dv + static_cast<std::size_t>(r0) * W, W);
   }
   // Softmax backward: dS = P * (dP - sum_j P dP); the scale is folded into the next products.
   for (int t = 0; t < T; ++t) {
@@ -380,24 +491,27 @@ void attention_backward_head(float* dq, float* dk, float* dv, float* dP, const f
     const int r1 = std::min(T, r0 + kBlock);
     // dQ[r0:r1] += scale * dS[r0:r1, 0:r1] K[0:r1]
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, scale,
-                dP + static_cast<std::size_t>(r0) * T, T, k, W, 1.0f, dq + static_cast<std::size_t>(r0) * W, W);
+                dP + static_cast<std::size_t>(r0) * T, T, k, W, 1.0f,
+                dq + static_cast<std::size_t>(r0) * W, W);
     // dK[r0:r1] += scale * dS[r0:T, r0:r1]^T Q[r0:T]
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, scale,
-                dP + static_cast<std::size_t>(r0) * T + r0, T, q + static_cast<std::size_t>(r0) * W, W, 1.0f,
-                dk + static_cast<std::size_t>(r0) * W, W);
+                dP + static_cast<std::size_t>(r0) * T + r0, T, q + static_cast<std::size_t>(r0) * W,
+                W, 1.0f, dk + static_cast<std::size_t>(r0) * W, W);
   }
 }
 
 void check_heads(const char* fn, int C, int NH, int NKV) {
   if (NH < 1 || NKV < 1 || C % NH != 0 || NH % NKV != 0) {
-    throw std::invalid_argument(std::string(fn) + ": C (" + std::to_string(C) + ") must be a multiple of NH (" +
-                                std::to_string(NH) + ") and NH of NKV (" + std::to_string(NKV) + ")");
+    throw std::invalid_argument(std::string(fn) + ": C (" + std::to_string(C) +
+                                ") must be a multiple of NH (" + std::to_string(NH) +
+                                ") and NH of NKV (" + std::to_string(NKV) + ")");
   }
 }
 
 }  // namespace
 
-void attention_forward(float* out, float* att, const float* inp, int B, int T, int C, int NH, int NKV) {
+void attention_forward(float* out, float* att, const float* inp, int B, int T, int C, int NH,
+                       int NKV) {
   check_heads("attention_forward", C, NH, NKV);
   const int hs = C / NH, W = C + 2 * NKV * hs, group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -408,14 +522,14 @@ void attention_forward(float* out, float* att, const float* inp, int B, int T, i
       const std::ptrdiff_t b = i / NH, h = i % NH, g = h / group;
       const float* row0 = inp + static_cast<std::size_t>(b) * T * W;
       attention_forward_head(out + static_cast<std::size_t>(b) * T * C + h * hs,
-                             att + static_cast<std::size_t>(i) * T * T, row0 + h * hs, row0 + C + g * hs,
-                             row0 + C + (NKV + g) * hs, T, W, C, hs, scale);
+                             att + static_cast<std::size_t>(i) * T * T, row0 + h * hs,
+                             row0 + C + g * hs, row0 + C + (NKV + g) * hs, T, W, C, hs, scale);
     }
   });
 }
 
-void attention_backward(float* dinp, float* datt, const float* dout, const float* inp, const float* att,
-                        int B, int T, int C, int NH, int NKV) {
+void attention_backward(float* dinp, float* datt, const float* dout, const float* inp,
+                        const float* att, int B, int T, int C, int NH, int NKV) {
   check_heads("attention_backward", C, NH, NKV);
   const int hs = C / NH, W = C + 2 * NKV * hs, group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -432,8 +546,8 @@ void attention_backward(float* dinp, float* datt, const float* dout, const float
         const std::size_t qoff = row0 + h * hs;
         const std::size_t pair = static_cast<std::size_t>(b * NH + h);
         attention_backward_head(dinp + qoff, dinp + koff, dinp + voff, datt + pair * T * T,
-                                dout + static_cast<std::size_t>(b) * T * C + h * hs, inp + qoff, inp + koff,
-                                inp + voff, att + pair * T * T, T, W, C, hs, scale);
+                                dout + static_cast<std::size_t>(b) * T * C + h * hs, inp + qoff,
+                                inp + koff, inp + voff, att + pair * T * T, T, W, C, hs, scale);
       }
     }
   });
@@ -467,12 +581,49 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t
 
 // ------------------------------------------------------------------------------------ residual
 
+// ------------------------------------------------------------------------------------ swiglu
+
+void swiglu_forward(float* out, const float* inp, std::size_t N, int F) {
+  const std::size_t Fs = static_cast<std::size_t>(F);
+  parallel_rows(static_cast<std::ptrdiff_t>(N), N * Fs, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+    for (std::ptrdiff_t i = i0; i < i1; ++i) {
+      const float* gate = inp + static_cast<std::size_t>(i) * 2 * Fs;
+      const float* up = gate + Fs;
+      float* o = out + static_cast<std::size_t>(i) * Fs;
+      for (std::size_t j = 0; j < Fs; ++j) {
+        const float g = gate[j];
+        o[j] = g / (1.0f + std::exp(-g)) * up[j];
+      }
+    }
+  });
+}
+
+// out = silu(g) u: du = silu(g) dout; dg = u dout sig(g) (1 + g (1 - sig(g))).
+void swiglu_backward(float* dinp, const float* inp, const float* dout, std::size_t N, int F) {
+  const std::size_t Fs = static_cast<std::size_t>(F);
+  parallel_rows(static_cast<std::ptrdiff_t>(N), N * Fs, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+    for (std::ptrdiff_t i = i0; i < i1; ++i) {
+      const float* gate = inp + static_cast<std::size_t>(i) * 2 * Fs;
+      const float* up = gate + Fs;
+      float* dgate = dinp + static_cast<std::size_t>(i) * 2 * Fs;
+      float* dup = dgate + Fs;
+      const float* d = dout + static_cast<std::size_t>(i) * Fs;
+      for (std::size_t j = 0; j < Fs; ++j) {
+        const float g = gate[j];
+        const float sig = 1.0f / (1.0f + std::exp(-g));
+        dup[j] += g * sig * d[j];
+        dgate[j] += up[j] * d[j] * sig * (1.0f + g * (1.0f - sig));
+      }
+    }
+  });
+}
+
 void residual_forward(float* out, const float* inp1, const float* inp2, std::size_t N) {
   for (std::size_t i = 0; i < N; ++i) out[i] = inp1[i] + inp2[i];
 }
 
-void bias_residual_forward(float* out, const float* residual, const float* partial, const float* bias,
-                           int B, int T, int C) {
+void bias_residual_forward(float* out, const float* residual, const float* partial,
+                           const float* bias, int B, int T, int C) {
   const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
   parallel_rows(N, static_cast<std::size_t>(N) * C, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
     for (std::ptrdiff_t i = i0; i < i1; ++i) {
@@ -490,8 +641,8 @@ void bias_residual_forward(float* out, const float* residual, const float* parti
 
 // ------------------------------------------------------------------------------------ loss
 
-float softmax_crossentropy_forward(float* losses, float* logits, const int32_t* targets, int B, int T,
-                                   int V) {
+float softmax_crossentropy_forward(float* losses, float* logits, const int32_t* targets, int B,
+                                   int T, int V) {
   const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
   parallel_rows(N, static_cast<std::size_t>(N) * V, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
     for (std::ptrdiff_t i = i0; i < i1; ++i) {
@@ -516,7 +667,8 @@ float softmax_crossentropy_forward(float* losses, float* logits, const int32_t* 
   return static_cast<float>(total / static_cast<double>(N));
 }
 
-void softmax_crossentropy_backward(float* probs, const int32_t* targets, float dloss, int B, int T, int V) {
+void softmax_crossentropy_backward(float* probs, const int32_t* targets, float dloss, int B, int T,
+                                   int V) {
   const std::ptrdiff_t N = static_cast<std::ptrdiff_t>(B) * T;
   parallel_rows(N, static_cast<std::size_t>(N) * V, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
     for (std::ptrdiff_t i = i0; i < i1; ++i) {

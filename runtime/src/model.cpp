@@ -77,8 +77,8 @@ void fill_tensor(float* dst, const TensorSpec& t, uint64_t seed, const BlockDims
 
 // The model's parameter table (model/parameters.hpp) for this shard.
 std::vector<TensorSpec> tensor_specs(const GptConfig& cfg, const GptShard& sh) {
-  const model::ModelShape shape{cfg.n_embd,  cfg.n_head,  cfg.vocab,
-                                cfg.max_seq, cfg.n_layer, sh.tp_size};
+  const model::ModelShape shape{cfg.n_embd,  cfg.n_head, cfg.vocab, cfg.max_seq,
+                                cfg.n_layer, sh.tp_size, cfg.arch};
   model::StageContents stage;
   stage.embed = sh.has_embed;
   stage.head = sh.has_head;
@@ -86,19 +86,38 @@ std::vector<TensorSpec> tensor_specs(const GptConfig& cfg, const GptShard& sh) {
   return model::parameter_tensors(shape, stage);
 }
 
-// Carves the 12 block pointers out of `base` in the order of tensor_specs.
-BlockParams block_pointers(float* base, const std::vector<ParamTensor>& tensors,
-                           std::size_t first) {
-  float* ptr[12];
-  for (int i = 0; i < 12; ++i) ptr[i] = base + tensors[first + static_cast<std::size_t>(i)].offset;
-  return BlockParams{ptr[0], ptr[1], ptr[2], ptr[3], ptr[4],  ptr[5],
-                     ptr[6], ptr[7], ptr[8], ptr[9], ptr[10], ptr[11]};
+// The pointer of tensor `name` in `base`, or null when the table has no such tensor.
+float* tensor_ptr(float* base, const std::vector<ParamTensor>& tensors, const std::string& name) {
+  for (const auto& t : tensors) {
+    if (t.name == name) return base + t.offset;
+  }
+  return nullptr;
+}
+
+// Block `layer`'s pointers into `base`, by the table's names (absent biases stay null).
+BlockParams block_pointers(float* base, const std::vector<ParamTensor>& tensors, int layer) {
+  const std::string p = "h." + std::to_string(layer) + ".";
+  auto at = [&](const char* n) { return tensor_ptr(base, tensors, p + n); };
+  BlockParams b;
+  b.ln1w = at("ln1w");
+  b.ln1b = at("ln1b");
+  b.qkvw = at("qkvw");
+  b.qkvb = at("qkvb");
+  b.projw = at("projw");
+  b.projb = at("projb");
+  b.ln2w = at("ln2w");
+  b.ln2b = at("ln2b");
+  b.fcw = at("fcw");
+  b.fcb = at("fcb");
+  b.fcprojw = at("fcprojw");
+  b.fcprojb = at("fcprojb");
+  return b;
 }
 
 }  // namespace
 
 GptConfig gpt_config(const orrery::ModelConfig& m) {
-  return GptConfig{m.layers, m.d_model, m.heads, m.vocab, m.seq};
+  return GptConfig{m.layers, m.d_model, m.heads, m.vocab, m.seq, block_arch(m)};
 }
 
 GptShard GptShard::pipeline_stage(const GptConfig& cfg, int stage, int stages,
@@ -167,19 +186,33 @@ Gpt gpt_create(const GptConfig& config, const GptShard& shard_in, uint64_t seed)
     throw InputError("model: tensor parallelism " + std::to_string(sh.tp_size) +
                      " must divide heads " + std::to_string(c.n_head));
   }
+  const BlockArch arch = c.arch.resolve(c.n_head, c.n_embd);
+  if (c.n_head % arch.kv_heads != 0 || arch.kv_heads % sh.tp_size != 0 ||
+      arch.ffn_hidden % sh.tp_size != 0) {
+    throw InputError("model: " + std::to_string(arch.kv_heads) + " key/value heads and MLP width " +
+                     std::to_string(arch.ffn_hidden) + " need kv heads dividing heads " +
+                     std::to_string(c.n_head) + " and tensor parallelism " +
+                     std::to_string(sh.tp_size) + " dividing both");
+  }
+  if (arch.rope() && (c.n_embd / c.n_head) % 2 != 0) {
+    throw InputError("model: rope needs an even head size, got " +
+                     std::to_string(c.n_embd / c.n_head));
+  }
   Gpt m;
   m.config = c;
+  m.config.arch = arch;
   m.shard = sh;
   m.dims.C = c.n_embd;
   m.dims.NH = c.n_head / sh.tp_size;
   m.dims.hs = c.n_embd / c.n_head;
   m.dims.Cl = m.dims.NH * m.dims.hs;
-  m.dims.F = 4 * c.n_embd / sh.tp_size;
+  m.dims.F = arch.ffn_hidden / sh.tp_size;
   m.dims.tp = sh.tp_size;
-  m.dims.NKV = m.dims.NH;
-  m.dims.Ckvl = m.dims.Cl;
+  m.dims.NKV = arch.kv_heads / sh.tp_size;
+  m.dims.Ckvl = m.dims.NKV * m.dims.hs;
+  m.dims.up = arch.swiglu() ? 2 : 1;
 
-  const auto specs = tensor_specs(c, sh);
+  const auto specs = tensor_specs(m.config, sh);
   std::size_t offset = 0;
   for (const auto& s : specs) {
     ParamTensor t;
@@ -199,29 +232,25 @@ Gpt gpt_create(const GptConfig& config, const GptShard& shard_in, uint64_t seed)
     fill_tensor(m.params.data() + m.tensors[i].offset, specs[i], seed, m.dims, sh.tp_rank);
   }
 
-  std::size_t idx = 0;
-  if (sh.has_embed || sh.has_head) {
-    m.embed.wte = m.params.data() + m.tensors[idx].offset;
-    m.dembed.wte = m.grads.data() + m.tensors[idx].offset;
-    ++idx;
-  }
-  if (sh.has_embed) {
-    m.embed.wpe = m.params.data() + m.tensors[idx].offset;
-    m.dembed.wpe = m.grads.data() + m.tensors[idx].offset;
-    ++idx;
-  }
+  float* P = m.params.data();
+  float* G = m.grads.data();
+  m.embed = EmbedParams{tensor_ptr(P, m.tensors, "wte"), tensor_ptr(P, m.tensors, "wpe")};
+  m.dembed = EmbedParams{tensor_ptr(G, m.tensors, "wte"), tensor_ptr(G, m.tensors, "wpe")};
   for (int l = sh.layer_begin; l < sh.layer_end; ++l) {
-    m.blocks.push_back(block_pointers(m.params.data(), m.tensors, idx));
-    m.dblocks.push_back(block_pointers(m.grads.data(), m.tensors, idx));
-    idx += 12;
+    m.blocks.push_back(block_pointers(P, m.tensors, l));
+    m.dblocks.push_back(block_pointers(G, m.tensors, l));
   }
   if (sh.has_head) {
-    m.head = HeadParams{m.params.data() + m.tensors[idx].offset,
-                        m.params.data() + m.tensors[idx + 1].offset};
-    m.dhead = HeadParams{m.grads.data() + m.tensors[idx].offset,
-                         m.grads.data() + m.tensors[idx + 1].offset};
+    m.head = HeadParams{tensor_ptr(P, m.tensors, "lnfw"), tensor_ptr(P, m.tensors, "lnfb"),
+                        tensor_ptr(P, m.tensors, "lmw")};
+    m.dhead = HeadParams{tensor_ptr(G, m.tensors, "lnfw"), tensor_ptr(G, m.tensors, "lnfb"),
+                         tensor_ptr(G, m.tensors, "lmw")};
   }
   return m;
+}
+
+bool holds_embedding_segment(const Gpt& g) {
+  return g.shard.has_embed || (g.shard.has_head && g.config.arch.tied_embeddings);
 }
 
 void gpt_zero_grad(Gpt& model) { model.grads.zero(); }
@@ -298,7 +327,8 @@ void gpt_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, float loss_sc
 }
 
 flops::Dims flop_dims(const Gpt& m, int B, int T) {
-  return flops::Dims{B, T, m.config.n_embd, m.config.vocab, m.shard.tp_size};
+  return flops::dims_of(m.config.arch, B, T, m.config.n_embd, m.config.n_head, m.config.vocab,
+                        m.shard.tp_size);
 }
 
 }  // namespace orrery::runtime

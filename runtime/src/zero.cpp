@@ -27,6 +27,7 @@ void repad(FloatArray& a, std::size_t padded, EmbedParams& e, std::vector<BlockP
   for (auto& b : blocks) rebase(b, o, n);
   rebase(h.lnfw, o, n);
   rebase(h.lnfb, o, n);
+  rebase(h.lmw, o, n);
   a = std::move(fresh);
 }
 }  // namespace
@@ -77,9 +78,9 @@ std::vector<Zero3Segment> zero3_segments(const Gpt& m, int dp_rank, int dp_size,
       ps = {&bound.embed.wte, &bound.embed.wpe};
       gs = {&bound.dembed.wte, &bound.dembed.wpe};
     } else if (sg.id == L) {
-      layout = {&m.head.lnfw, &m.head.lnfb};
-      ps = {&bound.head.lnfw, &bound.head.lnfb};
-      gs = {&bound.dhead.lnfw, &bound.dhead.lnfb};
+      layout = {&m.head.lnfw, &m.head.lnfb, &m.head.lmw};
+      ps = {&bound.head.lnfw, &bound.head.lnfb, &bound.head.lmw};
+      gs = {&bound.dhead.lnfw, &bound.dhead.lnfb, &bound.dhead.lmw};
     } else {
       const auto i = static_cast<std::size_t>(sg.id - m.shard.layer_begin);
       for (float* const* f : block_fields(m.blocks[i])) layout.push_back(f);
@@ -87,7 +88,7 @@ std::vector<Zero3Segment> zero3_segments(const Gpt& m, int dp_rank, int dp_size,
       gs = block_fields(bound.dblocks.at(i));
     }
     for (std::size_t j = 0; j < layout.size(); ++j) {
-      if (*layout[j] == nullptr) continue;  // wpe on a head-only stage
+      if (*layout[j] == nullptr) continue;  // wpe on a head-only stage, absent biases, ...
       sg.param_ptrs.push_back(ps[j]);
       sg.grad_ptrs.push_back(gs[j]);
       sg.rel.push_back(static_cast<std::size_t>(*layout[j] - m.params.data()) - sg.range.offset);

@@ -30,7 +30,8 @@ double dot(const std::vector<float>& a, const std::vector<float>& b) {
 // Compares an analytic gradient with central differences of `objective` with respect to `x`,
 // entry by entry; returns the largest normalised error |a - n| / (|a| + |n| + floor).
 double max_fd_error(std::vector<float>& x, const std::vector<float>& analytic,
-                    const std::function<double()>& objective, float eps = 1e-2f, double floor = 1e-2) {
+                    const std::function<double()>& objective, float eps = 1e-2f,
+                    double floor = 1e-2) {
   double worst = 0.0;
   for (std::size_t i = 0; i < x.size(); ++i) {
     const float saved = x[i];
@@ -40,7 +41,8 @@ double max_fd_error(std::vector<float>& x, const std::vector<float>& analytic,
     const double down = objective();
     x[i] = saved;
     const double numeric = (up - down) / (2.0 * eps);
-    const double err = std::abs(numeric - analytic[i]) / (std::abs(numeric) + std::abs(analytic[i]) + floor);
+    const double err =
+        std::abs(numeric - analytic[i]) / (std::abs(numeric) + std::abs(analytic[i]) + floor);
     worst = std::max(worst, err);
   }
   return worst;
@@ -79,8 +81,8 @@ TEST(Kernels, LayerNormBackwardMatchesFiniteDifferences) {
   };
   objective();
   std::vector<float> dx(x.size(), 0.0f), dw(C, 0.0f), db(C, 0.0f);
-  layernorm_backward(dx.data(), dw.data(), db.data(), wout.data(), x.data(), w.data(), mean.data(), rstd.data(), B,
-                     T, C);
+  layernorm_backward(dx.data(), dw.data(), db.data(), wout.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), B, T, C);
   EXPECT_LT(max_fd_error(x, dx, objective), kTol);
   EXPECT_LT(max_fd_error(w, dw, objective), kTol);
   EXPECT_LT(max_fd_error(b, db, objective), kTol);
@@ -112,19 +114,23 @@ TEST(Kernels, MatmulForwardAndBackward) {
   EXPECT_LT(max_fd_error(bias, db, objective), kTol);
 }
 
-// Naive causal attention in double, for the forward check.
-std::vector<double> attention_reference(const std::vector<float>& qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH;
+// Naive causal attention in double, for the forward check: qkv rows [q (NH heads) | k (NKV) |
+// v (NKV)], query head h reading key/value head h / (NH / NKV).
+std::vector<double> attention_reference(const std::vector<float>& qkv, int B, int T, int C, int NH,
+                                        int NKV) {
+  const int hs = C / NH, W = C + 2 * NKV * hs, group = NH / NKV;
   std::vector<double> out(static_cast<std::size_t>(B) * T * C, 0.0);
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
+      const int g = h / group;
       for (int t = 0; t < T; ++t) {
         std::vector<double> s(t + 1);
         double mx = -1e300;
         for (int j = 0; j <= t; ++j) {
           double acc = 0.0;
           for (int i = 0; i < hs; ++i) {
-            acc += static_cast<double>(qkv[(b * T + t) * 3 * C + h * hs + i]) * qkv[(b * T + j) * 3 * C + C + h * hs + i];
+            acc += static_cast<double>(qkv[(b * T + t) * W + h * hs + i]) *
+                   qkv[(b * T + j) * W + C + g * hs + i];
           }
           s[j] = acc / std::sqrt(static_cast<double>(hs));
           mx = std::max(mx, s[j]);
@@ -133,7 +139,8 @@ std::vector<double> attention_reference(const std::vector<float>& qkv, int B, in
         for (auto& v : s) sum += (v = std::exp(v - mx));
         for (int i = 0; i < hs; ++i) {
           double acc = 0.0;
-          for (int j = 0; j <= t; ++j) acc += s[j] / sum * qkv[(b * T + j) * 3 * C + 2 * C + h * hs + i];
+          for (int j = 0; j <= t; ++j)
+            acc += s[j] / sum * qkv[(b * T + j) * W + C + (NKV + g) * hs + i];
           out[(b * T + t) * C + h * hs + i] = acc;
         }
       }
@@ -142,28 +149,37 @@ std::vector<double> attention_reference(const std::vector<float>& qkv, int B, in
   return out;
 }
 
-void check_attention(int B, int T, int C, int NH, uint32_t seed) {
-  auto qkv = randn(static_cast<std::size_t>(B) * T * 3 * C, 1.0f, seed);
+void check_attention(int B, int T, int C, int NH, uint32_t seed, int NKV = 0) {
+  if (NKV == 0) NKV = NH;
+  const int W = C + 2 * NKV * (C / NH);
+  auto qkv = randn(static_cast<std::size_t>(B) * T * W, 1.0f, seed);
   const auto wout = randn(static_cast<std::size_t>(B) * T * C, 1.0f, seed + 1);
-  std::vector<float> out(static_cast<std::size_t>(B) * T * C), att(static_cast<std::size_t>(B) * NH * T * T);
+  std::vector<float> out(static_cast<std::size_t>(B) * T * C),
+      att(static_cast<std::size_t>(B) * NH * T * T);
   auto objective = [&] {
-    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NH);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
     return dot(out, wout);
   };
   objective();
-  const auto ref = attention_reference(qkv, B, T, C, NH, NH);
+  const auto ref = attention_reference(qkv, B, T, C, NH, NKV);
   double maxdiff = 0.0;
-  for (std::size_t i = 0; i < out.size(); ++i) maxdiff = std::max(maxdiff, std::abs(ref[i] - out[i]));
-  EXPECT_LT(maxdiff, 1e-5) << "T=" << T;
+  for (std::size_t i = 0; i < out.size(); ++i)
+    maxdiff = std::max(maxdiff, std::abs(ref[i] - out[i]));
+  EXPECT_LT(maxdiff, 1e-5) << "T=" << T << " NKV=" << NKV;
   std::vector<float> dqkv(qkv.size(), 0.0f), datt(att.size());
-  attention_backward(dqkv.data(), datt.data(), wout.data(), qkv.data(), att.data(), B, T, C, NH, NH);
-  EXPECT_LT(max_fd_error(qkv, dqkv, objective, 1e-2f), kTol) << "T=" << T;
+  attention_backward(dqkv.data(), datt.data(), wout.data(), qkv.data(), att.data(), B, T, C, NH,
+                     NKV);
+  EXPECT_LT(max_fd_error(qkv, dqkv, objective, 1e-2f), kTol) << "T=" << T << " NKV=" << NKV;
 }
 
 TEST(Kernels, AttentionForwardAndBackward) { check_attention(2, 5, 8, 2, 12); }
 
 // T larger than the causal block (64) exercises the blocked sgemm paths.
 TEST(Kernels, AttentionAcrossCausalBlocks) { check_attention(1, 70, 4, 2, 14); }
+
+// Grouped-query (4 query heads over 2 key/value heads) and multi-query attention.
+TEST(Kernels, GroupedQueryAttentionForwardAndBackward) { check_attention(2, 5, 8, 4, 30, 2); }
+TEST(Kernels, MultiQueryAttentionForwardAndBackward) { check_attention(1, 6, 8, 4, 32, 1); }
 
 TEST(Kernels, GeluForwardAndBackward) {
   const std::size_t N = 64;
@@ -177,7 +193,8 @@ TEST(Kernels, GeluForwardAndBackward) {
   objective();
   for (std::size_t i = 0; i < N; ++i) {
     const double v = x[i];
-    const double ref = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+    const double ref =
+        0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
     EXPECT_NEAR(out[i], ref, 1e-6 * (1.0 + std::abs(ref)));
   }
   std::vector<float> dx(N, 0.0f);
@@ -192,7 +209,8 @@ TEST(Kernels, SoftmaxCrossEntropyForwardAndBackward) {
   std::vector<float> work(logits.size()), losses(B * T);
   auto objective = [&] {
     work = logits;
-    return static_cast<double>(softmax_crossentropy_forward(losses.data(), work.data(), targets.data(), B, T, V));
+    return static_cast<double>(
+        softmax_crossentropy_forward(losses.data(), work.data(), targets.data(), B, T, V));
   };
   const double mean = objective();
   double ref_mean = 0.0;
@@ -239,7 +257,8 @@ TEST(Kernels, EncoderForwardAndBackward) {
 
 TEST(Kernels, BiasResidualAndBiasBackward) {
   const int B = 1, T = 2, C = 3;
-  const std::vector<float> r = {1, 2, 3, 4, 5, 6}, p = {10, 20, 30, 40, 50, 60}, bias = {100, 200, 300};
+  const std::vector<float> r = {1, 2, 3, 4, 5, 6}, p = {10, 20, 30, 40, 50, 60},
+                           bias = {100, 200, 300};
   std::vector<float> out(6);
   bias_residual_forward(out.data(), r.data(), p.data(), bias.data(), B, T, C);
   EXPECT_EQ(out, (std::vector<float>{111, 222, 333, 144, 255, 366}));
@@ -257,10 +276,12 @@ TEST(Kernels, ThreadCountDoesNotChangeResults) {
   for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = static_cast<int32_t>((i * 7) % V);
   auto run = [&](int threads) {
     set_compute_threads(threads);
-    std::vector<float> out(static_cast<std::size_t>(B) * T * C), att(static_cast<std::size_t>(B) * NH * T * T);
+    std::vector<float> out(static_cast<std::size_t>(B) * T * C),
+        att(static_cast<std::size_t>(B) * NH * T * T);
     attention_forward(out.data(), att.data(), x.data(), B, T, C, NH, NH);
     std::vector<float> lg = logits, losses(static_cast<std::size_t>(B) * T);
-    const float loss = softmax_crossentropy_forward(losses.data(), lg.data(), targets.data(), B, T, V);
+    const float loss =
+        softmax_crossentropy_forward(losses.data(), lg.data(), targets.data(), B, T, V);
     out.push_back(loss);
     return out;
   };
@@ -269,7 +290,8 @@ TEST(Kernels, ThreadCountDoesNotChangeResults) {
   set_compute_threads(1);
   ASSERT_EQ(one.size(), two.size());
   double maxdiff = 0.0;
-  for (std::size_t i = 0; i < one.size(); ++i) maxdiff = std::max(maxdiff, static_cast<double>(std::abs(one[i] - two[i])));
+  for (std::size_t i = 0; i < one.size(); ++i)
+    maxdiff = std::max(maxdiff, static_cast<double>(std::abs(one[i] - two[i])));
   EXPECT_LT(maxdiff, 1e-5);
 }
 

@@ -20,9 +20,9 @@ struct ModelConfig {
   std::string name;   // optional label, e.g. "gpt-tiny"
   // Llama-style blocks (Touvron et al. 2023, arXiv 2302.13971 and 2307.09288); the defaults are
   // GPT-2/3's. Read through block_arch() below, the one reader of these keys.
-  int kv_heads = 0;    // key/value heads: 0 = heads (multi-head), 1 = multi-query, else grouped-query
-                       // (Ainslie et al. 2023); divides heads
-  int ffn_hidden = 0;  // MLP width F: 0 = 4 * d_model
+  int kv_heads = 0;  // key/value heads: 0 = heads (multi-head), 1 = multi-query, else grouped-query
+                     // (Ainslie et al. 2023); divides heads
+  int ffn_hidden = 0;                // MLP width F: 0 = 4 * d_model
   std::string activation = "gelu";   // gelu (tanh approximation) | swiglu (Shazeer 2020)
   std::string norm = "layernorm";    // layernorm | rmsnorm (Zhang & Sennrich 2019: gain only)
   std::string position = "learned";  // learned (wpe) | rope (rotary, Su et al. 2021)
@@ -163,8 +163,8 @@ enum class Activation : uint8_t { Gelu, Swiglu };
 enum class Norm : uint8_t { LayerNorm, RmsNorm };
 enum class Position : uint8_t { Learned, Rope };
 struct BlockArch {
-  int kv_heads = 1;    // resolved: heads when model.kv_heads is 0
-  int ffn_hidden = 4;  // resolved: 4 * d_model when model.ffn_hidden is 0
+  int kv_heads = 0;    // heads when model.kv_heads is 0 (block_arch and resolve() fill it in)
+  int ffn_hidden = 0;  // 4 * d_model when model.ffn_hidden is 0 (likewise)
   Activation activation = Activation::Gelu;
   Norm norm = Norm::LayerNorm;
   Position position = Position::Learned;
@@ -176,6 +176,13 @@ struct BlockArch {
   bool rope() const { return position == Position::Rope; }
   // Gains and shifts of one norm: 2 C for a LayerNorm with bias, else C.
   int norm_params_per_channel() const { return !rmsnorm() && bias ? 2 : 1; }
+  // With the zero (default) widths filled in for a model of `heads` heads and width `d_model`.
+  BlockArch resolve(int heads, int d_model) const {
+    BlockArch r = *this;
+    if (r.kv_heads <= 0) r.kv_heads = heads;
+    if (r.ffn_hidden <= 0) r.ffn_hidden = 4 * d_model;
+    return r;
+  }
 };
 BlockArch block_arch(const ModelConfig& m);
 const char* activation_name(Activation a);

@@ -43,11 +43,12 @@ struct Dims {
   bool bias = true;      // biases in the linear layers and norms
 };
 // Dims of a micro-batch of `batch` sequences of `seq` tokens under tp, for the scenario's block.
-inline Dims dims_of(const BlockArch& a, int64_t batch, int64_t seq, int64_t d_model,
-                    int64_t heads, int64_t vocab, int64_t tp) {
+inline Dims dims_of(const BlockArch& a, int64_t batch, int64_t seq, int64_t d_model, int64_t heads,
+                    int64_t vocab, int64_t tp) {
   Dims d{batch, seq, d_model, vocab, tp};
-  d.kv_width = a.kv_heads * (d_model / heads);
-  d.ffn = a.ffn_hidden;
+  const BlockArch r = a.resolve(static_cast<int>(heads), static_cast<int>(d_model));
+  d.kv_width = r.kv_heads * (d_model / heads);
+  d.ffn = r.ffn_hidden;
   d.swiglu = a.swiglu();
   d.rmsnorm = a.rmsnorm();
   d.bias = a.bias;
@@ -56,9 +57,7 @@ inline Dims dims_of(const BlockArch& a, int64_t batch, int64_t seq, int64_t d_mo
 inline double kv_width(const Dims& d) {
   return static_cast<double>(d.kv_width > 0 ? d.kv_width : d.d_model);
 }
-inline double ffn(const Dims& d) {
-  return static_cast<double>(d.ffn > 0 ? d.ffn : 4 * d.d_model);
-}
+inline double ffn(const Dims& d) { return static_cast<double>(d.ffn > 0 ? d.ffn : 4 * d.d_model); }
 
 inline double tokens(const Dims& d) {
   return static_cast<double>(d.batch) * static_cast<double>(d.seq);

@@ -43,7 +43,7 @@ struct ParamSpec {
   int full_rows = 1, full_cols = 1;  // the full model's shape
   Slice slice = Slice::None;
   Init init = Init::Zero;
-  float stddev = 0;  // Normal: GPT-2's 0.02, residual projections 0.02 / sqrt(2 L)
+  float stddev = 0;        // Normal: GPT-2's 0.02, residual projections 0.02 / sqrt(2 L)
   std::vector<int> bands;  // Slice::Bands: the full rows of each band, in order
   int64_t count() const { return int64_t(rows) * cols; }
 };

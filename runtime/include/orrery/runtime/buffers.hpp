@@ -20,6 +20,12 @@ struct BufferShape {
   bool head = false;                         // final LayerNorm, logits and losses (the last stage)
   Recompute recompute = Recompute::None;     // what each block keeps (see carve_activations)
   std::size_t tp = 1;                        // > 1 with sequence parallelism: tokens sharded by tp
+  std::size_t QKV = 0;                       // qkv width held (Cl + 2 Ckvl); 0 = 3 Cl
+  std::size_t F1 = 0;                        // fc1 width held (2F for SwiGLU); 0 = F
+  bool means = true;  // the norms keep their means (LayerNorm; RMSNorm has none)
+  std::size_t qkv() const { return QKV ? QKV : 3 * Cl; }
+  std::size_t f1() const { return F1 ? F1 : F; }
+  std::size_t mean(std::size_t n) const { return means ? n : 0; }
   std::size_t tokens() const { return B * T; }
   std::size_t local_tokens() const { return B * T / tp; }  // the residual stream's tokens
 };
@@ -36,7 +42,10 @@ inline BufferShape buffer_shape(const BlockDims& d, const GptConfig& c, const Gp
                      blocks,
                      sh.has_head,
                      recompute,
-                     sh.sp() ? std::size_t(sh.tp_size) : 1};
+                     sh.sp() ? std::size_t(sh.tp_size) : 1,
+                     std::size_t(d.qkv()),
+                     std::size_t(d.fc1()),
+                     !c.arch.rmsnorm()};
 }
 
 // Hands out consecutive buffers of a counted allocation, each rounded up to `align` floats.
@@ -64,11 +73,12 @@ inline std::size_t block_floats(const BufferShape& s, std::size_t align, Recompu
   const std::size_t N = s.tokens(), n = s.local_tokens(), att = s.B * s.NH * s.T * s.T;
   const BufferCarver count(align);
   if (keep == Recompute::Full) return 0;
-  // ln1, ln2 (N,C); attproj, res2, fcproj (n,C); four statistics (n); qkv; atty; probabilities;
-  // fch, fch_gelu.
-  return count.up(N * s.C) * 2 + count.up(n * s.C) * 3 + count.up(n) * 4 + count.up(N * 3 * s.Cl) +
-         count.up(N * s.Cl) + (keep == Recompute::Selective ? 0 : count.up(att)) +
-         count.up(N * s.F) * 2;
+  // ln1, ln2 (N,C); attproj, res2, fcproj (n,C); the norms' statistics (n: rstd, and the mean of
+  // a LayerNorm); qkv; atty; probabilities; fch (N, fc1 width), fch_gelu (N, F).
+  return count.up(N * s.C) * 2 + count.up(n * s.C) * 3 + (count.up(n) + count.up(s.mean(n))) * 2 +
+         count.up(N * s.qkv()) + count.up(N * s.Cl) +
+         (keep == Recompute::Selective ? 0 : count.up(att)) + count.up(N * s.f1()) +
+         count.up(N * s.F);
 }
 
 // One block's buffers from `c`; the attention probabilities only when `with_att`.
@@ -76,17 +86,17 @@ inline BlockActivations carve_block(BufferCarver& c, const BufferShape& s, bool 
   const std::size_t N = s.tokens(), n = s.local_tokens(), att = s.B * s.NH * s.T * s.T;
   BlockActivations b{};
   b.ln1 = c.take(N * s.C);
-  b.ln1_mean = c.take(n);
+  b.ln1_mean = s.means ? c.take(n) : nullptr;
   b.ln1_rstd = c.take(n);
-  b.qkv = c.take(N * 3 * s.Cl);
+  b.qkv = c.take(N * s.qkv());
   b.atty = c.take(N * s.Cl);
   b.att = with_att ? c.take(att) : nullptr;
   b.attproj = c.take(n * s.C);
   b.res2 = c.take(n * s.C);
   b.ln2 = c.take(N * s.C);
-  b.ln2_mean = c.take(n);
+  b.ln2_mean = s.means ? c.take(n) : nullptr;
   b.ln2_rstd = c.take(n);
-  b.fch = c.take(N * s.F);
+  b.fch = c.take(N * s.f1());
   b.fch_gelu = c.take(N * s.F);
   b.fcproj = c.take(n * s.C);
   return b;
@@ -103,7 +113,10 @@ void carve_activations(Acts& a, const BufferShape& s, std::size_t align) {
   std::size_t total =
       count.up((s.blocks + 1) * n * s.C) + s.blocks * block_floats(s, align, s.recompute);
   // The head: lnf (all-gathered under sequence parallelism), its statistics (n), logits, losses.
-  if (s.head) total += count.up(N * s.C) + count.up(n) * 2 + count.up(N * s.V) + count.up(N);
+  if (s.head) {
+    total +=
+        count.up(N * s.C) + count.up(n) + count.up(s.mean(n)) + count.up(N * s.V) + count.up(N);
+  }
   a.B = int(s.B);
   a.T = int(s.T);
   a.boundary_elems = n * s.C;
@@ -119,7 +132,7 @@ void carve_activations(Acts& a, const BufferShape& s, std::size_t align) {
   }
   if (s.head) {
     a.lnf = c.take(N * s.C);
-    a.lnf_mean = c.take(n);
+    a.lnf_mean = s.means ? c.take(n) : nullptr;
     a.lnf_rstd = c.take(n);
     a.logits = c.take(N * s.V);
     a.losses = c.take(N);
@@ -141,15 +154,16 @@ void carve_grad_scratch(Scratch& g, const BufferShape& s, std::size_t align) {
   const bool sp = s.tp > 1;
   const std::size_t sp_floats =
       sp ? count.up(N * s.C) * 2 + count.up(n * s.C) + count.up(6 * s.C) : 0;
-  g.memory.resize(count.up(n * s.C) + count.up(N * s.C) + count.up(N * 3 * s.Cl) +
-                  count.up(N * s.Cl) + count.up(att) + count.up(N * s.F) * 2 + work + sp_floats);
+  g.memory.resize(count.up(n * s.C) + count.up(N * s.C) + count.up(N * s.qkv()) +
+                  count.up(N * s.Cl) + count.up(att) + count.up(N * s.f1()) + count.up(N * s.F) +
+                  work + sp_floats);
   BufferCarver c(align, g.memory.data());
   g.dres = c.take(n * s.C);
   g.dln = c.take(N * s.C);
-  g.dqkv = c.take(N * 3 * s.Cl);
+  g.dqkv = c.take(N * s.qkv());
   g.datty = c.take(N * s.Cl);
   g.datt = c.take(att);
-  g.dfch = c.take(N * s.F);
+  g.dfch = c.take(N * s.f1());
   g.dfch_gelu = c.take(N * s.F);
   g.work = BlockActivations{};
   if (s.recompute == Recompute::Full) g.work = carve_block(c, s, true);

@@ -96,6 +96,89 @@ inline double sp_piece_flops(const flops::Dims& fd, const model::OpRange& r, boo
   return flops::block_ops_flops(fd, forward, r.begin, r.end);
 }
 
+// The block's variable parts (model.norm, activation, position, bias; GptConfig::arch), each in
+// one place for the forward, the recomputation and the backward.
+// A norm: LayerNorm (its shift `b` may be null) or RMSNorm (no mean, no shift).
+template <class Kernels>
+void norm_forward(const Kernels& k, const Gpt& g, float* out, float* mean, float* rstd,
+                  const float* inp, const float* w, const float* b, int B, int T) {
+  if (g.config.arch.rmsnorm()) {
+    k.rmsnorm_forward(out, rstd, inp, w, B, T, g.dims.C);
+  } else {
+    k.layernorm_forward(out, mean, rstd, inp, w, b, B, T, g.dims.C);
+  }
+}
+template <class Kernels>
+void norm_backward(const Kernels& k, const Gpt& g, float* dinp, float* dw, float* db,
+                   const float* dout, const float* inp, const float* w, const float* mean,
+                   const float* rstd, int B, int T) {
+  if (g.config.arch.rmsnorm()) {
+    k.rmsnorm_backward(dinp, dw, dout, inp, w, rstd, B, T, g.dims.C);
+  } else {
+    k.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, B, T, g.dims.C);
+  }
+}
+// qkv = ln1 · qkvw^T (+ qkvb), then RoPE on its q and k heads under rotary positions.
+template <class Kernels>
+void qkv_forward(const Kernels& k, const Gpt& g, const BlockParams& p, BlockActivations& a, int B,
+                 int T) {
+  const BlockDims& d = g.dims;
+  k.matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, d.qkv());
+  if (g.config.arch.rope()) {
+    k.rope_forward(a.qkv, B, T, d.NH, d.NKV, d.hs, static_cast<float>(g.config.arch.rope_theta));
+  }
+}
+// The attention core's and qkv's backward: s.dqkv from s.datty, rotated back under RoPE, then
+// the qkv matmul's gradients; s.dln gets the (partial, under tp) gradient of ln1's output.
+template <class Kernels, class Scratch>
+void qkv_attention_backward(const Kernels& k, const Gpt& gl, const BlockParams& p,
+                            const BlockParams& g, const BlockActivations& a, Scratch& s, int B,
+                            int T) {
+  const BlockDims& d = gl.dims;
+  k.zero(s.dqkv, static_cast<std::size_t>(B) * T * d.qkv());
+  k.attention_backward(s.dqkv, s.datt, s.datty, a.qkv, a.att, B, T, d.Cl, d.NH, d.NKV);
+  if (gl.config.arch.rope()) {
+    k.rope_backward(s.dqkv, B, T, d.NH, d.NKV, d.hs, static_cast<float>(gl.config.arch.rope_theta));
+  }
+  k.matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, p.qkvw, B, T, d.C, d.qkv(), false);
+}
+// fch_gelu = act(fch): GELU, or SwiGLU of fch's [gate | up] halves.
+template <class Kernels>
+void act_forward(const Kernels& k, const Gpt& g, BlockActivations& a, int B, int T) {
+  const std::size_t BT = static_cast<std::size_t>(B) * T;
+  if (g.config.arch.swiglu()) {
+    k.swiglu_forward(a.fch_gelu, a.fch, BT, g.dims.F);
+  } else {
+    k.gelu_forward(a.fch_gelu, a.fch, BT * g.dims.F);
+  }
+}
+// dfch = act'(fch) · dfch_gelu (dfch zeroed first).
+template <class Kernels>
+void act_backward(const Kernels& k, const Gpt& g, float* dfch, const float* fch,
+                  const float* dfch_gelu, int B, int T) {
+  const std::size_t BT = static_cast<std::size_t>(B) * T;
+  k.zero(dfch, BT * g.dims.fc1());
+  if (g.config.arch.swiglu()) {
+    k.swiglu_backward(dfch, fch, dfch_gelu, BT, g.dims.F);
+  } else {
+    k.gelu_backward(dfch, fch, dfch_gelu, BT * g.dims.F);
+  }
+}
+// db += column sums of dout, when the block has that bias.
+template <class Kernels>
+void bias_grad(const Kernels& k, float* db, const float* dout, int B, int T, int C) {
+  if (db != nullptr) k.bias_backward(db, dout, B, T, C);
+}
+// The LM head's weight and its gradient: wte when tied, else lmw.
+template <class Model>
+const float* lm_weight(const Model& m) {
+  return m.head.lmw != nullptr ? m.head.lmw : m.embed.wte;
+}
+template <class Model>
+float* lm_grad(Model& m) {
+  return m.dhead.lmw != nullptr ? m.dhead.lmw : m.dembed.wte;
+}
+
 // Sequence-parallel [Ln1 .. Gelu] of block `layer` into `a` (forward pieces 0-3 less Fc2, or the
 // full recomputation's four pieces): the span `span` is cut at each collective and reopened with the
 // next piece's FLOPs from `pieces`.
@@ -110,23 +193,23 @@ void sp_block_front(const Kernels& k, const Gpt& g, const BlockParams& p, BlockA
   auto next = [&](int piece) {
     span.reopen(hooks.observer, name, layer, sp_piece_flops(fd, pieces[std::size_t(piece)], true));
   };
-  k.layernorm_forward(acts.tp_local, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, 1, n, d.C);
+  norm_forward(k, g, acts.tp_local, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, 1, n);
   span.close();
   tp_gather(hooks, TpPoint::kLn1Gather, layer, acts.tp_local, a.ln1, nC);
   next(1);
-  k.matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, 3 * d.Cl);
+  qkv_forward(k, g, p, a, B, T);
   k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH, d.NKV);
   k.matmul_forward(acts.tp_partial, a.atty, p.projw, nullptr, B, T, d.Cl, d.C);
   span.close();
   tp_scatter(hooks, TpPoint::kAttnProjForward, layer, acts.tp_partial, a.attproj, nC);
   next(2);
   k.bias_residual_forward(a.res2, x, a.attproj, p.projb, 1, n, d.C);
-  k.layernorm_forward(acts.tp_local, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, 1, n, d.C);
+  norm_forward(k, g, acts.tp_local, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, 1, n);
   span.close();
   tp_gather(hooks, TpPoint::kLn2Gather, layer, acts.tp_local, a.ln2, nC);
   next(3);
-  k.matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, B, T, d.C, d.F);
-  k.gelu_forward(a.fch_gelu, a.fch, static_cast<std::size_t>(B) * T * d.F);
+  k.matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, B, T, d.C, d.fc1());
+  act_forward(k, g, a, B, T);
 }
 
 // stream[0] = wte[inputs] + wpe.
@@ -156,21 +239,23 @@ void embed_forward(const Kernels& k, const Model& m, Acts& acts, const int32_t* 
 // recomputation (so that a recomputed buffer is the forward's to the bit).
 // [Ln1, Qkv, Attention, Proj]: attproj = proj(attn(qkv(ln1(x)))), before the tp sum and the bias.
 template <class Kernels>
-void attention_half(const Kernels& k, const BlockParams& p, BlockActivations& a, const float* x,
-                    int B, int T, const BlockDims& d) {
-  k.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, B, T, d.C);
-  k.matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, T, d.C, 3 * d.Cl);
+void attention_half(const Kernels& k, const Gpt& g, const BlockParams& p, BlockActivations& a,
+                    const float* x, int B, int T) {
+  const BlockDims& d = g.dims;
+  norm_forward(k, g, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, B, T);
+  qkv_forward(k, g, p, a, B, T);
   k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cl, d.NH, d.NKV);
   k.matmul_forward(a.attproj, a.atty, p.projw, nullptr, B, T, d.Cl, d.C);
 }
-// [AttnResidual, Ln2, Fc1, Gelu]: res2 = x + attproj + projb, fch_gelu = gelu(fc1(ln2(res2))).
+// [AttnResidual, Ln2, Fc1, Gelu]: res2 = x + attproj + projb, fch_gelu = act(fc1(ln2(res2))).
 template <class Kernels>
-void mlp_front(const Kernels& k, const BlockParams& p, BlockActivations& a, const float* x, int B,
-               int T, const BlockDims& d) {
+void mlp_front(const Kernels& k, const Gpt& g, const BlockParams& p, BlockActivations& a,
+               const float* x, int B, int T) {
+  const BlockDims& d = g.dims;
   k.bias_residual_forward(a.res2, x, a.attproj, p.projb, B, T, d.C);
-  k.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, B, T, d.C);
-  k.matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, B, T, d.C, d.F);
-  k.gelu_forward(a.fch_gelu, a.fch, static_cast<std::size_t>(B) * T * d.F);
+  norm_forward(k, g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, B, T);
+  k.matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, B, T, d.C, d.fc1());
+  act_forward(k, g, a, B, T);
 }
 
 inline void check_bound(const BlockActivations& a) {
@@ -209,13 +294,13 @@ void block_forward(const Kernels& k, const Model& m, Acts& acts, int layer, cons
   }
 
   OpSpan span(hooks.observer, name, layer, flops::block_piece(fd, true, 0, tp ? 3 : 1));
-  attention_half(k, p, a, x, B, T, d);
+  attention_half(k, g, p, a, x, B, T);
   if (tp) {
     span.close();
     tp_reduce(hooks, TpPoint::kAttnProjForward, layer, a.attproj, n);
     span.reopen(hooks.observer, name, layer, flops::block_piece(fd, true, 1, 3));
   }
-  mlp_front(k, p, a, x, B, T, d);
+  mlp_front(k, g, p, a, x, B, T);
   // y = res2 + fc2(fch_gelu) + fcprojb.
   k.matmul_forward(a.fcproj, a.fch_gelu, p.fcprojw, nullptr, B, T, d.F, d.C);
   if (tp) {
@@ -258,13 +343,13 @@ void recompute(const Kernels& k, const Model& m, Acts& acts, int layer, const Gp
     return;
   }
   OpSpan span(hooks.observer, name, layer, flops::recompute_block_piece(fd, 0, tp ? 2 : 1));
-  attention_half(k, p, a, x, B, T, d);
+  attention_half(k, g, p, a, x, B, T);
   if (tp) {
     span.close();
     tp_reduce(hooks, TpPoint::kAttnProjForward, layer, a.attproj, n);
     span.reopen(hooks.observer, name, layer, flops::recompute_block_piece(fd, 1, 2));
   }
-  mlp_front(k, p, a, x, B, T, d);
+  mlp_front(k, g, p, a, x, B, T);
 }
 
 // Final LayerNorm, tied LM head, softmax cross-entropy; returns and stores the mean loss.
@@ -281,19 +366,19 @@ float head_forward(const Kernels& k, const Model& m, Acts& acts, const int32_t* 
               sp ? flops::head_norm_forward(fd, true) : flops::head_forward(fd));
   k.upload_tokens(acts.targets.data(), targets, acts.targets.size());
   if (!sp) {
-    k.layernorm_forward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(), m.head.lnfw,
-                        m.head.lnfb, B, T, C);
+    norm_forward(k, g, acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(), m.head.lnfw,
+                 m.head.lnfb, B, T);
   } else {
     // Sequence parallelism: the final LayerNorm on this rank's tokens, gathered for the LM head
     // (replicated over tp, as the loss).
-    k.layernorm_forward(acts.tp_local, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(),
-                        m.head.lnfw, m.head.lnfb, 1, local_tokens(g, B, T), C);
+    norm_forward(k, g, acts.tp_local, acts.lnf_mean, acts.lnf_rstd, acts.stage_output(),
+                 m.head.lnfw, m.head.lnfb, 1, local_tokens(g, B, T));
     span.close();
     tp_gather(hooks, TpPoint::kHeadGather, g.config.n_layer, acts.tp_local, acts.lnf,
               acts.boundary_elems);
     span.reopen(hooks.observer, name, g.config.n_layer, flops::head_lm_forward(fd));
   }
-  k.matmul_forward(acts.logits, acts.lnf, m.embed.wte, nullptr, B, T, C, V);
+  k.matmul_forward(acts.logits, acts.lnf, lm_weight(m), nullptr, B, T, C, V);
   acts.loss =
       k.softmax_crossentropy_forward(acts.losses, acts.logits, acts.targets.data(), B, T, V);
   return acts.loss;
@@ -313,86 +398,92 @@ void head_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, float los
                     : flops::head_backward(fd));
     k.softmax_crossentropy_backward(acts.logits, acts.targets.data(),
                                     loss_scale / static_cast<float>(B * T), B, T, V);
-    k.matmul_backward(s.dln, m.dembed.wte, nullptr, acts.logits, acts.lnf, m.embed.wte, B, T, C, V,
+    k.matmul_backward(s.dln, lm_grad(m), nullptr, acts.logits, acts.lnf, lm_weight(m), B, T, C, V,
                       false);
     k.zero(s.dres, acts.boundary_elems);
     if (!g.shard.sp()) {
-      k.layernorm_backward(s.dres, m.dhead.lnfw, m.dhead.lnfb, s.dln, acts.stage_output(),
-                           m.head.lnfw, acts.lnf_mean, acts.lnf_rstd, B, T, C);
+      norm_backward(k, g, s.dres, m.dhead.lnfw, m.dhead.lnfb, s.dln, acts.stage_output(),
+                    m.head.lnfw, acts.lnf_mean, acts.lnf_rstd, B, T);
     } else {
-      // This rank's rows of the (replicated) gradient of the LayerNorm output; its gain and bias
+      // This rank's rows of the (replicated) gradient of the norm's output; its gain (and shift)
       // gradients over these tokens only, summed over tp below.
       k.zero(s.tp_grads, 2 * std::size_t(C));
-      k.layernorm_backward(s.dres, s.tp_grads, s.tp_grads + C,
-                           s.dln + std::size_t(g.shard.tp_rank) * acts.boundary_elems,
-                           acts.stage_output(), m.head.lnfw, acts.lnf_mean, acts.lnf_rstd, 1,
-                           local_tokens(g, B, T), C);
+      norm_backward(k, g, s.dres, s.tp_grads, m.dhead.lnfb ? s.tp_grads + C : nullptr,
+                    s.dln + std::size_t(g.shard.tp_rank) * acts.boundary_elems, acts.stage_output(),
+                    m.head.lnfw, acts.lnf_mean, acts.lnf_rstd, 1, local_tokens(g, B, T));
     }
   }
   if (g.shard.sp()) {
-    tp_reduce(hooks, TpPoint::kReplicatedGrads, g.config.n_layer, s.tp_grads, 2 * std::size_t(C));
+    const std::size_t n = (m.dhead.lnfb ? 2 : 1) * std::size_t(C);
+    tp_reduce(hooks, TpPoint::kReplicatedGrads, g.config.n_layer, s.tp_grads, n);
     k.residual_forward(m.dhead.lnfw, m.dhead.lnfw, s.tp_grads, std::size_t(C));
-    k.residual_forward(m.dhead.lnfb, m.dhead.lnfb, s.tp_grads + C, std::size_t(C));
+    if (m.dhead.lnfb)
+      k.residual_forward(m.dhead.lnfb, m.dhead.lnfb, s.tp_grads + C, std::size_t(C));
   }
   if (hooks.on_grads_ready) hooks.on_grads_ready(g.config.n_layer);
 }
 
 // Sequence-parallel backward of one block (model/block.hpp's five backward pieces): s.dres holds
-// this rank's tokens of dy and ends with those of dx. The replicated LayerNorm gains and biases and
-// the row-parallel biases get this rank's tokens' share in s.tp_grads, summed over tp once and then
-// added to the block's gradients (so accumulation over micro-batches is not summed twice).
+// this rank's tokens of dy and ends with those of dx. The replicated norm gains and shifts and the
+// row-parallel biases the block has get this rank's tokens' share in s.tp_grads (packed in the
+// order ln1w ln1b projb ln2w ln2b fcprojb, absent ones skipped), summed over tp once and then added
+// to the block's gradients (so accumulation over micro-batches is not summed twice).
 template <class Kernels, class Acts, class Scratch>
 void sp_block_backward(const Kernels& k, const Gpt& gl, const BlockParams& p, const BlockParams& g,
                        const BlockActivations& a, Acts& acts, Scratch& s, const float* x, int layer,
                        const GptHooks& hooks) {
   const BlockDims& d = gl.dims;
   const int B = acts.B, T = acts.T, n = local_tokens(gl, B, T);
-  const std::size_t BT = static_cast<std::size_t>(B) * T, nC = acts.boundary_elems;
+  const std::size_t nC = acts.boundary_elems;
   const std::size_t C = std::size_t(d.C);
   const auto fd = flop_dims(gl, B, T);
   const char* name = names::kBlockBackward.data();
   BlockParams r = g;  // the replicated gradients of this micro-batch, in s.tp_grads
-  r.ln1w = s.tp_grads, r.ln1b = s.tp_grads + C, r.projb = s.tp_grads + 2 * C;
-  r.ln2w = s.tp_grads + 3 * C, r.ln2b = s.tp_grads + 4 * C, r.fcprojb = s.tp_grads + 5 * C;
+  std::size_t packed = 0;
+  std::array<std::pair<float**, float*>, 6> replicated{{{&r.ln1w, g.ln1w},
+                                                        {&r.ln1b, g.ln1b},
+                                                        {&r.projb, g.projb},
+                                                        {&r.ln2w, g.ln2w},
+                                                        {&r.ln2b, g.ln2b},
+                                                        {&r.fcprojb, g.fcprojb}}};
+  for (auto& [field, grad] : replicated) {
+    *field = grad != nullptr ? s.tp_grads + (packed++) * C : nullptr;
+  }
   auto piece = [&](int i) {
     return sp_piece_flops(fd, model::kSpBackwardPieces[std::size_t(i)], false);
   };
   {
     OpSpan span(hooks.observer, name, layer, piece(0));
-    k.zero(s.tp_grads, 6 * C);
-    k.bias_backward(r.fcprojb, s.dres, 1, n, d.C);
+    k.zero(s.tp_grads, packed * C);
+    bias_grad(k, r.fcprojb, s.dres, 1, n, d.C);
     span.close();
     tp_gather(hooks, TpPoint::kOutputGradGather, layer, s.dres, s.tp_full, nC);
     span.reopen(hooks.observer, name, layer, piece(1));
     k.matmul_backward(s.dfch_gelu, g.fcprojw, nullptr, s.tp_full, a.fch_gelu, p.fcprojw, B, T, d.F,
                       d.C, false);
-    k.zero(s.dfch, BT * d.F);
-    k.gelu_backward(s.dfch, a.fch, s.dfch_gelu, BT * d.F);
-    k.matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, p.fcw, B, T, d.C, d.F, false);
+    act_backward(k, gl, s.dfch, a.fch, s.dfch_gelu, B, T);
+    k.matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, p.fcw, B, T, d.C, d.fc1(), false);
     span.close();
     tp_scatter(hooks, TpPoint::kMlpInputBackward, layer, s.dln, s.tp_local, nC);
     span.reopen(hooks.observer, name, layer, piece(2));
-    k.layernorm_backward(s.dres, r.ln2w, r.ln2b, s.tp_local, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd,
-                         1, n, d.C);
-    k.bias_backward(r.projb, s.dres, 1, n, d.C);
+    norm_backward(k, gl, s.dres, r.ln2w, r.ln2b, s.tp_local, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd,
+                  1, n);
+    bias_grad(k, r.projb, s.dres, 1, n, d.C);
     span.close();
     tp_gather(hooks, TpPoint::kOutputGradGather, layer, s.dres, s.tp_full, nC);
     span.reopen(hooks.observer, name, layer, piece(3));
     k.matmul_backward(s.datty, g.projw, nullptr, s.tp_full, a.atty, p.projw, B, T, d.Cl, d.C,
                       false);
-    k.zero(s.dqkv, BT * 3 * d.Cl);
-    k.attention_backward(s.dqkv, s.datt, s.datty, a.qkv, a.att, B, T, d.Cl, d.NH, d.NKV);
-    k.matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, p.qkvw, B, T, d.C, 3 * d.Cl, false);
+    qkv_attention_backward(k, gl, p, g, a, s, B, T);
     span.close();
     tp_scatter(hooks, TpPoint::kAttnInputBackward, layer, s.dln, s.tp_local, nC);
     span.reopen(hooks.observer, name, layer, piece(4));
-    k.layernorm_backward(s.dres, r.ln1w, r.ln1b, s.tp_local, x, p.ln1w, a.ln1_mean, a.ln1_rstd, 1,
-                         n, d.C);
+    norm_backward(k, gl, s.dres, r.ln1w, r.ln1b, s.tp_local, x, p.ln1w, a.ln1_mean, a.ln1_rstd, 1,
+                  n);
   }
-  tp_reduce(hooks, TpPoint::kReplicatedGrads, layer, s.tp_grads, 6 * C);
-  for (auto [dst, off] : {std::pair{g.ln1w, 0}, std::pair{g.ln1b, 1}, std::pair{g.projb, 2},
-                          std::pair{g.ln2w, 3}, std::pair{g.ln2b, 4}, std::pair{g.fcprojb, 5}}) {
-    k.residual_forward(dst, dst, s.tp_grads + std::size_t(off) * C, C);
+  tp_reduce(hooks, TpPoint::kReplicatedGrads, layer, s.tp_grads, packed * C);
+  for (auto& [field, grad] : replicated) {
+    if (grad != nullptr) k.residual_forward(grad, grad, *field, C);
   }
 }
 
@@ -407,7 +498,6 @@ void block_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, int laye
   const BlockActivations& a = acts.blocks[idx];
   check_bound(a);
   const int B = acts.B, T = acts.T;
-  const std::size_t BT = static_cast<std::size_t>(B) * T;
   const std::size_t n = acts.boundary_elems;
   const float* x = acts.stream + idx * n;
   const auto fd = flop_dims(gl, B, T);
@@ -421,33 +511,29 @@ void block_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, int laye
   }
   {
     OpSpan span(hooks.observer, name, layer, flops::block_piece(fd, false, 0, tp ? 3 : 1));
-    // MLP: y = res2 + fc2(gelu(fc1(ln2(res2)))) + b; s.dres holds dy.
-    k.bias_backward(g.fcprojb, s.dres, B, T, d.C);
+    // MLP: y = res2 + fc2(act(fc1(ln2(res2)))) + b; s.dres holds dy.
+    bias_grad(k, g.fcprojb, s.dres, B, T, d.C);
     k.matmul_backward(s.dfch_gelu, g.fcprojw, nullptr, s.dres, a.fch_gelu, p.fcprojw, B, T, d.F,
                       d.C, false);
-    k.zero(s.dfch, BT * d.F);
-    k.gelu_backward(s.dfch, a.fch, s.dfch_gelu, BT * d.F);
-    k.matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, p.fcw, B, T, d.C, d.F, false);
+    act_backward(k, gl, s.dfch, a.fch, s.dfch_gelu, B, T);
+    k.matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, p.fcw, B, T, d.C, d.fc1(), false);
     if (tp) {
       span.close();
       tp_reduce(hooks, TpPoint::kMlpInputBackward, layer, s.dln, n);
       span.reopen(hooks.observer, name, layer, flops::block_piece(fd, false, 1, 3));
     }
-    k.layernorm_backward(s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, B,
-                         T, d.C);
+    norm_backward(k, gl, s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, B,
+                  T);
     // Attention: res2 = x + proj(attn(qkv(ln1(x)))) + b; s.dres now holds dres2.
-    k.bias_backward(g.projb, s.dres, B, T, d.C);
+    bias_grad(k, g.projb, s.dres, B, T, d.C);
     k.matmul_backward(s.datty, g.projw, nullptr, s.dres, a.atty, p.projw, B, T, d.Cl, d.C, false);
-    k.zero(s.dqkv, BT * 3 * d.Cl);
-    k.attention_backward(s.dqkv, s.datt, s.datty, a.qkv, a.att, B, T, d.Cl, d.NH, d.NKV);
-    k.matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, p.qkvw, B, T, d.C, 3 * d.Cl, false);
+    qkv_attention_backward(k, gl, p, g, a, s, B, T);
     if (tp) {
       span.close();
       tp_reduce(hooks, TpPoint::kAttnInputBackward, layer, s.dln, n);
       span.reopen(hooks.observer, name, layer, flops::block_piece(fd, false, 2, 3));
     }
-    k.layernorm_backward(s.dres, g.ln1w, g.ln1b, s.dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd, B, T,
-                         d.C);
+    norm_backward(k, gl, s.dres, g.ln1w, g.ln1b, s.dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd, B, T);
   }
   if (hooks.on_grads_ready) hooks.on_grads_ready(layer);
 }
@@ -495,8 +581,8 @@ void backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, float loss_sca
   for (int l = sh.layer_end - 1; l >= sh.layer_begin; --l) block_backward(k, m, acts, s, l, hooks);
   if (sh.has_embed) {
     embed_backward(k, m, acts, s, hooks);
-  } else if (sh.has_head && hooks.on_grads_ready) {
-    hooks.on_grads_ready(kEmbedSegment);  // the head-only stage's copy of wte
+  } else if (sh.has_head && holds_embedding_segment(layout_of(m)) && hooks.on_grads_ready) {
+    hooks.on_grads_ready(kEmbedSegment);  // the head-only stage's copy of the tied wte
   }
 }
 

@@ -69,6 +69,10 @@ struct GptConfig {
   int n_head = 4;     // H
   int vocab = 8192;   // V
   int max_seq = 128;  // T of the position embedding; a batch may use any T <= max_seq
+  // The block (common/scenario.hpp): GPT-2's by default; kv heads, MLP width, SwiGLU, RMSNorm,
+  // RoPE, an untied LM head and no biases for Llama-style blocks. Zero widths are resolved by
+  // gpt_create (BlockArch::resolve).
+  BlockArch arch{};
 };
 GptConfig gpt_config(const orrery::ModelConfig& m);
 
@@ -101,33 +105,41 @@ struct BlockDims {
   int tp = 1;    // tensor-parallel slices
   int NKV = 0;   // key/value heads held: kv_heads / tp
   int Ckvl = 0;  // key/value channels held: NKV * hs
+  int up = 1;    // fc1 outputs per MLP channel: 2 for SwiGLU (gate and up), else 1
   int qkv() const { return Cl + 2 * Ckvl; }  // qkv width held
+  int fc1() const { return up * F; }         // fc1 width held
 };
 
+// A block's tensors; the biases (*b) are null without model.bias, ln1b and ln2b also under RMSNorm.
 struct BlockParams {
-  float* ln1w;     // (C)
-  float* ln1b;     // (C)
-  float* qkvw;     // (3*Cl, C): rows [q of the held heads | k | v]
-  float* qkvb;     // (3*Cl)
-  float* projw;    // (C, Cl): the held columns of the attention output projection
-  float* projb;    // (C) row-parallel bias, added once after the tp sum
-  float* ln2w;     // (C)
-  float* ln2b;     // (C)
-  float* fcw;      // (F, C)
-  float* fcb;      // (F)
-  float* fcprojw;  // (C, F)
-  float* fcprojb;  // (C) row-parallel bias, added once after the tp sum
+  float* ln1w = nullptr;     // (C)
+  float* ln1b = nullptr;     // (C)
+  float* qkvw = nullptr;     // (Cl + 2 Ckvl, C): rows [q of the held heads | their k | their v]
+  float* qkvb = nullptr;     // (Cl + 2 Ckvl)
+  float* projw = nullptr;    // (C, Cl): the held columns of the attention output projection
+  float* projb = nullptr;    // (C) row-parallel bias, added once after the tp sum
+  float* ln2w = nullptr;     // (C)
+  float* ln2b = nullptr;     // (C)
+  float* fcw = nullptr;      // (F, C), or (2F, C) for SwiGLU: rows [gate | up]
+  float* fcb = nullptr;      // (F) or (2F)
+  float* fcprojw = nullptr;  // (C, F)
+  float* fcprojb = nullptr;  // (C) row-parallel bias, added once after the tp sum
 };
 struct EmbedParams {
-  float* wte = nullptr;  // (V, C), also the LM head
-  float* wpe = nullptr;  // (max_seq, C); null on a head-only stage
+  float* wte = nullptr;  // (V, C), also the LM head when tied
+  float* wpe = nullptr;  // (max_seq, C); null on a head-only stage and under RoPE
 };
 struct HeadParams {
   float* lnfw = nullptr;  // (C)
-  float* lnfb = nullptr;  // (C)
+  float* lnfb = nullptr;  // (C); null under RMSNorm or without biases
+  float* lmw = nullptr;   // (V, C) the untied LM head; null when tied (wte is the head)
 };
 
 inline constexpr int kEmbedSegment = model::kEmbedSegment;
+// Whether this shard holds the embedding segment (wte, wpe): the first stage, and the last stage's
+// copy of wte when the LM head is tied to it.
+struct Gpt;
+bool holds_embedding_segment(const Gpt& g);
 
 // One named tensor of the flat array.
 struct ParamTensor {

@@ -444,7 +444,7 @@ void TrainingLoop<B>::backward_pass(int mb, const GptHooks& hooks, float loss_sc
 // The tied wte's gradient summed over the first and last stage (pp > 1; a no-op elsewhere).
 template <class B>
 void TrainingLoop<B>::embed_all_reduce() {
-  if (dev_.embed == nullptr) return;
+  if (dev_.embed == nullptr || !layout_of(*model_).config.arch.tied_embeddings) return;
   const ParamTensor& wte = layout_of(*model_).tensor("wte");
   dev_.embed
       ->all_reduce(model_->dembed.wte, wte.count, DType::F32, ReduceOp::Sum,
@@ -458,9 +458,10 @@ void TrainingLoop<B>::reduce_gradients_zero(int mb) {
   const GptShard& sh = layout_of(*model_).shard;
   float* out = s_.parallel.zero == 2 ? zero_recv_.data() : zero_grads_.data();
   dev_.dp
-      ->reduce_scatter(model_->grads.data(), out, zero_.shard, DType::F32, ReduceOp::Avg,
-                       OpLabel{kZeroReduceScatterName, step_, mb,
-                               sh.has_embed || sh.has_head ? kEmbedSegment : sh.layer_begin})
+      ->reduce_scatter(
+          model_->grads.data(), out, zero_.shard, DType::F32, ReduceOp::Avg,
+          OpLabel{kZeroReduceScatterName, step_, mb,
+                  holds_embedding_segment(layout_of(*model_)) ? kEmbedSegment : sh.layer_begin})
       .wait();
   if (s_.parallel.zero == 2) {
     backend_.add(zero_grads_.data(), out, zero_.shard);         // the shard gradient accumulates
@@ -488,7 +489,8 @@ void TrainingLoop<B>::z3_gather_step_segments() {
   const GptShard& sh = layout_of(*model_).shard;
   const int L = layout_of(*model_).config.n_layer;
   for (int id : {kEmbedSegment, L}) {
-    const bool held = id == kEmbedSegment ? (sh.has_embed || sh.has_head) : sh.has_head;
+    const bool held =
+        id == kEmbedSegment ? holds_embedding_segment(layout_of(*model_)) : sh.has_head;
     if (!held) continue;
     const int slot = zero3_slot(id, L, sh.layer_begin);
     z3_gather(id, slot, -1);
@@ -542,7 +544,7 @@ void TrainingLoop<B>::z3_backward(typename B::Activations& acts, int mb, const G
     backend_.zero(z3_->grad_buffer(slot), z3_->segment(segment).part.padded());
   };
   // The previous backward's scatters of these buffers were waited for in z3_finish_backward.
-  if (sh.has_embed || sh.has_head) clear(2, kEmbedSegment);
+  if (holds_embedding_segment(layout_of(*model_))) clear(2, kEmbedSegment);
   if (sh.has_head) {
     clear(3, L);
     pieces::head_backward(k, *model_, acts, *scratch_, loss_scale, h);
@@ -565,7 +567,7 @@ void TrainingLoop<B>::z3_backward(typename B::Activations& acts, int mb, const G
 template <class B>
 void TrainingLoop<B>::z3_finish_backward(int mb) {
   const GptShard& sh = layout_of(*model_).shard;
-  if (sh.has_embed || sh.has_head) {
+  if (holds_embedding_segment(layout_of(*model_))) {
     embed_all_reduce();  // dembed.wte is bound to working buffer 2
     z3_reduce_scatter(kEmbedSegment, 2, mb);
   }
