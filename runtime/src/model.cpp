@@ -223,6 +223,8 @@ Gpt gpt_create(const GptConfig& config, const GptShard& shard_in, uint64_t seed)
     t.rows = s.rows;
     t.cols = s.cols;
     t.decay = s.rows > 1;  // matrices (dim >= 2), as PyTorch's param groups in the baseline
+    t.slice = s.slice;
+    t.bands = s.bands;
     offset += t.count;
     m.tensors.push_back(t);
   }

@@ -39,6 +39,7 @@ struct Case {
   std::vector<int> pp_layers = {};  // parallel.pp_layers; empty: 2 blocks per stage
   bool sequence_parallel = false;
   Recompute recompute = Recompute::None;
+  bool llama = false;  // Llama-style blocks: 2 kv heads, SwiGLU, RMSNorm, RoPE, untied, no biases
 };
 
 Scenario tiny(const Case& c) {
@@ -64,6 +65,15 @@ Scenario tiny(const Case& c) {
   s.parallel.sequence_parallel = c.sequence_parallel;
   s.training.recompute = recompute_name(c.recompute);
   s.runtime.threads = 1;
+  if (c.llama) {
+    s.model.kv_heads = 2;
+    s.model.ffn_hidden = 48;
+    s.model.activation = "swiglu";
+    s.model.norm = "rmsnorm";
+    s.model.position = "rope";
+    s.model.tied_embeddings = false;
+    s.model.bias = false;
+  }
   return s;
 }
 
@@ -82,6 +92,7 @@ TEST_P(ParallelEquivalence, SameLossAndParametersAsSerial) {
   par.dp_group().all_reduce(losses.data(), losses.size(), DType::F32, ReduceOp::Avg).wait();
 
   Case serial_case{"serial", 1, 1, 1, 0, "gpipe", {}};
+  serial_case.llama = c.llama;
   Scenario ss = tiny(serial_case);
   // The same micro-batches per step as the parallel run, each dp times larger: the same global batch
   // accumulated in the same grouping, so only the parallel reductions differ in order.
@@ -191,7 +202,27 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"tp2_pp2_sp", 1, 2, 2, 0, "1f1b", {}, true},
         Case{"dp2_tp2_sp_zero3_full", 2, 2, 1, 3, "gpipe", {}, true, Recompute::Full},
         Case{"dp2_tp2_pp2_sp_full", 2, 2, 2, 0, "1f1b", {}, true, Recompute::Full},
-        Case{"dp2_tp2_pp2_sp_selective", 2, 2, 2, 1, "1f1b", {}, true, Recompute::Selective}),
+        Case{"dp2_tp2_pp2_sp_selective", 2, 2, 2, 1, "1f1b", {}, true, Recompute::Selective},
+        // Llama-style blocks (grouped-query attention, SwiGLU, RMSNorm, RoPE, an untied LM head,
+        // no biases) under each parallelism: the q|k|v and gate|up bands split over tp, the
+        // untied head's stage without an embedding copy.
+        Case{"llama_tp2", 1, 2, 1, 0, "gpipe", {}, false, Recompute::None, true},
+        Case{"llama_pp2_1f1b", 1, 1, 2, 0, "1f1b", {}, false, Recompute::None, true},
+        Case{"llama_dp2_zero3", 2, 1, 1, 3, "gpipe", {}, false, Recompute::None, true},
+        Case{"llama_dp2_pp2_zero3", 2, 1, 2, 3, "1f1b", {}, false, Recompute::None, true},
+        Case{"llama_dp2_tp2_pp2_zero1", 2, 2, 2, 1, "1f1b", {}, false, Recompute::None, true},
+        Case{"llama_tp2_sp", 1, 2, 1, 0, "gpipe", {}, true, Recompute::None, true},
+        Case{"llama_dp2_tp2_sp_zero2_full", 2, 2, 1, 2, "gpipe", {}, true, Recompute::Full, true},
+        Case{"llama_tp2_pp2_sp_selective",
+             1,
+             2,
+             2,
+             0,
+             "1f1b",
+             {},
+             true,
+             Recompute::Selective,
+             true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Activation recomputation under each parallelism: the same layout run with training.recompute

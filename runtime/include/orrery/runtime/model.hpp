@@ -150,6 +150,9 @@ struct ParamTensor {
   int rows = 1;  // local shape (rows, cols); vectors have rows == 1
   int cols = 1;
   bool decay = false;  // AdamW weight decay: matrices only (dim >= 2)
+  // How it is cut from the full model's tensor under tp (model/parameters.hpp's table).
+  model::Slice slice = model::Slice::None;
+  std::vector<int> bands;  // Slice::Bands: the full rows (columns of a vector) of each band
 };
 
 struct Gpt {

@@ -13,8 +13,9 @@ namespace orrery::runtime {
 inline constexpr const char* kTpAllReduceName = model::names::kTpAllReduce.data();
 
 // The values of `local` (a tensor of a tp shard, rank tp_rank of tp_size) cut from the full,
-// unsharded model `full` (tp_size 1, holding the same layer): qkvw/qkvb rows of the held heads in
-// each of q, k, v; fcw/fcb rows of the held MLP width; projw/fcprojw the matching columns;
+// unsharded model `full` (tp_size 1, holding the same layer), by the parameter table's slicing
+// rule (ParamTensor::slice): qkvw/qkvb rows of the held heads in each of q, k, v; fcw/fcb rows of
+// the held MLP width (in each of gate and up for SwiGLU); projw/fcprojw the matching columns;
 // everything else whole (replicated). Used to compare a tensor-parallel run with a serial one.
 std::vector<float> tp_slice_of_full(const Gpt& full, const ParamTensor& local, int tp_rank,
                                     int tp_size);
