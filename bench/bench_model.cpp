@@ -4,8 +4,9 @@
 // kind (from the model's OpObserver) and the achieved model GFLOP/s, to see where a step goes.
 //
 //   bench_model [--config tiny|small|all] [--threads 1,2] [--steps 20] [--warmup 3] [--json]
-//   bench_model --dump FILE   writes a small model's parameters, batch, loss and gradients for
-//                             bench/compare_torch_gpt.py (the golden check against PyTorch)
+//   bench_model --dump FILE [--llama]   writes a small model's parameters, batch, loss and gradients for
+//                             bench/compare_torch_gpt.py, or with --llama compare_torch_llama.py
+//                             (the golden checks against PyTorch)
 #ifndef ORRERY_RUNTIME_AVAILABLE
 #include <cstdio>
 int main() {
@@ -122,11 +123,27 @@ nlohmann::json run(const Preset& p, int threads, int steps, int warmup) {
   return j;
 }
 
-// Binary dump, little-endian: magic "ORGD", int32 L, C, H, V, T, B, then int32 inputs (B*T),
+// The golden check's Llama-style model: grouped-query attention (4 heads over 2 kv heads),
+// SwiGLU of width 80, RMSNorm, RoPE, an untied LM head, no biases.
+rt::GptConfig llama_golden_config() {
+  orrery::BlockArch a;
+  a.kv_heads = 2;
+  a.ffn_hidden = 80;
+  a.activation = orrery::Activation::Swiglu;
+  a.norm = orrery::Norm::RmsNorm;
+  a.position = orrery::Position::Rope;
+  a.rope_theta = 10000.0;
+  a.tied_embeddings = false;
+  a.bias = false;
+  return rt::GptConfig{3, 48, 4, 97, 16, a};
+}
+
+// Binary dump, little-endian: magic "ORGD" (GPT) or "ORGL" (Llama-style), int32 L, C, H, V, T, B,
+// for "ORGL" then int32 kv_heads, ffn_hidden and float64 rope_theta; then int32 inputs (B*T),
 // int32 targets (B*T), float32 loss, int32 tensor count, and per tensor: int32 name length, name,
 // int32 rows, cols, float32 params (rows*cols), float32 grads (rows*cols).
-int dump(const std::string& path) {
-  const rt::GptConfig cfg{3, 48, 4, 97, 16};
+int dump(const std::string& path, bool llama) {
+  const rt::GptConfig cfg = llama ? llama_golden_config() : rt::GptConfig{3, 48, 4, 97, 16};
   const int B = 3, T = cfg.max_seq;
   rt::MarkovSource src(cfg.vocab, 2, 256);
   rt::DataLoader loader(src, T, B, 0, 1, 3);
@@ -152,8 +169,14 @@ int dump(const std::string& path) {
 
   std::ofstream out(path, std::ios::binary);
   auto i32 = [&](int32_t v) { out.write(reinterpret_cast<const char*>(&v), 4); };
-  out.write("ORGD", 4);
+  out.write(llama ? "ORGL" : "ORGD", 4);
   for (int v : {cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab, T, B}) i32(v);
+  if (llama) {
+    i32(model.config.arch.kv_heads);
+    i32(model.config.arch.ffn_hidden);
+    const double theta = model.config.arch.rope_theta;
+    out.write(reinterpret_cast<const char*>(&theta), 8);
+  }
   out.write(reinterpret_cast<const char*>(batch.inputs.data()),
             static_cast<std::streamsize>(4 * batch.inputs.size()));
   out.write(reinterpret_cast<const char*>(batch.targets.data()),
@@ -204,10 +227,13 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   app.add_flag("--json", json, "one JSON object");
+  bool llama = false;
   app.add_option("--dump", dump_path,
-                 "write a golden-check dump for bench/compare_torch_gpt.py and exit");
+                 "write a golden-check dump for bench/compare_torch_gpt.py (with --llama: "
+                 "bench/compare_torch_llama.py) and exit");
+  app.add_flag("--llama", llama, "--dump a Llama-style model (GQA, SwiGLU, RMSNorm, RoPE, untied)");
   CLI11_PARSE(app, argc, argv);
-  if (!dump_path.empty()) return dump(dump_path);
+  if (!dump_path.empty()) return dump(dump_path, llama);
 
   std::vector<Preset> presets;
   if (config == "tiny" || config == "all")
