@@ -202,12 +202,8 @@ traces::RunMeta real_run_meta(const Scenario& s, const Layout& lay, int world_si
   meta.tp = lay.tp;
   meta.pp = lay.pp;
   meta.tokens_per_step = static_cast<int64_t>(s.training.global_batch) * s.model.seq;
-  flops::Dims d;
-  d.batch = s.training.global_batch;
-  d.seq = s.model.seq;
-  d.d_model = s.model.d_model;
-  d.vocab = s.model.vocab;
-  meta.model_flops_per_step = flops::model_step(d, s.model.layers);
+  meta.model_flops_per_step =
+      flops::model_step(flops::dims_of(s.model, s.training.global_batch), s.model.layers);
   return meta;
 }
 

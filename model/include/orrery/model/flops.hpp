@@ -28,6 +28,7 @@
 namespace orrery::model::flops {
 
 using ::orrery::BlockArch;
+using ::orrery::ModelConfig;
 
 struct Dims {
   int64_t batch = 1;    // B, sequences in the micro-batch
@@ -53,6 +54,10 @@ inline Dims dims_of(const BlockArch& a, int64_t batch, int64_t seq, int64_t d_mo
   d.rmsnorm = a.rmsnorm();
   d.bias = a.bias;
   return d;
+}
+// The same for a scenario's model (model.* keys; block_arch resolves the block).
+inline Dims dims_of(const ModelConfig& m, int64_t batch, int64_t tp = 1) {
+  return dims_of(block_arch(m), batch, m.seq, m.d_model, m.heads, m.vocab, tp);
 }
 inline double kv_width(const Dims& d) {
   return static_cast<double>(d.kv_width > 0 ? d.kv_width : d.d_model);
