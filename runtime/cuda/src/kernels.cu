@@ -77,8 +77,8 @@ __global__ void encoder_forward_kernel(float* out, const int32_t* inp, const flo
     const std::size_t bt = i / C;
     const int c = static_cast<int>(i % C);
     const int t = static_cast<int>(bt % T);
-    out[i] =
-        wte[static_cast<std::size_t>(inp[bt]) * C + c] + wpe[static_cast<std::size_t>(t) * C + c];
+    const float e = wte[static_cast<std::size_t>(inp[bt]) * C + c];
+    out[i] = wpe != nullptr ? e + wpe[static_cast<std::size_t>(t) * C + c] : e;
   }
 }
 
@@ -163,11 +163,47 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   v = warp_sum(v) / static_cast<float>(C);
   const float r = 1.0f / sqrtf(v + 1e-5f);
   float* o = out + static_cast<std::size_t>(row) * C;
-  for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+  if (bias != nullptr) {
+    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+  } else {
+    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * weight[c];
+  }
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
   }
+}
+
+// RMSNorm: one warp per row.
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp,
+                                       const float* weight, int N, int C) {
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const float* x = inp + static_cast<std::size_t>(row) * C;
+  float ss = 0.0f;
+  for (int c = lane; c < C; c += 32) ss += x[c] * x[c];
+  const float r = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(C) + 1e-5f);
+  float* o = out + static_cast<std::size_t>(row) * C;
+  for (int c = lane; c < C; c += 32) o[c] = x[c] * r * weight[c];
+  if (lane == 0) rstd[row] = r;
+}
+
+// dinp += r (w dy) - x r³/C sum(w dy x), one warp per row.
+__global__ void rmsnorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp,
+                                             const float* weight, const float* rstd, int N, int C) {
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const std::size_t off = static_cast<std::size_t>(row) * C;
+  const float* x = inp + off;
+  const float* d = dout + off;
+  float* di = dinp + off;
+  const float r = rstd[row];
+  float dot = 0.0f;
+  for (int c = lane; c < C; c += 32) dot += weight[c] * d[c] * x[c];
+  const float k = warp_sum(dot) * r * r * r / static_cast<float>(C);
+  for (int c = lane; c < C; c += 32) di[c] += weight[c] * d[c] * r - x[c] * k;
 }
 
 // dinp only, one warp per row; the parameter gradients are column sums (column_grads_kernel).
@@ -202,7 +238,7 @@ constexpr int kColX = 32;  // columns per block
 constexpr int kColY = 16;  // row strides per block
 
 // Column sums over N rows of (N,C): dbias[c] += sum dout; with dweight (LayerNorm),
-// dweight[c] += sum dout * (x - mean) * rstd. Block (kColX, kColY), one block per 32 columns.
+// dweight[c] += sum dout * (x - mean) * rstd (RMSNorm: mean null, taken as 0). Block (kColX, kColY), one block per 32 columns.
 __global__ void column_grads_kernel(float* dweight, float* dbias, const float* dout,
                                     const float* inp, const float* mean, const float* rstd, int N,
                                     int C) {
@@ -215,7 +251,7 @@ __global__ void column_grads_kernel(float* dweight, float* dbias, const float* d
       const std::size_t k = static_cast<std::size_t>(i) * C + c;
       const float d = dout[k];
       b += d;
-      if (dweight != nullptr) w += (inp[k] - mean[i]) * rstd[i] * d;
+      if (dweight != nullptr) w += (inp[k] - (mean != nullptr ? mean[i] : 0.0f)) * rstd[i] * d;
     }
   }
   sw[threadIdx.y][threadIdx.x] = w;
@@ -239,40 +275,106 @@ __global__ void add_bias_kernel(float* out, const float* bias, int OC, std::size
 }
 
 // Element i of a (B,NH,T,hs) tensor sits at this offset of the (B,T,row) layout, heads side by side
-// at columns h*hs..: row = 3C for the fused qkv (add C, 2C for k, v), row = C for a head output.
-__device__ std::size_t head_major_to_row_major(std::size_t i, int T, int NH, int hs, int row) {
+// at columns h*hs..: row = C for a head output. `head` gets the element's head.
+__device__ std::size_t head_major_to_row_major(std::size_t i, int T, int NH, int hs, int row,
+                                               int* head = nullptr) {
   const int d = static_cast<int>(i % hs);
   std::size_t r = i / hs;
   const int t = static_cast<int>(r % T);
   r /= T;
   const int h = static_cast<int>(r % NH);
   const std::size_t b = r / NH;
+  if (head != nullptr) *head = h;
   return (b * T + t) * static_cast<std::size_t>(row) + static_cast<std::size_t>(h) * hs + d;
 }
 
-// inp (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs) each.
+// inp (B,T, q (NH heads) | k (NKV) | v (NKV)) -> q, k, v (B,NH,T,hs) each, query head h's k and v
+// from key/value head h / (NH/NKV).
 __global__ void permute_qkv_kernel(float* q, float* k, float* v, const float* inp, int T, int NH,
-                                   int hs, std::size_t n) {
-  const int C = NH * hs;
+                                   int NKV, int hs, std::size_t n) {
+  const int C = NH * hs, W = C + 2 * NKV * hs, group = NH / NKV;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::size_t src = head_major_to_row_major(i, T, NH, hs, 3 * C);
+    int h = 0;
+    const std::size_t src = head_major_to_row_major(i, T, NH, hs, W, &h);
+    const std::size_t kv = src - static_cast<std::size_t>(h) * hs +
+                           static_cast<std::size_t>(h / group) * hs;  // kv head's columns
     q[i] = inp[src];
-    k[i] = inp[src + C];
-    v[i] = inp[src + 2 * C];
+    k[i] = inp[kv + C];
+    v[i] = inp[kv + C + NKV * hs];
   }
 }
 
-// dinp (B,T,3,NH,hs) += dq, dk, dv (B,NH,T,hs).
-__global__ void unpermute_qkv_add_kernel(float* dinp, const float* dq, const float* dk,
-                                         const float* dv, int T, int NH, int hs, std::size_t n) {
-  const int C = NH * hs;
+// dinp's q part += dq (B,NH,T,hs).
+__global__ void unpermute_q_add_kernel(float* dinp, const float* dq, int T, int NH, int NKV, int hs,
+                                       std::size_t n) {
+  const int W = (NH + 2 * NKV) * hs;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    dinp[head_major_to_row_major(i, T, NH, hs, W)] += dq[i];
+}
+
+// dinp's k and v parts += the sums of dk, dv (B,NH,T,hs) over each key/value head's group, one
+// thread per element of the (B,NKV,T,hs) key/value layout, adding its query heads in order.
+__global__ void unpermute_kv_add_kernel(float* dinp, const float* dk, const float* dv, int T,
+                                        int NH, int NKV, int hs, std::size_t n_kv) {
+  const int C = NH * hs, W = C + 2 * NKV * hs, group = NH / NKV;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n_kv;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    int g = 0;
+    const std::size_t dst = head_major_to_row_major(i, T, NKV, hs, W, &g) + C;
+    // (b, g, t, d) of the kv layout; query head h = g*group + j sits at ((b*NH + h)*T + t)*hs + d.
+    const std::size_t d = i % hs, t = (i / hs) % T,
+                      b = i / (static_cast<std::size_t>(hs) * T * NKV);
+    float sk = 0.0f, sv = 0.0f;
+    for (int j = 0; j < group; ++j) {
+      const std::size_t h = static_cast<std::size_t>(g) * group + j;
+      const std::size_t q = ((b * NH + h) * T + t) * hs + d;
+      sk += dk[q];
+      sv += dv[q];
+    }
+    dinp[dst] += sk;
+    dinp[dst + static_cast<std::size_t>(NKV) * hs] += sv;
+  }
+}
+
+// SwiGLU on rows [gate (F) | up (F)].
+__global__ void swiglu_forward_kernel(float* out, const float* inp, int F, std::size_t n) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::size_t dst = head_major_to_row_major(i, T, NH, hs, 3 * C);
-    dinp[dst] += dq[i];
-    dinp[dst + C] += dk[i];
-    dinp[dst + 2 * C] += dv[i];
+    const std::size_t row = i / F, j = i % F;
+    const float g = inp[row * 2 * F + j], u = inp[row * 2 * F + F + j];
+    out[i] = g / (1.0f + expf(-g)) * u;
+  }
+}
+__global__ void swiglu_backward_kernel(float* dinp, const float* inp, const float* dout, int F,
+                                       std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t row = i / F, j = i % F;
+    const float g = inp[row * 2 * F + j], u = inp[row * 2 * F + F + j];
+    const float sig = 1.0f / (1.0f + expf(-g));
+    dinp[row * 2 * F + F + j] += g * sig * dout[i];
+    dinp[row * 2 * F + j] += u * dout[i] * sig * (1.0f + g * (1.0f - sig));
+  }
+}
+
+// RoPE in place: one thread per (row, rotated head, pair i < hs/2); sign -1 rotates back.
+__global__ void rope_kernel(float* qkv, int T, int NH, int NKV, int hs, double theta, float sign,
+                            std::size_t n) {
+  const int half = hs / 2, rotated = NH + NKV, W = (NH + 2 * NKV) * hs;
+  for (std::size_t idx = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(idx % half);
+    const int h = static_cast<int>((idx / half) % rotated);
+    const std::size_t row = idx / (static_cast<std::size_t>(half) * rotated);
+    const int t = static_cast<int>(row % T);
+    const double a = static_cast<double>(t) * pow(theta, -2.0 * i / static_cast<double>(hs));
+    const float c = static_cast<float>(cos(a)), sn = sign * static_cast<float>(sin(a));
+    float* x = qkv + row * W + static_cast<std::size_t>(h) * hs;
+    const float lo = x[i], hi = x[i + half];
+    x[i] = lo * c - hi * sn;
+    x[i + half] = hi * c + lo * sn;
   }
 }
 
@@ -677,9 +779,9 @@ void matmul_backward(const Context& ctx, float* dinp, float* dweight, float* dbi
 }
 
 void attention_forward(const Context& ctx, float* out, float* att, const float* inp, int B, int T,
-                       int C, int NH) {
-  if (NH <= 0 || C % NH != 0)
-    throw std::invalid_argument("attention_forward: C must be a multiple of NH");
+                       int C, int NH, int NKV) {
+  if (NH <= 0 || NKV <= 0 || C % NH != 0 || NH % NKV != 0)
+    throw std::invalid_argument("attention_forward: C must be a multiple of NH and NH of NKV");
   const int hs = C / NH;
   const std::size_t n = static_cast<std::size_t>(B) * T * C;  // one of q, k, v
   if (n == 0) return;
@@ -690,7 +792,7 @@ void attention_forward(const Context& ctx, float* out, float* att, const float* 
   float* k = q + n;
   float* v = q + 2 * n;
   float* y = ctx.scratch_f32(1, n);
-  permute_qkv_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(q, k, v, inp, T, NH, hs, n);
+  permute_qkv_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(q, k, v, inp, T, NH, NKV, hs, n);
   ORRERY_KERNEL_CHECK("permute_qkv_kernel");
   // att[t1][t2] = scale * q[t1] . k[t2], per (b, h).
   gemm(ctx, true, false, T, T, hs, scale, k, hs, sq, q, hs, sq, 0.0f, att, T, sa, BNH);
@@ -706,9 +808,9 @@ void attention_forward(const Context& ctx, float* out, float* att, const float* 
 }
 
 void attention_backward(const Context& ctx, float* dinp, float* datt, const float* dout,
-                        const float* inp, const float* att, int B, int T, int C, int NH) {
-  if (NH <= 0 || C % NH != 0)
-    throw std::invalid_argument("attention_backward: C must be a multiple of NH");
+                        const float* inp, const float* att, int B, int T, int C, int NH, int NKV) {
+  if (NH <= 0 || NKV <= 0 || C % NH != 0 || NH % NKV != 0)
+    throw std::invalid_argument("attention_backward: C must be a multiple of NH and NH of NKV");
   const int hs = C / NH;
   const std::size_t n = static_cast<std::size_t>(B) * T * C;
   if (n == 0) return;
@@ -722,7 +824,7 @@ void attention_backward(const Context& ctx, float* dinp, float* datt, const floa
   float* dq = ctx.scratch_f32(2, 3 * n);
   float* dk = dq + n;
   float* dv = dq + 2 * n;
-  permute_qkv_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(q, k, v, inp, T, NH, hs, n);
+  permute_qkv_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(q, k, v, inp, T, NH, NKV, hs, n);
   ORRERY_KERNEL_CHECK("permute_qkv_kernel");
   permute_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(dy, dout, T, NH, hs, n);
   ORRERY_KERNEL_CHECK("permute_kernel");
@@ -739,9 +841,73 @@ void attention_backward(const Context& ctx, float* dinp, float* datt, const floa
   // dq[t1] = sum_t2 dS[t1][t2] k[t2];  dk[t2] = sum_t1 dS[t1][t2] q[t1]  (scale folded into dS)
   gemm(ctx, false, false, hs, T, T, 1.0f, k, hs, sq, datt, T, sa, 0.0f, dq, hs, sq, BNH);
   gemm(ctx, false, true, hs, T, T, 1.0f, q, hs, sq, datt, T, sa, 0.0f, dk, hs, sq, BNH);
-  unpermute_qkv_add_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(dinp, dq, dk, dv, T, NH, hs,
-                                                                       n);
-  ORRERY_KERNEL_CHECK("unpermute_qkv_add_kernel");
+  unpermute_q_add_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(dinp, dq, T, NH, NKV, hs, n);
+  ORRERY_KERNEL_CHECK("unpermute_q_add_kernel");
+  const std::size_t n_kv = n / static_cast<std::size_t>(NH / NKV);
+  unpermute_kv_add_kernel<<<grid_for(n_kv), kThreads, 0, ctx.stream()>>>(dinp, dk, dv, T, NH, NKV,
+                                                                         hs, n_kv);
+  ORRERY_KERNEL_CHECK("unpermute_kv_add_kernel");
+}
+
+void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* inp,
+                     const float* weight, int B, int T, int C) {
+  const int N = B * T;
+  if (N == 0 || C == 0) return;
+  const int rows_per_block = kThreads / 32;
+  rmsnorm_forward_kernel<<<(N + rows_per_block - 1) / rows_per_block, kThreads, 0, ctx.stream()>>>(
+      out, rstd, inp, weight, N, C);
+  ORRERY_KERNEL_CHECK("rmsnorm_forward_kernel");
+}
+
+void rmsnorm_backward(const Context& ctx, float* dinp, float* dweight, const float* dout,
+                      const float* inp, const float* weight, const float* rstd, int B, int T,
+                      int C) {
+  const int N = B * T;
+  if (N == 0 || C == 0) return;
+  const int rows_per_block = kThreads / 32;
+  rmsnorm_backward_dinp_kernel<<<(N + rows_per_block - 1) / rows_per_block, kThreads, 0,
+                                 ctx.stream()>>>(dinp, dout, inp, weight, rstd, N, C);
+  ORRERY_KERNEL_CHECK("rmsnorm_backward_dinp_kernel");
+  column_grads_kernel<<<(C + kColX - 1) / kColX, dim3(kColX, kColY), 0, ctx.stream()>>>(
+      dweight, nullptr, dout, inp, nullptr, rstd, N, C);
+  ORRERY_KERNEL_CHECK("column_grads_kernel (rmsnorm)");
+}
+
+void swiglu_forward(const Context& ctx, float* out, const float* inp, std::size_t N, int F) {
+  const std::size_t n = N * static_cast<std::size_t>(F);
+  if (n == 0) return;
+  swiglu_forward_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(out, inp, F, n);
+  ORRERY_KERNEL_CHECK("swiglu_forward_kernel");
+}
+
+void swiglu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout,
+                     std::size_t N, int F) {
+  const std::size_t n = N * static_cast<std::size_t>(F);
+  if (n == 0) return;
+  swiglu_backward_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(dinp, inp, dout, F, n);
+  ORRERY_KERNEL_CHECK("swiglu_backward_kernel");
+}
+
+namespace {
+void rope(const Context& ctx, float* qkv, int B, int T, int NH, int NKV, int hs, float theta,
+          float sign) {
+  if (hs % 2 != 0) throw std::invalid_argument("rope: head size " + std::to_string(hs) + " is odd");
+  const std::size_t n = static_cast<std::size_t>(B) * T * (NH + NKV) * (hs / 2);
+  if (n == 0) return;
+  rope_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(qkv, T, NH, NKV, hs,
+                                                          static_cast<double>(theta), sign, n);
+  ORRERY_KERNEL_CHECK("rope_kernel");
+}
+}  // namespace
+
+void rope_forward(const Context& ctx, float* qkv, int B, int T, int NH, int NKV, int hs,
+                  float theta) {
+  rope(ctx, qkv, B, T, NH, NKV, hs, theta, 1.0f);
+}
+
+void rope_backward(const Context& ctx, float* dqkv, int B, int T, int NH, int NKV, int hs,
+                   float theta) {
+  rope(ctx, dqkv, B, T, NH, NKV, hs, theta, -1.0f);
 }
 
 void gelu_forward(const Context& ctx, float* out, const float* inp, std::size_t N) {

@@ -59,8 +59,10 @@ GpuGpt gpu_gpt_create(Gpt host, bool device_storage) {
   m.dembed = EmbedParams{rebase(m.host.dembed.wte, hg, dg), rebase(m.host.dembed.wpe, hg, dg)};
   for (const auto& b : m.host.blocks) m.blocks.push_back(rebase(b, hp, dp));
   for (const auto& b : m.host.dblocks) m.dblocks.push_back(rebase(b, hg, dg));
-  m.head = HeadParams{rebase(m.host.head.lnfw, hp, dp), rebase(m.host.head.lnfb, hp, dp)};
-  m.dhead = HeadParams{rebase(m.host.dhead.lnfw, hg, dg), rebase(m.host.dhead.lnfb, hg, dg)};
+  m.head = HeadParams{rebase(m.host.head.lnfw, hp, dp), rebase(m.host.head.lnfb, hp, dp),
+                      rebase(m.host.head.lmw, hp, dp)};
+  m.dhead = HeadParams{rebase(m.host.dhead.lnfw, hg, dg), rebase(m.host.dhead.lnfb, hg, dg),
+                       rebase(m.host.dhead.lmw, hg, dg)};
   return m;
 }
 

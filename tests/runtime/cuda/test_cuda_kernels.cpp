@@ -12,12 +12,11 @@
 #include <random>
 #include <vector>
 
+#include "device_test_util.hpp"
 #include "orrery/runtime/cuda/device.hpp"
 #include "orrery/runtime/cuda/kernels.hpp"
 #include "orrery/runtime/kernels.hpp"
 #include "orrery/runtime/optimizer.hpp"
-
-#include "device_test_util.hpp"
 
 namespace orrery::runtime::cuda {
 namespace {
@@ -45,15 +44,18 @@ using device_test_util::upload;
 
 double bound_for(MathMode m) {
   switch (m) {
-    case MathMode::kFp32: return 1e-5;
-    case MathMode::kTf32: return 5e-3;
-    case MathMode::kBf16: return 3e-2;
+    case MathMode::kFp32:
+      return 1e-5;
+    case MathMode::kTf32:
+      return 5e-3;
+    case MathMode::kBf16:
+      return 3e-2;
   }
   return 0;
 }
 
 class GpuKernelBase {
- protected:
+ public:  // check_attention below uses expect_close
   void start(MathMode math) {
     if (device_count() == 0) return;
     select_device(0);
@@ -62,13 +64,15 @@ class GpuKernelBase {
     bound_ = bound_for(math);
   }
   // Waits for the stream and compares a device array with the CPU result.
-  void expect_close(const char* what, const DeviceArray<float>& gpu, const Vec& cpu, double bound = -1) {
+  void expect_close(const char* what, const DeviceArray<float>& gpu, const Vec& cpu,
+                    double bound = -1) {
     stream_->synchronize();
     ASSERT_EQ(gpu.size(), cpu.size()) << what;
     const Vec g = gpu.to_host();
     const double err = normalised_error(g, cpu);
     const double b = bound < 0 ? bound_ : bound;
-    std::printf("  %-28s %-5s normalised error %.3g (bound %.0e)\n", what, math_mode_name(ctx_->math()), err, b);
+    std::printf("  %-28s %-5s normalised error %.3g (bound %.0e)\n", what,
+                math_mode_name(ctx_->math()), err, b);
     EXPECT_LT(err, b) << what;
     for (float x : g) {
       if (!std::isfinite(x)) {
@@ -106,7 +110,8 @@ constexpr std::size_t BT = static_cast<std::size_t>(B) * T;
 constexpr float kInit = 0.01f;
 
 TEST_F(GpuKernelOps, Encoder) {
-  const Vec wte = random_vec(static_cast<std::size_t>(V) * C, 1), wpe = random_vec(static_cast<std::size_t>(T) * C, 2);
+  const Vec wte = random_vec(static_cast<std::size_t>(V) * C, 1),
+            wpe = random_vec(static_cast<std::size_t>(T) * C, 2);
   const auto inp = random_tokens(BT, 7, 3);  // few distinct tokens: the scatter must add repeats
   Vec out(BT * C);
   runtime::encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
@@ -126,23 +131,27 @@ TEST_F(GpuKernelOps, Encoder) {
 }
 
 TEST_F(GpuKernelOps, LayerNorm) {
-  const Vec inp = random_vec(BT * C, 10, 3.0f, 0.5f), w = random_vec(C, 11, 1.0f, 1.0f), b = random_vec(C, 12);
+  const Vec inp = random_vec(BT * C, 10, 3.0f, 0.5f), w = random_vec(C, 11, 1.0f, 1.0f),
+            b = random_vec(C, 12);
   Vec out(BT * C), mean(BT), rstd(BT);
-  runtime::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), B, T, C);
+  runtime::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(),
+                             B, T, C);
   auto d_inp = upload(inp), d_w = upload(w), d_b = upload(b);
   DeviceArray<float> d_out(BT * C), d_mean(BT), d_rstd(BT);
-  layernorm_forward(*ctx_, d_out.data(), d_mean.data(), d_rstd.data(), d_inp.data(), d_w.data(), d_b.data(), B, T, C);
+  layernorm_forward(*ctx_, d_out.data(), d_mean.data(), d_rstd.data(), d_inp.data(), d_w.data(),
+                    d_b.data(), B, T, C);
   expect_close("layernorm_forward out", d_out, out);
   expect_close("layernorm_forward mean", d_mean, mean);
   expect_close("layernorm_forward rstd", d_rstd, rstd);
 
   const Vec dout = random_vec(BT * C, 13);
-  Vec dinp = random_vec(BT * C, 14, kInit), dw = random_vec(C, 15, kInit), db = random_vec(C, 16, kInit);
+  Vec dinp = random_vec(BT * C, 14, kInit), dw = random_vec(C, 15, kInit),
+      db = random_vec(C, 16, kInit);
   auto d_dinp = upload(dinp), d_dw = upload(dw), d_db = upload(db), d_dout = upload(dout);
-  runtime::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), mean.data(),
-                              rstd.data(), B, T, C);
-  layernorm_backward(*ctx_, d_dinp.data(), d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(), d_w.data(),
-                     d_mean.data(), d_rstd.data(), B, T, C);
+  runtime::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                              mean.data(), rstd.data(), B, T, C);
+  layernorm_backward(*ctx_, d_dinp.data(), d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(),
+                     d_w.data(), d_mean.data(), d_rstd.data(), B, T, C);
   expect_close("layernorm_backward dinp", d_dinp, dinp);
   expect_close("layernorm_backward dweight", d_dw, dw);
   expect_close("layernorm_backward dbias", d_db, db);
@@ -191,9 +200,10 @@ TEST_F(GpuKernelOps, SoftmaxCrossEntropy) {
   auto d_targets = upload(targets);
   Vec losses(BT);
   DeviceArray<float> d_losses(BT);
-  const float cpu_mean = runtime::softmax_crossentropy_forward(losses.data(), logits.data(), targets.data(), B, T, V);
-  const float gpu_mean =
-      softmax_crossentropy_forward(*ctx_, d_losses.data(), d_logits.data(), d_targets.data(), B, T, V);
+  const float cpu_mean =
+      runtime::softmax_crossentropy_forward(losses.data(), logits.data(), targets.data(), B, T, V);
+  const float gpu_mean = softmax_crossentropy_forward(*ctx_, d_losses.data(), d_logits.data(),
+                                                      d_targets.data(), B, T, V);
   expect_close("softmax_ce_forward probs", d_logits, logits);
   expect_close("softmax_ce_forward losses", d_losses, losses);
   EXPECT_NEAR(gpu_mean, cpu_mean, 1e-5 * std::fabs(cpu_mean));
@@ -215,10 +225,10 @@ TEST_F(GpuKernelOps, AdamW) {
   for (int64_t step = 1; step <= 3; ++step) {
     const Vec g = random_vec(total, 41 + static_cast<uint32_t>(step));
     auto d_g = upload(g);
-    runtime::adamw_update(p.data() + offset, g.data() + offset, m.data() + offset, v.data() + offset, offset, n, decay,
-                          step, cfg);
-    adamw_update(*ctx_, d_p.data() + offset, d_g.data() + offset, d_m.data() + offset, d_v.data() + offset, offset, n,
-                 decay, step, cfg);
+    runtime::adamw_update(p.data() + offset, g.data() + offset, m.data() + offset,
+                          v.data() + offset, offset, n, decay, step, cfg);
+    adamw_update(*ctx_, d_p.data() + offset, d_g.data() + offset, d_m.data() + offset,
+                 d_v.data() + offset, offset, n, decay, step, cfg);
     stream_->synchronize();  // d_g goes out of scope
   }
   expect_close("adamw params", d_p, p);
@@ -227,8 +237,8 @@ TEST_F(GpuKernelOps, AdamW) {
 }
 
 TEST_P(GpuKernelGemm, Matmul) {
-  const Vec inp = random_vec(BT * C, 50), w = random_vec(static_cast<std::size_t>(OC) * C, 51, 0.5f),
-            bias = random_vec(OC, 52);
+  const Vec inp = random_vec(BT * C, 50),
+            w = random_vec(static_cast<std::size_t>(OC) * C, 51, 0.5f), bias = random_vec(OC, 52);
   auto d_inp = upload(inp), d_w = upload(w), d_bias = upload(bias);
   Vec out(BT * OC);
   DeviceArray<float> d_out(BT * OC);
@@ -240,48 +250,128 @@ TEST_P(GpuKernelGemm, Matmul) {
   expect_close("matmul_forward nobias", d_out, out);
 
   const Vec dout = random_vec(BT * OC, 53);
-  Vec dinp = random_vec(BT * C, 54, kInit), dw = random_vec(w.size(), 55, kInit), db = random_vec(OC, 56, kInit);
+  Vec dinp = random_vec(BT * C, 54, kInit), dw = random_vec(w.size(), 55, kInit),
+      db = random_vec(OC, 56, kInit);
   auto d_dout = upload(dout), d_dinp = upload(dinp), d_dw = upload(dw), d_db = upload(db);
-  runtime::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), B, T, C, OC, true);
-  matmul_backward(*ctx_, d_dinp.data(), d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(), d_w.data(), B, T, C,
-                  OC, true);
+  runtime::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), B,
+                           T, C, OC, true);
+  matmul_backward(*ctx_, d_dinp.data(), d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(),
+                  d_w.data(), B, T, C, OC, true);
   expect_close("matmul_backward dinp (+=)", d_dinp, dinp);
   expect_close("matmul_backward dweight", d_dw, dw);
   expect_close("matmul_backward dbias", d_db, db, 1e-5);  // a column sum: no GEMM
-  runtime::matmul_backward(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), B, T, C, OC, false);
-  matmul_backward(*ctx_, d_dinp.data(), d_dw.data(), nullptr, d_dout.data(), d_inp.data(), d_w.data(), B, T, C, OC,
-                  false);
+  runtime::matmul_backward(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), B, T,
+                           C, OC, false);
+  matmul_backward(*ctx_, d_dinp.data(), d_dw.data(), nullptr, d_dout.data(), d_inp.data(),
+                  d_w.data(), B, T, C, OC, false);
   expect_close("matmul_backward dinp (=)", d_dinp, dinp);
   expect_close("matmul_backward dweight 2", d_dw, dw);
 }
 
-TEST_P(GpuKernelGemm, Attention) {
-  const Vec inp = random_vec(BT * 3 * C, 60);
+// Multi-head (NKV = NH), grouped-query and multi-query attention against the CPU.
+void check_attention(GpuKernelBase& t, const Context& ctx, int NKV, uint32_t seed) {
+  const int W = C + 2 * NKV * (C / NH);
+  const Vec inp = random_vec(BT * W, seed);
   auto d_inp = upload(inp);
   const std::size_t natt = static_cast<std::size_t>(B) * NH * T * T;
   Vec out(BT * C), att(natt);
   DeviceArray<float> d_out(BT * C), d_att(natt);
-  runtime::attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH);
-  attention_forward(*ctx_, d_out.data(), d_att.data(), d_inp.data(), B, T, C, NH);
-  expect_close("attention_forward out", d_out, out);
-  expect_close("attention_forward att", d_att, att);
+  runtime::attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH, NKV);
+  attention_forward(ctx, d_out.data(), d_att.data(), d_inp.data(), B, T, C, NH, NKV);
+  t.expect_close(NKV == NH  ? "attention_forward out"
+                 : NKV == 1 ? "mqa attention_forward out"
+                            : "gqa attention_forward out",
+                 d_out, out);
+  t.expect_close(NKV == NH ? "attention_forward att" : "gqa/mqa attention_forward att", d_att, att);
 
-  const Vec dout = random_vec(BT * C, 61);
-  Vec dinp = random_vec(BT * 3 * C, 62, kInit), datt(natt);
+  const Vec dout = random_vec(BT * C, seed + 1);
+  Vec dinp = random_vec(BT * W, seed + 2, kInit), datt(natt);
   auto d_dout = upload(dout), d_dinp = upload(dinp);
   DeviceArray<float> d_datt(natt);
-  runtime::attention_backward(dinp.data(), datt.data(), dout.data(), inp.data(), att.data(), B, T, C, NH);
+  runtime::attention_backward(dinp.data(), datt.data(), dout.data(), inp.data(), att.data(), B, T,
+                              C, NH, NKV);
   // From the CPU's probabilities, so the backward is checked on its own.
   auto d_att_cpu = upload(att);
-  attention_backward(*ctx_, d_dinp.data(), d_datt.data(), d_dout.data(), d_inp.data(), d_att_cpu.data(), B, T, C,
-                     NH);
-  expect_close("attention_backward dinp (+=)", d_dinp, dinp);
+  attention_backward(ctx, d_dinp.data(), d_datt.data(), d_dout.data(), d_inp.data(),
+                     d_att_cpu.data(), B, T, C, NH, NKV);
+  t.expect_close(NKV == NH ? "attention_backward dinp (+=)" : "gqa/mqa attention_backward (+=)",
+                 d_dinp, dinp);
 }
 
-std::string mode_name(const ::testing::TestParamInfo<MathMode>& info) { return math_mode_name(info.param); }
+TEST_P(GpuKernelGemm, Attention) { check_attention(*this, *ctx_, NH, 60); }
+TEST_P(GpuKernelGemm, GroupedQueryAttention) { check_attention(*this, *ctx_, 2, 63); }
+TEST_P(GpuKernelGemm, MultiQueryAttention) { check_attention(*this, *ctx_, 1, 66); }
+
+TEST_F(GpuKernelOps, RmsNormSwigluRope) {
+  const Vec inp = random_vec(BT * C, 70, 1.5f), w = random_vec(C, 71, 0.5f, 1.0f);
+  auto d_inp = upload(inp), d_w = upload(w);
+  Vec out(BT * C), rstd(BT);
+  DeviceArray<float> d_out(BT * C), d_rstd(BT);
+  runtime::rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), B, T, C);
+  rmsnorm_forward(*ctx_, d_out.data(), d_rstd.data(), d_inp.data(), d_w.data(), B, T, C);
+  expect_close("rmsnorm_forward out", d_out, out);
+  expect_close("rmsnorm_forward rstd", d_rstd, rstd);
+  const Vec dout = random_vec(BT * C, 72);
+  Vec dinp = random_vec(BT * C, 73, kInit), dw = random_vec(C, 74, kInit);
+  auto d_dout = upload(dout), d_dinp = upload(dinp), d_dw = upload(dw);
+  runtime::rmsnorm_backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(),
+                            B, T, C);
+  rmsnorm_backward(*ctx_, d_dinp.data(), d_dw.data(), d_dout.data(), d_inp.data(), d_w.data(),
+                   d_rstd.data(), B, T, C);
+  expect_close("rmsnorm_backward dinp (+=)", d_dinp, dinp);
+  expect_close("rmsnorm_backward dweight", d_dw, dw);
+
+  constexpr int F = 45;  // odd: partial blocks
+  const Vec gu = random_vec(BT * 2 * F, 75, 2.0f);
+  auto d_gu = upload(gu);
+  Vec sw(BT * F);
+  DeviceArray<float> d_sw(BT * F);
+  runtime::swiglu_forward(sw.data(), gu.data(), BT, F);
+  swiglu_forward(*ctx_, d_sw.data(), d_gu.data(), BT, F);
+  expect_close("swiglu_forward", d_sw, sw);
+  const Vec dsw = random_vec(BT * F, 76);
+  Vec dgu = random_vec(BT * 2 * F, 77, kInit);
+  auto d_dsw = upload(dsw), d_dgu = upload(dgu);
+  runtime::swiglu_backward(dgu.data(), gu.data(), dsw.data(), BT, F);
+  swiglu_backward(*ctx_, d_dgu.data(), d_gu.data(), d_dsw.data(), BT, F);
+  expect_close("swiglu_backward (+=)", d_dgu, dgu);
+
+  constexpr int NKV = 2, hs = C / NH, W = C + 2 * NKV * hs;
+  Vec qkv = random_vec(BT * W, 78);
+  auto d_qkv = upload(qkv);
+  runtime::rope_forward(qkv.data(), B, T, NH, NKV, hs, 10000.0f);
+  rope_forward(*ctx_, d_qkv.data(), B, T, NH, NKV, hs, 10000.0f);
+  expect_close("rope_forward", d_qkv, qkv);
+  runtime::rope_backward(qkv.data(), B, T, NH, NKV, hs, 500.0f);
+  rope_backward(*ctx_, d_qkv.data(), B, T, NH, NKV, hs, 500.0f);
+  expect_close("rope_backward", d_qkv, qkv);
+
+  // LayerNorm without its shift, the embedding without positions.
+  Vec mean(BT), ln(BT * C);
+  DeviceArray<float> d_mean(BT), d_ln(BT * C);
+  runtime::layernorm_forward(ln.data(), mean.data(), rstd.data(), inp.data(), w.data(), nullptr, B,
+                             T, C);
+  layernorm_forward(*ctx_, d_ln.data(), d_mean.data(), d_rstd.data(), d_inp.data(), d_w.data(),
+                    nullptr, B, T, C);
+  expect_close("layernorm_forward nobias", d_ln, ln);
+  const auto tokens = random_tokens(BT, V, 79);
+  const Vec wte = random_vec(static_cast<std::size_t>(V) * C, 80);
+  auto d_tok = upload(tokens);
+  auto d_wte = upload(wte);
+  Vec emb(BT * C);
+  DeviceArray<float> d_emb(BT * C);
+  runtime::encoder_forward(emb.data(), tokens.data(), wte.data(), nullptr, B, T, C);
+  encoder_forward(*ctx_, d_emb.data(), d_tok.data(), d_wte.data(), nullptr, B, T, C);
+  expect_close("encoder_forward nowpe", d_emb, emb, 1e-12);  // a copy: exact
+}
+
+std::string mode_name(const ::testing::TestParamInfo<MathMode>& info) {
+  return math_mode_name(info.param);
+}
 
 INSTANTIATE_TEST_SUITE_P(GpuModes, GpuKernelGemm,
-                         ::testing::Values(MathMode::kFp32, MathMode::kTf32, MathMode::kBf16), mode_name);
+                         ::testing::Values(MathMode::kFp32, MathMode::kTf32, MathMode::kBf16),
+                         mode_name);
 
 }  // namespace
 }  // namespace orrery::runtime::cuda

@@ -566,7 +566,6 @@ void TrainingLoop<B>::z3_backward(typename B::Activations& acts, int mb, const G
 // the tied wte's gradient, the embedding's reduce-scatter, then every scattered shard accumulated.
 template <class B>
 void TrainingLoop<B>::z3_finish_backward(int mb) {
-  const GptShard& sh = layout_of(*model_).shard;
   if (holds_embedding_segment(layout_of(*model_))) {
     embed_all_reduce();  // dembed.wte is bound to working buffer 2
     z3_reduce_scatter(kEmbedSegment, 2, mb);

@@ -12,7 +12,8 @@
 //          accumulation and fp32 output (CUBLAS_COMPUTE_32F). Parameters, gradients, optimizer
 //          state and all other kernels stay fp32: bf16 mixed precision with fp32 master weights.
 // Attention is llm.c's: q, k, v permuted to (B,NH,T,hs), strided-batched GEMMs for the scores and
-// the weighted sum, a causal softmax kernel between them.
+// the weighted sum, a causal softmax kernel between them. LayerNorm's bias and the embedding's wpe
+// may be null, as on the CPU.
 #pragma once
 
 #include <cublas_v2.h>
@@ -98,10 +99,29 @@ void matmul_backward(const Context& ctx, float* dinp, float* dweight, float* dbi
                      const float* dout, const float* inp, const float* weight, int B, int T, int C,
                      int OC, bool accumulate_dinp = true);
 
+// Grouped-query (NKV < NH, NH % NKV == 0) and multi-query attention as on the CPU: the permute
+// copies each query head's key/value head into the per-head layout, and the backward's un-permute
+// sums a key/value head's gradient over its group's query heads in head order (a gather, no
+// atomics: deterministic).
 void attention_forward(const Context& ctx, float* out, float* att, const float* inp, int B, int T,
-                       int C, int NH);
+                       int C, int NH, int NKV);
 void attention_backward(const Context& ctx, float* dinp, float* datt, const float* dout,
-                        const float* inp, const float* att, int B, int T, int C, int NH);
+                        const float* inp, const float* att, int B, int T, int C, int NH, int NKV);
+
+// Llama-style blocks (runtime/kernels.hpp): RMSNorm (one warp per row; the gain's gradient as
+// column sums), SwiGLU on [gate | up] rows, RoPE in place (angles, cosines and sines in double).
+void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* inp,
+                     const float* weight, int B, int T, int C);
+void rmsnorm_backward(const Context& ctx, float* dinp, float* dweight, const float* dout,
+                      const float* inp, const float* weight, const float* rstd, int B, int T,
+                      int C);
+void swiglu_forward(const Context& ctx, float* out, const float* inp, std::size_t N, int F);
+void swiglu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout,
+                     std::size_t N, int F);
+void rope_forward(const Context& ctx, float* qkv, int B, int T, int NH, int NKV, int hs,
+                  float theta);
+void rope_backward(const Context& ctx, float* dqkv, int B, int T, int NH, int NKV, int hs,
+                   float theta);
 
 void gelu_forward(const Context& ctx, float* out, const float* inp, std::size_t N);
 void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout,
