@@ -56,9 +56,23 @@ std::vector<float> cpu_losses(const Scenario& s, std::vector<float>* initial_par
   return out;
 }
 
-void check_against_cpu(MathMode math, double rel_bound) {
+// The same with Llama-style blocks: 2 kv heads, SwiGLU, RMSNorm, RoPE, untied head, no biases.
+Scenario tiny_llama_scenario() {
+  Scenario s = tiny_scenario();
+  s.name = "cuda-vs-cpu-llama";
+  s.model.kv_heads = 2;
+  s.model.ffn_hidden = 176;
+  s.model.activation = "swiglu";
+  s.model.norm = "rmsnorm";
+  s.model.position = "rope";
+  s.model.tied_embeddings = false;
+  s.model.bias = false;
+  return s;
+}
+
+void check_against_cpu(MathMode math, double rel_bound, bool llama = false) {
   if (device_count() == 0) GTEST_SKIP() << no_device_reason();
-  const Scenario s = tiny_scenario();
+  const Scenario s = llama ? tiny_llama_scenario() : tiny_scenario();
   std::vector<float> p_cpu;
   const std::vector<float> l_cpu = cpu_losses(s, &p_cpu);
 
@@ -87,6 +101,8 @@ void check_against_cpu(MathMode math, double rel_bound) {
 TEST(GpuTraining, Fp32LossesMatchCpu) { check_against_cpu(MathMode::kFp32, 1e-4); }
 TEST(GpuTraining, Tf32LossesTrackCpu) { check_against_cpu(MathMode::kTf32, 2e-2); }
 TEST(GpuTraining, Bf16MixedPrecisionLossesTrackCpu) { check_against_cpu(MathMode::kBf16, 2e-2); }
+TEST(GpuTraining, LlamaFp32LossesMatchCpu) { check_against_cpu(MathMode::kFp32, 1e-4, true); }
+TEST(GpuTraining, LlamaBf16LossesTrackCpu) { check_against_cpu(MathMode::kBf16, 2e-2, true); }
 
 // (name, layer, step, micro_batch, flops) of the compute spans of stream 0, in time order.
 std::vector<std::tuple<std::string, int, int, int, double>> compute_spans(const std::string& path) {
