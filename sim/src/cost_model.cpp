@@ -27,21 +27,37 @@ ModelDims model_dims(const Scenario& s, int64_t act_bytes) {
   d.tp = s.parallel.tp;
   d.act_bytes = act_bytes;
   d.sequence_parallel = s.parallel.sequence_parallel && s.parallel.tp > 1;
+  d.arch = block_arch(s.model);
   return d;
+}
+
+model::flops::Dims flop_dims(const ModelDims& d) {
+  return model::flops::dims_of(d.arch, d.batch, d.seq, d.d_model, d.heads, d.vocab, d.tp);
 }
 
 namespace {
 
 struct Shape {
   double n, c, t, v, tp, e;  // tokens, channels, sequence, vocabulary, tp slices, element bytes
+  double kv, f;              // key/value channels (all heads), MLP width (whole model)
+  double up, b, np;          // fc1 bands (2 for SwiGLU), 1 with biases else 0, norm params/channel
+  bool rope, swiglu;
 };
 Shape shape(const ModelDims& d) {
+  const BlockArch a = d.arch.resolve(int(d.heads), int(d.d_model));
   return {double(d.batch) * double(d.seq),
           double(d.d_model),
           double(d.seq),
           double(d.vocab),
           double(d.tp),
-          double(d.act_bytes)};
+          double(d.act_bytes),
+          double(a.kv_heads) * double(d.d_model / d.heads),
+          double(a.ffn_hidden),
+          a.swiglu() ? 2.0 : 1.0,
+          a.bias ? 1.0 : 0.0,
+          double(a.norm_params_per_channel()),
+          a.rope(),
+          a.swiglu()};
 }
 
 // Scales a forward kernel list into its backward: 2x FLOPs (gpt.md) and 2x bytes (gradients of
@@ -54,11 +70,12 @@ std::vector<Kernel> backward_of(std::vector<Kernel> ks) {
   return ks;
 }
 
-// A LayerNorm over n tokens of c channels: 2 FLOPs per gain and shift per token (the runtime's
-// counting, divided by tp like the rest of the block), reads and writes the activations.
+// A norm over n tokens of c channels: 2 FLOPs per gain (and shift, for a LayerNorm with bias) per
+// token (the runtime's counting, divided by tp like the rest of the block), reads and writes the
+// activations.
 Kernel layernorm(const Shape& x, bool sliced_flops) {
-  return {OpClass::LayerNorm, x.n * 4.0 * x.c / (sliced_flops ? x.tp : 1.0),
-          x.e * (2.0 * x.n * x.c + 2.0 * x.c)};
+  return {OpClass::LayerNorm, x.n * 2.0 * x.np * x.c / (sliced_flops ? x.tp : 1.0),
+          x.e * (2.0 * x.n * x.c + x.np * x.c)};
 }
 // out (n, oc) = in (n, ic) @ W^T + bias: 2 FLOPs per weight and per counted bias element per token.
 // A row-parallel layer's bias is replicated but counted as sliced (bias_count = oc/tp), as the runtime.
@@ -67,45 +84,70 @@ Kernel linear(const Shape& x, double ic, double oc, double bias_count) {
 }
 // Row-parallel epilogue: out = residual + partial (summed over tp) + bias.
 Kernel bias_residual(const Shape& x) { return {OpClass::Elementwise, 0.0, x.e * 3.0 * x.n * x.c}; }
+Kernel tagged(Kernel k, model::BlockOp op) {
+  k.op = static_cast<int>(op);
+  return k;
+}
+// The kernels of `ks` whose op is in [begin, end), in order.
+std::vector<Kernel> ops_in(const std::vector<Kernel>& ks, int begin, int end) {
+  std::vector<Kernel> out;
+  for (const auto& k : ks) {
+    if (k.op >= begin && k.op < end) out.push_back(k);
+  }
+  return out;
+}
 
 }  // namespace
 
 std::vector<Kernel> embedding_forward_kernels(const ModelDims& d) {
   const Shape x = shape(d);
-  // Gather wte rows and wpe rows, write the sum.
-  return {{OpClass::Elementwise, 0.0, x.e * 3.0 * x.n * x.c}};
+  // Gather wte rows (and wpe rows with learned positions), write the sum.
+  return {{OpClass::Elementwise, 0.0, x.e * (x.rope ? 2.0 : 3.0) * x.n * x.c}};
 }
 std::vector<Kernel> embedding_backward_kernels(const ModelDims& d) {
   const Shape x = shape(d);
-  // Read dout, read-modify-write the touched rows of dwte and dwpe.
-  return {{OpClass::Elementwise, 0.0, x.e * 5.0 * x.n * x.c}};
+  // Read dout, read-modify-write the touched rows of dwte (and dwpe).
+  return {{OpClass::Elementwise, 0.0, x.e * (x.rope ? 3.0 : 5.0) * x.n * x.c}};
+}
+
+std::vector<Kernel> block_forward_kernels(const ModelDims& d) {
+  using model::BlockOp;
+  const Shape x = shape(d);
+  const double cs = x.c / x.tp;    // channels of this rank's query heads
+  const double kvs = x.kv / x.tp;  // channels of its key/value heads
+  const double fs = x.f / x.tp;    // its slice of the MLP width
+  const double qkv = cs + 2.0 * kvs;
+  std::vector<Kernel> ks{
+      tagged(layernorm(x, true), BlockOp::Ln1),
+      tagged(linear(x, x.c, qkv, x.b * qkv), BlockOp::Qkv),
+  };
+  // RoPE rotates q and k in place: reads and writes their n·(cs + kvs) values.
+  if (x.rope)
+    ks.push_back({OpClass::Elementwise, 0.0, x.e * 2.0 * x.n * (cs + kvs), int(BlockOp::Qkv)});
+  const std::vector<Kernel> rest{
+      // Fused causal attention (scores, softmax, weighted sum): 2·T·C/tp FLOPs per token (the
+      // model count, whatever the key/value heads); reads q, k, v and writes the heads' output.
+      {OpClass::Attention, x.n * 2.0 * x.t * cs, x.e * x.n * (2.0 * cs + 2.0 * kvs),
+       int(BlockOp::Attention)},
+      tagged(linear(x, cs, x.c, x.b * x.c / x.tp), BlockOp::Proj),
+      tagged(bias_residual(x), BlockOp::AttnResidual),
+      tagged(layernorm(x, true), BlockOp::Ln2),
+      tagged(linear(x, x.c, x.up * fs, x.b * x.up * fs), BlockOp::Fc1),
+      // GELU reads and writes (n, F/tp); SwiGLU reads gate and up (n, 2F/tp) and writes (n, F/tp).
+      {OpClass::Elementwise, 0.0, x.e * (x.swiglu ? 3.0 : 2.0) * x.n * fs, int(BlockOp::Gelu)},
+      tagged(linear(x, fs, x.c, x.b * x.c / x.tp), BlockOp::Fc2),
+      tagged(bias_residual(x), BlockOp::MlpResidual),
+  };
+  ks.insert(ks.end(), rest.begin(), rest.end());
+  return ks;
 }
 
 std::vector<Kernel> attention_forward_kernels(const ModelDims& d) {
-  const Shape x = shape(d);
-  const double cs = x.c / x.tp;  // channels of this rank's heads
-  return {
-      layernorm(x, true),
-      linear(x, x.c, 3.0 * cs, 3.0 * cs),
-      // Fused causal attention (scores, softmax, weighted sum): 2·T·C/tp FLOPs per token (the
-      // model count); reads q, k, v and writes the heads' output.
-      {OpClass::Attention, x.n * 2.0 * x.t * cs, x.e * 4.0 * x.n * cs},
-      linear(x, cs, x.c, x.c / x.tp),
-      bias_residual(x),
-  };
+  return ops_in(block_forward_kernels(d), 0, 5);
 }
 
 std::vector<Kernel> mlp_forward_kernels(const ModelDims& d) {
-  const Shape x = shape(d);
-  const double fs = 4.0 * x.c / x.tp;  // this rank's slice of the 4C hidden layer
-  Kernel fc2 = linear(x, fs, x.c, x.c / x.tp);
-  return {
-      layernorm(x, true),
-      linear(x, x.c, fs, fs),
-      {OpClass::Elementwise, 0.0, x.e * 2.0 * x.n * fs},  // GELU
-      fc2,
-      bias_residual(x),
-  };
+  return ops_in(block_forward_kernels(d), 5, model::kBlockOps);
 }
 
 std::vector<Kernel> attention_backward_kernels(const ModelDims& d) {
@@ -117,7 +159,7 @@ std::vector<Kernel> mlp_backward_kernels(const ModelDims& d) {
 
 std::vector<Kernel> head_forward_kernels(const ModelDims& d) {
   const Shape x = shape(d);
-  Kernel lm = linear(x, x.c, x.v, 0.0);  // tied to wte, not sliced over tp (as the runtime)
+  Kernel lm = linear(x, x.c, x.v, 0.0);  // wte or lmw, not sliced over tp (as the runtime)
   Kernel ln = layernorm(x, false);
   if (d.sequence_parallel) ln = {ln.cls, ln.flops / x.tp, ln.bytes / x.tp};  // this rank's tokens
   return {
@@ -141,25 +183,24 @@ namespace {
 // backward pieces (the forward kernels' backward, in reverse) or the full recomputation's pieces.
 std::optional<std::vector<Kernel>> sp_block_kernels(std::string_view name, int piece, int pieces,
                                                     const ModelDims& d) {
-  std::vector<Kernel> ops = attention_forward_kernels(d);
-  const auto mf = mlp_forward_kernels(d);
-  ops.insert(ops.end(), mf.begin(), mf.end());
-  for (int op : {0, 4, 5, 9}) ops[size_t(op)].bytes /= double(d.tp);  // token-wise ops
+  std::vector<Kernel> ops = block_forward_kernels(d);
+  for (auto& k : ops) {  // token-wise ops
+    if (k.op == 0 || k.op == 4 || k.op == 5 || k.op == 9) k.bytes /= double(d.tp);
+  }
   if (piece < 0 || piece >= pieces) return std::nullopt;
   if (name == names::kBlockRecompute) {
     if (pieces != int(model::kSpRecomputePieces.size())) return std::nullopt;
     const auto r = model::kSpRecomputePieces[size_t(piece)];
-    return std::vector<Kernel>(ops.begin() + r.begin, ops.begin() + r.end);
+    return ops_in(ops, r.begin, r.end);
   }
   if (pieces != model::kSpBlockPieces) return std::nullopt;
   if (name == names::kBlockForward) {
     const auto r = model::kSpForwardPieces[size_t(piece)];
-    return std::vector<Kernel>(ops.begin() + r.begin, ops.begin() + r.end);
+    return ops_in(ops, r.begin, r.end);
   }
-  const auto back = backward_of(ops);
   const auto r = model::kSpBackwardPieces[size_t(piece)];
-  std::vector<Kernel> out;
-  for (int i = r.end - 1; i >= r.begin; --i) out.push_back(back[size_t(i)]);
+  std::vector<Kernel> out = backward_of(ops_in(ops, r.begin, r.end));
+  std::reverse(out.begin(), out.end());
   return out;
 }
 }  // namespace
@@ -190,27 +231,21 @@ std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, 
     const bool fwd = name == names::kBlockForward;
     if (pieces == 1) return fwd ? cat(af, mf) : cat(mb, ab);
     if (pieces != model::kTpBlockPieces || piece < 0 || piece >= pieces) return std::nullopt;
-    // The runtime's three pieces of a tensor-parallel block, cut where model/block.hpp says: the
-    // block's kernels in BlockOp order are the attention half's then the MLP half's.
-    std::vector<Kernel> ops = af;
-    ops.insert(ops.end(), mf.begin(), mf.end());
-    std::vector<Kernel> back = ab;
-    back.insert(back.end(), mb.begin(), mb.end());
-    std::vector<Kernel> out;
+    // The runtime's three pieces of a tensor-parallel block, cut where model/block.hpp says
+    // (the kernels carry their BlockOp).
+    const std::vector<Kernel> ops = block_forward_kernels(d);
     if (fwd) {
       const auto r = model::kForwardPieces[size_t(piece)];
-      for (int i = r.begin; i < r.end; ++i) out.push_back(ops[size_t(i)]);
-    } else {
-      const auto r = model::kBackwardPieces[size_t(piece)];
-      for (int i = r.end - 1; i >= r.begin; --i) out.push_back(back[size_t(i)]);
+      return ops_in(ops, r.begin, r.end);
     }
+    const auto r = model::kBackwardPieces[size_t(piece)];
+    std::vector<Kernel> out = backward_of(ops_in(ops, r.begin, r.end));
+    std::reverse(out.begin(), out.end());
     return out;
   }
   if (name == names::kBlockRecompute || name == names::kAttentionRecompute) {
     // Activation recomputation (model/block.hpp): forward kernels of the block, in BlockOp order.
-    std::vector<Kernel> ops = attention_forward_kernels(d);
-    const auto mf = mlp_forward_kernels(d);
-    ops.insert(ops.end(), mf.begin(), mf.end());
+    const std::vector<Kernel> ops = block_forward_kernels(d);
     model::OpRange r{};
     if (name == names::kAttentionRecompute) {
       if (pieces != 1 || piece != 0) return std::nullopt;
@@ -222,7 +257,7 @@ std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, 
     } else {
       return std::nullopt;
     }
-    return std::vector<Kernel>(ops.begin() + r.begin, ops.begin() + r.end);
+    return ops_in(ops, r.begin, r.end);
   }
   if (name == names::kOptimizerStep) return optimizer_kernels(opt_params, 28.0);
   // Zeroing `opt_params` fp32 gradient elements: a write of 4 bytes each.
@@ -306,12 +341,7 @@ int64_t CostModel::named_op_ns(std::string_view name, int piece, int pieces, con
 }
 
 double model_flops_per_step(const Scenario& s) {
-  model::flops::Dims d;
-  d.batch = s.training.micro_batch;
-  d.seq = s.model.seq;
-  d.d_model = s.model.d_model;
-  d.vocab = s.model.vocab;
-  d.tp = 1;
+  const model::flops::Dims d = model::flops::dims_of(s.model, s.training.micro_batch);
   const double per_micro_batch = model::flops::model_step(d, s.model.layers);
   return per_micro_batch * double(s.micro_batches_per_step()) * double(s.parallel.dp);
 }

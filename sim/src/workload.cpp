@@ -169,7 +169,7 @@ ComputeCosts make_costs(const ModelDims& d, const CostModel& cost) {
   // the profile, scaled to this shape, or the roofline of its kernels: cost_model.hpp); its model
   // FLOPs as the runtime's span carries them (model/flops.hpp; a block piece's kernels count the
   // same FLOPs over the block, cut elsewhere: the LayerNorms fall in the neighbouring piece).
-  const model::flops::Dims fd{d.batch, d.seq, d.d_model, d.vocab, d.tp};
+  const model::flops::Dims fd = flop_dims(d);
   auto piece = [&](std::string_view name, int index, int pieces) {
     const auto ks = op_kernels(name, index, pieces, d);
     const bool block = name == names::kBlockForward || name == names::kBlockBackward;
@@ -333,7 +333,16 @@ class StageBuilder {
         first_(stage == 0),
         last_(stage == pp_ - 1),
         interleaved_(schedule_of(par_) == Schedule::Interleaved),
-        has_embed_segment_(first_ || last_),
+        // The head's stage holds a copy of wte only when the LM head is tied to it; only then is
+        // there a tied-embedding sum between the first and the last stage.
+        has_embed_segment_(first_ || (last_ && s.model.tied_embeddings)),
+        embed_sum_(pp_ > 1 && s.model.tied_embeddings && (first_ || last_)),
+        // Sequence parallelism's tp all-reduce of the replicated gradients: the two norms' gains
+        // (and shifts) and, with biases, the two row-parallel biases per block; the final norm's.
+        block_replicated_(
+            int64_t(s.model.d_model) *
+            (2 * block_arch(s.model).norm_params_per_channel() + (s.model.bias ? 2 : 0))),
+        head_replicated_(int64_t(s.model.d_model) * block_arch(s.model).norm_params_per_channel()),
         recompute_(recompute_of(s.training)),
         act_msg_bytes_(int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model *
                        prec_.act_bytes /
@@ -657,13 +666,13 @@ class StageBuilder {
                                    {prev, this_gather, buffer_free})
                            : block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l,
                                    {rc, buffer_free});
-        if (sp_) prev = tp_grad_all_reduce(mb, l, 6 * int64_t(s_.model.d_model), prev);
+        if (sp_) prev = tp_grad_all_reduce(mb, l, block_replicated_, prev);
         rs_of_layer[l - l0] = z3_scatter(mb, l, prev);
       } else {
         const uint32_t rc = recompute_ops(mb, l, {prev});
         prev = block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l,
                      {rc == kNone ? prev : rc});
-        if (sp_) prev = tp_grad_all_reduce(mb, l, 6 * int64_t(s_.model.d_model), prev);
+        if (sp_) prev = tp_grad_all_reduce(mb, l, block_replicated_, prev);
       }
       issue_ready(ddp_sync, mb, base + 1 + (l1 - 1 - l), prev);
     }
@@ -680,7 +689,7 @@ class StageBuilder {
     uint32_t prev = kNone;
     if (head) {
       prev = b_.add(compute(names::kHeadBackward, cc_.head_b, PhaseKind::Backward, mb, L_), wait);
-      if (sp_) prev = tp_grad_all_reduce(mb, L_, 2 * int64_t(s_.model.d_model), prev);
+      if (sp_) prev = tp_grad_all_reduce(mb, L_, head_replicated_, prev);
       if (par_.zero == 3) z3_scatter(mb, L_, prev);
     } else {
       prev = b_.add(comm(names::kRecvGradient, traces::SpanKind::P2P, traces::CollOp::Recv,
@@ -716,7 +725,7 @@ class StageBuilder {
     if (dp_ > 1 && par_.zero == 3) {
       // z3_finish_backward: the tied wte's sum, the embedding's scatter, then wait for all.
       uint32_t after = prev;
-      if (pp_ > 1 && has_embed_segment_) after = embed_all_reduce(mb, {after});
+      if (embed_sum_) after = embed_all_reduce(mb, {after});
       if (has_embed_segment_) z3_scatter(mb, -1, after);
       blocker_ = grad_ops_;
     } else if (dp_ > 1 && pass.chunk == 0 && (par_.zero == 2 || (par_.zero == 1 && mb == m_ - 1))) {
@@ -724,7 +733,7 @@ class StageBuilder {
       // reduce_gradients_zero: the tied wte's sum, then one reduce-scatter of the whole array;
       // both blocking.
       uint32_t after = prev;
-      if (pp_ > 1 && has_embed_segment_) after = embed_all_reduce(mb, {after});
+      if (embed_sum_) after = embed_all_reduce(mb, {after});
       const uint32_t rs = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
                                   padded(prog_.param_count) * prec_.grad_bytes, PhaseKind::Backward,
                                   mb, has_embed_segment_ ? -1 : l0, {after});
@@ -739,7 +748,7 @@ class StageBuilder {
     std::vector<uint32_t> opt_deps = grad_ops_;
     opt_deps.push_back(last_backward_op_);
     opt_deps.insert(opt_deps.end(), blocker_.begin(), blocker_.end());
-    if (pp_ > 1 && has_embed_segment_ && (par_.zero == 0 || dp_ == 1))
+    if (embed_sum_ && (par_.zero == 0 || dp_ == 1))
       opt_deps.push_back(embed_all_reduce(-1, opt_deps));
     const double opt_params =
         par_.zero >= 1 ? double(prog_.param_count) / dp_ : double(prog_.param_count);
@@ -771,6 +780,8 @@ class StageBuilder {
   const int steps_, pp_, dp_, m_, L_, chunks_, per_stage_, per_chunk_, st_;
   const int first_layer_;  // the stage's first block (its layers by model::stage_contents)
   const bool first_, last_, interleaved_, has_embed_segment_;
+  const bool embed_sum_;  // the tied wte's gradient is summed over the first and last stage
+  const int64_t block_replicated_, head_replicated_;
   const Recompute recompute_;
   const int64_t act_msg_bytes_;
   const bool sp_;                // sequence parallelism (tp > 1)

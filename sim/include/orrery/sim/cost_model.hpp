@@ -8,9 +8,11 @@
 //
 // FLOPs: the kernels of a block reproduce the runtime's model-FLOPs counting exactly
 // (model/include/orrery/model/flops.hpp, gpt.md): per token, 2 FLOPs per parameter of each
-// linear layer (weights and biases) and LayerNorm, 2·T·C per layer for attention (the causal count
-// of scores plus weighted sum), 2·C·V for the tied LM head; GELU, softmax, the loss and embedding
-// lookups count zero FLOPs but do move bytes. Backward is 2× forward, kernel by kernel. Tensor
+// linear layer (weights and biases) and norm, 2·T·C per layer for attention (the causal count
+// of scores plus weighted sum), 2·C·V for the LM head (tied or not); GELU or SwiGLU, RoPE, softmax,
+// the loss and embedding lookups count zero FLOPs but do move bytes. Llama-style blocks (the
+// scenario's BlockArch): qkv is C x (C + 2 Ckv) with grouped-query attention, SwiGLU's fc1 is
+// C x 2F and its elementwise op reads 2F and writes F per token, RMSNorm has a gain only. Backward is 2× forward, kernel by kernel. Tensor
 // parallelism divides every block kernel by tp (as the runtime's counting does); the head is not
 // sliced. Bytes: each kernel reads its inputs and weights and writes its outputs once, with the
 // scenario's activation element size (2 for bf16, 4 for fp32); backward moves twice the bytes.
@@ -22,6 +24,8 @@
 #include <string_view>
 #include <vector>
 
+#include "orrery/common/scenario.hpp"
+#include "orrery/model/flops.hpp"
 #include "orrery/sim/hardware.hpp"
 
 namespace orrery {
@@ -43,20 +47,29 @@ struct ModelDims {
   // Sequence parallelism (tp > 1): blocks in model/block.hpp's five pieces, the token-wise ops
   // (LayerNorms, residual adds) over B·T/tp tokens, the head's LayerNorm too.
   bool sequence_parallel = false;
+  // The block (common/scenario.hpp, resolved): key/value heads, MLP width, SwiGLU, RMSNorm, RoPE,
+  // biases. The default is GPT's (resolved against heads and d_model where used).
+  BlockArch arch{};
 };
 ModelDims model_dims(const Scenario& s, int64_t act_bytes);
+// The FLOP-count dimensions (model/flops.hpp) of these shapes: the runtime's, for the same block.
+model::flops::Dims flop_dims(const ModelDims& d);
 
 struct Kernel {
   OpClass cls = OpClass::Elementwise;
   double flops = 0;
   double bytes = 0;
+  int op = -1;  // the model::BlockOp it belongs to (block kernels), -1 elsewhere
 };
 
 // Kernels of each compute op of the step (one micro-batch, one rank).
 std::vector<Kernel> embedding_forward_kernels(const ModelDims& d);
 std::vector<Kernel> embedding_backward_kernels(const ModelDims& d);
+// A block's forward kernels in model::BlockOp order, each tagged with its op (an op may have more
+// than one: Qkv is the qkv GEMM and, under RoPE, the rotation of q and k).
+std::vector<Kernel> block_forward_kernels(const ModelDims& d);
 // The attention half of a block (ln1, qkv, attention, projection) and the MLP half (ln2, fc1,
-// GELU, fc2); the row-parallel epilogue (bias + residual) is in each half.
+// the activation, fc2); the row-parallel epilogue (bias + residual) is in each half.
 std::vector<Kernel> attention_forward_kernels(const ModelDims& d);
 std::vector<Kernel> mlp_forward_kernels(const ModelDims& d);
 std::vector<Kernel> attention_backward_kernels(const ModelDims& d);

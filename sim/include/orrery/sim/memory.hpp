@@ -10,7 +10,12 @@
 //   none       s·b·h·(10 + 24/t + 5·a·s/(h·t))   with sequence parallelism s·b·h·(34 + 5·a·s/h)/t
 //   selective  s·b·h·(10 + 24/t)                 with sequence parallelism 34·s·b·h/t
 //   full       2·s·b·h (the block's input)       with sequence parallelism 2·s·b·h/t
-// (plain tensor parallelism keeps the LayerNorm and dropout regions' 10·s·b·h replicated). fp32
+// (plain tensor parallelism keeps the LayerNorm and dropout regions' 10·s·b·h replicated). Those are
+// the GPT block's; other blocks (model.kv_heads, ffn_hidden, activation) by the same derivation,
+// term by term (memory.cpp's layer_terms): grouped-query attention keeps k and v at kv_heads/heads,
+// the MLP's terms scale with ffn_hidden/d_model, SwiGLU keeps gate and up, and SwiGLU blocks have
+// no dropout (Llama-2 7B, h 4096, F 11008, no GQA, no recomputation: s·b·h·(8 + 24.125/t +
+// 2·a·s/(h·t))). fp32
 // activations double it. Recomputation adds, once per rank, the workspace it runs in: one layer's
 // activations without recomputation (full) or its attention core's 5·a·s/(h·t)·s·b·h (selective).
 // Each stage counts its own blocks (parallel.pp_layers, or layers / pp). Micro-batches in flight
