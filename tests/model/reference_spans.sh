@@ -20,6 +20,8 @@
 #     all-gathers and 4 reduce-scatters in place of tp2's 4 all-reduces, plus the head's all-gather
 #     and the embedding's, and one tp.grad_all_reduce per block and one for the head.
 #  4. pp2-uneven: fwd.block and bwd.block spans per rank = 2 steps x 4 micro-batches x its blocks.
+#  5. Llama-style blocks (llama-*: recorded when model.kv_heads ... bias were added): no tied-embedding
+#     sum on the untied head's pipeline, the replicated-gradient all-reduce per block and head.
 # Usage: reference_spans.sh ORRERY SPAN_TOOL SOURCE_DIR WORK_DIR [--record]
 # (ONLY=<layout> in the environment runs, or records, that layout alone.)
 set -uo pipefail
@@ -42,6 +44,10 @@ parallel: {dp: 2, tp: 1, pp: 1, bucket_mb: 0.01, schedule: 1f1b}
 runtime: {threads: 1}
 YAML
 
+# Llama-style blocks on the same model: 4 heads over 2 key/value heads, SwiGLU of width 88,
+# RMSNorm, RoPE, an untied LM head, no biases.
+LLAMA="model.heads=4 model.kv_heads=2 model.ffn_hidden=88 model.activation=swiglu model.norm=rmsnorm"
+LLAMA="$LLAMA model.position=rope model.tied_embeddings=false model.bias=false"
 # layout name, ranks, overrides
 layouts=(
   "dp2 2 parallel.dp=2"
@@ -58,6 +64,9 @@ layouts=(
   "tp2-sp 2 parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true"
   "dp2-tp2-pp2-sp-full 8 parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.sequence_parallel=true training.recompute=full"
   "pp2-uneven 2 parallel.dp=1 parallel.pp=2 parallel.pp_layers=1,3"
+  "llama-tp2-pp2 4 parallel.dp=1 parallel.tp=2 parallel.pp=2 $LLAMA"
+  "llama-dp2-zero3 2 parallel.dp=2 parallel.zero=3 $LLAMA"
+  "llama-tp2-sp-full 2 parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true training.recompute=full $LLAMA"
 )
 for entry in "${layouts[@]}"; do
   read -r name ranks rest <<< "$entry"
@@ -129,6 +138,20 @@ if [ "$RECORD" != "--record" ] && [ -f pp2-uneven.tsv ]; then
     for op in fwd.block bwd.block; do
       check_count "pp2-uneven rank $r $op" "$(count_of pp2-uneven.tsv $r $op)" $((2 * 4 * blocks))
     done
+  done
+fi
+
+# 5. Llama-style blocks: the untied head's stage sums no embedding with stage 0 (GPT's pp2 does),
+#    and sequence parallelism's replicated-gradient all-reduce still runs once per block and head.
+if [ "$RECORD" != "--record" ] && [ -f llama-tp2-pp2.tsv ] && [ -f llama-tp2-sp-full.tsv ]; then
+  for r in 0 1 2 3; do
+    check_count "llama tp2 pp2 rank $r pp.embed_all_reduce" "$(count_of llama-tp2-pp2.tsv $r pp.embed_all_reduce)" 0
+  done
+  if [ -f pp2-1f1b.tsv ] && [ "$(count_of pp2-1f1b.tsv 0 pp.embed_all_reduce)" -eq 0 ]; then
+    fail "pp2-1f1b (tied) records no pp.embed_all_reduce: the check above proves nothing"
+  fi
+  for r in 0 1; do
+    check_count "llama tp2 sp rank $r tp.grad_all_reduce" "$(count_of llama-tp2-sp-full.tsv $r tp.grad_all_reduce)" $((2 * 4 * (4 + 1)))
   done
 fi
 
