@@ -7,7 +7,9 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
+#include "orrery/model/block.hpp"
 #include "orrery/model/flops.hpp"
+#include "orrery/model/names.hpp"
 #include "orrery/sim/cluster.hpp"
 #include "orrery/sim/cost_model.hpp"
 #include "orrery/sim/hardware.hpp"
@@ -67,6 +69,55 @@ TEST(Kernels, FlopsEqualTheRuntimeCounting) {
     EXPECT_TRUE(near(total_flops(head_forward_kernels(d)), model::flops::head_forward(r)));
     EXPECT_TRUE(near(total_flops(head_backward_kernels(d)), model::flops::head_backward(r)));
     EXPECT_EQ(total_flops(embedding_forward_kernels(d)), 0.0);
+  }
+}
+
+// Llama-style blocks: every piece the runtime records (tp's three, sequence parallelism's five,
+// the recomputations') carries the FLOPs of its BlockOps, model/flops.hpp's counting.
+TEST(Kernels, LlamaBlockFlopsEqualTheRuntimeCountingPieceByPiece) {
+  for (int64_t tp : {1, 2, 4}) {
+    for (bool sp : {false, true}) {
+      if (sp && tp == 1) continue;
+      ModelDims d;
+      d.batch = 2, d.seq = 128, d.d_model = 256, d.heads = 8, d.vocab = 1000, d.layers = 4, d.tp = tp;
+      d.act_bytes = 2;
+      d.sequence_parallel = sp;
+      d.arch.kv_heads = 4;
+      d.arch.ffn_hidden = 704;
+      d.arch.activation = Activation::Swiglu;
+      d.arch.norm = Norm::RmsNorm;
+      d.arch.position = Position::Rope;
+      d.arch.tied_embeddings = false;
+      d.arch.bias = false;
+      const auto r = flop_dims(d);
+      EXPECT_EQ(r.kv_width, 128);
+      EXPECT_EQ(r.ffn, 704);
+      auto near = [](double a, double b) { return std::abs(a - b) <= 1e-12 * std::abs(b); };
+      const auto all = block_forward_kernels(d);
+      for (int op = 0; op < model::kBlockOps; ++op) {
+        double f = 0;
+        for (const auto& k : all) f += k.op == op ? k.flops : 0.0;
+        EXPECT_TRUE(near(f, model::flops::block_op_forward(r, op)) || f == model::flops::block_op_forward(r, op))
+            << "op " << op << " tp " << tp;
+      }
+      const int pieces = sp ? model::kSpBlockPieces : (tp > 1 ? model::kTpBlockPieces : 1);
+      for (int k = 0; k < pieces; ++k) {
+        for (bool fwd : {true, false}) {
+          const auto ks = op_kernels(fwd ? model::names::kBlockForward : model::names::kBlockBackward, k, pieces, d);
+          ASSERT_TRUE(ks.has_value());
+          const model::OpRange range = sp ? (fwd ? model::kSpForwardPieces[size_t(k)] : model::kSpBackwardPieces[size_t(k)])
+                                          : pieces == 1 ? model::OpRange{0, model::kBlockOps}
+                                                        : (fwd ? model::kForwardPieces[size_t(k)] : model::kBackwardPieces[size_t(k)]);
+          const double want = model::flops::block_ops_flops(r, fwd, range.begin, range.end);
+          EXPECT_TRUE(near(total_flops(*ks), want) || want == 0.0) << "piece " << k << " tp " << tp << " sp " << sp;
+        }
+      }
+      // The head (untied: the same FLOPs as tied) and the RoPE kernel in the Qkv op.
+      EXPECT_TRUE(near(total_flops(head_forward_kernels(d)), model::flops::head_forward(r)) || sp);
+      int qkv_kernels = 0;
+      for (const auto& k : all) qkv_kernels += k.op == int(model::BlockOp::Qkv);
+      EXPECT_EQ(qkv_kernels, 2);
+    }
   }
 }
 

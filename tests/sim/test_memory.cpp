@@ -64,6 +64,43 @@ TEST(Memory, ActivationsKorthikanti) {
             sbh * (10 + 24.0 / 8 + 5.0 * 96 * 2048 / (12288 * 8)));
 }
 
+// The same derivation for Llama-style blocks (memory.cpp's layer_terms): r = kv_heads/heads,
+// f = F/h, SwiGLU (u = 2), no dropout: s·b·h·(8 + (4 + 4r + 2uf + 2f)/t + 2·a·s/(h·t)).
+TEST(Memory, ActivationsOfLlamaBlocks) {
+  Scenario s;
+  s.model.layers = 32;
+  s.model.d_model = 4096;
+  s.model.heads = 32;
+  s.model.vocab = 128256;
+  s.model.seq = 8192;
+  s.model.kv_heads = 8;  // Llama-3 8B (arXiv 2407.21783, table 3)
+  s.model.ffn_hidden = 14336;
+  s.model.activation = "swiglu";
+  s.model.norm = "rmsnorm";
+  s.model.position = "rope";
+  s.model.tied_embeddings = false;
+  s.model.bias = false;
+  s.training.micro_batch = 1;
+  s.training.global_batch = 1;
+  const auto p = precision_config("mixed");
+  const double sbh = 8192.0 * 4096;
+  // r = 1/4, f = 3.5: 4 + 1 + 14 + 7 = 26 divided, 8 replicated; core 2·32·8192/4096 = 128.
+  EXPECT_EQ(activation_bytes_per_layer(s, p), sbh * (8 + 26 + 128));
+  s.parallel.tp = 4;
+  EXPECT_EQ(activation_bytes_per_layer(s, p), sbh * (8 + 26.0 / 4 + 128.0 / 4));
+  s.parallel.sequence_parallel = true;
+  EXPECT_EQ(activation_bytes_per_layer(s, p), sbh * (34.0 / 4 + 128.0 / 4));
+  s.training.recompute = "selective";
+  EXPECT_EQ(activation_bytes_per_layer(s, p), sbh * 34.0 / 4);
+  // Without grouped-query attention (Llama-2 7B's MLP, F = 11008): r = 1, f = 2.6875.
+  s.model.kv_heads = 0;
+  s.model.ffn_hidden = 11008;
+  s.parallel.tp = 1;
+  s.parallel.sequence_parallel = false;
+  s.training.recompute = "none";
+  EXPECT_EQ(activation_bytes_per_layer(s, p), sbh * (8 + 24.125 + 128));
+}
+
 // Korthikanti et al. 2022, Table 2: selective recomputation drops the 5·a·s/h term, full keeps
 // 2·s·b·h (the layer's input); sequence parallelism divides what is left by t. Recomputation adds
 // its workspace once per rank: one layer without recomputation (full), one attention core
