@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prediction-accuracy loop of "measure here, predict there" on this machine:
 #   1. real runs of gpt-tiny: the calibration set (serial, dp2), a block of CALIB_EVERY layouts to
-#      predict (dp4, dp8, tp, pp, ZeRO, 3-D, recomputation, sequence parallelism, uneven stages), the calibration set again, the next block, ..., the
+#      predict (dp4, dp8, tp, pp, ZeRO, 3-D, recomputation, sequence parallelism, uneven stages, Llama-style blocks), the calibration set again, the next block, ..., the
 #      calibration set: the machine is shared and its load swings, so each prediction uses
 #      calibration runs measured just before and just after the runs it predicts;
 #   2. per block, `orrery calibrate` on those two calibration sets only -> a profile of this machine;
@@ -32,6 +32,9 @@ COMMBENCH=${COMMBENCH-2 4 8}
 mkdir -p "$OUT"
 [ -x "$ORRERY" ] || [ "${RUNS_ONLY:-0}" = 1 ] || { echo "no $ORRERY: build the orrery target first" >&2; exit 2; }
 
+# gpt-tiny's shape with Llama-style blocks: 2 key/value heads, SwiGLU of width 704, RMSNorm, RoPE,
+# an untied head, no biases (predicted from the GPT calibration runs).
+LLAMA="model.kv_heads=2 model.ffn_hidden=704 model.activation=swiglu model.norm=rmsnorm model.position=rope model.tied_embeddings=false model.bias=false"
 # name | ranks | --set options (beyond steps and global batch) | global batch | role
 LAYOUT_TABLE="
 serial|1|parallel.dp=1|8|calib
@@ -54,6 +57,9 @@ recompute-selective|1|parallel.dp=1 training.recompute=selective|8|predict
 tp2-sp|2|parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true|8|predict
 tp2-sp-full|2|parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true training.recompute=full|8|predict
 pp2-uneven|2|parallel.dp=1 parallel.pp=2 parallel.pp_layers=1,3 training.micro_batch=4|8|predict
+llama|1|parallel.dp=1 $LLAMA|8|predict
+llama-tp2|2|parallel.dp=1 parallel.tp=2 $LLAMA|8|predict
+llama-dp2-full|2|parallel.dp=2 training.recompute=full $LLAMA|16|predict
 "
 
 row_of() { grep "^$1|" <<<"$LAYOUT_TABLE"; }

@@ -79,7 +79,8 @@ TEST(Kernels, LlamaBlockFlopsEqualTheRuntimeCountingPieceByPiece) {
     for (bool sp : {false, true}) {
       if (sp && tp == 1) continue;
       ModelDims d;
-      d.batch = 2, d.seq = 128, d.d_model = 256, d.heads = 8, d.vocab = 1000, d.layers = 4, d.tp = tp;
+      d.batch = 2, d.seq = 128, d.d_model = 256, d.heads = 8, d.vocab = 1000, d.layers = 4,
+      d.tp = tp;
       d.act_bytes = 2;
       d.sequence_parallel = sp;
       d.arch.kv_heads = 4;
@@ -97,19 +98,24 @@ TEST(Kernels, LlamaBlockFlopsEqualTheRuntimeCountingPieceByPiece) {
       for (int op = 0; op < model::kBlockOps; ++op) {
         double f = 0;
         for (const auto& k : all) f += k.op == op ? k.flops : 0.0;
-        EXPECT_TRUE(near(f, model::flops::block_op_forward(r, op)) || f == model::flops::block_op_forward(r, op))
+        EXPECT_TRUE(near(f, model::flops::block_op_forward(r, op)) ||
+                    f == model::flops::block_op_forward(r, op))
             << "op " << op << " tp " << tp;
       }
       const int pieces = sp ? model::kSpBlockPieces : (tp > 1 ? model::kTpBlockPieces : 1);
       for (int k = 0; k < pieces; ++k) {
         for (bool fwd : {true, false}) {
-          const auto ks = op_kernels(fwd ? model::names::kBlockForward : model::names::kBlockBackward, k, pieces, d);
+          const auto ks = op_kernels(
+              fwd ? model::names::kBlockForward : model::names::kBlockBackward, k, pieces, d);
           ASSERT_TRUE(ks.has_value());
-          const model::OpRange range = sp ? (fwd ? model::kSpForwardPieces[size_t(k)] : model::kSpBackwardPieces[size_t(k)])
-                                          : pieces == 1 ? model::OpRange{0, model::kBlockOps}
-                                                        : (fwd ? model::kForwardPieces[size_t(k)] : model::kBackwardPieces[size_t(k)]);
+          const model::OpRange range =
+              sp ? (fwd ? model::kSpForwardPieces[size_t(k)] : model::kSpBackwardPieces[size_t(k)])
+              : pieces == 1
+                  ? model::OpRange{0, model::kBlockOps}
+                  : (fwd ? model::kForwardPieces[size_t(k)] : model::kBackwardPieces[size_t(k)]);
           const double want = model::flops::block_ops_flops(r, fwd, range.begin, range.end);
-          EXPECT_TRUE(near(total_flops(*ks), want) || want == 0.0) << "piece " << k << " tp " << tp << " sp " << sp;
+          EXPECT_TRUE(near(total_flops(*ks), want) || want == 0.0)
+              << "piece " << k << " tp " << tp << " sp " << sp;
         }
       }
       // The head (untied: the same FLOPs as tied) and the RoPE kernel in the Qkv op.

@@ -213,16 +213,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama_dp2_tp2_pp2_zero1", 2, 2, 2, 1, "1f1b", {}, false, Recompute::None, true},
         Case{"llama_tp2_sp", 1, 2, 1, 0, "gpipe", {}, true, Recompute::None, true},
         Case{"llama_dp2_tp2_sp_zero2_full", 2, 2, 1, 2, "gpipe", {}, true, Recompute::Full, true},
-        Case{"llama_tp2_pp2_sp_selective",
-             1,
-             2,
-             2,
-             0,
-             "1f1b",
-             {},
-             true,
-             Recompute::Selective,
-             true}),
+        Case{"llama_tp2_pp2_sp_sel", 1, 2, 2, 0, "1f1b", {}, true, Recompute::Selective, true},
+        Case{"llama_dp2_tp2_pp2_sp_full", 2, 2, 2, 0, "1f1b", {}, true, Recompute::Full, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Activation recomputation under each parallelism: the same layout run with training.recompute
