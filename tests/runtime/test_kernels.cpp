@@ -8,45 +8,15 @@
 #include <random>
 #include <vector>
 
+#include "fd_check.hpp"
 #include "orrery/runtime/kernels.hpp"
 
 namespace orrery::runtime {
 namespace {
 
-std::vector<float> randn(std::size_t n, float stddev, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, stddev);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
-
-double dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
-
-// Compares an analytic gradient with central differences of `objective` with respect to `x`,
-// entry by entry; returns the largest normalised error |a - n| / (|a| + |n| + floor).
-double max_fd_error(std::vector<float>& x, const std::vector<float>& analytic,
-                    const std::function<double()>& objective, float eps = 1e-2f,
-                    double floor = 1e-2) {
-  double worst = 0.0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const float saved = x[i];
-    x[i] = saved + eps;
-    const double up = objective();
-    x[i] = saved - eps;
-    const double down = objective();
-    x[i] = saved;
-    const double numeric = (up - down) / (2.0 * eps);
-    const double err =
-        std::abs(numeric - analytic[i]) / (std::abs(numeric) + std::abs(analytic[i]) + floor);
-    worst = std::max(worst, err);
-  }
-  return worst;
-}
+using fd::dot;
+using fd::max_fd_error;
+using fd::randn;
 
 constexpr double kTol = 5e-3;  // fp32 forward, eps 1e-2: about 1e-4 truncation + roundoff
 

@@ -9,41 +9,15 @@
 #include <random>
 #include <vector>
 
+#include "fd_check.hpp"
 #include "orrery/runtime/kernels.hpp"
 
 namespace orrery::runtime {
 namespace {
 
-std::vector<float> randn(std::size_t n, float stddev, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, stddev);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
-
-double dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
-
-double max_fd_error(std::vector<float>& x, const std::vector<float>& analytic,
-                    const std::function<double()>& objective, float eps = 1e-2f) {
-  double worst = 0.0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const float saved = x[i];
-    x[i] = saved + eps;
-    const double up = objective();
-    x[i] = saved - eps;
-    const double down = objective();
-    x[i] = saved;
-    const double numeric = (up - down) / (2.0 * eps);
-    worst = std::max(worst, std::abs(numeric - analytic[i]) /
-                                (std::abs(numeric) + std::abs(analytic[i]) + 1e-2));
-  }
-  return worst;
-}
+using fd::dot;
+using fd::max_fd_error;
+using fd::randn;
 
 constexpr double kTol = 5e-3;
 

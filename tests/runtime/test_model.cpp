@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "fd_check.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/model/flops.hpp"
 #include "orrery/runtime/kernels.hpp"
@@ -134,30 +135,7 @@ TEST(Model, GradientsMatchFiniteDifferences) {
   scramble(m, 5);
   const auto in = tokens(kB * kT, 32, 6), tg = tokens(kB * kT, 32, 7);
   const auto run = forward_backward(m, in, tg, kB, kT);
-  auto acts = gpt_activations(m, kB, kT);
-  const float eps = 1e-2f;
-  for (const auto& t : m.tensors) {
-    double worst = 0.0;
-    std::size_t worst_i = 0;
-    for (std::size_t i = 0; i < t.count; ++i) {
-      float& p = m.params[t.offset + i];
-      const float saved = p;
-      p = saved + eps;
-      const double up = gpt_forward(m, acts, in.data(), tg.data());
-      p = saved - eps;
-      const double down = gpt_forward(m, acts, in.data(), tg.data());
-      p = saved;
-      const double numeric = (up - down) / (2.0 * eps);
-      const double analytic = run.grads[t.offset + i];
-      const double err =
-          std::abs(numeric - analytic) / (std::abs(numeric) + std::abs(analytic) + 1e-2);
-      if (err > worst) {
-        worst = err;
-        worst_i = i;
-      }
-    }
-    EXPECT_LT(worst, 1e-2) << t.name << "[" << worst_i << "]";
-  }
+  fd::expect_model_gradients(m, run.grads, in, tg, kB, kT);
 }
 
 TEST(Model, HooksFireInReverseOrderWithCompleteSegments) {

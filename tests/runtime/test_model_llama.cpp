@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "fd_check.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/model/flops.hpp"
 #include "orrery/runtime/buffers.hpp"
@@ -140,29 +141,7 @@ void check_finite_differences(const GptConfig& cfg, uint32_t seed, float eps = 1
   scramble(m, seed + 1);
   const auto in = tokens(kB * kT, cfg.vocab, seed + 2), tg = tokens(kB * kT, cfg.vocab, seed + 3);
   const auto run = forward_backward(m, in, tg);
-  auto acts = gpt_activations(m, kB, kT);
-  for (const auto& t : m.tensors) {
-    double worst = 0.0;
-    std::size_t worst_i = 0;
-    for (std::size_t i = 0; i < t.count; ++i) {
-      float& p = m.params[t.offset + i];
-      const float saved = p;
-      p = saved + eps;
-      const double up = gpt_forward(m, acts, in.data(), tg.data());
-      p = saved - eps;
-      const double down = gpt_forward(m, acts, in.data(), tg.data());
-      p = saved;
-      const double numeric = (up - down) / (2.0 * eps);
-      const double analytic = run.grads[t.offset + i];
-      const double err =
-          std::abs(numeric - analytic) / (std::abs(numeric) + std::abs(analytic) + 1e-2);
-      if (err > worst) {
-        worst = err;
-        worst_i = i;
-      }
-    }
-    EXPECT_LT(worst, 1e-2) << t.name << "[" << worst_i << "]";
-  }
+  fd::expect_model_gradients(m, run.grads, in, tg, kB, kT, eps);
 }
 
 // eps 3e-3: at 1e-2 the central difference's truncation error on one embedding entry (wte[165],
