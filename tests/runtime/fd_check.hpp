@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "orrery/runtime/model.hpp"
@@ -28,6 +29,26 @@ inline double dot(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0.0;
   for (std::size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
   return s;
+}
+
+// n token ids in [0, V).
+inline std::vector<int32_t> tokens(int n, int V, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = static_cast<int32_t>(gen() % static_cast<uint32_t>(V));
+  return v;
+}
+
+// Larger random parameters than the initialisation, so every gradient is well above fp32 noise
+// (norm gains around 1).
+inline void scramble(Gpt& m, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.0f, 0.3f);
+  for (const auto& t : m.tensors) {
+    const bool gain = t.name.find("ln") != std::string::npos && t.name.back() == 'w';
+    for (std::size_t i = 0; i < t.count; ++i)
+      m.params[t.offset + i] = gain ? 1.0f + d(gen) : d(gen);
+  }
 }
 
 // The largest normalised error |a - n| / (|a| + |n| + floor) of an analytic gradient against

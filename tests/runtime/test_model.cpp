@@ -24,24 +24,8 @@ GptConfig tiny() { return GptConfig{2, 16, 2, 32, 8}; }  // L, C, H, V, T
 constexpr int kB = 2;
 constexpr int kT = 8;
 
-std::vector<int32_t> tokens(int n, int V, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<int32_t> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = static_cast<int32_t>(gen() % static_cast<uint32_t>(V));
-  return v;
-}
-
-// Larger random parameters than the initialisation, so every gradient is well above fp32 noise.
-void scramble(Gpt& m, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, 0.3f);
-  for (const auto& t : m.tensors) {
-    for (std::size_t i = 0; i < t.count; ++i) {
-      float& p = m.params[t.offset + i];
-      p = (t.name.find("ln") != std::string::npos && t.name.back() == 'w') ? 1.0f + d(gen) : d(gen);
-    }
-  }
-}
+using fd::scramble;
+using fd::tokens;
 
 struct Run {
   float loss;

@@ -50,22 +50,8 @@ GptConfig tiny_mixed() {
   return GptConfig{2, 16, 4, 32, 8, a};
 }
 
-std::vector<int32_t> tokens(int n, int V, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<int32_t> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = static_cast<int32_t>(gen() % static_cast<uint32_t>(V));
-  return v;
-}
-
-void scramble(Gpt& m, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, 0.3f);
-  for (const auto& t : m.tensors) {
-    const bool gain = t.name.find("ln") != std::string::npos && t.name.back() == 'w';
-    for (std::size_t i = 0; i < t.count; ++i)
-      m.params[t.offset + i] = gain ? 1.0f + d(gen) : d(gen);
-  }
-}
+using fd::scramble;
+using fd::tokens;
 
 struct Run {
   float loss;
