@@ -291,6 +291,25 @@ TEST(Integrity, TableAndIndexThatDisagreeAreCorruptNotACrash) {
   EXPECT_EQ(TraceReader(good).load_all().spans.size(), 48u);
 }
 
+TEST(Integrity, RecordClaimingTooMuchIsAnInputError) {
+  // Found by fuzz_trace (fuzz/corpus/fuzz_trace/regress-step-nomem.trace): a damaged record makes
+  // SQLite fail the communicators' collectives query with "out of memory", which was reported as
+  // an InternalError (exit 1, "ours") rather than the file's damage.
+  const std::string path = std::string(ORRERY_TRACE_DATA) + "/damaged-record-nomem.db";
+  TempDir dir;
+  const auto copy = dir.path("nomem.db");
+  std::filesystem::copy_file(path, copy);
+  const std::string msg = input_error_of([&] {
+    TraceReader r(copy);
+    const auto comms = r.communicators();
+    ASSERT_FALSE(comms.empty());
+    (void)r.collectives_of(comms.front().id);
+  });
+  EXPECT_EQ(msg, copy + ": cannot read trace (out of memory while reading it: a damaged record " +
+                     "claims more than the file holds, or the trace needs more memory than this " +
+                     "machine has)");
+}
+
 TEST(Integrity, ResealLetsDamageReachTheDecoder) {
   TempDir dir;
   const auto path = write_small_trace(dir, make_trace(2, 12));

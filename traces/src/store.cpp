@@ -181,6 +181,14 @@ bool is_input_corruption(int rc) {
 [[noreturn]] void rfail(sqlite3* db, const std::string& path, int rc, const std::string& what) {
   const std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
   if (is_input_corruption(rc)) throw InputError(path + ": cannot read trace (" + msg + ")");
+  // A damaged record can claim a value of hundreds of megabytes; SQLite then fails the read for
+  // memory or length. The file is the likelier cause than this process.
+  const int primary = rc & 0xff;
+  if (primary == SQLITE_NOMEM || primary == SQLITE_TOOBIG) {
+    throw InputError(path + ": cannot read trace (" + msg +
+                     " while reading it: a damaged record claims more than the file holds, or the "
+                     "trace needs more memory than this machine has)");
+  }
   throw InternalError(path + ": trace read failed: " + what + " (" + msg + ")");
 }
 
