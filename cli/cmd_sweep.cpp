@@ -1,6 +1,9 @@
 // `orrery sweep SCENARIO --cluster C --gpus 8,64,512 [--search] [--csv FILE] [--json]`: the scaling
 // table of a scenario over cluster sizes (same node type and topology, more nodes), optionally with
-// the best dp/tp/pp/zero/micro-batch layout per size. Progress goes to stderr.
+// the best dp/tp/pp/zero/micro-batch layout per size. Progress goes to stderr. Under mpirun or srun
+// (`mpirun -n R orrery sweep ...`) the simulations are spread over the R ranks and rank 0 prints
+// the same table a single process prints.
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -16,8 +19,66 @@
 #include "orrery/sim/sim_target.hpp"
 #include "orrery/sim/sweep.hpp"
 
+#if defined(ORRERY_RUNTIME_AVAILABLE)
+#include "orrery/runtime/comm.hpp"
+#endif
+
 namespace orrery::cli {
 namespace {
+
+#if defined(ORRERY_RUNTIME_AVAILABLE)
+// Under mpirun (or srun): rank r simulates jobs r, r + n, r + 2n, ...; then each rank in turn
+// broadcasts its results (wire format, sim/sweep.hpp), so every rank holds all of them in job
+// order and assembles the same table. A simulation that fails on one rank fails the sweep on every
+// rank with the same message (the first failing job's), after the exchange, so no rank waits for
+// one that gave up.
+sim::SweepRunner distributed_runner(runtime::Communicator& world,
+                                    std::function<void(const std::string&)> progress) {
+  return [&world, progress](const std::vector<sim::SweepJob>& jobs) {
+    const int n = world.size(), me = world.rank();
+    std::vector<sim::SimResult> mine;
+    int64_t failed_job = -1;
+    std::string failure;
+    for (size_t j = size_t(me); j < jobs.size(); j += size_t(n)) {
+      if (progress) progress(jobs[j].label);
+      try {
+        mine.push_back(sim::simulate(jobs[j].scenario, *jobs[j].cluster, jobs[j].options));
+      } catch (const InputError& e) {
+        if (failed_job < 0) failed_job = int64_t(j), failure = e.what();
+        mine.emplace_back();
+      }
+    }
+    const std::string wire = nlohmann::json{
+        {"results", sim::results_to_wire(mine)},
+        {"failed_job", failed_job},
+        {"failure", failure}}.dump();
+    std::vector<sim::SimResult> all(jobs.size());
+    int64_t first_failed = -1;
+    std::string first_failure;
+    for (int r = 0; r < n; ++r) {
+      std::string bytes = r == me ? wire : std::string();
+      int64_t len = static_cast<int64_t>(bytes.size());
+      world.broadcast(&len, 1, runtime::DType::I64, r).wait();
+      bytes.resize(size_t(len));
+      world.broadcast(bytes.data(), size_t(len), runtime::DType::U8, r).wait();
+      const auto msg = nlohmann::json::parse(bytes);
+      const auto results = sim::results_from_wire(msg.at("results").get<std::string>());
+      for (size_t k = 0, j = size_t(r); j < jobs.size(); ++k, j += size_t(n)) {
+        if (k >= results.size())
+          throw InternalError("sweep: rank " + std::to_string(r) + " sent too few results");
+        all[j] = results[k];
+      }
+      const int64_t f = msg.at("failed_job").get<int64_t>();
+      if (f >= 0 && (first_failed < 0 || f < first_failed)) {
+        first_failed = f;
+        first_failure = msg.at("failure").get<std::string>();
+      }
+    }
+    if (first_failed >= 0) throw InputError(first_failure);
+    return all;
+  };
+}
+#endif
 
 struct SweepArgs {
   std::string scenario;
@@ -96,7 +157,23 @@ Command setup(CLI::App& root) {
       opt.progress = [](const std::string& line) {
         std::cerr << "orrery sweep: " << line << std::endl;
       };
+    bool root = true;  // prints the table and writes the CSV
+#if defined(ORRERY_RUNTIME_AVAILABLE)
+    std::unique_ptr<runtime::Communicator> world;
+    if (runtime::started_by_launcher() && runtime::launcher_world_size() > 1) {
+      world = runtime::make_world_communicator();
+      root = world->rank() == 0;
+      const std::string who = "orrery sweep [rank " + std::to_string(world->rank()) + "/" +
+                              std::to_string(world->size()) + "]: ";
+      std::function<void(const std::string&)> say;
+      if (!a->quiet)
+        say = [who](const std::string& line) { std::cerr << who << line << std::endl; };
+      opt.runner = distributed_runner(*world, say);
+      if (!root) opt.progress = nullptr;  // the planning lines once, from rank 0
+    }
+#endif
     const auto rows = sim::sweep(s, cluster, opt);
+    if (!root) return 0;
     if (!a->csv.empty()) write_file_atomic(a->csv, sim::format_sweep_csv(rows));
     if (a->json) {
       nlohmann::json j;

@@ -188,6 +188,14 @@ std::optional<std::vector<Kernel>> sp_block_kernels(std::string_view name, int p
     if (k.op == 0 || k.op == 4 || k.op == 5 || k.op == 9) k.bytes /= double(d.tp);
   }
   if (piece < 0 || piece >= pieces) return std::nullopt;
+  if (pieces == 1) {  // the whole block at once (the sweep's closed-form estimate asks so)
+    if (name == names::kBlockForward) return ops;
+    if (name == names::kBlockRecompute)
+      return ops_in(ops, model::kRecomputeBlock.begin, model::kRecomputeBlock.end);
+    std::vector<Kernel> out = backward_of(ops);
+    std::reverse(out.begin(), out.end());
+    return out;
+  }
   if (name == names::kBlockRecompute) {
     if (pieces != int(model::kSpRecomputePieces.size())) return std::nullopt;
     const auto r = model::kSpRecomputePieces[size_t(piece)];

@@ -347,11 +347,91 @@ std::vector<int> divisors(int n) {
 
 }  // namespace
 
+std::vector<SimResult> run_sweep_jobs(const std::vector<SweepJob>& jobs,
+                                      const std::function<void(const std::string&)>& progress) {
+  std::vector<SimResult> out;
+  out.reserve(jobs.size());
+  for (const SweepJob& job : jobs) {
+    if (progress) progress(job.label);
+    out.push_back(simulate(job.scenario, *job.cluster, job.options));
+  }
+  return out;
+}
+
+namespace {
+
+// The layouts of a --search row that fit device memory, best closed-form estimate first.
+std::vector<Candidate> search_candidates(const Scenario& s, const Cluster& c, int gpus,
+                                         const CostModel& cost, const PrecisionConfig& prec) {
+  std::vector<Candidate> cands;
+  const int gb = s.training.global_batch;
+  for (int tp = 1; tp <= std::min(gpus, c.gpus_per_node); tp *= 2) {
+    if (s.model.heads % tp != 0 || s.model.d_model % tp != 0) continue;
+    for (int pp : divisors(s.model.layers)) {
+      if (tp * pp > gpus || gpus % (tp * pp) != 0) continue;
+      const int dp = gpus / (tp * pp);
+      if (gb % dp != 0) continue;
+      for (int mb = 1; mb <= gb / dp && mb <= 16; mb *= 2) {
+        if ((gb / dp) % mb != 0) continue;
+        for (int zero = 0; zero <= 3; ++zero) {
+          if (zero > 0 && dp < 2) continue;
+          Candidate cd;
+          cd.s = s;
+          cd.s.parallel.dp = dp, cd.s.parallel.tp = tp, cd.s.parallel.pp = pp,
+          cd.s.parallel.zero = zero;
+          // The scenario's layers per stage fit its own pp only; other pp split evenly.
+          if (int(s.parallel.pp_layers.size()) != pp) cd.s.parallel.pp_layers.clear();
+          cd.s.training.micro_batch = mb;
+          try {
+            validate_layout(cd.s);
+          } catch (const InputError&) {
+            continue;
+          }
+          bool fits = true;
+          for (const auto& m : estimate_memory(cd.s, prec, c.device.mem_capacity_bytes))
+            fits = fits && m.fits;
+          if (!fits) continue;
+          cd.estimate = estimate_step_ns(cd.s, c, cost, prec);
+          cands.push_back(std::move(cd));
+        }
+      }
+    }
+  }
+  // Stable order: estimate, then fewer pipeline stages, lower ZeRO stage (deterministic ties).
+  std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.estimate != b.estimate) return a.estimate < b.estimate;
+    if (a.s.parallel.pp != b.s.parallel.pp) return a.s.parallel.pp < b.s.parallel.pp;
+    return a.s.parallel.zero < b.s.parallel.zero;
+  });
+  return cands;
+}
+
+// The cluster of `gpus` GPUs like `cluster` (a crossbar node scaled out on a default fat-tree, said
+// in `note`), or the reason it cannot be built.
+std::optional<Cluster> sized_cluster(const Cluster& cluster, int gpus, std::string& note) {
+  Cluster base = cluster;
+  if (base.topo.kind == TopologyKind::Crossbar && gpus > base.gpus_per_node) {
+    // One crossbar node scales out as DGX-style nodes: one NIC per GPU on a rail-optimized
+    // fat-tree with the topology defaults (cluster.hpp), stated in the row's note.
+    base.topo.kind = TopologyKind::FatTree;
+    note = "nodes of " + cluster.name + " on a default rail-optimized fat-tree";
+  }
+  try {
+    return resize_cluster(base, gpus);
+  } catch (const InputError& e) {
+    note = e.what();
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
 std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const SweepOptions& opt) {
   // The scenario as given (each row's simulate() checks its own size): refuses model.layers above
   // kMaxSimulatedLayers before the search sizes the stages of every candidate layout.
   check_simulation_size(s, opt.sim.steps, opt.sim.all_ranks, false);
   std::vector<SweepRow> rows;
+  std::vector<SweepJob> jobs;  // every simulation of the sweep, planned first
   auto say = [&](const std::string& line) {
     if (opt.progress) opt.progress(line);
   };
@@ -359,114 +439,80 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
     SweepRow row;
     row.gpus = gpus;
     if (gpus < 1) throw InputError("--gpus: sizes must be >= 1 (got " + std::to_string(gpus) + ")");
-    Cluster c;
     std::string scaled_note;
-    try {
-      Cluster base = cluster;
-      if (base.topo.kind == TopologyKind::Crossbar && gpus > base.gpus_per_node) {
-        // One crossbar node scales out as DGX-style nodes: one NIC per GPU on a rail-optimized
-        // fat-tree with the topology defaults (cluster.hpp), stated in the row's note.
-        base.topo.kind = TopologyKind::FatTree;
-        scaled_note = "nodes of " + cluster.name + " on a default rail-optimized fat-tree";
-      }
-      c = resize_cluster(base, gpus);
-    } catch (const InputError& e) {
-      row.note = e.what();
+    const std::optional<Cluster> sized = sized_cluster(cluster, gpus, scaled_note);
+    if (!sized) {
+      row.note = scaled_note;
       rows.push_back(row);
       continue;
     }
-    const HardwareProfile prof = opt.sim.profile ? *opt.sim.profile : profile_for(c);
+    const auto c = std::make_shared<const Cluster>(*sized);
+    const HardwareProfile prof = opt.sim.profile ? *opt.sim.profile : profile_for(*c);
     const PrecisionConfig prec = precision_for(opt.sim, prof);
-    const CostModel cost(prof, peak_for(c, prof), c.device.mem_bandwidth_bytes_per_s);
+    const CostModel cost(prof, peak_for(*c, prof), c->device.mem_bandwidth_bytes_per_s);
     SimOptions so = opt.sim;
     so.profile = prof;
     so.keep_trace = false;
+    const int index = static_cast<int>(rows.size());
+    const std::string at = "[" + std::to_string(gpus) + " GPUs] ";
+    row.note = scaled_note;
 
     if (!opt.search) {
       Scenario x;
       try {
-        x = fit_layout(s, c);
+        x = fit_layout(s, *c);
       } catch (const InputError& e) {
         row.note = e.what();
         rows.push_back(row);
-        say("[" + std::to_string(gpus) + " GPUs] skipped: " + row.note);
+        say(at + "skipped: " + row.note);
         continue;
       }
-      say("[" + std::to_string(gpus) + " GPUs] simulating " + layout_string(x));
-      row.result = simulate(x, c, so);
-      row.ok = true;
+      jobs.push_back({index, x, c, so, at + "simulating " + layout_string(x)});
       row.candidates = row.simulated = 1;
-      row.note = scaled_note;
-      if (!row.result.fits)
-        row.note += std::string(row.note.empty() ? "" : "; ") + "does not fit device memory";
       rows.push_back(row);
       continue;
     }
 
     // Search: every layout that fits memory, ranked by the estimate; simulate the best few.
-    std::vector<Candidate> cands;
-    const int gb = s.training.global_batch;
-    for (int tp = 1; tp <= std::min(gpus, c.gpus_per_node); tp *= 2) {
-      if (s.model.heads % tp != 0 || s.model.d_model % tp != 0) continue;
-      for (int pp : divisors(s.model.layers)) {
-        if (tp * pp > gpus || gpus % (tp * pp) != 0) continue;
-        const int dp = gpus / (tp * pp);
-        if (gb % dp != 0) continue;
-        for (int mb = 1; mb <= gb / dp && mb <= 16; mb *= 2) {
-          if ((gb / dp) % mb != 0) continue;
-          for (int zero = 0; zero <= 3; ++zero) {
-            if (zero > 0 && dp < 2) continue;
-            Candidate cd;
-            cd.s = s;
-            cd.s.parallel.dp = dp, cd.s.parallel.tp = tp, cd.s.parallel.pp = pp,
-            cd.s.parallel.zero = zero;
-            // The scenario's layers per stage fit its own pp only; other pp split evenly.
-            if (int(s.parallel.pp_layers.size()) != pp) cd.s.parallel.pp_layers.clear();
-            cd.s.training.micro_batch = mb;
-            try {
-              validate_layout(cd.s);
-            } catch (const InputError&) {
-              continue;
-            }
-            bool fits = true;
-            for (const auto& m : estimate_memory(cd.s, prec, c.device.mem_capacity_bytes))
-              fits = fits && m.fits;
-            if (!fits) continue;
-            cd.estimate = estimate_step_ns(cd.s, c, cost, prec);
-            cands.push_back(std::move(cd));
-          }
-        }
-      }
-    }
+    const std::vector<Candidate> cands = search_candidates(s, *c, gpus, cost, prec);
     row.candidates = static_cast<int>(cands.size());
-    row.note = scaled_note;
     if (cands.empty()) {
       row.note = "no layout fits device memory";
       rows.push_back(row);
-      say("[" + std::to_string(gpus) + " GPUs] no layout fits device memory");
+      say(at + "no layout fits device memory");
       continue;
     }
-    // Stable order: estimate, then fewer pipeline stages, lower ZeRO stage (deterministic ties).
-    std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
-      if (a.estimate != b.estimate) return a.estimate < b.estimate;
-      if (a.s.parallel.pp != b.s.parallel.pp) return a.s.parallel.pp < b.s.parallel.pp;
-      return a.s.parallel.zero < b.s.parallel.zero;
-    });
     const int top = std::min<int>(opt.search_top, static_cast<int>(cands.size()));
     for (int i = 0; i < top; ++i) {
-      const Scenario& x = cands[i].s;
-      say("[" + std::to_string(gpus) + " GPUs] " + std::to_string(i + 1) + "/" +
-          std::to_string(top) + " (of " + std::to_string(cands.size()) + " fitting) " +
-          layout_string(x) + " zero=" + std::to_string(x.parallel.zero) +
-          " mb=" + std::to_string(x.training.micro_batch));
-      SimResult res = simulate(x, c, so);
+      const Scenario& x = cands[size_t(i)].s;
+      jobs.push_back({index, x, c, so,
+                      at + std::to_string(i + 1) + "/" + std::to_string(top) + " (of " +
+                          std::to_string(cands.size()) + " fitting) " + layout_string(x) +
+                          " zero=" + std::to_string(x.parallel.zero) +
+                          " mb=" + std::to_string(x.training.micro_batch)});
       ++row.simulated;
-      if (!row.ok || res.tokens_per_s > row.result.tokens_per_s) {
-        row.result = std::move(res);
-        row.ok = true;
-      }
     }
     rows.push_back(row);
+  }
+
+  const std::vector<SimResult> results = opt.runner ? opt.runner(jobs) : run_sweep_jobs(jobs, say);
+  if (results.size() != jobs.size()) {
+    throw InternalError("sweep: " + std::to_string(jobs.size()) + " simulations planned, " +
+                        std::to_string(results.size()) + " results returned");
+  }
+  // Per row the best tokens/s, the first of equals (job order: the estimate's).
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    SweepRow& row = rows[size_t(jobs[j].row)];
+    if (!row.ok || results[j].tokens_per_s > row.result.tokens_per_s) {
+      row.result = results[j];
+      row.ok = true;
+    }
+  }
+  if (!opt.search) {
+    for (auto& row : rows) {
+      if (row.ok && !row.result.fits)
+        row.note += std::string(row.note.empty() ? "" : "; ") + "does not fit device memory";
+    }
   }
   // Efficiency: per-GPU throughput relative to the smallest simulated size.
   const SweepRow* base = nullptr;
@@ -478,6 +524,73 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
       if (r.ok) r.efficiency = (r.result.tokens_per_s / r.gpus) / per_gpu;
   }
   return rows;
+}
+
+// ---- the wire format of a distributed sweep
+
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(StepBreakdown, window_ns, compute_ns, exposed_tp_ns,
+                                   exposed_dp_ns, exposed_pp_ns, bubble_ns, idle_ns)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MemoryEstimate, stage, layers, param_count, parameters_bytes,
+                                   gradients_bytes, optimizer_bytes, activations_bytes,
+                                   micro_batches_in_flight, total_bytes, capacity_bytes, fits)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(StageCompute, stage, layers, compute_ns, flops, block_flops)
+
+std::string results_to_wire(const std::vector<SimResult>& results) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const SimResult& r : results) {
+    a.push_back({{"dp", r.dp},
+                 {"tp", r.tp},
+                 {"pp", r.pp},
+                 {"zero", r.zero},
+                 {"micro_batch", r.micro_batch},
+                 {"micro_batches", r.micro_batches},
+                 {"schedule", r.schedule},
+                 {"precision", r.precision},
+                 {"profile_name", r.profile_name},
+                 {"step_time_ns", r.step_time_ns},
+                 {"tokens_per_s", r.tokens_per_s},
+                 {"tflops_per_gpu", r.tflops_per_gpu},
+                 {"mfu", r.mfu},
+                 {"peak_flops", r.peak_flops},
+                 {"breakdown", r.breakdown},
+                 {"memory", r.memory},
+                 {"stages", r.stages},
+                 {"peak_memory_bytes", r.peak_memory_bytes},
+                 {"fits", r.fits},
+                 {"capacity_bytes", r.capacity_bytes},
+                 {"simulated_ranks", r.simulated_ranks},
+                 {"ops", r.ops},
+                 {"events", r.events},
+                 {"wall_s", r.wall_s}});
+  }
+  return nlohmann::json{{"orrery_sweep_results", 1}, {"results", a}}.dump();
+}
+
+std::vector<SimResult> results_from_wire(const std::string& bytes) {
+  std::vector<SimResult> out;
+  try {
+    const auto j = nlohmann::json::parse(bytes);
+    if (j.value("orrery_sweep_results", 0) != 1) throw InputError("not sweep results");
+    for (const auto& x : j.at("results")) {
+      SimResult r;
+      x.at("dp").get_to(r.dp), x.at("tp").get_to(r.tp), x.at("pp").get_to(r.pp);
+      x.at("zero").get_to(r.zero), x.at("micro_batch").get_to(r.micro_batch);
+      x.at("micro_batches").get_to(r.micro_batches), x.at("schedule").get_to(r.schedule);
+      x.at("precision").get_to(r.precision), x.at("profile_name").get_to(r.profile_name);
+      x.at("step_time_ns").get_to(r.step_time_ns), x.at("tokens_per_s").get_to(r.tokens_per_s);
+      x.at("tflops_per_gpu").get_to(r.tflops_per_gpu), x.at("mfu").get_to(r.mfu);
+      x.at("peak_flops").get_to(r.peak_flops), x.at("breakdown").get_to(r.breakdown);
+      x.at("memory").get_to(r.memory), x.at("stages").get_to(r.stages);
+      x.at("peak_memory_bytes").get_to(r.peak_memory_bytes), x.at("fits").get_to(r.fits);
+      x.at("capacity_bytes").get_to(r.capacity_bytes);
+      x.at("simulated_ranks").get_to(r.simulated_ranks), x.at("ops").get_to(r.ops);
+      x.at("events").get_to(r.events), x.at("wall_s").get_to(r.wall_s);
+      out.push_back(std::move(r));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(std::string("sweep results: malformed (") + e.what() + ")");
+  }
+  return out;
 }
 
 }  // namespace orrery::sim

@@ -26,13 +26,15 @@ TEST(Simulate, BreakdownAddsUpToTheStep) {
   EXPECT_EQ(r.simulated_ranks, 2u);
   EXPECT_GT(r.step_time_ns, 0);
   EXPECT_NEAR(b.window_ns, double(r.step_time_ns), 1e-6);
-  EXPECT_NEAR(b.compute_ns + b.exposed_tp_ns + b.exposed_pp_ns + b.exposed_dp_ns + b.bubble_ns + b.idle_ns,
-              b.window_ns, 1e-6 * b.window_ns);
+  EXPECT_NEAR(
+      b.compute_ns + b.exposed_tp_ns + b.exposed_pp_ns + b.exposed_dp_ns + b.bubble_ns + b.idle_ns,
+      b.window_ns, 1e-6 * b.window_ns);
   EXPECT_GT(b.exposed_tp_ns, 0);
   EXPECT_GT(b.bubble_ns, 0);
   EXPECT_EQ(b.idle_ns, 0);  // pp > 1: waiting is bubble
   // Throughput identities.
-  EXPECT_NEAR(r.tokens_per_s, double(s.training.global_batch) * s.model.seq / (r.step_time_ns * 1e-9),
+  EXPECT_NEAR(r.tokens_per_s,
+              double(s.training.global_batch) * s.model.seq / (r.step_time_ns * 1e-9),
               1e-9 * r.tokens_per_s);
   EXPECT_NEAR(r.mfu, r.tflops_per_gpu * 1e12 / r.peak_flops, 1e-12);
   EXPECT_EQ(r.peak_flops, 989e12);  // H100 bf16 from the default profile's precision
@@ -126,6 +128,65 @@ TEST(Sweep, ScalingTableAndSearch) {
   const std::string csv = format_sweep_csv(rows);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);
   EXPECT_EQ(to_json(rows).size(), 4u);
+}
+
+// A distributed sweep runs the planned jobs elsewhere and hands back their results in job order:
+// a runner that simulates them last to first (as another rank might) and returns them through the
+// wire format gives the same rows, the same table and the same CSV as the default.
+TEST(Sweep, RunnerAndWireGiveTheSameTable) {
+  Scenario s = small_scenario(8, 1, 2, 2, 16);
+  const Cluster c = h100_cluster(8);
+  SweepOptions opt;
+  opt.gpus = {4, 8, 16};
+  opt.search = true;
+  opt.search_top = 3;
+  opt.sim.network = NetworkModel::Analytical;
+  const auto ref = sweep(s, c, opt);
+  size_t planned = 0;
+  opt.runner = [&](const std::vector<SweepJob>& jobs) {
+    planned = jobs.size();
+    std::vector<SimResult> out(jobs.size());
+    for (size_t k = jobs.size(); k-- > 0;)
+      out[k] = simulate(jobs[k].scenario, *jobs[k].cluster, jobs[k].options);
+    return results_from_wire(results_to_wire(out));
+  };
+  const auto got = sweep(s, c, opt);
+  EXPECT_EQ(planned, 9u);  // 3 sizes x 3 simulated layouts
+  EXPECT_EQ(format_sweep_table(got), format_sweep_table(ref));
+  EXPECT_EQ(format_sweep_csv(got), format_sweep_csv(ref));
+  // The wire keeps every field exactly (doubles bit for bit), the trace aside.
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const SimResult &a = got[i].result, &b = ref[i].result;
+    EXPECT_EQ(a.step_time_ns, b.step_time_ns);
+    EXPECT_EQ(a.tokens_per_s, b.tokens_per_s);
+    EXPECT_EQ(a.breakdown.bubble_ns, b.breakdown.bubble_ns);
+    ASSERT_EQ(a.memory.size(), b.memory.size());
+    for (size_t m = 0; m < a.memory.size(); ++m)
+      EXPECT_EQ(a.memory[m].total_bytes, b.memory[m].total_bytes);
+    ASSERT_EQ(a.stages.size(), b.stages.size());
+    for (size_t m = 0; m < a.stages.size(); ++m) EXPECT_EQ(a.stages[m].flops, b.stages[m].flops);
+  }
+  // A runner that returns the wrong number of results is an internal error, not a short table.
+  opt.runner = [](const std::vector<SweepJob>&) { return std::vector<SimResult>{}; };
+  EXPECT_THROW(sweep(s, c, opt), InternalError);
+  EXPECT_THROW(results_from_wire("{\"results\": 3}"), InputError);
+}
+
+// The closed-form estimate of --search asks for whole blocks (pieces 1) also under sequence
+// parallelism; that used to be "no op named 'fwd.block' (piece 0 of 1)" for every such scenario.
+TEST(Sweep, SearchWithSequenceParallelism) {
+  Scenario s = small_scenario(8, 1, 2, 2, 16);
+  s.parallel.sequence_parallel = true;
+  const Cluster c = h100_cluster(8);
+  SweepOptions opt;
+  opt.gpus = {8};
+  opt.search = true;
+  opt.search_top = 2;
+  opt.sim.network = NetworkModel::Analytical;
+  const auto rows = sweep(s, c, opt);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_TRUE(rows[0].ok) << rows[0].note;
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -124,13 +125,36 @@ struct SweepRow {
   int simulated = 0;
 };
 
+// One simulation of a sweep: a layout of row `row` on that row's cluster.
+struct SweepJob {
+  int row = 0;
+  Scenario scenario;
+  std::shared_ptr<const Cluster> cluster;
+  SimOptions options;
+  std::string label;  // the progress line ("[1024 GPUs] 2/6 (of 40 fitting) dp=... ")
+};
+// Runs a sweep's simulations and returns their results in job order. The default
+// (run_sweep_jobs) runs them one after another; `orrery sweep` under mpirun spreads them over the
+// ranks (cli/cmd_sweep.cpp). Whatever runs them, the rows are assembled from the results in job
+// order, so the table does not depend on who simulated what.
+using SweepRunner = std::function<std::vector<SimResult>(const std::vector<SweepJob>&)>;
+std::vector<SimResult> run_sweep_jobs(const std::vector<SweepJob>& jobs,
+                                      const std::function<void(const std::string&)>& progress);
+
 struct SweepOptions {
   std::vector<int> gpus;
   bool search = false;
   int search_top = 6;  // --search: layouts simulated per size (the best by a closed-form estimate)
   SimOptions sim;
   std::function<void(const std::string&)> progress;  // one line per step of work (stderr)
+  SweepRunner runner;                                // empty: run_sweep_jobs
 };
+
+// Simulation results as bytes and back, exactly (every field but the trace; doubles round-trip):
+// what the ranks of a distributed sweep send each other. from_wire throws InputError on bytes it
+// did not write.
+std::string results_to_wire(const std::vector<SimResult>& results);
+std::vector<SimResult> results_from_wire(const std::string& bytes);
 
 // The scaling table: the scenario at each size (same node type and topology, more nodes: see
 // resize_cluster), global batch fixed. Without search: the scenario's tp, pp, zero and micro-batch
