@@ -46,6 +46,9 @@ sim::SweepRunner distributed_runner(runtime::Communicator& world,
       } catch (const InputError& e) {
         if (failed_job < 0) failed_job = int64_t(j), failure = e.what();
         mine.emplace_back();
+      } catch (const std::exception& e) {  // still exchanged: no rank waits for this one
+        if (failed_job < 0) failed_job = int64_t(j), failure = std::string("internal: ") + e.what();
+        mine.emplace_back();
       }
     }
     const std::string wire = nlohmann::json{
@@ -74,7 +77,10 @@ sim::SweepRunner distributed_runner(runtime::Communicator& world,
         first_failure = msg.at("failure").get<std::string>();
       }
     }
-    if (first_failed >= 0) throw InputError(first_failure);
+    if (first_failed >= 0) {
+      if (first_failure.rfind("internal: ", 0) == 0) throw InternalError(first_failure.substr(10));
+      throw InputError(first_failure);
+    }
     return all;
   };
 }
