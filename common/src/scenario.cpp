@@ -481,10 +481,14 @@ void validate_layout(const Scenario& s) {
                      ") must be divisible by tp");
   }
   const BlockArch arch = block_arch(m);
-  if (arch.kv_heads % p.tp != 0) {
+  // kv heads sharded over tp (each rank whole groups), or, with fewer kv heads than tp ranks, each
+  // one replicated on tp / kv_heads consecutive ranks (their gradients summed over them).
+  if (arch.kv_heads % p.tp != 0 && p.tp % arch.kv_heads != 0) {
     throw InputError("key 'parallel.tp': " + layout + ": the key/value heads (model.kv_heads " +
-                     std::to_string(arch.kv_heads) +
-                     ") must be divisible by tp: each tensor-parallel rank holds whole groups");
+                     std::to_string(arch.kv_heads) + ") must be divisible by tp (" +
+                     std::to_string(p.tp) +
+                     "), each tensor-parallel rank holding whole groups, or divide it, each head "
+                     "replicated on tp / kv_heads ranks");
   }
   if (arch.ffn_hidden % p.tp != 0) {
     throw InputError("key 'parallel.tp': " + layout + ": the MLP width " +

@@ -81,7 +81,7 @@ StageContents stage_contents(const Scenario& s, int stage) {
 std::vector<ParamSpec> parameter_tensors(const ModelShape& m, const StageContents& stage) {
   const BlockArch a = m.arch.resolve(m.heads, m.d_model);
   const int C = m.d_model, hs = m.d_model / m.heads, tp = m.tp;
-  const int Cl = (m.heads / tp) * hs, Ckv = a.kv_heads * hs, Ckvl = (a.kv_heads / tp) * hs;
+  const int Cl = (m.heads / tp) * hs, Ckv = a.kv_heads * hs, Ckvl = a.kv_heads_per_rank(tp) * hs;
   const int F = a.ffn_hidden, Fl = F / tp, up = a.swiglu() ? 2 : 1;
   const bool norm_bias = a.bias && !a.rmsnorm();
   const float std_w = 0.02f;
@@ -89,19 +89,32 @@ std::vector<ParamSpec> parameter_tensors(const ModelShape& m, const StageContent
   std::vector<ParamSpec> specs;
   if (stage.embed || (stage.head && a.tied_embeddings)) {
     specs.push_back(
-        {"wte", kEmbedSegment, m.vocab, C, m.vocab, C, Slice::None, Init::Normal, std_w, {}});
+        {"wte", kEmbedSegment, m.vocab, C, m.vocab, C, Slice::None, Init::Normal, std_w, {}, {}});
   }
   if (stage.embed && !a.rope()) {
-    specs.push_back(
-        {"wpe", kEmbedSegment, m.max_seq, C, m.max_seq, C, Slice::None, Init::Normal, std_w, {}});
+    specs.push_back({"wpe",
+                     kEmbedSegment,
+                     m.max_seq,
+                     C,
+                     m.max_seq,
+                     C,
+                     Slice::None,
+                     Init::Normal,
+                     std_w,
+                     {},
+                     {}});
   }
   const std::vector<int> qkv_bands{C, Ckv, Ckv};
+  // k and v in kv-head slices: kv_heads of them when fewer than tp (each replicated).
+  const int kv_shards = std::min(tp, a.kv_heads);
+  const std::vector<int> qkv_shards =
+      kv_shards == tp ? std::vector<int>{} : std::vector<int>{tp, kv_shards, kv_shards};
   const std::vector<int> fc_bands = a.swiglu() ? std::vector<int>{F, F} : std::vector<int>{F};
   const auto gain = [&](const std::string& n, int l) {
-    return ParamSpec{n, l, 1, C, 1, C, Slice::None, Init::One, 0, {}};
+    return ParamSpec{n, l, 1, C, 1, C, Slice::None, Init::One, 0, {}, {}};
   };
   const auto zero = [&](const std::string& n, int l, int local, int full) {
-    return ParamSpec{n, l, 1, local, 1, full, Slice::None, Init::Zero, 0, {}};
+    return ParamSpec{n, l, 1, local, 1, full, Slice::None, Init::Zero, 0, {}, {}};
   };
   for (const auto& [first, last] : stage.layers) {
     for (int l = first; l < last; ++l) {
@@ -109,26 +122,36 @@ std::vector<ParamSpec> parameter_tensors(const ModelShape& m, const StageContent
       specs.push_back(gain(p + "ln1w", l));
       if (norm_bias) specs.push_back(zero(p + "ln1b", l, C, C));
       specs.push_back({p + "qkvw", l, Cl + 2 * Ckvl, C, C + 2 * Ckv, C, Slice::Bands, Init::Normal,
-                       std_w, qkv_bands});
+                       std_w, qkv_bands, qkv_shards});
       if (a.bias) {
         ParamSpec b = zero(p + "qkvb", l, Cl + 2 * Ckvl, C + 2 * Ckv);
         b.slice = Slice::Bands;  // a (1, n) vector: its columns are cut as qkvw's rows
         b.bands = qkv_bands;
+        b.band_shards = qkv_shards;
         specs.push_back(b);
       }
-      specs.push_back({p + "projw", l, C, Cl, C, C, Slice::Cols, Init::Normal, std_res, {}});
+      specs.push_back({p + "projw", l, C, Cl, C, C, Slice::Cols, Init::Normal, std_res, {}, {}});
       if (a.bias) specs.push_back(zero(p + "projb", l, C, C));
       specs.push_back(gain(p + "ln2w", l));
       if (norm_bias) specs.push_back(zero(p + "ln2b", l, C, C));
-      specs.push_back({p + "fcw", l, up * Fl, C, up * F, C, a.swiglu() ? Slice::Bands : Slice::Rows,
-                       Init::Normal, std_w, a.swiglu() ? fc_bands : std::vector<int>{}});
+      specs.push_back({p + "fcw",
+                       l,
+                       up * Fl,
+                       C,
+                       up * F,
+                       C,
+                       a.swiglu() ? Slice::Bands : Slice::Rows,
+                       Init::Normal,
+                       std_w,
+                       a.swiglu() ? fc_bands : std::vector<int>{},
+                       {}});
       if (a.bias) {
         ParamSpec b = zero(p + "fcb", l, up * Fl, up * F);
         b.slice = Slice::Bands;
         b.bands = fc_bands;
         specs.push_back(b);
       }
-      specs.push_back({p + "fcprojw", l, C, Fl, C, F, Slice::Cols, Init::Normal, std_res, {}});
+      specs.push_back({p + "fcprojw", l, C, Fl, C, F, Slice::Cols, Init::Normal, std_res, {}, {}});
       if (a.bias) specs.push_back(zero(p + "fcprojb", l, C, C));
     }
   }
@@ -137,7 +160,7 @@ std::vector<ParamSpec> parameter_tensors(const ModelShape& m, const StageContent
     if (norm_bias) specs.push_back(zero("lnfb", m.layers, C, C));
     if (!a.tied_embeddings) {
       specs.push_back(
-          {"lmw", m.layers, m.vocab, C, m.vocab, C, Slice::None, Init::Normal, std_w, {}});
+          {"lmw", m.layers, m.vocab, C, m.vocab, C, Slice::None, Init::Normal, std_w, {}, {}});
     }
   }
   return specs;

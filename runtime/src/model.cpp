@@ -48,12 +48,13 @@ void fill_tensor(float* dst, const TensorSpec& t, uint64_t seed, const BlockDims
     case Slice::Bands: {
       // Weights only (biases start at zero): band k's local rows from its rank's slice.
       std::size_t src_band = 0, dst_row = 0;
-      for (const int band : t.bands) {
-        const std::size_t local = static_cast<std::size_t>(band / d.tp);
+      for (std::size_t k = 0; k < t.bands.size(); ++k) {
+        const model::BandCut cut = model::band_cut(t.bands, t.band_shards, k, d.tp, tp_rank);
+        const std::size_t local = static_cast<std::size_t>(cut.rows);
         std::memcpy(dst + dst_row * fc,
-                    full.data() + (src_band + static_cast<std::size_t>(tp_rank) * local) * fc,
+                    full.data() + (src_band + static_cast<std::size_t>(cut.first)) * fc,
                     local * fc * sizeof(float));
-        src_band += static_cast<std::size_t>(band);
+        src_band += static_cast<std::size_t>(t.bands[k]);
         dst_row += local;
       }
       break;
@@ -187,12 +188,14 @@ Gpt gpt_create(const GptConfig& config, const GptShard& shard_in, uint64_t seed)
                      " must divide heads " + std::to_string(c.n_head));
   }
   const BlockArch arch = c.arch.resolve(c.n_head, c.n_embd);
-  if (c.n_head % arch.kv_heads != 0 || arch.kv_heads % sh.tp_size != 0 ||
+  if (c.n_head % arch.kv_heads != 0 ||
+      (arch.kv_heads % sh.tp_size != 0 && sh.tp_size % arch.kv_heads != 0) ||
       arch.ffn_hidden % sh.tp_size != 0) {
     throw InputError("model: " + std::to_string(arch.kv_heads) + " key/value heads and MLP width " +
                      std::to_string(arch.ffn_hidden) + " need kv heads dividing heads " +
-                     std::to_string(c.n_head) + " and tensor parallelism " +
-                     std::to_string(sh.tp_size) + " dividing both");
+                     std::to_string(c.n_head) + ", tensor parallelism " +
+                     std::to_string(sh.tp_size) +
+                     " dividing the MLP width, and dividing the kv heads or a multiple of them");
   }
   if (arch.rope() && (c.n_embd / c.n_head) % 2 != 0) {
     throw InputError("model: rope needs an even head size, got " +
@@ -208,7 +211,7 @@ Gpt gpt_create(const GptConfig& config, const GptShard& shard_in, uint64_t seed)
   m.dims.Cl = m.dims.NH * m.dims.hs;
   m.dims.F = arch.ffn_hidden / sh.tp_size;
   m.dims.tp = sh.tp_size;
-  m.dims.NKV = arch.kv_heads / sh.tp_size;
+  m.dims.NKV = arch.kv_heads_per_rank(sh.tp_size);
   m.dims.Ckvl = m.dims.NKV * m.dims.hs;
   m.dims.up = arch.swiglu() ? 2 : 1;
 
@@ -225,6 +228,7 @@ Gpt gpt_create(const GptConfig& config, const GptShard& shard_in, uint64_t seed)
     t.decay = s.rows > 1;  // matrices (dim >= 2), as PyTorch's param groups in the baseline
     t.slice = s.slice;
     t.bands = s.bands;
+    t.band_shards = s.band_shards;
     offset += t.count;
     m.tensors.push_back(t);
   }

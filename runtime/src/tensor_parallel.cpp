@@ -14,7 +14,7 @@ std::vector<float> tp_slice_of_full(const Gpt& full, const ParamTensor& local, i
   const ParamTensor& f = full.tensor(local.name);
   const float* src = full.params.data() + f.offset;
   std::vector<float> out(local.count);
-  const size_t r0 = static_cast<size_t>(tp_rank), tp = static_cast<size_t>(tp_size);
+  const size_t r0 = static_cast<size_t>(tp_rank);
   if (tp_size == 1 || local.slice == model::Slice::None) {
     if (f.count != local.count)
       throw std::logic_error("tp_slice_of_full: size mismatch for " + local.name);
@@ -26,11 +26,13 @@ std::vector<float> tp_slice_of_full(const Gpt& full, const ParamTensor& local, i
       // A matrix's bands are rows of `cols` values; a vector's are single values.
       const size_t unit = local.rows == 1 ? 1 : static_cast<size_t>(local.cols);
       size_t from = 0, to = 0;
-      for (const int band : local.bands) {
-        const size_t n = static_cast<size_t>(band) / tp;
-        std::copy(src + (from + r0 * n) * unit, src + (from + (r0 + 1) * n) * unit,
+      for (size_t k = 0; k < local.bands.size(); ++k) {
+        const model::BandCut cut =
+            model::band_cut(local.bands, local.band_shards, k, tp_size, tp_rank);
+        const size_t first = static_cast<size_t>(cut.first), n = static_cast<size_t>(cut.rows);
+        std::copy(src + (from + first) * unit, src + (from + first + n) * unit,
                   out.begin() + static_cast<std::ptrdiff_t>(to * unit));
-        from += static_cast<size_t>(band);
+        from += static_cast<size_t>(local.bands[k]);
         to += n;
       }
       break;

@@ -39,25 +39,18 @@ namespace {
 
 struct Shape {
   double n, c, t, v, tp, e;  // tokens, channels, sequence, vocabulary, tp slices, element bytes
-  double kv, f;              // key/value channels (all heads), MLP width (whole model)
+  double kv, f;              // key/value channels (all ranks' heads), MLP width (whole model)
   double up, b, np;          // fc1 bands (2 for SwiGLU), 1 with biases else 0, norm params/channel
   bool rope, swiglu;
 };
 Shape shape(const ModelDims& d) {
   const BlockArch a = d.arch.resolve(int(d.heads), int(d.d_model));
-  return {double(d.batch) * double(d.seq),
-          double(d.d_model),
-          double(d.seq),
-          double(d.vocab),
-          double(d.tp),
-          double(d.act_bytes),
-          double(a.kv_heads) * double(d.d_model / d.heads),
-          double(a.ffn_hidden),
-          a.swiglu() ? 2.0 : 1.0,
-          a.bias ? 1.0 : 0.0,
-          double(a.norm_params_per_channel()),
-          a.rope(),
-          a.swiglu()};
+  return {double(d.batch) * double(d.seq), double(d.d_model), double(d.seq), double(d.vocab),
+          double(d.tp), double(d.act_bytes),
+          // every rank's kv_heads_per_rank heads (one, replicated, when kv_heads < tp)
+          double(a.kv_heads_per_rank(int(d.tp)) * d.tp) * double(d.d_model / d.heads),
+          double(a.ffn_hidden), a.swiglu() ? 2.0 : 1.0, a.bias ? 1.0 : 0.0,
+          double(a.norm_params_per_channel()), a.rope(), a.swiglu()};
 }
 
 // Scales a forward kernel list into its backward: 2x FLOPs (gpt.md) and 2x bytes (gradients of

@@ -21,7 +21,8 @@ namespace {
 // bytes: what the layer keeps besides the attention core, and the attention core (divided by t).
 // For the paper's GPT block (r = 1, f = 4, u = 1, dropout): 34 in all, 10 replicated under plain
 // tp, all divided by t with sequence parallelism, and a core of 5·a·s/h. Generalised, with
-// r = kv_heads / heads (grouped-query attention keeps smaller k and v), f = F / h (the MLP width),
+// r = kv_heads / heads (grouped-query attention keeps smaller k and v; with fewer kv heads than
+// tp ranks each rank keeps one head's, r = tp / heads), f = F / h (the MLP width),
 // u = 2 for SwiGLU (fc1 writes gate and up, the activation's input), d = 1 with dropout (GPT
 // blocks, as Megatron trains them) or 0 (SwiGLU blocks, trained without dropout as Llama is):
 //   attention  LN1 output 2, q 2, k 2r, v 2r, projection input 2, dropout mask d
@@ -38,7 +39,9 @@ LayerTerms layer_terms(const Scenario& s) {
   const double sq = s.model.seq, h = s.model.d_model, a = s.model.heads, t = s.parallel.tp;
   const bool sp = s.parallel.sequence_parallel && s.parallel.tp > 1;
   const BlockArch arch = block_arch(s.model);
-  const double r = double(arch.kv_heads) / a, f = double(arch.ffn_hidden) / h;
+  // k and v of every rank's heads: kv_heads, or tp when each rank holds one replicated head.
+  const double r = double(arch.kv_heads_per_rank(s.parallel.tp) * s.parallel.tp) / a,
+               f = double(arch.ffn_hidden) / h;
   const double u = arch.swiglu() ? 2.0 : 1.0, d = arch.swiglu() ? 0.0 : 1.0;
   const double replicated = 8.0 + 2.0 * d;
   const double divided = 4.0 + 4.0 * r + 2.0 * u * f + 2.0 * f;

@@ -215,6 +215,16 @@ ComputeCosts make_costs(const ModelDims& d, const CostModel& cost) {
 
 }  // namespace
 
+// Replicated kv heads (fewer kv heads than tp ranks; the runtime's kv_grad_all_reduce): each
+// block's all-reduce over tp carries a slot per kv head of its k and v rows of qkvw (2 x head size
+// x d_model) and, with biases, of qkvb; 0 when no head is replicated.
+int64_t kv_grad_values(const Scenario& s) {
+  const BlockArch a = block_arch(s.model).resolve(s.model.heads, s.model.d_model);
+  if (s.parallel.tp <= 1 || a.kv_replicas(s.parallel.tp) == 1) return 0;
+  const int64_t rows = 2 * int64_t(s.model.d_model / s.model.heads);
+  return int64_t(a.kv_heads) * rows * (int64_t(s.model.d_model) + (a.bias ? 1 : 0));
+}
+
 double workload_ops_bound(const Scenario& s, int steps) {
   const auto& par = s.parallel;
   // Layers of the largest stage (parallel.pp_layers may make them uneven).
@@ -233,8 +243,9 @@ double workload_ops_bound(const Scenario& s, int steps) {
   const double recompute_ops =
       rc == Recompute::None ? 0 : (rc == Recompute::Full && par.tp > 1 ? (sp ? 7 : 3) : 1);
   // Sequence parallelism: one all-reduce of the replicated gradients per block backward.
-  const double per_layer =
-      2 * (2 * pieces - 1) + (par.zero == 3 ? 3 : 0) + recompute_ops + (sp ? 1 : 0);
+  // Replicated kv heads: at most one more per block and micro-batch (ZeRO 2 and 3; else per step).
+  const double per_layer = 2 * (2 * pieces - 1) + (par.zero == 3 ? 3 : 0) + recompute_ops +
+                           (sp ? 1 : 0) + (kv_grad_values(s) > 0 ? 1 : 0);
   // Per micro-batch at most 10 more (data, embedding or receive, head or send, ZeRO's blocking
   // collectives, the extra prefetch); per step at most one DDP bucket per segment and 10 more
   // (zero_grad, ZeRO 3's start gathers, tied-embedding all-reduce, optimizer, all-gather, loss).
@@ -343,6 +354,7 @@ class StageBuilder {
             int64_t(s.model.d_model) *
             (2 * block_arch(s.model).norm_params_per_channel() + (s.model.bias ? 2 : 0))),
         head_replicated_(int64_t(s.model.d_model) * block_arch(s.model).norm_params_per_channel()),
+        kv_values_(kv_grad_values(s)),
         recompute_(recompute_of(s.training)),
         act_msg_bytes_(int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model *
                        prec_.act_bytes /
@@ -484,6 +496,22 @@ class StageBuilder {
                        traces::CollOp::AllReduce, kStreamTp, GroupRole::TP,
                        values * prec_.grad_bytes, seq_tp_++, PhaseKind::Backward, mb, layer),
                   {after});
+  }
+  // Replicated kv heads (fewer than tp ranks): the sum of a block's shared k and v gradients
+  // over the tp group (kv_grad_values); kv_blocks chains one per block of the stage, first to last.
+  uint32_t kv_grad_all_reduce(int mb, int layer, const std::vector<uint32_t>& deps) {
+    return b_.add(comm(names::kTpKvGradAllReduce, traces::SpanKind::Collective,
+                       traces::CollOp::AllReduce, kStreamTp, GroupRole::TP,
+                       kv_values_ * prec_.grad_bytes, seq_tp_++, PhaseKind::Backward, mb, layer),
+                  deps);
+  }
+  uint32_t kv_blocks(int mb, const std::vector<uint32_t>& deps) {
+    uint32_t prev = kNone;
+    for (const auto& [first, last] : model::stage_contents(s_, st_).layers) {
+      for (int l = first; l < last; ++l)
+        prev = kv_grad_all_reduce(mb, l, prev == kNone ? deps : std::vector<uint32_t>{prev});
+    }
+    return prev;
   }
   // A block's forward or backward: its pieces, with a tp all-reduce between consecutive pieces
   // (sequence parallelism: an all-gather after even pieces, a reduce-scatter after odd ones).
@@ -667,6 +695,7 @@ class StageBuilder {
                            : block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l,
                                    {rc, buffer_free});
         if (sp_) prev = tp_grad_all_reduce(mb, l, block_replicated_, prev);
+        if (kv_values_ > 0) prev = kv_grad_all_reduce(mb, l, {prev});
         rs_of_layer[l - l0] = z3_scatter(mb, l, prev);
       } else {
         const uint32_t rc = recompute_ops(mb, l, {prev});
@@ -730,9 +759,10 @@ class StageBuilder {
       blocker_ = grad_ops_;
     } else if (dp_ > 1 && pass.chunk == 0 && (par_.zero == 2 || (par_.zero == 1 && mb == m_ - 1))) {
       // (Interleaved, ZeRO 1 only: after the step's last backward, chunk 0's of micro-batch m-1.)
-      // reduce_gradients_zero: the tied wte's sum, then one reduce-scatter of the whole array;
-      // both blocking.
+      // reduce_gradients_zero: the replicated kv heads' sums, the tied wte's, then one
+      // reduce-scatter of the whole array; all blocking.
       uint32_t after = prev;
+      if (kv_values_ > 0) after = kv_blocks(mb, {after});
       if (embed_sum_) after = embed_all_reduce(mb, {after});
       const uint32_t rs = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
                                   padded(prog_.param_count) * prec_.grad_bytes, PhaseKind::Backward,
@@ -742,12 +772,14 @@ class StageBuilder {
     }
   }
 
-  // After the last pass: tied embedding gradients (without ZeRO), optimizer, ZeRO 1/2 all-gather,
+  // After the last pass: replicated kv heads' and tied embedding gradients (without ZeRO),
+  // optimizer, ZeRO 1/2 all-gather,
   // the pipeline's loss broadcast.
   void finish_step() {
     std::vector<uint32_t> opt_deps = grad_ops_;
     opt_deps.push_back(last_backward_op_);
     opt_deps.insert(opt_deps.end(), blocker_.begin(), blocker_.end());
+    if (kv_values_ > 0 && (par_.zero == 0 || dp_ == 1)) opt_deps.push_back(kv_blocks(-1, opt_deps));
     if (embed_sum_ && (par_.zero == 0 || dp_ == 1))
       opt_deps.push_back(embed_all_reduce(-1, opt_deps));
     const double opt_params =
@@ -782,6 +814,7 @@ class StageBuilder {
   const bool first_, last_, interleaved_, has_embed_segment_;
   const bool embed_sum_;  // the tied wte's gradient is summed over the first and last stage
   const int64_t block_replicated_, head_replicated_;
+  const int64_t kv_values_;  // replicated kv heads: values of each block's tp.kv_grad_all_reduce
   const Recompute recompute_;
   const int64_t act_msg_bytes_;
   const bool sp_;                // sequence parallelism (tp > 1)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Llama-style blocks from the command line (model.kv_heads, ffn_hidden, activation, norm, position,
 # rope_theta, tied_embeddings, bias):
-#  - scenarios/llama/ (Llama 2 7B, Llama 3 8B, 70B and 405B, the papers' configurations) simulate
+#  - scenarios/llama/ (Llama 2 7B and 70B, Llama 3 8B, 70B and 405B, the papers' configurations) simulate
 #    and fit in 80 GB on their clusters; Llama 3 405B's stage 0 does not fit without recomputation;
-#  - bad input exits 2 naming the key: kv heads that do not divide the heads, or that tp does not
-#    divide, an MLP width tp does not divide, an unknown activation, norm or position, RoPE with an
+#  - fewer kv heads than tp ranks simulate with the replicated heads' gradient all-reduce;
+#  - bad input exits 2 naming the key: kv heads that do not divide the heads, or that tp neither
+#    divides nor is a multiple of, an MLP width tp does not divide, an unknown activation, norm or position, RoPE with an
 #    odd head size, a non-positive RoPE base;
 #  - `orrery run scenarios/llama-tiny.yaml` trains on 2 ranks and resumes from its checkpoint; the
 #    report's model FLOPs equal its spans' (the meta's model FLOPs count the Llama block).
@@ -29,8 +30,22 @@ expect 2 "does not fit device memory" sim scenarios/llama/llama3-405b.yaml \
 T=scenarios/llama-tiny.yaml
 expect 2 "key 'model.kv_heads'" sim $T --set model.kv_heads=3
 expect 2 "must be divisible by model.kv_heads (3)" run $T --nproc 1 --set parallel.dp=1 --set model.kv_heads=3
-expect 2 "the key/value heads (model.kv_heads 2) must be divisible by tp" \
-  sim $T --set parallel.dp=1 --set parallel.tp=4
+expect 2 "the key/value heads (model.kv_heads 4) must be divisible by tp (6)" \
+  sim $T --set parallel.dp=1 --set parallel.tp=6 --set model.heads=12 --set model.d_model=96 --set model.kv_heads=4
+# Fewer kv heads than tp ranks: each head replicated (2 over 4 ranks), simulated and trained.
+# llama-tiny at tp 4: 2 micro-batches x 4 blocks x 4 tp all-reduces, and one kv-gradient sum per
+# block: 36 calls on the tp communicator (32 with 4 kv heads, one per rank), 4 of them by name.
+expect 0 "fits" sim $T --set parallel.dp=1 --set parallel.tp=4 --out "$TMP/kv.db"
+expect 0 "all_reduce      tp[dp=0,pp=0]       4       36" report "$TMP/kv.db"
+expect 0 "" export "$TMP/kv.db" --format chrome --out "$TMP/kv.json"
+got=$(grep -o '"tp.kv_grad_all_reduce"' "$TMP/kv.json" 2>/dev/null | wc -l)
+if [ "$got" -eq 4 ]; then echo "ok: 4 tp.kv_grad_all_reduce ops"; else fail "$got tp.kv_grad_all_reduce ops, want 4"; fi
+expect 0 "fits" sim $T --set parallel.dp=1 --set parallel.tp=4 \
+  --set model.kv_heads=4 --out "$TMP/kv4.db"
+expect 0 "all_reduce      tp[dp=0,pp=0]       4       32" report "$TMP/kv4.db"
+expect 0 "fits" sim scenarios/llama/llama2-70b.yaml --cluster selene-a100 --gpus 1024
+expect 0 "fits" sim scenarios/llama/llama2-70b.yaml --cluster selene-a100 --gpus 1024 \
+  --set parallel.tp=16 --set parallel.dp=16
 expect 2 "the MLP width model.ffn_hidden (350) must be divisible by tp" \
   sim $T --set parallel.dp=1 --set parallel.tp=4 --set model.kv_heads=4 --set model.ffn_hidden=350
 expect 2 "key 'model.activation': expected gelu or swiglu, got 'relu'" sim $T --set model.activation=relu

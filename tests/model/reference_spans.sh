@@ -22,6 +22,9 @@
 #  4. pp2-uneven: fwd.block and bwd.block spans per rank = 2 steps x 4 micro-batches x its blocks.
 #  5. Llama-style blocks (llama-*: recorded when model.kv_heads ... bias were added): no tied-embedding
 #     sum on the untied head's pipeline, the replicated-gradient all-reduce per block and head.
+#  6. Fewer kv heads than tp ranks (llama-mqa-*, llama-kv2-tp4-sp: recorded when replicated kv heads
+#     were added): one tp.kv_grad_all_reduce per block a step (ZeRO 0), per block and micro-batch
+#     (ZeRO 2 and 3); none where the kv heads divide over tp.
 # Usage: reference_spans.sh ORRERY SPAN_TOOL SOURCE_DIR WORK_DIR [--record]
 # (ONLY=<layout> in the environment runs, or records, that layout alone.)
 set -uo pipefail
@@ -67,6 +70,10 @@ layouts=(
   "llama-tp2-pp2 4 parallel.dp=1 parallel.tp=2 parallel.pp=2 $LLAMA"
   "llama-dp2-zero3 2 parallel.dp=2 parallel.zero=3 $LLAMA"
   "llama-tp2-sp-full 2 parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true training.recompute=full $LLAMA"
+  "llama-mqa-tp2 2 parallel.dp=1 parallel.tp=2 $LLAMA model.kv_heads=1"
+  "llama-kv2-tp4-sp 4 parallel.dp=1 parallel.tp=4 parallel.sequence_parallel=true $LLAMA"
+  "llama-mqa-dp2-tp2-zero2 4 parallel.dp=2 parallel.tp=2 parallel.zero=2 $LLAMA model.kv_heads=1"
+  "llama-mqa-dp2-tp2-zero3 4 parallel.dp=2 parallel.tp=2 parallel.zero=3 $LLAMA model.kv_heads=1"
 )
 for entry in "${layouts[@]}"; do
   read -r name ranks rest <<< "$entry"
@@ -152,6 +159,19 @@ if [ "$RECORD" != "--record" ] && [ -f llama-tp2-pp2.tsv ] && [ -f llama-tp2-sp-
   fi
   for r in 0 1; do
     check_count "llama tp2 sp rank $r tp.grad_all_reduce" "$(count_of llama-tp2-sp-full.tsv $r tp.grad_all_reduce)" $((2 * 4 * (4 + 1)))
+  done
+fi
+
+# 6. Replicated kv heads: 2 steps x 4 blocks (ZeRO 0; 4 micro-batches), x 2 micro-batches more
+#    under ZeRO 2 and 3 (dp 2); none on the layouts whose kv heads divide over tp.
+if [ "$RECORD" != "--record" ]; then
+  for lw in "llama-mqa-tp2 2 8" "llama-kv2-tp4-sp 4 8" "llama-mqa-dp2-tp2-zero2 4 16" \
+            "llama-mqa-dp2-tp2-zero3 4 16" "llama-tp2-pp2 4 0" "llama-tp2-sp-full 2 0"; do
+    read -r name ranks want <<< "$lw"
+    [ -f "$name.tsv" ] || continue
+    for ((r = 0; r < ranks; r++)); do
+      check_count "$name rank $r tp.kv_grad_all_reduce" "$(count_of "$name.tsv" $r tp.kv_grad_all_reduce)" "$want"
+    done
   done
 fi
 

@@ -114,10 +114,18 @@ TEST(LlamaModel, BadShapesAreInputErrors) {
   GptConfig c = tiny_llama();
   c.arch.kv_heads = 3;  // does not divide 4 heads
   EXPECT_THROW(gpt_create(c, GptShard{}, 1), InputError);
-  c = tiny_llama();
+  // 4 kv heads over 6 ranks: neither divides the other (12 heads, head size 2, MLP 48).
+  BlockArch a = llama_arch();
+  a.kv_heads = 4;
+  a.ffn_hidden = 48;
+  c = GptConfig{2, 24, 12, 32, 8, a};
   GptShard sh;
-  sh.tp_size = 4;  // 2 kv heads over 4 ranks
+  sh.tp_size = 6;
   EXPECT_THROW(gpt_create(c, sh, 1), InputError);
+  sh.tp_size = 4;  // 4 over 4, and 2 kv heads over 4 ranks (each replicated twice): accepted
+  EXPECT_NO_THROW(gpt_create(c, sh, 1));
+  c.arch.kv_heads = 2;
+  EXPECT_NO_THROW(gpt_create(c, sh, 1));
   c = GptConfig{2, 12, 4, 32, 8, llama_arch()};  // head size 3: rope needs it even
   EXPECT_THROW(gpt_create(c, GptShard{}, 1), InputError);
 }
@@ -222,17 +230,23 @@ class ThreadGroup {
   std::barrier<> sync_;
 };
 
-// Two tp ranks against the full model: losses, and every shard gradient against its slice of the
-// full gradient (tp_slice_of_full on a model whose parameters are the full gradients).
-void check_tensor_parallel(bool sequence_parallel, Recompute rc) {
-  const auto cfg = tiny_llama();
+// tp ranks against the full model: losses, and every shard gradient against its slice of the
+// full gradient (tp_slice_of_full on a model whose parameters are the full gradients). With fewer
+// kv heads than ranks (each head on tp / kv_heads ranks) the pieces leave each rank the part of its
+// head's k and v gradient its own query heads produced: the training loop sums them over the
+// head's ranks (kv_grad_all_reduce), which this test does by hand before comparing (unless
+// sum_replicas is false: the qkv gradients are then not checked). Returns the largest relative
+// error of a qkv gradient.
+double check_tensor_parallel(bool sequence_parallel, Recompute rc, int kTp = 2, int kv_heads = 2,
+                             bool sum_replicas = true) {
+  auto cfg = tiny_llama();
+  cfg.arch.kv_heads = kv_heads;
   auto full = gpt_create(cfg, GptShard{}, 21);
   scramble(full, 22);
   const auto in = tokens(kB * kT, 32, 23), tg = tokens(kB * kT, 32, 24);
   const auto ref = forward_backward(full, in, tg);
   Gpt grads_of_full = gpt_create(cfg, GptShard{}, 21);
   std::copy(ref.grads.begin(), ref.grads.end(), grads_of_full.params.begin());
-  constexpr int kTp = 2;
   std::vector<Gpt> shards;
   for (int r = 0; r < kTp; ++r) {
     GptShard sh;
@@ -267,6 +281,30 @@ void check_tensor_parallel(bool sequence_parallel, Recompute rc) {
   for (auto& t : threads) t.join();
   for (int r = 0; r < kTp; ++r)
     EXPECT_NEAR(losses[static_cast<std::size_t>(r)], ref.loss, 1e-5 * ref.loss);
+  const int replicas = cfg.arch.kv_replicas(kTp);
+  if (replicas > 1 && sum_replicas) {
+    // The k and v rows (after the query rows) of each block's qkvw, summed over a head's ranks.
+    const BlockDims& d = shards[0].dims;
+    EXPECT_EQ(d.NKV, 1);
+    for (int l = 0; l < cfg.n_layer; ++l) {
+      const std::string name = "h." + std::to_string(l) + ".qkvw";
+      const std::size_t from = std::size_t(d.Cl) * d.C, n = 2 * std::size_t(d.hs) * d.C;
+      for (int head = 0; head < kTp / replicas; ++head) {
+        std::vector<float> sum(n, 0.0f);
+        for (int r = head * replicas; r < (head + 1) * replicas; ++r) {
+          const float* g = shards[std::size_t(r)].grads.data() +
+                           shards[std::size_t(r)].tensor(name).offset + from;
+          for (std::size_t i = 0; i < n; ++i) sum[i] += g[i];
+        }
+        for (int r = head * replicas; r < (head + 1) * replicas; ++r)
+          std::copy(
+              sum.begin(), sum.end(),
+              shards[std::size_t(r)].grads.begin() +
+                  static_cast<std::ptrdiff_t>(shards[std::size_t(r)].tensor(name).offset + from));
+      }
+    }
+  }
+  double worst_qkv = 0;
   for (int r = 0; r < kTp; ++r) {
     const Gpt& s = shards[static_cast<std::size_t>(r)];
     for (const auto& t : s.tensors) {
@@ -276,9 +314,12 @@ void check_tensor_parallel(bool sequence_parallel, Recompute rc) {
         worst = std::max(worst, static_cast<double>(std::abs(s.grads[t.offset + i] - want[i])));
         scale = std::max(scale, static_cast<double>(std::abs(want[i])));
       }
-      EXPECT_LT(worst / scale, 1e-5) << "rank " << r << " " << t.name;
+      const bool qkv = t.name.find("qkv") != std::string::npos;
+      if (qkv) worst_qkv = std::max(worst_qkv, worst / scale);
+      if (sum_replicas || !qkv) EXPECT_LT(worst / scale, 1e-5) << "rank " << r << " " << t.name;
     }
   }
+  return worst_qkv;
 }
 
 TEST(LlamaModel, TensorParallelShardsMatchTheFullModel) {
@@ -289,6 +330,18 @@ TEST(LlamaModel, SequenceParallelShardsMatchTheFullModel) {
 }
 TEST(LlamaModel, SequenceParallelWithFullRecomputation) {
   check_tensor_parallel(true, Recompute::Full);
+}
+// Fewer kv heads than tp ranks: multi-query over 2 and 4 ranks, 2 kv heads over 4 (each twice).
+TEST(LlamaModel, ReplicatedKvHeadsMatchTheFullModel) {
+  check_tensor_parallel(false, Recompute::None, 2, 1);
+  check_tensor_parallel(false, Recompute::None, 4, 1);
+  check_tensor_parallel(false, Recompute::None, 4, 2);
+  check_tensor_parallel(true, Recompute::Full, 4, 2);
+}
+// Without the sum over a head's ranks the shards' kv gradients are not the full model's: the
+// check above can fail.
+TEST(LlamaModel, ReplicatedKvHeadsHoldOnlyTheirQueriesPart) {
+  EXPECT_GT(check_tensor_parallel(false, Recompute::None, 2, 1, false), 1e-2);
 }
 
 TEST(LlamaModel, TensorParallelSlicesPartitionTheBands) {
@@ -319,6 +372,37 @@ TEST(LlamaModel, TensorParallelSlicesPartitionTheBands) {
   EXPECT_EQ(q[0], base + 8 * 16);
   EXPECT_EQ(q[8 * 16], base + 20 * 16);
   EXPECT_EQ(q[12 * 16], base + 28 * 16);
+  // Multi-query over 2 ranks: each holds the one kv head whole (k rows 16..19, v rows 20..23 of
+  // the full (24, 16) qkvw) after its own 8 query rows; 2 kv heads over 4 ranks: ranks 2 and 3
+  // hold the second head (k rows 16 + 4..7, v rows 24 + 4..7 of (32, 16)).
+  for (const auto& [kv, ranks] : {std::pair<int, int>{1, 2}, std::pair<int, int>{2, 4}}) {
+    GptConfig c = cfg;
+    c.arch.kv_heads = kv;
+    Gpt whole = gpt_create(c, GptShard{}, 11);
+    for (std::size_t i = 0; i < whole.params.size(); ++i) whole.params[i] = static_cast<float>(i);
+    const float b = static_cast<float>(whole.tensor("h.0.qkvw").offset);
+    const int q_rows = 16 / ranks, kv_full = 4 * kv;
+    for (int r = 0; r < ranks; ++r) {
+      GptShard rs;
+      rs.tp_rank = r;
+      rs.tp_size = ranks;
+      Gpt pr = gpt_create(c, rs, 11);
+      const auto& t = pr.tensor("h.0.qkvw");
+      ASSERT_EQ(t.rows, q_rows + 8) << kv << " over " << ranks;
+      const auto got = tp_slice_of_full(whole, t, r, ranks);
+      const int head = r / (ranks / kv);
+      EXPECT_EQ(got[0], b + float(r * q_rows * 16));
+      EXPECT_EQ(got[std::size_t(q_rows) * 16], b + float((16 + head * 4) * 16)) << r;
+      EXPECT_EQ(got[std::size_t(q_rows + 4) * 16], b + float((16 + kv_full + head * 4) * 16)) << r;
+      // gpt_create's own initialisation cuts the same rows (the drawn full tensor, as tp = 1 draws).
+      Gpt drawn = gpt_create(c, GptShard{}, 11);
+      const auto want = tp_slice_of_full(drawn, t, r, ranks);
+      const std::vector<float> mine(
+          pr.params.begin() + static_cast<std::ptrdiff_t>(t.offset),
+          pr.params.begin() + static_cast<std::ptrdiff_t>(t.offset + t.count));
+      EXPECT_EQ(mine, want) << r;
+    }
+  }
   // Rank 1's SwiGLU fc1: gate rows 12..23 and up rows 24 + 12..23 of the full (48, 16) tensor.
   const auto f = tp_slice_of_full(full, part.tensor("h.0.fcw"), 1, tp);
   const float fbase = static_cast<float>(full.tensor("h.0.fcw").offset);

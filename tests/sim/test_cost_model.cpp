@@ -75,7 +75,11 @@ TEST(Kernels, FlopsEqualTheRuntimeCounting) {
 // Llama-style blocks: every piece the runtime records (tp's three, sequence parallelism's five,
 // the recomputations') carries the FLOPs of its BlockOps, model/flops.hpp's counting.
 TEST(Kernels, LlamaBlockFlopsEqualTheRuntimeCountingPieceByPiece) {
-  for (int64_t tp : {1, 2, 4}) {
+  // 4 kv heads over tp 1, 2, 4, and 2 over tp 4: one replicated head per rank, whose k and v the
+  // qkv GEMM of every rank computes (kv_width = tp x head size, so kv_width / tp per rank).
+  for (const auto& [kv, tp] :
+       {std::pair<int, int64_t>{4, 1}, std::pair<int, int64_t>{4, 2}, std::pair<int, int64_t>{4, 4},
+        std::pair<int, int64_t>{2, 4}, std::pair<int, int64_t>{2, 1}}) {
     for (bool sp : {false, true}) {
       if (sp && tp == 1) continue;
       ModelDims d;
@@ -83,7 +87,7 @@ TEST(Kernels, LlamaBlockFlopsEqualTheRuntimeCountingPieceByPiece) {
       d.tp = tp;
       d.act_bytes = 2;
       d.sequence_parallel = sp;
-      d.arch.kv_heads = 4;
+      d.arch.kv_heads = kv;
       d.arch.ffn_hidden = 704;
       d.arch.activation = Activation::Swiglu;
       d.arch.norm = Norm::RmsNorm;
@@ -91,16 +95,15 @@ TEST(Kernels, LlamaBlockFlopsEqualTheRuntimeCountingPieceByPiece) {
       d.arch.tied_embeddings = false;
       d.arch.bias = false;
       const auto r = flop_dims(d);
-      EXPECT_EQ(r.kv_width, 128);
+      EXPECT_EQ(r.kv_width, std::max<int64_t>(kv, tp) * 32);
       EXPECT_EQ(r.ffn, 704);
       auto near = [](double a, double b) { return std::abs(a - b) <= 1e-12 * std::abs(b); };
       const auto all = block_forward_kernels(d);
       for (int op = 0; op < model::kBlockOps; ++op) {
         double f = 0;
         for (const auto& k : all) f += k.op == op ? k.flops : 0.0;
-        EXPECT_TRUE(near(f, model::flops::block_op_forward(r, op)) ||
-                    f == model::flops::block_op_forward(r, op))
-            << "op " << op << " tp " << tp;
+        EXPECT_TRUE(near(f, model::flops::block_op_forward(r, op)))
+            << "op " << op << " kv " << kv << " tp " << tp;
       }
       const int pieces = sp ? model::kSpBlockPieces : (tp > 1 ? model::kTpBlockPieces : 1);
       for (int k = 0; k < pieces; ++k) {
@@ -114,12 +117,20 @@ TEST(Kernels, LlamaBlockFlopsEqualTheRuntimeCountingPieceByPiece) {
                   ? model::OpRange{0, model::kBlockOps}
                   : (fwd ? model::kForwardPieces[size_t(k)] : model::kBackwardPieces[size_t(k)]);
           const double want = model::flops::block_ops_flops(r, fwd, range.begin, range.end);
-          EXPECT_TRUE(near(total_flops(*ks), want) || want == 0.0)
-              << "piece " << k << " tp " << tp << " sp " << sp;
+          EXPECT_TRUE(near(total_flops(*ks), want))
+              << "piece " << k << " kv " << kv << " tp " << tp << " sp " << sp;
         }
       }
       // The head (untied: the same FLOPs as tied) and the RoPE kernel in the Qkv op.
-      EXPECT_TRUE(near(total_flops(head_forward_kernels(d)), model::flops::head_forward(r)) || sp);
+      // Under sequence parallelism the final norm runs on this rank's 1/tp of the tokens.
+      EXPECT_TRUE(near(total_flops(head_forward_kernels(d)),
+                       model::flops::head_norm_forward(r, sp) + model::flops::head_lm_forward(r)))
+          << "sp " << sp;
+      // The qkv GEMM per rank: (C/tp + 2 x its kv heads' width) outputs over C inputs.
+      const double per_rank_kv = double(kv >= tp ? kv / tp : 1) * 32;
+      EXPECT_TRUE(near(model::flops::block_op_forward(r, int(model::BlockOp::Qkv)),
+                       2.0 * 256 * 256 * (256.0 / double(tp) + 2 * per_rank_kv)))
+          << "kv " << kv << " tp " << tp;
       int qkv_kernels = 0;
       for (const auto& k : all) qkv_kernels += k.op == int(model::BlockOp::Qkv);
       EXPECT_EQ(qkv_kernels, 2);

@@ -92,6 +92,15 @@ TEST(Memory, ActivationsOfLlamaBlocks) {
   EXPECT_EQ(activation_bytes_per_layer(s, p), sbh * (34.0 / 4 + 128.0 / 4));
   s.training.recompute = "selective";
   EXPECT_EQ(activation_bytes_per_layer(s, p), sbh * 34.0 / 4);
+  // 2 kv heads over tp 4: each rank keeps one (replicated) head's k and v, as 4 heads over 4
+  // would: r = 4/32 (divided 4 + 0.5 + 14 + 7 = 25.5), against 2/32 unreplicated.
+  s.training.recompute = "none";
+  s.parallel.sequence_parallel = false;
+  s.model.kv_heads = 2;
+  EXPECT_EQ(activation_bytes_per_layer(s, p), sbh * (8 + 25.5 / 4 + 128.0 / 4));
+  s.model.kv_heads = 4;
+  EXPECT_EQ(activation_bytes_per_layer(s, p), sbh * (8 + 25.5 / 4 + 128.0 / 4));
+  s.model.kv_heads = 8;
   // Without grouped-query attention (Llama-2 7B's MLP, F = 11008): r = 1, f = 2.6875.
   s.model.kv_heads = 0;
   s.model.ffn_hidden = 11008;

@@ -168,6 +168,43 @@ TEST(Workload, SequenceParallelOps) {
   }
 }
 
+// Fewer kv heads than tp ranks (multi-query over tp 2, 2 kv heads over tp 4): each block's shared
+// k and v gradients are summed over tp once a step after DDP (ZeRO 0, and ZeRO 1 before its
+// reduce-scatter), once per micro-batch with ZeRO 2 and 3, carrying a slot per kv head of 2·hs·C
+// values (biases: 2·hs more); none when the kv heads divide over tp.
+TEST(Workload, ReplicatedKvHeadsSumTheirGradientsOverTp) {
+  const int L = 4, pp = 2, m = 4, C = 256, hs = 256 / 8;
+  for (const auto& [kv, tp] : {std::pair<int, int>{1, 2}, std::pair<int, int>{2, 4}}) {
+    for (int zero : {0, 1, 2, 3}) {
+      Scenario s = small_scenario(L, 2, tp, zero == 3 ? 1 : pp, m);
+      s.model.kv_heads = kv;
+      s.parallel.zero = zero;
+      const int stages = s.parallel.pp, blocks = L / stages;
+      const int64_t values = int64_t(kv) * 2 * hs * (C + 1);  // GPT blocks have biases
+      EXPECT_EQ(kv_grad_values(s), values);
+      const Workload w = build_workload(s, h100_cost());
+      for (int st = 0; st < stages; ++st) {
+        const auto& p = w.stages[st];
+        auto n = count_by_name(w, p);
+        EXPECT_EQ(n[std::string(names::kTpKvGradAllReduce)], zero >= 2 ? m * blocks : blocks)
+            << "kv " << kv << " tp " << tp << " zero " << zero;
+        for (const auto& op : p.ops) {
+          if (w.names[op.name] != names::kTpKvGradAllReduce) continue;
+          EXPECT_EQ(op.bytes, values * w.precision.grad_bytes);
+          EXPECT_EQ(op.group, GroupRole::TP);
+          EXPECT_EQ(op.coll, traces::CollOp::AllReduce);
+        }
+        EXPECT_LE(double(p.ops.size()), workload_ops_bound(s, 1));
+      }
+    }
+  }
+  Scenario whole = small_scenario(L, 1, 2, 1, m);
+  whole.model.kv_heads = 2;  // one per rank: nothing shared
+  EXPECT_EQ(kv_grad_values(whole), 0);
+  const Workload w = build_workload(whole, h100_cost());
+  EXPECT_EQ(count_by_name(w, w.stages[0])[std::string(names::kTpKvGradAllReduce)], 0);
+}
+
 TEST(Workload, ComputeOrderFollowsTheSchedule) {
   for (const char* sched : {"1f1b", "gpipe"}) {
     const Scenario s = small_scenario(4, 1, 1, 4, 8, sched);

@@ -40,6 +40,7 @@ struct Case {
   bool sequence_parallel = false;
   Recompute recompute = Recompute::None;
   bool llama = false;  // Llama-style blocks: 2 kv heads, SwiGLU, RMSNorm, RoPE, untied, no biases
+  int kv_heads = 2;    // of the Llama-style blocks' 4 heads (fewer than tp: each replicated)
 };
 
 Scenario tiny(const Case& c) {
@@ -66,7 +67,7 @@ Scenario tiny(const Case& c) {
   s.training.recompute = recompute_name(c.recompute);
   s.runtime.threads = 1;
   if (c.llama) {
-    s.model.kv_heads = 2;
+    s.model.kv_heads = c.kv_heads;
     s.model.ffn_hidden = 48;
     s.model.activation = "swiglu";
     s.model.norm = "rmsnorm";
@@ -93,6 +94,7 @@ TEST_P(ParallelEquivalence, SameLossAndParametersAsSerial) {
 
   Case serial_case{"serial", 1, 1, 1, 0, "gpipe", {}};
   serial_case.llama = c.llama;
+  serial_case.kv_heads = c.kv_heads;
   Scenario ss = tiny(serial_case);
   // The same micro-batches per step as the parallel run, each dp times larger: the same global batch
   // accumulated in the same grouping, so only the parallel reductions differ in order.
@@ -145,6 +147,24 @@ TEST_P(ParallelEquivalence, SameLossAndParametersAsSerial) {
       par.tp_group().broadcast(root.data(), root.size(), DType::F32, 0).wait();
       EXPECT_EQ(mine, root) << t.name << " differs across tp ranks";
     }
+  }
+  // Replicated kv heads (fewer than tp): the ranks sharing a head hold its k and v rows to the bit.
+  const int replicas = m.config.arch.kv_replicas(L.tp);
+  if (replicas > 1) {
+    const std::size_t from = std::size_t(m.dims.Cl) * m.dims.C,
+                      n = 2 * std::size_t(m.dims.Ckvl) * m.dims.C;
+    int checked = 0;
+    for (const auto& t : m.tensors) {
+      if (t.name.find("qkvw") == std::string::npos) continue;
+      std::vector<float> all(n * std::size_t(L.tp));
+      par.tp_group().all_gather(params.data() + t.offset + from, all.data(), n, DType::F32).wait();
+      const std::size_t first = std::size_t(L.tp_rank / replicas * replicas);
+      for (std::size_t i = 0; i < n; ++i)
+        ASSERT_EQ(all[first * n + i], params[t.offset + from + i])
+            << t.name << " kv row value " << i;
+      ++checked;
+    }
+    EXPECT_EQ(checked, m.num_blocks());
   }
 
   // ZeRO memory (fp32 Adam): parameters 4Ψ, gradients 4Ψ (stage 2: 4Ψ/N), optimizer 8Ψ/N (stage
@@ -214,7 +234,29 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama_tp2_sp", 1, 2, 1, 0, "gpipe", {}, true, Recompute::None, true},
         Case{"llama_dp2_tp2_sp_zero2_full", 2, 2, 1, 2, "gpipe", {}, true, Recompute::Full, true},
         Case{"llama_tp2_pp2_sp_sel", 1, 2, 2, 0, "1f1b", {}, true, Recompute::Selective, true},
-        Case{"llama_dp2_tp2_pp2_sp_full", 2, 2, 2, 0, "1f1b", {}, true, Recompute::Full, true}),
+        Case{"llama_dp2_tp2_pp2_sp_full", 2, 2, 2, 0, "1f1b", {}, true, Recompute::Full, true},
+        // Fewer kv heads than tp ranks, each head replicated (its gradient summed over its ranks
+        // after DDP, before ZeRO 1/2's reduce-scatter, before each ZeRO 3 block's): multi-query
+        // over 2 ranks, 2 kv heads over 4, under DDP, every ZeRO stage, pipelines and sp.
+        Case{"llama_mqa_tp2", 1, 2, 1, 0, "gpipe", {}, false, Recompute::None, true, 1},
+        Case{"llama_kv2_tp4", 1, 4, 1, 0, "gpipe", {}, false, Recompute::None, true, 2},
+        Case{"llama_mqa_dp2_tp2", 2, 2, 1, 0, "gpipe", {}, false, Recompute::None, true, 1},
+        Case{"llama_mqa_dp2_tp2_zero1", 2, 2, 1, 1, "gpipe", {}, false, Recompute::None, true, 1},
+        Case{"llama_mqa_dp2_tp2_sp_zero2", 2, 2, 1, 2, "gpipe", {}, true, Recompute::None, true, 1},
+        Case{"llama_mqa_dp2_tp2_zero3_full",
+             2,
+             2,
+             1,
+             3,
+             "gpipe",
+             {},
+             false,
+             Recompute::Full,
+             true,
+             1},
+        Case{"llama_mqa_tp4_sp", 1, 4, 1, 0, "gpipe", {}, true, Recompute::None, true, 1},
+        Case{"llama_mqa_dp2_tp2_pp2_sp", 2, 2, 2, 0, "1f1b", {}, true, Recompute::None, true, 1},
+        Case{"llama_mqa_tp2_pp2", 1, 2, 2, 0, "1f1b", {}, false, Recompute::Selective, true, 1}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Activation recomputation under each parallelism: the same layout run with training.recompute

@@ -174,6 +174,11 @@ struct BlockArch {
   bool swiglu() const { return activation == Activation::Swiglu; }
   bool rmsnorm() const { return norm == Norm::RmsNorm; }
   bool rope() const { return position == Position::Rope; }
+  // Key/value heads one of `tp` tensor-parallel ranks holds (kv_heads resolved): kv_heads / tp, or
+  // 1 when there are fewer kv heads than ranks (each replicated on kv_replicas(tp) ranks, as
+  // Megatron-style GQA sharding does: the ranks sharing a head sum its gradients).
+  int kv_heads_per_rank(int tp) const { return kv_heads >= tp ? kv_heads / tp : 1; }
+  int kv_replicas(int tp) const { return kv_heads >= tp ? 1 : tp / kv_heads; }
   // Gains and shifts of one norm: 2 C for a LayerNorm with bias, else C.
   int norm_params_per_channel() const { return !rmsnorm() && bias ? 2 : 1; }
   // With the zero (default) widths filled in for a model of `heads` heads and width `d_model`.

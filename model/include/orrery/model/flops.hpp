@@ -37,7 +37,10 @@ struct Dims {
   int64_t vocab = 1;    // V
   int64_t tp = 1;       // tensor-parallel slices of each block
   // Llama-style blocks (common/scenario.hpp's BlockArch); the defaults are GPT's.
-  int64_t kv_width = 0;  // key/value channels, kv_heads x head size; 0 = d_model (multi-head)
+  // Key/value channels, kv_heads x head size; 0 = d_model (multi-head). Under tp with fewer kv
+  // heads than ranks each rank computes one replicated head, so dims_of makes it tp x head size
+  // (every rank's kv_width / tp is the work it does).
+  int64_t kv_width = 0;
   int64_t ffn = 0;       // MLP width F; 0 = 4 d_model
   bool swiglu = false;   // fc1 is [gate | up], 2F outputs, and the activation multiplies them
   bool rmsnorm = false;  // norms have a gain only
@@ -48,7 +51,7 @@ inline Dims dims_of(const BlockArch& a, int64_t batch, int64_t seq, int64_t d_mo
                     int64_t vocab, int64_t tp) {
   Dims d{batch, seq, d_model, vocab, tp};
   const BlockArch r = a.resolve(static_cast<int>(heads), static_cast<int>(d_model));
-  d.kv_width = r.kv_heads * (d_model / heads);
+  d.kv_width = int64_t(r.kv_heads_per_rank(int(tp))) * tp * (d_model / heads);
   d.ffn = r.ffn_hidden;
   d.swiglu = a.swiglu();
   d.rmsnorm = a.rmsnorm();
@@ -171,7 +174,7 @@ inline double model_forward(const Dims& d, int64_t layers) {
 }
 inline double model_step(const Dims& d, int64_t layers) { return 3.0 * model_forward(d, layers); }
 
-// Parameters of one block of the full model (tp = 1), for the block Dims describe: two norms,
+// Parameters of one block of the full model (Dims at tp = 1), for the block they describe: two norms,
 // qkv, proj, fc1 (two matrices for SwiGLU), fc2, with their biases when the block has them.
 inline int64_t params_per_block(const Dims& d) {
   const int64_t c = d.d_model, kv = d.kv_width > 0 ? d.kv_width : c;

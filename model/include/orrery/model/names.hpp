@@ -50,6 +50,10 @@ inline constexpr std::string_view kTpAllReduce = "tp.all_reduce";
 inline constexpr std::string_view kTpReduceScatter = "tp.reduce_scatter";
 inline constexpr std::string_view kTpAllGather = "tp.all_gather";
 inline constexpr std::string_view kTpGradAllReduce = "tp.grad_all_reduce";
+// Fewer kv heads than tp ranks (each head replicated on tp / kv_heads ranks): the shared heads'
+// gradients (k and v rows of qkv) summed over their ranks, one all-reduce over tp per block, with
+// a slot per kv head (runtime training_loop_impl.hpp).
+inline constexpr std::string_view kTpKvGradAllReduce = "tp.kv_grad_all_reduce";
 inline constexpr std::string_view kDpReduceScatter = "zero.reduce_scatter";
 inline constexpr std::string_view kDpAllGather = "zero.all_gather";  // ZeRO 1/2: updated parameters
 inline constexpr std::string_view kZeroAllGather =

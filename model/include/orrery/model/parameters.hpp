@@ -29,8 +29,8 @@ inline constexpr int kEmbedSegment = -1;
 // How a rank's tensor is cut from the full-model tensor (rows x cols, row-major).
 enum class Slice : uint8_t {
   None,   // replicated: the whole tensor
-  Bands,  // row bands: band k's rows [start_k + r*n_k, +n_k), n_k = bands[k] / tp (qkv's q | k | v,
-          // SwiGLU fc1's gate | up)
+  Bands,  // row bands: band k's rows [start_k + (r / (tp / s_k)) * n_k, +n_k), n_k = bands[k] / s_k
+          // with s_k its band_shards (tp unless given) (qkv's q | k | v, SwiGLU fc1's gate | up)
   Rows,   // rows [r*n, +n) of (R, cols), n = local rows
   Cols,   // cols [r*n, +n) of (rows, Cfull), n = local cols
 };
@@ -45,8 +45,26 @@ struct ParamSpec {
   Init init = Init::Zero;
   float stddev = 0;        // Normal: GPT-2's 0.02, residual projections 0.02 / sqrt(2 L)
   std::vector<int> bands;  // Slice::Bands: the full rows of each band, in order
+  // Slice::Bands: the distinct slices each band is cut into (empty: tp for every band). Fewer than
+  // tp when a band is replicated: qkv's k and v bands with fewer kv heads than tp ranks, one head
+  // per rank, shared by tp / kv_heads consecutive ranks.
+  std::vector<int> band_shards;
   int64_t count() const { return int64_t(rows) * cols; }
 };
+
+// The rows of band k (a band of `full` rows cut into `shards` slices) that tp rank `rank` of `tp`
+// holds: [first, first + rows) counted from the band's start.
+struct BandCut {
+  int first = 0, rows = 0;
+};
+inline BandCut band_cut(int full, int shards, int tp, int rank) {
+  const int n = full / shards;
+  return {(rank / (tp / shards)) * n, n};
+}
+inline BandCut band_cut(const std::vector<int>& bands, const std::vector<int>& band_shards,
+                        std::size_t k, int tp, int rank) {
+  return band_cut(bands[k], band_shards.empty() ? tp : band_shards[k], tp, rank);
+}
 
 struct ModelShape {
   int d_model = 0;  // C
@@ -54,8 +72,9 @@ struct ModelShape {
   int vocab = 0;    // V
   int max_seq = 0;  // T (wpe rows)
   int layers = 0;   // L
-  int tp = 1;       // tensor-parallel slices (divides heads, kv heads and the MLP width)
-  BlockArch arch;   // kv heads, MLP width, activation, norm, position, tied head, biases
+  int tp = 1;  // tensor-parallel slices (divides heads and the MLP width; divides or is a multiple
+               // of the kv heads)
+  BlockArch arch;  // kv heads, MLP width, activation, norm, position, tied head, biases
 };
 ModelShape model_shape(const Scenario& s);
 

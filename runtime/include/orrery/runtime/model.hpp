@@ -97,13 +97,14 @@ struct GptShard {
 
 // Sizes inside one block of this shard (the local slice under tensor parallelism).
 struct BlockDims {
-  int C = 0;     // model width (norms, residual stream)
-  int NH = 0;    // heads held: n_head / tp
-  int hs = 0;    // head size C / n_head
-  int Cl = 0;    // attention channels held: NH * hs
-  int F = 0;     // MLP width held: ffn_hidden / tp
-  int tp = 1;    // tensor-parallel slices
-  int NKV = 0;   // key/value heads held: kv_heads / tp
+  int C = 0;   // model width (norms, residual stream)
+  int NH = 0;  // heads held: n_head / tp
+  int hs = 0;  // head size C / n_head
+  int Cl = 0;  // attention channels held: NH * hs
+  int F = 0;   // MLP width held: ffn_hidden / tp
+  int tp = 1;  // tensor-parallel slices
+  int NKV =
+      0;  // key/value heads held: kv_heads / tp, or 1 replicated (BlockArch::kv_heads_per_rank)
   int Ckvl = 0;  // key/value channels held: NKV * hs
   int up = 1;    // fc1 outputs per MLP channel: 2 for SwiGLU (gate and up), else 1
   int qkv() const { return Cl + 2 * Ckvl; }  // qkv width held
@@ -152,7 +153,8 @@ struct ParamTensor {
   bool decay = false;  // AdamW weight decay: matrices only (dim >= 2)
   // How it is cut from the full model's tensor under tp (model/parameters.hpp's table).
   model::Slice slice = model::Slice::None;
-  std::vector<int> bands;  // Slice::Bands: the full rows (columns of a vector) of each band
+  std::vector<int> bands;        // Slice::Bands: the full rows (columns of a vector) of each band
+  std::vector<int> band_shards;  // and the slices each is cut into (empty: tp; model::band_cut)
 };
 
 struct Gpt {

@@ -165,6 +165,8 @@ class TrainingLoop : public RankTrainer {
   void optimizer_phase();
   void reduce_gradients_zero(int mb);
   void embed_all_reduce();
+  void kv_grad_all_reduce(int layer, int mb);
+  void kv_grad_all_reduce_blocks(int mb);
   float* stage(float* data, std::size_t n, bool upload);
   // ZeRO 3
   void z3_gather(int segment, int slot, int mb);
@@ -199,6 +201,10 @@ class TrainingLoop : public RankTrainer {
   Array z3_recv_;                              // ZeRO 3: one micro-batch's scattered shards
   Handle z3_gather_h_[4], z3_rs_h_[4];         // by working buffer (zero3_slot)
   int z3_gathered_[4] = {-99, -99, -99, -99};  // the segment each parameter buffer holds
+  // Key/value heads replicated over tp (fewer kv heads than tp ranks): the ranks sharing one
+  // (kv_replicas_ > 1 of them) sum its gradient through kv_buf_, one slot per kv head.
+  int kv_replicas_ = 1;
+  Array kv_buf_;
   Array adam_m_, adam_v_;  // AdamW moments of the range this rank updates (shard layout)
   std::size_t opt_offset_ = 0, opt_count_ = 0;  // that range in the flat array (not ZeRO 3)
   std::vector<ParamRange> decay_;

@@ -171,6 +171,12 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   scratch_ = std::make_unique<typename B::Scratch>(
       backend_.scratch(*model_, s_.training.micro_batch, s_.model.seq, recompute));
   for (auto& a : acts_) bind_workspace(*a, *scratch_);
+  if (const BlockArch& arch = layout_of(*model_).config.arch; arch.kv_replicas(L.tp) > 1) {
+    kv_replicas_ = arch.kv_replicas(L.tp);
+    const BlockDims& d = layout_of(*model_).dims;
+    const std::size_t rows = 2 * std::size_t(d.Ckvl);  // k | v
+    kv_buf_.resize(std::size_t(arch.kv_heads) * rows * (std::size_t(d.C) + (arch.bias ? 1 : 0)));
+  }
   adam_m_.resize(moments);
   adam_v_.resize(moments);
   if (zero) {
@@ -217,14 +223,15 @@ MemoryBytes TrainingLoop<B>::memory() const {
     m.parameters = shard;
     m.gradients = shard;
     m.optimizer = 2 * shard;
-    m.comm_buffers = static_cast<double>(z3_->buffer_bytes() + z3_recv_.size_bytes());
+    m.comm_buffers =
+        static_cast<double>(z3_->buffer_bytes() + z3_recv_.size_bytes() + kv_buf_.size_bytes());
     for (const auto& g : grad_send_) m.comm_buffers += static_cast<double>(g.size_bytes());
     return m;
   }
   m.parameters = static_cast<double>(model_->params.size_bytes());
   const double full_grads = static_cast<double>(model_->grads.size_bytes());
   m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes());
-  double comm = static_cast<double>(ddp_->comm_buffer_bytes());
+  double comm = static_cast<double>(ddp_->comm_buffer_bytes() + kv_buf_.size_bytes());
   for (const auto& g : grad_send_) comm += static_cast<double>(g.size_bytes());  // pipeline
   if (zero12() && s_.parallel.zero == 2) {
     // The shard is the gradient state; the full array only stages one backward before scattering.
@@ -452,8 +459,44 @@ void TrainingLoop<B>::embed_all_reduce() {
       .wait();
 }
 
+// Key/value heads replicated over tp (model/parameters.hpp: fewer kv heads than tp ranks, each on
+// tp / kv_heads consecutive ranks): every rank sharing a head holds the part of its gradient that
+// its own query heads produced, and the head's gradient is their sum. Summed over the tp group
+// with one all-reduce of a buffer holding a slot per kv head, each rank writing its head's slot
+// (the k and v rows of qkvw, and of qkvb with biases) and zeros elsewhere, so a slot sums its
+// head's ranks and no other's: kv_heads times the bytes of a sub-group's all-reduce (the same for
+// multi-query attention). Linear, so its place among the dp reductions does not change the sum:
+// after DDP's all-reduce, before ZeRO 1/2's reduce-scatter, before each ZeRO 3 block's.
+template <class B>
+void TrainingLoop<B>::kv_grad_all_reduce(int layer, int mb) {
+  const Gpt& g = layout_of(*model_);
+  const BlockDims& d = g.dims;
+  const auto& grads = model_->dblocks[pieces::block_index(*model_, layer)];
+  const std::size_t rows = 2 * std::size_t(d.Ckvl), q = std::size_t(d.Cl);
+  const std::size_t wn = rows * std::size_t(d.C), bn = grads.qkvb != nullptr ? rows : 0;
+  float* mine = kv_buf_.data() + std::size_t(layout_.tp_rank / kv_replicas_) * (wn + bn);
+  backend_.zero(kv_buf_.data(), kv_buf_.size());
+  backend_.copy(mine, grads.qkvw + q * std::size_t(d.C), wn);
+  if (bn > 0) backend_.copy(mine + wn, grads.qkvb + q, bn);
+  dev_.tp
+      ->all_reduce(kv_buf_.data(), kv_buf_.size(), DType::F32, ReduceOp::Sum,
+                   OpLabel{names::kTpKvGradAllReduce.data(), step_, mb, layer})
+      .wait();
+  backend_.copy(grads.qkvw + q * std::size_t(d.C), mine, wn);
+  if (bn > 0) backend_.copy(grads.qkvb + q, mine + wn, bn);
+}
+
+// Every block this rank holds, first to last.
+template <class B>
+void TrainingLoop<B>::kv_grad_all_reduce_blocks(int mb) {
+  if (kv_replicas_ == 1) return;
+  const GptShard& sh = layout_of(*model_).shard;
+  for (int l = sh.layer_begin; l < sh.layer_end; ++l) kv_grad_all_reduce(l, mb);
+}
+
 template <class B>
 void TrainingLoop<B>::reduce_gradients_zero(int mb) {
+  kv_grad_all_reduce_blocks(mb);
   embed_all_reduce();
   const GptShard& sh = layout_of(*model_).shard;
   float* out = s_.parallel.zero == 2 ? zero_recv_.data() : zero_grads_.data();
@@ -556,6 +599,7 @@ void TrainingLoop<B>::z3_backward(typename B::Activations& acts, int mb, const G
     z3_bind_block(l, l - 1, mb);
     clear(slot, l);
     pieces::block_backward(k, *model_, acts, *scratch_, l, h);
+    if (kv_replicas_ > 1) kv_grad_all_reduce(l, mb);
     z3_reduce_scatter(l, slot, mb);
     z3_gathered_[slot] = -99;
   }
@@ -686,8 +730,11 @@ StepResult TrainingLoop<B>::step() {
   if (rec_ != nullptr) rec_->set_step(step, -1);
   cur_mb_ = -1;
   // After DDP's all-reduce (ZeRO 1/2: before each reduce-scatter; ZeRO 3: before the embedding's
-  // reduce-scatter, every micro-batch).
-  if (!zero12() && !z3_) embed_all_reduce();
+  // reduce-scatter, every micro-batch), the replicated kv heads' and the tied wte's sums.
+  if (!zero12() && !z3_) {
+    kv_grad_all_reduce_blocks(-1);
+    embed_all_reduce();
+  }
   optimizer_phase();
   float loss = static_cast<float>(loss_sum / micro_batches_);
   if (layout_.pp > 1) {

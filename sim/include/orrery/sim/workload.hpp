@@ -185,6 +185,9 @@ std::vector<StageCompute> stage_compute(const Workload& w);
 // step, micro-batches x (layers per stage x (2·(2·pieces − 1) + 3 with ZeRO 3) + 10) + layers per
 // stage + 12, pieces = 3 with tp > 1 else 1. The simulator's memory check (sweep.hpp) uses it.
 double workload_ops_bound(const Scenario& s, int steps);
+// Fewer kv heads than tp ranks (each head replicated on tp / kv_heads ranks): the values of each
+// block's "tp.kv_grad_all_reduce", kv_heads x 2 x head size x (d_model + 1 with biases); else 0.
+int64_t kv_grad_values(const Scenario& s);
 // Op ids, dependency offsets and sequence numbers are 32-bit: a stage program holds at most this.
 inline constexpr int64_t kMaxStageOps = 2147483647;
 
