@@ -48,7 +48,7 @@ Shape shape(const ModelDims& d) {
   return {double(d.batch) * double(d.seq), double(d.d_model), double(d.seq), double(d.vocab),
           double(d.tp), double(d.act_bytes),
           // every rank's kv_heads_per_rank heads (one, replicated, when kv_heads < tp)
-          double(a.kv_heads_per_rank(int(d.tp)) * d.tp) * double(d.d_model / d.heads),
+          double(std::max<int64_t>(a.kv_heads, d.tp)) * double(d.d_model / d.heads),
           double(a.ffn_hidden), a.swiglu() ? 2.0 : 1.0, a.bias ? 1.0 : 0.0,
           double(a.norm_params_per_channel()), a.rope(), a.swiglu()};
 }

@@ -40,7 +40,7 @@ LayerTerms layer_terms(const Scenario& s) {
   const bool sp = s.parallel.sequence_parallel && s.parallel.tp > 1;
   const BlockArch arch = block_arch(s.model);
   // k and v of every rank's heads: kv_heads, or tp when each rank holds one replicated head.
-  const double r = double(arch.kv_heads_per_rank(s.parallel.tp) * s.parallel.tp) / a,
+  const double r = double(std::max(arch.kv_heads, s.parallel.tp)) / a,
                f = double(arch.ffn_hidden) / h;
   const double u = arch.swiglu() ? 2.0 : 1.0, d = arch.swiglu() ? 0.0 : 1.0;
   const double replicated = 8.0 + 2.0 * d;

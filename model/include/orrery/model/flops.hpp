@@ -21,6 +21,7 @@
 // Head, per token   = 2 * 2C + 2*C*V                                    (final LayerNorm, LM head)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "orrery/common/scenario.hpp"
@@ -51,7 +52,7 @@ inline Dims dims_of(const BlockArch& a, int64_t batch, int64_t seq, int64_t d_mo
                     int64_t vocab, int64_t tp) {
   Dims d{batch, seq, d_model, vocab, tp};
   const BlockArch r = a.resolve(static_cast<int>(heads), static_cast<int>(d_model));
-  d.kv_width = int64_t(r.kv_heads_per_rank(int(tp))) * tp * (d_model / heads);
+  d.kv_width = std::max<int64_t>(r.kv_heads, tp) * (d_model / heads);
   d.ffn = r.ffn_hidden;
   d.swiglu = a.swiglu();
   d.rmsnorm = a.rmsnorm();
