@@ -83,6 +83,8 @@ gc_is_elf64() {
 gc_site_packages() {
   local d py=${GC_PYTHON:-python3}
   if command -v "$py" >/dev/null 2>&1; then
+    # Where the nvidia namespace package is (the wheels' own folders), then every site folder.
+    "$py" -c 'import nvidia, os; print("\n".join(os.path.dirname(p) for p in nvidia.__path__))' 2>/dev/null
     "$py" -c 'import site; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null
   fi
   for d in /usr/lib/python3*/site-packages /usr/lib/python3*/dist-packages \
@@ -122,6 +124,18 @@ gc_find_lib() {
   for d in "$@"; do
     if gc_is_elf64 "$d/$name"; then echo "$d/$name"; return 0; fi
   done
+  return 1
+}
+
+# gc_find_lib_anywhere SONAME: the last resort, `find` under GC_FIND_ROOTS (/usr /opt /root /home
+# /srv /workspace /venv, those that exist; 20 s at most): the first 64-bit ELF file of that name.
+gc_find_lib_anywhere() {
+  local d roots=() f
+  for d in ${GC_FIND_ROOTS:-/usr /opt /root /home /srv /workspace /venv}; do [ -d "$d" ] && roots+=("$d"); done
+  [ ${#roots[@]} -gt 0 ] || return 1
+  while read -r f; do
+    if gc_is_elf64 "$f"; then echo "$f"; return 0; fi
+  done < <(timeout -k 2 20 find "${roots[@]}" -xdev -name "$1" \( -type f -o -type l \) 2>/dev/null)
   return 1
 }
 
@@ -223,11 +237,11 @@ gc_find_machine_libs() {
   mapfile -t GC_DIRS_CACHE < <(gc_search_dirs)
   printf '%s\n' "${GC_DIRS_CACHE[@]}" >"$GC_WORK/logs/library-search-dirs.txt"
   while read -r name; do
-    if path=$(gc_find_lib "$name" "${GC_DIRS_CACHE[@]}"); then
+    if path=$(gc_find_lib "$name" "${GC_DIRS_CACHE[@]}") || path=$(gc_find_lib_anywhere "$name"); then
       gc_say "  $name: $path"
       GC_LIB_DIRS+=("${path%/*}")
     else
-      gc_say "  $name: NOT FOUND (searched ${#GC_DIRS_CACHE[@]} folders: logs/library-search-dirs.txt)"
+      gc_say "  $name: NOT FOUND (searched ${#GC_DIRS_CACHE[@]} folders, logs/library-search-dirs.txt, and find under ${GC_FIND_ROOTS:-/usr /opt /root /home /srv /workspace /venv})"
       GC_MISSING+=("$name")
     fi
   done < <(gc_needed_sonames)

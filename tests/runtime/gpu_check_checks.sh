@@ -78,6 +78,13 @@ check "LD_LIBRARY_PATH first, the non-ELF file passed over" "$T/ldpath2/libgcfak
   "$(LD_LIBRARY_PATH=$T/ldpath1:$T/ldpath2 PYTHONUSERBASE=$T/userbase gc_find_lib libgcfake_cudart.so.13)"
 r=$(gc_find_lib libgcfake_absent.so.9) || r=none
 check "a missing library is not found" none "$r"
+export GC_FIND_ROOTS="$T/findroot $T/no-such-root"
+mkdir -p "$T/findroot/venv/lib/python3.11/site-packages/nvidia/odd/lib64"
+cp "$REAL" "$T/findroot/venv/lib/python3.11/site-packages/nvidia/odd/lib64/libgcfake_findme.so.1"
+check "the find fallback (GC_FIND_ROOTS)" "$T/findroot/venv/lib/python3.11/site-packages/nvidia/odd/lib64/libgcfake_findme.so.1" \
+  "$(gc_find_lib_anywhere libgcfake_findme.so.1)"
+r=$(gc_find_lib_anywhere libgcfake_absent.so.9) || r=none
+check "the find fallback: a missing library" none "$r"
 check "glibcxx of a file" 3.4.7 "$(printf 'x GLIBCXX_3.4.2 GLIBCXX_3.4.10x GLIBCXX_3.4.7' | sed 's/10x/1/' >"$T/fake-stdcxx"; gc_glibcxx_of "$T/fake-stdcxx")"
 check "nothing unresolved for bash" "" "$(gc_unresolved "" "$(command -v bash)")"
 
@@ -171,7 +178,7 @@ done
 B=$T/bundle/unpacked
 mkdir -p "$B/bin" "$B/lib/compat"
 printf 'commit=test\nbuilt=now\nglibc_needed=2.17\nglibcxx_needed=3.4.19\n' >"$B/bundle.env"
-printf 'libgcfake_nccl.so.2\nlibgcfake_absent.so.9\n' >"$B/needs-on-machine.txt"
+printf 'libgcfake_nccl.so.2\nlibgcfake_absent.so.9\nlibgcfake_findme.so.1\n' >"$B/needs-on-machine.txt"
 cp "$T/tests.json" "$B/tests.json"
 run_runner() {  # run_runner BUNDLE_DIR OUT [PATH]: exit status in RC
   (cd "$T" && env PATH="${3:-$T/path}" OUT="$2" GC_PYTHON=/nonexistent "$ROOT/scripts/gpu-check" --bundle "$1" >"$2.log" 2>&1)
@@ -189,6 +196,7 @@ for form in unpacked packed; do
   contains "$form: the reason" "$O/summary.txt" "^probe: failed - no GPU: nvidia-smi not found"
   contains "$form: the wheel library found" "$O/summary.txt" "libgcfake_nccl.so.2: $WHEEL_GLOB/libgcfake_nccl.so.2"
   contains "$form: the missing library named" "$O/summary.txt" "libgcfake_absent.so.9: NOT FOUND"
+  contains "$form: a library found by the find fallback" "$O/summary.txt" "libgcfake_findme.so.1: $T/findroot/.*/libgcfake_findme.so.1"
   contains "$form: tests not reached" "$O/summary.txt" "^gpu tests: not reached"
   contains "$form: runs not reached" "$O/summary.txt" "^gpt-tiny runs: not reached"
   contains "$form: the archive written" "$O/summary.txt" "^archive: passed - logs.tar.xz"
