@@ -616,6 +616,7 @@ gc_orrery_run() {
   limit=$(gc_limit "$want" runs)
   if [ "$limit" -lt 15 ]; then
     echo "not reached: $limit s left" >"$GC_WORK/logs/run-$name.log"
+    gc_say "  $name: not reached ($limit s left of the stage)"
     GC_RUNS_FAILED+=("$name (not reached)")
     return 125
   fi
