@@ -292,6 +292,17 @@ CheckpointManifest verify_checkpoint(const std::string& step_dir) {
   return m;
 }
 
+std::vector<std::pair<int64_t, std::string>> checkpoint_steps(const std::string& dir) {
+  std::error_code ec;
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t k = step_of(e.path().filename().string());
+    if (k >= 0 && e.is_directory()) steps.emplace_back(k, e.path().string());
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
 ResumePoint find_resume_point(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError("--resume '" + dir + "': no such directory");
@@ -302,12 +313,7 @@ ResumePoint find_resume_point(const std::string& dir) {
     rp.manifest = verify_checkpoint(dir);
     return rp;
   }
-  std::vector<std::pair<int64_t, std::string>> steps;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const int64_t k = step_of(e.path().filename().string());
-    if (k >= 0 && e.is_directory()) steps.emplace_back(k, e.path().string());
-  }
-  std::sort(steps.rbegin(), steps.rend());
+  const auto steps = checkpoint_steps(dir);
   if (steps.empty())
     throw InputError("--resume '" + dir + "': no checkpoints (step-<k> directories) in it");
   for (const auto& [k, path] : steps) {
