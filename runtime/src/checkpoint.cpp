@@ -303,6 +303,20 @@ std::vector<std::pair<int64_t, std::string>> checkpoint_steps(const std::string&
   return steps;
 }
 
+bool take_first_verified(const std::vector<std::pair<int64_t, std::string>>& steps,
+                         ResumePoint& rp) {
+  for (const auto& [k, path] : steps) {
+    try {
+      rp.manifest = verify_checkpoint(path);
+      rp.step_dir = path;
+      return true;
+    } catch (const InputError& e) {
+      rp.skipped.push_back(e.what());
+    }
+  }
+  return false;
+}
+
 ResumePoint find_resume_point(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError("--resume '" + dir + "': no such directory");
@@ -316,15 +330,7 @@ ResumePoint find_resume_point(const std::string& dir) {
   const auto steps = checkpoint_steps(dir);
   if (steps.empty())
     throw InputError("--resume '" + dir + "': no checkpoints (step-<k> directories) in it");
-  for (const auto& [k, path] : steps) {
-    try {
-      rp.manifest = verify_checkpoint(path);
-      rp.step_dir = path;
-      return rp;
-    } catch (const InputError& e) {
-      rp.skipped.push_back(e.what());
-    }
-  }
+  if (take_first_verified(steps, rp)) return rp;
   std::string why;
   for (const auto& s : rp.skipped) why += "\n  " + s;
   throw InputError("--resume '" + dir + "': no complete checkpoint:" + why);

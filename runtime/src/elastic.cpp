@@ -101,23 +101,14 @@ std::optional<ResumePoint> newest_checkpoint_since(const std::string& dir, int64
   // Whole seconds: file systems with coarse timestamps round a manifest written just after the
   // start down to the start's second.
   const int64_t since_s = since_unix_ns / 1'000'000'000;
-  ResumePoint rp;
-  for (const auto& [k, path] : checkpoint_steps(dir)) {
-    const int64_t t = checkpoint_time_unix_ns(path);
-    if (t == 0) {
-      rp.skipped.push_back("checkpoint '" + path + "': no manifest.json (partial)");
-      continue;
-    }
-    if (t / 1'000'000'000 < since_s) continue;  // older than this job: not its own
-    try {
-      rp.manifest = verify_checkpoint(path);
-      rp.step_dir = path;
-      return rp;
-    } catch (const InputError& e) {
-      rp.skipped.push_back(e.what());
-    }
+  std::vector<std::pair<int64_t, std::string>> mine;  // complete or partial, not older than the job
+  for (const auto& step : checkpoint_steps(dir)) {
+    const int64_t t = checkpoint_time_unix_ns(step.second);
+    if (t == 0 || t / 1'000'000'000 >= since_s) mine.push_back(step);
   }
-  return std::nullopt;
+  ResumePoint rp;
+  if (!take_first_verified(mine, rp)) return std::nullopt;
+  return rp;
 }
 
 int hostfile_slots(const std::string& path) {

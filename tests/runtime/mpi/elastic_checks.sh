@@ -4,7 +4,8 @@
 #     --max-restarts 2: the job exits 0 after exactly one restart, resumed from step 2 on the same
 #     2 ranks; the losses of steps 3..8 equal the uninterrupted run's bit for bit, and so do the
 #     step-8 checkpoint files (parameters and moments: every step's update, the ones before the
-#     failure included); the trace's metadata records both attempts (attempt number, lost rank, the
+#     failure included), and an earlier job's newer checkpoint in the directory is not taken; the
+#     trace's metadata records both attempts (attempt number, lost rank, the
 #     step resumed from, the time lost), and `orrery report` (text and --json) shows the restart.
 #  2. faults.every_attempt: true: the rank dies on every attempt, --max-restarts 1 runs out: exit 2,
 #     an error naming both attempts, the remains of each kept.
@@ -48,6 +49,9 @@ EOF
 
 # 1. One rank dies, one restart, bit for bit.
 run ref --nproc 2 --out ref.db --set checkpoint.dir=ref || { fail "reference run"; cat ref.err; }
+# A complete checkpoint of an earlier job in the same directory (the reference's step-6, an hour
+# old): a restart must not take it.
+mkdir -p el && cp -r ref/step-6 el/step-6 && touch -d '1 hour ago' el/step-6/manifest.json
 run el --nproc 2 --out el.db --set checkpoint.dir=el --max-restarts 2 \
   --set faults.kill_rank=1 --set faults.step=3
 rc=$?
