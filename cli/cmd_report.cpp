@@ -11,6 +11,7 @@
 #include "command.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/format.hpp"
+#include "orrery/common/slurm.hpp"
 #include "orrery/profiler/compare.hpp"
 #include "orrery/profiler/metrics.hpp"
 #include "orrery/traces/store.hpp"
@@ -91,6 +92,30 @@ std::vector<Restart> restarts_of(const traces::RunMeta& meta) {
     out.push_back(std::move(r));
   }
   return out;
+}
+
+// The Slurm job a run ran in (meta extra_json "slurm", runtime/slurm.hpp); null when none.
+json slurm_of(const traces::RunMeta& meta) {
+  try {
+    const json extra = json::parse(meta.extra_json.empty() ? "{}" : meta.extra_json);
+    if (extra.is_object() && extra.contains("slurm") && extra["slurm"].is_object())
+      return extra["slurm"];
+  } catch (const json::exception&) {
+  }
+  return nullptr;
+}
+
+// The job's line as the run's own messages say it (slurm_text).
+std::string slurm_line(const json& j) {
+  SlurmJob job;
+  job.job_id = j.value("job_id", std::string("?"));
+  job.step_id = j.value("step_id", std::string());
+  job.nodelist = j.value("nodelist", std::string());
+  job.partition = j.value("partition", std::string());
+  job.cluster = j.value("cluster", std::string());
+  job.nodes = j.value("nodes", 0);
+  job.tasks = j.value("tasks", 0);
+  return slurm_text(job);
 }
 
 json breakdown_json(const TimeBreakdown& t) {
@@ -180,6 +205,7 @@ json report_json(const Loaded& l) {
                         {"trace", r.trace}});
   }
   j["restarts"] = std::move(restarts);
+  j["slurm"] = slurm_of(l.trace.meta);
   return j;
 }
 
@@ -243,6 +269,8 @@ void print_report(const Loaded& l, std::ostream& os) {
     }
   }
   os << "\n";
+  if (const json sl = slurm_of(meta); !sl.is_null())
+    os << "  scheduler         " << slurm_line(sl) << "\n";
   const auto restarts = restarts_of(meta);
   if (!restarts.empty()) {
     int64_t total_ns = 0;

@@ -25,6 +25,7 @@
 #include "orrery/common/stats.hpp"
 
 #if defined(ORRERY_RUNTIME_AVAILABLE)
+#include "orrery/common/slurm.hpp"
 #include "orrery/profiler/metrics.hpp"
 #include "orrery/runtime/checkpoint.hpp"
 #include "orrery/runtime/comm.hpp"
@@ -88,15 +89,25 @@ Scenario load_and_check(const RunArgs& a) {
                      ", keeping training.global_batch a multiple of dp * micro_batch)");
   }
   if (runtime::started_by_launcher() && runtime::launcher_world_size() != s.world_size()) {
-    throw InputError(a.scenario + ": key 'parallel.dp': the launcher started " +
-                     std::to_string(runtime::launcher_world_size()) +
-                     " ranks, but parallel.dp * tp * pp = " + std::to_string(s.world_size()));
+    const auto job = slurm_job();
+    const std::string who =
+        job && !job->step_id.empty()
+            ? "srun (" + slurm_text(*job) + ") started " +
+                  std::to_string(runtime::launcher_world_size()) + " tasks"
+            : "the launcher started " + std::to_string(runtime::launcher_world_size()) + " ranks";
+    throw InputError(a.scenario + ": key 'parallel.dp': " + who +
+                     ", but parallel.dp * tp * pp = " + std::to_string(s.world_size()) +
+                     (job ? " (ask srun/sbatch for --ntasks=" + std::to_string(s.world_size()) + ")"
+                          : std::string()));
   }
   return s;
 }
 
 // mpirun and MPI, which starting ranks from here needs.
 std::string check_launcher(int nproc) {
+  // Inside a batch script or an salloc shell mpirun takes the allocation's slots; a layout larger
+  // than the allocation is said now, not oversubscribed onto its nodes.
+  if (const std::string why = slurm_allocation_problem(nproc); !why.empty()) throw InputError(why);
   const std::string mpirun = runtime::find_executable("mpirun");
   if (mpirun.empty()) {
     throw InputError("mpirun not found on PATH: --nproc " + std::to_string(nproc) +

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "orrery/common/error.hpp"
+#include "orrery/common/slurm.hpp"
 #include "orrery/model/flops.hpp"
 #include "orrery/profiler/flight_recorder.hpp"
 #include "orrery/profiler/ranges.hpp"
@@ -341,6 +342,8 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
     // An elastic job's attempts so far (this one last), as the launcher told them.
     const auto attempts = attempts_from_env();
     if (!attempts.empty()) meta.extra_json += ", \"attempts\": " + attempts_to_json(attempts);
+    // The Slurm job the ranks ran in (srun, or mpirun inside an allocation).
+    if (const auto job = slurm_job()) meta.extra_json += ", \"slurm\": " + slurm_json(*job);
     meta.extra_json += "}";
     session.describe(meta,
                      real_rank_info(lay, world.rank(), meta.host, trainer.device_description()));
