@@ -879,14 +879,18 @@ struct ClassFit {
   std::vector<std::string> notes;
 };
 
-ClassFit fit_class_costs(const std::vector<Row>& rows) {
+// `gemm_shape`: the device's GEMM shape model (off for CPUs): a GEMM's FLOPs enter the fit divided
+// by its shape efficiency, so the gemm rate fitted is the ceiling of a well-shaped GEMM, the number
+// the profile's flops_efficiency holds under that model (cost_model.hpp).
+ClassFit fit_class_costs(const std::vector<Row>& rows, const GemmShapeModel& gemm_shape = {}) {
   ClassFit out;
   const int nr = static_cast<int>(rows.size());
   std::vector<double> a(nr * kCols, 0.0), b(nr, 0.0);
   std::vector<double> colscale(kCols, 0.0);
   for (int i = 0; i < nr; ++i) {
     for (const auto& k : rows[i].kernels) {
-      a[i * kCols + column_of(k.cls)] += flop_class(k.cls) ? k.flops : k.bytes;
+      a[i * kCols + column_of(k.cls)] +=
+          flop_class(k.cls) ? k.flops / gemm_shape_efficiency(gemm_shape, k) : k.bytes;
       a[i * kCols + kOpClassCount + column_of(k.cls)] += 1.0;
     }
   }

@@ -59,6 +59,7 @@ std::vector<Kernel> backward_of(std::vector<Kernel> ks) {
   for (auto& k : ks) {
     k.flops *= 2;
     k.bytes *= 2;
+    k.gemm_backward = k.gm > 0;
   }
   return ks;
 }
@@ -73,7 +74,12 @@ Kernel layernorm(const Shape& x, bool sliced_flops) {
 // out (n, oc) = in (n, ic) @ W^T + bias: 2 FLOPs per weight and per counted bias element per token.
 // A row-parallel layer's bias is replicated but counted as sliced (bias_count = oc/tp), as the runtime.
 Kernel linear(const Shape& x, double ic, double oc, double bias_count) {
-  return {OpClass::Gemm, x.n * 2.0 * (ic * oc + bias_count), x.e * (x.n * ic + ic * oc + x.n * oc)};
+  Kernel k{OpClass::Gemm, x.n * 2.0 * (ic * oc + bias_count),
+           x.e * (x.n * ic + ic * oc + x.n * oc)};
+  k.gm = x.n;
+  k.gn = oc;
+  k.gk = ic;
+  return k;
 }
 // Row-parallel epilogue: out = residual + partial (summed over tp) + bias.
 Kernel bias_residual(const Shape& x) { return {OpClass::Elementwise, 0.0, x.e * 3.0 * x.n * x.c}; }
@@ -290,9 +296,38 @@ CostModel::CostModel(HardwareProfile profile, double peak_flops,
                      "memory_bandwidth_gbps in the profile or the cluster's device)");
 }
 
+double gemm_shape_efficiency(const GemmShapeModel& g, double m, double n, double k) {
+  if (!g.enabled() || !(m > 0 && n > 0 && k > 0)) return 1.0;
+  const double sms = g.sms;
+  const double ideal = m * n * k / sms;  // tile-steps per SM with the work spread perfectly
+  double best = 0;
+  for (const GemmTile& t : g.tiles) {
+    const double tiles = std::ceil(m / t.m) * std::ceil(n / t.n);
+    for (int split = 1; split <= g.max_split_k; ++split) {
+      // cuBLAS splits K only to occupy SMs a too-small grid leaves idle.
+      if (split > 1 && (tiles * split > sms || k / split < 1)) break;
+      const double waves = std::ceil(tiles * split / sms);
+      const double per_sm =
+          waves * double(t.m) * double(t.n) * (k / split + g.k_fixed) / t.relative;
+      best = std::max(best, ideal / per_sm);
+    }
+  }
+  return std::min(1.0, best);
+}
+
+double gemm_shape_efficiency(const GemmShapeModel& g, const Kernel& k) {
+  if (!g.enabled() || k.cls != OpClass::Gemm || !(k.gm > 0)) return 1.0;
+  if (!k.gemm_backward) return gemm_shape_efficiency(g, k.gm, k.gn, k.gk);
+  // Input gradient (m x k over n) and weight gradient (k x n over m): equal FLOPs each.
+  const double a = gemm_shape_efficiency(g, k.gm, k.gk, k.gn);
+  const double b = gemm_shape_efficiency(g, k.gk, k.gn, k.gm);
+  return 2.0 / (1.0 / a + 1.0 / b);
+}
+
 int64_t CostModel::kernel_ns(const Kernel& k) const {
   const ClassCost& c = profile_.cost(k.cls);
-  const double compute_s = k.flops / (peak_flops_ * c.flops_efficiency);
+  const double compute_s =
+      k.flops / (peak_flops_ * c.flops_efficiency * gemm_shape_efficiency(profile_.gemm_shape, k));
   const double memory_s = k.bytes / (bandwidth_ * c.bandwidth_efficiency);
   // Rounded up to whole nanoseconds so that a non-empty kernel never takes zero time.
   return static_cast<int64_t>(std::ceil(std::max(compute_s, memory_s) * 1e9)) + c.overhead_ns;

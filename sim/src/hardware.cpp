@@ -123,7 +123,7 @@ YAML::Node load_document(const std::string& yaml_text, const std::string& origin
   check_keys(root,
              {"name", "device", "precision", "peak_flops", "memory_bandwidth_gbps", "data_load_us",
               "kernels", "collectives", "machine", "cluster", "sharing", "ops", "rank_jitter",
-              "op_jitter"},
+              "op_jitter", "gemm_shape"},
              origin, "");
   return root;
 }
@@ -422,6 +422,56 @@ std::map<std::string, std::string> parse_machine(const YAML::Node& m, const std:
   return machine;
 }
 
+// The `gemm_shape:` section.
+GemmShapeModel parse_gemm_shape(const YAML::Node& n, const std::string& origin) {
+  const std::string pre = "gemm_shape.";
+  if (!n.IsMap()) throw InputError(where(origin, n, "gemm_shape") + ": expected a mapping");
+  check_keys(n, {"sms", "tiles", "k_fixed", "max_split_k"}, origin, pre);
+  GemmShapeModel g;
+  auto whole = [&](const char* key, int lo) {
+    const double v = get_number(n[key], origin, pre + key);
+    if (!(v >= lo) || v != std::floor(v) || v > 1e6)
+      throw InputError(where(origin, n[key], pre + key) +
+                       ": expected a whole number >= " + std::to_string(lo));
+    return static_cast<int>(v);
+  };
+  if (!n["sms"] || !n["tiles"])
+    throw InputError(where(origin, n, "gemm_shape") + ": needs sms and tiles");
+  g.sms = whole("sms", 1);
+  if (n["max_split_k"]) g.max_split_k = whole("max_split_k", 1);
+  if (n["k_fixed"]) {
+    g.k_fixed = get_number(n["k_fixed"], origin, pre + "k_fixed");
+    if (!(g.k_fixed >= 0) || g.k_fixed > 1e9)
+      throw InputError(where(origin, n["k_fixed"], pre + "k_fixed") + ": expected >= 0");
+  }
+  const YAML::Node ts = n["tiles"];
+  if (!ts.IsSequence() || ts.size() == 0)
+    throw InputError(where(origin, ts, pre + "tiles") + ": expected a list of {m, n, relative}");
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const std::string tp = pre + "tiles[" + std::to_string(i) + "].";
+    const YAML::Node t = ts[i];
+    if (!t.IsMap()) throw InputError(where(origin, t, tp) + ": expected {m, n, relative}");
+    check_keys(t, {"m", "n", "relative"}, origin, tp);
+    GemmTile tile;
+    for (const char* key : {"m", "n"}) {
+      if (!t[key]) throw InputError(where(origin, t, tp) + ": needs " + key);
+      const double v = get_number(t[key], origin, tp + key);
+      if (!(v >= 1) || v != std::floor(v) || v > 4096)
+        throw InputError(where(origin, t[key], tp + key) +
+                         ": expected a whole number in [1, 4096]");
+      (std::string(key) == "m" ? tile.m : tile.n) = static_cast<int>(v);
+    }
+    if (t["relative"]) {
+      tile.relative = get_number(t["relative"], origin, tp + "relative");
+      if (!(tile.relative > 0 && tile.relative <= 1))
+        throw InputError(where(origin, t["relative"], tp + "relative") +
+                         ": expected a fraction in (0, 1]");
+    }
+    g.tiles.push_back(tile);
+  }
+  return g;
+}
+
 }  // namespace
 
 // The sections are read in this order, so that a file with several mistakes reports the same one.
@@ -434,6 +484,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (const auto c = root["cluster"]) p.cluster = parse_cluster(c, origin);
   if (const auto sh = root["sharing"]) p.sharing = parse_sharing(sh, origin);
   if (const auto m = root["machine"]) p.machine = parse_machine(m, origin);
+  if (const auto g = root["gemm_shape"]) p.gemm_shape = parse_gemm_shape(g, origin);
   return p;
 }
 
@@ -478,6 +529,21 @@ std::string to_yaml(const HardwareProfile& p) {
     e << YAML::EndMap;
   }
   e << YAML::EndMap;
+  if (p.gemm_shape.enabled()) {
+    const GemmShapeModel& g = p.gemm_shape;
+    e << YAML::Key << "gemm_shape" << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "sms" << YAML::Value << g.sms;
+    e << YAML::Key << "tiles" << YAML::Value << YAML::BeginSeq;
+    for (const auto& t : g.tiles) {
+      e << YAML::Flow << YAML::BeginMap << YAML::Key << "m" << YAML::Value << t.m << YAML::Key
+        << "n" << YAML::Value << t.n << YAML::Key << "relative" << YAML::Value << t.relative
+        << YAML::EndMap;
+    }
+    e << YAML::EndSeq;
+    e << YAML::Key << "k_fixed" << YAML::Value << g.k_fixed;
+    e << YAML::Key << "max_split_k" << YAML::Value << g.max_split_k;
+    e << YAML::EndMap;
+  }
   if (!p.collectives.empty()) {
     e << YAML::Key << "collectives" << YAML::Value << YAML::BeginSeq;
     for (const auto& o : p.collectives) {
@@ -558,6 +624,28 @@ std::string to_yaml(const HardwareProfile& p) {
   return std::string(e.c_str()) + "\n";
 }
 
+GemmShapeModel gemm_shape_model(const std::string& device) {
+  GemmShapeModel g;
+  // SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper (108 on A100), NVIDIA H100 Tensor
+  // Core GPU Architecture whitepaper (132 on H100 SXM5; H200 is the same GH100 with HBM3e).
+  if (device == "A100-SXM-80GB")
+    g.sms = 108;
+  else if (device == "H100-SXM" || device == "H200")
+    g.sms = 132;
+  else
+    return g;
+  // cuBLAS's tile shapes (NVIDIA, Matrix Multiplication Background User's Guide, "Tile
+  // quantization": 256x128 down to 64x64); a tile's rate relative to the largest by its operand
+  // reuse, tm·tn / (tm + tn) over 128·256 / 384 (the guide: larger tiles reuse more data).
+  g.tiles = {{128, 256, 1.0}, {256, 128, 1.0}, {128, 128, 0.75},
+             {64, 128, 0.5},  {128, 64, 0.5},  {64, 64, 0.375}};
+  // Fitted, with the ceiling, to two published H100-class maxima (scenarios/hardware/README.md):
+  // bf16 6144x17920x2816 at 792.1 TFLOP/s and 8192^3 at about 790; both then give ceiling 0.827.
+  g.k_fixed = 32;
+  g.max_split_k = 4;
+  return g;
+}
+
 HardwareProfile default_hardware_profile(const std::string& device, bool is_gpu) {
   HardwareProfile p;
   p.name = device + "-default";
@@ -567,12 +655,18 @@ HardwareProfile default_hardware_profile(const std::string& device, bool is_gpu)
     p.classes[static_cast<int>(c)] = ClassCost{fe, be, overhead_ns};
   };
   if (is_gpu) {
-    // Typical large-model bf16 efficiencies on NVIDIA datacenter GPUs (cuBLAS GEMMs reach 70-80 %
-    // of dense peak at these sizes, fused attention about half, memory-bound kernels 80-90 % of
-    // HBM bandwidth), a few microseconds of launch overhead per kernel.
+    // bf16 on NVIDIA datacenter GPUs; the sources of each number are in scenarios/hardware/README.md.
+    // GEMMs: by shape (gemm_shape_model) under the ceiling a large GEMM reaches, fitted to the
+    // published maximum achievable matmul FLOPS; devices without a shape model at a flat 0.70.
+    // Fused attention about half of peak, memory-bound kernels 80-90 % of HBM bandwidth, a few
+    // microseconds of launch overhead per kernel.
     p.precision = "bf16";
     p.data_load_ns = 20'000;
-    set(OpClass::Gemm, 0.70, 0.85, 4'000);
+    p.gemm_shape = gemm_shape_model(device);
+    const double gemm_ceiling = device == "A100-SXM-80GB"                  ? 0.872
+                                : device == "H100-SXM" || device == "H200" ? 0.827
+                                                                           : 0.70;
+    set(OpClass::Gemm, gemm_ceiling, 0.85, 4'000);
     set(OpClass::Attention, 0.50, 0.85, 6'000);
     set(OpClass::Elementwise, 1.0, 0.85, 3'000);
     set(OpClass::LayerNorm, 1.0, 0.80, 3'000);

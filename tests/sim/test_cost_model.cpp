@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
@@ -262,9 +265,170 @@ TEST(HardwareProfile, ShippedDefaultsLoadAndMatchTheBuiltIns) {
           << name << " " << c;
       EXPECT_EQ(p.classes[c].overhead_ns, b.classes[c].overhead_ns) << name << " " << c;
     }
+    EXPECT_EQ(p.gemm_shape.sms, b.gemm_shape.sms) << name;
+    EXPECT_EQ(p.gemm_shape.k_fixed, b.gemm_shape.k_fixed) << name;
+    EXPECT_EQ(p.gemm_shape.max_split_k, b.gemm_shape.max_split_k) << name;
+    ASSERT_EQ(p.gemm_shape.tiles.size(), b.gemm_shape.tiles.size()) << name;
+    for (size_t i = 0; i < p.gemm_shape.tiles.size(); ++i) {
+      EXPECT_EQ(p.gemm_shape.tiles[i].m, b.gemm_shape.tiles[i].m) << name << " tile " << i;
+      EXPECT_EQ(p.gemm_shape.tiles[i].n, b.gemm_shape.tiles[i].n) << name << " tile " << i;
+      EXPECT_EQ(p.gemm_shape.tiles[i].relative, b.gemm_shape.tiles[i].relative)
+          << name << " tile " << i;
+    }
     ++n;
   }
   EXPECT_GE(n, 4);
+}
+
+// ---- GEMMs priced by shape (hardware.hpp GemmShapeModel, cost_model.hpp gemm_shape_efficiency).
+
+GemmShapeModel one_tile_model(int sms, double k_fixed, int max_split_k) {
+  GemmShapeModel g;
+  g.sms = sms;
+  g.tiles = {{128, 128, 1.0}};
+  g.k_fixed = k_fixed;
+  g.max_split_k = max_split_k;
+  return g;
+}
+
+TEST(GemmShape, TileAndWaveQuantisationInClosedForm) {
+  const GemmShapeModel g = one_tile_model(4, 0, 1);
+  // 2 x 2 tiles fill the 4 SMs in one wave: the ideal.
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(g, 256, 256, 1000), 1.0);
+  // One row more: 3 x 2 tiles, two waves of 128 x 128 tiles for 257 x 256 outputs.
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(g, 257, 256, 1000), 257.0 * 256 / (4.0 * 2 * 128 * 128));
+  // Half the SMs busy: one tile, one wave.
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(g, 128, 256, 1000), 0.5);
+  // A tile's fixed cost in units of K: k / (k + k_fixed).
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(one_tile_model(4, 24, 1), 256, 256, 1000), 1000.0 / 1024);
+}
+
+TEST(GemmShape, SplitKFillsIdleSms) {
+  // One output tile over 4 SMs: split 4 ways, each a quarter of K (plus the fixed cost).
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(one_tile_model(4, 0, 4), 128, 128, 1024), 1.0);
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(one_tile_model(4, 32, 4), 128, 128, 1024),
+                   256.0 / (256 + 32));
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(one_tile_model(4, 0, 1), 128, 128, 1024), 0.25);
+  // Never split into more blocks than SMs: 3 tiles over 4 SMs stay unsplit.
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(one_tile_model(4, 0, 4), 384, 128, 1024), 0.75);
+}
+
+TEST(GemmShape, TheFastestCandidateTileWins) {
+  GemmShapeModel g = one_tile_model(4, 0, 1);
+  g.tiles.push_back({64, 64, 0.5});
+  // 128 x 128 outputs: one big tile (0.25 of the SMs) or 4 small ones in one wave at half rate.
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(g, 128, 128, 1000), 0.5);
+  // 256 x 256: the big tile fills the SMs.
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(g, 256, 256, 1000), 1.0);
+}
+
+TEST(GemmShape, OffWithoutAModelOrAShape) {
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(GemmShapeModel{}, 1, 1, 1), 1.0);
+  const HardwareProfile cpu = default_hardware_profile("cpu", false);
+  EXPECT_FALSE(cpu.gemm_shape.enabled());
+  Kernel k{OpClass::Gemm, 1e9, 1e6};
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(gemm_shape_model("H100-SXM"), k), 1.0);  // no shape
+  k.gm = 16, k.gn = 16, k.gk = 16;
+  k.cls = OpClass::Elementwise;
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(gemm_shape_model("H100-SXM"), k), 1.0);
+}
+
+TEST(GemmShape, BackwardIsTheHarmonicMeanOfItsTwoProducts) {
+  const GemmShapeModel g = gemm_shape_model("H100-SXM");
+  Kernel k{OpClass::Gemm, 2 * 2.0 * 2048 * 4608 * 12288, 0};
+  k.gm = 2048, k.gn = 4608, k.gk = 12288;
+  k.gemm_backward = true;
+  const double a = gemm_shape_efficiency(g, 2048, 12288, 4608);  // input gradient
+  const double b = gemm_shape_efficiency(g, 12288, 4608, 2048);  // weight gradient
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(g, k), 2.0 / (1.0 / a + 1.0 / b));
+  // The block's backward kernels carry their forward shape, flagged.
+  ModelDims d;
+  d.batch = 1, d.seq = 2048, d.d_model = 12288, d.heads = 96, d.vocab = 51200, d.tp = 8;
+  d.act_bytes = 2;
+  const auto fwd = block_forward_kernels(d);
+  const auto bwd = op_kernels("bwd.block", 0, 1, d);
+  ASSERT_TRUE(bwd.has_value());
+  int gemms = 0;
+  for (const auto& x : *bwd) {
+    if (x.cls != OpClass::Gemm) continue;
+    ++gemms;
+    EXPECT_TRUE(x.gemm_backward);
+    EXPECT_EQ(x.gm, 2048);
+  }
+  EXPECT_EQ(gemms, 4);
+  EXPECT_EQ(fwd[1].cls, OpClass::Gemm);  // qkv: 2048 tokens x 3·12288/8 over 12288
+  EXPECT_EQ(fwd[1].gn, 3.0 * 12288 / 8);
+  EXPECT_EQ(fwd[1].gk, 12288);
+  EXPECT_FALSE(fwd[1].gemm_backward);
+}
+
+// The presets reproduce the published maxima they were fitted to (scenarios/hardware/README.md),
+// and skinny or small products fall far below them.
+double tflops(const std::string& device, double m, double n, double k) {
+  const HardwareProfile p = default_hardware_profile(device, true);
+  const double peak = device == "A100-SXM-80GB" ? 312e12 : 989e12;
+  const CostModel cm(p, peak, 3.35e12);
+  Kernel g{OpClass::Gemm, 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n)};
+  g.gm = m, g.gn = n, g.gk = k;
+  const int64_t ns = cm.kernel_ns(g) - p.cost(OpClass::Gemm).overhead_ns;
+  return 2.0 * m * n * k / (double(ns) * 1e-9) / 1e12;
+}
+
+TEST(GemmShape, PresetsReachThePublishedMaxima) {
+  EXPECT_NEAR(tflops("H200", 8192, 8192, 8192), 790.0, 790.0 * 0.01);
+  EXPECT_NEAR(tflops("H100-SXM", 6144, 17920, 2816), 792.1, 792.1 * 0.01);
+  EXPECT_NEAR(tflops("A100-SXM-80GB", 6912, 16384, 2048), 267.9, 267.9 * 0.01);
+  // Far below: a 16-token product (memory-bound on its weights) and a 1024^3 one (8 x 4 tiles
+  // on 132 SMs, one partial wave).
+  EXPECT_LT(tflops("H100-SXM", 16, 4096, 4096), 100.0);
+  EXPECT_LT(tflops("H100-SXM", 1024, 1024, 1024), 0.9 * 790.0);
+  // 132 x 2 tiles of 128 x 256 are two full waves on the 132 SMs; 8 more columns need a third
+  // (or smaller tiles): 0.996 -> 0.674 of the ceiling (both compute-bound: 512 FLOP per byte).
+  const double full = tflops("H100-SXM", 16896, 512, 8192);
+  const double more = tflops("H100-SXM", 16896, 520, 8192);
+  EXPECT_NEAR(more / full, 0.6744 / 0.9961, 0.005);
+}
+
+TEST(HardwareProfile, GemmShapeRoundTripAndBadInput) {
+  const std::string base = "name: g\ndevice: H100-SXM\nprecision: bf16\n";
+  const HardwareProfile p = parse_hardware_profile(
+      base +
+          "gemm_shape: {sms: 8, tiles: [{m: 64, n: 32, relative: 0.5}, {m: 16, n: 16}], "
+          "k_fixed: 12.5, max_split_k: 3}\n",
+      "g.yaml");
+  ASSERT_TRUE(p.gemm_shape.enabled());
+  EXPECT_EQ(p.gemm_shape.sms, 8);
+  ASSERT_EQ(p.gemm_shape.tiles.size(), 2u);
+  EXPECT_EQ(p.gemm_shape.tiles[0].n, 32);
+  EXPECT_EQ(p.gemm_shape.tiles[0].relative, 0.5);
+  EXPECT_EQ(p.gemm_shape.tiles[1].relative, 1.0);
+  EXPECT_EQ(p.gemm_shape.k_fixed, 12.5);
+  EXPECT_EQ(p.gemm_shape.max_split_k, 3);
+  const HardwareProfile q = parse_hardware_profile(to_yaml(p), "again.yaml");
+  EXPECT_EQ(q.gemm_shape.sms, 8);
+  ASSERT_EQ(q.gemm_shape.tiles.size(), 2u);
+  EXPECT_EQ(q.gemm_shape.tiles[0].m, 64);
+  EXPECT_EQ(q.gemm_shape.k_fixed, 12.5);
+  EXPECT_EQ(q.gemm_shape.max_split_k, 3);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"gemm_shape: {sms: 8}", "needs sms and tiles"},
+      {"gemm_shape: {sms: 0, tiles: [{m: 1, n: 1}]}", "gemm_shape.sms"},
+      {"gemm_shape: {sms: 8, tiles: []}", "gemm_shape.tiles"},
+      {"gemm_shape: {sms: 8, tiles: [{m: 1}]}", "needs n"},
+      {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1, relative: 0}]}", "gemm_shape.tiles[0].relative"},
+      {"gemm_shape: {sms: 8, tiles: [{m: 1.5, n: 1}]}", "gemm_shape.tiles[0].m"},
+      {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1}], k_fixed: -1}", "gemm_shape.k_fixed"},
+      {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1}], waves: 2}", "waves"},
+  };
+  for (const auto& [yaml, want] : bad) {
+    try {
+      parse_hardware_profile(base + yaml + "\n", "bad.yaml");
+      ADD_FAILURE() << yaml << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("bad.yaml"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -60,7 +60,24 @@ struct Kernel {
   double flops = 0;
   double bytes = 0;
   int op = -1;  // the model::BlockOp it belongs to (block kernels), -1 elsewhere
+  // A GEMM's shape, out (m x n) = in (m x k) · W (k x n); 0 when not a GEMM. In a backward kernel
+  // (gemm_backward) the two products of the layer's gradients: the input gradient (m x k, over n)
+  // and the weight gradient (k x n, over m), half the kernel's FLOPs each.
+  double gm = 0, gn = 0, gk = 0;
+  bool gemm_backward = false;
 };
+
+// The fraction of its class ceiling a GEMM of shape (m x n, over k) reaches under `g`
+// (hardware.hpp's GemmShapeModel): of the candidate tiles and split-K factors the one with the
+// shortest time, where a wave of up to `sms` thread blocks each computes a (tile.m x tile.n)
+// output tile over k / split + k_fixed steps at tile.relative of the best tile's rate, against
+// the ideal m·n·k spread over every SM: 1 for a large shape cut evenly into full waves (less only
+// k / (k + k_fixed)), far less for skinny or small products and shapes a wave leaves part empty.
+// 1 when `g` is off or the shape unknown.
+double gemm_shape_efficiency(const GemmShapeModel& g, double m, double n, double k);
+// The same for a kernel: its forward product, or the FLOP-weighted harmonic mean of the two
+// products of a backward kernel.
+double gemm_shape_efficiency(const GemmShapeModel& g, const Kernel& k);
 
 // Kernels of each compute op of the step (one micro-batch, one rank).
 std::vector<Kernel> embedding_forward_kernels(const ModelDims& d);
@@ -93,7 +110,8 @@ std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, 
 double total_flops(const std::vector<Kernel>& ks);
 double total_bytes(const std::vector<Kernel>& ks);
 
-// Roofline timing of kernels with a profile and a device's peaks.
+// Roofline timing of kernels with a profile and a device's peaks. A GEMM with a shape under a
+// profile with a `gemm_shape:` model computes at flops_efficiency x gemm_shape_efficiency.
 class CostModel {
  public:
   // `peak_flops` and `memory_bandwidth_bytes_per_s` are the device's (the profile's non-zero

@@ -37,6 +37,11 @@
 //     comm_compute_weight: 2.5  #   a collective launched while k ranks of the node compute takes
 //                               #   (1 + weight x k / cores) x its time (its progress thread loses the cores)
 //     comm_thread_weight: 0.8   #   busy threads each collective in flight adds to the compute slowdown
+//   gemm_shape:                 # optional (GPU presets): GEMM time by shape (GemmShapeModel)
+//     sms: 132
+//     tiles: [{m: 128, n: 256, relative: 1.0}, {m: 128, n: 128, relative: 0.75}, ...]
+//     k_fixed: 32
+//     max_split_k: 4
 //   ops:                        # optional (calibrated profiles): measured lone-rank op times
 //     - {name: fwd.block, batch: 8, seq: 128, d_model: 256, heads: 4, vocab: 8192, tp: 1, time_us: 24784}
 //     - {name: adamw, params: 5.3e6, time_us: 29695}   #   the optimizer: by parameters held
@@ -133,6 +138,25 @@ struct CoreSharing {
   double comm_thread_weight = 0.0;
 };
 
+// How a GPU runs a matrix product (the `gemm_shape:` section; sms == 0: no shape model, every GEMM
+// at its class's flat efficiency, as CPU profiles and older calibrated ones are). cuBLAS cuts the
+// (M x N) output into tiles, one thread block each, and runs them in waves over the SMs (NVIDIA,
+// "Matrix Multiplication Background User's Guide": tile quantisation, wave quantisation). Of the
+// candidate tiles it picks the fastest for the shape; a tile's main loop runs K/tile_k iterations
+// after a fixed prologue and before an epilogue worth `k_fixed` of K. The class's flops_efficiency
+// is then the ceiling a large, well-shaped GEMM reaches (gemm_efficiency in cost_model.hpp).
+struct GemmTile {
+  int m = 0, n = 0;       // output tile
+  double relative = 1.0;  // its per-SM throughput against the best tile's, (0, 1]
+};
+struct GemmShapeModel {
+  int sms = 0;                  // streaming multiprocessors (0: off)
+  std::vector<GemmTile> tiles;  // candidates, best first
+  double k_fixed = 0;           // a tile's fixed cost in units of K (prologue, epilogue)
+  int max_split_k = 1;          // split-K factors cuBLAS may use when tiles < sms (1: never)
+  bool enabled() const { return sms > 0 && !tiles.empty(); }
+};
+
 // A compute op's measured time on one rank alone (the `ops:` section, written by `orrery calibrate`):
 // the op named `name` (the runtime's and the workload's names: fwd.block, bwd.head, adamw, ...) at
 // one shape. `piece`/`pieces`: a piece of a tensor-parallel block (pieces 3) or the whole op (1).
@@ -174,6 +198,7 @@ struct HardwareProfile {
   // independently late arrivals. 0 = none. Fitted by `orrery calibrate` from the multi-rank runs.
   double op_jitter = 0;
   std::vector<MeasuredOp> ops;  // the `ops:` section
+  GemmShapeModel gemm_shape;    // the `gemm_shape:` section
 
   const ClassCost& cost(OpClass c) const { return classes[static_cast<int>(c)]; }
   // The override for `op` over a group that is (or is not) inside one node, or null. With
@@ -189,8 +214,11 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
 std::string to_yaml(const HardwareProfile& p);
 
 // Built-in uncalibrated defaults for a device preset (the same numbers as the shipped
-// scenarios/hardware/<device>.yaml): GPUs use bf16 with gemm efficiency 0.7, CPUs fp32 with 0.5.
+// scenarios/hardware/<device>.yaml): GPUs use bf16, with GEMMs priced by shape under a measured
+// ceiling on the A100, H100 and H200 presets (0.7 flat on other GPUs), CPUs fp32 with 0.5.
 // `is_gpu` picks the family for names not known here.
 HardwareProfile default_hardware_profile(const std::string& device, bool is_gpu);
+// The GEMM shape model of a device preset (A100-SXM-80GB, H100-SXM, H200); off for others.
+GemmShapeModel gemm_shape_model(const std::string& device);
 
 }  // namespace orrery::sim
