@@ -72,7 +72,20 @@ Command setup(CLI::App& root) {
       throw InputError("--gpus must be >= 1, got " + std::to_string(a->gpus));
     if (a->gpus != -1) target.cluster = sim::resize_cluster(target.cluster, a->gpus);
     const sim::Cluster& cluster = target.cluster;
-    const Scenario s = sim::fit_layout(loaded, cluster);
+    // The layout grows its dp to fill a larger cluster; when that dp does not fit the scenario,
+    // the error says how to simulate the scenario's own GPU count instead.
+    const Scenario s = [&] {
+      try {
+        return sim::fit_layout(loaded, cluster);
+      } catch (const InputError& e) {
+        if (a->gpus != -1 || cluster.num_gpus() <= loaded.world_size()) throw;
+        throw InputError(std::string(e.what()) + " (the cluster " + cluster.name + " has " +
+                         std::to_string(cluster.num_gpus()) +
+                         " GPUs and dp grows to fill them; --gpus " +
+                         std::to_string(loaded.world_size()) + " simulates the scenario's own " +
+                         std::to_string(loaded.world_size()) + ")");
+      }
+    }();
     if (s.parallel.dp != loaded.parallel.dp && !a->json)
       std::cerr << "orrery sim: dp set to " << s.parallel.dp << " to fill the "
                 << cluster.num_gpus() << " GPUs of " << cluster.name << "\n";

@@ -83,6 +83,19 @@ Kernel linear(const Shape& x, double ic, double oc, double bias_count) {
 }
 // Row-parallel epilogue: out = residual + partial (summed over tp) + bias.
 Kernel bias_residual(const Shape& x) { return {OpClass::Elementwise, 0.0, x.e * 3.0 * x.n * x.c}; }
+// Fused causal attention (scores, softmax, weighted sum): 2·T·C/tp FLOPs per token (the model
+// count, whatever the key/value heads); reads q, k, v and writes the heads' output. Its shape
+// (T queries x T keys over the head size, B x H/tp of them) prices unfused attention.
+Kernel attention_kernel(const ModelDims& d, const Shape& x, double cs, double kvs) {
+  Kernel k{OpClass::Attention, x.n * 2.0 * x.t * cs, x.e * x.n * (2.0 * cs + 2.0 * kvs),
+           int(model::BlockOp::Attention)};
+  k.gm = x.t;
+  k.gn = x.t;
+  k.gk = double(d.d_model / d.heads);
+  k.gbatch = double(d.batch) * double(d.heads / d.tp);
+  k.elem_bytes = x.e;
+  return k;
+}
 Kernel tagged(Kernel k, model::BlockOp op) {
   k.op = static_cast<int>(op);
   return k;
@@ -126,8 +139,7 @@ std::vector<Kernel> block_forward_kernels(const ModelDims& d) {
   const std::vector<Kernel> rest{
       // Fused causal attention (scores, softmax, weighted sum): 2·T·C/tp FLOPs per token (the
       // model count, whatever the key/value heads); reads q, k, v and writes the heads' output.
-      {OpClass::Attention, x.n * 2.0 * x.t * cs, x.e * x.n * (2.0 * cs + 2.0 * kvs),
-       int(BlockOp::Attention)},
+      attention_kernel(d, x, cs, kvs),
       tagged(linear(x, cs, x.c, x.b * x.c / x.tp), BlockOp::Proj),
       tagged(bias_residual(x), BlockOp::AttnResidual),
       tagged(layernorm(x, true), BlockOp::Ln2),
@@ -324,7 +336,29 @@ double gemm_shape_efficiency(const GemmShapeModel& g, const Kernel& k) {
   return 2.0 / (1.0 / a + 1.0 / b);
 }
 
+int64_t CostModel::unfused_attention_ns(const Kernel& k) const {
+  // The standard implementation (Dao et al. 2022, "FlashAttention", section 2.2): S = Q·K^T and
+  // O = P·V as batched GEMMs over the full T x T scores (the causal mask applied after, so twice
+  // the causal FLOPs), S written to HBM, read by the softmax, P written, read by the second GEMM:
+  // 4 T² elements per head moved. Backward: twice the forward.
+  const ClassCost& g = profile_.cost(OpClass::Gemm);
+  const ClassCost& el = profile_.cost(OpClass::Elementwise);
+  const double rows = k.gm * k.gbatch;  // the batch stacked as rows: the same tiles
+  const double gemm_flops = 2.0 * rows * k.gn * k.gk;
+  const double qk = gemm_flops / (peak_flops_ * g.flops_efficiency *
+                                  gemm_shape_efficiency(profile_.gemm_shape, rows, k.gn, k.gk));
+  const double pv = gemm_flops / (peak_flops_ * g.flops_efficiency *
+                                  gemm_shape_efficiency(profile_.gemm_shape, rows, k.gk, k.gn));
+  const double scores = 4.0 * k.elem_bytes * rows * k.gn / (bandwidth_ * el.bandwidth_efficiency);
+  const double io = k.bytes / (bandwidth_ * g.bandwidth_efficiency);
+  const double s = (k.gemm_backward ? 2.0 : 1.0) * (qk + pv + scores);
+  return static_cast<int64_t>(std::ceil(std::max(s, io) * 1e9)) + 2 * g.overhead_ns +
+         el.overhead_ns;
+}
+
 int64_t CostModel::kernel_ns(const Kernel& k) const {
+  if (k.cls == OpClass::Attention && !profile_.attention_fused && k.gm > 0)
+    return unfused_attention_ns(k);
   const ClassCost& c = profile_.cost(k.cls);
   const double compute_s =
       k.flops / (peak_flops_ * c.flops_efficiency * gemm_shape_efficiency(profile_.gemm_shape, k));

@@ -123,7 +123,7 @@ YAML::Node load_document(const std::string& yaml_text, const std::string& origin
   check_keys(root,
              {"name", "device", "precision", "peak_flops", "memory_bandwidth_gbps", "data_load_us",
               "kernels", "collectives", "machine", "cluster", "sharing", "ops", "rank_jitter",
-              "op_jitter", "gemm_shape"},
+              "op_jitter", "gemm_shape", "attention_kernel"},
              origin, "");
   return root;
 }
@@ -485,6 +485,13 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (const auto sh = root["sharing"]) p.sharing = parse_sharing(sh, origin);
   if (const auto m = root["machine"]) p.machine = parse_machine(m, origin);
   if (const auto g = root["gemm_shape"]) p.gemm_shape = parse_gemm_shape(g, origin);
+  if (const auto a = root["attention_kernel"]) {
+    const std::string v = get_string(a, origin, "attention_kernel");
+    if (v != "fused" && v != "unfused")
+      throw InputError(where(origin, a, "attention_kernel") + ": expected fused or unfused, got '" +
+                       v + "'");
+    p.attention_fused = v == "fused";
+  }
   return p;
 }
 
@@ -529,6 +536,7 @@ std::string to_yaml(const HardwareProfile& p) {
     e << YAML::EndMap;
   }
   e << YAML::EndMap;
+  if (!p.attention_fused) e << YAML::Key << "attention_kernel" << YAML::Value << "unfused";
   if (p.gemm_shape.enabled()) {
     const GemmShapeModel& g = p.gemm_shape;
     e << YAML::Key << "gemm_shape" << YAML::Value << YAML::BeginMap;

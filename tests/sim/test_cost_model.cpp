@@ -389,6 +389,54 @@ TEST(GemmShape, PresetsReachThePublishedMaxima) {
   EXPECT_NEAR(more / full, 0.6744 / 0.9961, 0.005);
 }
 
+TEST(Attention, UnfusedInClosedForm) {
+  const HardwareProfile p = parse_hardware_profile(
+      "name: u\nprecision: bf16\nattention_kernel: unfused\nkernels:\n"
+      "  gemm: {flops_efficiency: 0.5, bandwidth_efficiency: 1.0, overhead_us: 1}\n"
+      "  elementwise: {flops_efficiency: 1.0, bandwidth_efficiency: 0.5, overhead_us: 2}\n",
+      "u.yaml");
+  EXPECT_FALSE(p.attention_fused);
+  EXPECT_FALSE(parse_hardware_profile(to_yaml(p), "again.yaml").attention_fused);
+  const double peak = 1e15, bw = 2e12;
+  const CostModel cm(p, peak, bw);
+  ModelDims d;
+  d.batch = 2, d.seq = 1024, d.d_model = 1024, d.heads = 8, d.vocab = 1000, d.tp = 2;
+  d.act_bytes = 2;
+  const auto fwd = block_forward_kernels(d);
+  const Kernel* att = nullptr;
+  for (const auto& k : fwd)
+    if (k.cls == OpClass::Attention) att = &k;
+  ASSERT_NE(att, nullptr);
+  EXPECT_EQ(att->gm, 1024);
+  EXPECT_EQ(att->gk, 128);
+  EXPECT_EQ(att->gbatch, 2.0 * 8 / 2);
+  // Two GEMMs of 2·(B·H/tp·T)·T·hd FLOPs at half the peak, 4 T² elements per head at half the
+  // bandwidth, three kernels' overheads; the q, k, v, o traffic is smaller here.
+  const double rows = 8.0 * 1024;
+  const double gemm_s = 2 * (2.0 * rows * 1024 * 128) / (peak * 0.5);
+  const double scores_s = 4.0 * 2 * rows * 1024 / (bw * 0.5);
+  const int64_t want = int64_t(std::ceil((gemm_s + scores_s) * 1e9)) + 2 * 1000 + 2000;
+  EXPECT_EQ(cm.kernel_ns(*att), want);
+  // Backward: twice the forward's work.
+  const auto bwd = op_kernels("bwd.block", 0, 1, d);
+  ASSERT_TRUE(bwd.has_value());
+  for (const auto& k : *bwd) {
+    if (k.cls != OpClass::Attention) continue;
+    EXPECT_EQ(cm.kernel_ns(k), int64_t(std::ceil(2 * (gemm_s + scores_s) * 1e9)) + 4000);
+  }
+  // Fused (the default) is the class's roofline, unchanged.
+  HardwareProfile f = p;
+  f.attention_fused = true;
+  const CostModel cf(f, peak, bw);
+  const ClassCost& a = f.cost(OpClass::Attention);
+  EXPECT_EQ(cf.kernel_ns(*att),
+            int64_t(std::ceil(std::max(att->flops / (peak * a.flops_efficiency),
+                                       att->bytes / (bw * a.bandwidth_efficiency)) *
+                              1e9)) +
+                a.overhead_ns);
+  EXPECT_THROW(parse_hardware_profile("name: x\nattention_kernel: flash\n", "x.yaml"), InputError);
+}
+
 TEST(HardwareProfile, GemmShapeRoundTripAndBadInput) {
   const std::string base = "name: g\ndevice: H100-SXM\nprecision: bf16\n";
   const HardwareProfile p = parse_hardware_profile(

@@ -65,6 +65,10 @@ struct Kernel {
   // and the weight gradient (k x n, over m), half the kernel's FLOPs each.
   double gm = 0, gn = 0, gk = 0;
   bool gemm_backward = false;
+  // Attention kernels: queries (gm) x keys (gn) over the head size (gk), gbatch = sequences x
+  // this rank's heads; gemm_backward marks the backward kernel. Used by unfused attention only.
+  double gbatch = 1;
+  double elem_bytes = 0;  // bytes per activation element (attention kernels)
 };
 
 // The fraction of its class ceiling a GEMM of shape (m x n, over k) reaches under `g`
@@ -118,6 +122,9 @@ class CostModel {
   // overrides take precedence).
   CostModel(HardwareProfile profile, double peak_flops, double memory_bandwidth_bytes_per_s);
   int64_t kernel_ns(const Kernel& k) const;
+  // An attention kernel as the standard unfused implementation runs it (profile attention_fused
+  // false): two batched GEMMs over the full scores and the T x T scores through HBM.
+  int64_t unfused_attention_ns(const Kernel& k) const;
   int64_t op_ns(const std::vector<Kernel>& ks) const;
   // The time of a named op (op_kernels' names and arguments). Without measured ops in the profile
   // (HardwareProfile::ops) or without one of this name, op_ns of its kernels. With them, measured

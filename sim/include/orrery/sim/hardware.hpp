@@ -37,6 +37,7 @@
 //     comm_compute_weight: 2.5  #   a collective launched while k ranks of the node compute takes
 //                               #   (1 + weight x k / cores) x its time (its progress thread loses the cores)
 //     comm_thread_weight: 0.8   #   busy threads each collective in flight adds to the compute slowdown
+//   attention_kernel: fused     # or unfused: the T x T scores through memory (cost_model.hpp)
 //   gemm_shape:                 # optional (GPU presets): GEMM time by shape (GemmShapeModel)
 //     sms: 132
 //     tiles: [{m: 128, n: 256, relative: 1.0}, {m: 128, n: 128, relative: 0.75}, ...]
@@ -199,6 +200,9 @@ struct HardwareProfile {
   double op_jitter = 0;
   std::vector<MeasuredOp> ops;  // the `ops:` section
   GemmShapeModel gemm_shape;    // the `gemm_shape:` section
+  // `attention_kernel: fused` (default: FlashAttention-style, the class's roofline) or `unfused`
+  // (two batched GEMMs and the T x T scores through memory, CostModel::unfused_attention_ns).
+  bool attention_fused = true;
 
   const ClassCost& cost(OpClass c) const { return classes[static_cast<int>(c)]; }
   // The override for `op` over a group that is (or is not) inside one node, or null. With
