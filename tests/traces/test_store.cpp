@@ -587,6 +587,60 @@ TEST(Merge, IncompleteInputIsMergedAndNoted) {
   EXPECT_EQ(m.strings.str(m.spans.back().name), "late");
 }
 
+// merge_traces streams each input stream by stream in windows of start time: a stream of many
+// windows' worth of spans, with zero-length spans, ties in start and spans far longer than a
+// window, comes out span for span as it went in.
+TEST(Merge, StreamsLargeStreamsInWindowsExactly) {
+  TempDir dir;
+  Trace t;
+  t.meta.world_size = 1;
+  t.ranks.push_back({0, "h", "cpu", 0, 0, 0});
+  t.streams.push_back({0, 1, "compute"});
+  t.streams.push_back({0, 2, "comm"});
+  const NameId a = t.strings.intern("a"), b = t.strings.intern("b");
+  int64_t seq = 0;
+  for (int64_t i = 0; i < 300'000; ++i) {
+    Span sp;
+    sp.rank = 0;
+    sp.stream = 1;
+    sp.name = i % 2 ? a : b;
+    sp.start_ns = 10 * i;
+    sp.end_ns = sp.start_ns + (i % 7 == 0 ? 0 : 15);         // zero-length ones, and overlaps
+    if (i % 1000 == 0) sp.end_ns = sp.start_ns + 5'000'000;  // far longer than a window
+    sp.seq = seq++;
+    t.spans.push_back(sp);
+    if (i % 13 == 0) {  // a tie in start, added after
+      sp.seq = seq++;
+      sp.end_ns = sp.start_ns + 3;
+      t.spans.push_back(sp);
+    }
+  }
+  for (int64_t i = 0; i < 3; ++i) {
+    Span sp;
+    sp.rank = 0;
+    sp.stream = 2;
+    sp.name = a;
+    sp.start_ns = 1'000'000 * i;
+    sp.end_ns = sp.start_ns + 7;
+    sp.seq = seq++;
+    t.spans.push_back(sp);
+  }
+  const auto in = dir.path("in.db");
+  write_trace(t, in);
+  const Trace want = load_trace(in);
+  const auto out = dir.path("out.db");
+  merge_traces({in}, out);
+  const Trace got = load_trace(out);
+  ASSERT_EQ(got.spans.size(), want.spans.size());
+  ASSERT_EQ(got.spans.size(), 300'000u + 300'000u / 13 + 1 + 3);
+  for (size_t i = 0; i < got.spans.size(); ++i) {
+    ASSERT_EQ(got.strings.str(got.spans[i].name), want.strings.str(want.spans[i].name)) << i;
+    Span g = got.spans[i];
+    g.name = want.spans[i].name;
+    ASSERT_TRUE(same_span(g, want.spans[i])) << i;
+  }
+}
+
 TEST(Merge, BadInputIsAnInputError) {
   TempDir dir;
   const auto a = dir.path("a.db");

@@ -1715,68 +1715,118 @@ void export_sqlite(const std::string& input, const std::string& output) {
   write_whole(t, {input}, output, true);
 }
 
+namespace {
+
+// One input's spans into `w`, stream by stream in windows of about kMergeChunk spans of start
+// time, names remapped: memory is bounded by a window, not by the file.
+constexpr int64_t kMergeChunk = 1 << 16;
+
+void merge_spans_of(const TraceReader& reader, const std::vector<NameId>& remap, TraceWriter& w) {
+  for (const auto& b : reader.stream_bounds()) {
+    if (b.count <= 0) continue;
+    const int64_t range = b.end_ns - b.start_ns;
+    const int64_t windows = std::max<int64_t>(1, b.count / kMergeChunk);
+    const int64_t width = std::max<int64_t>(1, range / windows + 1);
+    int64_t taken = 0;
+    for (int64_t t0 = b.start_ns;; t0 += width) {
+      const int64_t t1 = t0 > std::numeric_limits<int64_t>::max() - width
+                             ? std::numeric_limits<int64_t>::max()
+                             : t0 + width;
+      std::vector<Span> spans = reader.spans_in_window(b.rank, b.stream, t0, t1);
+      // spans_in_window also returns spans that started before t0 and reach into the window:
+      // those belong to an earlier window.
+      std::vector<Span> mine;
+      mine.reserve(spans.size());
+      for (auto& sp : spans) {
+        if (sp.start_ns < t0) continue;
+        if (sp.name >= remap.size())
+          throw InputError(reader.path() + ": corrupt trace (span name " + std::to_string(sp.name) +
+                           " beyond the string table of " + std::to_string(remap.size()) + ")");
+        sp.name = remap[sp.name];
+        mine.push_back(sp);
+      }
+      taken += static_cast<int64_t>(mine.size());
+      w.add_spans(mine);
+      if (t1 == std::numeric_limits<int64_t>::max() || t1 > b.end_ns) break;
+    }
+    if (taken != b.count)
+      throw InputError(reader.path() + ": corrupt trace (rank " + std::to_string(b.rank) +
+                       ", stream " + std::to_string(b.stream) + ": " + std::to_string(taken) +
+                       " spans read, its blocks say " + std::to_string(b.count) + ")");
+  }
+}
+
+}  // namespace
+
 void merge_traces(const std::vector<std::string>& inputs, const std::string& output) {
   if (inputs.empty()) throw InputError(output + ": merge needs at least one input trace");
-  Trace out;
-  std::map<int32_t, RankInfo> ranks;
-  std::map<std::pair<int32_t, int32_t>, StreamInfo> streams;
-  std::map<int32_t, CommunicatorInfo> comms;
-  std::vector<std::string> incomplete;
-  bool first = true;
   for (const auto& path : inputs) {
     if (fs::weakly_canonical(path) == fs::weakly_canonical(output)) {
       throw InputError(output + ": merge output is also one of its inputs");
     }
-    TraceReader reader(path);
-    if (!reader.complete()) incomplete.push_back(path);
-    Trace t = reader.load_all();
-    if (first) {
-      out.meta = t.meta;
-      first = false;
-    } else {
-      out.meta.world_size = std::max(out.meta.world_size, t.meta.world_size);
-    }
-    for (auto& r : t.ranks) ranks[r.rank] = std::move(r);
-    for (auto& s : t.streams) streams[{s.rank, s.stream}] = std::move(s);
-    for (auto& c : t.comms) {
-      auto [it, inserted] = comms.try_emplace(c.id, c);
-      if (!inserted) {
-        // Each rank knows its own view of a communicator; keep the fullest member list.
-        if (c.ranks.size() > it->second.ranks.size()) it->second = std::move(c);
+  }
+  // The inputs are streamed into the output one at a time (spans by windows of each stream,
+  // counters of one input): memory is bounded by one input's counters and a window of spans.
+  AtomicFile f(output, AtomicFile::ByName{{"-wal", "-shm", "-journal"}});
+  {
+    TraceWriter w(f.temp_path(), 1 << 18);
+    RunMeta meta;
+    std::map<int32_t, RankInfo> ranks;
+    std::map<std::pair<int32_t, int32_t>, StreamInfo> streams;
+    std::map<int32_t, CommunicatorInfo> comms;
+    std::vector<std::string> incomplete;
+    bool first = true;
+    for (const auto& path : inputs) {
+      TraceReader reader(path);
+      if (!reader.complete()) incomplete.push_back(path);
+      const RunMeta m = reader.meta();
+      if (first) {
+        meta = m;
+        first = false;
+      } else {
+        meta.world_size = std::max(meta.world_size, m.world_size);
+      }
+      for (auto& r : reader.ranks()) ranks[r.rank] = std::move(r);
+      for (auto& s : reader.streams()) streams[{s.rank, s.stream}] = std::move(s);
+      for (auto& c : reader.communicators()) {
+        auto [it, inserted] = comms.try_emplace(c.id, c);
+        if (!inserted) {
+          // Each rank knows its own view of a communicator; keep the fullest member list.
+          if (c.ranks.size() > it->second.ranks.size()) it->second = std::move(c);
+        }
+      }
+      const StringTable strings = reader.strings();
+      std::vector<NameId> remap(strings.size());
+      for (size_t i = 0; i < strings.size(); ++i)
+        remap[i] = w.intern(strings.str(static_cast<NameId>(i)));
+      merge_spans_of(reader, remap, w);
+      for (auto c : reader.counters()) {
+        if (c.name >= remap.size())
+          throw InputError(path + ": corrupt trace (counter name " + std::to_string(c.name) +
+                           " beyond the string table)");
+        c.name = remap[c.name];
+        w.add_counter(c);
       }
     }
-    std::vector<NameId> remap(t.strings.size());
-    for (size_t i = 0; i < t.strings.size(); ++i) {
-      remap[i] = out.strings.intern(t.strings.str(static_cast<NameId>(i)));
+    for (const auto& [_, r] : ranks) w.add_rank(r);
+    for (const auto& [_, s] : streams) w.add_stream(s);
+    for (const auto& [_, c] : comms) w.add_communicator(c);
+    meta.world_size = std::max<int32_t>(meta.world_size, static_cast<int32_t>(ranks.size()));
+    nlohmann::json extra = nlohmann::json::object();
+    try {
+      extra = nlohmann::json::parse(meta.extra_json.empty() ? "{}" : meta.extra_json);
+      if (!extra.is_object()) extra = nlohmann::json{{"previous_extra", extra}};
+    } catch (const nlohmann::json::exception&) {
+      extra = nlohmann::json{{"previous_extra_text", meta.extra_json}};
     }
-    out.spans.reserve(out.spans.size() + t.spans.size());
-    for (auto s : t.spans) {
-      s.name = remap[s.name];
-      out.spans.push_back(s);
-    }
-    for (auto c : t.counters) {
-      c.name = remap[c.name];
-      out.counters.push_back(c);
-    }
+    extra["merged_from"] = inputs.size();
+    if (!incomplete.empty()) extra["incomplete_inputs"] = incomplete;
+    meta.extra_json = extra.dump();
+    w.set_meta(meta);
+    w.close();
   }
-  for (auto& [_, r] : ranks) out.ranks.push_back(std::move(r));
-  for (auto& [_, s] : streams) out.streams.push_back(std::move(s));
-  for (auto& [_, c] : comms) out.comms.push_back(std::move(c));
-  out.meta.world_size = std::max<int32_t>(out.meta.world_size, static_cast<int32_t>(ranks.size()));
-  out.sort_spans();
-
-  nlohmann::json extra = nlohmann::json::object();
-  try {
-    extra = nlohmann::json::parse(out.meta.extra_json.empty() ? "{}" : out.meta.extra_json);
-    if (!extra.is_object()) extra = nlohmann::json{{"previous_extra", extra}};
-  } catch (const nlohmann::json::exception&) {
-    extra = nlohmann::json{{"previous_extra_text", out.meta.extra_json}};
-  }
-  extra["merged_from"] = inputs.size();
-  if (!incomplete.empty()) extra["incomplete_inputs"] = incomplete;
-  out.meta.extra_json = extra.dump();
-
-  write_whole(out, inputs, output, false);
+  copy_foreign_tables(inputs, f.temp_path());
+  f.commit();
 }
 
 }  // namespace orrery::traces
