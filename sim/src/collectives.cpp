@@ -27,6 +27,8 @@ std::string_view to_string(Algorithm a) {
       return "direct";
     case Algorithm::Hierarchical:
       return "hierarchical";
+    case Algorithm::Nvls:
+      return "nvls";
   }
   return "?";
 }
@@ -41,6 +43,7 @@ std::optional<Algorithm> algorithm_from_string(std::string_view s) {
     return Algorithm::HalvingDoubling;
   if (l == "direct") return Algorithm::Direct;
   if (l == "hier" || l == "hierarchical") return Algorithm::Hierarchical;
+  if (l == "nvls" || l == "nvlink-sharp") return Algorithm::Nvls;
   return std::nullopt;
 }
 
@@ -417,6 +420,21 @@ std::vector<Phase> plan_hierarchical(const PlanInput& in) {
   return phases;
 }
 
+// NVLink SHARP all-reduce: every GPU reduces its 1/n of the buffer in the switch (multimem loads
+// from all n GPUs) and multicasts the result (multimem stores), so each GPU link carries (n-1)/n of
+// the buffer each way: the traffic of a direct exchange of S/n between every pair. One node only.
+std::vector<Phase> plan_nvls(const PlanInput& in, const Cluster& c) {
+  if (in.op != CollOp::AllReduce) unsupported(in.req.op, Algorithm::Nvls);
+  if (in.nodes.size() != 1 || !c.nccl.nvls) {
+    throw InputError("NVLS needs the cluster's nccl model with nvls: true and members on one node");
+  }
+  PhaseBuilder b;
+  const auto& m = in.req.members;
+  for (int i = 0; i < in.n; ++i)
+    for (int j = 0; j < in.n; ++j) b.add(m[i], m[j], in.bytes / in.n);
+  return {b.take(1)};
+}
+
 }  // namespace
 
 CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
@@ -424,6 +442,7 @@ CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
   CollectivePlan plan;
   plan.algo = req.algo == Algorithm::Auto ? choose_algorithm(c, req) : req.algo;
   plan.channels = effective_channels(c, req);
+  plan.protocol = req.protocol == Protocol::Auto ? Protocol::Simple : req.protocol;
   const PlanInput in{req,
                      req.op == CollOp::Barrier ? CollOp::AllReduce : req.op,
                      plan.channels,
@@ -455,6 +474,9 @@ CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
     case Algorithm::Hierarchical:
       plan.phases = plan_hierarchical(in);
       return plan;
+    case Algorithm::Nvls:
+      plan.phases = plan_nvls(in, c);
+      return plan;
     case Algorithm::Auto:
       break;
   }
@@ -472,12 +494,37 @@ std::vector<Algorithm> candidate_algorithms(const Cluster& c, const CollectiveRe
       bool multi_node = false;
       for (int32_t g : req.members)
         multi_node = multi_node || c.node_of(g) != c.node_of(req.members.front());
+      if (!multi_node && c.nccl.enabled && c.nccl.nvls && req.members.size() >= 2)
+        return {Algorithm::Ring, Algorithm::Nvls};
       if (!multi_node || req.members.size() < 3) return {Algorithm::Ring};
       return {Algorithm::Ring, Algorithm::Tree};
     }
     default:
       return {Algorithm::Ring};
   }
+}
+
+int nccl_channels(const Cluster& c, const CollectiveRequest& req, Algorithm algo, Protocol proto) {
+  if (req.channels > 0 || !c.nccl.enabled) return effective_channels(c, req);
+  int nc = c.nccl.max_channels > 0 ? c.nccl.max_channels : effective_channels(c, req);
+  if (algo == Algorithm::Nvls) return std::min(nc, 16);
+  if (algo != Algorithm::Ring && algo != Algorithm::Tree) return nc;
+  // NCCL's per-thread work thresholds and thread counts (comm.h, device.h).
+  int64_t threads = 512, threshold = 64;
+  if (proto == Protocol::LL) {
+    threshold = 8 * (algo == Algorithm::Ring ? static_cast<int64_t>(req.members.size()) : 1);
+  } else if (proto == Protocol::LL128) {
+    threads = 640;
+    threshold = 8;
+  }
+  while (nc > 1 && req.bytes < nc * threads * threshold) --nc;
+  return nc;
+}
+
+std::vector<Protocol> candidate_protocols(const Cluster& c, Algorithm algo) {
+  if (!c.nccl.enabled || (algo != Algorithm::Ring && algo != Algorithm::Tree))
+    return {Protocol::Simple};
+  return {Protocol::LL, Protocol::LL128, Protocol::Simple};
 }
 
 Algorithm choose_algorithm(const Cluster& c, const CollectiveRequest& req) {
