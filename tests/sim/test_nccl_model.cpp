@@ -85,12 +85,16 @@ void check_curve(const std::string& cluster_name, const std::string& curve, int 
 
 TEST(NcclCurves, A100EightGpuNvlinkAllReduce) { check_curve("a100-8", "a100_8gpu_nvlink.tsv", 8); }
 
-TEST(NcclCurves, H100EightGpuNvlinkAllReduce) { check_curve("h100-8", "h100_8gpu_nvlink.tsv", 8); }
+TEST(NcclCurves, H100EightGpuNvlinkAllReduce) {
+  check_curve("h100-8", "h100_8gpu_nvlink_dgx.tsv", 8);  // NVIDIA dgxc-benchmarking, 64 KiB-16 GiB
+  check_curve("h100-8", "h100_8gpu_nvlink.tsv", 8);      // nccl-tests#290, 128 MiB-4 GiB
+}
 
 // The same 8 x H100 curve predicted on the first node of the multi-node cluster files: their
 // single-node part must be the fitted one too.
 TEST(NcclCurves, H100NodeOfTheLargeClustersMatchesTheOneNodeFit) {
-  check_curve("h100-1024", "h100_8gpu_nvlink.tsv", 8);
+  check_curve("h100-1024", "h100_8gpu_nvlink_dgx.tsv", 8);
+  check_curve("h100-16384", "h100_8gpu_nvlink_dgx.tsv", 8);
 }
 
 TEST(NcclCurves, EveryCurveFileCitesItsSource) {
@@ -141,16 +145,28 @@ TEST(NcclModel, ProtocolChoiceByMessageSize) {
   EXPECT_EQ(predict(a, 8, 32 << 20).protocol, Protocol::Simple);
   EXPECT_EQ(predict(a, 8, 1LL << 30).protocol, Protocol::Simple);
   EXPECT_EQ(predict(a, 8, 1LL << 30).algo, Algorithm::Ring);  // no NVLS on A100
-  // h100-8 (NCCL's ring constants, fitted NVLS): LL for tiny messages, LL128 in the middle, NVLS
-  // for large all-reduces (115 us + S / 272 beats 56 us + 1.75 S / 371 above ~40 MB).
+  // h100-8 (scenarios/clusters/h100-8.yaml): LL up to 2 MiB, LL128 at 4-8 MiB, Simple at 16 MiB,
+  // NVLS from 32 MiB (84 us + 7/8 S / 231.75 beats 51.8 us + 1.75 S / 350 above ~26 MB).
   const Cluster h = cluster("h100-8");
-  EXPECT_EQ(predict(h, 8, 4 << 10).protocol, Protocol::LL);
+  EXPECT_EQ(predict(h, 8, 64 << 10).protocol, Protocol::LL);
+  EXPECT_EQ(predict(h, 8, 2 << 20).protocol, Protocol::LL);
   const NcclRow mid = predict(h, 8, 4 << 20);
   EXPECT_EQ(mid.algo, Algorithm::Ring);
   EXPECT_EQ(mid.protocol, Protocol::LL128);
-  const NcclRow big = predict(h, 8, 1LL << 30);
-  EXPECT_EQ(big.algo, Algorithm::Nvls);
-  EXPECT_EQ(big.protocol, Protocol::Simple);
+  const NcclRow simple = predict(h, 8, 16 << 20);
+  EXPECT_EQ(simple.algo, Algorithm::Ring);
+  EXPECT_EQ(simple.protocol, Protocol::Simple);
+  for (int64_t b : {32LL << 20, 1LL << 30}) {
+    const NcclRow big = predict(h, 8, b);
+    EXPECT_EQ(big.algo, Algorithm::Nvls) << b;
+    EXPECT_EQ(big.protocol, Protocol::Simple);
+  }
+  // NVLS is an all-reduce of one node: not for all-gather, nor on A100.
+  NcclSweep ag;
+  ag.op = CollOp::AllGather;
+  ag.ranks = 8;
+  ag.min_bytes = ag.max_bytes = 1LL << 30;
+  EXPECT_EQ(predict_nccl_table(h, ag).front().algo, Algorithm::Ring);
 }
 
 TEST(NcclModel, ChannelsDropForSmallMessagesLikeNccl) {
