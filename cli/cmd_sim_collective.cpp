@@ -67,7 +67,7 @@ Command setup(CLI::App& root) {
   app->add_option("-f,--stepfactor", a->factor, "Size multiplication factor")
       ->capture_default_str();
   app->add_option("--algo", a->algo,
-                  "auto, ring, tree, hd (halving-doubling), direct, hierarchical, nvls")
+                  "auto, ring, tree, hd (halving-doubling), direct, hierarchical, nvls, nvls-tree")
       ->capture_default_str();
   app->add_option("--proto", a->proto,
                   "NCCL protocol: auto, ll, ll128, simple (only with the cluster's nccl model)")
@@ -92,7 +92,7 @@ Command setup(CLI::App& root) {
     const auto algo = sim::algorithm_from_string(a->algo);
     if (!algo)
       throw InputError("--algo '" + a->algo +
-                       "': expected auto, ring, tree, hd, direct or hierarchical");
+                       "': expected auto, ring, tree, hd, direct, hierarchical, nvls or nvls-tree");
     s.algo = *algo;
     const auto proto = sim::protocol_from_string(a->proto);
     if (!proto) throw InputError("--proto '" + a->proto + "': expected auto, ll, ll128 or simple");

@@ -282,7 +282,7 @@ void parse_nccl(const Parser& p, const YAML::Node& n, Cluster& c) {
   } else {
     p.check_keys(n, "nccl",
                  {"nvlink_efficiency", "nic_efficiency", "nvls", "nvls_efficiency",
-                  "nvls_latency_us", "max_channels", "ll", "ll128", "simple"});
+                  "nvls_latency_us", "nvls_tree_net_step_latency_us", "max_channels", "ll", "ll128", "simple"});
   }
   NcclModel& m = c.nccl;
   m.enabled = true;
@@ -311,6 +311,8 @@ void parse_nccl(const Parser& p, const YAML::Node& n, Cluster& c) {
   m.nvls = p.get<bool>(n, w, "nvls", m.nvls);
   m.nvls_efficiency = fraction(p, n, w, "nvls_efficiency", m.nvls_efficiency);
   m.nvls_latency_us = non_negative_us(p, n, w, "nvls_latency_us", m.nvls_latency_us);
+  m.nvls_tree_net_step_latency_us =
+      non_negative_us(p, n, w, "nvls_tree_net_step_latency_us", m.nvls_tree_net_step_latency_us);
   m.max_channels = p.get<int>(n, w, "max_channels", 0);
   if (m.max_channels < 0)
     p.fail(n["max_channels"], "nccl.max_channels", "expected a whole number >= 0");

@@ -29,6 +29,8 @@ std::string_view to_string(Algorithm a) {
       return "hierarchical";
     case Algorithm::Nvls:
       return "nvls";
+    case Algorithm::NvlsTree:
+      return "nvls-tree";
   }
   return "?";
 }
@@ -44,6 +46,7 @@ std::optional<Algorithm> algorithm_from_string(std::string_view s) {
   if (l == "direct") return Algorithm::Direct;
   if (l == "hier" || l == "hierarchical") return Algorithm::Hierarchical;
   if (l == "nvls" || l == "nvlink-sharp") return Algorithm::Nvls;
+  if (l == "nvls-tree" || l == "nvlstree") return Algorithm::NvlsTree;
   return std::nullopt;
 }
 
@@ -435,6 +438,36 @@ std::vector<Phase> plan_nvls(const PlanInput& in, const Cluster& c) {
   return {b.take(1)};
 }
 
+// NCCL's NVLSTree all-reduce: NVLS inside every node (each GPU's link carries (g-1)/g of the buffer
+// each way) while, concurrently (pipelined), each GPU's 1/g share is all-reduced between the nodes
+// over its own rail by a double binary tree (reduce up and broadcast down, half per tree).
+std::vector<Phase> plan_nvls_tree(const PlanInput& in, const Cluster& c) {
+  if (in.op != CollOp::AllReduce) unsupported(in.req.op, Algorithm::NvlsTree);
+  const auto& groups = in.nodes;
+  const int g = static_cast<int>(groups.front().size());
+  for (const auto& grp : groups)
+    if (static_cast<int>(grp.size()) != g || !c.nccl.nvls || groups.size() < 2) {
+      throw InputError(
+          "NVLS tree needs the nccl model with nvls: true, several nodes and the same number of "
+          "members on each");
+    }
+  PhaseBuilder b;
+  const double share = in.bytes / g;
+  for (const auto& grp : groups)
+    for (int i = 0; i < g; ++i)
+      for (int j = 0; j < g; ++j) b.add(grp[i], grp[j], share);
+  const int nodes = static_cast<int>(groups.size());
+  for (int j = 0; j < g; ++j)
+    for (int t = 0; t < 2; ++t)
+      for (int k = 0; k < nodes; ++k) {
+        const int p = dtree_parent(nodes, k, t);
+        if (p < 0) continue;
+        b.add(groups[k][j], groups[p][j], share / 2);
+        b.add(groups[p][j], groups[k][j], share / 2);
+      }
+  return {b.take(1, true)};
+}
+
 }  // namespace
 
 CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
@@ -477,6 +510,9 @@ CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
     case Algorithm::Nvls:
       plan.phases = plan_nvls(in, c);
       return plan;
+    case Algorithm::NvlsTree:
+      plan.phases = plan_nvls_tree(in, c);
+      return plan;
     case Algorithm::Auto:
       break;
   }
@@ -497,6 +533,15 @@ std::vector<Algorithm> candidate_algorithms(const Cluster& c, const CollectiveRe
       if (!multi_node && c.nccl.enabled && c.nccl.nvls && req.members.size() >= 2)
         return {Algorithm::Ring, Algorithm::Nvls};
       if (!multi_node || req.members.size() < 3) return {Algorithm::Ring};
+      if (c.nccl.enabled && c.nccl.nvls) {
+        // NVLS tree needs the same number (>= 2) of members on every node.
+        std::unordered_map<int, int> per_node;
+        for (int32_t g : req.members) ++per_node[c.node_of(g)];
+        bool uniform = true;
+        const int first = per_node.begin()->second;
+        for (const auto& [node, k] : per_node) uniform = uniform && k == first;
+        if (uniform && first >= 2) return {Algorithm::Ring, Algorithm::Tree, Algorithm::NvlsTree};
+      }
       return {Algorithm::Ring, Algorithm::Tree};
     }
     default:
@@ -507,7 +552,7 @@ std::vector<Algorithm> candidate_algorithms(const Cluster& c, const CollectiveRe
 int nccl_channels(const Cluster& c, const CollectiveRequest& req, Algorithm algo, Protocol proto) {
   if (req.channels > 0 || !c.nccl.enabled) return effective_channels(c, req);
   int nc = c.nccl.max_channels > 0 ? c.nccl.max_channels : effective_channels(c, req);
-  if (algo == Algorithm::Nvls) return std::min(nc, 16);
+  if (algo == Algorithm::Nvls || algo == Algorithm::NvlsTree) return std::min(nc, 16);
   if (algo != Algorithm::Ring && algo != Algorithm::Tree) return nc;
   // NCCL's per-thread work thresholds and thread counts (comm.h, device.h).
   int64_t threads = 512, threshold = 64;

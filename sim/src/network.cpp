@@ -78,7 +78,7 @@ struct PlanTemplate {
 // With the cluster's nccl model: the protocol's efficiency on top of the links' effective capacity,
 // and NCCL's latency (the structure of tuning.cc) instead of steps * (path latency + step latency).
 double protocol_efficiency(const Cluster& c, Algorithm algo, Protocol proto) {
-  if (algo == Algorithm::Nvls) return c.nccl.nvls_efficiency;
+  if (algo == Algorithm::Nvls || algo == Algorithm::NvlsTree) return c.nccl.nvls_efficiency;
   switch (proto) {
     case Protocol::LL:
       return c.nccl.ll.efficiency;
@@ -101,6 +101,10 @@ double nccl_latency_us(const Cluster& c, const CollectiveRequest& req, Algorithm
   std::sort(nodes.begin(), nodes.end());
   const int n_nodes = static_cast<int>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
   const bool all_reduce = req.op == traces::CollOp::AllReduce || req.op == traces::CollOp::Barrier;
+  int lg_nodes = 0;
+  while ((1 << (lg_nodes + 1)) <= n_nodes) ++lg_nodes;
+  if (algo == Algorithm::NvlsTree)
+    return m.nvls_latency_us + 2.0 * lg_nodes * m.nvls_tree_net_step_latency_us;
   if (algo == Algorithm::Tree && all_reduce && n_nodes > 1) {
     // Up and down the chain inside a node and the double binary tree between nodes.
     const int ppn = static_cast<int>(req.members.size()) / n_nodes;
@@ -173,6 +177,11 @@ class PlanCache {
     std::vector<int32_t> touched;
     PlanTemplate t;
     t.algo = plan.algo;
+    // With the nccl model each byte moves at the protocol's efficiency: a flow carries bytes /
+    // efficiency (an NVLS tree's flows between nodes are Simple copies, its NVLS ones at NVLS's).
+    const bool nccl = c_.nccl.enabled;
+    const double eff = nccl ? protocol_efficiency(c_, plan.algo, plan.protocol) : 1.0;
+    const double net_eff = plan.algo == Algorithm::NvlsTree ? c_.nccl.simple.efficiency : eff;
     double data_ns = 0;
     int steps = 0;
     for (const Phase& ph : plan.phases) {
@@ -183,12 +192,14 @@ class PlanCache {
       for (const FlowSpec& f : ph.flows) {
         FlowTemplate ft;
         topo.route(f.src, f.dst, flow_hash(f.src, f.dst), ft.route);
-        ft.bytes_per_byte = f.bytes / kRef;
+        const double e = c_.node_of(f.src) == c_.node_of(f.dst) ? eff : net_eff;
+        const double bytes = f.bytes / e;
+        ft.bytes_per_byte = bytes / kRef;
         ft.weight = f.weight;
         lat.add(topo.path_latency_ns(ft.route), f.weight);
         for (int32_t l : ft.route) {
           if (load[l] == 0) touched.push_back(l);
-          load[l] += f.bytes * f.weight;
+          load[l] += bytes * f.weight;
         }
         pt.flows.push_back(std::move(ft));
       }
@@ -199,19 +210,12 @@ class PlanCache {
       }
       data_ns += worst;
       steps += ph.latency_steps;
-      pt.latency_ns = static_cast<TimeNs>(ph.latency_steps) * lat.alpha_ns(ph, c_);
+      pt.latency_ns = nccl ? 0 : static_cast<TimeNs>(ph.latency_steps) * lat.alpha_ns(ph, c_);
       t.cost.latency_ns += static_cast<double>(pt.latency_ns);
       t.phases.push_back(std::move(pt));
     }
-    if (c_.nccl.enabled && !t.phases.empty()) {
-      // The protocol moves each byte at its efficiency: the flows carry bytes / efficiency. NCCL's
-      // latency is paid once, after the last phase.
-      const double eff = protocol_efficiency(c_, plan.algo, plan.protocol);
-      for (PhaseTemplate& pt : t.phases) {
-        for (FlowTemplate& ft : pt.flows) ft.bytes_per_byte /= eff;
-        pt.latency_ns = 0;
-      }
-      data_ns /= eff;
+    if (nccl && !t.phases.empty()) {
+      // NCCL's latency, paid once after the last phase.
       const TimeNs lat_ns = static_cast<TimeNs>(
           std::llround(1000.0 * nccl_latency_us(c_, r, plan.algo, plan.protocol, steps)));
       t.phases.back().latency_ns = lat_ns;

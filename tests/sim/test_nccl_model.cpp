@@ -207,6 +207,26 @@ TEST(NcclModel, TreeBetweenNodesForSmallAllReducesAndLinkBoundsForLargeOnes) {
   }
 }
 
+TEST(NcclModel, NvlsTreeBetweenTwoNodes) {
+  // 2 nodes of 8 H100 (the first 16 GPUs of h100-1024): large all-reduces take NCCL's NVLS tree,
+  // NVLS inside each node while each GPU's 1/8 share crosses its own rail, pipelined. Its time is
+  // the slower of NVLS (7/8 S over 450 * 0.824 * 0.625 GB/s) and the rail (S/8 each way over
+  // 50 * 0.94 * 0.944 GB/s) plus 84 + 2 * 1 * 20.9 us.
+  const Cluster c = cluster("h100-1024");
+  const int64_t s = 1LL << 30;
+  const double nvls_ns = 0.875 * s / (450 * 20.6 / 25 * 0.625);
+  const double rail_ns = s / 8.0 / (50 * 0.94 * 0.944);
+  const double want = 1000 * (84 + 2 * 20.9) + std::max(nvls_ns, rail_ns);
+  for (NetworkModel m : {NetworkModel::Analytical, NetworkModel::Flow}) {
+    const NcclRow r = predict(c, 16, s, m);
+    EXPECT_EQ(r.algo, Algorithm::NvlsTree) << to_string(m);
+    EXPECT_NEAR(static_cast<double>(r.time_ns), want, want * 1e-3) << to_string(m);
+  }
+  // Not across nodes with unequal members, nor for small messages (the tree with LL wins).
+  EXPECT_EQ(predict(c, 16, 64 << 10).algo, Algorithm::Tree);
+  EXPECT_EQ(predict(c, 12, s).algo == Algorithm::NvlsTree, false);
+}
+
 TEST(NcclModel, ClustersWithoutTheSectionKeepTheAlphaBetaModel) {
   Cluster c;
   c.device = *device_preset("H100-SXM");

@@ -140,7 +140,10 @@ struct NcclModel {
   bool nvls = false;
   double nvls_efficiency = 0.85;  // NCCL's nvlsEfficiency (Hopper)
   double nvls_latency_us = 25.0;  // NCCL's hwLat NVLS Simple
-  int max_channels = 0;           // channels NCCL starts from (0: the `collective:` channels)
+  // NVLS tree between nodes (NCCL's NVLSTree): each network step of the tree costs this (NCCL's
+  // hwLat NET NVLSTree Simple).
+  double nvls_tree_net_step_latency_us = 20.9;
+  int max_channels = 0;  // channels NCCL starts from (0: the `collective:` channels)
 };
 
 struct Cluster {

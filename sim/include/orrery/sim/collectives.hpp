@@ -24,6 +24,7 @@ enum class Algorithm {
   Direct,           // every pair exchanges directly (all-to-all; also all-gather/reduce-scatter)
   Hierarchical,     // intra-node reduce-scatter, inter-node all-reduce, intra-node all-gather
   Nvls,             // NVLink SHARP all-reduce: the NVSwitch reduces and multicasts (one node)
+  NvlsTree,  // NVLS inside each node, a double binary tree of each GPU's 1/g share between nodes
 };
 std::string_view to_string(Algorithm a);
 std::optional<Algorithm> algorithm_from_string(
