@@ -425,16 +425,16 @@ std::vector<Phase> plan_hierarchical(const PlanInput& in) {
 
 // NVLink SHARP all-reduce: every GPU reduces its 1/n of the buffer in the switch (multimem loads
 // from all n GPUs) and multicasts the result (multimem stores), so each GPU link carries (n-1)/n of
-// the buffer each way: the traffic of a direct exchange of S/n between every pair. One node only.
+// the buffer each way (the load of a direct exchange of S/n between every pair). One node only.
+// Planned as n flows of (n-1)/n * S round the node's GPUs, which load every GPU<->NVSwitch link
+// exactly as the n(n-1) pair flows would, with n flows for the flow model to share instead.
 std::vector<Phase> plan_nvls(const PlanInput& in, const Cluster& c) {
   if (in.op != CollOp::AllReduce) unsupported(in.req.op, Algorithm::Nvls);
   if (in.nodes.size() != 1 || !c.nccl.nvls) {
     throw InputError("NVLS needs the cluster's nccl model with nvls: true and members on one node");
   }
   PhaseBuilder b;
-  const auto& m = in.req.members;
-  for (int i = 0; i < in.n; ++i)
-    for (int j = 0; j < in.n; ++j) b.add(m[i], m[j], in.bytes / in.n);
+  add_ring(b, in.req.members, (in.n - 1.0) / in.n * in.bytes);
   return {b.take(1)};
 }
 
@@ -453,9 +453,7 @@ std::vector<Phase> plan_nvls_tree(const PlanInput& in, const Cluster& c) {
     }
   PhaseBuilder b;
   const double share = in.bytes / g;
-  for (const auto& grp : groups)
-    for (int i = 0; i < g; ++i)
-      for (int j = 0; j < g; ++j) b.add(grp[i], grp[j], share);
+  for (const auto& grp : groups) add_ring(b, grp, (g - 1.0) / g * in.bytes);  // NVLS (as plan_nvls)
   const int nodes = static_cast<int>(groups.size());
   for (int j = 0; j < g; ++j)
     for (int t = 0; t < 2; ++t)
