@@ -280,9 +280,10 @@ void parse_nccl(const Parser& p, const YAML::Node& n, Cluster& c) {
   if (n.IsScalar() || n.IsNull()) {
     // "nccl: {}" or "nccl:" alone: the defaults.
   } else {
-    p.check_keys(n, "nccl",
-                 {"nvlink_efficiency", "nic_efficiency", "nvls", "nvls_efficiency",
-                  "nvls_latency_us", "nvls_tree_net_step_latency_us", "max_channels", "ll", "ll128", "simple"});
+    p.check_keys(
+        n, "nccl",
+        {"nvlink_efficiency", "nic_efficiency", "nvls", "nvls_efficiency", "nvls_latency_us",
+         "nvls_tree_net_step_latency_us", "max_channels", "ll", "ll128", "simple"});
   }
   NcclModel& m = c.nccl;
   m.enabled = true;
