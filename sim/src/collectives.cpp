@@ -550,7 +550,8 @@ std::vector<Algorithm> candidate_algorithms(const Cluster& c, const CollectiveRe
 int nccl_channels(const Cluster& c, const CollectiveRequest& req, Algorithm algo, Protocol proto) {
   if (req.channels > 0 || !c.nccl.enabled) return effective_channels(c, req);
   int nc = c.nccl.max_channels > 0 ? c.nccl.max_channels : effective_channels(c, req);
-  if (algo == Algorithm::Nvls || algo == Algorithm::NvlsTree) return std::min(nc, 16);
+  // NVLS runs on NCCL's NVLS channels (NCCL_NVLS_NCHANNELS, 16 on Hopper), not the ring channels.
+  if (algo == Algorithm::Nvls || algo == Algorithm::NvlsTree) return 16;
   if (algo != Algorithm::Ring && algo != Algorithm::Tree) return nc;
   // NCCL's per-thread work thresholds and thread counts (comm.h, device.h).
   int64_t threads = 512, threshold = 64;

@@ -182,8 +182,8 @@ TEST(NcclModel, ChannelsDropForSmallMessagesLikeNccl) {
   EXPECT_EQ(nccl_channels(c, r, Algorithm::Ring, Protocol::LL), 1);
   r.bytes = 1 << 20;  // Simple: 512 * 64 = 32 KiB per channel -> all 8
   EXPECT_EQ(nccl_channels(c, r, Algorithm::Ring, Protocol::Simple), 8);
-  EXPECT_EQ(nccl_channels(c, r, Algorithm::Nvls, Protocol::Simple), 8);  // min(channels, 16)
-  r.channels = 3;                                                        // an explicit request wins
+  EXPECT_EQ(nccl_channels(c, r, Algorithm::Nvls, Protocol::Simple), 16);  // NCCL's NVLS channels
+  r.channels = 3;  // an explicit request wins
   EXPECT_EQ(nccl_channels(c, r, Algorithm::Ring, Protocol::LL), 3);
 }
 

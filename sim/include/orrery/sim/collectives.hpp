@@ -72,8 +72,8 @@ int effective_channels(const Cluster& c, const CollectiveRequest& req);
 
 // The channels NCCL runs a collective on (enqueue.cc): from the cluster's channel count it drops
 // channels while bytes < channels * threads * threshold (thresholds per thread: LL 8 B times the
-// ranks for rings, LL128 8 B, Simple 64 B; threads LL 512, LL128 640, Simple 512); NVLS uses up to
-// 16 (NCCL_NVLS_NCHANNELS). Without the nccl model: effective_channels.
+// ranks for rings, LL128 8 B, Simple 64 B; threads LL 512, LL128 640, Simple 512); NVLS and the NVLS
+// tree use NCCL's 16 NVLS channels. Without the nccl model: effective_channels.
 int nccl_channels(const Cluster& c, const CollectiveRequest& req, Algorithm algo, Protocol proto);
 
 // The protocols Auto chooses among: LL, LL128 and Simple with the nccl model (Simple only for NVLS
