@@ -40,9 +40,9 @@
 namespace orrery::sim {
 
 struct ReplayOptions {
-  bool identity = false;           // recorded durations and transfer times (the graph check)
-  double compute_flops_scale = 1;  // duration multiplier of spans with FLOPs
-  double compute_bytes_scale = 1;  // duration multiplier of other compute-like spans
+  bool identity = false;          // recorded durations and transfer times (the graph check)
+  double compute_flops_scale = 1; // duration multiplier of spans with FLOPs
+  double compute_bytes_scale = 1; // duration multiplier of other compute-like spans
   NetworkModel network = NetworkModel::Flow;
   const HardwareProfile* profile = nullptr;  // collective overrides (applied before the network)
 };
@@ -54,17 +54,17 @@ struct ReplayStep {
 };
 
 struct ReplayResult {
-  traces::Trace trace;  // the replayed trace (source = sim), same spans, new times
+  traces::Trace trace;              // the replayed trace (source = sim), same spans, new times
   std::vector<ReplayStep> steps;
-  int64_t recorded_step_ns = 0;  // median over the steps after the first (all steps if only one)
+  int64_t recorded_step_ns = 0;     // median over the steps after the first (all steps if only one)
   int64_t replayed_step_ns = 0;
   int64_t recorded_makespan_ns = 0;
   int64_t replayed_makespan_ns = 0;
-  size_t nodes = 0;        // spans in the graph
-  size_t edges = 0;        // dependency edges (stream order and cross-stream)
-  size_t collectives = 0;  // matched collectives
-  size_t transfers = 0;    // matched send/recv pairs
-  size_t unmatched = 0;    // communication spans without all their partners (timed alone)
+  size_t nodes = 0;                 // spans in the graph
+  size_t edges = 0;                 // dependency edges (stream order and cross-stream)
+  size_t collectives = 0;           // matched collectives
+  size_t transfers = 0;             // matched send/recv pairs
+  size_t unmatched = 0;             // communication spans without all their partners (timed alone)
 };
 
 // Replays `t` on `cluster` (which needs at least as many GPUs as the trace has ranks; ignored with
@@ -73,7 +73,7 @@ ReplayResult replay(const traces::Trace& t, const Cluster& cluster, const Replay
 
 // The device ratio of `from` to `to` (peak FLOP/s and memory bandwidth, in the profile's precision):
 // sets compute_flops_scale = from_peak / to_peak and compute_bytes_scale = from_bw / to_bw.
-void set_device_ratio(ReplayOptions& opt, double from_peak_flops, double from_bandwidth,
-                      double to_peak_flops, double to_bandwidth);
+void set_device_ratio(ReplayOptions& opt, double from_peak_flops, double from_bandwidth, double to_peak_flops,
+                      double to_bandwidth);
 
 }  // namespace orrery::sim
