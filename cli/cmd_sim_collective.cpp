@@ -24,6 +24,7 @@ struct SimCollectiveArgs {
   std::string max_size = "128M";
   int64_t factor = 2;
   std::string algo = "auto";
+  std::string proto = "auto";
   std::string model = "flow";
   int channels = 0;
   bool json = false;
@@ -66,7 +67,10 @@ Command setup(CLI::App& root) {
   app->add_option("-f,--stepfactor", a->factor, "Size multiplication factor")
       ->capture_default_str();
   app->add_option("--algo", a->algo,
-                  "auto, ring, tree, hd (halving-doubling), direct, hierarchical")
+                  "auto, ring, tree, hd (halving-doubling), direct, hierarchical, nvls, nvls-tree")
+      ->capture_default_str();
+  app->add_option("--proto", a->proto,
+                  "NCCL protocol: auto, ll, ll128, simple (only with the cluster's nccl model)")
       ->capture_default_str();
   app->add_option("--model", a->model, "Network model: flow (max-min contention) or analytical")
       ->capture_default_str();
@@ -88,8 +92,11 @@ Command setup(CLI::App& root) {
     const auto algo = sim::algorithm_from_string(a->algo);
     if (!algo)
       throw InputError("--algo '" + a->algo +
-                       "': expected auto, ring, tree, hd, direct or hierarchical");
+                       "': expected auto, ring, tree, hd, direct, hierarchical, nvls or nvls-tree");
     s.algo = *algo;
+    const auto proto = sim::protocol_from_string(a->proto);
+    if (!proto) throw InputError("--proto '" + a->proto + "': expected auto, ll, ll128 or simple");
+    s.protocol = *proto;
     const auto model = sim::network_model_from_string(a->model);
     if (!model) throw InputError("--model '" + a->model + "': expected flow or analytical");
     s.model = *model;
@@ -114,7 +121,9 @@ Command setup(CLI::App& root) {
                              {"time_ns", r.time_ns},
                              {"algbw_gb_per_s", r.algbw_gb_per_s},
                              {"busbw_gb_per_s", r.busbw_gb_per_s},
-                             {"algorithm", std::string(sim::to_string(r.algo))}});
+                             {"algorithm", std::string(sim::to_string(r.algo))},
+                             {"protocol", std::string(sim::to_string(r.protocol))},
+                             {"channels", r.channels}});
         sum += r.busbw_gb_per_s;
       }
       j["avg_busbw_gb_per_s"] = rows.empty() ? 0.0 : sum / static_cast<double>(rows.size());

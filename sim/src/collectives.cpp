@@ -27,6 +27,10 @@ std::string_view to_string(Algorithm a) {
       return "direct";
     case Algorithm::Hierarchical:
       return "hierarchical";
+    case Algorithm::Nvls:
+      return "nvls";
+    case Algorithm::NvlsTree:
+      return "nvls-tree";
   }
   return "?";
 }
@@ -41,6 +45,8 @@ std::optional<Algorithm> algorithm_from_string(std::string_view s) {
     return Algorithm::HalvingDoubling;
   if (l == "direct") return Algorithm::Direct;
   if (l == "hier" || l == "hierarchical") return Algorithm::Hierarchical;
+  if (l == "nvls" || l == "nvlink-sharp") return Algorithm::Nvls;
+  if (l == "nvls-tree" || l == "nvlstree") return Algorithm::NvlsTree;
   return std::nullopt;
 }
 
@@ -417,6 +423,49 @@ std::vector<Phase> plan_hierarchical(const PlanInput& in) {
   return phases;
 }
 
+// NVLink SHARP all-reduce: every GPU reduces its 1/n of the buffer in the switch (multimem loads
+// from all n GPUs) and multicasts the result (multimem stores), so each GPU link carries (n-1)/n of
+// the buffer each way (the load of a direct exchange of S/n between every pair). One node only.
+// Planned as n flows of (n-1)/n * S round the node's GPUs, which load every GPU<->NVSwitch link
+// exactly as the n(n-1) pair flows would, with n flows for the flow model to share instead.
+std::vector<Phase> plan_nvls(const PlanInput& in, const Cluster& c) {
+  if (in.op != CollOp::AllReduce) unsupported(in.req.op, Algorithm::Nvls);
+  if (in.nodes.size() != 1 || !c.nccl.nvls) {
+    throw InputError("NVLS needs the cluster's nccl model with nvls: true and members on one node");
+  }
+  PhaseBuilder b;
+  add_ring(b, in.req.members, (in.n - 1.0) / in.n * in.bytes);
+  return {b.take(1)};
+}
+
+// NCCL's NVLSTree all-reduce: NVLS inside every node (each GPU's link carries (g-1)/g of the buffer
+// each way) while, concurrently (pipelined), each GPU's 1/g share is all-reduced between the nodes
+// over its own rail by a double binary tree (reduce up and broadcast down, half per tree).
+std::vector<Phase> plan_nvls_tree(const PlanInput& in, const Cluster& c) {
+  if (in.op != CollOp::AllReduce) unsupported(in.req.op, Algorithm::NvlsTree);
+  const auto& groups = in.nodes;
+  const int g = static_cast<int>(groups.front().size());
+  for (const auto& grp : groups)
+    if (static_cast<int>(grp.size()) != g || !c.nccl.nvls || groups.size() < 2) {
+      throw InputError(
+          "NVLS tree needs the nccl model with nvls: true, several nodes and the same number of "
+          "members on each");
+    }
+  PhaseBuilder b;
+  const double share = in.bytes / g;
+  for (const auto& grp : groups) add_ring(b, grp, (g - 1.0) / g * in.bytes);  // NVLS (as plan_nvls)
+  const int nodes = static_cast<int>(groups.size());
+  for (int j = 0; j < g; ++j)
+    for (int t = 0; t < 2; ++t)
+      for (int k = 0; k < nodes; ++k) {
+        const int p = dtree_parent(nodes, k, t);
+        if (p < 0) continue;
+        b.add(groups[k][j], groups[p][j], share / 2);
+        b.add(groups[p][j], groups[k][j], share / 2);
+      }
+  return {b.take(1, true)};
+}
+
 }  // namespace
 
 CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
@@ -424,6 +473,7 @@ CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
   CollectivePlan plan;
   plan.algo = req.algo == Algorithm::Auto ? choose_algorithm(c, req) : req.algo;
   plan.channels = effective_channels(c, req);
+  plan.protocol = req.protocol == Protocol::Auto ? Protocol::Simple : req.protocol;
   const PlanInput in{req,
                      req.op == CollOp::Barrier ? CollOp::AllReduce : req.op,
                      plan.channels,
@@ -455,6 +505,12 @@ CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
     case Algorithm::Hierarchical:
       plan.phases = plan_hierarchical(in);
       return plan;
+    case Algorithm::Nvls:
+      plan.phases = plan_nvls(in, c);
+      return plan;
+    case Algorithm::NvlsTree:
+      plan.phases = plan_nvls_tree(in, c);
+      return plan;
     case Algorithm::Auto:
       break;
   }
@@ -472,12 +528,47 @@ std::vector<Algorithm> candidate_algorithms(const Cluster& c, const CollectiveRe
       bool multi_node = false;
       for (int32_t g : req.members)
         multi_node = multi_node || c.node_of(g) != c.node_of(req.members.front());
+      if (!multi_node && c.nccl.enabled && c.nccl.nvls && req.members.size() >= 2)
+        return {Algorithm::Ring, Algorithm::Nvls};
       if (!multi_node || req.members.size() < 3) return {Algorithm::Ring};
+      if (c.nccl.enabled && c.nccl.nvls) {
+        // NVLS tree needs the same number (>= 2) of members on every node.
+        std::unordered_map<int, int> per_node;
+        for (int32_t g : req.members) ++per_node[c.node_of(g)];
+        bool uniform = true;
+        const int first = per_node.begin()->second;
+        for (const auto& [node, k] : per_node) uniform = uniform && k == first;
+        if (uniform && first >= 2) return {Algorithm::Ring, Algorithm::Tree, Algorithm::NvlsTree};
+      }
       return {Algorithm::Ring, Algorithm::Tree};
     }
     default:
       return {Algorithm::Ring};
   }
+}
+
+int nccl_channels(const Cluster& c, const CollectiveRequest& req, Algorithm algo, Protocol proto) {
+  if (req.channels > 0 || !c.nccl.enabled) return effective_channels(c, req);
+  int nc = c.nccl.max_channels > 0 ? c.nccl.max_channels : effective_channels(c, req);
+  // NVLS runs on NCCL's NVLS channels (NCCL_NVLS_NCHANNELS, 16 on Hopper), not the ring channels.
+  if (algo == Algorithm::Nvls || algo == Algorithm::NvlsTree) return 16;
+  if (algo != Algorithm::Ring && algo != Algorithm::Tree) return nc;
+  // NCCL's per-thread work thresholds and thread counts (comm.h, device.h).
+  int64_t threads = 512, threshold = 64;
+  if (proto == Protocol::LL) {
+    threshold = 8 * (algo == Algorithm::Ring ? static_cast<int64_t>(req.members.size()) : 1);
+  } else if (proto == Protocol::LL128) {
+    threads = 640;
+    threshold = 8;
+  }
+  while (nc > 1 && req.bytes < nc * threads * threshold) --nc;
+  return nc;
+}
+
+std::vector<Protocol> candidate_protocols(const Cluster& c, Algorithm algo) {
+  if (!c.nccl.enabled || (algo != Algorithm::Ring && algo != Algorithm::Tree))
+    return {Protocol::Simple};
+  return {Protocol::LL, Protocol::LL128, Protocol::Simple};
 }
 
 Algorithm choose_algorithm(const Cluster& c, const CollectiveRequest& req) {

@@ -14,7 +14,9 @@
 
 namespace orrery::sim {
 
-std::string_view to_string(NetworkModel m) { return m == NetworkModel::Flow ? "flow" : "analytical"; }
+std::string_view to_string(NetworkModel m) {
+  return m == NetworkModel::Flow ? "flow" : "analytical";
+}
 
 std::optional<NetworkModel> network_model_from_string(std::string_view s) {
   if (s == "flow" || s == "flow-level" || s == "maxmin") return NetworkModel::Flow;
@@ -26,7 +28,8 @@ namespace {
 
 // ECMP hash of a flow: its endpoints (the same pair always takes the same path).
 uint64_t flow_hash(int32_t src, int32_t dst) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(src)) << 32) ^ static_cast<uint32_t>(dst) ^ 0x5bd1e995ULL;
+  return (static_cast<uint64_t>(static_cast<uint32_t>(src)) << 32) ^ static_cast<uint32_t>(dst) ^
+         0x5bd1e995ULL;
 }
 
 // A phase's alpha: the longest path latency of its flows, or for pipelined phases the weighted mean,
@@ -41,7 +44,8 @@ struct PhaseLatency {
     weight += w;
   }
   TimeNs alpha_ns(const Phase& ph, const Cluster& c) const {
-    const TimeNs path = ph.pipelined && weight > 0 ? static_cast<TimeNs>(std::llround(sum_ns / weight)) : max_ns;
+    const TimeNs path =
+        ph.pipelined && weight > 0 ? static_cast<TimeNs>(std::llround(sum_ns / weight)) : max_ns;
     return path + c.coll.step_latency_ns;
   }
 };
@@ -71,31 +75,85 @@ struct PlanTemplate {
   Affine cost;  // analytical: latency + most loaded link's bytes / bandwidth, per phase
 };
 
+// With the cluster's nccl model: the protocol's efficiency on top of the links' effective capacity,
+// and NCCL's latency (the structure of tuning.cc) instead of steps * (path latency + step latency).
+double protocol_efficiency(const Cluster& c, Algorithm algo, Protocol proto) {
+  if (algo == Algorithm::Nvls || algo == Algorithm::NvlsTree) return c.nccl.nvls_efficiency;
+  switch (proto) {
+    case Protocol::LL:
+      return c.nccl.ll.efficiency;
+    case Protocol::LL128:
+      return c.nccl.ll128.efficiency;
+    default:
+      return c.nccl.simple.efficiency;
+  }
+}
+
+double nccl_latency_us(const Cluster& c, const CollectiveRequest& req, Algorithm algo,
+                       Protocol proto, int plan_steps) {
+  const NcclModel& m = c.nccl;
+  if (algo == Algorithm::Nvls) return m.nvls_latency_us;
+  const NcclProtocolParams& p = proto == Protocol::LL      ? m.ll
+                                : proto == Protocol::LL128 ? m.ll128
+                                                           : m.simple;
+  std::vector<int> nodes;
+  for (int32_t g : req.members) nodes.push_back(c.node_of(g));
+  std::sort(nodes.begin(), nodes.end());
+  const int n_nodes = static_cast<int>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
+  const bool all_reduce = req.op == traces::CollOp::AllReduce || req.op == traces::CollOp::Barrier;
+  int lg_nodes = 0;
+  while ((1 << (lg_nodes + 1)) <= n_nodes) ++lg_nodes;
+  if (algo == Algorithm::NvlsTree)
+    return m.nvls_latency_us + 2.0 * lg_nodes * m.nvls_tree_net_step_latency_us;
+  if (algo == Algorithm::Tree && all_reduce && n_nodes > 1) {
+    // Up and down the chain inside a node and the double binary tree between nodes.
+    const int ppn = static_cast<int>(req.members.size()) / n_nodes;
+    int lg = 0;
+    while ((1 << (lg + 1)) <= n_nodes) ++lg;
+    return p.base_latency_us +
+           2.0 * ((ppn - 1) * p.nvlink_step_latency_us + lg * p.net_step_latency_us);
+  }
+  const int inter = n_nodes <= 1 ? 0 : std::min(plan_steps, (all_reduce ? 2 : 1) * (n_nodes - 1));
+  return p.base_latency_us + (plan_steps - inter) * p.nvlink_step_latency_us +
+         inter * p.net_step_latency_us;
+}
+
 class PlanCache {
  public:
   explicit PlanCache(const Cluster& c) : c_(c) {}
 
-  const PlanTemplate& get(const CollectiveRequest& req, Algorithm algo) {
+  const PlanTemplate& get(const CollectiveRequest& req, const CollectiveChoice& ch) {
     if (req.bytes < 0) throw InputError("collective size must be >= 0 bytes");
-    Key k{static_cast<int>(req.op == traces::CollOp::Recv ? traces::CollOp::Send : req.op), static_cast<int>(algo),
-          effective_channels(c_, req), req.root, req.members};
+    Key k{static_cast<int>(req.op == traces::CollOp::Recv ? traces::CollOp::Send : req.op),
+          static_cast<int>(ch.algo),
+          static_cast<int>(ch.protocol),
+          ch.channels,
+          req.root,
+          req.members};
     auto it = cache_.find(k);
     if (it != cache_.end()) return it->second;
-    return cache_.emplace(std::move(k), build(req, algo)).first->second;
+    return cache_.emplace(std::move(k), build(req, ch)).first->second;
   }
 
-  // Auto resolved as choose_algorithm does, from cached costs.
-  Algorithm resolve(const CollectiveRequest& req) {
-    if (req.algo != Algorithm::Auto) return req.algo;
-    const auto cands = candidate_algorithms(c_, req);
-    if (cands.size() == 1) return cands.front();
-    Algorithm best = cands.front();
+  // Auto (algorithm, protocol) resolved like NCCL's tuner: the lowest estimate at this size (ties
+  // to the first candidate); the channels NCCL would run it on.
+  CollectiveChoice resolve(const CollectiveRequest& req) {
+    std::vector<Algorithm> algos = req.algo != Algorithm::Auto ? std::vector<Algorithm>{req.algo}
+                                                               : candidate_algorithms(c_, req);
+    CollectiveChoice best;
     int64_t best_t = -1;
-    for (Algorithm a : cands) {
-      const int64_t t = get(req, a).cost.at(req.bytes);
-      if (best_t < 0 || t < best_t) {
-        best = a;
-        best_t = t;
+    for (Algorithm a : algos) {
+      const std::vector<Protocol> protos = req.protocol != Protocol::Auto
+                                               ? std::vector<Protocol>{req.protocol}
+                                               : candidate_protocols(c_, a);
+      for (Protocol p : protos) {
+        CollectiveChoice ch{a, p, nccl_channels(c_, req, a, p)};
+        if (algos.size() == 1 && protos.size() == 1) return ch;
+        const int64_t t = get(req, ch).cost.at(req.bytes);
+        if (best_t < 0 || t < best_t) {
+          best = ch;
+          best_t = t;
+        }
       }
     }
     return best;
@@ -104,12 +162,14 @@ class PlanCache {
   size_t size() const { return cache_.size(); }
 
  private:
-  using Key = std::tuple<int, int, int, int32_t, std::vector<int32_t>>;
+  using Key = std::tuple<int, int, int, int, int32_t, std::vector<int32_t>>;
 
-  PlanTemplate build(CollectiveRequest r, Algorithm algo) const {
+  PlanTemplate build(CollectiveRequest r, const CollectiveChoice& ch) const {
     constexpr double kRef = 1 << 30;  // plan at 1 GiB: no flow is dropped as empty
     r.bytes = static_cast<int64_t>(kRef);
-    r.algo = algo;
+    r.algo = ch.algo;
+    r.protocol = ch.protocol;
+    r.channels = ch.channels;
     const CollectivePlan plan = plan_collective(c_, r);
     const Topology& topo = *c_.topology;
     const auto& links = topo.links();
@@ -117,7 +177,13 @@ class PlanCache {
     std::vector<int32_t> touched;
     PlanTemplate t;
     t.algo = plan.algo;
+    // With the nccl model each byte moves at the protocol's efficiency: a flow carries bytes /
+    // efficiency (an NVLS tree's flows between nodes are Simple copies, its NVLS ones at NVLS's).
+    const bool nccl = c_.nccl.enabled;
+    const double eff = nccl ? protocol_efficiency(c_, plan.algo, plan.protocol) : 1.0;
+    const double net_eff = plan.algo == Algorithm::NvlsTree ? c_.nccl.simple.efficiency : eff;
     double data_ns = 0;
+    int steps = 0;
     for (const Phase& ph : plan.phases) {
       PhaseTemplate pt;
       PhaseLatency lat;
@@ -126,12 +192,14 @@ class PlanCache {
       for (const FlowSpec& f : ph.flows) {
         FlowTemplate ft;
         topo.route(f.src, f.dst, flow_hash(f.src, f.dst), ft.route);
-        ft.bytes_per_byte = f.bytes / kRef;
+        const double e = c_.node_of(f.src) == c_.node_of(f.dst) ? eff : net_eff;
+        const double bytes = f.bytes / e;
+        ft.bytes_per_byte = bytes / kRef;
         ft.weight = f.weight;
         lat.add(topo.path_latency_ns(ft.route), f.weight);
         for (int32_t l : ft.route) {
           if (load[l] == 0) touched.push_back(l);
-          load[l] += f.bytes * f.weight;
+          load[l] += bytes * f.weight;
         }
         pt.flows.push_back(std::move(ft));
       }
@@ -141,9 +209,17 @@ class PlanCache {
         load[l] = 0;
       }
       data_ns += worst;
-      pt.latency_ns = static_cast<TimeNs>(ph.latency_steps) * lat.alpha_ns(ph, c_);
+      steps += ph.latency_steps;
+      pt.latency_ns = nccl ? 0 : static_cast<TimeNs>(ph.latency_steps) * lat.alpha_ns(ph, c_);
       t.cost.latency_ns += static_cast<double>(pt.latency_ns);
       t.phases.push_back(std::move(pt));
+    }
+    if (nccl && !t.phases.empty()) {
+      // NCCL's latency, paid once after the last phase.
+      const TimeNs lat_ns = static_cast<TimeNs>(
+          std::llround(1000.0 * nccl_latency_us(c_, r, plan.algo, plan.protocol, steps)));
+      t.phases.back().latency_ns = lat_ns;
+      t.cost.latency_ns = static_cast<double>(lat_ns);
     }
     t.cost.ns_per_byte = data_ns / kRef;
     return t;
@@ -257,11 +333,11 @@ class FlowNetwork final : public NetworkSim {
     int32_t coll = -1;
     double remaining = 0;  // bytes per unit flow still to send
     double weight = 1;
-    double rate = 0;       // bytes/ns per unit flow
-    TimeNs updated = 0;    // remaining is exact at this time
+    double rate = 0;     // bytes/ns per unit flow
+    TimeNs updated = 0;  // remaining is exact at this time
     uint32_t version = 0;
     bool active = false;
-    bool scheduled = false;  // has a valid completion entry in the heap
+    bool scheduled = false;                       // has a valid completion entry in the heap
     const std::vector<int32_t>* route = nullptr;  // owned by the plan cache
   };
   struct Coll {
@@ -365,7 +441,8 @@ class FlowNetwork final : public NetworkSim {
       }
     }
     if (comp_flows_.empty()) return;
-    std::sort(comp_flows_.begin(), comp_flows_.end());  // solve order independent of discovery order
+    std::sort(comp_flows_.begin(),
+              comp_flows_.end());  // solve order independent of discovery order
     mm_flows_.resize(comp_flows_.size());
     for (size_t i = 0; i < comp_flows_.size(); ++i) {
       Flow& f = flows_[comp_flows_[i]];
@@ -389,7 +466,8 @@ class FlowNetwork final : public NetworkSim {
       if (f.scheduled && old_rate == r) continue;
       f.scheduled = true;
       ++f.version;
-      const double dt = (r > 0 && std::isfinite(r)) ? std::ceil(f.remaining / r) : (r > 0 ? 0.0 : 1e18);
+      const double dt =
+          (r > 0 && std::isfinite(r)) ? std::ceil(f.remaining / r) : (r > 0 ? 0.0 : 1e18);
       heap_.push(HeapEntry{now + static_cast<TimeNs>(dt), fi, f.version});
     }
   }
@@ -415,16 +493,25 @@ class FlowNetwork final : public NetworkSim {
 
 }  // namespace
 
-std::unique_ptr<NetworkSim> make_network(NetworkModel model, const Cluster& cluster, Engine& engine) {
+std::unique_ptr<NetworkSim> make_network(NetworkModel model, const Cluster& cluster,
+                                         Engine& engine) {
   if (!cluster.topology) throw InternalError("cluster topology not built (call build_topology)");
   std::unique_ptr<NetworkSim> n;
-  if (model == NetworkModel::Flow) n = std::make_unique<FlowNetwork>(cluster, engine);
-  else n = std::make_unique<AnalyticalNetwork>(cluster, engine);
+  if (model == NetworkModel::Flow)
+    n = std::make_unique<FlowNetwork>(cluster, engine);
+  else
+    n = std::make_unique<AnalyticalNetwork>(cluster, engine);
   engine.add_model(n.get());
   return n;
 }
 
-int64_t collective_time_ns(const Cluster& cluster, const CollectiveRequest& req, NetworkModel model) {
+CollectiveChoice resolve_collective(const Cluster& cluster, const CollectiveRequest& req) {
+  PlanCache cache(cluster);
+  return cache.resolve(req);
+}
+
+int64_t collective_time_ns(const Cluster& cluster, const CollectiveRequest& req,
+                           NetworkModel model) {
   if (model == NetworkModel::Analytical) {
     PlanCache cache(cluster);
     return cache.get(req, cache.resolve(req)).cost.at(req.bytes);

@@ -31,7 +31,8 @@ class CrossbarTopology final : public Topology {
       up_.push_back(add_link(g, sw, gbps, lat_ns));
       down_.push_back(add_link(sw, g, gbps, lat_ns));
     }
-    description_ = "crossbar: " + std::to_string(gpus) + " GPUs, " + fmt(gbps) + " GB/s per direction";
+    description_ =
+        "crossbar: " + std::to_string(gpus) + " GPUs, " + fmt(gbps) + " GB/s per direction";
   }
   void route(int32_t src, int32_t dst, uint64_t, std::vector<int32_t>& out) const override {
     out.push_back(up_[src]);
@@ -49,22 +50,29 @@ class CrossbarTopology final : public Topology {
 
 class FatTreeTopology final : public Topology {
  public:
-  FatTreeTopology(const TopologyConfig& t, int nodes, int gpn) : gpn_(gpn), rail_(t.rail_optimized) {
+  FatTreeTopology(const TopologyConfig& t, int nodes, int gpn)
+      : gpn_(gpn), rail_(t.rail_optimized) {
     const int n = nodes * gpn;
     gpus_ = n;
     if (t.radix < 4) throw InputError("topology.radix must be at least 4");
-    if (t.oversubscription < 1.0) throw InputError("topology.oversubscription must be >= 1 (down:up)");
-    down_ports_ = static_cast<int>(std::lround(t.radix * t.oversubscription / (1.0 + t.oversubscription)));
+    if (t.oversubscription < 1.0)
+      throw InputError("topology.oversubscription must be >= 1 (down:up)");
+    down_ports_ =
+        static_cast<int>(std::lround(t.radix * t.oversubscription / (1.0 + t.oversubscription)));
     down_ports_ = std::clamp(down_ports_, 1, t.radix - 1);
     up_ports_ = t.radix - down_ports_;
     for (int g = 0; g < n; ++g) add_vertex("gpu" + std::to_string(g));
-    for (int k = 0; k < nodes; ++k) nvs_.push_back(add_vertex("node" + std::to_string(k) + "/nvswitch"));
-    for (int g = 0; g < n; ++g) nic_v_.push_back(add_vertex("node" + std::to_string(g / gpn) + "/nic" + std::to_string(g % gpn)));
+    for (int k = 0; k < nodes; ++k)
+      nvs_.push_back(add_vertex("node" + std::to_string(k) + "/nvswitch"));
+    for (int g = 0; g < n; ++g)
+      nic_v_.push_back(
+          add_vertex("node" + std::to_string(g / gpn) + "/nic" + std::to_string(g % gpn)));
     // Leaf of each NIC.
     nic_leaf_idx_.resize(n);
     if (rail_) {
       leaves_per_rail_ = (nodes + down_ports_ - 1) / down_ports_;
-      for (int g = 0; g < n; ++g) nic_leaf_idx_[g] = (g % gpn) * leaves_per_rail_ + (g / gpn) / down_ports_;
+      for (int g = 0; g < n; ++g)
+        nic_leaf_idx_[g] = (g % gpn) * leaves_per_rail_ + (g / gpn) / down_ports_;
       num_leaves_ = gpn * leaves_per_rail_;
     } else {
       for (int g = 0; g < n; ++g) nic_leaf_idx_[g] = g / down_ports_;
@@ -86,14 +94,17 @@ class FatTreeTopology final : public Topology {
       nic_gpu_.push_back(add_link(nic_v_[g], g, t.nic_gb_per_s, 0));
       // PXN path (NVSwitch to another GPU's NIC), used on rail-optimized fabrics only.
       nvs_nic_.push_back(rail_ ? add_link(nvs_[k], nic_v_[g], t.nvlink_gb_per_s, 0) : -1);
-      nic_up_.push_back(add_link(nic_v_[g], leaf_v_[nic_leaf_idx_[g]], t.nic_gb_per_s, t.nic_latency_ns));
-      nic_down_.push_back(add_link(leaf_v_[nic_leaf_idx_[g]], nic_v_[g], t.nic_gb_per_s, t.nic_latency_ns));
+      nic_up_.push_back(
+          add_link(nic_v_[g], leaf_v_[nic_leaf_idx_[g]], t.nic_gb_per_s, t.nic_latency_ns));
+      nic_down_.push_back(
+          add_link(leaf_v_[nic_leaf_idx_[g]], nic_v_[g], t.nic_gb_per_s, t.nic_latency_ns));
     }
     const double port = t.nic_gb_per_s;
     const int64_t sl = t.switch_latency_ns;
     if (tiers_ == 2) {
       // up_ports_ spines; each leaf has one port to each spine.
-      for (int s = 0; s < up_ports_; ++s) spine_v_.push_back(add_vertex("spine" + std::to_string(s)));
+      for (int s = 0; s < up_ports_; ++s)
+        spine_v_.push_back(add_vertex("spine" + std::to_string(s)));
       leaf_up_.assign(static_cast<size_t>(num_leaves_) * up_ports_, -1);
       leaf_down_.assign(static_cast<size_t>(num_leaves_) * up_ports_, -1);
       for (int l = 0; l < num_leaves_; ++l)
@@ -109,8 +120,9 @@ class FatTreeTopology final : public Topology {
       pods_ = (num_leaves_ + leaves_per_pod_ - 1) / leaves_per_pod_;
       cores_per_group_ = t.radix / 2;
       if (pods_ > t.radix) {
-        throw InputError("a 3-tier fat-tree of radix " + std::to_string(t.radix) + " holds at most " +
-                         std::to_string(t.radix) + " pods; this cluster needs " + std::to_string(pods_));
+        throw InputError("a 3-tier fat-tree of radix " + std::to_string(t.radix) +
+                         " holds at most " + std::to_string(t.radix) +
+                         " pods; this cluster needs " + std::to_string(pods_));
       }
       for (int p = 0; p < pods_; ++p)
         for (int j = 0; j < up_ports_; ++j)
@@ -133,14 +145,17 @@ class FatTreeTopology final : public Topology {
         for (int j = 0; j < up_ports_; ++j)
           for (int c = 0; c < cores_per_group_; ++c) {
             const size_t i = (static_cast<size_t>(p) * up_ports_ + j) * cores_per_group_ + c;
-            agg_up_[i] = add_link(agg_v_[p * up_ports_ + j], core_v_[j * cores_per_group_ + c], port, sl);
-            agg_down_[i] = add_link(core_v_[j * cores_per_group_ + c], agg_v_[p * up_ports_ + j], port, sl);
+            agg_up_[i] =
+                add_link(agg_v_[p * up_ports_ + j], core_v_[j * cores_per_group_ + c], port, sl);
+            agg_down_[i] =
+                add_link(core_v_[j * cores_per_group_ + c], agg_v_[p * up_ports_ + j], port, sl);
           }
     }
     description_ = std::to_string(nodes) + " nodes x " + std::to_string(gpn) + " GPUs, " +
-                   (rail_ ? "rail-optimized " : "") + std::to_string(tiers_) + "-tier fat-tree (radix " +
-                   std::to_string(t.radix) + ", " + std::to_string(down_ports_) + " down / " +
-                   std::to_string(up_ports_) + " up per leaf, " + std::to_string(num_leaves_) + " leaves)";
+                   (rail_ ? "rail-optimized " : "") + std::to_string(tiers_) +
+                   "-tier fat-tree (radix " + std::to_string(t.radix) + ", " +
+                   std::to_string(down_ports_) + " down / " + std::to_string(up_ports_) +
+                   " up per leaf, " + std::to_string(num_leaves_) + " leaves)";
   }
 
   void route(int32_t a, int32_t b, uint64_t hash, std::vector<int32_t>& out) const override {
@@ -174,7 +189,8 @@ class FatTreeTopology final : public Topology {
         if (pa != pb) {
           const int c = static_cast<int>((h / up_ports_) % static_cast<uint64_t>(cores_per_group_));
           out.push_back(agg_up_[(static_cast<size_t>(pa) * up_ports_ + j) * cores_per_group_ + c]);
-          out.push_back(agg_down_[(static_cast<size_t>(pb) * up_ports_ + j) * cores_per_group_ + c]);
+          out.push_back(
+              agg_down_[(static_cast<size_t>(pb) * up_ports_ + j) * cores_per_group_ + c]);
         }
         out.push_back(leaf_down_[lb * up_ports_ + j]);
       }
@@ -197,7 +213,8 @@ class FatTreeTopology final : public Topology {
 // dimension (a tie, half-way round, chosen by the hash).
 class TorusTopology final : public Topology {
  public:
-  TorusTopology(std::vector<int> dims, double gbps, int64_t lat, bool ring) : dims_(std::move(dims)) {
+  TorusTopology(std::vector<int> dims, double gbps, int64_t lat, bool ring)
+      : dims_(std::move(dims)) {
     int n = 1;
     for (int d : dims_) n *= d;
     gpus_ = n;
@@ -299,7 +316,8 @@ void Topology::route_bfs(int32_t src, int32_t dst, uint64_t hash, std::vector<in
       }
     }
   }
-  if (dist[dst] < 0) throw InternalError("no path from GPU " + std::to_string(src) + " to " + std::to_string(dst));
+  if (dist[dst] < 0)
+    throw InternalError("no path from GPU " + std::to_string(src) + " to " + std::to_string(dst));
   // Walk back from dst choosing among the in-links on shortest paths.
   std::vector<std::vector<int32_t>> in(nv);
   for (size_t l = 0; l < links_.size(); ++l) in[links_[l].dst].push_back(static_cast<int32_t>(l));
@@ -319,14 +337,21 @@ void Topology::route_bfs(int32_t src, int32_t dst, uint64_t hash, std::vector<in
 }
 
 void build_topology(Cluster& c) {
-  const TopologyConfig& t = c.topo;
+  // With the nccl model, links carry what NCCL's copies reach of their line rate (NcclModel).
+  TopologyConfig eff = c.topo;
+  if (c.nccl.enabled) {
+    eff.nvlink_gb_per_s *= c.nccl.nvlink_efficiency;
+    eff.nic_gb_per_s *= c.nccl.nic_efficiency;
+  }
+  const TopologyConfig& t = eff;
   const int n = c.num_gpus();
-  if (c.nodes < 1 || c.gpus_per_node < 1) throw InputError("cluster: nodes and gpus_per_node must be >= 1");
+  if (c.nodes < 1 || c.gpus_per_node < 1)
+    throw InputError("cluster: nodes and gpus_per_node must be >= 1");
   switch (t.kind) {
     case TopologyKind::Crossbar:
       if (c.nodes != 1) {
-        throw InputError("topology kind 'crossbar' is one node; got nodes: " + std::to_string(c.nodes) +
-                         " (use kind: fat-tree for several nodes)");
+        throw InputError("topology kind 'crossbar' is one node; got nodes: " +
+                         std::to_string(c.nodes) + " (use kind: fat-tree for several nodes)");
       }
       c.topology = std::make_shared<CrossbarTopology>(n, t.nvlink_gb_per_s, t.nvlink_latency_ns);
       return;
@@ -334,20 +359,24 @@ void build_topology(Cluster& c) {
       c.topology = std::make_shared<FatTreeTopology>(t, c.nodes, c.gpus_per_node);
       return;
     case TopologyKind::Ring:
-      c.topology = std::make_shared<TorusTopology>(std::vector<int>{n}, t.link_gb_per_s, t.link_latency_ns, true);
+      c.topology = std::make_shared<TorusTopology>(std::vector<int>{n}, t.link_gb_per_s,
+                                                   t.link_latency_ns, true);
       return;
     case TopologyKind::Torus: {
-      if (t.dims.size() != 2 && t.dims.size() != 3) throw InputError("topology.dims: expected 2 or 3 sizes for a torus");
+      if (t.dims.size() != 2 && t.dims.size() != 3)
+        throw InputError("topology.dims: expected 2 or 3 sizes for a torus");
       int prod = 1;
       for (int d : t.dims) {
         if (d < 1) throw InputError("topology.dims: sizes must be >= 1");
         prod *= d;
       }
       if (prod != n) {
-        throw InputError("topology.dims multiply to " + std::to_string(prod) + " but the cluster has " +
-                         std::to_string(n) + " GPUs (nodes x gpus_per_node)");
+        throw InputError("topology.dims multiply to " + std::to_string(prod) +
+                         " but the cluster has " + std::to_string(n) +
+                         " GPUs (nodes x gpus_per_node)");
       }
-      c.topology = std::make_shared<TorusTopology>(t.dims, t.link_gb_per_s, t.link_latency_ns, false);
+      c.topology =
+          std::make_shared<TorusTopology>(t.dims, t.link_gb_per_s, t.link_latency_ns, false);
       return;
     }
   }

@@ -18,10 +18,10 @@ std::string_view to_string(Precision p);
 std::optional<Precision> precision_from_string(std::string_view s);  // fp32, tf32, bf16, fp16
 
 struct Device {
-  std::string name;                  // "H100-SXM"
-  double peak_fp32_flops = 0;        // FLOP/s, dense, non-tensor-core FP32
-  double peak_tf32_flops = 0;        // FLOP/s, dense
-  double peak_bf16_flops = 0;        // FLOP/s, dense (FP16 the same)
+  std::string name;            // "H100-SXM"
+  double peak_fp32_flops = 0;  // FLOP/s, dense, non-tensor-core FP32
+  double peak_tf32_flops = 0;  // FLOP/s, dense
+  double peak_bf16_flops = 0;  // FLOP/s, dense (FP16 the same)
   double mem_bandwidth_bytes_per_s = 0;
   int64_t mem_capacity_bytes = 0;
   double peak_flops(Precision p) const;
@@ -49,23 +49,23 @@ struct TopologyConfig {
   int64_t nvlink_latency_ns = 500;
   // FatTree: NIC<->leaf and switch<->switch links.
   double nic_gb_per_s = 50;
-  int64_t nic_latency_ns = 1000;   // GPU<->NIC<->leaf hop
-  int64_t switch_latency_ns = 500; // each switch<->switch hop
-  bool rail_optimized = true;      // NIC i of every node on the leaves of rail i
-  int tiers = 2;                   // 2 (leaf, spine) or 3 (leaf, aggregation, core)
-  int radix = 64;                  // switch ports
-  double oversubscription = 1.0;   // leaf down-ports : up-ports
+  int64_t nic_latency_ns = 1000;    // GPU<->NIC<->leaf hop
+  int64_t switch_latency_ns = 500;  // each switch<->switch hop
+  bool rail_optimized = true;       // NIC i of every node on the leaves of rail i
+  int tiers = 2;                    // 2 (leaf, spine) or 3 (leaf, aggregation, core)
+  int radix = 64;                   // switch ports
+  double oversubscription = 1.0;    // leaf down-ports : up-ports
   // Ring and Torus: GPU<->GPU links.
   double link_gb_per_s = 50;
   int64_t link_latency_ns = 1000;
-  std::vector<int> dims;           // Torus: 2 or 3 sizes whose product is the GPU count
+  std::vector<int> dims;  // Torus: 2 or 3 sizes whose product is the GPU count
 };
 
 // A directed link between two vertices of the topology graph (GPUs are vertices 0..gpus-1).
 struct Link {
   int32_t src = 0;
   int32_t dst = 0;
-  double gb_per_s = 0;   // capacity, GB/s == bytes/ns
+  double gb_per_s = 0;  // capacity, GB/s == bytes/ns
   int64_t latency_ns = 0;
 };
 
@@ -102,17 +102,59 @@ class Topology {
 // Per-algorithm-step software/protocol latency and the NCCL-like channel count.
 struct CollectiveConfig {
   int64_t step_latency_ns = 0;  // added to the path latency in every algorithm step (alpha)
-  int channels = 0;             // 0: automatic (gpus_per_node for multi-node rings, else 1... see README)
+  int channels = 0;  // 0: automatic (gpus_per_node for multi-node rings, else 1... see README)
+};
+
+// NCCL's protocols (NVIDIA/nccl, src/device/prims_*.h): LL sends 8-byte lines of 4 data and 4 flag
+// bytes, LL128 128-byte lines of 120 data and 8 flag bytes, Simple bulk copies with a memory fence per
+// chunk; the lower the latency, the lower the bandwidth.
+enum class Protocol { Auto, LL, LL128, Simple };
+std::string_view to_string(Protocol p);
+std::optional<Protocol> protocol_from_string(std::string_view s);  // auto, ll, ll128, simple
+
+// One protocol's costs, in the structure of NCCL's tuning model (src/graph/tuning.cc): a collective of
+// S bytes takes base + intra_steps * nvlink_step + inter_steps * net_step (us) plus its link time at
+// `efficiency` times the links' effective capacity.
+struct NcclProtocolParams {
+  double efficiency = 1.0;
+  double base_latency_us = 0;
+  double nvlink_step_latency_us = 0;
+  double net_step_latency_us = 0;
+};
+
+// The NCCL model (cluster file section `nccl:`, scenarios/clusters/README.md). Off unless the cluster
+// has the section: the alpha-beta model of `collective:` then runs links at 100 %.
+struct NcclModel {
+  bool enabled = false;
+  // Share of a link's line rate NCCL's copies reach (NCCL's topology model: SM80 20 GB/s of NVLink
+  // 3's 25 GB/s per link, SM90 20.6 GB/s of NVLink 4's 25 GB/s; see load_cluster's defaults).
+  double nvlink_efficiency = 1.0;
+  double nic_efficiency = 1.0;
+  // Defaults: NCCL's tuning constants (tuning.cc: baseLat, hwLat ring NVLINK/NET, LL at .5 and LL128 at
+  // 120/128 of the bandwidth); cluster files override them with fitted values.
+  NcclProtocolParams ll{0.5, 6.6, 0.6, 2.7};
+  NcclProtocolParams ll128{120.0 / 128.0, 14.0, 1.9, 4.0};
+  NcclProtocolParams simple{1.0, 8.4, 3.4, 14.0};
+  // NVLink SHARP all-reduce inside one NVSwitch node (H100/H200): each GPU moves (n-1)/n of the
+  // buffer each way, half of a ring's, at nvls_efficiency of its links; NCCL's latency is 25 us.
+  bool nvls = false;
+  double nvls_efficiency = 0.85;  // NCCL's nvlsEfficiency (Hopper)
+  double nvls_latency_us = 25.0;  // NCCL's hwLat NVLS Simple
+  // NVLS tree between nodes (NCCL's NVLSTree): each network step of the tree costs this (NCCL's
+  // hwLat NET NVLSTree Simple).
+  double nvls_tree_net_step_latency_us = 20.9;
+  int max_channels = 0;  // channels NCCL starts from (0: the `collective:` channels)
 };
 
 struct Cluster {
   std::string name;
-  std::string path;   // file it came from, "" when built in code
+  std::string path;  // file it came from, "" when built in code
   Device device;
   int nodes = 1;
   int gpus_per_node = 8;
   TopologyConfig topo;
   CollectiveConfig coll;
+  NcclModel nccl;
   std::shared_ptr<const Topology> topology;  // built by build_topology()
 
   int num_gpus() const { return nodes * gpus_per_node; }

@@ -24,8 +24,8 @@ std::optional<NetworkModel> network_model_from_string(std::string_view s);  // a
 
 struct NetworkStats {
   uint64_t collectives = 0;
-  uint64_t flows = 0;    // unit-flow entries started (after aggregation)
-  uint64_t solves = 0;   // max-min solves (flow model)
+  uint64_t flows = 0;         // unit-flow entries started (after aggregation)
+  uint64_t solves = 0;        // max-min solves (flow model)
   uint64_t solved_flows = 0;  // flows re-rated over all solves
 };
 
@@ -40,9 +40,20 @@ class NetworkSim : public Model {
 
 // Creates the model and registers it with the engine (engine.add_model); cluster and engine must
 // outlive it.
-std::unique_ptr<NetworkSim> make_network(NetworkModel model, const Cluster& cluster, Engine& engine);
+std::unique_ptr<NetworkSim> make_network(NetworkModel model, const Cluster& cluster,
+                                         Engine& engine);
+
+// What a request resolves to: Auto algorithm and protocol chosen like NCCL's tuner (the lowest
+// analytical estimate at the request's size), and the channels NCCL would use (nccl_channels).
+struct CollectiveChoice {
+  Algorithm algo = Algorithm::Ring;
+  Protocol protocol = Protocol::Simple;
+  int channels = 1;
+};
+CollectiveChoice resolve_collective(const Cluster& cluster, const CollectiveRequest& req);
 
 // One collective alone on an idle network: its duration in ns.
-int64_t collective_time_ns(const Cluster& cluster, const CollectiveRequest& req, NetworkModel model);
+int64_t collective_time_ns(const Cluster& cluster, const CollectiveRequest& req,
+                           NetworkModel model);
 
 }  // namespace orrery::sim
