@@ -39,6 +39,9 @@ int run_chakra(const ExportArgs& a) {
     j["files"] = s.files;
     j["ranks"] = s.ranks;
     j["nodes"] = s.nodes;
+    nlohmann::json per_rank = nlohmann::json::object();
+    for (const auto& [rank, n] : s.nodes_by_rank) per_rank[std::to_string(rank)] = n;
+    j["nodes_by_rank"] = per_rank;
     j["data_deps"] = s.data_deps;
     j["comm_nodes"] = s.comm_nodes;
     j["metadata_nodes"] = s.phase_nodes;

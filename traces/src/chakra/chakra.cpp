@@ -689,6 +689,7 @@ ChakraExportSummary export_chakra(const Trace& t, const std::string& prefix) {
       seal(n);
       append_message(bytes, n, path);
       sum.nodes++;
+      sum.nodes_by_rank[rank]++;
     }
     auto f = std::make_unique<AtomicFile>(path);
     f->write(bytes);

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,7 @@ std::vector<SpanDependencies> span_dependencies(const Trace& t);
 struct ChakraExportSummary {
   std::vector<std::string> files;  // the .et files, by rank, then the comm-groups file
   int32_t ranks = 0;
+  std::map<int32_t, int64_t> nodes_by_rank;  // rank -> nodes in its file
   int64_t nodes = 0;
   int64_t data_deps = 0;    // dependency edges written
   int64_t comm_nodes = 0;   // COMM_COLL, COMM_SEND and COMM_RECV nodes
