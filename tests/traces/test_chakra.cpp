@@ -126,7 +126,7 @@ void expect_files_match(const Trace& t, const std::string& prefix) {
       const Span& s = t.spans[idx[k]];
       ASSERT_TRUE(by_id.count(k)) << "rank " << rank << " node " << k;
       const ChakraNodeInfo& n = *by_id[k];
-      EXPECT_EQ(n.name, t.name_of(s));
+      EXPECT_EQ(n.exact_name, t.name_of(s));
       std::vector<uint64_t> want;
       for (const int64_t d : {deps[idx[k]].pred, deps[idx[k]].cross})
         if (d >= 0) want.push_back(local.at(static_cast<size_t>(d)));
@@ -200,8 +200,15 @@ void round_trip(const Trace& t, const TempDir& dir) {
 TEST(Chakra, RoundTripOfARandomTraceKeepsEverything) {
   SKIP_WITHOUT_PROTOBUF();
   TempDir dir;
-  const Trace t = testing::make_trace(3, 200, 11);
+  Trace t = testing::make_trace(3, 200, 11);
+  // A name that is not UTF-8 (proto3 strings must be): kept exactly through orrery.name.
+  t.spans[7].name = t.strings.intern(std::string("bad \xff\xfe name \xc3", 13));
   round_trip(t, dir);
+  const ChakraFileInfo f = read_chakra_file(dir.path("et/trace.0.et"));
+  bool replaced = false;
+  for (const auto& n : f.nodes)
+    replaced = replaced || n.name == "bad \xEF\xBF\xBD\xEF\xBF\xBD name \xEF\xBF\xBD";
+  EXPECT_TRUE(replaced) << "Chakra's name field holds the UTF-8 form";
 }
 
 TEST(Chakra, RoundTripOfAPipelineTraceKeepsSendsAndReceives) {

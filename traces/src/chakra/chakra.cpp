@@ -177,6 +177,54 @@ void check_seal(const M& m, const std::string& where) {
   }
 }
 
+// The length of the well-formed UTF-8 sequence at s[i], 0 when there is none (overlong forms,
+// surrogates and code points beyond U+10FFFF are not UTF-8).
+size_t utf8_sequence(std::string_view s, size_t i) {
+  const auto c = static_cast<uint8_t>(s[i]);
+  if (c < 0x80) return 1;
+  size_t len;
+  uint32_t cp;
+  if ((c >> 5) == 0x6) {
+    len = 2, cp = c & 0x1f;
+  } else if ((c >> 4) == 0xe) {
+    len = 3, cp = c & 0x0f;
+  } else if ((c >> 3) == 0x1e) {
+    len = 4, cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (i + len > s.size()) return 0;
+  for (size_t k = 1; k < len; ++k) {
+    const auto d = static_cast<uint8_t>(s[i + k]);
+    if ((d >> 6) != 0x2) return 0;
+    cp = (cp << 6) | (d & 0x3f);
+  }
+  if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+      (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+    return 0;
+  return len;
+}
+
+// `s` as protobuf's proto3 strings must be, UTF-8: each byte that is not becomes U+FFFD.
+// Sets `changed` when any was.
+std::string as_utf8(std::string_view s, bool& changed) {
+  std::string out;
+  out.reserve(s.size());
+  changed = false;
+  for (size_t i = 0; i < s.size();) {
+    const size_t len = utf8_sequence(s, i);
+    if (len == 0) {
+      out += "\xEF\xBF\xBD";
+      changed = true;
+      ++i;
+    } else {
+      out.append(s.substr(i, len));
+      i += len;
+    }
+  }
+  return out;
+}
+
 std::string rank_file_name(const std::string& prefix, int32_t rank) {
   return prefix + "." + std::to_string(rank) + ".et";
 }
@@ -293,6 +341,10 @@ RankFile read_rank_file(const std::string& path) {
                        " remain (truncated or corrupt file)");
     }
     const char* data = bytes.data() + pos;
+    if (len > uint64_t(INT32_MAX))
+      throw InputError(path + ": message " + std::to_string(index) + " at byte " +
+                       std::to_string(at) + ": its length prefix says " + std::to_string(len) +
+                       " bytes, more than protobuf reads in one message (2 GiB)");
     const int n = static_cast<int>(len);
     // protobuf logs what it dislikes (invalid UTF-8) to stderr; the error below says it.
     const google::protobuf::LogSilencer quiet;
@@ -341,6 +393,10 @@ class Attrs {
   std::optional<bool> boolean(const std::string& name) const {
     return get<bool>(name, pb::AttributeProto::kBoolVal, "bool",
                      [](const auto& a) { return a.bool_val(); });
+  }
+  std::optional<std::string> bytes(const std::string& name) const {
+    return get<std::string>(name, pb::AttributeProto::kBytesVal, "bytes",
+                            [](const auto& a) { return a.bytes_val(); });
   }
   std::optional<std::string> str(const std::string& name) const {
     return get<std::string>(name, pb::AttributeProto::kStringVal, "string",
@@ -485,7 +541,12 @@ Span orrery_span(const RankFile& f, size_t i, Trace& t) {
   };
   Span s;
   s.rank = f.rank;
-  s.name = t.strings.intern(n.name());
+  // A name that was not valid UTF-8 (proto3 strings must be) is kept exactly in orrery.name.
+  if (auto raw = a.bytes("orrery.name")) {
+    s.name = t.strings.intern(*raw);
+  } else {
+    s.name = t.strings.intern(n.name());
+  }
   const auto kind_name = a.str("orrery.kind");
   if (!kind_name)
     throw InputError(w + ": attribute 'orrery.kind' is missing (Orrery writes it on every node)");
@@ -580,13 +641,19 @@ ChakraExportSummary export_chakra(const Trace& t, const std::string& prefix) {
   std::map<int32_t, std::vector<size_t>> by_rank;
   std::vector<uint64_t> local(t.spans.size());
   for (size_t i = 0; i < t.spans.size(); ++i) {
+    if (t.spans[i].rank < 0)
+      throw InputError((t.path.empty() ? std::string("trace") : t.path) + ": span " +
+                       std::to_string(i) + " has rank " + std::to_string(t.spans[i].rank) +
+                       "; Chakra files are per rank >= 0");
     auto& v = by_rank[t.spans[i].rank];
     local[i] = v.size();
     v.push_back(i);
   }
   std::vector<int32_t> exported;
   for (const auto& [r, v] : by_rank) exported.push_back(r);
-  const std::string meta_text = meta_json(t, exported).dump();
+  // JSON text must be UTF-8 (and protobuf strings too): bytes that are not become U+FFFD.
+  const std::string meta_text =
+      meta_json(t, exported).dump(-1, ' ', false, json::error_handler_t::replace);
 
   // Send/receive tags: the k-th transfer of a flow (communicator, source, destination) in each
   // rank's recorded order, stream by stream (how replay pairs them), is tag k on both sides.
@@ -628,7 +695,9 @@ ChakraExportSummary export_chakra(const Trace& t, const std::string& prefix) {
     {
       auto it = counters.find(rank);
       add_attr(gm.mutable_attr(), "orrery.counters")
-          ->set_string_val(it == counters.end() ? "[]" : it->second.dump());
+          ->set_string_val(it == counters.end()
+                               ? "[]"
+                               : it->second.dump(-1, ' ', false, json::error_handler_t::replace));
     }
     seal(gm);
     append_message(bytes, gm, path);
@@ -644,7 +713,10 @@ ChakraExportSummary export_chakra(const Trace& t, const std::string& prefix) {
       const Span& s = t.spans[i];
       n.Clear();
       n.set_id(local[i]);
-      n.set_name(t.strings.str(s.name));
+      const std::string& name = t.strings.str(s.name);
+      bool changed = false;
+      n.set_name(as_utf8(name, changed));
+      if (changed) add_attr(n.mutable_attr(), "orrery.name")->set_bytes_val(name);
       n.set_type(node_type_of(s));
       for (const int64_t d : {deps[i].pred, deps[i].cross}) {
         if (d < 0) continue;
@@ -992,6 +1064,7 @@ ChakraFileInfo read_chakra_file(const std::string& path) {
     ChakraNodeInfo ni;
     ni.id = n.id();
     ni.name = n.name();
+    ni.exact_name = a.bytes("orrery.name").value_or(n.name());
     ni.type = static_cast<int32_t>(n.type());
     ni.data_deps.assign(n.data_deps().begin(), n.data_deps().end());
     ni.ctrl_deps.assign(n.ctrl_deps().begin(), n.ctrl_deps().end());

@@ -75,7 +75,8 @@ Trace import_chakra(const std::vector<std::string>& inputs);
 struct ChakraNodeInfo {
   uint64_t id = 0;
   std::string name;
-  int32_t type = 0;  // ChakraProtoMsg::NodeType
+  std::string exact_name;  // orrery.name when the span's name was not UTF-8, else name
+  int32_t type = 0;        // ChakraProtoMsg::NodeType
   std::vector<uint64_t> data_deps;
   std::vector<uint64_t> ctrl_deps;
   uint64_t start_time_micros = 0;
