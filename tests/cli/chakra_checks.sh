@@ -11,16 +11,28 @@
 #    recorded timings and on a cluster;
 #  - bad input exits 2 naming the file and the message, and writes no trace: a flipped byte, a
 #    truncated file, a missing rank file; an unknown export format exits 2.
-# Usage: chakra_checks.sh ORRERY SOURCE_DIR
+# With a third argument `unavailable` (a build without protobuf): both commands exit 2 saying so.
+# Usage: chakra_checks.sh ORRERY SOURCE_DIR [unavailable]
 set -u
 ORRERY=$1
 SRC=$2
+MODE=${3:-}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 EXPECT_DIR="$TMP"
 # shellcheck source=expect.sh
 source "$(dirname "$0")/expect.sh"
+
+if [ "$MODE" = unavailable ]; then
+  (cd "$TMP" && "$ORRERY" synth --ranks 2 --steps 1 --layers 2 --out s.db) > /dev/null || fail "synth"
+  expect 2 "this Orrery was built without protobuf" export s.db --format chakra --out et
+  expect 2 "this Orrery was built without protobuf" import chakra et --out back.db
+  [ -e "$TMP/back.db" ] && fail "import wrote back.db"
+  [ "$fails" -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
+  echo "all Chakra checks of a build without protobuf passed"
+  exit 0
+fi
 CLUSTER="$SRC/scenarios/clusters/cpu-local.yaml"
 
 cat > "$TMP/dp2.yaml" <<'EOF'
