@@ -66,6 +66,8 @@ for name in real simall simrep; do
   expect 0 "imported" import chakra et/$name --out $name.back.db
   run import chakra et/$name --out $name.back2.db --json > "$TMP/$name.import.json" 2>&1 || fail "import --json $name"
   run info $name.back.db --json > "$TMP/$name.back.info.json" 2>&1 || fail "info $name.back"
+  run export $name.db --format sqlite --out $name.sql.db > /dev/null 2>&1 || fail "export sqlite $name"
+  run export $name.back.db --format sqlite --out $name.back.sql.db > /dev/null 2>&1 || fail "export sqlite $name.back"
   run report $name.db --json > "$TMP/$name.report.json" 2>&1 || fail "report $name"
   run report $name.back.db --json > "$TMP/$name.back.report.json" 2>&1 || fail "report $name.back"
   for mode in identity cluster; do
@@ -97,6 +99,17 @@ for mode in ("identity", "cluster"):
     assert a == b, (mode, a, b)
     print(name, mode, "replayed step", a["replayed_step_ns"], "ns, edges", a["edges"],
           "collectives", a["collectives"], "transfers", a["transfers"])
+# Every span exactly: times (ns), kind, name, step, micro-batch, layer, bytes, FLOPs, communicator,
+# peer, sequence number, op, in the same order.
+import sqlite3
+def spans(db):
+    c = sqlite3.connect(os.path.join(tmp, db))
+    return c.execute("SELECT s.rank, s.stream, s.kind, t.text, s.start_ns, s.end_ns, s.step, s.micro_batch, "
+                     "s.layer, s.bytes, s.flops, s.comm, s.peer, s.seq, s.op FROM spans s "
+                     "JOIN strings t ON t.id = s.name ORDER BY s.id").fetchall()
+sa, sb = spans(name + ".sql.db"), spans(name + ".back.sql.db")
+assert len(sa) == ex["nodes"] and sa == sb, [(x, y) for x, y in zip(sa, sb) if x != y][:3]
+assert sum(1 for r in sa if r[9] > 0) > 0 and sum(1 for r in sa if r[10] > 0) > 0, "no bytes or FLOPs to compare"
 # Streams, communicators, ranks and metadata kept.
 for key in ("streams", "communicators", "ranks", "world_size", "layout", "tokens_per_step",
             "model_flops_per_step", "peak_flops_per_rank", "scenario_name", "counter_count"):

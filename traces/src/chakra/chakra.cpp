@@ -513,7 +513,9 @@ void schedule_as_soon_as_possible(const RankFile& f, std::vector<ForeignNode>& n
     Span& s = nodes[i].span;
     const int64_t dur = s.end_ns - s.start_ns;
     s.start_ns = std::max(earliest[i], stream_free[s.stream]);
-    s.end_ns = s.start_ns + dur;
+    if (__builtin_add_overflow(s.start_ns, dur, &s.end_ns))
+      throw InputError(where(f, i) +
+                       ": scheduled after its dependencies it would end beyond 2^63 ns");
     if (s.kind != SpanKind::Phase) stream_free[s.stream] = s.end_ns;
     ++done;
     for (const size_t c : children[i]) {
