@@ -6,10 +6,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "command.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/format.hpp"
+#include "orrery/common/slurm.hpp"
 #include "orrery/profiler/compare.hpp"
 #include "orrery/profiler/metrics.hpp"
 #include "orrery/traces/store.hpp"
@@ -51,11 +53,80 @@ Loaded load_and_compute(const std::string& path, const profiler::MetricsOptions&
   return l;
 }
 
+// The failures of an elastic job (`orrery run --max-restarts`, meta extra_json "attempts"): one
+// per failed attempt, with the step the next attempt resumed from and the time lost.
+struct Restart {
+  int attempt = 0;
+  std::vector<int> lost_ranks;
+  int failed_step = -1;
+  int resumed_from_step = 0;  // of the attempt after it
+  int nproc = 0, next_nproc = 0;
+  int64_t lost_ns = 0;
+  std::string failure, trace;
+};
+
+std::vector<Restart> restarts_of(const traces::RunMeta& meta) {
+  std::vector<Restart> out;
+  json extra;
+  try {
+    extra = json::parse(meta.extra_json.empty() ? "{}" : meta.extra_json);
+  } catch (const json::exception&) {
+    return out;
+  }
+  if (!extra.is_object() || !extra.contains("attempts") || !extra["attempts"].is_array())
+    return out;
+  const json& at = extra["attempts"];
+  for (size_t i = 0; i + 1 < at.size(); ++i) {
+    const json& a = at[i];
+    if (!a.value("failed", false)) continue;
+    Restart r;
+    r.attempt = a.value("attempt", 0);
+    r.lost_ranks = a.value("lost_ranks", std::vector<int>{});
+    r.failed_step = a.value("failed_step", -1);
+    r.nproc = a.value("nproc", 0);
+    r.lost_ns = a.value("lost_ns", int64_t{0});
+    r.failure = a.value("failure", std::string());
+    r.trace = a.value("trace", std::string());
+    r.resumed_from_step = at[i + 1].value("resumed_from_step", 0);
+    r.next_nproc = at[i + 1].value("nproc", 0);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// The Slurm job a run ran in (meta extra_json "slurm", runtime/slurm.hpp); null when none.
+json slurm_of(const traces::RunMeta& meta) {
+  try {
+    const json extra = json::parse(meta.extra_json.empty() ? "{}" : meta.extra_json);
+    if (extra.is_object() && extra.contains("slurm") && extra["slurm"].is_object())
+      return extra["slurm"];
+  } catch (const json::exception&) {
+  }
+  return nullptr;
+}
+
+// The job's line as the run's own messages say it (slurm_text).
+std::string slurm_line(const json& j) {
+  SlurmJob job;
+  job.job_id = j.value("job_id", std::string("?"));
+  job.step_id = j.value("step_id", std::string());
+  job.nodelist = j.value("nodelist", std::string());
+  job.partition = j.value("partition", std::string());
+  job.cluster = j.value("cluster", std::string());
+  job.nodes = j.value("nodes", 0);
+  job.tasks = j.value("tasks", 0);
+  return slurm_text(job);
+}
+
 json breakdown_json(const TimeBreakdown& t) {
-  return {{"window_ns", t.window_ns},       {"compute_ns", t.compute_ns},
-          {"comm_ns", t.comm_ns},           {"memcpy_ns", t.memcpy_ns},
-          {"overlap_ns", t.overlap_ns},     {"exposed_comm_ns", t.exposed_comm_ns},
-          {"idle_ns", t.idle_ns},           {"overlap_pct", t.overlap_pct()},
+  return {{"window_ns", t.window_ns},
+          {"compute_ns", t.compute_ns},
+          {"comm_ns", t.comm_ns},
+          {"memcpy_ns", t.memcpy_ns},
+          {"overlap_ns", t.overlap_ns},
+          {"exposed_comm_ns", t.exposed_comm_ns},
+          {"idle_ns", t.idle_ns},
+          {"overlap_pct", t.overlap_pct()},
           {"comm_comp_ratio", t.comm_comp_ratio()}};
 }
 
@@ -121,6 +192,20 @@ json report_json(const Loaded& l) {
                      {"busbw_gbps", c.busbw_gbps}});
   }
   j["collectives"] = std::move(colls);
+  json restarts = json::array();
+  for (const auto& r : restarts_of(l.trace.meta)) {
+    restarts.push_back({{"attempt", r.attempt},
+                        {"lost_ranks", r.lost_ranks},
+                        {"failed_step", r.failed_step},
+                        {"resumed_from_step", r.resumed_from_step},
+                        {"nproc", r.nproc},
+                        {"restarted_nproc", r.next_nproc},
+                        {"lost_ns", r.lost_ns},
+                        {"failure", r.failure},
+                        {"trace", r.trace}});
+  }
+  j["restarts"] = std::move(restarts);
+  j["slurm"] = slurm_of(l.trace.meta);
   return j;
 }
 
@@ -138,10 +223,9 @@ std::string pad(const std::string& s, size_t w, bool right = true) {
 void print_report(const Loaded& l, std::ostream& os) {
   const Metrics& m = l.m;
   const auto& meta = l.trace.meta;
-  os << "trace " << l.trace.path << " (" << traces::to_string(meta.source) << ", "
-     << m.ranks.size() << " ranks, dp " << meta.dp << " tp " << meta.tp << " pp " << meta.pp
-     << ", " << m.span_count << " spans, " << format_duration_ns(double(m.end_ns - m.start_ns))
-     << ")\n\n";
+  os << "trace " << l.trace.path << " (" << traces::to_string(meta.source) << ", " << m.ranks.size()
+     << " ranks, dp " << meta.dp << " tp " << meta.tp << " pp " << meta.pp << ", " << m.span_count
+     << " spans, " << format_duration_ns(double(m.end_ns - m.start_ns)) << ")\n\n";
 
   os << "Summary\n";
   const int warm = int(m.steps.size()) - m.counted_steps;
@@ -159,7 +243,8 @@ void print_report(const Loaded& l, std::ostream& os) {
   os << "  achieved          " << fmt("%.3f", m.achieved_flops / 1e12) << " TFLOP/s (span FLOPs, "
      << fmt("%.3f", m.ranks.empty() ? 0.0 : m.achieved_flops / 1e12 / double(m.ranks.size()))
      << " per rank)";
-  if (m.model_flops_per_s > 0) os << ", model " << fmt("%.3f", m.model_flops_per_s / 1e12) << " TFLOP/s";
+  if (m.model_flops_per_s > 0)
+    os << ", model " << fmt("%.3f", m.model_flops_per_s / 1e12) << " TFLOP/s";
   os << "\n";
   if (m.peak_flops_per_rank > 0) {
     os << "  MFU               " << fmt("%.2f", 100 * m.mfu) << " % of "
@@ -178,12 +263,36 @@ void print_report(const Loaded& l, std::ostream& os) {
       for (const auto& rm : m.ranks) {
         if (rm.rank != r) continue;
         os << (i ? "; " : "") << "rank " << r << " (late in " << rm.collectives_late << "/"
-           << rm.collectives_checked << " collectives, mean "
-           << (rm.late_ns_mean >= 0 ? "+" : "") << format_duration_ns(rm.late_ns_mean) << ")";
+           << rm.collectives_checked << " collectives, mean " << (rm.late_ns_mean >= 0 ? "+" : "")
+           << format_duration_ns(rm.late_ns_mean) << ")";
       }
     }
   }
-  os << "\n\n";
+  os << "\n";
+  if (const json sl = slurm_of(meta); !sl.is_null())
+    os << "  scheduler         " << slurm_line(sl) << "\n";
+  const auto restarts = restarts_of(meta);
+  if (!restarts.empty()) {
+    int64_t total_ns = 0;
+    for (const auto& r : restarts) total_ns += r.lost_ns;
+    os << "  restarts          " << restarts.size() << " (" << format_duration_ns(double(total_ns))
+       << " lost; this trace is the last attempt's)\n";
+    for (const auto& r : restarts) {
+      std::string who =
+          r.lost_ranks.empty() ? "a rank" : (r.lost_ranks.size() == 1 ? "rank " : "ranks ");
+      for (size_t i = 0; i < r.lost_ranks.size(); ++i)
+        who += (i ? "," : "") + std::to_string(r.lost_ranks[i]);
+      os << "    attempt " << r.attempt << "       " << who << " lost "
+         << (r.failed_step >= 0 ? "during step " + std::to_string(r.failed_step)
+                                : std::string("in set-up"))
+         << "; resumed from step " << r.resumed_from_step;
+      if (r.next_nproc != r.nproc) os << " on " << r.next_nproc << " ranks (was " << r.nproc << ")";
+      os << "; " << format_duration_ns(double(r.lost_ns)) << " lost";
+      if (!r.trace.empty()) os << " (" << r.trace << ")";
+      os << "\n";
+    }
+  }
+  os << "\n";
 
   os << "Per rank (whole window)\n";
   os << pad("rank", 6) << pad("compute", 12) << pad("comm", 12) << pad("overlap", 9)
@@ -209,8 +318,8 @@ void print_report(const Loaded& l, std::ostream& os) {
     return;
   }
   os << pad("op", 16, false) << pad("communicator", 16, false) << pad("size", 5) << pad("calls", 9)
-     << pad("ops", 8) << pad("bytes", 12) << pad("time", 12) << pad("algbw", 13)
-     << pad("busbw", 13) << "\n";
+     << pad("ops", 8) << pad("bytes", 12) << pad("time", 12) << pad("algbw", 13) << pad("busbw", 13)
+     << "\n";
   for (const auto& c : m.collectives) {
     const std::string comm = c.comm_name.empty() ? std::to_string(c.comm) : c.comm_name;
     os << pad(c.op, 16, false) << pad(comm, 16, false) << pad(std::to_string(c.comm_size), 5)
@@ -272,13 +381,17 @@ json span_compare_json(const profiler::SpanComparison& c) {
   auto rows = [](const std::vector<profiler::CompareRow>& v) {
     json a = json::array();
     for (const auto& r : v)
-      a.push_back({{"key", r.key}, {"pairs", r.pairs}, {"a_ns", r.a_ns}, {"b_ns", r.b_ns}, {"error_pct", r.error_pct()},
+      a.push_back({{"key", r.key},
+                   {"pairs", r.pairs},
+                   {"a_ns", r.a_ns},
+                   {"b_ns", r.b_ns},
+                   {"error_pct", r.error_pct()},
                    {"mean_abs_error_pct", r.mean_abs_error_pct()}});
     return a;
   };
-  return {{"matched", c.matched}, {"only_a", c.only_a}, {"only_b", c.only_b}, {"steps", c.steps_compared},
-          {"step_a_ns", c.step_a_ns}, {"step_b_ns", c.step_b_ns}, {"by_class", rows(c.by_class)},
-          {"by_name", rows(c.by_name)}};
+  return {{"matched", c.matched},         {"only_a", c.only_a},        {"only_b", c.only_b},
+          {"steps", c.steps_compared},    {"step_a_ns", c.step_a_ns},  {"step_b_ns", c.step_b_ns},
+          {"by_class", rows(c.by_class)}, {"by_name", rows(c.by_name)}};
 }
 
 int run_report(const ReportArgs& args) {
@@ -301,9 +414,11 @@ int run_report(const ReportArgs& args) {
     j["a"] = report_json(a);
     j["b"] = report_json(b);
     json d = json::object();
-    for (const auto& r : rows) d[r.name] = {{"a", r.a}, {"b", r.b}, {"diff_pct", diff_pct(r.a, r.b)}};
+    for (const auto& r : rows)
+      d[r.name] = {{"a", r.a}, {"b", r.b}, {"diff_pct", diff_pct(r.a, r.b)}};
     j["compare"] = std::move(d);
-    j["span_compare"] = span_compare_json(profiler::compare_spans(a.trace, b.trace, {args.opt.skip_steps}));
+    j["span_compare"] =
+        span_compare_json(profiler::compare_spans(a.trace, b.trace, {args.opt.skip_steps}));
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -319,7 +434,9 @@ int run_report(const ReportArgs& args) {
               << pad(r.a != 0 ? fmt("%+.1f %%", diff_pct(r.a, r.b)) : "-", 11) << "\n";
   }
   // Span by span (profiler/compare.hpp): error per op class and per op name.
-  std::cout << "\n" << profiler::format_comparison(profiler::compare_spans(a.trace, b.trace, {args.opt.skip_steps}));
+  std::cout << "\n"
+            << profiler::format_comparison(
+                   profiler::compare_spans(a.trace, b.trace, {args.opt.skip_steps}));
   return 0;
 }
 

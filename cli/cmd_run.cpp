@@ -25,9 +25,11 @@
 #include "orrery/common/stats.hpp"
 
 #if defined(ORRERY_RUNTIME_AVAILABLE)
+#include "orrery/common/slurm.hpp"
 #include "orrery/profiler/metrics.hpp"
 #include "orrery/runtime/checkpoint.hpp"
 #include "orrery/runtime/comm.hpp"
+#include "orrery/runtime/elastic.hpp"
 #include "orrery/runtime/launch.hpp"
 #include "orrery/runtime/trainer.hpp"
 #include "orrery/traces/store.hpp"
@@ -44,7 +46,10 @@ struct RunArgs {
   std::vector<std::string> sets;
   bool json = false;
   bool no_profile = false;
-  std::string resume;  // --resume DIR: a checkpoint directory (or one checkpoint)
+  std::string resume;    // --resume DIR: a checkpoint directory (or one checkpoint)
+  int max_restarts = 0;  // --max-restarts N: restarts of a job whose rank died
+  int min_nproc = 0;     // --min-nproc M: the fewest ranks a restart may run on (0: nproc)
+  std::string hostfile;  // --hostfile FILE: passed to mpirun; its slots re-read at each restart
 };
 
 #if defined(ORRERY_RUNTIME_AVAILABLE)
@@ -84,15 +89,25 @@ Scenario load_and_check(const RunArgs& a) {
                      ", keeping training.global_batch a multiple of dp * micro_batch)");
   }
   if (runtime::started_by_launcher() && runtime::launcher_world_size() != s.world_size()) {
-    throw InputError(a.scenario + ": key 'parallel.dp': the launcher started " +
-                     std::to_string(runtime::launcher_world_size()) +
-                     " ranks, but parallel.dp * tp * pp = " + std::to_string(s.world_size()));
+    const auto job = slurm_job();
+    const std::string who =
+        job && !job->step_id.empty()
+            ? "srun (" + slurm_text(*job) + ") started " +
+                  std::to_string(runtime::launcher_world_size()) + " tasks"
+            : "the launcher started " + std::to_string(runtime::launcher_world_size()) + " ranks";
+    throw InputError(a.scenario + ": key 'parallel.dp': " + who +
+                     ", but parallel.dp * tp * pp = " + std::to_string(s.world_size()) +
+                     (job ? " (ask srun/sbatch for --ntasks=" + std::to_string(s.world_size()) + ")"
+                          : std::string()));
   }
   return s;
 }
 
-int relaunch(const RunArgs& a, const Scenario& s, const std::string& resume_step_dir) {
-  const int nproc = s.world_size();
+// mpirun and MPI, which starting ranks from here needs.
+std::string check_launcher(int nproc) {
+  // Inside a batch script or an salloc shell mpirun takes the allocation's slots; a layout larger
+  // than the allocation is said now, not oversubscribed onto its nodes.
+  if (const std::string why = slurm_allocation_problem(nproc); !why.empty()) throw InputError(why);
   const std::string mpirun = runtime::find_executable("mpirun");
   if (mpirun.empty()) {
     throw InputError("mpirun not found on PATH: --nproc " + std::to_string(nproc) +
@@ -103,7 +118,19 @@ int relaunch(const RunArgs& a, const Scenario& s, const std::string& resume_step
     throw InputError("this orrery was built without MPI, so it cannot run " +
                      std::to_string(nproc) + " ranks (install libopenmpi-dev and rebuild)");
   }
-  const std::string out = a.out.empty() ? runtime::default_trace_path(s.name) : a.out;
+  return mpirun;
+}
+
+struct Launch {
+  int rc = 0;
+  runtime::FailedRun failed;  // when rc != 0
+};
+
+// One mpirun of the job's s.world_size() ranks, writing `out`; a failure's remains are salvaged
+// into `out` and said.
+Launch launch_once(const std::string& mpirun, const RunArgs& a, const Scenario& s,
+                   const std::string& out, const std::string& resume_step_dir) {
+  const int nproc = s.world_size();
   std::vector<std::string> program{runtime::self_executable(), "run",   a.scenario, "--nproc",
                                    std::to_string(nproc),      "--out", out};
   if (!a.device.empty()) program.insert(program.end(), {"--device", a.device});
@@ -115,18 +142,180 @@ int relaunch(const RunArgs& a, const Scenario& s, const std::string& resume_step
     program.insert(program.end(), {"--resume", resume_step_dir});
     ::setenv("ORRERY_RESUME_REPORTED", "1", 1);
   }
-  const auto cmd = runtime::mpirun_command(mpirun, runtime::mpirun_options_for(nproc), program);
-  const int rc = runtime::run_and_wait(cmd);
-  if (rc != 0) {
+  runtime::MpirunOptions mo = runtime::mpirun_options_for(nproc);
+  mo.hostfile = a.hostfile;
+  if (!resume_step_dir.empty()) mo.export_env.push_back("ORRERY_RESUME_REPORTED");
+  if (std::getenv(runtime::kAttemptsEnv)) mo.export_env.push_back(runtime::kAttemptsEnv);
+  Launch l;
+  l.rc = runtime::run_and_wait(runtime::mpirun_command(mpirun, mo, program));
+  if (l.rc != 0) {
     // Which rank was lost, and the spans recorded before the failure merged into `out`.
-    const runtime::FailedRun f = runtime::salvage_failed_run(out, nproc, rc);
-    if (!f.message.empty()) {
+    l.failed = runtime::salvage_failed_run(out, nproc, l.rc);
+    if (!l.failed.message.empty()) {
       const std::string where =
-          f.trace.empty() ? "per-rank traces kept (" + f.merge_error + ")"
-                          : "trace so far: " + f.trace + " (orrery doctor " + f.trace + ")";
-      std::fprintf(stderr, "orrery: %s; %s\n", f.message.c_str(), where.c_str());
+          l.failed.trace.empty()
+              ? "per-rank traces kept (" + l.failed.merge_error + ")"
+              : "trace so far: " + l.failed.trace + " (orrery doctor " + l.failed.trace + ")";
+      std::fprintf(stderr, "orrery: %s; %s\n", l.failed.message.c_str(), where.c_str());
     }
-    return rc == 2 ? 2 : (rc > 128 ? rc : 1);
+  }
+  return l;
+}
+
+int exit_code_of(int rc) { return rc == 2 ? 2 : (rc > 128 ? rc : 1); }
+
+// The remains of attempt k of an elastic job, kept beside the final trace: OUT.attempt<k>.db.
+std::string attempt_trace_path(const std::string& out, int k) {
+  std::filesystem::path p(out);
+  return (p.parent_path() / (p.stem().string() + ".attempt" + std::to_string(k) + ".db")).string();
+}
+
+std::string join_ints(const std::vector<int>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+std::string seconds_text(int64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f s", static_cast<double>(ns) * 1e-9);
+  return buf;
+}
+
+// The layout a restart runs on: the job's, or with fewer data-parallel replicas when the hostfile
+// (re-read now) has fewer slots, down to --min-nproc. The scenario with that dp must validate and
+// the checkpoint must map onto it. Throws InputError when no layout fits.
+struct RestartLayout {
+  RunArgs args;
+  Scenario s;
+  std::string why;  // "" on the job's layout
+};
+RestartLayout restart_layout(const RunArgs& a, const Scenario& s, const runtime::ResumePoint* rp) {
+  const int tp_pp = s.parallel.tp * s.parallel.pp;
+  int slots = s.world_size();
+  if (!a.hostfile.empty()) slots = std::min(slots, runtime::hostfile_slots(a.hostfile));
+  const int min_nproc = a.min_nproc > 0 ? a.min_nproc : s.world_size();
+  std::string tried;
+  for (int dp = slots / tp_pp; dp * tp_pp >= min_nproc && dp >= 1; --dp) {
+    RestartLayout l{a, s, ""};
+    if (dp != s.parallel.dp) {
+      l.args.sets.push_back("parallel.dp=" + std::to_string(dp));
+      l.args.nproc = dp * tp_pp;
+      try {
+        l.s = load_scenario(a.scenario, overrides_of(l.args));
+        if (rp) runtime::check_resume_compatible(rp->manifest, l.s, rp->step_dir);
+      } catch (const InputError& e) {
+        tried += std::string("\n  dp=") + std::to_string(dp) + ": " + e.what();
+        continue;
+      }
+      l.why = "only " + std::to_string(slots) + " slot(s) in " + a.hostfile + ": dp " +
+              std::to_string(s.parallel.dp) + " -> " + std::to_string(dp) +
+              " (training.global_batch kept: each replica accumulates more micro-batches)";
+    }
+    return l;
+  }
+  throw InputError("orrery run: cannot restart: " + std::to_string(slots) + " slot(s) in " +
+                   (a.hostfile.empty() ? std::string("this job") : a.hostfile) +
+                   ", and no layout of at least --min-nproc " + std::to_string(min_nproc) +
+                   " ranks (tp*pp = " + std::to_string(tp_pp) + ") fits" + tried);
+}
+
+// --max-restarts N: attempt after attempt until one finishes or N restarts are spent. Each restart
+// continues from the newest complete checkpoint this job wrote (else where the job started).
+int run_elastic(const std::string& mpirun, const RunArgs& a, const Scenario& s,
+                const std::string& out, const runtime::ResumePoint& first) {
+  const int64_t job_start_ns = runtime::unix_time_ns();
+  const std::string ckpt_dir = !s.checkpoint.dir.empty() ? s.checkpoint.dir
+                               : first.step_dir.empty()
+                                   ? std::string("checkpoints")
+                                   : std::filesystem::path(first.step_dir).parent_path().string();
+  std::vector<runtime::Attempt> attempts;
+  RestartLayout cur{a, s, ""};
+  runtime::ResumePoint resume = first;
+  for (int k = 1;; ++k) {
+    runtime::Attempt at;
+    at.attempt = k;
+    at.nproc = cur.s.world_size();
+    at.dp = cur.s.parallel.dp;
+    at.resumed_from = resume.step_dir;
+    at.resumed_from_step = resume.step_dir.empty() ? 0 : resume.manifest.step;
+    at.start_unix_ns = runtime::unix_time_ns();
+    if (!attempts.empty()) {
+      runtime::Attempt& prev = attempts.back();
+      const int64_t ckpt_ns =
+          resume.step_dir.empty() ? 0 : runtime::checkpoint_time_unix_ns(resume.step_dir);
+      prev.lost_ns = runtime::time_lost_ns(prev, ckpt_ns, at.start_unix_ns);
+      const std::string who =
+          prev.lost_ranks.empty()
+              ? std::string("a rank (which one is unknown without a trace)")
+              : (prev.lost_ranks.size() == 1 ? "rank " : "ranks ") + join_ints(prev.lost_ranks);
+      const std::string from = resume.step_dir.empty()
+                                   ? std::string("the start (no checkpoint of this job)")
+                                   : resume.step_dir + " (step " +
+                                         std::to_string(at.resumed_from_step) + " of " +
+                                         std::to_string(s.training.steps) + ")";
+      const std::string when = prev.failed_step >= 0
+                                   ? "during step " + std::to_string(prev.failed_step)
+                                   : std::string("in set-up");
+      std::fprintf(stderr,
+                   "orrery run: restart %d of %d (attempt %d): %s lost %s; resuming from %s on "
+                   "%d rank(s) (dp=%d); %s lost\n",
+                   k - 1, a.max_restarts, k, who.c_str(), when.c_str(), from.c_str(), at.nproc,
+                   at.dp, seconds_text(prev.lost_ns).c_str());
+      if (!cur.why.empty()) std::fprintf(stderr, "orrery run: %s\n", cur.why.c_str());
+    }
+    attempts.push_back(at);
+    ::setenv(runtime::kAttemptsEnv, runtime::attempts_to_json(attempts).c_str(), 1);
+    const Launch l = launch_once(mpirun, cur.args, cur.s, out, resume.step_dir);
+    if (l.rc == 0) return 0;
+    runtime::Attempt& f = attempts.back();
+    f.failed = true;
+    f.end_unix_ns = runtime::unix_time_ns();
+    f.exit_status = l.rc;
+    f.lost_ranks = l.failed.lost_ranks;
+    f.failed_step = l.failed.step;
+    f.failure = l.failed.message.empty() ? "mpirun exited with status " + std::to_string(l.rc)
+                                         : l.failed.message;
+    f.trace = l.failed.trace;
+    // Bad input on the ranks fails the same way every time: no restart.
+    if (l.rc == 2) return 2;
+    if (k > a.max_restarts) {
+      std::string why;
+      for (const auto& x : attempts)
+        why += "\n  attempt " + std::to_string(x.attempt) + ": " + x.failure;
+      std::fprintf(stderr,
+                   "orrery: error: restart limit reached: %d attempt(s) failed (--max-restarts "
+                   "%d)%s\n",
+                   k, a.max_restarts, why.c_str());
+      return 2;
+    }
+    // This attempt's remains kept beside the trace the next one writes.
+    if (!f.trace.empty()) {
+      const std::string kept = attempt_trace_path(out, k);
+      std::error_code ec;
+      std::filesystem::rename(f.trace, kept, ec);
+      if (!ec) f.trace = kept;
+    }
+    if (auto rp = runtime::newest_checkpoint_since(ckpt_dir, job_start_ns)) {
+      for (const auto& why : rp->skipped)
+        std::fprintf(stderr, "orrery run: skipped %s\n", why.c_str());
+      resume = *rp;
+    } else {
+      resume = first;
+    }
+    cur = restart_layout(a, s, resume.step_dir.empty() ? nullptr : &resume);
+  }
+}
+
+int relaunch(const RunArgs& a, const Scenario& s, const runtime::ResumePoint& rp) {
+  const std::string mpirun = check_launcher(s.world_size());
+  const std::string out = a.out.empty() ? runtime::default_trace_path(s.name) : a.out;
+  if (a.max_restarts > 0) {
+    const int rc = run_elastic(mpirun, a, s, out, rp);
+    if (rc != 0) return rc;
+  } else {
+    const Launch l = launch_once(mpirun, a, s, out, rp.step_dir);
+    if (l.rc != 0) return exit_code_of(l.rc);
   }
   if (!a.json && s.profile.enabled) {
     std::cout << std::flush;
@@ -262,8 +451,48 @@ int run_here(const RunArgs& a, const Scenario& s, const std::string& resume_step
   return 0;
 }
 
+// The elastic flags, against the job they restart.
+void check_elastic_args(const RunArgs& a, const Scenario& s) {
+  if (a.max_restarts < 0) {
+    throw InputError("--max-restarts " + std::to_string(a.max_restarts) +
+                     ": expected a whole number >= 0 (the restarts allowed after a rank dies)");
+  }
+  if (a.min_nproc != 0 || !a.hostfile.empty()) {
+    if (a.min_nproc < 0) {
+      throw InputError("--min-nproc " + std::to_string(a.min_nproc) + ": expected a number >= 1");
+    }
+    if (a.min_nproc > s.world_size()) {
+      throw InputError("--min-nproc " + std::to_string(a.min_nproc) + ": more than the job's " +
+                       std::to_string(s.world_size()) +
+                       " ranks (a restart runs on the same number of ranks or fewer)");
+    }
+    const int tp_pp = s.parallel.tp * s.parallel.pp;
+    if (a.min_nproc > 0 && a.min_nproc < tp_pp) {
+      throw InputError("--min-nproc " + std::to_string(a.min_nproc) + ": below tp*pp = " +
+                       std::to_string(tp_pp) + ", the fewest ranks of one data-parallel replica");
+    }
+    if (a.min_nproc > 0 && a.max_restarts == 0) {
+      throw InputError("--min-nproc " + std::to_string(a.min_nproc) +
+                       ": only a restart shrinks a job; give --max-restarts N too");
+    }
+    if (!a.hostfile.empty()) runtime::hostfile_slots(a.hostfile);  // readable, parseable
+  }
+  if (a.max_restarts > 0 && runtime::started_by_launcher()) {
+    throw InputError("--max-restarts " + std::to_string(a.max_restarts) +
+                     ": orrery run restarts only a job it starts itself (--nproc N, without "
+                     "mpirun/srun around it); under a launcher, that launcher restarts the job");
+  }
+}
+
 int run_command(const RunArgs& a) {
-  const Scenario s = load_and_check(a);
+  Scenario s = load_and_check(a);
+  check_elastic_args(a, s);
+  // A rank of an elastic job: the test-only faults fire on its first attempt only (unless
+  // faults.every_attempt).
+  if (runtime::started_by_launcher()) {
+    const auto attempts = runtime::attempts_from_env();
+    if (!attempts.empty()) runtime::faults_for_attempt(s, attempts.back().attempt);
+  }
   const runtime::ResumePoint rp = resolve_resume(a, s);
   // Said once: by the process the user started, or by rank 0 when the user started mpirun (the
   // re-launch marks its ranks with ORRERY_RESUME_REPORTED).
@@ -278,7 +507,9 @@ int run_command(const RunArgs& a) {
         rp.step_dir.c_str(), rp.manifest.step, s.training.steps, rp.manifest.dp, rp.manifest.tp,
         rp.manifest.pp, rp.manifest.zero);
   }
-  if (!runtime::started_by_launcher() && s.world_size() > 1) return relaunch(a, s, rp.step_dir);
+  // Restarts need a launcher to restart, so an elastic job of one rank goes through mpirun too.
+  if (!runtime::started_by_launcher() && (s.world_size() > 1 || a.max_restarts > 0))
+    return relaunch(a, s, rp);
   RunArgs here = a;
   // Without a launcher the trace needs a fixed name now, for the report below.
   if (here.out.empty() && !runtime::started_by_launcher()) {
@@ -320,6 +551,14 @@ Command setup(CLI::App& root) {
       "--resume", args->resume,
       "Continue from the latest complete checkpoint in DIR (or from the checkpoint DIR); "
       "dp and parallel.zero may differ from the run that wrote it");
+  app->add_option("--max-restarts", args->max_restarts,
+                  "Restart the job this many times when a rank dies, each time from the newest "
+                  "complete checkpoint it wrote (as torchrun's --max-restarts; default 0)");
+  app->add_option("--min-nproc", args->min_nproc,
+                  "With --max-restarts: a restart that cannot have all ranks (--hostfile slots) "
+                  "runs on fewer, down to this many (dp shrinks)");
+  app->add_option("--hostfile", args->hostfile,
+                  "Open MPI hostfile passed to mpirun; its slots are read again at each restart");
   auto run = [args]() -> int {
 #if defined(ORRERY_RUNTIME_AVAILABLE)
     return run_command(*args);

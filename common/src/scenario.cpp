@@ -163,6 +163,7 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("faults.sleep_ms", Type::Int, faults.sleep_ms, int),
       ORRERY_KEY("faults.kill_rank", Type::Int, faults.kill_rank, int),
       ORRERY_KEY("faults.kill_after_step", Type::Int, faults.kill_after_step, int),
+      ORRERY_KEY("faults.every_attempt", Type::Bool, faults.every_attempt, bool),
   };
   return keys;
 }

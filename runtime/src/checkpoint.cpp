@@ -292,6 +292,31 @@ CheckpointManifest verify_checkpoint(const std::string& step_dir) {
   return m;
 }
 
+std::vector<std::pair<int64_t, std::string>> checkpoint_steps(const std::string& dir) {
+  std::error_code ec;
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t k = step_of(e.path().filename().string());
+    if (k >= 0 && e.is_directory()) steps.emplace_back(k, e.path().string());
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+bool take_first_verified(const std::vector<std::pair<int64_t, std::string>>& steps,
+                         ResumePoint& rp) {
+  for (const auto& [k, path] : steps) {
+    try {
+      rp.manifest = verify_checkpoint(path);
+      rp.step_dir = path;
+      return true;
+    } catch (const InputError& e) {
+      rp.skipped.push_back(e.what());
+    }
+  }
+  return false;
+}
+
 ResumePoint find_resume_point(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError("--resume '" + dir + "': no such directory");
@@ -302,23 +327,10 @@ ResumePoint find_resume_point(const std::string& dir) {
     rp.manifest = verify_checkpoint(dir);
     return rp;
   }
-  std::vector<std::pair<int64_t, std::string>> steps;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const int64_t k = step_of(e.path().filename().string());
-    if (k >= 0 && e.is_directory()) steps.emplace_back(k, e.path().string());
-  }
-  std::sort(steps.rbegin(), steps.rend());
+  const auto steps = checkpoint_steps(dir);
   if (steps.empty())
     throw InputError("--resume '" + dir + "': no checkpoints (step-<k> directories) in it");
-  for (const auto& [k, path] : steps) {
-    try {
-      rp.manifest = verify_checkpoint(path);
-      rp.step_dir = path;
-      return rp;
-    } catch (const InputError& e) {
-      rp.skipped.push_back(e.what());
-    }
-  }
+  if (take_first_verified(steps, rp)) return rp;
   std::string why;
   for (const auto& s : rp.skipped) why += "\n  " + s;
   throw InputError("--resume '" + dir + "': no complete checkpoint:" + why);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "orrery/common/error.hpp"
+#include "orrery/common/slurm.hpp"
 #include "orrery/runtime/comm.hpp"
 
 #if defined(ORRERY_HAVE_MPI) || __has_include(<mpi.h>)
@@ -63,6 +64,9 @@ bool mpi_available() { return ORRERY_RUNTIME_MPI != 0; }
 
 std::unique_ptr<Communicator> make_world_communicator(const WorldOptions& opt) {
   if (!started_by_launcher()) return make_local_communicator();
+  // srun without a PMI plugin: MPI_Init would abort with Open MPI's page about rebuilding Slurm.
+  if (const std::string why = orrery::srun_without_pmi_problem(); !why.empty())
+    throw InputError(why);
 #if ORRERY_RUNTIME_MPI
   return make_mpi_world_communicator(opt);
 #else

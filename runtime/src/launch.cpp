@@ -18,10 +18,12 @@
 #include <thread>
 
 #include "orrery/common/error.hpp"
+#include "orrery/common/slurm.hpp"
 #include "orrery/model/flops.hpp"
 #include "orrery/profiler/flight_recorder.hpp"
 #include "orrery/profiler/ranges.hpp"
 #include "orrery/profiler/recorder.hpp"
+#include "orrery/runtime/elastic.hpp"
 #include "orrery/traces/store.hpp"
 
 namespace orrery::runtime {
@@ -117,6 +119,8 @@ std::vector<std::string> mpirun_command(const std::string& mpirun, const MpirunO
   std::vector<std::string> cmd{mpirun, "-n", std::to_string(opt.nproc)};
   if (opt.oversubscribe) cmd.push_back("--oversubscribe");
   if (opt.allow_run_as_root) cmd.push_back("--allow-run-as-root");
+  if (!opt.hostfile.empty()) cmd.insert(cmd.end(), {"--hostfile", opt.hostfile});
+  for (const auto& name : opt.export_env) cmd.insert(cmd.end(), {"-x", name});
   cmd.insert(cmd.end(), {"--bind-to", "none"});
   cmd.insert(cmd.end(), program.begin(), program.end());
   return cmd;
@@ -334,7 +338,13 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
     meta.extra_json = "{" + trainer.meta_fields() +
                       ", \"micro_batches\": " + std::to_string(trainer.micro_batches()) +
                       ", \"ddp_buckets\": " + std::to_string(trainer.buckets().size()) +
-                      ", \"params\": " + std::to_string(result.params) + "}";
+                      ", \"params\": " + std::to_string(result.params);
+    // An elastic job's attempts so far (this one last), as the launcher told them.
+    const auto attempts = attempts_from_env();
+    if (!attempts.empty()) meta.extra_json += ", \"attempts\": " + attempts_to_json(attempts);
+    // The Slurm job the ranks ran in (srun, or mpirun inside an allocation).
+    if (const auto job = slurm_job()) meta.extra_json += ", \"slurm\": " + slurm_json(*job);
+    meta.extra_json += "}";
     session.describe(meta,
                      real_rank_info(lay, world.rank(), meta.host, trainer.device_description()));
     trainer.start_device_tracing(rec);
@@ -441,6 +451,7 @@ FailedRun salvage_failed_run(const std::string& out, int nproc, int exit_status)
   if (!stopped.empty()) parts.push_back(rank_list_text(stopped) + " stopped");
   for (size_t i = 0; i < parts.size(); ++i) f.message += (i ? "; " : "") + parts[i];
   f.lost_ranks = lost;
+  f.step = step;
 
   // The remains, merged as a finished run's are, with the failure's account in the metadata.
   try {

@@ -8,7 +8,7 @@
 # 480 s): the probe, the GPU tests, the profiled gpt-tiny runs, the archive. A stage's deadline is the
 # start plus the shares of the stages up to it, so time a stage leaves goes to the next; a stage
 # that cannot start is "not reached". $OUT (default out/gpu-check) gets exactly summary.txt and one
-# archive, gpu-check.tar.xz (or .tar.gz where xz is missing), with the logs, reports and traces.
+# archive, logs.tar.xz (or logs.tar.gz where xz is missing), with the logs, reports and traces.
 
 GC_STAGES=(probe tests runs pack)
 GC_SHARES=(45 345 70 20)       # seconds of the 480; tests: the largest TIMEOUT (330 s) plus room
@@ -83,6 +83,8 @@ gc_is_elf64() {
 gc_site_packages() {
   local d py=${GC_PYTHON:-python3}
   if command -v "$py" >/dev/null 2>&1; then
+    # Where the nvidia namespace package is (the wheels' own folders), then every site folder.
+    "$py" -c 'import nvidia, os; print("\n".join(os.path.dirname(p) for p in nvidia.__path__))' 2>/dev/null
     "$py" -c 'import site; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null
   fi
   for d in /usr/lib/python3*/site-packages /usr/lib/python3*/dist-packages \
@@ -122,6 +124,18 @@ gc_find_lib() {
   for d in "$@"; do
     if gc_is_elf64 "$d/$name"; then echo "$d/$name"; return 0; fi
   done
+  return 1
+}
+
+# gc_find_lib_anywhere SONAME: the last resort, `find` under GC_FIND_ROOTS (/usr /opt /root /home
+# /srv /workspace /venv, those that exist; 20 s at most): the first 64-bit ELF file of that name.
+gc_find_lib_anywhere() {
+  local d roots=() f
+  for d in ${GC_FIND_ROOTS:-/usr /opt /root /home /srv /workspace /venv}; do [ -d "$d" ] && roots+=("$d"); done
+  [ ${#roots[@]} -gt 0 ] || return 1
+  while read -r f; do
+    if gc_is_elf64 "$f"; then echo "$f"; return 0; fi
+  done < <(timeout -k 2 20 find "${roots[@]}" -xdev -name "$1" \( -type f -o -type l \) 2>/dev/null)
   return 1
 }
 
@@ -170,28 +184,36 @@ gc_run() {
 
 # ---------------------------------------------------------------- the bundle
 
-# gc_unpack DIR DEST: DEST/bundle is the bundle, unpacked from DIR/bundle.tar.xz or DIR itself when
-# DIR is unpacked already; prints its path. Exit 2 for a DIR that is neither.
-gc_unpack() {
-  local dir=$1 dest=$2
-  if [ -f "$dir/bundle.tar.xz" ]; then
-    mkdir -p "$dest/bundle"
-    if command -v xz >/dev/null 2>&1; then
-      tar -C "$dest/bundle" -xJf "$dir/bundle.tar.xz" || { echo "cannot unpack $dir/bundle.tar.xz" >&2; return 2; }
-    elif command -v python3 >/dev/null 2>&1; then  # no xz: Python's lzma
-      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
-        "$dir/bundle.tar.xz" "$dest/bundle" || { echo "cannot unpack $dir/bundle.tar.xz" >&2; return 2; }
-    else
-      echo "neither xz nor python3 found: cannot unpack $dir/bundle.tar.xz" >&2
-      return 2
-    fi
-    echo "$dest/bundle"
-  elif [ -d "$dir/bin" ] && [ -f "$dir/tests.json" ]; then
-    (cd "$dir" && pwd)
+# gc_bundle_form DIR: "packed" (DIR/bundle.tar.xz), "unpacked" (DIR/bin and DIR/tests.json), or
+# fails with the reason (exit 2 of the runner). Needs no tool: checked before anything else.
+gc_bundle_form() {
+  local dir=$1
+  if [ -f "$dir/bundle.tar.xz" ]; then echo packed
+  elif [ -d "$dir/bin" ] && [ -f "$dir/tests.json" ]; then echo unpacked
   else
     echo "$dir holds neither bundle.tar.xz nor an unpacked bundle (bin/, tests.json): make one with scripts/gpu-bundle" >&2
     return 2
   fi
+}
+
+# gc_unpack DIR DEST: DEST/bundle is the bundle, unpacked from DIR/bundle.tar.xz (through xz, else
+# python3's lzma), or DIR itself when DIR is unpacked already; prints its path. Fails with the
+# reason (naming the tool missing) when it cannot.
+gc_unpack() {
+  local dir=$1 dest=$2 form
+  form=$(gc_bundle_form "$dir") || return 2
+  if [ "$form" = unpacked ]; then (cd "$dir" && pwd); return 0; fi
+  mkdir -p "$dest/bundle"
+  if command -v xz >/dev/null 2>&1; then
+    tar -C "$dest/bundle" -xJf "$dir/bundle.tar.xz" || { echo "cannot unpack $dir/bundle.tar.xz (tar -xJ failed)" >&2; return 2; }
+  elif command -v python3 >/dev/null 2>&1; then  # no xz: Python's lzma
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+      "$dir/bundle.tar.xz" "$dest/bundle" || { echo "cannot unpack $dir/bundle.tar.xz (python3's tarfile failed)" >&2; return 2; }
+  else
+    echo "neither xz nor python3 found: cannot unpack $dir/bundle.tar.xz (unpack it elsewhere and pass the folder)" >&2
+    return 2
+  fi
+  echo "$dest/bundle"
 }
 
 # gc_bundle_value KEY: a value of the bundle's bundle.env.
@@ -215,11 +237,11 @@ gc_find_machine_libs() {
   mapfile -t GC_DIRS_CACHE < <(gc_search_dirs)
   printf '%s\n' "${GC_DIRS_CACHE[@]}" >"$GC_WORK/logs/library-search-dirs.txt"
   while read -r name; do
-    if path=$(gc_find_lib "$name" "${GC_DIRS_CACHE[@]}"); then
+    if path=$(gc_find_lib "$name" "${GC_DIRS_CACHE[@]}") || path=$(gc_find_lib_anywhere "$name"); then
       gc_say "  $name: $path"
       GC_LIB_DIRS+=("${path%/*}")
     else
-      gc_say "  $name: NOT FOUND (searched ${#GC_DIRS_CACHE[@]} folders: logs/library-search-dirs.txt)"
+      gc_say "  $name: NOT FOUND (searched ${#GC_DIRS_CACHE[@]} folders, logs/library-search-dirs.txt, and find under ${GC_FIND_ROOTS:-/usr /opt /root /home /srv /workspace /venv})"
       GC_MISSING+=("$name")
     fi
   done < <(gc_needed_sonames)
@@ -333,13 +355,30 @@ gc_probe_bundle() {
   fi
 }
 
-# gc_stage_probe: stage a. Returns 0 (all checks can run), 5 (one process per GPU only: the compute
-# mode is not Default), 3 (no usable GPU: stop), 1 (the bundle cannot run here: stop).
+# gc_stage_probe DIR: stage a: the driver first (it needs nothing from the bundle), then the bundle
+# unpacked from DIR (GC_B), its libraries and runtime_cuda_gpu_probe. Returns 0 (all checks can run),
+# 5 (one process per GPU only: the compute mode is not Default), 3 (no usable GPU: stop; the bundle
+# is still unpacked and its closure checked when the tools allow), 1 (the bundle cannot run or be
+# unpacked here: stop).
 gc_stage_probe() {
-  local t0 rc=0 probe=$GC_B/bin/runtime_cuda_gpu_probe log=$GC_WORK/logs/gpu-probe.log
+  local t0 rc=0 probe log=$GC_WORK/logs/gpu-probe.log unpack_err
   t0=$(date +%s)
   gc_say "probe:"
   gc_probe_driver
+  if ! GC_B=$(gc_unpack "$1" "$GC_TMP" 2>"$GC_WORK/logs/unpack.log"); then
+    unpack_err=$(head -n 2 "$GC_WORK/logs/unpack.log")
+    gc_say "  bundle: $unpack_err"
+    if [ -n "$GC_NO_GPU" ]; then
+      GC_STOP="no GPU: $GC_NO_GPU (and the bundle could not be unpacked here: $unpack_err)"
+      gc_result probe failed "$GC_STOP ($(($(date +%s) - t0)) s)"
+      return 3
+    fi
+    GC_STOP="the bundle cannot be unpacked here: $unpack_err"
+    gc_result probe failed "$GC_STOP ($(($(date +%s) - t0)) s)"
+    return 1
+  fi
+  gc_say "  bundle: $GC_B ($(gc_bundle_form "$1"))"
+  probe=$GC_B/bin/runtime_cuda_gpu_probe
   gc_probe_bundle
   if [ -z "$GC_BROKEN" ] && [ -x "$probe" ]; then
     local limit
@@ -440,34 +479,47 @@ gc_test_outcome() {
   else echo failed; fi
 }
 
-# gc_run_tests JSON BIN ROOT MPI_OK: runs every test, each under its own limit (never below its
-# TIMEOUT: a test whose limit does not fit before the stage's deadline is not started). Results in
-# logs/tests/results.tsv; sets GC_COUNTS (passed failed skipped timed_out not_run listed).
+# gc_run_tests JSON BIN ROOT MPI_OK: runs every test (the longest TIMEOUT first, so that
+# runtime_cuda_parallel_np2's 330 s fits), each under its own limit, its TIMEOUT (or
+# GC_TEST_DEFAULT_TIMEOUT) capped by the time left before the stage's deadline; a test that times
+# out under a capped limit is "timed out" with the cap named; one reached with under GC_TEST_MIN_S
+# left is "not reached". Results in logs/tests/results.tsv (id, name, outcome, detail); sets
+# GC_COUNTS (passed failed skipped timed_out not_run listed; not_run: not reached or no MPI).
+GC_TEST_MIN_S=5
 gc_run_tests() {
-  local json=$1 bin=$2 root=$3 mpi_ok=$4 dir=$GC_WORK/logs/tests n id name limit skip mpi
-  local -A count=([passed]=0 [failed]=0 [skipped]=0 ["timed out"]=0 ["not run"]=0)
+  local json=$1 bin=$2 root=$3 mpi_ok=$4 dir=$GC_WORK/logs/tests n id name want skip mpi
+  local -A count=([passed]=0 [failed]=0 [skipped]=0 ["timed out"]=0 ["not run"]=0 ["not reached"]=0)
   mkdir -p "$dir" "${GC_TMP:-$GC_WORK}/test-cwd"
-  n=$(gc_expand_tests "$json" "$bin" "$root" "$dir") || { GC_COUNTS="0 0 0 0 0 0"; return 1; }
   : >"$dir/results.tsv"
-  while IFS=$'\t' read -r id name limit skip mpi; do
-    local outcome rc t0 left argv=()
+  GC_COUNTS="0 0 0 0 0 0"
+  n=$(gc_expand_tests "$json" "$bin" "$root" "$dir" 2>"$dir/expand.log") || {
+    GC_TESTS_ERROR="cannot read $json: $(tail -n 1 "$dir/expand.log")"
+    return 1
+  }
+  GC_TESTS_ERROR=
+  while IFS=$'\t' read -r id name want skip mpi; do
+    local outcome detail rc t0 left limit argv=()
     left=$(gc_left tests)
     if [ "$mpi" = 1 ] && [ "$mpi_ok" != 1 ]; then
-      outcome="not run"; rc=-; echo "not run: $GC_NO_MPI" >"$dir/$id.log"
-    elif [ "$limit" -gt "$left" ]; then
-      outcome="not run"; rc=-; echo "not run: needs up to $limit s, $left s left" >"$dir/$id.log"
+      outcome="not run"; detail=$GC_NO_MPI; echo "not run: $GC_NO_MPI" >"$dir/$id.log"
+    elif [ "$left" -lt "$GC_TEST_MIN_S" ]; then
+      outcome="not reached"; detail="$left s left of the stage"; echo "not reached: $left s left" >"$dir/$id.log"
     else
+      limit=$want
+      [ "$limit" -gt "$left" ] && limit=$left
       mapfile -d '' -t argv <"$dir/$id.argv"
       t0=$(date +%s)
       (cd "${GC_TMP:-$GC_WORK}/test-cwd" && gc_run "$limit" "$dir/$id.log" env "${argv[@]}")
       rc=$?
       outcome=$(gc_test_outcome "$rc" "$skip" "$dir/$id.log")
-      rc="$rc after $(($(date +%s) - t0)) s of $limit"
+      detail="exit $rc after $(($(date +%s) - t0)) s, limit $limit s"
+      [ "$limit" -lt "$want" ] && detail="$detail (its TIMEOUT $want s capped by the stage's deadline)"
     fi
     count[$outcome]=$((count[$outcome] + 1))
-    printf '%s\t%s\t%s\t%s\n' "$id" "$name" "$outcome" "$rc" >>"$dir/results.tsv"
+    printf '%s\t%s\t%s\t%s\n' "$id" "$name" "$outcome" "$detail" >>"$dir/results.tsv"
   done <"$dir/index.tsv"
-  GC_COUNTS="${count[passed]} ${count[failed]} ${count[skipped]} ${count[timed out]} ${count[not run]} $n"
+  local unrun=$((${count["not run"]} + ${count["not reached"]}))
+  GC_COUNTS="${count[passed]} ${count[failed]} ${count[skipped]} ${count["timed out"]} $unrun $n"
 }
 
 # gc_stage_tests SHARED_OK: stage b; SHARED_OK 1 when ranks may share the GPU.
@@ -482,18 +534,28 @@ gc_stage_tests() {
     mpi_ok=1
   fi
   GC_MPI_OK=$mpi_ok
+  if [ ! -f "$GC_B/tests.json" ]; then
+    gc_result "gpu tests" failed "the bundle has no tests.json"
+    return
+  fi
   gc_run_tests "$GC_B/tests.json" "$GC_B/bin" "$GC_ROOT" "$mpi_ok"
   read -r p f s to nr n <<<"$GC_COUNTS"
-  awk -F'\t' '$3 != "passed" {printf "  %s: %s (%s)\n", $2, $3, $4}' "$GC_WORK/logs/tests/results.tsv" |
+  # Every test, one line each (a skip is a failure here: the GPU is there, nothing may skip).
+  awk -F'\t' '{o = $3; if (o == "skipped") o = "SKIPPED (counts as a failure)"
+                else if (o != "passed" && o != "not reached" && o != "not run") o = toupper(o)
+                printf "  %s: %s (%s)\n", $2, o, $4}' "$GC_WORK/logs/tests/results.tsv" |
     tee -a "$GC_SUMMARY"
-  awk -F'\t' '$3 == "failed" || $3 == "timed out" {print $1 "\t" $2}' "$GC_WORK/logs/tests/results.tsv" |
-    head -n 3 | while IFS=$'\t' read -r id name; do
+  awk -F'\t' '$3 == "failed" || $3 == "timed out" || $3 == "skipped" {print $1 "\t" $2}' "$GC_WORK/logs/tests/results.tsv" |
+    head -n 4 | while IFS=$'\t' read -r id name; do
       gc_say "  end of $name's log (logs/tests/$id.log):"
-      tail -n 8 "$GC_WORK/logs/tests/$id.log" | gc_indent
+      grep -E '^\[  (FAILED|SKIPPED) +\]|Failure|error' "$GC_WORK/logs/tests/$id.log" | head -n 4 | gc_indent
+      tail -n 6 "$GC_WORK/logs/tests/$id.log" | gc_indent
     done
-  local figures="$p passed, $f failed, $s skipped (a skip counts as a failure), $to timed out, $nr not run, of $n listed ($(($(date +%s) - t0)) s)"
-  if [ "$n" -eq 0 ]; then
-    gc_result "gpu tests" failed "tests.json lists no test"
+  local figures="$p passed, $f failed, $s skipped (a skip counts as a failure), $to timed out, $nr not run or not reached, of $n listed ($(($(date +%s) - t0)) s)"
+  if [ -n "${GC_TESTS_ERROR:-}" ]; then
+    gc_result "gpu tests" failed "$GC_TESTS_ERROR"
+  elif [ "$n" -eq 0 ]; then
+    gc_result "gpu tests" failed "tests.json lists no test (ctest -L gpu found none when the bundle was made)"
   elif [ "$p" -eq "$n" ]; then
     gc_result "gpu tests" passed "$figures"
   else
@@ -554,6 +616,7 @@ gc_orrery_run() {
   limit=$(gc_limit "$want" runs)
   if [ "$limit" -lt 15 ]; then
     echo "not reached: $limit s left" >"$GC_WORK/logs/run-$name.log"
+    gc_say "  $name: not reached ($limit s left of the stage)"
     GC_RUNS_FAILED+=("$name (not reached)")
     return 125
   fi
@@ -674,7 +737,7 @@ gc_pack() {
   local t0 ext=xz flag=-J archive size tier
   t0=$(date +%s)
   command -v xz >/dev/null 2>&1 || { ext=gz; flag=-z; }
-  archive=$GC_OUT/gpu-check.tar.$ext
+  archive=$GC_OUT/logs.tar.$ext
   cp "$GC_SUMMARY" "$GC_WORK/summary.txt"
   [ -f "$GC_B/bundle.env" ] && cp "$GC_B/bundle.env" "$GC_WORK/bundle.env"
   for tier in all no-traces small; do
@@ -743,7 +806,7 @@ gc_main() {
   GC_OUT=${OUT:-$GC_ROOT/out/gpu-check}
   mkdir -p "$GC_OUT" || { echo "gpu-check: cannot create $GC_OUT" >&2; exit 2; }
   GC_OUT=$(cd "$GC_OUT" && pwd)
-  rm -f "$GC_OUT/summary.txt" "$GC_OUT"/gpu-check.tar.*
+  rm -f "$GC_OUT/summary.txt" "$GC_OUT"/logs.tar.*
   GC_TMP=$(mktemp -d "${TMPDIR:-/tmp}/orrery-gpu-check.XXXXXX") || { echo "gpu-check: no temporary folder" >&2; exit 2; }
   if [ "${GPU_CHECK_KEEP:-0}" = 1 ]; then
     trap 'echo "gpu-check: kept $GC_TMP" >&2' EXIT
@@ -753,20 +816,21 @@ gc_main() {
   GC_WORK=$GC_TMP/work
   GC_SUMMARY=$GC_OUT/summary.txt
   GC_STOP=
+  GC_B=
   declare -gA GC_STATE=()
   mkdir -p "$GC_WORK/logs"
   GC_T0=$(date +%s)
   gc_plan "$GC_T0" "${GPU_CHECK_DEADLINE_S:-480}"
   gc_say "Orrery gpu-check --bundle $dir, $(date -u +%FT%TZ) on $(hostname 2>/dev/null || cat /etc/hostname); deadline ${GPU_CHECK_DEADLINE_S:-480} s (shares: probe ${GC_SHARES[0]}, tests ${GC_SHARES[1]}, runs ${GC_SHARES[2]}, archive ${GC_SHARES[3]} of 480)"
-  GC_B=$(gc_unpack "$dir" "$GC_TMP" 2>"$GC_WORK/logs/unpack.log") || {
+  if ! gc_bundle_form "$dir" >/dev/null 2>"$GC_WORK/logs/unpack.log"; then
     GC_STOP=$(cat "$GC_WORK/logs/unpack.log")
     gc_result probe failed "$GC_STOP"
     gc_unreached_but_archive
     gc_pack
     gc_finish 2
-  }
+  fi
   trap 'GC_STOP="interrupted"; gc_unreached_but_archive; gc_pack; gc_finish 1' INT TERM
-  gc_stage_probe
+  gc_stage_probe "$dir"
   rc=$?
   if [ $rc -eq 0 ] || [ $rc -eq 5 ]; then
     local shared=0

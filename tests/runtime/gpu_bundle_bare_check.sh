@@ -2,8 +2,12 @@
 # gpu_bundle_bare_check.sh [BUNDLE_DIR] [ROOTFS]: runs `scripts/gpu-check --bundle` as the bare GPU
 # machine would, inside a minimal Debian root file system (debootstrap --variant=minbase bookworm:
 # no development packages, no CUDA, no Python, no xz), and checks that
-#   - it runs its probe and stops with the "no GPU" reason (exit 3), writing exactly summary.txt and
-#     one archive into $OUT;
+#   - given the packed bundle (bundle.tar.xz) where neither xz nor python3 is (the minimal base has
+#     neither), it probes the driver first and stops with the "no GPU" reason (exit 3), naming the
+#     missing tools, writing exactly summary.txt and logs.tar.gz into $OUT;
+#   - given the bundle unpacked, it runs its probe and stops with the "no GPU" reason (exit 3),
+#     writing exactly summary.txt and one archive into $OUT;
+#   - gpu_bundle_closure_check.sh, run inside the bare root, passes;
 #   - the bundle's own library closure resolves there: every library the loader cannot find is one
 #     the GPU machine provides (needs-on-machine.txt: CUDA, cuBLAS, NCCL, CUPTI), none of the
 #     bundle's (SQLite, yaml-cpp, OpenBLAS, Open MPI, ...);
@@ -13,7 +17,7 @@
 #     and with the runner's environment, the bundle's relocated Open MPI starts (`mpirun -n 1
 #     true`) and runs `orrery run --device cpu` on 2 ranks (the bare root has no Open MPI).
 # Not a CTest test: it needs root (chroot), a built bundle (scripts/gpu-bundle) and, the first time,
-# debootstrap and the Debian archive. BUNDLE_DIR: gpu-bundle; ROOTFS: /var/tmp/bare (made if absent).
+# debootstrap and the Debian archive. BUNDLE_DIR: gpu-bundle; ROOTFS: /var/tmp/bare (made if absent; e.g. /tmp/bare).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUNDLE=${1:-$ROOT/gpu-bundle}
@@ -33,23 +37,43 @@ if [ ! -e "$RFS/proc/self" ]; then
 fi
 W=$RFS/orrery
 rm -rf "$W" "$RFS/usr/local/lib/python3.12"
-mkdir -p "$W/gpu-bundle" "$W/tmp"
+mkdir -p "$W/gpu-bundle" "$W/gpu-bundle-packed" "$W/tmp"
+cp "$BUNDLE/bundle.tar.xz" "$W/gpu-bundle-packed/"
 # The files of the working tree the runner uses, and the bundle unpacked here (the minimal base has
 # neither xz nor python3 to unpack it; a real GPU machine has python3).
-(cd "$ROOT" && git ls-files -z scripts scenarios tests/runtime/cuda | tar --null -T - -cf -) | tar -C "$W" -xf -
+(cd "$ROOT" && git ls-files -z scripts scenarios tests/runtime/cuda tests/runtime/gpu_bundle_closure_check.sh | tar --null -T - -cf -) | tar -C "$W" -xf -
 tar -C "$W/gpu-bundle" -xJf "$BUNDLE/bundle.tar.xz"
+FAILS=0
+check() { if [ "$2" = "$3" ]; then echo "ok   $1: $3"; else echo "FAIL $1: expected '$2', got '$3'"; FAILS=$((FAILS + 1)); fi; }
+tools=$(for t in xz python3 tar gzip ldd timeout od find awk; do chroot "$RFS" /bin/bash -c "command -v $t >/dev/null" && echo "$t"; done | tr '\n' ' ')
+echo "     tools in the bare root: $tools"
+# 0. The packed bundle as it travels, where nothing can unpack it.
+chroot "$RFS" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TMPDIR=/orrery/tmp \
+  OUT=/orrery/out-packed /bin/bash -c 'cd /orrery && scripts/gpu-check --bundle gpu-bundle-packed' >"$W/run0.log" 2>&1
+RC=$?
+O=$W/out-packed
+check "packed: exit status (3: no GPU)" 3 "$RC"
+check "packed: files in OUT" "logs.tar.gz summary.txt" "$(ls "$O" | sort | tr '\n' ' ' | sed 's/ $//')"
+if chroot "$RFS" /bin/bash -c 'command -v xz || command -v python3' >/dev/null; then
+  check "packed: the reason" "probe: failed - no GPU: nvidia-smi not found (no NVIDIA driver on this machine)" \
+    "$(grep '^probe: failed' "$O/summary.txt" | sed 's/ ([0-9]* s)$//')"
+else
+  check "packed: the reason, the missing tools named" "probe: failed - no GPU: nvidia-smi not found (no NVIDIA driver on this machine) (and the bundle could not be unpacked here: neither xz nor python3 found: cannot unpack gpu-bundle-packed/bundle.tar.xz (unpack it elsewhere and pass the folder))" \
+    "$(grep '^probe: failed' "$O/summary.txt" | sed 's/ ([0-9]* s)$//; s|/orrery/gpu-bundle-packed|gpu-bundle-packed|')"
+fi
+echo "--- summary.txt (packed, no CUDA)"
+cat "$O/summary.txt"
+# 1. The bundle unpacked.
 chroot "$RFS" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TMPDIR=/orrery/tmp \
   OUT=/orrery/out /bin/bash -c 'cd /orrery && scripts/gpu-check --bundle gpu-bundle' >"$W/run.log" 2>&1
 RC=$?
-FAILS=0
-check() { if [ "$2" = "$3" ]; then echo "ok   $1: $3"; else echo "FAIL $1: expected '$2', got '$3'"; FAILS=$((FAILS + 1)); fi; }
 O=$W/out
 check "exit status (3: no GPU)" 3 "$RC"
-check "files in OUT" "gpu-check.tar.gz summary.txt" "$(ls "$O" | sort | tr '\n' ' ' | sed 's/ $//')"
+check "files in OUT" "logs.tar.gz summary.txt" "$(ls "$O" | sort | tr '\n' ' ' | sed 's/ $//')"
 check "the reason" "probe: failed - no GPU: nvidia-smi not found (no NVIDIA driver on this machine)" \
   "$(grep '^probe: failed' "$O/summary.txt" | sed 's/ ([0-9]* s)$//')"
 mkdir -p "$W/archive"
-tar -C "$W/archive" -xzf "$O/gpu-check.tar.gz"
+tar -C "$W/archive" -xzf "$O/logs.tar.gz"
 U=$W/archive/logs/unresolved.txt
 [ -f "$U" ] || die "no logs/unresolved.txt in the archive"
 NEEDS=$W/gpu-bundle/needs-on-machine.txt
@@ -61,6 +85,10 @@ FROM_BUNDLE=$(chroot "$RFS" /usr/bin/env -i LD_LIBRARY_PATH=/orrery/gpu-bundle/l
   grep -c '=> /orrery/gpu-bundle/lib/')
 echo "     orrery: $FROM_BUNDLE libraries resolved from the bundle's lib/ in the bare root"
 [ "$FROM_BUNDLE" -gt 0 ] || { echo "FAIL no library resolved from the bundle"; FAILS=$((FAILS + 1)); }
+chroot "$RFS" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+  /bin/bash /orrery/tests/runtime/gpu_bundle_closure_check.sh /orrery/gpu-bundle >"$W/closure.log" 2>&1
+check "gpu_bundle_closure_check.sh in the bare root" 0 "$?"
+sed 's/^/     | /' "$W/closure.log"
 echo "--- summary.txt (no CUDA)"
 cat "$O/summary.txt"
 

@@ -26,10 +26,88 @@ struct CuptiTracerAccess {
 namespace {
 
 constexpr size_t kBufferBytes = 8u << 20;
-constexpr CUpti_ActivityKind kKinds[] = {
-    CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-    CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER,
-    CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
+constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+                                         CUPTI_ACTIVITY_KIND_MEMCPY,
+                                         CUPTI_ACTIVITY_KIND_MEMSET,
+                                         CUPTI_ACTIVITY_KIND_RUNTIME,
+                                         CUPTI_ACTIVITY_KIND_DRIVER,
+                                         CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
+// API calls that launch no GPU work, several of them made in polling loops (a span's end event
+// queried until it completes, NCCL's stream queries and event records): with the RUNTIME and
+// DRIVER kinds on, each would be one more activity record (and one more external correlation
+// record inside a range), the cost growing with the time spent waiting. Correlation needs only the
+// calls that launch kernels, copies and memsets, so these are switched off after the kinds are
+// enabled (cuptiActivityEnableRuntimeApi/DriverApi).
+#define ORRERY_RT(name) CUPTI_RUNTIME_TRACE_CBID_##name
+constexpr CUpti_CallbackId kQuietRuntimeApis[] = {
+    ORRERY_RT(cudaEventQuery_v3020),
+    ORRERY_RT(cudaEventRecord_v3020),
+    ORRERY_RT(cudaEventRecord_ptsz_v7000),
+    ORRERY_RT(cudaEventRecordWithFlags_v11010),
+    ORRERY_RT(cudaEventRecordWithFlags_ptsz_v11010),
+    ORRERY_RT(cudaEventSynchronize_v3020),
+    ORRERY_RT(cudaEventElapsedTime_v3020),
+    ORRERY_RT(cudaEventElapsedTime_v12080),
+    ORRERY_RT(cudaEventCreateWithFlags_v3020),
+    ORRERY_RT(cudaEventDestroy_v3020),
+    ORRERY_RT(cudaStreamQuery_v3020),
+    ORRERY_RT(cudaStreamQuery_ptsz_v7000),
+    ORRERY_RT(cudaStreamSynchronize_v3020),
+    ORRERY_RT(cudaStreamSynchronize_ptsz_v7000),
+    ORRERY_RT(cudaStreamWaitEvent_v3020),
+    ORRERY_RT(cudaStreamWaitEvent_ptsz_v7000),
+    ORRERY_RT(cudaStreamGetFlags_v5050),
+    ORRERY_RT(cudaStreamGetFlags_ptsz_v7000),
+    ORRERY_RT(cudaStreamGetPriority_v5050),
+    ORRERY_RT(cudaStreamGetPriority_ptsz_v7000),
+    ORRERY_RT(cudaStreamIsCapturing_v10000),
+    ORRERY_RT(cudaStreamIsCapturing_ptsz_v10000),
+    ORRERY_RT(cudaStreamGetCaptureInfo_v10010),
+    ORRERY_RT(cudaStreamGetCaptureInfo_v12030),
+    ORRERY_RT(cudaThreadExchangeStreamCaptureMode_v10010),
+    ORRERY_RT(cudaDeviceSynchronize_v3020),
+    ORRERY_RT(cudaGetLastError_v3020),
+    ORRERY_RT(cudaPeekAtLastError_v3020),
+    ORRERY_RT(cudaGetDevice_v3020),
+    ORRERY_RT(cudaSetDevice_v3020),
+    ORRERY_RT(cudaGetDeviceCount_v3020)};
+#undef ORRERY_RT
+#define ORRERY_DRV(name) CUPTI_DRIVER_TRACE_CBID_##name
+constexpr CUpti_CallbackId kQuietDriverApis[] = {ORRERY_DRV(cuEventQuery),
+                                                 ORRERY_DRV(cuEventRecord),
+                                                 ORRERY_DRV(cuEventRecord_ptsz),
+                                                 ORRERY_DRV(cuEventRecordWithFlags),
+                                                 ORRERY_DRV(cuEventRecordWithFlags_ptsz),
+                                                 ORRERY_DRV(cuEventSynchronize),
+                                                 ORRERY_DRV(cuEventElapsedTime),
+                                                 ORRERY_DRV(cuEventElapsedTime_v2),
+                                                 ORRERY_DRV(cuStreamQuery),
+                                                 ORRERY_DRV(cuStreamQuery_ptsz),
+                                                 ORRERY_DRV(cuStreamSynchronize),
+                                                 ORRERY_DRV(cuStreamSynchronize_ptsz),
+                                                 ORRERY_DRV(cuStreamWaitEvent),
+                                                 ORRERY_DRV(cuStreamWaitEvent_ptsz),
+                                                 ORRERY_DRV(cuStreamIsCapturing),
+                                                 ORRERY_DRV(cuStreamIsCapturing_ptsz),
+                                                 ORRERY_DRV(cuStreamGetCaptureInfo),
+                                                 ORRERY_DRV(cuStreamGetCaptureInfo_ptsz),
+                                                 ORRERY_DRV(cuStreamGetCaptureInfo_v2),
+                                                 ORRERY_DRV(cuStreamGetCaptureInfo_v2_ptsz),
+                                                 ORRERY_DRV(cuStreamGetCaptureInfo_v3),
+                                                 ORRERY_DRV(cuThreadExchangeStreamCaptureMode),
+                                                 ORRERY_DRV(cuStreamGetCtx),
+                                                 ORRERY_DRV(cuStreamGetCtx_v2),
+                                                 ORRERY_DRV(cuCtxGetCurrent),
+                                                 ORRERY_DRV(cuCtxSetCurrent),
+                                                 ORRERY_DRV(cuCtxGetDevice),
+                                                 ORRERY_DRV(cuCtxGetDevice_v2),
+                                                 ORRERY_DRV(cuCtxGetId),
+                                                 ORRERY_DRV(cuPointerGetAttribute),
+                                                 ORRERY_DRV(cuGetProcAddress),
+                                                 ORRERY_DRV(cuGetProcAddress_v2),
+                                                 ORRERY_DRV(cuGetErrorString)};
+#undef ORRERY_DRV
+
 // External correlation kinds: named ranges, and communication operations (range_hooks.hpp).
 constexpr CUpti_ExternalCorrelationKind kRangeKind = CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0;
 constexpr CUpti_ExternalCorrelationKind kCollectiveKind = CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM1;
@@ -46,8 +124,9 @@ std::string cupti_error(CUptiResult r) {
   if (cuptiGetResultString(r, &s) != CUPTI_SUCCESS || s == nullptr) s = "unknown CUPTI error";
   std::string msg = std::string(s) + " (CUptiResult " + std::to_string(static_cast<int>(r)) + ")";
   if (r == CUPTI_ERROR_INSUFFICIENT_PRIVILEGES) {
-    msg += "; GPU profiling is restricted to administrators on this machine (driver option "
-           "NVreg_RestrictProfilingToAdminUsers=0 lifts it)";
+    msg +=
+        "; GPU profiling is restricted to administrators on this machine (driver option "
+        "NVreg_RestrictProfilingToAdminUsers=0 lifts it)";
   } else if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
     msg += "; another profiler (Nsight Systems/Compute, a CUPTI tool) is already attached";
   }
@@ -56,17 +135,28 @@ std::string cupti_error(CUptiResult r) {
 
 const char* copy_kind_name(uint8_t k) {
   switch (static_cast<CUpti_ActivityMemcpyKind>(k)) {
-    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "HtoD";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "DtoH";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOA: return "HtoA";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOH: return "AtoH";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOA: return "AtoA";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOD: return "AtoD";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOA: return "DtoA";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "DtoD";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOH: return "HtoH";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP: return "PtoP";
-    default: return "unknown";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD:
+      return "HtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH:
+      return "DtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOA:
+      return "HtoA";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOH:
+      return "AtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOA:
+      return "AtoA";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOD:
+      return "AtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOA:
+      return "DtoA";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD:
+      return "DtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOH:
+      return "HtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP:
+      return "PtoP";
+    default:
+      return "unknown";
   }
 }
 
@@ -135,7 +225,8 @@ void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t* buffe
     if (g_active != nullptr && valid_size > 0) {
       GpuActivityMapper& m = CuptiTracerAccess::mapper(*g_active);
       CUpti_Activity* r = nullptr;
-      while (cuptiActivityGetNextRecord(buffer, valid_size, &r) == CUPTI_SUCCESS) handle_record(m, r);
+      while (cuptiActivityGetNextRecord(buffer, valid_size, &r) == CUPTI_SUCCESS)
+        handle_record(m, r);
     }
   }
   size_t dropped = 0;
@@ -239,6 +330,9 @@ std::unique_ptr<CuptiTracer> CuptiTracer::start(Recorder& rec) {
                           "): " + cupti_error(r));
     }
   }
+  // A CUPTI that refuses one of these only keeps its records (overhead, not a wrong trace).
+  for (CUpti_CallbackId id : kQuietRuntimeApis) cuptiActivityEnableRuntimeApi(id, 0);
+  for (CUpti_CallbackId id : kQuietDriverApis) cuptiActivityEnableDriverApi(id, 0);
   set_range_hooks(&kHooks);
   return t;
 }

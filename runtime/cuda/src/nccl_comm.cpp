@@ -189,6 +189,7 @@ class NcclEngine {
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
+  int64_t clock_error_ns() const { return clock_error_ns_.load(std::memory_order_relaxed); }
   double watchdog_s() const { return watchdog_s_; }
   profiler::Recorder* recorder() const { return recorder_.load(std::memory_order_acquire); }
   void set_recorder(profiler::Recorder* r) { recorder_.store(r, std::memory_order_release); }
@@ -345,6 +346,10 @@ class NcclEngine {
     const int64_t t1 = profiler::steady_now_ns();
     anchor_ns_ = t0 + (t1 - t0) / 2;
     anchor_taken_ns_ = t1;
+    // The anchor is dated to the middle of [t0, t1]: every span time it maps is off by at most half
+    // that interval (a driver call in a sandbox can take far longer than on bare metal).
+    clock_error_ns_.store(std::max(clock_error_ns_.load(std::memory_order_relaxed), (t1 - t0) / 2),
+                          std::memory_order_relaxed);
   }
 
   // The steady-clock time of a completed event (-1 when it cannot be dated).
@@ -441,6 +446,7 @@ class NcclEngine {
   cudaEvent_t anchor_ = nullptr;
   int64_t anchor_ns_ = 0;
   int64_t anchor_taken_ns_ = 0;
+  std::atomic<int64_t> clock_error_ns_{0};  // the largest half-interval of any anchor taken
   std::atomic<profiler::Recorder*> recorder_{nullptr};
 
   mutable std::mutex mu_;  // guards everything below and serialises NCCL calls
@@ -668,6 +674,8 @@ class NcclCommunicator final : public Communicator {
     return c;
   }
 
+  int64_t clock_error_ns() const { return engine_->clock_error_ns(); }
+
   void set_recorder(profiler::Recorder* rec) override {
     engine_->set_recorder(rec);
     if (rec) {
@@ -757,6 +765,11 @@ std::string describe_failures(const std::vector<BootStatus>& statuses, const Com
 }
 
 }  // namespace
+
+int64_t nccl_clock_error_ns(const Communicator& c) {
+  const auto* n = dynamic_cast<const NcclCommunicator*>(&c);
+  return n ? n->clock_error_ns() : -1;
+}
 
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap,
                                                      cudaStream_t compute_stream,

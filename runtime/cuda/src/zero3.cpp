@@ -14,6 +14,10 @@ GpuZero3Storage::GpuZero3Storage(GpuGpt& m, int dp_rank, int dp_size) {
                                  m.host.params.data() + sg.range.offset + sg.part.begin(),
                                  n * sizeof(float), cudaMemcpyHostToDevice));
   }
+  // cudaMemcpy from pageable memory returns once the bytes are staged, not when they land, and on
+  // the legacy stream, which the trainer's non-blocking streams do not wait for: the shards must
+  // be on the device before the first gather reads them.
+  ORRERY_CUDA_CHECK(cudaDeviceSynchronize());
   m.host.params = FloatArray();
   m.host.grads = FloatArray();
   m.params = DeviceArray<float>();

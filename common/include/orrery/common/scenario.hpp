@@ -94,6 +94,9 @@ struct FaultsConfig {
   int kill_rank = -1;  // that rank SIGKILLs itself at the start of step `step` (rank death)
   int kill_after_step =
       -1;  // every rank SIGKILLs itself once the checkpoint of this step is complete
+  // Under `orrery run --max-restarts`, the faults fire on the first attempt only unless this is set
+  // (then on every attempt, so the restarts run out).
+  bool every_attempt = false;
 };
 
 struct ProfileConfig {

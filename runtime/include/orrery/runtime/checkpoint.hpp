@@ -28,6 +28,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "orrery/common/crc32c.hpp"
@@ -106,6 +107,12 @@ struct ResumePoint {
   CheckpointManifest manifest;
   std::vector<std::string> skipped;  // newer checkpoints passed over, each "path: why"
 };
+// The step-<k> directories in `dir` (complete or not), newest first: (k, path).
+std::vector<std::pair<int64_t, std::string>> checkpoint_steps(const std::string& dir);
+// The first of `steps` (as checkpoint_steps lists them) that verifies becomes rp's step_dir and
+// manifest; each one before it that does not is noted in rp.skipped with its reason. false: none.
+bool take_first_verified(const std::vector<std::pair<int64_t, std::string>>& steps,
+                         ResumePoint& rp);
 // `dir` is either one checkpoint (it holds manifest.json: used as is, or refused) or a directory of
 // step-<k> checkpoints: the newest that verifies, the newer ones skipped with their reason.
 // InputError when none can be used (with each one's reason).

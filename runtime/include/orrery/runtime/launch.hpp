@@ -28,9 +28,12 @@ struct MpirunOptions {
   int nproc = 1;
   bool oversubscribe = false;  // needed when nproc exceeds the cores
   bool allow_run_as_root = false;
+  std::string hostfile;                 // --hostfile FILE when not empty
+  std::vector<std::string> export_env;  // -x NAME each: variables passed to ranks on other nodes
 };
-// mpirun -n N [--oversubscribe] [--allow-run-as-root] --bind-to none <program...>. Ranks run a
-// compute thread pool and a communication thread each, so they are not pinned to one core.
+// mpirun -n N [--oversubscribe] [--allow-run-as-root] [--hostfile F] [-x NAME...] --bind-to none
+// <program...>. Ranks run a compute thread pool and a communication thread each, so they are not
+// pinned to one core.
 std::vector<std::string> mpirun_command(const std::string& mpirun, const MpirunOptions& opt,
                                         const std::vector<std::string>& program);
 // The options for this machine: oversubscribe when nproc > hardware threads, allow root as root.
@@ -78,6 +81,7 @@ struct FailedRun {
   // "rank 2 was lost (killed by signal 9) during step 2; ranks 0,1,3 stopped"; "" without files.
   std::string message;
   std::vector<int> lost_ranks;
+  int step = -1;            // the step the run was in (the lost rank's), -1 in set-up or unknown
   std::string trace;        // the merged remains; "" when nothing was merged
   std::string merge_error;  // why the merge failed (the per-rank files are then kept)
 };

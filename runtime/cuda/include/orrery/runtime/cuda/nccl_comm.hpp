@@ -42,6 +42,11 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap,
                                                      cudaStream_t compute_stream,
                                                      const WorldOptions& opt = {});
 
+// How far the span times of an NCCL communicator from make_nccl_communicator may be off the
+// recorder's steady clock: the largest half-interval of the host-side bracket of any anchor its
+// engine took (microseconds on bare metal, more in a sandbox). -1 for any other communicator.
+int64_t nccl_clock_error_ns(const Communicator& c);
+
 // Wraps `host_comm` (an MPI or local communicator on host memory) for device buffers: each
 // operation copies its device input to a pinned host buffer (cudaMemcpyAsync on its own stream,
 // after `compute_stream`'s work issued so far), runs the host operation, and copies the result
@@ -50,8 +55,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap,
 // one GPU, where NCCL refuses two ranks on one device, and for pipeline traffic under 1F1B (see
 // cuda/trainer.hpp). split() wraps host_comm.split(). A copy that does not finish within
 // `watchdog_s` (runtime.watchdog_s) fails the operation. `host_comm` must outlive the result.
-std::unique_ptr<Communicator> make_staged_communicator(Communicator& host_comm,
-                                                       cudaStream_t compute_stream,
-                                                       double watchdog_s = WorldOptions{}.watchdog_s);
+std::unique_ptr<Communicator> make_staged_communicator(
+    Communicator& host_comm, cudaStream_t compute_stream,
+    double watchdog_s = WorldOptions{}.watchdog_s);
 
 }  // namespace orrery::runtime::cuda
