@@ -5,7 +5,6 @@
 #include "orrery/traces/chakra.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
