@@ -1,6 +1,7 @@
-// `orrery import kineto|nsys FILE... --out TRACE`: converts PyTorch profiler (Kineto) Chrome-trace
-// JSON or Nsight Systems SQLite exports into an Orrery trace (meta source = import), and prints
-// what it found: ranks, spans by kind, steps. The mapping rules are in traces/import.hpp.
+// `orrery import kineto|nsys|chakra FILE... --out TRACE`: converts PyTorch profiler (Kineto)
+// Chrome-trace JSON, Nsight Systems SQLite exports or Chakra execution traces (files, or the prefix
+// P of P.<rank>.et) into an Orrery trace (meta source = import), and prints what it found: ranks,
+// spans by kind, steps. The mapping rules are in traces/import.hpp and traces/chakra.hpp.
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -27,7 +28,8 @@ std::string steps_text(const std::vector<int32_t>& steps) {
   std::string s = std::to_string(steps.size()) + " (";
   // Consecutive ids print as a range: "3 (2..4)".
   bool consecutive = true;
-  for (size_t i = 1; i < steps.size(); ++i) consecutive = consecutive && steps[i] == steps[i - 1] + 1;
+  for (size_t i = 1; i < steps.size(); ++i)
+    consecutive = consecutive && steps[i] == steps[i - 1] + 1;
   if (consecutive && steps.size() > 1) {
     s += std::to_string(steps.front()) + ".." + std::to_string(steps.back());
   } else {
@@ -39,10 +41,17 @@ std::string steps_text(const std::vector<int32_t>& steps) {
 Command setup(CLI::App& root) {
   auto args = std::make_shared<ImportArgs>();
   CLI::App* app = root.add_subcommand(
-      "import", "Convert PyTorch profiler (Kineto) JSON or Nsight Systems SQLite exports to a trace");
-  app->add_option("format", args->format, "kineto (Chrome-trace JSON) or nsys (nsys export --type sqlite)")
+      "import",
+      "Convert PyTorch profiler (Kineto) JSON, Nsight Systems SQLite exports or Chakra "
+      "execution traces to a trace");
+  app->add_option(
+         "format", args->format,
+         "kineto (Chrome-trace JSON), nsys (nsys export --type sqlite) or chakra (.et files)")
       ->required();
-  app->add_option("files", args->files, "Input files, one or more ranks of one job")->required();
+  app->add_option("files", args->files,
+                  "Input files, one or more ranks of one job (chakra: files or their prefix P of "
+                  "P.<rank>.et)")
+      ->required();
   app->add_option("--out", args->out, "Output trace file")->required();
   app->add_flag("--json", args->json, "Print one JSON object");
 
@@ -79,7 +88,8 @@ Command setup(CLI::App& root) {
         if (n) std::cout << " " << traces::to_string(static_cast<traces::SpanKind>(k)) << " " << n;
       }
       std::cout << "\nsteps: " << steps_text(s.steps) << "; collectives: " << s.collectives
-                << " on " << s.communicators << " communicator" << (s.communicators == 1 ? "" : "s");
+                << " on " << s.communicators << " communicator"
+                << (s.communicators == 1 ? "" : "s");
       if (s.skipped_events) std::cout << "; events not mapped: " << s.skipped_events;
       std::cout << "\n";
     }

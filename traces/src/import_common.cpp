@@ -12,18 +12,30 @@
 
 #include "orrery/common/atomic_file.hpp"
 #include "orrery/common/error.hpp"
+#include "orrery/traces/chakra.hpp"
 #include "orrery/traces/store.hpp"
 
 namespace orrery::traces {
 
 namespace fs = std::filesystem;
 
-std::string_view to_string(ImportFormat f) { return f == ImportFormat::Kineto ? "kineto" : "nsys"; }
+std::string_view to_string(ImportFormat f) {
+  switch (f) {
+    case ImportFormat::Kineto:
+      return "kineto";
+    case ImportFormat::Nsys:
+      return "nsys";
+    case ImportFormat::Chakra:
+      return "chakra";
+  }
+  return "unknown";
+}
 
 ImportFormat import_format_from_string(std::string_view s) {
   if (s == "kineto") return ImportFormat::Kineto;
   if (s == "nsys") return ImportFormat::Nsys;
-  throw InputError("import format '" + std::string(s) + "': expected kineto or nsys");
+  if (s == "chakra") return ImportFormat::Chakra;
+  throw InputError("import format '" + std::string(s) + "': expected kineto, nsys or chakra");
 }
 
 namespace detail {
@@ -310,13 +322,18 @@ void write_to(const Trace& t, TraceWriter& out) {
 ImportSummary import_to_file(ImportFormat format, const std::vector<std::string>& files,
                              const std::string& out_path) {
   if (files.empty()) throw InputError("import: no input files");
+  // Chakra inputs may be prefixes (P for P.0.et, P.1.et, ...): the files they name.
+  const std::vector<std::string> inputs =
+      format == ImportFormat::Chakra ? chakra_input_files(files) : files;
   std::error_code ec;
-  for (const auto& f : files) {
+  for (const auto& f : inputs) {
     if (fs::exists(out_path, ec) && fs::equivalent(f, out_path, ec)) {
       throw InputError(out_path + ": the output is also one of the inputs");
     }
   }
-  const Trace t = format == ImportFormat::Kineto ? import_kineto(files) : import_nsys(files);
+  const Trace t = format == ImportFormat::Kineto ? import_kineto(inputs)
+                  : format == ImportFormat::Nsys ? import_nsys(inputs)
+                                                 : import_chakra(inputs);
   // Written next to the output, synced and renamed (common's AtomicFile), so a failed import leaves
   // no file that looks whole.
   AtomicFile f(out_path, AtomicFile::ByName{{"-wal", "-shm", "-journal"}});
@@ -326,7 +343,7 @@ ImportSummary import_to_file(ImportFormat format, const std::vector<std::string>
     w.close();
   }
   f.commit();
-  return summarize_import(t, format, files);
+  return summarize_import(t, format, inputs);
 }
 
 }  // namespace orrery::traces

@@ -104,9 +104,9 @@ namespace orrery::traces {
 
 class TraceWriter;
 
-enum class ImportFormat { Kineto, Nsys };
+enum class ImportFormat { Kineto, Nsys, Chakra };  // Chakra: traces/chakra.hpp
 std::string_view to_string(ImportFormat f);
-// "kineto" / "nsys"; InputError otherwise.
+// "kineto" / "nsys" / "chakra"; InputError otherwise.
 ImportFormat import_format_from_string(std::string_view s);
 
 // What an import produced, for the CLI's summary and the tests.
