@@ -63,15 +63,18 @@ int run_export(const ExportArgs& a) {
     throw InputError("--format " + a.format +
                      ": unknown export format, expected chrome, sqlite or chakra");
   }
-  traces::Trace t;
+  int64_t spans = 0, counters = 0;
   if (a.format == "sqlite") {
     traces::export_sqlite(a.trace, a.out);
     traces::TraceReader r(a.out);
-    t.spans.resize(static_cast<size_t>(r.span_count()));
-    t.counters.resize(static_cast<size_t>(r.counter_count()));
+    spans = r.span_count();
+    counters = r.counter_count();
   } else {
-    t = traces::load_trace(a.trace);
-    traces::export_chrome_json_file(t, a.out);
+    // Streamed from the file: memory bounded by a window of spans and the counters, not the trace.
+    traces::TraceReader r(a.trace);
+    traces::export_chrome_json_file(r, a.out);
+    spans = r.span_count();
+    counters = r.counter_count();
   }
   std::error_code ec;
   const auto bytes = std::filesystem::file_size(a.out, ec);
@@ -80,12 +83,12 @@ int run_export(const ExportArgs& a) {
     j["trace"] = a.trace;
     j["format"] = a.format;
     j["out"] = a.out;
-    j["spans"] = t.spans.size();
-    j["counters"] = t.counters.size();
+    j["spans"] = spans;
+    j["counters"] = counters;
     j["bytes"] = ec ? 0 : bytes;
     std::cout << j.dump(2) << "\n";
   } else {
-    std::cout << "wrote " << a.out << ": " << t.spans.size() << " spans and " << t.counters.size()
+    std::cout << "wrote " << a.out << ": " << spans << " spans and " << counters
               << " counter samples as "
               << (a.format == "sqlite" ? "SQLite with the per-span table `spans`"
                                        : "Chrome trace JSON")

@@ -12,6 +12,7 @@
 
 #include "orrery/common/atomic_file.hpp"
 #include "orrery/common/error.hpp"
+#include "orrery/traces/stream_chunks.hpp"
 
 namespace orrery::traces {
 namespace {
@@ -119,94 +120,178 @@ std::string process_label(int32_t rank, const RankInfo* info) {
 
 }  // namespace
 
-void export_chrome_json(const Trace& t, std::ostream& out) {
-  JsonOut j(out);
-  j.raw("{\"displayTimeUnit\":\"ns\",\"otherData\":{\"source\":")
-      .str(to_string(t.meta.source))
-      .raw(",\"scenario\":")
-      .str(t.meta.scenario_name)
-      .raw(",\"world_size\":")
-      .num(int64_t{t.meta.world_size})
-      .raw("},\n\"traceEvents\":[");
-  bool first = true;
-  auto begin_event = [&] {
-    j.raw(first ? "\n{" : ",\n{");
-    first = false;
-  };
+namespace {
 
-  // Every rank and stream that has a name or a span gets a name, so Perfetto's tracks are labelled.
-  std::map<int32_t, const RankInfo*> ranks;
-  for (const auto& r : t.ranks) ranks[r.rank] = &r;
-  std::map<std::pair<int32_t, int32_t>, std::string> streams;
-  for (const auto& s : t.streams) streams[{s.rank, s.stream}] = s.name;
-  for (const auto& s : t.spans) {
-    ranks.try_emplace(s.rank, nullptr);
-    streams.try_emplace({s.rank, s.stream}, "stream " + std::to_string(s.stream));
-  }
-  for (const auto& c : t.counters) ranks.try_emplace(c.rank, nullptr);
-  for (const auto& [rank, info] : ranks) {
-    begin_event();
-    j.raw("\"name\":\"process_name\",\"ph\":\"M\",\"pid\":").num(int64_t{rank});
-    j.raw(",\"tid\":0,\"args\":{\"name\":").str(process_label(rank, info)).raw("}}");
-  }
-  for (const auto& [key, name] : streams) {
-    begin_event();
-    j.raw("\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":").num(int64_t{key.first});
-    j.raw(",\"tid\":").num(int64_t{key.second});
-    j.raw(",\"args\":{\"name\":").str(name).raw("}}");
+// What the export needs besides the spans: the header, the track names, the communicator names.
+struct ExportContext {
+  const RunMeta& meta;
+  const std::vector<RankInfo>& rank_infos;
+  const std::vector<StreamInfo>& stream_infos;
+  const StringTable& strings;
+  std::map<int32_t, const CommunicatorInfo*> comms;
+};
+
+class ChromeWriter {
+ public:
+  ChromeWriter(std::ostream& out, ExportContext c) : j_(out), c_(std::move(c)) {}
+
+  // The header and one name per rank and stream: those the trace describes, plus `span_tracks`
+  // (every (rank, stream) with spans) and `counter_ranks`, so that Perfetto's tracks are labelled.
+  void begin(const std::vector<std::pair<int32_t, int32_t>>& span_tracks,
+             const std::vector<int32_t>& counter_ranks) {
+    j_.raw("{\"displayTimeUnit\":\"ns\",\"otherData\":{\"source\":")
+        .str(to_string(c_.meta.source))
+        .raw(",\"scenario\":")
+        .str(c_.meta.scenario_name)
+        .raw(",\"world_size\":")
+        .num(int64_t{c_.meta.world_size})
+        .raw("},\n\"traceEvents\":[");
+    std::map<int32_t, const RankInfo*> ranks;
+    for (const auto& r : c_.rank_infos) ranks[r.rank] = &r;
+    std::map<std::pair<int32_t, int32_t>, std::string> streams;
+    for (const auto& s : c_.stream_infos) streams[{s.rank, s.stream}] = s.name;
+    for (const auto& [rank, stream] : span_tracks) {
+      ranks.try_emplace(rank, nullptr);
+      streams.try_emplace({rank, stream}, "stream " + std::to_string(stream));
+    }
+    for (int32_t r : counter_ranks) ranks.try_emplace(r, nullptr);
+    for (const auto& [rank, info] : ranks) {
+      begin_event();
+      j_.raw("\"name\":\"process_name\",\"ph\":\"M\",\"pid\":").num(int64_t{rank});
+      j_.raw(",\"tid\":0,\"args\":{\"name\":").str(process_label(rank, info)).raw("}}");
+    }
+    for (const auto& [key, name] : streams) {
+      begin_event();
+      j_.raw("\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":").num(int64_t{key.first});
+      j_.raw(",\"tid\":").num(int64_t{key.second});
+      j_.raw(",\"args\":{\"name\":").str(name).raw("}}");
+    }
   }
 
-  for (const auto& s : t.spans) {
+  void span(const Span& s) {
     begin_event();
-    j.raw("\"name\":").str(t.strings.str(s.name));
-    j.raw(",\"cat\":").str(to_string(s.kind));
-    j.raw(",\"ph\":\"X\",\"pid\":").num(int64_t{s.rank});
-    j.raw(",\"tid\":").num(int64_t{s.stream});
-    j.raw(",\"ts\":").us(s.start_ns);
-    j.raw(",\"dur\":").us(s.end_ns - s.start_ns);
+    j_.raw("\"name\":").str(c_.strings.str(s.name));
+    j_.raw(",\"cat\":").str(to_string(s.kind));
+    j_.raw(",\"ph\":\"X\",\"pid\":").num(int64_t{s.rank});
+    j_.raw(",\"tid\":").num(int64_t{s.stream});
+    j_.raw(",\"ts\":").us(s.start_ns);
+    j_.raw(",\"dur\":").us(s.end_ns - s.start_ns);
     // Only the attributes a span has, to keep 5M-span files reasonable.
-    j.raw(",\"args\":{");
+    j_.raw(",\"args\":{");
     bool first_arg = true;
     auto arg = [&](const char* key) {
-      j.raw(first_arg ? "\"" : ",\"").raw(key).raw("\":");
+      j_.raw(first_arg ? "\"" : ",\"").raw(key).raw("\":");
       first_arg = false;
     };
-    if (s.step >= 0) arg("step"), j.num(int64_t{s.step});
-    if (s.micro_batch >= 0) arg("micro_batch"), j.num(int64_t{s.micro_batch});
-    if (s.layer >= 0) arg("layer"), j.num(int64_t{s.layer});
-    if (s.bytes != 0) arg("bytes"), j.num(s.bytes);
-    if (s.flops != 0) arg("flops"), j.num(s.flops);
+    if (s.step >= 0) arg("step"), j_.num(int64_t{s.step});
+    if (s.micro_batch >= 0) arg("micro_batch"), j_.num(int64_t{s.micro_batch});
+    if (s.layer >= 0) arg("layer"), j_.num(int64_t{s.layer});
+    if (s.bytes != 0) arg("bytes"), j_.num(s.bytes);
+    if (s.flops != 0) arg("flops"), j_.num(s.flops);
     if (s.comm >= 0) {
-      arg("comm"), j.num(int64_t{s.comm});
-      if (const auto* c = t.comm(s.comm)) arg("comm_name"), j.str(c->name);
+      arg("comm"), j_.num(int64_t{s.comm});
+      const auto it = c_.comms.find(s.comm);
+      if (it != c_.comms.end()) arg("comm_name"), j_.str(it->second->name);
     }
-    if (s.peer >= 0) arg("peer"), j.num(int64_t{s.peer});
-    if (s.seq >= 0) arg("seq"), j.num(s.seq);
-    if (s.op != CollOp::None) arg("op"), j.str(to_string(s.op));
-    j.raw("}}");
+    if (s.peer >= 0) arg("peer"), j_.num(int64_t{s.peer});
+    if (s.seq >= 0) arg("seq"), j_.num(s.seq);
+    if (s.op != CollOp::None) arg("op"), j_.str(to_string(s.op));
+    j_.raw("}}");
   }
 
-  for (const auto& c : t.counters) {
+  void counter(const CounterSample& c) {
     begin_event();
-    j.raw("\"name\":").str(t.strings.str(c.name));
-    j.raw(",\"ph\":\"C\",\"pid\":").num(int64_t{c.rank});
-    j.raw(",\"ts\":").us(c.ts_ns);
-    j.raw(",\"args\":{\"value\":").num(c.value).raw("}}");
+    j_.raw("\"name\":").str(c_.strings.str(c.name));
+    j_.raw(",\"ph\":\"C\",\"pid\":").num(int64_t{c.rank});
+    j_.raw(",\"ts\":").us(c.ts_ns);
+    j_.raw(",\"args\":{\"value\":").num(c.value).raw("}}");
   }
-  j.raw("\n]}\n");
-  j.flush();
-  if (!out) throw InternalError("chrome trace export: write failed");
+
+  void end(std::ostream& out) {
+    j_.raw("\n]}\n");
+    j_.flush();
+    if (!out) throw InternalError("chrome trace export: write failed");
+  }
+
+ private:
+  void begin_event() {
+    j_.raw(first_ ? "\n{" : ",\n{");
+    first_ = false;
+  }
+  JsonOut j_;
+  ExportContext c_;
+  bool first_ = true;
+};
+
+std::map<int32_t, const CommunicatorInfo*> comm_index(const std::vector<CommunicatorInfo>& cs) {
+  std::map<int32_t, const CommunicatorInfo*> m;
+  for (const auto& c : cs) m.emplace(c.id, &c);
+  return m;
 }
 
-void export_chrome_json_file(const Trace& t, const std::string& path) {
+template <typename Write>
+void to_file(const std::string& path, Write&& write) {
   AtomicFile f(path);  // a failure leaves no file that looks whole
   try {
-    export_chrome_json(t, f.stream());
+    write(f.stream());
   } catch (const InternalError&) {
     f.throw_if_failed();  // a write error, with its reason (disk full?)
     throw;
   }
   f.commit();
+}
+
+}  // namespace
+
+void export_chrome_json(const Trace& t, std::ostream& out) {
+  ChromeWriter w(out, {t.meta, t.ranks, t.streams, t.strings, comm_index(t.comms)});
+  std::vector<std::pair<int32_t, int32_t>> tracks;
+  for (const auto& s : t.spans) tracks.emplace_back(s.rank, s.stream);
+  std::vector<int32_t> counter_ranks;
+  for (const auto& c : t.counters) counter_ranks.push_back(c.rank);
+  w.begin(tracks, counter_ranks);
+  for (const auto& s : t.spans) w.span(s);
+  for (const auto& c : t.counters) w.counter(c);
+  w.end(out);
+}
+
+void export_chrome_json(const TraceReader& r, std::ostream& out) {
+  const RunMeta meta = r.meta();
+  const std::vector<RankInfo> ranks = r.ranks();
+  const std::vector<StreamInfo> streams = r.streams();
+  const StringTable strings = r.strings();
+  const std::vector<CommunicatorInfo> comms = r.communicators();
+  const std::vector<CounterSample> counters = r.counters();
+  ChromeWriter w(out, {meta, ranks, streams, strings, comm_index(comms)});
+  std::vector<std::pair<int32_t, int32_t>> tracks;
+  for (const auto& b : r.stream_bounds())
+    if (b.count > 0) tracks.emplace_back(b.rank, b.stream);
+  std::vector<int32_t> counter_ranks;
+  for (const auto& c : counters) counter_ranks.push_back(c.rank);
+  w.begin(tracks, counter_ranks);
+  for_each_span_chunk(r, [&](std::vector<Span>& spans) {
+    for (const auto& s : spans) {
+      if (s.name >= strings.size())
+        throw InputError(r.path() + ": corrupt trace (span name " + std::to_string(s.name) +
+                         " beyond the string table)");
+      w.span(s);
+    }
+  });
+  for (const auto& c : counters) {
+    if (c.name >= strings.size())
+      throw InputError(r.path() + ": corrupt trace (counter name " + std::to_string(c.name) +
+                       " beyond the string table)");
+    w.counter(c);
+  }
+  w.end(out);
+}
+
+void export_chrome_json_file(const TraceReader& r, const std::string& path) {
+  to_file(path, [&](std::ostream& out) { export_chrome_json(r, out); });
+}
+
+void export_chrome_json_file(const Trace& t, const std::string& path) {
+  to_file(path, [&](std::ostream& out) { export_chrome_json(t, out); });
 }
 
 }  // namespace orrery::traces

@@ -55,6 +55,7 @@
 #include "orrery/common/atomic_file.hpp"
 #include "orrery/common/crc32c.hpp"
 #include "orrery/common/error.hpp"
+#include "orrery/traces/stream_chunks.hpp"
 #include "span_block.hpp"
 
 namespace orrery::traces {
@@ -1717,15 +1718,28 @@ void export_sqlite(const std::string& input, const std::string& output) {
 
 namespace {
 
-// One input's spans into `w`, stream by stream in windows of about kMergeChunk spans of start
-// time, names remapped: memory is bounded by a window, not by the file.
-constexpr int64_t kMergeChunk = 1 << 16;
-
+// One input's spans into `w`, names remapped (for_each_span_chunk: memory bounded by a window).
 void merge_spans_of(const TraceReader& reader, const std::vector<NameId>& remap, TraceWriter& w) {
+  for_each_span_chunk(reader, [&](std::vector<Span>& spans) {
+    for (auto& sp : spans) {
+      if (sp.name >= remap.size())
+        throw InputError(reader.path() + ": corrupt trace (span name " + std::to_string(sp.name) +
+                         " beyond the string table of " + std::to_string(remap.size()) + ")");
+      sp.name = remap[sp.name];
+    }
+    w.add_spans(spans);
+  });
+}
+
+}  // namespace
+
+void for_each_span_chunk(const TraceReader& reader,
+                         const std::function<void(std::vector<Span>&)>& fn, int64_t chunk) {
+  chunk = std::max<int64_t>(1, chunk);
   for (const auto& b : reader.stream_bounds()) {
     if (b.count <= 0) continue;
     const int64_t range = b.end_ns - b.start_ns;
-    const int64_t windows = std::max<int64_t>(1, b.count / kMergeChunk);
+    const int64_t windows = std::max<int64_t>(1, b.count / chunk);
     const int64_t width = std::max<int64_t>(1, range / windows + 1);
     int64_t taken = 0;
     for (int64_t t0 = b.start_ns;; t0 += width) {
@@ -1735,18 +1749,11 @@ void merge_spans_of(const TraceReader& reader, const std::vector<NameId>& remap,
       std::vector<Span> spans = reader.spans_in_window(b.rank, b.stream, t0, t1);
       // spans_in_window also returns spans that started before t0 and reach into the window:
       // those belong to an earlier window.
-      std::vector<Span> mine;
-      mine.reserve(spans.size());
-      for (auto& sp : spans) {
-        if (sp.start_ns < t0) continue;
-        if (sp.name >= remap.size())
-          throw InputError(reader.path() + ": corrupt trace (span name " + std::to_string(sp.name) +
-                           " beyond the string table of " + std::to_string(remap.size()) + ")");
-        sp.name = remap[sp.name];
-        mine.push_back(sp);
-      }
-      taken += static_cast<int64_t>(mine.size());
-      w.add_spans(mine);
+      spans.erase(std::remove_if(spans.begin(), spans.end(),
+                                 [t0](const Span& sp) { return sp.start_ns < t0; }),
+                  spans.end());
+      taken += static_cast<int64_t>(spans.size());
+      if (!spans.empty()) fn(spans);
       if (t1 == std::numeric_limits<int64_t>::max() || t1 > b.end_ns) break;
     }
     if (taken != b.count)
@@ -1755,8 +1762,6 @@ void merge_spans_of(const TraceReader& reader, const std::vector<NameId>& remap,
                        " spans read, its blocks say " + std::to_string(b.count) + ")");
   }
 }
-
-}  // namespace
 
 void merge_traces(const std::vector<std::string>& inputs, const std::string& output) {
   if (inputs.empty()) throw InputError(output + ": merge needs at least one input trace");
