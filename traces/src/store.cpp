@@ -1695,26 +1695,7 @@ void copy_foreign_tables(const std::vector<std::string>& inputs, const std::stri
   }
 }
 
-// Writes `t` (plus the foreign tables of `sources`) beside `output` and renames it, so a failure
-// leaves no file that looks whole.
-void write_whole(const Trace& t, const std::vector<std::string>& sources, const std::string& output,
-                 bool sql_spans) {
-  AtomicFile f(output, AtomicFile::ByName{{"-wal", "-shm", "-journal"}});
-  write_trace(t, f.temp_path(), sql_spans);
-  copy_foreign_tables(sources, f.temp_path());
-  f.commit();
-}
-
 }  // namespace
-
-void export_sqlite(const std::string& input, const std::string& output) {
-  std::error_code ec;
-  if (fs::weakly_canonical(input, ec) == fs::weakly_canonical(output, ec)) {
-    throw InputError(output + ": export output is also its input");
-  }
-  const Trace t = TraceReader(input).load_all();
-  write_whole(t, {input}, output, true);
-}
 
 namespace {
 
@@ -1763,18 +1744,17 @@ void for_each_span_chunk(const TraceReader& reader,
   }
 }
 
-void merge_traces(const std::vector<std::string>& inputs, const std::string& output) {
-  if (inputs.empty()) throw InputError(output + ": merge needs at least one input trace");
-  for (const auto& path : inputs) {
-    if (fs::weakly_canonical(path) == fs::weakly_canonical(output)) {
-      throw InputError(output + ": merge output is also one of its inputs");
-    }
-  }
-  // The inputs are streamed into the output one at a time (spans by windows of each stream,
-  // counters of one input): memory is bounded by one input's counters and a window of spans.
+namespace {
+
+// The inputs streamed into `output` one at a time (spans by windows of each stream, counters of one
+// input): memory is bounded by one input's counters and a window of spans. `merging`: the run's
+// per-rank files become one (world size from the ranks, merged_from and incomplete_inputs noted);
+// otherwise one file copied as it is (export --format sqlite, with `sql_spans`).
+void stream_into(const std::vector<std::string>& inputs, const std::string& output, bool sql_spans,
+                 bool merging) {
   AtomicFile f(output, AtomicFile::ByName{{"-wal", "-shm", "-journal"}});
   {
-    TraceWriter w(f.temp_path(), 1 << 18);
+    TraceWriter w(f.temp_path(), 1 << 18, sql_spans);
     RunMeta meta;
     std::map<int32_t, RankInfo> ranks;
     std::map<std::pair<int32_t, int32_t>, StreamInfo> streams;
@@ -1816,22 +1796,45 @@ void merge_traces(const std::vector<std::string>& inputs, const std::string& out
     for (const auto& [_, r] : ranks) w.add_rank(r);
     for (const auto& [_, s] : streams) w.add_stream(s);
     for (const auto& [_, c] : comms) w.add_communicator(c);
-    meta.world_size = std::max<int32_t>(meta.world_size, static_cast<int32_t>(ranks.size()));
-    nlohmann::json extra = nlohmann::json::object();
-    try {
-      extra = nlohmann::json::parse(meta.extra_json.empty() ? "{}" : meta.extra_json);
-      if (!extra.is_object()) extra = nlohmann::json{{"previous_extra", extra}};
-    } catch (const nlohmann::json::exception&) {
-      extra = nlohmann::json{{"previous_extra_text", meta.extra_json}};
+    if (merging) {
+      meta.world_size = std::max<int32_t>(meta.world_size, static_cast<int32_t>(ranks.size()));
+      nlohmann::json extra = nlohmann::json::object();
+      try {
+        extra = nlohmann::json::parse(meta.extra_json.empty() ? "{}" : meta.extra_json);
+        if (!extra.is_object()) extra = nlohmann::json{{"previous_extra", extra}};
+      } catch (const nlohmann::json::exception&) {
+        extra = nlohmann::json{{"previous_extra_text", meta.extra_json}};
+      }
+      extra["merged_from"] = inputs.size();
+      if (!incomplete.empty()) extra["incomplete_inputs"] = incomplete;
+      meta.extra_json = extra.dump();
     }
-    extra["merged_from"] = inputs.size();
-    if (!incomplete.empty()) extra["incomplete_inputs"] = incomplete;
-    meta.extra_json = extra.dump();
     w.set_meta(meta);
     w.close();
   }
   copy_foreign_tables(inputs, f.temp_path());
   f.commit();
+}
+
+}  // namespace
+
+void merge_traces(const std::vector<std::string>& inputs, const std::string& output) {
+  if (inputs.empty()) throw InputError(output + ": merge needs at least one input trace");
+  for (const auto& path : inputs) {
+    if (fs::weakly_canonical(path) == fs::weakly_canonical(output)) {
+      throw InputError(output + ": merge output is also one of its inputs");
+    }
+  }
+  stream_into(inputs, output, false, true);
+}
+
+void export_sqlite(const std::string& input, const std::string& output) {
+  std::error_code ec;
+  if (fs::weakly_canonical(input, ec) == fs::weakly_canonical(output, ec)) {
+    throw InputError(output + ": export output is also its input");
+  }
+  // Streamed (memory bounded by a window of spans), the per-span table filled from the blocks.
+  stream_into({input}, output, true, false);
 }
 
 }  // namespace orrery::traces
