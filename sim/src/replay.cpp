@@ -25,6 +25,7 @@
 #include "orrery/common/error.hpp"
 #include "orrery/common/stats.hpp"
 #include "orrery/sim/engine.hpp"
+#include "orrery/traces/chakra.hpp"
 #include "orrery/traces/collective_instances.hpp"
 
 namespace orrery::sim {
@@ -86,8 +87,10 @@ bool is_sequenced_collective(const traces::Span& s) {
   return s.kind == traces::SpanKind::Collective && s.comm >= 0 && s.seq >= 0;
 }
 
-// Stream order: each node's predecessor on its (rank, stream). Sets Graph::order and world.
-void link_stream_order(const traces::Trace& t, Graph& g) {
+// Stream order (Graph::order, world) and each node's edges: its predecessor on its (rank, stream)
+// and the span of another stream it waited for, by traces::span_dependencies (the rules are
+// written there once, for the Chakra export too: posted transfers, nesting, no cycles).
+void link_dependencies(const traces::Trace& t, Graph& g) {
   const auto& S = t.spans;
   auto span = [&](int32_t n) -> const traces::Span& { return S[g.nodes[n].span]; };
   g.order.resize(g.nodes.size());
@@ -97,69 +100,14 @@ void link_stream_order(const traces::Trace& t, Graph& g) {
     return std::tie(x.rank, x.stream, x.start_ns, x.end_ns, g.nodes[a].span) <
            std::tie(y.rank, y.stream, y.start_ns, y.end_ns, g.nodes[b].span);
   });
-  for (size_t k = 0; k < g.order.size(); ++k) {
-    const int32_t n = g.order[k];
-    g.world = std::max(g.world, span(n).rank + 1);
-    if (k > 0) {
-      const int32_t p = g.order[k - 1];
-      if (span(p).rank == span(n).rank && span(p).stream == span(n).stream) g.nodes[n].pred = p;
-    }
-  }
-  // Posted transfers run concurrently with what the stream issues after them (the runtime posts a
-  // pipeline send and moves on; under 1F1B the next receive starts while it is in flight): a span
-  // that started before a P2P predecessor ended follows the latest span of its stream that had
-  // ended by then, not the transfer (which may itself wait on the peer: ordering behind it
-  // deadlocks).
-  for (int32_t n = 0; n < int32_t(g.nodes.size()); ++n) {
-    int32_t p = g.nodes[n].pred;
-    if (p == kNone || span(p).kind != traces::SpanKind::P2P || span(n).start_ns >= span(p).end_ns)
-      continue;
-    while (p != kNone && span(p).end_ns > span(n).start_ns) p = g.nodes[p].pred;
-    g.nodes[n].pred = p;
-  }
-}
-
-// Cross-stream waits: per rank, the spans by end time; sets Node::cross.
-void link_cross_stream_waits(const traces::Trace& t, Graph& g) {
-  const auto& S = t.spans;
-  auto& nodes = g.nodes;
-  auto span = [&](int32_t n) -> const traces::Span& { return S[nodes[n].span]; };
-  std::map<int32_t, std::vector<int32_t>> by_rank_end;
-  for (int32_t n = 0; n < int32_t(nodes.size()); ++n) by_rank_end[span(n).rank].push_back(n);
-  for (auto& [r, v] : by_rank_end)
-    std::sort(v.begin(), v.end(), [&](int32_t a, int32_t b) {
-      return std::tie(span(a).end_ns, nodes[a].span) < std::tie(span(b).end_ns, nodes[b].span);
-    });
-  for (int32_t n = 0; n < int32_t(nodes.size()); ++n) {
-    const auto& s = span(n);
-    // Communication is launched by the host after the work that produced its data: it depends on
-    // the latest span of another stream that ended before it started. Other spans depend on one
-    // only when they waited past their stream predecessor for it.
-    const int64_t pred_end = nodes[n].pred == kNone ? INT64_MIN : span(nodes[n].pred).end_ns;
-    const int64_t after = is_comm(s) ? INT64_MIN : pred_end;
-    if (s.start_ns < pred_end)
-      continue;  // overlaps its predecessor (nested spans): stream order only
-    const auto& v = by_rank_end[s.rank];
-    // Latest span of another stream with after < end <= start.
-    auto it = std::upper_bound(v.begin(), v.end(), s.start_ns,
-                               [&](int64_t tval, int32_t m) { return tval < span(m).end_ns; });
-    // Only spans ordered before this one by (start, end, index), the key of the stream order: every
-    // edge then goes forward in that order and the graph cannot cycle (two zero-length spans at the
-    // same instant on two streams would otherwise each wait for the other).
-    auto before = [&](int32_t c, int32_t m) {
-      const auto &x = span(c), &y = span(m);
-      return std::tie(x.start_ns, x.end_ns, nodes[c].span) <
-             std::tie(y.start_ns, y.end_ns, nodes[m].span);
-    };
-    while (it != v.begin()) {
-      --it;
-      const auto& c = span(*it);
-      if (c.end_ns <= after) break;
-      if (c.stream != s.stream && before(*it, n)) {
-        nodes[n].cross = *it;
-        break;
-      }
-    }
+  for (const auto& nd : g.nodes) g.world = std::max(g.world, S[nd.span].rank + 1);
+  std::vector<int32_t> node_of(S.size(), kNone);
+  for (int32_t n = 0; n < int32_t(g.nodes.size()); ++n) node_of[size_t(g.nodes[n].span)] = n;
+  const std::vector<traces::SpanDependencies> deps = traces::span_dependencies(t);
+  for (auto& nd : g.nodes) {
+    const traces::SpanDependencies& d = deps[size_t(nd.span)];
+    nd.pred = d.pred < 0 ? kNone : node_of[size_t(d.pred)];
+    nd.cross = d.cross < 0 ? kNone : node_of[size_t(d.cross)];
   }
 }
 
@@ -173,8 +121,7 @@ Graph build_graph(const traces::Trace& t) {
     }
   if (g.nodes.empty())
     throw InputError((t.path.empty() ? std::string("trace") : t.path) + ": no spans to replay");
-  link_stream_order(t, g);
-  link_cross_stream_waits(t, g);
+  link_dependencies(t, g);
   const auto& S = t.spans;
   g.t0 = INT64_MAX;
   for (const auto& n : g.nodes) g.t0 = std::min(g.t0, S[n.span].start_ns);

@@ -1,9 +1,9 @@
-// The Chakra export writes the dependency graph of traces::span_dependencies() (traces/chakra.hpp),
-// which states the rules of replay's graph (sim/replay.hpp) a second time, below the simulator: the
-// two must count the same edges on every kind of trace replay meets (DDP with jitter and a
-// straggler, a GPipe pipeline with transfers, zero-length spans at one instant on three streams, a
-// 1F1B receive started while a send is in flight), and every edge must point backwards in
-// (start, end, index) order, so the exported graph has no cycle.
+// traces::span_dependencies() (traces/chakra.hpp) holds the rules of replay's graph
+// (sim/replay.hpp builds its edges from it, and the Chakra export writes them): on every kind of
+// trace replay meets (DDP with jitter and a straggler, a GPipe pipeline with transfers,
+// zero-length spans at one instant on three streams, a 1F1B receive started while a send is in
+// flight) replay counts the edges it returns, every edge stays on its rank, none involves a phase,
+// and every edge points backwards in (start, end, index) order, so the graph has no cycle.
 #include <gtest/gtest.h>
 
 #include <tuple>
