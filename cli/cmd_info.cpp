@@ -106,7 +106,24 @@ int run_info(const InfoArgs& a) {
     j["host"] = m.host;
     j["start_time_unix_ns"] = m.start_time_unix_ns;
     j["world_size"] = m.world_size;
-    j["layout"] = {{"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}};
+    j["origin"] = std::string(traces::to_string(m.origin));
+    j["layout"] = {{"dp", m.dp},
+                   {"tp", m.tp},
+                   {"pp", m.pp},
+                   {"zero", m.layout.zero},
+                   {"micro_batches", m.layout.micro_batches},
+                   {"schedule", m.layout.schedule},
+                   {"placement", m.layout.placement},
+                   {"recompute", m.layout.recompute},
+                   {"device", m.layout.device},
+                   {"precision", m.layout.precision}};
+    if (m.failure.failed) {
+      j["failure"] = {{"lost_ranks", m.failure.lost_ranks},
+                      {"step", m.failure.step},
+                      {"message", m.failure.message}};
+    } else {
+      j["failure"] = nullptr;
+    }
     j["tokens_per_step"] = m.tokens_per_step;
     j["model_flops_per_step"] = m.model_flops_per_step;
     j["peak_flops_per_rank"] = m.peak_flops_per_rank;
@@ -158,12 +175,16 @@ int run_info(const InfoArgs& a) {
                                  : kNoChecksums);
   row("complete",
       complete ? "yes" : "no (its writer never closed it: the run died or is still running)");
-  row("source", std::string(traces::to_string(m.source)));
+  row("source", std::string(traces::to_string(m.source)) + " (origin " +
+                    std::string(traces::to_string(m.origin)) + ")");
   row("scenario", m.scenario_name.empty() ? "(none)" : m.scenario_name);
   row("host", m.host.empty() ? "(unknown)" : m.host);
   row("started", utc_time(m.start_time_unix_ns));
   row("world size", std::to_string(m.world_size) + " (dp=" + std::to_string(m.dp) +
                         " tp=" + std::to_string(m.tp) + " pp=" + std::to_string(m.pp) + ")");
+  if (const std::string l = traces::describe(m.layout); !l.empty()) row("layout", l);
+  if (m.failure.failed)
+    row("FAILED", m.failure.message.empty() ? "(no account)" : m.failure.message);
   row("spans", std::to_string(spans));
   row("counter samples", std::to_string(counters));
   if (range) {

@@ -136,6 +136,16 @@ json report_json(const Loaded& l) {
   j["trace"] = l.trace.path;
   j["source"] = std::string(traces::to_string(l.trace.meta.source));
   j["complete"] = l.complete;
+  const traces::RunMeta& meta = l.trace.meta;
+  j["origin"] = std::string(traces::to_string(meta.origin));
+  j["layout"] = {{"zero", meta.layout.zero},           {"micro_batches", meta.layout.micro_batches},
+                 {"schedule", meta.layout.schedule},   {"placement", meta.layout.placement},
+                 {"recompute", meta.layout.recompute}, {"device", meta.layout.device},
+                 {"precision", meta.layout.precision}};
+  j["failure"] = meta.failure.failed ? json{{"lost_ranks", meta.failure.lost_ranks},
+                                            {"step", meta.failure.step},
+                                            {"message", meta.failure.message}}
+                                     : json(nullptr);
   j["span_count"] = m.span_count;
   j["start_ns"] = m.start_ns;
   j["end_ns"] = m.end_ns;
@@ -225,7 +235,15 @@ void print_report(const Loaded& l, std::ostream& os) {
   const auto& meta = l.trace.meta;
   os << "trace " << l.trace.path << " (" << traces::to_string(meta.source) << ", " << m.ranks.size()
      << " ranks, dp " << meta.dp << " tp " << meta.tp << " pp " << meta.pp << ", " << m.span_count
-     << " spans, " << format_duration_ns(double(m.end_ns - m.start_ns)) << ")\n\n";
+     << " spans, " << format_duration_ns(double(m.end_ns - m.start_ns)) << ")\n";
+  if (const std::string lay = traces::describe(meta.layout); !lay.empty())
+    os << "layout " << lay << "\n";
+  if (meta.failure.failed)
+    os << "FAILED RUN: "
+       << (meta.failure.message.empty() ? std::string("the launcher marked it failed")
+                                        : meta.failure.message)
+       << "; the figures cover what the ranks recorded before it\n";
+  os << "\n";
 
   os << "Summary\n";
   const int warm = int(m.steps.size()) - m.counted_steps;

@@ -317,7 +317,7 @@ Scenario commbench_scenario(int nproc, const CommBenchOptions& opt) {
   s.runtime.threads = 1;
   s.runtime.watchdog_s = opt.watchdog_s;
   s.text =
-      "# orrery commbench: not a training run (meta extra_json kind \"commbench\"); only "
+      "# orrery commbench: not a training run (meta origin \"commbench\"); only "
       "parallel.dp\n"
       "# (the world size) and runtime.threads describe the run, the model and batch keys mean "
       "nothing.\n" +
@@ -355,14 +355,7 @@ std::string commbench_extra_json(int nproc, const CommBenchOptions& opt) {
   return j.dump();
 }
 
-bool is_commbench_trace(const traces::Trace& t) {
-  try {
-    const auto j = nlohmann::json::parse(t.meta.extra_json.empty() ? "{}" : t.meta.extra_json);
-    return j.is_object() && j.value("kind", std::string()) == "commbench";
-  } catch (const std::exception&) {
-    return false;
-  }
-}
+bool is_commbench_trace(const traces::Trace& t) { return traces::is_commbench(t.meta); }
 
 CommBenchSweepStats run_commbench_sweep(Communicator& world, const CommBenchOptions& opt_in,
                                         profiler::Recorder* rec) {
@@ -424,6 +417,8 @@ CommBenchRankResult run_commbench_rank(Communicator& world, const CommBenchOptio
 
   const Layout lay = Layout::of(s, world.rank());
   traces::RunMeta meta = real_run_meta(s, lay, world.size());
+  meta.origin = traces::TraceOrigin::Commbench;
+  meta.layout = {};          // not a training run
   meta.tokens_per_step = 0;  // no training
   meta.model_flops_per_step = 0;
   meta.extra_json = commbench_extra_json(world.size(), opt);

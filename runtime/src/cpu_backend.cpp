@@ -45,6 +45,6 @@ void CpuBackend::close(int handle) {
   open_.pop_back();
 }
 
-std::string CpuBackend::meta_fields() const { return "\"threads\": " + std::to_string(threads_); }
+nlohmann::json CpuBackend::meta_fields() const { return {{"threads", threads_}}; }
 
 }  // namespace orrery::runtime

@@ -197,6 +197,14 @@ std::unique_ptr<traces::TraceWriter> open_rank_trace(const std::string& out, int
 traces::RunMeta real_run_meta(const Scenario& s, const Layout& lay, int world_size) {
   traces::RunMeta meta;
   meta.source = traces::TraceSource::Real;
+  meta.origin = traces::TraceOrigin::Run;
+  meta.layout.zero = s.parallel.zero;
+  meta.layout.micro_batches = s.micro_batches_per_step();
+  meta.layout.schedule = s.parallel.schedule;
+  meta.layout.placement = s.parallel.placement;
+  meta.layout.recompute = s.training.recompute;
+  meta.layout.device = s.runtime.device;
+  meta.layout.precision = s.runtime.precision;
   meta.scenario_text = s.text;
   meta.scenario_name = s.name;
   meta.host = host_name();
@@ -335,16 +343,16 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
   if (session.profiling()) {
     traces::RunMeta meta = real_run_meta(s, lay, world.size());
     if (trainer.peak_flops_per_rank() > 0) meta.peak_flops_per_rank = trainer.peak_flops_per_rank();
-    meta.extra_json = "{" + trainer.meta_fields() +
-                      ", \"micro_batches\": " + std::to_string(trainer.micro_batches()) +
-                      ", \"ddp_buckets\": " + std::to_string(trainer.buckets().size()) +
-                      ", \"params\": " + std::to_string(result.params);
+    meta.layout.micro_batches = trainer.micro_batches();
+    nlohmann::json extra = trainer.meta_fields();
+    extra["ddp_buckets"] = trainer.buckets().size();
+    extra["params"] = result.params;
     // An elastic job's attempts so far (this one last), as the launcher told them.
     const auto attempts = attempts_from_env();
-    if (!attempts.empty()) meta.extra_json += ", \"attempts\": " + attempts_to_json(attempts);
+    if (!attempts.empty()) extra["attempts"] = nlohmann::json::parse(attempts_to_json(attempts));
     // The Slurm job the ranks ran in (srun, or mpirun inside an allocation).
-    if (const auto job = slurm_job()) meta.extra_json += ", \"slurm\": " + slurm_json(*job);
-    meta.extra_json += "}";
+    if (const auto job = slurm_job()) extra["slurm"] = nlohmann::json::parse(slurm_json(*job));
+    meta.extra_json = extra.dump();
     session.describe(meta,
                      real_rank_info(lay, world.rank(), meta.host, trainer.device_description()));
     trainer.start_device_tracing(rec);
@@ -459,7 +467,7 @@ FailedRun salvage_failed_run(const std::string& out, int nproc, int exit_status)
     fs::remove(out, ec);
     traces::merge_traces(files, out);  // carries flight_records and rank_status over too
     std::vector<int32_t> lost32(lost.begin(), lost.end());
-    profiler::mark_trace_failed(out, lost32, f.message);
+    profiler::mark_trace_failed(out, lost32, f.message, step);
     for (const auto& file : files) {
       fs::remove(file, ec);
       fs::remove(file + "-wal", ec);

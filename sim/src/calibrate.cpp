@@ -410,14 +410,7 @@ void check_options(const std::vector<traces::Trace>& traces_in, const Calibratio
 }
 
 // A commbench trace (runtime/commbench.hpp: meta extra_json kind "commbench").
-bool is_commbench(const traces::Trace& t) {
-  try {
-    const auto j = nlohmann::json::parse(t.meta.extra_json.empty() ? "{}" : t.meta.extra_json);
-    return j.is_object() && j.value("kind", std::string()) == "commbench";
-  } catch (const nlohmann::json::exception&) {
-    return false;
-  }
-}
+bool is_commbench(const traces::Trace& t) { return traces::is_commbench(t.meta); }
 
 TraceInfo trace_info(const traces::Trace& t, int skip_steps) {
   TraceInfo ti;

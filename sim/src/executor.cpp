@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
 
@@ -494,6 +495,14 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
   traces::Trace t;
   const Layout& l = w.layout;
   t.meta.source = traces::TraceSource::Sim;
+  t.meta.origin = traces::TraceOrigin::Sim;
+  t.meta.layout.zero = w.scenario.parallel.zero;
+  t.meta.layout.micro_batches = w.micro_batches;
+  t.meta.layout.schedule = w.scenario.parallel.schedule;
+  t.meta.layout.placement = w.scenario.parallel.placement;
+  t.meta.layout.recompute = w.scenario.training.recompute;
+  t.meta.layout.device = cluster.device.name;
+  t.meta.layout.precision = w.precision.name;
   t.meta.scenario_text = w.scenario.text.empty() ? to_yaml(w.scenario) : w.scenario.text;
   t.meta.scenario_name = w.scenario.name;
   t.meta.host = cluster.name;
@@ -502,12 +511,11 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
   t.meta.tokens_per_step = w.tokens_per_step;
   t.meta.model_flops_per_step = w.model_flops_per_step;
   t.meta.peak_flops_per_rank = peak_flops_per_rank;
-  {
-    std::ostringstream extra;
-    extra << "{\"cluster\":\"" << cluster.name << "\",\"simulated_ranks\":" << r.ranks.size()
-          << ",\"precision\":\"" << w.precision.name << "\",\"steps\":" << w.steps << "}";
-    t.meta.extra_json = extra.str();
-  }
+  t.meta.extra_json = nlohmann::json{
+      {"cluster", cluster.name},
+      {"simulated_ranks", r.ranks.size()},
+      {"precision", w.precision.name},
+      {"steps", w.steps}}.dump();
 
   // Communicators of the simulated ranks, ids in order of first use (deterministic).
   std::unordered_map<uint64_t, int32_t> comm_ids;

@@ -321,6 +321,7 @@ traces::Trace retimed_trace(const traces::Trace& t, const Graph& g,
   auto span = [&](int32_t n) -> const traces::Span& { return S[g.nodes[n].span]; };
   traces::Trace out_trace = t;
   out_trace.meta.source = traces::TraceSource::Sim;
+  out_trace.meta.origin = traces::TraceOrigin::Replay;  // the recorded layout, re-timed
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     auto& sp = out_trace.spans[g.nodes[n].span];
     sp.start_ns = timing[n].start_ns + t0;

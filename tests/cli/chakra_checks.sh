@@ -119,8 +119,9 @@ groups = json.load(open(os.path.join(tmp, "et", name + ".comm_groups.json")))
 assert groups == {str(c["id"]): c["ranks"] for c in info["communicators"]}, groups
 # The report of the import is the original's.
 ra, rb = load(name + ".report.json"), load(name + ".back.report.json")
+assert rb["origin"] == "import", rb["origin"]
 for r in (ra, rb):
-    r.pop("trace"); r.pop("source")
+    r.pop("trace"); r.pop("source"); r.pop("origin")  # an import's own, as it should be
 assert ra == rb, "report differs"
 print(name, "nodes", ex["nodes"], "per rank", ex["nodes_by_rank"], "deps", ex["data_deps"])
 EOF

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
@@ -126,20 +127,13 @@ TEST(RankFailure, SalvageNamesTheLostRankAndMergesTheRest) {
   const auto statuses = profiler::read_rank_status(out);
   ASSERT_EQ(statuses.size(), 4u);
   EXPECT_EQ(statuses[2].state, profiler::RankState::Running);
-  // The failure's account in meta.extra_json, the run's own keys kept.
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open_v2(out.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
-  sqlite3_stmt* st = nullptr;
-  sqlite3_prepare_v2(db,
-                     "SELECT json_extract(value, '$.failed'), json_extract(value, '$.lost_ranks'), "
-                     "json_extract(value, '$.threads') FROM meta WHERE key = 'extra_json'",
-                     -1, &st, nullptr);
-  ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
-  EXPECT_EQ(sqlite3_column_int(st, 0), 1);
-  EXPECT_STREQ(reinterpret_cast<const char*>(sqlite3_column_text(st, 1)), "[2]");
-  EXPECT_EQ(sqlite3_column_int(st, 2), 1);
-  sqlite3_finalize(st);
-  sqlite3_close(db);
+  // The failure's account in the typed meta (traces::RunFailure), the run's own keys kept.
+  EXPECT_TRUE(t.meta.failure.failed);
+  EXPECT_EQ(t.meta.failure.lost_ranks, std::vector<int32_t>{2});
+  EXPECT_EQ(t.meta.failure.message, f.message);
+  EXPECT_EQ(t.meta.failure.step, 2);
+  EXPECT_EQ(nlohmann::json::parse(t.meta.extra_json).at("threads"), 1);
+  EXPECT_FALSE(nlohmann::json::parse(t.meta.extra_json).contains("failed"));
   fs::remove(out);
 }
 
@@ -147,7 +141,8 @@ TEST(RankFailure, SalvageCountsARankWithoutAFileAsLost) {
   const std::string out = temp_path("nofile");
   write_rank_files(out, 1, false);
   const FailedRun f = salvage_failed_run(out, 4, 1);
-  EXPECT_EQ(f.message, "rank 1 was lost (ended without saying why) during step 2; ranks 0,2,3 stopped");
+  EXPECT_EQ(f.message,
+            "rank 1 was lost (ended without saying why) during step 2; ranks 0,2,3 stopped");
   EXPECT_EQ(f.trace, out);
   fs::remove(out);
 }

@@ -178,6 +178,9 @@ void round_trip(const Trace& t, const TempDir& dir) {
   expect_files_match(t, prefix);
   const Trace back = import_chakra({prefix});
   expect_same_trace(t, back);
+  EXPECT_EQ(back.meta.layout, t.meta.layout);  // the typed metadata travels
+  EXPECT_EQ(back.meta.failure, t.meta.failure);
+  EXPECT_EQ(back.meta.origin, TraceOrigin::Import);
 
   std::filesystem::create_directories(dir.path("et2"));
   const std::string prefix2 = dir.path("et2/trace");

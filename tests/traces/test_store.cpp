@@ -36,6 +36,9 @@ void expect_same_trace(const Trace& a, const Trace& b) {
   EXPECT_EQ(a.meta.tokens_per_step, b.meta.tokens_per_step);
   EXPECT_EQ(a.meta.model_flops_per_step, b.meta.model_flops_per_step);
   EXPECT_EQ(a.meta.peak_flops_per_rank, b.meta.peak_flops_per_rank);
+  EXPECT_EQ(a.meta.origin, b.meta.origin);
+  EXPECT_EQ(a.meta.layout, b.meta.layout);
+  EXPECT_EQ(a.meta.failure, b.meta.failure);
   ASSERT_EQ(a.ranks.size(), b.ranks.size());
   for (size_t i = 0; i < a.ranks.size(); ++i) {
     EXPECT_EQ(a.ranks[i].rank, b.ranks[i].rank);
@@ -119,6 +122,72 @@ TEST(Store, RoundTripIsExact) {
   EXPECT_EQ(back.meta.extra_json, t.meta.extra_json);
   // A closed file is one self-contained file: no WAL left beside it.
   EXPECT_FALSE(std::filesystem::exists(path + "-wal"));
+}
+
+// Traces written before the typed keys kept the failure, micro-batches and the commbench kind in
+// extra_json: the reader takes them from there when the keys are missing.
+TEST(Store, OlderTracesGiveTheirTypedMetaFromExtraJson) {
+  TempDir dir;
+  Trace t = make_trace(2, 5);
+  t.meta.source = TraceSource::Real;
+  t.meta.origin = TraceOrigin::Unknown;
+  t.meta.layout = {};
+  t.meta.failure = {};
+  t.meta.extra_json =
+      R"({"threads":1,"micro_batches":4,"failed":true,"lost_ranks":[1],"failure":"rank 1 was lost"})";
+  const std::string path = dir.path("old.db");
+  write_trace(t, path);
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db,
+                           "DELETE FROM meta WHERE key IN ('origin', 'zero', 'micro_batches', "
+                           "'schedule', 'placement', 'recompute', 'device', 'precision', "
+                           "'failed', 'lost_ranks', 'failed_step', 'failure')",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  const RunMeta m = TraceReader(path).meta();
+  EXPECT_EQ(m.origin, TraceOrigin::Run);
+  EXPECT_EQ(m.layout.micro_batches, 4);
+  EXPECT_EQ(m.failure, (RunFailure{true, {1}, -1, "rank 1 was lost"}));
+  EXPECT_FALSE(is_commbench(m));
+
+  // A commbench trace of then; and the typed keys win over extra_json where both exist.
+  t.meta.extra_json = R"({"kind":"commbench","failed":true})";
+  t.meta.failure = {};
+  write_trace(t, path);
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "DELETE FROM meta WHERE key = 'origin'", nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  const RunMeta b = TraceReader(path).meta();
+  EXPECT_EQ(b.origin, TraceOrigin::Commbench);
+  EXPECT_TRUE(is_commbench(b));
+  EXPECT_FALSE(b.failure.failed);  // the written 'failed' key (0) is the answer
+}
+
+TEST(Store, CorruptLostRanksIsAnInputErrorNamingTheFile) {
+  TempDir dir;
+  const std::string path = dir.path("bad.db");
+  write_trace(make_trace(1, 2), path);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE meta SET value = '[1,' WHERE key = 'lost_ranks'", nullptr,
+                         nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  try {
+    (void)TraceReader(path).meta();
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lost_ranks"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Store, SchemaVersionIsInUserVersionAndMeta) {

@@ -52,6 +52,9 @@ inline Trace make_trace(int ranks, int per_stream, uint64_t seed = 1) {
   t.meta.model_flops_per_step = 1.5e12;
   t.meta.peak_flops_per_rank = 3.125e11;
   t.meta.extra_json = R"({"note":"unit test"})";
+  t.meta.origin = TraceOrigin::Run;
+  t.meta.layout = {1, 4, "1f1b", "tp,dp,pp", "selective", "cpu", "fp32"};
+  t.meta.failure = {true, {1, 3}, 2, "rank 1 and rank 3 were lost \"somewhere\"\n"};
   CommunicatorInfo world{0, CommKind::World, "world", {}};
   for (int r = 0; r < ranks; ++r) {
     world.ranks.push_back(r);

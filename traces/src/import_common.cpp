@@ -267,6 +267,7 @@ Trace finish_import(Draft&& d) {
             });
 
   t.meta.source = TraceSource::Import;
+  t.meta.origin = TraceOrigin::Import;
   t.meta.world_size = world;
   if (d.unix_origin_ns) t.meta.start_time_unix_ns = *d.unix_origin_ns + origin;
   nlohmann::json extra;

@@ -28,6 +28,10 @@
 //   filling it costs about 1.3 us of CPU per span, five times what recording the span
 //   costs, and no Orrery reader needs it, so version 2 writes it on request only. Meta key
 //   'sql_spans' says whether a file has it.
+// - meta: the RunMeta fields one key each. The typed ones (origin; zero, micro_batches, schedule,
+//   placement, recompute, device, precision; failed, lost_ranks as a JSON array, failed_step,
+//   failure) were
+//   keys of extra_json before; the reader takes them from there in files that lack the keys.
 // - Tables the store does not own (the profiler's flight_records and rank_status) may be added to
 //   a file by others; merge_traces() copies them.
 // - While writing: WAL journal (readers can read a file being written), synchronous=OFF. close()
@@ -538,6 +542,18 @@ void TraceWriter::set_meta(const RunMeta& m) {
   integer("tokens_per_step", m.tokens_per_step);
   real("model_flops_per_step", m.model_flops_per_step);
   real("peak_flops_per_rank", m.peak_flops_per_rank);
+  text("origin", std::string(to_string(m.origin)));
+  integer("zero", m.layout.zero);
+  integer("micro_batches", m.layout.micro_batches);
+  text("schedule", m.layout.schedule);
+  text("placement", m.layout.placement);
+  text("recompute", m.layout.recompute);
+  text("device", m.layout.device);
+  text("precision", m.layout.precision);
+  integer("failed", m.failure.failed ? 1 : 0);
+  text("lost_ranks", nlohmann::json(m.failure.lost_ranks).dump());
+  integer("failed_step", m.failure.step);
+  text("failure", m.failure.message);
   text("extra_json", m.extra_json.empty() ? std::string("{}") : m.extra_json);
   exec_or_throw(db_, "COMMIT", path_);
 }
@@ -1017,9 +1033,57 @@ bool TraceReader::complete() const {
   return rstep(db_, path_, st) && sqlite3_column_int64(st.get(), 0) == 1;
 }
 
+namespace {
+
+// meta "lost_ranks": a JSON array of ranks.
+std::vector<int32_t> lost_ranks_from_text(const std::string& path, const std::string& text) {
+  try {
+    const auto j = nlohmann::json::parse(text.empty() ? "[]" : text);
+    return j.get<std::vector<int32_t>>();
+  } catch (const nlohmann::json::exception&) {
+    throw InputError(path + ": corrupt trace (meta lost_ranks is not a JSON array of ranks: '" +
+                     text.substr(0, 80) + "')");
+  }
+}
+
+// Traces written before the typed keys kept these in extra_json: "kind": "commbench",
+// "failed"/"lost_ranks"/"failure" (the launcher's mark), "micro_batches".
+void meta_from_older_extra(RunMeta& m, bool seen_origin, bool seen_failed,
+                           bool seen_micro_batches) {
+  nlohmann::json extra;
+  try {
+    extra = nlohmann::json::parse(m.extra_json.empty() ? "{}" : m.extra_json);
+  } catch (const nlohmann::json::exception&) {
+    extra = nlohmann::json::object();
+  }
+  if (!extra.is_object()) extra = nlohmann::json::object();
+  if (!seen_origin) {
+    const bool bench = extra.value("kind", std::string()) == "commbench";
+    m.origin = bench                             ? TraceOrigin::Commbench
+               : m.source == TraceSource::Sim    ? TraceOrigin::Sim
+               : m.source == TraceSource::Synth  ? TraceOrigin::Synth
+               : m.source == TraceSource::Import ? TraceOrigin::Import
+               : extra.contains("micro_batches") ? TraceOrigin::Run
+                                                 : TraceOrigin::Unknown;
+  }
+  try {
+    if (!seen_failed && extra.value("failed", false)) {
+      m.failure.failed = true;
+      m.failure.lost_ranks = extra.value("lost_ranks", std::vector<int32_t>{});
+      m.failure.message = extra.value("failure", std::string());
+    }
+    if (!seen_micro_batches) m.layout.micro_batches = extra.value("micro_batches", 0);
+  } catch (const nlohmann::json::exception&) {
+    // An older trace's extra keys of another type: left unknown.
+  }
+}
+
+}  // namespace
+
 RunMeta TraceReader::meta() const {
   std::lock_guard lock(mu_);
   RunMeta m;
+  bool seen_origin = false, seen_failed = false, seen_micro_batches = false;
   auto st = rprep(db_, path_, "SELECT key, value FROM meta");
   while (rstep(db_, path_, st)) {
     const std::string key = column_text(st.get(), 0);
@@ -1049,10 +1113,39 @@ RunMeta TraceReader::meta() const {
       m.model_flops_per_step = sqlite3_column_double(s, 1);
     } else if (key == "peak_flops_per_rank") {
       m.peak_flops_per_rank = sqlite3_column_double(s, 1);
+    } else if (key == "origin") {
+      m.origin = trace_origin_from_string(column_text(s, 1)).value_or(TraceOrigin::Unknown);
+      seen_origin = true;
+    } else if (key == "zero") {
+      m.layout.zero = i32();
+    } else if (key == "micro_batches") {
+      m.layout.micro_batches = i32();
+      seen_micro_batches = true;
+    } else if (key == "schedule") {
+      m.layout.schedule = column_text(s, 1);
+    } else if (key == "placement") {
+      m.layout.placement = column_text(s, 1);
+    } else if (key == "recompute") {
+      m.layout.recompute = column_text(s, 1);
+    } else if (key == "device") {
+      m.layout.device = column_text(s, 1);
+    } else if (key == "precision") {
+      m.layout.precision = column_text(s, 1);
+    } else if (key == "failed") {
+      m.failure.failed = sqlite3_column_int64(s, 1) != 0;
+      seen_failed = true;
+    } else if (key == "lost_ranks") {
+      m.failure.lost_ranks = lost_ranks_from_text(path_, column_text(s, 1));
+    } else if (key == "failed_step") {
+      m.failure.step = i32();
+    } else if (key == "failure") {
+      m.failure.message = column_text(s, 1);
     } else if (key == "extra_json") {
       m.extra_json = column_text(s, 1);
     }
   }
+  if (!seen_origin || !seen_failed || !seen_micro_batches)
+    meta_from_older_extra(m, seen_origin, seen_failed, seen_micro_batches);
   return m;
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,8 @@ void validate(const SynthOptions& o) {
 void init_trace(const SynthOptions& o, Trace& t) {
   const int32_t R = o.ranks, pp = o.pp, dp = R / pp;
   t.meta.source = TraceSource::Synth;
+  t.meta.origin = TraceOrigin::Synth;
+  t.meta.layout.micro_batches = o.micro_batches;
   t.meta.scenario_name = "synth";
   t.meta.host = "synth";
   t.meta.world_size = R;
@@ -78,12 +81,15 @@ void init_trace(const SynthOptions& o, Trace& t) {
   t.meta.pp = pp;
   t.meta.tokens_per_step = o.tokens_per_step > 0 ? o.tokens_per_step : int64_t(dp) * 8 * 1024;
   t.meta.peak_flops_per_rank = o.peak_flops_per_rank;
-  t.meta.extra_json =
-      "{\"synth\":{\"ranks\":" + std::to_string(R) + ",\"steps\":" + std::to_string(o.steps) +
-      ",\"layers\":" + std::to_string(o.layers) +
-      ",\"layers_per_bucket\":" + std::to_string(o.layers_per_bucket) +
-      ",\"pp\":" + std::to_string(pp) + ",\"micro_batches\":" + std::to_string(o.micro_batches) +
-      ",\"seed\":" + std::to_string(o.seed) + "}}";
+  t.meta.extra_json = nlohmann::json{{"synth",
+                                      {{"ranks", R},
+                                       {"steps", o.steps},
+                                       {"layers", o.layers},
+                                       {"layers_per_bucket", o.layers_per_bucket},
+                                       {"pp", pp},
+                                       {"micro_batches", o.micro_batches},
+                                       {"seed", o.seed}}}}
+                          .dump();
   CommunicatorInfo world;
   world.id = 0;
   world.kind = CommKind::World;
@@ -347,7 +353,6 @@ int32_t synth_steps_for_spans(const SynthOptions& o, int64_t target_spans) {
   return int32_t(std::max<int64_t>(1, steps));
 }
 
-
 double synth_memory_bytes(const SynthOptions& o) {
   const double R = o.ranks, S = o.steps, L = o.layers, k = std::max(1, o.layers_per_bucket);
   const double counters = R * S * 7;
@@ -358,8 +363,8 @@ double synth_memory_bytes(const SynthOptions& o) {
   const double per_rank = double(sizeof(RankInfo) + 3 * sizeof(StreamInfo) + 3 * sizeof(int32_t));
   // The schedule (pp = 1): step starts, per (step, rank) extra time, per (step, bucket) ends.
   const double schedule = o.pp > 1 ? 0 : 8 * (S + 1 + S * R + S * (L / k));
-  return span_estimate(o) * double(sizeof(Span)) + counters * double(sizeof(CounterSample)) + names +
-         R * per_rank + schedule;
+  return span_estimate(o) * double(sizeof(Span)) + counters * double(sizeof(CounterSample)) +
+         names + R * per_rank + schedule;
 }
 
 void check_synth_size(const SynthOptions& o, int64_t memory_bytes) {
@@ -368,12 +373,13 @@ void check_synth_size(const SynthOptions& o, int64_t memory_bytes) {
   if (limit <= 0 || need <= double(limit)) return;
   char spans[32];
   std::snprintf(spans, sizeof spans, "%.3g", span_estimate(o));
-  std::string what = "--ranks " + std::to_string(o.ranks) + " x --steps " + std::to_string(o.steps) +
-                     " with --layers " + std::to_string(o.layers);
+  std::string what = "--ranks " + std::to_string(o.ranks) + " x --steps " +
+                     std::to_string(o.steps) + " with --layers " + std::to_string(o.layers);
   if (o.pp > 1)
-    what += " (--pp " + std::to_string(o.pp) + ", --micro-batches " + std::to_string(o.micro_batches) + ")";
-  throw InputError("synth: " + what + " make about " + spans + " spans, about " + format_memory_bytes(need) +
-                   " in memory, more than " +
+    what += " (--pp " + std::to_string(o.pp) + ", --micro-batches " +
+            std::to_string(o.micro_batches) + ")";
+  throw InputError("synth: " + what + " make about " + spans + " spans, about " +
+                   format_memory_bytes(need) + " in memory, more than " +
                    (memory_bytes > 0 ? "the limit of " : "this machine's physical memory, ") +
                    format_memory_bytes(double(limit)) + "; use fewer layers, ranks or steps");
 }

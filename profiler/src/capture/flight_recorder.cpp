@@ -3,13 +3,13 @@
 // rank's status row, and the failure tables' copy into a merged trace.
 #include "orrery/profiler/flight_recorder.hpp"
 
-#include "orrery/profiler/recorder.hpp"
-
 #include <sqlite3.h>
 
 #include <chrono>
 #include <cstdio>
 #include <stdexcept>
+
+#include "orrery/profiler/recorder.hpp"
 
 namespace orrery::profiler {
 
@@ -248,26 +248,35 @@ std::vector<RankStatus> read_rank_status(const std::string& trace_path) {
 }
 
 void mark_trace_failed(const std::string& trace_path, const std::vector<int32_t>& lost_ranks,
-                       const std::string& message) {
+                       const std::string& message, int32_t step) {
   std::string lost = "[";
   for (size_t i = 0; i < lost_ranks.size(); ++i) {
     lost += (i ? "," : "") + std::to_string(lost_ranks[i]);
   }
   lost += "]";
   Db conn(trace_path, SQLITE_OPEN_READWRITE);
+  // The typed meta keys of traces::RunFailure (traces/store.cpp), in one transaction.
+  check(sqlite3_exec(conn.db, "BEGIN", nullptr, nullptr, nullptr), conn.db, trace_path);
   sqlite3_stmt* st = nullptr;
-  // SQLite's JSON functions keep the other keys of extra_json as they are.
-  check(sqlite3_prepare_v2(conn.db,
-                           "UPDATE meta SET value = json_set(CASE WHEN json_valid(value) THEN "
-                           "value ELSE '{}' END, '$.failed', json('true'), '$.lost_ranks', "
-                           "json(?1), '$.failure', ?2) WHERE key = 'extra_json'",
-                           -1, &st, nullptr),
+  check(sqlite3_prepare_v2(conn.db, "INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)", -1,
+                           &st, nullptr),
         conn.db, trace_path);
-  sqlite3_bind_text(st, 1, lost.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_text(st, 2, message.c_str(), -1, SQLITE_TRANSIENT);
-  const int rc = sqlite3_step(st);
+  auto put = [&](const char* key, auto bind) {
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    bind();
+    const int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) {
+      sqlite3_finalize(st);
+      check(rc, conn.db, trace_path);
+    }
+  };
+  put("failed", [&] { sqlite3_bind_int64(st, 2, 1); });
+  put("lost_ranks", [&] { sqlite3_bind_text(st, 2, lost.c_str(), -1, SQLITE_TRANSIENT); });
+  put("failed_step", [&] { sqlite3_bind_int64(st, 2, step); });
+  put("failure", [&] { sqlite3_bind_text(st, 2, message.c_str(), -1, SQLITE_TRANSIENT); });
   sqlite3_finalize(st);
-  check(rc, conn.db, trace_path);
+  check(sqlite3_exec(conn.db, "COMMIT", nullptr, nullptr, nullptr), conn.db, trace_path);
 }
 
 }  // namespace orrery::profiler

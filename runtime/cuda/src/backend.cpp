@@ -341,15 +341,10 @@ std::string CudaBackend::device_description() const {
 
 double CudaBackend::peak_flops_per_rank() const { return peak_flops(device_, opt_.math); }
 
-std::string CudaBackend::meta_fields() const {
-  std::string name;
-  for (char c : device_.name) {
-    if (c == '"' || c == '\\') name += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    name += c;
-  }
-  return "\"device\": \"" + name + "\", \"precision\": \"" + math_mode_name(opt_.math) +
-         "\", \"comm_backend\": \"" + comm_name_ + "\"";
+nlohmann::json CudaBackend::meta_fields() const {
+  return {{"device", device_.name},
+          {"precision", std::string(math_mode_name(opt_.math))},
+          {"comm_backend", comm_name_}};
 }
 
 }  // namespace orrery::runtime::cuda

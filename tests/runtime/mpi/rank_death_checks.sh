@@ -58,14 +58,28 @@ got=$(span_counts kill.db)
 python3 - <<'EOF' || fail "kill: meta does not mark the failure"
 import json, sqlite3
 db = sqlite3.connect("file:kill.db?mode=ro", uri=True)
-extra = json.loads(db.execute("SELECT value FROM meta WHERE key='extra_json'").fetchone()[0])
-assert extra["failed"] is True and extra["lost_ranks"] == [2], extra
-assert extra["failure"].startswith("rank 2 was lost"), extra
+meta = dict(db.execute("SELECT key, value FROM meta"))
+assert meta["failed"] == 1 and json.loads(meta["lost_ranks"]) == [2], meta
+assert meta["failed_step"] == 2, meta
+assert meta["failure"].startswith("rank 2 was lost"), meta
+extra = json.loads(meta["extra_json"])
+assert "failed" not in extra and extra["threads"] == 1, extra
 EOF
+"$ORRERY" info --json kill.db | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert j["origin"] == "run", j["origin"]
+assert j["failure"] == {"lost_ranks": [2], "step": 2, "message": j["failure"]["message"]}, j["failure"]
+assert j["failure"]["message"].startswith("rank 2 was lost (killed by signal 9) during step 2")
+assert j["layout"]["micro_batches"] == 1 and j["layout"]["schedule"] == "1f1b", j["layout"]
+' || fail "kill: info --json does not give the typed failure and layout"
 doctor=$("$ORRERY" doctor kill.db 2>&1)
 echo "doctor: $doctor"
 echo "$doctor" | grep -q "rank 2 never did" || fail "kill: doctor does not name rank 2"
 "$ORRERY" report kill.db > kill_report.txt 2>&1 || fail "kill: orrery report on the remains"
+grep -q "^FAILED RUN: rank 2 was lost (killed by signal 9) during step 2" kill_report.txt \
+  || { fail "kill: report does not say the run failed"; head -5 kill_report.txt; }
+"$ORRERY" report ref.db 2>&1 | grep -q "FAILED" && fail "ref: report of a finished run says FAILED"
 
 # 3. The watchdog path: rank 1 skips the first collective of step 2, the others time out (3 s).
 timeout 60 "$ORRERY" run "$SRC/scenarios/gpt-tiny.yaml" --nproc 4 "${SETS[@]}" --json \

@@ -246,6 +246,15 @@ json meta_json(const Trace& t, const std::vector<int32_t>& exported) {
   j["model_flops_per_step"] = m.model_flops_per_step;
   j["peak_flops_per_rank"] = m.peak_flops_per_rank;
   j["extra_json"] = m.extra_json;
+  j["origin"] = std::string(to_string(m.origin));
+  j["layout"] = {{"zero", m.layout.zero},           {"micro_batches", m.layout.micro_batches},
+                 {"schedule", m.layout.schedule},   {"placement", m.layout.placement},
+                 {"recompute", m.layout.recompute}, {"device", m.layout.device},
+                 {"precision", m.layout.precision}};
+  j["failure"] = {{"failed", m.failure.failed},
+                  {"lost_ranks", m.failure.lost_ranks},
+                  {"step", m.failure.step},
+                  {"message", m.failure.message}};
   j["exported_ranks"] = exported;
   j["ranks"] = json::array();
   for (const auto& r : t.ranks)
@@ -868,6 +877,24 @@ Trace import_chakra(const std::vector<std::string>& inputs) {
       m.model_flops_per_step = j.at("model_flops_per_step").get<double>();
       m.peak_flops_per_rank = j.at("peak_flops_per_rank").get<double>();
       original_extra = json::parse(j.at("extra_json").get<std::string>());
+      // The typed keys (absent from exports written before them: left unknown).
+      if (j.contains("layout")) {
+        const json& l = j.at("layout");
+        m.layout.zero = l.at("zero").get<int32_t>();
+        m.layout.micro_batches = l.at("micro_batches").get<int32_t>();
+        m.layout.schedule = l.at("schedule").get<std::string>();
+        m.layout.placement = l.at("placement").get<std::string>();
+        m.layout.recompute = l.at("recompute").get<std::string>();
+        m.layout.device = l.at("device").get<std::string>();
+        m.layout.precision = l.at("precision").get<std::string>();
+      }
+      if (j.contains("failure")) {
+        const json& f = j.at("failure");
+        m.failure.failed = f.at("failed").get<bool>();
+        m.failure.lost_ranks = f.at("lost_ranks").get<std::vector<int32_t>>();
+        m.failure.step = f.at("step").get<int32_t>();
+        m.failure.message = f.at("message").get<std::string>();
+      }
       for (const auto& r : j.at("ranks")) {
         RankInfo ri;
         ri.rank = r.at("rank").get<int32_t>();
@@ -1044,6 +1071,7 @@ Trace import_chakra(const std::vector<std::string>& inputs) {
 
   t.sort_spans();
   t.meta.source = TraceSource::Import;
+  t.meta.origin = TraceOrigin::Import;
   json extra =
       original_extra.is_object() ? original_extra : json{{"original_extra", original_extra}};
   extra["import"] = {{"format", "chakra"}, {"files", paths}, {"source", original_source}};

@@ -30,9 +30,12 @@ namespace orrery::profiler {
 enum class FlightState : int32_t { Scheduled = 0, Started = 1, Completed = 2 };
 inline std::string_view to_string(FlightState s) {
   switch (s) {
-    case FlightState::Scheduled: return "scheduled";
-    case FlightState::Started: return "started";
-    case FlightState::Completed: return "completed";
+    case FlightState::Scheduled:
+      return "scheduled";
+    case FlightState::Started:
+      return "started";
+    case FlightState::Completed:
+      return "completed";
   }
   return "?";
 }
@@ -40,9 +43,12 @@ inline std::string_view to_string(FlightState s) {
 enum class RankState : int32_t { Running = 0, Stopped = 1, Failed = 2 };
 inline std::string_view to_string(RankState s) {
   switch (s) {
-    case RankState::Running: return "running";
-    case RankState::Stopped: return "stopped";
-    case RankState::Failed: return "failed";
+    case RankState::Running:
+      return "running";
+    case RankState::Stopped:
+      return "stopped";
+    case RankState::Failed:
+      return "failed";
   }
   return "?";
 }
@@ -60,8 +66,8 @@ struct FlightRecord {
   int64_t seq = -1;  // sequence number within the communicator
   traces::CollOp op = traces::CollOp::None;
   int64_t bytes = 0;
-  int32_t dtype = 0;   // runtime::DType value
-  int32_t peer = -1;   // global peer rank (send/recv), root (broadcast), -1 otherwise
+  int32_t dtype = 0;  // runtime::DType value
+  int32_t peer = -1;  // global peer rank (send/recv), root (broadcast), -1 otherwise
   int32_t step = -1;
   FlightState state = FlightState::Scheduled;
   int64_t scheduled_ns = 0;  // steady clock
@@ -113,7 +119,7 @@ class FlightRecorder {
   uint64_t written_version_ = 0;
   std::atomic<int32_t> rank_{0};
   RankStatus status_;  // guarded by mu_ (its rank is filled in when written)
-  std::mutex io_mu_;  // serialises file writes
+  std::mutex io_mu_;   // serialises file writes
   std::string path_;
   std::thread flusher_;
   std::condition_variable stop_cv_;
@@ -133,10 +139,11 @@ void write_rank_status(const std::string& trace_path, const RankStatus& status);
 // The status rows of a trace file (a per-rank file or a merged trace); empty without the table.
 // (orrery_capture)
 std::vector<RankStatus> read_rank_status(const std::string& trace_path);
-// Marks the trace at `trace_path` as the remains of a failed run: meta extra_json gains
-// "failed": true, "lost_ranks": [...] and "failure": `message`. (orrery_capture)
+// Marks the trace at `trace_path` as the remains of a failed run: its meta (traces::RunFailure)
+// becomes failed, with `lost_ranks`, `message` and the step in progress (-1: set-up).
+// (orrery_capture)
 void mark_trace_failed(const std::string& trace_path, const std::vector<int32_t>& lost_ranks,
-                       const std::string& message);
+                       const std::string& message, int32_t step);
 
 // One line per record, for stderr: "rank 1 world#12 all_reduce 4096 bytes step 3 started".
 inline std::string format_flight_record(const FlightRecord& r) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
@@ -77,7 +78,7 @@ class CpuBackend {
   void drain() noexcept {}
   std::string device_description() const { return "cpu"; }
   double peak_flops_per_rank() const { return 0; }
-  std::string meta_fields() const;
+  nlohmann::json meta_fields() const;
   void start_device_tracing(profiler::Recorder&) {}
   void stop_device_tracing() {}
 

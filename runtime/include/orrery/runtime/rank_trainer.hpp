@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -98,10 +99,10 @@ class RankTrainer {
 
   // The run's description in the trace (launch.hpp: run_rank): the device of this rank
   // (RankInfo::device), its peak FLOP/s (0: not known) and the backend's fields of the run
-  // metadata's JSON object (`"key": value` pairs, comma-separated).
+  // metadata's extra_json object.
   virtual std::string device_description() const = 0;
   virtual double peak_flops_per_rank() const = 0;
-  virtual std::string meta_fields() const = 0;
+  virtual nlohmann::json meta_fields() const = 0;
   // Kernel-level tracing of a device (CUPTI on CUDA) around the steps; nothing on CPUs.
   virtual void start_device_tracing(profiler::Recorder& rec) = 0;
   virtual void stop_device_tracing() = 0;

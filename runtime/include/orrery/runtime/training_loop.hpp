@@ -135,7 +135,7 @@ class TrainingLoop : public RankTrainer {
 
   std::string device_description() const override { return backend_.device_description(); }
   double peak_flops_per_rank() const override { return backend_.peak_flops_per_rank(); }
-  std::string meta_fields() const override { return backend_.meta_fields(); }
+  nlohmann::json meta_fields() const override { return backend_.meta_fields(); }
   void start_device_tracing(profiler::Recorder& rec) override {
     backend_.start_device_tracing(rec);
   }

@@ -55,11 +55,11 @@ struct Span {
   int32_t step = -1;         // training step, -1 when not in a step
   int32_t micro_batch = -1;  // -1 when not applicable
   int32_t layer = -1;        // -1 when not applicable
-  int64_t bytes = 0;         // payload bytes (collectives: per-rank buffer size as nccl-tests' size)
-  double flops = 0;          // floating-point operations of the work
-  int32_t comm = -1;         // communicator id (CommunicatorInfo::id), -1 when none
-  int32_t peer = -1;         // peer rank (global) for send/recv, root for broadcast/reduce
-  int64_t seq = -1;          // sequence number of the operation within its communicator
+  int64_t bytes = 0;  // payload bytes (collectives: per-rank buffer size as nccl-tests' size)
+  double flops = 0;   // floating-point operations of the work
+  int32_t comm = -1;  // communicator id (CommunicatorInfo::id), -1 when none
+  int32_t peer = -1;  // peer rank (global) for send/recv, root for broadcast/reduce
+  int64_t seq = -1;   // sequence number of the operation within its communicator
   CollOp op = CollOp::None;
 
   int64_t duration_ns() const { return end_ns - start_ns; }
@@ -82,7 +82,7 @@ struct StreamInfo {
 struct RankInfo {
   int32_t rank = 0;
   std::string host;
-  std::string device;  // "cpu", "cuda:0"
+  std::string device;              // "cpu", "cuda:0"
   int32_t dp = 0, tp = 0, pp = 0;  // coordinates in the dp/tp/pp grid
 };
 
@@ -101,8 +101,49 @@ enum class TraceSource : int32_t { Real = 0, Sim = 1, Import = 2, Synth = 3 };
 std::string_view to_string(TraceSource s);
 std::optional<TraceSource> trace_source_from_string(std::string_view s);
 
+// What made the trace, finer than TraceSource (meta key "origin"): a training run, a commbench
+// sweep (collectives only, runtime/commbench.hpp), a simulation or replay, a synthetic trace, an
+// import. Unknown in traces written before the key existed whose extra_json says nothing of it.
+enum class TraceOrigin : int32_t {
+  Unknown = 0,
+  Run = 1,
+  Commbench = 2,
+  Sim = 3,
+  Replay = 4,
+  Synth = 5,
+  Import = 6
+};
+std::string_view to_string(TraceOrigin o);
+std::optional<TraceOrigin> trace_origin_from_string(std::string_view s);
+
+// The layout of the run (real: the scenario's; simulated: what was simulated). Empty strings and 0
+// when the producer does not know (imports, synthetic traces, older traces).
+struct RunLayout {
+  int32_t zero = 0;           // ZeRO stage 0..3
+  int32_t micro_batches = 0;  // per replica per step; 0 = unknown
+  std::string schedule;       // gpipe | 1f1b | interleaved
+  std::string placement;      // parallel.placement, fastest-varying first ("tp,dp,pp")
+  std::string recompute;      // none | selective | full
+  std::string device;         // real: cpu | cuda; simulated: the cluster's device preset
+  std::string precision;      // real: fp32 | tf32 | bf16; simulated: fp32 | mixed
+  bool operator==(const RunLayout&) const = default;
+};
+// "zero 1, 1f1b, 8 micro-batches, recompute full, placement tp,dp,pp, cuda bf16": the known
+// fields, in that order; "" when none is known.
+std::string describe(const RunLayout& l);
+
+// A run that did not finish (the launcher marks the merged remains of a run a rank died in).
+struct RunFailure {
+  bool failed = false;
+  std::vector<int32_t> lost_ranks;  // ranks that died or never reported; empty when unknown
+  int32_t step = -1;                // the step in progress, -1 in set-up or when unknown
+  std::string message;              // the launcher's account of what happened
+  bool operator==(const RunFailure&) const = default;
+};
+
 struct RunMeta {
   TraceSource source = TraceSource::Real;
+  TraceOrigin origin = TraceOrigin::Unknown;
   std::string scenario_text;  // YAML of the scenario (after overrides)
   std::string scenario_name;
   std::string host;
@@ -112,7 +153,13 @@ struct RunMeta {
   int64_t tokens_per_step = 0;      // global tokens processed per training step (0 when unknown)
   double model_flops_per_step = 0;  // model FLOPs per step over all ranks (for MFU), 0 when unknown
   double peak_flops_per_rank = 0;   // device peak for MFU, 0 when unknown
-  std::string extra_json = "{}";    // anything else as a JSON object
+  RunLayout layout;
+  RunFailure failure;
+  std::string extra_json = "{}";  // anything else as a JSON object (built with a JSON library)
 };
+
+// A collectives-only trace of `orrery commbench` (runtime/commbench.hpp): origin Commbench, or,
+// in a RunMeta built before the origin key was read, extra_json's "kind": "commbench".
+bool is_commbench(const RunMeta& m);
 
 }  // namespace orrery::traces

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
@@ -157,7 +158,7 @@ class CudaBackend {
   void drain() noexcept;
   std::string device_description() const;
   double peak_flops_per_rank() const;
-  std::string meta_fields() const;
+  nlohmann::json meta_fields() const;
   // CUPTI kernel tracing (gpu_run.cpp); a CUPTI that refuses costs the kernel spans only: the run
   // goes on and says why on stderr.
   void start_device_tracing(profiler::Recorder& rec);
