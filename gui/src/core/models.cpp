@@ -132,12 +132,52 @@ QString KeyValueModel::value(const QString& key) const {
   return {};
 }
 
-void SpanDetailsModel::set_span(const traces::Trace* t, int64_t span, int64_t zero_ns) {
+std::vector<std::pair<std::string, std::string>> flow_attributes(const traces::Trace& t,
+                                                                 const FlowInfo& f) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (f.kind == FlowKind::None || f.members.empty()) return out;
+  auto dur = [](int64_t ns) { return format_duration_ns(static_cast<double>(ns)); };
+  if (f.kind == FlowKind::P2P) {
+    const auto& s = t.spans[f.send];
+    const auto& r = t.spans[f.recv];
+    out.emplace_back(
+        "Flow", "send rank " + std::to_string(s.rank) + " -> recv rank " + std::to_string(r.rank));
+    // A receive posted before its send waits for it; a send posted first waits for the receive.
+    const int64_t d = r.start_ns - s.start_ns;
+    out.emplace_back("Start skew", d >= 0 ? "recv " + dur(d) + " after send"
+                                          : "recv " + dur(-d) + " before send");
+  } else {
+    const auto& first = t.spans[f.members.front().span];
+    std::string what = t.name_of(first) + ": " + std::to_string(f.members.size()) + " ranks";
+    if (const auto* c = t.comm(f.comm)) what += ", " + c->name;
+    what += ", seq " + std::to_string(f.seq);
+    out.emplace_back("Flow", what);
+    out.emplace_back("Start skew", dur(f.spread_ns));
+    out.emplace_back("Last to arrive", "rank " + std::to_string(f.last_rank));
+  }
+  constexpr size_t kMaxMembers = 64;
+  for (size_t i = 0; i < f.members.size() && i < kMaxMembers; ++i) {
+    const auto& m = f.members[i];
+    out.emplace_back("  rank " + std::to_string(m.rank),
+                     "+" + dur(m.skew_ns) + ", waited " + dur(m.wait_ns));
+  }
+  if (f.members.size() > kMaxMembers) {
+    out.emplace_back("  ...", std::to_string(f.members.size() - kMaxMembers) + " more ranks");
+  }
+  return out;
+}
+
+void SpanDetailsModel::set_span(const traces::Trace* t, int64_t span, int64_t zero_ns,
+                                const FlowIndex* flows) {
   span_ = (t && span >= 0 && static_cast<size_t>(span) < t->spans.size()) ? span : -1;
   std::vector<std::pair<QString, QString>> rows;
   if (span_ >= 0) {
     for (auto& [k, v] : span_attributes(*t, static_cast<uint32_t>(span_), zero_ns))
       rows.emplace_back(q(k), q(v));
+    if (flows) {
+      for (auto& [k, v] : flow_attributes(*t, flows->flow_of(*t, static_cast<uint32_t>(span_))))
+        rows.emplace_back(q(k), q(v));
+    }
   }
   set_rows(std::move(rows));
 }

@@ -601,7 +601,8 @@ void MainWindow::show_tab(const QString& name) {
 
 void MainWindow::on_span_selected(TimelineView* src, qint64 span) {
   auto d = src->document();
-  details_.set_span(d ? &d->trace : nullptr, span, src->index() ? src->index()->start_ns() : 0);
+  details_.set_span(d ? &d->trace : nullptr, span, src->index() ? src->index()->start_ns() : 0,
+                    d ? &d->flows : nullptr);
   details_view_->resizeColumnToContents(0);
 }
 

@@ -23,8 +23,14 @@ namespace orrery::gui {
 // Every attribute of a span as (name, value) text, times relative to zero_ns. With brief, only
 // those the hover tooltip shows (name, rank, stream, start, duration, bytes, busbw, FLOPs, step,
 // micro-batch), leaving out attributes that are unset.
-std::vector<std::pair<std::string, std::string>> span_attributes(const traces::Trace& t, uint32_t span,
-                                                                 int64_t zero_ns, bool brief = false);
+std::vector<std::pair<std::string, std::string>> span_attributes(const traces::Trace& t,
+                                                                 uint32_t span, int64_t zero_ns,
+                                                                 bool brief = false);
+// The rows the details add for a span in a flow: what it is ("all_reduce: 4 ranks, seq 5" or
+// "send rank 0 -> recv rank 1"), the start skew and the rank that arrived last, then per member
+// (at most 64, by start) its start after the first one and how long it waited for the last one.
+std::vector<std::pair<std::string, std::string>> flow_attributes(const traces::Trace& t,
+                                                                 const FlowInfo& f);
 // Bus bandwidth of one collective/p2p span in GB/s (nccl-tests' definition), 0 when not applicable.
 double span_busbw_gbps(const traces::Trace& t, const traces::Span& s);
 
@@ -50,8 +56,9 @@ class SpanDetailsModel : public KeyValueModel {
   Q_OBJECT
  public:
   using KeyValueModel::KeyValueModel;
-  // span < 0 clears the panel.
-  void set_span(const traces::Trace* t, int64_t span, int64_t zero_ns);
+  // span < 0 clears the panel. With flows, a span in a flow lists the flow's members too.
+  void set_span(const traces::Trace* t, int64_t span, int64_t zero_ns,
+                const FlowIndex* flows = nullptr);
   int64_t span() const { return span_; }
 
  private:
@@ -91,7 +98,18 @@ class StepDiffModel : public QAbstractTableModel {
   Q_OBJECT
  public:
   using QAbstractTableModel::QAbstractTableModel;
-  enum Column { kStep, kA, kB, kDiff, kDiffPct, kACompute, kBCompute, kAExposed, kBExposed, kColumnCount };
+  enum Column {
+    kStep,
+    kA,
+    kB,
+    kDiff,
+    kDiffPct,
+    kACompute,
+    kBCompute,
+    kAExposed,
+    kBExposed,
+    kColumnCount
+  };
   int rowCount(const QModelIndex& parent = {}) const override;
   int columnCount(const QModelIndex& parent = {}) const override;
   QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
