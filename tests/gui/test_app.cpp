@@ -23,6 +23,7 @@
 #include <QScrollBar>
 #include <QSettings>
 #include <QSpinBox>
+#include <QTableView>
 #include <QStatusBar>
 #include <QTest>
 #include <QUrl>
@@ -1037,4 +1038,77 @@ TEST(GuiTimeline, CounterTracksUnderEachRank) {
   // Switched off, the tracks go.
   tl.set_counters_visible(false);
   EXPECT_EQ(tl.lane_layout().rows().size(), 4u);
+}
+
+// A shift-drag-style range over the whole trace fills the by-name table: per layer forward, one
+// span per rank and step of forward_ns; the table sorts by any column through its proxy.
+TEST_F(GuiApp, RangeSelectionListsTheSpansByName) {
+  const traces::SynthOptions o = small_opts();
+  open(write_synth("gui_range_names.db", o));
+  TimelineView* tl = win_->timeline();
+  int ready = 0;
+  auto c = QObject::connect(win_.get(), &MainWindow::rangeMetricsReady, [&] { ++ready; });
+  win_->select_range(tl->index()->start_ns(), tl->index()->end_ns());
+  ASSERT_TRUE(wait_for([&] { return ready > 0; }));
+  QObject::disconnect(c);
+  const auto& rows = win_->range_names_model()->rows();
+  const NameStats* fwd = nullptr;
+  for (const auto& r : rows)
+    if (r.name == "layers.1.forward") fwd = &r;
+  ASSERT_NE(fwd, nullptr);
+  EXPECT_EQ(fwd->count, o.ranks * o.steps);
+  EXPECT_EQ(fwd->total_ns, int64_t(o.ranks) * o.steps * o.forward_ns);
+  EXPECT_EQ(fwd->max_ns, o.forward_ns);
+  const double len = static_cast<double>(tl->index()->end_ns() - tl->index()->start_ns());
+  EXPECT_DOUBLE_EQ(fwd->share, static_cast<double>(fwd->total_ns) / (len * o.ranks));
+  // The view: largest total first ("step" phases cover every rank's whole run).
+  QTableView* v = win_->range_names_view();
+  EXPECT_EQ(v->model()->index(0, RangeByNameModel::kName).data().toString(), "step");
+  // Sorted by count, ascending: a name with the fewest spans (one per rank and step) first.
+  v->sortByColumn(RangeByNameModel::kCount, Qt::AscendingOrder);
+  EXPECT_EQ(v->model()->index(0, RangeByNameModel::kCount).data(Qt::UserRole).toLongLong(),
+            o.ranks * o.steps);
+  v->sortByColumn(RangeByNameModel::kCount, Qt::DescendingOrder);
+  // The all-reduces: layers / layers_per_bucket per rank and step.
+  EXPECT_EQ(v->model()->index(0, RangeByNameModel::kName).data().toString(), "all_reduce");
+  EXPECT_EQ(v->model()->index(0, RangeByNameModel::kCount).data(Qt::UserRole).toLongLong(),
+            o.ranks * o.steps * (o.layers / o.layers_per_bucket));
+}
+
+// A search frames every match in the timeline and says how many there are and their total time.
+TEST_F(GuiApp, SearchHighlightsEveryMatchWithCountAndTotal) {
+  const traces::SynthOptions o = small_opts();
+  open(write_synth("gui_search_hl.db", o));
+  TimelineView* tl = win_->timeline();
+  const auto& t = tl->document()->trace;
+  win_->search("layers.1.forward");
+  EXPECT_EQ(win_->search_status().toStdString(),
+            std::to_string(o.ranks * o.steps) + " matches, " +
+                orrery::format_duration_ns(static_cast<double>(o.ranks * o.steps * o.forward_ns)));
+  // Zoomed on step 0's forward pass: rank 1's match is framed, its neighbour is not.
+  int64_t m = -1, other = -1;
+  for (size_t i = 0; i < t.spans.size(); ++i) {
+    const auto& s = t.spans[i];
+    if (s.rank == 1 && s.step == 0 && t.name_of(s) == "layers.1.forward")
+      m = static_cast<int64_t>(i);
+    if (s.rank == 1 && s.step == 0 && t.name_of(s) == "layers.2.forward")
+      other = static_cast<int64_t>(i);
+  }
+  ASSERT_GE(m, 0);
+  ASSERT_GE(other, 0);
+  EXPECT_TRUE(tl->is_highlighted(static_cast<uint32_t>(m)));
+  EXPECT_FALSE(tl->is_highlighted(static_cast<uint32_t>(other)));
+  tl->zoom_to(t.spans[static_cast<size_t>(m)].start_ns - 2'000'000,
+              t.spans[static_cast<size_t>(other)].end_ns + 2'000'000);
+  QApplication::processEvents();
+  const QImage img = tl->viewport()->grab().toImage();
+  ASSERT_TRUE(img.save(kDir + "/gui_search_highlight.png"));
+  const auto rm = tl->span_rect(m), ro = tl->span_rect(other);
+  ASSERT_TRUE(rm && ro);
+  const int cy = static_cast<int>(rm->center().y());
+  EXPECT_EQ(img.pixelColor(static_cast<int>(rm->left()) + 1, cy), palette::kSearchHit);
+  EXPECT_NE(img.pixelColor(static_cast<int>(ro->left()) + 1, cy), palette::kSearchHit);
+  win_->search("");
+  EXPECT_FALSE(tl->is_highlighted(static_cast<uint32_t>(m)));
+  EXPECT_EQ(win_->search_status(), "");
 }

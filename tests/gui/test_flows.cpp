@@ -2,6 +2,8 @@
 // traces whose schedule is known in closed form (traces/synth.hpp), without widgets.
 #include <gtest/gtest.h>
 
+#include <QAbstractItemModelTester>
+
 #include "orrery/common/format.hpp"
 #include "orrery/gui/counter_tracks.hpp"
 #include "orrery/gui/flows.hpp"
@@ -202,4 +204,54 @@ TEST(GuiCounters, FoldedIntoPixelColumns) {
   EXPECT_EQ(cols[0].lo, 10);
   EXPECT_EQ(cols[1].hi, 30);
   EXPECT_EQ(cols[2].last, 0);
+}
+
+// A range's spans by name: counts, clipped times and shares worked out by hand.
+TEST(GuiRangeByName, CountsClippedTimesAndShares) {
+  traces::Trace t;
+  const auto a = t.strings.intern("a");
+  const auto b = t.strings.intern("b");
+  const auto c = t.strings.intern("c");
+  auto add = [&](int32_t rank, traces::NameId n, int64_t s0, int64_t s1,
+                 traces::SpanKind k = traces::SpanKind::Compute) {
+    traces::Span s;
+    s.rank = rank;
+    s.name = n;
+    s.start_ns = s0;
+    s.end_ns = s1;
+    s.kind = k;
+    t.spans.push_back(s);
+  };
+  add(0, a, 0, 100);    // 50 inside [50, 250]
+  add(0, b, 100, 150);  // 50
+  add(0, a, 200, 300);  // 50
+  add(1, a, 50, 250);   // 200
+  add(1, b, 250, 260);  // touches the end only: out
+  add(1, c, 0, 50);     // touches the start only: out
+  add(1, c, 120, 130, traces::SpanKind::Phase);
+  auto rows = range_by_name(t, 50, 250);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].name, "a");
+  EXPECT_EQ(rows[0].count, 3);
+  EXPECT_EQ(rows[0].total_ns, 300);
+  EXPECT_EQ(rows[0].mean_ns(), 100);
+  EXPECT_EQ(rows[0].max_ns, 200);
+  EXPECT_DOUBLE_EQ(rows[0].share, 300.0 / (200.0 * 2));
+  EXPECT_EQ(rows[1].name, "b");
+  EXPECT_EQ(rows[1].count, 1);
+  EXPECT_EQ(rows[1].total_ns, 50);
+  EXPECT_DOUBLE_EQ(rows[1].share, 50.0 / 400.0);
+  EXPECT_EQ(rows[2].name, "c");
+  EXPECT_EQ(rows[2].total_ns, 10);
+  // Without phases, c is gone.
+  rows = range_by_name(t, 50, 250, kAllKinds & ~kind_bit(traces::SpanKind::Phase));
+  EXPECT_EQ(rows.size(), 2u);
+
+  RangeByNameModel m;
+  QAbstractItemModelTester tester(&m, QAbstractItemModelTester::FailureReportingMode::Fatal);
+  m.set_rows(range_by_name(t, 50, 250));
+  EXPECT_EQ(m.rowCount(), 3);
+  EXPECT_EQ(m.data(m.index(0, RangeByNameModel::kTotal), Qt::UserRole).toLongLong(), 300);
+  EXPECT_EQ(m.data(m.index(0, RangeByNameModel::kShare)).toString(), "75.0 %");
+  EXPECT_EQ(m.data(m.index(1, RangeByNameModel::kCount)).toString(), "1");
 }

@@ -52,6 +52,7 @@ void TimelineView::set_document(std::shared_ptr<TraceDocument> doc) {
   doc_ = std::move(doc);
   selected_ = -1;
   flow_.clear();
+  highlight_.clear();
   hovered_ = -1;
   has_range_ = false;
   fitted_ = false;
@@ -111,6 +112,11 @@ void TimelineView::set_group_by(GroupBy by) {
 void TimelineView::set_hidden_lanes(const std::set<std::pair<int32_t, int32_t>>& hidden) {
   hidden_ = hidden;
   relayout();
+}
+
+void TimelineView::set_highlighted(std::vector<uint8_t> flags) {
+  highlight_ = std::move(flags);
+  viewport()->update();
 }
 
 void TimelineView::set_counters_visible(bool visible) {
@@ -549,7 +555,7 @@ size_t TimelineView::paint_lane_row(QPainter& p, const Frame& f, const LaneRow& 
     const double w = std::max(1.0, x1 - x0);
     const QRectF r(kLabelWidth + x0, ry, w, rh);
     if (it.count == 1) {
-      paint_span(p, f, doc_->trace.spans[row.span[it.first]], r, row_rect);
+      paint_span(p, f, row.span[it.first], r, row_rect);
     } else {
       paint_folded(p, f, summarize(row, it), bg, r, row_rect);
     }
@@ -557,10 +563,20 @@ size_t TimelineView::paint_lane_row(QPainter& p, const Frame& f, const LaneRow& 
   return items.size();
 }
 
-void TimelineView::paint_span(QPainter& p, const Frame& f, const traces::Span& s, const QRectF& r,
+void TimelineView::paint_span(QPainter& p, const Frame& f, uint32_t id, const QRectF& r,
                               const QRectF& row_rect) const {
+  const traces::Span& s = doc_->trace.spans[id];
   const QColor c = palette::span_color(s.kind, s.name);
   p.fillRect(r, c);
+  if (is_highlighted(id)) {  // a search match: a 2 px frame inside the span
+    const QRectF in = r.intersected(row_rect.adjusted(-2, 0, 2, 0));
+    p.fillRect(QRectF(in.left(), in.top(), in.width(), 2), palette::kSearchHit);
+    p.fillRect(QRectF(in.left(), in.bottom() - 2, in.width(), 2), palette::kSearchHit);
+    if (in.width() > 4) {
+      p.fillRect(QRectF(in.left(), in.top(), 2, in.height()), palette::kSearchHit);
+      p.fillRect(QRectF(in.right() - 2, in.top(), 2, in.height()), palette::kSearchHit);
+    }
+  }
   if (r.width() < 24) return;
   p.setPen(palette::text_on(c));
   const QRectF text_rect = r.adjusted(3, 0, -2, 0).intersected(row_rect);

@@ -92,6 +92,38 @@ class CollectiveModel : public QAbstractTableModel {
   std::vector<profiler::CollectiveStats> rows_;
 };
 
+// The spans of a time range by name, as Perfetto's area selection: count, time inside the range
+// (each span clipped to it), mean and largest clipped time, and share of the range's rank-time
+// (time over range length x the trace's ranks). Spans of kinds not in `kinds` are left out; a
+// span touching the range only at an end is not in it. Sorted by time, largest first.
+struct NameStats {
+  std::string name;
+  int64_t count = 0;
+  int64_t total_ns = 0;
+  int64_t max_ns = 0;
+  double share = 0;
+  int64_t mean_ns() const { return count ? total_ns / count : 0; }
+};
+std::vector<NameStats> range_by_name(const traces::Trace& t, int64_t t0_ns, int64_t t1_ns,
+                                     KindMask kinds = kAllKinds);
+
+// range_by_name as a table; Qt::UserRole gives the raw number (sort role of a proxy).
+class RangeByNameModel : public QAbstractTableModel {
+  Q_OBJECT
+ public:
+  using QAbstractTableModel::QAbstractTableModel;
+  enum Column { kName, kCount, kTotal, kMean, kMax, kShare, kColumnCount };
+  int rowCount(const QModelIndex& parent = {}) const override;
+  int columnCount(const QModelIndex& parent = {}) const override;
+  QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
+  QVariant headerData(int section, Qt::Orientation o, int role = Qt::DisplayRole) const override;
+  void set_rows(std::vector<NameStats> rows);
+  const std::vector<NameStats>& rows() const { return rows_; }
+
+ private:
+  std::vector<NameStats> rows_;
+};
+
 // Per-step differences of two runs (compare view). Display text is formatted; Qt::UserRole gives
 // the raw number (ns or %), for sorting and tests.
 class StepDiffModel : public QAbstractTableModel {

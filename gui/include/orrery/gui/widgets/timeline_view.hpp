@@ -46,6 +46,10 @@ class TimelineView : public QAbstractScrollArea {
   GroupBy group_by() const { return group_by_; }
   void set_hidden_lanes(const std::set<std::pair<int32_t, int32_t>>& hidden);
   void toggle_collapsed(const std::string& key);
+  // Spans drawn with a highlight outline (search matches): one flag per span of the trace, empty
+  // for none.
+  void set_highlighted(std::vector<uint8_t> flags);
+  bool is_highlighted(uint32_t span) const { return span < highlight_.size() && highlight_[span]; }
   // Counter tracks under each rank's lanes (on by default).
   void set_counters_visible(bool visible);
   bool counters_visible() const { return counters_visible_; }
@@ -152,7 +156,7 @@ class TimelineView : public QAbstractScrollArea {
   void paint_grid(QPainter& p, const Frame& f, double y, double height) const;
   size_t paint_lane_row(QPainter& p, const Frame& f, const LaneRow& row, double ry, double rh,
                         const QColor& bg, std::vector<DrawItem>& items) const;
-  void paint_span(QPainter& p, const Frame& f, const traces::Span& s, const QRectF& r,
+  void paint_span(QPainter& p, const Frame& f, uint32_t id, const QRectF& r,
                   const QRectF& row_rect) const;
   void paint_folded(QPainter& p, const Frame& f, const FoldSummary& fold, const QColor& bg,
                     const QRectF& r, const QRectF& row_rect) const;
@@ -178,6 +182,7 @@ class TimelineView : public QAbstractScrollArea {
   GroupBy group_by_ = GroupBy::Rank;
   std::set<std::pair<int32_t, int32_t>> hidden_;
   bool counters_visible_ = true;
+  std::vector<uint8_t> highlight_;
   LaneLayout layout_;
   TimeMapping map_;
   int64_t shift_ns_ = 0;
