@@ -23,6 +23,7 @@
 #include <QScrollBar>
 #include <QSettings>
 #include <QSpinBox>
+#include <QTableView>
 #include <QStatusBar>
 #include <QTest>
 #include <QUrl>
@@ -124,8 +125,8 @@ TEST_F(GuiApp, OpensZoomsPansSelectsAndSavesAScreenshot) {
   QWidget* vp = tl->viewport();
   ASSERT_TRUE(tl->document());
   EXPECT_EQ(tl->document()->trace.spans.size(), size_t(traces::synth_span_count(o)));
-  // A lane per rank and stream under a header per rank.
-  EXPECT_EQ(tl->lane_layout().rows().size(), size_t(o.ranks * 4));
+  // A lane per rank and stream under a header per rank, then the rank's 4 counter tracks.
+  EXPECT_EQ(tl->lane_layout().rows().size(), size_t(o.ranks * (4 + 4)));
   // Fit all on open: the whole trace is visible.
   EXPECT_LE(tl->visible_start_ns(), tl->index()->start_ns());
   EXPECT_GE(tl->visible_end_ns(), tl->index()->end_ns());
@@ -545,13 +546,13 @@ TEST_F(GuiApp, SearchFilterCollapseAndGroup) {
   const int y = static_cast<int>(TimelineView::kAxisHeight - tl->verticalScrollBar()->value() +
                                  rows[hdr].y + 5);
   QTest::mouseClick(tl->viewport(), Qt::LeftButton, Qt::NoModifier, QPoint(30, y));
-  EXPECT_EQ(tl->lane_layout().rows().size(), size_t(o.ranks * 4 - 3));
+  EXPECT_EQ(tl->lane_layout().rows().size(), size_t(o.ranks * 8 - 7));  // 3 lanes, 4 counters
 
   // Unchecking a lane in the lanes tree hides it.
   auto* lanes = const_cast<LaneTreeModel*>(win_->lane_model());
   ASSERT_EQ(lanes->rowCount(), o.ranks);
   lanes->setData(lanes->index(0, 0, lanes->index(2, 0)), Qt::Unchecked, Qt::CheckStateRole);
-  EXPECT_EQ(tl->lane_layout().rows().size(), size_t(o.ranks * 4 - 4));
+  EXPECT_EQ(tl->lane_layout().rows().size(), size_t(o.ranks * 8 - 8));
 
   win_->set_group_by(GroupBy::DP);  // synth ranks are all dp: one dp group
   EXPECT_EQ(tl->group_by(), GroupBy::DP);
@@ -859,4 +860,255 @@ TEST(GuiCli, ScreenshotModeRendersAndExits) {
               "-100000000000000000:100000000000000000", "--range", "0:100000000000000000", trace});
   ASSERT_TRUE(edge.waitForFinished(60000));
   EXPECT_EQ(edge.exitCode(), 0) << edge.readAllStandardError().toStdString();
+}
+
+namespace {
+
+traces::SynthOptions straggler_opts() {
+  traces::SynthOptions o = small_opts();
+  o.steps = 2;
+  o.straggler_rank = 2;
+  o.straggler_delay_ns = 300'000;
+  return o;
+}
+
+int64_t collective_on(const traces::Trace& t, int32_t rank, int64_t seq) {
+  for (size_t i = 0; i < t.spans.size(); ++i) {
+    const auto& s = t.spans[i];
+    if (s.kind == traces::SpanKind::Collective && s.rank == rank && s.seq == seq)
+      return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// How many pixels of colour c lie on the outline 1-2 px outside rect r (top and bottom edges).
+int outline_pixels(const QImage& img, const QRectF& r, const QColor& c) {
+  int n = 0;
+  for (int x = static_cast<int>(r.left()) + 2; x < static_cast<int>(r.right()) - 2; ++x) {
+    for (int y : {static_cast<int>(r.top()) - 2, static_cast<int>(r.top()) - 1,
+                  static_cast<int>(r.bottom()) + 1, static_cast<int>(r.bottom())}) {
+      if (x >= 0 && y >= 0 && x < img.width() && y < img.height() && img.pixelColor(x, y) == c) ++n;
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+// Selecting one member of a collective instance outlines the others (in the flow colour) and the
+// details list every rank with its start skew: the straggler (rank 2) arrived 300 us after the
+// others, which waited for it. Clicking another member selects it and keeps the same flow.
+TEST_F(GuiApp, SelectingACollectiveShowsItsFlowAndTheStartSkew) {
+  const QString path = write_synth("gui_flow_straggler.db", straggler_opts());
+  open(path);
+  TimelineView* tl = win_->timeline();
+  const auto& t = tl->document()->trace;
+  const int64_t s0 = collective_on(t, 0, 0);
+  const int64_t s1 = collective_on(t, 1, 0);
+  const int64_t s2 = collective_on(t, 2, 0);
+  ASSERT_GE(s0, 0);
+  tl->zoom_to(t.spans[static_cast<size_t>(s0)].start_ns - 500'000,
+              t.spans[static_cast<size_t>(s2)].end_ns + 500'000);
+  QApplication::processEvents();
+  const auto r1 = tl->span_rect(s1);
+  ASSERT_TRUE(r1.has_value());
+  const QImage before = tl->viewport()->grab().toImage();
+  EXPECT_EQ(outline_pixels(before, *r1, palette::kFlow), 0);
+
+  tl->select_span(s0);
+  QApplication::processEvents();
+  EXPECT_EQ(tl->flow_members().size(), 4u);
+  const QImage img = tl->viewport()->grab().toImage();
+  ASSERT_TRUE(img.save(kDir + "/gui_flow_collective.png"));
+  // Rank 1's member is outlined along its top and bottom edges.
+  EXPECT_GE(outline_pixels(img, *tl->span_rect(s1), palette::kFlow),
+            static_cast<int>(r1->width()) - 6);
+  const auto* d = win_->details_model();
+  EXPECT_EQ(d->value("Flow"), "all_reduce: 4 ranks, world, seq 0");
+  EXPECT_EQ(d->value("Start skew"), QString::fromStdString(orrery::format_duration_ns(300'000)));
+  EXPECT_EQ(d->value("Last to arrive"), "rank 2");
+  EXPECT_EQ(d->value("  rank 0"),
+            QString::fromStdString("+" + orrery::format_duration_ns(0) + ", waited " +
+                                   orrery::format_duration_ns(300'000)));
+
+  // A click on rank 1's member selects it; the flow and the details follow.
+  const QPoint p1 = tl->point_of_span(s1);
+  ASSERT_GE(p1.x(), 0);
+  send_mouse(tl->viewport(), QEvent::MouseButtonPress, p1, Qt::LeftButton, Qt::LeftButton);
+  send_mouse(tl->viewport(), QEvent::MouseButtonRelease, p1, Qt::LeftButton, Qt::NoButton);
+  EXPECT_EQ(tl->selected_span(), s1);
+  EXPECT_EQ(tl->flow_members().size(), 4u);
+  EXPECT_EQ(d->value("Last to arrive"), "rank 2");
+  EXPECT_EQ(d->value("Rank"), "1");
+}
+
+// A pipeline's send is linked to its receive on the next stage: the details say which ranks and
+// the skew of the receive's start (0 in the generator, whose transfers are instantaneous).
+TEST_F(GuiApp, SelectingASendShowsItsReceive) {
+  traces::SynthOptions o = small_opts();
+  o.pp = 2;
+  o.steps = 1;
+  const QString path = write_synth("gui_flow_p2p.db", o);
+  open(path);
+  TimelineView* tl = win_->timeline();
+  const auto& t = tl->document()->trace;
+  int64_t send = -1;
+  for (size_t i = 0; i < t.spans.size(); ++i) {
+    if (t.spans[i].op == traces::CollOp::Send && t.spans[i].rank == 0) {
+      send = static_cast<int64_t>(i);
+      break;
+    }
+  }
+  ASSERT_GE(send, 0);
+  tl->select_span(send, true);
+  ASSERT_EQ(tl->flow_members().size(), 2u);
+  const auto recv = tl->flow_members()[0] == static_cast<uint32_t>(send) ? tl->flow_members()[1]
+                                                                         : tl->flow_members()[0];
+  EXPECT_EQ(t.spans[recv].op, traces::CollOp::Recv);
+  EXPECT_EQ(t.spans[recv].rank, 1);
+  EXPECT_EQ(win_->details_model()->value("Flow"), "send rank 0 -> recv rank 1");
+  EXPECT_EQ(win_->details_model()->value("Start skew"),
+            QString::fromStdString("recv " + orrery::format_duration_ns(0) + " after send"));
+}
+
+// Counter tracks follow each rank's lanes, zoom with the timeline, draw their step function
+// (the line at a known column sits at the value's height) and give the value under the mouse.
+TEST(GuiTimeline, CounterTracksUnderEachRank) {
+  traces::Trace t;
+  const auto k = t.strings.intern("matmul");
+  const auto mem = t.strings.intern("mem.activations");
+  const auto loss = t.strings.intern("loss");
+  for (int32_t r = 0; r < 2; ++r) {
+    traces::Span s;
+    s.rank = r;
+    s.name = k;
+    s.start_ns = 0;
+    s.end_ns = 1'000;
+    t.spans.push_back(s);
+  }
+  t.counters.push_back({0, mem, 0, 0});
+  t.counters.push_back({0, mem, 400, 64 << 20});
+  t.counters.push_back({0, mem, 700, 16 << 20});
+  t.counters.push_back({1, loss, 0, 4.0});
+  t.counters.push_back({1, loss, 500, 2.5});
+  t.sort_spans();
+  TimelineView tl;
+  tl.resize(TimelineView::kLabelWidth + 500 + tl.verticalScrollBar()->sizeHint().width(), 400);
+  tl.show();
+  ASSERT_TRUE(QTest::qWaitForWindowExposed(&tl));
+  tl.set_document(make_document(std::move(t), "counters.db"));
+  tl.zoom_to(0, 1'000);
+  // rank 0, its lane, its counter; rank 1, its lane, its counter.
+  const auto& rows = tl.lane_layout().rows();
+  ASSERT_EQ(rows.size(), 6u);
+  EXPECT_EQ(rows[2].kind, LayoutRow::Kind::Counter);
+  EXPECT_EQ(rows[2].label, "mem.activations");
+  EXPECT_EQ(rows[5].kind, LayoutRow::Kind::Counter);
+  EXPECT_EQ(rows[5].label, "loss");
+  const auto& c0 = tl.document()->counters[0];
+  const double y0 = TimelineView::kAxisHeight + rows[2].y;
+  const QImage img = tl.viewport()->grab().toImage();
+  ASSERT_TRUE(img.save(kDir + "/gui_counter_tracks.png"));
+  // At t = 550 the value is 64 MiB (the maximum: the top of the chart), at t = 850 16 MiB.
+  auto x_at = [&](int64_t ns) {
+    return TimelineView::kLabelWidth + static_cast<int>(std::floor(tl.mapping().x_of(ns)));
+  };
+  const int y_top = static_cast<int>(TimelineView::counter_y(c0, 64 << 20, y0, rows[2].height));
+  const int y_low = static_cast<int>(TimelineView::counter_y(c0, 16 << 20, y0, rows[2].height));
+  EXPECT_LT(y_top, y_low);
+  EXPECT_EQ(img.pixelColor(x_at(550), y_top), palette::kCounterLine);
+  EXPECT_EQ(img.pixelColor(x_at(850), y_low), palette::kCounterLine);
+  EXPECT_EQ(img.pixelColor(x_at(850), y_top), palette::kLaneOdd);  // above the line: background
+  EXPECT_EQ(img.pixelColor(x_at(850), y_low + 3), palette::kCounterFill);  // below it: the area
+  // Hover: the value in effect.
+  const QPoint over_loss(x_at(600), static_cast<int>(TimelineView::kAxisHeight + rows[5].y + 10));
+  const auto hit = tl.counter_at_point(over_loss);
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(hit->value, 2.5);
+  EXPECT_TRUE(tl.tooltip_at(over_loss).contains("<b>loss</b></td><td>2.5<"))
+      << tl.tooltip_at(over_loss).toStdString();
+  const QPoint over_mem(x_at(550), y_top);
+  EXPECT_TRUE(
+      tl.tooltip_at(over_mem).contains(QString::fromStdString(orrery::format_bytes(64 << 20))));
+  // Zooming moves the step with the timeline.
+  tl.zoom_to(600, 1'000);
+  const QImage zoomed = tl.viewport()->grab().toImage();
+  EXPECT_EQ(zoomed.pixelColor(x_at(850), y_low), palette::kCounterLine);
+  EXPECT_EQ(zoomed.pixelColor(x_at(650), y_top), palette::kCounterLine);
+  // Switched off, the tracks go.
+  tl.set_counters_visible(false);
+  EXPECT_EQ(tl.lane_layout().rows().size(), 4u);
+}
+
+// A shift-drag-style range over the whole trace fills the by-name table: per layer forward, one
+// span per rank and step of forward_ns; the table sorts by any column through its proxy.
+TEST_F(GuiApp, RangeSelectionListsTheSpansByName) {
+  const traces::SynthOptions o = small_opts();
+  open(write_synth("gui_range_names.db", o));
+  TimelineView* tl = win_->timeline();
+  int ready = 0;
+  auto c = QObject::connect(win_.get(), &MainWindow::rangeMetricsReady, [&] { ++ready; });
+  win_->select_range(tl->index()->start_ns(), tl->index()->end_ns());
+  ASSERT_TRUE(wait_for([&] { return ready > 0; }));
+  QObject::disconnect(c);
+  const auto& rows = win_->range_names_model()->rows();
+  const NameStats* fwd = nullptr;
+  for (const auto& r : rows)
+    if (r.name == "layers.1.forward") fwd = &r;
+  ASSERT_NE(fwd, nullptr);
+  EXPECT_EQ(fwd->count, o.ranks * o.steps);
+  EXPECT_EQ(fwd->total_ns, int64_t(o.ranks) * o.steps * o.forward_ns);
+  EXPECT_EQ(fwd->max_ns, o.forward_ns);
+  const double len = static_cast<double>(tl->index()->end_ns() - tl->index()->start_ns());
+  EXPECT_DOUBLE_EQ(fwd->share, static_cast<double>(fwd->total_ns) / (len * o.ranks));
+  // The view: largest total first ("step" phases cover every rank's whole run).
+  QTableView* v = win_->range_names_view();
+  EXPECT_EQ(v->model()->index(0, RangeByNameModel::kName).data().toString(), "step");
+  // Sorted by count, ascending: a name with the fewest spans (one per rank and step) first.
+  v->sortByColumn(RangeByNameModel::kCount, Qt::AscendingOrder);
+  EXPECT_EQ(v->model()->index(0, RangeByNameModel::kCount).data(Qt::UserRole).toLongLong(),
+            o.ranks * o.steps);
+  v->sortByColumn(RangeByNameModel::kCount, Qt::DescendingOrder);
+  // The all-reduces: layers / layers_per_bucket per rank and step.
+  EXPECT_EQ(v->model()->index(0, RangeByNameModel::kName).data().toString(), "all_reduce");
+  EXPECT_EQ(v->model()->index(0, RangeByNameModel::kCount).data(Qt::UserRole).toLongLong(),
+            o.ranks * o.steps * (o.layers / o.layers_per_bucket));
+}
+
+// A search frames every match in the timeline and says how many there are and their total time.
+TEST_F(GuiApp, SearchHighlightsEveryMatchWithCountAndTotal) {
+  const traces::SynthOptions o = small_opts();
+  open(write_synth("gui_search_hl.db", o));
+  TimelineView* tl = win_->timeline();
+  const auto& t = tl->document()->trace;
+  win_->search("layers.1.forward");
+  EXPECT_EQ(win_->search_status().toStdString(),
+            std::to_string(o.ranks * o.steps) + " matches, " +
+                orrery::format_duration_ns(static_cast<double>(o.ranks * o.steps * o.forward_ns)));
+  // Zoomed on step 0's forward pass: rank 1's match is framed, its neighbour is not.
+  int64_t m = -1, other = -1;
+  for (size_t i = 0; i < t.spans.size(); ++i) {
+    const auto& s = t.spans[i];
+    if (s.rank == 1 && s.step == 0 && t.name_of(s) == "layers.1.forward")
+      m = static_cast<int64_t>(i);
+    if (s.rank == 1 && s.step == 0 && t.name_of(s) == "layers.2.forward")
+      other = static_cast<int64_t>(i);
+  }
+  ASSERT_GE(m, 0);
+  ASSERT_GE(other, 0);
+  EXPECT_TRUE(tl->is_highlighted(static_cast<uint32_t>(m)));
+  EXPECT_FALSE(tl->is_highlighted(static_cast<uint32_t>(other)));
+  tl->zoom_to(t.spans[static_cast<size_t>(m)].start_ns - 2'000'000,
+              t.spans[static_cast<size_t>(other)].end_ns + 2'000'000);
+  QApplication::processEvents();
+  const QImage img = tl->viewport()->grab().toImage();
+  ASSERT_TRUE(img.save(kDir + "/gui_search_highlight.png"));
+  const auto rm = tl->span_rect(m), ro = tl->span_rect(other);
+  ASSERT_TRUE(rm && ro);
+  const int cy = static_cast<int>(rm->center().y());
+  EXPECT_EQ(img.pixelColor(static_cast<int>(rm->left()) + 1, cy), palette::kSearchHit);
+  EXPECT_NE(img.pixelColor(static_cast<int>(ro->left()) + 1, cy), palette::kSearchHit);
+  win_->search("");
+  EXPECT_FALSE(tl->is_highlighted(static_cast<uint32_t>(m)));
+  EXPECT_EQ(win_->search_status(), "");
 }

@@ -17,6 +17,8 @@ std::shared_ptr<TraceDocument> make_document(traces::Trace t, std::string path) 
   doc->path = path.empty() ? t.path : std::move(path);
   doc->trace = std::move(t);
   doc->index = TraceIndex(doc->trace);
+  doc->flows = FlowIndex(doc->trace);
+  doc->counters = counter_tracks(doc->trace);
   return doc;
 }
 

@@ -76,7 +76,8 @@ void LaneLayout::set_collapsed(const std::string& key, bool collapsed) {
 }
 
 void LaneLayout::build(const TraceIndex& index, const std::vector<traces::RankInfo>& infos,
-                       GroupBy by, const std::set<std::pair<int32_t, int32_t>>& hidden_lanes) {
+                       GroupBy by, const std::set<std::pair<int32_t, int32_t>>& hidden_lanes,
+                       const std::vector<CounterTrack>* counters) {
   rows_.clear();
   double y = 0;
   auto add = [&](LayoutRow r, double h) {
@@ -134,6 +135,19 @@ void LaneLayout::build(const TraceIndex& index, const std::vector<traces::RankIn
         r.indent = grouped ? 2 : 1;
         r.label = lanes[static_cast<size_t>(li)].name;
         add(std::move(r), lane_height(lanes[static_cast<size_t>(li)].rows.size()));
+      }
+      if (!counters) continue;
+      // The tracks are sorted by rank: the first of this rank's, by binary search.
+      auto it = std::lower_bound(counters->begin(), counters->end(), rank,
+                                 [](const CounterTrack& c, int32_t r) { return c.rank < r; });
+      for (; it != counters->end() && it->rank == rank; ++it) {
+        LayoutRow r;
+        r.kind = LayoutRow::Kind::Counter;
+        r.counter = static_cast<int>(it - counters->begin());
+        r.rank = rank;
+        r.indent = grouped ? 2 : 1;
+        r.label = it->name;
+        add(std::move(r), kCounterHeight);
       }
     }
   }

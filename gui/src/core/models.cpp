@@ -1,6 +1,7 @@
 // The panels' item models (see models.hpp).
 #include "orrery/gui/models.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "orrery/common/format.hpp"
@@ -132,12 +133,52 @@ QString KeyValueModel::value(const QString& key) const {
   return {};
 }
 
-void SpanDetailsModel::set_span(const traces::Trace* t, int64_t span, int64_t zero_ns) {
+std::vector<std::pair<std::string, std::string>> flow_attributes(const traces::Trace& t,
+                                                                 const FlowInfo& f) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (f.kind == FlowKind::None || f.members.empty()) return out;
+  auto dur = [](int64_t ns) { return format_duration_ns(static_cast<double>(ns)); };
+  if (f.kind == FlowKind::P2P) {
+    const auto& s = t.spans[f.send];
+    const auto& r = t.spans[f.recv];
+    out.emplace_back(
+        "Flow", "send rank " + std::to_string(s.rank) + " -> recv rank " + std::to_string(r.rank));
+    // A receive posted before its send waits for it; a send posted first waits for the receive.
+    const int64_t d = r.start_ns - s.start_ns;
+    out.emplace_back("Start skew", d >= 0 ? "recv " + dur(d) + " after send"
+                                          : "recv " + dur(-d) + " before send");
+  } else {
+    const auto& first = t.spans[f.members.front().span];
+    std::string what = t.name_of(first) + ": " + std::to_string(f.members.size()) + " ranks";
+    if (const auto* c = t.comm(f.comm)) what += ", " + c->name;
+    what += ", seq " + std::to_string(f.seq);
+    out.emplace_back("Flow", what);
+    out.emplace_back("Start skew", dur(f.spread_ns));
+    out.emplace_back("Last to arrive", "rank " + std::to_string(f.last_rank));
+  }
+  constexpr size_t kMaxMembers = 64;
+  for (size_t i = 0; i < f.members.size() && i < kMaxMembers; ++i) {
+    const auto& m = f.members[i];
+    out.emplace_back("  rank " + std::to_string(m.rank),
+                     "+" + dur(m.skew_ns) + ", waited " + dur(m.wait_ns));
+  }
+  if (f.members.size() > kMaxMembers) {
+    out.emplace_back("  ...", std::to_string(f.members.size() - kMaxMembers) + " more ranks");
+  }
+  return out;
+}
+
+void SpanDetailsModel::set_span(const traces::Trace* t, int64_t span, int64_t zero_ns,
+                                const FlowIndex* flows) {
   span_ = (t && span >= 0 && static_cast<size_t>(span) < t->spans.size()) ? span : -1;
   std::vector<std::pair<QString, QString>> rows;
   if (span_ >= 0) {
     for (auto& [k, v] : span_attributes(*t, static_cast<uint32_t>(span_), zero_ns))
       rows.emplace_back(q(k), q(v));
+    if (flows) {
+      for (auto& [k, v] : flow_attributes(*t, flows->flow_of(*t, static_cast<uint32_t>(span_))))
+        rows.emplace_back(q(k), q(v));
+    }
   }
   set_rows(std::move(rows));
 }
@@ -484,6 +525,109 @@ Qt::ItemFlags LaneTreeModel::flags(const QModelIndex& index) const {
 QVariant LaneTreeModel::headerData(int section, Qt::Orientation o, int role) const {
   if (role != Qt::DisplayRole || o != Qt::Horizontal || section != 0) return {};
   return QStringLiteral("Lanes");
+}
+
+}  // namespace orrery::gui
+
+namespace orrery::gui {
+
+std::vector<NameStats> range_by_name(const traces::Trace& t, int64_t t0_ns, int64_t t1_ns,
+                                     KindMask kinds) {
+  if (t1_ns < t0_ns) std::swap(t0_ns, t1_ns);
+  std::vector<NameStats> by_id(t.strings.size());
+  std::set<int32_t> ranks;
+  for (const auto& r : t.ranks) ranks.insert(r.rank);
+  for (const auto& s : t.spans) {
+    ranks.insert(s.rank);
+    if (!(kinds & kind_bit(s.kind))) continue;
+    // Overlapping the range; a zero-length span inside it counts too (for no time).
+    const bool overlaps = s.end_ns > t0_ns && s.start_ns < t1_ns;
+    const bool instant = s.start_ns == s.end_ns && s.start_ns >= t0_ns && s.start_ns < t1_ns;
+    if (!overlaps && !instant) continue;
+    if (s.name >= by_id.size()) continue;
+    const int64_t clipped = std::min(s.end_ns, t1_ns) - std::max(s.start_ns, t0_ns);
+    auto& n = by_id[s.name];
+    ++n.count;
+    n.total_ns += std::max<int64_t>(0, clipped);
+    n.max_ns = std::max(n.max_ns, clipped);
+  }
+  const double rank_time =
+      static_cast<double>(t1_ns - t0_ns) * static_cast<double>(std::max<size_t>(1, ranks.size()));
+  std::vector<NameStats> out;
+  for (size_t i = 0; i < by_id.size(); ++i) {
+    if (by_id[i].count == 0) continue;
+    NameStats n = by_id[i];
+    n.name = t.strings.str(static_cast<traces::NameId>(i));
+    n.share = rank_time > 0 ? static_cast<double>(n.total_ns) / rank_time : 0;
+    out.push_back(std::move(n));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const NameStats& a, const NameStats& b) {
+    return a.total_ns != b.total_ns ? a.total_ns > b.total_ns : a.name < b.name;
+  });
+  return out;
+}
+
+int RangeByNameModel::rowCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : static_cast<int>(rows_.size());
+}
+int RangeByNameModel::columnCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : kColumnCount;
+}
+
+QVariant RangeByNameModel::data(const QModelIndex& index, int role) const {
+  if (!index.isValid() || index.row() >= static_cast<int>(rows_.size())) return {};
+  const auto& n = rows_[static_cast<size_t>(index.row())];
+  auto dur = [](int64_t ns) { return q(format_duration_ns(static_cast<double>(ns))); };
+  if (role == Qt::UserRole) {
+    switch (index.column()) {
+      case kName:
+        return q(n.name);
+      case kCount:
+        return QVariant::fromValue<qlonglong>(n.count);
+      case kTotal:
+        return QVariant::fromValue<qlonglong>(n.total_ns);
+      case kMean:
+        return QVariant::fromValue<qlonglong>(n.mean_ns());
+      case kMax:
+        return QVariant::fromValue<qlonglong>(n.max_ns);
+      case kShare:
+        return n.share;
+      default:
+        return {};
+    }
+  }
+  if (role == Qt::TextAlignmentRole && index.column() > kName) {
+    return QVariant::fromValue(Qt::AlignRight | Qt::AlignVCenter);
+  }
+  if (role != Qt::DisplayRole) return {};
+  switch (index.column()) {
+    case kName:
+      return q(n.name);
+    case kCount:
+      return QString::number(n.count);
+    case kTotal:
+      return dur(n.total_ns);
+    case kMean:
+      return dur(n.mean_ns());
+    case kMax:
+      return dur(n.max_ns);
+    case kShare:
+      return QStringLiteral("%1 %").arg(100.0 * n.share, 0, 'f', 1);
+    default:
+      return {};
+  }
+}
+
+QVariant RangeByNameModel::headerData(int section, Qt::Orientation o, int role) const {
+  if (o != Qt::Horizontal || role != Qt::DisplayRole) return {};
+  static const char* const kNames[] = {"Name", "Count", "Total", "Mean", "Max", "Share"};
+  return section >= 0 && section < kColumnCount ? QString(kNames[section]) : QVariant();
+}
+
+void RangeByNameModel::set_rows(std::vector<NameStats> rows) {
+  beginResetModel();
+  rows_ = std::move(rows);
+  endResetModel();
 }
 
 }  // namespace orrery::gui

@@ -50,6 +50,8 @@ CompareView::CompareView(QWidget* parent) : QWidget(parent) {
             .arg(palette::kCompareTitle.name()));
     l->addWidget(label);
     view = new TimelineView(w);
+    // Half a window each: the spans, without the counter tracks (the timeline tab has them).
+    view->set_counters_visible(false);
     l->addWidget(view, 1);
     split->addWidget(w);
   };

@@ -21,6 +21,7 @@
 #include <QScreen>
 #include <QSettings>
 #include <QShortcut>
+#include <QSortFilterProxyModel>
 #include <QSplitter>
 #include <QStatusBar>
 #include <QTabWidget>
@@ -242,6 +243,7 @@ void MainWindow::build_menus() {
     if (!text.isEmpty()) return;
     search_.clear();
     search_label_->clear();
+    timeline_->set_highlighted({});
   });
   tb->addAction(tr("Previous"), this, &MainWindow::search_previous)
       ->setShortcut(QKeySequence::FindPrevious);
@@ -302,6 +304,15 @@ void MainWindow::build_docks() {
   coll_view_ = make_table(&collectives_, range_box);
   coll_view_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
   range_layout->addWidget(coll_view_, 2);
+  // The range's spans by name, sortable by any column (raw numbers), largest time first.
+  auto* names_proxy = new QSortFilterProxyModel(range_box);
+  names_proxy->setSourceModel(&range_names_);
+  names_proxy->setSortRole(Qt::UserRole);
+  names_view_ = make_table(names_proxy, range_box);
+  names_view_->setObjectName("rangeNamesView");
+  names_view_->setSortingEnabled(true);
+  names_view_->sortByColumn(RangeByNameModel::kTotal, Qt::DescendingOrder);
+  range_layout->addWidget(names_view_, 3);
   split->addWidget(sel_box);
   split->addWidget(range_box);
   split->setSizes({380, 520});
@@ -369,6 +380,7 @@ void MainWindow::close_current_document() {
     collectives_.set_collectives({});
     search_.clear();
     search_label_->clear();
+    timeline_->set_highlighted({});
     setWindowTitle(tr("Orrery"));
     update_status();
     refresh_compare_and_charts();
@@ -601,7 +613,8 @@ void MainWindow::show_tab(const QString& name) {
 
 void MainWindow::on_span_selected(TimelineView* src, qint64 span) {
   auto d = src->document();
-  details_.set_span(d ? &d->trace : nullptr, span, src->index() ? src->index()->start_ns() : 0);
+  details_.set_span(d ? &d->trace : nullptr, span, src->index() ? src->index()->start_ns() : 0,
+                    d ? &d->flows : nullptr);
   details_view_->resizeColumnToContents(0);
 }
 
@@ -614,7 +627,8 @@ void MainWindow::on_range_selected(TimelineView* src, qint64 t0, qint64 t1) {
   range_note_->setText(tr("Computing..."));
   auto* w = new QFutureWatcher<std::shared_ptr<const profiler::Metrics>>(this);
   jobs_.push_back(w);
-  connect(w, &QFutureWatcherBase::finished, this, [this, w, gen, t0, t1, d] {
+  const KindMask kinds = src->kind_mask();
+  connect(w, &QFutureWatcherBase::finished, this, [this, w, gen, t0, t1, d, kinds] {
     jobs_.erase(std::remove(jobs_.begin(), jobs_.end(), w), jobs_.end());
     auto m = w->result();
     w->deleteLater();
@@ -624,6 +638,8 @@ void MainWindow::on_range_selected(TimelineView* src, qint64 t0, qint64 t1) {
       return;
     }
     range_metrics_.set_metrics(*m, t0, t1, d->index.start_ns());
+    range_names_.set_rows(range_by_name(d->trace, t0, t1, kinds));
+    names_view_->resizeColumnToContents(0);
     collectives_.set_collectives(m->collectives);
     range_view_->resizeColumnToContents(0);
     range_note_->setText(
@@ -650,17 +666,35 @@ void MainWindow::search(const QString& text) {
   if (text.isEmpty()) {  // an empty query matches nothing and says nothing
     search_.clear();
     search_label_->clear();
+    timeline_->set_highlighted({});
     return;
   }
   search_.run(d->trace, text.toStdString(), timeline_->kind_mask());
-  search_label_->setText(search_.size() ? tr("%1 matches").arg(search_.size()) : tr("no match"));
+  // Every match is framed in the timeline.
+  std::vector<uint8_t> flags(d->trace.spans.size(), 0);
+  for (uint32_t m : search_.matches()) flags[m] = 1;
+  timeline_->set_highlighted(std::move(flags));
+  search_label_->setText(search_status());
+}
+
+QString MainWindow::search_status() const {
+  auto d = current_document();
+  if (!d || search_edit_->text().isEmpty()) return {};
+  if (search_.size() == 0) return tr("no match");
+  int64_t total = 0;
+  for (uint32_t m : search_.matches()) total += d->trace.spans[m].duration_ns();
+  const QString where = search_.current() >= 0 ? tr("%1 / ").arg(search_.current() + 1) : QString();
+  return tr("%1%2 matches, %3")
+      .arg(where)
+      .arg(search_.size())
+      .arg(QString::fromStdString(format_duration_ns(static_cast<double>(total))));
 }
 
 void MainWindow::search_next() {
   const int64_t s = search_.next();
   if (s >= 0) {
     timeline_->select_span(s, true);
-    search_label_->setText(tr("%1 / %2").arg(search_.current() + 1).arg(search_.size()));
+    search_label_->setText(search_status());
   }
 }
 
@@ -668,7 +702,7 @@ bool MainWindow::search_from(int64_t t_ns) {
   const int64_t s = search_.first_at_or_after(t_ns);
   if (s < 0) return false;
   timeline_->select_span(s, true);
-  search_label_->setText(tr("%1 / %2").arg(search_.current() + 1).arg(search_.size()));
+  search_label_->setText(search_status());
   return true;
 }
 
@@ -676,7 +710,7 @@ void MainWindow::search_previous() {
   const int64_t s = search_.previous();
   if (s >= 0) {
     timeline_->select_span(s, true);
-    search_label_->setText(tr("%1 / %2").arg(search_.current() + 1).arg(search_.size()));
+    search_label_->setText(search_status());
   }
 }
 

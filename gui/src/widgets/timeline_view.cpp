@@ -51,6 +51,8 @@ void TimelineView::set_empty_message(const QString& text) {
 void TimelineView::set_document(std::shared_ptr<TraceDocument> doc) {
   doc_ = std::move(doc);
   selected_ = -1;
+  flow_.clear();
+  highlight_.clear();
   hovered_ = -1;
   has_range_ = false;
   fitted_ = false;
@@ -77,7 +79,8 @@ void TimelineView::rebuild_index() {
 
 void TimelineView::relayout() {
   if (index_) {
-    layout_.build(*index_, doc_->trace.ranks, group_by_, hidden_);
+    layout_.build(*index_, doc_->trace.ranks, group_by_, hidden_,
+                  counters_visible_ ? &doc_->counters : nullptr);
   } else {
     layout_ = LaneLayout();
   }
@@ -95,6 +98,7 @@ void TimelineView::set_kind_mask(KindMask kinds) {
   if (selected_ >= 0 && doc_ &&
       !(kinds_ & kind_bit(doc_->trace.spans[static_cast<size_t>(selected_)].kind))) {
     selected_ = -1;
+    flow_.clear();
     emit spanSelected(-1);
   }
   rebuild_index();
@@ -107,6 +111,17 @@ void TimelineView::set_group_by(GroupBy by) {
 
 void TimelineView::set_hidden_lanes(const std::set<std::pair<int32_t, int32_t>>& hidden) {
   hidden_ = hidden;
+  relayout();
+}
+
+void TimelineView::set_highlighted(std::vector<uint8_t> flags) {
+  highlight_ = std::move(flags);
+  viewport()->update();
+}
+
+void TimelineView::set_counters_visible(bool visible) {
+  if (visible == counters_visible_) return;
+  counters_visible_ = visible;
   relayout();
 }
 
@@ -214,6 +229,7 @@ void TimelineView::pan_by_px(double dx) {
 void TimelineView::select_span(int64_t span, bool reveal) {
   if (!doc_ || span < 0 || static_cast<size_t>(span) >= doc_->trace.spans.size()) span = -1;
   selected_ = span;
+  flow_ = span >= 0 ? doc_->flows.members_of(static_cast<uint32_t>(span)) : std::vector<uint32_t>{};
   if (span >= 0 && reveal && index_) {
     const auto& s = doc_->trace.spans[static_cast<size_t>(span)];
     // Make its lane visible: un-hide, expand its rank and group.
@@ -346,7 +362,13 @@ QString TimelineView::tooltip_at(QPoint p) const {
     return "<tr><td><b>" + k.toHtmlEscaped() + "</b></td><td>" + v.toHtmlEscaped() + "</td></tr>";
   };
   QString html;
-  if (const int64_t span = span_at_point(p); span >= 0) {
+  if (const auto c = counter_at_point(p)) {
+    html += row(QString::fromStdString(c->track->name),
+                QString::fromStdString(format_counter(c->track->name, c->value)));
+    html += row(tr("Rank"), QString::number(c->track->rank));
+    html += row(tr("At"), QString::fromStdString(format_duration_ns(
+                              static_cast<double>(c->t_ns - index_->start_ns()))));
+  } else if (const int64_t span = span_at_point(p); span >= 0) {
     for (auto& [k, v] :
          span_attributes(doc_->trace, static_cast<uint32_t>(span), index_->start_ns(), true)) {
       html += row(QString::fromStdString(k), QString::fromStdString(v));
@@ -429,6 +451,7 @@ void TimelineView::paintEvent(QPaintEvent*) {
   p.setClipRect(0, kAxisHeight, f.width, f.height - kAxisHeight);
   last_items_ = paint_rows(p, f);
   paint_label_border(p, f);
+  paint_flow(p, f);
   paint_selection(p, f);
   paint_range(p, f);
   paint_range_length(p, f);
@@ -453,6 +476,10 @@ size_t TimelineView::paint_rows(QPainter& p, const Frame& f) const {
     const auto& lr = rows[ri];
     const double y = f.top + lr.y;
     if (y > f.height) break;
+    if (lr.kind == LayoutRow::Kind::Counter) {
+      paint_counter(p, f, lr, y, (lane_parity++ % 2) != 0);
+      continue;
+    }
     if (lr.kind != LayoutRow::Kind::Lane) {
       paint_header(p, f, lr, y);
       lane_parity = 0;
@@ -528,7 +555,7 @@ size_t TimelineView::paint_lane_row(QPainter& p, const Frame& f, const LaneRow& 
     const double w = std::max(1.0, x1 - x0);
     const QRectF r(kLabelWidth + x0, ry, w, rh);
     if (it.count == 1) {
-      paint_span(p, f, doc_->trace.spans[row.span[it.first]], r, row_rect);
+      paint_span(p, f, row.span[it.first], r, row_rect);
     } else {
       paint_folded(p, f, summarize(row, it), bg, r, row_rect);
     }
@@ -536,10 +563,20 @@ size_t TimelineView::paint_lane_row(QPainter& p, const Frame& f, const LaneRow& 
   return items.size();
 }
 
-void TimelineView::paint_span(QPainter& p, const Frame& f, const traces::Span& s, const QRectF& r,
+void TimelineView::paint_span(QPainter& p, const Frame& f, uint32_t id, const QRectF& r,
                               const QRectF& row_rect) const {
+  const traces::Span& s = doc_->trace.spans[id];
   const QColor c = palette::span_color(s.kind, s.name);
   p.fillRect(r, c);
+  if (is_highlighted(id)) {  // a search match: a 2 px frame inside the span
+    const QRectF in = r.intersected(row_rect.adjusted(-2, 0, 2, 0));
+    p.fillRect(QRectF(in.left(), in.top(), in.width(), 2), palette::kSearchHit);
+    p.fillRect(QRectF(in.left(), in.bottom() - 2, in.width(), 2), palette::kSearchHit);
+    if (in.width() > 4) {
+      p.fillRect(QRectF(in.left(), in.top(), 2, in.height()), palette::kSearchHit);
+      p.fillRect(QRectF(in.right() - 2, in.top(), 2, in.height()), palette::kSearchHit);
+    }
+  }
   if (r.width() < 24) return;
   p.setPen(palette::text_on(c));
   const QRectF text_rect = r.adjusted(3, 0, -2, 0).intersected(row_rect);
@@ -577,6 +614,70 @@ void TimelineView::paint_lane_label(QPainter& p, const Frame& f, const LayoutRow
   p.drawLine(QPointF(0, y + lr.height - 0.5), QPointF(f.width, y + lr.height - 0.5));
 }
 
+double TimelineView::counter_y(const CounterTrack& c, double v, double y, double h) {
+  // From 0 (or the track's minimum when it is negative) at the bottom to its maximum at the top.
+  const double lo = std::min(0.0, c.min), hi = std::max(c.max, lo + 1e-300);
+  const double frac = hi > lo ? (v - lo) / (hi - lo) : 0.0;
+  return std::round(y + h - 3 - frac * (h - 7));
+}
+
+void TimelineView::paint_counter(QPainter& p, const Frame& f, const LayoutRow& lr, double y,
+                                 bool odd) const {
+  const auto& c = doc_->counters[static_cast<size_t>(lr.counter)];
+  p.fillRect(QRectF(0, y, f.width, lr.height), odd ? palette::kLaneOdd : palette::kLaneEven);
+  paint_grid(p, f, y, lr.height);
+  std::vector<CounterColumn> cols;
+  fold_counter(c, f.tm, f.track_width, index_->end_ns(), cols);
+  p.save();
+  p.setClipRect(
+      QRectF(kLabelWidth, y, f.track_width, lr.height)
+          .intersected(QRectF(kLabelWidth, kAxisHeight, f.track_width, f.height - kAxisHeight)));
+  const double base = counter_y(c, std::min(0.0, c.min), y, lr.height);
+  double prev = std::nan("");
+  for (const auto& col : cols) {
+    const double x = kLabelWidth + col.x;
+    // The area under the step function, then its line: the column's span of values joined to the
+    // previous column's last value, so steps read as vertical edges.
+    const double y_hi = counter_y(c, col.hi, y, lr.height);
+    const double y_lo = counter_y(c, col.lo, y, lr.height);
+    if (base > y_lo) p.fillRect(QRectF(x, y_lo + 1, 1, base - y_lo), palette::kCounterFill);
+    double top = y_hi, bottom = y_lo;
+    if (!std::isnan(prev)) {
+      top = std::min(top, prev);
+      bottom = std::max(bottom, prev);
+    }
+    p.fillRect(QRectF(x, top, 1, bottom - top + 1), palette::kCounterLine);
+    prev = counter_y(c, col.last, y, lr.height);
+  }
+  p.restore();
+  // The label: the counter's name and its largest value.
+  const QRectF label_rect(0, y, kLabelWidth, lr.height);
+  p.fillRect(label_rect, palette::kLaneLabel);
+  p.setPen(palette::kLaneLabelText);
+  const QRectF text = label_rect.adjusted(8 + lr.indent * 12, 1, -4, -1);
+  p.drawText(text, Qt::AlignTop | Qt::AlignLeft,
+             f.fm.elidedText(QString::fromStdString(lr.label), Qt::ElideRight,
+                             static_cast<int>(text.width())));
+  p.setPen(palette::kScaleText);
+  p.drawText(text, Qt::AlignBottom | Qt::AlignLeft,
+             tr("max %1").arg(QString::fromStdString(format_counter(c.name, c.max))));
+  p.setPen(palette::kLaneSeparator);
+  p.drawLine(QPointF(0, y + lr.height - 0.5), QPointF(f.width, y + lr.height - 0.5));
+}
+
+std::optional<TimelineView::CounterHit> TimelineView::counter_at_point(QPoint p) const {
+  if (!index_ || !doc_ || p.x() < kLabelWidth || p.y() < kAxisHeight) return std::nullopt;
+  const int r = layout_.row_at(p.y() - lane_top());
+  if (r < 0) return std::nullopt;
+  const auto& lr = layout_.rows()[static_cast<size_t>(r)];
+  if (lr.kind != LayoutRow::Kind::Counter) return std::nullopt;
+  const auto& c = doc_->counters[static_cast<size_t>(lr.counter)];
+  const int64_t t = trace_mapping().t_floor(p.x() - kLabelWidth);
+  const auto v = counter_value_at(c, t);
+  if (!v) return std::nullopt;
+  return CounterHit{&c, t, *v};
+}
+
 void TimelineView::paint_label_border(QPainter& p, const Frame& f) const {
   p.setPen(palette::kBorder);
   p.drawLine(QPointF(kLabelWidth - 0.5, kAxisHeight), QPointF(kLabelWidth - 0.5, f.height));
@@ -601,6 +702,80 @@ void TimelineView::paint_selection(QPainter& p, const Frame& f) const {
   p.setPen(QPen(palette::kSelectionHalo, 1));
   p.drawRect(QRectF(kLabelWidth + x0 - 2.5, y - 2.5, std::max(2.0, x1 - x0) + 5,
                     LaneLayout::kRowHeight + 3));
+}
+
+std::optional<QRectF> TimelineView::span_rect(int64_t span) const {
+  if (!doc_ || !index_ || span < 0 || static_cast<size_t>(span) >= doc_->trace.spans.size())
+    return std::nullopt;
+  const auto& s = doc_->trace.spans[static_cast<size_t>(span)];
+  const int row = index_->row_of(static_cast<uint32_t>(span));
+  const int r = layout_.row_of_lane(index_->lane_of(s.rank, s.stream));
+  if (row < 0 || r < 0) return std::nullopt;
+  const TimeMapping tm = trace_mapping();
+  const double y =
+      lane_top() + layout_.rows()[static_cast<size_t>(r)].y + row * LaneLayout::kRowHeight + 1;
+  const double x0 = kLabelWidth + tm.x_of(s.start_ns);
+  const double x1 = kLabelWidth + tm.x_of(s.end_ns);
+  return QRectF(x0, y, std::max(1.0, x1 - x0), LaneLayout::kRowHeight - 2);
+}
+
+void TimelineView::paint_flow(QPainter& p, const Frame& f) const {
+  if (flow_.size() < 2 || selected_ < 0) return;
+  p.save();
+  p.setClipRect(kLabelWidth, kAxisHeight, f.track_width, f.height - kAxisHeight);
+  p.setRenderHint(QPainter::Antialiasing, true);
+  const auto& spans = doc_->trace.spans;
+  // Rectangles clamped to a little past the track, so lines to far-off members stay finite.
+  auto rect_of = [&](uint32_t id) -> std::optional<QRectF> {
+    auto r = span_rect(id);
+    if (!r) return r;
+    const double lo = kLabelWidth - 1e5, hi = kLabelWidth + f.track_width + 1e5;
+    const double x0 = std::clamp(r->left(), lo, hi), x1 = std::clamp(r->right(), lo, hi);
+    return QRectF(x0, r->top(), std::max(1.0, x1 - x0), r->height());
+  };
+  auto arrow = [&](QPointF a, QPointF b) {
+    p.setPen(QPen(palette::kFlow, 1.5));
+    p.drawLine(a, b);
+    const double dx = b.x() - a.x(), dy = b.y() - a.y();
+    const double len = std::hypot(dx, dy);
+    if (len < 1) return;
+    const double ux = dx / len, uy = dy / len;
+    QPolygonF head;
+    head << b << QPointF(b.x() - 8 * ux + 4 * uy, b.y() - 8 * uy - 4 * ux)
+         << QPointF(b.x() - 8 * ux - 4 * uy, b.y() - 8 * uy + 4 * ux);
+    p.setPen(Qt::NoPen);
+    p.setBrush(palette::kFlow);
+    p.drawPolygon(head);
+  };
+  // The member that started last (the latest start, the first such in span order).
+  uint32_t last = flow_.front();
+  uint32_t send = flow_.front(), recv = flow_.back();
+  const bool p2p = spans[flow_.front()].kind == traces::SpanKind::P2P;
+  for (uint32_t id : flow_) {
+    if (spans[id].start_ns > spans[last].start_ns) last = id;
+    if (spans[id].op == traces::CollOp::Send) send = id;
+    if (spans[id].op == traces::CollOp::Recv) recv = id;
+  }
+  if (p2p) {
+    const auto a = rect_of(send), b = rect_of(recv);
+    if (a && b) {
+      arrow(QPointF(a->left(), a->center().y()), QPointF(b->right(), b->center().y()));
+    }
+  } else if (const auto target = rect_of(last)) {
+    const QPointF to(target->left(), target->center().y());
+    for (uint32_t id : flow_) {
+      if (id == last) continue;
+      if (const auto r = rect_of(id)) arrow(QPointF(r->left(), r->center().y()), to);
+    }
+  }
+  p.setRenderHint(QPainter::Antialiasing, false);
+  p.setBrush(Qt::NoBrush);
+  p.setPen(QPen(palette::kFlow, 2));
+  for (uint32_t id : flow_) {
+    if (static_cast<int64_t>(id) == selected_) continue;
+    if (const auto r = rect_of(id)) p.drawRect(r->adjusted(-1, -1, 1, 1));
+  }
+  p.restore();
 }
 
 // The selected range (or the one being dragged): a translucent band between two lines.
@@ -681,7 +856,9 @@ void TimelineView::mousePressEvent(QMouseEvent* e) {
   moved_ = false;
   if (pos.y() >= kAxisHeight) {
     const int r = layout_.row_at(pos.y() - lane_top());
-    if (r >= 0 && layout_.rows()[static_cast<size_t>(r)].kind != LayoutRow::Kind::Lane &&
+    if (r >= 0 &&
+        (layout_.rows()[static_cast<size_t>(r)].kind == LayoutRow::Kind::Group ||
+         layout_.rows()[static_cast<size_t>(r)].kind == LayoutRow::Kind::Rank) &&
         (pos.x() < kLabelWidth || e->modifiers() == Qt::NoModifier)) {
       // Headers collapse and expand on a click (anywhere on the header band).
       toggle_collapsed(layout_.rows()[static_cast<size_t>(r)].key);

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "orrery/gui/counter_tracks.hpp"
+#include "orrery/gui/flows.hpp"
 #include "orrery/gui/trace_index.hpp"
 #include "orrery/profiler/metrics.hpp"
 #include "orrery/traces/trace.hpp"
@@ -16,6 +18,8 @@ struct TraceDocument {
   std::string path;
   traces::Trace trace;
   TraceIndex index;  // all kinds; the timeline rebuilds its own when kinds are filtered
+  FlowIndex flows;   // send -> receive, and the members of each collective instance
+  std::vector<CounterTrack> counters;  // per (rank, counter name)
 };
 
 // Reads `path` with traces::load_trace and indexes it. Throws InputError (the reader's message)

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "orrery/gui/counter_tracks.hpp"
 #include "orrery/gui/trace_index.hpp"
 
 namespace orrery::gui {
@@ -24,18 +25,19 @@ struct RankGroup {
 };
 
 // Groups the ranks that have lanes in `index`; ranks without a RankInfo count as (dp=rank, 0, 0).
-std::vector<RankGroup> group_ranks(const TraceIndex& index, const std::vector<traces::RankInfo>& infos,
-                                   GroupBy by);
+std::vector<RankGroup> group_ranks(const TraceIndex& index,
+                                   const std::vector<traces::RankInfo>& infos, GroupBy by);
 
 struct LayoutRow {
-  enum class Kind { Group, Rank, Lane };
+  enum class Kind { Group, Rank, Lane, Counter };
   Kind kind = Kind::Lane;
   std::string label;
   std::string key;   // collapse key: "g:<label>" or "r:<rank>"; empty for lanes
   int lane = -1;     // index into TraceIndex::lanes() for Kind::Lane
+  int counter = -1;  // index into the counter tracks for Kind::Counter
   int32_t rank = -1;
-  int indent = 0;    // nesting level, for the label column
-  double y = 0;      // top, in pixels from the top of the lane area
+  int indent = 0;  // nesting level, for the label column
+  double y = 0;    // top, in pixels from the top of the lane area
   double height = 0;
   bool collapsed = false;
 };
@@ -44,15 +46,19 @@ class LaneLayout {
  public:
   static constexpr double kGroupHeight = 22;
   static constexpr double kRankHeight = 20;
-  static constexpr double kRowHeight = 18;  // one row of spans
-  static constexpr double kLanePad = 4;     // below the last row of a lane
+  static constexpr double kRowHeight = 18;      // one row of spans
+  static constexpr double kLanePad = 4;         // below the last row of a lane
+  static constexpr double kCounterHeight = 30;  // one counter track
 
   void build(const TraceIndex& index, const std::vector<traces::RankInfo>& infos, GroupBy by,
-             const std::set<std::pair<int32_t, int32_t>>& hidden_lanes);
+             const std::set<std::pair<int32_t, int32_t>>& hidden_lanes,
+             const std::vector<CounterTrack>* counters = nullptr);
   const std::vector<LayoutRow>& rows() const { return rows_; }
   double total_height() const { return total_height_; }
   // Index of the row containing y, or -1.
   int row_at(double y) const;
+  // With counters, each rank's tracks follow its lanes (a rank whose lanes are all hidden shows no
+  // tracks either).
   // Row index of a lane, or -1 when it is hidden or collapsed.
   int row_of_lane(int lane) const;
 

@@ -23,8 +23,14 @@ namespace orrery::gui {
 // Every attribute of a span as (name, value) text, times relative to zero_ns. With brief, only
 // those the hover tooltip shows (name, rank, stream, start, duration, bytes, busbw, FLOPs, step,
 // micro-batch), leaving out attributes that are unset.
-std::vector<std::pair<std::string, std::string>> span_attributes(const traces::Trace& t, uint32_t span,
-                                                                 int64_t zero_ns, bool brief = false);
+std::vector<std::pair<std::string, std::string>> span_attributes(const traces::Trace& t,
+                                                                 uint32_t span, int64_t zero_ns,
+                                                                 bool brief = false);
+// The rows the details add for a span in a flow: what it is ("all_reduce: 4 ranks, seq 5" or
+// "send rank 0 -> recv rank 1"), the start skew and the rank that arrived last, then per member
+// (at most 64, by start) its start after the first one and how long it waited for the last one.
+std::vector<std::pair<std::string, std::string>> flow_attributes(const traces::Trace& t,
+                                                                 const FlowInfo& f);
 // Bus bandwidth of one collective/p2p span in GB/s (nccl-tests' definition), 0 when not applicable.
 double span_busbw_gbps(const traces::Trace& t, const traces::Span& s);
 
@@ -50,8 +56,9 @@ class SpanDetailsModel : public KeyValueModel {
   Q_OBJECT
  public:
   using KeyValueModel::KeyValueModel;
-  // span < 0 clears the panel.
-  void set_span(const traces::Trace* t, int64_t span, int64_t zero_ns);
+  // span < 0 clears the panel. With flows, a span in a flow lists the flow's members too.
+  void set_span(const traces::Trace* t, int64_t span, int64_t zero_ns,
+                const FlowIndex* flows = nullptr);
   int64_t span() const { return span_; }
 
  private:
@@ -85,13 +92,56 @@ class CollectiveModel : public QAbstractTableModel {
   std::vector<profiler::CollectiveStats> rows_;
 };
 
+// The spans of a time range by name, as Perfetto's area selection: count, time inside the range
+// (each span clipped to it), mean and largest clipped time, and share of the range's rank-time
+// (time over range length x the trace's ranks). Spans of kinds not in `kinds` are left out; a
+// span touching the range only at an end is not in it. Sorted by time, largest first.
+struct NameStats {
+  std::string name;
+  int64_t count = 0;
+  int64_t total_ns = 0;
+  int64_t max_ns = 0;
+  double share = 0;
+  int64_t mean_ns() const { return count ? total_ns / count : 0; }
+};
+std::vector<NameStats> range_by_name(const traces::Trace& t, int64_t t0_ns, int64_t t1_ns,
+                                     KindMask kinds = kAllKinds);
+
+// range_by_name as a table; Qt::UserRole gives the raw number (sort role of a proxy).
+class RangeByNameModel : public QAbstractTableModel {
+  Q_OBJECT
+ public:
+  using QAbstractTableModel::QAbstractTableModel;
+  enum Column { kName, kCount, kTotal, kMean, kMax, kShare, kColumnCount };
+  int rowCount(const QModelIndex& parent = {}) const override;
+  int columnCount(const QModelIndex& parent = {}) const override;
+  QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
+  QVariant headerData(int section, Qt::Orientation o, int role = Qt::DisplayRole) const override;
+  void set_rows(std::vector<NameStats> rows);
+  const std::vector<NameStats>& rows() const { return rows_; }
+
+ private:
+  std::vector<NameStats> rows_;
+};
+
 // Per-step differences of two runs (compare view). Display text is formatted; Qt::UserRole gives
 // the raw number (ns or %), for sorting and tests.
 class StepDiffModel : public QAbstractTableModel {
   Q_OBJECT
  public:
   using QAbstractTableModel::QAbstractTableModel;
-  enum Column { kStep, kA, kB, kDiff, kDiffPct, kACompute, kBCompute, kAExposed, kBExposed, kColumnCount };
+  enum Column {
+    kStep,
+    kA,
+    kB,
+    kDiff,
+    kDiffPct,
+    kACompute,
+    kBCompute,
+    kAExposed,
+    kBExposed,
+    kColumnCount
+  };
   int rowCount(const QModelIndex& parent = {}) const override;
   int columnCount(const QModelIndex& parent = {}) const override;
   QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;

@@ -88,6 +88,13 @@ inline constexpr QColor kLaneLabelText = rgb(0x303438);
 inline constexpr QColor kLaneSeparator = rgb(0xE0E3E7);
 inline constexpr QColor kSelectionOutline = rgb(0x111111);
 inline constexpr QColor kSelectionHalo = rgb(0xFFEB3B);
+// The selected span's flow: the other members' outlines and the arrows between them.
+inline constexpr QColor kFlow = rgb(0xD81B60);
+// Search matches: a frame inside each matching span.
+inline constexpr QColor kSearchHit = rgb(0xFFD600);
+// Counter tracks: the step function's line and the area under it.
+inline constexpr QColor kCounterLine = rgb(0x00796B);
+inline constexpr QColor kCounterFill = rgb(0xB2DFDB);
 inline constexpr QColor kAccent = rgb(0x1A73E8);  // the range's edges and length; tokens/s
 inline constexpr QColor kRangeFill = QColor(66, 133, 244, 40);
 inline constexpr QColor kTextOnAccent = rgb(0xFFFFFF);

@@ -70,6 +70,10 @@ class MainWindow : public QMainWindow {
   const SpanDetailsModel* details_model() const { return &details_; }
   const RangeMetricsModel* range_model() const { return &range_metrics_; }
   const CollectiveModel* collective_model() const { return &collectives_; }
+  // The selected range's spans by name, and the sortable view of it.
+  const RangeByNameModel* range_names_model() const { return &range_names_; }
+  QTableView* range_names_view() const { return names_view_; }
+  QString search_status() const;
   const LaneTreeModel* lane_model() const { return &lanes_; }
   const SpanSearch& span_search() const { return search_; }
   QMessageBox* last_error() const { return last_error_; }
@@ -130,6 +134,7 @@ class MainWindow : public QMainWindow {
   QTableView* details_view_ = nullptr;
   QTableView* range_view_ = nullptr;
   QTableView* coll_view_ = nullptr;
+  QTableView* names_view_ = nullptr;
   QTreeView* lanes_view_ = nullptr;
   QLabel* range_note_ = nullptr;
   QMessageBox* last_error_ = nullptr;
@@ -137,6 +142,7 @@ class MainWindow : public QMainWindow {
   SpanDetailsModel details_;
   RangeMetricsModel range_metrics_;
   CollectiveModel collectives_;
+  RangeByNameModel range_names_;
   LaneTreeModel lanes_;
   SpanSearch search_;
 };

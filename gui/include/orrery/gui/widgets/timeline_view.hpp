@@ -46,6 +46,13 @@ class TimelineView : public QAbstractScrollArea {
   GroupBy group_by() const { return group_by_; }
   void set_hidden_lanes(const std::set<std::pair<int32_t, int32_t>>& hidden);
   void toggle_collapsed(const std::string& key);
+  // Spans drawn with a highlight outline (search matches): one flag per span of the trace, empty
+  // for none.
+  void set_highlighted(std::vector<uint8_t> flags);
+  bool is_highlighted(uint32_t span) const { return span < highlight_.size() && highlight_[span]; }
+  // Counter tracks under each rank's lanes (on by default).
+  void set_counters_visible(bool visible);
+  bool counters_visible() const { return counters_visible_; }
 
   // The mapping of view time to x in the track area (x = 0 at its left edge).
   const TimeMapping& mapping() const { return map_; }
@@ -83,9 +90,23 @@ class TimelineView : public QAbstractScrollArea {
   int64_t span_at_point(QPoint p) const;
   // The folded block under a viewport point (count, busy fraction, time per kind), or none.
   std::optional<FoldSummary> fold_at_point(QPoint p) const;
-  // The hover tooltip at a viewport point (HTML): a span's attributes, or a folded block's count,
-  // busy fraction and kinds; empty over nothing.
+  // The counter track under a viewport point and its value there (the sample in effect), if any.
+  struct CounterHit {
+    const CounterTrack* track = nullptr;
+    int64_t t_ns = 0;
+    double value = 0;
+  };
+  std::optional<CounterHit> counter_at_point(QPoint p) const;
+  // The y of a counter value in a track drawn at row top y with height h (tests read pixels there).
+  static double counter_y(const CounterTrack& c, double v, double y, double h);
+  // The hover tooltip at a viewport point (HTML): a span's attributes, a folded block's count,
+  // busy fraction and kinds, or a counter's value; empty over nothing.
   QString tooltip_at(QPoint p) const;
+  // The spans of the selected span's flow (itself included), empty when it is in none.
+  const std::vector<uint32_t>& flow_members() const { return flow_; }
+  // A span's rectangle in viewport coordinates (x not clipped to the track), or none when its
+  // lane is hidden or collapsed.
+  std::optional<QRectF> span_rect(int64_t span) const;
   // Draw items of the last paint (for the benchmark's report).
   size_t last_frame_items() const { return last_items_; }
 
@@ -135,13 +156,19 @@ class TimelineView : public QAbstractScrollArea {
   void paint_grid(QPainter& p, const Frame& f, double y, double height) const;
   size_t paint_lane_row(QPainter& p, const Frame& f, const LaneRow& row, double ry, double rh,
                         const QColor& bg, std::vector<DrawItem>& items) const;
-  void paint_span(QPainter& p, const Frame& f, const traces::Span& s, const QRectF& r,
+  void paint_span(QPainter& p, const Frame& f, uint32_t id, const QRectF& r,
                   const QRectF& row_rect) const;
   void paint_folded(QPainter& p, const Frame& f, const FoldSummary& fold, const QColor& bg,
                     const QRectF& r, const QRectF& row_rect) const;
   void paint_lane_label(QPainter& p, const Frame& f, const LayoutRow& lr, double y) const;
+  // A counter track: its step function folded into pixel columns, an area under a line, with
+  // its largest value in the label column.
+  void paint_counter(QPainter& p, const Frame& f, const LayoutRow& lr, double y, bool odd) const;
   void paint_label_border(QPainter& p, const Frame& f) const;
   void paint_selection(QPainter& p, const Frame& f) const;
+  // The selected span's flow: the other members outlined, arrows from a send to its receive, or
+  // from each member of a collective to the one that started last.
+  void paint_flow(QPainter& p, const Frame& f) const;
   void paint_range(QPainter& p, const Frame& f) const;
   void paint_axis(QPainter& p, const Frame& f) const;
   void paint_range_length(QPainter& p, const Frame& f) const;
@@ -154,6 +181,8 @@ class TimelineView : public QAbstractScrollArea {
   KindMask kinds_ = kAllKinds;
   GroupBy group_by_ = GroupBy::Rank;
   std::set<std::pair<int32_t, int32_t>> hidden_;
+  bool counters_visible_ = true;
+  std::vector<uint8_t> highlight_;
   LaneLayout layout_;
   TimeMapping map_;
   int64_t shift_ns_ = 0;
@@ -164,6 +193,7 @@ class TimelineView : public QAbstractScrollArea {
   int64_t pinned_t0_ = 0, pinned_t1_ = 1;
 
   int64_t selected_ = -1;
+  std::vector<uint32_t> flow_;  // the selected span's flow
   int64_t hovered_ = -1;
   bool has_range_ = false;
   int64_t range_t0_ = 0, range_t1_ = 0;
