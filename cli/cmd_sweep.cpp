@@ -147,6 +147,12 @@ Command setup(CLI::App& root) {
 
   auto run = [a]() {
     const Scenario s = load_scenario(a->scenario, a->sets);
+    // Issue 18: the simulator does not model gradient compression yet; refused, not priced as none.
+    if (s.parallel.grad_compression != "none") {
+      throw InputError(a->scenario + ": key 'parallel.grad_compression': '" +
+                       s.parallel.grad_compression +
+                       "' is not modelled by the simulator yet; use none");
+    }
     const sim::SimTarget target = sim::load_target(a->cluster);
     const sim::Cluster& cluster = target.cluster;
     const auto model = sim::network_model_from_string(a->model);
