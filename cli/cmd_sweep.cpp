@@ -122,9 +122,9 @@ std::vector<int> parse_gpus(const std::string& text) {
   return out;
 }
 
-Command setup(CLI::App& root) {
+Command setup(CLI::App& parent) {
   auto a = std::make_shared<SweepArgs>();
-  CLI::App* app = root.add_subcommand("sweep", "Predict a scenario's scaling over cluster sizes");
+  CLI::App* app = parent.add_subcommand("sweep", "Predict a scenario's scaling over cluster sizes");
   app->add_option("scenario", a->scenario, "Scenario file (scenarios/*.yaml)")->required();
   app->add_option("--cluster", a->cluster,
                   "Cluster file or name in scenarios/clusters/ (the node type)")
