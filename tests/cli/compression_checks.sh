@@ -48,7 +48,7 @@ for scheme in int8 powersgd topk; do
     sim $G $DP2 --set parallel.grad_compression=$scheme
   # shellcheck disable=SC2086
   expect 2 "key 'parallel.grad_compression': '$scheme' is not modelled by the simulator yet; use none" \
-    sweep $G --set parallel.grad_compression=$scheme
+    sweep $G --cluster scenarios/clusters/h100-8.yaml --gpus 2,4 --set parallel.grad_compression=$scheme
 done
 if [ -e "$TMP/x.db" ]; then fail "a refused run left a trace"; else echo "ok: no trace from a refused run"; fi
 # shellcheck disable=SC2086
