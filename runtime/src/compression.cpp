@@ -41,7 +41,7 @@ void int8_compress(const float* g, float* residual, size_t n, size_t chunk, int8
       const float e = residual[i];
       const float q = scale > 0 ? std::clamp(std::nearbyint(e / scale), -127.0f, 127.0f) : 0.0f;
       codes[i] = static_cast<int8_t>(q);
-      sent[i] = q * scale;
+      sent[i] = static_cast<float>(codes[i]) * scale;  // +0 for a code of 0, as decompress
       residual[i] = e - sent[i];
     }
   }

@@ -91,7 +91,8 @@ TEST(Scenario, GradCompressionKeysParseAndBadValuesNameTheKey) {
   EXPECT_DOUBLE_EQ(d.compression.topk_ratio, 0.01);
   EXPECT_EQ(d.compression.start_step, 0);
   const Scenario s = parse_scenario(
-      "parallel:\n  dp: 2\n  zero: 1\n  grad_compression: powersgd\ncompression:\n  "
+      "training:\n  micro_batch: 4\nparallel:\n  dp: 2\n  zero: 1\n  grad_compression: "
+      "powersgd\ncompression:\n  "
       "powersgd_rank: 2\n  topk_ratio: 0.05\n  start_step: 10\n",
       "s.yaml");
   EXPECT_EQ(s.parallel.grad_compression, "powersgd");
@@ -116,7 +117,9 @@ TEST(Scenario, GradCompressionKeysParseAndBadValuesNameTheKey) {
               "which ZeRO stage " +
                   z + " replaces with a reduce-scatter: use parallel.zero 0 or 1, or none");
   }
-  EXPECT_EQ(error_of("parallel:\n  dp: 2\n  zero: 2\n  grad_compression: none\n"), "");
+  EXPECT_EQ(error_of("training:\n  micro_batch: 4\nparallel:\n  dp: 2\n  zero: 2\n  "
+                     "grad_compression: none\n"),
+            "");
 }
 
 // parallel.pp_layers: a YAML sequence or, from --set, a comma string; validated against pp, the
