@@ -146,6 +146,10 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("parallel.placement", Type::String, parallel.placement, std::string),
       ORRERY_KEY("parallel.comm_backend", Type::String, parallel.comm_backend, std::string),
       ORRERY_KEY("parallel.sequence_parallel", Type::Bool, parallel.sequence_parallel, bool),
+      ORRERY_KEY("parallel.grad_compression", Type::String, parallel.grad_compression, std::string),
+      ORRERY_KEY("compression.powersgd_rank", Type::Int, compression.powersgd_rank, int),
+      ORRERY_KEY("compression.topk_ratio", Type::Double, compression.topk_ratio, double),
+      ORRERY_KEY("compression.start_step", Type::Int, compression.start_step, int),
       ORRERY_KEY("runtime.device", Type::String, runtime.device, std::string),
       ORRERY_KEY("runtime.threads", Type::Int, runtime.threads, int),
       ORRERY_KEY("runtime.precision", Type::String, runtime.precision, std::string),
@@ -400,6 +404,19 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
   check_range(p.comm_backend == "auto" || p.comm_backend == "nccl" || p.comm_backend == "mpi",
               origin, "parallel.comm_backend",
               "expected auto, nccl or mpi, got '" + p.comm_backend + "'");
+  check_range(p.grad_compression == "none" || p.grad_compression == "int8" ||
+                  p.grad_compression == "powersgd" || p.grad_compression == "topk",
+              origin, "parallel.grad_compression",
+              "expected none, int8, powersgd or topk, got '" + p.grad_compression + "'");
+  const auto& c = s.compression;
+  check_range(c.powersgd_rank >= 1, origin, "compression.powersgd_rank", "must be >= 1");
+  check_range(c.topk_ratio > 0 && c.topk_ratio <= 1, origin, "compression.topk_ratio",
+              "must be in (0, 1]");
+  check_range(c.start_step >= 0, origin, "compression.start_step", "must be >= 0");
+  check_range(p.grad_compression == "none" || p.zero <= 1, origin, "parallel.grad_compression",
+              "'" + p.grad_compression + "' compresses the dp all-reduce, which ZeRO stage " +
+                  std::to_string(p.zero) +
+                  " replaces with a reduce-scatter: use parallel.zero 0 or 1, or none");
   check_range(s.runtime.watchdog_s > 0, origin, "runtime.watchdog_s", "must be > 0");
   check_range(s.checkpoint.every >= 0, origin, "checkpoint.every",
               "must be >= 0 (0: no checkpoints)");

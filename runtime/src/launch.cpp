@@ -397,6 +397,13 @@ void register_device_runner(const std::string& device, DeviceRunner runner) {
 bool has_device_runner(const std::string& device) { return device_runners().count(device) > 0; }
 
 void check_supported_on_device(const Scenario& s) {
+  // Issue 18 item 1: the keys parse and validate, but no training path compresses yet. Refused on
+  // every device rather than silently running uncompressed.
+  if (s.parallel.grad_compression != "none") {
+    throw InputError((s.path.empty() ? std::string("scenario") : s.path) +
+                     ": key 'parallel.grad_compression': '" + s.parallel.grad_compression +
+                     "' is not implemented by the runtime yet (cpu or cuda); use none");
+  }
   const auto it = device_runners().find(s.runtime.device);
   if (it == device_runners().end()) {
     check_supported(s);

@@ -83,6 +83,45 @@ TEST(Scenario, ImpossibleLayoutsAreRefused) {
   EXPECT_NE(error_of("parallel:\n  zero: 5\n").find("expected 0, 1, 2 or 3"), std::string::npos);
 }
 
+// Issue 18 item 1's keys: parsed with their defaults, every bad value refused naming the key.
+TEST(Scenario, GradCompressionKeysParseAndBadValuesNameTheKey) {
+  const Scenario d = parse_scenario("", "s.yaml");
+  EXPECT_EQ(d.parallel.grad_compression, "none");
+  EXPECT_EQ(d.compression.powersgd_rank, 4);
+  EXPECT_DOUBLE_EQ(d.compression.topk_ratio, 0.01);
+  EXPECT_EQ(d.compression.start_step, 0);
+  const Scenario s = parse_scenario(
+      "training:\n  micro_batch: 4\nparallel:\n  dp: 2\n  zero: 1\n  grad_compression: "
+      "powersgd\ncompression:\n  "
+      "powersgd_rank: 2\n  topk_ratio: 0.05\n  start_step: 10\n",
+      "s.yaml");
+  EXPECT_EQ(s.parallel.grad_compression, "powersgd");
+  EXPECT_EQ(s.compression.powersgd_rank, 2);
+  EXPECT_DOUBLE_EQ(s.compression.topk_ratio, 0.05);
+  EXPECT_EQ(s.compression.start_step, 10);
+  EXPECT_EQ(parse_scenario(to_yaml(s), "again").compression.start_step, 10);
+  EXPECT_EQ(error_of("", {"parallel.grad_compression=fp8"}),
+            "s.yaml: key 'parallel.grad_compression': expected none, int8, powersgd or topk, got "
+            "'fp8'");
+  EXPECT_EQ(error_of("", {"compression.powersgd_rank=0"}),
+            "s.yaml: key 'compression.powersgd_rank': must be >= 1");
+  EXPECT_EQ(error_of("", {"compression.topk_ratio=0"}),
+            "s.yaml: key 'compression.topk_ratio': must be in (0, 1]");
+  EXPECT_EQ(error_of("", {"compression.topk_ratio=1.5"}),
+            "s.yaml: key 'compression.topk_ratio': must be in (0, 1]");
+  EXPECT_EQ(error_of("", {"compression.start_step=-1"}),
+            "s.yaml: key 'compression.start_step': must be >= 0");
+  for (const std::string z : {"2", "3"}) {
+    EXPECT_EQ(error_of("parallel:\n  dp: 2\n  zero: " + z + "\n  grad_compression: int8\n"),
+              "s.yaml: key 'parallel.grad_compression': 'int8' compresses the dp all-reduce, "
+              "which ZeRO stage " +
+                  z + " replaces with a reduce-scatter: use parallel.zero 0 or 1, or none");
+  }
+  EXPECT_EQ(error_of("training:\n  micro_batch: 4\nparallel:\n  dp: 2\n  zero: 2\n  "
+                     "grad_compression: none\n"),
+            "");
+}
+
 // parallel.pp_layers: a YAML sequence or, from --set, a comma string; validated against pp, the
 // layers and the schedule, each refusal naming the key and the numbers.
 TEST(Scenario, PpLayersParseFromYamlAndFromSet) {

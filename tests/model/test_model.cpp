@@ -138,15 +138,19 @@ TEST(Parameters, TensorParallelSlicesSumToTheWholeBlock) {
     // A sliced tensor's full shape is tp times its local one along the slice.
     // (Bands of a vector, the column-parallel biases qkvb and fcb, cut its entries.)
     const bool vector = t.rows == 1 && t.full_rows == 1;
-    if (t.slice == Slice::Rows || (t.slice == Slice::Bands && !vector))
+    if (t.slice == Slice::Rows || (t.slice == Slice::Bands && !vector)) {
       EXPECT_EQ(t.full_rows, t.rows * tp) << t.name;
-    if (t.slice == Slice::Cols || (t.slice == Slice::Bands && vector))
+    }
+    if (t.slice == Slice::Cols || (t.slice == Slice::Bands && vector)) {
       EXPECT_EQ(t.full_cols, t.cols * tp) << t.name;
+    }
     // Replicated (not sliced) drawn tensors are whole.
-    if (t.slice == Slice::None && t.init == Init::Normal)
+    if (t.slice == Slice::None && t.init == Init::Normal) {
       EXPECT_EQ(t.count(), int64_t(t.full_rows) * t.full_cols) << t.name;
-    if (t.slice == Slice::None && t.count() != int64_t(t.full_rows) * t.full_cols)
+    }
+    if (t.slice == Slice::None && t.count() != int64_t(t.full_rows) * t.full_cols) {
       EXPECT_EQ(t.init, Init::Zero) << t.name;
+    }
   }
   // Sliced: qkvw, qkvb, projw, fcw, fcb, fcprojw (12 C^2 + 7 C over tp); replicated: 4 LayerNorm
   // vectors, projb and fcprojb (6 C).

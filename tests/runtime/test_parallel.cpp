@@ -168,7 +168,9 @@ TEST(TensorParallel, ShardHoldsTheSlicesOfTheFullModel) {
         const std::vector<float> want = tp_slice_of_full(ref, t, r, tp);
         const std::vector<float> got(part.params.begin() + static_cast<std::ptrdiff_t>(t.offset),
                                      part.params.begin() + static_cast<std::ptrdiff_t>(t.offset + t.count));
-        if (t.name.find("qkvb") == std::string::npos) EXPECT_EQ(got, want) << t.name << " tp" << tp << " r" << r;
+        if (t.name.find("qkvb") == std::string::npos) {
+          EXPECT_EQ(got, want) << t.name << " tp" << tp << " r" << r;
+        }
         // Index-valued full model: every slice is a set of distinct indices, disjoint over ranks.
         const std::vector<float> idx = tp_slice_of_full(full, t, r, tp);
         EXPECT_EQ(idx.size(), t.count);

@@ -203,7 +203,9 @@ TEST(Executor, TraceHasEverySpanAndCommunicator) {
   EXPECT_EQ(kinds[traces::CommKind::Other], 1);
   for (const auto& sp : t.spans) {
     EXPECT_LE(sp.start_ns, sp.end_ns);
-    if (sp.kind == traces::SpanKind::Collective || sp.kind == traces::SpanKind::P2P) EXPECT_GE(sp.comm, 0);
+    if (sp.kind == traces::SpanKind::Collective || sp.kind == traces::SpanKind::P2P) {
+      EXPECT_GE(sp.comm, 0);
+    }
   }
 }
 

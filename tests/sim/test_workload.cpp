@@ -156,7 +156,9 @@ TEST(Workload, SequenceParallelOps) {
     double block_flops = 0;
     for (const auto& op : p.ops) {
       const std::string name = w.names[op.name];
-      if (name == names::kTpAllGather || name == names::kTpReduceScatter) EXPECT_EQ(op.bytes, act);
+      if (name == names::kTpAllGather || name == names::kTpReduceScatter) {
+        EXPECT_EQ(op.bytes, act);
+      }
       if (name == names::kTpGradAllReduce)
         EXPECT_TRUE(op.bytes == 6 * 256 * 4 || op.bytes == 2 * 256 * 4);
       if (name == names::kSendActivation || name == names::kRecvGradient ||

@@ -192,7 +192,9 @@ TEST_P(ParallelEquivalence, SameLossAndParametersAsSerial) {
   EXPECT_EQ(mem.parameters, 4 * (c.zero >= 1 ? N * k : psi));
   EXPECT_EQ(mem.optimizer, c.zero >= 1 ? 8 * k : 8.0 * psi);
   EXPECT_EQ(mem.gradients, c.zero == 2 ? 4 * k : 4 * (c.zero >= 1 ? N * k : psi));
-  if (c.zero >= 1) EXPECT_LT(mem.optimizer - 8.0 * psi / N, 8.0 * N);  // padding below N elements
+  if (c.zero >= 1) {
+    EXPECT_LT(mem.optimizer - 8.0 * psi / N, 8.0 * N);  // padding below N elements
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

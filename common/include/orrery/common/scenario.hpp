@@ -74,6 +74,16 @@ struct ParallelConfig {
   // stream, LayerNorms and residual adds sharded over the tp group's tokens, each tp all-reduce a
   // reduce-scatter plus an all-gather (model/block.hpp). Run and simulated.
   bool sequence_parallel = false;
+  // Gradient compression on the dp group's gradient all-reduce (issue 18): none | int8 | powersgd |
+  // topk; options in CompressionConfig. Validated here (scheme, ranges, not with ZeRO 2/3); the
+  // runtime refuses any scheme but none until it implements them (cli/cmd_run.cpp).
+  std::string grad_compression = "none";
+};
+
+struct CompressionConfig {
+  int powersgd_rank = 4;     // PowerSGD rank r, >= 1
+  double topk_ratio = 0.01;  // top-k: fraction of each bucket's entries sent, in (0, 1]
+  int start_step = 0;        // uncompressed warm-up steps (PowerSGD's start_powerSGD_iter), >= 0
 };
 
 struct RuntimeConfig {
@@ -118,6 +128,7 @@ struct Scenario {
   TrainingConfig training;
   DataConfig data;
   ParallelConfig parallel;
+  CompressionConfig compression;
   RuntimeConfig runtime;
   ProfileConfig profile;
   CheckpointConfig checkpoint;
