@@ -23,8 +23,8 @@
 #include <QScrollBar>
 #include <QSettings>
 #include <QSpinBox>
-#include <QTableView>
 #include <QStatusBar>
+#include <QTableView>
 #include <QTest>
 #include <QUrl>
 #include <QWheelEvent>

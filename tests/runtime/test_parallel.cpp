@@ -32,10 +32,14 @@ TEST(PipelineOrder, GpipeIsAllForwardsThenAllBackwards) {
 
 TEST(PipelineOrder, OneFOneBMatchesPipeDreamFlush) {
   // Narayanan et al. 2021, figure 4 (top): p = 4, m = 8.
-  EXPECT_EQ(text(pipeline_order("1f1b", 4, 0, 8)), "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
-  EXPECT_EQ(text(pipeline_order("1f1b", 4, 1, 8)), "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
-  EXPECT_EQ(text(pipeline_order("1f1b", 4, 2, 8)), "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7");
-  EXPECT_EQ(text(pipeline_order("1f1b", 4, 3, 8)), "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+  EXPECT_EQ(text(pipeline_order("1f1b", 4, 0, 8)),
+            "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+  EXPECT_EQ(text(pipeline_order("1f1b", 4, 1, 8)),
+            "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
+  EXPECT_EQ(text(pipeline_order("1f1b", 4, 2, 8)),
+            "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7");
+  EXPECT_EQ(text(pipeline_order("1f1b", 4, 3, 8)),
+            "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
   // Fewer micro-batches than stages: the warm-up is cut at m.
   EXPECT_EQ(text(pipeline_order("1f1b", 4, 0, 2)), "F0 F1 B0 B1");
   EXPECT_THROW(pipeline_order("interleaved", 4, 0, 8), InputError);
@@ -60,7 +64,8 @@ TEST(PipelineOrder, InFlightBoundsHold) {
           }
           EXPECT_EQ(static_cast<int>(fwd.size()), m);
           EXPECT_EQ(static_cast<int>(bwd.size()), m);
-          EXPECT_EQ(peak, pipeline_in_flight(sched, p, s, m)) << sched << " p" << p << " s" << s << " m" << m;
+          EXPECT_EQ(peak, pipeline_in_flight(sched, p, s, m))
+              << sched << " p" << p << " s" << s << " m" << m;
         }
       }
     }
@@ -89,7 +94,9 @@ TEST(Zero, PaddedStorageKeepsValuesAndPointers) {
   const size_t off = m.tensor("h.1.fcw").offset;
   gpt_pad_storage(m, m.num_params() + 3);
   EXPECT_EQ(m.params.size(), before.size() + 3);
-  EXPECT_EQ(std::vector<float>(m.params.begin(), m.params.begin() + static_cast<std::ptrdiff_t>(before.size())), before);
+  EXPECT_EQ(std::vector<float>(m.params.begin(),
+                               m.params.begin() + static_cast<std::ptrdiff_t>(before.size())),
+            before);
   EXPECT_EQ(m.blocks[1].fcw, m.params.data() + off);
   EXPECT_EQ(m.dblocks[1].fcw, m.grads.data() + off);
   EXPECT_EQ(m.embed.wte, m.params.data() + m.tensor("wte").offset);
@@ -101,7 +108,8 @@ TEST(Zero, PaddedStorageKeepsValuesAndPointers) {
 // segment's buffer, the layout model's pointers are untouched, null fields stay null.
 TEST(Zero, Zero3SegmentsBindAnotherPointerSet) {
   const GptConfig cfg{2, 16, 2, 32, 8};
-  for (int stage : {-1, 1}) {  // the whole model; the last of two pipeline stages (wte copy, no wpe)
+  for (int stage :
+       {-1, 1}) {  // the whole model; the last of two pipeline stages (wte copy, no wpe)
     const GptShard shard = stage < 0 ? GptShard{} : GptShard::pipeline_stage(cfg, stage, 2);
     const Gpt m = gpt_create(cfg, shard, 7);
     EmbedParams e{}, de{};
@@ -130,14 +138,16 @@ TEST(Zero, Zero3SegmentsBindAnotherPointerSet) {
         if (t.name == "wte") got_p = e.wte, got_g = de.wte;
         if (t.name == "wpe") got_p = e.wpe, got_g = de.wpe;
         if (t.name == "lnfb") got_p = h.lnfb, got_g = dh.lnfb;
-        if (t.name == "h.1.fcw") got_p = b.at(static_cast<std::size_t>(1 - m.shard.layer_begin)).fcw,
-                                 got_g = db.at(static_cast<std::size_t>(1 - m.shard.layer_begin)).fcw;
+        if (t.name == "h.1.fcw")
+          got_p = b.at(static_cast<std::size_t>(1 - m.shard.layer_begin)).fcw,
+          got_g = db.at(static_cast<std::size_t>(1 - m.shard.layer_begin)).fcw;
         if (got_p == nullptr) continue;
         EXPECT_EQ(got_p, want_p) << t.name << " stage " << stage;
         EXPECT_EQ(got_g, want_g) << t.name << " stage " << stage;
       }
     }
-    EXPECT_EQ(m.embed.wte, m.params.data() + m.tensor("wte").offset) << "the layout model was rebound";
+    EXPECT_EQ(m.embed.wte, m.params.data() + m.tensor("wte").offset)
+        << "the layout model was rebound";
     if (stage == 1) {
       EXPECT_EQ(e.wpe, nullptr);  // a head-only stage holds no wpe
       EXPECT_NE(h.lnfw, nullptr);
@@ -166,8 +176,9 @@ TEST(TensorParallel, ShardHoldsTheSlicesOfTheFullModel) {
       for (const auto& t : part.tensors) {
         // Against the freshly initialised full model: the shard's own initial values.
         const std::vector<float> want = tp_slice_of_full(ref, t, r, tp);
-        const std::vector<float> got(part.params.begin() + static_cast<std::ptrdiff_t>(t.offset),
-                                     part.params.begin() + static_cast<std::ptrdiff_t>(t.offset + t.count));
+        const std::vector<float> got(
+            part.params.begin() + static_cast<std::ptrdiff_t>(t.offset),
+            part.params.begin() + static_cast<std::ptrdiff_t>(t.offset + t.count));
         if (t.name.find("qkvb") == std::string::npos) {
           EXPECT_EQ(got, want) << t.name << " tp" << tp << " r" << r;
         }
@@ -177,14 +188,16 @@ TEST(TensorParallel, ShardHoldsTheSlicesOfTheFullModel) {
       }
     }
     // The slices of the split tensors partition the full tensor.
-    for (const char* name : {"h.0.qkvw", "h.0.qkvb", "h.0.projw", "h.1.fcw", "h.1.fcb", "h.1.fcprojw"}) {
+    for (const char* name :
+         {"h.0.qkvw", "h.0.qkvb", "h.0.projw", "h.1.fcw", "h.1.fcb", "h.1.fcprojw"}) {
       std::set<float> seen;
       for (int r = 0; r < tp; ++r) {
         GptShard sh;
         sh.tp_rank = r;
         sh.tp_size = tp;
         Gpt part = gpt_create(cfg, sh, 11);
-        for (float v : tp_slice_of_full(full, part.tensor(name), r, tp)) EXPECT_TRUE(seen.insert(v).second) << name;
+        for (float v : tp_slice_of_full(full, part.tensor(name), r, tp))
+          EXPECT_TRUE(seen.insert(v).second) << name;
       }
       EXPECT_EQ(seen.size(), full.tensor(name).count) << name;
     }

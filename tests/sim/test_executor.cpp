@@ -25,9 +25,12 @@ void equalize(Workload& w, int64_t tf, int64_t tb) {
     const int per_stage = w.scenario.model.layers / w.scenario.parallel.pp;
     for (auto& op : p.ops) {
       const std::string& n = w.names[op.name];
-      if (n == names::kBlockForward) op.duration_ns = tf / per_stage;
-      else if (n == names::kBlockBackward) op.duration_ns = tb / per_stage;
-      else op.duration_ns = 0;
+      if (n == names::kBlockForward)
+        op.duration_ns = tf / per_stage;
+      else if (n == names::kBlockBackward)
+        op.duration_ns = tb / per_stage;
+      else
+        op.duration_ns = 0;
     }
   }
 }
@@ -80,11 +83,14 @@ TEST(Executor, OneFOneBTextbookStartTimes) {
     for (size_t i = 0; i < rank.ops.size(); ++i) {
       const Op& op = rank.program->ops[i];
       const std::string& n = w.names[op.name];
-      if (n == names::kBlockForward) start[{rank.coord.pp, op.micro_batch, false}] = rank.ops[i].start_ns;
-      if (n == names::kBlockBackward) start[{rank.coord.pp, op.micro_batch, true}] = rank.ops[i].start_ns;
+      if (n == names::kBlockForward)
+        start[{rank.coord.pp, op.micro_batch, false}] = rank.ops[i].start_ns;
+      if (n == names::kBlockBackward)
+        start[{rank.coord.pp, op.micro_batch, true}] = rank.ops[i].start_ns;
     }
   for (int s = 0; s < p; ++s)
-    for (int i = 0; i < p - s; ++i) EXPECT_EQ((start[{s, i, false}]), (s + i) * tf) << s << " " << i;
+    for (int i = 0; i < p - s; ++i)
+      EXPECT_EQ((start[{s, i, false}]), (s + i) * tf) << s << " " << i;
   for (int i = 0; i < m; ++i) {
     EXPECT_EQ((start[{p - 1, i, false}]), (p - 1) * tf + i * (tf + tb)) << i;
     EXPECT_EQ((start[{p - 1, i, true}]), p * tf + i * (tf + tb)) << i;
@@ -95,7 +101,8 @@ TEST(Executor, OneFOneBTextbookStartTimes) {
 
 TEST(Executor, TensorParallelAllReducesTakeTheNetworkTime) {
   const Cluster c = h100_cluster(8);
-  const Workload w = build_workload(small_scenario(2, 1, 8, 1, 2), h100_cost(), {1, precision_config("mixed")});
+  const Workload w =
+      build_workload(small_scenario(2, 1, 8, 1, 2), h100_cost(), {1, precision_config("mixed")});
   ExecutorOptions opt;
   opt.network = NetworkModel::Analytical;
   const ExecResult r = execute(w, c, opt);
@@ -120,7 +127,8 @@ TEST(Executor, TensorParallelAllReducesTakeTheNetworkTime) {
 
 TEST(Executor, ProfileCollectiveOverride) {
   const Cluster c = h100_cluster(8);
-  const Workload w = build_workload(small_scenario(2, 1, 8, 1, 2), h100_cost(), {1, precision_config("mixed")});
+  const Workload w =
+      build_workload(small_scenario(2, 1, 8, 1, 2), h100_cost(), {1, precision_config("mixed")});
   HardwareProfile hw = default_hardware_profile("H100-SXM", true);
   CollectiveOverride o;
   o.op = traces::CollOp::AllReduce;
@@ -136,7 +144,8 @@ TEST(Executor, ProfileCollectiveOverride) {
   for (size_t i = 0; i < rank.ops.size(); ++i) {
     if (w.names[rank.program->ops[i].name] != names::kTpAllReduce) continue;
     // latency + S · 2(n-1)/n / busbw
-    EXPECT_EQ(rank.ops[i].end_ns - rank.ops[i].active_ns, 10'000 + int64_t(std::ceil(bytes * 1.75 / 100e9 * 1e9)));
+    EXPECT_EQ(rank.ops[i].end_ns - rank.ops[i].active_ns,
+              10'000 + int64_t(std::ceil(bytes * 1.75 / 100e9 * 1e9)));
   }
 }
 
@@ -215,7 +224,8 @@ TEST(Executor, ClusterTooSmallIsAnInputError) {
 }
 
 TEST(Executor, Gpt3On1024GpusRuns) {
-  const Workload w = build_workload(testing::gpt3_175b(8), h100_cost(), {1, precision_config("mixed")});
+  const Workload w =
+      build_workload(testing::gpt3_175b(8), h100_cost(), {1, precision_config("mixed")});
   const Cluster c = h100_cluster(1024);
   ExecutorOptions opt;
   opt.network = NetworkModel::Analytical;
@@ -261,7 +271,8 @@ TEST(Executor, CoreSharingPipelineIsWorkConserving) {
   const int p = 2, m = 4;
   const int64_t tf = 1000, tb = 2000;
   for (const char* sched : {"gpipe", "1f1b"}) {
-    Workload w = build_workload(testing::small_scenario(p * 2, 1, 1, p, m, sched), testing::h100_cost());
+    Workload w =
+        build_workload(testing::small_scenario(p * 2, 1, 1, p, m, sched), testing::h100_cost());
     equalize(w, tf, tb);
     CoreSharing s;
     s.cores = 1;
