@@ -7,10 +7,14 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "command.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/format.hpp"
+#include "orrery/traces/meta_json.hpp"
 #include "orrery/traces/store.hpp"
 
 namespace orrery::cli {
@@ -80,91 +84,97 @@ json parse_extra(const std::string& text) {
   }
 }
 
-int run_info(const InfoArgs& a) {
-  if (a.verify) return run_verify(a);
-  const traces::TraceReader r(a.trace);
-  const traces::RunMeta m = r.meta();
-  const auto ranks = r.ranks();
-  const auto streams = r.streams();
-  const auto comms = r.communicators();
-  const auto bounds = r.stream_bounds();
-  const auto range = r.time_range();
-  const int64_t spans = r.span_count();
-  const int64_t counters = r.counter_count();
-  const bool complete = r.complete();
-  std::map<std::pair<int32_t, int32_t>, int64_t> per_stream;
-  for (const auto& b : bounds) per_stream[{b.rank, b.stream}] = b.count;
-
-  if (a.json) {
-    json j;
-    j["path"] = a.trace;
-    j["schema_version"] = r.schema_version();
-    j["block_checksums"] = r.checksums();
-    j["complete"] = complete;
-    j["source"] = std::string(traces::to_string(m.source));
-    j["scenario_name"] = m.scenario_name;
-    j["host"] = m.host;
-    j["start_time_unix_ns"] = m.start_time_unix_ns;
-    j["world_size"] = m.world_size;
-    j["origin"] = std::string(traces::to_string(m.origin));
-    j["layout"] = {{"dp", m.dp},
-                   {"tp", m.tp},
-                   {"pp", m.pp},
-                   {"zero", m.layout.zero},
-                   {"micro_batches", m.layout.micro_batches},
-                   {"schedule", m.layout.schedule},
-                   {"placement", m.layout.placement},
-                   {"recompute", m.layout.recompute},
-                   {"device", m.layout.device},
-                   {"precision", m.layout.precision}};
-    if (m.failure.failed) {
-      j["failure"] = {{"lost_ranks", m.failure.lost_ranks},
-                      {"step", m.failure.step},
-                      {"message", m.failure.message}};
-    } else {
-      j["failure"] = nullptr;
-    }
-    j["tokens_per_step"] = m.tokens_per_step;
-    j["model_flops_per_step"] = m.model_flops_per_step;
-    j["peak_flops_per_rank"] = m.peak_flops_per_rank;
-    j["span_count"] = spans;
-    j["counter_count"] = counters;
-    if (range) {
-      j["time_range"] = {{"start_ns", range->start_ns},
-                         {"end_ns", range->end_ns},
-                         {"duration_ns", range->end_ns - range->start_ns}};
-    } else {
-      j["time_range"] = nullptr;
-    }
-    j["ranks"] = json::array();
-    for (const auto& rk : ranks) {
-      j["ranks"].push_back({{"rank", rk.rank},
-                            {"host", rk.host},
-                            {"device", rk.device},
-                            {"dp", rk.dp},
-                            {"tp", rk.tp},
-                            {"pp", rk.pp}});
-    }
-    j["streams"] = json::array();
-    for (const auto& s : streams) {
-      auto it = per_stream.find({s.rank, s.stream});
-      j["streams"].push_back({{"rank", s.rank},
-                              {"stream", s.stream},
-                              {"name", s.name},
-                              {"spans", it == per_stream.end() ? 0 : it->second}});
-    }
-    j["communicators"] = json::array();
-    for (const auto& c : comms) {
-      j["communicators"].push_back({{"id", c.id},
-                                    {"kind", std::string(traces::to_string(c.kind))},
-                                    {"name", c.name},
-                                    {"ranks", c.ranks}});
-    }
-    j["extra"] = parse_extra(m.extra_json);
-    std::cout << j.dump(2) << "\n";
-    return 0;
+// What `orrery info` reads of a trace: its tables without its spans.
+struct InfoData {
+  explicit InfoData(const std::string& path)
+      : r(path),
+        m(r.meta()),
+        ranks(r.ranks()),
+        streams(r.streams()),
+        comms(r.communicators()),
+        range(r.time_range()),
+        spans(r.span_count()),
+        counters(r.counter_count()),
+        complete(r.complete()) {
+    for (const auto& b : r.stream_bounds()) per_stream[{b.rank, b.stream}] = b.count;
   }
+  const traces::TraceReader r;
+  const traces::RunMeta m;
+  const std::vector<traces::RankInfo> ranks;
+  const std::vector<traces::StreamInfo> streams;
+  const std::vector<traces::CommunicatorInfo> comms;
+  const decltype(std::declval<traces::TraceReader>().time_range()) range;
+  const int64_t spans, counters;
+  const bool complete;
+  std::map<std::pair<int32_t, int32_t>, int64_t> per_stream;  // (rank, stream) -> spans
+};
 
+void print_info_json(const InfoArgs& a, const InfoData& d) {
+  const traces::TraceReader& r = d.r;
+  const traces::RunMeta& m = d.m;
+  const auto& [ranks, streams, comms, range, spans, counters, complete, per_stream] =
+      std::tie(d.ranks, d.streams, d.comms, d.range, d.spans, d.counters, d.complete, d.per_stream);
+  json j;
+  j["path"] = a.trace;
+  j["schema_version"] = r.schema_version();
+  j["block_checksums"] = r.checksums();
+  j["complete"] = complete;
+  j["source"] = std::string(traces::to_string(m.source));
+  j["scenario_name"] = m.scenario_name;
+  j["host"] = m.host;
+  j["start_time_unix_ns"] = m.start_time_unix_ns;
+  j["world_size"] = m.world_size;
+  j["origin"] = std::string(traces::to_string(m.origin));
+  j["layout"] = m.layout;
+  j["layout"]["dp"] = m.dp;
+  j["layout"]["tp"] = m.tp;
+  j["layout"]["pp"] = m.pp;
+  j["failure"] = m.failure.failed ? nlohmann::json(m.failure) : nlohmann::json(nullptr);
+  j["tokens_per_step"] = m.tokens_per_step;
+  j["model_flops_per_step"] = m.model_flops_per_step;
+  j["peak_flops_per_rank"] = m.peak_flops_per_rank;
+  j["span_count"] = spans;
+  j["counter_count"] = counters;
+  if (range) {
+    j["time_range"] = {{"start_ns", range->start_ns},
+                       {"end_ns", range->end_ns},
+                       {"duration_ns", range->end_ns - range->start_ns}};
+  } else {
+    j["time_range"] = nullptr;
+  }
+  j["ranks"] = json::array();
+  for (const auto& rk : ranks) {
+    j["ranks"].push_back({{"rank", rk.rank},
+                          {"host", rk.host},
+                          {"device", rk.device},
+                          {"dp", rk.dp},
+                          {"tp", rk.tp},
+                          {"pp", rk.pp}});
+  }
+  j["streams"] = json::array();
+  for (const auto& s : streams) {
+    auto it = per_stream.find({s.rank, s.stream});
+    j["streams"].push_back({{"rank", s.rank},
+                            {"stream", s.stream},
+                            {"name", s.name},
+                            {"spans", it == per_stream.end() ? 0 : it->second}});
+  }
+  j["communicators"] = json::array();
+  for (const auto& c : comms) {
+    j["communicators"].push_back({{"id", c.id},
+                                  {"kind", std::string(traces::to_string(c.kind))},
+                                  {"name", c.name},
+                                  {"ranks", c.ranks}});
+  }
+  j["extra"] = parse_extra(m.extra_json);
+  std::cout << j.dump(2) << "\n";
+}
+
+void print_info_text(const InfoArgs& a, const InfoData& d) {
+  const traces::TraceReader& r = d.r;
+  const traces::RunMeta& m = d.m;
+  const auto& [ranks, streams, comms, range, spans, counters, complete, per_stream] =
+      std::tie(d.ranks, d.streams, d.comms, d.range, d.spans, d.counters, d.complete, d.per_stream);
   auto row = [](const char* key, const std::string& value) {
     std::printf("  %-16s %s\n", key, value.c_str());
   };
@@ -230,6 +240,16 @@ int run_info(const InfoArgs& a) {
                 c.name.c_str(), members.c_str());
   }
   if (!m.extra_json.empty() && m.extra_json != "{}") row("extra", m.extra_json);
+}
+
+int run_info(const InfoArgs& a) {
+  if (a.verify) return run_verify(a);
+  const InfoData d(a.trace);
+  if (a.json) {
+    print_info_json(a, d);
+  } else {
+    print_info_text(a, d);
+  }
   return 0;
 }
 

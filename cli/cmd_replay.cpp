@@ -35,10 +35,7 @@ struct ReplayArgs {
 // The device peak and bandwidth a profile sees on a cluster (the profile's overrides first).
 std::pair<double, double> device_rates(const sim::Cluster& c, const sim::HardwareProfile& p) {
   double peak = p.peak_flops;
-  if (!(peak > 0)) {
-    const auto prec = sim::precision_from_string(p.precision.empty() ? "fp32" : p.precision);
-    peak = c.device.peak_flops(prec ? *prec : sim::Precision::FP32);
-  }
+  if (!(peak > 0)) peak = c.device.peak_flops(p.precision);
   const double bw = p.memory_bandwidth_bytes_per_s > 0 ? p.memory_bandwidth_bytes_per_s
                                                        : c.device.mem_bandwidth_bytes_per_s;
   return {peak, bw};

@@ -14,6 +14,7 @@
 #include "orrery/common/slurm.hpp"
 #include "orrery/profiler/compare.hpp"
 #include "orrery/profiler/metrics.hpp"
+#include "orrery/traces/meta_json.hpp"
 #include "orrery/traces/store.hpp"
 
 namespace orrery::cli {
@@ -138,14 +139,8 @@ json report_json(const Loaded& l) {
   j["complete"] = l.complete;
   const traces::RunMeta& meta = l.trace.meta;
   j["origin"] = std::string(traces::to_string(meta.origin));
-  j["layout"] = {{"zero", meta.layout.zero},           {"micro_batches", meta.layout.micro_batches},
-                 {"schedule", meta.layout.schedule},   {"placement", meta.layout.placement},
-                 {"recompute", meta.layout.recompute}, {"device", meta.layout.device},
-                 {"precision", meta.layout.precision}};
-  j["failure"] = meta.failure.failed ? json{{"lost_ranks", meta.failure.lost_ranks},
-                                            {"step", meta.failure.step},
-                                            {"message", meta.failure.message}}
-                                     : json(nullptr);
+  j["layout"] = meta.layout;
+  j["failure"] = meta.failure.failed ? json(meta.failure) : json(nullptr);
   j["span_count"] = m.span_count;
   j["start_ns"] = m.start_ns;
   j["end_ns"] = m.end_ns;

@@ -528,7 +528,7 @@ int run_command(const RunArgs& a) {
 
 std::string device_help() {
 #if defined(ORRERY_RUNTIME_AVAILABLE)
-  if (runtime::has_device_runner("cuda"))
+  if (runtime::has_device_runner(orrery::Device::Cuda))
     return "cpu, or cuda (needs a GPU; dp, ZeRO 1/2/3, tp and pp)";
 #endif
   return "cpu (cuda: not in this build)";

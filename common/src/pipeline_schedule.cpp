@@ -10,11 +10,11 @@
 
 namespace orrery {
 
-std::vector<int> pipeline_schedule_order(const std::string& schedule, int stages, int stage, int m,
+std::vector<int> pipeline_schedule_order(Schedule schedule, int stages, int stage, int m,
                                          const std::string& who) {
   std::vector<int> order;
   order.reserve(2 * static_cast<size_t>(m));
-  const std::optional<Schedule> kind = parse_schedule(schedule);
+  const Schedule kind = schedule;
   if (kind == Schedule::GPipe) {
     for (int i = 0; i < m; ++i) order.push_back(i);
     for (int i = 0; i < m; ++i) order.push_back(-i - 1);
@@ -28,8 +28,8 @@ std::vector<int> pipeline_schedule_order(const std::string& schedule, int stages
     }
     while (b < m) order.push_back(-(b++) - 1);
   } else {
-    throw InputError("key 'parallel.schedule': '" + schedule + "' is not available in " + who +
-                     "; expected gpipe or 1f1b");
+    throw InputError("key 'parallel.schedule': '" + std::string(schedule_name(schedule)) +
+                     "' is not available in " + who + "; expected gpipe or 1f1b");
   }
   return order;
 }

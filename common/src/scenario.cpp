@@ -15,6 +15,16 @@
 #include "orrery/common/error.hpp"
 
 namespace orrery {
+
+namespace {
+// runtime.precision as a scenario writes it: lower case, one of fp32, tf32, bf16.
+std::optional<Precision> scenario_precision(const std::string& text) {
+  const auto p = precision_from_string(text);
+  if (!p || *p == Precision::FP16 || text != to_string(*p)) return std::nullopt;
+  return p;
+}
+}  // namespace
+
 namespace {
 
 enum class Type { Int, Uint, Double, Bool, String, IntList };
@@ -394,12 +404,10 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
   check_range(
       parse_placement(p.placement).has_value(), origin, "parallel.placement",
       "expected a permutation of tp,dp,pp (fastest-varying first), got '" + p.placement + "'");
-  check_range(s.runtime.device == "cpu" || s.runtime.device == "cuda", origin, "runtime.device",
+  check_range(parse_device(s.runtime.device).has_value(), origin, "runtime.device",
               "expected 'cpu' or 'cuda', got '" + s.runtime.device + "'");
   check_range(s.runtime.threads >= 1, origin, "runtime.threads", "must be >= 1");
-  check_range(s.runtime.precision == "fp32" || s.runtime.precision == "tf32" ||
-                  s.runtime.precision == "bf16",
-              origin, "runtime.precision",
+  check_range(scenario_precision(s.runtime.precision).has_value(), origin, "runtime.precision",
               "expected fp32, tf32 or bf16, got '" + s.runtime.precision + "'");
   check_range(p.comm_backend == "auto" || p.comm_backend == "nccl" || p.comm_backend == "mpi",
               origin, "parallel.comm_backend",
@@ -588,6 +596,65 @@ Schedule schedule_of(const ParallelConfig& p) {
                      p.schedule + "'");
   }
   return *s;
+}
+
+const char* schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::GPipe:
+      return "gpipe";
+    case Schedule::OneFOneB:
+      return "1f1b";
+    case Schedule::Interleaved:
+      return "interleaved";
+  }
+  return "?";
+}
+
+std::optional<Device> parse_device(const std::string& name) {
+  if (name == "cpu") return Device::Cpu;
+  if (name == "cuda") return Device::Cuda;
+  return std::nullopt;
+}
+
+Device device_of(const RuntimeConfig& r) {
+  const auto d = parse_device(r.device);
+  if (!d)
+    throw InputError("key 'runtime.device': expected 'cpu' or 'cuda', got '" + r.device + "'");
+  return *d;
+}
+
+const char* device_name(Device d) { return d == Device::Cuda ? "cuda" : "cpu"; }
+
+std::optional<Precision> precision_from_string(std::string_view s) {
+  std::string l(s);
+  for (char& c : l) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (l == "fp32") return Precision::FP32;
+  if (l == "tf32") return Precision::TF32;
+  if (l == "bf16") return Precision::BF16;
+  if (l == "fp16") return Precision::FP16;
+  return std::nullopt;
+}
+
+std::string_view to_string(Precision p) {
+  switch (p) {
+    case Precision::FP32:
+      return "fp32";
+    case Precision::TF32:
+      return "tf32";
+    case Precision::BF16:
+      return "bf16";
+    case Precision::FP16:
+      return "fp16";
+  }
+  return "?";
+}
+
+Precision precision_of(const RuntimeConfig& r) {
+  const auto p = scenario_precision(r.precision);
+  if (!p)
+    throw InputError("key 'runtime.precision': expected fp32, tf32 or bf16, got '" + r.precision +
+                     "'");
+  return *p;
 }
 
 std::optional<Recompute> parse_recompute(const std::string& name) {

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "orrery/common/error.hpp"
+#include "orrery/model/names.hpp"
 #include "orrery/model/parameters.hpp"
 #include "orrery/profiler/recorder.hpp"
 
@@ -28,7 +29,7 @@ namespace {
 constexpr const char* kFormat = "orrery-checkpoint";
 constexpr int kVersion = 1;
 constexpr const char* kManifest = "manifest.json";
-constexpr int32_t kCheckpointStream = 3;
+constexpr int32_t kCheckpointStream = model::names::kStreamCheckpoint;
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -515,7 +516,7 @@ CheckpointSession::CheckpointSession(const Scenario& s, RankTrainer& trainer, Co
       rec_(rec && rec->enabled() ? rec : nullptr),
       dir_(std::move(dir)) {
   if (rec_ && s_.checkpoint.every > 0 && s_.checkpoint.background)
-    rec_->add_stream(kCheckpointStream, "checkpoint");
+    rec_->add_stream(kCheckpointStream, std::string(model::names::stream_name(kCheckpointStream)));
 }
 
 CheckpointSession::~CheckpointSession() {

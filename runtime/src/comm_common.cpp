@@ -1,6 +1,7 @@
 // What every communicator shares (comm.hpp): the completion of an operation and its trace span.
 #include <chrono>
 
+#include "orrery/model/names.hpp"
 #include "orrery/profiler/flight_recorder.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/comm.hpp"
@@ -27,6 +28,18 @@ bool Completion::wait_for(double limit_s) {
 bool Completion::done() const {
   std::lock_guard lock(mu_);
   return done_;
+}
+
+int32_t comm_stream_of(traces::CommKind kind, traces::CollOp op) {
+  namespace n = model::names;
+  switch (kind) {
+    case traces::CommKind::TP:
+      return n::kStreamTp;
+    case traces::CommKind::PP:
+      return op == traces::CollOp::Recv ? n::kStreamPpRecv : n::kStreamPpSend;
+    default:
+      return n::kStreamDp;
+  }
 }
 
 traces::Span comm_op_span(profiler::Recorder& rec, int32_t stream, traces::CollOp op,

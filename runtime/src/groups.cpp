@@ -16,7 +16,7 @@ RankGroups split_rank_groups(Communicator& world, const Layout& L) {
   if (L.pp > 1) {
     const bool ends = L.pp_rank == 0 || L.pp_rank == L.pp - 1;
     const int color = ends ? L.tp_rank + L.tp * L.dp_rank : L.tp * L.dp + world.rank();
-    g.embed = world.split(color, L.pp_rank, traces::CommKind::PP,
+    g.embed = world.split(color, L.pp_rank, traces::CommKind::Other,
                           names::embed_group(L.dp_rank, L.tp_rank));
   }
   return g;

@@ -291,7 +291,6 @@ void RankSession::describe(const traces::RunMeta& meta, const traces::RankInfo& 
   writer_->add_rank(rank);
   file.unlock();
   rec_->add_stream(profiler::kComputeStream, "compute");
-  rec_->add_stream(profiler::kCommStream, "comm");
 }
 
 void RankSession::start_steps(int first) { save_progress(*rec_, first); }
@@ -384,17 +383,17 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
 }
 
 namespace {
-std::map<std::string, DeviceRunner>& device_runners() {
-  static std::map<std::string, DeviceRunner> runners;  // built before the first registration
+std::map<Device, DeviceRunner>& device_runners() {
+  static std::map<Device, DeviceRunner> runners;  // built before the first registration
   return runners;
 }
 }  // namespace
 
-void register_device_runner(const std::string& device, DeviceRunner runner) {
+void register_device_runner(Device device, DeviceRunner runner) {
   device_runners()[device] = std::move(runner);
 }
 
-bool has_device_runner(const std::string& device) { return device_runners().count(device) > 0; }
+bool has_device_runner(Device device) { return device_runners().count(device) > 0; }
 
 void check_supported_on_device(const Scenario& s) {
   // Issue 18 item 1: the keys parse and validate, but no training path compresses yet. Refused on
@@ -404,7 +403,7 @@ void check_supported_on_device(const Scenario& s) {
                      ": key 'parallel.grad_compression': '" + s.parallel.grad_compression +
                      "' is not implemented by the runtime yet (cpu or cuda); use none");
   }
-  const auto it = device_runners().find(s.runtime.device);
+  const auto it = device_runners().find(device_of(s.runtime));
   if (it == device_runners().end()) {
     check_supported(s);
   } else {
@@ -414,7 +413,7 @@ void check_supported_on_device(const Scenario& s) {
 
 RankRunResult run_rank_on_device(const Scenario& s, Communicator& world,
                                  const RankRunOptions& opt) {
-  const auto it = device_runners().find(s.runtime.device);
+  const auto it = device_runners().find(device_of(s.runtime));
   if (it == device_runners().end()) return run_rank(s, world, opt);
   return run_rank(s, world, opt, it->second.make_trainer);
 }

@@ -9,12 +9,12 @@
 
 namespace orrery::runtime {
 
-std::vector<int> pipeline_order(const std::string& schedule, int stages, int stage, int m) {
+std::vector<int> pipeline_order(Schedule schedule, int stages, int stage, int m) {
   return pipeline_schedule_order(schedule, stages, stage, m, "the CPU runtime");
 }
 
-int pipeline_in_flight(const std::string& schedule, int stages, int stage, int m) {
-  if (parse_schedule(schedule) == Schedule::GPipe) return m;
+int pipeline_in_flight(Schedule schedule, int stages, int stage, int m) {
+  if (schedule == Schedule::GPipe) return m;
   return std::max(1, std::min(m, stages - stage));
 }
 

@@ -47,7 +47,7 @@ void check_supported(const Scenario& s) {
     throw InputError(origin + ": key 'parallel.schedule': '" + s.parallel.schedule +
                      "' is not available in the CPU runtime; expected gpipe or 1f1b");
   }
-  if (s.runtime.device != "cpu") {
+  if (device_of(s.runtime) != Device::Cpu) {
     // Device cuda goes to the CUDA runtime (runtime/cuda, check_supported_cuda) when it is built.
     throw InputError(
         origin + ": key 'runtime.device': '" + s.runtime.device +

@@ -1484,7 +1484,7 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in,
   append(out.notes, rates.notes);
   p.name = opt.name;
   p.device = "cpu";
-  p.precision = "fp32";
+  p.precision = Precision::FP32;
   p.peak_flops = rates.peak_flops;
   p.memory_bandwidth_bytes_per_s = rates.memory_bandwidth_bytes_per_s;
   p.classes = rates.classes;

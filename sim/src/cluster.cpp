@@ -39,29 +39,6 @@ const std::vector<Device>& presets() {
 
 }  // namespace
 
-std::string_view to_string(Precision p) {
-  switch (p) {
-    case Precision::FP32:
-      return "fp32";
-    case Precision::TF32:
-      return "tf32";
-    case Precision::BF16:
-      return "bf16";
-    case Precision::FP16:
-      return "fp16";
-  }
-  return "?";
-}
-
-std::optional<Precision> precision_from_string(std::string_view s) {
-  const std::string l = lower(s);
-  if (l == "fp32") return Precision::FP32;
-  if (l == "tf32") return Precision::TF32;
-  if (l == "bf16") return Precision::BF16;
-  if (l == "fp16") return Precision::FP16;
-  return std::nullopt;
-}
-
 double Device::peak_flops(Precision p) const {
   switch (p) {
     case Precision::FP32:

@@ -134,11 +134,14 @@ HardwareProfile parse_device(YAML::Node root, const std::string& origin) {
   HardwareProfile p;
   p.name = root["name"] ? get_string(root["name"], origin, "name") : origin;
   if (root["device"]) p.device = get_string(root["device"], origin, "device");
-  p.precision = root["precision"] ? get_string(root["precision"], origin, "precision") : "fp32";
-  if (p.precision != "bf16" && p.precision != "fp16" && p.precision != "tf32" &&
-      p.precision != "fp32")
-    throw InputError(where(origin, root["precision"], "precision") +
-                     ": expected bf16, fp16, tf32 or fp32, got '" + p.precision + "'");
+  if (root["precision"]) {
+    const std::string text = get_string(root["precision"], origin, "precision");
+    const auto prec = precision_from_string(text);
+    if (!prec || to_string(*prec) != text)
+      throw InputError(where(origin, root["precision"], "precision") +
+                       ": expected bf16, fp16, tf32 or fp32, got '" + text + "'");
+    p.precision = *prec;
+  }
   if (root["peak_flops"]) {
     p.peak_flops = get_number(root["peak_flops"], origin, "peak_flops");
     if (p.peak_flops < 0)
@@ -521,7 +524,7 @@ std::string to_yaml(const HardwareProfile& p) {
   e << YAML::BeginMap;
   emit_string(e << YAML::Key << "name" << YAML::Value, p.name);
   emit_string(e << YAML::Key << "device" << YAML::Value, p.device);
-  emit_string(e << YAML::Key << "precision" << YAML::Value, p.precision);
+  emit_string(e << YAML::Key << "precision" << YAML::Value, std::string(to_string(p.precision)));
   e << YAML::Key << "peak_flops" << YAML::Value << p.peak_flops;
   e << YAML::Key << "memory_bandwidth_gbps" << YAML::Value << p.memory_bandwidth_bytes_per_s / 1e9;
   e << YAML::Key << "data_load_us" << YAML::Value << p.data_load_ns / 1000.0;
@@ -668,7 +671,7 @@ HardwareProfile default_hardware_profile(const std::string& device, bool is_gpu)
     // published maximum achievable matmul FLOPS; devices without a shape model at a flat 0.70.
     // Fused attention about half of peak, memory-bound kernels 80-90 % of HBM bandwidth, a few
     // microseconds of launch overhead per kernel.
-    p.precision = "bf16";
+    p.precision = Precision::BF16;
     p.data_load_ns = 20'000;
     p.gemm_shape = gemm_shape_model(device);
     const double gemm_ceiling = device == "A100-SXM-80GB"                  ? 0.872
@@ -682,7 +685,7 @@ HardwareProfile default_hardware_profile(const std::string& device, bool is_gpu)
     set(OpClass::Optimizer, 1.0, 0.85, 10'000);
   } else {
     // fp32 CPU kernels (OpenBLAS sgemm at half of peak, hand-written loops memory-bound).
-    p.precision = "fp32";
+    p.precision = Precision::FP32;
     p.data_load_ns = 50'000;
     set(OpClass::Gemm, 0.50, 0.60, 2'000);
     set(OpClass::Attention, 0.25, 0.50, 2'000);

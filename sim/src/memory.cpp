@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "orrery/common/pipeline_schedule.hpp"
+#include "orrery/model/activations.hpp"
 
 namespace orrery::sim {
 
@@ -17,36 +18,19 @@ ModelStateBytes model_state_bytes(double params, int zero_stage, int dp, const P
 }
 
 namespace {
-// The paper's per-layer terms (Korthikanti et al. 2022, section 4.1), in units of s·b·h 16-bit
-// bytes: what the layer keeps besides the attention core, and the attention core (divided by t).
-// For the paper's GPT block (r = 1, f = 4, u = 1, dropout): 34 in all, 10 replicated under plain
-// tp, all divided by t with sequence parallelism, and a core of 5·a·s/h. Generalised, with
-// r = kv_heads / heads (grouped-query attention keeps smaller k and v; with fewer kv heads than
-// tp ranks each rank keeps one head's, r = tp / heads), f = F / h (the MLP width),
-// u = 2 for SwiGLU (fc1 writes gate and up, the activation's input), d = 1 with dropout (GPT
-// blocks, as Megatron trains them) or 0 (SwiGLU blocks, trained without dropout as Llama is):
-//   attention  LN1 output 2, q 2, k 2r, v 2r, projection input 2, dropout mask d
-//   core       softmax output 2, dropout mask d, dropout output 2d      (times a·s/h)
-//   MLP        fc1 input 2, activation input 2uf, fc2 input 2f, dropout mask d
-//   norms      the two norms' inputs 2 + 2
-// Replicated under tp without sequence parallelism: the norms' inputs and outputs (8) and the
-// dropout masks after the two row-parallel layers (2d); the rest is divided by t. RoPE keeps the
-// rotated q and k (its backward needs nothing), RMSNorm its input as LayerNorm does.
+// The block's saved activations on one rank in s·b·h 16-bit units, summed from the model's per-op
+// table (model/activations.hpp: Korthikanti et al. 2022, section 4.1, generalised to GQA, the MLP
+// width and SwiGLU): the attention core and the rest.
 struct LayerTerms {
   double rest = 0, core = 0;
 };
 LayerTerms layer_terms(const Scenario& s) {
-  const double sq = s.model.seq, h = s.model.d_model, a = s.model.heads, t = s.parallel.tp;
-  const bool sp = s.parallel.sequence_parallel && s.parallel.tp > 1;
   const BlockArch arch = block_arch(s.model);
-  // k and v of every rank's heads: kv_heads, or tp when each rank holds one replicated head.
-  const double r = double(std::max(arch.kv_heads, s.parallel.tp)) / a,
-               f = double(arch.ffn_hidden) / h;
-  const double u = arch.swiglu() ? 2.0 : 1.0, d = arch.swiglu() ? 0.0 : 1.0;
-  const double replicated = 8.0 + 2.0 * d;
-  const double divided = 4.0 + 4.0 * r + 2.0 * u * f + 2.0 * f;
-  const double core = (2.0 + 3.0 * d) * a * sq / (h * t);
-  return {sp ? (replicated + divided) / t : replicated + divided / t, core};
+  const auto terms = model::block_activation_terms(arch, s.model.heads, s.model.d_model,
+                                                   s.model.seq, s.parallel.tp);
+  const bool sp = s.parallel.sequence_parallel && s.parallel.tp > 1;
+  const model::BlockActivations b = model::block_activations(terms, s.parallel.tp, sp);
+  return {b.rest, b.core};
 }
 double sbh_bytes(const Scenario& s, const PrecisionConfig& p) {
   return double(s.model.seq) * s.training.micro_batch * s.model.d_model * (p.act_bytes / 2.0);

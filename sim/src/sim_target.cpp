@@ -47,11 +47,12 @@ SimTarget sim_target(const Scenario& s, const std::string& cluster, const std::s
 
 Cluster default_cluster(const Scenario& s) {
   Cluster c;
-  if (s.runtime.device == "cpu" && std::filesystem::exists("scenarios/clusters/cpu-local.yaml")) {
+  const bool cpu = device_of(s.runtime) == orrery::Device::Cpu;
+  if (cpu && std::filesystem::exists("scenarios/clusters/cpu-local.yaml")) {
     c = load_cluster("scenarios/clusters/cpu-local.yaml");
   } else {
-    c.name = s.runtime.device == "cpu" ? "cpu-node" : "h100-node";
-    c.device = *device_preset(s.runtime.device == "cpu" ? "cpu" : "H100-SXM");
+    c.name = cpu ? "cpu-node" : "h100-node";
+    c.device = *device_preset(cpu ? "cpu" : "H100-SXM");
     c.nodes = 1;
     c.gpus_per_node = s.world_size();
     c.topo.kind = TopologyKind::Crossbar;
@@ -67,7 +68,8 @@ HardwareProfile target_profile(const SimTarget& t, const std::string& hw) {
 
 std::string precision_name(const std::string& requested, const HardwareProfile& profile) {
   if (!requested.empty()) return requested;
-  return profile.precision == "bf16" || profile.precision == "fp16" ? "mixed" : "fp32";
+  return profile.precision == Precision::BF16 || profile.precision == Precision::FP16 ? "mixed"
+                                                                                      : "fp32";
 }
 
 void check_simulation_fits(const Scenario& s, const Cluster& cluster, const SimOptions& opt,

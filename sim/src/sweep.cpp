@@ -35,8 +35,7 @@ PrecisionConfig precision_for(const SimOptions& opt, const HardwareProfile& prof
 
 double peak_for(const Cluster& c, const HardwareProfile& prof) {
   if (prof.peak_flops > 0) return prof.peak_flops;
-  const auto p = precision_from_string(prof.precision);
-  return c.device.peak_flops(p ? *p : Precision::FP32);
+  return c.device.peak_flops(prof.precision);
 }
 
 using profiler::Interval;
@@ -141,6 +140,73 @@ void check_simulation_size(const Scenario& s, int steps, bool every_rank, bool k
                    format_memory_bytes(double(limit)));
 }
 
+namespace {
+
+// Step windows over all simulated ranks: [earliest op start, latest op end] of the ops of each
+// step, as compute_metrics takes them from the trace's "step" spans; the first step is warm-up
+// when there are more.
+struct StepWindows {
+  std::vector<int64_t> start, end;
+  int first_counted = 0;
+  int64_t mean_ns = 0;  // over the counted steps
+};
+
+StepWindows step_windows(const Workload& w, const ExecResult& r) {
+  StepWindows sw;
+  sw.start.assign(size_t(w.steps), INT64_MAX);
+  sw.end.assign(size_t(w.steps), INT64_MIN);
+  for (const auto& rk : r.ranks)
+    for (size_t i = 0; i < rk.ops.size(); ++i) {
+      const int st = rk.program->ops[i].step;
+      if (st < 0) continue;
+      sw.start[size_t(st)] = std::min(sw.start[size_t(st)], rk.ops[i].start_ns);
+      sw.end[size_t(st)] = std::max(sw.end[size_t(st)], rk.ops[i].end_ns);
+    }
+  sw.first_counted = w.steps > 1 ? 1 : 0;
+  double sum = 0;
+  for (int st = sw.first_counted; st < w.steps; ++st)
+    sum += double(sw.end[size_t(st)] - sw.start[size_t(st)]);
+  sw.mean_ns = static_cast<int64_t>(std::llround(sum / (w.steps - sw.first_counted)));
+  return sw;
+}
+
+// The breakdown (sweep.hpp): profiler::account_step, the definition compute_metrics applies to the
+// trace, over each simulated rank's ops from start to end (as the trace's spans), per counted
+// step, averaged over ranks and steps.
+StepBreakdown mean_breakdown(const ExecResult& r, const StepWindows& win, bool pipeline) {
+  profiler::StepAccount sum;
+  for (const auto& rk : r.ranks) {
+    std::vector<Interval> comp, tp, dp, pp;
+    for (size_t i = 0; i < rk.ops.size(); ++i) {
+      const Op& op = rk.program->ops[i];
+      const Interval iv{rk.ops[i].start_ns, rk.ops[i].end_ns};
+      if (op.kind == traces::SpanKind::Compute || op.kind == traces::SpanKind::Optimizer)
+        comp.push_back(iv);
+      else if (op.kind == traces::SpanKind::P2P)
+        pp.push_back(iv);
+      else if (op.kind == traces::SpanKind::Collective)
+        (op.group == GroupRole::TP ? tp : dp).push_back(iv);
+    }
+    const auto C = profiler::merge_intervals(std::move(comp));
+    const auto TP = profiler::merge_intervals(std::move(tp));
+    const auto DP = profiler::merge_intervals(std::move(dp));
+    const auto PP = profiler::merge_intervals(std::move(pp));
+    for (size_t st = size_t(win.first_counted); st < win.start.size(); ++st)
+      sum += profiler::account_step({C, TP, DP, PP}, win.start[st], win.end[st]);
+  }
+  const double n = double(r.ranks.size()) * double(win.start.size() - size_t(win.first_counted));
+  StepBreakdown b;
+  b.window_ns = double(sum.window_ns) / n;
+  b.compute_ns = double(sum.compute_ns) / n;
+  b.exposed_tp_ns = double(sum.exposed_tp_ns) / n;
+  b.exposed_dp_ns = double(sum.exposed_dp_ns) / n;
+  b.exposed_pp_ns = double(sum.p2p_ns) / n;
+  (pipeline ? b.bubble_ns : b.idle_ns) = double(sum.rest_ns) / n;
+  return b;
+}
+
+}  // namespace
+
 SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   if (s.world_size() != cluster.num_gpus())
@@ -182,67 +248,9 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   out.events = r.events;
   for (const auto& rk : r.ranks) out.ops += rk.ops.size();
 
-  // Step windows over all simulated ranks.
-  std::vector<int64_t> step_start(w.steps, INT64_MAX), step_end(w.steps, INT64_MIN);
-  for (const auto& rk : r.ranks)
-    for (size_t i = 0; i < rk.ops.size(); ++i) {
-      const int st = rk.program->ops[i].step;
-      if (st < 0) continue;
-      step_start[st] = std::min(step_start[st], rk.ops[i].start_ns);
-      step_end[st] = std::max(step_end[st], rk.ops[i].end_ns);
-    }
-  const int first_counted = w.steps > 1 ? 1 : 0;
-  const int counted = w.steps - first_counted;
-  double step_sum = 0;
-  for (int st = first_counted; st < w.steps; ++st)
-    step_sum += double(step_end[st] - step_start[st]);
-  out.step_time_ns = static_cast<int64_t>(std::llround(step_sum / counted));
-
-  // Breakdown per rank and counted step (sweep.hpp), averaged.
-  StepBreakdown sum;
-  for (const auto& rk : r.ranks) {
-    for (int st = first_counted; st < w.steps; ++st) {
-      const int64_t ws = step_start[st], we = step_end[st];
-      std::vector<Interval> comp, tp, pp, dp;
-      for (size_t i = 0; i < rk.ops.size(); ++i) {
-        const Op& op = rk.program->ops[i];
-        if (op.step != st) continue;
-        const Interval iv{std::max(ws, rk.ops[i].active_ns), std::min(we, rk.ops[i].end_ns)};
-        if (op.kind == traces::SpanKind::Compute || op.kind == traces::SpanKind::Optimizer)
-          comp.push_back(iv);
-        else if (op.kind == traces::SpanKind::P2P)
-          pp.push_back(iv);
-        else if (op.kind == traces::SpanKind::Collective)
-          (op.group == GroupRole::TP ? tp : dp).push_back(iv);
-      }
-      const auto C = profiler::merge_intervals(comp);
-      const auto TP = profiler::merge_intervals(tp);
-      auto cat = [](std::vector<Interval> a, const std::vector<Interval>& b) {
-        a.insert(a.end(), b.begin(), b.end());
-        return profiler::merge_intervals(std::move(a));
-      };
-      const auto C_TP = cat(C, TP);
-      const auto PP = profiler::merge_intervals(pp);
-      const auto C_TP_PP = cat(C_TP, PP);
-      const auto DP = profiler::merge_intervals(dp);
-      const auto all = cat(C_TP_PP, DP);
-      const double window = double(we - ws);
-      sum.window_ns += window;
-      sum.compute_ns += double(profiler::total_length(C));
-      sum.exposed_tp_ns +=
-          double(profiler::total_length(TP) - profiler::intersection_length(TP, C));
-      sum.exposed_pp_ns +=
-          double(profiler::total_length(PP) - profiler::intersection_length(PP, C_TP));
-      sum.exposed_dp_ns +=
-          double(profiler::total_length(DP) - profiler::intersection_length(DP, C_TP_PP));
-      const double rest = window - double(profiler::total_length(all));
-      (s.parallel.pp > 1 ? sum.bubble_ns : sum.idle_ns) += rest;
-    }
-  }
-  const double n = double(r.ranks.size()) * counted;
-  out.breakdown = {sum.window_ns / n,     sum.compute_ns / n,    sum.exposed_tp_ns / n,
-                   sum.exposed_dp_ns / n, sum.exposed_pp_ns / n, sum.bubble_ns / n,
-                   sum.idle_ns / n};
+  const StepWindows win = step_windows(w, r);
+  out.step_time_ns = win.mean_ns;
+  out.breakdown = mean_breakdown(r, win, s.parallel.pp > 1);
 
   const double step_s = double(out.step_time_ns) * 1e-9;
   if (step_s > 0) {
@@ -737,9 +745,9 @@ std::string format_report(const SimResult& r, const Scenario& s, const Cluster& 
   };
   line("compute", b.compute_ns);
   line("exposed tp comm", b.exposed_tp_ns);
-  line("exposed pp comm", b.exposed_pp_ns);
   line("exposed dp comm", b.exposed_dp_ns);
   line("pipeline bubble", b.bubble_ns);
+  if (r.pp > 1) line("  of which pp p2p", b.exposed_pp_ns);
   line("idle", b.idle_ns);
   format_stage_compute(o, r.stages);
   o << "memory per GPU (parameters + gradients + optimizer + activations = total, capacity "

@@ -17,22 +17,6 @@
 
 namespace orrery::sim {
 
-std::string_view stream_name(int stream) {
-  switch (stream) {
-    case kStreamCompute:
-      return "compute";
-    case kStreamDp:
-      return "comm.dp";
-    case kStreamTp:
-      return "comm.tp";
-    case kStreamPpSend:
-      return "comm.pp.send";
-    case kStreamPpRecv:
-      return "comm.pp.recv";
-  }
-  return "other";
-}
-
 PrecisionConfig precision_config(const std::string& name) {
   PrecisionConfig p;
   p.name = name;
@@ -57,7 +41,7 @@ std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage) {
   return out;
 }
 
-std::vector<int> schedule_order(const std::string& schedule, int stages, int stage, int m) {
+std::vector<int> schedule_order(Schedule schedule, int stages, int stage, int m) {
   return pipeline_schedule_order(schedule, stages, stage, m, "the simulator");
 }
 
@@ -573,7 +557,7 @@ class StageBuilder {
   std::vector<PipelinePass> pass_order() const {
     std::vector<PipelinePass> order;
     if (interleaved_) return pipeline_interleaved_order(pp_, st_, m_, chunks_);
-    for (const int pass : schedule_order(par_.schedule, pp_, st_, m_))
+    for (const int pass : schedule_order(schedule_of(par_), pp_, st_, m_))
       order.push_back(pass >= 0 ? PipelinePass{0, pass, true} : PipelinePass{0, -pass - 1, false});
     return order;
   }

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "orrery/common/error.hpp"
+#include "orrery/model/activations.hpp"
 #include "orrery/model/block.hpp"
 #include "orrery/model/buckets.hpp"
 #include "orrery/model/grid.hpp"
@@ -26,6 +27,60 @@
 
 namespace orrery::model {
 namespace {
+
+// The per-op activation table sums to Korthikanti et al. 2022's closed forms (section 4.1): a GPT
+// block keeps s·b·h·(34 + 5·a·s/h), 10 of it replicated under plain tp, all of it split with
+// sequence parallelism; a Llama-2-7B block (h 4096, F 11008, SwiGLU, no dropout, no GQA) keeps
+// s·b·h·(8 + (4 + 4 + 2·2·F/h + 2·F/h)/t + 2·a·s/(h·t)).
+TEST(Activations, PerOpTableSumsToThePapersClosedForms) {
+  BlockArch gpt;
+  gpt = gpt.resolve(/*heads=*/16, /*d_model=*/1024);
+  const int a = 16, h = 1024, s = 2048;
+  const double as_h = double(a) * s / h;
+  const auto terms = block_activation_terms(gpt, a, h, s, 1);
+  ASSERT_EQ(terms.size(), 12u);
+  double total = 0, core = 0;
+  for (const auto& x : terms) {
+    total += x.sbh;
+    if (x.core) core += x.sbh;
+  }
+  EXPECT_DOUBLE_EQ(total, 34.0 + 5.0 * as_h);
+  EXPECT_DOUBLE_EQ(core, 5.0 * as_h);
+  for (const int t : {1, 2, 8}) {
+    const auto at_t = block_activation_terms(gpt, a, h, s, t);
+    const BlockActivations plain = block_activations(at_t, t, false);
+    EXPECT_DOUBLE_EQ(plain.rest, 10.0 + 24.0 / t) << t;
+    EXPECT_DOUBLE_EQ(plain.core, 5.0 * as_h / t) << t;
+    const BlockActivations sp = block_activations(at_t, t, true);
+    EXPECT_DOUBLE_EQ(sp.rest, 34.0 / t) << t;
+    EXPECT_DOUBLE_EQ(sp.core, 5.0 * as_h / t) << t;
+  }
+  BlockArch llama;
+  llama.activation = Activation::Swiglu;
+  llama.norm = Norm::RmsNorm;
+  llama.position = Position::Rope;
+  llama.bias = false;
+  llama.ffn_hidden = 11008;
+  llama = llama.resolve(32, 4096);
+  const double f = 11008.0 / 4096.0, as_h7 = 32.0 * 4096 / 4096;
+  for (const int t : {1, 4}) {
+    const BlockActivations b =
+        block_activations(block_activation_terms(llama, 32, 4096, 4096, t), t, false);
+    EXPECT_DOUBLE_EQ(b.rest, 8.0 + (8.0 + 4.0 * f + 2.0 * f) / t) << t;
+    EXPECT_DOUBLE_EQ(b.core, 2.0 * as_h7 / t) << t;
+  }
+  // Grouped-query attention: 8 kv heads of 32 keep k and v at a quarter; on 16 tp ranks (more
+  // ranks than kv heads) each rank keeps one replicated head's, r = tp / heads.
+  BlockArch gqa = llama;
+  gqa.kv_heads = 8;
+  auto attention = [&](int t) {
+    for (const auto& x : block_activation_terms(gqa, 32, 4096, 4096, t))
+      if (x.op == "attention") return x.sbh;
+    return -1.0;
+  };
+  EXPECT_DOUBLE_EQ(attention(1), 2.0 + 4.0 * 0.25);
+  EXPECT_DOUBLE_EQ(attention(16), 2.0 + 4.0 * 0.5);
+}
 
 TEST(Placement, ParsesPermutationsOnly) {
   EXPECT_EQ(parse_placement("tp,dp,pp"), (std::array<int, 3>{1, 0, 2}));

@@ -27,26 +27,26 @@ std::string text(const std::vector<int>& order) {
 }
 
 TEST(PipelineOrder, GpipeIsAllForwardsThenAllBackwards) {
-  EXPECT_EQ(text(pipeline_order("gpipe", 4, 2, 4)), "F0 F1 F2 F3 B0 B1 B2 B3");
+  EXPECT_EQ(text(pipeline_order(Schedule::GPipe, 4, 2, 4)), "F0 F1 F2 F3 B0 B1 B2 B3");
 }
 
 TEST(PipelineOrder, OneFOneBMatchesPipeDreamFlush) {
   // Narayanan et al. 2021, figure 4 (top): p = 4, m = 8.
-  EXPECT_EQ(text(pipeline_order("1f1b", 4, 0, 8)),
+  EXPECT_EQ(text(pipeline_order(Schedule::OneFOneB, 4, 0, 8)),
             "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
-  EXPECT_EQ(text(pipeline_order("1f1b", 4, 1, 8)),
+  EXPECT_EQ(text(pipeline_order(Schedule::OneFOneB, 4, 1, 8)),
             "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
-  EXPECT_EQ(text(pipeline_order("1f1b", 4, 2, 8)),
+  EXPECT_EQ(text(pipeline_order(Schedule::OneFOneB, 4, 2, 8)),
             "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7");
-  EXPECT_EQ(text(pipeline_order("1f1b", 4, 3, 8)),
+  EXPECT_EQ(text(pipeline_order(Schedule::OneFOneB, 4, 3, 8)),
             "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
   // Fewer micro-batches than stages: the warm-up is cut at m.
-  EXPECT_EQ(text(pipeline_order("1f1b", 4, 0, 2)), "F0 F1 B0 B1");
-  EXPECT_THROW(pipeline_order("interleaved", 4, 0, 8), InputError);
+  EXPECT_EQ(text(pipeline_order(Schedule::OneFOneB, 4, 0, 2)), "F0 F1 B0 B1");
+  EXPECT_THROW(pipeline_order(Schedule::Interleaved, 4, 0, 8), InputError);
 }
 
 TEST(PipelineOrder, InFlightBoundsHold) {
-  for (const char* sched : {"gpipe", "1f1b"}) {
+  for (const Schedule sched : {Schedule::GPipe, Schedule::OneFOneB}) {
     for (int p : {2, 4}) {
       for (int m : {1, 3, 8}) {
         for (int s = 0; s < p; ++s) {
@@ -65,7 +65,7 @@ TEST(PipelineOrder, InFlightBoundsHold) {
           EXPECT_EQ(static_cast<int>(fwd.size()), m);
           EXPECT_EQ(static_cast<int>(bwd.size()), m);
           EXPECT_EQ(peak, pipeline_in_flight(sched, p, s, m))
-              << sched << " p" << p << " s" << s << " m" << m;
+              << schedule_name(sched) << " p" << p << " s" << s << " m" << m;
         }
       }
     }

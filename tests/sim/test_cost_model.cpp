@@ -240,7 +240,7 @@ TEST(HardwareProfile, StringsThatAreNotPlainRoundTrip) {
   HardwareProfile p = default_hardware_profile("cpu", false);
   p.name = "";
   p.device = "\r";
-  p.precision = "fp32";
+  p.precision = Precision::FP32;
   p.machine["source"] = " padded ";
   const HardwareProfile q = parse_hardware_profile(to_yaml(p), "roundtrip.yaml");
   EXPECT_EQ(q.name, "");

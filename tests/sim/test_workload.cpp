@@ -25,25 +25,27 @@ std::string order_string(const std::vector<int>& order) {
 
 TEST(Schedule, OneFOneBTextbookOrderP4M8) {
   // Narayanan et al. 2021, Fig. 4 (top): p - s - 1 warm-up forwards, then 1F1B, then cool-down.
-  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 0, 8)),
+  EXPECT_EQ(order_string(schedule_order(Schedule::OneFOneB, 4, 0, 8)),
             "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
-  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 1, 8)),
+  EXPECT_EQ(order_string(schedule_order(Schedule::OneFOneB, 4, 1, 8)),
             "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
-  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 2, 8)),
+  EXPECT_EQ(order_string(schedule_order(Schedule::OneFOneB, 4, 2, 8)),
             "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7");
-  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 3, 8)),
+  EXPECT_EQ(order_string(schedule_order(Schedule::OneFOneB, 4, 3, 8)),
             "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
 }
 
 TEST(Schedule, GPipeOrderP4M8) {
   for (int s = 0; s < 4; ++s)
-    EXPECT_EQ(order_string(schedule_order("gpipe", 4, s, 8)),
+    EXPECT_EQ(order_string(schedule_order(Schedule::GPipe, 4, s, 8)),
               "F0 F1 F2 F3 F4 F5 F6 F7 B0 B1 B2 B3 B4 B5 B6 B7");
 }
 
 TEST(Schedule, FewerMicroBatchesThanStages) {
-  EXPECT_EQ(order_string(schedule_order("1f1b", 4, 0, 2)), "F0 F1 B0 B1");
-  EXPECT_THROW(schedule_order("zigzag", 4, 0, 2), InputError);
+  EXPECT_EQ(order_string(schedule_order(Schedule::OneFOneB, 4, 0, 2)), "F0 F1 B0 B1");
+  // An unknown name stops at the one parser; interleaved has no flat per-stage order.
+  EXPECT_FALSE(parse_schedule("zigzag").has_value());
+  EXPECT_THROW(schedule_order(Schedule::Interleaved, 4, 0, 2), InputError);
 }
 
 // Counts ops of a program by name.
@@ -222,7 +224,8 @@ TEST(Workload, ComputeOrderFollowsTheSchedule) {
         if (w.names[op.name] == names::kBlockBackward && op.layer == st)
           seen.push_back(-op.micro_batch - 1);
       }
-      EXPECT_EQ(seen, schedule_order(sched, 4, st, 8)) << sched << " stage " << st;
+      EXPECT_EQ(seen, schedule_order(schedule_of(s.parallel), 4, st, 8))
+          << sched << " stage " << st;
     }
   }
 }

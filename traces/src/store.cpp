@@ -1386,6 +1386,41 @@ std::vector<CounterSample> TraceReader::counters() const {
 
 Trace TraceReader::load_all() const { return load_all(0); }
 
+namespace {
+
+// Every packed span takes at least 6 bytes: a block index counting more spans than the file (and
+// its write-ahead log) can hold is damaged, which is reported, not allocated.
+void check_span_total(const std::string& path, size_t total) {
+  std::error_code ec;
+  uintmax_t bytes = fs::file_size(path, ec);
+  if (ec) bytes = 0;
+  const uintmax_t wal = fs::file_size(path + "-wal", ec);
+  if (!ec) bytes += wal;
+  if (bytes > 0 && total > bytes / 6) {
+    throw InputError(path + ": corrupt trace (its block index counts " + std::to_string(total) +
+                     " spans, more than the file can hold)");
+  }
+}
+
+// Span and counter names index the string table.
+void check_name_ids(const Trace& t, const std::string& path) {
+  const auto n_strings = static_cast<NameId>(t.strings.size());
+  for (const auto& s : t.spans) {
+    if (s.name >= n_strings) {
+      throw InputError(path + ": corrupt trace (span name id " + std::to_string(s.name) +
+                       " outside the string table of " + std::to_string(n_strings) + ")");
+    }
+  }
+  for (const auto& c : t.counters) {
+    if (c.name >= n_strings) {
+      throw InputError(path + ": corrupt trace (counter name id " + std::to_string(c.name) +
+                       " outside the string table of " + std::to_string(n_strings) + ")");
+    }
+  }
+}
+
+}  // namespace
+
 Trace TraceReader::load_all(unsigned threads) const {
   Trace t;
   t.path = path_;
@@ -1454,19 +1489,7 @@ Trace TraceReader::load_all(unsigned threads) const {
       cursor[r.key] += r.count;
     }
   }
-  {
-    // Every packed span takes at least 6 bytes: a count beyond that is a damaged index, which
-    // should be reported, not allocated.
-    std::error_code ec;
-    uintmax_t bytes = fs::file_size(path_, ec);
-    if (ec) bytes = 0;
-    const uintmax_t wal = fs::file_size(path_ + "-wal", ec);
-    if (!ec) bytes += wal;
-    if (bytes > 0 && total > bytes / 6) {
-      throw InputError(path_ + ": corrupt trace (its block index counts " + std::to_string(total) +
-                       " spans, more than the file can hold)");
-    }
-  }
+  check_span_total(path_, total);
   t.spans.resize(total);
 
   if (threads == 0) threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
@@ -1522,19 +1545,7 @@ Trace TraceReader::load_all(unsigned threads) const {
 
   // Strings last: a live file's newest spans may refer to strings committed with them.
   t.strings = strings();
-  const auto n_strings = static_cast<NameId>(t.strings.size());
-  for (const auto& s : t.spans) {
-    if (s.name >= n_strings) {
-      throw InputError(path_ + ": corrupt trace (span name id " + std::to_string(s.name) +
-                       " outside the string table of " + std::to_string(n_strings) + ")");
-    }
-  }
-  for (const auto& c : t.counters) {
-    if (c.name >= n_strings) {
-      throw InputError(path_ + ": corrupt trace (counter name id " + std::to_string(c.name) +
-                       " outside the string table of " + std::to_string(n_strings) + ")");
-    }
-  }
+  check_name_ids(t, path_);
   return t;
 }
 

@@ -43,6 +43,53 @@ int64_t intersection_length(const std::vector<Interval>& a, const std::vector<In
   return sum;
 }
 
+namespace {
+
+// The part of merged list m inside [a, b).
+std::vector<Interval> clip(const std::vector<Interval>& m, int64_t a, int64_t b) {
+  std::vector<Interval> out;
+  auto it = std::upper_bound(m.begin(), m.end(), a,
+                             [](int64_t x, const Interval& v) { return x < v.end_ns; });
+  for (; it != m.end() && it->start_ns < b; ++it) {
+    const Interval x{std::max(it->start_ns, a), std::min(it->end_ns, b)};
+    if (x.end_ns > x.start_ns) out.push_back(x);
+  }
+  return out;
+}
+
+std::vector<Interval> unite(std::vector<Interval> a, const std::vector<Interval>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return merge_intervals(std::move(a));
+}
+
+}  // namespace
+
+StepAccount& StepAccount::operator+=(const StepAccount& o) {
+  window_ns += o.window_ns;
+  compute_ns += o.compute_ns;
+  exposed_tp_ns += o.exposed_tp_ns;
+  exposed_dp_ns += o.exposed_dp_ns;
+  p2p_ns += o.p2p_ns;
+  rest_ns += o.rest_ns;
+  return *this;
+}
+
+StepAccount account_step(const StepIntervals& merged, int64_t ws, int64_t we) {
+  StepAccount a;
+  if (we <= ws) return a;
+  const auto C = clip(merged.compute, ws, we), TP = clip(merged.tp, ws, we),
+             DP = clip(merged.dp, ws, we), PP = clip(merged.p2p, ws, we);
+  const auto C_TP = unite(C, TP);
+  const auto busy = unite(C_TP, DP);
+  a.window_ns = we - ws;
+  a.compute_ns = total_length(C);
+  a.exposed_tp_ns = total_length(TP) - intersection_length(TP, C);
+  a.exposed_dp_ns = total_length(DP) - intersection_length(DP, C_TP);
+  a.p2p_ns = total_length(PP) - intersection_length(PP, busy);
+  a.rest_ns = a.window_ns - total_length(busy);
+  return a;
+}
+
 double percentile(std::vector<double> values, double q) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());

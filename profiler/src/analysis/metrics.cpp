@@ -399,6 +399,7 @@ struct RankInput {
   const StepSummary& steps;
   bool pipeline;
   int64_t ws, we;
+  const std::vector<uint8_t>& tp_comm;  // tp_comm[comm id] != 0: a tp communicator
 };
 
 struct RankResult {
@@ -410,9 +411,9 @@ struct RankResult {
 // A worker's scratch buffers (reused rank after rank) and its collective accumulators.
 struct Worker {
   CollMap coll;
-  RunList comp, comm, colls, mem;
+  RunList comp, comm, tp, dp, p2p, mem;
   std::vector<FlopSpan> flop_spans;
-  Merged mc, mk, mm, mck, mcol, mtmp, mall, mbusy;
+  Merged mc, mk, mm, mck, mtmp, mall, mtp, mdp, mpp;
 };
 
 // Calls visit on each in-window span of the rank.
@@ -436,7 +437,9 @@ void for_rank_spans(const RankInput& in, int32_t rank, Visit&& visit) {
 std::pair<int64_t, int64_t> collect_rank(const RankInput& in, int32_t rank, Worker& w) {
   w.comp.clear();
   w.comm.clear();
-  w.colls.clear();
+  w.tp.clear();
+  w.dp.clear();
+  w.p2p.clear();
   w.mem.clear();
   w.flop_spans.clear();
   int64_t lo = INT64_MAX, hi = INT64_MIN;
@@ -455,7 +458,13 @@ std::pair<int64_t, int64_t> collect_rank(const RankInput& in, int32_t rank, Work
       }
     } else if (is_comm(s.kind)) {
       w.comm.push(a, b);
-      if (s.kind == SpanKind::Collective) w.colls.push(a, b);
+      if (s.kind == SpanKind::P2P) {
+        w.p2p.push(a, b);
+      } else if (s.comm >= 0 && size_t(s.comm) < in.tp_comm.size() && in.tp_comm[size_t(s.comm)]) {
+        w.tp.push(a, b);
+      } else {
+        w.dp.push(a, b);
+      }
       const CollKey key{s.op, s.comm};
       if (!last_acc || !(key == last_key)) {
         last_key = key;
@@ -496,15 +505,15 @@ RankResult process_rank(const RankInput& in, int32_t rank, Worker& w) {
   const std::vector<StepStats>& steps = in.steps.steps;
   for (const StepStats& st : steps)
     rm.by_step[st.step] = breakdown(w.mc, w.mk, w.mm, w.mck, w.mall, st.start_ns, st.end_ns);
-  if (in.pipeline) {
-    w.colls.merge_into(w.mcol);
-    unite(w.mc, w.mcol, w.mbusy);
-    for (const StepStats& st : steps) {
-      if (st.warmup) continue;
-      rm.bubble_ns += st.duration_ns() - w.mbusy.clipped(st.start_ns, st.end_ns);
-      rm.counted_step_ns += st.duration_ns();
-    }
+  w.tp.merge_into(w.mtp);
+  w.dp.merge_into(w.mdp);
+  w.p2p.merge_into(w.mpp);
+  for (const StepStats& st : steps) {
+    if (st.warmup) continue;
+    rm.counted += account_step({w.mc.iv, w.mtp.iv, w.mdp.iv, w.mpp.iv}, st.start_ns, st.end_ns);
+    rm.counted_step_ns += st.duration_ns();
   }
+  if (in.pipeline) rm.bubble_ns = rm.counted.rest_ns;
   const Merged& counted = in.steps.counted_union;
   for (const FlopSpan& f : w.flop_spans) {
     res.window_flops += f.flops;
@@ -812,7 +821,13 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
   const RankOrder order = order_by_rank(t.spans, scan, ws, we);
   m.pipeline = is_pipeline(t);
 
-  const RankInput in{t.spans, scan, order, steps, m.pipeline, ws, we};
+  std::vector<uint8_t> tp_comm;
+  for (const auto& c : t.comms) {
+    if (c.id < 0) continue;
+    if (size_t(c.id) >= tp_comm.size()) tp_comm.resize(size_t(c.id) + 1, 0);
+    tp_comm[size_t(c.id)] = c.kind == traces::CommKind::TP;
+  }
+  const RankInput in{t.spans, scan, order, steps, m.pipeline, ws, we, tp_comm};
   RankRun run = run_ranks(in, ix.ids, thread_count(opt, m.span_count));
   double counted_flops_sum = 0, window_flops_sum = 0;
   m.start_ns = INT64_MAX;

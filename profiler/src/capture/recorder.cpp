@@ -129,8 +129,24 @@ traces::NameId Recorder::intern(std::string_view name) {
 
 void Recorder::add_stream(int32_t stream, const std::string& name) {
   if (!writer_) return;
+  {
+    std::lock_guard lock(names_mu_);
+    if (std::find(streams_.begin(), streams_.end(), stream) == streams_.end())
+      streams_.push_back(stream);
+  }
   std::lock_guard file(trace_file_mutex());
   writer_->add_stream(traces::StreamInfo{rank_, stream, name});
+}
+
+void Recorder::ensure_stream(int32_t stream, std::string_view name) {
+  if (!writer_) return;
+  {
+    std::lock_guard lock(names_mu_);
+    if (std::find(streams_.begin(), streams_.end(), stream) != streams_.end()) return;
+    streams_.push_back(stream);
+  }
+  std::lock_guard file(trace_file_mutex());
+  writer_->add_stream(traces::StreamInfo{rank_, stream, std::string(name)});
 }
 void Recorder::add_communicator(const traces::CommunicatorInfo& c) {
   if (!writer_) return;
@@ -180,7 +196,8 @@ void Recorder::counter(traces::NameId name, double value, int64_t ts_ns) {
   if (!writer_) return;
   ThreadBuffer& b = local_buffer();
   std::lock_guard lock(b.mu);
-  b.counters.push_back(traces::CounterSample{rank_, name, ts_ns < 0 ? steady_now_ns() : ts_ns, value});
+  b.counters.push_back(
+      traces::CounterSample{rank_, name, ts_ns < 0 ? steady_now_ns() : ts_ns, value});
   if (b.counters.size() >= capacity_) drain(b);
 }
 

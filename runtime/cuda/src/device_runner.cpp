@@ -20,13 +20,15 @@ namespace {
 std::unique_ptr<RankTrainer> make_cuda_trainer(const Scenario& s, Communicator& world,
                                                profiler::Recorder* rec) {
   CudaRunOptions copt;
-  copt.math = parse_math_mode(s.runtime.precision);
+  copt.math = math_mode_of(precision_of(s.runtime));
   copt.comm = parse_comm_backend(s.parallel.comm_backend);
   return gpu_trainer_factory(copt)(s, world, rec);
 }
 
 struct Registrar {
-  Registrar() { register_device_runner("cuda", {check_supported_cuda, make_cuda_trainer}); }
+  Registrar() {
+    register_device_runner(orrery::Device::Cuda, {check_supported_cuda, make_cuda_trainer});
+  }
 };
 const Registrar kRegistrar;
 

@@ -541,11 +541,19 @@ void check_dims(const char* what, long long a, long long b = 1, long long c = 1)
 
 // ------------------------------------------------------------------------------------ context
 
-MathMode parse_math_mode(const std::string& text, const std::string& key) {
-  if (text == "fp32") return MathMode::kFp32;
-  if (text == "tf32") return MathMode::kTf32;
-  if (text == "bf16") return MathMode::kBf16;
-  throw InputError("key '" + key + "': expected fp32, tf32 or bf16, got '" + text + "'");
+MathMode math_mode_of(Precision p) {
+  switch (p) {
+    case Precision::FP32:
+      return MathMode::kFp32;
+    case Precision::TF32:
+      return MathMode::kTf32;
+    case Precision::BF16:
+      return MathMode::kBf16;
+    case Precision::FP16:
+      break;
+  }
+  throw InputError("key 'runtime.precision': expected fp32, tf32 or bf16, got '" +
+                   std::string(to_string(p)) + "'");
 }
 
 const char* math_mode_name(MathMode m) {

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "orrery/common/error.hpp"
+#include "orrery/model/names.hpp"
 #include "orrery/profiler/flight_recorder.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/comm.hpp"
@@ -686,8 +687,9 @@ class MpiCommunicator final : public Communicator {
     profiler::Recorder* rec = Engine::instance().recorder();
     if (rec && rec->enabled()) {
       t->record = true;
-      t->span =
-          comm_op_span(*rec, profiler::kCommStream, op, label, bytes, info_.id, peer_global, seq);
+      const int32_t stream = comm_stream_of(info_.kind, op);
+      rec->ensure_stream(stream, model::names::stream_name(stream));
+      t->span = comm_op_span(*rec, stream, op, label, bytes, info_.id, peer_global, seq);
     }
     return t;
   }

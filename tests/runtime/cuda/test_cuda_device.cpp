@@ -93,10 +93,16 @@ TEST(CudaDevice, CublasErrorsNameTheCall) {
 }
 
 TEST(CudaDevice, ParsesMathModesAndCommBackends) {
-  EXPECT_EQ(parse_math_mode("fp32"), MathMode::kFp32);
-  EXPECT_EQ(parse_math_mode("tf32"), MathMode::kTf32);
-  EXPECT_EQ(parse_math_mode("bf16"), MathMode::kBf16);
-  EXPECT_THROW(parse_math_mode("fp8"), InputError);
+  RuntimeConfig r;
+  for (const auto& [text, mode] :
+       {std::pair{"fp32", MathMode::kFp32}, std::pair{"tf32", MathMode::kTf32},
+        std::pair{"bf16", MathMode::kBf16}}) {
+    r.precision = text;
+    EXPECT_EQ(math_mode_of(precision_of(r)), mode) << text;
+  }
+  r.precision = "fp8";
+  EXPECT_THROW(precision_of(r), InputError);
+  EXPECT_THROW(math_mode_of(Precision::FP16), InputError);
   EXPECT_EQ(parse_comm_backend("nccl"), CommBackend::kNccl);
   EXPECT_EQ(parse_comm_backend("mpi"), CommBackend::kStaged);
   EXPECT_THROW(parse_comm_backend("gloo"), InputError);

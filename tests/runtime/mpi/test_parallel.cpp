@@ -306,7 +306,7 @@ TEST_P(RecomputeEquivalence, BitIdenticalToNoRecomputation) {
   const double block = 5 * BT * C + 4 * BT + 3 * BT * Cl + BT * Cl + probs + 2 * BT * F;
   const int stage = world().rank() / (c.dp * c.tp);  // placement tp,dp,pp: pp slowest
   const int m = s.training.global_batch / (c.dp * s.training.micro_batch);
-  const double in_flight = c.pp > 1 ? pipeline_in_flight("1f1b", c.pp, stage, m) : 1;
+  const double in_flight = c.pp > 1 ? pipeline_in_flight(Schedule::OneFOneB, c.pp, stage, m) : 1;
   const double blocks = double(s.model.layers) / c.pp;
   const double saved = c.mode == Recompute::Full ? (in_flight * blocks - 1) * block
                                                  : (in_flight * blocks - 1) * probs;

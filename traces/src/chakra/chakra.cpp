@@ -23,6 +23,7 @@
 #include "orrery/common/atomic_file.hpp"
 #include "orrery/common/crc32c.hpp"
 #include "orrery/common/error.hpp"
+#include "orrery/traces/meta_json.hpp"
 
 namespace orrery::traces {
 
@@ -247,14 +248,8 @@ json meta_json(const Trace& t, const std::vector<int32_t>& exported) {
   j["peak_flops_per_rank"] = m.peak_flops_per_rank;
   j["extra_json"] = m.extra_json;
   j["origin"] = std::string(to_string(m.origin));
-  j["layout"] = {{"zero", m.layout.zero},           {"micro_batches", m.layout.micro_batches},
-                 {"schedule", m.layout.schedule},   {"placement", m.layout.placement},
-                 {"recompute", m.layout.recompute}, {"device", m.layout.device},
-                 {"precision", m.layout.precision}};
-  j["failure"] = {{"failed", m.failure.failed},
-                  {"lost_ranks", m.failure.lost_ranks},
-                  {"step", m.failure.step},
-                  {"message", m.failure.message}};
+  j["layout"] = m.layout;
+  j["failure"] = m.failure;
   j["exported_ranks"] = exported;
   j["ranks"] = json::array();
   for (const auto& r : t.ranks)
@@ -641,6 +636,72 @@ std::vector<std::string> chakra_input_files(const std::vector<std::string>& inpu
   return files;
 }
 
+namespace {
+
+// Send/receive tags: the k-th transfer of a flow (communicator, source, destination) in each
+// rank's recorded order, stream by stream (how replay pairs them), is tag k on both sides.
+std::vector<int32_t> p2p_tags(const Trace& t,
+                              const std::map<int32_t, std::vector<size_t>>& by_rank) {
+  std::vector<int32_t> tag(t.spans.size(), -1);
+  for (const auto& [r, v] : by_rank) {
+    std::vector<size_t> p2p;
+    for (const size_t i : v)
+      if (t.spans[i].kind == SpanKind::P2P) p2p.push_back(i);
+    std::stable_sort(p2p.begin(), p2p.end(), [&](size_t a, size_t b) {
+      const Span &x = t.spans[a], &y = t.spans[b];
+      return std::tie(x.stream, x.start_ns, x.end_ns) < std::tie(y.stream, y.start_ns, y.end_ns);
+    });
+    std::map<std::tuple<int32_t, int32_t, int32_t>, int32_t> next;  // (comm, peer, is recv)
+    for (const size_t i : p2p) {
+      const Span& s = t.spans[i];
+      tag[i] = next[{s.comm, s.peer, s.op == CollOp::Recv ? 1 : 0}]++;
+    }
+  }
+  return tag;
+}
+
+// A node's times and attributes: what ASTRA-sim reads, then Orrery's own (the span exactly).
+void node_attributes(pb::Node& n, const Span& s, int32_t rank, int32_t tag,
+                     ChakraExportSummary& sum) {
+  n.set_start_time_micros(micros(s.start_ns));
+  n.set_duration_micros(micros(s.end_ns - s.start_ns));
+  // What ASTRA-sim reads.
+  attr_bool(n, "is_cpu_op", false);
+  if (n.type() == pb::COMP_NODE) {
+    if (s.flops > 0) attr_i64(n, "num_ops", std::llround(s.flops));
+    if (s.bytes > 0) attr_u64(n, "tensor_size", static_cast<uint64_t>(s.bytes));
+  } else if (n.type() != pb::METADATA_NODE) {
+    sum.comm_nodes++;
+    if (n.type() == pb::COMM_COLL_NODE) {
+      if (auto ct = chakra_comm_type(s.op)) attr_i64(n, "comm_type", *ct);
+    } else {
+      const bool recv = n.type() == pb::COMM_RECV_NODE;
+      attr_i32(n, "comm_src", recv ? s.peer : rank);
+      attr_i32(n, "comm_dst", recv ? rank : s.peer);
+      attr_i32(n, "comm_tag", tag);
+    }
+    attr_i64(n, "comm_size", s.bytes);
+    if (s.comm >= 0) attr_str(n, "pg_name", std::to_string(s.comm));
+  } else {
+    sum.phase_nodes++;
+  }
+  // Orrery's own: the span exactly.
+  attr_str(n, "orrery.kind", std::string(to_string(s.kind)));
+  attr_i32(n, "orrery.stream", s.stream);
+  attr_i64(n, "orrery.start_ns", s.start_ns);
+  attr_i64(n, "orrery.duration_ns", s.end_ns - s.start_ns);
+  if (s.op != CollOp::None) attr_str(n, "orrery.op", std::string(to_string(s.op)));
+  if (s.step != -1) attr_i32(n, "orrery.step", s.step);
+  if (s.micro_batch != -1) attr_i32(n, "orrery.micro_batch", s.micro_batch);
+  if (s.layer != -1) attr_i32(n, "orrery.layer", s.layer);
+  if (s.flops != 0) attr_dbl(n, "orrery.flops", s.flops);
+  if (s.comm != -1) attr_i32(n, "orrery.comm", s.comm);
+  if (s.peer != -1) attr_i32(n, "orrery.peer", s.peer);
+  if (s.seq != -1) attr_i64(n, "orrery.seq", s.seq);
+}
+
+}  // namespace
+
 ChakraExportSummary export_chakra(const Trace& t, const std::string& prefix) {
   if (t.spans.empty())
     throw InputError((t.path.empty() ? std::string("trace") : t.path) + ": no spans to export");
@@ -665,23 +726,7 @@ ChakraExportSummary export_chakra(const Trace& t, const std::string& prefix) {
   const std::string meta_text =
       meta_json(t, exported).dump(-1, ' ', false, json::error_handler_t::replace);
 
-  // Send/receive tags: the k-th transfer of a flow (communicator, source, destination) in each
-  // rank's recorded order, stream by stream (how replay pairs them), is tag k on both sides.
-  std::vector<int32_t> tag(t.spans.size(), -1);
-  for (const auto& [r, v] : by_rank) {
-    std::vector<size_t> p2p;
-    for (const size_t i : v)
-      if (t.spans[i].kind == SpanKind::P2P) p2p.push_back(i);
-    std::stable_sort(p2p.begin(), p2p.end(), [&](size_t a, size_t b) {
-      const Span &x = t.spans[a], &y = t.spans[b];
-      return std::tie(x.stream, x.start_ns, x.end_ns) < std::tie(y.stream, y.start_ns, y.end_ns);
-    });
-    std::map<std::tuple<int32_t, int32_t, int32_t>, int32_t> next;  // (comm, peer, is recv)
-    for (const size_t i : p2p) {
-      const Span& s = t.spans[i];
-      tag[i] = next[{s.comm, s.peer, s.op == CollOp::Recv ? 1 : 0}]++;
-    }
-  }
+  const std::vector<int32_t> tag = p2p_tags(t, by_rank);
 
   // Counters per rank.
   std::map<int32_t, json> counters;
@@ -733,41 +778,7 @@ ChakraExportSummary export_chakra(const Trace& t, const std::string& prefix) {
         n.add_data_deps(local[static_cast<size_t>(d)]);
         sum.data_deps++;
       }
-      n.set_start_time_micros(micros(s.start_ns));
-      n.set_duration_micros(micros(s.end_ns - s.start_ns));
-      // What ASTRA-sim reads.
-      attr_bool(n, "is_cpu_op", false);
-      if (n.type() == pb::COMP_NODE) {
-        if (s.flops > 0) attr_i64(n, "num_ops", std::llround(s.flops));
-        if (s.bytes > 0) attr_u64(n, "tensor_size", static_cast<uint64_t>(s.bytes));
-      } else if (n.type() != pb::METADATA_NODE) {
-        sum.comm_nodes++;
-        if (n.type() == pb::COMM_COLL_NODE) {
-          if (auto ct = chakra_comm_type(s.op)) attr_i64(n, "comm_type", *ct);
-        } else {
-          const bool recv = n.type() == pb::COMM_RECV_NODE;
-          attr_i32(n, "comm_src", recv ? s.peer : rank);
-          attr_i32(n, "comm_dst", recv ? rank : s.peer);
-          attr_i32(n, "comm_tag", tag[i]);
-        }
-        attr_i64(n, "comm_size", s.bytes);
-        if (s.comm >= 0) attr_str(n, "pg_name", std::to_string(s.comm));
-      } else {
-        sum.phase_nodes++;
-      }
-      // Orrery's own: the span exactly.
-      attr_str(n, "orrery.kind", std::string(to_string(s.kind)));
-      attr_i32(n, "orrery.stream", s.stream);
-      attr_i64(n, "orrery.start_ns", s.start_ns);
-      attr_i64(n, "orrery.duration_ns", s.end_ns - s.start_ns);
-      if (s.op != CollOp::None) attr_str(n, "orrery.op", std::string(to_string(s.op)));
-      if (s.step != -1) attr_i32(n, "orrery.step", s.step);
-      if (s.micro_batch != -1) attr_i32(n, "orrery.micro_batch", s.micro_batch);
-      if (s.layer != -1) attr_i32(n, "orrery.layer", s.layer);
-      if (s.flops != 0) attr_dbl(n, "orrery.flops", s.flops);
-      if (s.comm != -1) attr_i32(n, "orrery.comm", s.comm);
-      if (s.peer != -1) attr_i32(n, "orrery.peer", s.peer);
-      if (s.seq != -1) attr_i64(n, "orrery.seq", s.seq);
+      node_attributes(n, s, rank, tag[i], sum);
       seal(n);
       append_message(bytes, n, path);
       sum.nodes++;
@@ -794,12 +805,11 @@ ChakraExportSummary export_chakra(const Trace& t, const std::string& prefix) {
   return sum;
 }
 
-Trace import_chakra(const std::vector<std::string>& inputs) {
-  const std::vector<std::string> paths = chakra_input_files(inputs);
-  if (paths.empty()) throw InputError("import chakra: no input files");
-  std::vector<RankFile> files;
-  for (const auto& p : paths) files.push_back(read_rank_file(p));
+namespace {
 
+// Each file's rank (orrery.rank, else the file name's, else the file's position), the files in
+// rank order, checked: no rank twice, all written by Orrery or none. Returns whether they are.
+bool resolve_ranks(std::vector<RankFile>& files) {
   // Ranks: orrery.rank, else the file name's, else the file's position.
   for (size_t k = 0; k < files.size(); ++k) {
     RankFile& f = files[k];
@@ -842,239 +852,276 @@ Trace import_chakra(const std::vector<std::string>& inputs) {
       throw InputError(f.path + ": " + (f.orrery ? "written" : "not written") +
                        " by Orrery, unlike " + files.front().path);
 
-  Trace t;
-  std::string original_source = "chakra";
-  json original_extra = json::object();
-  if (orrery) {
-    // Metadata, ranks, streams and communicators: the same in every file of one export.
-    const RankFile& f0 = files.front();
-    const auto meta_text =
-        Attrs(f0.meta.attr(), f0.path + ": message 0 (GlobalMetadata)").str("orrery.meta");
-    if (!meta_text)
-      throw InputError(f0.path +
-                       ": message 0 (GlobalMetadata): attribute 'orrery.meta' is missing");
-    for (const auto& f : files) {
-      const auto m =
-          Attrs(f.meta.attr(), f.path + ": message 0 (GlobalMetadata)").str("orrery.meta");
-      if (!m || *m != *meta_text)
-        throw InputError(f.path + ": its orrery.meta differs from " + f0.path +
-                         "'s: the files are not of one export");
+  return orrery;
+}
+
+// What the producer wrote of the original trace (its source, its extra_json).
+struct OrreryMeta {
+  std::string source = "chakra";
+  json extra = json::object();
+};
+
+// Metadata, ranks, streams and communicators of an Orrery export (orrery.meta, the same in every
+// file), checked against the files present.
+OrreryMeta read_orrery_meta(const std::vector<RankFile>& files, Trace& t) {
+  OrreryMeta out;
+  // Metadata, ranks, streams and communicators: the same in every file of one export.
+  const RankFile& f0 = files.front();
+  const auto meta_text =
+      Attrs(f0.meta.attr(), f0.path + ": message 0 (GlobalMetadata)").str("orrery.meta");
+  if (!meta_text)
+    throw InputError(f0.path + ": message 0 (GlobalMetadata): attribute 'orrery.meta' is missing");
+  for (const auto& f : files) {
+    const auto m = Attrs(f.meta.attr(), f.path + ": message 0 (GlobalMetadata)").str("orrery.meta");
+    if (!m || *m != *meta_text)
+      throw InputError(f.path + ": its orrery.meta differs from " + f0.path +
+                       "'s: the files are not of one export");
+  }
+  json j;
+  try {
+    j = json::parse(*meta_text);
+    RunMeta& m = t.meta;
+    out.source = j.at("source").get<std::string>();
+    m.scenario_text = j.at("scenario_text").get<std::string>();
+    m.scenario_name = j.at("scenario_name").get<std::string>();
+    m.host = j.at("host").get<std::string>();
+    m.start_time_unix_ns = j.at("start_time_unix_ns").get<int64_t>();
+    m.world_size = j.at("world_size").get<int32_t>();
+    m.dp = j.at("dp").get<int32_t>();
+    m.tp = j.at("tp").get<int32_t>();
+    m.pp = j.at("pp").get<int32_t>();
+    m.tokens_per_step = j.at("tokens_per_step").get<int64_t>();
+    m.model_flops_per_step = j.at("model_flops_per_step").get<double>();
+    m.peak_flops_per_rank = j.at("peak_flops_per_rank").get<double>();
+    out.extra = json::parse(j.at("extra_json").get<std::string>());
+    // The typed keys (absent from exports written before them: left unknown).
+    if (j.contains("layout")) j.at("layout").get_to(m.layout);
+    if (j.contains("failure")) j.at("failure").get_to(m.failure);
+    for (const auto& r : j.at("ranks")) {
+      RankInfo ri;
+      ri.rank = r.at("rank").get<int32_t>();
+      ri.host = r.at("host").get<std::string>();
+      ri.device = r.at("device").get<std::string>();
+      ri.dp = r.at("dp").get<int32_t>();
+      ri.tp = r.at("tp").get<int32_t>();
+      ri.pp = r.at("pp").get<int32_t>();
+      t.ranks.push_back(std::move(ri));
     }
-    json j;
+    for (const auto& s : j.at("streams"))
+      t.streams.push_back({s.at("rank").get<int32_t>(), s.at("stream").get<int32_t>(),
+                           s.at("name").get<std::string>()});
+    for (const auto& c : j.at("communicators")) {
+      CommunicatorInfo ci;
+      ci.id = c.at("id").get<int32_t>();
+      const auto kind = comm_kind_from_string(c.at("kind").get<std::string>());
+      if (!kind)
+        throw InputError(f0.path + ": orrery.meta: communicator kind '" +
+                         c.at("kind").get<std::string>() + "' unknown");
+      ci.kind = *kind;
+      ci.name = c.at("name").get<std::string>();
+      ci.ranks = c.at("ranks").get<std::vector<int32_t>>();
+      t.comms.push_back(std::move(ci));
+    }
+    // Every exported rank's file must be here, and no other.
+    const auto exported = j.at("exported_ranks").get<std::vector<int32_t>>();
+    std::set<int32_t> have;
+    for (const auto& f : files) have.insert(f.rank);
+    for (const int32_t r : exported)
+      if (!have.count(r))
+        throw InputError(rank_file_name(prefix_of(f0), r) + ": missing: the export has rank " +
+                         std::to_string(r) + " (its ranks: " + join(exported) + ")");
+    for (const auto& f : files)
+      if (std::find(exported.begin(), exported.end(), f.rank) == exported.end())
+        throw InputError(f.path + ": rank " + std::to_string(f.rank) +
+                         " is not one of this export's ranks (a file left from another export?)");
+  } catch (const json::exception& e) {
+    throw InputError(
+        f0.path +
+        ": message 0 (GlobalMetadata): attribute 'orrery.meta' is not the JSON Orrery writes (" +
+        e.what() + ")");
+  }
+  return out;
+}
+
+// The counters each file of an Orrery export carries (orrery.counters).
+void read_orrery_counters(const std::vector<RankFile>& files, Trace& t) {
+  for (const auto& f : files) {
+    const auto c =
+        Attrs(f.meta.attr(), f.path + ": message 0 (GlobalMetadata)").str("orrery.counters");
+    if (!c) continue;
     try {
-      j = json::parse(*meta_text);
-      RunMeta& m = t.meta;
-      original_source = j.at("source").get<std::string>();
-      m.scenario_text = j.at("scenario_text").get<std::string>();
-      m.scenario_name = j.at("scenario_name").get<std::string>();
-      m.host = j.at("host").get<std::string>();
-      m.start_time_unix_ns = j.at("start_time_unix_ns").get<int64_t>();
-      m.world_size = j.at("world_size").get<int32_t>();
-      m.dp = j.at("dp").get<int32_t>();
-      m.tp = j.at("tp").get<int32_t>();
-      m.pp = j.at("pp").get<int32_t>();
-      m.tokens_per_step = j.at("tokens_per_step").get<int64_t>();
-      m.model_flops_per_step = j.at("model_flops_per_step").get<double>();
-      m.peak_flops_per_rank = j.at("peak_flops_per_rank").get<double>();
-      original_extra = json::parse(j.at("extra_json").get<std::string>());
-      // The typed keys (absent from exports written before them: left unknown).
-      if (j.contains("layout")) {
-        const json& l = j.at("layout");
-        m.layout.zero = l.at("zero").get<int32_t>();
-        m.layout.micro_batches = l.at("micro_batches").get<int32_t>();
-        m.layout.schedule = l.at("schedule").get<std::string>();
-        m.layout.placement = l.at("placement").get<std::string>();
-        m.layout.recompute = l.at("recompute").get<std::string>();
-        m.layout.device = l.at("device").get<std::string>();
-        m.layout.precision = l.at("precision").get<std::string>();
+      for (const auto& s : json::parse(*c)) {
+        CounterSample cs;
+        cs.rank = f.rank;
+        cs.name = t.strings.intern(s.at(0).get<std::string>());
+        cs.ts_ns = s.at(1).get<int64_t>();
+        cs.value = s.at(2).get<double>();
+        t.counters.push_back(cs);
       }
-      if (j.contains("failure")) {
-        const json& f = j.at("failure");
-        m.failure.failed = f.at("failed").get<bool>();
-        m.failure.lost_ranks = f.at("lost_ranks").get<std::vector<int32_t>>();
-        m.failure.step = f.at("step").get<int32_t>();
-        m.failure.message = f.at("message").get<std::string>();
-      }
-      for (const auto& r : j.at("ranks")) {
-        RankInfo ri;
-        ri.rank = r.at("rank").get<int32_t>();
-        ri.host = r.at("host").get<std::string>();
-        ri.device = r.at("device").get<std::string>();
-        ri.dp = r.at("dp").get<int32_t>();
-        ri.tp = r.at("tp").get<int32_t>();
-        ri.pp = r.at("pp").get<int32_t>();
-        t.ranks.push_back(std::move(ri));
-      }
-      for (const auto& s : j.at("streams"))
-        t.streams.push_back({s.at("rank").get<int32_t>(), s.at("stream").get<int32_t>(),
-                             s.at("name").get<std::string>()});
-      for (const auto& c : j.at("communicators")) {
-        CommunicatorInfo ci;
-        ci.id = c.at("id").get<int32_t>();
-        const auto kind = comm_kind_from_string(c.at("kind").get<std::string>());
-        if (!kind)
-          throw InputError(f0.path + ": orrery.meta: communicator kind '" +
-                           c.at("kind").get<std::string>() + "' unknown");
-        ci.kind = *kind;
-        ci.name = c.at("name").get<std::string>();
-        ci.ranks = c.at("ranks").get<std::vector<int32_t>>();
-        t.comms.push_back(std::move(ci));
-      }
-      // Every exported rank's file must be here, and no other.
-      const auto exported = j.at("exported_ranks").get<std::vector<int32_t>>();
-      std::set<int32_t> have;
-      for (const auto& f : files) have.insert(f.rank);
-      for (const int32_t r : exported)
-        if (!have.count(r))
-          throw InputError(rank_file_name(prefix_of(f0), r) + ": missing: the export has rank " +
-                           std::to_string(r) + " (its ranks: " + join(exported) + ")");
-      for (const auto& f : files)
-        if (std::find(exported.begin(), exported.end(), f.rank) == exported.end())
-          throw InputError(f.path + ": rank " + std::to_string(f.rank) +
-                           " is not one of this export's ranks (a file left from another export?)");
     } catch (const json::exception& e) {
-      throw InputError(
-          f0.path +
-          ": message 0 (GlobalMetadata): attribute 'orrery.meta' is not the JSON Orrery writes (" +
-          e.what() + ")");
+      throw InputError(f.path +
+                       ": message 0 (GlobalMetadata): attribute 'orrery.counters' is not the "
+                       "JSON Orrery writes (" +
+                       e.what() + ")");
     }
-    for (const auto& f : files) {
-      const auto c =
-          Attrs(f.meta.attr(), f.path + ": message 0 (GlobalMetadata)").str("orrery.counters");
-      if (!c) continue;
-      try {
-        for (const auto& s : json::parse(*c)) {
-          CounterSample cs;
-          cs.rank = f.rank;
-          cs.name = t.strings.intern(s.at(0).get<std::string>());
-          cs.ts_ns = s.at(1).get<int64_t>();
-          cs.value = s.at(2).get<double>();
-          t.counters.push_back(cs);
-        }
-      } catch (const json::exception& e) {
-        throw InputError(f.path +
-                         ": message 0 (GlobalMetadata): attribute 'orrery.counters' is not the "
-                         "JSON Orrery writes (" +
-                         e.what() + ")");
-      }
-    }
-    // Spans: every node, in id order (the trace's own order).
-    for (const auto& f : files) {
-      std::vector<size_t> order(f.nodes.size());
-      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-      std::sort(order.begin(), order.end(),
-                [&](size_t a, size_t b) { return f.nodes[a].id() < f.nodes[b].id(); });
-      for (const size_t i : order) t.spans.push_back(orrery_span(f, i, t));
-    }
-  } else {
-    // Another tool's files: what Chakra says, one compute and one communication stream per rank.
-    const int32_t world = files.back().rank + 1;
-    t.meta.world_size = world;
-    std::map<std::string, int32_t> comm_ids;
-    std::vector<std::set<int32_t>> users;
-    std::map<std::pair<int32_t, int32_t>, int64_t> next_seq;
-    std::vector<Span> spans;
-    for (const auto& f : files) {
-      t.ranks.push_back({f.rank, "", "", 0, 0, 0});
-      t.streams.push_back({f.rank, 0, "compute"});
-      t.streams.push_back({f.rank, 1, "comm"});
-      std::vector<ForeignNode> nodes(f.nodes.size());
-      bool any_start = false;
-      for (size_t i = 0; i < f.nodes.size(); ++i) {
-        const pb::Node& n = f.nodes[i];
-        const Attrs a(n.attr(), where(f, i));
-        ForeignNode& fn = nodes[i];
-        fn.pos = i;
-        Span& s = fn.span;
-        s.rank = f.rank;
-        s.name = t.strings.intern(n.name());
-        s.kind = span_kind_of_node(n.type());
-        const bool comm = s.kind == SpanKind::Collective || s.kind == SpanKind::P2P;
-        s.stream = comm ? 1 : 0;
-        if (n.start_time_micros() > uint64_t(INT64_MAX / 2000) ||
-            n.duration_micros() > uint64_t(INT64_MAX / 2000))
-          throw InputError(where(f, i) + ": start_time_micros or duration_micros beyond 2^62 ns");
-        s.start_ns = static_cast<int64_t>(n.start_time_micros()) * 1000;
-        s.end_ns = s.start_ns + static_cast<int64_t>(n.duration_micros()) * 1000;
-        any_start = any_start || n.start_time_micros() != 0;
-        if (comm) {
-          s.bytes = a.i64("comm_size").value_or(0);
-          if (n.type() == pb::COMM_COLL_NODE) {
-            if (auto ct = a.i64("comm_type")) s.op = op_of_comm_type(*ct);
-          } else if (n.type() == pb::COMM_SEND_NODE) {
-            s.op = CollOp::Send;
-            s.peer = a.i32("comm_dst").value_or(-1);
-          } else {
-            s.op = CollOp::Recv;
-            s.peer = a.i32("comm_src").value_or(-1);
-          }
-          if (auto pg = a.str("pg_name")) {
-            fn.pg_name = *pg;
-            fn.has_pg = true;
-          }
-        } else if (auto v = a.i64("num_ops")) {
-          s.flops = static_cast<double>(*v);
-        }
-        if (!comm)
-          if (auto v = a.u64("tensor_size"); v && *v <= uint64_t(INT64_MAX))
-            s.bytes = static_cast<int64_t>(*v);
-      }
-      if (!any_start) schedule_as_soon_as_possible(f, nodes);
-      // Communicators by pg_name (ids in order of first use), "world" for nodes without one;
-      // sequence numbers per (communicator, rank) in start order.
-      std::vector<size_t> by_start(nodes.size());
-      for (size_t i = 0; i < by_start.size(); ++i) by_start[i] = i;
-      std::stable_sort(by_start.begin(), by_start.end(), [&](size_t a, size_t b) {
-        return std::make_tuple(nodes[a].span.start_ns, f.nodes[a].id()) <
-               std::make_tuple(nodes[b].span.start_ns, f.nodes[b].id());
-      });
-      for (const size_t i : by_start) {
-        Span& s = nodes[i].span;
-        if (s.kind != SpanKind::Collective && s.kind != SpanKind::P2P) continue;
-        const std::string key = nodes[i].has_pg ? nodes[i].pg_name : std::string();
-        auto [it, inserted] = comm_ids.try_emplace(key, static_cast<int32_t>(comm_ids.size()));
-        if (inserted) users.emplace_back();
-        s.comm = it->second;
-        users[static_cast<size_t>(s.comm)].insert(f.rank);
-        s.seq = next_seq[{s.comm, f.rank}]++;
-      }
-      std::vector<size_t> by_id(nodes.size());
-      for (size_t i = 0; i < by_id.size(); ++i) by_id[i] = i;
-      std::sort(by_id.begin(), by_id.end(),
-                [&](size_t a, size_t b) { return f.nodes[a].id() < f.nodes[b].id(); });
-      for (const size_t i : by_id) spans.push_back(nodes[i].span);
-    }
-    for (const auto& [key, id] : comm_ids) {
-      CommunicatorInfo c;
-      c.id = id;
-      c.name = key.empty() ? "world" : "pg " + key;
-      if (key.empty()) {
-        for (int32_t r = 0; r < world; ++r) c.ranks.push_back(r);
+  }
+}
+
+void read_orrery_spans(const std::vector<RankFile>& files, Trace& t) {
+  // Spans: every node, in id order (the trace's own order).
+  for (const auto& f : files) {
+    std::vector<size_t> order(f.nodes.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return f.nodes[a].id() < f.nodes[b].id(); });
+    for (const size_t i : order) t.spans.push_back(orrery_span(f, i, t));
+  }
+}
+
+// A foreign file's nodes as spans (compute stream 0, communication 1), scheduled as soon as
+// possible when the file has no start times.
+std::vector<ForeignNode> foreign_nodes(const RankFile& f, Trace& t) {
+  std::vector<ForeignNode> nodes(f.nodes.size());
+  bool any_start = false;
+  for (size_t i = 0; i < f.nodes.size(); ++i) {
+    const pb::Node& n = f.nodes[i];
+    const Attrs a(n.attr(), where(f, i));
+    ForeignNode& fn = nodes[i];
+    fn.pos = i;
+    Span& s = fn.span;
+    s.rank = f.rank;
+    s.name = t.strings.intern(n.name());
+    s.kind = span_kind_of_node(n.type());
+    const bool comm = s.kind == SpanKind::Collective || s.kind == SpanKind::P2P;
+    s.stream = comm ? 1 : 0;
+    if (n.start_time_micros() > uint64_t(INT64_MAX / 2000) ||
+        n.duration_micros() > uint64_t(INT64_MAX / 2000))
+      throw InputError(where(f, i) + ": start_time_micros or duration_micros beyond 2^62 ns");
+    s.start_ns = static_cast<int64_t>(n.start_time_micros()) * 1000;
+    s.end_ns = s.start_ns + static_cast<int64_t>(n.duration_micros()) * 1000;
+    any_start = any_start || n.start_time_micros() != 0;
+    if (comm) {
+      s.bytes = a.i64("comm_size").value_or(0);
+      if (n.type() == pb::COMM_COLL_NODE) {
+        if (auto ct = a.i64("comm_type")) s.op = op_of_comm_type(*ct);
+      } else if (n.type() == pb::COMM_SEND_NODE) {
+        s.op = CollOp::Send;
+        s.peer = a.i32("comm_dst").value_or(-1);
       } else {
-        c.ranks.assign(users[static_cast<size_t>(id)].begin(),
-                       users[static_cast<size_t>(id)].end());
+        s.op = CollOp::Recv;
+        s.peer = a.i32("comm_src").value_or(-1);
       }
-      c.kind = static_cast<int32_t>(c.ranks.size()) == world ? CommKind::World : CommKind::Other;
-      t.comms.push_back(std::move(c));
+      if (auto pg = a.str("pg_name")) {
+        fn.pg_name = *pg;
+        fn.has_pg = true;
+      }
+    } else if (auto v = a.i64("num_ops")) {
+      s.flops = static_cast<double>(*v);
     }
-    std::sort(t.comms.begin(), t.comms.end(),
-              [](const CommunicatorInfo& a, const CommunicatorInfo& b) { return a.id < b.id; });
-    t.spans = std::move(spans);
-    // Rebased so that the earliest node starts at 0.
-    int64_t origin = INT64_MAX;
-    for (const auto& s : t.spans) origin = std::min(origin, s.start_ns);
-    for (auto& s : t.spans) {
-      s.start_ns -= origin;
-      s.end_ns -= origin;
+    if (!comm)
+      if (auto v = a.u64("tensor_size"); v && *v <= uint64_t(INT64_MAX))
+        s.bytes = static_cast<int64_t>(*v);
+  }
+  if (!any_start) schedule_as_soon_as_possible(f, nodes);
+  return nodes;
+}
+
+// Communicators of foreign files by pg_name, over all files.
+struct ForeignComms {
+  std::map<std::string, int32_t> ids;
+  std::vector<std::set<int32_t>> users;
+  std::map<std::pair<int32_t, int32_t>, int64_t> next_seq;
+};
+
+void number_foreign_comms(const RankFile& f, std::vector<ForeignNode>& nodes, ForeignComms& c) {
+  // Communicators by pg_name (ids in order of first use), "world" for nodes without one;
+  // sequence numbers per (communicator, rank) in start order.
+  std::vector<size_t> by_start(nodes.size());
+  for (size_t i = 0; i < by_start.size(); ++i) by_start[i] = i;
+  std::stable_sort(by_start.begin(), by_start.end(), [&](size_t a, size_t b) {
+    return std::make_tuple(nodes[a].span.start_ns, f.nodes[a].id()) <
+           std::make_tuple(nodes[b].span.start_ns, f.nodes[b].id());
+  });
+  for (const size_t i : by_start) {
+    Span& s = nodes[i].span;
+    if (s.kind != SpanKind::Collective && s.kind != SpanKind::P2P) continue;
+    const std::string key = nodes[i].has_pg ? nodes[i].pg_name : std::string();
+    auto [it, inserted] = c.ids.try_emplace(key, static_cast<int32_t>(c.ids.size()));
+    if (inserted) c.users.emplace_back();
+    s.comm = it->second;
+    c.users[static_cast<size_t>(s.comm)].insert(f.rank);
+    s.seq = c.next_seq[{s.comm, f.rank}]++;
+  }
+}
+
+// Another tool's files: what Chakra says, one compute and one communication stream per rank.
+void import_foreign(const std::vector<RankFile>& files, Trace& t) {
+  const int32_t world = files.back().rank + 1;
+  t.meta.world_size = world;
+  ForeignComms comms;
+  std::vector<Span> spans;
+  for (const auto& f : files) {
+    t.ranks.push_back({f.rank, "", "", 0, 0, 0});
+    t.streams.push_back({f.rank, 0, "compute"});
+    t.streams.push_back({f.rank, 1, "comm"});
+    std::vector<ForeignNode> nodes = foreign_nodes(f, t);
+    number_foreign_comms(f, nodes, comms);
+    std::vector<size_t> by_id(nodes.size());
+    for (size_t i = 0; i < by_id.size(); ++i) by_id[i] = i;
+    std::sort(by_id.begin(), by_id.end(),
+              [&](size_t a, size_t b) { return f.nodes[a].id() < f.nodes[b].id(); });
+    for (const size_t i : by_id) spans.push_back(nodes[i].span);
+  }
+  for (const auto& [key, id] : comms.ids) {
+    CommunicatorInfo c;
+    c.id = id;
+    c.name = key.empty() ? "world" : "pg " + key;
+    if (key.empty()) {
+      for (int32_t r = 0; r < world; ++r) c.ranks.push_back(r);
+    } else {
+      c.ranks.assign(comms.users[static_cast<size_t>(id)].begin(),
+                     comms.users[static_cast<size_t>(id)].end());
     }
+    c.kind = static_cast<int32_t>(c.ranks.size()) == world ? CommKind::World : CommKind::Other;
+    t.comms.push_back(std::move(c));
+  }
+  std::sort(t.comms.begin(), t.comms.end(),
+            [](const CommunicatorInfo& a, const CommunicatorInfo& b) { return a.id < b.id; });
+  t.spans = std::move(spans);
+  // Rebased so that the earliest node starts at 0.
+  int64_t origin = INT64_MAX;
+  for (const auto& s : t.spans) origin = std::min(origin, s.start_ns);
+  for (auto& s : t.spans) {
+    s.start_ns -= origin;
+    s.end_ns -= origin;
+  }
+}
+
+}  // namespace
+
+Trace import_chakra(const std::vector<std::string>& inputs) {
+  const std::vector<std::string> paths = chakra_input_files(inputs);
+  if (paths.empty()) throw InputError("import chakra: no input files");
+  std::vector<RankFile> files;
+  for (const auto& p : paths) files.push_back(read_rank_file(p));
+  const bool orrery = resolve_ranks(files);
+
+  Trace t;
+  OrreryMeta original;
+  if (orrery) {
+    original = read_orrery_meta(files, t);
+    read_orrery_counters(files, t);
+    read_orrery_spans(files, t);
+  } else {
+    import_foreign(files, t);
   }
 
   t.sort_spans();
   t.meta.source = TraceSource::Import;
   t.meta.origin = TraceOrigin::Import;
   json extra =
-      original_extra.is_object() ? original_extra : json{{"original_extra", original_extra}};
-  extra["import"] = {{"format", "chakra"}, {"files", paths}, {"source", original_source}};
+      original.extra.is_object() ? original.extra : json{{"original_extra", original.extra}};
+  extra["import"] = {{"format", "chakra"}, {"files", paths}, {"source", original.source}};
   t.meta.extra_json = extra.dump();
   std::sort(t.ranks.begin(), t.ranks.end(),
             [](const RankInfo& a, const RankInfo& b) { return a.rank < b.rank; });

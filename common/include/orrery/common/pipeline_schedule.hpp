@@ -5,13 +5,15 @@
 #include <string>
 #include <vector>
 
+#include "orrery/common/scenario.hpp"
+
 namespace orrery {
 
 // Entries >= 0 are the forward of micro-batch i; entries < 0 are the backward of micro-batch
 // -(entry)-1. "gpipe": all forwards, then all backwards. "1f1b" (PipeDream-Flush, Narayanan et al.
 // 2021): stages-stage-1 warm-up forwards, then alternate one forward and one backward, then drain.
 // Any other schedule throws InputError naming `who` (the component that lacks it).
-std::vector<int> pipeline_schedule_order(const std::string& schedule, int stages, int stage, int m,
+std::vector<int> pipeline_schedule_order(Schedule schedule, int stages, int stage, int m,
                                          const std::string& who);
 
 // One pass of the interleaved schedule: the forward or the backward of model chunk `chunk` of the

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace orrery {
@@ -161,6 +162,22 @@ std::optional<Schedule> parse_schedule(
     const std::string& name);  // "gpipe" | "1f1b" | "interleaved"
 // p.schedule as the enum; InputError naming the key when it is none of the three.
 Schedule schedule_of(const ParallelConfig& p);
+const char* schedule_name(Schedule s);  // "gpipe" | "1f1b" | "interleaved"
+
+// runtime.device parsed, by its one parser (as parallel.schedule).
+enum class Device : uint8_t { Cpu, Cuda };
+std::optional<Device> parse_device(const std::string& name);  // "cpu" | "cuda"
+// r.device as the enum; InputError naming the key when it is neither.
+Device device_of(const RuntimeConfig& r);
+const char* device_name(Device d);
+
+// Number formats of matrix inputs: runtime.precision (fp32 | tf32 | bf16 on a scenario) and the
+// simulator's device peaks and hardware profiles (fp16 too). One parser, case-insensitive.
+enum class Precision : uint8_t { FP32, TF32, BF16, FP16 };
+std::optional<Precision> precision_from_string(std::string_view s);  // fp32 | tf32 | bf16 | fp16
+std::string_view to_string(Precision p);
+// r.precision as the enum; InputError naming the key for a value none of fp32, tf32, bf16.
+Precision precision_of(const RuntimeConfig& r);
 
 // training.recompute parsed, by its one parser (as parallel.schedule).
 enum class Recompute : uint8_t { None, Selective, Full };

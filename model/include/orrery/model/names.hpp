@@ -67,6 +67,37 @@ inline constexpr std::string_view kRecvGradient = "pp.recv_grad";
 inline constexpr std::string_view kPipelineLoss =
     "pp.loss";  // the last stage broadcasts the step's loss
 
+// Trace streams of a rank, real and simulated alike: ids and names. The simulator runs each stream
+// as its own queue (NCCL communicators run on their own CUDA streams; a pipeline stage receives
+// while it sends). The CPU runtime's communication thread runs every group's operations in issue
+// order but records each on its group's stream (runtime comm_stream_of), so a real CPU trace and
+// the simulated trace of one scenario have the same lanes. The CUDA runtime keeps its own:
+// compute and "nccl" (runtime/cuda nccl_comm.hpp).
+inline constexpr int kStreamCompute = 0;
+inline constexpr int kStreamDp = 1;          // dp group, world, tied-embedding pair
+inline constexpr int kStreamTp = 2;          // tp group
+inline constexpr int kStreamPpSend = 3;      // pp sends and the pp group's collectives
+inline constexpr int kStreamPpRecv = 4;      // pp receives
+inline constexpr int kStreamCount = 5;       // the streams of a training step
+inline constexpr int kStreamCheckpoint = 5;  // a real run's checkpoint writes (none simulated)
+inline constexpr std::string_view stream_name(int stream) {
+  switch (stream) {
+    case kStreamCompute:
+      return "compute";
+    case kStreamDp:
+      return "comm.dp";
+    case kStreamTp:
+      return "comm.tp";
+    case kStreamPpSend:
+      return "comm.pp.send";
+    case kStreamPpRecv:
+      return "comm.pp.recv";
+    case kStreamCheckpoint:
+      return "checkpoint";
+  }
+  return "other";
+}
+
 // Memory counters (bytes), sampled at the end of every step.
 inline constexpr std::string_view kMemParameters = "mem.parameters";
 inline constexpr std::string_view kMemGradients = "mem.gradients";

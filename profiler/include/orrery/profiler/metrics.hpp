@@ -66,6 +66,36 @@ int64_t total_length(const std::vector<Interval>& merged);
 // Length of the intersection of two merged interval lists.
 int64_t intersection_length(const std::vector<Interval>& a, const std::vector<Interval>& b);
 
+// One rank's account of one step window [ws, we): the one definition `orrery report` (through
+// compute_metrics) and the simulator's step breakdown (sim/sweep.hpp) share, so `orrery sim` and
+// `orrery report` of the trace it writes agree. Inputs are the rank's merged interval lists
+// (merge_intervals), from span start to span end, clipped to the window here:
+//   compute    = |C|                       C: Compute and Optimizer spans
+//   exposed_tp = |TP \ C|                  TP: collectives on tp communicators
+//   exposed_dp = |DP \ (C ∪ TP)|           DP: the other collectives (dp, world, tied embedding)
+//   p2p        = |PP \ (C ∪ TP ∪ DP)|      PP: point-to-point transfers
+//   rest       = window - |C ∪ TP ∪ DP|    the pipeline bubble when pp > 1, else idle
+// so compute + exposed_tp + exposed_dp + rest = window, and p2p is part of rest: on a blocking
+// transport a receive covers the wait for the neighbouring stage, which is the bubble itself.
+// A collective's span covers its wait for the last member, as a blocking call's does: that wait
+// is exposed communication.
+struct StepAccount {
+  int64_t window_ns = 0;
+  int64_t compute_ns = 0;
+  int64_t exposed_tp_ns = 0;
+  int64_t exposed_dp_ns = 0;
+  int64_t p2p_ns = 0;
+  int64_t rest_ns = 0;
+  StepAccount& operator+=(const StepAccount& o);
+};
+struct StepIntervals {
+  const std::vector<Interval>& compute;
+  const std::vector<Interval>& tp;
+  const std::vector<Interval>& dp;
+  const std::vector<Interval>& p2p;
+};
+StepAccount account_step(const StepIntervals& merged, int64_t ws, int64_t we);
+
 struct TimeBreakdown {
   int64_t window_ns = 0;
   int64_t compute_ns = 0;       // merged compute time
@@ -110,6 +140,8 @@ struct RankMetrics {
   int64_t collectives_checked = 0;     // grouped (comm, seq) collectives this rank took part in
   int64_t collectives_late = 0;        // ... of which it was late by more than the threshold
   int64_t counted_step_ns = 0;         // summed duration of the counted steps (bubble denominator)
+  StepAccount counted;  // account_step summed over the counted steps (bubble_ns = its rest_ns
+                        // on a pipeline trace)
 };
 
 struct Metrics {

@@ -33,7 +33,8 @@ namespace orrery::profiler {
 // hosts the merged trace relies on the ranks' first barrier to line steps up (see the launcher).
 int64_t steady_now_ns();
 
-// Stream ids of a CPU rank. The communicator runs collectives on its own thread, stream kCommStream.
+// Stream ids of a CPU rank (model/names.hpp has the full table). The communicator runs collectives on
+// its own thread, whose default stream is kCommStream; each operation is recorded on its group's stream.
 inline constexpr int32_t kComputeStream = 0;
 inline constexpr int32_t kCommStream = 1;
 
@@ -60,6 +61,8 @@ class Recorder {
 
   // Metadata forwarded to the writer (no-ops when disabled).
   void add_stream(int32_t stream, const std::string& name);
+  // add_stream unless the stream was added already (by either call); thread-safe.
+  void ensure_stream(int32_t stream, std::string_view name);
   void add_communicator(const traces::CommunicatorInfo& c);
   void add_rank(const traces::RankInfo& r);
 
@@ -119,6 +122,7 @@ class Recorder {
 
   std::mutex names_mu_;
   std::unordered_map<std::string, traces::NameId> names_;
+  std::vector<int32_t> streams_;  // added so far (names_mu_)
 
   std::mutex buffers_mu_;
   std::unordered_map<std::thread::id, std::unique_ptr<ThreadBuffer>> buffers_;

@@ -7,12 +7,13 @@
 //  - Buffers are raw pointers into the memory of the communicator's device (host memory for MPI,
 //    device memory of its GPU for NCCL). Nothing here allocates or copies on the caller's behalf.
 //  - Every operation is asynchronous: it is queued on the communicator's stream (MPI: one
-//    communication thread per process, trace stream 1 "comm"; NCCL: its CUDA stream) and returns a
+//    communication thread per process, each operation recorded on its group's trace stream,
+//    comm_stream_of below; NCCL: its CUDA stream) and returns a
 //    Handle. Operations of one process run in the order they were issued, over all its
 //    communicators, so every rank must issue the operations of a communicator in the same order
 //    (the same rule as NCCL on one stream).
 //  - The caller must not touch a buffer until the handle's wait() returns.
-//  - Each operation is recorded (when a recorder is attached) as a span on the comm stream: kind
+//  - Each operation is recorded (when a recorder is attached) as a span on its stream: kind
 //    Collective or P2P, op, bytes (nccl-tests' size: the buffer for all-reduce/broadcast/send/recv,
 //    the total for reduce-scatter/all-gather), communicator id, peer (global rank; the root for
 //    broadcast), and the operation's sequence number in its communicator.
@@ -178,6 +179,11 @@ uint64_t schedule_flight_record(int32_t comm, int64_t seq, traces::CollOp op, st
 
 // The trace span of one communication operation, as every communicator records it (MPI, NCCL):
 // Collective, or P2P for send and receive; named by the label, else by the op; on `stream`.
+// The trace stream of an operation on a communicator of `kind` (model/names.hpp, the simulator's
+// streams): tp -> comm.tp; pp receives -> comm.pp.recv, pp sends and collectives -> comm.pp.send;
+// dp, world and the tied-embedding pair (kind Other) -> comm.dp.
+int32_t comm_stream_of(traces::CommKind kind, traces::CollOp op);
+
 traces::Span comm_op_span(profiler::Recorder& rec, int32_t stream, traces::CollOp op,
                           const OpLabel& label, std::size_t bytes, int32_t comm,
                           int32_t peer_global, int64_t seq);

@@ -109,9 +109,9 @@ struct DeviceRunner {
   TrainerFactory make_trainer;
 };
 // At static initialisation, once per backend (runtime/cuda/src/device_runner.cpp).
-void register_device_runner(const std::string& device, DeviceRunner runner);
+void register_device_runner(Device device, DeviceRunner runner);
 // Whether a backend registered `device`.
-bool has_device_runner(const std::string& device);
+bool has_device_runner(Device device);
 // The check of the backend registered for s.runtime.device, else the CPU runtime's
 // check_supported (which names the devices this build lacks).
 void check_supported_on_device(const Scenario& s);

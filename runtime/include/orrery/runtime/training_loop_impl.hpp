@@ -158,7 +158,7 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   // the blocks do not keep are the scratch's workspace, once per rank (buffers.hpp).
   const Recompute recompute = recompute_of(s_.training);
   const int in_flight =
-      L.pp > 1 ? pipeline_in_flight(s_.parallel.schedule, L.pp, L.pp_rank, micro_batches_) : 1;
+      L.pp > 1 ? pipeline_in_flight(schedule_of(s_.parallel), L.pp, L.pp_rank, micro_batches_) : 1;
   for (int i = 0; i < in_flight; ++i) {
     acts_.push_back(std::make_unique<typename B::Activations>(
         backend_.activations(*model_, s_.training.micro_batch, s_.model.seq, recompute)));
@@ -631,7 +631,7 @@ void TrainingLoop<B>::run_passes(const GptHooks& hooks, double& loss_sum) {
   }
   // pipeline.hpp: mb >= 0 a forward, -(mb+1) a backward.
   for (int pass :
-       pipeline_order(s_.parallel.schedule, layout_.pp, layout_.pp_rank, micro_batches_)) {
+       pipeline_order(schedule_of(s_.parallel), layout_.pp, layout_.pp_rank, micro_batches_)) {
     if (pass >= 0)
       forward_pass(pass, hooks, loss_sum);
     else

@@ -11,11 +11,15 @@
 #include <string_view>
 #include <vector>
 
+#include "orrery/common/scenario.hpp"
+
 namespace orrery::sim {
 
-enum class Precision { FP32, TF32, BF16, FP16 };
-std::string_view to_string(Precision p);
-std::optional<Precision> precision_from_string(std::string_view s);  // fp32, tf32, bf16, fp16
+// The number formats are common's (orrery/common/scenario.hpp: one parser for scenarios, profiles
+// and device peaks).
+using orrery::Precision;
+using orrery::precision_from_string;  // fp32, tf32, bf16, fp16 (any case)
+using orrery::to_string;
 
 struct Device {
   std::string name;            // "H100-SXM"

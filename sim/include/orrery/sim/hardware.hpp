@@ -59,6 +59,7 @@
 #include <string_view>
 #include <vector>
 
+#include "orrery/common/scenario.hpp"
 #include "orrery/traces/span.hpp"
 
 namespace orrery::sim {
@@ -175,7 +176,7 @@ struct HardwareProfile {
   std::string name;
   std::string path;                         // file it was read from ("" for built-in defaults)
   std::string device;                       // device preset name it describes
-  std::string precision;                    // bf16 | fp16 | tf32 | fp32
+  Precision precision = Precision::FP32;    // bf16 | fp16 | tf32 | fp32
   double peak_flops = 0;                    // 0: the cluster device's peak for `precision`
   double memory_bandwidth_bytes_per_s = 0;  // 0: the cluster device's
   int64_t data_load_ns = 0;

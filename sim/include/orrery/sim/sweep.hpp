@@ -3,16 +3,19 @@
 //
 // Breakdown of a step, per simulated rank over the step's window [earliest op start, latest op end
 // over all simulated ranks], then averaged over the simulated ranks (one per stage by default: every
-// stage has the same number of ranks, so this is the mean over all ranks):
+// stage has the same number of ranks, so this is the mean over all ranks) and the counted steps.
+// The definition is compute_metrics' (profiler::account_step), applied to the ops from start to end
+// as the simulated trace's spans, so `orrery report` of that trace gives the same figures:
 //   compute      = |C|, C = compute and optimizer ops (merged intervals)
 //   exposed tp   = |TP \ C|
-//   exposed pp   = |PP \ (C ∪ TP)|            point-to-point transfers, from transfer start to end
-//   exposed dp   = |DP \ (C ∪ TP ∪ PP)|       gradient all-reduce / reduce-scatter / all-gather,
+//   exposed dp   = |DP \ (C ∪ TP)|            gradient all-reduce / reduce-scatter / all-gather,
 //                                             ZeRO-3 gathers, tied-embedding all-reduce
-//   bubble       = window - |C ∪ TP ∪ PP ∪ DP| when pp > 1 (waiting for other stages), else 0
+//   bubble       = window - |C ∪ TP ∪ DP| when pp > 1 (waiting for other stages), else 0
 //   idle         = the same when pp = 1 (data loading, waiting for peers), else 0
-// so compute + exposed + bubble + idle = the step window. Communication intervals start when every
-// member has arrived (OpTiming::active_ns): waiting for a late peer is bubble or idle, not comm.
+//   exposed pp   = |PP \ (C ∪ TP ∪ DP)|, point-to-point transfers and the waits they cover: part
+//                  of the bubble, not added to it
+// so compute + exposed tp + exposed dp + bubble + idle = the step window. A collective counts from
+// its start, as a blocking call's span does: waiting for a late member is exposed communication.
 #pragma once
 
 #include <cstdint>

@@ -50,16 +50,16 @@
 
 namespace orrery::sim {
 
-// Streams of a rank. TP and DP collectives have their own streams (NCCL communicators run on their
-// own streams; a TP all-reduce still blocks compute through its dependency); sends and receives of
-// the pipeline have one each, so that a stage can receive while it sends.
-inline constexpr int kStreamCompute = 0;
-inline constexpr int kStreamDp = 1;
-inline constexpr int kStreamTp = 2;
-inline constexpr int kStreamPpSend = 3;
-inline constexpr int kStreamPpRecv = 4;
-inline constexpr int kStreamCount = 5;
-std::string_view stream_name(int stream);  // "compute", "comm.dp", ...
+// Streams of a rank: the model's (model/names.hpp), which the CPU runtime records under too. TP and
+// DP collectives have their own streams (a TP all-reduce still blocks compute through its
+// dependency); sends and receives of the pipeline have one each.
+using model::names::kStreamCompute;
+using model::names::kStreamCount;
+using model::names::kStreamDp;
+using model::names::kStreamPpRecv;
+using model::names::kStreamPpSend;
+using model::names::kStreamTp;
+using model::names::stream_name;  // "compute", "comm.dp", ...
 
 // Op and phase names: the model's one table (model/names.hpp), which the runtime records its spans
 // under. Compute "zero_grad" (once at the start of each step, 4 bytes written per gradient element
@@ -199,7 +199,6 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
 
 // The order of forward (+mb) and backward (-mb-1) passes of stage `stage` for the schedule, e.g.
 // 1F1B p=4 m=8 stage 0: F0 F1 F2 F3 B0 F4 B1 ... The same function orders the runtime's passes.
-std::vector<int> schedule_order(const std::string& schedule, int stages, int stage,
-                                int micro_batches);
+std::vector<int> schedule_order(Schedule schedule, int stages, int stage, int micro_batches);
 
 }  // namespace orrery::sim

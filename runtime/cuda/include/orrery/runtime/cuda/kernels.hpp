@@ -25,6 +25,7 @@
 #include <string>
 #include <utility>
 
+#include "orrery/common/scenario.hpp"
 #include "orrery/runtime/cuda/device.hpp"
 #include "orrery/runtime/kernels.hpp"  // ORRERY_MODEL_KERNELS
 #include "orrery/runtime/optimizer.hpp"
@@ -33,8 +34,9 @@
 namespace orrery::runtime::cuda {
 
 enum class MathMode { kFp32, kTf32, kBf16 };
-// "fp32" | "tf32" | "bf16"; throws InputError naming `key` otherwise.
-MathMode parse_math_mode(const std::string& text, const std::string& key = "runtime.precision");
+// runtime.precision (parsed once by the scenario: precision_of) as cuBLAS's math mode: fp32, tf32,
+// bf16; fp16 throws InputError naming the key (the CUDA trainer has no loss scaling).
+MathMode math_mode_of(Precision p);
 const char* math_mode_name(MathMode m);
 
 // Throws InternalError naming the call and cuBLAS's status string when st != success.
