@@ -28,6 +28,7 @@
 #include <QTest>
 #include <QUrl>
 #include <QWheelEvent>
+#include <algorithm>
 #include <cmath>
 #include <functional>
 
@@ -83,9 +84,9 @@ void send_mouse(QWidget* w, QEvent::Type type, QPoint pos, Qt::MouseButton butto
   QApplication::sendEvent(w, &e);
 }
 
-void send_wheel(QWidget* w, QPoint pos, int delta_y) {
+void send_wheel(QWidget* w, QPoint pos, int delta_y, Qt::KeyboardModifiers mods = Qt::NoModifier) {
   QWheelEvent e(QPointF(pos), QPointF(w->mapToGlobal(pos)), QPoint(), QPoint(0, delta_y),
-                Qt::NoButton, Qt::NoModifier, Qt::NoScrollPhase, false);
+                Qt::NoButton, mods, Qt::NoScrollPhase, false);
   QApplication::sendEvent(w, &e);
 }
 
@@ -132,11 +133,11 @@ TEST_F(GuiApp, OpensZoomsPansSelectsAndSavesAScreenshot) {
   EXPECT_GE(tl->visible_end_ns(), tl->index()->end_ns());
   EXPECT_EQ(win_->recent_files().value(0), QFileInfo(path).absoluteFilePath());
 
-  // Wheel zoom around the cursor: the time under it stays put.
+  // Ctrl+wheel zooms around the cursor (as in Perfetto): the time under it stays put.
   const int x = TimelineView::kLabelWidth + 300;
   const int64_t t_under = tl->mapping().t_floor(300);
   const double npp0 = tl->mapping().ns_per_px;
-  send_wheel(vp, QPoint(x, 200), 240);
+  send_wheel(vp, QPoint(x, 200), 240, Qt::ControlModifier);
   EXPECT_NEAR(tl->mapping().ns_per_px, npp0 / std::pow(1.0015, 240), npp0 * 1e-9);
   EXPECT_NEAR(static_cast<double>(tl->mapping().t_floor(300)), static_cast<double>(t_under), 1.0);
 
@@ -356,7 +357,7 @@ TEST_F(GuiApp, PanAndZoomStayOnTheTrace) {
   for (int i = 0; i < 20; ++i) QTest::keyClick(tl, Qt::Key_S);
   EXPECT_DOUBLE_EQ(tl->mapping().ns_per_px, fit_npp);
   within("S x20");
-  send_wheel(vp, QPoint(TimelineView::kLabelWidth + 10, 200), -2400);
+  send_wheel(vp, QPoint(TimelineView::kLabelWidth + 10, 200), -2400, Qt::ControlModifier);
   within("wheel out");
   for (int i = 0; i < 30; ++i) QTest::keyClick(tl, Qt::Key_A);
   within("A x30");
@@ -1111,4 +1112,40 @@ TEST_F(GuiApp, SearchHighlightsEveryMatchWithCountAndTotal) {
   win_->search("");
   EXPECT_FALSE(tl->is_highlighted(static_cast<uint32_t>(m)));
   EXPECT_EQ(win_->search_status(), "");
+}
+
+// The breakdown chart of 64 ranks labels every k-th rank in full instead of 64 elided "..."
+// labels: no text in the chart ends in an ellipsis, and the rank labels are 0, k, 2k, ...
+TEST_F(GuiApp, ChartsLabelEveryKthRankAt64Ranks) {
+  // The step: ceil(64 / k) labels of 14 px with 7 px gaps in 600 px (28 fit): k = 4.
+  EXPECT_EQ(ChartsView::rank_label_step(64, 600, 14), 4);
+  EXPECT_EQ(ChartsView::rank_label_step(4, 600, 7), 1);
+  // 1024 ranks, 28 px labels in 500 px: 11 fit; 64 gives 16 labels, 100 gives 11.
+  EXPECT_EQ(ChartsView::rank_label_step(1024, 500, 28), 100);
+
+  auto o = small_opts();
+  o.ranks = 64;
+  o.steps = 2;
+  o.layers = 2;
+  o.layers_per_bucket = 1;
+  open(write_synth("e2e_charts64.db", o));
+  win_->show_tab("charts");
+  QTest::qWait(50);
+  ASSERT_EQ(win_->charts()->breakdown_categories(), 64);
+  const int k = win_->charts()->rank_step();
+  EXPECT_GT(k, 1);
+  const QStringList texts = win_->charts()->breakdown_axis_texts();
+  std::vector<int> ranks;
+  for (const QString& t : texts) {
+    EXPECT_FALSE(t.endsWith(QString::fromUtf8("\u2026")) || t.endsWith("...")) << t.toStdString();
+    bool ok = false;
+    const int v = t.toInt(&ok);
+    if (ok) ranks.push_back(v);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  std::vector<int> want;
+  for (int r = 0; r < 64; r += k) want.push_back(r);
+  // The value axis's labels are numbers too: every expected rank label is there.
+  for (int r : want) EXPECT_TRUE(std::count(ranks.begin(), ranks.end(), r) >= 1) << r;
+  ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_charts64.png"));
 }

@@ -19,6 +19,7 @@ std::shared_ptr<TraceDocument> make_document(traces::Trace t, std::string path) 
   doc->index = TraceIndex(doc->trace);
   doc->flows = FlowIndex(doc->trace);
   doc->counters = counter_tracks(doc->trace);
+  doc->steps = step_windows(doc->trace);
   return doc;
 }
 

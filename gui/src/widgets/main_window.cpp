@@ -200,6 +200,7 @@ void MainWindow::build_menus() {
   tb->addAction(open);
   tb->addAction(fit);
   tb->addAction(zsel);
+  build_navigation(view, tb);
   tb->addSeparator();
   trace_combo_ = new QComboBox(tb);
   trace_combo_->setMinimumWidth(200);

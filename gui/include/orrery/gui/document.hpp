@@ -8,6 +8,7 @@
 
 #include "orrery/gui/counter_tracks.hpp"
 #include "orrery/gui/flows.hpp"
+#include "orrery/gui/navigation.hpp"
 #include "orrery/gui/trace_index.hpp"
 #include "orrery/profiler/metrics.hpp"
 #include "orrery/traces/trace.hpp"
@@ -20,6 +21,7 @@ struct TraceDocument {
   TraceIndex index;  // all kinds; the timeline rebuilds its own when kinds are filtered
   FlowIndex flows;   // send -> receive, and the members of each collective instance
   std::vector<CounterTrack> counters;  // per (rank, counter name)
+  std::vector<StepWindow> steps;       // per step, across ranks
 };
 
 // Reads `path` with traces::load_trace and indexes it. Throws InputError (the reader's message)
