@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 
 #include "orrery/common/format.hpp"
 #include "orrery/gui/palette.hpp"
@@ -1148,4 +1149,108 @@ TEST_F(GuiApp, ChartsLabelEveryKthRankAt64Ranks) {
   // The value axis's labels are numbers too: every expected rank label is there.
   for (int r : want) EXPECT_TRUE(std::count(ranks.begin(), ranks.end(), r) >= 1) << r;
   ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_charts64.png"));
+}
+
+// Navigation without a prior click: G and a step number frame that step across ranks; M sets a
+// marker at the centre (the mouse is off the track), ] and [ walk the markers, M on one removes
+// it; ? shows the overlay of every key; the wheel scrolls the lanes and Ctrl+wheel zooms, swapped
+// by View > Wheel zooms.
+TEST_F(GuiApp, GoToStepMarkersShortcutOverlayAndWheel) {
+  auto o = small_opts();
+  o.ranks = 16;
+  open(write_synth("e2e_nav.db", o));
+  ASSERT_TRUE(QTest::qWaitForWindowActive(win_.get()));
+  TimelineView* tl = win_->timeline();
+  auto press = [&](Qt::Key k, Qt::KeyboardModifiers mods = Qt::NoModifier) {
+    QWidget* f = QApplication::focusWidget();
+    QTest::keyClick(f ? f : win_.get(), k, mods);
+  };
+  // Step 1's window across ranks, from the spans.
+  const auto& tr = tl->document()->trace;
+  int64_t s0 = INT64_MAX, s1 = INT64_MIN;
+  for (const auto& s : tr.spans) {
+    if (s.step != 1) continue;
+    s0 = std::min(s0, s.start_ns);
+    s1 = std::max(s1, s.end_ns);
+  }
+  press(Qt::Key_G);
+  auto* box = win_->findChild<QSpinBox*>("goToStep");
+  ASSERT_TRUE(box);
+  ASSERT_EQ(QApplication::focusWidget(), box);
+  QTest::keyClicks(box, "1");
+  press(Qt::Key_Return);
+  // zoom_to's margin: a twentieth of the window each side.
+  const int64_t margin = (s1 - s0) / 20;
+  EXPECT_NEAR(tl->mapping().ns_per_px,
+              static_cast<double>(s1 - s0 + 2 * margin) / tl->track_width(), 1e-6);
+  EXPECT_NEAR(static_cast<double>(tl->visible_start_ns()), static_cast<double>(s0 - margin), 1.0);
+  EXPECT_EQ(tl->step_at_center(), 1);
+  EXPECT_EQ(QApplication::focusWidget(), tl);
+  // A step the trace lacks leaves the view and says which steps there are.
+  const double npp = tl->mapping().ns_per_px;
+  press(Qt::Key_G);
+  QTest::keyClicks(box, "9");
+  press(Qt::Key_Return);
+  EXPECT_EQ(tl->mapping().ns_per_px, npp);
+  EXPECT_EQ(win_->statusBar()->currentMessage(), "step 9 is not in the trace (steps 0 to 2)");
+
+  // Markers: at the centre, then an eighth of the track later.
+  const int64_t m1 = tl->mapping().t_floor(tl->track_width() / 2.0);
+  press(Qt::Key_M);
+  ASSERT_EQ(tl->markers().size(), 1u);
+  EXPECT_EQ(tl->markers().times()[0], m1);
+  press(Qt::Key_D);
+  const int64_t m2 = tl->mapping().t_floor(tl->track_width() / 2.0);
+  press(Qt::Key_M);
+  ASSERT_EQ(tl->markers().size(), 2u);
+  EXPECT_EQ(tl->markers().times()[1], m2);
+  auto centre = [&] { return static_cast<double>(tl->mapping().t_floor(tl->track_width() / 2.0)); };
+  press(Qt::Key_BracketRight);  // none after m2: wraps to m1
+  EXPECT_NEAR(centre(), static_cast<double>(m1), npp + 1);
+  press(Qt::Key_BracketLeft);  // none before m1: wraps to m2
+  EXPECT_NEAR(centre(), static_cast<double>(m2), npp + 1);
+  press(Qt::Key_M);  // on m2: removes it
+  ASSERT_EQ(tl->markers().size(), 1u);
+  EXPECT_EQ(tl->markers().times()[0], m1);
+
+  // The overlay lists every key of the menus and the wheel's gestures.
+  press(Qt::Key_Question);
+  EXPECT_TRUE(win_->shortcut_overlay_visible());
+  std::map<QString, QString> keys;
+  for (const auto& [k, what] : win_->shortcut_entries()) keys[what] = k;
+  EXPECT_EQ(keys["Go to step"], "G");
+  EXPECT_EQ(keys["Zoom in"], "W");
+  EXPECT_EQ(keys["Next marker"], "]");
+  EXPECT_EQ(keys["Keyboard shortcuts"], "?");
+  EXPECT_EQ(keys["Zoom around the mouse"], "Ctrl+Wheel");
+  ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_shortcuts.png"));
+  press(Qt::Key_Escape);
+  EXPECT_FALSE(win_->shortcut_overlay_visible());
+  press(Qt::Key_Question);
+  EXPECT_TRUE(win_->shortcut_overlay_visible());
+  press(Qt::Key_Question);
+  EXPECT_FALSE(win_->shortcut_overlay_visible());
+
+  // The wheel: scrolls by half its angle (120 px for 240), Ctrl+wheel zooms.
+  QWidget* vp = tl->viewport();
+  const QPoint at(TimelineView::kLabelWidth + 300, 300);
+  auto* vbar = tl->verticalScrollBar();
+  ASSERT_GE(vbar->maximum(), 240);
+  vbar->setValue(0);
+  const double npp2 = tl->mapping().ns_per_px;
+  send_wheel(vp, at, -240);
+  EXPECT_EQ(vbar->value(), 120);
+  EXPECT_EQ(tl->mapping().ns_per_px, npp2);
+  send_wheel(vp, at, 240, Qt::ControlModifier);
+  EXPECT_NEAR(tl->mapping().ns_per_px, npp2 / std::pow(1.0015, 240), npp2 * 1e-9);
+  EXPECT_EQ(vbar->value(), 120);
+  // Swapped: the wheel zooms and Ctrl+wheel scrolls, in the compare panes too, and it is kept.
+  win_->wheel_zooms_action()->trigger();
+  EXPECT_TRUE(win_->compare()->view_b()->wheel_zooms());
+  EXPECT_TRUE(QSettings().value("timeline/wheelZooms").toBool());
+  const double npp3 = tl->mapping().ns_per_px;
+  send_wheel(vp, at, -240);
+  EXPECT_NEAR(tl->mapping().ns_per_px, npp3 * std::pow(1.0015, 240), npp3 * 1e-9);
+  send_wheel(vp, at, 240, Qt::ControlModifier);
+  EXPECT_EQ(vbar->value(), 0);
 }
