@@ -1254,3 +1254,46 @@ TEST_F(GuiApp, GoToStepMarkersShortcutOverlayAndWheel) {
   send_wheel(vp, at, 240, Qt::ControlModifier);
   EXPECT_EQ(vbar->value(), 0);
 }
+
+// Compare's per-op table: the synth's closed forms (a layer's backward is 2 ms in A and 2.5 ms in
+// B, on 4 ranks and 3 steps: 24 ms against 30 ms); a click on its row selects that op in step 0
+// (the aligned step) in both panes and frames both.
+TEST_F(GuiApp, CompareOpTableJumpsToTheOpInBothPanes) {
+  auto oa = small_opts();
+  auto ob = small_opts();
+  ob.backward_ns = 2'500'000;
+  open(write_synth("e2e_ops_a.db", oa));
+  open(write_synth("e2e_ops_b.db", ob, 5'000'000));
+  ASSERT_TRUE(wait_for([&] { return win_->compare()->op_model()->rowCount() > 0; }));
+  win_->show_tab("compare");
+  QTest::qWait(20);
+  const auto* m = win_->compare()->op_model();
+  int row = -1;
+  for (int r = 0; r < m->rowCount(); ++r) {
+    if (m->index(r, OpDiffModel::kName).data().toString() == "layers.2.backward") row = r;
+  }
+  ASSERT_GE(row, 0);
+  EXPECT_EQ(m->index(row, OpDiffModel::kA).data(Qt::UserRole).toLongLong(), 24'000'000);
+  EXPECT_EQ(m->index(row, OpDiffModel::kB).data(Qt::UserRole).toLongLong(), 30'000'000);
+  EXPECT_EQ(m->index(row, OpDiffModel::kDiff).data(Qt::UserRole).toLongLong(), 6'000'000);
+  EXPECT_DOUBLE_EQ(m->index(row, OpDiffModel::kRatio).data(Qt::UserRole).toDouble(), 1.25);
+  // Largest |B - A| first.
+  for (int r = 1; r < m->rowCount(); ++r) {
+    EXPECT_GE(std::abs(m->index(r - 1, OpDiffModel::kDiff).data(Qt::UserRole).toLongLong()),
+              std::abs(m->index(r, OpDiffModel::kDiff).data(Qt::UserRole).toLongLong()));
+  }
+  QTableView* table = win_->compare()->op_table();
+  table->scrollTo(m->index(row, 0));
+  const QRect cell = table->visualRect(m->index(row, OpDiffModel::kName));
+  QTest::mouseClick(table->viewport(), Qt::LeftButton, Qt::NoModifier, cell.center());
+  QTest::qWait(20);
+  for (TimelineView* v : {win_->compare()->view_a(), win_->compare()->view_b()}) {
+    const int64_t sel = v->selected_span();
+    ASSERT_GE(sel, 0);
+    const auto& s = v->document()->trace.spans[static_cast<size_t>(sel)];
+    EXPECT_EQ(v->document()->trace.name_of(s), "layers.2.backward");
+    EXPECT_EQ(s.step, 0);
+    EXPECT_GE(v->point_of_span(sel).x(), 0);  // on screen
+  }
+  ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_compare_ops.png"));
+}

@@ -62,6 +62,20 @@ struct StepDiff {
 };
 std::vector<StepDiff> diff_steps(const profiler::Metrics& a, const profiler::Metrics& b);
 
+// Per op name, two runs side by side (a real run and its simulation, say): the total time of the
+// spans of that name over all ranks and steps in A and in B, and how they differ. Names in only one
+// run count zero in the other.
+struct OpDiff {
+  std::string name;
+  int64_t a_count = 0, b_count = 0;
+  int64_t a_ns = 0, b_ns = 0;
+  int64_t diff_ns() const { return b_ns - a_ns; }
+  // B / A; infinity when only B has it (and 1 when neither has time).
+  double ratio() const;
+};
+// Every name of either trace, the largest |B - A| first (ties: by name).
+std::vector<OpDiff> diff_ops(const traces::Trace& a, const traces::Trace& b);
+
 // Start time of a step (earliest over ranks), or INT64_MIN when the metrics have no such step.
 int64_t step_start_ns(const profiler::Metrics& m, int32_t step);
 

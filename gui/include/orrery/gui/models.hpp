@@ -154,6 +154,24 @@ class StepDiffModel : public QAbstractTableModel {
   QString a_name_ = "A", b_name_ = "B";
 };
 
+// Per op name, A against B (diff_ops): name, time in A, in B, B - A, B / A and the span counts,
+// in diff_ops' order (largest |B - A| first). Qt::UserRole: nanoseconds, the ratio as a double.
+class OpDiffModel : public QAbstractTableModel {
+  Q_OBJECT
+ public:
+  using QAbstractTableModel::QAbstractTableModel;
+  enum Column { kName, kA, kB, kDiff, kRatio, kACount, kBCount, kColumnCount };
+  int rowCount(const QModelIndex& parent = {}) const override;
+  int columnCount(const QModelIndex& parent = {}) const override;
+  QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
+  QVariant headerData(int section, Qt::Orientation o, int role = Qt::DisplayRole) const override;
+  void set_diffs(std::vector<OpDiff> d);
+  const std::vector<OpDiff>& diffs() const { return rows_; }
+
+ private:
+  std::vector<OpDiff> rows_;
+};
+
 // Tree of (group →) rank → lane with check boxes; unchecking hides lanes in the timeline. Groups
 // follow GroupBy (none for GroupBy::Rank). A group's or rank's check state is derived from its lanes
 // (partially checked when mixed); setting it sets every lane below.
