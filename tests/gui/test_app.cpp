@@ -1297,3 +1297,50 @@ TEST_F(GuiApp, CompareOpTableJumpsToTheOpInBothPanes) {
   }
   ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_compare_ops.png"));
 }
+
+// P shows the critical path of the selected span's step: with rank 2 loading its data 300 us
+// late, rank 2 arrives last at the all-reduces, so the path runs through rank 2 and ends at the
+// step's end; its spans are outlined; P again hides it.
+TEST_F(GuiApp, CriticalPathOfAStepOnDemand) {
+  auto o = small_opts();
+  o.steps = 2;
+  o.straggler_rank = 2;
+  o.straggler_delay_ns = 300'000;
+  open(write_synth("e2e_critical.db", o));
+  ASSERT_TRUE(QTest::qWaitForWindowActive(win_.get()));
+  TimelineView* tl = win_->timeline();
+  const auto& tr = tl->document()->trace;
+  int64_t pick = -1;
+  for (size_t i = 0; i < tr.spans.size(); ++i) {
+    if (tr.spans[i].step == 1 && tr.spans[i].rank == 0 && tr.name_of(tr.spans[i]) == "optimizer")
+      pick = static_cast<int64_t>(i);
+  }
+  ASSERT_GE(pick, 0);
+  tl->select_span(pick);
+  QWidget* f = QApplication::focusWidget();
+  QTest::keyClick(f ? f : win_.get(), Qt::Key_P);
+  const auto& shown = tl->critical_path_shown();
+  ASSERT_FALSE(shown.empty());
+  EXPECT_EQ(shown.step, 1);
+  const auto want = critical_path(tr, 1);
+  ASSERT_EQ(shown.links.size(), want.links.size());
+  for (size_t k = 0; k < want.links.size(); ++k) EXPECT_EQ(shown.links[k].span, want.links[k].span);
+  bool through_straggler = false;
+  for (const auto& l : shown.links) through_straggler |= tr.spans[l.span].rank == 2;
+  EXPECT_TRUE(through_straggler);
+  EXPECT_EQ(shown.end_ns, find_step(tl->document()->steps, 1)->end_ns);
+  EXPECT_TRUE(win_->statusBar()->currentMessage().startsWith("critical path of step 1: "))
+      << win_->statusBar()->currentMessage().toStdString();
+  // The last span's outline, in the path's colour.
+  tl->zoom_to(shown.start_ns, shown.end_ns);
+  QTest::qWait(20);
+  const auto r = tl->span_rect(shown.links.back().span);
+  ASSERT_TRUE(r);
+  const QImage img = tl->viewport()->grab().toImage();
+  EXPECT_EQ(img.pixelColor(static_cast<int>(r->center().x()), static_cast<int>(r->top())),
+            palette::kCriticalPath);
+  ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_critical_path.png"));
+  f = QApplication::focusWidget();
+  QTest::keyClick(f ? f : win_.get(), Qt::Key_P);
+  EXPECT_TRUE(tl->critical_path_shown().empty());
+}

@@ -84,6 +84,12 @@ void MainWindow::build_navigation(QMenu* view, QToolBar* tb) {
   });
   wheel_action_->setChecked(QSettings().value(kWheelZoomsKey, false).toBool());
 
+  // The critical path of the step (of the selected span, else the one at the view's centre).
+  auto* crit =
+      view->addAction(tr("&Critical path of the step"), this, &MainWindow::toggle_critical_path);
+  crit->setShortcut(QKeySequence(Qt::Key_P));
+  crit->setShortcutContext(Qt::WindowShortcut);
+
   // The overlay that lists every key: "?" shows it, "?", Escape or a click hides it.
   overlay_ = new QLabel(this);
   overlay_->setObjectName("shortcutOverlay");
@@ -116,6 +122,37 @@ bool MainWindow::go_to_step(int step) {
   }
   statusBar()->showMessage(why, 5000);
   return false;
+}
+
+bool MainWindow::toggle_critical_path() {
+  TimelineView* t = key_target();
+  if (!t || !t->document()) return false;
+  if (!t->critical_path_shown().empty()) {
+    t->set_critical_path({});
+    statusBar()->clearMessage();
+    return false;
+  }
+  const auto& tr_ = t->document()->trace;
+  int32_t step = t->selected_span() >= 0 ? tr_.spans[static_cast<size_t>(t->selected_span())].step
+                                         : t->step_at_center();
+  if (step < 0) step = t->step_at_center();
+  CriticalPath path = critical_path(tr_, step);
+  if (path.empty()) {
+    statusBar()->showMessage(tr("no step here: select a span of a step, or centre one"), 5000);
+    return false;
+  }
+  std::set<int32_t> ranks;
+  for (const auto& l : path.links) ranks.insert(tr_.spans[l.span].rank);
+  statusBar()->showMessage(
+      tr("critical path of step %1: %2 spans on %3 ranks, %4 long; its collectives and receives "
+         "waited %5")
+          .arg(step)
+          .arg(path.links.size())
+          .arg(ranks.size())
+          .arg(QString::fromStdString(format_duration_ns(static_cast<double>(path.length_ns()))))
+          .arg(QString::fromStdString(format_duration_ns(static_cast<double>(path.wait_ns)))));
+  t->set_critical_path(std::move(path));
+  return true;
 }
 
 void MainWindow::rebuild_marker_menu() {

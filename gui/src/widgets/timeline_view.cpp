@@ -49,6 +49,7 @@ void TimelineView::set_empty_message(const QString& text) {
 }
 
 void TimelineView::set_document(std::shared_ptr<TraceDocument> doc) {
+  critical_ = {};
   doc_ = std::move(doc);
   selected_ = -1;
   flow_.clear();
@@ -452,6 +453,7 @@ void TimelineView::paintEvent(QPaintEvent*) {
   last_items_ = paint_rows(p, f);
   paint_label_border(p, f);
   paint_flow(p, f);
+  paint_critical_path(p, f);
   paint_selection(p, f);
   paint_range(p, f);
   paint_range_length(p, f);
@@ -703,6 +705,42 @@ void TimelineView::paint_selection(QPainter& p, const Frame& f) const {
   p.setPen(QPen(palette::kSelectionHalo, 1));
   p.drawRect(QRectF(kLabelWidth + x0 - 2.5, y - 2.5, std::max(2.0, x1 - x0) + 5,
                     LaneLayout::kRowHeight + 3));
+}
+
+void TimelineView::set_critical_path(CriticalPath path) {
+  critical_ = std::move(path);
+  viewport()->update();
+}
+
+void TimelineView::paint_critical_path(QPainter& p, const Frame& f) const {
+  if (critical_.empty() || !doc_) return;
+  p.save();
+  p.setClipRect(kLabelWidth, kAxisHeight, f.track_width, f.height - kAxisHeight);
+  p.setRenderHint(QPainter::Antialiasing, true);
+  const double lo = kLabelWidth - 50.0, hi = kLabelWidth + f.track_width + 50.0;
+  auto clampx = [&](double x) { return std::clamp(x, lo, hi); };
+  std::optional<QPointF> prev;  // where the link before ended
+  for (const auto& l : critical_.links) {
+    const auto r = span_rect(l.span);
+    if (!r) {
+      prev.reset();
+      continue;
+    }
+    const double x0 = clampx(r->left()), x1 = clampx(r->right());
+    const double on = clampx(kLabelWidth + f.tm.x_of(l.from_ns));
+    p.setBrush(Qt::NoBrush);
+    p.setPen(QPen(palette::kCriticalPath, 2));
+    p.drawRect(QRectF(x0, r->top(), std::max(2.0, x1 - x0), r->height()));
+    // The part on the path: a bar along the bottom of the span (the rest was a wait).
+    p.fillRect(QRectF(on, r->bottom() - 3, std::max(2.0, x1 - on), 3), palette::kCriticalPath);
+    const QPointF in(on, r->center().y());
+    if (prev) {
+      p.setPen(QPen(palette::kCriticalPath, 1.5, Qt::DashLine));
+      p.drawLine(*prev, in);
+    }
+    prev = QPointF(x1, r->center().y());
+  }
+  p.restore();
 }
 
 std::optional<QRectF> TimelineView::span_rect(int64_t span) const {

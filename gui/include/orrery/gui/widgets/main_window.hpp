@@ -73,6 +73,10 @@ class MainWindow : public QMainWindow {
   // The shortcut overlay ("?"): every key of the menus and the mouse's gestures, as (keys, what).
   std::vector<std::pair<QString, QString>> shortcut_entries() const;
   void toggle_shortcut_overlay();
+  // P: shows the critical path of the step of the selected span (else of the step at the view's
+  // centre) in the timeline the keys go to, with its length in the status bar; again hides it.
+  // True when a path is shown now.
+  bool toggle_critical_path();
   bool shortcut_overlay_visible() const;
   QAction* wheel_zooms_action() const { return wheel_action_; }
 

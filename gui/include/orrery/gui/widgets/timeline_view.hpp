@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "orrery/gui/critical_path.hpp"
 #include "orrery/gui/document.hpp"
 #include "orrery/gui/lane_layout.hpp"
 #include "orrery/gui/navigation.hpp"
@@ -129,6 +130,10 @@ class TimelineView : public QAbstractScrollArea {
   // A span's rectangle in viewport coordinates (x not clipped to the track), or none when its
   // lane is hidden or collapsed.
   std::optional<QRectF> span_rect(int64_t span) const;
+  // The critical path drawn over the lanes (an empty one hides it): its spans outlined, the part
+  // of each on the path underlined, and links from each span to the next.
+  void set_critical_path(CriticalPath path);
+  const CriticalPath& critical_path_shown() const { return critical_; }
   // Draw items of the last paint (for the benchmark's report).
   size_t last_frame_items() const { return last_items_; }
 
@@ -193,6 +198,7 @@ class TimelineView : public QAbstractScrollArea {
   // from each member of a collective to the one that started last.
   void paint_flow(QPainter& p, const Frame& f) const;
   void paint_range(QPainter& p, const Frame& f) const;
+  void paint_critical_path(QPainter& p, const Frame& f) const;
   void paint_axis(QPainter& p, const Frame& f) const;
   void paint_steps(QPainter& p, const Frame& f) const;    // the step numbers' band of the axis
   void paint_markers(QPainter& p, const Frame& f) const;  // lines across the lanes, flags above
@@ -231,6 +237,7 @@ class TimelineView : public QAbstractScrollArea {
   QPoint last_mouse_{-1, -1};
   size_t last_items_ = 0;
   Markers markers_;
+  CriticalPath critical_;
   bool wheel_zooms_ = false;
 };
 
