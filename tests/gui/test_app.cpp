@@ -1344,3 +1344,35 @@ TEST_F(GuiApp, CriticalPathOfAStepOnDemand) {
   QTest::keyClick(f ? f : win_.get(), Qt::Key_P);
   EXPECT_TRUE(tl->critical_path_shown().empty());
 }
+
+// The screenshot options that show one feature: a flow, a counter track, the compare op table and
+// the critical path render and exit 0; an unknown counter or op exits 2 naming the option.
+TEST(GuiCli, ScreenshotOptionsShowAFlowACounterAndTheOpTable) {
+  const QString a = write_synth("cli_feat_a.db", small_opts());
+  auto ob = small_opts();
+  ob.backward_ns = 2'500'000;
+  const QString b = write_synth("cli_feat_b.db", ob);
+  QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+  env.insert("QT_QPA_PLATFORM", "offscreen");
+  env.insert("XDG_CONFIG_HOME", kDir + "/xdg");
+  auto run = [&](const QStringList& args, int want_rc, const QString& want_err = {}) {
+    const QString png = kDir + "/cli_feat.png";
+    QFile::remove(png);
+    QProcess p;
+    p.setProcessEnvironment(env);
+    p.start(ORRERY_GUI_BIN, QStringList{"--screenshot", png, "--size", "1000x700"} + args);
+    ASSERT_TRUE(p.waitForFinished(60000));
+    const QString err = QString::fromLocal8Bit(p.readAllStandardError());
+    EXPECT_EQ(p.exitCode(), want_rc) << args.join(' ').toStdString() << ": " << err.toStdString();
+    EXPECT_EQ(QFileInfo::exists(png), want_rc == 0) << args.join(' ').toStdString();
+    if (!want_err.isEmpty()) EXPECT_TRUE(err.contains(want_err)) << err.toStdString();
+  };
+  run({"--flow", "all_reduce", a}, 0);
+  run({"--step", "1", "--counter", "mem.activations", a}, 0);
+  run({"--step", "1", "--critical-path", a}, 0);
+  run({"--compare-op", "top", a, b}, 0);
+  run({"--compare-op", "layers.2.backward", a, b}, 0);
+  run({"--counter", "mem.nothing", a}, 2, "--counter: no counter track named 'mem.nothing'");
+  run({"--compare-op", "nope", a, b}, 2, "--compare-op: no op named 'nope'");
+  run({"--step", "9", a}, 2, "--step: no step '9'");
+}

@@ -84,6 +84,7 @@ CompareView::CompareView(QWidget* parent) : QWidget(parent) {
   tables->setSizes({380, 620});
   split->addWidget(tables);
   split->setSizes({400, 400, 220});
+  split_ = split;
   layout->addWidget(split, 1);
 
   connect(a_, &TimelineView::mappingChanged, this, [this] { sync_from(a_, b_); });
@@ -173,6 +174,19 @@ void CompareView::align_on_step(int step) {
   align_note_->clear();
   b_->set_shift_ns(sa - sb);
   sync_from(a_, b_);
+}
+
+int CompareView::op_row(const QString& name) const {
+  const auto& rows = op_model_.diffs();
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (QString::fromStdString(rows[r].name) == name) return static_cast<int>(r);
+  }
+  return -1;
+}
+
+void CompareView::emphasize_tables() {
+  const int h = std::max(300, split_->height());
+  split_->setSizes({h * 3 / 10, h * 3 / 10, h * 4 / 10});
 }
 
 int64_t CompareView::find_op(const traces::Trace& t, const std::string& name, int32_t step) {

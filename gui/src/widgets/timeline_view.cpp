@@ -719,11 +719,12 @@ void TimelineView::paint_critical_path(QPainter& p, const Frame& f) const {
   p.setRenderHint(QPainter::Antialiasing, true);
   const double lo = kLabelWidth - 50.0, hi = kLabelWidth + f.track_width + 50.0;
   auto clampx = [&](double x) { return std::clamp(x, lo, hi); };
-  std::optional<QPointF> prev;  // where the link before ended
+  bool has_prev = false;  // where the link before ended, when it is drawn
+  QPointF prev;
   for (const auto& l : critical_.links) {
     const auto r = span_rect(l.span);
     if (!r) {
-      prev.reset();
+      has_prev = false;
       continue;
     }
     const double x0 = clampx(r->left()), x1 = clampx(r->right());
@@ -734,11 +735,12 @@ void TimelineView::paint_critical_path(QPainter& p, const Frame& f) const {
     // The part on the path: a bar along the bottom of the span (the rest was a wait).
     p.fillRect(QRectF(on, r->bottom() - 3, std::max(2.0, x1 - on), 3), palette::kCriticalPath);
     const QPointF in(on, r->center().y());
-    if (prev) {
+    if (has_prev) {
       p.setPen(QPen(palette::kCriticalPath, 1.5, Qt::DashLine));
-      p.drawLine(*prev, in);
+      p.drawLine(prev, in);
     }
     prev = QPointF(x1, r->center().y());
+    has_prev = true;
   }
   p.restore();
 }
@@ -933,6 +935,43 @@ void TimelineView::clear_markers() {
   markers_.clear();
   viewport()->update();
   emit markersChanged();
+}
+
+bool TimelineView::scroll_to_counter(const std::string& name) {
+  if (!doc_) return false;
+  for (const auto& r : layout_.rows()) {
+    if (r.kind != LayoutRow::Kind::Counter || r.counter < 0) continue;
+    if (doc_->counters[static_cast<size_t>(r.counter)].name != name) continue;
+    verticalScrollBar()->setValue(
+        static_cast<int>(std::max(0.0, r.y - 3 * LaneLayout::kRowHeight)));
+    return true;
+  }
+  return false;
+}
+
+int64_t TimelineView::show_flow(const QString& text) {
+  if (!doc_) return -1;
+  const auto& spans = doc_->trace.spans;
+  const int64_t from = visible_start_ns();
+  int64_t best = -1;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const auto& s = spans[i];
+    if (s.start_ns < from || (best >= 0 && s.start_ns >= spans[static_cast<size_t>(best)].start_ns))
+      continue;
+    if (s.kind != traces::SpanKind::Collective && s.kind != traces::SpanKind::P2P) continue;
+    if (!QString::fromStdString(doc_->trace.name_of(s)).contains(text)) continue;
+    if (doc_->flows.members_of(static_cast<uint32_t>(i)).size() < 2) continue;
+    best = static_cast<int64_t>(i);
+  }
+  if (best < 0) return -1;
+  select_span(best, true);
+  int64_t t0 = INT64_MAX, t1 = INT64_MIN;
+  for (uint32_t m : flow_) {
+    t0 = std::min(t0, spans[m].start_ns);
+    t1 = std::max(t1, spans[m].end_ns);
+  }
+  zoom_to(t0, t1);
+  return best;
 }
 
 void TimelineView::center_on(int64_t t_ns) {

@@ -11,6 +11,7 @@
 
 class QLabel;
 class QSpinBox;
+class QSplitter;
 class QTableView;
 
 namespace orrery::gui {
@@ -35,6 +36,10 @@ class CompareView : public QWidget {
   // Selects the op of that row in both panes (its first span in the aligned step, else its first
   // span) and frames both spans on the shared axis; false when neither trace has it.
   bool jump_to_op(int row);
+  // The row of an op name in the op table, -1 when neither trace has it.
+  int op_row(const QString& name) const;
+  // Gives the tables more of the height (screenshots of the op table).
+  void emphasize_tables();
   // Shifts B so that `step` starts where A's does; a step not in both traces leaves the shift and
   // says so (align_note). The step box offers the steps both traces have.
   void align_on_step(int step);
@@ -54,6 +59,7 @@ class CompareView : public QWidget {
   QTableView* table_ = nullptr;
   StepDiffModel diff_model_;
   QTableView* op_table_ = nullptr;
+  QSplitter* split_ = nullptr;
   OpDiffModel op_model_;
   std::shared_ptr<const profiler::Metrics> ma_, mb_;
   bool syncing_ = false;

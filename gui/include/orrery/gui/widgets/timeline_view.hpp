@@ -87,6 +87,12 @@ class TimelineView : public QAbstractScrollArea {
   const Markers& markers() const { return markers_; }
   void add_marker(int64_t t_ns);
   void clear_markers();
+  // Scrolls the lanes so that the first counter track of that name is near the top, under its
+  // rank's lanes' last rows; false when there is none.
+  bool scroll_to_counter(const std::string& name);
+  // Selects the first span at or after the view's start whose name contains `text` and that has a
+  // flow (a collective instance or a transfer), and frames the flow's members; -1 when none.
+  int64_t show_flow(const QString& text);
   // Centres the view on a time (trace time), keeping the zoom.
   void center_on(int64_t t_ns);
   bool jump_to_marker(bool next);
