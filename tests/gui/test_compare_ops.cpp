@@ -54,26 +54,52 @@ traces::Trace trace_b() {
 TEST(GuiCompareOps, TotalsPerNameLargestDifferenceFirst) {
   const auto d = diff_ops(trace_a(), trace_b());
   ASSERT_EQ(d.size(), 4u);
-  // |B - A|: bwd 190, allreduce 30, optimizer 10, fwd 0.
+  // Both traces have 2 rank-steps (ranks 0 and 1, step 0): per rank-step, bwd 200 against 295,
+  // allreduce 40 against 25, optimizer 0 against 5, fwd 110 against 110. |B - A|: 95, 15, 5, 0.
   EXPECT_EQ(d[0].name, "bwd");
-  EXPECT_EQ(d[0].a_ns, 400);
-  EXPECT_EQ(d[0].b_ns, 590);
-  EXPECT_EQ(d[0].diff_ns(), 190);
+  EXPECT_EQ(d[0].a_total_ns, 400);
+  EXPECT_EQ(d[0].b_total_ns, 590);
+  EXPECT_EQ(d[0].a_rank_steps, 2);
+  EXPECT_EQ(d[0].b_rank_steps, 2);
+  EXPECT_EQ(d[0].a_ns, 200);
+  EXPECT_EQ(d[0].b_ns, 295);
+  EXPECT_EQ(d[0].diff_ns(), 95);
   EXPECT_DOUBLE_EQ(d[0].ratio(), 1.475);
   EXPECT_EQ(d[0].a_count, 2);
   EXPECT_EQ(d[1].name, "allreduce");
-  EXPECT_EQ(d[1].a_ns, 80);
-  EXPECT_EQ(d[1].b_ns, 50);
-  EXPECT_EQ(d[1].diff_ns(), -30);
+  EXPECT_EQ(d[1].a_ns, 40);
+  EXPECT_EQ(d[1].b_ns, 25);
+  EXPECT_EQ(d[1].diff_ns(), -15);
   EXPECT_DOUBLE_EQ(d[1].ratio(), 0.625);
   EXPECT_EQ(d[2].name, "optimizer");
   EXPECT_EQ(d[2].a_ns, 0);
   EXPECT_EQ(d[2].a_count, 0);
-  EXPECT_EQ(d[2].b_ns, 10);
+  EXPECT_EQ(d[2].b_ns, 5);
   EXPECT_TRUE(std::isinf(d[2].ratio()));
   EXPECT_EQ(d[3].name, "fwd");
   EXPECT_EQ(d[3].diff_ns(), 0);
   EXPECT_DOUBLE_EQ(d[3].ratio(), 1.0);
+}
+
+// A simulation of one rank and one step against a run of 2 ranks and 2 steps: per rank-step.
+TEST(GuiCompareOps, OneSimulatedRankStepAgainstManyRealOnes) {
+  traces::Trace real;
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    for (int32_t step = 0; step < 2; ++step) {
+      add(real, rank, "bwd", 1000 * step, 1000 * step + 300 + 100 * rank);  // 300, 400 ns
+      real.spans.back().step = step;
+    }
+  }
+  traces::Trace sim;
+  add(sim, 0, "bwd", 0, 330);
+  const auto d = diff_ops(real, sim);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].a_total_ns, 1400);  // 2 x (300 + 400)
+  EXPECT_EQ(d[0].a_rank_steps, 4);
+  EXPECT_EQ(d[0].a_ns, 350);
+  EXPECT_EQ(d[0].b_rank_steps, 1);
+  EXPECT_EQ(d[0].b_ns, 330);
+  EXPECT_EQ(d[0].diff_ns(), -20);
 }
 
 TEST(GuiCompareOps, ModelShowsTheTable) {
@@ -83,12 +109,12 @@ TEST(GuiCompareOps, ModelShowsTheTable) {
   ASSERT_EQ(m.rowCount(), 4);
   EXPECT_EQ(m.columnCount(), OpDiffModel::kColumnCount);
   EXPECT_EQ(m.index(0, OpDiffModel::kName).data().toString(), "bwd");
-  EXPECT_EQ(m.index(0, OpDiffModel::kA).data(Qt::UserRole).toLongLong(), 400);
-  EXPECT_EQ(m.index(0, OpDiffModel::kB).data(Qt::UserRole).toLongLong(), 590);
-  EXPECT_EQ(m.index(0, OpDiffModel::kDiff).data(Qt::UserRole).toLongLong(), 190);
-  EXPECT_EQ(m.index(0, OpDiffModel::kDiff).data().toString(), "+190 ns");
+  EXPECT_EQ(m.index(0, OpDiffModel::kA).data(Qt::UserRole).toLongLong(), 200);
+  EXPECT_EQ(m.index(0, OpDiffModel::kB).data(Qt::UserRole).toLongLong(), 295);
+  EXPECT_EQ(m.index(0, OpDiffModel::kDiff).data(Qt::UserRole).toLongLong(), 95);
+  EXPECT_EQ(m.index(0, OpDiffModel::kDiff).data().toString(), "+95 ns");
   EXPECT_EQ(m.index(0, OpDiffModel::kRatio).data().toString(), "1.475 x");
-  EXPECT_EQ(m.index(1, OpDiffModel::kDiff).data().toString(), "-30 ns");
+  EXPECT_EQ(m.index(1, OpDiffModel::kDiff).data().toString(), "-15 ns");
   EXPECT_EQ(m.index(1, OpDiffModel::kRatio).data().toString(), "0.625 x");
   EXPECT_EQ(m.index(2, OpDiffModel::kRatio).data().toString(), "only in B");
   EXPECT_EQ(m.index(2, OpDiffModel::kBCount).data().toString(), "1");

@@ -685,7 +685,8 @@ QVariant OpDiffModel::data(const QModelIndex& index, int role) const {
 
 QVariant OpDiffModel::headerData(int section, Qt::Orientation o, int role) const {
   if (role != Qt::DisplayRole || o != Qt::Horizontal) return {};
-  static const char* kNames[] = {"Op", "A time", "B time", "B - A", "B / A", "A spans", "B spans"};
+  static const char* kNames[] = {"Op",    "A per rank-step", "B per rank-step", "B - A",
+                                 "B / A", "A spans",         "B spans"};
   return section >= 0 && section < kColumnCount ? QString::fromUtf8(kNames[section]) : QVariant();
 }
 

@@ -62,13 +62,17 @@ struct StepDiff {
 };
 std::vector<StepDiff> diff_steps(const profiler::Metrics& a, const profiler::Metrics& b);
 
-// Per op name, two runs side by side (a real run and its simulation, say): the total time of the
-// spans of that name over all ranks and steps in A and in B, and how they differ. Names in only one
-// run count zero in the other.
+// Per op name, two runs side by side (a real run and its simulation, say): the time of the spans
+// of that name per rank and step, the mean over the trace's (rank, step) pairs, so that a
+// simulation of one representative rank and step compares with a run of many. A trace's
+// rank-steps: the distinct (rank, step >= 0) of its spans (1 when none). Names in only one run
+// count zero in the other.
 struct OpDiff {
   std::string name;
-  int64_t a_count = 0, b_count = 0;
-  int64_t a_ns = 0, b_ns = 0;
+  int64_t a_count = 0, b_count = 0;        // spans
+  int64_t a_total_ns = 0, b_total_ns = 0;  // over all ranks and steps
+  int64_t a_rank_steps = 1, b_rank_steps = 1;
+  int64_t a_ns = 0, b_ns = 0;  // per rank and step: total / rank-steps, rounded
   int64_t diff_ns() const { return b_ns - a_ns; }
   // B / A; infinity when only B has it (and 1 when neither has time).
   double ratio() const;

@@ -154,7 +154,8 @@ class StepDiffModel : public QAbstractTableModel {
   QString a_name_ = "A", b_name_ = "B";
 };
 
-// Per op name, A against B (diff_ops): name, time in A, in B, B - A, B / A and the span counts,
+// Per op name, A against B (diff_ops): name, time per rank and step in A, in B, B - A, B / A and
+// the span counts,
 // in diff_ops' order (largest |B - A| first). Qt::UserRole: nanoseconds, the ratio as a double.
 class OpDiffModel : public QAbstractTableModel {
   Q_OBJECT
