@@ -7,6 +7,7 @@
 #include <QMenu>
 #include <QMenuBar>
 #include <QSettings>
+#include <QSignalBlocker>
 #include <QSpinBox>
 #include <QStatusBar>
 #include <QToolBar>
@@ -113,6 +114,8 @@ bool MainWindow::go_to_step(int step) {
   if (!t) t = timeline_;
   if (t->go_to_step(step)) {
     statusBar()->clearMessage();
+    const QSignalBlocker quiet(step_box_);
+    step_box_->setValue(step);
     return true;
   }
   const auto d = t->document();
