@@ -875,7 +875,15 @@ void TimelineView::paint_steps(QPainter& p, const Frame& f) const {
   const int64_t left = f.tm.t_floor(0), right = f.tm.t_ceil(f.track_width);
   auto it = std::lower_bound(steps.begin(), steps.end(), left,
                              [](const StepWindow& w, int64_t t) { return w.end_ns < t; });
-  for (; it != steps.end() && it->start_ns <= right; ++it) {
+  const auto last = std::upper_bound(it, steps.end(), right,
+                                     [](int64_t t, const StepWindow& w) { return t < w.start_ns; });
+  // Steps under 3 px each (a whole long trace): one plain band, as a folded block would be; the
+  // frame's cost stays bounded by the pixels, not by the thousands of steps.
+  if (static_cast<double>(last - it) * 3 > f.track_width) {
+    p.fillRect(QRectF(kLabelWidth, y, f.track_width, kStepBandHeight - 1), palette::kStepBandEven);
+    return;
+  }
+  for (; it != last; ++it) {
     const double x0 = std::max(-1.0, f.tm.x_of(it->start_ns));
     const double x1 = std::min(f.track_width + 1.0, f.tm.x_of(it->end_ns));
     const QRectF band(kLabelWidth + x0, y, std::max(1.0, x1 - x0), kStepBandHeight - 1);
