@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "orrery/common/format.hpp"
+#include "orrery/gui/critical_path.hpp"
 #include "orrery/gui/document.hpp"
 #include "orrery/gui/widgets/timeline_view.hpp"
 #include "orrery/traces/store.hpp"
@@ -124,6 +125,13 @@ int main(int argc, char** argv) {
       flow_span = static_cast<int64_t>(i);
   }
   view.select_span(flow_span);
+  // The critical path of the middle step, computed on demand (P): what the GUI thread spends.
+  const int32_t crit_step = doc->steps.empty() ? -1 : doc->steps[doc->steps.size() / 2].step;
+  t0 = std::chrono::steady_clock::now();
+  c0 = process_cpu_s();
+  const auto crit = orrery::gui::critical_path(doc->trace, crit_step);
+  const double crit_s = seconds_since(t0);
+  const double crit_cpu_s = process_cpu_s() - c0;
   QImage img(view.viewport()->size(), QImage::Format_ARGB32_Premultiplied);
 
   const int64_t full = doc->index.end_ns() - doc->index.start_ns();
@@ -138,6 +146,8 @@ int main(int argc, char** argv) {
               doc->index.lanes().size(), width, height,
               QApplication::platformName().toLocal8Bit().constData());
   std::printf("  generate %.2f s, write %.2f s (not part of opening)\n", gen_s, write_s);
+  std::printf("  critical path of step %d: %zu spans, wall %.2f s, CPU %.2f s\n", crit_step,
+              crit.links.size(), crit_s, crit_cpu_s);
   std::printf("  counter tracks on: %zu tracks; flow on: span %lld selected, %zu members\n",
               doc->counters.size(), static_cast<long long>(flow_span), view.flow_members().size());
   std::printf(

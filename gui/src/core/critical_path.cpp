@@ -46,22 +46,29 @@ std::unordered_map<uint32_t, std::pair<uint32_t, Via>> comm_waits(const traces::
 CriticalPath critical_path(const traces::Trace& t, int32_t step) {
   CriticalPath path;
   path.step = step;
-  const auto& S = t.spans;
-  // The step's last-ending work span (ties: the later index).
-  int64_t cur = -1;
-  for (size_t i = 0; i < S.size(); ++i) {
-    if (S[i].step != step || S[i].kind == traces::SpanKind::Phase) continue;
-    if (cur < 0 || S[i].end_ns >= S[static_cast<size_t>(cur)].end_ns) cur = static_cast<int64_t>(i);
+  // The step's work spans only (the walk stops at the step's edge anyway): on a long trace the
+  // dependencies of one step cost what the step has, not what the trace has.
+  traces::Trace sub;
+  std::vector<uint32_t> orig;  // sub's span -> t's span
+  for (size_t i = 0; i < t.spans.size(); ++i) {
+    if (t.spans[i].step != step || t.spans[i].kind == traces::SpanKind::Phase) continue;
+    sub.spans.push_back(t.spans[i]);
+    orig.push_back(static_cast<uint32_t>(i));
   }
-  if (cur < 0) return path;
-  const auto deps = traces::span_dependencies(t);
-  const auto waits = comm_waits(t, step);
+  if (sub.spans.empty()) return path;
+  const auto& S = sub.spans;
+  // The step's last-ending work span (ties: the later one in the trace).
+  int64_t cur = 0;
+  for (size_t i = 1; i < S.size(); ++i) {
+    if (S[i].end_ns >= S[static_cast<size_t>(cur)].end_ns) cur = static_cast<int64_t>(i);
+  }
+  const auto deps = traces::span_dependencies(sub);
+  const auto waits = comm_waits(sub, step);
   std::vector<CriticalLink> back;  // from the end backwards
   std::unordered_set<int64_t> seen;
-  auto in_step = [&](int64_t i) { return i >= 0 && S[static_cast<size_t>(i)].step == step; };
   while (cur >= 0 && seen.insert(cur).second) {
     const auto& s = S[static_cast<size_t>(cur)];
-    CriticalLink link{static_cast<uint32_t>(cur), Via::First, s.start_ns, s.end_ns};
+    CriticalLink link{orig[static_cast<size_t>(cur)], Via::First, s.start_ns, s.end_ns};
     int64_t next = -1;
     if (auto w = waits.find(static_cast<uint32_t>(cur)); w != waits.end()) {
       // It waited: it went on once the late member (or the send) started; the path goes there.
@@ -72,8 +79,8 @@ CriticalPath critical_path(const traces::Trace& t, int32_t step) {
     } else {
       // It started after the dependency that ended last.
       const auto& d = deps[static_cast<size_t>(cur)];
-      const int64_t pe = in_step(d.pred) ? S[static_cast<size_t>(d.pred)].end_ns : INT64_MIN;
-      const int64_t ce = in_step(d.cross) ? S[static_cast<size_t>(d.cross)].end_ns : INT64_MIN;
+      const int64_t pe = d.pred >= 0 ? S[static_cast<size_t>(d.pred)].end_ns : INT64_MIN;
+      const int64_t ce = d.cross >= 0 ? S[static_cast<size_t>(d.cross)].end_ns : INT64_MIN;
       if (pe != INT64_MIN || ce != INT64_MIN) {
         next = ce > pe ? d.cross : d.pred;
         link.via = ce > pe ? Via::CrossStream : Via::Stream;
@@ -85,8 +92,8 @@ CriticalPath critical_path(const traces::Trace& t, int32_t step) {
   // Each link says how it followed the one before it; the first one follows nothing.
   path.links.assign(back.rbegin(), back.rend());
   path.links.front().via = Via::First;
-  path.start_ns = S[path.links.front().span].start_ns;
-  path.end_ns = S[path.links.back().span].end_ns;
+  path.start_ns = t.spans[path.links.front().span].start_ns;
+  path.end_ns = t.spans[path.links.back().span].end_ns;
   return path;
 }
 

@@ -8,7 +8,9 @@
 //     member that started earlier waited, and the path goes to the late arriver;
 //   - a P2P receive completes after its matching send (traces::match_p2p) has started: a receive
 //     posted before its send waited for it.
-// The walk stops at a span with no dependency in the step. Phase spans are not on it.
+// The walk stops at a span with no dependency in the step. Phase spans are not on it. Only the
+// step's spans are looked at (sends are matched to receives within the step), so the cost is the
+// step's, not the trace's.
 #pragma once
 
 #include <cstdint>
