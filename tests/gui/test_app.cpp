@@ -1186,6 +1186,18 @@ TEST_F(GuiApp, GoToStepMarkersShortcutOverlayAndWheel) {
   EXPECT_NEAR(static_cast<double>(tl->visible_start_ns()), static_cast<double>(s0 - margin), 1.0);
   EXPECT_EQ(tl->step_at_center(), 1);
   EXPECT_EQ(QApplication::focusWidget(), tl);
+  // The step's band at the bottom of the axis, in step 1's (odd) shade, past its label; step 0's
+  // and step 2's, in the even shade, in the margins either side.
+  {
+    const QImage axis = tl->viewport()->grab().toImage();
+    const int yb = TimelineView::kAxisHeight - 3;
+    auto x_at = [&](int64_t t) {
+      return TimelineView::kLabelWidth + static_cast<int>(tl->mapping().x_of(t));
+    };
+    EXPECT_EQ(axis.pixelColor(x_at(s1) - 5, yb), palette::kStepBandOdd);
+    EXPECT_EQ(axis.pixelColor(x_at(s0) - 5, yb), palette::kStepBandEven);
+    EXPECT_EQ(axis.pixelColor(x_at(s1) + 5, yb), palette::kStepBandEven);
+  }
   // A step the trace lacks leaves the view and says which steps there are.
   const double npp = tl->mapping().ns_per_px;
   press(Qt::Key_G);
