@@ -1343,6 +1343,15 @@ TEST_F(GuiApp, CriticalPathOfAStepOnDemand) {
   EXPECT_EQ(shown.end_ns, find_step(tl->document()->steps, 1)->end_ns);
   EXPECT_TRUE(win_->statusBar()->currentMessage().startsWith("critical path of step 1: "))
       << win_->statusBar()->currentMessage().toStdString();
+  // Its links are listed under the details; a click on one selects its span.
+  const auto* cm = win_->critical_path_model();
+  ASSERT_EQ(cm->rowCount(), static_cast<int>(want.links.size()));
+  auto* cview = win_->findChild<QTableView*>("criticalPathView");
+  ASSERT_TRUE(cview);
+  EXPECT_TRUE(cview->isVisible());
+  const QRect c0 = cview->visualRect(cm->index(0, CriticalPathModel::kName));
+  QTest::mouseClick(cview->viewport(), Qt::LeftButton, Qt::NoModifier, c0.center());
+  EXPECT_EQ(tl->selected_span(), static_cast<int64_t>(want.links.front().span));
   // The last span's outline, in the path's colour.
   tl->zoom_to(shown.start_ns, shown.end_ns);
   QTest::qWait(20);
@@ -1355,6 +1364,8 @@ TEST_F(GuiApp, CriticalPathOfAStepOnDemand) {
   f = QApplication::focusWidget();
   QTest::keyClick(f ? f : win_.get(), Qt::Key_P);
   EXPECT_TRUE(tl->critical_path_shown().empty());
+  EXPECT_EQ(cm->rowCount(), 0);
+  EXPECT_FALSE(cview->isVisible());
 }
 
 // The screenshot options that show one feature: a flow, a counter track, the compare op table and

@@ -2,7 +2,10 @@
 // worked out by hand, without widgets.
 #include <gtest/gtest.h>
 
+#include <QAbstractItemModelTester>
+
 #include "orrery/gui/critical_path.hpp"
+#include "orrery/gui/models.hpp"
 
 using namespace orrery::gui;
 namespace traces = orrery::traces;
@@ -72,6 +75,22 @@ TEST(GuiCriticalPath, TheLateArriverOfACollectiveIsOnThePath) {
   EXPECT_EQ(p.length_ns(), 500);
   EXPECT_EQ(p.wait_ns, 100);
   EXPECT_TRUE(critical_path(t, 7).empty());
+
+  // The details list: allreduce0 (4th) after the last arrival, 50 ns on the path, 100 waited.
+  CriticalPathModel m;
+  QAbstractItemModelTester tester(&m, QAbstractItemModelTester::FailureReportingMode::Fatal);
+  m.set_path(&t, p);
+  ASSERT_EQ(m.rowCount(), 5);
+  EXPECT_EQ(m.index(3, CriticalPathModel::kIndex).data(Qt::UserRole).toLongLong(), ar0);
+  EXPECT_EQ(m.index(3, CriticalPathModel::kRank).data().toInt(), 0);
+  EXPECT_EQ(m.index(3, CriticalPathModel::kVia).data().toString(), "last arrival");
+  EXPECT_EQ(m.index(3, CriticalPathModel::kOnPath).data(Qt::UserRole).toLongLong(), 50);
+  EXPECT_EQ(m.index(3, CriticalPathModel::kWaited).data(Qt::UserRole).toLongLong(), 100);
+  EXPECT_EQ(m.index(1, CriticalPathModel::kName).data().toString(), "bwd");
+  EXPECT_EQ(m.index(1, CriticalPathModel::kOnPath).data(Qt::UserRole).toLongLong(), 300);
+  EXPECT_EQ(m.index(1, CriticalPathModel::kWaited).data().toString(), "-");
+  m.set_path(nullptr, {});
+  EXPECT_EQ(m.rowCount(), 0);
 }
 
 // A receive posted at 20 waits for its send, which starts once rank 0's forward is done:

@@ -10,6 +10,7 @@
 #include <QSignalBlocker>
 #include <QSpinBox>
 #include <QStatusBar>
+#include <QTableView>
 #include <QToolBar>
 #include <functional>
 #include <set>
@@ -132,6 +133,8 @@ bool MainWindow::toggle_critical_path() {
   if (!t || !t->document()) return false;
   if (!t->critical_path_shown().empty()) {
     t->set_critical_path({});
+    critical_.set_path(nullptr, {});
+    crit_box_->hide();
     statusBar()->clearMessage();
     return false;
   }
@@ -154,6 +157,8 @@ bool MainWindow::toggle_critical_path() {
           .arg(ranks.size())
           .arg(QString::fromStdString(format_duration_ns(static_cast<double>(path.length_ns()))))
           .arg(QString::fromStdString(format_duration_ns(static_cast<double>(path.wait_ns)))));
+  critical_.set_path(&tr_, path);
+  crit_box_->show();
   t->set_critical_path(std::move(path));
   return true;
 }

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "orrery/gui/critical_path.hpp"
 #include "orrery/gui/document.hpp"
 #include "orrery/gui/lane_layout.hpp"
 #include "orrery/profiler/metrics.hpp"
@@ -171,6 +172,27 @@ class OpDiffModel : public QAbstractTableModel {
 
  private:
   std::vector<OpDiff> rows_;
+};
+
+// The links of a critical path, in time order: rank, name, how it follows the one before (stream,
+// other stream, last arrival, send), its time on the path and what it waited before. Qt::UserRole:
+// the span index (column 0) or nanoseconds.
+class CriticalPathModel : public QAbstractTableModel {
+  Q_OBJECT
+ public:
+  using QAbstractTableModel::QAbstractTableModel;
+  enum Column { kIndex, kRank, kName, kVia, kOnPath, kWaited, kColumnCount };
+  int rowCount(const QModelIndex& parent = {}) const override;
+  int columnCount(const QModelIndex& parent = {}) const override;
+  QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
+  QVariant headerData(int section, Qt::Orientation o, int role = Qt::DisplayRole) const override;
+  // The trace must outlive the model's use of it (the document holds it).
+  void set_path(const traces::Trace* t, CriticalPath path);
+  const CriticalPath& path() const { return path_; }
+
+ private:
+  const traces::Trace* trace_ = nullptr;
+  CriticalPath path_;
 };
 
 // Tree of (group →) rank → lane with check boxes; unchecking hides lanes in the timeline. Groups

@@ -79,6 +79,8 @@ class MainWindow : public QMainWindow {
   bool toggle_critical_path();
   bool shortcut_overlay_visible() const;
   QAction* wheel_zooms_action() const { return wheel_action_; }
+  // The links of the critical path shown (empty when none), listed under the details.
+  const CriticalPathModel* critical_path_model() const { return &critical_; }
 
   TimelineView* timeline() const { return timeline_; }
   CompareView* compare() const { return compare_; }
@@ -162,12 +164,15 @@ class MainWindow : public QMainWindow {
   QMenu* marker_list_ = nullptr;
   QAction* wheel_action_ = nullptr;
   QLabel* overlay_ = nullptr;
+  QWidget* crit_box_ = nullptr;
+  QTableView* crit_view_ = nullptr;
 
   SpanDetailsModel details_;
   RangeMetricsModel range_metrics_;
   CollectiveModel collectives_;
   RangeByNameModel range_names_;
   LaneTreeModel lanes_;
+  CriticalPathModel critical_;
   SpanSearch search_;
 };
 
