@@ -6,21 +6,25 @@
 // Generates a DDP trace of about N spans (default 5,000,000) with traces::synthesize, writes it to
 // FILE (default /tmp/orrery_bench_gui.db, removed afterwards unless --keep or --trace names an
 // existing file), then times gui::load_document (SQLite read + timeline index: what opening a file
-// costs, off the GUI thread) and paints F frames per zoom level, each panned by 7 px.
+// costs, off the GUI thread) and paints F frames per zoom level, each panned by 7 px, with the
+// counter tracks on (under each rank) and a flow drawn: an all-reduce at the middle of the trace is
+// selected, so every frame also draws its members' outlines and the arrows between them.
 // Prints a table and one JSON line. Figures, not a test.
 #if __has_include(<QApplication>)
 #include <QApplication>
 #include <QImage>
 #include <QPainter>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "orrery/common/format.hpp"
+#include "orrery/gui/critical_path.hpp"
 #include "orrery/gui/document.hpp"
 #include "orrery/gui/widgets/timeline_view.hpp"
 #include "orrery/traces/store.hpp"
@@ -51,14 +55,23 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--spans") spans = std::stoll(next());
-    else if (a == "--width") width = std::stoi(next());
-    else if (a == "--height") height = std::stoi(next());
-    else if (a == "--frames") frames = std::stoi(next());
-    else if (a == "--trace") { path = next(); given = true; }
-    else if (a == "--keep") keep = true;
+    if (a == "--spans")
+      spans = std::stoll(next());
+    else if (a == "--width")
+      width = std::stoi(next());
+    else if (a == "--height")
+      height = std::stoi(next());
+    else if (a == "--frames")
+      frames = std::stoi(next());
+    else if (a == "--trace") {
+      path = next();
+      given = true;
+    } else if (a == "--keep")
+      keep = true;
     else {
-      std::fprintf(stderr, "usage: bench_gui [--spans N] [--width W] [--height H] [--frames F] [--trace FILE] [--keep]\n");
+      std::fprintf(stderr,
+                   "usage: bench_gui [--spans N] [--width W] [--height H] [--frames F] [--trace "
+                   "FILE] [--keep]\n");
       return 2;
     }
   }
@@ -100,6 +113,25 @@ int main(int argc, char** argv) {
   view.show();
   QApplication::processEvents();
   view.fit_all();
+  // A flow on: the collective that starts nearest the middle of the trace, on rank 0.
+  const int64_t mid_t = doc->index.start_ns() + (doc->index.end_ns() - doc->index.start_ns()) / 2;
+  int64_t flow_span = -1;
+  for (size_t i = 0; i < doc->trace.spans.size(); ++i) {
+    const auto& s = doc->trace.spans[i];
+    if (s.rank != 0 || s.kind != orrery::traces::SpanKind::Collective) continue;
+    if (flow_span < 0 ||
+        std::llabs(s.start_ns - mid_t) <
+            std::llabs(doc->trace.spans[static_cast<size_t>(flow_span)].start_ns - mid_t))
+      flow_span = static_cast<int64_t>(i);
+  }
+  view.select_span(flow_span);
+  // The critical path of the middle step, computed on demand (P): what the GUI thread spends.
+  const int32_t crit_step = doc->steps.empty() ? -1 : doc->steps[doc->steps.size() / 2].step;
+  t0 = std::chrono::steady_clock::now();
+  c0 = process_cpu_s();
+  const auto crit = orrery::gui::critical_path(doc->trace, crit_step);
+  const double crit_s = seconds_since(t0);
+  const double crit_cpu_s = process_cpu_s() - c0;
   QImage img(view.viewport()->size(), QImage::Format_ARGB32_Premultiplied);
 
   const int64_t full = doc->index.end_ns() - doc->index.start_ns();
@@ -108,20 +140,29 @@ int main(int argc, char** argv) {
     const char* name;
     double fraction;
   };
-  const Level levels[] = {{"fit all", 1.0}, {"1/10", 1e-1}, {"1/100", 1e-2}, {"1/1e3", 1e-3},
-                          {"1/1e4", 1e-4}, {"1/1e5", 1e-5}, {"1/1e6", 1e-6}};
-  std::printf("bench_gui: %zu spans, %zu lanes, %dx%d viewport (%s)\n", n, doc->index.lanes().size(), width, height,
+  const Level levels[] = {{"fit all", 1.0}, {"1/10", 1e-1},  {"1/100", 1e-2}, {"1/1e3", 1e-3},
+                          {"1/1e4", 1e-4},  {"1/1e5", 1e-5}, {"1/1e6", 1e-6}};
+  std::printf("bench_gui: %zu spans, %zu lanes, %dx%d viewport (%s)\n", n,
+              doc->index.lanes().size(), width, height,
               QApplication::platformName().toLocal8Bit().constData());
   std::printf("  generate %.2f s, write %.2f s (not part of opening)\n", gen_s, write_s);
-  std::printf("  open (load_trace + index): wall %.2f s, CPU %.2f s; of which index: wall %.2f s, CPU %.2f s\n",
-              open_s, open_cpu_s, index_s, index_cpu_s);
-  std::printf("  %-8s %12s %9s %9s %7s %9s %9s %7s %11s\n", "zoom", "visible", "wall ms", "max ms", "fps",
-              "cpu ms", "max cpu", "cpu fps", "items/frame");
-  std::string json = "{\"spans\":" + std::to_string(n) + ",\"open_s\":" + std::to_string(open_s) +
-                     ",\"index_s\":" + std::to_string(index_s) +
-                     ",\"open_cpu_s\":" + std::to_string(open_cpu_s) + ",\"index_cpu_s\":" + std::to_string(index_cpu_s) +
-                     ",\"levels\":[";
-  double worst_fps = 1e30, worst_cpu_fps = 1e30;
+  std::printf("  critical path of step %d: %zu spans, wall %.2f s, CPU %.2f s\n", crit_step,
+              crit.links.size(), crit_s, crit_cpu_s);
+  std::printf("  counter tracks on: %zu tracks; flow on: span %lld selected, %zu members\n",
+              doc->counters.size(), static_cast<long long>(flow_span), view.flow_members().size());
+  std::printf(
+      "  open (load_trace + index): wall %.2f s, CPU %.2f s; of which index: wall %.2f s, CPU %.2f "
+      "s\n",
+      open_s, open_cpu_s, index_s, index_cpu_s);
+  std::printf("  %-8s %12s %9s %9s %7s %9s %9s %7s %11s\n", "zoom", "visible", "wall ms", "max ms",
+              "fps", "cpu ms", "max cpu", "cpu fps", "items/frame");
+  std::string json =
+      "{\"spans\":" + std::to_string(n) + ",\"open_s\":" + std::to_string(open_s) +
+      ",\"index_s\":" + std::to_string(index_s) + ",\"open_cpu_s\":" + std::to_string(open_cpu_s) +
+      ",\"index_cpu_s\":" + std::to_string(index_cpu_s) +
+      ",\"counter_tracks\":" + std::to_string(doc->counters.size()) +
+      ",\"flow_members\":" + std::to_string(view.flow_members().size()) + ",\"levels\":[";
+  double worst_fps = 1e30, worst_cpu_fps = 1e30, worst_frame_cpu_ms = 0;
   for (const auto& lv : levels) {
     const int64_t len = std::max<int64_t>(1, static_cast<int64_t>(full * lv.fraction));
     view.zoom_to(mid - len / 2, mid + len / 2);
@@ -148,14 +189,19 @@ int main(int argc, char** argv) {
     const double cpu_fps = 1000.0 / avg_cpu;
     worst_fps = std::min(worst_fps, fps);
     worst_cpu_fps = std::min(worst_cpu_fps, cpu_fps);
+    worst_frame_cpu_ms = std::max(worst_frame_cpu_ms, worst_cpu);
     std::printf("  %-8s %12s %9.2f %9.2f %7.0f %9.2f %9.2f %7.0f %11zu\n", lv.name,
-                orrery::format_duration_ns(static_cast<double>(len)).c_str(), avg, worst, fps, avg_cpu, worst_cpu,
-                cpu_fps, items / frames);
-    json += std::string(lv.name[0] == 'f' ? "" : ",") + "{\"zoom\":\"" + lv.name + "\",\"visible_ns\":" +
-            std::to_string(len) + ",\"ms_per_frame\":" + std::to_string(avg) + ",\"fps\":" + std::to_string(fps) +
-            ",\"cpu_ms_per_frame\":" + std::to_string(avg_cpu) + ",\"cpu_fps\":" + std::to_string(cpu_fps) + "}";
+                orrery::format_duration_ns(static_cast<double>(len)).c_str(), avg, worst, fps,
+                avg_cpu, worst_cpu, cpu_fps, items / frames);
+    json += std::string(lv.name[0] == 'f' ? "" : ",") + "{\"zoom\":\"" + lv.name +
+            "\",\"visible_ns\":" + std::to_string(len) +
+            ",\"ms_per_frame\":" + std::to_string(avg) + ",\"fps\":" + std::to_string(fps) +
+            ",\"cpu_ms_per_frame\":" + std::to_string(avg_cpu) +
+            ",\"cpu_fps\":" + std::to_string(cpu_fps) + "}";
   }
-  json += "],\"worst_fps\":" + std::to_string(worst_fps) + ",\"worst_cpu_fps\":" + std::to_string(worst_cpu_fps) + "}";
+  json += "],\"worst_fps\":" + std::to_string(worst_fps) +
+          ",\"worst_cpu_fps\":" + std::to_string(worst_cpu_fps) +
+          ",\"worst_frame_cpu_ms\":" + std::to_string(worst_frame_cpu_ms) + "}";
   std::printf("%s\n", json.c_str());
   if (!keep && !given) std::filesystem::remove(path);
   return 0;

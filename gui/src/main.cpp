@@ -4,11 +4,13 @@
 #include <QApplication>
 #include <QCommandLineParser>
 #include <QPixmap>
+#include <QTableView>
 #include <QTimer>
 #include <cstdio>
 #include <exception>
 
 #include "orrery/common/error.hpp"
+#include "orrery/gui/widgets/compare_view.hpp"
 #include "orrery/gui/widgets/main_window.hpp"
 #include "orrery/gui/widgets/timeline_view.hpp"
 
@@ -36,6 +38,59 @@ bool parse_offsets(const QString& text, qlonglong& t0, qlonglong& t1) {
 int fail(const QString& msg, int rc) {
   std::fprintf(stderr, "orrery-gui: error: %s\n", msg.toLocal8Bit().constData());
   return rc;
+}
+
+// The options that show one feature (for the README's screenshots): --step, --flow, --counter,
+// --compare-op and --critical-path, applied after the others. An error message, or empty.
+struct FeatureOptions {
+  QCommandLineOption step{QString("step"), "Frame step N across ranks.", "N"};
+  QCommandLineOption flow{QString("flow"),
+                          "Select the first collective or transfer whose name contains TEXT, at or "
+                          "after the start of the view, and frame its flow.",
+                          "TEXT"};
+  QCommandLineOption counter{QString("counter"),
+                             "Scroll the timeline to the first counter track named NAME.", "NAME"};
+  QCommandLineOption compare_op{
+      QString("compare-op"),
+      "Show the compare tab with its per-op table, and jump to op NAME in both panes (top: the "
+      "largest difference).",
+      "NAME"};
+  QCommandLineOption critical{QString("critical-path"),
+                              "Draw the critical path of the step at the centre of the view (or of "
+                              "the selected span)."};
+  QList<QCommandLineOption> all() const { return {step, flow, counter, compare_op, critical}; }
+};
+
+QString apply_feature_options(orrery::gui::MainWindow& win, const QCommandLineParser& cli,
+                              const FeatureOptions& o) {
+  auto* tl = win.timeline();
+  if (cli.isSet(o.step)) {
+    bool ok = false;
+    const int n = cli.value(o.step).toInt(&ok);
+    if (!ok || !win.go_to_step(n))
+      return "--step: no step '" + cli.value(o.step) + "' in the trace";
+  }
+  if (cli.isSet(o.flow) && tl->show_flow(cli.value(o.flow)) < 0) {
+    return "--flow: no collective or transfer named like '" + cli.value(o.flow) +
+           "' from the start of the view on";
+  }
+  if (cli.isSet(o.counter) && !tl->scroll_to_counter(cli.value(o.counter).toStdString())) {
+    return "--counter: no counter track named '" + cli.value(o.counter) + "'";
+  }
+  if (cli.isSet(o.critical) && !win.toggle_critical_path()) {
+    return "--critical-path: no step at the centre of the view (use --step N)";
+  }
+  if (cli.isSet(o.compare_op)) {
+    auto* cmp = win.compare();
+    if (win.document_count() < 2) return "--compare-op: needs two traces";
+    win.show_tab("compare");
+    const QString name = cli.value(o.compare_op);
+    const int row = name == "top" ? 0 : cmp->op_row(name);
+    if (row < 0 || !cmp->jump_to_op(row)) return "--compare-op: no op named '" + name + "'";
+    cmp->emphasize_tables();
+    cmp->op_table()->selectRow(row);
+  }
+  return {};
 }
 
 }  // namespace
@@ -70,6 +125,8 @@ int main(int argc, char** argv) {
   QCommandLineOption zoom(QString("zoom"), "Show T0:T1 (ns from the trace start).", "T0:T1");
   QCommandLineOption group(QString("group"), "Group lanes by rank, dp, tp or pp.", "BY", "rank");
   cli.addOptions({shot, size, tab, select, range, zoom, group});
+  const FeatureOptions features;
+  cli.addOptions(features.all());
   cli.process(app);
 
   const bool screenshot = cli.isSet(shot);
@@ -136,6 +193,9 @@ int main(int argc, char** argv) {
     apply_view_options();
     win.wait_for_metrics();
     QCoreApplication::processEvents();
+    if (const QString err = apply_feature_options(win, cli, features); !err.isEmpty())
+      return fail(err, 2);
+    QCoreApplication::processEvents();
     const QPixmap pm = win.grab();
     if (!pm.save(cli.value(shot), "PNG")) return fail("cannot write " + cli.value(shot), 2);
     return 0;
@@ -152,6 +212,8 @@ int main(int argc, char** argv) {
       if (cli.isSet(zoom) || cli.isSet(range) || cli.isSet(select) || cli.isSet(tab) ||
           cli.isSet(group))
         apply_view_options();
+      const QString err = apply_feature_options(win, cli, features);
+      if (!err.isEmpty()) std::fprintf(stderr, "orrery-gui: %s\n", err.toLocal8Bit().constData());
     };
     QObject::connect(&win, &orrery::gui::MainWindow::documentLoaded, &win, one_done);
     QObject::connect(&win, &orrery::gui::MainWindow::loadFailed, &win, one_done);

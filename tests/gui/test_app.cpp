@@ -28,8 +28,10 @@
 #include <QTest>
 #include <QUrl>
 #include <QWheelEvent>
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 
 #include "orrery/common/format.hpp"
 #include "orrery/gui/palette.hpp"
@@ -83,9 +85,9 @@ void send_mouse(QWidget* w, QEvent::Type type, QPoint pos, Qt::MouseButton butto
   QApplication::sendEvent(w, &e);
 }
 
-void send_wheel(QWidget* w, QPoint pos, int delta_y) {
+void send_wheel(QWidget* w, QPoint pos, int delta_y, Qt::KeyboardModifiers mods = Qt::NoModifier) {
   QWheelEvent e(QPointF(pos), QPointF(w->mapToGlobal(pos)), QPoint(), QPoint(0, delta_y),
-                Qt::NoButton, Qt::NoModifier, Qt::NoScrollPhase, false);
+                Qt::NoButton, mods, Qt::NoScrollPhase, false);
   QApplication::sendEvent(w, &e);
 }
 
@@ -132,11 +134,11 @@ TEST_F(GuiApp, OpensZoomsPansSelectsAndSavesAScreenshot) {
   EXPECT_GE(tl->visible_end_ns(), tl->index()->end_ns());
   EXPECT_EQ(win_->recent_files().value(0), QFileInfo(path).absoluteFilePath());
 
-  // Wheel zoom around the cursor: the time under it stays put.
+  // Ctrl+wheel zooms around the cursor (as in Perfetto): the time under it stays put.
   const int x = TimelineView::kLabelWidth + 300;
   const int64_t t_under = tl->mapping().t_floor(300);
   const double npp0 = tl->mapping().ns_per_px;
-  send_wheel(vp, QPoint(x, 200), 240);
+  send_wheel(vp, QPoint(x, 200), 240, Qt::ControlModifier);
   EXPECT_NEAR(tl->mapping().ns_per_px, npp0 / std::pow(1.0015, 240), npp0 * 1e-9);
   EXPECT_NEAR(static_cast<double>(tl->mapping().t_floor(300)), static_cast<double>(t_under), 1.0);
 
@@ -356,7 +358,7 @@ TEST_F(GuiApp, PanAndZoomStayOnTheTrace) {
   for (int i = 0; i < 20; ++i) QTest::keyClick(tl, Qt::Key_S);
   EXPECT_DOUBLE_EQ(tl->mapping().ns_per_px, fit_npp);
   within("S x20");
-  send_wheel(vp, QPoint(TimelineView::kLabelWidth + 10, 200), -2400);
+  send_wheel(vp, QPoint(TimelineView::kLabelWidth + 10, 200), -2400, Qt::ControlModifier);
   within("wheel out");
   for (int i = 0; i < 30; ++i) QTest::keyClick(tl, Qt::Key_A);
   within("A x30");
@@ -1111,4 +1113,291 @@ TEST_F(GuiApp, SearchHighlightsEveryMatchWithCountAndTotal) {
   win_->search("");
   EXPECT_FALSE(tl->is_highlighted(static_cast<uint32_t>(m)));
   EXPECT_EQ(win_->search_status(), "");
+}
+
+// The breakdown chart of 64 ranks labels every k-th rank in full instead of 64 elided "..."
+// labels: no text in the chart ends in an ellipsis, and the rank labels are 0, k, 2k, ...
+TEST_F(GuiApp, ChartsLabelEveryKthRankAt64Ranks) {
+  // The step: ceil(64 / k) labels of 14 px with 7 px gaps in 600 px (28 fit): k = 4.
+  EXPECT_EQ(ChartsView::rank_label_step(64, 600, 14), 4);
+  EXPECT_EQ(ChartsView::rank_label_step(4, 600, 7), 1);
+  // 1024 ranks, 28 px labels in 500 px: 11 fit; 64 gives 16 labels, 100 gives 11.
+  EXPECT_EQ(ChartsView::rank_label_step(1024, 500, 28), 100);
+
+  auto o = small_opts();
+  o.ranks = 64;
+  o.steps = 2;
+  o.layers = 2;
+  o.layers_per_bucket = 1;
+  open(write_synth("e2e_charts64.db", o));
+  win_->show_tab("charts");
+  QTest::qWait(50);
+  ASSERT_EQ(win_->charts()->breakdown_categories(), 64);
+  const int k = win_->charts()->rank_step();
+  EXPECT_GT(k, 1);
+  const QStringList texts = win_->charts()->breakdown_axis_texts();
+  std::vector<int> ranks;
+  for (const QString& t : texts) {
+    EXPECT_FALSE(t.endsWith(QString::fromUtf8("\u2026")) || t.endsWith("...")) << t.toStdString();
+    bool ok = false;
+    const int v = t.toInt(&ok);
+    if (ok) ranks.push_back(v);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  std::vector<int> want;
+  for (int r = 0; r < 64; r += k) want.push_back(r);
+  // The value axis's labels are numbers too: every expected rank label is there.
+  for (int r : want) EXPECT_TRUE(std::count(ranks.begin(), ranks.end(), r) >= 1) << r;
+  ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_charts64.png"));
+}
+
+// Navigation without a prior click: G and a step number frame that step across ranks; M sets a
+// marker at the centre (the mouse is off the track), ] and [ walk the markers, M on one removes
+// it; ? shows the overlay of every key; the wheel scrolls the lanes and Ctrl+wheel zooms, swapped
+// by View > Wheel zooms.
+TEST_F(GuiApp, GoToStepMarkersShortcutOverlayAndWheel) {
+  auto o = small_opts();
+  o.ranks = 16;
+  open(write_synth("e2e_nav.db", o));
+  ASSERT_TRUE(QTest::qWaitForWindowActive(win_.get()));
+  TimelineView* tl = win_->timeline();
+  auto press = [&](Qt::Key k, Qt::KeyboardModifiers mods = Qt::NoModifier) {
+    QWidget* f = QApplication::focusWidget();
+    QTest::keyClick(f ? f : win_.get(), k, mods);
+  };
+  // Step 1's window across ranks, from the spans.
+  const auto& tr = tl->document()->trace;
+  int64_t s0 = INT64_MAX, s1 = INT64_MIN;
+  for (const auto& s : tr.spans) {
+    if (s.step != 1) continue;
+    s0 = std::min(s0, s.start_ns);
+    s1 = std::max(s1, s.end_ns);
+  }
+  press(Qt::Key_G);
+  auto* box = win_->findChild<QSpinBox*>("goToStep");
+  ASSERT_TRUE(box);
+  ASSERT_EQ(QApplication::focusWidget(), box);
+  QTest::keyClicks(box, "1");
+  press(Qt::Key_Return);
+  // zoom_to's margin: a twentieth of the window each side.
+  const int64_t margin = (s1 - s0) / 20;
+  EXPECT_NEAR(tl->mapping().ns_per_px,
+              static_cast<double>(s1 - s0 + 2 * margin) / tl->track_width(), 1e-6);
+  EXPECT_NEAR(static_cast<double>(tl->visible_start_ns()), static_cast<double>(s0 - margin), 1.0);
+  EXPECT_EQ(tl->step_at_center(), 1);
+  EXPECT_EQ(QApplication::focusWidget(), tl);
+  // The step's band at the bottom of the axis, in step 1's (odd) shade, past its label; step 0's
+  // and step 2's, in the even shade, in the margins either side.
+  {
+    const QImage axis = tl->viewport()->grab().toImage();
+    const int yb = TimelineView::kAxisHeight - 3;
+    auto x_at = [&](int64_t t) {
+      return TimelineView::kLabelWidth + static_cast<int>(tl->mapping().x_of(t));
+    };
+    EXPECT_EQ(axis.pixelColor(x_at(s1) - 5, yb), palette::kStepBandOdd);
+    EXPECT_EQ(axis.pixelColor(x_at(s0) - 5, yb), palette::kStepBandEven);
+    EXPECT_EQ(axis.pixelColor(x_at(s1) + 5, yb), palette::kStepBandEven);
+  }
+  // A step the trace lacks leaves the view and says which steps there are.
+  const double npp = tl->mapping().ns_per_px;
+  press(Qt::Key_G);
+  QTest::keyClicks(box, "9");
+  press(Qt::Key_Return);
+  EXPECT_EQ(tl->mapping().ns_per_px, npp);
+  EXPECT_EQ(win_->statusBar()->currentMessage(), "step 9 is not in the trace (steps 0 to 2)");
+
+  // Markers: at the centre, then an eighth of the track later.
+  const int64_t m1 = tl->mapping().t_floor(tl->track_width() / 2.0);
+  press(Qt::Key_M);
+  ASSERT_EQ(tl->markers().size(), 1u);
+  EXPECT_EQ(tl->markers().times()[0], m1);
+  press(Qt::Key_D);
+  const int64_t m2 = tl->mapping().t_floor(tl->track_width() / 2.0);
+  press(Qt::Key_M);
+  ASSERT_EQ(tl->markers().size(), 2u);
+  EXPECT_EQ(tl->markers().times()[1], m2);
+  auto centre = [&] { return static_cast<double>(tl->mapping().t_floor(tl->track_width() / 2.0)); };
+  press(Qt::Key_BracketRight);  // none after m2: wraps to m1
+  EXPECT_NEAR(centre(), static_cast<double>(m1), npp + 1);
+  press(Qt::Key_BracketLeft);  // none before m1: wraps to m2
+  EXPECT_NEAR(centre(), static_cast<double>(m2), npp + 1);
+  press(Qt::Key_M);  // on m2: removes it
+  ASSERT_EQ(tl->markers().size(), 1u);
+  EXPECT_EQ(tl->markers().times()[0], m1);
+
+  // The overlay lists every key of the menus and the wheel's gestures.
+  press(Qt::Key_Question);
+  EXPECT_TRUE(win_->shortcut_overlay_visible());
+  std::map<QString, QString> keys;
+  for (const auto& [k, what] : win_->shortcut_entries()) keys[what] = k;
+  EXPECT_EQ(keys["Go to step"], "G");
+  EXPECT_EQ(keys["Zoom in"], "W");
+  EXPECT_EQ(keys["Next marker"], "]");
+  EXPECT_EQ(keys["Keyboard shortcuts"], "?");
+  EXPECT_EQ(keys["Zoom around the mouse"], "Ctrl+Wheel");
+  ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_shortcuts.png"));
+  press(Qt::Key_Escape);
+  EXPECT_FALSE(win_->shortcut_overlay_visible());
+  press(Qt::Key_Question);
+  EXPECT_TRUE(win_->shortcut_overlay_visible());
+  press(Qt::Key_Question);
+  EXPECT_FALSE(win_->shortcut_overlay_visible());
+
+  // The wheel: scrolls by half its angle (120 px for 240), Ctrl+wheel zooms.
+  QWidget* vp = tl->viewport();
+  const QPoint at(TimelineView::kLabelWidth + 300, 300);
+  auto* vbar = tl->verticalScrollBar();
+  ASSERT_GE(vbar->maximum(), 240);
+  vbar->setValue(0);
+  const double npp2 = tl->mapping().ns_per_px;
+  send_wheel(vp, at, -240);
+  EXPECT_EQ(vbar->value(), 120);
+  EXPECT_EQ(tl->mapping().ns_per_px, npp2);
+  send_wheel(vp, at, 240, Qt::ControlModifier);
+  EXPECT_NEAR(tl->mapping().ns_per_px, npp2 / std::pow(1.0015, 240), npp2 * 1e-9);
+  EXPECT_EQ(vbar->value(), 120);
+  // Swapped: the wheel zooms and Ctrl+wheel scrolls, in the compare panes too, and it is kept.
+  win_->wheel_zooms_action()->trigger();
+  EXPECT_TRUE(win_->compare()->view_b()->wheel_zooms());
+  EXPECT_TRUE(QSettings().value("timeline/wheelZooms").toBool());
+  const double npp3 = tl->mapping().ns_per_px;
+  send_wheel(vp, at, -240);
+  EXPECT_NEAR(tl->mapping().ns_per_px, npp3 * std::pow(1.0015, 240), npp3 * 1e-9);
+  send_wheel(vp, at, 240, Qt::ControlModifier);
+  EXPECT_EQ(vbar->value(), 0);
+}
+
+// Compare's per-op table: the synth's closed forms (a layer's backward is 2 ms in A and 2.5 ms in
+// B, once per rank and step); a click on its row selects that op in step 0
+// (the aligned step) in both panes and frames both.
+TEST_F(GuiApp, CompareOpTableJumpsToTheOpInBothPanes) {
+  auto oa = small_opts();
+  auto ob = small_opts();
+  ob.backward_ns = 2'500'000;
+  open(write_synth("e2e_ops_a.db", oa));
+  open(write_synth("e2e_ops_b.db", ob, 5'000'000));
+  ASSERT_TRUE(wait_for([&] { return win_->compare()->op_model()->rowCount() > 0; }));
+  win_->show_tab("compare");
+  QTest::qWait(20);
+  const auto* m = win_->compare()->op_model();
+  int row = -1;
+  for (int r = 0; r < m->rowCount(); ++r) {
+    if (m->index(r, OpDiffModel::kName).data().toString() == "layers.2.backward") row = r;
+  }
+  ASSERT_GE(row, 0);
+  EXPECT_EQ(m->index(row, OpDiffModel::kA).data(Qt::UserRole).toLongLong(), 2'000'000);
+  EXPECT_EQ(m->index(row, OpDiffModel::kB).data(Qt::UserRole).toLongLong(), 2'500'000);
+  EXPECT_EQ(m->index(row, OpDiffModel::kDiff).data(Qt::UserRole).toLongLong(), 500'000);
+  EXPECT_DOUBLE_EQ(m->index(row, OpDiffModel::kRatio).data(Qt::UserRole).toDouble(), 1.25);
+  // Largest |B - A| first.
+  for (int r = 1; r < m->rowCount(); ++r) {
+    EXPECT_GE(std::abs(m->index(r - 1, OpDiffModel::kDiff).data(Qt::UserRole).toLongLong()),
+              std::abs(m->index(r, OpDiffModel::kDiff).data(Qt::UserRole).toLongLong()));
+  }
+  QTableView* table = win_->compare()->op_table();
+  table->scrollTo(m->index(row, 0));
+  const QRect cell = table->visualRect(m->index(row, OpDiffModel::kName));
+  QTest::mouseClick(table->viewport(), Qt::LeftButton, Qt::NoModifier, cell.center());
+  QTest::qWait(20);
+  for (TimelineView* v : {win_->compare()->view_a(), win_->compare()->view_b()}) {
+    const int64_t sel = v->selected_span();
+    ASSERT_GE(sel, 0);
+    const auto& s = v->document()->trace.spans[static_cast<size_t>(sel)];
+    EXPECT_EQ(v->document()->trace.name_of(s), "layers.2.backward");
+    EXPECT_EQ(s.step, 0);
+    EXPECT_GE(v->point_of_span(sel).x(), 0);  // on screen
+  }
+  ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_compare_ops.png"));
+}
+
+// P shows the critical path of the selected span's step: with rank 2 loading its data 300 us
+// late, rank 2 arrives last at the all-reduces, so the path runs through rank 2 and ends at the
+// step's end; its spans are outlined; P again hides it.
+TEST_F(GuiApp, CriticalPathOfAStepOnDemand) {
+  auto o = small_opts();
+  o.steps = 2;
+  o.straggler_rank = 2;
+  o.straggler_delay_ns = 300'000;
+  open(write_synth("e2e_critical.db", o));
+  ASSERT_TRUE(QTest::qWaitForWindowActive(win_.get()));
+  TimelineView* tl = win_->timeline();
+  const auto& tr = tl->document()->trace;
+  int64_t pick = -1;
+  for (size_t i = 0; i < tr.spans.size(); ++i) {
+    if (tr.spans[i].step == 1 && tr.spans[i].rank == 0 && tr.name_of(tr.spans[i]) == "optimizer")
+      pick = static_cast<int64_t>(i);
+  }
+  ASSERT_GE(pick, 0);
+  tl->select_span(pick);
+  QWidget* f = QApplication::focusWidget();
+  QTest::keyClick(f ? f : win_.get(), Qt::Key_P);
+  const auto& shown = tl->critical_path_shown();
+  ASSERT_FALSE(shown.empty());
+  EXPECT_EQ(shown.step, 1);
+  const auto want = critical_path(tr, 1);
+  ASSERT_EQ(shown.links.size(), want.links.size());
+  for (size_t k = 0; k < want.links.size(); ++k) EXPECT_EQ(shown.links[k].span, want.links[k].span);
+  bool through_straggler = false;
+  for (const auto& l : shown.links) through_straggler |= tr.spans[l.span].rank == 2;
+  EXPECT_TRUE(through_straggler);
+  EXPECT_EQ(shown.end_ns, find_step(tl->document()->steps, 1)->end_ns);
+  EXPECT_TRUE(win_->statusBar()->currentMessage().startsWith("critical path of step 1: "))
+      << win_->statusBar()->currentMessage().toStdString();
+  // Its links are listed under the details; a click on one selects its span.
+  const auto* cm = win_->critical_path_model();
+  ASSERT_EQ(cm->rowCount(), static_cast<int>(want.links.size()));
+  auto* cview = win_->findChild<QTableView*>("criticalPathView");
+  ASSERT_TRUE(cview);
+  EXPECT_TRUE(cview->isVisible());
+  const QRect c0 = cview->visualRect(cm->index(0, CriticalPathModel::kName));
+  QTest::mouseClick(cview->viewport(), Qt::LeftButton, Qt::NoModifier, c0.center());
+  EXPECT_EQ(tl->selected_span(), static_cast<int64_t>(want.links.front().span));
+  // The last span's outline, in the path's colour.
+  tl->zoom_to(shown.start_ns, shown.end_ns);
+  QTest::qWait(20);
+  const auto r = tl->span_rect(shown.links.back().span);
+  ASSERT_TRUE(r);
+  const QImage img = tl->viewport()->grab().toImage();
+  EXPECT_EQ(img.pixelColor(static_cast<int>(r->center().x()), static_cast<int>(r->top())),
+            palette::kCriticalPath);
+  ASSERT_TRUE(win_->grab().save(kDir + "/gui_e2e_critical_path.png"));
+  f = QApplication::focusWidget();
+  QTest::keyClick(f ? f : win_.get(), Qt::Key_P);
+  EXPECT_TRUE(tl->critical_path_shown().empty());
+  EXPECT_EQ(cm->rowCount(), 0);
+  EXPECT_FALSE(cview->isVisible());
+}
+
+// The screenshot options that show one feature: a flow, a counter track, the compare op table and
+// the critical path render and exit 0; an unknown counter or op exits 2 naming the option.
+TEST(GuiCli, ScreenshotOptionsShowAFlowACounterAndTheOpTable) {
+  const QString a = write_synth("cli_feat_a.db", small_opts());
+  auto ob = small_opts();
+  ob.backward_ns = 2'500'000;
+  const QString b = write_synth("cli_feat_b.db", ob);
+  QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+  env.insert("QT_QPA_PLATFORM", "offscreen");
+  env.insert("XDG_CONFIG_HOME", kDir + "/xdg");
+  auto run = [&](const QStringList& args, int want_rc, const QString& want_err = {}) {
+    const QString png = kDir + "/cli_feat.png";
+    QFile::remove(png);
+    QProcess p;
+    p.setProcessEnvironment(env);
+    p.start(ORRERY_GUI_BIN, QStringList{"--screenshot", png, "--size", "1000x700"} + args);
+    ASSERT_TRUE(p.waitForFinished(60000));
+    const QString err = QString::fromLocal8Bit(p.readAllStandardError());
+    EXPECT_EQ(p.exitCode(), want_rc) << args.join(' ').toStdString() << ": " << err.toStdString();
+    EXPECT_EQ(QFileInfo::exists(png), want_rc == 0) << args.join(' ').toStdString();
+    if (!want_err.isEmpty()) {
+      EXPECT_TRUE(err.contains(want_err)) << err.toStdString();
+    }
+  };
+  run({"--flow", "all_reduce", a}, 0);
+  run({"--step", "1", "--counter", "mem.activations", a}, 0);
+  run({"--step", "1", "--critical-path", a}, 0);
+  run({"--compare-op", "top", a, b}, 0);
+  run({"--compare-op", "layers.2.backward", a, b}, 0);
+  run({"--counter", "mem.nothing", a}, 2, "--counter: no counter track named 'mem.nothing'");
+  run({"--compare-op", "nope", a, b}, 2, "--compare-op: no op named 'nope'");
+  run({"--step", "9", a}, 2, "--step: no step '9'");
 }

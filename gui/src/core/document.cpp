@@ -2,7 +2,10 @@
 #include "orrery/gui/document.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <limits>
 #include <map>
+#include <set>
 
 #include "orrery/traces/store.hpp"
 
@@ -19,6 +22,7 @@ std::shared_ptr<TraceDocument> make_document(traces::Trace t, std::string path) 
   doc->index = TraceIndex(doc->trace);
   doc->flows = FlowIndex(doc->trace);
   doc->counters = counter_tracks(doc->trace);
+  doc->steps = step_windows(doc->trace);
   return doc;
 }
 
@@ -167,6 +171,55 @@ std::vector<StepDiff> diff_steps(const profiler::Metrics& a, const profiler::Met
     }
     out.push_back(d);
   }
+  return out;
+}
+
+double OpDiff::ratio() const {
+  if (a_ns == 0) return b_ns == 0 ? 1.0 : std::numeric_limits<double>::infinity();
+  return static_cast<double>(b_ns) / static_cast<double>(a_ns);
+}
+
+std::vector<OpDiff> diff_ops(const traces::Trace& a, const traces::Trace& b) {
+  std::map<std::string, OpDiff> by_name;
+  auto rank_steps = [](const traces::Trace& t) {
+    std::set<std::pair<int32_t, int32_t>> seen;
+    for (const auto& s : t.spans) {
+      if (s.step >= 0) seen.emplace(s.rank, s.step);
+    }
+    return std::max<int64_t>(1, static_cast<int64_t>(seen.size()));
+  };
+  const int64_t ua = rank_steps(a), ub = rank_steps(b);
+  auto add = [&](const traces::Trace& t, bool is_a) {
+    // Totals per name id first (one map lookup per name, not per span).
+    std::vector<int64_t> ns(t.strings.size(), 0), count(t.strings.size(), 0);
+    for (const auto& s : t.spans) {
+      ns[s.name] += s.duration_ns();
+      ++count[s.name];
+    }
+    for (size_t id = 0; id < ns.size(); ++id) {
+      if (count[id] == 0) continue;
+      auto& d = by_name[t.strings.str(static_cast<traces::NameId>(id))];
+      (is_a ? d.a_total_ns : d.b_total_ns) += ns[id];
+      (is_a ? d.a_count : d.b_count) += count[id];
+    }
+  };
+  add(a, true);
+  add(b, false);
+  auto mean = [](int64_t total, int64_t n) { return (total + n / 2) / n; };
+  std::vector<OpDiff> out;
+  out.reserve(by_name.size());
+  for (auto& [name, d] : by_name) {
+    d.name = name;
+    d.a_rank_steps = ua;
+    d.b_rank_steps = ub;
+    d.a_ns = mean(d.a_total_ns, ua);
+    d.b_ns = mean(d.b_total_ns, ub);
+    out.push_back(std::move(d));
+  }
+  // by_name is ordered by name, so a stable sort on |diff| leaves ties by name.
+  std::stable_sort(out.begin(), out.end(), [](const OpDiff& x, const OpDiff& y) {
+    return std::abs(x.diff_ns()) > std::abs(y.diff_ns());
+  });
   return out;
 }
 

@@ -631,3 +631,129 @@ void RangeByNameModel::set_rows(std::vector<NameStats> rows) {
 }
 
 }  // namespace orrery::gui
+
+namespace orrery::gui {
+
+int OpDiffModel::rowCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : static_cast<int>(rows_.size());
+}
+int OpDiffModel::columnCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : kColumnCount;
+}
+
+void OpDiffModel::set_diffs(std::vector<OpDiff> d) {
+  beginResetModel();
+  rows_ = std::move(d);
+  endResetModel();
+}
+
+QVariant OpDiffModel::data(const QModelIndex& index, int role) const {
+  if (!index.isValid() || index.row() >= static_cast<int>(rows_.size())) return {};
+  const auto& d = rows_[static_cast<size_t>(index.row())];
+  const int c = index.column();
+  if (c == kName) {
+    if (role == Qt::DisplayRole || role == Qt::UserRole || role == Qt::ToolTipRole)
+      return QString::fromStdString(d.name);
+    return {};
+  }
+  int64_t v = 0;
+  if (c == kA) v = d.a_ns;
+  if (c == kB) v = d.b_ns;
+  if (c == kDiff) v = d.diff_ns();
+  if (c == kACount) v = d.a_count;
+  if (c == kBCount) v = d.b_count;
+  if (role == Qt::UserRole) {
+    if (c == kRatio) return d.ratio();
+    return QVariant::fromValue<qlonglong>(v);
+  }
+  if (role == Qt::TextAlignmentRole) return QVariant::fromValue(Qt::AlignRight | Qt::AlignVCenter);
+  if (role != Qt::DisplayRole) return {};
+  switch (c) {
+    case kRatio:
+      if (d.a_ns == 0) return d.b_ns == 0 ? QStringLiteral("-") : QStringLiteral("only in B");
+      return QString::fromStdString(fixed(d.ratio(), 3)) + QStringLiteral(" x");
+    case kDiff:
+      return QString::fromStdString((v >= 0 ? "+" : "-") +
+                                    format_duration_ns(static_cast<double>(v >= 0 ? v : -v)));
+    case kACount:
+    case kBCount:
+      return QString::number(v);
+    default:
+      return QString::fromStdString(format_duration_ns(static_cast<double>(v)));
+  }
+}
+
+QVariant OpDiffModel::headerData(int section, Qt::Orientation o, int role) const {
+  if (role != Qt::DisplayRole || o != Qt::Horizontal) return {};
+  static const char* kNames[] = {"Op",    "A per rank-step", "B per rank-step", "B - A",
+                                 "B / A", "A spans",         "B spans"};
+  return section >= 0 && section < kColumnCount ? QString::fromUtf8(kNames[section]) : QVariant();
+}
+
+}  // namespace orrery::gui
+
+namespace orrery::gui {
+
+int CriticalPathModel::rowCount(const QModelIndex& parent) const {
+  return parent.isValid() || !trace_ ? 0 : static_cast<int>(path_.links.size());
+}
+int CriticalPathModel::columnCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : kColumnCount;
+}
+
+void CriticalPathModel::set_path(const traces::Trace* t, CriticalPath path) {
+  beginResetModel();
+  trace_ = t;
+  path_ = std::move(path);
+  endResetModel();
+}
+
+QVariant CriticalPathModel::data(const QModelIndex& index, int role) const {
+  if (!trace_ || !index.isValid() || index.row() >= rowCount()) return {};
+  const auto& l = path_.links[static_cast<size_t>(index.row())];
+  const auto& s = trace_->spans[l.span];
+  const int64_t on = l.to_ns - l.from_ns, waited = l.from_ns - s.start_ns;
+  if (role == Qt::UserRole) {
+    switch (index.column()) {
+      case kIndex:
+        return QVariant::fromValue<qlonglong>(l.span);
+      case kRank:
+        return s.rank;
+      case kOnPath:
+        return QVariant::fromValue<qlonglong>(on);
+      case kWaited:
+        return QVariant::fromValue<qlonglong>(waited);
+      default:
+        break;
+    }
+  }
+  if (role != Qt::DisplayRole) return {};
+  switch (index.column()) {
+    case kIndex:
+      return index.row() + 1;
+    case kRank:
+      return s.rank;
+    case kName:
+      return QString::fromStdString(trace_->name_of(s));
+    case kVia: {
+      static const char* kViaNames[] = {"first", "stream order", "other stream", "last arrival",
+                                        "its send"};
+      return QString::fromUtf8(kViaNames[static_cast<int>(l.via)]);
+    }
+    case kOnPath:
+      return QString::fromStdString(format_duration_ns(static_cast<double>(on)));
+    case kWaited:
+      return waited > 0 ? QString::fromStdString(format_duration_ns(static_cast<double>(waited)))
+                        : QStringLiteral("-");
+    default:
+      return {};
+  }
+}
+
+QVariant CriticalPathModel::headerData(int section, Qt::Orientation o, int role) const {
+  if (role != Qt::DisplayRole || o != Qt::Horizontal) return {};
+  static const char* kNames[] = {"#", "Rank", "Span", "After", "On path", "Waited"};
+  return section >= 0 && section < kColumnCount ? QString::fromUtf8(kNames[section]) : QVariant();
+}
+
+}  // namespace orrery::gui

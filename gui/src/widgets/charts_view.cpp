@@ -1,12 +1,15 @@
 // The charts tab (see charts_view.hpp).
 #include "orrery/gui/widgets/charts_view.hpp"
 
-#include <QBarCategoryAxis>
 #include <QBarSet>
+#include <QCategoryAxis>
 #include <QChart>
 #include <QChartView>
 #include <QComboBox>
+#include <QEvent>
 #include <QFileInfo>
+#include <QFontMetrics>
+#include <QGraphicsTextItem>
 #include <QHBoxLayout>
 #include <QLabel>
 #include <QLegend>
@@ -58,6 +61,7 @@ ChartsView::ChartsView(QWidget* parent) : QWidget(parent) {
   split->setSizes({600, 500});
   layout->addWidget(split, 1);
   connect(step_combo_, &QComboBox::currentIndexChanged, this, [this] { rebuild_breakdown(); });
+  breakdown_view_->installEventFilter(this);
   rebuild_breakdown();
   rebuild_scaling();
 }
@@ -80,6 +84,8 @@ void ChartsView::set_breakdown(const TraceDocument* doc,
 }
 
 void ChartsView::rebuild_breakdown() {
+  rank_axis_ = nullptr;
+  rank_labels_.clear();
   auto* chart = new QChart();
   chart->setAnimationOptions(QChart::NoAnimation);
   const int step = step_combo_->currentIndex() >= 0 ? step_combo_->currentData().toInt() : -1;
@@ -127,11 +133,15 @@ void ChartsView::rebuild_breakdown() {
     }
     for (double t : totals) max_ms = std::max(max_ms, t);
     chart->addSeries(series);
-    QStringList cats;
-    for (const auto& r : rows) cats << QString::number(r.rank);
-    auto* ax = new QBarCategoryAxis();
-    ax->append(cats);
+    // One bar per rank at x = 0, 1, ...; labelled every k-th so that no label is elided at 64
+    // ranks and more (a category axis labels every bar and shrinks each label to "...").
+    rank_labels_.clear();
+    for (const auto& r : rows) rank_labels_ << QString::number(r.rank);
+    auto* ax = new QCategoryAxis();
+    ax->setLabelsPosition(QCategoryAxis::AxisLabelsPositionOnValue);
+    ax->setRange(-0.5, static_cast<double>(rows.size()) - 0.5);
     ax->setTitleText(tr("rank"));
+    rank_axis_ = ax;
     auto* ay = new QValueAxis();
     ay->setTitleText(tr("time per step (ms)"));
     ay->setRange(0, max_ms > 0 ? max_ms * 1.08 : 1);
@@ -153,6 +163,7 @@ void ChartsView::rebuild_breakdown() {
   auto* old = breakdown_view_->chart();
   breakdown_view_->setChart(chart);
   delete old;
+  relabel_ranks();
 }
 
 void ChartsView::set_sweep(std::vector<SweepPoint> points, const QString& source,
@@ -278,6 +289,49 @@ int ChartsView::scaling_points() const {
       return static_cast<int>(line->count());
   }
   return 0;
+}
+
+}  // namespace orrery::gui
+
+namespace orrery::gui {
+
+int ChartsView::rank_label_step(int count, double width_px, double label_px) {
+  if (count <= 0) return 1;
+  // Labels need their own width plus a gap; the step is the smallest "nice" one that fits them.
+  const double slot_px = std::max(1.0, label_px * 1.5);
+  const int fit = std::max(1, static_cast<int>(width_px / slot_px));
+  static const int kSteps[] = {1,  2,  4,   5,   8,   10,  16,  20,  25,  32,
+                               50, 64, 100, 128, 200, 250, 256, 500, 512, 1000};
+  for (int k : kSteps) {
+    if ((count + k - 1) / k <= fit) return k;
+  }
+  return (count + fit - 1) / fit;
+}
+
+void ChartsView::relabel_ranks() {
+  if (!rank_axis_) return;
+  for (const QString& l : rank_axis_->categoriesLabels()) rank_axis_->remove(l);
+  const QFontMetrics fm(rank_axis_->labelsFont());
+  int label_px = 0;
+  for (const QString& l : rank_labels_) label_px = std::max(label_px, fm.horizontalAdvance(l));
+  // The plot is the view less the value axis and the margins, about 90 px.
+  const double width = breakdown_view_->width() - 90.0;
+  rank_step_ = rank_label_step(static_cast<int>(rank_labels_.size()), width, label_px);
+  for (int i = 0; i < rank_labels_.size(); i += rank_step_) rank_axis_->append(rank_labels_[i], i);
+}
+
+bool ChartsView::eventFilter(QObject* watched, QEvent* e) {
+  if (watched == breakdown_view_ && e->type() == QEvent::Resize) relabel_ranks();
+  return QWidget::eventFilter(watched, e);
+}
+
+QStringList ChartsView::breakdown_axis_texts() const {
+  QStringList out;
+  for (auto* item : breakdown_view_->scene()->items()) {
+    if (auto* text = dynamic_cast<QGraphicsTextItem*>(item); text && text->isVisible())
+      out << text->toPlainText();
+  }
+  return out;
 }
 
 }  // namespace orrery::gui

@@ -63,8 +63,28 @@ CompareView::CompareView(QWidget* parent) : QWidget(parent) {
   table_->verticalHeader()->setDefaultSectionSize(20);
   table_->horizontalHeader()->setSectionResizeMode(QHeaderView::Stretch);
   table_->setAlternatingRowColors(true);
-  split->addWidget(table_);
-  split->setSizes({400, 400, 200});
+  op_table_ = new QTableView(split);
+  op_table_->setObjectName("opDiffTable");
+  op_table_->setModel(&op_model_);
+  op_table_->verticalHeader()->hide();
+  op_table_->verticalHeader()->setDefaultSectionSize(20);
+  op_table_->horizontalHeader()->setSectionResizeMode(QHeaderView::Stretch);
+  op_table_->horizontalHeader()->setSectionResizeMode(OpDiffModel::kName,
+                                                      QHeaderView::ResizeToContents);
+  op_table_->setSelectionBehavior(QAbstractItemView::SelectRows);
+  op_table_->setAlternatingRowColors(true);
+  op_table_->setToolTip(
+      tr("Per op name: total time over ranks and steps in A and B, the largest "
+         "difference first. Click a row to see the op in both panes."));
+  connect(op_table_, &QTableView::clicked, this,
+          [this](const QModelIndex& i) { jump_to_op(i.row()); });
+  auto* tables = new QSplitter(Qt::Horizontal, split);
+  tables->addWidget(table_);
+  tables->addWidget(op_table_);
+  tables->setSizes({380, 620});
+  split->addWidget(tables);
+  split->setSizes({400, 400, 220});
+  split_ = split;
   layout->addWidget(split, 1);
 
   connect(a_, &TimelineView::mappingChanged, this, [this] { sync_from(a_, b_); });
@@ -96,6 +116,7 @@ void CompareView::set_documents(std::shared_ptr<TraceDocument> a,
     a_->set_document(a);
     b_->set_document(b);
   }
+  if (!same) op_model_.set_diffs(diff_ops(a->trace, b->trace));
   if (ma_ && mb_) {
     diff_model_.set_diffs(diff_steps(*ma_, *mb_), "A", "B");
     int first = -1, last = -1;
@@ -136,6 +157,7 @@ void CompareView::clear() {
   a_->set_document(nullptr);
   b_->set_document(nullptr);
   diff_model_.set_diffs({}, "A", "B");
+  op_model_.set_diffs({});
 }
 
 void CompareView::align_on_step(int step) {
@@ -152,6 +174,56 @@ void CompareView::align_on_step(int step) {
   align_note_->clear();
   b_->set_shift_ns(sa - sb);
   sync_from(a_, b_);
+}
+
+int CompareView::op_row(const QString& name) const {
+  const auto& rows = op_model_.diffs();
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (QString::fromStdString(rows[r].name) == name) return static_cast<int>(r);
+  }
+  return -1;
+}
+
+void CompareView::emphasize_tables() {
+  const int h = std::max(300, split_->height());
+  split_->setSizes({h * 3 / 10, h * 3 / 10, h * 4 / 10});
+}
+
+int64_t CompareView::find_op(const traces::Trace& t, const std::string& name, int32_t step) {
+  const traces::NameId id = t.strings.find(name);
+  int64_t first = -1, in_step = -1;
+  for (size_t i = 0; i < t.spans.size(); ++i) {
+    const auto& s = t.spans[i];
+    if (s.name != id) continue;
+    auto earlier = [&](int64_t j) {
+      return j < 0 || s.start_ns < t.spans[static_cast<size_t>(j)].start_ns;
+    };
+    if (earlier(first)) first = static_cast<int64_t>(i);
+    if (s.step == step && earlier(in_step)) in_step = static_cast<int64_t>(i);
+  }
+  return in_step >= 0 ? in_step : first;
+}
+
+bool CompareView::jump_to_op(int row) {
+  const auto& rows = op_model_.diffs();
+  if (row < 0 || row >= static_cast<int>(rows.size()) || !a_->document() || !b_->document())
+    return false;
+  const std::string& name = rows[static_cast<size_t>(row)].name;
+  const int32_t step = align_step_->value();
+  const int64_t ia = find_op(a_->document()->trace, name, step);
+  const int64_t ib = find_op(b_->document()->trace, name, step);
+  if (ia < 0 && ib < 0) return false;
+  // Select (and scroll to) each pane's span, then frame both on the shared axis (view time).
+  int64_t v0 = INT64_MAX, v1 = INT64_MIN;
+  for (auto [view, i] : {std::pair{a_, ia}, std::pair{b_, ib}}) {
+    view->select_span(i, i >= 0);
+    if (i < 0) continue;
+    const auto& s = view->document()->trace.spans[static_cast<size_t>(i)];
+    v0 = std::min(v0, s.start_ns + view->shift_ns());
+    v1 = std::max(v1, s.end_ns + view->shift_ns());
+  }
+  a_->zoom_to(v0 - a_->shift_ns(), v1 - a_->shift_ns());
+  return true;
 }
 
 }  // namespace orrery::gui

@@ -200,6 +200,7 @@ void MainWindow::build_menus() {
   tb->addAction(open);
   tb->addAction(fit);
   tb->addAction(zsel);
+  build_navigation(view, tb);
   tb->addSeparator();
   trace_combo_ = new QComboBox(tb);
   trace_combo_->setMinimumWidth(200);
@@ -313,9 +314,25 @@ void MainWindow::build_docks() {
   names_view_->setSortingEnabled(true);
   names_view_->sortByColumn(RangeByNameModel::kTotal, Qt::DescendingOrder);
   range_layout->addWidget(names_view_, 3);
+  // The critical path's links (P), shown while a path is drawn; a click selects the span.
+  crit_box_ = new QWidget(split);
+  auto* crit_layout = new QVBoxLayout(crit_box_);
+  crit_layout->setContentsMargins(4, 4, 4, 4);
+  crit_layout->addWidget(new QLabel(tr("<b>Critical path</b> (P)"), crit_box_));
+  crit_view_ = make_table(&critical_, crit_box_);
+  crit_view_->setObjectName("criticalPathView");
+  crit_view_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+  crit_layout->addWidget(crit_view_);
+  crit_box_->hide();
+  connect(crit_view_, &QTableView::clicked, this, [this](const QModelIndex& i) {
+    TimelineView* t = key_target();
+    if (!t) t = timeline_;
+    t->select_span(critical_.index(i.row(), 0).data(Qt::UserRole).toLongLong(), true);
+  });
   split->addWidget(sel_box);
   split->addWidget(range_box);
-  split->setSizes({380, 520});
+  split->addWidget(crit_box_);
+  split->setSizes({380, 520, 300});
   right->setWidget(split);
   addDockWidget(Qt::RightDockWidgetArea, right);
 

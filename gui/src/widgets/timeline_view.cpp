@@ -49,6 +49,7 @@ void TimelineView::set_empty_message(const QString& text) {
 }
 
 void TimelineView::set_document(std::shared_ptr<TraceDocument> doc) {
+  critical_ = {};
   doc_ = std::move(doc);
   selected_ = -1;
   flow_.clear();
@@ -452,9 +453,11 @@ void TimelineView::paintEvent(QPaintEvent*) {
   last_items_ = paint_rows(p, f);
   paint_label_border(p, f);
   paint_flow(p, f);
+  paint_critical_path(p, f);
   paint_selection(p, f);
   paint_range(p, f);
   paint_range_length(p, f);
+  paint_markers(p, f);
   p.restore();
   paint_axis(p, f);
   paint_scale(p);
@@ -704,6 +707,44 @@ void TimelineView::paint_selection(QPainter& p, const Frame& f) const {
                     LaneLayout::kRowHeight + 3));
 }
 
+void TimelineView::set_critical_path(CriticalPath path) {
+  critical_ = std::move(path);
+  viewport()->update();
+}
+
+void TimelineView::paint_critical_path(QPainter& p, const Frame& f) const {
+  if (critical_.empty() || !doc_) return;
+  p.save();
+  p.setClipRect(kLabelWidth, kAxisHeight, f.track_width, f.height - kAxisHeight);
+  p.setRenderHint(QPainter::Antialiasing, true);
+  const double lo = kLabelWidth - 50.0, hi = kLabelWidth + f.track_width + 50.0;
+  auto clampx = [&](double x) { return std::clamp(x, lo, hi); };
+  bool has_prev = false;  // where the link before ended, when it is drawn
+  QPointF prev;
+  for (const auto& l : critical_.links) {
+    const auto r = span_rect(l.span);
+    if (!r) {
+      has_prev = false;
+      continue;
+    }
+    const double x0 = clampx(r->left()), x1 = clampx(r->right());
+    const double on = clampx(kLabelWidth + f.tm.x_of(l.from_ns));
+    p.setBrush(Qt::NoBrush);
+    p.setPen(QPen(palette::kCriticalPath, 2));
+    p.drawRect(QRectF(x0, r->top(), std::max(2.0, x1 - x0), r->height()));
+    // The part on the path: a bar along the bottom of the span (the rest was a wait).
+    p.fillRect(QRectF(on, r->bottom() - 3, std::max(2.0, x1 - on), 3), palette::kCriticalPath);
+    const QPointF in(on, r->center().y());
+    if (has_prev) {
+      p.setPen(QPen(palette::kCriticalPath, 1.5, Qt::DashLine));
+      p.drawLine(prev, in);
+    }
+    prev = QPointF(x1, r->center().y());
+    has_prev = true;
+  }
+  p.restore();
+}
+
 std::optional<QRectF> TimelineView::span_rect(int64_t span) const {
   if (!doc_ || !index_ || span < 0 || static_cast<size_t>(span) >= doc_->trace.spans.size())
     return std::nullopt;
@@ -800,15 +841,159 @@ void TimelineView::paint_axis(QPainter& p, const Frame& f) const {
   p.drawLine(QPointF(0, kAxisHeight - 0.5), QPointF(f.width, kAxisHeight - 0.5));
   p.save();
   p.setClipRect(kLabelWidth, 0, f.track_width, kAxisHeight);
+  const int tick_bottom = kAxisHeight - kStepBandHeight;
   for (const auto& t : f.ticks.ticks) {
     const double x = kLabelWidth + t.x;
     p.setPen(palette::kTick);
-    p.drawLine(QPointF(x, kAxisHeight - 7), QPointF(x, kAxisHeight - 1));
+    p.drawLine(QPointF(x, tick_bottom - 7), QPointF(x, tick_bottom - 1));
     p.setPen(palette::kTickText);
-    p.drawText(QRectF(x + 3, 0, 200, kAxisHeight - 4), Qt::AlignLeft | Qt::AlignVCenter,
+    p.drawText(QRectF(x + 3, 0, 200, tick_bottom - 4), Qt::AlignLeft | Qt::AlignVCenter,
                QString::fromStdString(t.label));
   }
+  paint_steps(p, f);
+  // The markers' flags: a small triangle pointing down at each marker's time.
+  p.setRenderHint(QPainter::Antialiasing, true);
+  for (int64_t t : markers_.times()) {
+    const double x = kLabelWidth + f.tm.x_of(t);
+    if (x < kLabelWidth - 6 || x > f.width + 6) continue;
+    QPolygonF flag;
+    flag << QPointF(x - 5, 0) << QPointF(x + 5, 0) << QPointF(x, 8);
+    p.setPen(Qt::NoPen);
+    p.setBrush(palette::kMarker);
+    p.drawPolygon(flag);
+  }
   p.restore();
+}
+
+// The bottom of the axis: each step's window as a band, alternately shaded, named "step N" at
+// its start when there is room (the name shrinks to the number, then goes).
+void TimelineView::paint_steps(QPainter& p, const Frame& f) const {
+  if (!doc_) return;
+  const double y = kAxisHeight - kStepBandHeight;
+  const auto& steps = doc_->steps;
+  // The first step that ends after the left edge.
+  const int64_t left = f.tm.t_floor(0), right = f.tm.t_ceil(f.track_width);
+  auto it = std::lower_bound(steps.begin(), steps.end(), left,
+                             [](const StepWindow& w, int64_t t) { return w.end_ns < t; });
+  const auto last = std::upper_bound(it, steps.end(), right,
+                                     [](int64_t t, const StepWindow& w) { return t < w.start_ns; });
+  // Steps under 3 px each (a whole long trace): one plain band, as a folded block would be; the
+  // frame's cost stays bounded by the pixels, not by the thousands of steps.
+  if (static_cast<double>(last - it) * 3 > f.track_width) {
+    p.fillRect(QRectF(kLabelWidth, y, f.track_width, kStepBandHeight - 1), palette::kStepBandEven);
+    return;
+  }
+  for (; it != last; ++it) {
+    const double x0 = std::max(-1.0, f.tm.x_of(it->start_ns));
+    const double x1 = std::min(f.track_width + 1.0, f.tm.x_of(it->end_ns));
+    const QRectF band(kLabelWidth + x0, y, std::max(1.0, x1 - x0), kStepBandHeight - 1);
+    p.fillRect(band, it->step % 2 ? palette::kStepBandOdd : palette::kStepBandEven);
+    const QString full = tr("step %1").arg(it->step);
+    const QString num = QString::number(it->step);
+    const double room = band.width() - 4;
+    const QString& text = f.fm.horizontalAdvance(full) <= room ? full : num;
+    if (f.fm.horizontalAdvance(text) > room) continue;
+    p.setPen(palette::kTickText);
+    p.drawText(band.adjusted(3, 0, 0, 0), Qt::AlignLeft | Qt::AlignVCenter, text);
+  }
+}
+
+// Markers: a dashed line across the lanes at each marker's time.
+void TimelineView::paint_markers(QPainter& p, const Frame& f) const {
+  if (markers_.size() == 0) return;
+  p.setClipRect(kLabelWidth, kAxisHeight, f.track_width, f.height - kAxisHeight);
+  p.setPen(QPen(palette::kMarker, 1, Qt::DashLine));
+  for (int64_t t : markers_.times()) {
+    const double x = kLabelWidth + f.tm.x_of(t);
+    p.drawLine(QPointF(x, kAxisHeight), QPointF(x, f.height));
+  }
+}
+
+bool TimelineView::go_to_step(int32_t step) {
+  if (!doc_) return false;
+  const auto w = find_step(doc_->steps, step);
+  if (!w) return false;
+  zoom_to(w->start_ns, w->end_ns);
+  return true;
+}
+
+int32_t TimelineView::step_at_center() const {
+  if (!doc_) return -1;
+  const int64_t t = trace_mapping().t_floor(track_width() / 2.0);
+  for (const auto& w : doc_->steps) {
+    if (w.start_ns <= t && t < w.end_ns) return w.step;
+  }
+  return -1;
+}
+
+int64_t TimelineView::cursor_time_ns() const {
+  double x = track_width() / 2.0;
+  if (last_mouse_.x() >= kLabelWidth && underMouse()) x = last_mouse_.x() - kLabelWidth;
+  return trace_mapping().t_floor(x);
+}
+
+void TimelineView::add_marker(int64_t t_ns) {
+  if (markers_.add(t_ns)) {
+    viewport()->update();
+    emit markersChanged();
+  }
+}
+
+void TimelineView::clear_markers() {
+  markers_.clear();
+  viewport()->update();
+  emit markersChanged();
+}
+
+bool TimelineView::scroll_to_counter(const std::string& name) {
+  if (!doc_) return false;
+  for (const auto& r : layout_.rows()) {
+    if (r.kind != LayoutRow::Kind::Counter || r.counter < 0) continue;
+    if (doc_->counters[static_cast<size_t>(r.counter)].name != name) continue;
+    verticalScrollBar()->setValue(
+        static_cast<int>(std::max(0.0, r.y - 3 * LaneLayout::kRowHeight)));
+    return true;
+  }
+  return false;
+}
+
+int64_t TimelineView::show_flow(const QString& text) {
+  if (!doc_) return -1;
+  const auto& spans = doc_->trace.spans;
+  const int64_t from = visible_start_ns();
+  int64_t best = -1;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const auto& s = spans[i];
+    if (s.start_ns < from || (best >= 0 && s.start_ns >= spans[static_cast<size_t>(best)].start_ns))
+      continue;
+    if (s.kind != traces::SpanKind::Collective && s.kind != traces::SpanKind::P2P) continue;
+    if (!QString::fromStdString(doc_->trace.name_of(s)).contains(text)) continue;
+    if (doc_->flows.members_of(static_cast<uint32_t>(i)).size() < 2) continue;
+    best = static_cast<int64_t>(i);
+  }
+  if (best < 0) return -1;
+  select_span(best, true);
+  int64_t t0 = INT64_MAX, t1 = INT64_MIN;
+  for (uint32_t m : flow_) {
+    t0 = std::min(t0, spans[m].start_ns);
+    t1 = std::max(t1, spans[m].end_ns);
+  }
+  zoom_to(t0, t1);
+  return best;
+}
+
+void TimelineView::center_on(int64_t t_ns) {
+  const double x = trace_mapping().x_of(t_ns);
+  pan_by_px(track_width() / 2.0 - x);
+}
+
+bool TimelineView::jump_to_marker(bool next) {
+  // From the centre of the view, so that repeated jumps walk the markers in order.
+  const int64_t c = trace_mapping().t_floor(track_width() / 2.0);
+  const auto t = next ? markers_.next_after(c) : markers_.previous_before(c);
+  if (!t) return false;
+  center_on(*t);
+  return true;
 }
 
 // The range's length, in a box at the bottom of the range's band: in the axis band it covered the
@@ -836,11 +1021,14 @@ void TimelineView::paint_scale(QPainter& p) const {
 
 void TimelineView::wheelEvent(QWheelEvent* e) {
   const QPoint delta = e->angleDelta();
+  const bool ctrl = e->modifiers() & Qt::ControlModifier;
   if (e->modifiers() & Qt::ShiftModifier) {
-    verticalScrollBar()->setValue(verticalScrollBar()->value() - delta.y() / 2);
-  } else if (delta.y() != 0) {
+    pan_by_px(delta.y() / 2.0);  // Shift+wheel pans, as in Perfetto
+  } else if (delta.y() != 0 && ctrl != wheel_zooms_) {
     const double x = e->position().x() - kLabelWidth;
     zoom_by(std::pow(1.0015, delta.y()), std::clamp(x, 0.0, static_cast<double>(track_width())));
+  } else if (delta.y() != 0) {
+    verticalScrollBar()->setValue(verticalScrollBar()->value() - delta.y() / 2);
   }
   if (delta.x() != 0) pan_by_px(delta.x() / 2.0);
   e->accept();
@@ -983,6 +1171,22 @@ bool TimelineView::navigate(int key) {
     case Qt::Key_Escape:
       clear_range();
       select_span(-1);
+      return true;
+    case Qt::Key_M: {
+      const int64_t t = cursor_time_ns();
+      if (markers_.remove_near(t, static_cast<int64_t>(4 * map_.ns_per_px))) {
+        viewport()->update();
+        emit markersChanged();
+      } else {
+        add_marker(t);
+      }
+      return true;
+    }
+    case Qt::Key_BracketRight:
+      jump_to_marker(true);
+      return true;
+    case Qt::Key_BracketLeft:
+      jump_to_marker(false);
       return true;
     default:
       return false;

@@ -8,6 +8,7 @@
 
 #include "orrery/gui/counter_tracks.hpp"
 #include "orrery/gui/flows.hpp"
+#include "orrery/gui/navigation.hpp"
 #include "orrery/gui/trace_index.hpp"
 #include "orrery/profiler/metrics.hpp"
 #include "orrery/traces/trace.hpp"
@@ -20,6 +21,7 @@ struct TraceDocument {
   TraceIndex index;  // all kinds; the timeline rebuilds its own when kinds are filtered
   FlowIndex flows;   // send -> receive, and the members of each collective instance
   std::vector<CounterTrack> counters;  // per (rank, counter name)
+  std::vector<StepWindow> steps;       // per step, across ranks
 };
 
 // Reads `path` with traces::load_trace and indexes it. Throws InputError (the reader's message)
@@ -59,6 +61,24 @@ struct StepDiff {
   double diff_pct() const { return a_ns ? 100.0 * static_cast<double>(b_ns - a_ns) / a_ns : 0.0; }
 };
 std::vector<StepDiff> diff_steps(const profiler::Metrics& a, const profiler::Metrics& b);
+
+// Per op name, two runs side by side (a real run and its simulation, say): the time of the spans
+// of that name per rank and step, the mean over the trace's (rank, step) pairs, so that a
+// simulation of one representative rank and step compares with a run of many. A trace's
+// rank-steps: the distinct (rank, step >= 0) of its spans (1 when none). Names in only one run
+// count zero in the other.
+struct OpDiff {
+  std::string name;
+  int64_t a_count = 0, b_count = 0;        // spans
+  int64_t a_total_ns = 0, b_total_ns = 0;  // over all ranks and steps
+  int64_t a_rank_steps = 1, b_rank_steps = 1;
+  int64_t a_ns = 0, b_ns = 0;  // per rank and step: total / rank-steps, rounded
+  int64_t diff_ns() const { return b_ns - a_ns; }
+  // B / A; infinity when only B has it (and 1 when neither has time).
+  double ratio() const;
+};
+// Every name of either trace, the largest |B - A| first (ties: by name).
+std::vector<OpDiff> diff_ops(const traces::Trace& a, const traces::Trace& b);
 
 // Start time of a step (earliest over ranks), or INT64_MIN when the metrics have no such step.
 int64_t step_start_ns(const profiler::Metrics& m, int32_t step);

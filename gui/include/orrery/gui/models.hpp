@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "orrery/gui/critical_path.hpp"
 #include "orrery/gui/document.hpp"
 #include "orrery/gui/lane_layout.hpp"
 #include "orrery/profiler/metrics.hpp"
@@ -152,6 +153,46 @@ class StepDiffModel : public QAbstractTableModel {
  private:
   std::vector<StepDiff> rows_;
   QString a_name_ = "A", b_name_ = "B";
+};
+
+// Per op name, A against B (diff_ops): name, time per rank and step in A, in B, B - A, B / A and
+// the span counts,
+// in diff_ops' order (largest |B - A| first). Qt::UserRole: nanoseconds, the ratio as a double.
+class OpDiffModel : public QAbstractTableModel {
+  Q_OBJECT
+ public:
+  using QAbstractTableModel::QAbstractTableModel;
+  enum Column { kName, kA, kB, kDiff, kRatio, kACount, kBCount, kColumnCount };
+  int rowCount(const QModelIndex& parent = {}) const override;
+  int columnCount(const QModelIndex& parent = {}) const override;
+  QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
+  QVariant headerData(int section, Qt::Orientation o, int role = Qt::DisplayRole) const override;
+  void set_diffs(std::vector<OpDiff> d);
+  const std::vector<OpDiff>& diffs() const { return rows_; }
+
+ private:
+  std::vector<OpDiff> rows_;
+};
+
+// The links of a critical path, in time order: rank, name, how it follows the one before (stream,
+// other stream, last arrival, send), its time on the path and what it waited before. Qt::UserRole:
+// the span index (column 0) or nanoseconds.
+class CriticalPathModel : public QAbstractTableModel {
+  Q_OBJECT
+ public:
+  using QAbstractTableModel::QAbstractTableModel;
+  enum Column { kIndex, kRank, kName, kVia, kOnPath, kWaited, kColumnCount };
+  int rowCount(const QModelIndex& parent = {}) const override;
+  int columnCount(const QModelIndex& parent = {}) const override;
+  QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
+  QVariant headerData(int section, Qt::Orientation o, int role = Qt::DisplayRole) const override;
+  // The trace must outlive the model's use of it (the document holds it).
+  void set_path(const traces::Trace* t, CriticalPath path);
+  const CriticalPath& path() const { return path_; }
+
+ private:
+  const traces::Trace* trace_ = nullptr;
+  CriticalPath path_;
 };
 
 // Tree of (group →) rank → lane with check boxes; unchecking hides lanes in the timeline. Groups

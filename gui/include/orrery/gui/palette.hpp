@@ -102,6 +102,12 @@ inline constexpr QColor kAxis = kRankHeader;  // the axis band looks like a rank
 inline constexpr QColor kTick = rgb(0x7A828C);
 inline constexpr QColor kTickText = kHeaderText;
 inline constexpr QColor kScaleText = kDisclosure;  // "x ms / 100 px" in the corner
+// The steps' band at the bottom of the axis, alternately shaded; markers (lines and flags).
+inline constexpr QColor kStepBandEven = rgb(0xDDE3EA);
+inline constexpr QColor kStepBandOdd = rgb(0xCCD4DE);
+inline constexpr QColor kMarker = rgb(0xE65100);
+// The critical path of a step: the outline of its spans and the links between them.
+inline constexpr QColor kCriticalPath = rgb(0xC62828);
 
 // The compare view's A and B title bars look like the timeline's group headers.
 inline constexpr QColor kCompareTitle = kGroupHeader;

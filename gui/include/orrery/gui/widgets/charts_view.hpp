@@ -3,6 +3,7 @@
 // against the GPU count).
 #pragma once
 
+#include <QStringList>
 #include <QWidget>
 #include <memory>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "orrery/gui/sweep_csv.hpp"
 
 class QChartView;
+class QCategoryAxis;
 class QComboBox;
 class QLabel;
 
@@ -32,10 +34,20 @@ class ChartsView : public QWidget {
   int breakdown_categories() const;
   // Points of the tokens/s curve now drawn (tests).
   int scaling_points() const;
+  // The rank axis labels every k-th rank: the smallest of 1, 2, 4, 5, 8, 10, 16, ... for which
+  // ceil(count / k) labels of label_px (plus half that as a gap) fit in width_px.
+  static int rank_label_step(int count, double width_px, double label_px);
+  int rank_step() const { return rank_step_; }
+  // The texts drawn in the breakdown chart now (axis labels, titles; tests look for elided ones).
+  QStringList breakdown_axis_texts() const;
+
+ protected:
+  bool eventFilter(QObject* watched, QEvent* e) override;
 
  private:
   void rebuild_breakdown();
   void rebuild_scaling();
+  void relabel_ranks();  // the rank axis's labels for the chart's width now
 
   QChartView* breakdown_view_ = nullptr;
   QChartView* scaling_view_ = nullptr;
@@ -48,6 +60,9 @@ class ChartsView : public QWidget {
   QString sweep_source_;
   std::vector<SweepUnplaced> unplaced_;
   QLabel* scaling_note_ = nullptr;
+  QCategoryAxis* rank_axis_ = nullptr;  // owned by the breakdown chart
+  QStringList rank_labels_;
+  int rank_step_ = 1;
 };
 
 }  // namespace orrery::gui

@@ -8,6 +8,7 @@
 #include <QStringList>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "orrery/gui/document.hpp"
@@ -21,6 +22,8 @@ class QLineEdit;
 class QMenu;
 class QMessageBox;
 class QProgressBar;
+class QSpinBox;
+class QToolBar;
 class QTabWidget;
 class QTableView;
 class QTreeView;
@@ -64,6 +67,21 @@ class MainWindow : public QMainWindow {
   // Selects a range on the timeline (trace time) and computes its metrics.
   void select_range(int64_t t0_ns, int64_t t1_ns);
 
+  // Frames step N across ranks in the timeline the keys go to; false (and a status message with
+  // the trace's steps) when there is no such step.
+  bool go_to_step(int step);
+  // The shortcut overlay ("?"): every key of the menus and the mouse's gestures, as (keys, what).
+  std::vector<std::pair<QString, QString>> shortcut_entries() const;
+  void toggle_shortcut_overlay();
+  // P: shows the critical path of the step of the selected span (else of the step at the view's
+  // centre) in the timeline the keys go to, with its length in the status bar; again hides it.
+  // True when a path is shown now.
+  bool toggle_critical_path();
+  bool shortcut_overlay_visible() const;
+  QAction* wheel_zooms_action() const { return wheel_action_; }
+  // The links of the critical path shown (empty when none), listed under the details.
+  const CriticalPathModel* critical_path_model() const { return &critical_; }
+
   TimelineView* timeline() const { return timeline_; }
   CompareView* compare() const { return compare_; }
   ChartsView* charts() const { return charts_; }
@@ -89,10 +107,14 @@ class MainWindow : public QMainWindow {
   void dragEnterEvent(QDragEnterEvent* e) override;
   void dropEvent(QDropEvent* e) override;
   void closeEvent(QCloseEvent* e) override;
+  bool eventFilter(QObject* watched, QEvent* e) override;
 
  private:
   void build_menus();
   void build_docks();
+  // Go to step, markers, the wheel's mode and the shortcut overlay (main_window_nav.cpp).
+  void build_navigation(QMenu* view, QToolBar* tb);
+  void rebuild_marker_menu();
   void add_document(std::shared_ptr<TraceDocument> doc);
   // Index of the open trace at `path` (compared as absolute, canonical paths), or -1.
   int find_document(const QString& path) const;
@@ -138,12 +160,19 @@ class MainWindow : public QMainWindow {
   QTreeView* lanes_view_ = nullptr;
   QLabel* range_note_ = nullptr;
   QMessageBox* last_error_ = nullptr;
+  QSpinBox* step_box_ = nullptr;
+  QMenu* marker_list_ = nullptr;
+  QAction* wheel_action_ = nullptr;
+  QLabel* overlay_ = nullptr;
+  QWidget* crit_box_ = nullptr;
+  QTableView* crit_view_ = nullptr;
 
   SpanDetailsModel details_;
   RangeMetricsModel range_metrics_;
   CollectiveModel collectives_;
   RangeByNameModel range_names_;
   LaneTreeModel lanes_;
+  CriticalPathModel critical_;
   SpanSearch search_;
 };
 

@@ -14,8 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include "orrery/gui/critical_path.hpp"
 #include "orrery/gui/document.hpp"
 #include "orrery/gui/lane_layout.hpp"
+#include "orrery/gui/navigation.hpp"
 #include "orrery/gui/time_mapping.hpp"
 
 class QPainter;
@@ -25,9 +27,10 @@ namespace orrery::gui {
 class TimelineView : public QAbstractScrollArea {
   Q_OBJECT
  public:
-  static constexpr int kLabelWidth = 170;  // lane names, left
-  static constexpr int kAxisHeight = 28;   // time axis, top
-  static constexpr double kFoldPx = 3;     // spans narrower than this fold (Tracy's MinVisSize)
+  static constexpr int kLabelWidth = 170;     // lane names, left
+  static constexpr int kAxisHeight = 42;      // time axis, top: ticks, then the steps' band
+  static constexpr int kStepBandHeight = 14;  // the bottom of the axis: step numbers
+  static constexpr double kFoldPx = 3;        // spans narrower than this fold (Tracy's MinVisSize)
 
   explicit TimelineView(QWidget* parent = nullptr);
 
@@ -72,7 +75,33 @@ class TimelineView : public QAbstractScrollArea {
   // an eighth of the track, F zooms to the selection, 0 or Home fits all, Escape clears the range
   // and the selection. False for any other key. The main window's View actions call it, so the
   // keys work wherever the focus is (except in a text field).
+  // M sets a marker at the mouse's time (the centre's when the mouse is off the track), or
+  // removes the one within 4 px of it; ] and [ centre the view on the next / previous marker.
   bool navigate(int key);
+
+  // Frames a step across ranks (its earliest start to its latest end); false when there is none.
+  bool go_to_step(int32_t step);
+  // The step under the track x of the view's centre, or -1.
+  int32_t step_at_center() const;
+  // Markers, in trace time.
+  const Markers& markers() const { return markers_; }
+  void add_marker(int64_t t_ns);
+  void clear_markers();
+  // Scrolls the lanes so that the first counter track of that name is near the top, under its
+  // rank's lanes' last rows; false when there is none.
+  bool scroll_to_counter(const std::string& name);
+  // Selects the first span at or after the view's start whose name contains `text` and that has a
+  // flow (a collective instance or a transfer), and frames the flow's members; -1 when none.
+  int64_t show_flow(const QString& text);
+  // Centres the view on a time (trace time), keeping the zoom.
+  void center_on(int64_t t_ns);
+  bool jump_to_marker(bool next);
+  // The time a key-set marker goes to: under the mouse when it is over the track, else the centre.
+  int64_t cursor_time_ns() const;
+  // Perfetto's wheel (the default): the wheel scrolls the lanes, Ctrl+wheel zooms, Shift+wheel
+  // pans. Swapped, the wheel zooms and Ctrl+wheel scrolls.
+  void set_wheel_zooms(bool zooms) { wheel_zooms_ = zooms; }
+  bool wheel_zooms() const { return wheel_zooms_; }
 
   // Selection (span index into the trace's spans, -1 for none). reveal: expand its rank, scroll it
   // into view and zoom so it is at least a few pixels wide.
@@ -107,6 +136,10 @@ class TimelineView : public QAbstractScrollArea {
   // A span's rectangle in viewport coordinates (x not clipped to the track), or none when its
   // lane is hidden or collapsed.
   std::optional<QRectF> span_rect(int64_t span) const;
+  // The critical path drawn over the lanes (an empty one hides it): its spans outlined, the part
+  // of each on the path underlined, and links from each span to the next.
+  void set_critical_path(CriticalPath path);
+  const CriticalPath& critical_path_shown() const { return critical_; }
   // Draw items of the last paint (for the benchmark's report).
   size_t last_frame_items() const { return last_items_; }
 
@@ -114,6 +147,7 @@ class TimelineView : public QAbstractScrollArea {
   void spanSelected(qint64 span);
   void rangeSelected(qint64 t0_ns, qint64 t1_ns);
   void rangeCleared();
+  void markersChanged();
   void mappingChanged();
   void spanHovered(qint64 span);
 
@@ -170,7 +204,10 @@ class TimelineView : public QAbstractScrollArea {
   // from each member of a collective to the one that started last.
   void paint_flow(QPainter& p, const Frame& f) const;
   void paint_range(QPainter& p, const Frame& f) const;
+  void paint_critical_path(QPainter& p, const Frame& f) const;
   void paint_axis(QPainter& p, const Frame& f) const;
+  void paint_steps(QPainter& p, const Frame& f) const;    // the step numbers' band of the axis
+  void paint_markers(QPainter& p, const Frame& f) const;  // lines across the lanes, flags above
   void paint_range_length(QPainter& p, const Frame& f) const;
   void paint_scale(QPainter& p) const;
 
@@ -205,6 +242,9 @@ class TimelineView : public QAbstractScrollArea {
   bool moved_ = false;
   QPoint last_mouse_{-1, -1};
   size_t last_items_ = 0;
+  Markers markers_;
+  CriticalPath critical_;
+  bool wheel_zooms_ = false;
 };
 
 }  // namespace orrery::gui
