@@ -12,7 +12,7 @@
 #     --record with that change (ONLY=pp2-uneven), and its blocks per rank are also counted in
 #     closed form (4 below);
 #  2. the simulator's ops for each layout (orrery sim --all-ranks) equal the real run's spans, rank by
-#     rank: compute ops in order (with their FLOPs), each communicator's collectives in sequence order and
+#     rank, each on a stream of the same name (one stream naming, model/names.hpp): compute ops in order (with their FLOPs), each communicator's collectives in sequence order and
 #     its transfers as a set (name, step, micro-batch, layer, bytes) (span_tool compare);
 #  3. recomputation spans per rank: 2 steps x 4 micro-batches x the rank's blocks x pieces (full: 2
 #     pieces under tp, else 1; selective: 1), and under tp 2 x 4 x 4 more tp all-reduces than tp2;

@@ -4,7 +4,8 @@
 //   span_tool compare REAL SIM   the simulator's ops against a real run's spans, rank by rank: the
 //                                compute ops in program order (name, step, micro-batch, layer, FLOPs),
 //                                per communicator the collectives in sequence order and the transfers
-//                                as a set (name, op, step, micro-batch, layer, bytes). Spans outside a step (the
+//                                as a set (name, op, step, micro-batch, layer, bytes), each with the
+//                                name of its stream (the same for both). Spans outside a step (the
 //                                real run's set-up broadcast and barrier) and phases are not compared.
 // Exit 0 when equal (compare) / written (counts), 1 with the first differences on stderr, 2 on bad use.
 #include <algorithm>
@@ -54,12 +55,17 @@ std::map<int, Program> programs(const Trace& t) {
   std::stable_sort(spans.begin(), spans.end(), [](const Span* a, const Span* b) {
     return std::tie(a->rank, a->start_ns, a->end_ns) < std::tie(b->rank, b->start_ns, b->end_ns);
   });
+  std::map<std::pair<int, int>, std::string> stream_names;
+  for (const auto& st : t.streams) stream_names[{st.rank, st.stream}] = st.name;
   char buf[96];
   for (const Span* s : spans) {
     Program& p = out[s->rank];
-    std::string op = std::string(to_string(s->kind)) + " " + t.name_of(*s) + " step " +
-                     std::to_string(s->step) + " mb " + std::to_string(s->micro_batch) + " layer " +
-                     std::to_string(s->layer);
+    const auto sn = stream_names.find({s->rank, s->stream});
+    // The stream by name: one stream naming for a scenario real and simulated.
+    std::string op =
+        std::string(to_string(s->kind)) + " " + t.name_of(*s) + " step " + std::to_string(s->step) +
+        " mb " + std::to_string(s->micro_batch) + " layer " + std::to_string(s->layer) + " on " +
+        (sn == stream_names.end() ? "stream " + std::to_string(s->stream) : sn->second);
     if (is_compute(s->kind)) {
       std::snprintf(buf, sizeof buf, " flops %.6g", s->flops);
       p.compute.push_back(op + buf);

@@ -69,7 +69,7 @@ EOF
 import json, sys
 j = json.load(sys.stdin)
 assert j["origin"] == "run", j["origin"]
-assert j["failure"] == {"lost_ranks": [2], "step": 2, "message": j["failure"]["message"]}, j["failure"]
+assert j["failure"] == {"failed": True, "lost_ranks": [2], "step": 2, "message": j["failure"]["message"]}, j["failure"]
 assert j["failure"]["message"].startswith("rank 2 was lost (killed by signal 9) during step 2")
 assert j["layout"]["micro_batches"] == 1 and j["layout"]["schedule"] == "1f1b", j["layout"]
 ' || fail "kill: info --json does not give the typed failure and layout"
