@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "orrery/common/error.hpp"
+#include "orrery/model/compression.hpp"
 #include "orrery/model/names.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/compression.hpp"
@@ -17,11 +18,8 @@ namespace cz = compression;
 
 namespace {
 
-// PowerSGD compresses a matrix only where P and Q are smaller than the matrix itself.
 bool powersgd_compresses(const GradMatrix& m, int rank) {
-  const std::size_t r =
-      std::min<std::size_t>(static_cast<std::size_t>(rank), std::min(m.rows, m.cols));
-  return m.rows > 1 && m.cols > 1 && r * (m.rows + m.cols) < m.rows * m.cols;
+  return model::powersgd_compresses(m.rows, m.cols, rank);
 }
 
 bool inside(const GradMatrix& m, const ParamRange& r) {

@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "orrery/model/compression.hpp"
 #include "orrery/runtime/comm.hpp"
 #include "orrery/runtime/model.hpp"
 
@@ -50,7 +51,7 @@ namespace orrery::runtime {
 
 struct DdpBucket;
 
-inline constexpr std::size_t kInt8ChunkElems = 256;
+inline constexpr std::size_t kInt8ChunkElems = model::kInt8ChunkElems;
 
 enum class CompressionScheme : int32_t { None = 0, Int8 = 1, TopK = 2, PowerSgd = 3 };
 // "none" | "int8" | "topk" | "powersgd" (InputError naming parallel.grad_compression otherwise).
