@@ -405,6 +405,15 @@ void check_supported_on_device(const Scenario& s) {
                      "' is implemented on runtime.device cpu only, not " + s.runtime.device +
                      "; use none or device cpu");
   }
+  // Checkpoints hold parameters and AdamW moments, not the hooks' error-feedback residuals nor
+  // PowerSGD's Q: a resumed run would differ from the uninterrupted one, so not allowed yet.
+  if (s.parallel.grad_compression != "none" && s.checkpoint.every > 0) {
+    throw InputError(
+        (s.path.empty() ? std::string("scenario") : s.path) +
+        ": key 'checkpoint.every': checkpoints do not hold parallel.grad_compression's "
+        "error-feedback residuals yet, so a resumed run would differ from an "
+        "uninterrupted one; use checkpoint.every: 0 or grad_compression: none");
+  }
   const auto it = device_runners().find(s.runtime.device);
   if (it == device_runners().end()) {
     check_supported(s);

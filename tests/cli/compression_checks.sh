@@ -66,6 +66,10 @@ for scheme in int8 powersgd topk; do
   expect 2 "key 'parallel.grad_compression': '$scheme' is not searched by orrery sweep yet (orrery sim models it); use none" \
     sweep $G --cluster scenarios/clusters/h100-8.yaml --gpus 2,4 --set parallel.grad_compression=$scheme
 done
+# Checkpoints would lose the error-feedback residuals: refused, naming the key.
+# shellcheck disable=SC2086
+expect 2 "key 'checkpoint.every': checkpoints do not hold parallel.grad_compression's error-feedback residuals yet" \
+  run $G --nproc 2 $DP2 --set parallel.grad_compression=int8 --set checkpoint.every=1 --out "$TMP/x.db"
 if [ -e "$TMP/x.db" ]; then fail "a refused run left a trace"; else echo "ok: no trace from a refused run"; fi
 # shellcheck disable=SC2086
 expect 0 "" run $G --nproc 1 --set parallel.dp=1 --set training.steps=1 \
