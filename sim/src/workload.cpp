@@ -734,15 +734,15 @@ class StageBuilder {
     const uint32_t g =
         dp_coll(int8 ? names::kDpInt8AllGather : names::kDpTopkAllGather, traces::CollOp::AllGather,
                 payload * dp_, PhaseKind::Backward, mb, bk.lowest, {c});
-    gathers_.emplace_back(g, n);
+    gathers_.push_back({g, n, bk.lowest});
   }
   void decompress_gathered(int mb) {
-    for (const auto& [g, n] : gathers_) {
+    for (const auto& [g, n, layer] : gathers_) {
       const double gathered = double(n) * (compression_ == Compression::Int8 ? 1.0 : 0.0) * dp_;
       const std::vector<Kernel> ks{
           Kernel{OpClass::Elementwise, 2.0 * double(n) * dp_, gathered + 8.0 * double(n)}};
       grad_ops_.push_back(b_.add(
-          compute(names::kDpDecompress, compression_piece(ks, 0), PhaseKind::Backward, mb, -1),
+          compute(names::kDpDecompress, compression_piece(ks, 0), PhaseKind::Backward, mb, layer),
           {g}));
     }
     gathers_.clear();
@@ -955,7 +955,12 @@ class StageBuilder {
   std::vector<int64_t> seg_params_;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> seg_mats_;  // PowerSGD's, by slot
   std::vector<Bucket> buckets_;
-  std::vector<std::pair<uint32_t, int64_t>> gathers_;  // int8 / top-k: (all-gather, bucket size)
+  struct Gather {
+    uint32_t op;
+    int64_t params;
+    int layer;
+  };
+  std::vector<Gather> gathers_;  // int8 / top-k: this step's all-gathers, to decompress
   Piece zero_grad_piece_;
   // Sequence numbers per communicator role, over the whole run.
   int32_t seq_tp_ = 0, seq_dp_ = 0, seq_act_next_ = 0, seq_act_prev_ = 0, seq_grad_next_ = 0,

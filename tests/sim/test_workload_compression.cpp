@@ -103,6 +103,22 @@ TEST_P(SimCompression, DpBytesEqualTheClosedFormAfterTheWarmUp) {
     // One decompress per all-gather, after the backward.
     EXPECT_EQ(comp.count.at(std::string(names::kDpDecompress)), 6);
   }
+  if (std::string(scheme) == "int8" && zero == 0) {
+    // The runtime's compute-stream order (training_loop.hpp) with overlap: each bucket compressed
+    // once its last segment's backward is done, every bucket decompressed after "bwd.embed".
+    std::string order;
+    for (const auto& op : w.stages[0].ops) {
+      const std::string& name = w.names[op.name];
+      if (op.step != 1 || op.micro_batch != 1 || op.stream != kStreamCompute) continue;
+      if (name.rfind("bwd.", 0) == 0 || name.rfind("ddp.", 0) == 0)
+        order += (order.empty() ? "" : " ") + name + ":" + std::to_string(op.layer);
+    }
+    EXPECT_EQ(order,
+              "bwd.head:4 ddp.compress:4 bwd.block:3 ddp.compress:3 bwd.block:2 ddp.compress:2 "
+              "bwd.block:1 ddp.compress:1 bwd.block:0 ddp.compress:0 bwd.embed:-1 "
+              "ddp.compress:-1 ddp.decompress:4 ddp.decompress:3 ddp.decompress:2 "
+              "ddp.decompress:1 ddp.decompress:0 ddp.decompress:-1");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Schemes, SimCompression,
