@@ -147,14 +147,7 @@ Command setup(CLI::App& parent) {
 
   auto run = [a]() {
     const Scenario s = load_scenario(a->scenario, a->sets);
-    // Issue 18: `orrery sim` models gradient compression, but the sweep's candidates (ZeRO 2/3
-    // among them, which compression cannot run with) are not filtered for it yet: refused, not
-    // priced as none.
-    if (s.parallel.grad_compression != "none") {
-      throw InputError(a->scenario + ": key 'parallel.grad_compression': '" +
-                       s.parallel.grad_compression +
-                       "' is not searched by orrery sweep yet (orrery sim models it); use none");
-    }
+    // Gradient compression (issue 18) is simulated; --search skips ZeRO 2/3 with it (sweep.cpp).
     const sim::SimTarget target = sim::load_target(a->cluster);
     const sim::Cluster& cluster = target.cluster;
     const auto model = sim::network_model_from_string(a->model);

@@ -3,9 +3,9 @@
 #  - bad input exits 2 naming the key: an unknown scheme, a rank or ratio out of range, a negative
 #    start step, compression with ZeRO 2/3;
 #  - a valid scheme runs on `orrery run --device cpu` (2 ranks, 2 steps, its compressed collective
-#    in the trace) and in `orrery sim` (its collective in the simulated trace), and is refused
-#    (exit 2, naming the key) on the cuda device and by `orrery sweep`, which do not implement it:
-#    no silent uncompressed run or prediction;
+#    in the trace), in `orrery sim` (its collective in the simulated trace) and in
+#    `orrery sweep --search` (ZeRO 0/1 layouts only), and is refused (exit 2, naming the key)
+#    on the cuda device: no silent uncompressed run;
 #  - grad_compression: none still runs.
 # Usage: compression_checks.sh ORRERY SOURCE_DIR
 set -u
@@ -63,8 +63,14 @@ for scheme in int8 powersgd topk; do
     fail "simulated $scheme trace's report does not name $coll"
   fi
   # shellcheck disable=SC2086
-  expect 2 "key 'parallel.grad_compression': '$scheme' is not searched by orrery sweep yet (orrery sim models it); use none" \
-    sweep $G --cluster scenarios/clusters/h100-8.yaml --gpus 2,4 --set parallel.grad_compression=$scheme
+  expect 0 "" sweep $G --cluster scenarios/clusters/h100-8.yaml --gpus 2,4 --search \
+    --set parallel.grad_compression=$scheme --csv "$TMP/sweep_$scheme.csv"
+  # The search never picks ZeRO 2/3 with compression (column 5 of the CSV: zero).
+  if [ -s "$TMP/sweep_$scheme.csv" ] && tail -n +2 "$TMP/sweep_$scheme.csv" | cut -d, -f5 | grep -qv '^[01]$'; then
+    fail "sweep --search with $scheme chose ZeRO 2/3"
+  else
+    echo "ok: sweep --search with $scheme: ZeRO 0/1 only"
+  fi
 done
 # Checkpoints would lose the error-feedback residuals: refused, naming the key.
 # shellcheck disable=SC2086
