@@ -13,6 +13,7 @@
 #include "orrery/common/format.hpp"
 #include "orrery/common/slurm.hpp"
 #include "orrery/profiler/compare.hpp"
+#include "orrery/profiler/compression_metrics.hpp"
 #include "orrery/profiler/metrics.hpp"
 #include "orrery/traces/meta_json.hpp"
 #include "orrery/traces/store.hpp"
@@ -35,6 +36,7 @@ struct ReportArgs {
 struct Loaded {
   traces::Trace trace;
   Metrics m;
+  profiler::CompressionMetrics comp;  // empty without gradient compression
   bool complete = true;  // false when the trace's writer never closed it (a run that died)
 };
 
@@ -47,6 +49,7 @@ Loaded load_and_compute(const std::string& path, const profiler::MetricsOptions&
   }
   l.trace.path = path;
   l.m = profiler::compute_metrics(l.trace, opt);
+  l.comp = profiler::compression_metrics(l.trace);
   if (!l.complete) {
     std::cerr << "orrery: warning: " << path
               << " is incomplete (its writer never closed it); the figures cover what it holds\n";
@@ -131,6 +134,27 @@ json breakdown_json(const TimeBreakdown& t) {
           {"comm_comp_ratio", t.comm_comp_ratio()}};
 }
 
+json compression_json(const profiler::CompressionMetrics& c) {
+  json colls = json::array();
+  for (const auto& cc : c.collectives) {
+    colls.push_back({{"name", cc.name},
+                     {"calls", cc.calls},
+                     {"wire_bytes", cc.wire_bytes},
+                     {"raw_bytes", cc.raw_bytes},
+                     {"saved_bytes", cc.saved_bytes()}});
+  }
+  return {{"collectives", std::move(colls)},
+          {"buckets", c.buckets},
+          {"raw_bytes", c.raw_bytes},
+          {"wire_bytes", c.wire_bytes},
+          {"saved_bytes", c.saved_bytes()},
+          {"ratio", c.ratio()},
+          {"compress_ns", c.compress_ns},
+          {"decompress_ns", c.decompress_ns},
+          {"ranks", c.ranks},
+          {"steps", c.steps}};
+}
+
 json report_json(const Loaded& l) {
   const Metrics& m = l.m;
   json j;
@@ -197,6 +221,7 @@ json report_json(const Loaded& l) {
                      {"busbw_gbps", c.busbw_gbps}});
   }
   j["collectives"] = std::move(colls);
+  if (!l.comp.empty()) j["compression"] = compression_json(l.comp);
   json restarts = json::array();
   for (const auto& r : restarts_of(l.trace.meta)) {
     restarts.push_back({{"attempt", r.attempt},
@@ -343,6 +368,35 @@ void print_report(const Loaded& l, std::ostream& os) {
   }
 }
 
+// Gradient compression: per compressed collective the bytes each rank put on the wire and, where
+// the collective alone carried its buckets (int8, top-k), the fp32 bytes of those buckets and the
+// saving; then all buckets together and the compression compute per rank and step.
+void print_compression(const profiler::CompressionMetrics& c, std::ostream& os) {
+  if (c.empty()) return;
+  os << "\nGradient compression (bytes each rank sent, summed over ranks and steps; fp32 = the "
+        "buckets' uncompressed all-reduce size)\n";
+  os << pad("collective", 24, false) << pad("calls", 8) << pad("wire", 12) << pad("fp32", 12)
+     << pad("saved", 12) << pad("ratio", 8) << "\n";
+  for (const auto& cc : c.collectives) {
+    const bool alone = cc.raw_bytes > 0;
+    os << pad(cc.name, 24, false) << pad(std::to_string(cc.calls), 8)
+       << pad(format_bytes(double(cc.wire_bytes)), 12)
+       << pad(alone ? format_bytes(double(cc.raw_bytes)) : "-", 12)
+       << pad(alone ? format_bytes(double(cc.saved_bytes())) : "-", 12)
+       << pad(alone && cc.wire_bytes > 0 ? fmt("%.2fx", double(cc.raw_bytes) / cc.wire_bytes) : "-",
+              8)
+       << "\n";
+  }
+  os << pad("all buckets (" + std::to_string(c.buckets) + ")", 24, false) << pad("", 8)
+     << pad(format_bytes(double(c.wire_bytes)), 12) << pad(format_bytes(double(c.raw_bytes)), 12)
+     << pad(format_bytes(double(c.saved_bytes())), 12) << pad(fmt("%.2fx", c.ratio()), 8) << "\n";
+  const double per = c.ranks > 0 && c.steps > 0 ? 1.0 / (double(c.ranks) * c.steps) : 0.0;
+  os << "compression compute per rank and compressed step: compress "
+     << format_duration_ns(double(c.compress_ns) * per) << ", decompress "
+     << format_duration_ns(double(c.decompress_ns) * per) << " (" << c.steps << " steps, "
+     << c.ranks << " ranks)\n";
+}
+
 // Mean over ranks of a breakdown field per counted step (per rank over the window without steps),
 // so traces with different step counts compare.
 double per_rank_step(const Metrics& m, int64_t TimeBreakdown::*field) {
@@ -417,6 +471,7 @@ int run_report(const ReportArgs& args) {
       std::cout << report_json(a).dump(2) << "\n";
     } else {
       print_report(a, std::cout);
+      print_compression(a.comp, std::cout);
     }
     return 0;
   }

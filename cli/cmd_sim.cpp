@@ -63,12 +63,8 @@ Command setup(CLI::App& root) {
 
   auto run = [a]() {
     const Scenario loaded = load_scenario(a->scenario, a->sets);
-    // Issue 18: the simulator does not model gradient compression yet; refused, not priced as none.
-    if (loaded.parallel.grad_compression != "none") {
-      throw InputError(a->scenario + ": key 'parallel.grad_compression': '" +
-                       loaded.parallel.grad_compression +
-                       "' is not modelled by the simulator yet; use none");
-    }
+    // Gradient compression (issue 18) is modelled by the workload (sim/src/workload.cpp): the
+    // compressed dp collectives' bytes and the compression compute.
     if (a->steps < 1) throw InputError("--steps must be >= 1");
     // Before anything is sized by the scenario (the default cluster has one GPU per rank): layers,
     // ranks, ops and the estimated memory against this machine's (sweep.hpp).

@@ -5,25 +5,19 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "orrery/model/compression.hpp"
+
 namespace orrery::runtime::compression {
 
-size_t int8_payload_bytes(size_t n, size_t chunk) {
-  return n + sizeof(float) * ((n + chunk - 1) / chunk);
-}
+// The closed forms are model/compression.hpp's (shared with the simulator).
+size_t int8_payload_bytes(size_t n, size_t chunk) { return model::int8_payload_bytes(n, chunk); }
 
-size_t topk_count(size_t n, double ratio) {
-  if (n == 0) return 0;
-  const double k = std::nearbyint(ratio * static_cast<double>(n));
-  return std::clamp<size_t>(k < 1 ? 1 : static_cast<size_t>(k), 1, n);
-}
+size_t topk_count(size_t n, double ratio) { return model::topk_count(n, ratio); }
 
-size_t topk_payload_bytes(size_t n, double ratio) {
-  return topk_count(n, ratio) * (sizeof(uint32_t) + sizeof(float));
-}
+size_t topk_payload_bytes(size_t n, double ratio) { return model::topk_payload_bytes(n, ratio); }
 
 size_t powersgd_payload_bytes(size_t rows, size_t cols, int rank) {
-  const size_t r = std::min<size_t>(static_cast<size_t>(rank), std::min(rows, cols));
-  return sizeof(float) * r * (rows + cols);
+  return model::powersgd_payload_bytes(rows, cols, rank);
 }
 
 void int8_compress(const float* g, float* residual, size_t n, size_t chunk, int8_t* codes,

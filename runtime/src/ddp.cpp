@@ -83,8 +83,18 @@ DataParallel::DataParallel(Gpt& model, Communicator& dp, const DdpOptions& opt)
     : DataParallel(make_ddp_buckets(model, opt.bucket_mb), model.config.n_layer, model.grads.data(),
                    model.params.data(), model.params.size(), &dp, opt) {}
 
+DataParallel::~DataParallel() = default;
+
+void DataParallel::enable_compression(const CompressionOptions& opt,
+                                      const std::vector<GradMatrix>& matrices,
+                                      profiler::Recorder* rec) {
+  if (opt.scheme == CompressionScheme::None || dp_ == nullptr || dp_->size() <= 1) return;
+  hook_ = std::make_unique<CompressionHook>(opt, buckets_, matrices, grads_, *dp_, rec);
+}
+
 void DataParallel::begin_backward(bool sync, int32_t step, int32_t micro_batch) {
   sync_ = sync && dp_ != nullptr && dp_->size() > 1;
+  compressing_ = sync_ && compresses(step);
   step_ = step;
   micro_batch_ = micro_batch;
   next_to_issue_ = 0;
@@ -118,6 +128,10 @@ void DataParallel::issue(DdpBucket& b) {
   label.step = step_;
   label.micro_batch = micro_batch_;
   label.layer = b.lowest_layer;
+  if (compressing_) {
+    hook_->issue(b, label);
+    return;
+  }
   handles_.push_back(
       dp_->all_reduce(grads_ + b.range.offset, b.range.count, DType::F32, ReduceOp::Avg, label));
 }
@@ -136,6 +150,8 @@ void DataParallel::finish_backward() {
   }
   for (auto& h : handles_) h.wait();
   handles_.clear();
+  if (compressing_) hook_->finish();
+  compressing_ = false;
   sync_ = false;
 }
 

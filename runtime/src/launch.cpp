@@ -396,12 +396,22 @@ void register_device_runner(Device device, DeviceRunner runner) {
 bool has_device_runner(Device device) { return device_runners().count(device) > 0; }
 
 void check_supported_on_device(const Scenario& s) {
-  // Issue 18 item 1: the keys parse and validate, but no training path compresses yet. Refused on
-  // every device rather than silently running uncompressed.
-  if (s.parallel.grad_compression != "none") {
+  // Issue 18 item 1: the compression hooks (ddp_compression.hpp) work on host memory, so the CPU
+  // device runs them; any other device is refused rather than silently run uncompressed.
+  if (s.parallel.grad_compression != "none" && s.runtime.device != "cpu") {
     throw InputError((s.path.empty() ? std::string("scenario") : s.path) +
                      ": key 'parallel.grad_compression': '" + s.parallel.grad_compression +
-                     "' is not implemented by the runtime yet (cpu or cuda); use none");
+                     "' is implemented on runtime.device cpu only, not " + s.runtime.device +
+                     "; use none or device cpu");
+  }
+  // Checkpoints hold parameters and AdamW moments, not the hooks' error-feedback residuals nor
+  // PowerSGD's Q: a resumed run would differ from the uninterrupted one, so not allowed yet.
+  if (s.parallel.grad_compression != "none" && s.checkpoint.every > 0) {
+    throw InputError(
+        (s.path.empty() ? std::string("scenario") : s.path) +
+        ": key 'checkpoint.every': checkpoints do not hold parallel.grad_compression's "
+        "error-feedback residuals yet, so a resumed run would differ from an "
+        "uninterrupted one; use checkpoint.every: 0 or grad_compression: none");
   }
   const auto it = device_runners().find(device_of(s.runtime));
   if (it == device_runners().end()) {

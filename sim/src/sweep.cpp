@@ -12,6 +12,7 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/common/host_memory.hpp"
+#include "orrery/model/compression.hpp"
 #include "orrery/profiler/metrics.hpp"
 #include "orrery/sim/calibrate.hpp"
 #include "orrery/sim/cost_model.hpp"
@@ -327,7 +328,15 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
   const int z = s.parallel.zero;
   double dp_total = 0;
   const double grads = double(params) * prec.grad_bytes;
-  if (z == 0)
+  const std::string& comp = s.parallel.grad_compression;
+  if (z <= 1 && (comp == "int8" || comp == "topk")) {
+    // The compressed buckets' all-gather (model/compression.hpp); PowerSGD's per-matrix bytes
+    // need the shapes: estimated as the fp32 all-reduce below (an upper bound), simulated exactly.
+    const size_t n = size_t(params);
+    const size_t payload = comp == "int8" ? model::int8_payload_bytes(n)
+                                          : model::topk_payload_bytes(n, s.compression.topk_ratio);
+    dp_total = coll(traces::CollOp::AllGather, dpg, int64_t(payload) * s.parallel.dp);
+  } else if (z == 0)
     dp_total = coll(traces::CollOp::AllReduce, dpg, int64_t(grads));
   else
     dp_total = coll(traces::CollOp::ReduceScatter, dpg, int64_t(grads)) * (z >= 2 ? m : 1.0);
@@ -383,6 +392,8 @@ std::vector<Candidate> search_candidates(const Scenario& s, const Cluster& c, in
         if ((gb / dp) % mb != 0) continue;
         for (int zero = 0; zero <= 3; ++zero) {
           if (zero > 0 && dp < 2) continue;
+          // Gradient compression replaces the dp all-reduce, which ZeRO 2/3 do not have.
+          if (zero >= 2 && s.parallel.grad_compression != "none") continue;
           Candidate cd;
           cd.s = s;
           cd.s.parallel.dp = dp, cd.s.parallel.tp = tp, cd.s.parallel.pp = pp,

@@ -12,6 +12,7 @@
 #include "orrery/common/pipeline_schedule.hpp"
 #include "orrery/model/block.hpp"
 #include "orrery/model/buckets.hpp"
+#include "orrery/model/compression.hpp"
 #include "orrery/model/flops.hpp"
 #include "orrery/model/zero_partition.hpp"
 
@@ -300,7 +301,21 @@ struct Bucket {
   int64_t params = 0;
   int ready = -1;          // backward position after which it can be reduced
   int lowest = INT32_MAX;  // lowest segment (the span's layer)
+  // PowerSGD (parallel.grad_compression): the (rows, cols) of the matrices it compresses, in the
+  // runtime's order (memory order: the bucket's segments last-ready first); the other entries.
+  std::vector<std::pair<int64_t, int64_t>> matrices;
+  int64_t plain = 0;
 };
+
+// Gradient compression on the dp group (runtime ddp_compression.hpp), from the scenario.
+enum class Compression { None, Int8, TopK, PowerSgd };
+Compression compression_of(const Scenario& s) {
+  const std::string& c = s.parallel.grad_compression;
+  if (c == "int8") return Compression::Int8;
+  if (c == "topk") return Compression::TopK;
+  if (c == "powersgd") return Compression::PowerSgd;
+  return Compression::None;
+}
 
 // Builds the program of one pipeline stage, step by step and pass by pass: the state of the
 // original single function (sequence numbers per communicator, the ops a pass waits for) is this
@@ -346,6 +361,7 @@ class StageBuilder {
         sp_(s.parallel.sequence_parallel && s.parallel.tp > 1),
         sp_coll_bytes_(int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model *
                        prec_.act_bytes),
+        compression_(compression_of(s)),
         prog_(prog),
         b_(prog, names) {
     prog_.stage = stage;
@@ -394,9 +410,14 @@ class StageBuilder {
   // Then the DDP buckets: the model's rule (model/buckets.hpp) on this ready order.
   void plan_segments_and_buckets() {
     seg_params_.assign(size_t(per_stage_) + 2, 0);
-    for (const auto& p : stage_parameters(s_, st_)) {
-      prog_.param_count += p.count;
-      seg_params_[slot(p.segment)] += p.count;
+    seg_mats_.assign(size_t(per_stage_) + 2, {});
+    for (const auto& p :
+         model::parameter_tensors(model::model_shape(s_), model::stage_contents(s_, st_))) {
+      prog_.param_count += p.count();
+      seg_params_[slot(p.segment)] += p.count();
+      if (compression_ == Compression::PowerSgd &&
+          model::powersgd_compresses(size_t(p.rows), size_t(p.cols), s_.compression.powersgd_rank))
+        seg_mats_[slot(p.segment)].emplace_back(p.rows, p.cols);
     }
     std::vector<Segment> ready_order;
     for (int k = chunks_ - 1; k >= 0; --k) {
@@ -419,6 +440,14 @@ class StageBuilder {
       bk.lowest = plan.lowest_segment;
       for (size_t i = plan.begin; i < plan.end; ++i)
         bk.ready = std::max(bk.ready, ready_order[i].position);
+      int64_t covered = 0;
+      for (size_t i = plan.end; i-- > plan.begin;) {
+        for (const auto& m : seg_mats_[slot(ready_order[i].id)]) {
+          bk.matrices.push_back(m);
+          covered += m.first * m.second;
+        }
+      }
+      bk.plain = bk.params - covered;
       buckets_.push_back(bk);
     }
     for (const auto& bk : buckets_) prog_.bucket_params.push_back(bk.params);
@@ -649,10 +678,97 @@ class StageBuilder {
   // the backward; the step's last backward (chunk 0's) issues what is left.
   void issue_bucket(int mb, uint32_t after) {
     const Bucket& bk = buckets_[next_bucket_++];
+    if (compressing()) {
+      if (compression_ == Compression::PowerSgd)
+        grad_ops_.push_back(powersgd_bucket(bk, mb, after));
+      else
+        gather_bucket(bk, mb, after);
+      return;
+    }
     grad_ops_.push_back(dp_coll(names::kDpAllReduce, traces::CollOp::AllReduce,
                                 bk.params * prec_.grad_bytes, PhaseKind::Backward, mb, bk.lowest,
                                 {after}));
   }
+  // --- Gradient compression (runtime ddp_compression.hpp): the same collectives, names and bytes
+  // (model/compression.hpp's closed forms) as the runtime's hooks. Their host compute is priced by
+  // the roofline of its passes over the bucket (elementwise, or GEMM for PowerSGD's products); not
+  // calibrated. The first "ddp.compress" of a bucket carries its fp32 bytes, as the runtime's.
+  bool compressing() const {
+    return compression_ != Compression::None && dp_ > 1 && step_ >= s_.compression.start_step;
+  }
+  Piece compression_piece(std::vector<Kernel> ks, int64_t span_bytes) const {
+    return Piece{0.0, double(span_bytes), cost_.op_ns(ks)};
+  }
+  // int8 / top-k: compress, then the all-gather of every rank's payload; decompressed after the
+  // backward (decompress_gathered), as the runtime's finish_backward.
+  void gather_bucket(const Bucket& bk, int mb, uint32_t after) {
+    const int64_t n = bk.params;
+    const bool int8 = compression_ == Compression::Int8;
+    // int8: read g and the residual, write the residual, codes and dequantised values; top-k: the
+    // same reads plus a selection pass over the magnitudes.
+    const double bytes = int8 ? 17.0 * double(n) : 24.0 * double(n);
+    const uint32_t c = b_.add(
+        compute(names::kDpCompress,
+                compression_piece({Kernel{OpClass::Elementwise, 4.0 * double(n), bytes}}, 4 * n),
+                PhaseKind::Backward, mb, bk.lowest),
+        {after});
+    const int64_t payload =
+        int64_t(int8 ? model::int8_payload_bytes(size_t(n))
+                     : model::topk_payload_bytes(size_t(n), s_.compression.topk_ratio));
+    const uint32_t g =
+        dp_coll(int8 ? names::kDpInt8AllGather : names::kDpTopkAllGather, traces::CollOp::AllGather,
+                payload * dp_, PhaseKind::Backward, mb, bk.lowest, {c});
+    gathers_.push_back({g, n, bk.lowest});
+  }
+  void decompress_gathered(int mb) {
+    for (const auto& [g, n, layer] : gathers_) {
+      const double gathered = double(n) * (compression_ == Compression::Int8 ? 1.0 : 0.0) * dp_;
+      const std::vector<Kernel> ks{
+          Kernel{OpClass::Elementwise, 2.0 * double(n) * dp_, gathered + 8.0 * double(n)}};
+      grad_ops_.push_back(b_.add(
+          compute(names::kDpDecompress, compression_piece(ks, 0), PhaseKind::Backward, mb, layer),
+          {g}));
+    }
+    gathers_.clear();
+  }
+  // PowerSGD: per matrix compress (P = M Q), all-reduce P, compress (orthonormalise, Q = Mᵀ P),
+  // all-reduce Q; then the last approximation and the plain entries, their all-reduce, and the copy
+  // back; every collective waited for (the runtime's hook blocks). Returns the bucket's last op.
+  uint32_t powersgd_bucket(const Bucket& bk, int mb, uint32_t after) {
+    const int rank = s_.compression.powersgd_rank;
+    uint32_t prev = after;
+    int64_t span_bytes = 4 * bk.params;
+    double approx_flops = 0, approx_bytes = 0;  // the previous matrix's P Qᵀ and residual
+    auto compress = [&](double flops, double bytes) {
+      const std::vector<Kernel> ks{Kernel{OpClass::Gemm, flops, bytes}};
+      prev = b_.add(compute(names::kDpCompress, compression_piece(ks, span_bytes),
+                            PhaseKind::Backward, mb, bk.lowest),
+                    {prev});
+      span_bytes = 0;
+    };
+    auto all_reduce = [&](std::string_view name, int64_t bytes) {
+      prev = dp_coll(name, traces::CollOp::AllReduce, bytes, PhaseKind::Backward, mb, bk.lowest,
+                     {prev});
+    };
+    for (const auto& [rows, cols] : bk.matrices) {
+      const double r = double(model::powersgd_effective_rank(size_t(rows), size_t(cols), rank));
+      const double mn = double(rows) * double(cols);
+      compress(approx_flops + 2.0 * mn * r, approx_bytes + 12.0 * mn);
+      all_reduce(names::kDpPowerSgdP, int64_t(4.0 * double(rows) * r));
+      compress(2.0 * mn * r + 2.0 * double(rows) * r * r, 4.0 * mn);
+      all_reduce(names::kDpPowerSgdQ, int64_t(4.0 * double(cols) * r));
+      approx_flops = 2.0 * mn * r;
+      approx_bytes = 12.0 * mn;
+    }
+    compress(approx_flops, approx_bytes + 16.0 * double(bk.plain));
+    if (bk.plain == 0) return prev;
+    all_reduce(names::kDpPowerSgdVectors, 4 * bk.plain);
+    const std::vector<Kernel> ks{Kernel{OpClass::Elementwise, 0.0, 8.0 * double(bk.plain)}};
+    return prev = b_.add(compute(names::kDpDecompress, compression_piece(ks, 0),
+                                 PhaseKind::Backward, mb, bk.lowest),
+                         {prev});
+  }
+
   // With overlap, a bucket goes out as soon as its last segment's gradient is ready.
   void issue_ready(bool ddp_sync, int mb, int position, uint32_t producer) {
     if (!(ddp_sync && par_.overlap)) return;
@@ -697,7 +813,9 @@ class StageBuilder {
     const bool embed = embed_chunk(pass), head = head_chunk(pass);
     const std::vector<uint32_t> wait = std::move(blocker_);
     blocker_.clear();
-    const bool ddp_sync = dp_ > 1 && par_.zero == 0 && mb == m_ - 1;
+    // ZeRO 1 with a compressed step: DDP's compressed reduction, then each rank's shard of it.
+    const bool ddp_sync =
+        dp_ > 1 && (par_.zero == 0 || (par_.zero == 1 && compressing())) && mb == m_ - 1;
     const bool step_last_backward = mb == m_ - 1 && pass.chunk == 0;
     uint32_t prev = kNone;
     if (head) {
@@ -727,8 +845,10 @@ class StageBuilder {
     last_backward_op_ = prev;
     // Without overlap: every bucket after the whole backward of this pass (interleaved: of the
     // step's last pass, chunk 0's backward of micro-batch m-1).
-    if (ddp_sync && step_last_backward)
+    if (ddp_sync && step_last_backward) {
       while (next_bucket_ < buckets_.size()) issue_bucket(mb, last_backward_op_);
+      decompress_gathered(mb);
+    }
     reduce_after_backward(pass, prev, l0);
   }
 
@@ -746,6 +866,16 @@ class StageBuilder {
       // reduce_gradients_zero: the replicated kv heads' sums, the tied wte's, then one
       // reduce-scatter of the whole array; all blocking.
       uint32_t after = prev;
+      if (par_.zero == 1 && compressing()) {
+        // The compressed average is complete: the sums after it, then the shard is a copy.
+        std::vector<uint32_t> deps = grad_ops_;
+        deps.push_back(prev);
+        if (kv_values_ > 0) deps = {kv_blocks(mb, deps)};
+        if (embed_sum_) deps = {embed_all_reduce(mb, deps)};
+        grad_ops_.insert(grad_ops_.end(), deps.begin(), deps.end());
+        blocker_ = deps;
+        return;
+      }
       if (kv_values_ > 0) after = kv_blocks(mb, {after});
       if (embed_sum_) after = embed_all_reduce(mb, {after});
       const uint32_t rs = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
@@ -803,10 +933,18 @@ class StageBuilder {
   const int64_t act_msg_bytes_;
   const bool sp_;                // sequence parallelism (tp > 1)
   const int64_t sp_coll_bytes_;  // its all-gathers and reduce-scatters: the whole (B,T,C)
+  const Compression compression_;
   StageProgram& prog_;
   ProgramBuilder b_;
   std::vector<int64_t> seg_params_;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> seg_mats_;  // PowerSGD's, by slot
   std::vector<Bucket> buckets_;
+  struct Gather {
+    uint32_t op;
+    int64_t params;
+    int layer;
+  };
+  std::vector<Gather> gathers_;  // int8 / top-k: this step's all-gathers, to decompress
   Piece zero_grad_piece_;
   // Sequence numbers per communicator role, over the whole run.
   int32_t seq_tp_ = 0, seq_dp_ = 0, seq_act_next_ = 0, seq_act_prev_ = 0, seq_grad_next_ = 0,

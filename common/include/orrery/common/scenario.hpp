@@ -76,8 +76,8 @@ struct ParallelConfig {
   // reduce-scatter plus an all-gather (model/block.hpp). Run and simulated.
   bool sequence_parallel = false;
   // Gradient compression on the dp group's gradient all-reduce (issue 18): none | int8 | powersgd |
-  // topk; options in CompressionConfig. Validated here (scheme, ranges, not with ZeRO 2/3); the
-  // runtime refuses any scheme but none until it implements them (cli/cmd_run.cpp).
+  // topk; options in CompressionConfig. Validated here (scheme, ranges, not with ZeRO 2/3); run on
+  // device cpu (runtime ddp_compression.hpp), refused on cuda and by sim / sweep.
   std::string grad_compression = "none";
 };
 

@@ -43,6 +43,16 @@ inline constexpr std::string_view kOptimizerStep = "adamw";
 inline constexpr std::string_view kDpAllReduce = "ddp.all_reduce";            // DDP bucket
 inline constexpr std::string_view kDpBroadcast = "ddp.broadcast_parameters";  // before step 0
 inline constexpr std::string_view kBarrier = "barrier";                       // before step 0
+// Gradient compression on the dp group (parallel.grad_compression, runtime ddp_compression.hpp):
+// the compressed collectives that replace "ddp.all_reduce" for a bucket, and the host compute
+// around them (Compute spans; "ddp.compress" carries the bucket's uncompressed bytes).
+inline constexpr std::string_view kDpInt8AllGather = "ddp.int8_all_gather";
+inline constexpr std::string_view kDpTopkAllGather = "ddp.topk_all_gather";
+inline constexpr std::string_view kDpPowerSgdP = "ddp.powersgd_p";
+inline constexpr std::string_view kDpPowerSgdQ = "ddp.powersgd_q";
+inline constexpr std::string_view kDpPowerSgdVectors = "ddp.powersgd_vectors";
+inline constexpr std::string_view kDpCompress = "ddp.compress";
+inline constexpr std::string_view kDpDecompress = "ddp.decompress";
 inline constexpr std::string_view kTpAllReduce = "tp.all_reduce";
 // Sequence parallelism (model/block.hpp): the tp all-reduces become a reduce-scatter onto the token
 // shards and an all-gather of each LayerNorm output; the replicated LayerNorm and bias gradients,

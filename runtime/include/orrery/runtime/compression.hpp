@@ -1,9 +1,9 @@
 // Gradient compression kernels for issue 18 item 1 (int8, top-k, PowerSGD), each with error
 // feedback: the error-fed gradient e = g + residual is split into what is sent and the new residual,
 // sent + residual == e. Host-side, single-buffer building blocks with the closed-form bytes each puts
-// on the wire; NOT yet wired into DDP (orrery run refuses parallel.grad_compression != none,
-// runtime/src/launch.cpp). The all-reduces PowerSGD needs are a callback, so the kernels are tested
-// in one process and a DDP hook can pass its dp-group all-reduce (mean).
+// on the wire. DDP calls them through its communication hook (ddp_compression.hpp). The all-reduces
+// PowerSGD needs are a callback, so the kernels are tested in one process and the DDP hook passes
+// its dp-group all-reduce (mean).
 #pragma once
 
 #include <cstddef>

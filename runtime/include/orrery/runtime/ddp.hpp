@@ -15,14 +15,21 @@
 // Trace: each bucket's all-reduce is a Collective span named "ddp.all_reduce" on the comm stream,
 // with step, micro_batch, layer = the lowest layer in the bucket (-1 for the embedding), and the
 // bucket's bytes; buckets go out in index order 0, 1, ... every step.
+//
+// Gradient compression (parallel.grad_compression, ddp_compression.hpp): enable_compression()
+// installs a CompressionHook; from compression.start_step on, a bucket's all-reduce is the hook's
+// collectives instead (int8 / top-k all-gathers started as the bucket completes and decompressed in
+// finish_backward; PowerSGD's all-reduces run when the bucket completes). Host arrays only.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "orrery/runtime/comm.hpp"
+#include "orrery/runtime/ddp_compression.hpp"
 #include "orrery/runtime/model.hpp"
 
 namespace orrery::runtime {
@@ -53,6 +60,16 @@ class DataParallel {
                std::size_t n_params, Communicator* dp, const DdpOptions& opt);
   // A CPU model's buckets (make_ddp_buckets) over its own arrays.
   DataParallel(Gpt& model, Communicator& dp, const DdpOptions& opt);
+  ~DataParallel();
+
+  // Compresses the buckets' reduction from opt.start_step on (a no-op for scheme none or a dp
+  // group of one). `matrices`: the gradients PowerSGD may compress (grad_matrices). `grads` must be
+  // host memory. `rec` may be null.
+  void enable_compression(const CompressionOptions& opt, const std::vector<GradMatrix>& matrices,
+                          profiler::Recorder* rec);
+  // The hook (null without compression) and whether step `step`'s reduction is compressed.
+  const CompressionHook* compression() const { return hook_.get(); }
+  bool compresses(int32_t step) const { return hook_ != nullptr && hook_->active(step); }
 
   const std::vector<DdpBucket>& buckets() const { return buckets_; }
   const DdpOptions& options() const { return opt_; }
@@ -73,7 +90,8 @@ class DataParallel {
   void broadcast_parameters();
 
   // Bytes of communication buffers DDP holds beyond the gradients (0: buckets are views).
-  size_t comm_buffer_bytes() const { return 0; }
+  // (0 uncompressed: buckets are views; with compression the hook's residuals and wire buffers).
+  size_t comm_buffer_bytes() const { return hook_ ? hook_->buffer_bytes() : 0; }
 
  private:
   void issue(DdpBucket& b);
@@ -87,6 +105,8 @@ class DataParallel {
   std::vector<int> bucket_of_segment_;  // index segment + 1 (the embedding is -1)
   std::vector<int> pending_;            // segments still to come, per bucket
   std::vector<Handle> handles_;
+  std::unique_ptr<CompressionHook> hook_;
+  bool compressing_ = false;  // this backward pass's reduction goes through hook_
   int next_to_issue_ = 0;  // buckets go out in index order, so every rank issues the same sequence
   bool sync_ = false;
   int32_t step_ = -1;

@@ -29,6 +29,13 @@
 //     Phase "optimizer"
 //       Optimizer "adamw"
 //
+// With parallel.grad_compression (ddp_compression.hpp), from compression.start_step on, each
+// bucket's "ddp.all_reduce" is replaced by the scheme's collectives ("ddp.int8_all_gather",
+// "ddp.topk_all_gather", or "ddp.powersgd_p" / "ddp.powersgd_q" per matrix and
+// "ddp.powersgd_vectors"), with Compute spans "ddp.compress" on the compute stream after the
+// bucket's last segment and "ddp.decompress" (int8 / top-k: after "bwd.embed"); under ZeRO 1 they
+// replace the step's "zero.reduce_scatter".
+//
 // Compute spans carry the model FLOPs of model/flops.hpp, step, micro-batch and layer. Before step 0 the
 // comm stream holds "ddp.broadcast_parameters" (broadcast) and "barrier". Counters, sampled at
 // the end of every step (bytes): mem.parameters, mem.gradients, mem.optimizer (AdamW moments),

@@ -151,6 +151,21 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   ddp_ =
       std::make_unique<DataParallel>(std::move(buckets), cfg.n_layer, model_->grads.data(),
                                      model_->params.data(), model_->params.size(), dev_.dp, dopt);
+  if (s_.parallel.grad_compression != "none") {
+    // The compression hooks work on host memory (launch.cpp refuses other devices first).
+    if constexpr (!B::kHostMemory) {
+      throw InputError(loop_detail::origin_of(s_) + ": key 'parallel.grad_compression': '" +
+                       s_.parallel.grad_compression +
+                       "' is implemented on runtime.device cpu only");
+    } else {
+      CompressionOptions c;
+      c.scheme = compression_scheme_of(s_.parallel.grad_compression);
+      c.powersgd_rank = s_.compression.powersgd_rank;
+      c.topk_ratio = s_.compression.topk_ratio;
+      c.start_step = s_.compression.start_step;
+      ddp_->enable_compression(c, grad_matrices(layout_of(*model_)), rec_);
+    }
+  }
   source_ = make_token_source(s_.data.source, s_.data.path, cfg.vocab, s_.training.seed);
   loader_ = std::make_unique<DataLoader>(*source_, s_.model.seq, s_.training.micro_batch, L.dp_rank,
                                          L.dp, s_.training.seed);
@@ -432,7 +447,9 @@ void TrainingLoop<B>::backward_pass(int mb, const GptHooks& hooks, float loss_sc
   if (z3_) {
     z3_backward(acts, mb, hooks, loss_scale);
   } else {
-    ddp_->begin_backward(!zero12() && last_mb, step, mb);
+    // ZeRO 1 with a compressed step: DDP's compressed reduction of the whole gradient, then each
+    // rank keeps its shard of the average (reduce_gradients_zero) instead of a reduce-scatter.
+    ddp_->begin_backward((!zero12() || ddp_->compresses(step)) && last_mb, step, mb);
     pieces::backward(backend_.kernels(), *model_, acts, *scratch_, loss_scale, hooks);
     ddp_->finish_backward();
   }
@@ -498,6 +515,12 @@ template <class B>
 void TrainingLoop<B>::reduce_gradients_zero(int mb) {
   kv_grad_all_reduce_blocks(mb);
   embed_all_reduce();
+  if (ddp_->compresses(step_)) {
+    // ZeRO 1, compressed: the gradients are averaged already (same order as without ZeRO: DDP,
+    // then the kv and wte sums); this rank's shard of them, as the reduce-scatter would give.
+    backend_.copy(zero_grads_.data(), model_->grads.data() + zero_.begin(), zero_.shard);
+    return;
+  }
   const GptShard& sh = layout_of(*model_).shard;
   float* out = s_.parallel.zero == 2 ? zero_recv_.data() : zero_grads_.data();
   dev_.dp
