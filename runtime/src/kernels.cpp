@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "orrery/runtime/gelu.hpp"
+
 namespace orrery::runtime {
 namespace {
 
@@ -45,9 +47,6 @@ inline float exp_approx(float x) {
 }
 
 inline float tanh_approx(float u) { return 1.0f - 2.0f / (1.0f + exp_approx(2.0f * u)); }
-
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluCubic = 0.044715f;
 
 // OpenBLAS (pthread build) must not start its own threads inside our parallel loops; while one is
 // active every sgemm runs on the calling thread.
@@ -559,8 +558,7 @@ void gelu_forward(float* out, const float* inp, std::size_t N) {
   parallel_rows(static_cast<std::ptrdiff_t>(N), N, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
     for (std::ptrdiff_t i = i0; i < i1; ++i) {
       const float x = inp[i];
-      const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-      out[i] = 0.5f * x * (1.0f + tanh_approx(u));
+      out[i] = gelu::value(x, tanh_approx(gelu::tanh_arg(x)));
     }
   });
 }
@@ -569,12 +567,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t
   parallel_rows(static_cast<std::ptrdiff_t>(N), N, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
     for (std::ptrdiff_t i = i0; i < i1; ++i) {
       const float x = inp[i];
-      const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-      const float th = tanh_approx(u);
-      const float sech2 = 1.0f - th * th;
-      const float grad =
-          0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-      dinp[i] += grad * dout[i];
+      dinp[i] += gelu::derivative(x, tanh_approx(gelu::tanh_arg(x))) * dout[i];
     }
   });
 }

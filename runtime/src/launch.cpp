@@ -398,7 +398,7 @@ bool has_device_runner(Device device) { return device_runners().count(device) > 
 void check_supported_on_device(const Scenario& s) {
   // Issue 18 item 1: the compression hooks (ddp_compression.hpp) work on host memory, so the CPU
   // device runs them; any other device is refused rather than silently run uncompressed.
-  if (s.parallel.grad_compression != "none" && s.runtime.device != "cpu") {
+  if (s.parallel.grad_compression != "none" && device_of(s.runtime) != orrery::Device::Cpu) {
     throw InputError((s.path.empty() ? std::string("scenario") : s.path) +
                      ": key 'parallel.grad_compression': '" + s.parallel.grad_compression +
                      "' is implemented on runtime.device cpu only, not " + s.runtime.device +

@@ -14,6 +14,7 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/runtime/cuda/kernels.hpp"
+#include "orrery/runtime/gelu.hpp"
 
 namespace orrery::runtime::cuda {
 namespace {
@@ -429,15 +430,11 @@ __global__ void causal_softmax_backward_kernel(float* datt, const float* att, st
   for (int j = t + 1 + lane; j < T; j += 32) d[j] = 0.0f;
 }
 
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluCubic = 0.044715f;
-
 __global__ void gelu_forward_kernel(float* out, const float* inp, std::size_t n) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const float x = inp[i];
-    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    out[i] = 0.5f * x * (1.0f + tanhf(u));
+    out[i] = gelu::value(x, tanhf(gelu::tanh_arg(x)));
   }
 }
 
@@ -446,12 +443,7 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const float x = inp[i];
-    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    const float th = tanhf(u);
-    const float sech2 = 1.0f - th * th;
-    const float grad =
-        0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    dinp[i] += grad * dout[i];
+    dinp[i] += gelu::derivative(x, tanhf(gelu::tanh_arg(x))) * dout[i];
   }
 }
 
