@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "orrery/common/error.hpp"
+#include "orrery/model/names.hpp"
 #include "orrery/profiler/flight_recorder.hpp"
 #include "orrery/profiler/range_hooks.hpp"
 #include "orrery/profiler/recorder.hpp"
@@ -679,7 +680,6 @@ class NcclCommunicator final : public Communicator {
   void set_recorder(profiler::Recorder* rec) override {
     engine_->set_recorder(rec);
     if (rec) {
-      rec->add_stream(kNcclStream, "nccl");
       rec->add_communicator(info_);
     }
   }
@@ -712,7 +712,9 @@ class NcclCommunicator final : public Communicator {
     profiler::Recorder* rec = engine_->recorder();
     if (rec && rec->enabled()) {
       o->record = true;
-      o->span = comm_op_span(*rec, kNcclStream, op, label, bytes, info_.id, peer_global, seq);
+      const int32_t stream = comm_stream_of(info_.kind, op);
+      rec->ensure_stream(stream, model::names::stream_name(stream));
+      o->span = comm_op_span(*rec, stream, op, label, bytes, info_.id, peer_global, seq);
     }
     // The operation's identity for the tracer's NCCL kernel span (range_hooks.hpp). Not on one
     // rank: NCCL launches no kernel for an in-place operation there, so this span counts it.

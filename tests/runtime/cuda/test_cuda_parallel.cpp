@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "mpi_env.hpp"
+#include "orrery/model/names.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/cuda/gpu_run.hpp"
 #include "orrery/runtime/cuda/trainer.hpp"
@@ -76,7 +77,7 @@ Scenario tiny(int dp, int tp, int zero, int pp = 1, const char* schedule = "1f1b
   s.parallel.zero = zero;
   s.parallel.pp = pp;
   s.parallel.schedule = schedule;  // pp2 (dp1): 4 micro-batches per step
-  s.parallel.bucket_mb = 0.01;  // several DDP buckets
+  s.parallel.bucket_mb = 0.01;     // several DDP buckets
   s.runtime.threads = 1;
   s.runtime.device = "cuda";
   return s;
@@ -160,7 +161,8 @@ void expect_losses_near(const std::vector<float>& got, const std::vector<float>&
 // parameters moved (the comparison is not between two untouched arrays).
 void expect_matches_ddp(const GpuRun& z, const GpuRun& ddp, const std::string& what) {
   ASSERT_EQ(z.initial.size(), ddp.initial.size()) << what;
-  EXPECT_EQ(std::memcmp(z.initial.data(), ddp.initial.data(), ddp.initial.size() * sizeof(float)), 0)
+  EXPECT_EQ(std::memcmp(z.initial.data(), ddp.initial.data(), ddp.initial.size() * sizeof(float)),
+            0)
       << what;
   expect_losses_near(z.losses, ddp.losses, 1e-5, what.c_str());
   ASSERT_EQ(z.final_params.size(), ddp.final_params.size()) << what;
@@ -231,7 +233,8 @@ TEST(GpuZero, Zero3EndsWithTheDdpParameters) {
   EXPECT_EQ(z.memory.gradients, shard) << what;
   EXPECT_EQ(z.memory.optimizer, 2 * shard) << what;
   EXPECT_EQ(z.memory.comm_buffers, 2 * (2 * block) + 2 * ends + shard) << what;
-  EXPECT_LT(z.memory.parameters, 0.6 * static_cast<double>(ddp.initial.size() * sizeof(float))) << what;
+  EXPECT_LT(z.memory.parameters, 0.6 * static_cast<double>(ddp.initial.size() * sizeof(float)))
+      << what;
 }
 
 TEST(GpuZero, Zero3LossesMatchTheCpuTrainer) {
@@ -379,10 +382,15 @@ TEST(GpuPipeline, Pp2LossesMatchTheCpuTrainer) {
 }
 
 // (kind, name, layer, step, micro_batch) of rank 0's op spans on the compute stream and collective
-// spans on the comm stream (the staged communicator's host MPI operations, as the CPU run's), in
+// spans on the communication streams (the staged communicator's host MPI operations, as the CPU run's), in
 // time order per stream; set-up and report collectives (step -1) and the CUPTI tracer's kernel
 // spans (on their own CUDA streams) left out.
 using SpanKey = std::tuple<int, std::string, int, int, int>;
+// A group's communication stream (model/names.hpp: comm.dp, comm.tp, comm.pp.send, comm.pp.recv),
+// not compute nor CUPTI's CUDA streams.
+bool is_comm_stream(int32_t stream) {
+  return stream >= model::names::kStreamDp && stream < model::names::kStreamCount;
+}
 std::vector<SpanKey> step_spans(const std::string& path) {
   const traces::Trace t = traces::load_trace(path);
   std::vector<SpanKey> compute, coll;
@@ -391,7 +399,7 @@ std::vector<SpanKey> step_spans(const std::string& path) {
     if (sp.kind == traces::SpanKind::Compute && sp.stream == profiler::kComputeStream) {
       compute.emplace_back(static_cast<int>(sp.kind), t.name_of(sp), sp.layer, sp.step,
                            sp.micro_batch);
-    } else if (sp.kind == traces::SpanKind::Collective && sp.stream == profiler::kCommStream) {
+    } else if (sp.kind == traces::SpanKind::Collective && is_comm_stream(sp.stream)) {
       coll.emplace_back(static_cast<int>(sp.kind), t.name_of(sp), sp.layer, sp.step,
                         sp.micro_batch);
     }
@@ -472,9 +480,9 @@ std::vector<SpanKey> rank_spans(const traces::Trace& t, int rank) {
     const SpanKey k{static_cast<int>(sp.kind), t.name_of(sp), sp.layer, sp.step, sp.micro_batch};
     if (sp.kind == traces::SpanKind::Compute && sp.stream == profiler::kComputeStream) {
       compute.push_back(k);
-    } else if (sp.kind == traces::SpanKind::P2P && sp.stream == profiler::kCommStream) {
+    } else if (sp.kind == traces::SpanKind::P2P && is_comm_stream(sp.stream)) {
       p2p.push_back(k);
-    } else if (sp.kind == traces::SpanKind::Collective && sp.stream == profiler::kCommStream) {
+    } else if (sp.kind == traces::SpanKind::Collective && is_comm_stream(sp.stream)) {
       coll.push_back(k);
     }
   }

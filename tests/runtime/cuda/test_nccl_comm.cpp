@@ -3,7 +3,7 @@
 //  - exact results of all-reduce (sum, avg, max), all-gather, reduce-scatter, broadcast;
 //  - ordering against the compute stream: a kernel that writes the input late (it spins first) is
 //    issued before the operation, and the operation must see its values;
-//  - spans on the "nccl" trace stream with op, bytes, comm id and sequence numbers, timed inside the
+//  - spans on their group's trace stream (the world's: comm.dp) with op, bytes, comm id and sequence numbers, timed inside the
 //    host interval that issued and completed them (the CUDA-event -> steady-clock mapping);
 //  - split (color -1: not a member);
 //  - without a device: both factories throw with the reason, at once (no hang).
@@ -17,6 +17,7 @@
 
 #include "comm_test_kernels.hpp"
 #include "orrery/common/error.hpp"
+#include "orrery/model/names.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/comm.hpp"
 #include "orrery/runtime/cuda/device.hpp"
@@ -126,7 +127,7 @@ TEST(NcclComm, SpansOnTheNcclStreamInsideTheHostInterval) {
   ASSERT_EQ(t.spans.size(), 2u);
   std::sort(t.spans.begin(), t.spans.end(), [](auto& x, auto& y) { return x.seq < y.seq; });
   const auto& ar = t.spans[0];
-  EXPECT_EQ(ar.stream, kNcclStream);
+  EXPECT_EQ(ar.stream, model::names::kStreamDp);  // the world's operations, as on the CPU
   EXPECT_EQ(ar.kind, traces::SpanKind::Collective);
   EXPECT_EQ(ar.op, traces::CollOp::AllReduce);
   EXPECT_EQ(t.name_of(ar), "grads");
@@ -153,7 +154,8 @@ TEST(NcclComm, SpansOnTheNcclStreamInsideTheHostInterval) {
   }
   EXPECT_LE(ar.end_ns, bc.start_ns + 2'000);
   bool named = false;
-  for (const auto& st : t.streams) named |= st.stream == kNcclStream && st.name == "nccl";
+  for (const auto& st : t.streams)
+    named |= st.stream == model::names::kStreamDp && st.name == "comm.dp";
   EXPECT_TRUE(named);
 }
 

@@ -16,8 +16,10 @@ namespace orrery::runtime::cuda {
 // rank. `world` is the host communicator (MPI or local): it carries the run's own host-side
 // operations (output path, loss and step-time reports, barriers) and bootstraps the device
 // communicators of the dp, tp, pp and embedding groups (NCCL or staged, CudaRunOptions::comm).
-// Trace: RankInfo.device "cuda:<index> <name>", streams compute (0, GPU event times), comm (1, host
-// MPI), nccl (2, when NCCL is used); meta extra_json adds device, precision and comm_backend;
+// Trace: RankInfo.device "cuda:<index> <name>", streams compute (0, GPU event times) and each
+// group's communication stream as the CPU runtime and the simulator name them (model/names.hpp:
+// comm.dp, comm.tp, comm.pp.send, comm.pp.recv; NCCL's GPU event times or the staged host MPI's);
+// meta extra_json adds device, precision and comm_backend;
 // peak_flops_per_rank is set for A100 (cc 8.0) and H100/H200 (cc 9.0) in the run's precision.
 RankRunResult run_rank_cuda(const Scenario& s, Communicator& world, const RankRunOptions& opt,
                             const CudaRunOptions& copt = {});

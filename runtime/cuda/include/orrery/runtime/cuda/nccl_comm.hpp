@@ -8,8 +8,9 @@
 //    done() queries that event; synchronize() blocks the host until everything issued is done.
 //    A wait that would hang (NCCL: the operation not complete after WorldOptions::watchdog_s) is
 //    ended by a watchdog that aborts the NCCL communicator (ncclCommAbort) and throws.
-//  - Spans: Collective/P2P spans on trace stream kNcclStream ("nccl"; the staged communicator uses
-//    the MPI communicator's own "comm" spans), with the MPI communicator's attributes (op, bytes,
+//  - Spans: Collective/P2P spans on their group's trace stream, as the CPU runtime and the
+//    simulator name them (comm_stream_of: comm.dp, comm.tp, comm.pp.send, comm.pp.recv; the staged
+//    communicator's are the MPI communicator's own), with the MPI communicator's attributes (op, bytes,
 //    comm id, peer, seq, label); times come from CUDA events, mapped onto the recorder's steady
 //    clock when the events are resolved (off the hot path: at the next operation, synchronize(),
 //    or destruction). Flight-recorder entries as the MPI communicator's. Under the CUPTI tracer
@@ -27,9 +28,6 @@
 #include "orrery/runtime/comm.hpp"
 
 namespace orrery::runtime::cuda {
-
-// Trace stream id of the NCCL communicator's operations (named "nccl").
-inline constexpr int32_t kNcclStream = 2;
 
 // An NCCL communicator over the ranks of `bootstrap` (usually the MPI world): rank 0 creates the
 // ncclUniqueId and broadcasts it over `bootstrap` in host memory; every rank then calls
