@@ -26,12 +26,25 @@ using profiler::Metrics;
 using profiler::TimeBreakdown;
 
 struct ReportArgs {
+  ReportArgs() { opt.skip_steps = -1; }  // -1: the trace's own warm-up (warmup_steps below)
   std::string trace;
   std::string compare;
   bool json = false;
   profiler::MetricsOptions opt;
   double peak_tflops = 0;
 };
+
+// The warm-up steps the producer of a trace left out of its own figures (meta extra_json
+// "warmup_steps": `orrery run`'s training.warmup_steps, `orrery sim`'s first step when it simulates
+// more than one), 0 when it does not say: the report's default, so `orrery report` of a run or a
+// simulation counts the steps the run's or the simulation's own summary counted.
+int warmup_steps_of(const traces::RunMeta& meta) {
+  const json extra = json::parse(meta.extra_json.empty() ? "{}" : meta.extra_json, nullptr, false);
+  if (!extra.is_object() || !extra.contains("warmup_steps") ||
+      !extra["warmup_steps"].is_number_integer())
+    return 0;
+  return std::max(0, extra["warmup_steps"].get<int>());
+}
 
 struct Loaded {
   traces::Trace trace;
@@ -48,7 +61,9 @@ Loaded load_and_compute(const std::string& path, const profiler::MetricsOptions&
     l.trace = reader.load_all();
   }
   l.trace.path = path;
-  l.m = profiler::compute_metrics(l.trace, opt);
+  profiler::MetricsOptions o = opt;
+  if (o.skip_steps < 0) o.skip_steps = warmup_steps_of(l.trace.meta);
+  l.m = profiler::compute_metrics(l.trace, o);
   l.comp = profiler::compression_metrics(l.trace);
   if (!l.complete) {
     std::cerr << "orrery: warning: " << path
@@ -155,6 +170,17 @@ json compression_json(const profiler::CompressionMetrics& c) {
           {"steps", c.steps}};
 }
 
+// The mean step account over ranks and counted steps (profiler::account_step: what `orrery sim`
+// prints as its breakdown, so a simulated trace's report shows the same figures).
+profiler::StepAccount mean_step_account(const Metrics& m) {
+  profiler::StepAccount sum;
+  for (const auto& r : m.ranks) sum += r.counted;
+  const int64_t n = int64_t(m.ranks.size()) * m.counted_steps;
+  if (n <= 0) return {};
+  return {sum.window_ns / n,     sum.compute_ns / n, sum.exposed_tp_ns / n,
+          sum.exposed_dp_ns / n, sum.p2p_ns / n,     sum.rest_ns / n};
+}
+
 json report_json(const Loaded& l) {
   const Metrics& m = l.m;
   json j;
@@ -182,6 +208,13 @@ json report_json(const Loaded& l) {
                   {"bubble_pct", m.bubble_pct},
                   {"stragglers", m.stragglers},
                   {"total", breakdown_json(m.total)}};
+  const profiler::StepAccount sa = mean_step_account(m);
+  j["summary"]["step_breakdown_ns"] = {{"window", sa.window_ns},
+                                       {"compute", sa.compute_ns},
+                                       {"exposed_tp_comm", sa.exposed_tp_ns},
+                                       {"exposed_dp_comm", sa.exposed_dp_ns},
+                                       {"p2p_in_rest", sa.p2p_ns},
+                                       {m.pipeline ? "bubble" : "idle", sa.rest_ns}};
   json ranks = json::array();
   for (const auto& r : m.ranks) {
     json jr = breakdown_json(r.total);
@@ -292,6 +325,14 @@ void print_report(const Loaded& l, std::ostream& os) {
   }
   os << "  pipeline bubble   "
      << (m.pipeline ? fmt("%.2f", m.bubble_pct) + " %" : std::string("n/a (pp = 1)")) << "\n";
+  if (const profiler::StepAccount sa = mean_step_account(m); sa.window_ns > 0) {
+    auto pct = [&](int64_t v) { return fmt("%.1f %%", 100.0 * double(v) / double(sa.window_ns)); };
+    os << "  step breakdown    compute " << pct(sa.compute_ns) << ", exposed tp "
+       << pct(sa.exposed_tp_ns) << ", exposed dp " << pct(sa.exposed_dp_ns) << ", "
+       << (m.pipeline ? "bubble " : "idle ") << pct(sa.rest_ns);
+    if (m.pipeline) os << " (of it p2p " << pct(sa.p2p_ns) << ")";
+    os << " of " << format_duration_ns(double(sa.window_ns)) << " (mean per rank and step)\n";
+  }
   os << "  stragglers        ";
   if (m.stragglers.empty()) {
     os << "none";
@@ -477,6 +518,8 @@ int run_report(const ReportArgs& args) {
   }
   const Loaded b = load_and_compute(args.compare, opt);
   const auto rows = compare_rows(a.m, b.m);
+  const int compare_skip =
+      args.opt.skip_steps >= 0 ? args.opt.skip_steps : warmup_steps_of(a.trace.meta);
   if (args.json) {
     json j;
     j["a"] = report_json(a);
@@ -486,7 +529,7 @@ int run_report(const ReportArgs& args) {
       d[r.name] = {{"a", r.a}, {"b", r.b}, {"diff_pct", diff_pct(r.a, r.b)}};
     j["compare"] = std::move(d);
     j["span_compare"] =
-        span_compare_json(profiler::compare_spans(a.trace, b.trace, {args.opt.skip_steps}));
+        span_compare_json(profiler::compare_spans(a.trace, b.trace, {compare_skip}));
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -504,7 +547,7 @@ int run_report(const ReportArgs& args) {
   // Span by span (profiler/compare.hpp): error per op class and per op name.
   std::cout << "\n"
             << profiler::format_comparison(
-                   profiler::compare_spans(a.trace, b.trace, {args.opt.skip_steps}));
+                   profiler::compare_spans(a.trace, b.trace, {compare_skip}));
   return 0;
 }
 
@@ -514,8 +557,9 @@ Command setup(CLI::App& root) {
       "report", "Metrics of a trace: per-rank compute/comm/overlap, steps, collectives");
   app->add_option("TRACE", args->trace, "Trace file")->required();
   app->add_flag("--json", args->json, "Print one JSON object");
-  app->add_option("--skip-steps", args->opt.skip_steps, "Warm-up steps left out of step statistics")
-      ->capture_default_str();
+  app->add_option("--skip-steps", args->opt.skip_steps,
+                  "Warm-up steps left out of step statistics (default: the trace's own, as its "
+                  "run or simulation counted them; 0 when it does not say)");
   app->add_option("--peak-tflops", args->peak_tflops,
                   "Peak TFLOP/s per rank for MFU (overrides the trace's)");
   app->add_option("--compare", args->compare, "A second trace to compare against");

@@ -346,6 +346,8 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
     nlohmann::json extra = trainer.meta_fields();
     extra["ddp_buckets"] = trainer.buckets().size();
     extra["params"] = result.params;
+    // The steps the run's own summary leaves out (cli/cmd_run.cpp), the report's default.
+    extra["warmup_steps"] = std::max(0, std::min(s.training.warmup_steps, s.training.steps - 1));
     // An elastic job's attempts so far (this one last), as the launcher told them.
     const auto attempts = attempts_from_env();
     if (!attempts.empty()) extra["attempts"] = nlohmann::json::parse(attempts_to_json(attempts));

@@ -511,11 +511,12 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
   t.meta.tokens_per_step = w.tokens_per_step;
   t.meta.model_flops_per_step = w.model_flops_per_step;
   t.meta.peak_flops_per_rank = peak_flops_per_rank;
-  t.meta.extra_json = nlohmann::json{
-      {"cluster", cluster.name},
-      {"simulated_ranks", r.ranks.size()},
-      {"precision", w.precision.name},
-      {"steps", w.steps}}.dump();
+  t.meta.extra_json = nlohmann::json{{"cluster", cluster.name},
+                                     {"simulated_ranks", r.ranks.size()},
+                                     {"precision", w.precision.name},
+                                     {"steps", w.steps},
+                                     {"warmup_steps", w.steps > 1 ? 1 : 0}}
+                          .dump();  // as simulate() counts them
 
   // Communicators of the simulated ranks, ids in order of first use (deterministic).
   std::unordered_map<uint64_t, int32_t> comm_ids;

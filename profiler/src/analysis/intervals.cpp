@@ -43,27 +43,6 @@ int64_t intersection_length(const std::vector<Interval>& a, const std::vector<In
   return sum;
 }
 
-namespace {
-
-// The part of merged list m inside [a, b).
-std::vector<Interval> clip(const std::vector<Interval>& m, int64_t a, int64_t b) {
-  std::vector<Interval> out;
-  auto it = std::upper_bound(m.begin(), m.end(), a,
-                             [](int64_t x, const Interval& v) { return x < v.end_ns; });
-  for (; it != m.end() && it->start_ns < b; ++it) {
-    const Interval x{std::max(it->start_ns, a), std::min(it->end_ns, b)};
-    if (x.end_ns > x.start_ns) out.push_back(x);
-  }
-  return out;
-}
-
-std::vector<Interval> unite(std::vector<Interval> a, const std::vector<Interval>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return merge_intervals(std::move(a));
-}
-
-}  // namespace
-
 StepAccount& StepAccount::operator+=(const StepAccount& o) {
   window_ns += o.window_ns;
   compute_ns += o.compute_ns;
@@ -77,16 +56,41 @@ StepAccount& StepAccount::operator+=(const StepAccount& o) {
 StepAccount account_step(const StepIntervals& merged, int64_t ws, int64_t we) {
   StepAccount a;
   if (we <= ws) return a;
-  const auto C = clip(merged.compute, ws, we), TP = clip(merged.tp, ws, we),
-             DP = clip(merged.dp, ws, we), PP = clip(merged.p2p, ws, we);
-  const auto C_TP = unite(C, TP);
-  const auto busy = unite(C_TP, DP);
   a.window_ns = we - ws;
-  a.compute_ns = total_length(C);
-  a.exposed_tp_ns = total_length(TP) - intersection_length(TP, C);
-  a.exposed_dp_ns = total_length(DP) - intersection_length(DP, C_TP);
-  a.p2p_ns = total_length(PP) - intersection_length(PP, busy);
-  a.rest_ns = a.window_ns - total_length(busy);
+  // One sweep over the window's boundaries of the four merged lists, no allocation: between two
+  // boundaries each list either covers the time or not.
+  const std::vector<Interval>* lists[4] = {&merged.compute, &merged.tp, &merged.dp, &merged.p2p};
+  size_t at[4];
+  for (int k = 0; k < 4; ++k) {
+    const auto& v = *lists[k];
+    at[k] = size_t(std::upper_bound(v.begin(), v.end(), ws,
+                                    [](int64_t x, const Interval& iv) { return x < iv.end_ns; }) -
+                   v.begin());
+  }
+  int64_t t = ws;
+  while (t < we) {
+    bool in[4];
+    int64_t next = we;
+    for (int k = 0; k < 4; ++k) {
+      const auto& v = *lists[k];
+      in[k] = at[k] < v.size() && v[at[k]].start_ns <= t;
+      if (at[k] < v.size()) next = std::min(next, in[k] ? v[at[k]].end_ns : v[at[k]].start_ns);
+    }
+    const int64_t len = next - t;
+    if (in[0]) {
+      a.compute_ns += len;
+    } else if (in[1]) {
+      a.exposed_tp_ns += len;
+    } else if (in[2]) {
+      a.exposed_dp_ns += len;
+    } else {
+      a.rest_ns += len;
+      if (in[3]) a.p2p_ns += len;
+    }
+    t = next;
+    for (int k = 0; k < 4; ++k)
+      while (at[k] < lists[k]->size() && (*lists[k])[at[k]].end_ns <= t) ++at[k];
+  }
   return a;
 }
 

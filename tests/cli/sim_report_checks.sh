@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One bubble definition from the command line: `orrery sim --out sim.db` and `orrery report sim.db`
+# (no options) give the same step time and the same breakdown (profiler::account_step), for a
+# pipeline with tp and for a pp = 1 layout; the report's default warm-up is the simulation's own
+# (its first step of three), and --skip-steps still overrides it.
+# Usage: sim_report_checks.sh ORRERY SOURCE_DIR
+set -u
+ORRERY=$1
+SRC=$2
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+for layout in "2 2 2" "2 2 1" "1 1 4"; do
+  read -r dp tp pp <<< "$layout"
+  name="dp$dp-tp$tp-pp$pp"
+  if ! "$ORRERY" sim "$SRC/scenarios/gpt-tiny.yaml" --set parallel.dp=$dp --set parallel.tp=$tp \
+      --set parallel.pp=$pp --set training.global_batch=8 --set training.micro_batch=1 \
+      --steps 3 --all-ranks --json --out "$TMP/$name.db" > "$TMP/$name.sim.json" 2> "$TMP/$name.err"; then
+    fail "$name: orrery sim exited non-zero: $(tail -3 "$TMP/$name.err")"; continue
+  fi
+  if ! "$ORRERY" report "$TMP/$name.db" --json > "$TMP/$name.report.json" 2>> "$TMP/$name.err"; then
+    fail "$name: orrery report exited non-zero: $(tail -3 "$TMP/$name.err")"; continue
+  fi
+  if ! "$ORRERY" report "$TMP/$name.db" --json --skip-steps 0 > "$TMP/$name.all.json" 2>> "$TMP/$name.err"; then
+    fail "$name: orrery report --skip-steps 0 exited non-zero"; continue
+  fi
+  if python3 - "$TMP/$name.sim.json" "$TMP/$name.report.json" "$TMP/$name.all.json" "$pp" <<'PY'
+import json, sys
+sim = json.load(open(sys.argv[1]))
+rep = json.load(open(sys.argv[2]))["summary"]
+allsteps = json.load(open(sys.argv[3]))["summary"]
+pp = int(sys.argv[4])
+b = sim["breakdown_ns"]
+sb = rep["step_breakdown_ns"]
+def near(x, y, what):
+    assert abs(x - y) <= max(2.0, 1e-6 * abs(y)), f"{what}: report {x} vs sim {y}"
+assert rep["counted_steps"] == 2 and allsteps["counted_steps"] == 3, (rep["counted_steps"], allsteps["counted_steps"])
+near(rep["step_mean_ns"], sim["step_time_ns"], "step time")
+near(sb["window"], b["window"], "window")
+near(sb["compute"], b["compute"], "compute")
+near(sb["exposed_tp_comm"], b["exposed_tp_comm"], "exposed tp")
+near(sb["exposed_dp_comm"], b["exposed_dp_comm"], "exposed dp")
+near(sb["p2p_in_rest"], b["exposed_pp_comm"], "p2p")
+if pp > 1:
+    near(sb["bubble"], b["bubble"], "bubble")
+    assert b["bubble"] > 0 and b["idle"] == 0
+    near(rep["bubble_pct"], 100.0 * b["bubble"] / b["window"], "bubble %")
+else:
+    near(sb["idle"], b["idle"], "idle")
+    assert b["bubble"] == 0
+PY
+  then
+    echo "ok: $name: orrery report of the simulated trace gives the simulator's step time and breakdown"
+  else
+    fail "$name: report and sim disagree"
+  fi
+done
+
+if [ "$failures" -ne 0 ]; then echo "$failures check(s) failed"; exit 1; fi
+echo "all sim/report checks passed"
