@@ -1683,6 +1683,9 @@ void TraceReader::for_each_span_run(const SpanRunVisitor& visit) const {
   const auto n_strings = static_cast<NameId>(strings().size());
   sqlite3* db = open_readonly(path_);
   DbCloser closer{db};
+  // Each block is read once: plain reads into SQLite's bounded page cache, not a mapping of the
+  // whole file (whose touched pages would count as this process's memory).
+  sqlite3_exec(db, "PRAGMA mmap_size=0", nullptr, nullptr, nullptr);
   const std::vector<IndexedBlock> rows = indexed_blocks(db, path_);
   const std::string sql = std::string("SELECT id, rank, stream, count, ") +
                           crc_column(checksums()) + ", packed FROM blocks WHERE id=?1";

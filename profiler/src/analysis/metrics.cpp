@@ -70,6 +70,12 @@ struct RunList {
     runs.clear();
   }
   void push(int64_t a, int64_t b) {
+    // Touching or overlapping the last interval (the common case of a stream's back-to-back
+    // spans): coalesced at once, so a rank's lists stay small. Merging gives the same union.
+    if (!v.empty() && a >= v.back().start_ns && a <= v.back().end_ns) {
+      v.back().end_ns = std::max(v.back().end_ns, b);
+      return;
+    }
     if (v.empty() || a < v.back().start_ns) runs.push_back(v.size());
     v.push_back({a, b});
   }
@@ -154,11 +160,6 @@ struct StepExtent {
     start_ns = std::min(start_ns, a);
     end_ns = std::max(end_ns, b);
   }
-};
-
-struct FlopSpan {
-  int64_t start_ns, end_ns;
-  double flops;
 };
 
 struct CollKey {
@@ -436,7 +437,6 @@ struct RankResult {
 struct Worker {
   CollMap coll;
   RunList comp, comm, tp, dp, p2p, mem;
-  std::vector<FlopSpan> flop_spans;
   Merged mc, mk, mm, mck, mtmp, mall, mtp, mdp, mpp;
 };
 
@@ -463,6 +463,7 @@ struct RankCollector {
   int32_t rank;
   Worker& w;
   int64_t lo = INT64_MAX, hi = INT64_MIN;
+  double window_flops = 0, counted_flops = 0;
   CollKey last_key{CollOp::None, INT32_MIN};
   CollAcc* last_acc = nullptr;
 
@@ -473,7 +474,6 @@ struct RankCollector {
     w.dp.clear();
     w.p2p.clear();
     w.mem.clear();
-    w.flop_spans.clear();
   }
 
   void add_collective(const Span& s) {
@@ -497,6 +497,19 @@ struct RankCollector {
     }
   }
 
+  // A compute span's FLOPs (pro-rated to its clipped part [a, b)), and the part of them inside
+  // the counted steps (pro-rated again), summed span by span.
+  void add_flops(int64_t a, int64_t b, double flops) {
+    window_flops += flops;
+    const Merged& counted = in.steps.counted_union;
+    if (counted.iv.empty()) return;
+    if (b > a) {
+      counted_flops += flops * double(counted.clipped(a, b)) / double(b - a);
+    } else if (counted.clipped(a, a + 1) > 0) {
+      counted_flops += flops;
+    }
+  }
+
   // An in-window span of the rank.
   void add(const Span& s) {
     const int64_t a = std::max(s.start_ns, in.ws), b = std::min(s.end_ns, in.we);
@@ -506,8 +519,7 @@ struct RankCollector {
       w.comp.push(a, b);
       if (s.flops != 0) {
         const int64_t len = s.end_ns - s.start_ns;
-        const double kept = len > 0 ? s.flops * double(b - a) / double(len) : s.flops;
-        w.flop_spans.push_back({a, b, kept});
+        add_flops(a, b, len > 0 ? s.flops * double(b - a) / double(len) : s.flops);
       }
     } else if (is_comm(s.kind)) {
       w.comm.push(a, b);
@@ -526,12 +538,16 @@ struct RankCollector {
 };
 
 // The rank's figures from the lists a RankCollector filled.
-RankResult finish_rank(const RankInput& in, int32_t rank, Worker& w, int64_t lo, int64_t hi) {
+RankResult finish_rank(const RankCollector& c) {
+  const RankInput& in = c.in;
+  Worker& w = c.w;
   RankResult res;
   RankMetrics& rm = res.rm;
-  rm.rank = rank;
-  res.lo = lo;
-  res.hi = hi;
+  rm.rank = c.rank;
+  res.lo = c.lo;
+  res.hi = c.hi;
+  res.window_flops = c.window_flops;
+  res.counted_flops = c.counted_flops;
   w.comp.merge_into(w.mc);
   w.comm.merge_into(w.mk);
   w.mem.merge_into(w.mm);
@@ -551,24 +567,13 @@ RankResult finish_rank(const RankInput& in, int32_t rank, Worker& w, int64_t lo,
     rm.counted_step_ns += st.duration_ns();
   }
   if (in.pipeline) rm.bubble_ns = rm.counted.rest_ns;
-  const Merged& counted = in.steps.counted_union;
-  for (const FlopSpan& f : w.flop_spans) {
-    res.window_flops += f.flops;
-    if (counted.iv.empty()) continue;
-    if (f.end_ns > f.start_ns) {
-      res.counted_flops +=
-          f.flops * double(counted.clipped(f.start_ns, f.end_ns)) / double(f.end_ns - f.start_ns);
-    } else if (counted.clipped(f.start_ns, f.start_ns + 1) > 0) {
-      res.counted_flops += f.flops;
-    }
-  }
   return res;
 }
 
 RankResult process_rank(const RankInput& in, int32_t rank, Worker& w) {
   RankCollector c(in, rank, w);
   for_rank_spans(in, rank, [&](const Span& s) { c.add(s); });
-  return finish_rank(in, rank, w, c.lo, c.hi);
+  return finish_rank(c);
 }
 
 // Adds a worker's accumulators into the sum (each rank is processed by one worker only).
@@ -982,7 +987,7 @@ RankRun stream_ranks(const traces::TraceReader& reader, const RankInput& in, con
   size_t cur_index = 0;
   const auto finish = [&] {
     if (!cur) return;
-    run.ranks[cur_index] = finish_rank(in, cur->rank, w, cur->lo, cur->hi);
+    run.ranks[cur_index] = finish_rank(*cur);
     done[cur_index] = 1;
     cur.reset();
   };
@@ -1010,7 +1015,7 @@ RankRun stream_ranks(const traces::TraceReader& reader, const RankInput& in, con
   for (size_t ri = 0; ri < ix.ids.size(); ++ri) {
     if (done[ri]) continue;
     RankCollector empty(in, ix.ids[ri], w);
-    run.ranks[ri] = finish_rank(in, ix.ids[ri], w, empty.lo, empty.hi);
+    run.ranks[ri] = finish_rank(empty);
   }
   merge_collectives(run.coll, w.coll);
   return run;
