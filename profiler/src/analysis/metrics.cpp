@@ -214,6 +214,7 @@ struct SpanScan {
   int32_t max_rank = -1;
   bool rank_sorted = true;
   int64_t span_count = 0;                   // spans overlapping the window
+  int64_t grouped_count = 0;                // collectives with seq >= 0 starting in the window
   std::vector<int64_t> window_count;        // in-window spans per rank id
   std::vector<size_t> first_idx, last_idx;  // per rank id: its spans lie in [first, last)
   std::unordered_map<int32_t, StepExtent> step_ext;
@@ -298,6 +299,8 @@ class ScanBuilder {
       }
       cached_ext_->add(s.start_ns, s.end_ns);
     }
+    if (s.kind == SpanKind::Collective && s.seq >= 0 && s.start_ns >= ws_ && s.start_ns < we_)
+      ++sc_.grouped_count;
     if (in_window(s, ws_, we_)) {
       ++sc_.window_count[size_t(s.rank)];
       ++sc_.span_count;
@@ -938,34 +941,41 @@ struct CollRecord {
 static_assert(sizeof(CollRecord) == 24);
 
 // collective_lateness on the records (taken in trace order): the same grouping by (comm, seq),
-// members in trace order (so in rank order), arrivals by start.
-Lateness lateness_from_records(std::vector<CollRecord>& recs, size_t n_ranks,
+// members in trace order (so in rank order), arrivals by start. Sorted through 4-byte indices,
+// the index itself breaking ties (a stable order without a stable sort's buffer of records).
+Lateness lateness_from_records(const std::vector<CollRecord>& recs, size_t n_ranks,
                                int64_t threshold_ns) {
   Lateness out;
   out.late_sum.assign(n_ranks, 0);
   out.checked.assign(n_ranks, 0);
   out.late.assign(n_ranks, 0);
-  std::stable_sort(recs.begin(), recs.end(), [](const CollRecord& a, const CollRecord& b) {
-    return a.comm != b.comm ? a.comm < b.comm : a.seq < b.seq;
+  if (recs.size() > UINT32_MAX) throw InternalError("more than 2^32 collective spans");
+  std::vector<uint32_t> idx(recs.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = uint32_t(i);
+  std::sort(idx.begin(), idx.end(), [&recs](uint32_t a, uint32_t b) {
+    const CollRecord &x = recs[a], &y = recs[b];
+    return std::tie(x.comm, x.seq, a) < std::tie(y.comm, y.seq, b);
   });
-  std::vector<const CollRecord*> arrivals;
-  for (size_t i = 0; i < recs.size();) {
+  std::vector<uint32_t> arrivals;
+  for (size_t i = 0; i < idx.size();) {
+    const CollRecord& first = recs[idx[i]];
     size_t j = i + 1;
-    while (j < recs.size() && recs[j].comm == recs[i].comm && recs[j].seq == recs[i].seq) ++j;
-    arrivals.clear();
-    for (size_t k = i; k < j; ++k) arrivals.push_back(&recs[k]);
-    std::stable_sort(arrivals.begin(), arrivals.end(),
-                     [](const auto* a, const auto* b) { return a->start_ns < b->start_ns; });
-    ++out.ops[CollKey{arrivals.front()->op(), recs[i].comm}];
+    while (j < idx.size() && recs[idx[j]].comm == first.comm && recs[idx[j]].seq == first.seq) ++j;
+    arrivals.assign(idx.begin() + long(i), idx.begin() + long(j));
+    std::stable_sort(arrivals.begin(), arrivals.end(), [&recs](uint32_t a, uint32_t b) {
+      return recs[a].start_ns < recs[b].start_ns;
+    });
+    ++out.ops[CollKey{recs[arrivals.front()].op(), first.comm}];
     const size_t n = arrivals.size();
     i = j;
     if (n < 2) continue;
-    const double median =
-        n % 2 ? double(arrivals[n / 2]->start_ns)
-              : 0.5 * (double(arrivals[n / 2 - 1]->start_ns) + double(arrivals[n / 2]->start_ns));
-    for (const CollRecord* r : arrivals) {
-      const size_t ri = r->rank_index();
-      const double late = double(r->start_ns) - median;
+    const double median = n % 2 ? double(recs[arrivals[n / 2]].start_ns)
+                                : 0.5 * (double(recs[arrivals[n / 2 - 1]].start_ns) +
+                                         double(recs[arrivals[n / 2]].start_ns));
+    for (uint32_t k : arrivals) {
+      const CollRecord& r = recs[k];
+      const size_t ri = r.rank_index();
+      const double late = double(r.start_ns) - median;
       out.late_sum[ri] += late;
       ++out.checked[ri];
       if (late > double(threshold_ns)) ++out.late[ri];
@@ -994,6 +1004,12 @@ RankRun stream_ranks(const traces::TraceReader& reader, const RankInput& in, con
   reader.for_each_span_run([&](std::span<const Span> spans) {
     if (also) also(spans);
     for (const Span& s : spans) {
+      // A file still being written can grow between the passes: a rank the first did not see
+      // (or spans with a damaged rank) cannot be placed.
+      if (s.rank < 0 || size_t(s.rank) >= ix.dense.size() ||
+          (in_window(s, in.ws, in.we) && ix.dense[size_t(s.rank)] < 0))
+        throw InputError(reader.path() + ": trace changed while read (rank " +
+                         std::to_string(s.rank) + " new in the second pass)");
       if (s.kind == SpanKind::Collective && s.seq >= 0 && s.start_ns >= in.ws &&
           s.start_ns < in.we) {
         const int32_t ri = ix.dense[size_t(s.rank)];
@@ -1057,6 +1073,7 @@ Metrics compute_metrics_streamed(const traces::TraceReader& reader, const traces
   const RankOrder no_order;
   const RankInput in{no_spans, scan, no_order, p.steps, m.pipeline, ws, we, p.tp_comm};
   std::vector<CollRecord> records;
+  records.reserve(size_t(scan.grouped_count));  // exact: no growth slack on huge traces
   RankRun run = stream_ranks(reader, in, p.ix, records, also);
   const Lateness lateness =
       lateness_from_records(records, p.ix.ids.size(), opt.straggler_threshold_ns);
