@@ -229,6 +229,32 @@ TEST(MetricsStreamed, HandMadeTraceGivesIdenticalMetrics) {
   remove_trace(path);
 }
 
+// A window holding none of an undeclared rank's spans: the rank is left out on both paths.
+TEST(MetricsStreamed, WindowWithoutARankLeavesItOutOnBothPaths) {
+  testing::Builder b(2);
+  b.t.ranks.pop_back();  // rank 1 is not declared
+  for (int step = 0; step < 4; ++step) {
+    const int64_t t0 = step * 10'000;
+    b.add(0, 0, SpanKind::Compute, "fwd", t0, t0 + 5'000, step).flops = 1e6;
+    Span& ar = b.add(0, 1, SpanKind::Collective, "ar", t0 + 5'000, t0 + 6'000, step);
+    ar.op = CollOp::AllReduce;
+    ar.comm = 0;
+    ar.seq = step;
+  }
+  b.add(1, 0, SpanKind::Compute, "late", 50'000, 55'000, 5);
+  const std::string path = temp_trace("window_rank");
+  traces::write_trace(b.t, path);
+  const traces::Trace t = traces::load_trace(path);
+  MetricsOptions opt;
+  opt.window_start_ns = 0;
+  opt.window_end_ns = 40'000;
+  const Metrics in_memory = compute_metrics(t, opt);
+  ASSERT_EQ(in_memory.ranks.size(), 1u);
+  expect_metrics_eq(in_memory, streamed(path, opt));
+  expect_same_metrics(path);
+  remove_trace(path);
+}
+
 // A writer flushing small batches, with long spans recorded when they end (so a stream's spans
 // arrive out of start order across blocks): the runs are load_all()'s spans in its order.
 TEST(MetricsStreamed, OutOfOrderStreamsAreVisitedInLoadOrder) {
