@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -47,24 +48,37 @@ int warmup_steps_of(const traces::RunMeta& meta) {
 }
 
 struct Loaded {
-  traces::Trace trace;
+  traces::Trace trace;  // without --compare only the header (no spans): the report streams them
   Metrics m;
   profiler::CompressionMetrics comp;  // empty without gradient compression
   bool complete = true;  // false when the trace's writer never closed it (a run that died)
 };
 
-Loaded load_and_compute(const std::string& path, const profiler::MetricsOptions& opt) {
+// `streamed`: the metrics and the compression figures from two streaming passes over the span
+// blocks (memory bounded by ranks and collectives, not spans); otherwise the whole trace is
+// loaded (--compare needs the spans of both traces).
+Loaded load_and_compute(const std::string& path, const profiler::MetricsOptions& opt,
+                        bool streamed) {
   Loaded l;
   {
     traces::TraceReader reader(path);
     l.complete = reader.complete();
-    l.trace = reader.load_all();
+    l.trace = streamed ? reader.load_header() : reader.load_all();
+    l.trace.path = path;
+    profiler::MetricsOptions o = opt;
+    if (o.skip_steps < 0) o.skip_steps = warmup_steps_of(l.trace.meta);
+    if (streamed) {
+      profiler::CompressionAccumulator comp(l.trace);
+      l.m = profiler::compute_metrics_streamed(reader, l.trace, o,
+                                               [&comp](std::span<const traces::Span> spans) {
+                                                 for (const auto& s : spans) comp.add(s);
+                                               });
+      l.comp = comp.result();
+    } else {
+      l.m = profiler::compute_metrics(l.trace, o);
+      l.comp = profiler::compression_metrics(l.trace);
+    }
   }
-  l.trace.path = path;
-  profiler::MetricsOptions o = opt;
-  if (o.skip_steps < 0) o.skip_steps = warmup_steps_of(l.trace.meta);
-  l.m = profiler::compute_metrics(l.trace, o);
-  l.comp = profiler::compression_metrics(l.trace);
   if (!l.complete) {
     std::cerr << "orrery: warning: " << path
               << " is incomplete (its writer never closed it); the figures cover what it holds\n";
@@ -506,7 +520,8 @@ int run_report(const ReportArgs& args) {
   if (args.peak_tflops < 0) throw InputError("--peak-tflops: expected a value >= 0");
   profiler::MetricsOptions opt = args.opt;
   opt.peak_flops_per_rank = args.peak_tflops * 1e12;
-  const Loaded a = load_and_compute(args.trace, opt);
+  const bool streamed = args.compare.empty();
+  const Loaded a = load_and_compute(args.trace, opt, streamed);
   if (args.compare.empty()) {
     if (args.json) {
       std::cout << report_json(a).dump(2) << "\n";
@@ -516,7 +531,7 @@ int run_report(const ReportArgs& args) {
     }
     return 0;
   }
-  const Loaded b = load_and_compute(args.compare, opt);
+  const Loaded b = load_and_compute(args.compare, opt, false);
   const auto rows = compare_rows(a.m, b.m);
   const int compare_skip =
       args.opt.skip_steps >= 0 ? args.opt.skip_steps : warmup_steps_of(a.trace.meta);

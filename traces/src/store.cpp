@@ -1552,6 +1552,169 @@ Trace TraceReader::load_all(unsigned threads) const {
 Trace load_trace(const std::string& path) { return TraceReader(path).load_all(); }
 
 // ---------------------------------------------------------------------------------------------
+// Streaming
+
+namespace {
+
+// One row of the block index, as the streaming reader visits them.
+struct IndexedBlock {
+  int64_t id = 0;
+  int32_t rank = 0, stream = 0;
+  size_t count = 0;
+  int64_t min_start_ns = 0;  // INT64_MIN when the index does not say
+};
+
+// The block index in visiting order: streams by (rank, stream), a stream's blocks by id (arrival
+// order), with load_all()'s checks on the index itself.
+std::vector<IndexedBlock> indexed_blocks(sqlite3* db, const std::string& path) {
+  std::vector<IndexedBlock> rows;
+  Stmt st = rprep(db, path, "SELECT id, rank, stream, count, min_start_ns FROM blocks");
+  size_t total = 0;
+  while (rstep(db, path, st)) {
+    const auto n = sqlite3_column_int64(st.get(), 3);
+    if (n < 0) throw InputError(path + ": corrupt trace (negative block count)");
+    if (sqlite3_column_type(st.get(), 0) != SQLITE_INTEGER) {
+      throw InputError(path + ": corrupt trace (a span block's id is not an integer)");
+    }
+    IndexedBlock b;
+    b.id = sqlite3_column_int64(st.get(), 0);
+    b.rank = static_cast<int32_t>(sqlite3_column_int64(st.get(), 1));
+    b.stream = static_cast<int32_t>(sqlite3_column_int64(st.get(), 2));
+    b.count = static_cast<size_t>(n);
+    b.min_start_ns = sqlite3_column_type(st.get(), 4) == SQLITE_INTEGER
+                         ? sqlite3_column_int64(st.get(), 4)
+                         : std::numeric_limits<int64_t>::min();
+    total += b.count;
+    rows.push_back(b);
+  }
+  check_span_total(path, total);
+  std::sort(rows.begin(), rows.end(), [](const IndexedBlock& a, const IndexedBlock& b) {
+    return std::tie(a.rank, a.stream, a.id) < std::tie(b.rank, b.stream, b.id);
+  });
+  std::vector<int64_t> ids(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) ids[i] = rows[i].id;
+  std::sort(ids.begin(), ids.end());
+  for (size_t i = 1; i < ids.size(); ++i) {
+    if (ids[i] == ids[i - 1]) {
+      throw InputError(path + ": corrupt trace (span block id " + std::to_string(ids[i]) +
+                       " listed twice)");
+    }
+  }
+  return rows;
+}
+
+// Reads, checks and decodes one listed block into `out`: its checksum, its key and count against
+// the index, its bytes, its name ids, and that no span starts before the index's first start (the
+// streaming order relies on it).
+void read_indexed_block(sqlite3* db, const std::string& path, bool checksums, Stmt& st,
+                        const IndexedBlock& b, NameId n_strings, std::vector<Span>& out) {
+  sqlite3_reset(st.get());
+  sqlite3_bind_int64(st.get(), 1, b.id);
+  if (!rstep(db, path, st)) {
+    throw InputError(path + ": corrupt trace (span block " + std::to_string(b.id) + " (rank " +
+                     std::to_string(b.rank) + ", stream " + std::to_string(b.stream) +
+                     ") is listed by the block index but missing)");
+  }
+  const PackedRow r = packed_row(st.get());
+  std::string problem = row_problem(st.get(), r, checksums, kMinSpanBytes);
+  if (problem.empty() && (r.key0 != b.rank || r.key1 != b.stream)) {
+    problem = "the block index lists it under rank " + std::to_string(b.rank) + ", stream " +
+              std::to_string(b.stream);
+  }
+  if (problem.empty() && static_cast<size_t>(r.count) != b.count) {
+    problem = "count " + std::to_string(r.count) + ", the index said " + std::to_string(b.count);
+  }
+  if (problem.empty()) {
+    out.resize(b.count);
+    if (!detail::decode_block(r.data, r.size, b.rank, b.stream, out.size(), out.data()))
+      problem = "its bytes do not decode";
+  }
+  for (size_t i = 0; problem.empty() && i < out.size(); ++i) {
+    if (out[i].start_ns < b.min_start_ns) {
+      problem = "a span starts at " + std::to_string(out[i].start_ns) +
+                " ns, before the block index's first start " + std::to_string(b.min_start_ns);
+    } else if (out[i].name >= n_strings) {
+      problem = "span name id " + std::to_string(out[i].name) + " outside the string table of " +
+                std::to_string(n_strings);
+    }
+  }
+  if (!problem.empty()) corrupt_block(path, span_block_label(r), problem);
+}
+
+// Appends a block to a stream's pending spans, keeping them sorted by start with equal starts in
+// arrival order (the order load_all() gives).
+void append_in_order(std::vector<Span>& pending, const std::vector<Span>& block) {
+  const auto by_start = [](const Span& a, const Span& b) { return a.start_ns < b.start_ns; };
+  const size_t mid = pending.size();
+  const bool sorted = std::is_sorted(block.begin(), block.end(), by_start);
+  pending.insert(pending.end(), block.begin(), block.end());
+  if (sorted && (mid == 0 || block.empty() || pending[mid - 1].start_ns <= block.front().start_ns))
+    return;
+  if (sorted) {
+    std::inplace_merge(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(mid),
+                       pending.end(), by_start);
+  } else {
+    std::stable_sort(pending.begin(), pending.end(), by_start);
+  }
+}
+
+}  // namespace
+
+Trace TraceReader::load_header() const {
+  Trace t;
+  t.path = path_;
+  t.meta = meta();
+  t.ranks = ranks();
+  t.streams = streams();
+  t.comms = communicators();
+  t.counters = counters();
+  t.strings = strings();
+  const auto n_strings = static_cast<NameId>(t.strings.size());
+  for (const auto& c : t.counters) {
+    if (c.name >= n_strings) {
+      throw InputError(path_ + ": corrupt trace (counter name id " + std::to_string(c.name) +
+                       " outside the string table of " + std::to_string(n_strings) + ")");
+    }
+  }
+  return t;
+}
+
+void TraceReader::for_each_span_run(const SpanRunVisitor& visit) const {
+  const auto n_strings = static_cast<NameId>(strings().size());
+  sqlite3* db = open_readonly(path_);
+  DbCloser closer{db};
+  // Each block is read once: plain reads into SQLite's bounded page cache, not a mapping of the
+  // whole file (whose touched pages would count as this process's memory).
+  sqlite3_exec(db, "PRAGMA mmap_size=0", nullptr, nullptr, nullptr);
+  const std::vector<IndexedBlock> rows = indexed_blocks(db, path_);
+  const std::string sql = std::string("SELECT id, rank, stream, count, ") +
+                          crc_column(checksums()) + ", packed FROM blocks WHERE id=?1";
+  Stmt st = rprep(db, path_, sql.c_str());
+  std::vector<Span> block, pending;
+  std::vector<int64_t> later;  // later[k]: earliest first start of the stream's blocks from k on
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i;
+    while (j < rows.size() && rows[j].rank == rows[i].rank && rows[j].stream == rows[i].stream) ++j;
+    later.assign(j - i + 1, std::numeric_limits<int64_t>::max());
+    for (size_t k = j; k-- > i;) later[k - i] = std::min(later[k - i + 1], rows[k].min_start_ns);
+    pending.clear();
+    for (size_t k = i; k < j; ++k) {
+      read_indexed_block(db, path_, checksums(), st, rows[k], n_strings, block);
+      append_in_order(pending, block);
+      // Spans starting at or before every later block's first start are final: a later span
+      // with an equal start comes after them (arrival order).
+      const int64_t bound = later[k - i + 1];
+      const auto cut = std::upper_bound(pending.begin(), pending.end(), bound,
+                                        [](int64_t t, const Span& s) { return t < s.start_ns; });
+      const auto n = static_cast<size_t>(cut - pending.begin());
+      if (n > 0) visit(std::span<const Span>(pending.data(), n));
+      pending.erase(pending.begin(), cut);
+    }
+    i = j;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Verification
 
 namespace {

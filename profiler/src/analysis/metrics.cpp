@@ -12,6 +12,7 @@
 #include <exception>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -21,6 +22,7 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/traces/collective_instances.hpp"
+#include "orrery/traces/store.hpp"
 
 namespace orrery::profiler {
 namespace {
@@ -68,6 +70,12 @@ struct RunList {
     runs.clear();
   }
   void push(int64_t a, int64_t b) {
+    // Touching or overlapping the last interval (the common case of a stream's back-to-back
+    // spans): coalesced at once, so a rank's lists stay small. Merging gives the same union.
+    if (!v.empty() && a >= v.back().start_ns && a <= v.back().end_ns) {
+      v.back().end_ns = std::max(v.back().end_ns, b);
+      return;
+    }
     if (v.empty() || a < v.back().start_ns) runs.push_back(v.size());
     v.push_back({a, b});
   }
@@ -154,11 +162,6 @@ struct StepExtent {
   }
 };
 
-struct FlopSpan {
-  int64_t start_ns, end_ns;
-  double flops;
-};
-
 struct CollKey {
   CollOp op;
   int32_t comm;
@@ -211,6 +214,7 @@ struct SpanScan {
   int32_t max_rank = -1;
   bool rank_sorted = true;
   int64_t span_count = 0;                   // spans overlapping the window
+  int64_t grouped_count = 0;                // collectives with seq >= 0 starting in the window
   std::vector<int64_t> window_count;        // in-window spans per rank id
   std::vector<size_t> first_idx, last_idx;  // per rank id: its spans lie in [first, last)
   std::unordered_map<int32_t, StepExtent> step_ext;
@@ -255,52 +259,76 @@ void check_span(const traces::Trace& t, const Span& s) {
   }
 }
 
-SpanScan scan_spans(const traces::Trace& t, int64_t ws, int64_t we) {
-  const auto& spans = t.spans;
-  SpanScan sc;
-  const traces::NameId step_name = t.strings.find("step");
-  const bool phase_steps = has_step_phases(t, step_name);
-  for (const auto& r : t.ranks) {
-    if (r.rank >= kMaxRank)
-      throw InputError(where(t) + ": rank " + std::to_string(r.rank) + " out of range");
-    sc.max_rank = std::max(sc.max_rank, r.rank);
+// The scan, one span at a time (spans numbered in trace order). `collect_phases` / `collect_tags`:
+// which step definitions to gather; finish() takes the "step" phases when there are any (the
+// in-memory path knows beforehand and gathers one, the streaming path gathers both).
+class ScanBuilder {
+ public:
+  ScanBuilder(const traces::Trace& t, int64_t ws, int64_t we, bool collect_phases,
+              bool collect_tags)
+      : t_(t), ws_(ws), we_(we), phases_(collect_phases), tags_(collect_tags) {
+    step_name_ = t.strings.find("step");
+    for (const auto& r : t.ranks) {
+      if (r.rank >= kMaxRank)
+        throw InputError(where(t) + ": rank " + std::to_string(r.rank) + " out of range");
+      sc_.max_rank = std::max(sc_.max_rank, r.rank);
+    }
   }
-  int32_t cached_step = INT32_MIN;
-  StepExtent* cached_ext = nullptr;
-  std::vector<StepPhase> step_phases;  // resolved after the pass: untagged ones need ordinals
-  int32_t prev_rank = INT32_MIN;
-  for (size_t i = 0; i < spans.size(); ++i) {
-    const Span& s = spans[i];
-    check_span(t, s);
-    if (s.rank != prev_rank) {
-      if (s.rank < prev_rank) sc.rank_sorted = false;
-      prev_rank = s.rank;
+  traces::NameId step_name() const { return step_name_; }
+
+  void add(const Span& s, size_t i) {
+    check_span(t_, s);
+    if (s.rank != prev_rank_) {
+      if (s.rank < prev_rank_) sc_.rank_sorted = false;
+      prev_rank_ = s.rank;
     }
-    if (s.rank >= int32_t(sc.window_count.size())) {
-      sc.window_count.resize(size_t(s.rank) + 1, 0);
-      sc.first_idx.resize(size_t(s.rank) + 1, SIZE_MAX);
-      sc.last_idx.resize(size_t(s.rank) + 1, 0);
+    if (s.rank >= int32_t(sc_.window_count.size())) {
+      sc_.window_count.resize(size_t(s.rank) + 1, 0);
+      sc_.first_idx.resize(size_t(s.rank) + 1, SIZE_MAX);
+      sc_.last_idx.resize(size_t(s.rank) + 1, 0);
     }
-    if (sc.first_idx[size_t(s.rank)] == SIZE_MAX) sc.first_idx[size_t(s.rank)] = i;
-    sc.last_idx[size_t(s.rank)] = i + 1;
-    sc.max_rank = std::max(sc.max_rank, s.rank);
-    if (phase_steps) {
-      if (s.kind == SpanKind::Phase && s.name == step_name)
-        step_phases.push_back({s.rank, s.step, s.start_ns, s.end_ns});
-    } else if (s.step >= 0) {
-      if (s.step != cached_step) {
-        cached_step = s.step;
-        cached_ext = &sc.step_ext[s.step];  // unordered_map references stay valid on insertion
+    if (sc_.first_idx[size_t(s.rank)] == SIZE_MAX) sc_.first_idx[size_t(s.rank)] = i;
+    sc_.last_idx[size_t(s.rank)] = i + 1;
+    sc_.max_rank = std::max(sc_.max_rank, s.rank);
+    if (phases_ && s.kind == SpanKind::Phase && s.name == step_name_)
+      step_phases_.push_back({s.rank, s.step, s.start_ns, s.end_ns});
+    if (tags_ && s.step >= 0) {
+      if (s.step != cached_step_) {
+        cached_step_ = s.step;
+        cached_ext_ = &sc_.step_ext[s.step];  // unordered_map references stay valid on insertion
       }
-      cached_ext->add(s.start_ns, s.end_ns);
+      cached_ext_->add(s.start_ns, s.end_ns);
     }
-    if (in_window(s, ws, we)) {
-      ++sc.window_count[size_t(s.rank)];
-      ++sc.span_count;
+    if (s.kind == SpanKind::Collective && s.seq >= 0 && s.start_ns >= ws_ && s.start_ns < we_)
+      ++sc_.grouped_count;
+    if (in_window(s, ws_, we_)) {
+      ++sc_.window_count[size_t(s.rank)];
+      ++sc_.span_count;
     }
   }
-  if (!step_phases.empty()) sc.step_ext = phase_step_extents(std::move(step_phases));
-  return sc;
+
+  SpanScan finish() {
+    if (!step_phases_.empty()) sc_.step_ext = phase_step_extents(std::move(step_phases_));
+    return std::move(sc_);
+  }
+
+ private:
+  const traces::Trace& t_;
+  int64_t ws_, we_;
+  bool phases_, tags_;
+  traces::NameId step_name_ = UINT32_MAX;
+  SpanScan sc_;
+  int32_t cached_step_ = INT32_MIN;
+  StepExtent* cached_ext_ = nullptr;
+  std::vector<StepPhase> step_phases_;  // resolved at the end: untagged ones need ordinals
+  int32_t prev_rank_ = INT32_MIN;
+};
+
+SpanScan scan_spans(const traces::Trace& t, int64_t ws, int64_t we) {
+  const bool phase_steps = has_step_phases(t, t.strings.find("step"));
+  ScanBuilder b(t, ws, we, phase_steps, !phase_steps);
+  for (size_t i = 0; i < t.spans.size(); ++i) b.add(t.spans[i], i);
+  return b.finish();
 }
 
 // ---- Steps, by id; warm-up by position in the whole trace, then kept when inside the window.
@@ -412,7 +440,6 @@ struct RankResult {
 struct Worker {
   CollMap coll;
   RunList comp, comm, tp, dp, p2p, mem;
-  std::vector<FlopSpan> flop_spans;
   Merged mc, mk, mm, mck, mtmp, mall, mtp, mdp, mpp;
 };
 
@@ -432,20 +459,62 @@ void for_rank_spans(const RankInput& in, int32_t rank, Visit&& visit) {
   }
 }
 
-// Sorts the rank's spans into the worker's interval lists and collective accumulators; returns
-// the rank's extent in the window.
-std::pair<int64_t, int64_t> collect_rank(const RankInput& in, int32_t rank, Worker& w) {
-  w.comp.clear();
-  w.comm.clear();
-  w.tp.clear();
-  w.dp.clear();
-  w.p2p.clear();
-  w.mem.clear();
-  w.flop_spans.clear();
+// Sorts a rank's spans, one at a time, into the worker's interval lists and collective
+// accumulators; lo and hi are the rank's extent in the window.
+struct RankCollector {
+  const RankInput& in;
+  int32_t rank;
+  Worker& w;
   int64_t lo = INT64_MAX, hi = INT64_MIN;
+  double window_flops = 0, counted_flops = 0;
   CollKey last_key{CollOp::None, INT32_MIN};
   CollAcc* last_acc = nullptr;
-  for_rank_spans(in, rank, [&](const Span& s) {
+
+  RankCollector(const RankInput& in_, int32_t rank_, Worker& w_) : in(in_), rank(rank_), w(w_) {
+    w.comp.clear();
+    w.comm.clear();
+    w.tp.clear();
+    w.dp.clear();
+    w.p2p.clear();
+    w.mem.clear();
+  }
+
+  void add_collective(const Span& s) {
+    const CollKey key{s.op, s.comm};
+    if (!last_acc || !(key == last_key)) {
+      last_key = key;
+      last_acc = &w.coll[key];
+      if (last_acc->stats.count == 0) {
+        last_acc->stats.op = std::string(traces::to_string(s.op));
+        last_acc->stats.comm = s.comm;
+        last_acc->p2p = s.kind == SpanKind::P2P;
+      }
+    }
+    CollAcc& acc = *last_acc;
+    ++acc.stats.count;
+    acc.stats.bytes += s.bytes;
+    acc.stats.time_ns += s.end_ns - s.start_ns;
+    if (acc.last_rank != rank) {
+      acc.last_rank = rank;
+      ++acc.ranks_seen;
+    }
+  }
+
+  // A compute span's FLOPs (pro-rated to its clipped part [a, b)), and the part of them inside
+  // the counted steps (pro-rated again), summed span by span.
+  void add_flops(int64_t a, int64_t b, double flops) {
+    window_flops += flops;
+    const Merged& counted = in.steps.counted_union;
+    if (counted.iv.empty()) return;
+    if (b > a) {
+      counted_flops += flops * double(counted.clipped(a, b)) / double(b - a);
+    } else if (counted.clipped(a, a + 1) > 0) {
+      counted_flops += flops;
+    }
+  }
+
+  // An in-window span of the rank.
+  void add(const Span& s) {
     const int64_t a = std::max(s.start_ns, in.ws), b = std::min(s.end_ns, in.we);
     lo = std::min(lo, a);
     hi = std::max(hi, b);
@@ -453,8 +522,7 @@ std::pair<int64_t, int64_t> collect_rank(const RankInput& in, int32_t rank, Work
       w.comp.push(a, b);
       if (s.flops != 0) {
         const int64_t len = s.end_ns - s.start_ns;
-        const double kept = len > 0 ? s.flops * double(b - a) / double(len) : s.flops;
-        w.flop_spans.push_back({a, b, kept});
+        add_flops(a, b, len > 0 ? s.flops * double(b - a) / double(len) : s.flops);
       }
     } else if (is_comm(s.kind)) {
       w.comm.push(a, b);
@@ -465,36 +533,24 @@ std::pair<int64_t, int64_t> collect_rank(const RankInput& in, int32_t rank, Work
       } else {
         w.dp.push(a, b);
       }
-      const CollKey key{s.op, s.comm};
-      if (!last_acc || !(key == last_key)) {
-        last_key = key;
-        last_acc = &w.coll[key];
-        if (last_acc->stats.count == 0) {
-          last_acc->stats.op = std::string(traces::to_string(s.op));
-          last_acc->stats.comm = s.comm;
-          last_acc->p2p = s.kind == SpanKind::P2P;
-        }
-      }
-      CollAcc& acc = *last_acc;
-      ++acc.stats.count;
-      acc.stats.bytes += s.bytes;
-      acc.stats.time_ns += s.end_ns - s.start_ns;
-      if (acc.last_rank != rank) {
-        acc.last_rank = rank;
-        ++acc.ranks_seen;
-      }
+      add_collective(s);
     } else if (s.kind == SpanKind::Memcpy) {
       w.mem.push(a, b);
     }
-  });
-  return {lo, hi};
-}
+  }
+};
 
-RankResult process_rank(const RankInput& in, int32_t rank, Worker& w) {
+// The rank's figures from the lists a RankCollector filled.
+RankResult finish_rank(const RankCollector& c) {
+  const RankInput& in = c.in;
+  Worker& w = c.w;
   RankResult res;
   RankMetrics& rm = res.rm;
-  rm.rank = rank;
-  std::tie(res.lo, res.hi) = collect_rank(in, rank, w);
+  rm.rank = c.rank;
+  res.lo = c.lo;
+  res.hi = c.hi;
+  res.window_flops = c.window_flops;
+  res.counted_flops = c.counted_flops;
   w.comp.merge_into(w.mc);
   w.comm.merge_into(w.mk);
   w.mem.merge_into(w.mm);
@@ -514,18 +570,13 @@ RankResult process_rank(const RankInput& in, int32_t rank, Worker& w) {
     rm.counted_step_ns += st.duration_ns();
   }
   if (in.pipeline) rm.bubble_ns = rm.counted.rest_ns;
-  const Merged& counted = in.steps.counted_union;
-  for (const FlopSpan& f : w.flop_spans) {
-    res.window_flops += f.flops;
-    if (counted.iv.empty()) continue;
-    if (f.end_ns > f.start_ns) {
-      res.counted_flops +=
-          f.flops * double(counted.clipped(f.start_ns, f.end_ns)) / double(f.end_ns - f.start_ns);
-    } else if (counted.clipped(f.start_ns, f.start_ns + 1) > 0) {
-      res.counted_flops += f.flops;
-    }
-  }
   return res;
+}
+
+RankResult process_rank(const RankInput& in, int32_t rank, Worker& w) {
+  RankCollector c(in, rank, w);
+  for_rank_spans(in, rank, [&](const Span& s) { c.add(s); });
+  return finish_rank(c);
 }
 
 // Adds a worker's accumulators into the sum (each rank is processed by one worker only).
@@ -804,31 +855,44 @@ size_t thread_count(const MetricsOptions& opt, int64_t span_count) {
 
 }  // namespace
 
-Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
-  const int64_t ws = opt.window_start_ns, we = opt.window_end_ns;
-  if (we <= ws) throw InputError("metrics window: the end must lie after the start");
-  if (opt.skip_steps < 0) throw InputError("skip steps: expected a count >= 0");
-  Metrics m;
-  const SpanScan scan = scan_spans(t, ws, we);
-  m.span_count = scan.span_count;
-  StepSummary steps = summarize_steps(scan.step_ext, opt.skip_steps, ws, we);
-  m.steps = steps.steps;
-  m.counted_steps = steps.counted_steps;
-  m.step_mean_ns = steps.mean_ns;
-  m.step_p50_ns = steps.p50_ns;
-  m.step_p90_ns = steps.p90_ns;
-  const RankIndex ix = index_ranks(t, scan);
-  const RankOrder order = order_by_rank(t.spans, scan, ws, we);
-  m.pipeline = is_pipeline(t);
+namespace {
 
-  std::vector<uint8_t> tp_comm;
+void check_options(const MetricsOptions& opt) {
+  if (opt.window_end_ns <= opt.window_start_ns)
+    throw InputError("metrics window: the end must lie after the start");
+  if (opt.skip_steps < 0) throw InputError("skip steps: expected a count >= 0");
+}
+
+// What the scan and the steps give, before the ranks are processed.
+struct Prepared {
+  StepSummary steps;
+  RankIndex ix;
+  std::vector<uint8_t> tp_comm;  // tp_comm[comm id] != 0: a tp communicator
+};
+
+Prepared prepare(const traces::Trace& t, const SpanScan& scan, const MetricsOptions& opt,
+                 Metrics& m) {
+  Prepared p;
+  m.span_count = scan.span_count;
+  p.steps = summarize_steps(scan.step_ext, opt.skip_steps, opt.window_start_ns, opt.window_end_ns);
+  m.steps = p.steps.steps;
+  m.counted_steps = p.steps.counted_steps;
+  m.step_mean_ns = p.steps.mean_ns;
+  m.step_p50_ns = p.steps.p50_ns;
+  m.step_p90_ns = p.steps.p90_ns;
+  p.ix = index_ranks(t, scan);
+  m.pipeline = is_pipeline(t);
   for (const auto& c : t.comms) {
     if (c.id < 0) continue;
-    if (size_t(c.id) >= tp_comm.size()) tp_comm.resize(size_t(c.id) + 1, 0);
-    tp_comm[size_t(c.id)] = c.kind == traces::CommKind::TP;
+    if (size_t(c.id) >= p.tp_comm.size()) p.tp_comm.resize(size_t(c.id) + 1, 0);
+    p.tp_comm[size_t(c.id)] = c.kind == traces::CommKind::TP;
   }
-  const RankInput in{t.spans, scan, order, steps, m.pipeline, ws, we, tp_comm};
-  RankRun run = run_ranks(in, ix.ids, thread_count(opt, m.span_count));
+  return p;
+}
+
+// Everything after the ranks: totals, lateness, collectives, throughput, bubble, memory.
+void finish_metrics(const traces::Trace& t, const MetricsOptions& opt, const Prepared& p,
+                    RankRun& run, const Lateness& lateness, Metrics& m) {
   double counted_flops_sum = 0, window_flops_sum = 0;
   m.start_ns = INT64_MAX;
   m.end_ns = INT64_MIN;
@@ -845,12 +909,11 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
   }
   if (m.start_ns > m.end_ns) m.start_ns = m.end_ns = 0;
 
-  const Lateness lateness = collective_lateness(t, ix, ws, we, opt.straggler_threshold_ns);
   m.stragglers = apply_lateness(lateness, opt, m.ranks);
   m.collectives = collective_stats(t, run.coll, lateness);
 
   const Throughput tp =
-      throughput(t, opt, m, steps.counted_total_ns, counted_flops_sum, window_flops_sum);
+      throughput(t, opt, m, p.steps.counted_total_ns, counted_flops_sum, window_flops_sum);
   m.achieved_flops = tp.achieved_flops;
   m.tokens_per_s = tp.tokens_per_s;
   m.model_flops_per_s = tp.model_flops_per_s;
@@ -858,12 +921,164 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
   m.mfu = tp.mfu;
   if (m.pipeline) m.bubble_pct = bubble_pct(m.ranks);
 
-  auto memory = memory_peaks(t, ix, ws, we);
+  auto memory = memory_peaks(t, p.ix, opt.window_start_ns, opt.window_end_ns);
   for (size_t ri = 0; ri < m.ranks.size(); ++ri) {
     if (!memory[ri]) continue;
     m.ranks[ri].peak_memory_bytes = std::move(memory[ri]->by_name);
     m.ranks[ri].peak_memory_total_bytes = memory[ri]->total;
   }
+}
+
+// ---- Streaming: a compact record per grouped collective span instead of the span.
+struct CollRecord {
+  int64_t start_ns;
+  int64_t seq;
+  int32_t comm;
+  uint32_t rank_op;  // dense rank index << 8 | op (ranks < 2^24)
+  uint32_t rank_index() const { return rank_op >> 8; }
+  CollOp op() const { return CollOp(rank_op & 0xff); }
+};
+static_assert(sizeof(CollRecord) == 24);
+
+// collective_lateness on the records (taken in trace order): the same grouping by (comm, seq),
+// members in trace order (so in rank order), arrivals by start. Sorted through 4-byte indices,
+// the index itself breaking ties (a stable order without a stable sort's buffer of records).
+Lateness lateness_from_records(const std::vector<CollRecord>& recs, size_t n_ranks,
+                               int64_t threshold_ns) {
+  Lateness out;
+  out.late_sum.assign(n_ranks, 0);
+  out.checked.assign(n_ranks, 0);
+  out.late.assign(n_ranks, 0);
+  if (recs.size() > UINT32_MAX) throw InternalError("more than 2^32 collective spans");
+  std::vector<uint32_t> idx(recs.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = uint32_t(i);
+  std::sort(idx.begin(), idx.end(), [&recs](uint32_t a, uint32_t b) {
+    const CollRecord &x = recs[a], &y = recs[b];
+    return std::tie(x.comm, x.seq, a) < std::tie(y.comm, y.seq, b);
+  });
+  std::vector<uint32_t> arrivals;
+  for (size_t i = 0; i < idx.size();) {
+    const CollRecord& first = recs[idx[i]];
+    size_t j = i + 1;
+    while (j < idx.size() && recs[idx[j]].comm == first.comm && recs[idx[j]].seq == first.seq) ++j;
+    arrivals.assign(idx.begin() + long(i), idx.begin() + long(j));
+    std::stable_sort(arrivals.begin(), arrivals.end(), [&recs](uint32_t a, uint32_t b) {
+      return recs[a].start_ns < recs[b].start_ns;
+    });
+    ++out.ops[CollKey{recs[arrivals.front()].op(), first.comm}];
+    const size_t n = arrivals.size();
+    i = j;
+    if (n < 2) continue;
+    const double median = n % 2 ? double(recs[arrivals[n / 2]].start_ns)
+                                : 0.5 * (double(recs[arrivals[n / 2 - 1]].start_ns) +
+                                         double(recs[arrivals[n / 2]].start_ns));
+    for (uint32_t k : arrivals) {
+      const CollRecord& r = recs[k];
+      const size_t ri = r.rank_index();
+      const double late = double(r.start_ns) - median;
+      out.late_sum[ri] += late;
+      ++out.checked[ri];
+      if (late > double(threshold_ns)) ++out.late[ri];
+    }
+  }
+  return out;
+}
+
+// The second streaming pass: the ranks one after another (the file is in rank order), one
+// worker's lists reused; the collective records for the lateness.
+RankRun stream_ranks(const traces::TraceReader& reader, const RankInput& in, const RankIndex& ix,
+                     std::vector<CollRecord>& records,
+                     const traces::TraceReader::SpanRunVisitor& also) {
+  RankRun run;
+  run.ranks.resize(ix.ids.size());
+  std::vector<char> done(ix.ids.size(), 0);
+  Worker w;
+  std::optional<RankCollector> cur;
+  size_t cur_index = 0;
+  const auto finish = [&] {
+    if (!cur) return;
+    run.ranks[cur_index] = finish_rank(*cur);
+    done[cur_index] = 1;
+    cur.reset();
+  };
+  reader.for_each_span_run([&](std::span<const Span> spans) {
+    if (also) also(spans);
+    for (const Span& s : spans) {
+      // A file still being written can grow between the passes: a rank the first did not see
+      // (or spans with a damaged rank) cannot be placed.
+      if (s.rank < 0 || size_t(s.rank) >= ix.dense.size() ||
+          (in_window(s, in.ws, in.we) && ix.dense[size_t(s.rank)] < 0))
+        throw InputError(reader.path() + ": trace changed while read (rank " +
+                         std::to_string(s.rank) + " new in the second pass)");
+      if (s.kind == SpanKind::Collective && s.seq >= 0 && s.start_ns >= in.ws &&
+          s.start_ns < in.we) {
+        const int32_t ri = ix.dense[size_t(s.rank)];
+        records.push_back({s.start_ns, s.seq, s.comm, uint32_t(ri) << 8 | uint32_t(s.op)});
+      }
+      if (!in_window(s, in.ws, in.we)) continue;
+      if (!cur || cur->rank != s.rank) {
+        finish();
+        cur_index = size_t(ix.dense[size_t(s.rank)]);
+        if (done[cur_index])
+          throw InputError(reader.path() + ": trace changed while read (rank " +
+                           std::to_string(s.rank) + " seen twice)");
+        cur.emplace(in, s.rank, w);
+      }
+      cur->add(s);
+    }
+  });
+  finish();
+  for (size_t ri = 0; ri < ix.ids.size(); ++ri) {
+    if (done[ri]) continue;
+    RankCollector empty(in, ix.ids[ri], w);
+    run.ranks[ri] = finish_rank(empty);
+  }
+  merge_collectives(run.coll, w.coll);
+  return run;
+}
+
+}  // namespace
+
+Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
+  check_options(opt);
+  const int64_t ws = opt.window_start_ns, we = opt.window_end_ns;
+  Metrics m;
+  const SpanScan scan = scan_spans(t, ws, we);
+  const Prepared p = prepare(t, scan, opt, m);
+  const RankOrder order = order_by_rank(t.spans, scan, ws, we);
+  const RankInput in{t.spans, scan, order, p.steps, m.pipeline, ws, we, p.tp_comm};
+  RankRun run = run_ranks(in, p.ix.ids, thread_count(opt, m.span_count));
+  const Lateness lateness = collective_lateness(t, p.ix, ws, we, opt.straggler_threshold_ns);
+  finish_metrics(t, opt, p, run, lateness, m);
+  return m;
+}
+
+Metrics compute_metrics_streamed(const traces::TraceReader& reader, const traces::Trace& header,
+                                 const MetricsOptions& opt,
+                                 const traces::TraceReader::SpanRunVisitor& also) {
+  check_options(opt);
+  const int64_t ws = opt.window_start_ns, we = opt.window_end_ns;
+  Metrics m;
+  // Pass 1: ranks, counts and the steps (every rank's step windows are needed before any rank's
+  // breakdown). Both step definitions are gathered; the "step" phases win when there are any.
+  ScanBuilder builder(header, ws, we, true, true);
+  size_t index = 0;
+  reader.for_each_span_run([&](std::span<const Span> spans) {
+    for (const Span& s : spans) builder.add(s, index++);
+  });
+  const SpanScan scan = builder.finish();
+  const Prepared p = prepare(header, scan, opt, m);
+  // Pass 2: rank by rank.
+  const std::vector<Span> no_spans;
+  const RankOrder no_order;
+  const RankInput in{no_spans, scan, no_order, p.steps, m.pipeline, ws, we, p.tp_comm};
+  std::vector<CollRecord> records;
+  records.reserve(size_t(scan.grouped_count));  // exact: no growth slack on huge traces
+  RankRun run = stream_ranks(reader, in, p.ix, records, also);
+  const Lateness lateness =
+      lateness_from_records(records, p.ix.ids.size(), opt.straggler_threshold_ns);
+  std::vector<CollRecord>().swap(records);
+  finish_metrics(header, opt, p, run, lateness, m);
   return m;
 }
 

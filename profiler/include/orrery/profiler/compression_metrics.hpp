@@ -11,7 +11,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "orrery/traces/trace.hpp"
@@ -41,5 +44,23 @@ struct CompressionMetrics {
 };
 
 CompressionMetrics compression_metrics(const traces::Trace& t);
+
+// The same, one span at a time (the streaming `orrery report`): add() every span of the trace,
+// in any order, then result(). `header` gives the names and communicators and must outlive it.
+class CompressionAccumulator {
+ public:
+  explicit CompressionAccumulator(const traces::Trace& header);
+  void add(const traces::Span& s);
+  CompressionMetrics result() const;
+
+ private:
+  using BucketKey = std::tuple<int32_t, int32_t, int32_t>;  // rank, step, layer
+  const traces::Trace& t_;
+  CompressionMetrics m_;  // the time sums
+  std::map<std::string, CompressedCollective> by_name_;
+  std::map<BucketKey, int64_t> raw_, wire_;
+  std::map<BucketKey, std::set<std::string>> names_of_;
+  std::set<int32_t> ranks_, steps_;
+};
 
 }  // namespace orrery::profiler

@@ -52,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "orrery/traces/store.hpp"
 #include "orrery/traces/trace.hpp"
 
 namespace orrery::profiler {
@@ -178,5 +179,15 @@ struct MetricsOptions {
 double percentile(std::vector<double> values, double q);
 
 Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt = {});
+
+// The same figures, identical field for field, from a trace file read in two streaming passes
+// (traces::TraceReader::for_each_span_run): the first finds the ranks and the steps, the second
+// processes one rank at a time. Memory: the header (strings, communicators, counters), one
+// rank's interval lists, and a 24-byte record per grouped collective span (for the lateness),
+// not the spans. `header` is reader.load_header(). `also`, when set, sees every span run of the
+// second pass (the caller's own accumulators share the read, e.g. CompressionAccumulator).
+Metrics compute_metrics_streamed(const traces::TraceReader& reader, const traces::Trace& header,
+                                 const MetricsOptions& opt = {},
+                                 const traces::TraceReader::SpanRunVisitor& also = {});
 
 }  // namespace orrery::profiler

@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -145,6 +147,20 @@ class TraceReader {
   Trace load_all() const;
   // The same with an explicit number of reading threads (0: the default above).
   Trace load_all(unsigned threads) const;
+
+  // Streaming, for traces larger than memory (`orrery report`): calls `visit` with consecutive
+  // runs of the spans, which together are load_all()'s spans in load_all()'s order ((rank,
+  // stream, start), equal starts in arrival order); a run lies in one stream. Blocks are read one
+  // at a time on a connection of its own, each checked as load_all() checks it (checksum, key and
+  // count against the block index, decoding, name ids against the string table); a stream whose
+  // spans arrived out of start order across blocks holds back only the spans a later block
+  // could still precede (its index's first start), so memory is about a block per call, not the
+  // span count. The runs are valid only during the call.
+  using SpanRunVisitor = std::function<void(std::span<const Span>)>;
+  void for_each_span_run(const SpanRunVisitor& visit) const;
+  // Everything load_all() gives but the spans (meta, ranks, streams, communicators, strings,
+  // counters): what a streaming reader needs beside for_each_span_run().
+  Trace load_header() const;
 
   // `orrery info --verify`: checks every span and counter block, one at a time (memory bounded by
   // a block): its checksum (when the file has them), that it decodes to its count, and that its
