@@ -43,6 +43,14 @@ expect 2 "(the cluster selene-a100 has 4480 GPUs and --fill grows dp to fill the
   sim scenarios/megatron/gpt3-175b.yaml --cluster selene-a100 --fill
 expect 2 "--gpus and --fill: give one of them" sim scenarios/megatron/gpt3-175b.yaml --cluster selene-a100 --fill --gpus 64
 
+# parallel.vocab_parallel (Megatron's vocabulary-parallel head) is simulated only: orrery run refuses
+# it naming the key; a vocabulary tp does not divide is bad input; the Megatron scenarios set it.
+expect 2 "key 'parallel.vocab_parallel': orrery run keeps the embedding and LM head whole on every tp rank" \
+  run scenarios/gpt-tiny.yaml --nproc 2 --set parallel.dp=1 --set parallel.tp=2 --set parallel.vocab_parallel=true
+expect 2 "key 'parallel.vocab_parallel': dp=1 tp=8 pp=8: the vocabulary of 51201 (model.vocab) must be divisible by tp" \
+  sim scenarios/megatron/gpt3-175b.yaml --cluster selene-a100 --set model.vocab=51201
+expect 0 "step time" sim scenarios/megatron/gpt-1t-selective-sp.yaml --cluster selene-a100
+
 expect 0 "" run scenarios/gpt-tiny.yaml --nproc 1 --set parallel.dp=1 --set training.steps=2 \
   --set training.recompute=full --out "$TMP/full.db"
 if [ -f "$TMP/full.db" ] && (cd "$SRC" && "$ORRERY" report "$TMP/full.db") > "$TMP/report" 2>&1; then
