@@ -10,11 +10,17 @@
 # Prints per case: published seconds, predicted seconds, error %; then the mean absolute error.
 #
 #   bench/validate_published.sh [BUILD_DIR]      (default build/; run from the repo root)
-# Environment: CLUSTER (default selene-a100), EXTRA (more orrery sim arguments, e.g. "--model analytical").
+# Hardware profile: scenarios/hardware/A100-SXM-80GB-megatron-2022.yaml (Megatron-LM's unfused attention
+# of 2022 and the one parameter fitted to this set, the GEMM ceiling: that file's header).
+# Environment: CLUSTER (default selene-a100), HW (default that profile; HW= for the default profile),
+# EXTRA (more orrery sim arguments, e.g. "--model analytical").
 set -u
 BUILD=${1:-build}
 ORRERY=$BUILD/bin/orrery
 CLUSTER=${CLUSTER:-selene-a100}
+HW=${HW-scenarios/hardware/A100-SXM-80GB-megatron-2022.yaml}
+HWARG=()
+[ -n "$HW" ] && HWARG=(--hw "$HW")
 [ -x "$ORRERY" ] || { echo "no $ORRERY (build the orrery target)"; exit 2; }
 
 # case | scenario | published iteration time in seconds (Korthikanti et al. 2022, Table 4)
@@ -35,7 +41,7 @@ n=0
 worst=0
 while IFS='|' read -r name scen pub; do
   # shellcheck disable=SC2086
-  if ! "$ORRERY" sim "$scen" --cluster "$CLUSTER" --json ${EXTRA:-} > "$TMP/out.json" 2> "$TMP/err"; then
+  if ! "$ORRERY" sim "$scen" --cluster "$CLUSTER" "${HWARG[@]}" --json ${EXTRA:-} > "$TMP/out.json" 2> "$TMP/err"; then
     printf '%-20s %12s %12s %9s\n' "$name" "$pub" failed -
     sed 's/^/    /' "$TMP/err"
     continue
