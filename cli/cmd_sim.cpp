@@ -29,6 +29,7 @@ struct SimArgs {
   int steps = 1;
   int gpus = -1;  // -1: the cluster's own size
   bool all_ranks = false;
+  bool representative = false;  // one rank per stage even where replicas contend on the fabric
   bool fill = false;  // dp grows to fill a larger cluster (the behaviour before issue 17 item 4)
   bool allow_oom = false;
   bool json = false;
@@ -60,7 +61,10 @@ Command setup(CLI::App& root) {
                   "when more than one)")
       ->capture_default_str();
   app->add_flag("--all-ranks", a->all_ranks,
-                "Simulate every rank (default: one representative per stage)");
+                "Simulate every rank (default: one representative per stage, or every rank where "
+                "replicas contend on the fabric: oversubscribed or not rail-optimized)");
+  app->add_flag("--representative", a->representative,
+                "One representative rank per stage even where replicas contend on the fabric");
   app->add_flag("--allow-oom", a->allow_oom,
                 "Simulate even when the model does not fit device memory");
   app->add_flag("--json", a->json, "Print one JSON object");
@@ -113,7 +117,14 @@ Command setup(CLI::App& root) {
 
     sim::SimOptions opt;
     opt.network = *model;
-    opt.all_ranks = a->all_ranks;
+    if (a->all_ranks && a->representative)
+      throw InputError("--all-ranks and --representative: give one of them");
+    // Contention between replicas on the fabric by default where it matters (issue 17 item 3).
+    opt.all_ranks =
+        a->all_ranks || (!a->representative && sim::replica_contention_matters(s, cluster));
+    if (opt.all_ranks && !a->all_ranks && !a->json)
+      std::cerr << "orrery sim: every rank simulated: replicas contend on the fabric of "
+                << cluster.name << " (--representative: one rank per stage)\n";
     opt.steps = a->steps;
     opt.precision = a->precision;
     opt.profile = sim::target_profile(target, a->hw);

@@ -43,6 +43,18 @@ expect 2 "(the cluster selene-a100 has 4480 GPUs and --fill grows dp to fill the
   sim scenarios/megatron/gpt3-175b.yaml --cluster selene-a100 --fill
 expect 2 "--gpus and --fill: give one of them" sim scenarios/megatron/gpt3-175b.yaml --cluster selene-a100 --fill --gpus 64
 
+# Replicas contend on an oversubscribed fabric: orrery sim simulates every rank by default there
+# (issue 17 item 3), --representative keeps one per stage; Selene itself is non-blocking.
+sed 's/^  oversubscription: 1$/  oversubscription: 2/; s/^name: selene-a100$/name: selene-oversubscribed/' \
+  "$SRC/scenarios/clusters/selene-a100.yaml" > "$TMP/oversub.yaml"
+expect 0 "every rank simulated: replicas contend on the fabric of selene-oversubscribed" \
+  sim scenarios/megatron/gpt3-175b.yaml --cluster "$TMP/oversub.yaml"
+expect 0 "simulated 64 of 64 ranks" sim scenarios/megatron/gpt3-175b.yaml --cluster "$TMP/oversub.yaml"
+expect 0 "simulated 8 of 64 ranks" sim scenarios/megatron/gpt3-175b.yaml --cluster "$TMP/oversub.yaml" --representative
+expect 0 "simulated 8 of 64 ranks" sim scenarios/megatron/gpt3-175b.yaml --cluster selene-a100
+expect 2 "--all-ranks and --representative: give one of them" \
+  sim scenarios/megatron/gpt3-175b.yaml --cluster selene-a100 --all-ranks --representative
+
 # parallel.vocab_parallel (Megatron's vocabulary-parallel head) is simulated only: orrery run refuses
 # it naming the key; a vocabulary tp does not divide is bad input; the Megatron scenarios set it.
 expect 2 "key 'parallel.vocab_parallel': orrery run keeps the embedding and LM head whole on every tp rank" \
