@@ -29,6 +29,8 @@ struct SimArgs {
   int steps = 1;
   int gpus = -1;  // -1: the cluster's own size
   bool all_ranks = false;
+  bool representative = false;  // one rank per stage even where replicas contend on the fabric
+  bool fill = false;  // dp grows to fill a larger cluster (the behaviour before issue 17 item 4)
   bool allow_oom = false;
   bool json = false;
 };
@@ -40,10 +42,13 @@ Command setup(CLI::App& root) {
   app->add_option(
       "--cluster", a->cluster,
       "Cluster file or name in scenarios/clusters/ (default: one node of the scenario's device); "
-      "dp grows to fill it when the layout is smaller");
+      "a larger cluster runs the scenario's dp*tp*pp GPUs of it (--fill: dp grows to fill it)");
   app->add_option("--gpus", a->gpus,
                   "Simulate on this many GPUs of the cluster's design (nodes = GPUs / "
-                  "gpus_per_node, rounded up; the fabric resized as a sweep does)");
+                  "gpus_per_node, rounded up; the fabric resized as a sweep does); dp fits them");
+  app->add_flag("--fill", a->fill,
+                "dp grows to fill the whole cluster (default: the scenario's dp on part of a "
+                "larger cluster)");
   app->add_option("--hw", a->hw, "Hardware profile (default: scenarios/hardware/<device>.yaml)");
   app->add_option("--out", a->out, "Write the simulated trace (source=sim) to this file");
   app->add_option("--set", a->sets, "Override a scenario key, a.b.c=value (repeatable)");
@@ -56,7 +61,10 @@ Command setup(CLI::App& root) {
                   "when more than one)")
       ->capture_default_str();
   app->add_flag("--all-ranks", a->all_ranks,
-                "Simulate every rank (default: one representative per stage)");
+                "Simulate every rank (default: one representative per stage, or every rank where "
+                "replicas contend on the fabric: oversubscribed or not rail-optimized)");
+  app->add_flag("--representative", a->representative,
+                "One representative rank per stage even where replicas contend on the fabric");
   app->add_flag("--allow-oom", a->allow_oom,
                 "Simulate even when the model does not fit device memory");
   app->add_flag("--json", a->json, "Print one JSON object");
@@ -72,10 +80,23 @@ Command setup(CLI::App& root) {
     sim::SimTarget target = sim::sim_target(loaded, a->cluster, a->hw);
     if (a->gpus != -1 && a->gpus < 1)
       throw InputError("--gpus must be >= 1, got " + std::to_string(a->gpus));
-    if (a->gpus != -1) target.cluster = sim::resize_cluster(target.cluster, a->gpus);
+    if (a->gpus != -1 && a->fill) throw InputError("--gpus and --fill: give one of them");
+    if (a->gpus != -1) {
+      target.cluster = sim::resize_cluster(target.cluster, a->gpus);
+    } else if (!a->fill && target.cluster.num_gpus() > loaded.world_size()) {
+      // A published run used part of a cluster: the scenario's own dp on its GPUs of the cluster's
+      // design (the fabric resized as --gpus does), not dp grown to fill the cluster.
+      if (!a->json)
+        std::cerr << "orrery sim: " << loaded.world_size() << " of the "
+                  << target.cluster.num_gpus() << " GPUs of " << target.cluster.name
+                  << " (the scenario's dp " << loaded.parallel.dp
+                  << "; --fill grows dp to fill the cluster)\n";
+      target.cluster = sim::resize_cluster(target.cluster, loaded.world_size());
+    }
     const sim::Cluster& cluster = target.cluster;
-    // The layout grows its dp to fill a larger cluster; when that dp does not fit the scenario,
-    // the error says how to simulate the scenario's own GPU count instead.
+    // --gpus N or a smaller cluster: dp fits it (fit_layout); with --fill, dp grows to fill a larger
+    // cluster; when that dp does not fit the scenario, the error says how to simulate the
+    // scenario's own GPU count instead.
     const Scenario s = [&] {
       try {
         return sim::fit_layout(loaded, cluster);
@@ -83,20 +104,27 @@ Command setup(CLI::App& root) {
         if (a->gpus != -1 || cluster.num_gpus() <= loaded.world_size()) throw;
         throw InputError(std::string(e.what()) + " (the cluster " + cluster.name + " has " +
                          std::to_string(cluster.num_gpus()) +
-                         " GPUs and dp grows to fill them; --gpus " +
-                         std::to_string(loaded.world_size()) + " simulates the scenario's own " +
+                         " GPUs and --fill grows dp to fill them; without --fill orrery sim "
+                         "simulates the scenario's own " +
                          std::to_string(loaded.world_size()) + ")");
       }
     }();
     if (s.parallel.dp != loaded.parallel.dp && !a->json)
-      std::cerr << "orrery sim: dp set to " << s.parallel.dp << " to fill the "
-                << cluster.num_gpus() << " GPUs of " << cluster.name << "\n";
+      std::cerr << "orrery sim: dp set to " << s.parallel.dp << " to fit the " << cluster.num_gpus()
+                << " GPUs of " << cluster.name << "\n";
     const auto model = sim::network_model_from_string(a->model);
     if (!model) throw InputError("--model '" + a->model + "': expected flow or analytical");
 
     sim::SimOptions opt;
     opt.network = *model;
-    opt.all_ranks = a->all_ranks;
+    if (a->all_ranks && a->representative)
+      throw InputError("--all-ranks and --representative: give one of them");
+    // Contention between replicas on the fabric by default where it matters (issue 17 item 3).
+    opt.all_ranks =
+        a->all_ranks || (!a->representative && sim::replica_contention_matters(s, cluster));
+    if (opt.all_ranks && !a->all_ranks && !a->json)
+      std::cerr << "orrery sim: every rank simulated: replicas contend on the fabric of "
+                << cluster.name << " (--representative: one rank per stage)\n";
     opt.steps = a->steps;
     opt.precision = a->precision;
     opt.profile = sim::target_profile(target, a->hw);

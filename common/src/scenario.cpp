@@ -156,6 +156,7 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("parallel.placement", Type::String, parallel.placement, std::string),
       ORRERY_KEY("parallel.comm_backend", Type::String, parallel.comm_backend, std::string),
       ORRERY_KEY("parallel.sequence_parallel", Type::Bool, parallel.sequence_parallel, bool),
+      ORRERY_KEY("parallel.vocab_parallel", Type::Bool, parallel.vocab_parallel, bool),
       ORRERY_KEY("parallel.grad_compression", Type::String, parallel.grad_compression, std::string),
       ORRERY_KEY("compression.powersgd_rank", Type::Int, compression.powersgd_rank, int),
       ORRERY_KEY("compression.topk_ratio", Type::Double, compression.topk_ratio, double),
@@ -501,6 +502,11 @@ void validate_layout(const Scenario& s) {
                      std::to_string(int64_t(t.micro_batch) * m.seq) +
                      " tokens of a micro-batch (training.micro_batch x model.seq) must be "
                      "divisible by tp to shard them");
+  }
+  if (p.vocab_parallel && m.vocab % p.tp != 0) {
+    throw InputError("key 'parallel.vocab_parallel': " + layout + ": the vocabulary of " +
+                     std::to_string(m.vocab) +
+                     " (model.vocab) must be divisible by tp to split it");
   }
   if (m.heads % p.tp != 0) {
     throw InputError("key 'parallel.tp': " + layout + ": model.heads (" + std::to_string(m.heads) +

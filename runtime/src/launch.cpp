@@ -400,6 +400,14 @@ bool has_device_runner(Device device) { return device_runners().count(device) > 
 void check_supported_on_device(const Scenario& s) {
   // Issue 18 item 1: the compression hooks (ddp_compression.hpp) work on host memory, so the CPU
   // device runs them; any other device is refused rather than silently run uncompressed.
+  // The vocabulary-parallel head is a simulator key (common/scenario.hpp): the runtime keeps the
+  // embedding and LM head whole on every tp rank, so running it would not be the run it describes.
+  if (s.parallel.vocab_parallel) {
+    throw InputError(s.path +
+                     ": key 'parallel.vocab_parallel': orrery run keeps the embedding and LM head "
+                     "whole on every tp rank; the vocabulary-parallel head is simulated only "
+                     "(orrery sim), set it to false to run");
+  }
   if (s.parallel.grad_compression != "none" && device_of(s.runtime) != orrery::Device::Cpu) {
     throw InputError((s.path.empty() ? std::string("scenario") : s.path) +
                      ": key 'parallel.grad_compression': '" + s.parallel.grad_compression +

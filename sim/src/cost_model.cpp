@@ -27,6 +27,7 @@ ModelDims model_dims(const Scenario& s, int64_t act_bytes) {
   d.tp = s.parallel.tp;
   d.act_bytes = act_bytes;
   d.sequence_parallel = s.parallel.sequence_parallel && s.parallel.tp > 1;
+  d.vocab_parallel = s.parallel.vocab_parallel && s.parallel.tp > 1;
   d.arch = block_arch(s.model);
   return d;
 }
@@ -170,14 +171,17 @@ std::vector<Kernel> mlp_backward_kernels(const ModelDims& d) {
 
 std::vector<Kernel> head_forward_kernels(const ModelDims& d) {
   const Shape x = shape(d);
-  Kernel lm = linear(x, x.c, x.v, 0.0);  // wte or lmw, not sliced over tp (as the runtime)
+  // wte or lmw: whole on every tp rank (as the runtime), or this rank's V/tp rows of it
+  // (parallel.vocab_parallel, Megatron's column-parallel output layer).
+  const double v = d.vocab_parallel ? x.v / x.tp : x.v;
+  Kernel lm = linear(x, x.c, v, 0.0);
   Kernel ln = layernorm(x, false);
   if (d.sequence_parallel) ln = {ln.cls, ln.flops / x.tp, ln.bytes / x.tp};  // this rank's tokens
   return {
       ln,
       lm,
-      // Softmax and cross-entropy in place over the logits: read and write (n, V).
-      {OpClass::SoftmaxLoss, 0.0, x.e * 2.0 * x.n * x.v},
+      // Softmax and cross-entropy in place over the logits: read and write (n, V or V/tp).
+      {OpClass::SoftmaxLoss, 0.0, x.e * 2.0 * x.n * v},
   };
 }
 std::vector<Kernel> head_backward_kernels(const ModelDims& d) {

@@ -69,6 +69,7 @@ class Executor {
                        " tp=" + std::to_string(l.tp) + " pp=" + std::to_string(l.pp) + " needs " +
                        std::to_string(l.world()));
     sharing_ = opt.core_sharing && opt.core_sharing->cores > 0;
+    gpu_share_ = !sharing_ && opt.comm_compute_share > 0;
     std::vector<int32_t> ranks =
         opt.ranks.empty() ? representative_ranks(l, opt.all_ranks || sharing_) : opt.ranks;
     if (sharing_) cpus_.resize(c.nodes > 0 ? c.nodes : 1);
@@ -107,6 +108,7 @@ class Executor {
     if (opt.rank_jitter > 0 && every_rank_)
       jitter_q_ = expected_normal_order_statistics(static_cast<int>(runs_.size()));
     state_.resize(runs_.size());
+    if (gpu_share_) gpus_.resize(runs_.size());
     for (size_t i = 0; i < runs_.size(); ++i) {
       const auto& p = *runs_[i].program;
       state_[i].pending.resize(p.ops.size());
@@ -204,6 +206,8 @@ class Executor {
           st.jitter_var += std::pow(opt_.op_jitter * double(dur), 2);
         if (sharing_) {
           start_shared(ri, id, dur);
+        } else if (gpu_share_) {
+          start_gpu(ri, id, dur);
         } else {
           engine_.schedule_at(engine_.now() + dur, [this, ri, id] { complete(ri, id); });
         }
@@ -299,6 +303,65 @@ class Executor {
     });
   }
 
+  // ---- a GPU's compute shared with its own NCCL kernels (ExecutorOptions::comm_compute_share)
+  struct GpuRank {
+    std::vector<Running> running;  // compute ops in flight (remaining_ns at the full rate)
+    int comm_in_flight = 0;        // collectives and transfers of the rank on the network
+    int64_t updated_ns = 0;
+    uint64_t generation = 0;
+  };
+  double gpu_rate(const GpuRank& g) const {
+    return g.comm_in_flight > 0 ? 1.0 - opt_.comm_compute_share : 1.0;
+  }
+  void progress_gpu(GpuRank& g) {
+    const int64_t now = engine_.now();
+    const double done = double(now - g.updated_ns) * gpu_rate(g);
+    for (auto& r : g.running) r.remaining_ns -= done;
+    g.updated_ns = now;
+  }
+  void start_gpu(int32_t ri, uint32_t id, int64_t work_ns) {
+    GpuRank& g = gpus_[size_t(ri)];
+    progress_gpu(g);
+    g.running.push_back({ri, id, double(work_ns)});
+    reschedule_gpu(ri);
+  }
+  // Schedules the rank's next compute completion; earlier schedules become stale (generation).
+  void reschedule_gpu(int32_t ri) {
+    GpuRank& g = gpus_[size_t(ri)];
+    const uint64_t gen = ++g.generation;
+    if (g.running.empty()) return;
+    double least = g.running.front().remaining_ns;
+    for (const auto& r : g.running) least = std::min(least, r.remaining_ns);
+    const int64_t at =
+        engine_.now() + static_cast<int64_t>(std::ceil(std::max(0.0, least) / gpu_rate(g)));
+    engine_.schedule_at(at, [this, ri, gen] {
+      GpuRank& m = gpus_[size_t(ri)];
+      if (m.generation != gen) return;
+      progress_gpu(m);
+      std::vector<Running> finished;
+      for (size_t i = 0; i < m.running.size();) {
+        if (m.running[i].remaining_ns <= 0.5) {
+          finished.push_back(m.running[i]);
+          m.running.erase(m.running.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+      ++m.generation;  // completions below may start compute on this rank, which reschedules it
+      for (const auto& f : finished) complete(f.ri, f.id);
+      if (m.generation == gen + 1) reschedule_gpu(ri);
+    });
+  }
+  // A collective or transfer of these simulated members starts (+1) or ends (-1) on the network.
+  void gpu_comm(const std::vector<int32_t>& ranks, int sign) {
+    for (int32_t ri : ranks) {
+      GpuRank& g = gpus_[size_t(ri)];
+      progress_gpu(g);
+      g.comm_in_flight = std::max(0, g.comm_in_flight + sign);
+      reschedule_gpu(ri);
+    }
+  }
+
   void arrive_collective(int32_t ri, uint32_t id, const Op& op) {
     const GroupInfo& g = group(runs_[ri].rank, op.group);
     const uint64_t key = (uint64_t(op.group) << 32) | uint32_t(g.members[0]);
@@ -391,6 +454,7 @@ class Executor {
     }
     // The progress threads join the cores now and leave them when it completes (the request is kept
     // only then: every other completion carries just its members).
+    const std::vector<Member> members_of_done = gpu_share_ ? members : std::vector<Member>{};
     std::function<void()> done;
     if (sharing_ && opt_.core_sharing->comm_thread_weight > 0) {
       comm_threads(req, +1.0);
@@ -401,6 +465,18 @@ class Executor {
     } else {
       done = [this, members = std::move(members)] {
         for (const auto& [ri, id] : members) complete(ri, id);
+      };
+    }
+    // The members' compute shares their GPUs with this communication until it ends.
+    if (gpu_share_) {
+      std::vector<int32_t> ranks;
+      for (const auto& [ri, id] : members_of_done) ranks.push_back(ri);
+      std::sort(ranks.begin(), ranks.end());
+      ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+      gpu_comm(ranks, +1);
+      done = [this, ranks, inner = std::move(done)] {
+        gpu_comm(ranks, -1);
+        inner();
       };
     }
     // The time from the test hook or the profile's override; otherwise the network model times it.
@@ -450,6 +526,8 @@ class Executor {
   std::unordered_map<uint64_t, Pending> pending_;
   std::unordered_map<uint64_t, Channel> channels_[2];  // activations, gradients
   bool sharing_ = false;
+  bool gpu_share_ = false;         // ExecutorOptions::comm_compute_share > 0
+  std::vector<GpuRank> gpus_;      // per simulated rank, with gpu_share_
   std::vector<NodeCpu> cpus_;      // per node, with core sharing
   std::vector<double> jitter_q_;   // per simulated rank slot (rotated by step); empty: no spread
   bool every_rank_ = false;        // every rank of the layout is simulated

@@ -123,7 +123,7 @@ YAML::Node load_document(const std::string& yaml_text, const std::string& origin
   check_keys(root,
              {"name", "device", "precision", "peak_flops", "memory_bandwidth_gbps", "data_load_us",
               "kernels", "collectives", "machine", "cluster", "sharing", "ops", "rank_jitter",
-              "op_jitter", "gemm_shape", "attention_kernel"},
+              "op_jitter", "gemm_shape", "attention_kernel", "comm_compute_share"},
              origin, "");
   return root;
 }
@@ -164,6 +164,12 @@ HardwareProfile parse_device(YAML::Node root, const std::string& origin) {
     p.op_jitter = get_number(root["op_jitter"], origin, "op_jitter");
     if (!(p.op_jitter >= 0) || !(p.op_jitter < 1))
       throw InputError(where(origin, root["op_jitter"], "op_jitter") +
+                       ": expected a fraction in [0, 1)");
+  }
+  if (root["comm_compute_share"]) {
+    p.comm_compute_share = get_number(root["comm_compute_share"], origin, "comm_compute_share");
+    if (!(p.comm_compute_share >= 0) || !(p.comm_compute_share < 1))
+      throw InputError(where(origin, root["comm_compute_share"], "comm_compute_share") +
                        ": expected a fraction in [0, 1)");
   }
   if (root["data_load_us"])
@@ -530,6 +536,8 @@ std::string to_yaml(const HardwareProfile& p) {
   e << YAML::Key << "data_load_us" << YAML::Value << p.data_load_ns / 1000.0;
   if (p.rank_jitter > 0) e << YAML::Key << "rank_jitter" << YAML::Value << p.rank_jitter;
   if (p.op_jitter > 0) e << YAML::Key << "op_jitter" << YAML::Value << p.op_jitter;
+  if (p.comm_compute_share > 0)
+    e << YAML::Key << "comm_compute_share" << YAML::Value << p.comm_compute_share;
   e << YAML::Key << "kernels" << YAML::Value << YAML::BeginMap;
   for (int c = 0; c < kOpClassCount; ++c) {
     e << YAML::Key << kClassNames[c] << YAML::Value << YAML::Flow << YAML::BeginMap;

@@ -111,8 +111,8 @@ std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionCo
     }
     e.activations_bytes += recompute_workspace_bytes(s, p);
     if (st == pp - 1)
-      e.activations_bytes +=
-          double(s.training.micro_batch) * s.model.seq * s.model.vocab * 4.0 * 2.0;
+      e.activations_bytes += double(s.training.micro_batch) * s.model.seq * s.model.vocab * 4.0 *
+                             2.0 / (s.parallel.vocab_parallel ? s.parallel.tp : 1);
     e.total_bytes =
         e.parameters_bytes + e.gradients_bytes + e.optimizer_bytes + e.activations_bytes;
     e.capacity_bytes = capacity_bytes;

@@ -72,6 +72,20 @@ std::string precision_name(const std::string& requested, const HardwareProfile& 
                                                                                       : "fp32";
 }
 
+bool replica_contention_matters(const Scenario& s, const Cluster& c) {
+  if (s.world_size() <= std::max(1, c.gpus_per_node) || c.nodes <= 1) return false;
+  switch (c.topo.kind) {
+    case TopologyKind::Crossbar:
+      return false;
+    case TopologyKind::FatTree:
+      return c.topo.oversubscription > 1.0 || !c.topo.rail_optimized;
+    case TopologyKind::Ring:
+    case TopologyKind::Torus:
+      return true;
+  }
+  return false;
+}
+
 void check_simulation_fits(const Scenario& s, const Cluster& cluster, const SimOptions& opt,
                            bool allow_oom) {
   std::optional<HardwareProfile> fallback;

@@ -234,6 +234,7 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   if (shared_cores) eo.core_sharing = &prof.sharing;
   eo.rank_jitter = prof.rank_jitter;
   eo.op_jitter = prof.op_jitter;
+  eo.comm_compute_share = prof.comm_compute_share;
   const ExecResult r = execute(w, cluster, eo);
 
   SimResult out;

@@ -38,7 +38,13 @@ std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage) {
       model::parameter_tensors(model::model_shape(s), model::stage_contents(s, stage));
   std::vector<ParamTensor> out;
   out.reserve(specs.size());
-  for (const auto& p : specs) out.push_back({p.name, p.count(), p.segment});
+  // parallel.vocab_parallel: each tp rank holds V/tp rows of the embedding table and LM head.
+  const bool vocab_split = s.parallel.vocab_parallel && s.parallel.tp > 1;
+  for (const auto& p : specs) {
+    const bool vocab_rows = p.name == "wte" || p.name == "lmw";
+    out.push_back(
+        {p.name, vocab_split && vocab_rows ? p.count() / s.parallel.tp : p.count(), p.segment});
+  }
   return out;
 }
 
@@ -564,8 +570,9 @@ class StageBuilder {
   uint32_t embed_all_reduce(int mb, const std::vector<uint32_t>& deps) {
     return b_.add(comm(names::kEmbedAllReduce, traces::SpanKind::Collective,
                        traces::CollOp::AllReduce, kStreamDp, GroupRole::Embedding,
-                       int64_t(s_.model.vocab) * s_.model.d_model * prec_.grad_bytes, seq_embed_++,
-                       PhaseKind::Backward, mb, -1),
+                       int64_t(s_.model.vocab) * s_.model.d_model * prec_.grad_bytes /
+                           (s_.parallel.vocab_parallel ? s_.parallel.tp : 1),
+                       seq_embed_++, PhaseKind::Backward, mb, -1),
                   deps);
   }
   // ZeRO 3 (the runtime's Zero3Storage): one all-gather per segment, issued on the comm thread in

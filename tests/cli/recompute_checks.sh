@@ -34,10 +34,34 @@ expect 2 "tokens of a micro-batch (training.micro_batch x model.seq) must be div
   sim scenarios/gpt-tiny.yaml --set parallel.dp=1 --set parallel.tp=2 --set parallel.sequence_parallel=true \
   --set training.micro_batch=1 --set model.seq=15 --set training.global_batch=8
 expect 2 "--gpus must be >= 1, got 0" sim scenarios/gpt-tiny.yaml --gpus 0
-# A 64-GPU layout on the 4480 GPUs of Selene: dp would grow to 70, which the global batch of 64 does
-# not divide; the error says how to simulate the scenario's own 64.
-expect 2 "(the cluster selene-a100 has 4480 GPUs and dp grows to fill them; --gpus 64 simulates the scenario's own 64)" \
+# A 64-GPU layout on the 4480 GPUs of Selene: orrery sim runs the scenario's own 64 GPUs of it (issue
+# 17 item 4), as --gpus 64 does. With --fill dp would grow to 70, which the global batch of 64 does not
+# divide; the error says that without --fill the scenario's own 64 are simulated.
+expect 0 "64 of the 4480 GPUs of selene-a100 (the scenario's dp 1; --fill grows dp to fill the cluster)" \
   sim scenarios/megatron/gpt3-175b.yaml --cluster selene-a100
+expect 2 "(the cluster selene-a100 has 4480 GPUs and --fill grows dp to fill them; without --fill orrery sim simulates the scenario's own 64)" \
+  sim scenarios/megatron/gpt3-175b.yaml --cluster selene-a100 --fill
+expect 2 "--gpus and --fill: give one of them" sim scenarios/megatron/gpt3-175b.yaml --cluster selene-a100 --fill --gpus 64
+
+# Replicas contend on an oversubscribed fabric: orrery sim simulates every rank by default there
+# (issue 17 item 3), --representative keeps one per stage; Selene itself is non-blocking.
+sed 's/^  oversubscription: 1$/  oversubscription: 2/; s/^name: selene-a100$/name: selene-oversubscribed/' \
+  "$SRC/scenarios/clusters/selene-a100.yaml" > "$TMP/oversub.yaml"
+expect 0 "every rank simulated: replicas contend on the fabric of selene-oversubscribed" \
+  sim scenarios/megatron/gpt3-175b.yaml --cluster "$TMP/oversub.yaml"
+expect 0 "simulated 64 of 64 ranks" sim scenarios/megatron/gpt3-175b.yaml --cluster "$TMP/oversub.yaml"
+expect 0 "simulated 8 of 64 ranks" sim scenarios/megatron/gpt3-175b.yaml --cluster "$TMP/oversub.yaml" --representative
+expect 0 "simulated 8 of 64 ranks" sim scenarios/megatron/gpt3-175b.yaml --cluster selene-a100
+expect 2 "--all-ranks and --representative: give one of them" \
+  sim scenarios/megatron/gpt3-175b.yaml --cluster selene-a100 --all-ranks --representative
+
+# parallel.vocab_parallel (Megatron's vocabulary-parallel head) is simulated only: orrery run refuses
+# it naming the key; a vocabulary tp does not divide is bad input; the Megatron scenarios set it.
+expect 2 "key 'parallel.vocab_parallel': orrery run keeps the embedding and LM head whole on every tp rank" \
+  run scenarios/gpt-tiny.yaml --nproc 2 --set parallel.dp=1 --set parallel.tp=2 --set parallel.vocab_parallel=true
+expect 2 "key 'parallel.vocab_parallel': dp=1 tp=8 pp=8: the vocabulary of 51201 (model.vocab) must be divisible by tp" \
+  sim scenarios/megatron/gpt3-175b.yaml --cluster selene-a100 --set model.vocab=51201
+expect 0 "step time" sim scenarios/megatron/gpt-1t-selective-sp.yaml --cluster selene-a100
 
 expect 0 "" run scenarios/gpt-tiny.yaml --nproc 1 --set parallel.dp=1 --set training.steps=2 \
   --set training.recompute=full --out "$TMP/full.db"

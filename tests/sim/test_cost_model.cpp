@@ -75,6 +75,28 @@ TEST(Kernels, FlopsEqualTheRuntimeCounting) {
   }
 }
 
+// parallel.vocab_parallel (Megatron's column-parallel output layer): the LM head's GEMM and the
+// softmax/loss over V/tp logits per rank, the final LayerNorm whole: closed form.
+TEST(Kernels, VocabParallelHeadSplitsTheLmHeadOverTp) {
+  for (int64_t tp : {2, 4, 8}) {
+    ModelDims d;
+    d.batch = 2, d.seq = 128, d.d_model = 256, d.heads = 8, d.vocab = 4096, d.layers = 2, d.tp = tp,
+    d.act_bytes = 2;
+    model::flops::Dims r{2, 128, 256, 4096, tp};
+    const double whole = total_flops(head_forward_kernels(d));
+    const auto whole_k = head_forward_kernels(d);
+    d.vocab_parallel = true;
+    const auto k = head_forward_kernels(d);
+    const double n = 2.0 * 128, c = 256, v = 4096;
+    EXPECT_DOUBLE_EQ(whole, model::flops::head_forward(r));
+    EXPECT_DOUBLE_EQ(total_flops(k), n * 2 * c * 2 + n * 2 * c * v / double(tp)) << tp;
+    ASSERT_EQ(k.size(), 3u);
+    EXPECT_DOUBLE_EQ(k[2].bytes, 2.0 * 2 * n * v / double(tp));  // logits read + written, bf16
+    EXPECT_DOUBLE_EQ(k[2].bytes * double(tp), whole_k[2].bytes);
+    EXPECT_DOUBLE_EQ(total_flops(head_backward_kernels(d)), 2 * total_flops(k));
+  }
+}
+
 // Llama-style blocks: every piece the runtime records (tp's three, sequence parallelism's five,
 // the recomputations') carries the FLOPs of its BlockOps, model/flops.hpp's counting.
 TEST(Kernels, LlamaBlockFlopsEqualTheRuntimeCountingPieceByPiece) {

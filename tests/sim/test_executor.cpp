@@ -237,6 +237,63 @@ TEST(Executor, Gpt3On1024GpusRuns) {
   EXPECT_GT(r.makespan_ns, busy);
 }
 
+// comm_compute_share s: a compute op of t ns that runs while c ns of its rank's communication are
+// on the network takes t + s·c (the overlapped part at 1 - s, the rest at the full rate); the
+// communication is not slowed; compute after it runs at the full rate; s = 0 changes nothing.
+TEST(Executor, CommComputeShareClosedForm) {
+  Workload w = build_workload(small_scenario(2, 2, 1, 1, 2), h100_cost());
+  StageProgram p;
+  p.stage = 0;
+  p.layers = w.stages[0].layers;
+  const auto name = [&](const std::string& n) {
+    w.names.push_back(n);
+    return uint32_t(w.names.size() - 1);
+  };
+  const uint32_t a = name("test.a"), b = name("test.b"), ar = name("test.allreduce");
+  auto compute = [&](uint32_t n, int64_t ns) {
+    Op op;
+    op.name = n;
+    op.duration_ns = ns;
+    op.step = 0;
+    return op;
+  };
+  auto collective = [&](int seq) {
+    Op op;
+    op.name = ar;
+    op.kind = traces::SpanKind::Collective;
+    op.stream = kStreamDp;
+    op.group = GroupRole::DP;
+    op.coll = traces::CollOp::AllReduce;
+    op.seq = seq;
+    op.bytes = 1024;
+    op.step = 0;
+    return op;
+  };
+  const int64_t ta = 100000, tb = 50000, tc = 40000;
+  p.ops = {compute(a, ta), collective(0), collective(1), compute(b, tb)};
+  p.deps = {0};  // b after a (same stream anyway)
+  p.ops[3].dep_begin = 0, p.ops[3].dep_count = 1;
+  p.stream_ops[kStreamCompute] = {0, 3};
+  p.stream_ops[kStreamDp] = {1, 2};
+  w.stages = {p};
+  ExecutorOptions o;
+  o.comm_time = [tc](const CollectiveRequest&) { return tc; };
+  for (double share : {0.0, 0.25, 0.5}) {
+    o.comm_compute_share = share;
+    const ExecResult r = execute(w, h100_cluster(2), o);
+    ASSERT_EQ(r.ranks.size(), 1u);
+    const auto& t = r.ranks[0].ops;
+    // Two all-reduces back to back: 2·tc on the network while a computes.
+    EXPECT_EQ(t[1].end_ns, tc) << share;
+    EXPECT_EQ(t[2].end_ns, 2 * tc) << share;
+    const int64_t a_end = ta + std::llround(share * 2 * tc);
+    EXPECT_EQ(t[0].end_ns, a_end) << share;
+    EXPECT_EQ(t[3].start_ns, a_end) << share;
+    EXPECT_EQ(t[3].end_ns, a_end + tb) << share;
+    EXPECT_EQ(r.makespan_ns, a_end + tb) << share;
+  }
+}
+
 }  // namespace
 }  // namespace orrery::sim
 

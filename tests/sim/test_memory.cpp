@@ -171,6 +171,26 @@ TEST(Memory, MegatronLayoutsFitOnlyWithRecomputation) {
   }
 }
 
+// parallel.vocab_parallel: stage 0 holds V/tp rows of wte (the whole wpe), the last stage V/tp of
+// its wte copy and of the fp32 logits and their gradient; the stages between are unchanged.
+TEST(Memory, VocabParallelSplitsEmbeddingAndLogits) {
+  Scenario s = load_scenario(std::string(ORRERY_SOURCE_DIR) + "/scenarios/megatron/gpt3-175b.yaml");
+  s.parallel.vocab_parallel = false;
+  const auto p = precision_config("mixed");
+  const auto whole = estimate_memory(s, p, 0);
+  s.parallel.vocab_parallel = true;
+  const auto split = estimate_memory(s, p, 0);
+  const double wte = 51200.0 * 12288, tp = 8;
+  EXPECT_EQ(double(whole[0].param_count - split[0].param_count), wte - wte / tp);
+  EXPECT_EQ(double(whole[7].param_count - split[7].param_count), wte - wte / tp);
+  EXPECT_EQ(whole[3].param_count, split[3].param_count);
+  const double logits = 1.0 * 2048 * 51200 * 4.0 * 2.0;
+  EXPECT_DOUBLE_EQ(whole[7].activations_bytes - split[7].activations_bytes, logits - logits / tp);
+  EXPECT_DOUBLE_EQ(whole[0].activations_bytes, split[0].activations_bytes);
+  s.model.vocab = 51201;
+  EXPECT_THROW(validate_layout(s), InputError);
+}
+
 TEST(Memory, MicroBatchesInFlight) {
   Scenario s = testing::small_scenario(8, 1, 1, 4, 8, "1f1b");
   auto e = estimate_memory(s, precision_config("fp32"), 0);

@@ -9,6 +9,7 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/profiler/metrics.hpp"
+#include "orrery/sim/sim_target.hpp"
 #include "orrery/sim/sweep.hpp"
 #include "orrery/traces/store.hpp"
 #include "test_workload_util.hpp"
@@ -229,6 +230,25 @@ TEST(Sweep, SearchWithSequenceParallelism) {
   const auto rows = sweep(s, c, opt);
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_TRUE(rows[0].ok) << rows[0].note;
+}
+
+// Where replicas' collectives contend on the fabric, orrery sim simulates every rank by default
+// (replica_contention_matters): a job over more than one node of an oversubscribed or not
+// rail-optimized fat-tree; not on one node, a crossbar or a non-blocking rail-optimized fat-tree.
+TEST(SimTarget, ReplicaContentionMattersOnSharedFabricsOnly) {
+  const Scenario two_nodes = small_scenario(4, 16, 1, 1, 1);  // dp 16: 16 GPUs, 2 nodes of 8
+  const Scenario one_node = small_scenario(4, 8, 1, 1, 1);
+  ASSERT_EQ(two_nodes.world_size(), 16);
+  Cluster c = h100_cluster(16);
+  ASSERT_EQ(c.topo.kind, TopologyKind::FatTree);
+  EXPECT_FALSE(replica_contention_matters(two_nodes, c));  // non-blocking, rail-optimized
+  c.topo.oversubscription = 2;
+  EXPECT_TRUE(replica_contention_matters(two_nodes, c));
+  EXPECT_FALSE(replica_contention_matters(one_node, c));  // within a node: NVSwitch
+  c.topo.oversubscription = 1;
+  c.topo.rail_optimized = false;
+  EXPECT_TRUE(replica_contention_matters(two_nodes, c));
+  EXPECT_FALSE(replica_contention_matters(one_node, h100_cluster(8)));  // crossbar
 }
 
 }  // namespace

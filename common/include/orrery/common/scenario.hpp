@@ -75,6 +75,11 @@ struct ParallelConfig {
   // stream, LayerNorms and residual adds sharded over the tp group's tokens, each tp all-reduce a
   // reduce-scatter plus an all-gather (model/block.hpp). Run and simulated.
   bool sequence_parallel = false;
+  // Megatron's vocabulary-parallel embedding and output layer (VocabParallelEmbedding, the
+  // column-parallel LM head and the vocab-parallel cross-entropy): the embedding table, the LM head's
+  // GEMM, the logits and the tied-embedding gradient split over tp by vocabulary rows. Simulated
+  // only (the runtime keeps the head whole on every tp rank and refuses it); needs vocab % tp == 0.
+  bool vocab_parallel = false;
   // Gradient compression on the dp group's gradient all-reduce (issue 18): none | int8 | powersgd |
   // topk; options in CompressionConfig. Validated here (scheme, ranges, not with ZeRO 2/3); run on
   // device cpu (runtime ddp_compression.hpp), refused on cuda and by sim / sweep.

@@ -47,6 +47,8 @@ struct ModelDims {
   // Sequence parallelism (tp > 1): blocks in model/block.hpp's five pieces, the token-wise ops
   // (LayerNorms, residual adds) over B·T/tp tokens, the head's LayerNorm too.
   bool sequence_parallel = false;
+  // parallel.vocab_parallel: the LM head's GEMM and the softmax/loss over this rank's V/tp logits.
+  bool vocab_parallel = false;
   // The block (common/scenario.hpp, resolved): key/value heads, MLP width, SwiGLU, RMSNorm, RoPE,
   // biases. The default is GPT's (resolved against heads and d_model where used).
   BlockArch arch{};

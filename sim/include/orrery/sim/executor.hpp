@@ -52,6 +52,12 @@ struct ExecutorOptions {
   // last member arrived, σ² = the members' mean variance Σ (op_jitter · d)² over the compute ops
   // (times d) each ran since its previous collective. Only when every rank is simulated; 0 = none.
   double op_jitter = 0;
+  // HardwareProfile::comm_compute_share: the share of a GPU's compute that its own NCCL kernels take
+  // while they run (NCCL runs one CTA per channel on an SM of its own). While a rank has a
+  // collective or transfer in flight (from its start on the network to its end), the rank's compute
+  // ops progress at (1 - comm_compute_share) of their rate, re-rated whenever one starts or ends;
+  // communication itself is not slowed. 0 = none. Not with core sharing (CPU profiles).
+  double comm_compute_share = 0;
 };
 
 // E[Z_(i)], i = 1..n, of n independent standard normals, ascending (numerical integration of the

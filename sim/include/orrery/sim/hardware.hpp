@@ -199,6 +199,12 @@ struct HardwareProfile {
   // late, σ² = the members' mean of Σ (op_jitter · d)²: the expected wait for the last of n
   // independently late arrivals. 0 = none. Fitted by `orrery calibrate` from the multi-rank runs.
   double op_jitter = 0;
+  // `comm_compute_share`: the share of the GPU's compute its own NCCL kernels take while a
+  // collective or transfer of the rank runs alongside its compute (ExecutorOptions). NCCL runs one
+  // CTA (thread block) per channel, each on an SM of its own (NCCL's documentation of
+  // NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS), so channels / SMs is the SM share: 8 / 108 = 0.074 on
+  // an A100 with the 8 channels of selene-a100.yaml. 0 = none (the default: no slowdown).
+  double comm_compute_share = 0;
   std::vector<MeasuredOp> ops;  // the `ops:` section
   GemmShapeModel gemm_shape;    // the `gemm_shape:` section
   // `attention_kernel: fused` (default: FlashAttention-style, the class's roofline) or `unfused`
