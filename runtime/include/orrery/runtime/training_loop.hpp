@@ -88,6 +88,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,7 @@
 #include "orrery/runtime/data.hpp"
 #include "orrery/runtime/ddp.hpp"
 #include "orrery/runtime/groups.hpp"
+#include "orrery/runtime/loss_scaler.hpp"
 #include "orrery/runtime/model.hpp"
 #include "orrery/runtime/optimizer.hpp"
 #include "orrery/runtime/rank_trainer.hpp"
@@ -169,7 +171,10 @@ class TrainingLoop : public RankTrainer {
   void forward_pass(int mb, const GptHooks& hooks, double& loss_sum);
   void backward_pass(int mb, const GptHooks& hooks, float loss_scale);
   void run_passes(const GptHooks& hooks, double& loss_sum);
-  void optimizer_phase();
+  void optimizer_phase(bool apply);
+  // fp16: true when any rank's gradients (the part this rank updates) hold an inf or NaN; else
+  // they are divided by the loss scale. The same answer on every rank.
+  bool unscale_and_check_overflow();
   void reduce_gradients_zero(int mb);
   void embed_all_reduce();
   void kv_grad_all_reduce(int layer, int mb);
@@ -221,7 +226,8 @@ class TrainingLoop : public RankTrainer {
   std::unique_ptr<Observer> observer_;
   Batch batch_;
   int32_t step_ = 0;
-  int32_t cur_mb_ = -1;  // the micro-batch in flight (tp.all_reduce labels)
+  int32_t cur_mb_ = -1;               // the micro-batch in flight (tp.all_reduce labels)
+  std::optional<LossScaler> scaler_;  // runtime.precision fp16 only
 };
 
 }  // namespace orrery::runtime
