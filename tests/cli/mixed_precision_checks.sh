@@ -11,7 +11,7 @@
 set -u
 ORRERY=$1
 SRC=$2
-TMP=$(mktemp -d /tmp/mp_cli.XXXXXX)
+TMP=$(mktemp -d /tmp/mp18_cli.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 EXPECT_DIR="$SRC"
@@ -52,11 +52,13 @@ assert j["loss_scaling"]["skipped_steps"] == 3, j["loss_scaling"]
 else
   fail "report --json has no loss_scaling.skipped_steps 3"
 fi
-if sqlite3 "$TMP/f16.db" "select layout_json from meta" 2>/dev/null | grep -q '"precision":"fp16"' ||
-  "$ORRERY" info "$TMP/f16.db" 2>&1 | grep -q "fp16"; then
-  echo "ok: the trace meta records fp16"
+if "$ORRERY" report --json "$TMP/f16.db" | python3 -c '
+import json, sys
+assert json.load(sys.stdin)["layout"]["precision"] == "fp16"
+'; then
+  echo "ok: the trace meta layout records fp16"
 else
-  fail "the trace meta does not record fp16"
+  fail "the trace meta layout does not record fp16"
 fi
 
 for dt in fp32 bf16; do
@@ -68,9 +70,12 @@ done
 if python3 - "$TMP/b_fp32.json" "$TMP/b_bf16.json" <<'PY'
 import json, sys
 def ddp_bytes(p):
-    return sum(c["bytes"] for c in json.load(open(p))["collectives"] if c["op"] == "ddp.all_reduce")
-a, b = ddp_bytes(sys.argv[1]), ddp_bytes(sys.argv[2])
-print("ddp.all_reduce bytes fp32 %d bf16 %d" % (a, b))
+    # DDP's all-reduces are the only ones on the dp group at ZeRO 0 (tp = pp = 1).
+    return sum(c["bytes"] for c in json.load(open(p))["collectives"]
+               if c["op"] == "all_reduce" and c["comm_name"].startswith("dp["))
+# Both also hold the end-of-run loss average on dp (report.loss: 2 steps x 4 bytes x 2 ranks).
+a, b = ddp_bytes(sys.argv[1]) - 16, ddp_bytes(sys.argv[2]) - 16
+print("ddp.all_reduce bytes (2 ranks, 2 steps): grad_dtype fp32 %d, bf16 %d" % (a, b))
 assert a > 0 and 2 * b == a, (a, b)
 PY
 then
