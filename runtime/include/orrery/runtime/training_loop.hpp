@@ -69,6 +69,12 @@
 //    LayerNorm once per step), "zero.reduce_scatter" per segment as its backward completes, every
 //    micro-batch; AdamW per segment shard; no parameter broadcast (every rank makes the same model
 //    from the seed and keeps its shard) and no all-gather after the optimizer.
+//  - runtime.precision fp16 (host memory only; loss_scaler.hpp): the backward's loss gradient is
+//    multiplied by the loss scale; after the gradient reductions the gradients this rank updates
+//    are checked for inf / NaN, the flag max-all-reduced over dp, tp and pp
+//    ("loss_scale.overflow", 4 bytes each), and unscaled; an overflowed step keeps its optimizer
+//    spans but updates nothing (nor ZeRO 1/2's all-gather). Counters "loss_scale" and
+//    "skipped_steps" at the end of the step.
 //
 // A Backend B (CpuBackend in cpu_backend.hpp, cuda::CudaBackend in cuda/backend.hpp) provides:
 //   types    Options, Array (float storage: resize, size, size_bytes, data; constructible from a
