@@ -1,5 +1,6 @@
 // `orrery report`: the first metrics a performance engineer asks for (profiler/metrics.hpp), as
 // readable tables or one JSON object; --compare puts two traces' summaries side by side.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -13,6 +14,7 @@
 #include "orrery/common/error.hpp"
 #include "orrery/common/format.hpp"
 #include "orrery/common/slurm.hpp"
+#include "orrery/model/names.hpp"
 #include "orrery/profiler/compare.hpp"
 #include "orrery/profiler/compression_metrics.hpp"
 #include "orrery/profiler/metrics.hpp"
@@ -47,10 +49,42 @@ int warmup_steps_of(const traces::RunMeta& meta) {
   return std::max(0, extra["warmup_steps"].get<int>());
 }
 
+// fp16 dynamic loss scaling, from rank 0's loss_scale and skipped_steps counters (model/names.hpp):
+// empty (steps 0) for a run without it.
+struct LossScaling {
+  int64_t steps = 0;    // steps with a loss_scale sample
+  int64_t skipped = 0;  // steps skipped for an inf / NaN gradient
+  double first_scale = 0, last_scale = 0, min_scale = 0;
+};
+
+LossScaling loss_scaling_of(const traces::Trace& t) {
+  LossScaling ls;
+  const traces::NameId scale = t.strings.find(model::names::kLossScale);
+  const traces::NameId skipped = t.strings.find(model::names::kSkippedSteps);
+  const int32_t rank = t.counters.empty() ? 0 : t.counters.front().rank;
+  int64_t last_ts = -1;
+  for (const auto& c : t.counters) {
+    if (c.rank != rank) continue;
+    if (c.name == scale) {
+      if (ls.steps == 0) ls.first_scale = ls.min_scale = c.value;
+      ls.min_scale = std::min(ls.min_scale, c.value);
+      if (c.ts_ns >= last_ts) {
+        ls.last_scale = c.value;
+        last_ts = c.ts_ns;
+      }
+      ++ls.steps;
+    } else if (c.name == skipped) {
+      ls.skipped = std::max(ls.skipped, static_cast<int64_t>(c.value));
+    }
+  }
+  return ls;
+}
+
 struct Loaded {
   traces::Trace trace;  // without --compare only the header (no spans): the report streams them
   Metrics m;
   profiler::CompressionMetrics comp;  // empty without gradient compression
+  LossScaling scaling;                // steps 0 without fp16 loss scaling
   bool complete = true;  // false when the trace's writer never closed it (a run that died)
 };
 
@@ -79,6 +113,7 @@ Loaded load_and_compute(const std::string& path, const profiler::MetricsOptions&
       l.comp = profiler::compression_metrics(l.trace);
     }
   }
+  l.scaling = loss_scaling_of(l.trace);  // counters: in the header too
   if (!l.complete) {
     std::cerr << "orrery: warning: " << path
               << " is incomplete (its writer never closed it); the figures cover what it holds\n";
@@ -269,6 +304,13 @@ json report_json(const Loaded& l) {
   }
   j["collectives"] = std::move(colls);
   if (!l.comp.empty()) j["compression"] = compression_json(l.comp);
+  if (l.scaling.steps > 0) {
+    j["loss_scaling"] = {{"steps", l.scaling.steps},
+                         {"skipped_steps", l.scaling.skipped},
+                         {"first_scale", l.scaling.first_scale},
+                         {"last_scale", l.scaling.last_scale},
+                         {"min_scale", l.scaling.min_scale}};
+  }
   json restarts = json::array();
   for (const auto& r : restarts_of(l.trace.meta)) {
     restarts.push_back({{"attempt", r.attempt},
@@ -452,6 +494,14 @@ void print_compression(const profiler::CompressionMetrics& c, std::ostream& os) 
      << c.ranks << " ranks)\n";
 }
 
+void print_loss_scaling(const LossScaling& ls, std::ostream& os) {
+  if (ls.steps == 0) return;
+  os << "\nfp16 loss scaling: skipped steps " << ls.skipped << " of " << ls.steps
+     << " (gradient inf/NaN: no optimizer update, scale halved); loss scale "
+     << fmt("%g", ls.first_scale) << " at the first step, " << fmt("%g", ls.last_scale)
+     << " at the last, " << fmt("%g", ls.min_scale) << " at the lowest\n";
+}
+
 // Mean over ranks of a breakdown field per counted step (per rank over the window without steps),
 // so traces with different step counts compare.
 double per_rank_step(const Metrics& m, int64_t TimeBreakdown::*field) {
@@ -528,6 +578,7 @@ int run_report(const ReportArgs& args) {
     } else {
       print_report(a, std::cout);
       print_compression(a.comp, std::cout);
+      print_loss_scaling(a.scaling, std::cout);
     }
     return 0;
   }

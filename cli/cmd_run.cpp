@@ -331,10 +331,11 @@ void print_progress(const Scenario& s, const runtime::StepResult& r) {
   std::string bar(static_cast<size_t>(done), '#');
   bar.resize(width, '.');
   char line[256];
-  std::snprintf(line, sizeof line, "step %*d/%d  loss %.4f  %s  [%s]",
+  std::snprintf(line, sizeof line, "step %*d/%d  loss %.4f  %s  [%s]%s",
                 static_cast<int>(std::to_string(s.training.steps).size()), r.step + 1,
                 s.training.steps, r.loss,
-                format_duration_ns(static_cast<double>(r.duration_ns)).c_str(), bar.c_str());
+                format_duration_ns(static_cast<double>(r.duration_ns)).c_str(), bar.c_str(),
+                r.skipped ? "  skipped (fp16 overflow)" : "");
   if (tty) {
     std::fprintf(stderr, "\r%s", line);
     if (r.step + 1 == s.training.steps) std::fprintf(stderr, "\n");

@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -17,12 +18,16 @@
 namespace orrery {
 
 namespace {
-// runtime.precision as a scenario writes it: lower case, one of fp32, tf32, bf16.
+// runtime.precision as a scenario writes it: lower case, one of fp32, tf32, bf16, fp16.
 std::optional<Precision> scenario_precision(const std::string& text) {
   const auto p = precision_from_string(text);
-  if (!p || *p == Precision::FP16 || text != to_string(*p)) return std::nullopt;
+  if (!p || text != to_string(*p)) return std::nullopt;
   return p;
 }
+
+// runtime.precision by device (cpu: fp32, bf16, fp16; cuda: fp32, tf32, bf16), fp16's loss
+// scaling keys, and parallel.grad_dtype (not with gradient compression).
+void check_precision(const Scenario& s, const std::string& origin);
 }  // namespace
 
 namespace {
@@ -132,6 +137,8 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("training.weight_decay", Type::Double, training.weight_decay, double),
       ORRERY_KEY("training.warmup_steps", Type::Int, training.warmup_steps, int),
       ORRERY_KEY("training.recompute", Type::String, training.recompute, std::string),
+      ORRERY_KEY("training.loss_scale", Type::Double, training.loss_scale, double),
+      ORRERY_KEY("training.loss_scale_window", Type::Int, training.loss_scale_window, int),
       ORRERY_KEY("data.source", Type::String, data.source, std::string),
       ORRERY_KEY("data.path", Type::String, data.path, std::string),
       ORRERY_KEY("parallel.dp", Type::Int, parallel.dp, int),
@@ -158,6 +165,7 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("parallel.sequence_parallel", Type::Bool, parallel.sequence_parallel, bool),
       ORRERY_KEY("parallel.vocab_parallel", Type::Bool, parallel.vocab_parallel, bool),
       ORRERY_KEY("parallel.grad_compression", Type::String, parallel.grad_compression, std::string),
+      ORRERY_KEY("parallel.grad_dtype", Type::String, parallel.grad_dtype, std::string),
       ORRERY_KEY("compression.powersgd_rank", Type::Int, compression.powersgd_rank, int),
       ORRERY_KEY("compression.topk_ratio", Type::Double, compression.topk_ratio, double),
       ORRERY_KEY("compression.start_step", Type::Int, compression.start_step, int),
@@ -318,6 +326,39 @@ void check_range(bool ok, const std::string& origin, const std::string& key,
 
 }  // namespace
 
+namespace {
+void check_precision(const Scenario& s, const std::string& origin) {
+  const auto p = scenario_precision(s.runtime.precision);
+  check_range(p.has_value(), origin, "runtime.precision",
+              "expected fp32, tf32, bf16 or fp16, got '" + s.runtime.precision + "'");
+  const bool cuda = parse_device(s.runtime.device) == Device::Cuda;
+  // fp16 on a GPU would need loss scaling in the CUDA loop, which it does not have: refused.
+  check_range(!(cuda && *p == Precision::FP16), origin, "runtime.precision",
+              "fp16 runs on device cpu only (device cuda: fp32, tf32 or bf16)");
+  // TF32 is a tensor-core format; the CPU's sgemm has no such mode, and running fp32 instead
+  // would record a precision that did not run.
+  check_range(cuda || *p != Precision::TF32, origin, "runtime.precision",
+              "tf32 runs on device cuda only (device cpu: fp32, bf16 or fp16)");
+  check_range(s.training.loss_scale > 0 && std::isfinite(s.training.loss_scale), origin,
+              "training.loss_scale", "must be a finite number > 0");
+  check_range(s.training.loss_scale_window >= 1, origin, "training.loss_scale_window",
+              "must be >= 1");
+  const auto& par = s.parallel;
+  const auto g = scenario_precision(par.grad_dtype);
+  check_range(g && *g != Precision::TF32, origin, "parallel.grad_dtype",
+              "expected fp32, bf16 or fp16, got '" + par.grad_dtype + "'");
+  check_range(*g == Precision::FP32 || !cuda, origin, "parallel.grad_dtype",
+              "16-bit gradient all-reduce runs on device cpu only");
+  check_range(*g == Precision::FP32 || par.zero == 0, origin, "parallel.grad_dtype",
+              "'" + par.grad_dtype + "' sends DDP's all-reduce in 16 bits, which ZeRO stage " +
+                  std::to_string(par.zero) + " replaces: use parallel.zero 0, or fp32");
+  check_range(*g == Precision::FP32 || par.grad_compression == "none", origin,
+              "parallel.grad_dtype",
+              "'" + par.grad_dtype + "' needs parallel.grad_compression none (got '" +
+                  par.grad_compression + "'): a compressed gradient is not sent in 16 bits");
+}
+}  // namespace
+
 Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
                         const std::vector<std::string>& overrides) {
   YAML::Node root;
@@ -408,8 +449,7 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
   check_range(parse_device(s.runtime.device).has_value(), origin, "runtime.device",
               "expected 'cpu' or 'cuda', got '" + s.runtime.device + "'");
   check_range(s.runtime.threads >= 1, origin, "runtime.threads", "must be >= 1");
-  check_range(scenario_precision(s.runtime.precision).has_value(), origin, "runtime.precision",
-              "expected fp32, tf32 or bf16, got '" + s.runtime.precision + "'");
+  check_precision(s, origin);
   check_range(p.comm_backend == "auto" || p.comm_backend == "nccl" || p.comm_backend == "mpi",
               origin, "parallel.comm_backend",
               "expected auto, nccl or mpi, got '" + p.comm_backend + "'");
@@ -658,9 +698,17 @@ std::string_view to_string(Precision p) {
 Precision precision_of(const RuntimeConfig& r) {
   const auto p = scenario_precision(r.precision);
   if (!p)
-    throw InputError("key 'runtime.precision': expected fp32, tf32 or bf16, got '" + r.precision +
-                     "'");
+    throw InputError("key 'runtime.precision': expected fp32, tf32, bf16 or fp16, got '" +
+                     r.precision + "'");
   return *p;
+}
+
+Precision grad_dtype_of(const ParallelConfig& p) {
+  const auto g = scenario_precision(p.grad_dtype);
+  if (!g || *g == Precision::TF32)
+    throw InputError("key 'parallel.grad_dtype': expected fp32, bf16 or fp16, got '" +
+                     p.grad_dtype + "'");
+  return *g;
 }
 
 std::optional<Recompute> parse_recompute(const std::string& name) {

@@ -85,7 +85,8 @@ class LocalCommunicator final : public Communicator {
 
  private:
   void check_peer(int peer) const {
-    if (peer != 0) throw InternalError("local communicator: peer " + std::to_string(peer) + " of 1 rank");
+    if (peer != 0)
+      throw InternalError("local communicator: peer " + std::to_string(peer) + " of 1 rank");
   }
   traces::CommunicatorInfo info_;
   int32_t splits_ = 0;
@@ -105,6 +106,9 @@ size_t dtype_size(DType t) {
       return 8;
     case DType::U8:
       return 1;
+    case DType::BF16:
+    case DType::F16:
+      return 2;
   }
   return 1;
 }

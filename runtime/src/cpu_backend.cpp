@@ -15,6 +15,7 @@ void CpuBackend::check_supported(const Scenario& s) { runtime::check_supported(s
 CpuBackend::CpuBackend(const Scenario& s, profiler::Recorder* rec, const Options&)
     : rec_(rec), threads_(s.runtime.threads) {
   set_compute_threads(threads_);
+  set_matmul_precision(precision_of(s.runtime));
 }
 
 void CpuBackend::add(float* acc, const float* in, std::size_t n) {

@@ -7,6 +7,7 @@
 #include "orrery/common/error.hpp"
 #include "orrery/model/buckets.hpp"
 #include "orrery/model/names.hpp"
+#include "orrery/runtime/half.hpp"
 
 namespace orrery::runtime {
 namespace {
@@ -77,6 +78,11 @@ DataParallel::DataParallel(std::vector<DdpBucket> buckets, int n_layer, float* g
     for (int seg : b.segments) bucket_of_segment_[static_cast<size_t>(seg + 1)] = b.index;
   }
   pending_.assign(buckets_.size(), 0);
+  if (opt_.wire == DType::BF16 || opt_.wire == DType::F16) {
+    std::size_t n = 0;
+    for (const auto& b : buckets_) n = std::max(n, b.range.end());
+    wire16_.assign(n, 0);
+  }
 }
 
 DataParallel::DataParallel(Gpt& model, Communicator& dp, const DdpOptions& opt)
@@ -132,8 +138,28 @@ void DataParallel::issue(DdpBucket& b) {
     hook_->issue(b, label);
     return;
   }
+  if (!wire16_.empty()) {
+    const bool bf16 = opt_.wire == DType::BF16;
+    uint16_t* w = wire16_.data() + b.range.offset;
+    const float* g = grads_ + b.range.offset;
+    for (std::size_t i = 0; i < b.range.count; ++i)
+      w[i] = bf16 ? float_to_bf16_bits(g[i]) : float_to_fp16_bits(g[i]);
+    handles_.push_back(dp_->all_reduce(w, b.range.count, opt_.wire, ReduceOp::Sum, label));
+    return;
+  }
   handles_.push_back(
       dp_->all_reduce(grads_ + b.range.offset, b.range.count, DType::F32, ReduceOp::Avg, label));
+}
+
+void DataParallel::widen_wire() {
+  const bool bf16 = opt_.wire == DType::BF16;
+  const float inv = 1.0f / static_cast<float>(dp_->size());
+  for (const auto& b : buckets_) {
+    const uint16_t* w = wire16_.data() + b.range.offset;
+    float* g = grads_ + b.range.offset;
+    for (std::size_t i = 0; i < b.range.count; ++i)
+      g[i] = (bf16 ? bf16_bits_to_float(w[i]) : fp16_bits_to_float(w[i])) * inv;
+  }
 }
 
 void DataParallel::finish_backward() {
@@ -150,6 +176,7 @@ void DataParallel::finish_backward() {
   }
   for (auto& h : handles_) h.wait();
   handles_.clear();
+  if (sync_ && !compressing_ && !wire16_.empty()) widen_wire();
   if (compressing_) hook_->finish();
   compressing_ = false;
   sync_ = false;

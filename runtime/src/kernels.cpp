@@ -9,6 +9,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "orrery/runtime/gelu.hpp"
+#include "orrery/runtime/half.hpp"
 
 namespace orrery::runtime {
 namespace {
@@ -173,6 +175,35 @@ void set_compute_threads(int threads) {
 }
 
 int compute_threads() { return g_threads; }
+
+namespace {
+std::atomic<Precision> g_matmul_precision{Precision::FP32};
+
+// The rounded copies of a product's operands, per calling thread (ranks in one process each run
+// their own thread).
+struct RoundedOperands {
+  std::vector<float> a, b, c;
+};
+thread_local RoundedOperands t_rounded;
+
+// src rounded into buf (grown as needed) when p is a 16-bit format; src itself otherwise.
+const float* rounded_operand(std::vector<float>& buf, const float* src, std::size_t n,
+                             Precision p) {
+  if (!is_16_bit(p) || src == nullptr) return src;
+  if (buf.size() < n) buf.resize(n);
+  round_to_precision(buf.data(), src, n, p);
+  return buf.data();
+}
+}  // namespace
+
+void set_matmul_precision(Precision p) { g_matmul_precision.store(p); }
+Precision matmul_precision() { return g_matmul_precision.load(); }
+
+void round_to_precision(float* dst, const float* src, std::size_t n, Precision p) {
+  parallel_for(static_cast<std::ptrdiff_t>(n), n, [&](std::ptrdiff_t i0, std::ptrdiff_t i1) {
+    for (std::ptrdiff_t i = i0; i < i1; ++i) dst[i] = round_to(p, src[i]);
+  });
+}
 
 // ------------------------------------------------------------------------------------ embedding
 
@@ -383,6 +414,9 @@ void rope_backward(float* dqkv, int B, int T, int NH, int NKV, int hs, float the
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int B,
                     int T, int C, int OC) {
   const int N = B * T;
+  const Precision p = matmul_precision();
+  inp = rounded_operand(t_rounded.a, inp, static_cast<std::size_t>(N) * C, p);
+  weight = rounded_operand(t_rounded.b, weight, static_cast<std::size_t>(OC) * C, p);
   float beta = 0.0f;
   if (bias != nullptr) {
     // Start from the bias and let sgemm accumulate: one pass over out instead of two.
@@ -393,6 +427,7 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out,
               OC);
+  if (is_16_bit(p)) round_to_precision(out, out, static_cast<std::size_t>(N) * OC, p);
 }
 
 void bias_backward(float* dbias, const float* dout, int B, int T, int C) {
@@ -411,9 +446,17 @@ void bias_backward(float* dbias, const float* dout, int B, int T, int C) {
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int B, int T, int C, int OC, bool accumulate_dinp) {
   const int N = B * T;
+  const Precision p = matmul_precision();
+  dout = rounded_operand(t_rounded.c, dout, static_cast<std::size_t>(N) * OC, p);
+  inp = rounded_operand(t_rounded.a, inp, static_cast<std::size_t>(N) * C, p);
+  weight = rounded_operand(t_rounded.b, weight, static_cast<std::size_t>(OC) * C, p);
   if (dinp != nullptr) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
                 accumulate_dinp ? 1.0f : 0.0f, dinp, C);
+    // An overwritten dinp is the product's output (16 bits); one accumulated into is a sum the
+    // caller holds in fp32 (the residual stream's gradient), as autocast's fp32 residual adds.
+    if (!accumulate_dinp && is_16_bit(p))
+      round_to_precision(dinp, dinp, static_cast<std::size_t>(N) * C, p);
   }
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
               dweight, C);

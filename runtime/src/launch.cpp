@@ -423,6 +423,13 @@ void check_supported_on_device(const Scenario& s) {
         "error-feedback residuals yet, so a resumed run would differ from an "
         "uninterrupted one; use checkpoint.every: 0 or grad_compression: none");
   }
+  // Nor fp16's loss scaler (its scale and clean-step count): refused for the same reason.
+  if (precision_of(s.runtime) == Precision::FP16 && s.checkpoint.every > 0) {
+    throw InputError((s.path.empty() ? std::string("scenario") : s.path) +
+                     ": key 'checkpoint.every': checkpoints do not hold runtime.precision fp16's "
+                     "loss scale yet, so a resumed run would differ from an uninterrupted one; "
+                     "use checkpoint.every: 0 or precision bf16");
+  }
   const auto it = device_runners().find(device_of(s.runtime));
   if (it == device_runners().end()) {
     check_supported(s);

@@ -692,8 +692,11 @@ class StageBuilder {
         gather_bucket(bk, mb, after);
       return;
     }
+    // parallel.grad_dtype bf16 / fp16: the runtime sends the bucket as 16-bit patterns (ddp.hpp),
+    // 2 bytes per gradient whatever the precision config's gradient bytes.
+    const int64_t elem_bytes = grad_dtype_of(s_.parallel) == Precision::FP32 ? prec_.grad_bytes : 2;
     grad_ops_.push_back(dp_coll(names::kDpAllReduce, traces::CollOp::AllReduce,
-                                bk.params * prec_.grad_bytes, PhaseKind::Backward, mb, bk.lowest,
+                                bk.params * elem_bytes, PhaseKind::Backward, mb, bk.lowest,
                                 {after}));
   }
   // --- Gradient compression (runtime ddp_compression.hpp): the same collectives, names and bytes

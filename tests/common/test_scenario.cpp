@@ -122,6 +122,52 @@ TEST(Scenario, GradCompressionKeysParseAndBadValuesNameTheKey) {
             "");
 }
 
+// Issue 18 item 2's keys: runtime.precision by device, fp16's loss scaling, parallel.grad_dtype.
+TEST(Scenario, MixedPrecisionKeysParseAndBadValuesNameTheKey) {
+  const Scenario d = parse_scenario("", "s.yaml");
+  EXPECT_EQ(d.runtime.precision, "fp32");
+  EXPECT_EQ(d.parallel.grad_dtype, "fp32");
+  EXPECT_EQ(d.training.loss_scale, 65536.0);
+  EXPECT_EQ(d.training.loss_scale_window, 2000);
+  const Scenario s = parse_scenario(
+      "training:\n  loss_scale: 1024\n  loss_scale_window: 5\nparallel:\n  grad_dtype: "
+      "fp16\nruntime:\n  precision: fp16\n",
+      "s.yaml");
+  EXPECT_EQ(precision_of(s.runtime), Precision::FP16);
+  EXPECT_EQ(grad_dtype_of(s.parallel), Precision::FP16);
+  EXPECT_EQ(s.training.loss_scale, 1024.0);
+  EXPECT_EQ(parse_scenario(to_yaml(s), "again").training.loss_scale_window, 5);
+  EXPECT_EQ(precision_of(parse_scenario("", "s", {"runtime.precision=bf16"}).runtime),
+            Precision::BF16);
+  EXPECT_EQ(error_of("", {"runtime.precision=tf32"}),
+            "s.yaml: key 'runtime.precision': tf32 runs on device cuda only (device cpu: fp32, "
+            "bf16 or fp16)");
+  EXPECT_EQ(error_of("", {"runtime.precision=tf32", "runtime.device=cuda"}), "");
+  EXPECT_EQ(error_of("", {"runtime.precision=fp16", "runtime.device=cuda"}),
+            "s.yaml: key 'runtime.precision': fp16 runs on device cpu only (device cuda: fp32, "
+            "tf32 or bf16)");
+  EXPECT_EQ(error_of("", {"runtime.precision=FP16"}),
+            "s.yaml: key 'runtime.precision': expected fp32, tf32, bf16 or fp16, got 'FP16'");
+  EXPECT_EQ(error_of("", {"training.loss_scale=0"}),
+            "s.yaml: key 'training.loss_scale': must be a finite number > 0");
+  EXPECT_EQ(error_of("", {"training.loss_scale_window=0"}),
+            "s.yaml: key 'training.loss_scale_window': must be >= 1");
+  EXPECT_EQ(error_of("", {"parallel.grad_dtype=tf32"}),
+            "s.yaml: key 'parallel.grad_dtype': expected fp32, bf16 or fp16, got 'tf32'");
+  EXPECT_EQ(error_of("", {"parallel.grad_dtype=bf16", "runtime.device=cuda"}),
+            "s.yaml: key 'parallel.grad_dtype': 16-bit gradient all-reduce runs on device cpu "
+            "only");
+  EXPECT_EQ(error_of("parallel:\n  dp: 2\n  grad_dtype: bf16\n  grad_compression: int8\n"),
+            "s.yaml: key 'parallel.grad_dtype': 'bf16' needs parallel.grad_compression none (got "
+            "'int8'): a compressed gradient is not sent in 16 bits");
+  RuntimeConfig r;
+  r.precision = "fp16";
+  EXPECT_EQ(precision_of(r), Precision::FP16);
+  ParallelConfig p;
+  p.grad_dtype = "fp8";
+  EXPECT_THROW(grad_dtype_of(p), InputError);
+}
+
 // parallel.pp_layers: a YAML sequence or, from --set, a comma string; validated against pp, the
 // layers and the schedule, each refusal naming the key and the numbers.
 TEST(Scenario, PpLayersParseFromYamlAndFromSet) {

@@ -62,6 +62,27 @@ int64_t expected_bytes(const Scenario& s, int seg) {
   return powersgd;
 }
 
+// parallel.grad_dtype bf16 / fp16 (issue 18 item 2): DDP's all-reduce carries 2 bytes per gradient,
+// half of fp32's, bucket for bucket; fp32 keeps 4.
+TEST(SimGradDtype, SixteenBitDdpAllReduceHalvesTheBytes) {
+  for (const char* dtype : {"fp32", "bf16", "fp16"}) {
+    Scenario s = small_scenario(4, 2, 1, 1, 2);
+    s.parallel.bucket_mb = 1e-9;  // every segment a bucket
+    s.parallel.grad_dtype = dtype;
+    WorkloadOptions opt;
+    opt.steps = 1;
+    const Workload w = build_workload(s, h100_cost(), opt);  // precision fp32 (4-byte grads)
+    const std::vector<int64_t>& buckets = w.stages[0].bucket_params;
+    ASSERT_EQ(buckets.size(), 6u);
+    const int64_t per = std::string(dtype) == "fp32" ? 4 : 2;
+    std::vector<int64_t> bytes;
+    for (const auto& op : w.stages[0].ops)
+      if (w.names[op.name] == names::kDpAllReduce) bytes.push_back(op.bytes);
+    ASSERT_EQ(bytes.size(), buckets.size()) << dtype;
+    for (size_t b = 0; b < buckets.size(); ++b) EXPECT_EQ(bytes[b], per * buckets[b]) << dtype;
+  }
+}
+
 class SimCompression : public ::testing::TestWithParam<std::tuple<const char*, int>> {};
 
 TEST_P(SimCompression, DpBytesEqualTheClosedFormAfterTheWarmUp) {

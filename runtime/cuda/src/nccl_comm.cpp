@@ -78,6 +78,10 @@ ncclDataType_t nccl_type(DType t) {
       return ncclInt64;
     case DType::U8:
       return ncclUint8;
+    case DType::BF16:
+      return ncclBfloat16;
+    case DType::F16:
+      return ncclFloat16;
   }
   throw InternalError("NCCL communicator: unknown dtype " + std::to_string(static_cast<int>(t)));
 }

@@ -50,6 +50,7 @@
 #include "orrery/profiler/flight_recorder.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/comm.hpp"
+#include "orrery/runtime/half.hpp"
 
 namespace orrery::runtime {
 namespace {
@@ -85,11 +86,48 @@ MPI_Datatype mpi_type(DType t) {
       return MPI_INT64_T;
     case DType::U8:
       return MPI_UINT8_T;
+    case DType::BF16:
+    case DType::F16:
+      return MPI_UINT16_T;
   }
   return MPI_BYTE;
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+// The 16-bit sums: each pair converted to fp32, added, rounded back (half.hpp).
+template <Precision P>
+void sum_16_bit(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    if constexpr (P == Precision::BF16) {
+      b[i] = float_to_bf16_bits(bf16_bits_to_float(a[i]) + bf16_bits_to_float(b[i]));
+    } else {
+      b[i] = float_to_fp16_bits(fp16_bits_to_float(a[i]) + fp16_bits_to_float(b[i]));
+    }
+  }
+}
+
+MPI_Op op_16_bit(DType t) {
+  // Created once (MPI is initialised before any communicator exists), freed by MPI_Finalize.
+  static MPI_Op bf16 = [] {
+    MPI_Op op;
+    MPI_Op_create(&sum_16_bit<Precision::BF16>, 1, &op);
+    return op;
+  }();
+  static MPI_Op f16 = [] {
+    MPI_Op op;
+    MPI_Op_create(&sum_16_bit<Precision::FP16>, 1, &op);
+    return op;
+  }();
+  return t == DType::BF16 ? bf16 : f16;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType t = DType::F32) {
+  if (t == DType::BF16 || t == DType::F16) {
+    if (op != ReduceOp::Sum)
+      throw InternalError("MPI communicator: 16-bit dtypes reduce by Sum only");
+    return op_16_bit(t);
+  }
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Avg:  // summed, then divided on the communication thread
@@ -499,7 +537,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm comm = comm_;
     t->post = [=](MPI_Request* req) {
       ORRERY_MPI_CHECK(
-          MPI_Iallreduce(MPI_IN_PLACE, data, n, mpi_type(dtype), mpi_op(op), comm, req));
+          MPI_Iallreduce(MPI_IN_PLACE, data, n, mpi_type(dtype), mpi_op(op, dtype), comm, req));
     };
     if (op == ReduceOp::Avg) t->after = [=] { divide_in_place(data, count, dtype, size); };
     return submit(t);
@@ -515,7 +553,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm comm = comm_;
     t->post = [=](MPI_Request* req) {
       ORRERY_MPI_CHECK(
-          MPI_Ireduce_scatter_block(send, recv, n, mpi_type(dtype), mpi_op(op), comm, req));
+          MPI_Ireduce_scatter_block(send, recv, n, mpi_type(dtype), mpi_op(op, dtype), comm, req));
     };
     if (op == ReduceOp::Avg) t->after = [=] { divide_in_place(recv, recv_count, dtype, size); };
     return submit(t);

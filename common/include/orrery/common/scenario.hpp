@@ -48,6 +48,12 @@ struct TrainingConfig {
   // B·heads·T·T probabilities are recomputed in the backward) | full (each block keeps only its
   // input and recomputes its forward in the backward). Parsed by recompute_of.
   std::string recompute = "none";
+  // Dynamic loss scaling of runtime.precision fp16 (as PyTorch's GradScaler): the loss gradient is
+  // multiplied by the scale, the gradients unscaled before the optimizer; a step whose gradients
+  // hold an inf or NaN on any rank is skipped (no update) and the scale halved; after
+  // loss_scale_window clean steps in a row it doubles. Unused by fp32 and bf16.
+  double loss_scale = 65536.0;   // initial scale, > 0
+  int loss_scale_window = 2000;  // clean steps before the scale doubles, >= 1
 };
 
 struct DataConfig {
@@ -84,6 +90,9 @@ struct ParallelConfig {
   // topk; options in CompressionConfig. Validated here (scheme, ranges, not with ZeRO 2/3); run on
   // device cpu (runtime ddp_compression.hpp), refused on cuda and by sim / sweep.
   std::string grad_compression = "none";
+  // Number format of DDP's gradient all-reduce on device cpu (issue 18): fp32 | bf16 | fp16. Not
+  // with grad_compression other than none. Parsed by grad_dtype_of.
+  std::string grad_dtype = "fp32";
 };
 
 struct CompressionConfig {
@@ -93,10 +102,12 @@ struct CompressionConfig {
 };
 
 struct RuntimeConfig {
-  std::string device = "cpu";      // cpu | cuda
-  int threads = 1;                 // compute threads per rank
-  double watchdog_s = 300.0;       // a collective not done after this long ends the job
-  std::string precision = "fp32";  // device cuda: fp32 | tf32 | bf16 (fp32 master weights)
+  std::string device = "cpu";  // cpu | cuda
+  int threads = 1;             // compute threads per rank
+  double watchdog_s = 300.0;   // a collective not done after this long ends the job
+  // cuda: fp32 | tf32 | bf16; cpu: fp32 | bf16 | fp16 (16-bit matrix inputs and outputs, emulated
+  // by rounding; fp32 accumulation and master weights). tf32 on cpu and fp16 on cuda are refused.
+  std::string precision = "fp32";
 };
 
 // Test-only fault injection (scenarios/README.md): ranks are global, -1 is off.
@@ -176,13 +187,16 @@ std::optional<Device> parse_device(const std::string& name);  // "cpu" | "cuda"
 Device device_of(const RuntimeConfig& r);
 const char* device_name(Device d);
 
-// Number formats of matrix inputs: runtime.precision (fp32 | tf32 | bf16 on a scenario) and the
-// simulator's device peaks and hardware profiles (fp16 too). One parser, case-insensitive.
+// Number formats of matrix inputs: runtime.precision (fp32 | tf32 | bf16 | fp16 on a scenario, by
+// device as RuntimeConfig says) and the simulator's device peaks and hardware profiles. One parser,
+// case-insensitive.
 enum class Precision : uint8_t { FP32, TF32, BF16, FP16 };
 std::optional<Precision> precision_from_string(std::string_view s);  // fp32 | tf32 | bf16 | fp16
 std::string_view to_string(Precision p);
-// r.precision as the enum; InputError naming the key for a value none of fp32, tf32, bf16.
+// r.precision as the enum; InputError naming the key for a value none of fp32, tf32, bf16, fp16.
 Precision precision_of(const RuntimeConfig& r);
+// parallel.grad_dtype as the enum (FP32, BF16 or FP16); InputError naming the key otherwise.
+Precision grad_dtype_of(const ParallelConfig& p);
 
 // training.recompute parsed, by its one parser (as parallel.schedule).
 enum class Recompute : uint8_t { None, Selective, Full };

@@ -115,6 +115,13 @@ inline constexpr std::string_view kMemOptimizer = "mem.optimizer";  // AdamW mom
 inline constexpr std::string_view kMemActivations = "mem.activations";
 inline constexpr std::string_view kMemCommBuffers = "mem.comm_buffers";
 
+// fp16 dynamic loss scaling (runtime loss_scaler.hpp), sampled at the end of every step: the scale
+// the step's backward used, and the steps skipped so far (gradients with an inf or NaN). The
+// ranks' overflow flags are combined by a max all-reduce named kLossScaleOverflow.
+inline constexpr std::string_view kLossScale = "loss_scale";
+inline constexpr std::string_view kSkippedSteps = "skipped_steps";
+inline constexpr std::string_view kLossScaleOverflow = "loss_scale.overflow";
+
 // Communicator names of one rank's groups, from its grid coordinates: "dp[tp=T,pp=P]",
 // "tp[dp=D,pp=P]", "pp[dp=D,tp=T]" and the tied-embedding pair "embed[dp=D,tp=T]".
 inline std::string dp_group(int tp_rank, int pp_rank) {

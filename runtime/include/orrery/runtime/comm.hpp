@@ -36,7 +36,9 @@ class Recorder;
 
 namespace orrery::runtime {
 
-enum class DType : int32_t { F32 = 0, F64 = 1, I32 = 2, I64 = 3, U8 = 4 };
+// BF16 and F16 are 16-bit patterns (half.hpp) on host memory: a Sum adds each pair in fp32 and
+// rounds the sum back to the format, to nearest even (as NCCL's 16-bit sums); no Avg.
+enum class DType : int32_t { F32 = 0, F64 = 1, I32 = 2, I64 = 3, U8 = 4, BF16 = 5, F16 = 6 };
 size_t dtype_size(DType t);
 
 enum class ReduceOp : int32_t { Sum = 0, Avg = 1, Max = 2, Min = 3 };

@@ -37,6 +37,11 @@ namespace orrery::runtime {
 struct DdpOptions {
   double bucket_mb = 25.0;  // MiB; parallel.bucket_mb
   bool overlap = true;      // parallel.overlap
+  // parallel.grad_dtype: F32, or BF16 / F16: each bucket is rounded into a 16-bit wire buffer
+  // (half.hpp) and all-reduced as 16-bit patterns (half the bytes; each reduction adds in fp32
+  // and rounds to the format), then widened back into the fp32 gradients and divided by the group
+  // size in fp32. Host arrays only; not with compression (the scenario refuses both).
+  DType wire = DType::F32;
 };
 
 struct DdpBucket {
@@ -91,10 +96,13 @@ class DataParallel {
 
   // Bytes of communication buffers DDP holds beyond the gradients (0: buckets are views).
   // (0 uncompressed: buckets are views; with compression the hook's residuals and wire buffers).
-  size_t comm_buffer_bytes() const { return hook_ ? hook_->buffer_bytes() : 0; }
+  size_t comm_buffer_bytes() const {
+    return (hook_ ? hook_->buffer_bytes() : 0) + wire16_.size() * sizeof(uint16_t);
+  }
 
  private:
   void issue(DdpBucket& b);
+  void widen_wire();  // wire16_ back into the fp32 gradients, averaged
 
   std::vector<DdpBucket> buckets_;
   float* grads_;
@@ -106,7 +114,8 @@ class DataParallel {
   std::vector<int> pending_;            // segments still to come, per bucket
   std::vector<Handle> handles_;
   std::unique_ptr<CompressionHook> hook_;
-  bool compressing_ = false;  // this backward pass's reduction goes through hook_
+  std::vector<uint16_t> wire16_;  // (n grads) opt.wire BF16 / F16: the buckets as sent
+  bool compressing_ = false;      // this backward pass's reduction goes through hook_
   int next_to_issue_ = 0;  // buckets go out in index order, so every rank issues the same sequence
   bool sync_ = false;
   int32_t step_ = -1;

@@ -13,11 +13,23 @@
 #include <cstdint>
 #include <functional>
 
+#include "orrery/common/scenario.hpp"
+
 namespace orrery::runtime {
 
 // Threads used by the kernels of the calling process: OpenBLAS threads and the kernels' own pool.
 void set_compute_threads(int threads);
 int compute_threads();
+// Number format of the matrix products of the calling process (runtime.precision, set by the CPU
+// backend as the threads are): fp32 (and tf32, which is not run on a CPU), or bf16 / fp16 emulated:
+// matmul_forward rounds its input, weight and output to 16 bits (half.hpp, round to nearest even),
+// matmul_backward its dout, input and weight (and dinp when it overwrites it); sgemm accumulates
+// in fp32 on the rounded values and the weights themselves stay fp32 (the master copy the
+// optimizer steps). Other kernels compute in fp32 on what they are given.
+void set_matmul_precision(Precision p);
+Precision matmul_precision();
+// dst (n) = src rounded to p (half.hpp round_to); dst may equal src.
+void round_to_precision(float* dst, const float* src, std::size_t n, Precision p);
 // Runs fn(begin, end) over contiguous chunks of [0, n), one per compute thread, on the kernels'
 // pool (inline when one thread is set or `work`, in elements touched, is too small to pay for a
 // wake-up). Returns when all chunks are done. One job at a time; a concurrent caller runs inline.

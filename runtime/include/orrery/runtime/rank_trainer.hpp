@@ -39,6 +39,8 @@ struct StepResult {
   float loss = 0;           // mean over this rank's micro-batches of the step
   int64_t duration_ns = 0;  // wall time of the step on this rank
   int64_t tokens = 0;       // global tokens of the step (all dp replicas)
+  bool skipped = false;     // fp16: gradients overflowed, no optimizer update (loss_scaler.hpp)
+  double loss_scale = 1.0;  // fp16: the loss scale the step's backward used (1 otherwise)
 };
 
 // Persistent bytes per category, as recorded in the mem.* counters.

@@ -69,6 +69,12 @@
 //    LayerNorm once per step), "zero.reduce_scatter" per segment as its backward completes, every
 //    micro-batch; AdamW per segment shard; no parameter broadcast (every rank makes the same model
 //    from the seed and keeps its shard) and no all-gather after the optimizer.
+//  - runtime.precision fp16 (host memory only; loss_scaler.hpp): the backward's loss gradient is
+//    multiplied by the loss scale; after the gradient reductions the gradients this rank updates
+//    are checked for inf / NaN, the flag max-all-reduced over dp, tp and pp
+//    ("loss_scale.overflow", 4 bytes each), and unscaled; an overflowed step keeps its optimizer
+//    spans but updates nothing (nor ZeRO 1/2's all-gather). Counters "loss_scale" and
+//    "skipped_steps" at the end of the step.
 //
 // A Backend B (CpuBackend in cpu_backend.hpp, cuda::CudaBackend in cuda/backend.hpp) provides:
 //   types    Options, Array (float storage: resize, size, size_bytes, data; constructible from a
@@ -88,6 +94,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,6 +103,7 @@
 #include "orrery/runtime/data.hpp"
 #include "orrery/runtime/ddp.hpp"
 #include "orrery/runtime/groups.hpp"
+#include "orrery/runtime/loss_scaler.hpp"
 #include "orrery/runtime/model.hpp"
 #include "orrery/runtime/optimizer.hpp"
 #include "orrery/runtime/rank_trainer.hpp"
@@ -169,7 +177,10 @@ class TrainingLoop : public RankTrainer {
   void forward_pass(int mb, const GptHooks& hooks, double& loss_sum);
   void backward_pass(int mb, const GptHooks& hooks, float loss_scale);
   void run_passes(const GptHooks& hooks, double& loss_sum);
-  void optimizer_phase();
+  void optimizer_phase(bool apply);
+  // fp16: true when any rank's gradients (the part this rank updates) hold an inf or NaN; else
+  // they are divided by the loss scale. The same answer on every rank.
+  bool unscale_and_check_overflow();
   void reduce_gradients_zero(int mb);
   void embed_all_reduce();
   void kv_grad_all_reduce(int layer, int mb);
@@ -221,7 +232,8 @@ class TrainingLoop : public RankTrainer {
   std::unique_ptr<Observer> observer_;
   Batch batch_;
   int32_t step_ = 0;
-  int32_t cur_mb_ = -1;  // the micro-batch in flight (tp.all_reduce labels)
+  int32_t cur_mb_ = -1;               // the micro-batch in flight (tp.all_reduce labels)
+  std::optional<LossScaler> scaler_;  // runtime.precision fp16 only
 };
 
 }  // namespace orrery::runtime

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -122,6 +123,8 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   const std::size_t n = host.num_params();
   decay_ = host.decay_ranges();
   adamw_ = loop_detail::adamw_config(s_.training);
+  if (precision_of(s_.runtime) == Precision::FP16)
+    scaler_.emplace(s_.training.loss_scale, s_.training.loss_scale_window);
   const bool z3 = s_.parallel.zero == 3;                       // dp >= 2 (check_supported)
   const bool zero = !z3 && s_.parallel.zero >= 1 && L.dp > 1;  // ZeRO 1/2
   std::size_t moments = n;
@@ -148,6 +151,14 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   DdpOptions dopt;
   dopt.bucket_mb = s_.parallel.bucket_mb;
   dopt.overlap = s_.parallel.overlap;
+  if (const Precision g = grad_dtype_of(s_.parallel); g != Precision::FP32) {
+    if constexpr (!B::kHostMemory) {
+      throw InputError(loop_detail::origin_of(s_) +
+                       ": key 'parallel.grad_dtype': 16-bit gradients run on device cpu only");
+    } else {
+      dopt.wire = g == Precision::BF16 ? DType::BF16 : DType::F16;
+    }
+  }
   ddp_ =
       std::make_unique<DataParallel>(std::move(buckets), cfg.n_layer, model_->grads.data(),
                                      model_->params.data(), model_->params.size(), dev_.dp, dopt);
@@ -270,6 +281,41 @@ void TrainingLoop<B>::record_memory() {
   rec_->counter(names::kMemOptimizer.data(), m.optimizer, now);
   rec_->counter(names::kMemActivations.data(), m.activations, now);
   rec_->counter(names::kMemCommBuffers.data(), m.comm_buffers, now);
+}
+
+template <class B>
+bool TrainingLoop<B>::unscale_and_check_overflow() {
+  if constexpr (!B::kHostMemory) {
+    throw InputError("key 'runtime.precision': fp16 loss scaling runs on device cpu only");
+  } else {
+    float* g = model_->grads.data() + opt_offset_;
+    std::size_t n = opt_count_;
+    if (z3_) {
+      g = z3_->grads();
+      n = z3_->shard_elems();
+    } else if (zero12()) {
+      g = zero_grads_.data();
+      n = zero_grads_.size();
+    }
+    float overflow = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!std::isfinite(g[i])) {
+        overflow = 1;
+        break;
+      }
+    }
+    // Over dp, then tp, then pp: the max over the whole world, so every rank skips together.
+    for (Communicator* c : {groups_.dp.get(), groups_.tp.get(), groups_.pp.get()}) {
+      if (c == nullptr || c->size() < 2) continue;
+      c->all_reduce(&overflow, 1, DType::F32, ReduceOp::Max,
+                    OpLabel{names::kLossScaleOverflow.data(), step_, -1, -1})
+          .wait();
+    }
+    if (overflow != 0) return true;
+    const auto inv = static_cast<float>(1.0 / scaler_->scale());
+    for (std::size_t i = 0; i < n; ++i) g[i] *= inv;
+    return false;
+  }
 }
 
 template <class B>
@@ -644,7 +690,9 @@ void TrainingLoop<B>::z3_finish_backward(int mb) {
 // The step's passes: forward then backward per micro-batch, or the pipeline schedule's order.
 template <class B>
 void TrainingLoop<B>::run_passes(const GptHooks& hooks, double& loss_sum) {
-  const float loss_scale = 1.0f / static_cast<float>(micro_batches_);
+  // fp16: the loss gradient scaled up (loss_scaler.hpp), divided again before the optimizer.
+  const float loss_scale =
+      static_cast<float>((scaler_ ? scaler_->scale() : 1.0) / static_cast<double>(micro_batches_));
   if (layout_.pp == 1) {
     for (int mb = 0; mb < micro_batches_; ++mb) {
       forward_pass(mb, hooks, loss_sum);
@@ -669,11 +717,13 @@ void TrainingLoop<B>::run_passes(const GptHooks& hooks, double& loss_sum) {
 
 // Phase "optimizer": AdamW on what this rank updates, then ZeRO 1/2's parameter all-gather.
 template <class B>
-void TrainingLoop<B>::optimizer_phase() {
+void TrainingLoop<B>::optimizer_phase(bool apply) {
   const int opt = open(traces::SpanKind::Phase, names::kOptimizer.data(), -1);
   const int adamw = open(traces::SpanKind::Optimizer, names::kOptimizerStep.data(), -1);
-  ++adam_steps_;
-  if (z3_) {
+  // A skipped step (fp16 overflow) keeps its spans, empty: parameters, moments and AdamW's step
+  // count stay as they were, and ZeRO 1/2 has no new shard to gather.
+  if (apply) ++adam_steps_;
+  if (apply && z3_) {
     // Each segment's shard in place; decay ranges in absolute flat coordinates.
     for (const auto& sg : z3_->segments()) {
       if (sg.part.count() == 0) continue;
@@ -683,14 +733,14 @@ void TrainingLoop<B>::optimizer_phase() {
                      adamw_);
     }
     for (int& g : z3_gathered_) g = -99;  // the buffers hold the old parameters
-  } else if (opt_count_ > 0) {
+  } else if (apply && opt_count_ > 0) {
     // ZeRO 1/2: the owned shard [begin, begin + count) only, its gradients in the shard array.
     const float* grads = zero12() ? zero_grads_.data() : model_->grads.data();
     backend_.adamw(model_->params.data() + opt_offset_, grads, adam_m_.data(), adam_v_.data(),
                    opt_offset_, opt_count_, decay_, adam_steps_, adamw_);
   }
   close(adamw);
-  if (zero12()) {
+  if (zero12() && apply) {
     // In place: this rank's shard is block dp_rank of the gathered array.
     dev_.dp
         ->all_gather(model_->params.data() + zero_.begin(), model_->params.data(), zero_.shard,
@@ -758,7 +808,17 @@ StepResult TrainingLoop<B>::step() {
     kv_grad_all_reduce_blocks(-1);
     embed_all_reduce();
   }
-  optimizer_phase();
+  bool apply = true;
+  const double scale_used = scaler_ ? scaler_->scale() : 1.0;
+  if (scaler_) apply = scaler_->update(unscale_and_check_overflow());
+  optimizer_phase(apply);
+  if (scaler_ && rec_ != nullptr) {
+    const int64_t now = profiler::steady_now_ns();
+    rec_->counter(names::kLossScale.data(), scale_used, now);
+    rec_->counter(names::kSkippedSteps.data(), static_cast<double>(scaler_->skipped_steps()), now);
+  }
+  result.skipped = !apply;
+  result.loss_scale = scale_used;
   float loss = static_cast<float>(loss_sum / micro_batches_);
   if (layout_.pp > 1) {
     // Only the last stage computed the loss: it broadcasts it over the pipeline (host, 4 bytes).
