@@ -196,6 +196,12 @@ Command setup(CLI::App& parent) {
                 << s.training.global_batch << ", network model " << sim::to_string(*model)
                 << (a->search ? ", best layout per size" : "") << "\n";
       std::cout << sim::format_sweep_table(rows);
+      if (a->search) {
+        std::cout << "why\n";
+        for (const auto& r : rows)
+          if (const std::string w = sim::explain_choice(r); !w.empty())
+            std::cout << "  " << r.gpus << " GPUs: " << w << "\n";
+      }
       if (!a->csv.empty()) std::cout << "CSV written to " << a->csv << "\n";
     }
     return 0;

@@ -520,14 +520,22 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
     throw InternalError("sweep: " + std::to_string(jobs.size()) + " simulations planned, " +
                         std::to_string(results.size()) + " results returned");
   }
-  // Per row the best tokens/s, the first of equals (job order: the estimate's).
+  // Per row the best tokens/s, the first of equals (job order: the estimate's); the others kept,
+  // fastest first (stable: equals in job order), for explain_choice.
   for (size_t j = 0; j < jobs.size(); ++j) {
     SweepRow& row = rows[size_t(jobs[j].row)];
     if (!row.ok || results[j].tokens_per_s > row.result.tokens_per_s) {
+      if (row.ok && opt.search) row.others.push_back(row.result);
       row.result = results[j];
       row.ok = true;
+    } else if (opt.search) {
+      row.others.push_back(results[j]);
     }
   }
+  for (auto& row : rows)
+    std::stable_sort(
+        row.others.begin(), row.others.end(),
+        [](const SimResult& a, const SimResult& b) { return a.tokens_per_s > b.tokens_per_s; });
   if (!opt.search) {
     for (auto& row : rows) {
       if (row.ok && !row.result.fits)
@@ -798,6 +806,7 @@ nlohmann::json to_json(const std::vector<SweepRow>& rows) {
     x["ok"] = r.ok;
     x["note"] = r.note;
     x["candidates"] = r.candidates;
+    x["why"] = explain_choice(r);
     x["simulated"] = r.simulated;
     if (r.ok) {
       x["result"] = to_json(r.result);
@@ -806,6 +815,49 @@ nlohmann::json to_json(const std::vector<SweepRow>& rows) {
     j.push_back(x);
   }
   return j;
+}
+
+namespace {
+
+std::string layout_label(const SimResult& x) {
+  return "dp=" + std::to_string(x.dp) + " tp=" + std::to_string(x.tp) +
+         " pp=" + std::to_string(x.pp) + " zero " + std::to_string(x.zero) + " mb " +
+         std::to_string(x.micro_batch);
+}
+
+double pct_of_step(double ns, const StepBreakdown& b) {
+  return b.window_ns > 0 ? 100.0 * ns / b.window_ns : 0.0;
+}
+
+}  // namespace
+
+std::string explain_choice(const SweepRow& row) {
+  if (!row.ok || row.candidates <= 1) return "";
+  const SimResult& x = row.result;
+  const StepBreakdown& b = x.breakdown;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%d layouts fit memory, %d simulated; picked %s: bubble %.1f %%, exposed tp %.1f "
+                "%%, exposed dp %.1f %% of the step, %s of %s per GPU",
+                row.candidates, row.simulated, layout_label(x).c_str(), pct_of_step(b.bubble_ns, b),
+                pct_of_step(b.exposed_tp_ns, b), pct_of_step(b.exposed_dp_ns, b),
+                gb(x.peak_memory_bytes).c_str(), gb(double(x.capacity_bytes)).c_str());
+  std::string out = buf;
+  if (!row.others.empty()) {
+    const SimResult& y = row.others.front();
+    const StepBreakdown& c = y.breakdown;
+    std::snprintf(buf, sizeof buf,
+                  "; next %s: step %+.1f %% (bubble %.1f %%, exposed tp %.1f %%, exposed dp "
+                  "%.1f %%, %s)",
+                  layout_label(y).c_str(),
+                  x.step_time_ns > 0 ? 100.0 * (double(y.step_time_ns) - double(x.step_time_ns)) /
+                                           double(x.step_time_ns)
+                                     : 0.0,
+                  pct_of_step(c.bubble_ns, c), pct_of_step(c.exposed_tp_ns, c),
+                  pct_of_step(c.exposed_dp_ns, c), gb(y.peak_memory_bytes).c_str());
+    out += buf;
+  }
+  return out;
 }
 
 std::string format_sweep_table(const std::vector<SweepRow>& rows) {

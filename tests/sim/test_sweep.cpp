@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <tuple>
 
@@ -167,6 +168,27 @@ TEST(Sweep, ScalingTableAndSearch) {
   EXPECT_EQ(progress_lines, 3);
   EXPECT_GE(best[0].result.tokens_per_s, rows[1].result.tokens_per_s * (1 - 1e-12));
   EXPECT_TRUE(best[0].result.fits);
+  // Why: the picked layout's bubble and exposed communication, then the runner-up, which is no
+  // faster; the other simulated layouts are kept fastest first.
+  ASSERT_EQ(best[0].others.size(), 2u);
+  EXPECT_GE(best[0].others[0].tokens_per_s, best[0].others[1].tokens_per_s);
+  EXPECT_LE(best[0].others[0].tokens_per_s, best[0].result.tokens_per_s);
+  const std::string why = explain_choice(best[0]);
+  const auto& x = best[0].result;
+  const auto& y = best[0].others[0];
+  char want[160];
+  std::snprintf(want, sizeof want, "picked dp=%d tp=%d pp=%d zero %d mb %d: bubble %.1f %%", x.dp,
+                x.tp, x.pp, x.zero, x.micro_batch,
+                100.0 * x.breakdown.bubble_ns / x.breakdown.window_ns);
+  EXPECT_NE(why.find(want), std::string::npos) << why;
+  std::snprintf(want, sizeof want, "; next dp=%d tp=%d pp=%d zero %d mb %d: step %+.1f %%", y.dp,
+                y.tp, y.pp, y.zero, y.micro_batch,
+                100.0 * (double(y.step_time_ns) - double(x.step_time_ns)) / double(x.step_time_ns));
+  EXPECT_NE(why.find(want), std::string::npos) << why;
+  EXPECT_NE(why.find(std::to_string(best[0].candidates) + " layouts fit memory, 3 simulated"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(explain_choice(rows[1]), "");  // no search
   // Output formats carry every row.
   const std::string csv = format_sweep_csv(rows);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);

@@ -126,7 +126,12 @@ struct SweepRow {
   double efficiency = 0;  // per-GPU throughput relative to the smallest simulated size
   int candidates = 0;     // --search: layouts considered (fitting memory) / simulated
   int simulated = 0;
+  std::vector<SimResult> others;  // --search: the other simulated layouts, fastest first
 };
+// --search: why the row's layout was picked, one line: its step's bubble and exposed
+// communication and its memory, then the runner-up and what it loses on (step time, bubble,
+// exposed communication); "" for a row without a search or a result.
+std::string explain_choice(const SweepRow& row);
 
 // One simulation of a sweep: a layout of row `row` on that row's cluster.
 struct SweepJob {
