@@ -240,17 +240,50 @@ class Executor {
     try_start(ri, stream);
   }
 
-  // ---- processor sharing of a node's cores (ExecutorOptions::core_sharing)
+  // ---- ops progressing together at a rate that changes while they run (processor sharing): a
+  // node's cores shared by its ranks, a GPU shared with its own NCCL kernels. The owner brings the
+  // work done up to now at the old rate (progress) before anything changes the rate.
   struct Running {
     int32_t ri;
     uint32_t id;
-    double remaining_ns;  // of lone-rank work
+    double remaining_ns;  // of work at the full rate
   };
-  struct NodeCpu {
+  struct RatePool {
     std::vector<Running> running;
-    double comm_threads = 0;  // comm_thread_weight per member of each collective in flight
     int64_t updated_ns = 0;
-    uint64_t generation = 0;
+    uint64_t generation = 0;  // a scheduled completion with an older generation is stale
+    void progress(int64_t now, double rate) {
+      const double done = double(now - updated_ns) * rate;
+      for (auto& r : running) r.remaining_ns -= done;
+      updated_ns = now;
+    }
+    // When the first op in flight finishes at `rate` (running not empty).
+    int64_t next_completion(int64_t now, double rate) const {
+      double least = running.front().remaining_ns;
+      for (const auto& r : running) least = std::min(least, r.remaining_ns);
+      return now + static_cast<int64_t>(std::ceil(std::max(0.0, least) / rate));
+    }
+  };
+  // Completes the pool's finished ops (after its progress); true when none of those completions
+  // scheduled the pool again, so the caller must.
+  bool complete_finished(RatePool& m, uint64_t gen) {
+    std::vector<Running> finished;
+    for (size_t i = 0; i < m.running.size();) {
+      if (m.running[i].remaining_ns <= 0.5) {
+        finished.push_back(m.running[i]);
+        m.running.erase(m.running.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+    ++m.generation;  // completions below may start ops in this pool, which reschedule it
+    for (const auto& f : finished) complete(f.ri, f.id);
+    return m.generation == gen + 1;
+  }
+
+  // A node's cores (ExecutorOptions::core_sharing).
+  struct NodeCpu : RatePool {
+    double comm_threads = 0;  // comm_thread_weight per member of each collective in flight
   };
   // The rate of each computing rank: the law for its compute threads plus the progress threads of
   // the collectives in flight (CoreSharing::comm_thread_weight).
@@ -262,12 +295,7 @@ class Executor {
     return 1.0 / busy_slowdown(*opt_.core_sharing, busy);
   }
   // Work done since the last update, at the rate of the ranks that were busy meanwhile.
-  void progress_node(NodeCpu& n) {
-    const int64_t now = engine_.now();
-    const double done = double(now - n.updated_ns) * shared_rate(n);
-    for (auto& r : n.running) r.remaining_ns -= done;
-    n.updated_ns = now;
-  }
+  void progress_node(NodeCpu& n) { n.progress(engine_.now(), shared_rate(n)); }
   void start_shared(int32_t ri, uint32_t id, int64_t work_ns) {
     const int node = std::max(0, c_.node_of(runs_[ri].rank));
     NodeCpu& n = cpus_[node];
@@ -279,46 +307,24 @@ class Executor {
   void reschedule_node(int node) {
     NodeCpu& n = cpus_[node];
     if (n.running.empty()) return;
-    double least = n.running.front().remaining_ns;
-    for (const auto& r : n.running) least = std::min(least, r.remaining_ns);
-    const double rate = shared_rate(n);
-    const int64_t at = engine_.now() + static_cast<int64_t>(std::ceil(std::max(0.0, least) / rate));
+    const int64_t at = n.next_completion(engine_.now(), shared_rate(n));
     const uint64_t gen = ++n.generation;
     engine_.schedule_at(at, [this, node, gen] {
       NodeCpu& m = cpus_[node];
       if (m.generation != gen) return;
       progress_node(m);
-      std::vector<Running> finished;
-      for (size_t i = 0; i < m.running.size();) {
-        if (m.running[i].remaining_ns <= 0.5) {
-          finished.push_back(m.running[i]);
-          m.running.erase(m.running.begin() + static_cast<std::ptrdiff_t>(i));
-        } else {
-          ++i;
-        }
-      }
-      ++m.generation;  // completions below may start ops on this node, which reschedule it
-      for (const auto& f : finished) complete(f.ri, f.id);
-      if (m.generation == gen + 1) reschedule_node(node);
+      if (complete_finished(m, gen)) reschedule_node(node);
     });
   }
 
-  // ---- a GPU's compute shared with its own NCCL kernels (ExecutorOptions::comm_compute_share)
-  struct GpuRank {
-    std::vector<Running> running;  // compute ops in flight (remaining_ns at the full rate)
-    int comm_in_flight = 0;        // collectives and transfers of the rank on the network
-    int64_t updated_ns = 0;
-    uint64_t generation = 0;
+  // A GPU's compute shared with its own NCCL kernels (ExecutorOptions::comm_compute_share).
+  struct GpuRank : RatePool {
+    int comm_in_flight = 0;  // collectives and transfers of the rank on the network
   };
   double gpu_rate(const GpuRank& g) const {
     return g.comm_in_flight > 0 ? 1.0 - opt_.comm_compute_share : 1.0;
   }
-  void progress_gpu(GpuRank& g) {
-    const int64_t now = engine_.now();
-    const double done = double(now - g.updated_ns) * gpu_rate(g);
-    for (auto& r : g.running) r.remaining_ns -= done;
-    g.updated_ns = now;
-  }
+  void progress_gpu(GpuRank& g) { g.progress(engine_.now(), gpu_rate(g)); }
   void start_gpu(int32_t ri, uint32_t id, int64_t work_ns) {
     GpuRank& g = gpus_[size_t(ri)];
     progress_gpu(g);
@@ -330,26 +336,11 @@ class Executor {
     GpuRank& g = gpus_[size_t(ri)];
     const uint64_t gen = ++g.generation;
     if (g.running.empty()) return;
-    double least = g.running.front().remaining_ns;
-    for (const auto& r : g.running) least = std::min(least, r.remaining_ns);
-    const int64_t at =
-        engine_.now() + static_cast<int64_t>(std::ceil(std::max(0.0, least) / gpu_rate(g)));
-    engine_.schedule_at(at, [this, ri, gen] {
+    engine_.schedule_at(g.next_completion(engine_.now(), gpu_rate(g)), [this, ri, gen] {
       GpuRank& m = gpus_[size_t(ri)];
       if (m.generation != gen) return;
       progress_gpu(m);
-      std::vector<Running> finished;
-      for (size_t i = 0; i < m.running.size();) {
-        if (m.running[i].remaining_ns <= 0.5) {
-          finished.push_back(m.running[i]);
-          m.running.erase(m.running.begin() + static_cast<std::ptrdiff_t>(i));
-        } else {
-          ++i;
-        }
-      }
-      ++m.generation;  // completions below may start compute on this rank, which reschedules it
-      for (const auto& f : finished) complete(f.ri, f.id);
-      if (m.generation == gen + 1) reschedule_gpu(ri);
+      if (complete_finished(m, gen)) reschedule_gpu(ri);
     });
   }
   // A collective or transfer of these simulated members starts (+1) or ends (-1) on the network.
