@@ -28,6 +28,7 @@ std::optional<Precision> scenario_precision(const std::string& text) {
 // runtime.precision by device (cpu: fp32, bf16, fp16; cuda: fp32, tf32, bf16), fp16's loss
 // scaling keys, and parallel.grad_dtype (not with gradient compression).
 void check_precision(const Scenario& s, const std::string& origin);
+void check_moe(const Scenario& s, const std::string& origin);
 }  // namespace
 
 namespace {
@@ -126,6 +127,14 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("model.rope_theta", Type::Double, model.rope_theta, double),
       ORRERY_KEY("model.tied_embeddings", Type::Bool, model.tied_embeddings, bool),
       ORRERY_KEY("model.bias", Type::Bool, model.bias, bool),
+      ORRERY_KEY("model.moe.experts", Type::Int, model.moe.experts, int),
+      ORRERY_KEY("model.moe.top_k", Type::Int, model.moe.top_k, int),
+      ORRERY_KEY("model.moe.every", Type::Int, model.moe.every, int),
+      ORRERY_KEY("model.moe.expert_ffn_hidden", Type::Int, model.moe.expert_ffn_hidden, int),
+      ORRERY_KEY("model.moe.shared_experts", Type::Int, model.moe.shared_experts, int),
+      ORRERY_KEY("model.moe.capacity_factor", Type::Double, model.moe.capacity_factor, double),
+      ORRERY_KEY("model.moe.aux_loss_coef", Type::Double, model.moe.aux_loss_coef, double),
+      ORRERY_KEY("model.moe.router_skew", Type::Double, model.moe.router_skew, double),
       ORRERY_KEY("training.steps", Type::Int, training.steps, int),
       ORRERY_KEY("training.global_batch", Type::Int, training.global_batch, int),
       ORRERY_KEY("training.micro_batch", Type::Int, training.micro_batch, int),
@@ -166,6 +175,7 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("parallel.vocab_parallel", Type::Bool, parallel.vocab_parallel, bool),
       ORRERY_KEY("parallel.grad_compression", Type::String, parallel.grad_compression, std::string),
       ORRERY_KEY("parallel.grad_dtype", Type::String, parallel.grad_dtype, std::string),
+      ORRERY_KEY("parallel.ep", Type::Int, parallel.ep, int),
       ORRERY_KEY("compression.powersgd_rank", Type::Int, compression.powersgd_rank, int),
       ORRERY_KEY("compression.topk_ratio", Type::Double, compression.topk_ratio, double),
       ORRERY_KEY("compression.start_step", Type::Int, compression.start_step, int),
@@ -327,6 +337,30 @@ void check_range(bool ok, const std::string& origin, const std::string& key,
 }  // namespace
 
 namespace {
+void check_moe(const Scenario& s, const std::string& origin) {
+  const auto& e = s.model.moe;
+  check_range(e.experts >= 0, origin, "model.moe.experts", "must be >= 0 (0: a dense model)");
+  check_range(s.parallel.ep >= 1, origin, "parallel.ep", "must be >= 1");
+  if (!e.enabled()) {
+    check_range(s.parallel.ep == 1, origin, "parallel.ep",
+                "expert parallelism shards the experts of model.moe, but model.moe.experts is 0 "
+                "(a dense model): set model.moe.experts or use ep 1");
+    return;
+  }
+  check_range(e.top_k >= 1 && e.top_k <= e.experts, origin, "model.moe.top_k",
+              "must be between 1 and model.moe.experts (" + std::to_string(e.experts) + "), got " +
+                  std::to_string(e.top_k));
+  check_range(e.every >= 1, origin, "model.moe.every", "must be >= 1");
+  check_range(e.expert_ffn_hidden >= 0, origin, "model.moe.expert_ffn_hidden",
+              "must be >= 0 (0: the dense FFN width)");
+  check_range(e.shared_experts >= 0, origin, "model.moe.shared_experts", "must be >= 0");
+  check_range(
+      e.capacity_factor >= 0, origin, "model.moe.capacity_factor",
+      "must be >= 0 (0: dropless), got " + (std::ostringstream() << e.capacity_factor).str());
+  check_range(e.aux_loss_coef >= 0, origin, "model.moe.aux_loss_coef", "must be >= 0");
+  check_range(e.router_skew >= 0, origin, "model.moe.router_skew", "must be >= 0 (0: uniform)");
+}
+
 void check_precision(const Scenario& s, const std::string& origin) {
   const auto p = scenario_precision(s.runtime.precision);
   check_range(p.has_value(), origin, "runtime.precision",
@@ -420,6 +454,7 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
   check_range(m.position != "rope" || (m.d_model / m.heads) % 2 == 0, origin, "model.position",
               "rope rotates pairs of channels: the head size d_model / heads (" +
                   std::to_string(m.d_model / m.heads) + ") must be even");
+  check_moe(s, origin);
   const auto& t = s.training;
   check_range(t.steps >= 1, origin, "training.steps", "must be >= 1");
   check_range(t.global_batch >= 1, origin, "training.global_batch", "must be >= 1");
@@ -524,6 +559,40 @@ void check_pp_layers(const Scenario& s, const std::string& layout) {
                      "model.layers is " + std::to_string(s.model.layers));
   }
 }
+// model.moe and parallel.ep against the layout (validate_layout; model/moe.hpp has the rules).
+void check_moe_layout(const Scenario& s, const std::string& layout) {
+  const auto& e = s.model.moe;
+  const auto& p = s.parallel;
+  const std::string at = layout + " ep=" + std::to_string(p.ep);
+  if (p.dp % p.ep != 0) {
+    throw InputError("key 'parallel.ep': " + at +
+                     ": ep must divide dp: the experts are sharded over " +
+                     "ep consecutive ranks of the data-parallel group");
+  }
+  if (e.experts % p.ep != 0) {
+    throw InputError("key 'parallel.ep': " + at + ": model.moe.experts (" +
+                     std::to_string(e.experts) + ") must be divisible by ep, each rank holding " +
+                     "experts / ep whole experts");
+  }
+  const int width = e.expert_ffn_hidden > 0 ? e.expert_ffn_hidden : block_arch(s.model).ffn_hidden;
+  if (width % p.tp != 0) {
+    throw InputError(
+        "key 'parallel.tp': " + at + ": the expert FFN width " +
+        std::string(e.expert_ffn_hidden ? "model.moe.expert_ffn_hidden" : "(the dense width)") +
+        " (" + std::to_string(width) +
+        ") must be divisible by tp: each expert is split over tp as the dense MLP is");
+  }
+  if (p.sequence_parallel) {
+    throw InputError("key 'parallel.sequence_parallel': " + at +
+                     ": sequence parallelism with mixture-of-experts blocks is not supported yet "
+                     "(the router would see 1/tp of the tokens); turn one of them off");
+  }
+  if (recompute_of(s.training) == Recompute::Full) {
+    throw InputError(
+        "key 'training.recompute': full recomputation of mixture-of-experts blocks is "
+        "not supported yet (it would rerun the all-to-alls); use selective or none");
+  }
+}
 }  // namespace
 
 void validate_layout(const Scenario& s) {
@@ -567,6 +636,7 @@ void validate_layout(const Scenario& s) {
                      std::string(m.ffn_hidden ? "model.ffn_hidden" : "4*d_model") + " (" +
                      std::to_string(arch.ffn_hidden) + ") must be divisible by tp");
   }
+  if (m.moe.enabled()) check_moe_layout(s, layout);
   // Layers per stage given: they replace the "layers divisible by pp" rule.
   if (!p.pp_layers.empty()) check_pp_layers(s, layout);
   const int chunks = p.pp * (schedule_of(p) == Schedule::Interleaved ? p.virtual_stages : 1);

@@ -267,3 +267,43 @@ TEST(Scenario, FuzzFindingsAreInputErrors) {
 }
 
 }  // namespace orrery
+
+namespace orrery {
+// Issue 19's keys: model.moe.* and parallel.ep, each bad value naming its key.
+TEST(Scenario, MoeKeysParseAndBadValuesNameTheKey) {
+  const Scenario d = parse_scenario("", "s.yaml");
+  EXPECT_FALSE(d.model.moe.enabled());
+  EXPECT_EQ(d.parallel.ep, 1);
+  const std::string moe =
+      "training:\n  global_batch: 8\n  micro_batch: 2\nmodel:\n  moe:\n    experts: 8\n    "
+      "top_k: 2\n    every: 2\n    expert_ffn_hidden: 512\n    shared_experts: 1\n    "
+      "capacity_factor: 1.25\n    aux_loss_coef: 0.02\nparallel:\n  dp: 4\n  ep: 2\n";
+  const Scenario s = parse_scenario(moe, "s.yaml");
+  EXPECT_EQ(s.model.moe.experts, 8);
+  EXPECT_EQ(s.model.moe.every, 2);
+  EXPECT_EQ(s.model.moe.expert_ffn_hidden, 512);
+  EXPECT_EQ(s.model.moe.shared_experts, 1);
+  EXPECT_DOUBLE_EQ(s.model.moe.capacity_factor, 1.25);
+  EXPECT_DOUBLE_EQ(s.model.moe.aux_loss_coef, 0.02);
+  EXPECT_EQ(s.parallel.ep, 2);
+  const Scenario again = parse_scenario(to_yaml(s), "again");
+  EXPECT_EQ(again.model.moe.experts, 8);
+  EXPECT_EQ(again.parallel.ep, 2);
+  EXPECT_EQ(error_of(moe, {"model.moe.top_k=9"}),
+            "s.yaml: key 'model.moe.top_k': must be between 1 and model.moe.experts (8), got 9");
+  EXPECT_EQ(error_of(moe, {"model.moe.capacity_factor=-0.5"}),
+            "s.yaml: key 'model.moe.capacity_factor': must be >= 0 (0: dropless), got -0.5");
+  EXPECT_EQ(error_of(moe, {"parallel.ep=3"}),
+            "s.yaml: key 'parallel.ep': dp=4 tp=1 pp=1 ep=3: ep must divide dp: the experts are "
+            "sharded over ep consecutive ranks of the data-parallel group");
+  EXPECT_EQ(error_of(moe, {"model.moe.experts=6", "parallel.ep=4"}),
+            "s.yaml: key 'parallel.ep': dp=4 tp=1 pp=1 ep=4: model.moe.experts (6) must be "
+            "divisible by ep, each rank holding experts / ep whole experts");
+  EXPECT_EQ(error_of("", {"parallel.ep=2"}),
+            "s.yaml: key 'parallel.ep': expert parallelism shards the experts of model.moe, but "
+            "model.moe.experts is 0 (a dense model): set model.moe.experts or use ep 1");
+  EXPECT_NE(error_of(moe, {"training.recompute=full"}).find("key 'training.recompute'"),
+            std::string::npos);
+  EXPECT_EQ(error_of(moe, {"training.recompute=selective"}), "");
+}
+}  // namespace orrery

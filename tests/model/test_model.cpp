@@ -347,3 +347,76 @@ INSTANTIATE_TEST_SUITE_P(PpLayers, RuntimeAndSimulator,
 
 }  // namespace
 }  // namespace orrery::model
+
+// Issue 19: the MoE rules of model/moe.hpp on hand-built routings.
+#include "orrery/model/moe.hpp"
+
+namespace orrery::model {
+TEST(Moe, RoutingTopKRenormalisesAndDropsInGShardOrder) {
+  // 4 tokens, 3 experts, top 2. Token rows of probabilities (each sums to 1).
+  const std::vector<float> p = {0.5f, 0.3f, 0.2f,   // t0: e0 then e1
+                                0.6f, 0.1f, 0.3f,   // t1: e0 then e2
+                                0.2f, 0.2f, 0.6f,   // t2: e2 then e0 (tie e0/e1: lower index)
+                                0.7f, 0.2f, 0.1f};  // t3: e0 then e1
+  MoeConfig cfg;
+  cfg.experts = 3;
+  cfg.top_k = 2;
+  cfg.capacity_factor = 1.0;
+  EXPECT_EQ(moe::capacity(cfg, 4), 3);  // ceil(1.0 * 4 * 2 / 3)
+  const moe::Routing r = moe::route(p.data(), 4, 3, 2, moe::capacity(cfg, 4));
+  EXPECT_EQ(r.expert, (std::vector<int>{0, 1, 0, 2, 2, 0, 0, 1}));
+  EXPECT_FLOAT_EQ(r.weight[0], 0.5f / 0.8f);
+  EXPECT_FLOAT_EQ(r.weight[5], 0.2f / 0.8f);
+  // First choices: e0 takes t0, t1, t3 (its capacity 3), e2 takes t2. Second choices: t0's e1
+  // kept, t1's e2 kept, t2's e0 dropped (e0 full), t3's e1 kept.
+  EXPECT_EQ(r.kept, (std::vector<uint8_t>{1, 1, 1, 1, 1, 0, 1, 1}));
+  EXPECT_EQ(r.dropped, 1);
+  EXPECT_EQ(r.routed, (std::vector<int64_t>{4, 2, 2}));
+  EXPECT_EQ(r.taken, (std::vector<int64_t>{3, 2, 2}));
+  cfg.capacity_factor = 0;
+  EXPECT_EQ(moe::capacity(cfg, 4), -1);
+  EXPECT_EQ(moe::route(p.data(), 4, 3, 2, -1).dropped, 0);
+}
+
+TEST(Moe, AuxLossClosedFormAndGradient) {
+  const std::vector<float> p = {0.5f, 0.3f, 0.2f, 0.6f, 0.1f, 0.3f,
+                                0.2f, 0.2f, 0.6f, 0.7f, 0.2f, 0.1f};
+  const moe::Routing r = moe::route(p.data(), 4, 3, 2, -1);
+  // f = (4, 2, 2) / 8; P = (2.0, 0.8, 1.2) / 4; aux = coef * 3 * sum f_e P_e.
+  const double expect = 0.01 * 3 * (0.5 * 0.5 + 0.25 * 0.2 + 0.25 * 0.3);
+  EXPECT_NEAR(moe::aux_loss(p.data(), r, 0.01), expect, 1e-9);
+  std::vector<float> d(12, 0.0f);
+  moe::aux_loss_backward(d.data(), r, 0.01);
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_FLOAT_EQ(d[static_cast<size_t>(t * 3 + 0)], float(0.01 * 3 * 0.5 / 4));
+    EXPECT_FLOAT_EQ(d[static_cast<size_t>(t * 3 + 1)], float(0.01 * 3 * 0.25 / 4));
+  }
+  // Uniform routing gives the minimum, coef (Switch, eq. 4).
+  const std::vector<float> u(4 * 2, 0.5f);
+  const moe::Routing ru = moe::route(u.data(), 4, 2, 1, -1);  // ties: all to e0
+  EXPECT_NEAR(moe::aux_loss(u.data(), ru, 1.0), 2 * (1.0 * 0.5), 1e-9);
+}
+
+TEST(Moe, BlocksExpertsAndShares) {
+  MoeConfig cfg;
+  cfg.experts = 8;
+  cfg.every = 2;
+  EXPECT_TRUE(moe::is_moe_block(cfg, 0));
+  EXPECT_FALSE(moe::is_moe_block(cfg, 1));
+  EXPECT_EQ(moe::moe_blocks(cfg, 0, 12), 6);
+  EXPECT_EQ(moe::moe_blocks(cfg, 3, 8), 2);  // 4, 6
+  EXPECT_EQ(moe::local_experts(8, 4, 3).first, 6);
+  EXPECT_EQ(moe::local_experts(8, 4, 3).count, 2);
+  EXPECT_EQ(moe::ep_rank(5, 2), 1);
+  EXPECT_EQ(moe::ep_group_index(5, 2), 2);
+  // GPT expert: 4C x C + 4C + C x 4C + C; SwiGLU without bias: 3 matrices.
+  EXPECT_EQ(moe::expert_parameters(64, 256, false, true), 256 * 64 + 256 + 64 * 256 + 64);
+  EXPECT_EQ(moe::expert_parameters(64, 256, true, false), 3 * 256 * 64);
+  const auto u = moe::expert_load_shares(4, 0);
+  for (double x : u) EXPECT_DOUBLE_EQ(x, 0.25);
+  const auto z = moe::expert_load_shares(3, 1);  // 1, 1/2, 1/3 over 11/6
+  EXPECT_NEAR(z[0], 6.0 / 11, 1e-12);
+  EXPECT_NEAR(z[2], 2.0 / 11, 1e-12);
+  EXPECT_EQ(moe::moe_tokens_counter(3, 5), "moe.tokens[l=3,e=5]");
+}
+}  // namespace orrery::model

@@ -12,6 +12,27 @@
 
 namespace orrery {
 
+// Mixture of experts (issue 19; Shazeer et al. 2017, GShard, Switch Transformer, Mixtral,
+// DeepSeek-V3): the model.moe.* keys. model/moe.hpp holds the rules every consumer follows (which
+// blocks are MoE, routing, capacity, the op and span order, the groups); the runtime and the
+// simulator both take them from there.
+struct MoeConfig {
+  int experts = 0;  // routed experts per MoE block; 0 = a dense model (every other key unused)
+  int top_k = 2;    // experts each token is routed to, 1 <= top_k <= experts
+  int every = 1;    // an MoE FFN in block l when l % every == 0 (Megatron's moe_layer_freq), dense
+                    // FFN otherwise
+  int expert_ffn_hidden = 0;  // each expert's FFN width; 0 = the dense FFN width (model.ffn_hidden)
+  int shared_experts = 0;     // always-on experts of that width (DeepSeek), summed ungated
+  double capacity_factor = 0.0;  // > 0: each expert takes at most ceil(factor * tokens * top_k /
+                                 // experts) of a micro-batch's assignments, the rest dropped;
+                                 // 0 = dropless
+  double aux_loss_coef = 0.01;   // Switch/GShard load-balancing loss coefficient, >= 0
+  // Simulated only: how unevenly the router spreads tokens when no measured histogram is given
+  // (model/moe.hpp expert_load_shares): 0 = uniform, larger = more skewed.
+  double router_skew = 0.0;
+  bool enabled() const { return experts > 0; }
+};
+
 struct ModelConfig {
   int layers = 4;     // L, transformer blocks
   int d_model = 256;  // C, hidden size
@@ -30,6 +51,7 @@ struct ModelConfig {
   double rope_theta = 10000.0;       // RoPE base
   bool tied_embeddings = true;       // the LM head is wte; false: its own (V, C) matrix
   bool bias = true;  // biases in the linear layers and LayerNorms (false: Llama, none anywhere)
+  MoeConfig moe;     // model.moe.*: mixture-of-experts FFNs (off by default)
 };
 
 struct TrainingConfig {
@@ -93,6 +115,10 @@ struct ParallelConfig {
   // Number format of DDP's gradient all-reduce on device cpu (issue 18): fp32 | bf16 | fp16. Not
   // with grad_compression other than none. Parsed by grad_dtype_of.
   std::string grad_dtype = "fp32";
+  // Expert parallelism (model.moe, issue 19): the experts of each MoE block sharded over ep
+  // consecutive ranks of the dp group (model/moe.hpp: the ep and expert-data-parallel groups);
+  // divides dp and model.moe.experts. 1 = every dp rank holds every expert.
+  int ep = 1;
 };
 
 struct CompressionConfig {

@@ -64,6 +64,22 @@ inline constexpr std::string_view kTpGradAllReduce = "tp.grad_all_reduce";
 // gradients (k and v rows of qkv) summed over their ranks, one all-reduce over tp per block, with
 // a slot per kv head (runtime training_loop_impl.hpp).
 inline constexpr std::string_view kTpKvGradAllReduce = "tp.kv_grad_all_reduce";
+// Mixture-of-experts blocks (model/moe.hpp: their span order). Compute spans and, over the ep
+// group, the all-to-alls (ep > 1 only); the gate-gradient sum over tp (tp > 1 only).
+inline constexpr std::string_view kMoeRouter = "moe.router";
+inline constexpr std::string_view kMoeDispatch = "moe.dispatch";
+inline constexpr std::string_view kMoeExperts = "moe.experts";
+inline constexpr std::string_view kMoeCombine = "moe.combine";
+inline constexpr std::string_view kMoeGatedSum = "moe.gated_sum";
+inline constexpr std::string_view kMoeGatedSumBackward = "moe.gated_sum.bwd";
+inline constexpr std::string_view kMoeCombineBackward = "moe.combine.bwd";
+inline constexpr std::string_view kMoeExpertsBackward = "moe.experts.bwd";
+inline constexpr std::string_view kMoeDispatchBackward = "moe.dispatch.bwd";
+inline constexpr std::string_view kMoeRouterBackward = "moe.router.bwd";
+inline constexpr std::string_view kTpMoeGateAllReduce = "tp.moe_gate_all_reduce";
+// The expert parameters' gradient all-reduce over the expert-data-parallel group (DDP buckets of
+// expert parameters; ZeRO 1/2 use zero.reduce_scatter / zero.all_gather on that group).
+inline constexpr std::string_view kEdpAllReduce = "edp.all_reduce";
 inline constexpr std::string_view kDpReduceScatter = "zero.reduce_scatter";
 inline constexpr std::string_view kDpAllGather = "zero.all_gather";  // ZeRO 1/2: updated parameters
 inline constexpr std::string_view kZeroAllGather =
@@ -88,8 +104,10 @@ inline constexpr int kStreamDp = 1;          // dp group, world, tied-embedding 
 inline constexpr int kStreamTp = 2;          // tp group
 inline constexpr int kStreamPpSend = 3;      // pp sends and the pp group's collectives
 inline constexpr int kStreamPpRecv = 4;      // pp receives
-inline constexpr int kStreamCount = 5;       // the streams of a training step
-inline constexpr int kStreamCheckpoint = 5;  // a real run's checkpoint writes (none simulated)
+inline constexpr int kStreamEp = 5;          // the ep group's all-to-alls (expert parallelism)
+inline constexpr int kStreamOffload = 6;     // ZeRO offload reads and writes (NVMe, host)
+inline constexpr int kStreamCount = 7;       // the streams of a training step
+inline constexpr int kStreamCheckpoint = 7;  // a real run's checkpoint writes (none simulated)
 inline constexpr std::string_view stream_name(int stream) {
   switch (stream) {
     case kStreamCompute:
@@ -102,6 +120,10 @@ inline constexpr std::string_view stream_name(int stream) {
       return "comm.pp.send";
     case kStreamPpRecv:
       return "comm.pp.recv";
+    case kStreamEp:
+      return "comm.ep";
+    case kStreamOffload:
+      return "offload";
     case kStreamCheckpoint:
       return "checkpoint";
   }
@@ -132,6 +154,17 @@ inline std::string tp_group(int dp_rank, int pp_rank) {
 }
 inline std::string pp_group(int dp_rank, int tp_rank) {
   return "pp[dp=" + std::to_string(dp_rank) + ",tp=" + std::to_string(tp_rank) + "]";
+}
+// Expert parallelism (model/moe.hpp): the ep group of the ep consecutive dp ranks from
+// ep_group_index · ep, "ep[g=G,tp=T,pp=P]", and the expert-data-parallel group of the dp ranks with
+// ep rank R, "edp[ep=R,tp=T,pp=P]".
+inline std::string ep_group(int group_index, int tp_rank, int pp_rank) {
+  return "ep[g=" + std::to_string(group_index) + ",tp=" + std::to_string(tp_rank) +
+         ",pp=" + std::to_string(pp_rank) + "]";
+}
+inline std::string edp_group(int ep_rank, int tp_rank, int pp_rank) {
+  return "edp[ep=" + std::to_string(ep_rank) + ",tp=" + std::to_string(tp_rank) +
+         ",pp=" + std::to_string(pp_rank) + "]";
 }
 inline std::string embed_group(int dp_rank, int tp_rank) {
   return "embed[dp=" + std::to_string(dp_rank) + ",tp=" + std::to_string(tp_rank) + "]";
