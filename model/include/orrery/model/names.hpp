@@ -38,6 +38,10 @@ inline constexpr std::string_view kEmbedBackward = "bwd.embed";
 inline constexpr std::string_view kBlockRecompute = "recompute.block";
 inline constexpr std::string_view kAttentionRecompute = "recompute.attention";
 inline constexpr std::string_view kOptimizerStep = "adamw";
+// NVMe offload (zero.offload_optimizer / offload_params nvme; runtime offload.hpp): Memcpy spans
+// on the stream "offload", with the bytes each request moved between the file and memory.
+inline constexpr std::string_view kOffloadRead = "offload.read";
+inline constexpr std::string_view kOffloadWrite = "offload.write";
 
 // Collectives and point-to-point transfers.
 inline constexpr std::string_view kDpAllReduce = "ddp.all_reduce";            // DDP bucket
@@ -90,6 +94,7 @@ inline constexpr int kStreamPpSend = 3;      // pp sends and the pp group's coll
 inline constexpr int kStreamPpRecv = 4;      // pp receives
 inline constexpr int kStreamCount = 5;       // the streams of a training step
 inline constexpr int kStreamCheckpoint = 5;  // a real run's checkpoint writes (none simulated)
+inline constexpr int kStreamOffload = 6;     // NVMe offload reads and writes (zero.offload_*)
 inline constexpr std::string_view stream_name(int stream) {
   switch (stream) {
     case kStreamCompute:
@@ -104,6 +109,8 @@ inline constexpr std::string_view stream_name(int stream) {
       return "comm.pp.recv";
     case kStreamCheckpoint:
       return "checkpoint";
+    case kStreamOffload:
+      return "offload";
   }
   return "other";
 }
@@ -114,6 +121,9 @@ inline constexpr std::string_view kMemGradients = "mem.gradients";
 inline constexpr std::string_view kMemOptimizer = "mem.optimizer";  // AdamW moments
 inline constexpr std::string_view kMemActivations = "mem.activations";
 inline constexpr std::string_view kMemCommBuffers = "mem.comm_buffers";
+// Bytes this rank keeps in its NVMe offload file (zero.offload_optimizer nvme); mem.optimizer
+// (and under offload_params mem.parameters) then count only the bounded buffers in memory.
+inline constexpr std::string_view kMemOffloadNvme = "mem.offload_nvme";
 
 // fp16 dynamic loss scaling (runtime loss_scaler.hpp), sampled at the end of every step: the scale
 // the step's backward used, and the steps skipped so far (gradients with an inf or NaN). The
