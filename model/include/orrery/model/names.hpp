@@ -92,9 +92,9 @@ inline constexpr int kStreamDp = 1;          // dp group, world, tied-embedding 
 inline constexpr int kStreamTp = 2;          // tp group
 inline constexpr int kStreamPpSend = 3;      // pp sends and the pp group's collectives
 inline constexpr int kStreamPpRecv = 4;      // pp receives
-inline constexpr int kStreamCount = 5;       // the streams of a training step
+inline constexpr int kStreamCount = 7;       // stream ids of a training step are below it
 inline constexpr int kStreamCheckpoint = 5;  // a real run's checkpoint writes (none simulated)
-inline constexpr int kStreamOffload = 6;     // NVMe offload reads and writes (zero.offload_*)
+inline constexpr int kStreamOffload = 6;     // NVMe offload reads and writes (run and simulated)
 inline constexpr std::string_view stream_name(int stream) {
   switch (stream) {
     case kStreamCompute:
