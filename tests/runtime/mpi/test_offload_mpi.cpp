@@ -84,6 +84,13 @@ TEST_P(OffloadDp, EqualsTheRunWithoutOffloadBitForBit) {
   EXPECT_EQ(got.losses, want.losses);
   ASSERT_EQ(got.params.size(), want.params.size());
   EXPECT_EQ(0, std::memcmp(got.params.data(), want.params.data(), want.params.size() * 4));
+  // Every rank's file is gone with its trainer: the job's directory is empty, then removed.
+  world().barrier().wait();
+  if (world().rank() == 0) {
+    EXPECT_TRUE(fs::is_empty(shared_dir()));
+    fs::remove(shared_dir());
+  }
+  world().barrier().wait();
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, OffloadDp,
