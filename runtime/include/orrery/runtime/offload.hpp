@@ -87,6 +87,9 @@ class OffloadStore {
   // Synchronous copies of a range of one plane (checkpoints, the initial state).
   void read(int plane, std::size_t begin, std::size_t count, float* dst, int32_t step);
   void write(int plane, std::size_t begin, std::size_t count, const float* src, int32_t step);
+  // Waits for every request submitted so far, dropping their errors (an owner going away after a
+  // failure: no request still writes into its memory).
+  void drain() noexcept;
 
   const std::string& path() const { return file_.path(); }
   std::size_t file_bytes() const { return file_.size_bytes(); }
@@ -103,7 +106,6 @@ class OffloadStore {
   };
   uint64_t submit(Request r);
   void run_io();
-  void drain() noexcept;  // every request submitted so far done, errors dropped
   Request chunk_request(bool write, std::size_t slot, std::size_t first, std::size_t n,
                         int32_t step);
 

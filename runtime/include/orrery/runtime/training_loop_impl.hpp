@@ -242,7 +242,8 @@ void TrainingLoop<B>::make_offload(std::size_t moments) {
 
 template <class B>
 TrainingLoop<B>::~TrainingLoop() {
-  backend_.drain();  // nothing queued still reads a buffer when the members go
+  backend_.drain();                 // nothing queued still reads a buffer when the members go
+  if (offload_) offload_->drain();  // nor a read-ahead into z3_stage_
 }
 
 template <class B>
