@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The prediction-accuracy loop of "measure here, predict there" on this machine:
 #   1. real runs of gpt-tiny: the calibration set (serial, dp2), a block of CALIB_EVERY layouts to
-#      predict (dp4, dp8, tp, pp, ZeRO, 3-D, recomputation, sequence parallelism, uneven stages, Llama-style blocks), the calibration set again, the next block, ..., the
+#      predict (dp4, dp8, tp, pp, ZeRO, 3-D, recomputation, sequence parallelism, uneven stages, Llama-style blocks,
+#      and issue 18's dp2 int8 / PowerSGD rank 4 / top-k 1 % / bf16 / fp16 and dp2 ZeRO 1 with NVMe
+#      offload; the calibration set has a serial NVMe-offload run for the disk), the calibration set again, the next block, ..., the
 #      calibration set: the machine is shared and its load swings, so each prediction uses
 #      calibration runs measured just before and just after the runs it predicts;
 #   2. per block, `orrery calibrate` on those two calibration sets only -> a profile of this machine;
@@ -35,6 +37,12 @@ mkdir -p "$OUT"
 # gpt-tiny's shape with Llama-style blocks: 2 key/value heads, SwiGLU of width 704, RMSNorm, RoPE,
 # an untied head, no biases (predicted from the GPT calibration runs).
 LLAMA="model.kv_heads=2 model.ffn_hidden=704 model.activation=swiglu model.norm=rmsnorm model.position=rope model.tied_embeddings=false model.bias=false"
+# NVMe offload of the optimizer state into a directory of the run's disk (issue 18): the calibration
+# set's serial-nvme run gives the disk's bandwidth (orrery calibrate fits it from its offload spans).
+NVME_DIR=${NVME_DIR:-$OUT/nvme}
+mkdir -p "$NVME_DIR"
+NVME="zero.offload_optimizer=nvme zero.nvme_path=$NVME_DIR"
+CALIB_SET=${CALIB_SET:-serial dp2 serial-nvme}
 # name | ranks | --set options (beyond steps and global batch) | global batch | role
 LAYOUT_TABLE="
 serial|1|parallel.dp=1|8|calib
@@ -60,6 +68,13 @@ pp2-uneven|2|parallel.dp=1 parallel.pp=2 parallel.pp_layers=1,3 training.micro_b
 llama|1|parallel.dp=1 $LLAMA|8|predict
 llama-tp2|2|parallel.dp=1 parallel.tp=2 $LLAMA|8|predict
 llama-dp2-full|2|parallel.dp=2 training.recompute=full $LLAMA|16|predict
+serial-nvme|1|parallel.dp=1 $NVME|8|calib
+dp2-int8|2|parallel.dp=2 parallel.grad_compression=int8|16|predict
+dp2-powersgd4|2|parallel.dp=2 parallel.grad_compression=powersgd compression.powersgd_rank=4|16|predict
+dp2-topk1|2|parallel.dp=2 parallel.grad_compression=topk compression.topk_ratio=0.01|16|predict
+dp2-bf16|2|parallel.dp=2 runtime.precision=bf16|16|predict
+dp2-fp16|2|parallel.dp=2 runtime.precision=fp16|16|predict
+dp2-zero1-nvme|2|parallel.dp=2 parallel.zero=1 $NVME|16|predict
 "
 
 row_of() { grep "^$1|" <<<"$LAYOUT_TABLE"; }
@@ -140,7 +155,7 @@ for ((k = 0; k <= nblocks; k++)); do
   mkdir -p "$dir"
   block=("${PRED[@]:k*EVERY:EVERY}")
   echo "-- calibration set $k${block[*]:+, then ${block[*]}}"
-  for c in serial dp2; do run "$c" "$dir"; done
+  for c in $CALIB_SET; do run "$c" "$dir"; done
   for n in $COMMBENCH; do bench_comm "$n" "$dir"; done
   for name in "${block[@]}"; do run "$name" "$dir"; done
 done
@@ -152,12 +167,12 @@ for ((k = 0; k < nblocks; k++)); do
   dir="$OUT/block$k"
   cal=()
   for d in "$dir" "$OUT/block$((k + 1))"; do
-    for c in serial dp2; do [ -f "$d/$c.run.json" ] && cal+=("$d/$c.db"); done
+    for c in $CALIB_SET; do [ -f "$d/$c.run.json" ] && cal+=("$d/$c.db"); done
     for n in $COMMBENCH; do [ -f "$d/cb$n.db" ] && cal+=("$d/cb$n.db"); done
   done
   if "$ORRERY_CAL" calibrate "${cal[@]}" --out "$dir/profile.yaml" >"$dir/calibrate.txt" 2>&1; then
     echo "-- block $k: $(grep -E "^# sharing: 2 ranks" "$dir/profile.yaml" | head -1 | cut -c3-)"
-    for c in serial dp2; do predict "$c" "$dir" calib "$k"; done
+    for c in $CALIB_SET; do predict "$c" "$dir" calib "$k"; done
     for name in "${PRED[@]:k*EVERY:EVERY}"; do predict "$name" "$dir" predict "$k"; done
   else
     echo "  block $k: no calibration ($(tail -1 "$dir/calibrate.txt"))"

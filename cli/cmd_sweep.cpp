@@ -97,6 +97,7 @@ struct SweepArgs {
   std::string precision;
   int top = 6;
   bool search = false;
+  bool search_compression = false;
   bool json = false;
   bool quiet = false;
 };
@@ -132,6 +133,10 @@ Command setup(CLI::App& parent) {
   app->add_option("--gpus", a->gpus, "GPU counts, e.g. 8,64,512,4096,16384")->required();
   app->add_flag("--search", a->search,
                 "Search the best dp/tp/pp/zero/micro-batch per size within device memory");
+  app->add_flag(
+      "--search-compression", a->search_compression,
+      "--search: also consider int8 gradient compression (ZeRO 0/1) when the scenario has "
+      "none; NVMe offload is always considered for layouts that need it to fit");
   app->add_option("--top", a->top,
                   "--search: layouts simulated per size (best by a closed-form estimate)")
       ->capture_default_str();
@@ -157,6 +162,7 @@ Command setup(CLI::App& parent) {
     opt.gpus = parse_gpus(a->gpus);
     opt.search = a->search;
     opt.search_top = a->top;
+    opt.search_compression = a->search_compression;
     opt.sim.network = *model;
     opt.sim.precision = a->precision;
     opt.sim.profile = sim::target_profile(target, a->hw);

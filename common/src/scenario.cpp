@@ -2,10 +2,14 @@
 // (kKeys), so an unknown key gets a "did you mean" and every message names file, line and key.
 #include "orrery/common/scenario.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -29,6 +33,8 @@ std::optional<Precision> scenario_precision(const std::string& text) {
 // scaling keys, and parallel.grad_dtype (not with gradient compression).
 void check_precision(const Scenario& s, const std::string& origin);
 void check_moe(const Scenario& s, const std::string& origin);
+// zero.offload_* against each other, parallel.zero and the device (check_offload).
+void check_offload(const Scenario& s, const std::string& origin);
 }  // namespace
 
 namespace {
@@ -179,6 +185,10 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("compression.powersgd_rank", Type::Int, compression.powersgd_rank, int),
       ORRERY_KEY("compression.topk_ratio", Type::Double, compression.topk_ratio, double),
       ORRERY_KEY("compression.start_step", Type::Int, compression.start_step, int),
+      ORRERY_KEY("zero.offload_optimizer", Type::String, zero.offload_optimizer, std::string),
+      ORRERY_KEY("zero.offload_params", Type::String, zero.offload_params, std::string),
+      ORRERY_KEY("zero.nvme_path", Type::String, zero.nvme_path, std::string),
+      ORRERY_KEY("zero.offload_chunk_mb", Type::Double, zero.offload_chunk_mb, double),
       ORRERY_KEY("runtime.device", Type::String, runtime.device, std::string),
       ORRERY_KEY("runtime.threads", Type::Int, runtime.threads, int),
       ORRERY_KEY("runtime.precision", Type::String, runtime.precision, std::string),
@@ -195,6 +205,7 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("faults.sleep_rank", Type::Int, faults.sleep_rank, int),
       ORRERY_KEY("faults.sleep_ms", Type::Int, faults.sleep_ms, int),
       ORRERY_KEY("faults.kill_rank", Type::Int, faults.kill_rank, int),
+      ORRERY_KEY("faults.offload_remove_rank", Type::Int, faults.offload_remove_rank, int),
       ORRERY_KEY("faults.kill_after_step", Type::Int, faults.kill_after_step, int),
       ORRERY_KEY("faults.every_attempt", Type::Bool, faults.every_attempt, bool),
   };
@@ -393,6 +404,57 @@ void check_precision(const Scenario& s, const std::string& origin) {
 }
 }  // namespace
 
+namespace {
+void check_offload(const Scenario& s, const std::string& origin) {
+  const ZeroConfig& z = s.zero;
+  check_range(z.offload_optimizer == "none" || z.offload_optimizer == "host" || z.nvme(), origin,
+              "zero.offload_optimizer",
+              "expected none, host or nvme, got '" + z.offload_optimizer + "'");
+  check_range(z.offload_params == "none" || z.offload_params == "nvme", origin,
+              "zero.offload_params", "expected none or nvme, got '" + z.offload_params + "'");
+  check_range(z.offload_chunk_mb > 0 && std::isfinite(z.offload_chunk_mb), origin,
+              "zero.offload_chunk_mb", "must be a finite number > 0");
+  // On device cpu the moments are in host memory already: "host" would name a move that is not.
+  check_range(z.offload_optimizer != "host" || parse_device(s.runtime.device) != Device::Cpu,
+              origin, "zero.offload_optimizer",
+              "'host' moves the optimizer state from GPU to host memory, where it already is on "
+              "device cpu: use none or nvme");
+  check_range(z.offload_params == "none" || s.parallel.zero == 3, origin, "zero.offload_params",
+              "'" + z.offload_params +
+                  "' offloads ZeRO 3's parameter shards: needs parallel.zero "
+                  "3 (got " +
+                  std::to_string(s.parallel.zero) + ")");
+  check_range(z.offload_params == "none" || z.nvme(), origin, "zero.offload_params",
+              "'nvme' keeps the parameter shards with the optimizer state: needs "
+              "zero.offload_optimizer nvme (got '" +
+                  z.offload_optimizer + "')");
+  check_range(!z.nvme() || !z.nvme_path.empty(), origin, "zero.nvme_path",
+              "zero.offload_optimizer is nvme but zero.nvme_path is not set (a directory)");
+}
+}  // namespace
+
+void check_nvme_path(const Scenario& s) {
+  if (!s.zero.nvme()) return;
+  const std::string origin = s.path.empty() ? std::string("scenario") : s.path;
+  const std::string& dir = s.zero.nvme_path;
+  std::error_code ec;
+  check_range(std::filesystem::is_directory(dir, ec), origin, "zero.nvme_path",
+              "'" + dir + "' is not an existing directory");
+  // access() says yes to root on any mode, so a real file is created (and removed) to be sure:
+  // a read-only mount refuses it to everyone.
+  const std::string probe =
+      (std::filesystem::path(dir) / ".orrery-probe-").string() + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    check_range(false, origin, "zero.nvme_path",
+                "cannot create files in '" + dir + "': " + std::strerror(err) +
+                    " (a writable directory is needed)");
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
                         const std::vector<std::string>& overrides) {
   YAML::Node root;
@@ -501,6 +563,7 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
               "'" + p.grad_compression + "' compresses the dp all-reduce, which ZeRO stage " +
                   std::to_string(p.zero) +
                   " replaces with a reduce-scatter: use parallel.zero 0 or 1, or none");
+  check_offload(s, origin);
   check_range(s.runtime.watchdog_s > 0, origin, "runtime.watchdog_s", "must be > 0");
   check_range(s.checkpoint.every >= 0, origin, "checkpoint.every",
               "must be >= 0 (0: no checkpoints)");

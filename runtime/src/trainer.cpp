@@ -54,6 +54,7 @@ void check_supported(const Scenario& s) {
         "' is not available in the CPU runtime; expected cpu (device cuda needs a build "
         "with the CUDA toolkit)");
   }
+  check_nvme_path(s);  // zero.nvme_path: an existing directory the run can create its files in
   if (s.runtime.threads < 1) {
     throw InputError(origin + ": key 'runtime.threads': expected at least 1, got " +
                      std::to_string(s.runtime.threads));

@@ -1447,10 +1447,66 @@ FitReport fit_report(const HardwareProfile& p, const std::vector<Row>& rows) {
 
 }  // namespace
 
-CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in,
+namespace {
+// NVMe offload (zero.offload_optimizer nvme runs): the node's disk bandwidth from the runs'
+// offload.read / offload.write spans, bytes over busy time per rank times the ranks that ran them
+// at once (the run's ranks, on this one machine), byte-weighted over the runs.
+struct OffloadFit {
+  bool any = false;
+  OffloadLinks links = offload_defaults("cpu", false);
+  std::vector<std::string> notes;
+};
+OffloadFit fit_offload(const std::vector<traces::Trace>& traces) {
+  OffloadFit f;
+  double bytes[2] = {0, 0}, node_bytes_ns[2] = {0, 0};  // [read, write]
+  for (const auto& t : traces) {
+    double b[2] = {0, 0}, ns[2] = {0, 0};
+    for (const auto& sp : t.spans) {
+      const std::string& n = t.name_of(sp);
+      const int k = n == names::kOffloadRead ? 0 : n == names::kOffloadWrite ? 1 : -1;
+      if (k < 0 || sp.step < 1) continue;  // step 0 warms the page cache and the file
+      b[k] += double(sp.bytes);
+      ns[k] += double(sp.end_ns - sp.start_ns);
+    }
+    const int ranks = std::max(1, t.meta.world_size);
+    for (int k = 0; k < 2; ++k) {
+      if (b[k] <= 0 || ns[k] <= 0) continue;
+      f.any = true;
+      bytes[k] += b[k];
+      node_bytes_ns[k] += b[k] * (b[k] / ns[k] * 1e9 * ranks);
+    }
+  }
+  if (bytes[0] > 0) f.links.nvme_read_bytes_per_s = node_bytes_ns[0] / bytes[0];
+  if (bytes[1] > 0) f.links.nvme_write_bytes_per_s = node_bytes_ns[1] / bytes[1];
+  if (!f.any) f.notes.push_back("offload: no offload.read/write spans, disk bandwidth assumed");
+  return f;
+}
+
+// The traces with the adamw spans of offload runs dropped: those include the waits for the disk,
+// which is fitted apart (fit_offload), not as optimizer compute.
+std::vector<traces::Trace> without_offload_adamw(const std::vector<traces::Trace>& in) {
+  std::vector<traces::Trace> out = in;
+  for (auto& t : out) {
+    const bool offload = std::any_of(t.spans.begin(), t.spans.end(), [&](const traces::Span& sp) {
+      return t.name_of(sp) == names::kOffloadRead;
+    });
+    if (!offload) continue;
+    std::erase_if(t.spans,
+                  [&](const traces::Span& sp) { return t.name_of(sp) == names::kOptimizerStep; });
+  }
+  return out;
+}
+}  // namespace
+
+CalibrationResult calibrate(const std::vector<traces::Trace>& traces_all,
                             const CalibrationOptions& opt) {
+  const OffloadFit offload = fit_offload(traces_all);
+  std::vector<traces::Trace> filtered;
+  if (offload.any) filtered = without_offload_adamw(traces_all);
+  const std::vector<traces::Trace>& traces_in = offload.any ? filtered : traces_all;
   check_options(traces_in, opt);
   CalibrationResult out;
+  append(out.notes, offload.notes);
   const int cores = opt.cores > 0 ? opt.cores : std::max(1u, std::thread::hardware_concurrency());
   const std::vector<TraceInfo> infos = collect_runs(traces_in, opt.skip_steps);
   const int threads = opt.threads_per_rank > 0 ? opt.threads_per_rank
@@ -1491,6 +1547,7 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_in,
   const DataLoad data_load = fit_data_load(infos[sl.ref], sl.factor[sl.ref]);
   p.data_load_ns = data_load.ns;
   append(out.notes, data_load.notes);
+  p.offload = offload.links;
 
   // 3. collectives
   const int ranks_per_node = described_ranks_per_node(infos, opt.ranks_per_node);

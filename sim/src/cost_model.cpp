@@ -29,6 +29,9 @@ ModelDims model_dims(const Scenario& s, int64_t act_bytes) {
   d.sequence_parallel = s.parallel.sequence_parallel && s.parallel.tp > 1;
   d.vocab_parallel = s.parallel.vocab_parallel && s.parallel.tp > 1;
   d.arch = block_arch(s.model);
+  const auto p = precision_from_string(s.runtime.precision);
+  d.emulated_16bit = parse_device(s.runtime.device) == orrery::Device::Cpu && p &&
+                     (*p == Precision::BF16 || *p == Precision::FP16);
   return d;
 }
 
@@ -228,8 +231,32 @@ std::optional<std::vector<Kernel>> sp_block_kernels(std::string_view name, int p
 }
 }  // namespace
 
+namespace {
+std::optional<std::vector<Kernel>> op_kernels_fp32(std::string_view name, int piece, int pieces,
+                                                   const ModelDims& d, double opt_params);
+}
+
 std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, int pieces,
                                               const ModelDims& d, double opt_params) {
+  auto ks = op_kernels_fp32(name, piece, pieces, d, opt_params);
+  if (!ks || !d.emulated_16bit) return ks;
+  // The rounding passes of the emulated 16-bit products (ModelDims::emulated_16bit).
+  std::vector<Kernel> rounding;
+  for (const Kernel& k : *ks) {
+    if (k.cls != OpClass::Gemm || k.gm <= 0) continue;
+    const double a = k.gm * k.gk, w = k.gk * k.gn, out = k.gm * k.gn;
+    Kernel r;
+    r.op = k.op;
+    r.bytes = 8.0 * (k.gemm_backward ? out + a + w + a : a + w + out);
+    rounding.push_back(r);
+  }
+  ks->insert(ks->end(), rounding.begin(), rounding.end());
+  return ks;
+}
+
+namespace {
+std::optional<std::vector<Kernel>> op_kernels_fp32(std::string_view name, int piece, int pieces,
+                                                   const ModelDims& d, double opt_params) {
   auto cat = [](std::vector<Kernel> a, const std::vector<Kernel>& b) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
@@ -288,6 +315,7 @@ std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, 
     return std::vector<Kernel>{Kernel{OpClass::Elementwise, 0.0, 4.0 * opt_params}};
   return std::nullopt;
 }
+}  // namespace
 
 double total_flops(const std::vector<Kernel>& ks) {
   double f = 0;
@@ -408,6 +436,9 @@ int64_t CostModel::named_op_ns(std::string_view name, int piece, int pieces, con
   ModelDims md = d;
   md.batch = best->batch, md.seq = best->seq, md.d_model = best->d_model, md.heads = best->heads;
   md.vocab = best->vocab, md.tp = best->tp;
+  // Measured entries are fp32 runs' (MeasuredOp records no precision): an emulated 16-bit op
+  // costs the entry's time scaled by its rounding passes too.
+  md.emulated_16bit = false;
   const auto mks = op_kernels(name, best->piece, best->pieces, md, best->params);
   const int64_t ref = mks ? op_ns(*mks) : 0;
   if (ref <= 0) return modelled;

@@ -201,6 +201,11 @@ class Executor {
         break;
       default: {
         t.active_ns = t.start_ns;
+        if (op.stream == names::kStreamOffload) {
+          // NVMe offload I/O (workload.hpp): the disk's time, off the cores and the GPU.
+          engine_.schedule_at(engine_.now() + op.duration_ns, [this, ri, id] { complete(ri, id); });
+          break;
+        }
         const int64_t dur = jittered(ri, op);
         if (every_rank_ && opt_.op_jitter > 0)
           st.jitter_var += std::pow(opt_.op_jitter * double(dur), 2);

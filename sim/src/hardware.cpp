@@ -123,7 +123,7 @@ YAML::Node load_document(const std::string& yaml_text, const std::string& origin
   check_keys(root,
              {"name", "device", "precision", "peak_flops", "memory_bandwidth_gbps", "data_load_us",
               "kernels", "collectives", "machine", "cluster", "sharing", "ops", "rank_jitter",
-              "op_jitter", "gemm_shape", "attention_kernel", "comm_compute_share"},
+              "op_jitter", "gemm_shape", "attention_kernel", "comm_compute_share", "offload"},
              origin, "");
   return root;
 }
@@ -384,6 +384,24 @@ MachineDescription parse_cluster(const YAML::Node& c, const std::string& origin)
   return m;
 }
 
+// The `offload:` section: what it gives, the rest from `dflt`.
+OffloadLinks parse_offload(const YAML::Node& n, const std::string& origin, OffloadLinks dflt) {
+  if (!n.IsMap()) throw InputError(where(origin, n, "offload") + ": expected a mapping");
+  check_keys(n, {"host_link_gbps", "nvme_read_gbps", "nvme_write_gbps"}, origin, "offload.");
+  auto num = [&](const char* key, double& out) {
+    if (!n[key]) return;
+    const double v = get_number(n[key], origin, std::string("offload.") + key);
+    if (!(v >= 0) || !std::isfinite(v))
+      throw InputError(where(origin, n[key], std::string("offload.") + key) +
+                       ": expected a number >= 0 (GB/s; 0: no such link)");
+    out = v * 1e9;
+  };
+  num("host_link_gbps", dflt.host_link_bytes_per_s);
+  num("nvme_read_gbps", dflt.nvme_read_bytes_per_s);
+  num("nvme_write_gbps", dflt.nvme_write_bytes_per_s);
+  return dflt;
+}
+
 // The `sharing:` section (ranks sharing the cores of a node).
 CoreSharing parse_sharing(const YAML::Node& sh, const std::string& origin) {
   if (!sh.IsMap()) throw InputError(where(origin, sh, "sharing") + ": expected a mapping");
@@ -492,6 +510,8 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (const auto ops = root["ops"]) p.ops = parse_ops(ops, origin);
   if (const auto c = root["cluster"]) p.cluster = parse_cluster(c, origin);
   if (const auto sh = root["sharing"]) p.sharing = parse_sharing(sh, origin);
+  p.offload = offload_defaults(p.device, p.device != "cpu");
+  if (const auto off = root["offload"]) p.offload = parse_offload(off, origin, p.offload);
   if (const auto m = root["machine"]) p.machine = parse_machine(m, origin);
   if (const auto g = root["gemm_shape"]) p.gemm_shape = parse_gemm_shape(g, origin);
   if (const auto a = root["attention_kernel"]) {
@@ -601,6 +621,11 @@ std::string to_yaml(const HardwareProfile& p) {
     e << YAML::Key << "link_latency_us" << YAML::Value << m.link_latency_ns / 1000.0;
     e << YAML::EndMap;
   }
+  e << YAML::Key << "offload" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "host_link_gbps" << YAML::Value << p.offload.host_link_bytes_per_s / 1e9;
+  e << YAML::Key << "nvme_read_gbps" << YAML::Value << p.offload.nvme_read_bytes_per_s / 1e9;
+  e << YAML::Key << "nvme_write_gbps" << YAML::Value << p.offload.nvme_write_bytes_per_s / 1e9;
+  e << YAML::EndMap;
   if (p.sharing.cores > 0) {
     const CoreSharing& cs = p.sharing;
     e << YAML::Key << "sharing" << YAML::Value << YAML::BeginMap;
@@ -665,6 +690,28 @@ GemmShapeModel gemm_shape_model(const std::string& device) {
   return g;
 }
 
+OffloadLinks offload_defaults(const std::string& device, bool is_gpu) {
+  // Sources: scenarios/hardware/README.md's offload table. Link rates, not measurements.
+  OffloadLinks o;
+  if (!is_gpu) {
+    // A CPU rank's state is in host memory already (no host link); its disk is unknown: a
+    // SATA-class 0.5 GB/s both ways stands in until `orrery calibrate` measures it.
+    o.nvme_read_bytes_per_s = 0.5e9;
+    o.nvme_write_bytes_per_s = 0.5e9;
+    return o;
+  }
+  const bool hopper = device == "H100-SXM" || device == "H200";
+  // PCIe 4.0 x16 (A100) / 5.0 x16 (H100, H200): 16 / 32 GT/s x 16 lanes x 128b/130b, per direction.
+  o.host_link_bytes_per_s = hopper ? 63.0e9 : 31.5e9;
+  // DGX A100: 4, DGX H100/H200: 8 U.2 NVMe drives per node (NVIDIA DGX datasheets), each assumed
+  // PCIe 4.0 datacenter class at 7.0 GB/s read and 3.8 GB/s write sequential (Samsung PM1733
+  // datasheet), striped.
+  const double drives = hopper ? 8 : 4;
+  o.nvme_read_bytes_per_s = drives * 7.0e9;
+  o.nvme_write_bytes_per_s = drives * 3.8e9;
+  return o;
+}
+
 HardwareProfile default_hardware_profile(const std::string& device, bool is_gpu) {
   HardwareProfile p;
   p.name = device + "-default";
@@ -702,6 +749,7 @@ HardwareProfile default_hardware_profile(const std::string& device, bool is_gpu)
     set(OpClass::SoftmaxLoss, 1.0, 0.50, 1'000);
     set(OpClass::Optimizer, 1.0, 0.50, 2'000);
   }
+  p.offload = offload_defaults(device, is_gpu);
   return p;
 }
 

@@ -2,6 +2,8 @@
 #include "orrery/sim/memory.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 
 #include "orrery/common/pipeline_schedule.hpp"
 #include "orrery/model/activations.hpp"
@@ -64,6 +66,26 @@ double recompute_workspace_bytes(const Scenario& s, const PrecisionConfig& p) {
   return 0;
 }
 
+namespace {
+// NVMe offload's memory (memory.hpp): the state moved to the file, the buffers kept.
+void apply_offload(const Scenario& s, const PrecisionConfig& p, int stage, MemoryEstimate& e) {
+  const int dp = s.parallel.dp;
+  const bool sharded = s.parallel.zero >= 1 && dp > 1;
+  const double updated = sharded ? double(e.param_count) / dp : double(e.param_count);
+  const bool params = s.zero.offload_params == "nvme";
+  const std::vector<int64_t> chunks = offload_chunks(s, int64_t(std::llround(updated)));
+  const double chunk = chunks.empty() ? 0.0 : double(chunks.front());
+  e.offload_nvme_bytes = offload_bytes_per_param(s, p) * updated;
+  e.optimizer_bytes = 3.0 * chunk * (p.optimizer_bytes + (params ? p.param_bytes : 0));
+  if (!params) return;
+  std::map<int, int64_t> segments;
+  for (const auto& t : stage_parameters(s, stage)) segments[t.segment] += t.count;
+  int64_t largest = 0;
+  for (const auto& [seg, n] : segments) largest = std::max(largest, n);
+  e.parameters_bytes = 4.0 * double(p.param_bytes) * std::ceil(double(largest) / dp);
+}
+}  // namespace
+
 std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionConfig& p,
                                             int64_t capacity_bytes) {
   const int pp = s.parallel.pp;
@@ -81,6 +103,7 @@ std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionCo
     e.parameters_bytes = ms.parameters;
     e.gradients_bytes = ms.gradients;
     e.optimizer_bytes = ms.optimizer;
+    if (s.zero.nvme()) apply_offload(s, p, st, e);
     const double embed_act =
         st == 0 ? double(s.model.seq) * s.training.micro_batch * s.model.d_model * 2.0 : 0.0;
     if (schedule_of(s.parallel) == Schedule::Interleaved && pp > 1) {

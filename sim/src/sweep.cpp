@@ -29,6 +29,19 @@ std::string layout_string(const Scenario& s) {
   return o.str();
 }
 
+std::string offload_label(const Scenario& s) {
+  if (!s.zero.nvme()) return "none";
+  return s.zero.offload_params == "nvme" ? "nvme+params" : "nvme";
+}
+
+// " +nvme", " +int8", ... : what a layout adds to dp/tp/pp, for the tables.
+std::string extras_label(const std::string& offload, const std::string& compression) {
+  std::string x;
+  if (offload != "none") x += " +" + offload;
+  if (compression != "none") x += " +" + compression;
+  return x;
+}
+
 // The precision choice of sim_target.hpp (one rule for the CLI's checks and the simulation).
 PrecisionConfig precision_for(const SimOptions& opt, const HardwareProfile& prof) {
   return precision_config(precision_name(opt.precision, prof));
@@ -225,7 +238,8 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   const PrecisionConfig prec = precision_for(opt, prof);
   const double peak = peak_for(cluster, prof);
   const CostModel cost(prof, peak, cluster.device.mem_bandwidth_bytes_per_s);
-  const Workload w = build_workload(s, cost, {opt.steps, prec});
+  const Workload w =
+      build_workload(s, cost, {opt.steps, prec, std::min(cluster.gpus_per_node, s.world_size())});
 
   ExecutorOptions eo;
   eo.network = opt.network;
@@ -240,6 +254,8 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   SimResult out;
   out.dp = s.parallel.dp, out.tp = s.parallel.tp, out.pp = s.parallel.pp,
   out.zero = s.parallel.zero;
+  out.offload = offload_label(s);
+  out.grad_compression = s.parallel.grad_compression;
   out.micro_batch = s.training.micro_batch;
   out.micro_batches = w.micro_batches;
   out.schedule = s.parallel.schedule;
@@ -282,6 +298,9 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
           {names::kMemActivations.data(), m.activations_bytes}};
       for (const auto& [name, v] : cats)
         t.counters.push_back({rk.rank, t.strings.intern(name), 0, v});
+      if (s.zero.nvme())
+        t.counters.push_back(
+            {rk.rank, t.strings.intern(names::kMemOffloadNvme.data()), 0, m.offload_nvme_bytes});
     }
   }
   out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -348,6 +367,17 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
         2 * m * coll(traces::CollOp::AllGather, dpg, int64_t(double(params) * prec.param_bytes));
   // Backward of the last micro-batch hides some of it; the rest is exposed.
   est += std::max(0.0, dp_total - lps * tb);
+  if (s.zero.nvme()) {
+    // NVMe offload (workload.hpp): the updated state read and written through the node's disk,
+    // shared by its ranks; overlapped with AdamW, so the disk's time is the bound.
+    const double updated =
+        z >= 1 && s.parallel.dp > 1 ? double(params) / s.parallel.dp : double(params);
+    const double bytes = offload_bytes_per_param(s, prec) * updated;
+    const double share = std::min(c.gpus_per_node, s.world_size());
+    const OffloadLinks& links = cost.profile().offload;
+    est += double(offload_io_ns(bytes, links.nvme_read_bytes_per_s / share) +
+                  offload_io_ns(bytes, links.nvme_write_bytes_per_s / share));
+  }
   return est;
 }
 
@@ -378,9 +408,48 @@ std::vector<SimResult> run_sweep_jobs(const std::vector<SweepJob>& jobs,
 
 namespace {
 
+bool fits_memory(const Scenario& s, const Cluster& c, const PrecisionConfig& prec) {
+  bool fits = true;
+  for (const auto& m : estimate_memory(s, prec, c.device.mem_capacity_bytes)) fits = fits && m.fits;
+  return fits;
+}
+
+// The variants of one layout a search considers: as given if it fits memory, else with the
+// optimizer state (ZeRO 3: and the parameter shards) offloaded to NVMe if that fits (memory
+// short); with `compression` (the scenario has none) also int8 gradient compression on ZeRO 0/1
+// with dp > 1 (bandwidth short: the estimate and the simulation decide whether it pays).
+std::vector<Candidate> search_variants(const Candidate& cd, const Cluster& c,
+                                       const PrecisionConfig& prec, bool compression) {
+  std::vector<Candidate> out;
+  std::vector<Candidate> base{cd};
+  if (compression && cd.s.parallel.grad_compression == "none" && cd.s.parallel.zero <= 1 &&
+      cd.s.parallel.dp > 1) {
+    base.push_back(cd);
+    base.back().s.parallel.grad_compression = "int8";
+  }
+  for (Candidate& b : base) {
+    if (fits_memory(b.s, c, prec)) {
+      out.push_back(b);
+      continue;
+    }
+    if (b.s.zero.nvme()) continue;
+    b.s.zero.offload_optimizer = "nvme";
+    if (b.s.zero.nvme_path.empty()) b.s.zero.nvme_path = "nvme";  // simulated: any directory
+    if (fits_memory(b.s, c, prec)) {
+      out.push_back(b);
+      continue;
+    }
+    if (b.s.parallel.zero != 3) continue;
+    b.s.zero.offload_params = "nvme";
+    if (fits_memory(b.s, c, prec)) out.push_back(b);
+  }
+  return out;
+}
+
 // The layouts of a --search row that fit device memory, best closed-form estimate first.
 std::vector<Candidate> search_candidates(const Scenario& s, const Cluster& c, int gpus,
-                                         const CostModel& cost, const PrecisionConfig& prec) {
+                                         const CostModel& cost, const PrecisionConfig& prec,
+                                         bool search_compression) {
   std::vector<Candidate> cands;
   const int gb = s.training.global_batch;
   for (int tp = 1; tp <= std::min(gpus, c.gpus_per_node); tp *= 2) {
@@ -407,12 +476,10 @@ std::vector<Candidate> search_candidates(const Scenario& s, const Cluster& c, in
           } catch (const InputError&) {
             continue;
           }
-          bool fits = true;
-          for (const auto& m : estimate_memory(cd.s, prec, c.device.mem_capacity_bytes))
-            fits = fits && m.fits;
-          if (!fits) continue;
-          cd.estimate = estimate_step_ns(cd.s, c, cost, prec);
-          cands.push_back(std::move(cd));
+          for (Candidate& v : search_variants(cd, c, prec, search_compression)) {
+            v.estimate = estimate_step_ns(v.s, c, cost, prec);
+            cands.push_back(std::move(v));
+          }
         }
       }
     }
@@ -494,7 +561,8 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
     }
 
     // Search: every layout that fits memory, ranked by the estimate; simulate the best few.
-    const std::vector<Candidate> cands = search_candidates(s, *c, gpus, cost, prec);
+    const std::vector<Candidate> cands =
+        search_candidates(s, *c, gpus, cost, prec, opt.search_compression);
     row.candidates = static_cast<int>(cands.size());
     if (cands.empty()) {
       row.note = "no layout fits device memory";
@@ -570,6 +638,8 @@ std::string results_to_wire(const std::vector<SimResult>& results) {
                  {"tp", r.tp},
                  {"pp", r.pp},
                  {"zero", r.zero},
+                 {"offload", r.offload},
+                 {"grad_compression", r.grad_compression},
                  {"micro_batch", r.micro_batch},
                  {"micro_batches", r.micro_batches},
                  {"schedule", r.schedule},
@@ -603,6 +673,7 @@ std::vector<SimResult> results_from_wire(const std::string& bytes) {
       SimResult r;
       x.at("dp").get_to(r.dp), x.at("tp").get_to(r.tp), x.at("pp").get_to(r.pp);
       x.at("zero").get_to(r.zero), x.at("micro_batch").get_to(r.micro_batch);
+      x.at("offload").get_to(r.offload), x.at("grad_compression").get_to(r.grad_compression);
       x.at("micro_batches").get_to(r.micro_batches), x.at("schedule").get_to(r.schedule);
       x.at("precision").get_to(r.precision), x.at("profile_name").get_to(r.profile_name);
       x.at("step_time_ns").get_to(r.step_time_ns), x.at("tokens_per_s").get_to(r.tokens_per_s);
@@ -693,6 +764,8 @@ nlohmann::json to_json(const SimResult& r) {
                  {"tp", r.tp},
                  {"pp", r.pp},
                  {"zero", r.zero},
+                 {"offload", r.offload},
+                 {"grad_compression", r.grad_compression},
                  {"micro_batch", r.micro_batch},
                  {"micro_batches_per_step", r.micro_batches},
                  {"schedule", r.schedule}};
@@ -749,9 +822,9 @@ std::string format_report(const SimResult& r, const Scenario& s, const Cluster& 
     << c.device.name << ", " << c.topology->describe() << ")\n";
   o << "  network model " << to_string(model) << ", hardware profile " << r.profile_name << ", "
     << r.precision << " precision\n";
-  o << "layout        dp=" << r.dp << " tp=" << r.tp << " pp=" << r.pp << " zero=" << r.zero << ", "
-    << r.schedule << ", micro-batch " << r.micro_batch << " x " << r.micro_batches
-    << " per replica per step\n";
+  o << "layout        dp=" << r.dp << " tp=" << r.tp << " pp=" << r.pp << " zero=" << r.zero
+    << extras_label(r.offload, r.grad_compression) << ", " << r.schedule << ", micro-batch "
+    << r.micro_batch << " x " << r.micro_batches << " per replica per step\n";
   o << "step time     " << seconds(step) << "\n";
   o << "tokens/s      " << fmt("%.0f", r.tokens_per_s) << "\n";
   o << "per GPU       " << flops_str(r.tflops_per_gpu * 1e12) << ", MFU "
@@ -875,7 +948,8 @@ std::string format_sweep_table(const std::vector<SweepRow>& rows) {
     }
     const auto& x = r.result;
     const std::string layout = "dp=" + std::to_string(x.dp) + " tp=" + std::to_string(x.tp) +
-                               " pp=" + std::to_string(x.pp);
+                               " pp=" + std::to_string(x.pp) +
+                               extras_label(x.offload, x.grad_compression);
     std::snprintf(buf, sizeof buf,
                   "%7d  %-22s %4d %3d  %11s  %12.0f  %11.1f  %5.1f%%  %5.1f%%  %10s  %s\n", r.gpus,
                   layout.c_str(), x.zero, x.micro_batch, seconds(double(x.step_time_ns)).c_str(),

@@ -33,6 +33,26 @@ PrecisionConfig precision_config(const std::string& name) {
   return p;
 }
 
+double offload_bytes_per_param(const Scenario& s, const PrecisionConfig& p) {
+  if (!s.zero.nvme()) return 0;
+  return double(p.optimizer_bytes) + (s.zero.offload_params == "nvme" ? p.param_bytes : 0);
+}
+
+std::vector<int64_t> offload_chunks(const Scenario& s, int64_t params) {
+  std::vector<int64_t> out;
+  if (params <= 0) return out;
+  int64_t chunk = std::max<int64_t>(1, int64_t(s.zero.offload_chunk_mb * 1048576.0 / 4.0));
+  chunk = std::max(chunk, (params + kMaxOffloadChunks - 1) / kMaxOffloadChunks);
+  for (int64_t first = 0; first < params; first += chunk)
+    out.push_back(std::min(chunk, params - first));
+  return out;
+}
+
+int64_t offload_io_ns(double bytes, double bytes_per_s) {
+  if (bytes <= 0 || bytes_per_s <= 0) return 0;
+  return int64_t(std::ceil(bytes / bytes_per_s * 1e9));
+}
+
 std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage) {
   const auto specs =
       model::parameter_tensors(model::model_shape(s), model::stage_contents(s, stage));
@@ -370,6 +390,7 @@ class StageBuilder {
         compression_(compression_of(s)),
         prog_(prog),
         b_(prog, names) {
+    ranks_per_node_ = std::max(1, opt.ranks_per_node);
     prog_.stage = stage;
     prog_.layers = per_stage_;
   }
@@ -913,9 +934,11 @@ class StageBuilder {
     const Piece opt_piece{0.0, total_bytes(opt_kernels),
                           cost_.named_op_ns(names::kOptimizerStep, 0, 1,
                                             model_dims(s_, prec_.act_bytes), opt_params)};
-    const uint32_t optim = b_.add(compute(names::kOptimizerStep, opt_piece, PhaseKind::Optimizer,
-                                          -1, -1, traces::SpanKind::Optimizer),
-                                  opt_deps);
+    const uint32_t optim =
+        s_.zero.nvme() ? offloaded_optimizer(opt_params, opt_deps)
+                       : b_.add(compute(names::kOptimizerStep, opt_piece, PhaseKind::Optimizer, -1,
+                                        -1, traces::SpanKind::Optimizer),
+                                opt_deps);
     after_prev_step_ = optim;
     if (dp_ > 1 && (par_.zero == 1 || par_.zero == 2))
       after_prev_step_ = dp_coll(names::kDpAllGather, traces::CollOp::AllGather,
@@ -926,6 +949,39 @@ class StageBuilder {
           b_.add(comm(names::kPipelineLoss, traces::SpanKind::Collective, traces::CollOp::Broadcast,
                       kStreamPpSend, GroupRole::PPNext, 4, seq_pp_++, PhaseKind::None, -1, -1),
                  {after_prev_step_});
+  }
+
+  // zero.offload_optimizer nvme (workload.hpp): the chunked reads, AdamW pieces and writes; the
+  // last write, which the optimizer's end waits for.
+  uint32_t offloaded_optimizer(double opt_params, const std::vector<uint32_t>& deps) {
+    const std::vector<int64_t> chunks = offload_chunks(s_, int64_t(std::llround(opt_params)));
+    const double per = offload_bytes_per_param(s_, prec_);
+    const OffloadLinks& links = cost_.profile().offload;
+    const double rd = links.nvme_read_bytes_per_s / ranks_per_node_;
+    const double wr = links.nvme_write_bytes_per_s / ranks_per_node_;
+    const ModelDims d = model_dims(s_, prec_.act_bytes);
+    auto io = [&](std::string_view n, size_t i, double bw, std::vector<uint32_t> after) {
+      Op op =
+          comm(n, traces::SpanKind::Memcpy, traces::CollOp::None, names::kStreamOffload,
+               GroupRole::None, int64_t(per * double(chunks[i])), -1, PhaseKind::Optimizer, -1, -1);
+      op.duration_ns = offload_io_ns(per * double(chunks[i]), bw);
+      return b_.add(op, after);
+    };
+    std::vector<uint32_t> reads{io(names::kOffloadRead, 0, rd, deps)};
+    uint32_t last = reads[0];
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (i + 1 < chunks.size()) reads.push_back(io(names::kOffloadRead, i + 1, rd, deps));
+      const double n = double(chunks[i]);
+      const Piece pc{0.0, total_bytes(optimizer_kernels(n, 28.0)),
+                     cost_.named_op_ns(names::kOptimizerStep, 0, 1, d, n)};
+      std::vector<uint32_t> after = deps;
+      after.push_back(reads[i]);
+      const uint32_t a = b_.add(compute(names::kOptimizerStep, pc, PhaseKind::Optimizer, -1, -1,
+                                        traces::SpanKind::Optimizer),
+                                after);
+      last = io(names::kOffloadWrite, i, wr, {a});
+    }
+    return last;
   }
 
   const Scenario& s_;
@@ -944,6 +1000,7 @@ class StageBuilder {
   const bool sp_;                // sequence parallelism (tp > 1)
   const int64_t sp_coll_bytes_;  // its all-gathers and reduce-scatters: the whole (B,T,C)
   const Compression compression_;
+  int ranks_per_node_ = 1;  // sharing the node's NVMe bandwidth
   StageProgram& prog_;
   ProgramBuilder b_;
   std::vector<int64_t> seg_params_;

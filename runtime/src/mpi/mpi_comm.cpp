@@ -51,6 +51,7 @@
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/comm.hpp"
 #include "orrery/runtime/half.hpp"
+#include "orrery/runtime/offload.hpp"
 
 namespace orrery::runtime {
 namespace {
@@ -168,6 +169,7 @@ void flush_for_exit(profiler::RankState state, const std::string& detail) {
   fr.set_status(state, fr.status().step, detail);  // first: a SIGTERM meanwhile sees it
   profiler::Recorder::flush_live();
   fr.save();
+  remove_offload_files_for_exit();  // the process ends without its destructors
 }
 
 int g_signal_pipe[2] = {-1, -1};

@@ -127,6 +127,21 @@ struct CompressionConfig {
   int start_step = 0;        // uncompressed warm-up steps (PowerSGD's start_powerSGD_iter), >= 0
 };
 
+// Offload of ZeRO's state (issue 18; ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et
+// al. 2021). Values checked by parse_scenario (names, combinations); the directory by
+// check_nvme_path when a run starts (a simulation needs no directory).
+struct ZeroConfig {
+  // none | host (device cuda: the moments in host memory; meaningless on device cpu, refused) |
+  // nvme (the AdamW moments of the range this rank updates live in a file under nvme_path)
+  std::string offload_optimizer = "none";
+  // none | nvme (ZeRO 3's parameter shards in the file too; needs parallel.zero 3 and
+  // offload_optimizer nvme)
+  std::string offload_params = "none";
+  std::string nvme_path;          // an existing, writable directory; one file per rank in it
+  double offload_chunk_mb = 4.0;  // the I/O chunk per state array, MiB (> 0): 3 chunks in memory
+  bool nvme() const { return offload_optimizer == "nvme"; }
+};
+
 struct RuntimeConfig {
   std::string device = "cpu";  // cpu | cuda
   int threads = 1;             // compute threads per rank
@@ -145,6 +160,7 @@ struct FaultsConfig {
   int sleep_rank = -1;
   int sleep_ms = 0;
   int kill_rank = -1;  // that rank SIGKILLs itself at the start of step `step` (rank death)
+  int offload_remove_rank = -1;  // that rank's NVMe offload file is removed at the start of `step`
   int kill_after_step =
       -1;  // every rank SIGKILLs itself once the checkpoint of this step is complete
   // Under `orrery run --max-restarts`, the faults fire on the first attempt only unless this is set
@@ -172,6 +188,7 @@ struct Scenario {
   DataConfig data;
   ParallelConfig parallel;
   CompressionConfig compression;
+  ZeroConfig zero;
   RuntimeConfig runtime;
   ProfileConfig profile;
   CheckpointConfig checkpoint;
@@ -196,6 +213,10 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
 // parallel.pp_layers, zero needs dp>1 for stages that shard, batch divisibility). Throws InputError
 // with the reason.
 void validate_layout(const Scenario& s);
+
+// zero.nvme_path when zero.offload_optimizer is nvme: an existing directory this process can
+// create files in. InputError naming the key otherwise. Called by the runtime before a run starts.
+void check_nvme_path(const Scenario& s);
 
 // parallel.schedule parsed, by its one parser: the scenario check and every consumer compare the
 // enum, not the text.

@@ -38,6 +38,10 @@ inline constexpr std::string_view kEmbedBackward = "bwd.embed";
 inline constexpr std::string_view kBlockRecompute = "recompute.block";
 inline constexpr std::string_view kAttentionRecompute = "recompute.attention";
 inline constexpr std::string_view kOptimizerStep = "adamw";
+// NVMe offload (zero.offload_optimizer / offload_params nvme; runtime offload.hpp): Memcpy spans
+// on the stream "offload", with the bytes each request moved between the file and memory.
+inline constexpr std::string_view kOffloadRead = "offload.read";
+inline constexpr std::string_view kOffloadWrite = "offload.write";
 
 // Collectives and point-to-point transfers.
 inline constexpr std::string_view kDpAllReduce = "ddp.all_reduce";            // DDP bucket
@@ -136,6 +140,9 @@ inline constexpr std::string_view kMemGradients = "mem.gradients";
 inline constexpr std::string_view kMemOptimizer = "mem.optimizer";  // AdamW moments
 inline constexpr std::string_view kMemActivations = "mem.activations";
 inline constexpr std::string_view kMemCommBuffers = "mem.comm_buffers";
+// Bytes this rank keeps in its NVMe offload file (zero.offload_optimizer nvme); mem.optimizer
+// (and under offload_params mem.parameters) then count only the bounded buffers in memory.
+inline constexpr std::string_view kMemOffloadNvme = "mem.offload_nvme";
 
 // fp16 dynamic loss scaling (runtime loss_scaler.hpp), sampled at the end of every step: the scale
 // the step's backward used, and the steps skipped so far (gradients with an inf or NaN). The

@@ -46,6 +46,7 @@ struct StepResult {
 // Persistent bytes per category, as recorded in the mem.* counters.
 struct MemoryBytes {
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0, comm_buffers = 0;
+  double offload_nvme = 0;  // bytes in the NVMe offload file (zero.offload_optimizer nvme)
 };
 
 // A stretch [offset, offset + count) of this rank's flat array (unpadded, the model's layout)

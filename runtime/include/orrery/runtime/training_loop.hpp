@@ -105,6 +105,7 @@
 #include "orrery/runtime/groups.hpp"
 #include "orrery/runtime/loss_scaler.hpp"
 #include "orrery/runtime/model.hpp"
+#include "orrery/runtime/offload.hpp"
 #include "orrery/runtime/optimizer.hpp"
 #include "orrery/runtime/rank_trainer.hpp"
 #include "orrery/runtime/zero.hpp"
@@ -163,6 +164,8 @@ class TrainingLoop : public RankTrainer {
   const ZeroPartition& zero() const { return zero_; }
   // ZeRO 3's storage (null unless parallel.zero = 3).
   typename B::Zero3* zero3() { return z3_.get(); }
+  // The NVMe offload file's store (null unless zero.offload_optimizer is nvme).
+  const OffloadStore* offload() const { return offload_.get(); }
   DataParallel& ddp() { return *ddp_; }
   const TokenSource& source() const { return *source_; }
 
@@ -178,6 +181,19 @@ class TrainingLoop : public RankTrainer {
   void backward_pass(int mb, const GptHooks& hooks, float loss_scale);
   void run_passes(const GptHooks& hooks, double& loss_sum);
   void optimizer_phase(bool apply);
+  // AdamW on `count` elements (flat offset `flat_offset`) whose moments start at element
+  // `moment_begin` of the moment arrays, streamed through the offload file when there is one
+  // (params then null under zero.offload_params: plane 2 of the file).
+  void adamw_range(float* params, const float* grads, std::size_t moment_begin,
+                   std::size_t flat_offset, std::size_t count);
+  // NVMe offload: the set-up (planes: 2 moments, 3 with ZeRO 3's parameters) and the checkpoint
+  // copies of the file's planes.
+  void make_offload(std::size_t moments);
+  void read_offload_state();
+  // ZeRO 3 with zero.offload_params: the shard of `segment` in memory (working buffer `slot`'s
+  // staging), read from the file unless read ahead; prefetch_shard starts such a read.
+  const float* z3_shard(int segment, int slot);
+  void z3_prefetch_shard(int segment, int slot);
   // fp16: true when any rank's gradients (the part this rank updates) hold an inf or NaN; else
   // they are divided by the loss scale. The same answer on every rank.
   bool unscale_and_check_overflow();
@@ -224,6 +240,15 @@ class TrainingLoop : public RankTrainer {
   int kv_replicas_ = 1;
   Array kv_buf_;
   Array adam_m_, adam_v_;  // AdamW moments of the range this rank updates (shard layout)
+  // zero.offload_optimizer nvme: the moments (and zero.offload_params: ZeRO 3's parameter shards,
+  // plane 2) in this rank's file instead; adam_m_ / adam_v_ stay empty.
+  std::unique_ptr<OffloadStore> offload_;
+  bool offload_params_ = false;
+  std::vector<float> off_ckpt_[3];  // checkpoint copies of the planes (state_to_save / _load)
+  bool off_upload_ = false;         // commit_loaded_state writes off_ckpt_ back
+  FloatArray z3_stage_[4];          // offload_params: a segment's shard by working buffer
+  int z3_staged_[4] = {-99, -99, -99, -99};
+  uint64_t z3_stage_ticket_[4] = {0, 0, 0, 0};
   std::size_t opt_offset_ = 0, opt_count_ = 0;  // that range in the flat array (not ZeRO 3)
   std::vector<ParamRange> decay_;
   AdamWConfig adamw_;

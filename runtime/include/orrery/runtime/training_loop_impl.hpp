@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -203,8 +204,12 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
     const std::size_t rows = 2 * std::size_t(d.Ckvl);  // k | v
     kv_buf_.resize(std::size_t(arch.kv_heads) * rows * (std::size_t(d.C) + (arch.bias ? 1 : 0)));
   }
-  adam_m_.resize(moments);
-  adam_v_.resize(moments);
+  if (s_.zero.nvme()) {
+    make_offload(moments);
+  } else {
+    adam_m_.resize(moments);
+    adam_v_.resize(moments);
+  }
   if (zero) {
     zero_grads_.resize(zero_.shard);
     if (s_.parallel.zero == 2) zero_recv_.resize(zero_.shard);
@@ -213,9 +218,32 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   backend_.synchronize();  // the model's upload is complete before any stream uses it
 }
 
+// zero.offload_optimizer nvme: the file of this rank (offload.hpp), its planes the moments and,
+// with zero.offload_params, ZeRO 3's parameter shards (the storage's array then freed).
+template <class B>
+void TrainingLoop<B>::make_offload(std::size_t moments) {
+  if constexpr (!B::kHostMemory) {
+    throw InputError(loop_detail::origin_of(s_) + ": key 'zero.offload_optimizer': '" +
+                     s_.zero.offload_optimizer + "' is implemented on runtime.device cpu only");
+  } else {
+    offload_params_ = z3_ && s_.zero.offload_params == "nvme";
+    const auto chunk = static_cast<std::size_t>(s_.zero.offload_chunk_mb * 1048576.0 / 4.0);
+    offload_ =
+        std::make_unique<OffloadStore>(s_.zero.nvme_path, "rank" + std::to_string(world_.rank()),
+                                       offload_params_ ? 3 : 2, moments, chunk, rec_);
+    if (!offload_params_) return;
+    offload_->write(2, 0, moments, z3_->params(), -1);
+    z3_->release_params();
+    std::size_t max_shard = 0;
+    for (const auto& sg : z3_->segments()) max_shard = std::max(max_shard, sg.part.shard);
+    for (auto& st : z3_stage_) st.resize(max_shard);
+  }
+}
+
 template <class B>
 TrainingLoop<B>::~TrainingLoop() {
-  backend_.drain();  // nothing queued still reads a buffer when the members go
+  backend_.drain();                 // nothing queued still reads a buffer when the members go
+  if (offload_) offload_->drain();  // nor a read-ahead into z3_stage_
 }
 
 template <class B>
@@ -249,6 +277,14 @@ MemoryBytes TrainingLoop<B>::memory() const {
     m.parameters = shard;
     m.gradients = shard;
     m.optimizer = 2 * shard;
+    if (offload_) {
+      m.optimizer = static_cast<double>(offload_->buffer_bytes());
+      m.offload_nvme = static_cast<double>(offload_->file_bytes());
+    }
+    if (offload_params_) {
+      m.parameters = 0;  // the staging of the shards being gathered instead
+      for (const auto& st : z3_stage_) m.parameters += static_cast<double>(st.size_bytes());
+    }
     m.comm_buffers =
         static_cast<double>(z3_->buffer_bytes() + z3_recv_.size_bytes() + kv_buf_.size_bytes());
     for (const auto& g : grad_send_) m.comm_buffers += static_cast<double>(g.size_bytes());
@@ -257,6 +293,10 @@ MemoryBytes TrainingLoop<B>::memory() const {
   m.parameters = static_cast<double>(model_->params.size_bytes());
   const double full_grads = static_cast<double>(model_->grads.size_bytes());
   m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes());
+  if (offload_) {
+    m.optimizer = static_cast<double>(offload_->buffer_bytes());  // the three chunk buffers
+    m.offload_nvme = static_cast<double>(offload_->file_bytes());
+  }
   double comm = static_cast<double>(ddp_->comm_buffer_bytes() + kv_buf_.size_bytes());
   for (const auto& g : grad_send_) comm += static_cast<double>(g.size_bytes());  // pipeline
   if (zero12() && s_.parallel.zero == 2) {
@@ -281,6 +321,7 @@ void TrainingLoop<B>::record_memory() {
   rec_->counter(names::kMemOptimizer.data(), m.optimizer, now);
   rec_->counter(names::kMemActivations.data(), m.activations, now);
   rec_->counter(names::kMemCommBuffers.data(), m.comm_buffers, now);
+  if (offload_) rec_->counter(names::kMemOffloadNvme.data(), m.offload_nvme, now);
 }
 
 template <class B>
@@ -336,8 +377,14 @@ std::vector<float> TrainingLoop<B>::parameters() {
     // Each segment gathered over the dp group into a scratch buffer, its real elements kept.
     for (const auto& sg : z3_->segments()) {
       Array full(sg.part.padded());
-      dev_.dp->all_gather(z3_->params() + sg.shard_offset, full.data(), sg.part.shard, DType::F32)
-          .wait();
+      std::vector<float> mine;
+      const float* send = z3_->params() + sg.shard_offset;
+      if (offload_params_) {
+        mine.resize(sg.part.shard);
+        offload_->read(2, sg.shard_offset, sg.part.shard, mine.data(), step_);
+        send = mine.data();
+      }
+      dev_.dp->all_gather(send, full.data(), sg.part.shard, DType::F32).wait();
       backend_.synchronize();
       backend_.download(out.data() + sg.range.offset, full.data(), sg.range.count);
     }
@@ -374,18 +421,22 @@ std::vector<StateRange> TrainingLoop<B>::state_to_save() {
     out.push_back({offset, count, p ? stage(p, count, load) : nullptr,
                    m ? stage(m, count, load) : nullptr, v ? stage(v, count, load) : nullptr});
   };
+  // The offload file's planes copied to memory (off_ckpt_), valid as long as the ranges.
+  read_offload_state();
+  float* mom_m = offload_ ? off_ckpt_[0].data() : adam_m_.data();
+  float* mom_v = offload_ ? off_ckpt_[1].data() : adam_v_.data();
   if (z3_) {
+    float* params = offload_params_ ? off_ckpt_[2].data() : z3_->params();
     for (const auto& sg : z3_->segments()) {
       if (sg.part.count() == 0) continue;
-      add(sg.range.offset + sg.part.begin(), sg.part.count(), z3_->params() + sg.shard_offset,
-          adam_m_.data() + sg.shard_offset, adam_v_.data() + sg.shard_offset, false);
+      add(sg.range.offset + sg.part.begin(), sg.part.count(), params + sg.shard_offset,
+          mom_m + sg.shard_offset, mom_v + sg.shard_offset, false);
     }
     return out;
   }
   if (s_.parallel.zero == 0 && layout_.dp_rank != 0) return out;  // dp rank 0 holds the same
   if (opt_count_ > 0) {
-    add(opt_offset_, opt_count_, model_->params.data() + opt_offset_, adam_m_.data(),
-        adam_v_.data(), false);
+    add(opt_offset_, opt_count_, model_->params.data() + opt_offset_, mom_m, mom_v, false);
   }
   return out;
 }
@@ -395,6 +446,7 @@ std::vector<StateRange> TrainingLoop<B>::state_to_load() {
   if (z3_) {
     std::vector<StateRange> out = state_to_save();
     for (auto& st : staged_) st.upload = true;  // whatever is read goes back to the device
+    off_upload_ = offload_ != nullptr;          // and into the offload file
     return out;
   }
   staged_.clear();
@@ -402,10 +454,24 @@ std::vector<StateRange> TrainingLoop<B>::state_to_load() {
   const std::size_t n = flat_elems();
   out.push_back({0, n, stage(model_->params.data(), n, true), nullptr, nullptr});
   if (opt_count_ > 0) {
-    out.push_back({opt_offset_, opt_count_, nullptr, stage(adam_m_.data(), opt_count_, true),
-                   stage(adam_v_.data(), opt_count_, true)});
+    read_offload_state();
+    off_upload_ = offload_ != nullptr;
+    float* mom_m = offload_ ? off_ckpt_[0].data() : adam_m_.data();
+    float* mom_v = offload_ ? off_ckpt_[1].data() : adam_v_.data();
+    out.push_back({opt_offset_, opt_count_, nullptr, stage(mom_m, opt_count_, true),
+                   stage(mom_v, opt_count_, true)});
   }
   return out;
+}
+
+template <class B>
+void TrainingLoop<B>::read_offload_state() {
+  off_upload_ = false;
+  if (!offload_) return;
+  for (int j = 0; j < (offload_params_ ? 3 : 2); ++j) {
+    off_ckpt_[j].resize(offload_->elems());
+    offload_->read(j, 0, offload_->elems(), off_ckpt_[j].data(), step_);
+  }
 }
 
 template <class B>
@@ -414,6 +480,11 @@ void TrainingLoop<B>::commit_loaded_state() {
     if (st.upload) backend_.upload(st.device, st.host.data(), st.host.size());
   }
   staged_.clear();
+  for (int j = 0; off_upload_ && j < (offload_params_ ? 3 : 2); ++j)
+    offload_->write(j, 0, offload_->elems(), off_ckpt_[j].data(), step_);
+  off_upload_ = false;
+  for (auto& c : off_ckpt_) c = std::vector<float>();
+  for (int& st : z3_staged_) st = -99;  // offload_params: the file holds the loaded shards
   backend_.synchronize();
 }
 
@@ -589,10 +660,32 @@ void TrainingLoop<B>::reduce_gradients_zero(int mb) {
 template <class B>
 void TrainingLoop<B>::z3_gather(int segment, int slot, int mb) {
   auto& sg = z3_->segment(segment);
-  z3_gather_h_[slot] =
-      dev_.dp->all_gather(z3_->params() + sg.shard_offset, z3_->param_buffer(slot), sg.part.shard,
-                          DType::F32, OpLabel{kZeroFetchLayerName, step_, mb, segment});
+  const float* send = offload_params_ ? z3_shard(segment, slot) : z3_->params() + sg.shard_offset;
+  z3_gather_h_[slot] = dev_.dp->all_gather(send, z3_->param_buffer(slot), sg.part.shard, DType::F32,
+                                           OpLabel{kZeroFetchLayerName, step_, mb, segment});
   z3_gathered_[slot] = segment;
+}
+
+// offload_params: the staging of working buffer `slot` is free once that buffer's gather is done
+// (the all-gather reads it as its send buffer).
+template <class B>
+const float* TrainingLoop<B>::z3_shard(int segment, int slot) {
+  if (z3_staged_[slot] != segment) z3_prefetch_shard(segment, slot);
+  if (z3_stage_ticket_[slot] != 0) {
+    const uint64_t t = z3_stage_ticket_[slot];
+    z3_stage_ticket_[slot] = 0;
+    offload_->wait(t);
+  }
+  return z3_stage_[slot].data();
+}
+
+template <class B>
+void TrainingLoop<B>::z3_prefetch_shard(int segment, int slot) {
+  if (z3_stage_ticket_[slot] != 0) offload_->wait(z3_stage_ticket_[slot]);
+  const auto& sg = z3_->segment(segment);
+  z3_stage_ticket_[slot] =
+      offload_->read_async(2, sg.shard_offset, sg.part.shard, z3_stage_[slot].data(), step_);
+  z3_staged_[slot] = segment;
 }
 
 // The embedding and final LayerNorm serve both ends of every micro-batch: gathered once a step.
@@ -617,9 +710,13 @@ void TrainingLoop<B>::z3_bind_block(int layer, int next_layer, int mb) {
   const int slot = zero3_slot(layer, layout_of(*model_).config.n_layer, sh.layer_begin);
   if (z3_gathered_[slot] != layer) z3_gather(layer, slot, mb);
   z3_gather_h_[slot].wait();
+  auto held = [&](int l) { return l >= sh.layer_begin && l < sh.layer_end; };
   // Prefetch: the next block's gather runs on the communicator while this one computes.
-  if (next_layer >= sh.layer_begin && next_layer < sh.layer_end)
-    z3_gather(next_layer, slot ^ 1, mb);
+  if (held(next_layer)) z3_gather(next_layer, slot ^ 1, mb);
+  // offload_params: the shard after that read from the file meanwhile, into this slot's staging
+  // (its gather is done).
+  const int after_next = 2 * next_layer - layer;
+  if (offload_params_ && held(after_next)) z3_prefetch_shard(after_next, slot);
   z3_->segment(layer).bind(z3_->param_buffer(slot), z3_->grad_buffer(slot));
 }
 
@@ -728,16 +825,16 @@ void TrainingLoop<B>::optimizer_phase(bool apply) {
     for (const auto& sg : z3_->segments()) {
       if (sg.part.count() == 0) continue;
       const std::size_t k = sg.shard_offset;
-      backend_.adamw(z3_->params() + k, z3_->grads() + k, adam_m_.data() + k, adam_v_.data() + k,
-                     sg.range.offset + sg.part.begin(), sg.part.count(), decay_, adam_steps_,
-                     adamw_);
+      adamw_range(offload_params_ ? nullptr : z3_->params() + k, z3_->grads() + k, k,
+                  sg.range.offset + sg.part.begin(), sg.part.count());
     }
+    // offload_params: the staged shards are the old parameters.
+    for (int& st : z3_staged_) st = -99;
     for (int& g : z3_gathered_) g = -99;  // the buffers hold the old parameters
   } else if (apply && opt_count_ > 0) {
     // ZeRO 1/2: the owned shard [begin, begin + count) only, its gradients in the shard array.
     const float* grads = zero12() ? zero_grads_.data() : model_->grads.data();
-    backend_.adamw(model_->params.data() + opt_offset_, grads, adam_m_.data(), adam_v_.data(),
-                   opt_offset_, opt_count_, decay_, adam_steps_, adamw_);
+    adamw_range(model_->params.data() + opt_offset_, grads, 0, opt_offset_, opt_count_);
   }
   close(adamw);
   if (zero12() && apply) {
@@ -751,6 +848,24 @@ void TrainingLoop<B>::optimizer_phase(bool apply) {
 }
 
 template <class B>
+void TrainingLoop<B>::adamw_range(float* params, const float* grads, std::size_t moment_begin,
+                                  std::size_t flat_offset, std::size_t count) {
+  if (!offload_) {
+    backend_.adamw(params, grads, adam_m_.data() + moment_begin, adam_v_.data() + moment_begin,
+                   flat_offset, count, decay_, adam_steps_, adamw_);
+    return;
+  }
+  // Elementwise, so chunk by chunk gives the same bits as the whole range at once.
+  offload_->for_each_chunk(moment_begin, count, step_,
+                           [&](std::size_t first, std::size_t n, float* const* plane) {
+                             const std::size_t d = first - moment_begin;
+                             float* p = params != nullptr ? params + d : plane[2];
+                             backend_.adamw(p, grads + d, plane[0], plane[1], flat_offset + d, n,
+                                            decay_, adam_steps_, adamw_);
+                           });
+}
+
+template <class B>
 StepResult TrainingLoop<B>::step() {
   const int32_t step = step_;
   StepResult result;
@@ -758,6 +873,9 @@ StepResult TrainingLoop<B>::step() {
   result.tokens = static_cast<int64_t>(s_.training.global_batch) * s_.model.seq;
   const int64_t t0 = profiler::steady_now_ns();
   if (rec_ != nullptr) rec_->set_step(step);
+  for (auto& c : off_ckpt_) c = std::vector<float>();  // a checkpoint's copies are done with
+  if (offload_ && step == s_.faults.step && world_.rank() == s_.faults.offload_remove_rank)
+    std::filesystem::remove(offload_->path());  // test-only: the file vanishes (scenarios/README)
   backend_.begin_step();
   const int step_span = open(traces::SpanKind::Phase, names::kStep.data(), -1);
   {

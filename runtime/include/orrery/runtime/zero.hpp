@@ -100,7 +100,10 @@ class BasicZero3Storage {
   Segment& segment(int id) { return zero3_segment(segments_, id); }
   float* params() { return params_.data(); }  // the owned shards, segments in memory order
   float* grads() { return grads_.data(); }
-  std::size_t shard_elems() const { return params_.size(); }
+  std::size_t shard_elems() const { return grads_.size(); }
+  // NVMe offload of the parameter shards (offload.hpp): the trainer keeps them in its file and
+  // frees this array; params() is null after it.
+  void release_params() { params_ = Array(); }
   float* param_buffer(int slot) { return pbuf_[static_cast<std::size_t>(slot)].data(); }
   float* grad_buffer(int slot) { return gbuf_[static_cast<std::size_t>(slot)].data(); }
   std::size_t buffer_bytes() const {

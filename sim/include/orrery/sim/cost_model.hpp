@@ -52,6 +52,11 @@ struct ModelDims {
   // The block (common/scenario.hpp, resolved): key/value heads, MLP width, SwiGLU, RMSNorm, RoPE,
   // biases. The default is GPT's (resolved against heads and d_model where used).
   BlockArch arch{};
+  // runtime.precision bf16 / fp16 on device cpu: the runtime emulates the 16-bit products by
+  // rounding each GEMM's fp32 operands and output (runtime kernels.cpp: rounded_operand), one
+  // elementwise pass (8 bytes: read and write) per element of A, W and out (forward), and of dout,
+  // inp, W and dinp (backward); op_kernels adds those passes. The sgemm itself stays fp32.
+  bool emulated_16bit = false;
 };
 ModelDims model_dims(const Scenario& s, int64_t act_bytes);
 // The FLOP-count dimensions (model/flops.hpp) of these shapes: the runtime's, for the same block.

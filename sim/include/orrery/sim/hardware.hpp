@@ -172,6 +172,18 @@ struct MeasuredOp {
   int64_t time_ns = 0;
 };
 
+// Offload's links (the `offload:` section; issue 18 item 4), GB/s = 1e9 bytes/s: the host link
+// (PCIe) of one GPU, per direction, and the NVMe bandwidth of one node, shared by its ranks (each
+// of k ranks offloading at once gets 1/k). A profile without the section takes the device
+// preset's (offload_defaults; sources in scenarios/hardware/README.md); `orrery calibrate` measures
+// the NVMe pair from a run's offload.read / offload.write spans.
+struct OffloadLinks {
+  double host_link_bytes_per_s = 0;
+  double nvme_read_bytes_per_s = 0;
+  double nvme_write_bytes_per_s = 0;
+};
+OffloadLinks offload_defaults(const std::string& device, bool is_gpu);
+
 struct HardwareProfile {
   std::string name;
   std::string path;                         // file it was read from ("" for built-in defaults)
@@ -210,6 +222,7 @@ struct HardwareProfile {
   // `attention_kernel: fused` (default: FlashAttention-style, the class's roofline) or `unfused`
   // (two batched GEMMs and the T x T scores through memory, CostModel::unfused_attention_ns).
   bool attention_fused = true;
+  OffloadLinks offload;  // the `offload:` section (or the preset's defaults)
 
   const ClassCost& cost(OpClass c) const { return classes[static_cast<int>(c)]; }
   // The override for `op` over a group that is (or is not) inside one node, or null. With

@@ -25,6 +25,11 @@
 // (micro_batches_in_flight: that / v, rounded up). The last stage adds its logits and their
 // gradient, b·s·V·4·2 bytes for one micro-batch (fp32 loss); stage 0 adds the embedding output
 // s·b·h·2.
+// NVMe offload (zero.offload_optimizer nvme, workload.hpp's offload model): the optimizer state of
+// the updated elements u (Ψ/N under ZeRO >= 1, else Ψ) moves to the file, offload_nvme_bytes =
+// o·u (+ p·u with offload_params), and memory keeps three chunk buffers of each plane, 3·c·(o [+ p])
+// with c the chunk's elements; with offload_params the parameters are four staging buffers of the
+// largest segment's shard, 4·p·max_seg/N.
 // Not counted: communication buffers, allocator fragmentation, workspace (cuBLAS, NCCL).
 #pragma once
 
@@ -43,6 +48,7 @@ struct MemoryEstimate {
   double parameters_bytes = 0;
   double gradients_bytes = 0;
   double optimizer_bytes = 0;
+  double offload_nvme_bytes = 0;  // in the NVMe file, not in total_bytes
   double activations_bytes = 0;
   int micro_batches_in_flight = 0;
   double total_bytes = 0;

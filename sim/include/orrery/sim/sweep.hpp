@@ -57,6 +57,10 @@ struct StepBreakdown {
 
 struct SimResult {
   int dp = 1, tp = 1, pp = 1, zero = 0, micro_batch = 1, micro_batches = 1;
+  // zero.offload_optimizer / offload_params ("none", "nvme", "nvme+params") and
+  // parallel.grad_compression of the simulated layout (a --search may pick them).
+  std::string offload = "none";
+  std::string grad_compression = "none";
   std::string schedule;
   std::string precision;
   std::string profile_name;
@@ -152,6 +156,9 @@ std::vector<SimResult> run_sweep_jobs(const std::vector<SweepJob>& jobs,
 struct SweepOptions {
   std::vector<int> gpus;
   bool search = false;
+  // --search: also consider gradient compression (int8, on ZeRO 0/1 layouts with dp > 1) when the
+  // scenario has none; NVMe offload is considered for layouts that do not fit memory without it.
+  bool search_compression = false;
   int search_top = 6;  // --search: layouts simulated per size (the best by a closed-form estimate)
   SimOptions sim;
   std::function<void(const std::string&)> progress;  // one line per step of work (stderr)

@@ -148,7 +148,25 @@ PrecisionConfig precision_config(const std::string& name);
 struct WorkloadOptions {
   int steps = 1;
   PrecisionConfig precision;
+  int ranks_per_node = 1;  // ranks sharing one node's NVMe bandwidth (zero.offload_optimizer nvme)
 };
+
+// NVMe offload (zero.offload_optimizer nvme; runtime offload.hpp), modelled as the runtime runs it:
+// the optimizer state of the `params` elements a rank updates goes through the file in chunks of
+// zero.offload_chunk_mb / 4 bytes elements (at most kMaxOffloadChunks, larger chunks beyond), on
+// the stream "offload" in the I/O thread's order r0 r1 w0 r2 w1 ... (Memcpy ops "offload.read" /
+// "offload.write", each bytes_per_param x its elements, time bytes / the rank's share of the
+// node's NVMe bandwidth), AdamW in as many "adamw" pieces on the compute stream, piece i after
+// read i, write i after piece i: the overlap of chunk i's update with the read of i+1 and the
+// write of i-1 comes out of the executor.
+inline constexpr int kMaxOffloadChunks = 64;
+// State bytes through the file per updated element: the moments (8 fp32; mixed 12 with the fp32
+// master copy), plus the parameters with zero.offload_params nvme (param_bytes).
+double offload_bytes_per_param(const Scenario& s, const PrecisionConfig& p);
+// Elements of each chunk of `params` (kMaxOffloadChunks at most).
+std::vector<int64_t> offload_chunks(const Scenario& s, int64_t params);
+// Time of moving `bytes` at `bytes_per_s` (ceil, ns).
+int64_t offload_io_ns(double bytes, double bytes_per_s);
 
 struct Workload {
   Scenario scenario;
