@@ -60,6 +60,7 @@
 #include "orrery/common/crc32c.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/traces/stream_chunks.hpp"
+#include "orrery/traces/zoom.hpp"
 #include "span_block.hpp"
 
 namespace orrery::traces {
@@ -801,11 +802,20 @@ void TraceWriter::close() {
   exec_or_throw(db_, "COMMIT", path_);
   closed_ = true;
   impl_.reset();
+  // The zoom levels, from the committed blocks (one streaming pass; a viewer reads them instead
+  // of the spans when zoomed out).
+  std::exception_ptr zoom_error;
+  try {
+    write_zoom_levels(db_, path_, compute_zoom_levels(TraceReader(path_)));
+  } catch (...) {
+    zoom_error = std::current_exception();
+  }
   // Back to a single self-contained file. Fails harmlessly (stays WAL) if a reader holds it open.
   sqlite3_exec(db_, "PRAGMA wal_checkpoint(TRUNCATE)", nullptr, nullptr, nullptr);
   sqlite3_exec(db_, "PRAGMA journal_mode=DELETE", nullptr, nullptr, nullptr);
   sqlite3_close(db_);
   db_ = nullptr;
+  if (zoom_error) std::rethrow_exception(zoom_error);
 }
 
 void TraceWriter::fill_spans_table() {
@@ -1901,6 +1911,8 @@ std::string quoted_name(const std::string& name) {
 
 bool is_store_table(const std::string& name) {
   if (name == "spans" || name == "counters" || name.rfind("sqlite_", 0) == 0) return true;
+  // The zoom levels are the output's own, computed from its merged spans when it is closed.
+  if (name == "zoom_levels" || name == "zoom_lanes" || name == "zoom_chunks") return true;
   for (const char* t : kOrreryTables) {
     if (name == t) return true;
   }

@@ -466,7 +466,8 @@ void MainWindow::update_status() {
           .arg(t.meta.tp)
           .arg(t.meta.pp)
           .arg(d->index.lanes().size())
-          .arg(t.spans.size())
+          .arg(d->zoomed() ? static_cast<qulonglong>(d->zoom->span_count())
+                           : static_cast<qulonglong>(t.spans.size()))
           .arg(QString::fromStdString(format_duration_ns(static_cast<double>(dur)))));
 }
 
@@ -592,6 +593,10 @@ void MainWindow::start_metrics(const std::shared_ptr<TraceDocument>& doc) {
   });
   w->setFuture(QtConcurrent::run([doc]() -> std::shared_ptr<const profiler::Metrics> {
     try {
+      // A zoomed trace is not in memory: its metrics stream the file's blocks.
+      if (doc->zoomed())
+        return std::make_shared<const profiler::Metrics>(
+            profiler::compute_metrics_streamed(*doc->reader, doc->trace));
       return std::make_shared<const profiler::Metrics>(profiler::compute_metrics(doc->trace));
     } catch (const std::exception&) {
       return nullptr;  // charts stay empty; the timeline is still useful
