@@ -92,7 +92,7 @@ void TimelineView::update_window() {
       static_cast<double>(std::max<int64_t>(1, doc_->index.end_ns() - doc_->index.start_ns()));
   const double visible =
       static_cast<double>(doc_->zoom->span_count()) * static_cast<double>(t1 - t0) / duration;
-  if (visible > static_cast<double>(kWindowSpans)) {
+  if (visible > static_cast<double>(window_spans_)) {
     if (!window_) return;
     window_.reset();
   } else {

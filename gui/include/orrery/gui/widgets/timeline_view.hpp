@@ -43,6 +43,8 @@ class TimelineView : public QAbstractScrollArea {
   // What the view's span indices refer to: the loaded window of a zoomed document, else the
   // document itself.
   const TraceDocument& shown() const { return window_ ? *window_ : *doc_; }
+  // The span count below which a zoomed document's view loads its window (tests lower it).
+  void set_window_spans(int64_t spans) { window_spans_ = spans; }
   // Whether a zoomed document is drawn from its spans (a window is loaded) now.
   bool window_loaded() const { return window_ != nullptr; }
   // The error a zoomed document's levels raised (a corrupt chunk), shown instead of the lanes.
@@ -232,6 +234,7 @@ class TimelineView : public QAbstractScrollArea {
   std::shared_ptr<TraceDocument> doc_;
   std::shared_ptr<TraceDocument> window_;  // a zoomed document's spans around the view
   int64_t window_t0_ = 0, window_t1_ = 0;
+  int64_t window_spans_ = kWindowSpans;
   mutable QString zoom_error_;
   std::unique_ptr<TraceIndex> filtered_;  // when some kinds are hidden
   const TraceIndex* index_ = nullptr;
