@@ -1,7 +1,8 @@
 // merge_traces on per-rank files, as rank 0 runs it at the end of a multi-rank run: its time
 // against copying the same files (the disk's speed for those bytes, measured in the same run,
 // alternated), and its peak memory (the merge runs in a child process of its own, so its maximum
-// resident set is the merge's alone) against the size of the files.
+// resident set is the merge's alone) against the size of the files. The merge's last phase, the
+// zoom levels of the merged file, is timed again on its own (a child recomputing them).
 //
 //   bench_merge [SPANS=5000000] [RANKS=64] [REPEATS=3] [DIR=/tmp]
 #include <sys/resource.h>
@@ -19,6 +20,7 @@
 #include "orrery/common/stats.hpp"
 #include "orrery/traces/store.hpp"
 #include "orrery/traces/synth.hpp"
+#include "orrery/traces/zoom.hpp"
 
 namespace fs = std::filesystem;
 using namespace orrery;
@@ -31,8 +33,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // One merge in a fresh process (this program with --child): (seconds, peak resident MiB).
 std::pair<double, double> merge_in_child(const std::string& self, const std::string& out,
-                                         const std::vector<std::string>& inputs) {
-  std::vector<std::string> args{self, "--child", out};
+                                         const std::vector<std::string>& inputs,
+                                         const char* mode = "--child") {
+  std::vector<std::string> args{self, mode, out};
   args.insert(args.end(), inputs.begin(), inputs.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -69,6 +72,12 @@ double copy_all(const std::vector<std::string>& inputs, const fs::path& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--zoom-child") {
+    // The merge's last phase alone: the zoom levels of the merged file (read, computed, written).
+    const auto z = traces::compute_zoom_levels(traces::TraceReader(argv[2]));
+    traces::write_zoom_levels(argv[2], z);
+    return 0;
+  }
   if (argc >= 3 && std::string(argv[1]) == "--child") {
     std::vector<std::string> inputs(argv + 3, argv + argc);
     traces::merge_traces(inputs, argv[2]);
@@ -109,7 +118,7 @@ int main(int argc, char** argv) {
                 full.spans.size(), full.counters.size(), ranks, double(input_bytes) / 1048576.0);
   }
   const std::string self = fs::canonical("/proc/self/exe").string();
-  std::vector<double> merge_s, copy_s, rss_mib;
+  std::vector<double> merge_s, copy_s, rss_mib, zoom_s;
   for (int i = 0; i < repeats; ++i) {
     // Alternated: copy, merge.
     copy_s.push_back(copy_all(inputs, dir / "copy"));
@@ -118,10 +127,15 @@ int main(int argc, char** argv) {
     const auto [s, rss] = merge_in_child(self, out, inputs);
     merge_s.push_back(s);
     rss_mib.push_back(rss);
+    zoom_s.push_back(merge_in_child(self, out, {}, "--zoom-child").first);
   }
   const double m = median(merge_s), c = median(copy_s);
   std::printf("merge      %.2f s median of %d (%.0f MiB/s of input), peak resident %.0f MiB\n", m,
               repeats, double(input_bytes) / 1048576.0 / m, median(rss_mib));
+  std::printf(
+      "  of which  about %.2f s median: the zoom levels of the merged file (computed and "
+      "written again alone)\n",
+      median(zoom_s));
   std::printf("copy       %.2f s median of %d (%.0f MiB/s): the same bytes copied and synced\n", c,
               repeats, double(input_bytes) / 1048576.0 / c);
   std::printf("ratio      merge / copy = %.2f; peak resident / input size = %.2f\n", m / c,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 
 #include "orrery/common/crc32c.hpp"
@@ -250,12 +251,13 @@ class LaneBuilder {
   std::vector<Span> group_;  // spans of equal start not yet placed
 };
 
-ZoomGrid make_grid(int64_t t0, int64_t t1, int64_t spans) {
+// `lane_spans`: the most spans of one (rank, stream).
+ZoomGrid make_grid(int64_t t0, int64_t t1, int64_t lane_spans) {
   ZoomGrid g;
   g.origin_ns = t0;
-  // About 16 spans per level-0 bucket of a lane, at most 4^8 buckets.
+  // About 16 spans per level-0 bucket of the busiest lane, at most 4^8 buckets.
   int levels = 1;
-  while (levels < kZoomMaxLevels && (int64_t{1} << (2 * levels)) * 16 < spans) ++levels;
+  while (levels < kZoomMaxLevels && (int64_t{1} << (2 * levels)) * 16 < lane_spans) ++levels;
   g.levels = levels;
   const int64_t n = int64_t{1} << (2 * levels);
   const int64_t duration = std::max<int64_t>(1, t1 - t0);
@@ -315,7 +317,10 @@ ZoomLevels compute_zoom_levels(const Trace& t) {
     return std::tie(x.rank, x.stream, x.start_ns) < std::tie(y.rank, y.stream, y.start_ns);
   });
   const auto n = static_cast<int64_t>(t.spans.size());
-  return compute(make_grid(t0, t1, n), n, [&](const auto& visit) {
+  std::map<std::pair<int32_t, int32_t>, int64_t> per_lane;
+  int64_t most = 0;
+  for (const auto& s : t.spans) most = std::max(most, ++per_lane[{s.rank, s.stream}]);
+  return compute(make_grid(t0, t1, most), n, [&](const auto& visit) {
     for (uint32_t i : order) visit(t.spans[i]);
   });
 }
@@ -323,7 +328,9 @@ ZoomLevels compute_zoom_levels(const Trace& t) {
 ZoomLevels compute_zoom_levels(const TraceReader& r) {
   const auto range = r.time_range();
   const int64_t n = r.span_count();
-  const ZoomGrid g = range ? make_grid(range->start_ns, range->end_ns, n) : make_grid(0, 1, 0);
+  int64_t most = 0;
+  for (const auto& b : r.stream_bounds()) most = std::max(most, b.count);
+  const ZoomGrid g = range ? make_grid(range->start_ns, range->end_ns, most) : make_grid(0, 1, 0);
   return compute(g, n, [&](const auto& visit) {
     r.for_each_span_run([&](std::span<const Span> run) {
       for (const auto& s : run) visit(s);

@@ -13,6 +13,9 @@
 // to level; the name of a coarser bucket is its children's name with the most time (the name of
 // the single span covering most of it at level 0, an approximation above).
 //
+// Level 0 has about 16 spans per bucket in the busiest (rank, stream), at most 4^8 buckets: a
+// 50 M-span trace of 24 lanes gets 65536 level-0 buckets per row (53 MB of chunks in 1.37 GB).
+//
 // Storage (tables zoom_levels and zoom_chunks, zoom version 1): the grid in one row; the buckets
 // of a (rank, stream, row, level) in chunks of kZoomChunkBuckets, only non-empty buckets, each
 // chunk carrying a CRC32C of its key (rank, stream, row, level as int32, chunk and bucket count
