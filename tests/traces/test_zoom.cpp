@@ -28,10 +28,10 @@ Span span(int32_t rank, int32_t stream, int64_t start, int64_t end, SpanKind kin
   return s;
 }
 
-// Rank 0, stream 0: a phase "step" over [0, 102400) (row 0) and 1022 ops "op" [100 i, 100 i + 40)
-// (row 1); stream 1: one collective [1500, 1700). 1024 spans: 4^3 level-0 buckets of 1600 ns, 16
-// op periods each.
-constexpr int64_t kOps = 1022, kBase = 1600;
+// Rank 0, stream 0: a phase "step" over [0, 65536) (row 0) and 1022 ops "op" [64 i, 64 i + 16)
+// (row 1); stream 1: one collective [1000, 1100). The busiest lane has 1023 spans: 4^3 level-0
+// buckets of 1024 ns (a power of 4), 16 op periods each.
+constexpr int64_t kOps = 1022, kBase = 1024, kPeriod = 64, kDur = 16;
 Trace hand_built() {
   Trace t;
   t.meta.source = TraceSource::Synth;
@@ -42,8 +42,8 @@ Trace hand_built() {
   const NameId ar = t.strings.intern("all_reduce");
   t.spans.push_back(span(0, 0, 0, 64 * kBase, SpanKind::Phase, step));
   for (int64_t i = 0; i < kOps; ++i)
-    t.spans.push_back(span(0, 0, 100 * i, 100 * i + 40, SpanKind::Compute, op));
-  t.spans.push_back(span(0, 1, 1500, 1700, SpanKind::Collective, ar));
+    t.spans.push_back(span(0, 0, kPeriod * i, kPeriod * i + kDur, SpanKind::Compute, op));
+  t.spans.push_back(span(0, 1, 1000, 1100, SpanKind::Collective, ar));
   t.sort_spans();
   return t;
 }
@@ -76,7 +76,7 @@ void expect_closed_form(const ZoomIndex& z) {
       EXPECT_EQ(b.hi_ns, (i + 1) * w);
       EXPECT_EQ(b.dominant(), SpanKind::Phase);
     }
-    // Row 1: ops [per i, min(per (i + 1), kOps)); busy 40 ns each; extent from the first op's
+    // Row 1: ops [per i, min(per (i + 1), kOps)); busy kDur each; extent from the first op's
     // start to the last op's end.
     const auto ops = z.buckets(0, 0, 1, k, 0, n);
     ASSERT_EQ(static_cast<int64_t>(ops.size()), n);
@@ -84,29 +84,30 @@ void expect_closed_form(const ZoomIndex& z) {
       const auto& b = ops[static_cast<size_t>(i)];
       const int64_t first = per * i, last = std::min(per * (i + 1), kOps) - 1;
       EXPECT_EQ(b.count, last - first + 1) << "level " << k << " bucket " << i;
-      EXPECT_EQ(b.busy_ns(), 40 * (last - first + 1));
+      EXPECT_EQ(b.busy_ns(), kDur * (last - first + 1));
       EXPECT_EQ(b.kind_ns[static_cast<int>(SpanKind::Compute)], b.busy_ns());
-      EXPECT_EQ(b.lo_ns, 100 * first);
-      EXPECT_EQ(b.hi_ns, 100 * last + 40);
+      EXPECT_EQ(b.lo_ns, kPeriod * first);
+      EXPECT_EQ(b.hi_ns, kPeriod * last + kDur);
       EXPECT_EQ(b.name, op_name);
     }
-    // Stream 1: [1500, 1700) crosses the first boundary of level 0 only.
+    // Stream 1: [1000, 1100) crosses the first boundary of level 0 only.
     const auto coll = z.buckets(0, 1, 0, k, 0, n);
     if (k == 0) {
       ASSERT_EQ(coll.size(), 2u);
       EXPECT_EQ(coll[0].count, 1);
-      EXPECT_EQ(coll[0].busy_ns(), 100);
-      EXPECT_EQ(coll[0].lo_ns, 1500);
-      EXPECT_EQ(coll[0].hi_ns, 1600);
+      EXPECT_EQ(coll[0].busy_ns(), 24);
+      EXPECT_EQ(coll[0].lo_ns, 1000);
+      EXPECT_EQ(coll[0].hi_ns, 1024);
       EXPECT_EQ(coll[1].index, 1);
       EXPECT_EQ(coll[1].count, 0);
-      EXPECT_EQ(coll[1].busy_ns(), 100);
-      EXPECT_EQ(coll[1].hi_ns, 1700);
+      EXPECT_EQ(coll[1].busy_ns(), 76);
+      EXPECT_EQ(coll[1].lo_ns, 1024);
+      EXPECT_EQ(coll[1].hi_ns, 1100);
     } else {
       ASSERT_EQ(coll.size(), 1u);
       EXPECT_EQ(coll[0].count, 1);
-      EXPECT_EQ(coll[0].busy_ns(), 200);
-      EXPECT_EQ(coll[0].kind_ns[static_cast<int>(SpanKind::Collective)], 200);
+      EXPECT_EQ(coll[0].busy_ns(), 100);
+      EXPECT_EQ(coll[0].kind_ns[static_cast<int>(SpanKind::Collective)], 100);
     }
   }
   // A sub-range reads only its buckets.
@@ -147,6 +148,18 @@ void flip_bit(const std::string& path, const std::string& where, int at) {
   sqlite3_close(db);
 }
 
+size_t z_chunks(const std::string& path) {
+  sqlite3* db = nullptr;
+  sqlite3_open(path.c_str(), &db);
+  sqlite3_stmt* st = nullptr;
+  sqlite3_prepare_v2(db, "SELECT count(*) FROM zoom_chunks", -1, &st, nullptr);
+  sqlite3_step(st);
+  const auto n = static_cast<size_t>(sqlite3_column_int64(st, 0));
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return n;
+}
+
 TEST(Zoom, LevelsWrittenWithTheTraceEqualTheClosedForm) {
   TempDir dir;
   const auto path = dir.path("z.db");
@@ -154,7 +167,7 @@ TEST(Zoom, LevelsWrittenWithTheTraceEqualTheClosedForm) {
   ZoomIndex z(path);
   EXPECT_TRUE(z.from_file()) << z.note();
   expect_closed_form(z);
-  EXPECT_NE(zoom_summary(path).find("version 1, 4 levels, finest bucket 1600 ns, 2 lanes"),
+  EXPECT_NE(zoom_summary(path).find("version 1, 4 levels, finest bucket 1024 ns, 2 lanes"),
             std::string::npos)
       << zoom_summary(path);
 }
@@ -257,7 +270,63 @@ TEST(Zoom, MergeRebuildsTheLevelsOfTheMergedSpans) {
     busy += bk.busy_ns();
   }
   EXPECT_EQ(count, kOps);
-  EXPECT_EQ(busy, 40 * kOps);
+  EXPECT_EQ(busy, kDur * kOps);
+}
+
+// Per-rank files whose ranges differ: the merged file's levels, combined from the inputs' levels,
+// equal the levels computed from the merged spans on the same grid, bucket for bucket; with an
+// input without levels they are computed from the spans, and equal those too.
+TEST(Zoom, MergedLevelsFromTheInputsEqualThoseOfTheMergedSpans) {
+  TempDir dir;
+  std::vector<std::string> inputs;
+  Trace all;
+  for (int r = 0; r < 3; ++r) {
+    Trace t = testing::make_trace(1, 700 + 300 * r, 11 + r);
+    for (auto& s : t.spans) {
+      s.rank = r;
+      s.start_ns += 12345 * r;
+      s.end_ns += 12345 * r;
+    }
+    for (auto& s : t.streams) s.rank = r;
+    for (auto& c : t.counters) c.rank = r;
+    t.ranks[0].rank = r;
+    inputs.push_back(dir.path("r" + std::to_string(r) + ".db"));
+    write_trace(t, inputs.back());
+    for (const auto& s : t.spans) all.spans.push_back(s);
+  }
+  auto same = [&](const std::string& merged) {
+    ZoomIndex z(merged);
+    ASSERT_TRUE(z.from_file()) << z.note();
+    const auto expect = compute_zoom_levels(TraceReader(merged).load_all(), z.grid());
+    ASSERT_EQ(expect.lanes.size(), z.lanes().size());
+    for (size_t l = 0; l < expect.lanes.size(); ++l) {
+      EXPECT_EQ(expect.lanes[l].rows, z.lanes()[l].rows);
+      EXPECT_EQ(expect.lanes[l].spans, z.lanes()[l].spans);
+    }
+    ASSERT_EQ(expect.chunks.size(), z_chunks(merged));
+    for (const auto& c : expect.chunks) {
+      const auto want = decode_zoom_chunk(c, z.grid(), merged);
+      const auto got = z.buckets(c.rank, c.stream, c.row, c.level, c.chunk * kZoomChunkBuckets,
+                                 (c.chunk + 1) * kZoomChunkBuckets);
+      ASSERT_EQ(want.size(), got.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(want[i].index, got[i].index);
+        EXPECT_EQ(want[i].count, got[i].count);
+        EXPECT_EQ(want[i].kind_ns, got[i].kind_ns);
+        EXPECT_EQ(want[i].lo_ns, got[i].lo_ns);
+        EXPECT_EQ(want[i].hi_ns, got[i].hi_ns);
+      }
+    }
+  };
+  const auto m1 = dir.path("m1.db");
+  merge_traces(inputs, m1);
+  ASSERT_TRUE(merge_zoom_levels(inputs, m1).has_value());
+  same(m1);
+  exec(inputs[1], "DROP TABLE zoom_chunks");
+  EXPECT_FALSE(merge_zoom_levels(inputs, m1).has_value());
+  const auto m2 = dir.path("m2.db");
+  merge_traces(inputs, m2);
+  same(m2);
 }
 
 }  // namespace

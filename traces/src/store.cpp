@@ -2087,6 +2087,9 @@ void copy_blocks_verbatim(const std::vector<std::string>& inputs, const std::str
   // The output is a temporary file that AtomicFile fsyncs before renaming it into place: a crash
   // before then leaves no output, so the per-input commits need not sync.
   exec_or_throw(db, "PRAGMA synchronous=OFF", output);
+  // No rollback journal either: a failed copy throws and AtomicFile discards the whole file.
+  exec_or_throw(db, "PRAGMA journal_mode=OFF", output);
+  exec_or_throw(db, "PRAGMA cache_size=-65536", output);
   for (const auto& in : inputs) {
     {
       Stmt attach = wprep(db, output, "ATTACH DATABASE ?1 AS src");
@@ -2190,7 +2193,15 @@ void stream_into(const std::vector<std::string>& inputs, const std::string& outp
   }
   if (merging) {
     copy_blocks_verbatim(verbatim, f.temp_path());
-    write_zoom_levels(f.temp_path(), compute_zoom_levels(TraceReader(f.temp_path())));
+    // From the inputs' levels when they have them (per-rank files of one run), else from the
+    // merged spans; an input's damaged levels are not the merge's business: computed then too.
+    std::optional<ZoomLevels> z;
+    try {
+      z = merge_zoom_levels(inputs, f.temp_path());
+    } catch (const InputError&) {
+      z.reset();
+    }
+    write_zoom_levels(f.temp_path(), z ? *z : compute_zoom_levels(TraceReader(f.temp_path())));
   }
   copy_foreign_tables(inputs, f.temp_path());
   f.commit();

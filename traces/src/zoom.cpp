@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <numeric>
+#include <optional>
 
 #include "orrery/common/crc32c.hpp"
 #include "orrery/common/error.hpp"
@@ -251,18 +253,33 @@ class LaneBuilder {
   std::vector<Span> group_;  // spans of equal start not yet placed
 };
 
-// `lane_spans`: the most spans of one (rank, stream).
-ZoomGrid make_grid(int64_t t0, int64_t t1, int64_t lane_spans) {
+int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+
+// The aligned grid of `levels` levels with the finest bucket a power of 4 no finer than `min_base`
+// that covers [t0, t1): origin a multiple of the top bucket, so that every grid's buckets are
+// buckets of one quadtree of absolute time and the levels of two files combine (merge).
+ZoomGrid aligned_grid(int64_t t0, int64_t t1, int levels, int64_t min_base) {
   ZoomGrid g;
-  g.origin_ns = t0;
-  // About 16 spans per level-0 bucket of the busiest lane, at most 4^8 buckets.
+  g.levels = levels;
+  g.base_ns = 1;
+  while (g.base_ns < min_base) g.base_ns *= kZoomFanout;
+  for (;;) {
+    const int64_t top = g.bucket_ns(levels);
+    g.origin_ns = floor_div(t0, top) * top;
+    if (t1 <= g.origin_ns + top) return g;
+    g.base_ns *= kZoomFanout;
+  }
+}
+
+// About 16 spans per level-0 bucket of the busiest lane (`lane_spans`), at most 4^8 buckets.
+int levels_for(int64_t lane_spans) {
   int levels = 1;
   while (levels < kZoomMaxLevels && (int64_t{1} << (2 * levels)) * 16 < lane_spans) ++levels;
-  g.levels = levels;
-  const int64_t n = int64_t{1} << (2 * levels);
-  const int64_t duration = std::max<int64_t>(1, t1 - t0);
-  g.base_ns = std::max<int64_t>(1, (duration + n - 1) / n);
-  return g;
+  return levels;
+}
+
+ZoomGrid make_grid(int64_t t0, int64_t t1, int64_t lane_spans) {
+  return aligned_grid(t0, std::max(t1, t0 + 1), levels_for(lane_spans), 1);
 }
 
 template <class Feed>
@@ -303,7 +320,9 @@ SpanKind ZoomBucket::dominant() const {
   return static_cast<SpanKind>(best);
 }
 
-ZoomLevels compute_zoom_levels(const Trace& t) {
+ZoomLevels compute_zoom_levels(const Trace& t) { return compute_zoom_levels(t, std::nullopt); }
+
+ZoomLevels compute_zoom_levels(const Trace& t, const std::optional<ZoomGrid>& grid) {
   int64_t t0 = 0, t1 = 1;
   for (size_t i = 0; i < t.spans.size(); ++i) {
     t0 = i == 0 ? t.spans[i].start_ns : std::min(t0, t.spans[i].start_ns);
@@ -320,7 +339,7 @@ ZoomLevels compute_zoom_levels(const Trace& t) {
   std::map<std::pair<int32_t, int32_t>, int64_t> per_lane;
   int64_t most = 0;
   for (const auto& s : t.spans) most = std::max(most, ++per_lane[{s.rank, s.stream}]);
-  return compute(make_grid(t0, t1, most), n, [&](const auto& visit) {
+  return compute(grid ? *grid : make_grid(t0, t1, most), n, [&](const auto& visit) {
     for (uint32_t i : order) visit(t.spans[i]);
   });
 }
@@ -478,7 +497,7 @@ std::string read_header(sqlite3* db, const std::string& path, const TraceReader&
   z.grid.levels = static_cast<int>(levels);
   const auto range = r.time_range();
   const int64_t spans = r.span_count();
-  const bool covers = !range || (range->start_ns == z.grid.origin_ns &&
+  const bool covers = !range || (range->start_ns >= z.grid.origin_ns &&
                                  range->end_ns <= z.grid.origin_ns + z.grid.bucket_ns(levels));
   if (spans != z.span_count || !covers)
     return "its zoom levels are stale (they cover " + std::to_string(z.span_count) +
@@ -568,6 +587,78 @@ std::vector<ZoomBucket> ZoomIndex::buckets(int32_t rank, int32_t stream, int row
   if (rc != SQLITE_DONE)
     throw InputError(path_ + ": cannot read zoom levels (" + sqlite3_errmsg(db_) + ")");
   return out;
+}
+
+namespace {
+
+// One row of an input's levels as the output grid's level-0 buckets: the input level whose bucket
+// is the output's (or its coarsest), re-indexed in absolute time, coarsened up to the output's
+// bucket, re-indexed from the output's origin. False when they do not fit the output's grid.
+bool row_on_grid(const ZoomIndex& in, const ZoomLane& lane, int row, const ZoomGrid& out,
+                 std::vector<ZoomBucket>& buckets) {
+  const ZoomGrid& gi = in.grid();
+  int m = 0;
+  while (m < gi.levels && gi.bucket_ns(m) < out.base_ns) ++m;
+  buckets = in.buckets(lane.rank, lane.stream, row, m, 0, gi.buckets(m));
+  int64_t w = gi.bucket_ns(m);
+  if (w > out.base_ns || gi.origin_ns % w != 0) return false;
+  for (auto& b : buckets) b.index += gi.origin_ns / w;
+  while (w < out.base_ns) {
+    buckets = coarser(buckets);
+    w *= kZoomFanout;
+  }
+  if (w != out.base_ns) return false;
+  for (auto& b : buckets) {
+    b.index -= out.origin_ns / w;
+    if (b.index < 0 || b.index >= out.buckets(0)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<ZoomLevels> merge_zoom_levels(const std::vector<std::string>& inputs,
+                                            const std::string& merged) {
+  TraceReader out(merged);
+  const auto range = out.time_range();
+  if (!range || range->start_ns < 0) return std::nullopt;
+  std::vector<std::unique_ptr<ZoomIndex>> zs;
+  std::map<std::pair<int32_t, int32_t>, std::pair<size_t, ZoomLane>> lanes;
+  int64_t most = 0, min_base = 1;
+  for (const auto& in : inputs) {
+    auto z = std::make_unique<ZoomIndex>(in);
+    if (!z->from_file() || z->grid().origin_ns < 0) return std::nullopt;
+    for (const auto& l : z->lanes()) {
+      if (!lanes.try_emplace({l.rank, l.stream}, zs.size(), l).second) return std::nullopt;
+      most = std::max(most, l.spans);
+    }
+    min_base = std::max(min_base, z->grid().base_ns);
+    zs.push_back(std::move(z));
+  }
+  // The merged file's lanes must be the inputs' lanes, with their spans.
+  const auto bounds = out.stream_bounds();
+  if (bounds.size() != lanes.size()) return std::nullopt;
+  for (const auto& b : bounds) {
+    auto it = lanes.find({b.rank, b.stream});
+    if (it == lanes.end() || it->second.second.spans != b.count) return std::nullopt;
+  }
+  ZoomLevels z;
+  z.grid = aligned_grid(range->start_ns, std::max(range->end_ns, range->start_ns + 1),
+                        levels_for(most), min_base);
+  z.span_count = out.span_count();
+  for (const auto& [key, entry] : lanes) {
+    const auto& [input, lane] = entry;
+    z.lanes.push_back(lane);
+    for (int row = 0; row < lane.rows; ++row) {
+      std::vector<ZoomBucket> level;
+      if (!row_on_grid(*zs[input], lane, row, z.grid, level)) return std::nullopt;
+      for (int k = 0; k <= z.grid.levels; ++k) {
+        if (k > 0) level = coarser(level);
+        pack_level(lane.rank, lane.stream, row, k, level, z.grid, z.chunks);
+      }
+    }
+  }
+  return z;
 }
 
 std::string zoom_summary(const std::string& path) {

@@ -5,7 +5,9 @@
 //
 // The grid: level 0 cuts [origin_ns, origin_ns + base_ns * 4^levels) into 4^levels buckets of
 // base_ns; level k has buckets of base_ns * 4^k, so bucket i of level k+1 is buckets 4i..4i+3 of
-// level k. Rows are the timeline's: per (rank, stream) the spans in (start, longest first) order,
+// level k. base_ns is a power of 4 and origin_ns a multiple of the top bucket: every grid is part
+// of one quadtree of absolute time, so the levels of per-rank files combine into the merged
+// file's without reading their spans. Rows are the timeline's: per (rank, stream) the spans in (start, longest first) order,
 // each in the first row whose last span has ended (kZoomMaxRows at most, the last row shared).
 // A bucket of a row holds: the spans that start in it (count), per kind the time of the row's
 // spans inside it (busy time, clipped to the bucket), the first and last instant they cover in
@@ -27,6 +29,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,13 +92,24 @@ struct ZoomLevels {
   std::vector<ZoomChunk> chunks;  // sorted by (rank, stream, row, level, chunk)
 };
 
-// The levels of spans sorted by (rank, stream, start) (load_all()'s order), in one pass.
+// The levels of the spans of `t` (any order), on the grid their time range and busiest lane give,
+// or on `grid` when given (it must cover them).
 ZoomLevels compute_zoom_levels(const Trace& t);
+ZoomLevels compute_zoom_levels(const Trace& t, const std::optional<ZoomGrid>& grid);
 // The same from a file, streaming its blocks (memory: one lane's level-0 buckets and the chunks).
 ZoomLevels compute_zoom_levels(const TraceReader& r);
 // Decodes one chunk (checking its CRC32C); throws InputError naming `path` and the chunk.
 std::vector<ZoomBucket> decode_zoom_chunk(const ZoomChunk& c, const ZoomGrid& g,
                                           const std::string& path);
+
+// The zoom levels of `merged`, the merge of `inputs`, from the inputs' own levels (their chunks,
+// not their spans): the grid covers the merged time range with level 0 no finer than any input's,
+// and each lane's buckets are its input's, combined up to that grid (grids are aligned, so they
+// nest). Needs every input's levels current and each lane of `merged` to be one input's lane with
+// its span count; nullopt otherwise (the caller computes them from the spans). Throws InputError
+// for an input's damaged chunk.
+std::optional<ZoomLevels> merge_zoom_levels(const std::vector<std::string>& inputs,
+                                            const std::string& merged);
 
 // Replaces the zoom tables of the trace at `path` with `z`, in one transaction.
 void write_zoom_levels(sqlite3* db, const std::string& path, const ZoomLevels& z);
