@@ -1,7 +1,7 @@
 // `orrery info TRACE`: what a trace file holds (source, scenario, layout, ranks, streams, span
 // count, time range, schema version, whether its blocks carry checksums, whether its writer
 // finished) without loading its spans. `orrery info --verify TRACE`: checks every block (CRC32C,
-// decoding, index columns); exit 0 when all are whole, 2 when any is damaged. `orrery info --index
+// decoding, index columns) and every zoom chunk; exit 0 when all are whole, 2 when any is damaged. `orrery info --index
 // TRACE`: (re)writes the trace's zoom levels (traces/zoom.hpp).
 #include <ctime>
 #include <iostream>
@@ -38,7 +38,8 @@ const char* kNoChecksums =
 int run_verify(const InfoArgs& a) {
   const traces::TraceReader r(a.trace);
   const traces::TraceReader::Verification v = r.verify();
-  const bool clean = v.damaged.empty();
+  const traces::ZoomVerification zv = traces::verify_zoom_levels(a.trace);
+  const bool clean = v.damaged.empty() && zv.damaged.empty();
   if (a.json) {
     json j;
     j["path"] = a.trace;
@@ -49,6 +50,9 @@ int run_verify(const InfoArgs& a) {
     j["counter_blocks"] = v.counter_blocks;
     j["counter_samples"] = v.counter_samples;
     j["damaged"] = v.damaged;
+    j["zoom_chunks"] = zv.chunks;
+    j["zoom_unused"] = zv.unused;
+    j["zoom_damaged"] = zv.damaged;
     j["ok"] = clean;
     std::cout << j.dump(2) << "\n";
     return clean ? 0 : 2;
@@ -58,6 +62,18 @@ int run_verify(const InfoArgs& a) {
               static_cast<long long>(v.spans), static_cast<long long>(v.counter_blocks),
               static_cast<long long>(v.counter_samples));
   if (!v.checksums) std::printf("  checksums: %s; the blocks were decoded only\n", kNoChecksums);
+  if (zv.unused.empty()) {
+    std::printf("  zoom levels: %lld chunks checked\n", static_cast<long long>(zv.chunks));
+  } else {
+    std::printf("  zoom levels: not used (%s; `orrery info --index` rewrites them)\n",
+                zv.unused.c_str());
+  }
+  for (const auto& d : zv.damaged) std::fprintf(stderr, "  %s\n", d.c_str());
+  if (!zv.damaged.empty() && v.damaged.empty()) {
+    std::fprintf(stderr, "%s: %zu of %lld zoom chunks damaged (the blocks are whole)\n",
+                 a.trace.c_str(), zv.damaged.size(), static_cast<long long>(zv.chunks));
+    return 2;
+  }
   if (clean) {
     std::printf("  ok: %s\n",
                 v.checksums ? "every block matches its CRC32C and decodes" : "every block decodes");

@@ -1,7 +1,7 @@
 // Zoom levels (traces/zoom.hpp): counts, busy times and extents against the closed form on a
 // hand-built trace at every level, from the file and computed in memory; files without them,
 // stale or of another version (computed on open, and said why); a damaged chunk is an error
-// naming the chunk; merge rebuilds them from the merged spans.
+// naming the chunk, a damaged header (grid, rows) is not used; merge combines the inputs' levels.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
@@ -220,6 +220,19 @@ TEST(Zoom, StaleOrOtherVersionIsNotUsed) {
   EXPECT_FALSE(z.from_file());
   EXPECT_NE(z.note().find("version 7, expected 1"), std::string::npos) << z.note();
   expect_closed_form(z);
+}
+
+TEST(Zoom, DamagedHeaderIsNotUsed) {
+  TempDir dir;
+  const auto path = dir.path("z.db");
+  write_trace(hand_built(), path);
+  exec(path, "UPDATE zoom_lanes SET rows = 1 WHERE stream = 0");  // would hide the ops row
+  ZoomIndex z(path);
+  EXPECT_FALSE(z.from_file());
+  EXPECT_NE(z.note().find("zoom header (grid and lanes) is damaged: checksum mismatch"),
+            std::string::npos)
+      << z.note();
+  expect_closed_form(z);  // computed on open
 }
 
 TEST(Zoom, CorruptChunkIsAnErrorNamingIt) {

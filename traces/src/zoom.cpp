@@ -23,7 +23,7 @@ DROP TABLE IF EXISTS zoom_levels;
 DROP TABLE IF EXISTS zoom_lanes;
 DROP TABLE IF EXISTS zoom_chunks;
 CREATE TABLE zoom_levels(version INTEGER, origin_ns INTEGER, base_ns INTEGER, levels INTEGER,
-                         span_count INTEGER);
+                         span_count INTEGER, crc32c INTEGER);
 CREATE TABLE zoom_lanes(rank INTEGER, stream INTEGER, rows INTEGER, spans INTEGER);
 CREATE TABLE zoom_chunks(rank INTEGER, stream INTEGER, row INTEGER, level INTEGER, chunk INTEGER,
                          buckets INTEGER, crc32c INTEGER, packed BLOB,
@@ -82,6 +82,21 @@ uint32_t chunk_crc(const ZoomChunk& c) {
   put(16, static_cast<uint64_t>(c.chunk), 8);
   put(24, static_cast<uint64_t>(c.buckets), 8);
   return crc32c(c.packed.data(), c.packed.size(), crc32c(key, sizeof key));
+}
+
+// The header's checksum: CRC32C of version, origin, base, levels, span count and each lane's
+// rank, stream, rows and spans, each as int64 little-endian, so that a damaged grid or row count
+// cannot go unnoticed (the chunks carry their own).
+uint32_t header_crc(const ZoomLevels& z) {
+  std::vector<int64_t> v{kZoomVersion, z.grid.origin_ns, z.grid.base_ns, z.grid.levels,
+                         z.span_count};
+  for (const auto& l : z.lanes) v.insert(v.end(), {l.rank, l.stream, l.rows, l.spans});
+  std::string bytes;
+  for (int64_t x : v) {
+    for (int i = 0; i < 8; ++i)
+      bytes.push_back(static_cast<char>(static_cast<uint64_t>(x) >> (8 * i)));
+  }
+  return crc32c(bytes.data(), bytes.size());
 }
 
 // Adds `b` into `into` (the coarser bucket): counts and times add; the extent widens; the name
@@ -416,10 +431,10 @@ void write_zoom_levels(sqlite3* db, const std::string& path, const ZoomLevels& z
   exec("BEGIN IMMEDIATE");
   try {
     exec(kZoomSchema);
-    Stmt head = wprep("INSERT INTO zoom_levels VALUES(?1, ?2, ?3, ?4, ?5)");
-    const int64_t head_values[] = {kZoomVersion, z.grid.origin_ns, z.grid.base_ns, z.grid.levels,
-                                   z.span_count};
-    for (int i = 0; i < 5; ++i) sqlite3_bind_int64(head.get(), i + 1, head_values[i]);
+    Stmt head = wprep("INSERT INTO zoom_levels VALUES(?1, ?2, ?3, ?4, ?5, ?6)");
+    const int64_t head_values[] = {kZoomVersion,  z.grid.origin_ns, z.grid.base_ns,
+                                   z.grid.levels, z.span_count,     header_crc(z)};
+    for (int i = 0; i < 6; ++i) sqlite3_bind_int64(head.get(), i + 1, head_values[i]);
     done(head);
     Stmt lane = wprep("INSERT INTO zoom_lanes VALUES(?1, ?2, ?3, ?4)");
     for (const auto& l : z.lanes) {
@@ -480,8 +495,24 @@ std::string read_header(sqlite3* db, const std::string& path, const TraceReader&
     if (sqlite3_step(st.get()) != SQLITE_ROW || sqlite3_column_int64(st.get(), 0) != 3)
       return "the file has no zoom levels";
   }
-  Stmt st =
-      prep(db, path, "SELECT version, origin_ns, base_ns, levels, span_count FROM zoom_levels");
+  // Tables without our columns (damaged, or not ours) are a reason not to use them, not an error.
+  sqlite3_stmt* raw = nullptr;
+  if (sqlite3_prepare_v2(db,
+                         "SELECT version, origin_ns, base_ns, levels, span_count, crc32c FROM "
+                         "zoom_levels",
+                         -1, &raw, nullptr) != SQLITE_OK) {
+    return std::string("its zoom tables are not readable (") + sqlite3_errmsg(db) + ")";
+  }
+  Stmt st(raw);
+  {
+    sqlite3_stmt* probe = nullptr;
+    const int rc = sqlite3_prepare_v2(
+        db, "SELECT rank, stream, row, level, chunk, buckets, crc32c, packed FROM zoom_chunks", -1,
+        &probe, nullptr);
+    sqlite3_finalize(probe);
+    if (rc != SQLITE_OK)
+      return std::string("its zoom tables are not readable (") + sqlite3_errmsg(db) + ")";
+  }
   if (sqlite3_step(st.get()) != SQLITE_ROW) return "its zoom_levels table is empty";
   const int64_t version = sqlite3_column_int64(st.get(), 0);
   if (version != kZoomVersion)
@@ -491,6 +522,7 @@ std::string read_header(sqlite3* db, const std::string& path, const TraceReader&
   z.grid.base_ns = sqlite3_column_int64(st.get(), 2);
   const int64_t levels = sqlite3_column_int64(st.get(), 3);
   z.span_count = sqlite3_column_int64(st.get(), 4);
+  const auto recorded_crc = static_cast<uint32_t>(sqlite3_column_int64(st.get(), 5));
   if (z.grid.base_ns <= 0 || levels < 1 || levels > kZoomMaxLevels)
     return "its zoom grid is invalid (base " + std::to_string(z.grid.base_ns) + " ns, " +
            std::to_string(levels) + " levels)";
@@ -502,8 +534,12 @@ std::string read_header(sqlite3* db, const std::string& path, const TraceReader&
   if (spans != z.span_count || !covers)
     return "its zoom levels are stale (they cover " + std::to_string(z.span_count) +
            " spans, the trace has " + std::to_string(spans) + ")";
-  Stmt lanes =
-      prep(db, path, "SELECT rank, stream, rows, spans FROM zoom_lanes ORDER BY rank, stream");
+  if (sqlite3_prepare_v2(db,
+                         "SELECT rank, stream, rows, spans FROM zoom_lanes ORDER BY rank, stream",
+                         -1, &raw, nullptr) != SQLITE_OK) {
+    return std::string("its zoom tables are not readable (") + sqlite3_errmsg(db) + ")";
+  }
+  Stmt lanes(raw);
   int64_t total = 0;
   while (sqlite3_step(lanes.get()) == SQLITE_ROW) {
     ZoomLane l;
@@ -518,6 +554,8 @@ std::string read_header(sqlite3* db, const std::string& path, const TraceReader&
   if (total != spans)
     return "its zoom lanes count " + std::to_string(total) + " spans, the trace has " +
            std::to_string(spans);
+  if (header_crc(z) != recorded_crc)
+    return "its zoom header (grid and lanes) is damaged: checksum mismatch";
   return {};
 }
 
@@ -659,6 +697,45 @@ std::optional<ZoomLevels> merge_zoom_levels(const std::vector<std::string>& inpu
     }
   }
   return z;
+}
+
+ZoomVerification verify_zoom_levels(const std::string& path) {
+  ZoomVerification v;
+  TraceReader r(path);
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    sqlite3_close(db);
+    throw InputError(path + ": cannot open trace to verify its zoom levels");
+  }
+  std::unique_ptr<sqlite3, int (*)(sqlite3*)> closer(db, sqlite3_close);
+  ZoomLevels z;
+  v.unused = read_header(db, path, r, z);
+  if (!v.unused.empty()) return v;
+  Stmt st = prep(db, path,
+                 "SELECT rank, stream, row, level, chunk, buckets, crc32c, packed FROM "
+                 "zoom_chunks ORDER BY rowid");
+  int rc;
+  while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
+    ZoomChunk c;
+    c.rank = static_cast<int32_t>(sqlite3_column_int64(st.get(), 0));
+    c.stream = static_cast<int32_t>(sqlite3_column_int64(st.get(), 1));
+    c.row = static_cast<int32_t>(sqlite3_column_int64(st.get(), 2));
+    c.level = static_cast<int32_t>(sqlite3_column_int64(st.get(), 3));
+    c.chunk = sqlite3_column_int64(st.get(), 4);
+    c.buckets = sqlite3_column_int64(st.get(), 5);
+    c.crc32c = static_cast<uint32_t>(sqlite3_column_int64(st.get(), 6));
+    const auto* blob = static_cast<const char*>(sqlite3_column_blob(st.get(), 7));
+    c.packed.assign(blob ? blob : "", static_cast<size_t>(sqlite3_column_bytes(st.get(), 7)));
+    ++v.chunks;
+    try {
+      decode_zoom_chunk(c, z.grid, path);
+    } catch (const InputError& e) {
+      v.damaged.push_back(e.what());
+    }
+  }
+  if (rc != SQLITE_DONE)
+    throw InputError(path + ": cannot read zoom levels (" + sqlite3_errmsg(db) + ")");
+  return v;
 }
 
 std::string zoom_summary(const std::string& path) {

@@ -18,7 +18,8 @@
 // Level 0 has about 16 spans per bucket in the busiest (rank, stream), at most 4^8 buckets: a
 // 50 M-span trace of 24 lanes gets 65536 level-0 buckets per row (53 MB of chunks in 1.37 GB).
 //
-// Storage (tables zoom_levels and zoom_chunks, zoom version 1): the grid in one row; the buckets
+// Storage (tables zoom_levels, zoom_lanes and zoom_chunks, zoom version 1): the grid in one row
+// with a CRC32C of it and the lanes (zoom_lanes: rows and spans per (rank, stream)); the buckets
 // of a (rank, stream, row, level) in chunks of kZoomChunkBuckets, only non-empty buckets, each
 // chunk carrying a CRC32C of its key (rank, stream, row, level as int32, chunk and bucket count
 // as int64, little-endian) and bytes, checked on every read. Per bucket, as varints: the index
@@ -144,6 +145,14 @@ class ZoomIndex {
   bool from_file_ = false;
   std::string note_;
 };
+
+// `orrery info --verify`: every zoom chunk decoded and checked (CRC32C, bytes), one at a time.
+struct ZoomVerification {
+  std::string unused;                // why the file's levels are not used ("" when they are)
+  int64_t chunks = 0;                // checked
+  std::vector<std::string> damaged;  // one line per damaged chunk
+};
+ZoomVerification verify_zoom_levels(const std::string& path);
 
 // The state of a file's zoom tables, for `orrery info`: "none", "version 1, 9 levels, ..." or why
 // they are not used.
