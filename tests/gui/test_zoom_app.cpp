@@ -1,14 +1,21 @@
 // The timeline on a trace opened through its zoom levels, offscreen: zoomed out it draws the
 // levels (no spans loaded) with the same folded blocks' totals, zoomed in it loads the window's
-// spans and draws them; a corrupt zoom chunk is shown as an error naming it, never drawn.
+// spans and draws them; a corrupt zoom chunk is shown as an error naming it, never drawn; the
+// main window's status, charts and range metrics on such a trace.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <QElapsedTimer>
 #include <QImage>
+#include <QLabel>
+#include <QStatusBar>
+#include <QTest>
 #include <filesystem>
 
 #include "orrery/gui/document.hpp"
+#include "orrery/gui/widgets/main_window.hpp"
 #include "orrery/gui/widgets/timeline_view.hpp"
+#include "orrery/profiler/metrics.hpp"
 #include "orrery/traces/store.hpp"
 #include "orrery/traces/synth.hpp"
 
@@ -90,6 +97,50 @@ TEST_F(ZoomTimeline, CorruptChunkIsShownAsAnError) {
   EXPECT_NE(e.find("corrupt zoom levels"), std::string::npos) << e;
   EXPECT_NE(e.find("checksum mismatch"), std::string::npos) << e;
   EXPECT_EQ(v.last_frame_items(), 0u);
+}
+
+// The main window on a trace opened through its zoom levels: the status bar counts every span,
+// the charts' metrics (streamed from the file) and a range's metrics (its spans read) are
+// compute_metrics' on the loaded trace.
+TEST_F(ZoomTimeline, MainWindowOpensAZoomedTraceWithItsMetrics) {
+  MainWindow win;
+  win.set_load_options(LoadOptions{0});
+  win.resize(1400, 900);
+  win.show();
+  int metrics = 0;
+  auto c = QObject::connect(&win, &MainWindow::metricsReady, [&] { ++metrics; });
+  win.open_files({QString::fromStdString(path_)});
+  QElapsedTimer t;
+  t.start();
+  while (!(win.document_count() == 1 && metrics > 0) && t.elapsed() < 20000) QTest::qWait(5);
+  QObject::disconnect(c);
+  ASSERT_EQ(win.document_count(), 1);
+  const auto doc = win.current_document();
+  ASSERT_TRUE(doc->zoomed());
+  const traces::Trace full = traces::load_trace(path_);
+  bool counted = false;
+  for (auto* l : win.statusBar()->findChildren<QLabel*>())
+    counted = counted || l->text().contains(QString("%1 spans").arg(full.spans.size()));
+  EXPECT_TRUE(counted);
+  // A range over the middle third: its metrics from the range's spans.
+  const int64_t lo = doc->index.start_ns(), hi = doc->index.end_ns();
+  const int64_t t0 = lo + (hi - lo) / 3, t1 = hi - (hi - lo) / 3;
+  int ready = 0;
+  c = QObject::connect(&win, &MainWindow::rangeMetricsReady, [&] { ++ready; });
+  win.timeline()->set_range(t0, t1);
+  t.restart();
+  while (ready == 0 && t.elapsed() < 20000) QTest::qWait(5);
+  QObject::disconnect(c);
+  ASSERT_GT(ready, 0);
+  profiler::MetricsOptions mo;
+  mo.window_start_ns = t0;
+  mo.window_end_ns = t1;
+  const auto m = profiler::compute_metrics(full, mo);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3f", m.total.comm_comp_ratio());
+  EXPECT_EQ(win.range_model()->value("Comm/comp ratio").toStdString(), buf);
+  std::snprintf(buf, sizeof buf, "%.1f %%", m.total.overlap_pct());
+  EXPECT_EQ(win.range_model()->value("Overlap %").toStdString(), buf);
 }
 
 }  // namespace
