@@ -110,6 +110,11 @@ void expect_closed_form(const ZoomIndex& z) {
       EXPECT_EQ(coll[0].kind_ns[static_cast<int>(SpanKind::Collective)], 100);
     }
   }
+  // Spans starting in a range, from the levels: exact over whole buckets (the first quarter: the
+  // phase, 16 x 16 ops, the collective), spread evenly inside one (half of level 0's bucket 1).
+  EXPECT_EQ(z.spans_between(0, 64 * kBase), 1024);
+  EXPECT_EQ(z.spans_between(0, 16 * kBase), 1 + 16 * 16 + 1);
+  EXPECT_EQ(z.spans_between(kBase, kBase + kBase / 2), 8);
   // A sub-range reads only its buckets.
   const auto part = z.buckets(0, 0, 1, 0, 10, 13);
   ASSERT_EQ(part.size(), 3u);

@@ -582,7 +582,30 @@ ZoomIndex::ZoomIndex(const std::string& path) : path_(path) {
   z_ = compute_zoom_levels(r);
 }
 
-ZoomIndex::~ZoomIndex() { sqlite3_close(db_); }
+ZoomIndex::~ZoomIndex() {
+  sqlite3_finalize(select_);
+  sqlite3_close(db_);
+}
+
+int64_t ZoomIndex::spans_between(int64_t t0_ns, int64_t t1_ns) const {
+  const ZoomGrid& g = z_.grid;
+  int level = 0;
+  while (level < g.levels && g.bucket_ns(level + 1) * 8 <= t1_ns - t0_ns) ++level;
+  const int64_t b0 = g.bucket_of(level, t0_ns), b1 = g.bucket_of(level, t1_ns) + 1;
+  const int64_t w = g.bucket_ns(level);
+  double n = 0;
+  for (const auto& l : z_.lanes) {
+    for (int row = 0; row < l.rows; ++row) {
+      for (const auto& b : buckets(l.rank, l.stream, row, level, b0, b1)) {
+        // A bucket's share of the range: its count is spread evenly over it.
+        const int64_t bs = g.origin_ns + b.index * w;
+        const int64_t overlap = std::min(t1_ns, bs + w) - std::max(t0_ns, bs);
+        if (overlap > 0) n += static_cast<double>(b.count) * static_cast<double>(overlap) / w;
+      }
+    }
+  }
+  return static_cast<int64_t>(std::ceil(n));
+}
 
 std::vector<ZoomBucket> ZoomIndex::buckets(int32_t rank, int32_t stream, int row, int level,
                                            int64_t b0, int64_t b1) const {
@@ -608,9 +631,14 @@ std::vector<ZoomBucket> ZoomIndex::buckets(int32_t rank, int32_t stream, int row
       take(*it);
     return out;
   }
-  Stmt st = prep(db_, path_,
-                 "SELECT chunk, buckets, crc32c, packed FROM zoom_chunks WHERE rank=?1 AND "
-                 "stream=?2 AND row=?3 AND level=?4 AND chunk BETWEEN ?5 AND ?6 ORDER BY chunk");
+  std::lock_guard lock(mu_);
+  if (!select_) {
+    select_ = prep(db_, path_,
+                   "SELECT chunk, buckets, crc32c, packed FROM zoom_chunks WHERE rank=?1 AND "
+                   "stream=?2 AND row=?3 AND level=?4 AND chunk BETWEEN ?5 AND ?6 ORDER BY chunk")
+                  .release();
+  }
+  std::unique_ptr<sqlite3_stmt, int (*)(sqlite3_stmt*)> st(select_, sqlite3_reset);
   const int64_t v[] = {rank, stream, row, level, c0, c1};
   for (int i = 0; i < 6; ++i) sqlite3_bind_int64(st.get(), i + 1, v[i]);
   int rc;

@@ -90,8 +90,19 @@ void TimelineView::update_window() {
   const int64_t t0 = visible_start_ns(), t1 = visible_end_ns();
   const double duration =
       static_cast<double>(std::max<int64_t>(1, doc_->index.end_ns() - doc_->index.start_ns()));
-  const double visible =
-      static_cast<double>(doc_->zoom->span_count()) * static_cast<double>(t1 - t0) / duration;
+  // Inside the loaded window, its own spans tell; otherwise the even spread of the spans first
+  // and, near the threshold, the levels' counts (a burst of spans in a short view must not load
+  // millions).
+  double visible = 0;
+  if (window_ && t0 >= window_t0_ && t1 <= window_t1_) {
+    visible = static_cast<double>(window_->trace.spans.size()) * static_cast<double>(t1 - t0) /
+              static_cast<double>(std::max<int64_t>(1, window_t1_ - window_t0_));
+  } else {
+    visible =
+        static_cast<double>(doc_->zoom->span_count()) * static_cast<double>(t1 - t0) / duration;
+    if (visible <= 20.0 * static_cast<double>(window_spans_))
+      visible = static_cast<double>(doc_->zoom->spans_between(t0, t1));
+  }
   if (visible > static_cast<double>(window_spans_)) {
     if (!window_) return;
     window_.reset();

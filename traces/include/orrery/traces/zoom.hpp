@@ -30,6 +30,7 @@
 
 #include <array>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,7 @@
 #include "orrery/traces/trace.hpp"
 
 struct sqlite3;
+struct sqlite3_stmt;
 
 namespace orrery::traces {
 
@@ -134,14 +136,20 @@ class ZoomIndex {
   int64_t span_count() const { return z_.span_count; }
   bool from_file() const { return from_file_; }
   const std::string& note() const { return note_; }
+  // About how many spans start in [t0, t1) (every lane and row): the counts of the buckets at
+  // the level whose bucket is about an eighth of it, each spread evenly over its bucket (exact for
+  // a range of whole buckets). What a viewer reads before loading a window's spans.
+  int64_t spans_between(int64_t t0_ns, int64_t t1_ns) const;
   // Non-empty buckets of a row at `level` with index in [b0, b1), sorted by index.
   std::vector<ZoomBucket> buckets(int32_t rank, int32_t stream, int row, int level, int64_t b0,
                                   int64_t b1) const;
 
  private:
   std::string path_;
-  sqlite3* db_ = nullptr;  // the file's chunks, when from_file_
-  ZoomLevels z_;           // the grid and lanes; the chunks too when computed on open
+  sqlite3* db_ = nullptr;                   // the file's chunks, when from_file_
+  mutable sqlite3_stmt* select_ = nullptr;  // the chunk query, prepared once
+  mutable std::mutex mu_;                   // serialises db_ (a viewer's threads share the index)
+  ZoomLevels z_;  // the grid and lanes; the chunks too when computed on open
   bool from_file_ = false;
   std::string note_;
 };

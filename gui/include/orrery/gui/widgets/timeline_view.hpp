@@ -32,7 +32,7 @@ class TimelineView : public QAbstractScrollArea {
   static constexpr int kStepBandHeight = 14;  // the bottom of the axis: step numbers
   static constexpr double kFoldPx = 3;        // spans narrower than this fold (Tracy's MinVisSize)
   // A zoomed document (TraceDocument::zoomed) shows its spans, loaded for a window three views
-  // wide, once the view holds about this many (estimated from the span count); zoomed further out
+  // wide, once the view holds about this many (counted from its zoom levels); zoomed further out
   // it draws its zoom levels.
   static constexpr int64_t kWindowSpans = 200'000;
 
