@@ -621,7 +621,12 @@ std::vector<ZoomBucket> ZoomIndex::buckets(int32_t rank, int32_t stream, int row
     auto key = [](const ZoomChunk& c) {
       return std::tie(c.rank, c.stream, c.row, c.level, c.chunk);
     };
-    const ZoomChunk lo{rank, stream, row, level, c0};
+    ZoomChunk lo;
+    lo.rank = rank;
+    lo.stream = stream;
+    lo.row = row;
+    lo.level = level;
+    lo.chunk = c0;
     auto it =
         std::lower_bound(z_.chunks.begin(), z_.chunks.end(), lo,
                          [&](const ZoomChunk& a, const ZoomChunk& b) { return key(a) < key(b); });
@@ -643,7 +648,12 @@ std::vector<ZoomBucket> ZoomIndex::buckets(int32_t rank, int32_t stream, int row
   for (int i = 0; i < 6; ++i) sqlite3_bind_int64(st.get(), i + 1, v[i]);
   int rc;
   while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
-    ZoomChunk c{rank, stream, row, level, sqlite3_column_int64(st.get(), 0)};
+    ZoomChunk c;
+    c.rank = rank;
+    c.stream = stream;
+    c.row = row;
+    c.level = level;
+    c.chunk = sqlite3_column_int64(st.get(), 0);
     c.buckets = sqlite3_column_int64(st.get(), 1);
     c.crc32c = static_cast<uint32_t>(sqlite3_column_int64(st.get(), 2));
     const auto* blob = static_cast<const char*>(sqlite3_column_blob(st.get(), 3));
