@@ -1,7 +1,7 @@
 // GUI benchmark: how long a big trace takes to open, and how long a timeline frame takes to paint
 // (offscreen, the real paintEvent) at several zoom levels, as frames per second.
 //
-//   bench_gui [--spans N] [--width W] [--height H] [--frames F] [--trace FILE] [--keep]
+//   bench_gui [--spans N] [--width W] [--height H] [--frames F] [--trace FILE] [--keep] [--load-all]
 //
 // Generates a DDP trace of about N spans (default 5,000,000) with traces::synthesize, writes it to
 // FILE (default /tmp/orrery_bench_gui.db, removed afterwards unless --keep or --trace names an
@@ -9,12 +9,17 @@
 // costs, off the GUI thread) and paints F frames per zoom level, each panned by 7 px, with the
 // counter tracks on (under each rank) and a flow drawn: an all-reduce at the middle of the trace is
 // selected, so every frame also draws its members' outlines and the arrows between them.
+// "Open to first frame" is load_document, set_document, fit_all and the first full paint, with
+// the process's peak RSS (VmHWM) at that point: a trace of more than 2 M spans opens through its
+// zoom levels (gui::LoadOptions); --load-all loads every span as before. For a big trace, write
+// it first with `orrery synth` and pass --trace, so that generating it does not count in the peak.
 // Prints a table and one JSON line. Figures, not a test.
 #if __has_include(<QApplication>)
 #include <QApplication>
 #include <QImage>
 #include <QPainter>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -44,6 +49,19 @@ double process_cpu_s() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
+// The process's peak resident set (VmHWM), KiB.
+long peak_rss_kib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long kib = -1;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::strncmp(line, "VmHWM:", 6) == 0) kib = std::strtol(line + 6, nullptr, 10);
+  }
+  std::fclose(f);
+  return kib;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -51,7 +69,7 @@ int main(int argc, char** argv) {
   int64_t spans = 5'000'000;
   int width = 1920, height = 1080, frames = 30;
   std::string path = "/tmp/orrery_bench_gui.db";
-  bool keep = false, given = false;
+  bool keep = false, given = false, load_all = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -68,10 +86,12 @@ int main(int argc, char** argv) {
       given = true;
     } else if (a == "--keep")
       keep = true;
+    else if (a == "--load-all")
+      load_all = true;
     else {
       std::fprintf(stderr,
                    "usage: bench_gui [--spans N] [--width W] [--height H] [--frames F] [--trace "
-                   "FILE] [--keep]\n");
+                   "FILE] [--keep] [--load-all]\n");
       return 2;
     }
   }
@@ -97,9 +117,24 @@ int main(int argc, char** argv) {
   // Opening: what the GUI's loader thread does (read everything, build the lanes and rows).
   auto t0 = std::chrono::steady_clock::now();
   double c0 = process_cpu_s();
-  auto doc = orrery::gui::load_document(path);
+  orrery::gui::LoadOptions load_options;
+  if (load_all) load_options.zoom_above_spans = INT64_MAX;
+  auto doc = orrery::gui::load_document(path, load_options);
   const double open_s = seconds_since(t0);
   const double open_cpu_s = process_cpu_s() - c0;
+  double first_frame_s = 0, first_frame_cpu_s = 0;
+  long first_frame_rss_kib = 0;
+  {
+    orrery::gui::TimelineView first;
+    first.resize(width, height);
+    first.set_document(doc);
+    first.fit_all();
+    QImage frame(first.viewport()->size(), QImage::Format_ARGB32_Premultiplied);
+    first.viewport()->render(&frame);
+    first_frame_s = seconds_since(t0);
+    first_frame_cpu_s = process_cpu_s() - c0;
+    first_frame_rss_kib = peak_rss_kib();
+  }
   t0 = std::chrono::steady_clock::now();
   c0 = process_cpu_s();
   orrery::gui::TraceIndex again(doc->trace);
@@ -154,12 +189,22 @@ int main(int argc, char** argv) {
       "  open (load_trace + index): wall %.2f s, CPU %.2f s; of which index: wall %.2f s, CPU %.2f "
       "s\n",
       open_s, open_cpu_s, index_s, index_cpu_s);
+  std::printf(
+      "  open to first frame (%s): wall %.2f s, CPU %.2f s, peak RSS %.0f MiB; zoomed view: %s\n",
+      doc->zoomed() ? "zoom levels" : "every span loaded", first_frame_s, first_frame_cpu_s,
+      static_cast<double>(first_frame_rss_kib) / 1024.0,
+      doc->zoomed() ? (doc->zoom->from_file() ? "levels from the file" : doc->zoom->note().c_str())
+                    : "no");
   std::printf("  %-8s %12s %9s %9s %7s %9s %9s %7s %11s\n", "zoom", "visible", "wall ms", "max ms",
               "fps", "cpu ms", "max cpu", "cpu fps", "items/frame");
   std::string json =
       "{\"spans\":" + std::to_string(n) + ",\"open_s\":" + std::to_string(open_s) +
       ",\"index_s\":" + std::to_string(index_s) + ",\"open_cpu_s\":" + std::to_string(open_cpu_s) +
       ",\"index_cpu_s\":" + std::to_string(index_cpu_s) +
+      ",\"zoomed\":" + std::string(doc->zoomed() ? "true" : "false") +
+      ",\"first_frame_s\":" + std::to_string(first_frame_s) +
+      ",\"first_frame_cpu_s\":" + std::to_string(first_frame_cpu_s) +
+      ",\"first_frame_peak_rss_kib\":" + std::to_string(first_frame_rss_kib) +
       ",\"counter_tracks\":" + std::to_string(doc->counters.size()) +
       ",\"flow_members\":" + std::to_string(view.flow_members().size()) + ",\"levels\":[";
   double worst_fps = 1e30, worst_cpu_fps = 1e30, worst_frame_cpu_ms = 0;

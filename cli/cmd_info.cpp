@@ -1,7 +1,8 @@
 // `orrery info TRACE`: what a trace file holds (source, scenario, layout, ranks, streams, span
 // count, time range, schema version, whether its blocks carry checksums, whether its writer
 // finished) without loading its spans. `orrery info --verify TRACE`: checks every block (CRC32C,
-// decoding, index columns); exit 0 when all are whole, 2 when any is damaged.
+// decoding, index columns) and every zoom chunk; exit 0 when all are whole, 2 when any is damaged. `orrery info --index
+// TRACE`: (re)writes the trace's zoom levels (traces/zoom.hpp).
 #include <ctime>
 #include <iostream>
 #include <map>
@@ -16,6 +17,7 @@
 #include "orrery/common/format.hpp"
 #include "orrery/traces/meta_json.hpp"
 #include "orrery/traces/store.hpp"
+#include "orrery/traces/zoom.hpp"
 
 namespace orrery::cli {
 namespace {
@@ -26,6 +28,7 @@ struct InfoArgs {
   std::string trace;
   bool json = false;
   bool verify = false;
+  bool index = false;
 };
 
 const char* kNoChecksums =
@@ -35,7 +38,8 @@ const char* kNoChecksums =
 int run_verify(const InfoArgs& a) {
   const traces::TraceReader r(a.trace);
   const traces::TraceReader::Verification v = r.verify();
-  const bool clean = v.damaged.empty();
+  const traces::ZoomVerification zv = traces::verify_zoom_levels(a.trace);
+  const bool clean = v.damaged.empty() && zv.damaged.empty();
   if (a.json) {
     json j;
     j["path"] = a.trace;
@@ -46,6 +50,9 @@ int run_verify(const InfoArgs& a) {
     j["counter_blocks"] = v.counter_blocks;
     j["counter_samples"] = v.counter_samples;
     j["damaged"] = v.damaged;
+    j["zoom_chunks"] = zv.chunks;
+    j["zoom_unused"] = zv.unused;
+    j["zoom_damaged"] = zv.damaged;
     j["ok"] = clean;
     std::cout << j.dump(2) << "\n";
     return clean ? 0 : 2;
@@ -55,6 +62,18 @@ int run_verify(const InfoArgs& a) {
               static_cast<long long>(v.spans), static_cast<long long>(v.counter_blocks),
               static_cast<long long>(v.counter_samples));
   if (!v.checksums) std::printf("  checksums: %s; the blocks were decoded only\n", kNoChecksums);
+  if (zv.unused.empty()) {
+    std::printf("  zoom levels: %lld chunks checked\n", static_cast<long long>(zv.chunks));
+  } else {
+    std::printf("  zoom levels: not used (%s; `orrery info --index` rewrites them)\n",
+                zv.unused.c_str());
+  }
+  for (const auto& d : zv.damaged) std::fprintf(stderr, "  %s\n", d.c_str());
+  if (!zv.damaged.empty() && v.damaged.empty()) {
+    std::fprintf(stderr, "%s: %zu of %lld zoom chunks damaged (the blocks are whole)\n",
+                 a.trace.c_str(), zv.damaged.size(), static_cast<long long>(zv.chunks));
+    return 2;
+  }
   if (clean) {
     std::printf("  ok: %s\n",
                 v.checksums ? "every block matches its CRC32C and decodes" : "every block decodes");
@@ -183,6 +202,7 @@ void print_info_text(const InfoArgs& a, const InfoData& d) {
   row("checksums", r.checksums() ? "CRC32C on every span and counter block (orrery info --verify "
                                    "checks them all)"
                                  : kNoChecksums);
+  row("zoom levels", traces::zoom_summary(a.trace));
   row("complete",
       complete ? "yes" : "no (its writer never closed it: the run died or is still running)");
   row("source", std::string(traces::to_string(m.source)) + " (origin " +
@@ -244,6 +264,12 @@ void print_info_text(const InfoArgs& a, const InfoData& d) {
 
 int run_info(const InfoArgs& a) {
   if (a.verify) return run_verify(a);
+  if (a.index) {
+    const auto z = traces::build_zoom_levels(a.trace);
+    std::printf("%s: zoom levels written (%s; %zu chunks)\n", a.trace.c_str(),
+                traces::zoom_summary(a.trace).c_str(), z.chunks.size());
+    return 0;
+  }
   const InfoData d(a.trace);
   if (a.json) {
     print_info_json(a, d);
@@ -261,6 +287,9 @@ Command setup(CLI::App& root) {
   app->add_flag("--verify", args->verify,
                 "Check every span and counter block (CRC32C, decoding, index columns); exit 2 if "
                 "any is damaged");
+  app->add_flag("--index", args->index,
+                "Compute the zoom levels the GUI reads (a file written before them, or stale "
+                "ones) and store them in the trace");
   return {app, [args]() { return run_info(*args); }};
 }
 

@@ -60,6 +60,7 @@
 #include "orrery/common/crc32c.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/traces/stream_chunks.hpp"
+#include "orrery/traces/zoom.hpp"
 #include "span_block.hpp"
 
 namespace orrery::traces {
@@ -801,11 +802,20 @@ void TraceWriter::close() {
   exec_or_throw(db_, "COMMIT", path_);
   closed_ = true;
   impl_.reset();
+  // The zoom levels, from the committed blocks (one streaming pass; a viewer reads them instead
+  // of the spans when zoomed out).
+  std::exception_ptr zoom_error;
+  try {
+    if (zoom_levels_) write_zoom_levels(db_, path_, compute_zoom_levels(TraceReader(path_)));
+  } catch (...) {
+    zoom_error = std::current_exception();
+  }
   // Back to a single self-contained file. Fails harmlessly (stays WAL) if a reader holds it open.
   sqlite3_exec(db_, "PRAGMA wal_checkpoint(TRUNCATE)", nullptr, nullptr, nullptr);
   sqlite3_exec(db_, "PRAGMA journal_mode=DELETE", nullptr, nullptr, nullptr);
   sqlite3_close(db_);
   db_ = nullptr;
+  if (zoom_error) std::rethrow_exception(zoom_error);
 }
 
 void TraceWriter::fill_spans_table() {
@@ -1901,6 +1911,8 @@ std::string quoted_name(const std::string& name) {
 
 bool is_store_table(const std::string& name) {
   if (name == "spans" || name == "counters" || name.rfind("sqlite_", 0) == 0) return true;
+  // The zoom levels are the output's own, computed from its merged spans when it is closed.
+  if (name == "zoom_levels" || name == "zoom_lanes" || name == "zoom_chunks") return true;
   for (const char* t : kOrreryTables) {
     if (name == t) return true;
   }
@@ -2013,6 +2025,94 @@ void for_each_span_chunk(const TraceReader& reader,
 
 namespace {
 
+// Copies the span blocks, counter blocks and step rows of `inputs` (schema 3, string ids already
+// the output's) into `output` as they are, one transaction per input, checking each block's CRC32C (a
+// damaged input is an InputError naming it and the block, as a read would be). Step rows of a
+// rank and step already present are combined (earliest start, latest end, sums).
+// One table of blocks (span blocks, or counter blocks) of the attached `src` appended to main's,
+// in id order, each row's CRC32C checked against its key, count and bytes first.
+void copy_checked_blocks(sqlite3* db, const std::string& in, const std::string& output,
+                         bool counters) {
+  const char* select = counters
+                           ? "SELECT id, rank, name, count, crc32c, packed, min_ts_ns, max_ts_ns "
+                             "FROM src.counter_blocks ORDER BY id"
+                           : "SELECT id, rank, stream, count, crc32c, packed, chunk, "
+                             "min_start_ns, max_end_ns, max_dur_ns, min_comm, max_comm FROM "
+                             "src.blocks ORDER BY id";
+  const char* insert = counters ? "INSERT INTO main.counter_blocks(rank, name, count, crc32c, "
+                                  "packed, min_ts_ns, max_ts_ns) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+                                : "INSERT INTO main.blocks(rank, stream, count, crc32c, packed, "
+                                  "chunk, min_start_ns, max_end_ns, max_dur_ns, min_comm, "
+                                  "max_comm) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
+  const int columns = counters ? 8 : 12;
+  Stmt from = wprep(db, output, select);
+  Stmt to = wprep(db, output, insert);
+  for (;;) {
+    const int rc = sqlite3_step(from.get());
+    if (rc == SQLITE_DONE) break;
+    if (rc != SQLITE_ROW) throw InputError(in + ": cannot read trace (" + sqlite3_errmsg(db) + ")");
+    sqlite3_stmt* r = from.get();
+    const auto* data = static_cast<const unsigned char*>(sqlite3_column_blob(r, 5));
+    const auto size = static_cast<size_t>(sqlite3_column_bytes(r, 5));
+    const int64_t key0 = sqlite3_column_int64(r, 1), key1 = sqlite3_column_int64(r, 2);
+    const int64_t count = sqlite3_column_int64(r, 3);
+    const auto crc = static_cast<uint32_t>(sqlite3_column_int64(r, 4));
+    if (sqlite3_column_type(r, 4) == SQLITE_NULL ||
+        detail::block_crc(key0, key1, count, data, size) != crc) {
+      throw InputError(in + ": corrupt trace (" + (counters ? "counter" : "span") + " block " +
+                       std::to_string(sqlite3_column_int64(r, 0)) + " (rank " +
+                       std::to_string(key0) + (counters ? ", counter " : ", stream ") +
+                       std::to_string(key1) + "): checksum mismatch)");
+    }
+    for (int c = 1; c < columns; ++c) {
+      if (c == 5) {
+        sqlite3_bind_blob(to.get(), 5, data, static_cast<int>(size), SQLITE_STATIC);
+      } else {
+        sqlite3_bind_value(to.get(), c, sqlite3_column_value(r, c));
+      }
+    }
+    if (sqlite3_step(to.get()) != SQLITE_DONE) writer_fail(output, db, "copy block");
+    sqlite3_reset(to.get());
+  }
+}
+
+void copy_blocks_verbatim(const std::vector<std::string>& inputs, const std::string& output) {
+  if (inputs.empty()) return;
+  sqlite3* db = nullptr;
+  const int rc =
+      sqlite3_open_v2(output.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_URI, nullptr);
+  DbCloser closer{db};
+  if (rc != SQLITE_OK) writer_fail(output, db, "open to copy blocks");
+  sqlite3_busy_timeout(db, 5000);
+  // The output is a temporary file that AtomicFile fsyncs before renaming it into place: a crash
+  // before then leaves no output, so the per-input commits need not sync.
+  exec_or_throw(db, "PRAGMA synchronous=OFF", output);
+  // No rollback journal either: a failed copy throws and AtomicFile discards the whole file.
+  exec_or_throw(db, "PRAGMA journal_mode=OFF", output);
+  exec_or_throw(db, "PRAGMA cache_size=-65536", output);
+  for (const auto& in : inputs) {
+    {
+      Stmt attach = wprep(db, output, "ATTACH DATABASE ?1 AS src");
+      const std::string uri = sqlite_uri(in, "mode=ro");
+      sqlite3_bind_text(attach.get(), 1, uri.c_str(), -1, SQLITE_TRANSIENT);
+      if (sqlite3_step(attach.get()) != SQLITE_DONE)
+        throw InputError(in + ": cannot read trace (" + sqlite3_errmsg(db) + ")");
+    }
+    exec_or_throw(db, "BEGIN", output);  // one transaction per input: DETACH needs none open
+    copy_checked_blocks(db, in, output, false);
+    copy_checked_blocks(db, in, output, true);
+    exec_or_throw(db,
+                  "INSERT INTO main.steps SELECT * FROM src.steps WHERE true "
+                  "ON CONFLICT(rank, step) DO UPDATE SET start_ns = min(start_ns, "
+                  "excluded.start_ns), end_ns = max(end_ns, excluded.end_ns), compute_ns = "
+                  "compute_ns + excluded.compute_ns, collective_ns = collective_ns + "
+                  "excluded.collective_ns, span_count = span_count + excluded.span_count",
+                  output);
+    exec_or_throw(db, "COMMIT", output);
+    exec_or_throw(db, "DETACH DATABASE src", output);
+  }
+}
+
 // The inputs streamed into `output` one at a time (spans by windows of each stream, counters of one
 // input): memory is bounded by one input's counters and a window of spans. `merging`: the run's
 // per-rank files become one (world size from the ranks, merged_from and incomplete_inputs noted);
@@ -2020,14 +2120,19 @@ namespace {
 void stream_into(const std::vector<std::string>& inputs, const std::string& output, bool sql_spans,
                  bool merging) {
   AtomicFile f(output, AtomicFile::ByName{{"-wal", "-shm", "-journal"}});
+  std::vector<std::string> verbatim;  // inputs whose blocks are copied as they are
   {
     TraceWriter w(f.temp_path(), 1 << 18, sql_spans);
+    // Merging, the blocks of inputs whose name ids are already the output's are copied after
+    // close(), and the zoom levels computed then.
+    if (merging) w.set_zoom_levels(false);
     RunMeta meta;
     std::map<int32_t, RankInfo> ranks;
     std::map<std::pair<int32_t, int32_t>, StreamInfo> streams;
     std::map<int32_t, CommunicatorInfo> comms;
     std::vector<std::string> incomplete;
     bool first = true;
+    verbatim.clear();
     for (const auto& path : inputs) {
       TraceReader reader(path);
       if (!reader.complete()) incomplete.push_back(path);
@@ -2049,8 +2154,15 @@ void stream_into(const std::vector<std::string>& inputs, const std::string& outp
       }
       const StringTable strings = reader.strings();
       std::vector<NameId> remap(strings.size());
-      for (size_t i = 0; i < strings.size(); ++i)
+      bool same_ids = true;
+      for (size_t i = 0; i < strings.size(); ++i) {
         remap[i] = w.intern(strings.str(static_cast<NameId>(i)));
+        same_ids = same_ids && remap[i] == static_cast<NameId>(i);
+      }
+      if (merging && same_ids && reader.checksums()) {
+        verbatim.push_back(path);
+        continue;
+      }
       merge_spans_of(reader, remap, w);
       for (auto c : reader.counters()) {
         if (c.name >= remap.size())
@@ -2078,6 +2190,18 @@ void stream_into(const std::vector<std::string>& inputs, const std::string& outp
     }
     w.set_meta(meta);
     w.close();
+  }
+  if (merging) {
+    copy_blocks_verbatim(verbatim, f.temp_path());
+    // From the inputs' levels when they have them (per-rank files of one run), else from the
+    // merged spans; an input's damaged levels are not the merge's business: computed then too.
+    std::optional<ZoomLevels> z;
+    try {
+      z = merge_zoom_levels(inputs, f.temp_path());
+    } catch (const InputError&) {
+      z.reset();
+    }
+    write_zoom_levels(f.temp_path(), z ? *z : compute_zoom_levels(TraceReader(f.temp_path())));
   }
   copy_foreign_tables(inputs, f.temp_path());
   f.commit();

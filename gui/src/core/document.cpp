@@ -12,7 +12,55 @@
 namespace orrery::gui {
 
 std::shared_ptr<TraceDocument> load_document(const std::string& path) {
-  return make_document(traces::load_trace(path), path);
+  return load_document(path, LoadOptions{});
+}
+
+std::shared_ptr<TraceDocument> load_document(const std::string& path, const LoadOptions& o) {
+  auto reader = std::make_shared<const traces::TraceReader>(path);
+  if (reader->span_count() <= o.zoom_above_spans) {
+    auto t = reader->load_all();
+    return make_document(std::move(t), path);
+  }
+  auto doc = std::make_shared<TraceDocument>();
+  doc->path = path;
+  doc->trace = reader->load_header();
+  doc->zoom = std::make_shared<const traces::ZoomIndex>(path);
+  const auto range = reader->time_range();
+  doc->index = TraceIndex(doc->trace, doc->zoom->lanes(), range ? range->start_ns : 0,
+                          range ? range->end_ns : 1);
+  doc->counters = counter_tracks(doc->trace);
+  // Step windows from the writer's per-step aggregates, not from the spans.
+  std::map<int32_t, StepWindow> by_step;
+  for (const auto& a : reader->step_aggregates()) {
+    auto [it, fresh] = by_step.try_emplace(a.step, StepWindow{a.step, a.start_ns, a.end_ns});
+    if (!fresh) {
+      it->second.start_ns = std::min(it->second.start_ns, a.start_ns);
+      it->second.end_ns = std::max(it->second.end_ns, a.end_ns);
+    }
+  }
+  for (const auto& [step, w] : by_step) doc->steps.push_back(w);
+  doc->reader = std::move(reader);
+  return doc;
+}
+
+std::shared_ptr<TraceDocument> load_window(const TraceDocument& doc, int64_t t0_ns, int64_t t1_ns) {
+  traces::Trace t;
+  t.path = doc.path;
+  t.meta = doc.trace.meta;
+  t.ranks = doc.trace.ranks;
+  t.streams = doc.trace.streams;
+  t.comms = doc.trace.comms;
+  t.strings = doc.trace.strings;
+  if (doc.reader && doc.zoom) {
+    for (const auto& l : doc.zoom->lanes()) {
+      auto spans = doc.reader->spans_in_window(l.rank, l.stream, t0_ns, t1_ns);
+      t.spans.insert(t.spans.end(), spans.begin(), spans.end());
+    }
+  }
+  auto w = make_document(std::move(t), doc.path);
+  if (doc.zoom) w->index.pad_rows(doc.zoom->lanes());
+  w->steps = doc.steps;
+  return w;
 }
 
 std::shared_ptr<TraceDocument> make_document(traces::Trace t, std::string path) {

@@ -133,6 +133,36 @@ TraceIndex::TraceIndex(const traces::Trace& t, KindMask kinds) : kinds_(kinds) {
   end_ns_ = any ? std::max(hi, lo + 1) : 1;
 }
 
+TraceIndex::TraceIndex(const traces::Trace& header, const std::vector<traces::ZoomLane>& zoom,
+                       int64_t t0_ns, int64_t t1_ns)
+    : start_ns_(t0_ns), end_ns_(std::max(t1_ns, t0_ns + 1)) {
+  std::map<std::pair<int32_t, int32_t>, std::string> lane_names;
+  for (const auto& s : header.streams) lane_names[{s.rank, s.stream}] = s.name;
+  for (const auto& z : zoom) lane_names.try_emplace({z.rank, z.stream}, std::string());
+  for (auto& [key, name] : lane_names) {
+    Lane lane;
+    lane.rank = key.first;
+    lane.stream = key.second;
+    lane.name = name.empty() ? "stream " + std::to_string(key.second) : name;
+    lanes_.push_back(std::move(lane));
+  }
+  pad_rows(zoom);
+  for (const auto& z : zoom) {
+    const int l = lane_of(z.rank, z.stream);
+    lanes_[static_cast<size_t>(l)].span_count = static_cast<size_t>(z.spans);
+    span_count_ += static_cast<size_t>(z.spans);
+  }
+}
+
+void TraceIndex::pad_rows(const std::vector<traces::ZoomLane>& zoom) {
+  for (const auto& z : zoom) {
+    const int l = lane_of(z.rank, z.stream);
+    if (l < 0) continue;
+    auto& rows = lanes_[static_cast<size_t>(l)].rows;
+    if (rows.size() < static_cast<size_t>(z.rows)) rows.resize(static_cast<size_t>(z.rows));
+  }
+}
+
 int TraceIndex::lane_of(int32_t rank, int32_t stream) const {
   auto it = std::lower_bound(lanes_.begin(), lanes_.end(), std::pair{rank, stream},
                              [](const Lane& l, const std::pair<int32_t, int32_t>& k) {

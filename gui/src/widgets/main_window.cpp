@@ -52,10 +52,10 @@ struct LoadResult {
   QString error;
 };
 
-LoadResult load_job(const QString& path) {
+LoadResult load_job(const QString& path, const LoadOptions& o) {
   LoadResult r;
   try {
-    r.doc = load_document(path.toStdString());
+    r.doc = load_document(path.toStdString(), o);
   } catch (const std::exception& e) {
     r.error = QString::fromUtf8(e.what());
   }
@@ -466,7 +466,8 @@ void MainWindow::update_status() {
           .arg(t.meta.tp)
           .arg(t.meta.pp)
           .arg(d->index.lanes().size())
-          .arg(t.spans.size())
+          .arg(d->zoomed() ? static_cast<qulonglong>(d->zoom->span_count())
+                           : static_cast<qulonglong>(t.spans.size()))
           .arg(QString::fromStdString(format_duration_ns(static_cast<double>(dur)))));
 }
 
@@ -513,7 +514,7 @@ void MainWindow::open_files(const QStringList& paths) {
         emit loadFailed(path, r.error);
       }
     });
-    w->setFuture(QtConcurrent::run(load_job, path));
+    w->setFuture(QtConcurrent::run(load_job, path, load_options_));
   }
 }
 
@@ -525,7 +526,7 @@ void MainWindow::open_files_now(const QStringList& paths) {
       charts_->set_sweep(std::move(points), path, std::move(unplaced));
       continue;
     }
-    add_document(load_document(path.toStdString()));
+    add_document(load_document(path.toStdString(), load_options_));
   }
 }
 
@@ -592,6 +593,10 @@ void MainWindow::start_metrics(const std::shared_ptr<TraceDocument>& doc) {
   });
   w->setFuture(QtConcurrent::run([doc]() -> std::shared_ptr<const profiler::Metrics> {
     try {
+      // A zoomed trace is not in memory: its metrics stream the file's blocks.
+      if (doc->zoomed())
+        return std::make_shared<const profiler::Metrics>(
+            profiler::compute_metrics_streamed(*doc->reader, doc->trace));
       return std::make_shared<const profiler::Metrics>(profiler::compute_metrics(doc->trace));
     } catch (const std::exception&) {
       return nullptr;  // charts stay empty; the timeline is still useful
@@ -669,6 +674,19 @@ void MainWindow::on_range_selected(TimelineView* src, qint64 t0, qint64 t1) {
       profiler::MetricsOptions opt;
       opt.window_start_ns = t0;
       opt.window_end_ns = t1;
+      if (d->zoomed()) {
+        // Not in memory: the range's spans when they are few (about 150 bytes each), else the
+        // whole file streamed.
+        const double share =
+            static_cast<double>(t1 - t0) /
+            static_cast<double>(std::max<int64_t>(1, d->index.end_ns() - d->index.start_ns()));
+        if (share * static_cast<double>(d->zoom->span_count()) <= 2e6) {
+          return std::make_shared<const profiler::Metrics>(
+              profiler::compute_metrics(load_window(*d, t0, t1)->trace, opt));
+        }
+        return std::make_shared<const profiler::Metrics>(
+            profiler::compute_metrics_streamed(*d->reader, d->trace, opt));
+      }
       return std::make_shared<const profiler::Metrics>(profiler::compute_metrics(d->trace, opt));
     } catch (const std::exception&) {
       return nullptr;

@@ -14,6 +14,7 @@
 #include "orrery/common/format.hpp"
 #include "orrery/gui/models.hpp"
 #include "orrery/gui/palette.hpp"
+#include "orrery/gui/zoom_view.hpp"
 
 namespace orrery::gui {
 namespace {
@@ -51,6 +52,8 @@ void TimelineView::set_empty_message(const QString& text) {
 void TimelineView::set_document(std::shared_ptr<TraceDocument> doc) {
   critical_ = {};
   doc_ = std::move(doc);
+  window_.reset();
+  zoom_error_.clear();
   selected_ = -1;
   flow_.clear();
   highlight_.clear();
@@ -69,13 +72,53 @@ void TimelineView::rebuild_index() {
     relayout();
     return;
   }
-  if (kinds_ == kAllKinds) {
-    index_ = &doc_->index;
+  // A zoomed document draws its zoom levels on its own index (lanes without spans), or the spans
+  // of the loaded window on the window's.
+  const TraceDocument& base = window_ ? *window_ : *doc_;
+  if (kinds_ == kAllKinds || (doc_->zoomed() && !window_)) {
+    index_ = &base.index;
   } else {
-    filtered_ = std::make_unique<TraceIndex>(doc_->trace, kinds_);
+    filtered_ = std::make_unique<TraceIndex>(base.trace, kinds_);
+    if (doc_->zoomed()) filtered_->pad_rows(doc_->zoom->lanes());
     index_ = filtered_.get();
   }
   relayout();
+}
+
+void TimelineView::update_window() {
+  if (!doc_ || !doc_->zoomed() || !zoom_error_.isEmpty()) return;
+  const int64_t t0 = visible_start_ns(), t1 = visible_end_ns();
+  const double duration =
+      static_cast<double>(std::max<int64_t>(1, doc_->index.end_ns() - doc_->index.start_ns()));
+  // Inside the loaded window, its own spans tell; otherwise the even spread of the spans first
+  // and, near the threshold, the levels' counts (a burst of spans in a short view must not load
+  // millions).
+  double visible = 0;
+  if (window_ && t0 >= window_t0_ && t1 <= window_t1_) {
+    visible = static_cast<double>(window_->trace.spans.size()) * static_cast<double>(t1 - t0) /
+              static_cast<double>(std::max<int64_t>(1, window_t1_ - window_t0_));
+  } else {
+    visible =
+        static_cast<double>(doc_->zoom->span_count()) * static_cast<double>(t1 - t0) / duration;
+    if (visible <= 20.0 * static_cast<double>(window_spans_))
+      visible = static_cast<double>(doc_->zoom->spans_between(t0, t1));
+  }
+  if (visible > static_cast<double>(window_spans_)) {
+    if (!window_) return;
+    window_.reset();
+  } else {
+    if (window_ && t0 >= window_t0_ && t1 <= window_t1_) return;
+    // A window three views wide, so that panning by less than a view reads nothing.
+    window_t0_ = t0 - (t1 - t0);
+    window_t1_ = t1 + (t1 - t0);
+    window_ = load_window(*doc_, window_t0_, window_t1_);
+  }
+  // Span indices are the window's: what referred to the previous window's spans goes.
+  selected_ = -1;
+  flow_.clear();
+  highlight_.clear();
+  hovered_ = -1;
+  rebuild_index();
 }
 
 void TimelineView::relayout() {
@@ -97,7 +140,7 @@ void TimelineView::set_kind_mask(KindMask kinds) {
   if (kinds == kinds_) return;
   kinds_ = kinds;
   if (selected_ >= 0 && doc_ &&
-      !(kinds_ & kind_bit(doc_->trace.spans[static_cast<size_t>(selected_)].kind))) {
+      !(kinds_ & kind_bit(shown().trace.spans[static_cast<size_t>(selected_)].kind))) {
     selected_ = -1;
     flow_.clear();
     emit spanSelected(-1);
@@ -228,11 +271,12 @@ void TimelineView::pan_by_px(double dx) {
 }
 
 void TimelineView::select_span(int64_t span, bool reveal) {
-  if (!doc_ || span < 0 || static_cast<size_t>(span) >= doc_->trace.spans.size()) span = -1;
+  if (!doc_ || span < 0 || static_cast<size_t>(span) >= shown().trace.spans.size()) span = -1;
   selected_ = span;
-  flow_ = span >= 0 ? doc_->flows.members_of(static_cast<uint32_t>(span)) : std::vector<uint32_t>{};
+  flow_ =
+      span >= 0 ? shown().flows.members_of(static_cast<uint32_t>(span)) : std::vector<uint32_t>{};
   if (span >= 0 && reveal && index_) {
-    const auto& s = doc_->trace.spans[static_cast<size_t>(span)];
+    const auto& s = shown().trace.spans[static_cast<size_t>(span)];
     // Make its lane visible: un-hide, expand its rank and group.
     const int lane = index_->lane_of(s.rank, s.stream);
     if (hidden_.erase({s.rank, s.stream})) relayout();
@@ -299,15 +343,15 @@ void TimelineView::zoom_to_selection() {
   if (has_range_) {
     zoom_to(range_t0_, range_t1_);
   } else if (selected_ >= 0 && doc_) {
-    const auto& s = doc_->trace.spans[static_cast<size_t>(selected_)];
+    const auto& s = shown().trace.spans[static_cast<size_t>(selected_)];
     zoom_to(s.start_ns, s.end_ns);
   }
 }
 
 QPoint TimelineView::point_of_span(int64_t span) const {
-  if (!doc_ || !index_ || span < 0 || static_cast<size_t>(span) >= doc_->trace.spans.size())
+  if (!doc_ || !index_ || span < 0 || static_cast<size_t>(span) >= shown().trace.spans.size())
     return {-1, -1};
-  const auto& s = doc_->trace.spans[static_cast<size_t>(span)];
+  const auto& s = shown().trace.spans[static_cast<size_t>(span)];
   const int row = index_->row_of(static_cast<uint32_t>(span));
   const int r = layout_.row_of_lane(index_->lane_of(s.rank, s.stream));
   if (row < 0 || r < 0) return {-1, -1};
@@ -371,7 +415,7 @@ QString TimelineView::tooltip_at(QPoint p) const {
                               static_cast<double>(c->t_ns - index_->start_ns()))));
   } else if (const int64_t span = span_at_point(p); span >= 0) {
     for (auto& [k, v] :
-         span_attributes(doc_->trace, static_cast<uint32_t>(span), index_->start_ns(), true)) {
+         span_attributes(shown().trace, static_cast<uint32_t>(span), index_->start_ns(), true)) {
       html += row(QString::fromStdString(k), QString::fromStdString(v));
     }
   } else if (const auto f = fold_at_point(p)) {
@@ -447,10 +491,30 @@ void TimelineView::paintEvent(QPaintEvent*) {
     paint_empty(p);
     return;
   }
+  try {
+    update_window();
+  } catch (const std::exception& e) {
+    zoom_error_ = QString::fromStdString(e.what());
+  }
+  if (!zoom_error_.isEmpty()) {
+    p.setPen(palette::kEmptyText);
+    p.drawText(rect().adjusted(20, 0, -20, 0), Qt::AlignCenter | Qt::TextWordWrap, zoom_error_);
+    return;
+  }
   const Frame f = frame();
   p.save();
   p.setClipRect(0, kAxisHeight, f.width, f.height - kAxisHeight);
-  last_items_ = paint_rows(p, f);
+  try {
+    last_items_ = paint_rows(p, f);
+  } catch (const std::exception& e) {
+    // A corrupt zoom chunk: say so instead of drawing anything from it.
+    zoom_error_ = QString::fromStdString(e.what());
+    p.restore();
+    p.fillRect(0, 0, viewport()->width(), viewport()->height(), palette::kBackground);
+    p.setPen(palette::kEmptyText);
+    p.drawText(rect().adjusted(20, 0, -20, 0), Qt::AlignCenter | Qt::TextWordWrap, zoom_error_);
+    return;
+  }
   paint_label_border(p, f);
   paint_flow(p, f);
   paint_critical_path(p, f);
@@ -525,11 +589,20 @@ size_t TimelineView::paint_lane(QPainter& p, const Frame& f, const LayoutRow& lr
   p.setClipRect(track_rect.intersected(
       QRectF(kLabelWidth, kAxisHeight, f.track_width, f.height - kAxisHeight)));
   size_t drawn = 0;
-  for (size_t rowi = 0; rowi < lane.rows.size(); ++rowi) {
-    const double ry = y + rowi * LaneLayout::kRowHeight + 1;
-    const double rh = LaneLayout::kRowHeight - 2;
-    if (ry > f.height || ry + rh < kAxisHeight) continue;
-    drawn += paint_lane_row(p, f, lane.rows[rowi], ry, rh, bg, items);
+  try {
+    for (size_t rowi = 0; rowi < lane.rows.size(); ++rowi) {
+      const double ry = y + rowi * LaneLayout::kRowHeight + 1;
+      const double rh = LaneLayout::kRowHeight - 2;
+      if (ry > f.height || ry + rh < kAxisHeight) continue;
+      if (doc_->zoomed() && !window_) {
+        drawn += paint_zoom_row(p, f, lane, static_cast<int>(rowi), ry, rh, bg);
+        continue;
+      }
+      drawn += paint_lane_row(p, f, lane.rows[rowi], ry, rh, bg, items);
+    }
+  } catch (...) {  // a corrupt zoom chunk: paintEvent reports it
+    p.restore();
+    throw;
   }
   p.restore();
   paint_lane_label(p, f, lr, y);
@@ -566,9 +639,39 @@ size_t TimelineView::paint_lane_row(QPainter& p, const Frame& f, const LaneRow& 
   return items.size();
 }
 
+size_t TimelineView::paint_zoom_row(QPainter& p, const Frame& f, const Lane& lane, int row,
+                                    double ry, double rh, const QColor& bg) const {
+  const traces::ZoomIndex& z = *doc_->zoom;
+  const traces::ZoomGrid& g = z.grid();
+  const int level = zoom_level_for(g, f.tm.ns_per_px);
+  const int64_t b0 = g.bucket_of(level, f.tm.t_floor(0));
+  const int64_t b1 = g.bucket_of(level, f.tm.t_ceil(f.track_width)) + 1;
+  std::vector<ZoomItem> items;
+  zoom_items(z.buckets(lane.rank, lane.stream, row, level, b0, b1), f.tm, kFoldPx, items);
+  const QRectF row_rect(kLabelWidth, ry, f.track_width, rh);
+  for (const auto& it : items) {
+    const double x0 = std::max(f.tm.x_of(it.fold.start_ns), -2.0);
+    const double x1 = std::min(f.tm.x_of(it.fold.end_ns), f.track_width + 2.0);
+    const QRectF r(kLabelWidth + x0, ry, std::max(1.0, x1 - x0), rh);
+    if (!it.solid) {
+      paint_folded(p, f, it.fold, bg, r, row_rect);
+      continue;
+    }
+    const QColor c = palette::span_color(it.fold.dominant, it.name);
+    p.fillRect(r, c);
+    if (r.width() < 24) continue;
+    p.setPen(palette::text_on(c));
+    const QRectF text_rect = r.adjusted(3, 0, -2, 0).intersected(row_rect);
+    const QString name = QString::fromStdString(doc_->trace.strings.str(it.name));
+    p.drawText(text_rect, Qt::AlignVCenter | Qt::AlignLeft,
+               f.fm.elidedText(name, Qt::ElideRight, static_cast<int>(text_rect.width())));
+  }
+  return items.size();
+}
+
 void TimelineView::paint_span(QPainter& p, const Frame& f, uint32_t id, const QRectF& r,
                               const QRectF& row_rect) const {
-  const traces::Span& s = doc_->trace.spans[id];
+  const traces::Span& s = shown().trace.spans[id];
   const QColor c = palette::span_color(s.kind, s.name);
   p.fillRect(r, c);
   if (is_highlighted(id)) {  // a search match: a 2 px frame inside the span
@@ -583,7 +686,7 @@ void TimelineView::paint_span(QPainter& p, const Frame& f, uint32_t id, const QR
   if (r.width() < 24) return;
   p.setPen(palette::text_on(c));
   const QRectF text_rect = r.adjusted(3, 0, -2, 0).intersected(row_rect);
-  const QString name = QString::fromStdString(doc_->trace.name_of(s));
+  const QString name = QString::fromStdString(shown().trace.name_of(s));
   p.drawText(text_rect, Qt::AlignVCenter | Qt::AlignLeft,
              f.fm.elidedText(name, Qt::ElideRight, static_cast<int>(text_rect.width())));
 }
@@ -689,7 +792,7 @@ void TimelineView::paint_label_border(QPainter& p, const Frame& f) const {
 // The selected span: a dark outline with a yellow halo around it, over whatever covers it.
 void TimelineView::paint_selection(QPainter& p, const Frame& f) const {
   if (selected_ < 0) return;
-  const auto& s = doc_->trace.spans[static_cast<size_t>(selected_)];
+  const auto& s = shown().trace.spans[static_cast<size_t>(selected_)];
   const int row = index_->row_of(static_cast<uint32_t>(selected_));
   const int r = layout_.row_of_lane(index_->lane_of(s.rank, s.stream));
   if (row < 0 || r < 0) return;
@@ -746,9 +849,9 @@ void TimelineView::paint_critical_path(QPainter& p, const Frame& f) const {
 }
 
 std::optional<QRectF> TimelineView::span_rect(int64_t span) const {
-  if (!doc_ || !index_ || span < 0 || static_cast<size_t>(span) >= doc_->trace.spans.size())
+  if (!doc_ || !index_ || span < 0 || static_cast<size_t>(span) >= shown().trace.spans.size())
     return std::nullopt;
-  const auto& s = doc_->trace.spans[static_cast<size_t>(span)];
+  const auto& s = shown().trace.spans[static_cast<size_t>(span)];
   const int row = index_->row_of(static_cast<uint32_t>(span));
   const int r = layout_.row_of_lane(index_->lane_of(s.rank, s.stream));
   if (row < 0 || r < 0) return std::nullopt;
@@ -765,7 +868,7 @@ void TimelineView::paint_flow(QPainter& p, const Frame& f) const {
   p.save();
   p.setClipRect(kLabelWidth, kAxisHeight, f.track_width, f.height - kAxisHeight);
   p.setRenderHint(QPainter::Antialiasing, true);
-  const auto& spans = doc_->trace.spans;
+  const auto& spans = shown().trace.spans;
   // Rectangles clamped to a little past the track, so lines to far-off members stay finite.
   auto rect_of = [&](uint32_t id) -> std::optional<QRectF> {
     auto r = span_rect(id);
@@ -959,7 +1062,7 @@ bool TimelineView::scroll_to_counter(const std::string& name) {
 
 int64_t TimelineView::show_flow(const QString& text) {
   if (!doc_) return -1;
-  const auto& spans = doc_->trace.spans;
+  const auto& spans = shown().trace.spans;
   const int64_t from = visible_start_ns();
   int64_t best = -1;
   for (size_t i = 0; i < spans.size(); ++i) {
@@ -967,8 +1070,8 @@ int64_t TimelineView::show_flow(const QString& text) {
     if (s.start_ns < from || (best >= 0 && s.start_ns >= spans[static_cast<size_t>(best)].start_ns))
       continue;
     if (s.kind != traces::SpanKind::Collective && s.kind != traces::SpanKind::P2P) continue;
-    if (!QString::fromStdString(doc_->trace.name_of(s)).contains(text)) continue;
-    if (doc_->flows.members_of(static_cast<uint32_t>(i)).size() < 2) continue;
+    if (!QString::fromStdString(shown().trace.name_of(s)).contains(text)) continue;
+    if (shown().flows.members_of(static_cast<uint32_t>(i)).size() < 2) continue;
     best = static_cast<int64_t>(i);
   }
   if (best < 0) return -1;

@@ -142,6 +142,46 @@ TEST(CliInfo, VerifyExitCodes) {
   EXPECT_EQ(run("info " + path).rc, 0);
 }
 
+// Zoom levels: `info` describes them, `info --verify` checks every chunk (a damaged one exits 2
+// naming it), `info --index` rewrites them (and makes a file without them whole again).
+TEST(CliInfo, ZoomLevelsVerifiedAndRebuilt) {
+  testing::TempDir dir;
+  const auto path = dir.path("t.db");
+  write_trace(testing::make_trace(2, 12), path);
+  Result r = run("info " + path);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("zoom levels      version 1, "), std::string::npos) << r.out;
+  r = run("info --verify " + path);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("  zoom levels: "), std::string::npos) << r.out;
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "UPDATE zoom_chunks SET crc32c = (crc32c + 1) % 4294967296 WHERE rowid "
+                         "= (SELECT min(rowid) FROM zoom_chunks)",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  r = run("info --verify " + path);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("corrupt zoom levels (chunk 0 of rank 0, stream 0, row 0, level 0): "
+                       "checksum mismatch"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("1 of "), std::string::npos) << r.out;
+  r = run("info --index " + path);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find(path + ": zoom levels written (version 1, "), std::string::npos) << r.out;
+  EXPECT_EQ(run("info --verify " + path).rc, 0);
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "DROP TABLE zoom_chunks", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  r = run("info " + path);
+  EXPECT_NE(r.out.find("not used: the file has no zoom levels"), std::string::npos) << r.out;
+  EXPECT_EQ(run("info --index " + path).rc, 0);
+  EXPECT_EQ(run("info --verify " + path).rc, 0);
+}
+
 TEST(CliInfo, SchemaTwoFileSaysItHasNoChecksums) {
   const std::string path = std::string(ORRERY_TRACE_DATA) + "/schema2-ddp2.db";
   Result r = run("info " + path);

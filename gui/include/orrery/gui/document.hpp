@@ -11,7 +11,9 @@
 #include "orrery/gui/navigation.hpp"
 #include "orrery/gui/trace_index.hpp"
 #include "orrery/profiler/metrics.hpp"
+#include "orrery/traces/store.hpp"
 #include "orrery/traces/trace.hpp"
+#include "orrery/traces/zoom.hpp"
 
 namespace orrery::gui {
 
@@ -22,11 +24,27 @@ struct TraceDocument {
   FlowIndex flows;   // send -> receive, and the members of each collective instance
   std::vector<CounterTrack> counters;  // per (rank, counter name)
   std::vector<StepWindow> steps;       // per step, across ranks
+  // A trace opened through its zoom levels (more spans than LoadOptions::zoom_above_spans):
+  // `trace` holds everything but the spans, `index` the lanes and their rows without spans, and
+  // the timeline draws from `zoom` zoomed out and from load_window() zoomed in. Null otherwise.
+  std::shared_ptr<const traces::TraceReader> reader;
+  std::shared_ptr<const traces::ZoomIndex> zoom;
+  bool zoomed() const { return zoom != nullptr; }
+};
+
+struct LoadOptions {
+  // Traces with more spans than this open through their zoom levels instead of loading every
+  // span (about 150 bytes each in memory).
+  int64_t zoom_above_spans = 2'000'000;
 };
 
 // Reads `path` with traces::load_trace and indexes it. Throws InputError (the reader's message)
 // for a missing, corrupt or foreign file.
 std::shared_ptr<TraceDocument> load_document(const std::string& path);
+std::shared_ptr<TraceDocument> load_document(const std::string& path, const LoadOptions& o);
+// The spans of a zoomed document that overlap [t0, t1), every lane, as a document of their own
+// (its own span indices, flows and steps), its lanes padded to the zoom levels' rows.
+std::shared_ptr<TraceDocument> load_window(const TraceDocument& doc, int64_t t0_ns, int64_t t1_ns);
 // Wraps an in-memory trace (tests, benchmarks, generated traces).
 std::shared_ptr<TraceDocument> make_document(traces::Trace t, std::string path = {});
 

@@ -13,6 +13,7 @@
 
 #include "orrery/gui/time_mapping.hpp"
 #include "orrery/traces/trace.hpp"
+#include "orrery/traces/zoom.hpp"
 
 namespace orrery::gui {
 
@@ -62,6 +63,14 @@ class TraceIndex {
   // Indexes the spans of `t` whose kind is in `kinds`. Lanes are ordered by (rank, stream); every
   // stream listed in t.streams gets a lane even when it has no span.
   explicit TraceIndex(const traces::Trace& t, KindMask kinds = kAllKinds);
+
+  // The lanes of a trace drawn from its zoom levels: every stream of `header` and every lane of
+  // `zoom`, each with the zoom's number of rows, all empty (no spans loaded), over [t0, t1).
+  TraceIndex(const traces::Trace& header, const std::vector<traces::ZoomLane>& zoom, int64_t t0_ns,
+             int64_t t1_ns);
+  // Gives each lane of `zoom` at least its number of rows (empty ones), so that a window of the
+  // spans lays out as the zoomed-out view does.
+  void pad_rows(const std::vector<traces::ZoomLane>& zoom);
 
   const std::vector<Lane>& lanes() const { return lanes_; }
   int lane_of(int32_t rank, int32_t stream) const;  // -1 when absent

@@ -50,8 +50,11 @@ class TraceWriter {
   void add_spans(const std::vector<Span>& spans);
   void add_counter(const CounterSample& c);
   void flush();
-  // Flushes, fills the per-span SQL table (with sql_spans), builds the indexes and marks the
-  // file complete. Idempotent.
+  // Whether close() computes the zoom levels (traces/zoom.hpp; on by default). A caller that adds
+  // blocks to the file after close() (merge_traces copies them) turns it off and writes them.
+  void set_zoom_levels(bool on) { zoom_levels_ = on; }
+  // Flushes, fills the per-span SQL table (with sql_spans), builds the indexes, marks the file
+  // complete and writes its zoom levels. Idempotent.
   void close();
   const std::string& path() const { return path_; }
 
@@ -69,6 +72,7 @@ class TraceWriter {
   std::vector<Span> span_buf_;
   std::vector<CounterSample> counter_buf_;
   bool closed_ = false;
+  bool zoom_levels_ = true;
   std::unique_ptr<Impl> impl_;
 };
 
@@ -187,7 +191,10 @@ class TraceReader {
 Trace load_trace(const std::string& path);
 
 // Merges per-rank trace files into one. Metadata, ranks and communicators are united (by id);
-// string tables are remapped. Inputs that are incomplete are still merged (and the output says so
+// string tables are remapped. An input (schema 3) whose string ids are the output's (its table a
+// prefix of the names met so far: every rank of one run interns in the same order) has its span
+// and counter blocks and step rows copied as they are, each block's CRC32C checked on the way;
+// any other input is decoded and re-encoded. The zoom levels are computed on the merged file. Inputs that are incomplete are still merged (and the output says so
 // in meta.extra_json). Tables of the inputs that are not the store's own (the profiler's
 // flight_records and rank_status) are copied into the output: rows appended, in input order
 // (INSERT OR REPLACE: a table with a primary key keeps the last input's row). Throws InputError on

@@ -43,6 +43,8 @@ class MainWindow : public QMainWindow {
   // Opens traces (and sweep CSVs) on worker threads; errors show a dialog and leave the window as
   // it was. documentLoaded / loadFailed tell when each one is done.
   void open_files(const QStringList& paths);
+  // How traces are opened from now on (tests open small ones through their zoom levels).
+  void set_load_options(const LoadOptions& o) { load_options_ = o; }
   // The same, on the calling thread; throws InputError with the reader's message (screenshot mode).
   void open_files_now(const QStringList& paths);
   // Blocks until every metrics computation started so far is done (screenshot mode).
@@ -136,6 +138,7 @@ class MainWindow : public QMainWindow {
 
   std::vector<std::shared_ptr<TraceDocument>> docs_;
   std::map<const TraceDocument*, std::shared_ptr<const profiler::Metrics>> metrics_;
+  LoadOptions load_options_;
   int current_ = -1;
   int pending_loads_ = 0;
   uint64_t range_generation_ = 0;

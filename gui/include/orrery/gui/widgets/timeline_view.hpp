@@ -31,11 +31,24 @@ class TimelineView : public QAbstractScrollArea {
   static constexpr int kAxisHeight = 42;      // time axis, top: ticks, then the steps' band
   static constexpr int kStepBandHeight = 14;  // the bottom of the axis: step numbers
   static constexpr double kFoldPx = 3;        // spans narrower than this fold (Tracy's MinVisSize)
+  // A zoomed document (TraceDocument::zoomed) shows its spans, loaded for a window three views
+  // wide, once the view holds about this many (counted from its zoom levels); zoomed further out
+  // it draws its zoom levels.
+  static constexpr int64_t kWindowSpans = 200'000;
 
   explicit TimelineView(QWidget* parent = nullptr);
 
   void set_document(std::shared_ptr<TraceDocument> doc);
   const std::shared_ptr<TraceDocument>& document() const { return doc_; }
+  // What the view's span indices refer to: the loaded window of a zoomed document, else the
+  // document itself.
+  const TraceDocument& shown() const { return window_ ? *window_ : *doc_; }
+  // The span count below which a zoomed document's view loads its window (tests lower it).
+  void set_window_spans(int64_t spans) { window_spans_ = spans; }
+  // Whether a zoomed document is drawn from its spans (a window is loaded) now.
+  bool window_loaded() const { return window_ != nullptr; }
+  // The error a zoomed document's levels raised (a corrupt chunk), shown instead of the lanes.
+  const QString& zoom_error() const { return zoom_error_; }
   const TraceIndex* index() const { return index_; }
   // What the view says when it has no trace: how to open one, or, while one loads, that it loads
   // (an empty text restores the default).
@@ -166,6 +179,9 @@ class TimelineView : public QAbstractScrollArea {
 
  private:
   void rebuild_index();
+  // For a zoomed document: loads the spans of a window around the view when it holds few enough
+  // (kWindowSpans), drops them when it holds more.
+  void update_window();
   void relayout();
   void changed_mapping();
   TimeMapping trace_mapping() const;  // maps trace time (view time minus shift)
@@ -190,6 +206,9 @@ class TimelineView : public QAbstractScrollArea {
   void paint_grid(QPainter& p, const Frame& f, double y, double height) const;
   size_t paint_lane_row(QPainter& p, const Frame& f, const LaneRow& row, double ry, double rh,
                         const QColor& bg, std::vector<DrawItem>& items) const;
+  // A row of a zoomed document from its zoom levels.
+  size_t paint_zoom_row(QPainter& p, const Frame& f, const Lane& lane, int row, double ry,
+                        double rh, const QColor& bg) const;
   void paint_span(QPainter& p, const Frame& f, uint32_t id, const QRectF& r,
                   const QRectF& row_rect) const;
   void paint_folded(QPainter& p, const Frame& f, const FoldSummary& fold, const QColor& bg,
@@ -213,6 +232,10 @@ class TimelineView : public QAbstractScrollArea {
 
   QString empty_message_;
   std::shared_ptr<TraceDocument> doc_;
+  std::shared_ptr<TraceDocument> window_;  // a zoomed document's spans around the view
+  int64_t window_t0_ = 0, window_t1_ = 0;
+  int64_t window_spans_ = kWindowSpans;
+  mutable QString zoom_error_;
   std::unique_ptr<TraceIndex> filtered_;  // when some kinds are hidden
   const TraceIndex* index_ = nullptr;
   KindMask kinds_ = kAllKinds;

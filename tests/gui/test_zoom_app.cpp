@@ -1,0 +1,147 @@
+// The timeline on a trace opened through its zoom levels, offscreen: zoomed out it draws the
+// levels (no spans loaded) with the same folded blocks' totals, zoomed in it loads the window's
+// spans and draws them; a corrupt zoom chunk is shown as an error naming it, never drawn; the
+// main window's status, charts and range metrics on such a trace.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <QElapsedTimer>
+#include <QImage>
+#include <QLabel>
+#include <QStatusBar>
+#include <QTest>
+#include <filesystem>
+
+#include "orrery/gui/document.hpp"
+#include "orrery/gui/widgets/main_window.hpp"
+#include "orrery/gui/widgets/timeline_view.hpp"
+#include "orrery/profiler/metrics.hpp"
+#include "orrery/traces/store.hpp"
+#include "orrery/traces/synth.hpp"
+
+namespace orrery::gui {
+namespace {
+
+class ZoomTimeline : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    traces::SynthOptions o;
+    o.ranks = 2;
+    o.steps = 6;
+    o.layers = 4;
+    path_ = (std::filesystem::temp_directory_path() /
+             ("orrery_gui_zoomapp_" + std::to_string(::getpid()) + ".db"))
+                .string();
+    std::filesystem::remove(path_);
+    traces::write_trace(traces::synthesize(o), path_);
+  }
+  void TearDown() override { std::filesystem::remove(path_); }
+
+  static QImage render(TimelineView& v) {
+    QImage img(v.viewport()->size(), QImage::Format_ARGB32_Premultiplied);
+    img.fill(0);
+    v.viewport()->render(&img);
+    return img;
+  }
+  std::string path_;
+};
+
+TEST_F(ZoomTimeline, ZoomedOutDrawsTheLevelsZoomedInTheSpans) {
+  auto doc = load_document(path_, LoadOptions{0});
+  ASSERT_TRUE(doc->zoomed());
+  TimelineView v;
+  v.resize(1200, 700);
+  v.set_window_spans(50);  // zoomed out the view holds more: it draws the levels
+  v.set_document(doc);
+  v.fit_all();
+  render(v);
+  EXPECT_TRUE(v.zoom_error().isEmpty()) << v.zoom_error().toStdString();
+  EXPECT_FALSE(v.window_loaded());
+  EXPECT_GT(v.last_frame_items(), 0u);
+  // Zoomed into a twentieth of the trace: about a twentieth of the spans, under 50 here.
+  const int64_t t0 = doc->index.start_ns(), t1 = doc->index.end_ns();
+  const int64_t len =
+      std::max<int64_t>(1, (t1 - t0) * 40 / static_cast<int64_t>(doc->zoom->span_count()));
+  const int64_t mid = t0 + (t1 - t0) / 2;
+  v.zoom_to(mid - len / 2, mid + len / 2);
+  render(v);
+  ASSERT_TRUE(v.window_loaded());
+  EXPECT_GT(v.last_frame_items(), 0u);
+  const auto& w = v.shown().trace.spans;
+  EXPECT_FALSE(w.empty());
+  for (const auto& s : w) {  // every span of the window overlaps its three views
+    EXPECT_LT(s.start_ns, v.visible_end_ns() + (v.visible_end_ns() - v.visible_start_ns()) + 2);
+  }
+  // Back out: the levels again.
+  v.fit_all();
+  render(v);
+  EXPECT_FALSE(v.window_loaded());
+}
+
+TEST_F(ZoomTimeline, CorruptChunkIsShownAsAnError) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  // Every chunk's checksum off by one: whatever level the view picks is damaged.
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE zoom_chunks SET crc32c = (crc32c + 1) % 4294967296", nullptr,
+                         nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto doc = load_document(path_, LoadOptions{0});
+  TimelineView v;
+  v.resize(1200, 700);
+  v.set_window_spans(0);
+  v.set_document(doc);
+  v.fit_all();
+  render(v);
+  const std::string e = v.zoom_error().toStdString();
+  EXPECT_NE(e.find("corrupt zoom levels"), std::string::npos) << e;
+  EXPECT_NE(e.find("checksum mismatch"), std::string::npos) << e;
+  EXPECT_EQ(v.last_frame_items(), 0u);
+}
+
+// The main window on a trace opened through its zoom levels: the status bar counts every span,
+// the charts' metrics (streamed from the file) and a range's metrics (its spans read) are
+// compute_metrics' on the loaded trace.
+TEST_F(ZoomTimeline, MainWindowOpensAZoomedTraceWithItsMetrics) {
+  MainWindow win;
+  win.set_load_options(LoadOptions{0});
+  win.resize(1400, 900);
+  win.show();
+  int metrics = 0;
+  auto c = QObject::connect(&win, &MainWindow::metricsReady, [&] { ++metrics; });
+  win.open_files({QString::fromStdString(path_)});
+  QElapsedTimer t;
+  t.start();
+  while (!(win.document_count() == 1 && metrics > 0) && t.elapsed() < 20000) QTest::qWait(5);
+  QObject::disconnect(c);
+  ASSERT_EQ(win.document_count(), 1);
+  const auto doc = win.current_document();
+  ASSERT_TRUE(doc->zoomed());
+  const traces::Trace full = traces::load_trace(path_);
+  bool counted = false;
+  for (auto* l : win.statusBar()->findChildren<QLabel*>())
+    counted = counted || l->text().contains(QString("%1 spans").arg(full.spans.size()));
+  EXPECT_TRUE(counted);
+  // A range over the middle third: its metrics from the range's spans.
+  const int64_t lo = doc->index.start_ns(), hi = doc->index.end_ns();
+  const int64_t t0 = lo + (hi - lo) / 3, t1 = hi - (hi - lo) / 3;
+  int ready = 0;
+  c = QObject::connect(&win, &MainWindow::rangeMetricsReady, [&] { ++ready; });
+  win.timeline()->set_range(t0, t1);
+  t.restart();
+  while (ready == 0 && t.elapsed() < 20000) QTest::qWait(5);
+  QObject::disconnect(c);
+  ASSERT_GT(ready, 0);
+  profiler::MetricsOptions mo;
+  mo.window_start_ns = t0;
+  mo.window_end_ns = t1;
+  const auto m = profiler::compute_metrics(full, mo);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3f", m.total.comm_comp_ratio());
+  EXPECT_EQ(win.range_model()->value("Comm/comp ratio").toStdString(), buf);
+  std::snprintf(buf, sizeof buf, "%.1f %%", m.total.overlap_pct());
+  EXPECT_EQ(win.range_model()->value("Overlap %").toStdString(), buf);
+}
+
+}  // namespace
+}  // namespace orrery::gui
