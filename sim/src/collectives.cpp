@@ -377,13 +377,43 @@ std::vector<Phase> plan_direct(const PlanInput& in) {
   return phases;
 }
 
-// Rings inside every node (reduce-scatter, all-gather) around a ring per local index across nodes.
+// All-to-all in two phases, as NCCL's PXN routes it across rail-optimized nodes (g members on
+// each of N nodes, n = g·N, a chunk S/n for every destination): inside each node, member i hands
+// member j the chunks of every destination with local index j (N chunks, its own node's j among
+// them); then member j sends each other node's member j the g chunks gathered for it, over its
+// own rail. Per member: (g-1)/g·S over NVLink, then (N-1)/N·S over its NIC.
+std::vector<Phase> plan_hierarchical_all_to_all(const PlanInput& in) {
+  const auto& groups = in.nodes;
+  const int g = static_cast<int>(groups.front().size());
+  const int nodes = static_cast<int>(groups.size());
+  const double chunk = in.bytes / in.n;
+  std::vector<Phase> phases;
+  if (g > 1) {
+    PhaseBuilder b;
+    for (const auto& grp : groups)
+      for (int i = 0; i < g; ++i)
+        for (int j = 0; j < g; ++j) b.add(grp[i], grp[j], chunk * nodes);
+    phases.push_back(b.take(1));
+  }
+  if (nodes > 1) {
+    PhaseBuilder b;
+    for (int a = 0; a < nodes; ++a)
+      for (int c = 0; c < nodes; ++c)
+        for (int j = 0; j < g; ++j) b.add(groups[a][j], groups[c][j], chunk * g);
+    phases.push_back(b.take(1));
+  }
+  return phases;
+}
+
+// Rings inside every node (reduce-scatter, all-gather) around a ring per local index across nodes;
+// all-to-all: plan_hierarchical_all_to_all.
 std::vector<Phase> plan_hierarchical(const PlanInput& in) {
   const int C = in.channels;
   const double S = in.bytes;
   const CollOp op = in.op;
   const auto& groups = in.nodes;
-  if (op != CollOp::AllReduce && op != CollOp::ReduceScatter && op != CollOp::AllGather)
+  if (op != CollOp::AllReduce && op != CollOp::ReduceScatter && op != CollOp::AllGather &&
+      op != CollOp::AllToAll)
     unsupported(in.req.op, Algorithm::Hierarchical);
   const int g = static_cast<int>(groups.front().size());
   const int nodes = static_cast<int>(groups.size());
@@ -391,6 +421,7 @@ std::vector<Phase> plan_hierarchical(const PlanInput& in) {
     if (static_cast<int>(grp.size()) != g) {
       throw InputError("hierarchical collectives need the same number of members on every node");
     }
+  if (op == CollOp::AllToAll) return plan_hierarchical_all_to_all(in);
   auto intra = [&](double factor_bytes) {  // a ring inside every node, all channels
     PhaseBuilder b;
     for (int ch = 0; ch < C; ++ch)
@@ -519,7 +550,16 @@ CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
 
 std::vector<Algorithm> candidate_algorithms(const Cluster& c, const CollectiveRequest& req) {
   switch (req.op) {
-    case CollOp::AllToAll:
+    case CollOp::AllToAll: {
+      // Across nodes with the same number of members on each: direct, or through the node's
+      // NVLink first and then one rail per member (plan_hierarchical_all_to_all).
+      std::unordered_map<int, int> per_node;
+      for (int32_t g : req.members) ++per_node[c.node_of(g)];
+      bool uniform = per_node.size() > 1;
+      for (const auto& [node, k] : per_node) uniform = uniform && k == per_node.begin()->second;
+      if (uniform) return {Algorithm::Direct, Algorithm::Hierarchical};
+      return {Algorithm::Direct};
+    }
     case CollOp::Send:
     case CollOp::Recv:
       return {Algorithm::Direct};

@@ -25,7 +25,14 @@
 // (micro_batches_in_flight: that / v, rounded up). The last stage adds its logits and their
 // gradient, b·s·V·4·2 bytes for one micro-batch (fp32 loss); stage 0 adds the embedding output
 // s·b·h·2.
-// Not counted: communication buffers, allocator fragmentation, workspace (cuBLAS, NCCL).
+// Mixture of experts (model/moe.hpp, sim/moe_cost.hpp): Ψ is the dense parameters (the router and
+// shared experts in, the dense MLP of the MoE blocks out) under the formulas above over dp, plus
+// the local experts' Ψe = (E/ep) · one expert's tp slice per MoE block: parameters and gradients
+// whole (all-reduced over edp), optimizer state o·Ψe/(dp/ep) under ZeRO 1/2. An MoE block's
+// activations replace the dense act and fc2 terms by moe_activation_bytes (router probabilities,
+// the busiest ep rank's received rows through its experts, the returned rows, shared experts);
+// a stage with MoE blocks adds one dispatch's send and receive buffers.
+// Not counted: other communication buffers, allocator fragmentation, workspace (cuBLAS, NCCL).
 #pragma once
 
 #include <cstdint>
