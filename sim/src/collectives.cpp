@@ -377,32 +377,27 @@ std::vector<Phase> plan_direct(const PlanInput& in) {
   return phases;
 }
 
-// All-to-all in two phases, as NCCL's PXN routes it across rail-optimized nodes (g members on
-// each of N nodes, n = g·N, a chunk S/n for every destination): inside each node, member i hands
-// member j the chunks of every destination with local index j (N chunks, its own node's j among
-// them); then member j sends each other node's member j the g chunks gathered for it, over its
-// own rail. Per member: (g-1)/g·S over NVLink, then (N-1)/N·S over its NIC.
+// All-to-all as NCCL's PXN routes it across rail-optimized nodes (g members on each of N nodes,
+// n = g·N, a chunk S/n for every destination): inside each node, member i hands member j the
+// chunks of every destination with local index j (N chunks, its own node's j among them), and
+// member j sends each other node's member j the g chunks gathered for it over its own rail. NCCL
+// pipelines the two hops (its proxy forwards as chunks arrive), so they are one phase of two
+// pipelined steps: per member (g-1)/g·S over NVLink while (N-1)/N·S crosses its NIC; the time is
+// the slower of the two plus the latency, with g·(g-1)·N + N·(N-1)·g flows instead of the direct
+// exchange's n·(n-1) (which the flow model would share out at every event).
 std::vector<Phase> plan_hierarchical_all_to_all(const PlanInput& in) {
   const auto& groups = in.nodes;
   const int g = static_cast<int>(groups.front().size());
   const int nodes = static_cast<int>(groups.size());
   const double chunk = in.bytes / in.n;
-  std::vector<Phase> phases;
-  if (g > 1) {
-    PhaseBuilder b;
-    for (const auto& grp : groups)
-      for (int i = 0; i < g; ++i)
-        for (int j = 0; j < g; ++j) b.add(grp[i], grp[j], chunk * nodes);
-    phases.push_back(b.take(1));
-  }
-  if (nodes > 1) {
-    PhaseBuilder b;
-    for (int a = 0; a < nodes; ++a)
-      for (int c = 0; c < nodes; ++c)
-        for (int j = 0; j < g; ++j) b.add(groups[a][j], groups[c][j], chunk * g);
-    phases.push_back(b.take(1));
-  }
-  return phases;
+  PhaseBuilder b;
+  for (const auto& grp : groups)
+    for (int i = 0; i < g; ++i)
+      for (int j = 0; j < g; ++j) b.add(grp[i], grp[j], chunk * nodes);
+  for (int a = 0; a < nodes; ++a)
+    for (int c = 0; c < nodes; ++c)
+      for (int j = 0; j < g; ++j) b.add(groups[a][j], groups[c][j], chunk * g);
+  return {b.take((g > 1 ? 1 : 0) + (nodes > 1 ? 1 : 0), true)};
 }
 
 // Rings inside every node (reduce-scatter, all-gather) around a ring per local index across nodes;
@@ -551,13 +546,15 @@ CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
 std::vector<Algorithm> candidate_algorithms(const Cluster& c, const CollectiveRequest& req) {
   switch (req.op) {
     case CollOp::AllToAll: {
-      // Across nodes with the same number of members on each: direct, or through the node's
-      // NVLink first and then one rail per member (plan_hierarchical_all_to_all).
+      // Across rail-optimized nodes with the same number of members on each, NCCL's PXN (on by
+      // default since NCCL 2.12) sends through the node's NVLink to the GPU on the destination's
+      // rail: plan_hierarchical_all_to_all. Inside a node, or on other fabrics: direct.
       std::unordered_map<int, int> per_node;
       for (int32_t g : req.members) ++per_node[c.node_of(g)];
-      bool uniform = per_node.size() > 1;
+      bool uniform =
+          per_node.size() > 1 && c.topo.kind == TopologyKind::FatTree && c.topo.rail_optimized;
       for (const auto& [node, k] : per_node) uniform = uniform && k == per_node.begin()->second;
-      if (uniform) return {Algorithm::Direct, Algorithm::Hierarchical};
+      if (uniform) return {Algorithm::Hierarchical};
       return {Algorithm::Direct};
     }
     case CollOp::Send:
