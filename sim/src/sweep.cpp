@@ -543,6 +543,7 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
       jobs.push_back({index, x, c, so,
                       at + std::to_string(i + 1) + "/" + std::to_string(top) + " (of " +
                           std::to_string(cands.size()) + " fitting) " + layout_string(x) +
+                          (x.model.moe.enabled() ? " ep=" + std::to_string(x.parallel.ep) : "") +
                           " zero=" + std::to_string(x.parallel.zero) +
                           " mb=" + std::to_string(x.training.micro_batch)});
       ++row.simulated;
@@ -927,7 +928,8 @@ std::string format_sweep_table(const std::vector<SweepRow>& rows) {
     }
     const auto& x = r.result;
     const std::string layout = "dp=" + std::to_string(x.dp) + " tp=" + std::to_string(x.tp) +
-                               " pp=" + std::to_string(x.pp);
+                               " pp=" + std::to_string(x.pp) +
+                               (x.moe ? " ep=" + std::to_string(x.ep) : "");
     std::snprintf(buf, sizeof buf,
                   "%7d  %-22s %4d %3d  %11s  %12.0f  %11.1f  %5.1f%%  %5.1f%%  %10s  %s\n", r.gpus,
                   layout.c_str(), x.zero, x.micro_batch, seconds(double(x.step_time_ns)).c_str(),

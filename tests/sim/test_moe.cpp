@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -332,6 +333,48 @@ TEST(MoeSimulate, EveryScheduleAndZeroStageSimulatesAndZero3IsRefused) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("parallel.zero"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace orrery::sim
+
+namespace orrery::sim {
+namespace {
+
+TEST(MoeSweep, SearchTriesEveryEpAndSaysTheAllToAll) {
+  Scenario s = moe_scenario(2, 1, 1, 4, 2);  // global batch 16 sequences
+  SweepOptions opt;
+  // 4 GPUs: 8 would try pp 4 with ZeRO 2, whose per-micro-batch blocking sum of the tied
+  // embedding deadlocks the dense simulator too (tp 1, pp 4, dp 2, 4 micro-batches: a known,
+  // separate bug).
+  opt.gpus = {4};
+  opt.search = true;
+  opt.search_top = 1000;  // simulate every candidate
+  opt.sim.network = NetworkModel::Analytical;
+  const auto rows = sweep(s, h100_cluster(4), opt);
+  ASSERT_EQ(rows.size(), 1u);
+  ASSERT_TRUE(rows[0].ok) << rows[0].note;
+  std::set<int> eps;
+  std::vector<SimResult> all = rows[0].others;
+  all.push_back(rows[0].result);
+  for (const SimResult& r : all) {
+    EXPECT_TRUE(r.moe);
+    EXPECT_EQ(r.dp % r.ep, 0);
+    EXPECT_EQ(4 % r.ep, 0);
+    EXPECT_LE(r.zero, 2);  // ZeRO 3 is not simulated with MoE
+    eps.insert(r.ep);
+  }
+  // dp 4 (tp 1, pp 1): ep 1, 2 and 4 (4 experts); dp 2 and 1 as far as they divide.
+  EXPECT_EQ(eps, (std::set<int>{1, 2, 4}));
+  EXPECT_EQ(rows[0].simulated, rows[0].candidates);
+  const SimResult& x = rows[0].result;
+  char want[96];
+  std::snprintf(want, sizeof want, "ep=%d zero %d mb %d", x.ep, x.zero, x.micro_batch);
+  const std::string why = explain_choice(rows[0]);
+  EXPECT_NE(why.find(want), std::string::npos) << why;
+  std::snprintf(want, sizeof want, "(of which ep all-to-all %.1f %%)",
+                100.0 * x.breakdown.exposed_ep_ns / x.breakdown.window_ns);
+  EXPECT_NE(why.find(want), std::string::npos) << why;
 }
 
 }  // namespace
