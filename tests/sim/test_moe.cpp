@@ -166,6 +166,28 @@ TEST(MoeWorkload, EpOneIsTheSameGraphWithoutTheAllToAlls) {
   }
 }
 
+TEST(MoeWorkload, ModelFlopsMatchTheSpans) {
+  // Uniform and dropless, the spans run exactly the model's count: the router GEMM and top_k
+  // expert FFNs plus the shared experts per token in each MoE block, the dense blocks as before.
+  Scenario s = moe_scenario(2, 1, 2, 4, 2);
+  s.model.moe.shared_experts = 1;
+  s.model.moe.expert_ffn_hidden = 512;
+  const Workload w = build_workload(s, h100_cost());
+  double span_flops = 0;
+  for (const auto& p : w.stages)
+    for (const auto& op : p.ops) span_flops += op.flops;
+  EXPECT_NEAR(span_flops * s.parallel.dp, w.model_flops_per_step, 1e-9 * w.model_flops_per_step);
+  // And the MoE blocks' share in closed form: 3 x tokens x (2·C·E + (top_k + shared) x 2 x
+  // expert parameters) per block, against the dense fc1 + fc2's 3 x tokens x 2 x (2·C·F + F + C).
+  const double tokens = 2.0 * 128 * s.micro_batches_per_step() * s.parallel.dp, C = 256;
+  const double expert = double(model::moe::expert_parameters(256, 512, false, true));
+  const double dense =
+      build_workload(small_scenario(4, 2, 1, 2, 4), h100_cost()).model_flops_per_step;
+  EXPECT_NEAR(w.model_flops_per_step - dense,
+              2 * 3 * tokens * ((2 * C * 4 + 3 * 2 * expert) - 2 * (2 * C * 1024 + 1024 + C)),
+              1e-9 * dense);
+}
+
 TEST(MoeWorkload, SkewPricesTheBusiestRankAndTheCapacityCapsIt) {
   Scenario s = moe_scenario(4, 1, 1, 1, 2);
   s.model.moe.router_skew = 1.0;
