@@ -8,6 +8,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "orrery/common/error.hpp"
@@ -186,6 +187,21 @@ TEST(MoeWorkload, ModelFlopsMatchTheSpans) {
   EXPECT_NEAR(w.model_flops_per_step - dense,
               2 * 3 * tokens * ((2 * C * 4 + 3 * 2 * expert) - 2 * (2 * C * 1024 + 1024 + C)),
               1e-9 * dense);
+}
+
+TEST(MoeWorkload, OpsStayWithinTheClosedFormBound) {
+  // workload_ops_bound sizes the simulation before building it (sweep.hpp's memory check).
+  for (const auto& [tp, pp, zero, schedule] : std::vector<std::tuple<int, int, int, const char*>>{
+           {1, 1, 0, "1f1b"}, {2, 2, 1, "1f1b"}, {2, 2, 0, "interleaved"}, {1, 2, 2, "gpipe"}}) {
+    Scenario s = moe_scenario(2, tp, pp, 4, 2, schedule);
+    s.model.moe.every = 1;
+    s.parallel.zero = zero;
+    s.training.recompute = "selective";
+    if (std::string(schedule) == "interleaved") s.parallel.virtual_stages = 2;
+    const Workload w = build_workload(s, h100_cost(), {2, precision_config("fp32")});
+    for (const auto& p : w.stages)
+      EXPECT_LE(double(p.ops.size()), workload_ops_bound(s, 2)) << schedule << " tp" << tp;
+  }
 }
 
 TEST(MoeWorkload, SkewPricesTheBusiestRankAndTheCapacityCapsIt) {
