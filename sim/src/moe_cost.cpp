@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "orrery/model/activations.hpp"
 #include "orrery/model/moe.hpp"
@@ -12,7 +13,7 @@ namespace orrery::sim {
 
 namespace moe = ::orrery::model::moe;
 
-MoeLoad moe_load(const Scenario& s) {
+MoeLoad moe_load(const Scenario& s, const std::vector<double>& measured) {
   const MoeConfig& c = s.model.moe;
   MoeLoad m;
   if (!c.enabled()) return m;
@@ -24,6 +25,12 @@ MoeLoad moe_load(const Scenario& s) {
   m.tokens = double(n);
   m.capacity = moe::capacity(c, n);
   m.shares = moe::expert_load_shares(c.experts, c.router_skew);
+  if (measured.size() == size_t(c.experts)) {
+    double sum = 0;
+    for (double v : measured) sum += v;
+    if (sum > 0)
+      for (int e = 0; e < c.experts; ++e) m.shares[size_t(e)] = measured[size_t(e)] / sum;
+  }
   m.kept.resize(size_t(c.experts));
   for (int e = 0; e < c.experts; ++e) {
     const double routed = m.tokens * c.top_k * m.shares[size_t(e)];
@@ -46,6 +53,32 @@ MoeLoad moe_load(const Scenario& s) {
   for (int e = range.first; e < range.first + range.count; ++e)
     m.busiest_rows.push_back(m.ep * m.kept[size_t(e)]);
   return m;
+}
+
+std::vector<double> measured_expert_shares(const std::vector<traces::Trace>& traces) {
+  std::vector<double> tokens;
+  for (const auto& t : traces) {
+    std::vector<int> expert_of(t.strings.size(), -1);  // by counter name id
+    for (size_t i = 0; i < t.strings.size(); ++i) {
+      int l = 0, e = 0;
+      char close = 0;
+      const std::string& n = t.strings.str(traces::NameId(i));
+      if (std::sscanf(n.c_str(), "moe.tokens[l=%d,e=%d%c", &l, &e, &close) == 3 && close == ']' &&
+          e >= 0)
+        expert_of[i] = e;
+    }
+    for (const auto& c : t.counters) {
+      const int e = c.name < expert_of.size() ? expert_of[c.name] : -1;
+      if (e < 0) continue;
+      if (tokens.size() <= size_t(e)) tokens.resize(size_t(e) + 1, 0.0);
+      tokens[size_t(e)] += c.value;
+    }
+  }
+  double sum = 0;
+  for (double v : tokens) sum += v;
+  if (!(sum > 0)) return {};
+  for (double& v : tokens) v /= sum;
+  return tokens;
 }
 
 int64_t moe_all_to_all_bytes(const MoeLoad& m, const Scenario& s, int act_bytes) {

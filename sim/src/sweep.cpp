@@ -337,7 +337,7 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
   // MoE blocks: their four all-to-alls over the ep group in line, the experts' compute in the
   // dense MLP's place (moe_cost.hpp).
   if (s.model.moe.enabled()) {
-    const MoeLoad ml = moe_load(s);
+    const MoeLoad ml = moe_load(s, cost.profile().moe_expert_shares);
     const double t_a2a =
         coll(traces::CollOp::AllToAll, group_members(l, 0, GroupRole::EP, s.parallel.ep),
              moe_all_to_all_bytes(ml, s, prec.act_bytes));

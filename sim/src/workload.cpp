@@ -194,7 +194,7 @@ void make_moe_costs(const Scenario& s, const ModelDims& d, const CostModel& cost
   }
   c.moe_tail_f = {block_range_piece(d, cost, true, mlp_res, mlp_res + 1)};
   c.moe_tail_b = {block_range_piece(d, cost, false, mlp_res, mlp_res + 1)};
-  const MoeLoad m = moe_load(s);
+  const MoeLoad m = moe_load(s, cost.profile().moe_expert_shares);
   const auto router = moe_router_kernels(d, s, m), experts = moe_expert_kernels(d, s, m),
              gated = moe_gated_sum_kernels(d, s, m);
   c.router_f = kernels_piece(router, cost);

@@ -11,8 +11,10 @@
 #include <tuple>
 #include <vector>
 
+#include "calibration_fixtures.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/model/moe.hpp"
+#include "orrery/sim/calibrate.hpp"
 #include "orrery/sim/collectives.hpp"
 #include "orrery/sim/memory.hpp"
 #include "orrery/sim/moe_cost.hpp"
@@ -413,6 +415,43 @@ TEST(MoeSweep, SearchTriesEveryEpAndSaysTheAllToAll) {
   std::snprintf(want, sizeof want, "(of which ep all-to-all %.1f %%)",
                 100.0 * x.breakdown.exposed_ep_ns / x.breakdown.window_ns);
   EXPECT_NE(why.find(want), std::string::npos) << why;
+}
+
+}  // namespace
+}  // namespace orrery::sim
+
+namespace orrery::sim {
+namespace {
+
+TEST(MoeCalibrate, TokenCountersBecomeTheExpertSharesThatPriceTheExperts) {
+  namespace fx = testing_fixtures;
+  // A real run's moe.tokens counters (model/moe.hpp): 2 blocks x 4 experts, 2 steps; expert 0 takes
+  // 6 in 10 assignments, expert 1 2, experts 2 and 3 one each.
+  traces::Trace t = fx::make_run(fx::tiny(1), fx::Truth{}, 1.0);
+  const double per[4] = {6, 2, 1, 1};
+  for (int step = 0; step < 2; ++step)
+    for (int l = 0; l < 2; ++l)
+      for (int e = 0; e < 4; ++e)
+        t.counters.push_back({0, t.strings.intern(model::moe::moe_tokens_counter(l, e)),
+                              int64_t(step) * 1000, 100 * per[e]});
+  const CalibrationResult r = calibrate({t});
+  const std::vector<double> want{0.6, 0.2, 0.1, 0.1};
+  ASSERT_EQ(r.profile.moe_expert_shares.size(), 4u);
+  for (int e = 0; e < 4; ++e)
+    EXPECT_NEAR(r.profile.moe_expert_shares[size_t(e)], want[size_t(e)], 1e-12);
+  // Through the profile's YAML and back, then into the load: ep 2, rank 0 holds experts 0 and 1.
+  const HardwareProfile back = parse_hardware_profile(calibrated_yaml(r), "cal.yaml");
+  ASSERT_EQ(back.moe_expert_shares.size(), 4u);
+  const MoeLoad m = moe_load(moe_scenario(4, 1, 1, 1, 2), back.moe_expert_shares);
+  const double n = 256, top_k = 2, ep = 2;
+  EXPECT_EQ(m.busiest_rank, 0);
+  EXPECT_NEAR(m.busiest_rows[0], ep * n * top_k * 0.6, 1e-6);
+  EXPECT_NEAR(m.busiest_rows[1], ep * n * top_k * 0.2, 1e-6);
+  // A histogram of another model's experts is not used: the router_skew rule instead (uniform).
+  EXPECT_NEAR(moe_load(moe_scenario(4, 1, 1, 1, 2), {0.5, 0.5}).busiest_rows[0], ep * n * top_k / 4,
+              1e-9);
+  EXPECT_THROW(parse_hardware_profile("name: x\nmoe_expert_shares: [1, -1]\n", "m.yaml"),
+               InputError);
 }
 
 }  // namespace

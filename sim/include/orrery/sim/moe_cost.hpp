@@ -21,6 +21,7 @@
 
 #include "orrery/common/scenario.hpp"
 #include "orrery/sim/cost_model.hpp"
+#include "orrery/traces/trace.hpp"
 
 namespace orrery::sim {
 
@@ -36,8 +37,14 @@ struct MoeLoad {
   std::vector<double> busiest_rows;  // (E / ep) rows_e of its local experts
   double mean_rows_per_rank = 0;     // ep · send_rows / ep = send_rows
 };
-// The load of one MoE block (all MoE blocks route alike in the simulator).
-MoeLoad moe_load(const Scenario& s);
+// The load of one MoE block (all MoE blocks route alike in the simulator): the shares from
+// `measured` (a profile's moe_expert_shares, normalised) when it has one entry per expert, else
+// from model.moe.router_skew.
+MoeLoad moe_load(const Scenario& s, const std::vector<double>& measured = {});
+
+// The experts' shares of the routed assignments in real traces: the moe.tokens[l=L,e=E] counters
+// (model/moe.hpp) summed over blocks, ranks and steps, normalised; empty when there are none.
+std::vector<double> measured_expert_shares(const std::vector<traces::Trace>& traces);
 
 // Bytes of one all-to-all (moe.dispatch, moe.combine and their backward): this rank's whole send
 // buffer, send_rows · C · act_bytes, rounded to the nearest byte.
