@@ -24,6 +24,7 @@
 #include "orrery/common/scenario.hpp"
 #include "orrery/common/stats.hpp"
 #include "orrery/sim/core_sharing.hpp"
+#include "orrery/sim/moe_cost.hpp"
 #include "orrery/sim/workload.hpp"
 #include "orrery/traces/collective_instances.hpp"
 
@@ -1531,6 +1532,11 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_all,
   if (jitter.op_jitter) p.op_jitter = *jitter.op_jitter;
   if (jitter.rank_jitter) p.rank_jitter = *jitter.rank_jitter;
   append(out.notes, jitter.notes);
+  // The router's measured load (mixture of experts): the token histogram of the moe.tokens counters.
+  p.moe_expert_shares = measured_expert_shares(traces_in);
+  if (!p.moe_expert_shares.empty())
+    out.notes.push_back("moe_expert_shares of " + std::to_string(p.moe_expert_shares.size()) +
+                        " experts from the moe.tokens counters");
 
   // 2. compute
   const PooledOps ops = pool_ops(infos, obs.per_trace, sl.factor, sharing, threads, opt.skip_steps);

@@ -377,13 +377,38 @@ std::vector<Phase> plan_direct(const PlanInput& in) {
   return phases;
 }
 
-// Rings inside every node (reduce-scatter, all-gather) around a ring per local index across nodes.
+// All-to-all as NCCL's PXN routes it across rail-optimized nodes (g members on each of N nodes,
+// n = g·N, a chunk S/n for every destination): inside each node, member i hands member j the
+// chunks of every destination with local index j (N chunks, its own node's j among them), and
+// member j sends each other node's member j the g chunks gathered for it over its own rail. NCCL
+// pipelines the two hops (its proxy forwards as chunks arrive), so they are one phase of two
+// pipelined steps: per member (g-1)/g·S over NVLink while (N-1)/N·S crosses its NIC; the time is
+// the slower of the two plus the latency, with g·(g-1)·N + N·(N-1)·g flows instead of the direct
+// exchange's n·(n-1) (which the flow model would share out at every event).
+std::vector<Phase> plan_hierarchical_all_to_all(const PlanInput& in) {
+  const auto& groups = in.nodes;
+  const int g = static_cast<int>(groups.front().size());
+  const int nodes = static_cast<int>(groups.size());
+  const double chunk = in.bytes / in.n;
+  PhaseBuilder b;
+  for (const auto& grp : groups)
+    for (int i = 0; i < g; ++i)
+      for (int j = 0; j < g; ++j) b.add(grp[i], grp[j], chunk * nodes);
+  for (int a = 0; a < nodes; ++a)
+    for (int c = 0; c < nodes; ++c)
+      for (int j = 0; j < g; ++j) b.add(groups[a][j], groups[c][j], chunk * g);
+  return {b.take((g > 1 ? 1 : 0) + (nodes > 1 ? 1 : 0), true)};
+}
+
+// Rings inside every node (reduce-scatter, all-gather) around a ring per local index across nodes;
+// all-to-all: plan_hierarchical_all_to_all.
 std::vector<Phase> plan_hierarchical(const PlanInput& in) {
   const int C = in.channels;
   const double S = in.bytes;
   const CollOp op = in.op;
   const auto& groups = in.nodes;
-  if (op != CollOp::AllReduce && op != CollOp::ReduceScatter && op != CollOp::AllGather)
+  if (op != CollOp::AllReduce && op != CollOp::ReduceScatter && op != CollOp::AllGather &&
+      op != CollOp::AllToAll)
     unsupported(in.req.op, Algorithm::Hierarchical);
   const int g = static_cast<int>(groups.front().size());
   const int nodes = static_cast<int>(groups.size());
@@ -391,6 +416,7 @@ std::vector<Phase> plan_hierarchical(const PlanInput& in) {
     if (static_cast<int>(grp.size()) != g) {
       throw InputError("hierarchical collectives need the same number of members on every node");
     }
+  if (op == CollOp::AllToAll) return plan_hierarchical_all_to_all(in);
   auto intra = [&](double factor_bytes) {  // a ring inside every node, all channels
     PhaseBuilder b;
     for (int ch = 0; ch < C; ++ch)
@@ -519,7 +545,18 @@ CollectivePlan plan_collective(const Cluster& c, const CollectiveRequest& req) {
 
 std::vector<Algorithm> candidate_algorithms(const Cluster& c, const CollectiveRequest& req) {
   switch (req.op) {
-    case CollOp::AllToAll:
+    case CollOp::AllToAll: {
+      // Across rail-optimized nodes with the same number of members on each, NCCL's PXN (on by
+      // default since NCCL 2.12) sends through the node's NVLink to the GPU on the destination's
+      // rail: plan_hierarchical_all_to_all. Inside a node, or on other fabrics: direct.
+      std::unordered_map<int, int> per_node;
+      for (int32_t g : req.members) ++per_node[c.node_of(g)];
+      bool uniform =
+          per_node.size() > 1 && c.topo.kind == TopologyKind::FatTree && c.topo.rail_optimized;
+      for (const auto& [node, k] : per_node) uniform = uniform && k == per_node.begin()->second;
+      if (uniform) return {Algorithm::Hierarchical};
+      return {Algorithm::Direct};
+    }
     case CollOp::Send:
     case CollOp::Recv:
       return {Algorithm::Direct};

@@ -447,7 +447,24 @@ int64_t CostModel::named_op_ns(std::string_view name, int piece, int pieces, con
 
 double model_flops_per_step(const Scenario& s) {
   const model::flops::Dims d = model::flops::dims_of(s.model, s.training.micro_batch);
-  const double per_micro_batch = model::flops::model_step(d, s.model.layers);
+  double per_micro_batch = model::flops::model_step(d, s.model.layers);
+  if (s.model.moe.enabled()) {
+    // An MoE block (model/moe.hpp) counts its router GEMM and top_k expert FFNs plus the shared
+    // experts per token, 2 FLOPs per weight (and bias), instead of the dense fc1 and fc2; forward
+    // and backward 3x, as the dense ops.
+    const MoeConfig& m = s.model.moe;
+    const BlockArch a = block_arch(s.model).resolve(s.model.heads, s.model.d_model);
+    const double tokens = double(s.training.micro_batch) * s.model.seq, c = s.model.d_model;
+    const double w = m.expert_ffn_hidden > 0 ? m.expert_ffn_hidden : a.ffn_hidden;
+    const double up = a.swiglu() ? 2.0 : 1.0, b = a.bias ? 1.0 : 0.0;
+    const double expert = 2.0 * (up * (w * c + b * w) + (w * c + b * c));
+    const double moe_block = tokens * (2.0 * c * m.experts + (m.top_k + m.shared_experts) * expert);
+    const double dense_mlp = model::flops::block_op_forward(d, int(model::BlockOp::Fc1)) +
+                             model::flops::block_op_forward(d, int(model::BlockOp::Fc2));
+    int blocks = 0;
+    for (int l = 0; l < s.model.layers; ++l) blocks += l % m.every == 0 ? 1 : 0;
+    per_micro_batch += 3.0 * blocks * (moe_block - dense_mlp);
+  }
   return per_micro_batch * double(s.micro_batches_per_step()) * double(s.parallel.dp);
 }
 

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "orrery/common/error.hpp"
+#include "orrery/model/moe.hpp"
 #include "orrery/sim/core_sharing.hpp"
 #include "orrery/sim/engine.hpp"
 
@@ -31,10 +32,18 @@ int pp_peer(const Layout& l, int stage, GroupRole role) {
   return (stage + (role == GroupRole::PPNext ? 1 : -1) + l.pp) % l.pp;
 }
 
-std::vector<int32_t> group_members(const Layout& l, int rank, GroupRole role) {
+std::vector<int32_t> group_members(const Layout& l, int rank, GroupRole role, int ep) {
   const auto c = l.coord(rank);
   std::vector<int32_t> m;
+  ep = std::max(1, ep);
   switch (role) {
+    case GroupRole::EP:
+      for (int d = c.dp - c.dp % ep; d < c.dp - c.dp % ep + ep; ++d)
+        m.push_back(l.rank_of(d, c.tp, c.pp));
+      break;
+    case GroupRole::EDP:
+      for (int d = c.dp % ep; d < l.dp; d += ep) m.push_back(l.rank_of(d, c.tp, c.pp));
+      break;
     case GroupRole::TP:
       for (int t = 0; t < l.tp; ++t) m.push_back(l.rank_of(c.dp, t, c.pp));
       break;
@@ -174,7 +183,7 @@ class Executor {
     auto it = groups_.find(key);
     if (it != groups_.end()) return it->second;
     GroupInfo g;
-    g.members = group_members(w_.layout, rank, role);
+    g.members = group_members(w_.layout, rank, role, w_.scenario.parallel.ep);
     for (int32_t m : g.members) {
       if (sim_index_[m] >= 0) ++g.simulated;
       if (c_.node_of(m) != c_.node_of(g.members[0])) g.intra_node = false;
@@ -564,6 +573,43 @@ ExecResult execute(const Workload& w, const Cluster& cluster, const ExecutorOpti
   return e.run();
 }
 
+namespace {
+// The kind and name of the communicator of `role` of `rank` (model/names.hpp's group names).
+void name_communicator(const Workload& w, int32_t rank, GroupRole role,
+                       traces::CommunicatorInfo& ci) {
+  const Layout& l = w.layout;
+  const GroupRole key_role = role;
+  const auto c = l.coord(rank);
+  switch (key_role) {
+    case GroupRole::TP:
+      ci.kind = traces::CommKind::TP;
+      ci.name = names::tp_group(c.dp, c.pp);
+      break;
+    case GroupRole::DP:
+      ci.kind = traces::CommKind::DP;
+      ci.name = names::dp_group(c.tp, c.pp);
+      break;
+    case GroupRole::Embedding:
+      ci.kind = traces::CommKind::Other;
+      ci.name = names::embed_group(c.dp, c.tp);
+      break;
+    case GroupRole::EP:
+      ci.kind = traces::CommKind::Other;
+      ci.name =
+          names::ep_group(model::moe::ep_group_index(c.dp, w.scenario.parallel.ep), c.tp, c.pp);
+      break;
+    case GroupRole::EDP:
+      ci.kind = traces::CommKind::Other;
+      ci.name = names::edp_group(model::moe::ep_rank(c.dp, w.scenario.parallel.ep), c.tp, c.pp);
+      break;
+    default:
+      ci.kind = traces::CommKind::PP;
+      ci.name = names::pp_group(c.dp, c.tp);
+      break;
+  }
+}
+}  // namespace
+
 traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& cluster,
                          double peak_flops_per_rank) {
   traces::Trace t;
@@ -595,7 +641,7 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
   // Communicators of the simulated ranks, ids in order of first use (deterministic).
   std::unordered_map<uint64_t, int32_t> comm_ids;
   auto comm_of = [&](int32_t rank, GroupRole role) -> int32_t {
-    const auto members = group_members(l, rank, role);
+    const auto members = group_members(l, rank, role, w.scenario.parallel.ep);
     const GroupRole key_role = role == GroupRole::PPPrev ? GroupRole::PPNext : role;
     const uint64_t key = (uint64_t(key_role) << 32) | uint32_t(members[0]);
     auto it = comm_ids.find(key);
@@ -603,25 +649,7 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
     traces::CommunicatorInfo ci;
     ci.id = static_cast<int32_t>(t.comms.size());
     ci.ranks = members;
-    const auto c = l.coord(rank);
-    switch (key_role) {
-      case GroupRole::TP:
-        ci.kind = traces::CommKind::TP;
-        ci.name = names::tp_group(c.dp, c.pp);
-        break;
-      case GroupRole::DP:
-        ci.kind = traces::CommKind::DP;
-        ci.name = names::dp_group(c.tp, c.pp);
-        break;
-      case GroupRole::Embedding:
-        ci.kind = traces::CommKind::Other;
-        ci.name = names::embed_group(c.dp, c.tp);
-        break;
-      default:
-        ci.kind = traces::CommKind::PP;
-        ci.name = names::pp_group(c.dp, c.tp);
-        break;
-    }
+    name_communicator(w, rank, key_role, ci);
     t.comms.push_back(ci);
     comm_ids.emplace(key, ci.id);
     return ci.id;

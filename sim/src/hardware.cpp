@@ -120,11 +120,12 @@ YAML::Node load_document(const std::string& yaml_text, const std::string& origin
     throw InputError(origin + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
   if (!root.IsMap()) throw InputError(origin + ": a hardware profile must be a YAML mapping");
-  check_keys(root,
-             {"name", "device", "precision", "peak_flops", "memory_bandwidth_gbps", "data_load_us",
-              "kernels", "collectives", "machine", "cluster", "sharing", "ops", "rank_jitter",
-              "op_jitter", "gemm_shape", "attention_kernel", "comm_compute_share", "offload"},
-             origin, "");
+  check_keys(
+      root,
+      {"name", "device", "precision", "peak_flops", "memory_bandwidth_gbps", "data_load_us",
+       "kernels", "collectives", "machine", "cluster", "sharing", "ops", "rank_jitter", "op_jitter",
+       "gemm_shape", "attention_kernel", "comm_compute_share", "offload", "moe_expert_shares"},
+      origin, "");
   return root;
 }
 
@@ -159,6 +160,19 @@ HardwareProfile parse_device(YAML::Node root, const std::string& origin) {
     if (!(p.rank_jitter >= 0) || !(p.rank_jitter < 1))
       throw InputError(where(origin, root["rank_jitter"], "rank_jitter") +
                        ": expected a fraction in [0, 1)");
+  }
+  if (const YAML::Node m = root["moe_expert_shares"]) {
+    const std::string at = where(origin, m, "moe_expert_shares");
+    if (!m.IsSequence() || m.size() == 0)
+      throw InputError(at + ": expected a list of each expert's share (numbers >= 0)");
+    double sum = 0;
+    for (const auto& x : m) {
+      const double v = get_number(x, origin, "moe_expert_shares");
+      if (!(v >= 0)) throw InputError(at + ": expected shares >= 0");
+      p.moe_expert_shares.push_back(v);
+      sum += v;
+    }
+    if (!(sum > 0)) throw InputError(at + ": the shares sum to 0");
   }
   if (root["op_jitter"]) {
     p.op_jitter = get_number(root["op_jitter"], origin, "op_jitter");
@@ -558,6 +572,11 @@ std::string to_yaml(const HardwareProfile& p) {
   if (p.op_jitter > 0) e << YAML::Key << "op_jitter" << YAML::Value << p.op_jitter;
   if (p.comm_compute_share > 0)
     e << YAML::Key << "comm_compute_share" << YAML::Value << p.comm_compute_share;
+  if (!p.moe_expert_shares.empty()) {
+    e << YAML::Key << "moe_expert_shares" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (double v : p.moe_expert_shares) e << v;
+    e << YAML::EndSeq;
+  }
   e << YAML::Key << "kernels" << YAML::Value << YAML::BeginMap;
   for (int c = 0; c < kOpClassCount; ++c) {
     e << YAML::Key << kClassNames[c] << YAML::Value << YAML::Flow << YAML::BeginMap;

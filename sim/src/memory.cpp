@@ -7,6 +7,8 @@
 
 #include "orrery/common/pipeline_schedule.hpp"
 #include "orrery/model/activations.hpp"
+#include "orrery/model/moe.hpp"
+#include "orrery/sim/moe_cost.hpp"
 
 namespace orrery::sim {
 
@@ -84,13 +86,28 @@ void apply_offload(const Scenario& s, const PrecisionConfig& p, int stage, Memor
   for (const auto& [seg, n] : segments) largest = std::max(largest, n);
   e.parameters_bytes = 4.0 * double(p.param_bytes) * std::ceil(double(largest) / dp);
 }
+
+// The stage's expert states (model/moe.hpp): the local experts' parameters (tp slice) and their
+// gradients whole (summed over edp by all-reduce), their optimizer state sharded over the edp
+// group under ZeRO 1/2; the stage's dense count corrected (router and shared experts in, the
+// dense MLP of its MoE blocks out).
+void add_moe_states(const Scenario& s, const PrecisionConfig& p, int st, MemoryEstimate& e) {
+  const int64_t dense = stage_dense_params(s, st), expert = stage_expert_params(s, st);
+  const int edp = std::max(1, s.parallel.dp / std::max(1, s.parallel.ep));
+  const auto d = model_state_bytes(double(dense), s.parallel.zero, s.parallel.dp, p);
+  const auto x = model_state_bytes(double(expert), std::min(1, s.parallel.zero), edp, p);
+  e.param_count = dense + expert;
+  e.parameters_bytes = d.parameters + x.parameters;
+  e.gradients_bytes = d.gradients + x.gradients;
+  e.optimizer_bytes = d.optimizer + x.optimizer;
+}
 }  // namespace
 
 std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionConfig& p,
                                             int64_t capacity_bytes) {
   const int pp = s.parallel.pp;
   const int m = s.micro_batches_per_step();
-  const double per_layer = activation_bytes_per_layer(s, p);
+  const double per_block = activation_bytes_per_layer(s, p);
   std::vector<MemoryEstimate> out;
   for (int st = 0; st < pp; ++st) {
     MemoryEstimate e;
@@ -98,11 +115,18 @@ std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionCo
     // The stage's own blocks (parallel.pp_layers, or layers / pp: model::stage_contents).
     for (const auto& [first, last] : model::stage_contents(s, st).layers) e.layers += last - first;
     const int per_stage = e.layers;
+    // MoE blocks (model/moe.hpp) keep their routed rows instead of the dense MLP's act and fc2
+    // inputs: the stage's mean per block (all its blocks are held alike in flight).
+    const int moe_blocks = stage_moe_blocks(s, st);
+    const double per_layer = per_block + (per_stage > 0 ? double(moe_blocks) / per_stage : 0.0) *
+                                             (moe_activation_bytes(s, p.act_bytes) -
+                                              dense_mlp_activation_bytes(s, p.act_bytes));
     for (const auto& t : stage_parameters(s, st)) e.param_count += t.count;
     const auto ms = model_state_bytes(double(e.param_count), s.parallel.zero, s.parallel.dp, p);
     e.parameters_bytes = ms.parameters;
     e.gradients_bytes = ms.gradients;
     e.optimizer_bytes = ms.optimizer;
+    if (s.model.moe.enabled()) add_moe_states(s, p, st, e);
     if (s.zero.nvme()) apply_offload(s, p, st, e);
     const double embed_act =
         st == 0 ? double(s.model.seq) * s.training.micro_batch * s.model.d_model * 2.0 : 0.0;
@@ -133,6 +157,9 @@ std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionCo
       e.activations_bytes = (per_layer * per_stage + embed_act) * e.micro_batches_in_flight;
     }
     e.activations_bytes += recompute_workspace_bytes(s, p);
+    // The all-to-all in flight: a send and a receive buffer of one dispatch (moe_cost.hpp).
+    if (moe_blocks > 0)
+      e.activations_bytes += 2.0 * double(moe_all_to_all_bytes(moe_load(s), s, p.act_bytes));
     if (st == pp - 1)
       e.activations_bytes += double(s.training.micro_batch) * s.model.seq * s.model.vocab * 4.0 *
                              2.0 / (s.parallel.vocab_parallel ? s.parallel.tp : 1);

@@ -16,6 +16,7 @@
 #include "orrery/profiler/metrics.hpp"
 #include "orrery/sim/calibrate.hpp"
 #include "orrery/sim/cost_model.hpp"
+#include "orrery/sim/moe_cost.hpp"
 #include "orrery/sim/sim_target.hpp"
 #include "orrery/sim/workload.hpp"
 
@@ -189,8 +190,9 @@ StepWindows step_windows(const Workload& w, const ExecResult& r) {
 // step, averaged over ranks and steps.
 StepBreakdown mean_breakdown(const ExecResult& r, const StepWindows& win, bool pipeline) {
   profiler::StepAccount sum;
+  double ep_ns = 0;
   for (const auto& rk : r.ranks) {
-    std::vector<Interval> comp, tp, dp, pp;
+    std::vector<Interval> comp, tp, dp, pp, ep;
     for (size_t i = 0; i < rk.ops.size(); ++i) {
       const Op& op = rk.program->ops[i];
       const Interval iv{rk.ops[i].start_ns, rk.ops[i].end_ns};
@@ -200,13 +202,20 @@ StepBreakdown mean_breakdown(const ExecResult& r, const StepWindows& win, bool p
         pp.push_back(iv);
       else if (op.kind == traces::SpanKind::Collective)
         (op.group == GroupRole::TP ? tp : dp).push_back(iv);
+      if (op.kind == traces::SpanKind::Collective && op.group == GroupRole::EP) ep.push_back(iv);
     }
     const auto C = profiler::merge_intervals(std::move(comp));
     const auto TP = profiler::merge_intervals(std::move(tp));
     const auto DP = profiler::merge_intervals(std::move(dp));
     const auto PP = profiler::merge_intervals(std::move(pp));
-    for (size_t st = size_t(win.first_counted); st < win.start.size(); ++st)
+    const auto EP = profiler::merge_intervals(std::move(ep));
+    for (size_t st = size_t(win.first_counted); st < win.start.size(); ++st) {
       sum += profiler::account_step({C, TP, DP, PP}, win.start[st], win.end[st]);
+      // |EP \ (C ∪ TP)|: the all-to-alls in the place of the dp set.
+      if (!EP.empty())
+        ep_ns += double(
+            profiler::account_step({C, TP, EP, {}}, win.start[st], win.end[st]).exposed_dp_ns);
+    }
   }
   const double n = double(r.ranks.size()) * double(win.start.size() - size_t(win.first_counted));
   StepBreakdown b;
@@ -215,6 +224,7 @@ StepBreakdown mean_breakdown(const ExecResult& r, const StepWindows& win, bool p
   b.exposed_tp_ns = double(sum.exposed_tp_ns) / n;
   b.exposed_dp_ns = double(sum.exposed_dp_ns) / n;
   b.exposed_pp_ns = double(sum.p2p_ns) / n;
+  b.exposed_ep_ns = ep_ns / n;
   (pipeline ? b.bubble_ns : b.idle_ns) = double(sum.rest_ns) / n;
   return b;
 }
@@ -256,6 +266,8 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   out.zero = s.parallel.zero;
   out.offload = offload_label(s);
   out.grad_compression = s.parallel.grad_compression;
+  out.ep = s.parallel.ep;
+  out.moe = s.model.moe.enabled();
   out.micro_batch = s.training.micro_batch;
   out.micro_batches = w.micro_batches;
   out.schedule = s.parallel.schedule;
@@ -340,10 +352,22 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
   const double v = schedule_of(s.parallel) == Schedule::Interleaved && s.parallel.pp > 1
                        ? std::max(1, s.parallel.virtual_stages)
                        : 1;
-  const double slot = lps / v * (tf + tb + 4 * t_ar) + 2 * t_p2p;
+  double slot = lps / v * (tf + tb + 4 * t_ar) + 2 * t_p2p;
+  // MoE blocks: their four all-to-alls over the ep group in line, the experts' compute in the
+  // dense MLP's place (moe_cost.hpp).
+  if (s.model.moe.enabled()) {
+    const MoeLoad ml = moe_load(s, cost.profile().moe_expert_shares);
+    const double t_a2a =
+        coll(traces::CollOp::AllToAll, group_members(l, 0, GroupRole::EP, s.parallel.ep),
+             moe_all_to_all_bytes(ml, s, prec.act_bytes));
+    const double moe_ns = double(cost.op_ns(moe_expert_kernels(d, s, ml)) +
+                                 cost.op_ns(moe_router_kernels(d, s, ml))) *
+                              3 -
+                          double(cost.op_ns(mlp_forward_kernels(d))) * 3;
+    slot += double(stage_moe_blocks(s, 0)) / v * (4 * t_a2a + moe_ns);
+  }
   double est = (m * v + pp - 1) * slot + m * head;
-  int64_t params = 0;
-  for (const auto& t : stage_parameters(s, 0)) params += t.count;
+  int64_t params = stage_dense_params(s, 0);
   const auto dpg = group_members(l, 0, GroupRole::DP);
   const int z = s.parallel.zero;
   double dp_total = 0;
@@ -365,6 +389,9 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
   if (z == 3)
     dp_total +=
         2 * m * coll(traces::CollOp::AllGather, dpg, int64_t(double(params) * prec.param_bytes));
+  if (s.model.moe.enabled())  // the expert gradients over the edp group
+    dp_total += coll(traces::CollOp::AllReduce, group_members(l, 0, GroupRole::EDP, s.parallel.ep),
+                     int64_t(double(stage_expert_params(s, 0)) * prec.grad_bytes));
   // Backward of the last micro-batch hides some of it; the rest is exposed.
   est += std::max(0.0, dp_total - lps * tb);
   if (s.zero.nvme()) {
@@ -460,27 +487,35 @@ std::vector<Candidate> search_candidates(const Scenario& s, const Cluster& c, in
       if (gb % dp != 0) continue;
       for (int mb = 1; mb <= gb / dp && mb <= 16; mb *= 2) {
         if ((gb / dp) % mb != 0) continue;
-        for (int zero = 0; zero <= 3; ++zero) {
-          if (zero > 0 && dp < 2) continue;
-          // Gradient compression replaces the dp all-reduce, which ZeRO 2/3 do not have.
-          if (zero >= 2 && s.parallel.grad_compression != "none") continue;
-          Candidate cd;
-          cd.s = s;
-          cd.s.parallel.dp = dp, cd.s.parallel.tp = tp, cd.s.parallel.pp = pp,
-          cd.s.parallel.zero = zero;
-          // The scenario's layers per stage fit its own pp only; other pp split evenly.
-          if (int(s.parallel.pp_layers.size()) != pp) cd.s.parallel.pp_layers.clear();
-          cd.s.training.micro_batch = mb;
-          try {
-            validate_layout(cd.s);
-          } catch (const InputError&) {
-            continue;
-          }
-          for (Candidate& v : search_variants(cd, c, prec, search_compression)) {
-            v.estimate = estimate_step_ns(v.s, c, cost, prec);
-            cands.push_back(std::move(v));
-          }
+        // MoE: every ep dividing dp and the experts (model/moe.hpp), ZeRO 0-2 (3 not simulated).
+        std::vector<int> eps{1};
+        if (s.model.moe.enabled()) {
+          eps.clear();
+          for (int ep : divisors(dp))
+            if (s.model.moe.experts % ep == 0) eps.push_back(ep);
         }
+        for (int ep : eps)
+          for (int zero = 0; zero <= (s.model.moe.enabled() ? 2 : 3); ++zero) {
+            if (zero > 0 && dp < 2) continue;
+            // Gradient compression replaces the dp all-reduce, which ZeRO 2/3 do not have.
+            if (zero >= 2 && s.parallel.grad_compression != "none") continue;
+            Candidate cd;
+            cd.s = s;
+            cd.s.parallel.dp = dp, cd.s.parallel.tp = tp, cd.s.parallel.pp = pp,
+            cd.s.parallel.zero = zero, cd.s.parallel.ep = ep;
+            // The scenario's layers per stage fit its own pp only; other pp split evenly.
+            if (int(s.parallel.pp_layers.size()) != pp) cd.s.parallel.pp_layers.clear();
+            cd.s.training.micro_batch = mb;
+            try {
+              validate_layout(cd.s);
+            } catch (const InputError&) {
+              continue;
+            }
+            for (Candidate& v : search_variants(cd, c, prec, search_compression)) {
+              v.estimate = estimate_step_ns(v.s, c, cost, prec);
+              cands.push_back(std::move(v));
+            }
+          }
       }
     }
   }
@@ -576,6 +611,7 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
       jobs.push_back({index, x, c, so,
                       at + std::to_string(i + 1) + "/" + std::to_string(top) + " (of " +
                           std::to_string(cands.size()) + " fitting) " + layout_string(x) +
+                          (x.model.moe.enabled() ? " ep=" + std::to_string(x.parallel.ep) : "") +
                           " zero=" + std::to_string(x.parallel.zero) +
                           " mb=" + std::to_string(x.training.micro_batch)});
       ++row.simulated;
@@ -625,7 +661,7 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
 // ---- the wire format of a distributed sweep
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(StepBreakdown, window_ns, compute_ns, exposed_tp_ns,
-                                   exposed_dp_ns, exposed_pp_ns, bubble_ns, idle_ns)
+                                   exposed_dp_ns, exposed_pp_ns, exposed_ep_ns, bubble_ns, idle_ns)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MemoryEstimate, stage, layers, param_count, parameters_bytes,
                                    gradients_bytes, optimizer_bytes, activations_bytes,
                                    micro_batches_in_flight, total_bytes, capacity_bytes, fits)
@@ -640,6 +676,8 @@ std::string results_to_wire(const std::vector<SimResult>& results) {
                  {"zero", r.zero},
                  {"offload", r.offload},
                  {"grad_compression", r.grad_compression},
+                 {"ep", r.ep},
+                 {"moe", r.moe},
                  {"micro_batch", r.micro_batch},
                  {"micro_batches", r.micro_batches},
                  {"schedule", r.schedule},
@@ -674,6 +712,7 @@ std::vector<SimResult> results_from_wire(const std::string& bytes) {
       x.at("dp").get_to(r.dp), x.at("tp").get_to(r.tp), x.at("pp").get_to(r.pp);
       x.at("zero").get_to(r.zero), x.at("micro_batch").get_to(r.micro_batch);
       x.at("offload").get_to(r.offload), x.at("grad_compression").get_to(r.grad_compression);
+      x.at("ep").get_to(r.ep), x.at("moe").get_to(r.moe);
       x.at("micro_batches").get_to(r.micro_batches), x.at("schedule").get_to(r.schedule);
       x.at("precision").get_to(r.precision), x.at("profile_name").get_to(r.profile_name);
       x.at("step_time_ns").get_to(r.step_time_ns), x.at("tokens_per_s").get_to(r.tokens_per_s);
@@ -769,6 +808,7 @@ nlohmann::json to_json(const SimResult& r) {
                  {"micro_batch", r.micro_batch},
                  {"micro_batches_per_step", r.micro_batches},
                  {"schedule", r.schedule}};
+  if (r.moe) j["layout"]["ep"] = r.ep;
   j["precision"] = r.precision;
   j["hardware_profile"] = r.profile_name;
   j["step_time_ns"] = r.step_time_ns;
@@ -785,6 +825,7 @@ nlohmann::json to_json(const SimResult& r) {
                        {"exposed_pp_comm", b.exposed_pp_ns},
                        {"bubble", b.bubble_ns},
                        {"idle", b.idle_ns}};
+  if (r.moe) j["breakdown_ns"]["exposed_ep_all_to_all"] = b.exposed_ep_ns;
   j["memory"] = nlohmann::json::array();
   for (const auto& m : r.memory)
     j["memory"].push_back({{"stage", m.stage},
@@ -822,7 +863,8 @@ std::string format_report(const SimResult& r, const Scenario& s, const Cluster& 
     << c.device.name << ", " << c.topology->describe() << ")\n";
   o << "  network model " << to_string(model) << ", hardware profile " << r.profile_name << ", "
     << r.precision << " precision\n";
-  o << "layout        dp=" << r.dp << " tp=" << r.tp << " pp=" << r.pp << " zero=" << r.zero
+  o << "layout        dp=" << r.dp << " tp=" << r.tp << " pp=" << r.pp
+    << (r.moe ? " ep=" + std::to_string(r.ep) : std::string()) << " zero=" << r.zero
     << extras_label(r.offload, r.grad_compression) << ", " << r.schedule << ", micro-batch "
     << r.micro_batch << " x " << r.micro_batches << " per replica per step\n";
   o << "step time     " << seconds(step) << "\n";
@@ -839,6 +881,7 @@ std::string format_report(const SimResult& r, const Scenario& s, const Cluster& 
   line("compute", b.compute_ns);
   line("exposed tp comm", b.exposed_tp_ns);
   line("exposed dp comm", b.exposed_dp_ns);
+  if (r.moe) line("  of which ep a2a", b.exposed_ep_ns);
   line("pipeline bubble", b.bubble_ns);
   if (r.pp > 1) line("  of which pp p2p", b.exposed_pp_ns);
   line("idle", b.idle_ns);
@@ -892,14 +935,22 @@ nlohmann::json to_json(const std::vector<SweepRow>& rows) {
 
 namespace {
 
-std::string layout_label(const SimResult& x) {
-  return "dp=" + std::to_string(x.dp) + " tp=" + std::to_string(x.tp) +
-         " pp=" + std::to_string(x.pp) + " zero " + std::to_string(x.zero) + " mb " +
-         std::to_string(x.micro_batch);
-}
-
 double pct_of_step(double ns, const StepBreakdown& b) {
   return b.window_ns > 0 ? 100.0 * ns / b.window_ns : 0.0;
+}
+
+std::string layout_label(const SimResult& x) {
+  return "dp=" + std::to_string(x.dp) + " tp=" + std::to_string(x.tp) +
+         " pp=" + std::to_string(x.pp) + (x.moe ? " ep=" + std::to_string(x.ep) : "") + " zero " +
+         std::to_string(x.zero) + " mb " + std::to_string(x.micro_batch);
+}
+// MoE layouts: the exposed all-to-all share (part of exposed dp), for the why line.
+std::string a2a_note(const SimResult& x) {
+  if (!x.moe) return "";
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " (of which ep all-to-all %.1f %%)",
+                pct_of_step(x.breakdown.exposed_ep_ns, x.breakdown));
+  return buf;
 }
 
 }  // namespace
@@ -911,23 +962,25 @@ std::string explain_choice(const SweepRow& row) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "%d layouts fit memory, %d simulated; picked %s: bubble %.1f %%, exposed tp %.1f "
-                "%%, exposed dp %.1f %% of the step, %s of %s per GPU",
+                "%%, exposed dp %.1f %%%s of the step, %s of %s per GPU",
                 row.candidates, row.simulated, layout_label(x).c_str(), pct_of_step(b.bubble_ns, b),
                 pct_of_step(b.exposed_tp_ns, b), pct_of_step(b.exposed_dp_ns, b),
-                gb(x.peak_memory_bytes).c_str(), gb(double(x.capacity_bytes)).c_str());
+                a2a_note(x).c_str(), gb(x.peak_memory_bytes).c_str(),
+                gb(double(x.capacity_bytes)).c_str());
   std::string out = buf;
   if (!row.others.empty()) {
     const SimResult& y = row.others.front();
     const StepBreakdown& c = y.breakdown;
-    std::snprintf(buf, sizeof buf,
-                  "; next %s: step %+.1f %% (bubble %.1f %%, exposed tp %.1f %%, exposed dp "
-                  "%.1f %%, %s)",
-                  layout_label(y).c_str(),
-                  x.step_time_ns > 0 ? 100.0 * (double(y.step_time_ns) - double(x.step_time_ns)) /
-                                           double(x.step_time_ns)
-                                     : 0.0,
-                  pct_of_step(c.bubble_ns, c), pct_of_step(c.exposed_tp_ns, c),
-                  pct_of_step(c.exposed_dp_ns, c), gb(y.peak_memory_bytes).c_str());
+    std::snprintf(
+        buf, sizeof buf,
+        "; next %s: step %+.1f %% (bubble %.1f %%, exposed tp %.1f %%, exposed dp "
+        "%.1f %%%s, %s)",
+        layout_label(y).c_str(),
+        x.step_time_ns > 0
+            ? 100.0 * (double(y.step_time_ns) - double(x.step_time_ns)) / double(x.step_time_ns)
+            : 0.0,
+        pct_of_step(c.bubble_ns, c), pct_of_step(c.exposed_tp_ns, c),
+        pct_of_step(c.exposed_dp_ns, c), a2a_note(y).c_str(), gb(y.peak_memory_bytes).c_str());
     out += buf;
   }
   return out;
@@ -949,6 +1002,7 @@ std::string format_sweep_table(const std::vector<SweepRow>& rows) {
     const auto& x = r.result;
     const std::string layout = "dp=" + std::to_string(x.dp) + " tp=" + std::to_string(x.tp) +
                                " pp=" + std::to_string(x.pp) +
+                               (x.moe ? " ep=" + std::to_string(x.ep) : "") +
                                extras_label(x.offload, x.grad_compression);
     std::snprintf(buf, sizeof buf,
                   "%7d  %-22s %4d %3d  %11s  %12.0f  %11.1f  %5.1f%%  %5.1f%%  %10s  %s\n", r.gpus,

@@ -14,7 +14,9 @@
 #include "orrery/model/buckets.hpp"
 #include "orrery/model/compression.hpp"
 #include "orrery/model/flops.hpp"
+#include "orrery/model/moe.hpp"
 #include "orrery/model/zero_partition.hpp"
+#include "orrery/sim/moe_cost.hpp"
 
 namespace orrery::sim {
 
@@ -173,7 +175,57 @@ struct ComputeCosts {
   std::vector<Piece> head_f_sp;         // sequence parallelism: the head forward's two pieces
   Piece recompute_attention;            // selective recomputation
   int64_t data_ns = 0;
+  // An MoE block (model/moe.hpp): its dense pieces around the moe.* ops, forward [Ln1 .. Ln2]
+  // (tp > 1: [Ln1 .. Proj], [AttnResidual, Ln2]) and [MlpResidual], backward [MlpResidual] and
+  // [Ln2 .. Ln1] (tp > 1: [Ln2 .. Qkv], [Ln1]); the moe.* ops; the all-to-all and gate sizes.
+  std::vector<Piece> moe_head_f, moe_tail_f, moe_tail_b, moe_head_b;
+  Piece router_f, router_b, experts_f, experts_b, gated_f, gated_b;
+  int64_t a2a_bytes = 0, gate_bytes = 0;
 };
+
+// The dense block ops [begin, end) as one piece: forward, or backward (the reverse order).
+Piece block_range_piece(const ModelDims& d, const CostModel& cost, bool forward, int begin,
+                        int end) {
+  std::vector<Kernel> ks;
+  for (const auto& k : block_forward_kernels(d))
+    if (k.op >= begin && k.op < end) ks.push_back(k);
+  if (!forward) ks = backward_kernels(std::move(ks));
+  return Piece{model::flops::block_ops_flops(flop_dims(d), forward, begin, end), total_bytes(ks),
+               cost.op_ns(ks)};
+}
+
+Piece kernels_piece(const std::vector<Kernel>& ks, const CostModel& cost) {
+  return Piece{total_flops(ks), total_bytes(ks), cost.op_ns(ks)};
+}
+
+void make_moe_costs(const Scenario& s, const ModelDims& d, const CostModel& cost, ComputeCosts& c) {
+  if (!s.model.moe.enabled()) return;
+  using model::BlockOp;
+  const int ln2_end = int(BlockOp::Ln2) + 1, mlp_res = int(BlockOp::MlpResidual);
+  if (d.tp == 1) {
+    c.moe_head_f = {block_range_piece(d, cost, true, 0, ln2_end)};
+    c.moe_head_b = {block_range_piece(d, cost, false, 0, ln2_end)};
+  } else {
+    const int attn_res = int(BlockOp::AttnResidual), qkv = int(BlockOp::Qkv);
+    c.moe_head_f = {block_range_piece(d, cost, true, 0, attn_res),
+                    block_range_piece(d, cost, true, attn_res, ln2_end)};
+    c.moe_head_b = {block_range_piece(d, cost, false, qkv, ln2_end),
+                    block_range_piece(d, cost, false, 0, qkv)};
+  }
+  c.moe_tail_f = {block_range_piece(d, cost, true, mlp_res, mlp_res + 1)};
+  c.moe_tail_b = {block_range_piece(d, cost, false, mlp_res, mlp_res + 1)};
+  const MoeLoad m = moe_load(s, cost.profile().moe_expert_shares);
+  const auto router = moe_router_kernels(d, s, m), experts = moe_expert_kernels(d, s, m),
+             gated = moe_gated_sum_kernels(d, s, m);
+  c.router_f = kernels_piece(router, cost);
+  c.router_b = kernels_piece(backward_kernels(router), cost);
+  c.experts_f = kernels_piece(experts, cost);
+  c.experts_b = kernels_piece(backward_kernels(experts), cost);
+  c.gated_f = kernels_piece(gated, cost);
+  c.gated_b = kernels_piece(backward_kernels(gated), cost);
+  c.a2a_bytes = moe_all_to_all_bytes(m, s, int(d.act_bytes));
+  c.gate_bytes = moe_gate_all_reduce_bytes(s, int(d.act_bytes));
+}
 
 ComputeCosts make_costs(const ModelDims& d, const CostModel& cost) {
   // Each piece's bytes from its kernels, its time from the cost model by name (a measured op of
@@ -255,14 +307,17 @@ double workload_ops_bound(const Scenario& s, int steps) {
       rc == Recompute::None ? 0 : (rc == Recompute::Full && par.tp > 1 ? (sp ? 7 : 3) : 1);
   // Sequence parallelism: one all-reduce of the replicated gradients per block backward.
   // Replicated kv heads: at most one more per block and micro-batch (ZeRO 2 and 3; else per step).
+  // An MoE block (model/moe.hpp) adds at most 8 ops to its forward (one more dense piece, three
+  // moe.* compute ops, two all-to-alls, the tp all-reduce) and 9 to its backward (the gate's too).
+  const double moe_ops = s.model.moe.enabled() ? 17 : 0;
   const double per_layer = 2 * (2 * pieces - 1) + (par.zero == 3 ? 3 : 0) + recompute_ops +
-                           (sp ? 1 : 0) + (kv_grad_values(s) > 0 ? 1 : 0);
+                           (sp ? 1 : 0) + (kv_grad_values(s) > 0 ? 1 : 0) + moe_ops;
   // Per micro-batch at most 10 more (data, embedding or receive, head or send, ZeRO's blocking
   // collectives, the extra prefetch); per step at most one DDP bucket per segment and 10 more
   // (zero_grad, ZeRO 3's start gathers, tied-embedding all-reduce, optimizer, all-gather, loss).
   // Interleaved: per micro-batch and chunk at most the 10 (a chunk's pass has the same extras).
   const double per_step = m * (per_stage * per_layer + (10 + (sp ? 4 : 0)) * chunks_per_stage(s)) +
-                          (per_stage + 2) + 10;
+                          (per_stage + 2) * (s.model.moe.enabled() ? 2 : 1) + 10;
   return double(std::max(1, steps)) * per_step;
 }
 
@@ -303,6 +358,10 @@ void check_buildable(const Scenario& s, const WorkloadOptions& opt) {
           s.path + ": key 'parallel.zero': ZeRO 3 with the interleaved schedule is not simulated " +
           "(use zero 0 or 1, or schedule 1f1b)");
   }
+  if (s.model.moe.enabled() && s.parallel.zero == 3)
+    throw InputError(s.path +
+                     ": key 'parallel.zero': ZeRO 3 with mixture-of-experts blocks (model.moe) is "
+                     "not simulated (use zero 0, 1 or 2)");
   // Op ids, dependency offsets and sequence numbers are 32-bit (Op): refuse before building.
   if (const double ops = workload_ops_bound(s, opt.steps); ops > double(kMaxStageOps)) {
     char buf[32];
@@ -388,6 +447,8 @@ class StageBuilder {
         sp_coll_bytes_(int64_t(s.training.micro_batch) * s.model.seq * s.model.d_model *
                        prec_.act_bytes),
         compression_(compression_of(s)),
+        ep_(std::max(1, s.parallel.ep)),
+        edp_(std::max(1, s.parallel.dp / std::max(1, s.parallel.ep))),
         prog_(prog),
         b_(prog, names) {
     ranks_per_node_ = std::max(1, opt.ranks_per_node);
@@ -442,10 +503,14 @@ class StageBuilder {
          model::parameter_tensors(model::model_shape(s_), model::stage_contents(s_, st_))) {
       prog_.param_count += p.count();
       seg_params_[slot(p.segment)] += p.count();
-      if (compression_ == Compression::PowerSgd &&
+      // An MoE block has no dense MLP (its fc tensors): moe_block_params corrects the counts.
+      const bool moe_fc = p.segment >= 0 && p.segment < L_ && is_moe(p.segment) &&
+                          p.name.find(".fc") != std::string::npos;
+      if (compression_ == Compression::PowerSgd && !moe_fc &&
           model::powersgd_compresses(size_t(p.rows), size_t(p.cols), s_.compression.powersgd_rank))
         seg_mats_[slot(p.segment)].emplace_back(p.rows, p.cols);
     }
+    plan_moe_segments();
     std::vector<Segment> ready_order;
     for (int k = chunks_ - 1; k >= 0; --k) {
       const int l0 = chunk_l0(k), l1 = l0 + per_chunk_, base = chunk_base(k);
@@ -480,10 +545,34 @@ class StageBuilder {
     for (const auto& bk : buckets_) prog_.bucket_params.push_back(bk.params);
   }
 
+  // MoE blocks (model/moe.hpp): their dense parameters corrected (router and shared experts in, the
+  // dense MLP out), their local experts' parameters apart, bucketed by the DDP rule over the edp
+  // group in gradient-ready order (the chunks' blocks last first, as the dense segments).
+  void plan_moe_segments() {
+    if (!s_.model.moe.enabled()) return;
+    const MoeBlockParams mp = moe_block_params(s_);
+    std::vector<model::BucketSegment> order;
+    for (int k = chunks_ - 1; k >= 0; --k) {
+      const int l0 = chunk_l0(k), l1 = l0 + per_chunk_;
+      for (int l = l1 - 1; l >= l0; --l) {
+        if (!is_moe(l)) continue;
+        seg_params_[slot(l)] += mp.dense_delta;
+        prog_.param_count += mp.dense_delta;
+        prog_.expert_param_count += mp.expert;
+        order.push_back({l, mp.expert});
+      }
+    }
+    const double cap_bytes = par_.bucket_mb * 1024.0 * 1024.0;
+    for (const auto& plan : model::ddp_buckets(order, cap_bytes, prec_.grad_bytes)) {
+      expert_buckets_.push_back({plan.elements, order[plan.end - 1].segment, plan.lowest_segment});
+      prog_.expert_bucket_params.push_back(plan.elements);
+    }
+  }
+
   // Each step first zeroes the gradients the stage holds (and ZeRO's shard accumulators).
   Piece make_zero_grad_piece() const {
     const ModelDims dims = model_dims(s_, prec_.act_bytes);
-    const double zeroed = double(prog_.param_count) +
+    const double zeroed = double(prog_.param_count) + double(prog_.expert_param_count) +
                           (par_.zero >= 1 ? double(padded(prog_.param_count)) / dp_ : 0.0);
     return Piece{0.0, total_bytes(*op_kernels(names::kZeroGrad, 0, 1, dims, zeroed)),
                  cost_.named_op_ns(names::kZeroGrad, 0, 1, dims, zeroed)};
@@ -624,6 +713,8 @@ class StageBuilder {
     grad_ops_.clear();
     last_backward_op_ = kNone;
     next_bucket_ = 0;
+    next_expert_bucket_ = 0;
+    experts_ready_.clear();
     const uint32_t zero_grad = b_.add(
         compute(names::kZeroGrad, zero_grad_piece_, PhaseKind::None, -1, -1), {after_prev_step_});
     // The op the next pass's first op waits for: the runtime's blocking collectives between passes
@@ -681,7 +772,7 @@ class StageBuilder {
         prev = block(names::kBlockForward, cc_.block_f, PhaseKind::Forward, mb, l,
                      {prev, this_gather});
       } else {
-        prev = block(names::kBlockForward, cc_.block_f, PhaseKind::Forward, mb, l, {prev});
+        prev = forward_block(mb, l, {prev});
       }
     }
     if (head) {
@@ -800,6 +891,66 @@ class StageBuilder {
                          {prev});
   }
 
+  // --- Mixture-of-experts blocks (model/moe.hpp's span order; workload.hpp).
+  uint32_t ep_all_to_all(std::string_view n, PhaseKind ph, int mb, int layer, uint32_t after) {
+    if (ep_ <= 1) return after;  // one ep rank: its experts are local, nothing to exchange
+    return b_.add(comm(n, traces::SpanKind::Collective, traces::CollOp::AllToAll, kStreamEp,
+                       GroupRole::EP, cc_.a2a_bytes, seq_ep_++, ph, mb, layer),
+                  {after});
+  }
+  uint32_t forward_block(int mb, int l, std::initializer_list<uint32_t> deps) {
+    const PhaseKind ph = PhaseKind::Forward;
+    if (!is_moe(l)) return block(names::kBlockForward, cc_.block_f, ph, mb, l, deps);
+    uint32_t prev = block(names::kBlockForward, cc_.moe_head_f, ph, mb, l, deps);
+    prev = b_.add(compute(names::kMoeRouter, cc_.router_f, ph, mb, l), {prev});
+    prev = ep_all_to_all(names::kMoeDispatch, ph, mb, l, prev);
+    prev = b_.add(compute(names::kMoeExperts, cc_.experts_f, ph, mb, l), {prev});
+    prev = ep_all_to_all(names::kMoeCombine, ph, mb, l, prev);
+    prev = b_.add(compute(names::kMoeGatedSum, cc_.gated_f, ph, mb, l), {prev});
+    if (par_.tp > 1) prev = tp_all_reduce(ph, mb, l, prev);
+    return block(names::kBlockForward, cc_.moe_tail_f, ph, mb, l, {prev});
+  }
+  uint32_t backward_block(int mb, int l, std::initializer_list<uint32_t> deps) {
+    const PhaseKind ph = PhaseKind::Backward;
+    if (!is_moe(l)) return block(names::kBlockBackward, cc_.block_b, ph, mb, l, deps);
+    uint32_t prev = block(names::kBlockBackward, cc_.moe_tail_b, ph, mb, l, deps);
+    prev = b_.add(compute(names::kMoeGatedSumBackward, cc_.gated_b, ph, mb, l), {prev});
+    if (par_.tp > 1)
+      prev = b_.add(
+          comm(names::kTpMoeGateAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce,
+               kStreamTp, GroupRole::TP, cc_.gate_bytes, seq_tp_++, ph, mb, l),
+          {prev});
+    prev = ep_all_to_all(names::kMoeCombineBackward, ph, mb, l, prev);
+    const uint32_t experts =
+        b_.add(compute(names::kMoeExpertsBackward, cc_.experts_b, ph, mb, l), {prev});
+    prev = ep_all_to_all(names::kMoeDispatchBackward, ph, mb, l, experts);
+    prev = b_.add(compute(names::kMoeRouterBackward, cc_.router_b, ph, mb, l), {prev});
+    if (par_.tp > 1) prev = tp_all_reduce(ph, mb, l, prev);
+    prev = block(names::kBlockBackward, cc_.moe_head_b, ph, mb, l, {prev});
+    expert_grads_ready(mb, l, experts);
+    return prev;
+  }
+  // On the gradient-sync micro-batch (the last), with overlap: the expert buckets whose last block
+  // is now complete go out over the edp group.
+  void expert_grads_ready(int mb, int l, uint32_t producer) {
+    if (mb != m_ - 1 || !par_.overlap) return;
+    experts_ready_.push_back(l);
+    while (next_expert_bucket_ < expert_buckets_.size() &&
+           std::find(experts_ready_.begin(), experts_ready_.end(),
+                     expert_buckets_[next_expert_bucket_].ready_layer) != experts_ready_.end())
+      issue_expert_bucket(mb, producer);
+  }
+  void issue_expert_bucket(int mb, uint32_t after) {
+    const ExpertBucket& bk = expert_buckets_[next_expert_bucket_++];
+    if (edp_ <= 1) return;  // one replica of these experts: nothing to sum
+    const int64_t elem_bytes = grad_dtype_of(s_.parallel) == Precision::FP32 ? prec_.grad_bytes : 2;
+    grad_ops_.push_back(
+        b_.add(comm(names::kEdpAllReduce, traces::SpanKind::Collective, traces::CollOp::AllReduce,
+                    kStreamDp, GroupRole::EDP, bk.params * elem_bytes, seq_edp_++,
+                    PhaseKind::Backward, mb, bk.lowest),
+               {after}));
+  }
+
   // With overlap, a bucket goes out as soon as its last segment's gradient is ready.
   void issue_ready(bool ddp_sync, int mb, int position, uint32_t producer) {
     if (!(ddp_sync && par_.overlap)) return;
@@ -830,8 +981,7 @@ class StageBuilder {
         rs_of_layer[l - l0] = z3_scatter(mb, l, prev);
       } else {
         const uint32_t rc = recompute_ops(mb, l, {prev});
-        prev = block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l,
-                     {rc == kNone ? prev : rc});
+        prev = backward_block(mb, l, {rc == kNone ? prev : rc});
         if (sp_) prev = tp_grad_all_reduce(mb, l, block_replicated_, prev);
       }
       issue_ready(ddp_sync, mb, base + 1 + (l1 - 1 - l), prev);
@@ -874,6 +1024,10 @@ class StageBuilder {
              {prev});
     }
     last_backward_op_ = prev;
+    // The expert gradients not yet sent (no overlap, or a bucket the order left): after the
+    // step's last backward.
+    if (mb == m_ - 1 && pass.chunk == 0)
+      while (next_expert_bucket_ < expert_buckets_.size()) issue_expert_bucket(mb, prev);
     // Without overlap: every bucket after the whole backward of this pass (interleaved: of the
     // step's last pass, chunk 0's backward of micro-batch m-1).
     if (ddp_sync && step_last_backward) {
@@ -927,8 +1081,10 @@ class StageBuilder {
     if (kv_values_ > 0 && (par_.zero == 0 || dp_ == 1)) opt_deps.push_back(kv_blocks(-1, opt_deps));
     if (embed_sum_ && (par_.zero == 0 || dp_ == 1))
       opt_deps.push_back(embed_all_reduce(-1, opt_deps));
+    // ZeRO 1/2: the dense optimizer state sharded over dp, the experts' over edp.
     const double opt_params =
-        par_.zero >= 1 ? double(prog_.param_count) / dp_ : double(prog_.param_count);
+        par_.zero >= 1 ? double(prog_.param_count) / dp_ + double(prog_.expert_param_count) / edp_
+                       : double(prog_.param_count) + double(prog_.expert_param_count);
     const auto opt_kernels = optimizer_kernels(opt_params, 28.0);
     // Optimizer ops carry no model FLOPs (MFU counts the model's forward and backward only).
     const Piece opt_piece{0.0, total_bytes(opt_kernels),
@@ -1001,6 +1157,7 @@ class StageBuilder {
   const int64_t sp_coll_bytes_;  // its all-gathers and reduce-scatters: the whole (B,T,C)
   const Compression compression_;
   int ranks_per_node_ = 1;  // sharing the node's NVMe bandwidth
+  const int ep_, edp_;      // expert parallelism: the ep and edp group sizes (model/moe.hpp)
   StageProgram& prog_;
   ProgramBuilder b_;
   std::vector<int64_t> seg_params_;
@@ -1012,6 +1169,17 @@ class StageBuilder {
     int layer;
   };
   std::vector<Gather> gathers_;  // int8 / top-k: this step's all-gathers, to decompress
+  // Expert gradient buckets over the edp group: parameters, the segment (MoE block) whose
+  // moe.experts.bwd completes the bucket, the lowest block (the span's layer).
+  struct ExpertBucket {
+    int64_t params = 0;
+    int ready_layer = -1;
+    int lowest = -1;
+  };
+  std::vector<ExpertBucket> expert_buckets_;
+  size_t next_expert_bucket_ = 0;   // issued so far this step
+  std::vector<int> experts_ready_;  // MoE blocks whose expert gradients are complete this step
+  int32_t seq_ep_ = 0, seq_edp_ = 0;
   Piece zero_grad_piece_;
   // Sequence numbers per communicator role, over the whole run.
   int32_t seq_tp_ = 0, seq_dp_ = 0, seq_act_next_ = 0, seq_act_prev_ = 0, seq_grad_next_ = 0,
@@ -1024,6 +1192,7 @@ class StageBuilder {
   std::vector<uint32_t> grad_ops_;  // DP gradient ops of this step (the optimizer waits for all)
   uint32_t last_backward_op_ = kNone;
   size_t next_bucket_ = 0;  // DDP buckets issued so far this step
+  bool is_moe(int layer) const { return model::moe::is_moe_block(s_.model.moe, layer); }
   std::vector<uint32_t> blocker_;
 };
 
@@ -1044,6 +1213,7 @@ Workload build_workload(const Scenario& s, const CostModel& cost, const Workload
     w.names.emplace_back(n);
 
   ComputeCosts cc = make_costs(model_dims(s, opt.precision.act_bytes), cost);
+  make_moe_costs(s, model_dims(s, opt.precision.act_bytes), cost, cc);
   cc.data_ns = cost.profile().data_load_ns;
   w.stages.resize(s.parallel.pp);
   for (int st = 0; st < s.parallel.pp; ++st) {

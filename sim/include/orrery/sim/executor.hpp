@@ -92,8 +92,10 @@ std::vector<int32_t> representative_ranks(const Layout& l, bool all_ranks);
 // pp (the interleaved schedule's last stage sends to stage 0 and back).
 int pp_peer(const Layout& l, int stage, GroupRole role);
 
-// The global ranks (= GPU ids) of the group `role` of `rank`, in communicator-rank order.
-std::vector<int32_t> group_members(const Layout& l, int rank, GroupRole role);
+// The global ranks (= GPU ids) of the group `role` of `rank`, in communicator-rank order. `ep`
+// (parallel.ep) defines the EP and EDP groups (model/moe.hpp): the ep consecutive dp ranks from
+// d - d % ep, and the dp ranks d % ep, d % ep + ep, ...
+std::vector<int32_t> group_members(const Layout& l, int rank, GroupRole role, int ep = 1);
 
 // Runs the workload. The cluster needs at least layout.world() GPUs; rank r runs on GPU r. Throws
 // InternalError if the programs deadlock (a bug), InputError if the cluster is too small.

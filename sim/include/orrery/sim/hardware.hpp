@@ -217,6 +217,11 @@ struct HardwareProfile {
   // NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS), so channels / SMs is the SM share: 8 / 108 = 0.074 on
   // an A100 with the 8 channels of selene-a100.yaml. 0 = none (the default: no slowdown).
   double comm_compute_share = 0;
+  // `moe_expert_shares`: the measured share of each expert of a mixture-of-experts model in the
+  // routed assignments (expert e's fraction, e = 0 .. E-1), from the moe.tokens counters of real
+  // traces (`orrery calibrate`); when it has the scenario's model.moe.experts entries the simulator
+  // prices the experts by it instead of model.moe.router_skew (sim/moe_cost.hpp). Empty = none.
+  std::vector<double> moe_expert_shares;
   std::vector<MeasuredOp> ops;  // the `ops:` section
   GemmShapeModel gemm_shape;    // the `gemm_shape:` section
   // `attention_kernel: fused` (default: FlashAttention-style, the class's roofline) or `unfused`

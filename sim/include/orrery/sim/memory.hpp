@@ -30,7 +30,14 @@
 // o·u (+ p·u with offload_params), and memory keeps three chunk buffers of each plane, 3·c·(o [+ p])
 // with c the chunk's elements; with offload_params the parameters are four staging buffers of the
 // largest segment's shard, 4·p·max_seg/N.
-// Not counted: communication buffers, allocator fragmentation, workspace (cuBLAS, NCCL).
+// Mixture of experts (model/moe.hpp, sim/moe_cost.hpp): Ψ is the dense parameters (the router and
+// shared experts in, the dense MLP of the MoE blocks out) under the formulas above over dp, plus
+// the local experts' Ψe = (E/ep) · one expert's tp slice per MoE block: parameters and gradients
+// whole (all-reduced over edp), optimizer state o·Ψe/(dp/ep) under ZeRO 1/2. An MoE block's
+// activations replace the dense act and fc2 terms by moe_activation_bytes (router probabilities,
+// the busiest ep rank's received rows through its experts, the returned rows, shared experts);
+// a stage with MoE blocks adds one dispatch's send and receive buffers.
+// Not counted: other communication buffers, allocator fragmentation, workspace (cuBLAS, NCCL).
 #pragma once
 
 #include <cstdint>

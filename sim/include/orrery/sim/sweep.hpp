@@ -14,6 +14,9 @@
 //   idle         = the same when pp = 1 (data loading, waiting for peers), else 0
 //   exposed pp   = |PP \ (C ∪ TP ∪ DP)|, point-to-point transfers and the waits they cover: part
 //                  of the bubble, not added to it
+//   exposed ep   = |EP \ (C ∪ TP)|, the expert-parallel all-to-alls (moe.dispatch, moe.combine and
+//                  their backward, model/moe.hpp): part of exposed dp (a collective outside tp,
+//                  as the report counts it), not added to it
 // so compute + exposed tp + exposed dp + bubble + idle = the step window. A collective counts from
 // its start, as a blocking call's span does: waiting for a late member is exposed communication.
 #pragma once
@@ -51,6 +54,7 @@ struct StepBreakdown {
   double exposed_tp_ns = 0;
   double exposed_dp_ns = 0;
   double exposed_pp_ns = 0;
+  double exposed_ep_ns = 0;
   double bubble_ns = 0;
   double idle_ns = 0;
 };
@@ -61,6 +65,8 @@ struct SimResult {
   // parallel.grad_compression of the simulated layout (a --search may pick them).
   std::string offload = "none";
   std::string grad_compression = "none";
+  int ep = 1;        // parallel.ep
+  bool moe = false;  // model.moe.experts > 0 (the report then shows ep and the all-to-alls)
   std::string schedule;
   std::string precision;
   std::string profile_name;

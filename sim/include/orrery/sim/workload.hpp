@@ -29,6 +29,18 @@
 //   ZeRO 1/2 instead (the runtime's zero.hpp): after the backward pass (ZeRO 1: the last micro-batch,
 //   ZeRO 2: every one) the tied-embedding all-reduce (pp > 1) and ONE reduce-scatter of the whole
 //   padded array, both blocking; after AdamW one all-gather of the whole array.
+//   Mixture of experts (model/moe.hpp has the span order): an MoE block's forward is fwd.block
+//   [Ln1 .. Ln2] (tp > 1: two pieces around the attention's tp all-reduce), moe.router,
+//   moe.dispatch (all_to_all over the ep group on comm.ep, ep > 1), moe.experts, moe.combine
+//   (ep > 1), moe.gated_sum, the tp all-reduce (tp > 1), fwd.block [MlpResidual]; its backward the
+//   reverse (bwd.block [MlpResidual], moe.gated_sum.bwd, tp.moe_gate_all_reduce (tp > 1),
+//   moe.combine.bwd, moe.experts.bwd, moe.dispatch.bwd, moe.router.bwd, tp all-reduce (tp > 1),
+//   bwd.block [Ln2 .. Ln1], tp > 1: two pieces around the attention's tp all-reduce). On the
+//   gradient-sync micro-batch the expert gradients go out over the edp group in buckets
+//   ("edp.all_reduce", the DDP bucket rule over the MoE blocks' expert parameters, last blocks
+//   first), each after the moe.experts.bwd that completes it (overlap) or after the backward; the
+//   optimizer waits for them; ZeRO 1/2 shard the experts' optimizer over edp (dense: over dp).
+//   ZeRO 3 with MoE blocks is refused (parallel.zero).
 //   ZeRO 3: "zero.fetch_layer" all-gathers per segment (embedding and final LayerNorm once per step
 //   before any pass; each block before its forward and its backward, the next one prefetched when
 //   the current one is bound), "zero.reduce_scatter" per segment as its backward completes (the
@@ -56,6 +68,7 @@ namespace orrery::sim {
 using model::names::kStreamCompute;
 using model::names::kStreamCount;
 using model::names::kStreamDp;
+using model::names::kStreamEp;
 using model::names::kStreamPpRecv;
 using model::names::kStreamPpSend;
 using model::names::kStreamTp;
@@ -78,6 +91,8 @@ enum class GroupRole : uint8_t {
   PPNext,     // point-to-point with the next stage (same dp, tp)
   PPPrev,     // point-to-point with the previous stage
   Embedding,  // the first and the last stage (same dp, tp): tied embedding gradients
+  EP,         // the rank's expert-parallel group: ep consecutive dp ranks (model/moe.hpp)
+  EDP,        // its expert-data-parallel group: the dp ranks of the same ep rank
 };
 
 enum class PhaseKind : uint8_t { None = 0, Forward, Backward, Optimizer };
@@ -113,6 +128,11 @@ struct StageProgram {
   // DDP buckets (ddp.hpp's rule): runs of whole segments in gradient-ready order (L, L-1, ...,
   // -1), a bucket closed before the segment that would take it past bucket_mb of gradients.
   std::vector<int64_t> bucket_params;  // parameters of each gradient bucket, in all-reduce order
+  // Mixture of experts (model/moe.hpp): the local experts' parameters of this stage's MoE blocks
+  // (tp slice; not in param_count, which holds the dense ones: attention, norms, router, shared
+  // experts), reduced over the edp group in buckets of the same rule ("edp.all_reduce").
+  int64_t expert_param_count = 0;
+  std::vector<int64_t> expert_bucket_params;
 };
 
 // The rank grid (model/grid.hpp): dp × tp × pp ranks, placed fastest-varying first (scenario's
@@ -201,7 +221,8 @@ std::vector<StageCompute> stage_compute(const Workload& w);
 // An upper bound of the ops of the largest stage program build_workload makes for `steps` steps, in
 // closed form and in double (absurd scenarios overflow int64), without building anything: per
 // step, micro-batches x (layers per stage x (2·(2·pieces − 1) + 3 with ZeRO 3) + 10) + layers per
-// stage + 12, pieces = 3 with tp > 1 else 1. The simulator's memory check (sweep.hpp) uses it.
+// stage + 12, pieces = 3 with tp > 1 else 1; MoE blocks add 17 per layer and micro-batch and the
+// expert buckets per step. The simulator's memory check (sweep.hpp) uses it.
 double workload_ops_bound(const Scenario& s, int steps);
 // Fewer kv heads than tp ranks (each head replicated on tp / kv_heads ranks): the values of each
 // block's "tp.kv_grad_all_reduce", kv_heads x 2 x head size x (d_model + 1 with biases); else 0.
