@@ -185,6 +185,9 @@ class TrainingLoop : public RankTrainer {
   void embed_all_reduce();
   void kv_grad_all_reduce(int layer, int mb);
   void kv_grad_all_reduce_blocks(int mb);
+  // MoE: the ep all-to-all, routing and expert-gradient hooks of a step; its counters.
+  void moe_hooks(GptHooks& hooks);
+  void record_moe_counters(StepResult& result);
   float* stage(float* data, std::size_t n, bool upload);
   // ZeRO 3
   void z3_gather(int segment, int slot, int mb);
@@ -206,6 +209,13 @@ class TrainingLoop : public RankTrainer {
   DeviceGroups dev_;  // the backend's communicators of the groups (null: a group of one)
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> ddp_;
+  // MoE: the routed experts' gradient buckets over the edp group (null without MoE), the blocks
+  // that have some (index segment), and the step's routing tallies: assignments per (held block,
+  // expert) before the drop, drops per held block, the aux losses' sum.
+  std::unique_ptr<DataParallel> edp_;
+  std::vector<uint8_t> expert_segment_;
+  std::vector<double> moe_tokens_, moe_dropped_;
+  double moe_aux_ = 0;
   std::unique_ptr<TokenSource> source_;
   std::unique_ptr<DataLoader> loader_;
   std::vector<std::unique_ptr<typename B::Activations>> acts_;  // one per micro-batch in flight

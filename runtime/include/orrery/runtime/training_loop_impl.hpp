@@ -118,8 +118,21 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   shard.tp_rank = L.tp_rank;
   shard.tp_size = L.tp;
   shard.sequence_parallel = s_.parallel.sequence_parallel;
+  shard.ep_size = L.ep;
+  shard.ep_rank = model::moe::ep_rank(L.dp_rank, L.ep);
   Gpt host = gpt_create(cfg, shard, s_.training.seed);
   std::vector<DdpBucket> buckets = make_ddp_buckets(host, s_.parallel.bucket_mb);  // unpadded
+  std::vector<DdpBucket> expert_buckets = make_expert_buckets(host, s_.parallel.bucket_mb);
+  // The dense parameters come first (model.hpp): DDP broadcasts only those; the experts are the
+  // seed's on every rank that holds them.
+  std::size_t dense_elems = host.num_params();
+  for (const auto& t : host.tensors) {
+    if (t.expert) dense_elems = std::min(dense_elems, t.offset);
+  }
+  expert_segment_.assign(std::size_t(cfg.n_layer) + 2, 0);
+  for (const auto& b : expert_buckets) {
+    for (int seg : b.segments) expert_segment_[std::size_t(seg + 1)] = 1;
+  }
   const std::size_t n = host.num_params();
   decay_ = host.decay_ranges();
   adamw_ = loop_detail::adamw_config(s_.training);
@@ -159,9 +172,17 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
       dopt.wire = g == Precision::BF16 ? DType::BF16 : DType::F16;
     }
   }
-  ddp_ =
-      std::make_unique<DataParallel>(std::move(buckets), cfg.n_layer, model_->grads.data(),
-                                     model_->params.data(), model_->params.size(), dev_.dp, dopt);
+  ddp_ = std::make_unique<DataParallel>(std::move(buckets), cfg.n_layer, model_->grads.data(),
+                                        model_->params.data(), dense_elems, dev_.dp, dopt);
+  if (cfg.moe.enabled()) {
+    // Averaged over edp here, then divided by ep after the step's backward (backward_pass): the
+    // experts' gradients summed over their edp group and divided by dp (model/moe.hpp).
+    DdpOptions eopt = dopt;
+    eopt.span_name = names::kEdpAllReduce.data();
+    edp_ = std::make_unique<DataParallel>(std::move(expert_buckets), cfg.n_layer,
+                                          model_->grads.data(), model_->params.data(), 0,
+                                          L.ep > 1 ? dev_.edp : dev_.dp, eopt);
+  }
   if (s_.parallel.grad_compression != "none") {
     // The compression hooks work on host memory (launch.cpp refuses other devices first).
     if constexpr (!B::kHostMemory) {
@@ -427,6 +448,61 @@ void TrainingLoop<B>::restore_counters(int32_t steps_done, int64_t adamw_steps,
 
 // --- one step
 
+// MoE: DDP's hook also completes the experts' buckets; the all-to-alls over the ep group; the
+// routing tallied for the step's counters.
+template <class B>
+void TrainingLoop<B>::moe_hooks(GptHooks& hooks) {
+  if constexpr (!B::kHostMemory) {
+    throw InputError("key 'model.moe.experts': MoE blocks run on device cpu only");
+  } else {
+    hooks.on_grads_ready = [this](int segment) {
+      ddp_->on_grads_ready(segment);
+      if (expert_segment_[std::size_t(segment + 1)]) edp_->on_grads_ready(segment);
+    };
+    if (dev_.ep != nullptr) {
+      hooks.ep_all_to_all = [this](const char* name, int layer, const float* send,
+                                   const int64_t* send_counts, std::size_t groups, float* recv,
+                                   int64_t* recv_counts, std::size_t capacity) {
+        dev_.ep
+            ->all_to_all_v(send, send_counts, groups, recv, recv_counts, capacity, DType::F32,
+                           OpLabel{name, step_, cur_mb_, layer})
+            .wait();
+      };
+    }
+    const Gpt& g = layout_of(*model_);
+    const auto E = std::size_t(g.moe_dims.E);
+    moe_tokens_.assign(std::size_t(g.num_blocks()) * E, 0.0);
+    moe_dropped_.assign(std::size_t(g.num_blocks()), 0.0);
+    moe_aux_ = 0;
+    hooks.on_routing = [this, E, first = g.shard.layer_begin](
+                           int layer, const model::moe::Routing& r, double aux) {
+      const auto b = std::size_t(layer - first);
+      for (std::size_t e = 0; e < E; ++e) moe_tokens_[b * E + e] += double(r.routed[e]);
+      moe_dropped_[b] += double(r.dropped);
+      moe_aux_ += aux;
+    };
+  }
+}
+
+// The step's MoE counters (model/moe.hpp: per held MoE block and expert, summed over the step's
+// micro-batches) and its aux loss.
+template <class B>
+void TrainingLoop<B>::record_moe_counters(StepResult& result) {
+  result.aux_loss = moe_aux_ / micro_batches_;
+  if (rec_ == nullptr) return;
+  const Gpt& g = layout_of(*model_);
+  const int64_t now = profiler::steady_now_ns();
+  const auto E = std::size_t(g.moe_dims.E);
+  for (int l = g.shard.layer_begin; l < g.shard.layer_end; ++l) {
+    if (!g.is_moe_block(l)) continue;
+    const auto b = std::size_t(l - g.shard.layer_begin);
+    for (std::size_t e = 0; e < E; ++e) {
+      rec_->counter(model::moe::moe_tokens_counter(l, int(e)).c_str(), moe_tokens_[b * E + e], now);
+    }
+    rec_->counter(model::moe::moe_dropped_counter(l).c_str(), moe_dropped_[b], now);
+  }
+}
+
 // A pass of micro-batch `mb` begins: its labels and the slot of its activations (mb % in flight).
 template <class B>
 std::size_t TrainingLoop<B>::begin_pass(int mb) {
@@ -496,8 +572,19 @@ void TrainingLoop<B>::backward_pass(int mb, const GptHooks& hooks, float loss_sc
     // ZeRO 1 with a compressed step: DDP's compressed reduction of the whole gradient, then each
     // rank keeps its shard of the average (reduce_gradients_zero) instead of a reduce-scatter.
     ddp_->begin_backward((!zero12() || ddp_->compresses(step)) && last_mb, step, mb);
+    if (edp_) edp_->begin_backward(last_mb, step, mb);
     pieces::backward(backend_.kernels(), *model_, acts, *scratch_, loss_scale, hooks);
     ddp_->finish_backward();
+    if (edp_) {
+      edp_->finish_backward();
+      if (last_mb && layout_.ep > 1) {
+        const auto inv = static_cast<float>(1.0 / layout_.ep);
+        for (const auto& b : edp_->buckets()) {
+          float* g = model_->grads.data() + b.range.offset;
+          for (std::size_t i = 0; i < b.range.count; ++i) g[i] *= inv;
+        }
+      }
+    }
   }
   if (!sh.has_embed) {
     grad_send_h_[slot].wait();
@@ -774,10 +861,12 @@ StepResult TrainingLoop<B>::step() {
   GptHooks hooks;
   hooks.observer = observer_.get();
   hooks.on_grads_ready = [this](int segment) { ddp_->on_grads_ready(segment); };
+  if (edp_) moe_hooks(hooks);
   if (dev_.tp != nullptr) {
     hooks.tp_all_reduce = [this](TpPoint point, int layer, float* data, std::size_t count) {
-      const char* name =
-          point == TpPoint::kReplicatedGrads ? names::kTpGradAllReduce.data() : kTpAllReduceName;
+      const char* name = point == TpPoint::kReplicatedGrads   ? names::kTpGradAllReduce.data()
+                         : point == TpPoint::kMoeGateBackward ? names::kTpMoeGateAllReduce.data()
+                                                              : kTpAllReduceName;
       dev_.tp
           ->all_reduce(data, count, DType::F32, ReduceOp::Sum, OpLabel{name, step_, cur_mb_, layer})
           .wait();  // on a device the compute stream (not the host) waits for the sum
@@ -819,6 +908,7 @@ StepResult TrainingLoop<B>::step() {
   }
   result.skipped = !apply;
   result.loss_scale = scale_used;
+  if (edp_) record_moe_counters(result);
   float loss = static_cast<float>(loss_sum / micro_batches_);
   if (layout_.pp > 1) {
     // Only the last stage computed the loss: it broadcasts it over the pipeline (host, 4 bytes).
