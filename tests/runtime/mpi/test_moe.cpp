@@ -278,5 +278,65 @@ TEST(MoeTrace, AllToAllBytesAreTheClosedForm) {
   }
 }
 
+// Router weights 0 (every token ties, so picks experts 0 and 1, both on ep rank 0): ep rank 1's
+// experts receive no rows, yet it joins every all-to-all (with zero rows) and nothing hangs; the
+// block's outputs and the dense gradients equal the whole model's on the same tokens, ep rank 0's
+// experts' gradients are the sum of both ranks' whole-model expert gradients, ep rank 1's are 0.
+TEST(MoeEp, ARankWhoseExpertsGetNoTokensJoinsEveryAllToAll) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const int r = world().rank();
+  const GptConfig cfg = gpt_config(moe_tiny(Layers{2, 2, 1, 1}, false, 0.0, 0.01).model);
+  GptShard sh;
+  sh.ep_size = 2;
+  sh.ep_rank = r;
+  Gpt m = gpt_create(cfg, sh, 42);
+  Gpt whole = gpt_create(cfg, GptShard{}, 42);
+  for (Gpt* g : {&m, &whole}) {
+    for (int l : {0, 2}) std::fill_n(g->moe[std::size_t(l)].router, 4 * 32, 0.0f);
+  }
+  const int B = 2, T = 16;
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    in[std::size_t(i)] = (7 * i + 13 * r) % 64;
+    tg[std::size_t(i)] = (5 * i + 3 + r) % 64;
+  }
+  GptHooks hooks;
+  int calls = 0;
+  hooks.ep_all_to_all = [&](const char* name, int layer, const float* send, const int64_t* sc,
+                            std::size_t groups, float* recv, int64_t* rc, std::size_t cap) {
+    ++calls;
+    world()
+        .all_to_all_v(send, sc, groups, recv, rc, cap, DType::F32, OpLabel{name, 0, 0, layer})
+        .wait();
+  };
+  auto acts = gpt_activations(m, B, T), wacts = gpt_activations(whole, B, T);
+  auto scratch = gpt_grad_scratch(m, B, T), wscratch = gpt_grad_scratch(whole, B, T);
+  gpt_zero_grad(m);
+  gpt_zero_grad(whole);
+  const float loss = gpt_forward(m, acts, in.data(), tg.data(), hooks);
+  const float wloss = gpt_forward(whole, wacts, in.data(), tg.data());
+  EXPECT_NEAR(loss, wloss, 1e-6);
+  int64_t received = 0;
+  for (int64_t c : acts.moe[0].recv_counts) received += c;
+  EXPECT_EQ(received, r == 0 ? 2 * 2 * B * T : 0);  // both ranks' tokens, two choices each
+  gpt_backward(m, acts, scratch, 1.0f, hooks);
+  gpt_backward(whole, wacts, wscratch, 1.0f);
+  EXPECT_EQ(calls, 2 * 4);  // 2 MoE blocks x dispatch, combine and their backward
+  std::vector<float> wg(whole.grads.begin(), whole.grads.end());
+  std::vector<float> wsum = wg;
+  world().all_reduce(wsum.data(), wsum.size(), DType::F32, ReduceOp::Sum).wait();
+  double worst = 0, ref = 0;
+  for (const auto& t : m.tensors) {
+    const ParamTensor& w = whole.tensor(t.name);
+    const std::vector<float>& want = t.expert ? wsum : wg;
+    for (std::size_t i = 0; i < t.count; ++i) {
+      worst = std::max(worst, std::abs(double(m.grads[t.offset + i]) - want[w.offset + i]));
+      ref = std::max(ref, std::abs(double(want[w.offset + i])));
+      if (t.expert && r == 1) ASSERT_EQ(m.grads[t.offset + i], 0.0f) << t.name;
+    }
+  }
+  EXPECT_LT(worst / ref, 1e-5);
+}
+
 }  // namespace
 }  // namespace orrery::runtime
