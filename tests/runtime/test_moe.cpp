@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fd_check.hpp"
@@ -334,13 +335,19 @@ TEST(MoeTraining, RefusalsNameTheKey) {
   Scenario s = moe_scenario();
   s.parallel.dp = 2;
   s.parallel.zero = 1;
-  try {
-    check_supported(s);
-    FAIL() << "ZeRO with MoE accepted";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.zero"), std::string::npos) << e.what();
+  EXPECT_NO_THROW(check_supported(s));  // ep 1: the experts are sharded as the dense tensors
+  for (const auto& [zero, ep] : {std::pair{1, 2}, std::pair{2, 2}, std::pair{3, 1}}) {
+    s.parallel.zero = zero;
+    s.parallel.ep = ep;
+    try {
+      check_supported(s);
+      FAIL() << "ZeRO " << zero << " with MoE and ep " << ep << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("parallel.zero"), std::string::npos) << e.what();
+    }
   }
   s.parallel.zero = 0;
+  s.parallel.ep = 1;
   s.parallel.grad_compression = "int8";
   try {
     check_supported(s);

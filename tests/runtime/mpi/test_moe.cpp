@@ -33,6 +33,7 @@ using testing::world;
 
 struct Layers {
   int dp = 1, ep = 1, tp = 1, pp = 1;
+  int zero = 0;
 };
 
 // 4 blocks of C 32, MoE FFNs in blocks 0 and 2 (every 2): 4 experts of width 48, top 2, one shared
@@ -65,6 +66,7 @@ Scenario moe_tiny(const Layers& l, bool swiglu, double capacity, double aux) {
   s.parallel.ep = l.ep;
   s.parallel.tp = l.tp;
   s.parallel.pp = l.pp;
+  s.parallel.zero = l.zero;
   s.parallel.schedule = "1f1b";
   s.parallel.bucket_mb = 0.01;
   s.runtime.threads = 1;
@@ -173,6 +175,37 @@ INSTANTIATE_TEST_SUITE_P(
                       EpCase{"dp2_ep2_pp2", {2, 2, 1, 2}, false, 1.25},
                       EpCase{"dp2_ep2_tp2", {2, 2, 2, 1}, true, 1.25}),
     [](const ::testing::TestParamInfo<EpCase>& i) { return std::string(i.param.name); });
+
+class ZeroEquivalence : public ::testing::TestWithParam<EpCase> {};
+
+// ZeRO 1/2 with MoE (ep 1: the experts replicated over dp and sharded with the dense tensors)
+// against ZeRO 0 on the same layout.
+TEST_P(ZeroEquivalence, SameAsZero0) {
+  const EpCase c = GetParam();
+  const Layers& l = c.par;
+  if (l.dp * l.tp * l.pp != world().size()) GTEST_SKIP() << "needs " << l.dp * l.tp * l.pp;
+  const Result par = train(moe_tiny(l, c.swiglu, c.capacity, 0.01), world());
+  Layers z0 = l;
+  z0.zero = 0;
+  const Result ref = train(moe_tiny(z0, c.swiglu, c.capacity, 0.01), world());
+  expect_same_curve(par.loss, ref.loss, "loss");
+  expect_same_curve(par.aux, ref.aux, "aux loss");
+  const double err = parameter_error(par, par.params, ref.model(), ref.params, false);
+  if (world().rank() == 0) {
+    std::printf("  %-24s loss %.6f (zero 0 %.6f)  max relative parameter error %.3g\n", c.name,
+                par.loss.back(), ref.loss.back(), err);
+  }
+  EXPECT_LT(err, 1e-4) << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Moe, ZeroEquivalence,
+                         ::testing::Values(EpCase{"dp2_zero1", {2, 1, 1, 1, 1}, false, 1.25},
+                                           EpCase{"dp2_zero2_swiglu", {2, 1, 1, 1, 2}, true, 1.25},
+                                           EpCase{"dp4_zero1", {4, 1, 1, 1, 1}, false, 1.25},
+                                           EpCase{"dp2_pp2_zero2", {2, 1, 1, 2, 2}, false, 1.25}),
+                         [](const ::testing::TestParamInfo<EpCase>& i) {
+                           return std::string(i.param.name);
+                         });
 
 class SerialEquivalence : public ::testing::TestWithParam<EpCase> {};
 

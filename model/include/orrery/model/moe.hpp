@@ -86,8 +86,10 @@
 //   blocks, mean over micro-batches) are StepResult::aux_loss; their gradients are in the backward.
 //
 // Not yet (refused by validate_layout): sequence parallelism and full recomputation with MoE blocks.
-// Not yet in the runtime (refused by check_supported naming the key): ZeRO 1/2/3, gradient
-// compression, checkpoints with ep > 1, device cuda.
+// ZeRO 1/2 run with ep = 1 only (the experts replicated over dp = edp, sharded with the dense
+// tensors by the one dp partition, no edp.all_reduce). Not yet in the runtime (refused by
+// check_supported naming the key): ZeRO 1/2 with ep > 1, ZeRO 3, gradient compression, checkpoints
+// with ep > 1, device cuda.
 #pragma once
 
 #include <cstdint>

@@ -174,9 +174,12 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   }
   ddp_ = std::make_unique<DataParallel>(std::move(buckets), cfg.n_layer, model_->grads.data(),
                                         model_->params.data(), dense_elems, dev_.dp, dopt);
-  if (cfg.moe.enabled()) {
+  if (cfg.moe.enabled() && !zero) {
     // Averaged over edp here, then divided by ep after the step's backward (backward_pass): the
-    // experts' gradients summed over their edp group and divided by dp (model/moe.hpp).
+    // experts' gradients summed over their edp group and divided by dp (model/moe.hpp). Under
+    // ZeRO 1/2 (ep 1 only, check_supported) the experts are replicated over dp like the dense
+    // tensors: the whole array's reduce-scatter averages them and the partition shards their
+    // optimizer state over dp, which is the edp group.
     DdpOptions eopt = dopt;
     eopt.span_name = names::kEdpAllReduce.data();
     edp_ = std::make_unique<DataParallel>(std::move(expert_buckets), cfg.n_layer,
@@ -455,10 +458,12 @@ void TrainingLoop<B>::moe_hooks(GptHooks& hooks) {
   if constexpr (!B::kHostMemory) {
     throw InputError("key 'model.moe.experts': MoE blocks run on device cpu only");
   } else {
-    hooks.on_grads_ready = [this](int segment) {
-      ddp_->on_grads_ready(segment);
-      if (expert_segment_[std::size_t(segment + 1)]) edp_->on_grads_ready(segment);
-    };
+    if (edp_) {
+      hooks.on_grads_ready = [this](int segment) {
+        ddp_->on_grads_ready(segment);
+        if (expert_segment_[std::size_t(segment + 1)]) edp_->on_grads_ready(segment);
+      };
+    }
     if (dev_.ep != nullptr) {
       hooks.ep_all_to_all = [this](const char* name, int layer, const float* send,
                                    const int64_t* send_counts, std::size_t groups, float* recv,
@@ -861,7 +866,7 @@ StepResult TrainingLoop<B>::step() {
   GptHooks hooks;
   hooks.observer = observer_.get();
   hooks.on_grads_ready = [this](int segment) { ddp_->on_grads_ready(segment); };
-  if (edp_) moe_hooks(hooks);
+  if (layout_of(*model_).config.moe.enabled()) moe_hooks(hooks);
   if (dev_.tp != nullptr) {
     hooks.tp_all_reduce = [this](TpPoint point, int layer, float* data, std::size_t count) {
       const char* name = point == TpPoint::kReplicatedGrads   ? names::kTpGradAllReduce.data()
@@ -908,7 +913,7 @@ StepResult TrainingLoop<B>::step() {
   }
   result.skipped = !apply;
   result.loss_scale = scale_used;
-  if (edp_) record_moe_counters(result);
+  if (layout_of(*model_).config.moe.enabled()) record_moe_counters(result);
   float loss = static_cast<float>(loss_sum / micro_batches_);
   if (layout_.pp > 1) {
     // Only the last stage computed the loss: it broadcasts it over the pipeline (host, 4 bytes).
