@@ -347,8 +347,11 @@ TEST(MoeTraining, RefusalsNameTheKey) {
     }
   }
   s.parallel.zero = 0;
-  s.parallel.ep = 1;
+  s.parallel.ep = 2;
   s.parallel.grad_compression = "int8";
+  EXPECT_NO_THROW(check_supported(s));  // ZeRO 0: DDP's dense buckets compressed
+  s.parallel.ep = 1;
+  s.parallel.zero = 1;
   try {
     check_supported(s);
     FAIL() << "compression with MoE accepted";

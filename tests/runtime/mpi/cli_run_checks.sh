@@ -77,7 +77,7 @@ expect_input_error moe_capacity "key 'model.moe.capacity_factor'" "$ORRERY" run 
   --set model.moe.capacity_factor=-1
 expect_input_error moe_zero "key 'parallel.zero'" "$ORRERY" run "$MOE_SCN" --set parallel.zero=1
 expect_input_error moe_compression "key 'parallel.grad_compression'" "$ORRERY" run "$MOE_SCN" \
-  --set parallel.grad_compression=int8
+  --set parallel.grad_compression=int8 --set parallel.ep=1 --set parallel.zero=1
 expect_input_error moe_checkpoint "key 'checkpoint.every'" "$ORRERY" run "$MOE_SCN" \
   --set checkpoint.every=2
 # Started under mpirun by hand with the wrong number of ranks: the ranks exit 2 before MPI_Init

@@ -136,6 +136,7 @@ struct EpCase {
   Layers par;  // ep > 1
   bool swiglu;
   double capacity;
+  const char* compression = "none";  // parallel.grad_compression (DDP's dense buckets only)
 };
 
 class EpEquivalence : public ::testing::TestWithParam<EpCase> {};
@@ -145,10 +146,14 @@ TEST_P(EpEquivalence, SameAsEp1) {
   const EpCase c = GetParam();
   const Layers& l = c.par;
   if (l.dp * l.tp * l.pp != world().size()) GTEST_SKIP() << "needs " << l.dp * l.tp * l.pp;
-  const Result par = train(moe_tiny(l, c.swiglu, c.capacity, 0.01), world());
+  Scenario s = moe_tiny(l, c.swiglu, c.capacity, 0.01);
+  s.parallel.grad_compression = c.compression;
+  const Result par = train(s, world());
   Layers one = l;
   one.ep = 1;
-  const Result ref = train(moe_tiny(one, c.swiglu, c.capacity, 0.01), world());
+  Scenario s1 = moe_tiny(one, c.swiglu, c.capacity, 0.01);
+  s1.parallel.grad_compression = c.compression;
+  const Result ref = train(s1, world());
   expect_same_curve(par.loss, ref.loss, "loss");
   expect_same_curve(par.aux, ref.aux, "aux loss");
   EXPECT_GT(ref.aux.back(), 0.0f);
@@ -162,7 +167,10 @@ TEST_P(EpEquivalence, SameAsEp1) {
         c.name, par.loss.back(), ref.loss.back(), par.aux.back(), err, gerr);
   }
   EXPECT_LT(err, 1e-4) << c.name;
-  EXPECT_LT(gerr, 1e-4) << c.name;
+  // int8 rounds each gradient to 1/127 of its block's max: inputs that differ by an ulp can land
+  // a quantum apart (observed 4.5e-4), so there the bound is that quantum.
+  const bool int8 = std::string(c.compression) == "int8";
+  EXPECT_LT(gerr, int8 ? 1.0 / 127 : 1e-4) << c.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -173,7 +181,9 @@ INSTANTIATE_TEST_SUITE_P(
                       EpCase{"dp4_ep4", {4, 4, 1, 1}, false, 1.25},
                       EpCase{"dp4_ep4_swiglu", {4, 4, 1, 1}, true, 1.0},
                       EpCase{"dp2_ep2_pp2", {2, 2, 1, 2}, false, 1.25},
-                      EpCase{"dp2_ep2_tp2", {2, 2, 2, 1}, true, 1.25}),
+                      EpCase{"dp2_ep2_tp2", {2, 2, 2, 1}, true, 1.25},
+                      EpCase{"dp2_ep2_int8", {2, 2, 1, 1}, false, 1.25, "int8"},
+                      EpCase{"dp4_ep2_powersgd", {4, 2, 1, 1}, false, 1.25, "powersgd"}),
     [](const ::testing::TestParamInfo<EpCase>& i) { return std::string(i.param.name); });
 
 class ZeroEquivalence : public ::testing::TestWithParam<EpCase> {};

@@ -88,8 +88,9 @@
 // Not yet (refused by validate_layout): sequence parallelism and full recomputation with MoE blocks.
 // ZeRO 1/2 run with ep = 1 only (the experts replicated over dp = edp, sharded with the dense
 // tensors by the one dp partition, no edp.all_reduce). Not yet in the runtime (refused by
-// check_supported naming the key): ZeRO 1/2 with ep > 1, ZeRO 3, gradient compression, checkpoints
-// with ep > 1, device cuda.
+// check_supported naming the key): ZeRO 1/2 with ep > 1, ZeRO 3, gradient compression with ZeRO,
+// checkpoints with ep > 1, device cuda. Gradient compression (ZeRO 0) compresses DDP's dense
+// buckets only; the experts' edp.all_reduce stays fp32.
 #pragma once
 
 #include <cstdint>
