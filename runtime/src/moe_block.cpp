@@ -401,6 +401,27 @@ void moe_ffn_backward(Gpt& g, GptActivations& acts, GptGradScratch& s, int layer
                   acts.objective_scale);
 }
 
+std::size_t moe_state_bytes(const GptActivations& acts) {
+  std::size_t n = 0;
+  auto add = [&n](const auto& v) { n += v.capacity() * sizeof(v[0]); };
+  for (const auto& st : acts.moe) {
+    add(st.probs);
+    add(st.routing.expert);
+    add(st.routing.weight);
+    add(st.routing.kept);
+    add(st.send_row);
+    add(st.send);
+    add(st.recv);
+    add(st.out);
+    add(st.back);
+    for (const auto* vv : {&st.x, &st.h, &st.act, &st.sh, &st.sact}) {
+      for (const auto& v : *vv) add(v);
+    }
+    for (const auto& v : st.rows) add(v);
+  }
+  return n;
+}
+
 double gpt_aux_loss(const GptActivations& acts) {
   double sum = 0;
   for (const auto& m : acts.moe) sum += m.aux;

@@ -312,8 +312,15 @@ TEST(MoeTraining, CountersAndSpansOfAStep) {
   const traces::Trace tr = traces::load_trace(path);
   std::remove(path.c_str());
   EXPECT_GT(r.aux_loss, 0);
-  std::map<std::string, double> last;
-  for (const auto& c : tr.counters) last[tr.strings.str(c.name)] = c.value;
+  std::map<std::string, double> last, first;
+  for (const auto& c : tr.counters) {
+    last[tr.strings.str(c.name)] = c.value;
+    first.emplace(tr.strings.str(c.name), c.value);
+  }
+  // mem.activations includes the MoE blocks' state once a forward has sized it: at least the
+  // router probabilities and the dispatched rows of both blocks (N = 16 tokens, E 4, C 16).
+  EXPECT_GE(last.at("mem.activations") - first.at("mem.activations"),
+            2.0 * (16 * 4 + 16 * 16) * sizeof(float));
   for (int l = 0; l < 2; ++l) {
     double tokens = 0;
     for (int e = 0; e < 4; ++e) tokens += last.at(model::moe::moe_tokens_counter(l, e));

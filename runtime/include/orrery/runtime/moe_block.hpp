@@ -28,4 +28,8 @@ void moe_ffn_backward(Gpt& m, GptActivations& acts, GptGradScratch& s, int layer
 // The load-balancing losses of the micro-batch's MoE blocks on this shard, summed (0 without).
 double gpt_aux_loss(const GptActivations& acts);
 
+// Bytes the MoE blocks' forward state holds (routing, dispatched and received rows, the experts'
+// activations; sized by the last forward): part of mem.activations.
+std::size_t moe_state_bytes(const GptActivations& acts);
+
 }  // namespace orrery::runtime

@@ -40,7 +40,7 @@
 // comm stream holds "ddp.broadcast_parameters" (broadcast) and "barrier". Counters, sampled at
 // the end of every step (bytes): mem.parameters, mem.gradients, mem.optimizer (AdamW moments),
 // mem.activations (the saved activations of every micro-batch in flight plus the backward scratch
-// and a device's kernel scratch), mem.comm_buffers (pipeline gradient send buffers, ZeRO's
+// and a device's kernel scratch; with MoE blocks their routing state, moe_state_bytes), mem.comm_buffers (pipeline gradient send buffers, ZeRO's
 // reduce-scatter output; under ZeRO 2 also the full-size array the model writes one backward's
 // gradients into before they are scattered).
 //

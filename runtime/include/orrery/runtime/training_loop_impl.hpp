@@ -266,7 +266,10 @@ template <class B>
 MemoryBytes TrainingLoop<B>::memory() const {
   MemoryBytes m;
   double acts = static_cast<double>(scratch_->memory.size_bytes()) + backend_.scratch_bytes();
-  for (const auto& a : acts_) acts += static_cast<double>(a->memory.size_bytes());
+  for (const auto& a : acts_) {
+    acts += static_cast<double>(a->memory.size_bytes());
+    if constexpr (B::kHostMemory) acts += static_cast<double>(moe_state_bytes(*a));  // MoE
+  }
   m.activations = acts;
   if (z3_) {
     const double shard = static_cast<double>(z3_->shard_elems()) * sizeof(float);
