@@ -23,6 +23,7 @@
 #include "orrery/runtime/buffers.hpp"
 #include "orrery/runtime/moe_block.hpp"
 #include "orrery/runtime/trainer.hpp"
+#include "orrery/runtime/zero.hpp"
 #include "orrery/traces/store.hpp"
 
 namespace orrery::runtime {
@@ -105,6 +106,20 @@ TEST(MoeModel, ParameterTableAndExpertLayout) {
   const ParamTensor& b = whole.tensor("h.0.expert.3.fcw");
   EXPECT_EQ(0, std::memcmp(m.params.data() + a.offset, whole.params.data() + b.offset,
                            a.count * sizeof(float)));
+}
+
+// ZeRO 1/2 pad the flat arrays (zero.hpp): the MoE pointers follow them.
+TEST(MoeModel, PaddedStorageRebasesTheMoePointers) {
+  Gpt m = gpt_create(tiny_moe(true, 0), GptShard{}, 3);
+  const std::vector<float> before(m.params.begin(), m.params.end());
+  gpt_pad_storage(m, m.num_params() + 7);
+  const ParamTensor& r = m.tensor("h.0.router");
+  EXPECT_EQ(m.moe[0].router, m.params.data() + r.offset);
+  EXPECT_EQ(m.dmoe[0].router, m.grads.data() + r.offset);
+  const ParamTensor& w = m.tensor("h.0.expert.3.fcprojw");
+  EXPECT_EQ(m.moe[0].experts[3].fcprojw, m.params.data() + w.offset);
+  EXPECT_EQ(m.dmoe[0].shared[0].fcw, m.grads.data() + m.tensor("h.0.shared.0.fcw").offset);
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), m.params.begin()));
 }
 
 struct Run {
