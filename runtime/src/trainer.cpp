@@ -37,12 +37,9 @@ namespace {
 // refused bad values, sequence parallelism and full recomputation already.
 void check_supported_moe(const Scenario& s, const std::string& origin) {
   const std::string moe = "model.moe.experts = " + std::to_string(s.model.moe.experts);
-  if (s.parallel.zero == 3 || (s.parallel.zero != 0 && s.parallel.ep > 1)) {
-    throw InputError(origin + ": key 'parallel.zero': ZeRO " + std::to_string(s.parallel.zero) +
-                     " with " + moe + " and parallel.ep = " + std::to_string(s.parallel.ep) +
-                     " is not implemented in the runtime (the experts' optimizer state is not "
-                     "sharded over the edp group yet); expected parallel.zero = 0, or ZeRO 1/2 "
-                     "with parallel.ep = 1");
+  if (s.parallel.zero == 3) {
+    throw InputError(origin + ": key 'parallel.zero': ZeRO 3 with " + moe +
+                     " is not implemented in the runtime; expected parallel.zero = 0, 1 or 2");
   }
   // Compression runs on DDP's dense buckets (the experts' edp.all_reduce stays uncompressed);
   // under ZeRO 1 it replaces the reduce-scatter of the whole array, experts included: not there.

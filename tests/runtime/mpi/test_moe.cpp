@@ -188,8 +188,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 class ZeroEquivalence : public ::testing::TestWithParam<EpCase> {};
 
-// ZeRO 1/2 with MoE (ep 1: the experts replicated over dp and sharded with the dense tensors)
-// against ZeRO 0 on the same layout.
+// ZeRO 1/2 with MoE against ZeRO 0 on the same layout: ep 1 (the experts replicated over dp and
+// sharded with the dense tensors) and ep > 1 (the experts' shards over their edp group).
 TEST_P(ZeroEquivalence, SameAsZero0) {
   const EpCase c = GetParam();
   const Layers& l = c.par;
@@ -208,14 +208,18 @@ TEST_P(ZeroEquivalence, SameAsZero0) {
   EXPECT_LT(err, 1e-4) << c.name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Moe, ZeroEquivalence,
-                         ::testing::Values(EpCase{"dp2_zero1", {2, 1, 1, 1, 1}, false, 1.25},
-                                           EpCase{"dp2_zero2_swiglu", {2, 1, 1, 1, 2}, true, 1.25},
-                                           EpCase{"dp4_zero1", {4, 1, 1, 1, 1}, false, 1.25},
-                                           EpCase{"dp2_pp2_zero2", {2, 1, 1, 2, 2}, false, 1.25}),
-                         [](const ::testing::TestParamInfo<EpCase>& i) {
-                           return std::string(i.param.name);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Moe, ZeroEquivalence,
+    ::testing::Values(EpCase{"dp2_zero1", {2, 1, 1, 1, 1}, false, 1.25},
+                      EpCase{"dp2_zero2_swiglu", {2, 1, 1, 1, 2}, true, 1.25},
+                      EpCase{"dp4_zero1", {4, 1, 1, 1, 1}, false, 1.25},
+                      EpCase{"dp2_pp2_zero2", {2, 1, 1, 2, 2}, false, 1.25},
+                      EpCase{"dp2_ep2_zero1", {2, 2, 1, 1, 1}, false, 1.25},
+                      EpCase{"dp2_ep2_zero2_swiglu", {2, 2, 1, 1, 2}, true, 1.25},
+                      EpCase{"dp4_ep2_zero1", {4, 2, 1, 1, 1}, false, 1.25},
+                      EpCase{"dp4_ep2_zero2", {4, 2, 1, 1, 2}, false, 1.25},
+                      EpCase{"dp2_ep2_pp2_zero1", {2, 2, 1, 2, 1}, false, 1.25}),
+    [](const ::testing::TestParamInfo<EpCase>& i) { return std::string(i.param.name); });
 
 class SerialEquivalence : public ::testing::TestWithParam<EpCase> {};
 

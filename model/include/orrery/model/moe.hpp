@@ -86,10 +86,14 @@
 //   blocks, mean over micro-batches) are StepResult::aux_loss; their gradients are in the backward.
 //
 // Not yet (refused by validate_layout): sequence parallelism and full recomputation with MoE blocks.
-// ZeRO 1/2 run with ep = 1 only (the experts replicated over dp = edp, sharded with the dense
-// tensors by the one dp partition, no edp.all_reduce). Not yet in the runtime (refused by
-// check_supported naming the key): ZeRO 1/2 with ep > 1, ZeRO 3, gradient compression with ZeRO,
-// checkpoints with ep > 1, device cuda. Gradient compression (ZeRO 0) compresses DDP's dense
+// ZeRO 1/2: with ep = 1 the experts are replicated over dp = edp and sharded with the dense
+// tensors by the one dp partition of the whole array (no edp.all_reduce). With ep > 1 the dense
+// prefix is partitioned over dp and the experts' range over their edp group: per reduction (one a
+// step for ZeRO 1, one per micro-batch for ZeRO 2) the dense zero.reduce_scatter on dp, then the
+// experts' zero.reduce_scatter on edp (averaged, then x 1/ep; none when edp has one rank); AdamW on
+// both shards; zero.all_gather of the dense shards on dp, then of the expert shards on edp. Not yet
+// in the runtime (refused by check_supported naming the key): ZeRO 3, gradient compression with
+// ZeRO, checkpoints with ep > 1, device cuda. Gradient compression (ZeRO 0) compresses DDP's dense
 // buckets only; the experts' edp.all_reduce stays fp32.
 #pragma once
 

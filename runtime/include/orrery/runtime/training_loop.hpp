@@ -182,6 +182,8 @@ class TrainingLoop : public RankTrainer {
   // they are divided by the loss scale. The same answer on every rank.
   bool unscale_and_check_overflow();
   void reduce_gradients_zero(int mb);
+  void reduce_expert_gradients_zero(int mb);  // MoE, ep > 1
+  void gather_zero_shards_ep();               // MoE, ep > 1
   void embed_all_reduce();
   void kv_grad_all_reduce(int layer, int mb);
   void kv_grad_all_reduce_blocks(int mb);
@@ -225,6 +227,12 @@ class TrainingLoop : public RankTrainer {
   ZeroPartition zero_;
   Array zero_grads_;  // (k) ZeRO 1/2: the owned shard of the averaged gradients
   Array zero_recv_;   // (k) ZeRO 2: one micro-batch's scattered shard
+  // MoE with ep > 1 under ZeRO 1/2: the experts' partition over edp (ranks 0: none), where they
+  // start in the flat array, their shard's gradients, ZeRO 2's scattered shard and AdamW moments,
+  // and the dense all-gather's staging buffer.
+  ZeroPartition ezero_{};
+  std::size_t expert_offset_ = 0;
+  Array ezero_grads_, ezero_recv_, eadam_m_, eadam_v_, zero_stage_;
   std::unique_ptr<typename B::Zero3> z3_;
   Array z3_recv_;                              // ZeRO 3: one micro-batch's scattered shards
   Handle z3_gather_h_[4], z3_rs_h_[4];         // by working buffer (zero3_slot)

@@ -150,7 +150,18 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
     moments = z3_->shard_elems();
     opt_count_ = 0;  // per segment shard
   } else {
-    if (zero) {
+    if (zero && L.ep > 1) {
+      // MoE with ep > 1 (model/moe.hpp): the dense prefix partitioned over dp, the experts over
+      // their edp group; storage padded for both (the dense all-gather goes through zero_stage_,
+      // so its padding never overwrites the experts that follow the dense tensors).
+      expert_offset_ = dense_elems;
+      zero_ = zero_partition(dense_elems, L.dp_rank, L.dp);
+      ezero_ = zero_partition(n - dense_elems, L.dp_rank / L.ep, L.dp / L.ep);
+      gpt_pad_storage(host, std::max(zero_.padded(), dense_elems + ezero_.padded()));
+      moments = zero_.shard;
+      opt_offset_ = zero_.begin();
+      opt_count_ = zero_.count();
+    } else if (zero) {
       zero_ = zero_partition(n, L.dp_rank, L.dp);
       gpt_pad_storage(host, zero_.padded());
       moments = zero_.shard;
@@ -233,6 +244,13 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
     zero_grads_.resize(zero_.shard);
     if (s_.parallel.zero == 2) zero_recv_.resize(zero_.shard);
   }
+  if (ezero_.total > 0) {
+    ezero_grads_.resize(ezero_.shard);
+    if (s_.parallel.zero == 2) ezero_recv_.resize(ezero_.shard);
+    eadam_m_.resize(ezero_.shard);
+    eadam_v_.resize(ezero_.shard);
+    zero_stage_.resize(zero_.padded());
+  }
   if (rec_ != nullptr) observer_ = std::make_unique<Observer>(rec_, backend_);
   backend_.synchronize();  // the model's upload is complete before any stream uses it
 }
@@ -283,18 +301,20 @@ MemoryBytes TrainingLoop<B>::memory() const {
   }
   m.parameters = static_cast<double>(model_->params.size_bytes());
   const double full_grads = static_cast<double>(model_->grads.size_bytes());
-  m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes());
+  m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes() +
+                                    eadam_m_.size_bytes() + eadam_v_.size_bytes());
   double comm = static_cast<double>(ddp_->comm_buffer_bytes() + kv_buf_.size_bytes());
   for (const auto& g : grad_send_) comm += static_cast<double>(g.size_bytes());  // pipeline
   if (zero12() && s_.parallel.zero == 2) {
     // The shard is the gradient state; the full array only stages one backward before scattering.
-    m.gradients = static_cast<double>(zero_grads_.size_bytes());
-    comm += full_grads + static_cast<double>(zero_recv_.size_bytes());
+    m.gradients = static_cast<double>(zero_grads_.size_bytes() + ezero_grads_.size_bytes());
+    comm += full_grads + static_cast<double>(zero_recv_.size_bytes() + ezero_recv_.size_bytes());
   } else {
     m.gradients = full_grads;
-    comm += static_cast<double>(zero_grads_.size_bytes());  // ZeRO 1: the reduce-scatter output
+    // ZeRO 1: the reduce-scatter output (MoE, ep > 1: the experts' too, and the staging buffer)
+    comm += static_cast<double>(zero_grads_.size_bytes() + ezero_grads_.size_bytes());
   }
-  m.comm_buffers = comm;
+  m.comm_buffers = comm + static_cast<double>(zero_stage_.size_bytes());
   return m;
 }
 
@@ -331,6 +351,9 @@ bool TrainingLoop<B>::unscale_and_check_overflow() {
         break;
       }
     }
+    for (std::size_t i = 0; i < ezero_grads_.size(); ++i) {  // MoE, ep > 1, ZeRO 1/2
+      if (!std::isfinite(ezero_grads_.data()[i])) overflow = 1;
+    }
     // Over dp, then tp, then pp: the max over the whole world, so every rank skips together.
     for (Communicator* c : {groups_.dp.get(), groups_.tp.get(), groups_.pp.get()}) {
       if (c == nullptr || c->size() < 2) continue;
@@ -341,6 +364,7 @@ bool TrainingLoop<B>::unscale_and_check_overflow() {
     if (overflow != 0) return true;
     const auto inv = static_cast<float>(1.0 / scaler_->scale());
     for (std::size_t i = 0; i < n; ++i) g[i] *= inv;
+    for (std::size_t i = 0; i < ezero_grads_.size(); ++i) ezero_grads_.data()[i] *= inv;
     return false;
   }
 }
@@ -670,9 +694,59 @@ void TrainingLoop<B>::reduce_gradients_zero(int mb) {
           OpLabel{kZeroReduceScatterName, step_, mb,
                   holds_embedding_segment(layout_of(*model_)) ? kEmbedSegment : sh.layer_begin})
       .wait();
+  if (ezero_.total > 0) reduce_expert_gradients_zero(mb);
   if (s_.parallel.zero == 2) {
     backend_.add(zero_grads_.data(), out, zero_.shard);         // the shard gradient accumulates
     backend_.zero(model_->grads.data(), model_->grads.size());  // the next backward: a clean array
+  }
+}
+
+// MoE with ep > 1 under ZeRO 1/2: the experts' reduce-scatter over their edp group, averaged there
+// and divided by ep (sum over edp / dp, model/moe.hpp), into this rank's expert shard.
+template <class B>
+void TrainingLoop<B>::reduce_expert_gradients_zero(int mb) {
+  if constexpr (B::kHostMemory) {
+    float* out = s_.parallel.zero == 2 ? ezero_recv_.data() : ezero_grads_.data();
+    const float* g = model_->grads.data() + expert_offset_;
+    if (dev_.edp != nullptr) {
+      const Gpt& m = layout_of(*model_);
+      int lowest = m.shard.layer_end;
+      for (int l = m.shard.layer_begin; l < m.shard.layer_end; ++l) {
+        if (m.expert_range(l).count > 0) lowest = std::min(lowest, l);
+      }
+      dev_.edp
+          ->reduce_scatter(g, out, ezero_.shard, DType::F32, ReduceOp::Avg,
+                           OpLabel{kZeroReduceScatterName, step_, mb, lowest})
+          .wait();
+    } else {
+      std::copy(g, g + ezero_.shard, out);  // an edp group of one: the whole expert range
+    }
+    const auto inv = static_cast<float>(1.0 / layout_.ep);
+    for (std::size_t i = 0; i < ezero_.shard; ++i) out[i] *= inv;
+    if (s_.parallel.zero == 2) backend_.add(ezero_grads_.data(), out, ezero_.shard);
+  }
+}
+
+// MoE with ep > 1 under ZeRO 1/2: the dense shards all-gathered over dp through zero_stage_ (its
+// padding would overwrite the experts after the dense tensors), the expert shards over edp in place
+// (their padding lies past the array's real end).
+template <class B>
+void TrainingLoop<B>::gather_zero_shards_ep() {
+  if constexpr (B::kHostMemory) {
+    float* p = model_->params.data();
+    std::copy(p + zero_.begin(), p + zero_.begin() + zero_.count(),
+              zero_stage_.data() + zero_.begin());
+    dev_.dp
+        ->all_gather(zero_stage_.data() + zero_.begin(), zero_stage_.data(), zero_.shard,
+                     DType::F32, OpLabel{kZeroAllGatherName, step_, -1, -1})
+        .wait();
+    std::copy(zero_stage_.data(), zero_stage_.data() + expert_offset_, p);
+    if (dev_.edp != nullptr) {
+      dev_.edp
+          ->all_gather(p + expert_offset_ + ezero_.begin(), p + expert_offset_, ezero_.shard,
+                       DType::F32, OpLabel{kZeroAllGatherName, step_, -1, -1})
+          .wait();
+    }
   }
 }
 
@@ -834,8 +908,15 @@ void TrainingLoop<B>::optimizer_phase(bool apply) {
     backend_.adamw(model_->params.data() + opt_offset_, grads, adam_m_.data(), adam_v_.data(),
                    opt_offset_, opt_count_, decay_, adam_steps_, adamw_);
   }
+  if (apply && ezero_.total > 0 && ezero_.count() > 0) {  // MoE, ep > 1: the expert shard
+    const std::size_t off = expert_offset_ + ezero_.begin();
+    backend_.adamw(model_->params.data() + off, ezero_grads_.data(), eadam_m_.data(),
+                   eadam_v_.data(), off, ezero_.count(), decay_, adam_steps_, adamw_);
+  }
   close(adamw);
-  if (zero12() && apply) {
+  if (zero12() && apply && ezero_.total > 0) {
+    gather_zero_shards_ep();
+  } else if (zero12() && apply) {
     // In place: this rank's shard is block dp_rank of the gathered array.
     dev_.dp
         ->all_gather(model_->params.data() + zero_.begin(), model_->params.data(), zero_.shard,
@@ -861,6 +942,7 @@ StepResult TrainingLoop<B>::step() {
     const int zg = open(traces::SpanKind::Compute, names::kZeroGrad.data(), -1);
     backend_.zero(model_->grads.data(), model_->grads.size());  // none under ZeRO 3
     if (zero12()) backend_.zero(zero_grads_.data(), zero_grads_.size());
+    if (ezero_.total > 0) backend_.zero(ezero_grads_.data(), ezero_grads_.size());
     if (z3_) backend_.zero(z3_->grads(), z3_->shard_elems());
     close(zg);
   }
