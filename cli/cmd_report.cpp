@@ -18,6 +18,7 @@
 #include "orrery/profiler/compare.hpp"
 #include "orrery/profiler/compression_metrics.hpp"
 #include "orrery/profiler/metrics.hpp"
+#include "orrery/profiler/moe_metrics.hpp"
 #include "orrery/traces/meta_json.hpp"
 #include "orrery/traces/store.hpp"
 
@@ -84,6 +85,7 @@ struct Loaded {
   traces::Trace trace;  // without --compare only the header (no spans): the report streams them
   Metrics m;
   profiler::CompressionMetrics comp;  // empty without gradient compression
+  profiler::MoeMetrics moe;           // empty without MoE blocks
   LossScaling scaling;                // steps 0 without fp16 loss scaling
   bool complete = true;  // false when the trace's writer never closed it (a run that died)
 };
@@ -103,14 +105,20 @@ Loaded load_and_compute(const std::string& path, const profiler::MetricsOptions&
     if (o.skip_steps < 0) o.skip_steps = warmup_steps_of(l.trace.meta);
     if (streamed) {
       profiler::CompressionAccumulator comp(l.trace);
+      profiler::MoeAccumulator moe(l.trace);
       l.m = profiler::compute_metrics_streamed(reader, l.trace, o,
-                                               [&comp](std::span<const traces::Span> spans) {
-                                                 for (const auto& s : spans) comp.add(s);
+                                               [&comp, &moe](std::span<const traces::Span> spans) {
+                                                 for (const auto& s : spans) {
+                                                   comp.add(s);
+                                                   moe.add(s);
+                                                 }
                                                });
       l.comp = comp.result();
+      l.moe = moe.result();
     } else {
       l.m = profiler::compute_metrics(l.trace, o);
       l.comp = profiler::compression_metrics(l.trace);
+      l.moe = profiler::moe_metrics(l.trace);
     }
   }
   l.scaling = loss_scaling_of(l.trace);  // counters: in the header too
@@ -196,6 +204,32 @@ json breakdown_json(const TimeBreakdown& t) {
           {"idle_ns", t.idle_ns},
           {"overlap_pct", t.overlap_pct()},
           {"comm_comp_ratio", t.comm_comp_ratio()}};
+}
+
+json moe_json(const profiler::MoeMetrics& m) {
+  json a2a = json::array();
+  for (const auto& a : m.all_to_alls) {
+    a2a.push_back({{"name", a.name},
+                   {"calls", a.calls},
+                   {"bytes", a.bytes},
+                   {"time_ns", a.time_ns},
+                   {"exposed_ns", a.exposed_ns},
+                   {"group_size", a.group_size},
+                   {"algbw_gbps", a.algbw_gbps()},
+                   {"busbw_gbps", a.busbw_gbps()}});
+  }
+  json blocks = json::array();
+  for (const auto& b : m.blocks) {
+    blocks.push_back({{"layer", b.layer},
+                      {"tokens_per_expert", b.tokens},
+                      {"imbalance", b.imbalance()},
+                      {"dropped", b.dropped},
+                      {"dropped_fraction", b.dropped_fraction()}});
+  }
+  return {{"all_to_alls", std::move(a2a)},
+          {"all_to_all_ns", m.all_to_all_ns},
+          {"exposed_all_to_all_ns", m.exposed_ns},
+          {"blocks", std::move(blocks)}};
 }
 
 json compression_json(const profiler::CompressionMetrics& c) {
@@ -304,6 +338,7 @@ json report_json(const Loaded& l) {
   }
   j["collectives"] = std::move(colls);
   if (!l.comp.empty()) j["compression"] = compression_json(l.comp);
+  if (!l.moe.empty()) j["moe"] = moe_json(l.moe);
   if (l.scaling.steps > 0) {
     j["loss_scaling"] = {{"steps", l.scaling.steps},
                          {"skipped_steps", l.scaling.skipped},
@@ -494,6 +529,41 @@ void print_compression(const profiler::CompressionMetrics& c, std::ostream& os) 
      << c.ranks << " ranks)\n";
 }
 
+// Mixture of experts: the all-to-alls (busbw with nccl-tests' (n-1)/n factor, the time no compute
+// covered) and the router's load per MoE block from the token counters.
+void print_moe(const profiler::MoeMetrics& m, std::ostream& os) {
+  if (m.empty()) return;
+  if (!m.all_to_alls.empty()) {
+    os << "\nMoE all-to-all (summed over ranks and steps; busbw = algbw x (n-1)/n)\n";
+    os << pad("collective", 20, false) << pad("calls", 8) << pad("bytes", 12) << pad("time", 12)
+       << pad("exposed", 12) << pad("n", 4) << pad("algbw GB/s", 12) << pad("busbw GB/s", 12)
+       << "\n";
+    for (const auto& a : m.all_to_alls) {
+      os << pad(a.name, 20, false) << pad(std::to_string(a.calls), 8)
+         << pad(format_bytes(double(a.bytes)), 12) << pad(format_duration_ns(double(a.time_ns)), 12)
+         << pad(format_duration_ns(double(a.exposed_ns)), 12)
+         << pad(std::to_string(a.group_size), 4) << pad(fmt("%.3f", a.algbw_gbps()), 12)
+         << pad(fmt("%.3f", a.busbw_gbps()), 12) << "\n";
+    }
+    os << "exposed all-to-all " << format_duration_ns(double(m.exposed_ns)) << " of "
+       << format_duration_ns(double(m.all_to_all_ns)) << "\n";
+  }
+  if (!m.blocks.empty()) {
+    os << "\nMoE load (assignments per expert before the capacity drop, summed over ranks and "
+          "steps)\n";
+    os << pad("block", 8, false) << pad("experts", 8) << pad("min", 10) << pad("max", 10)
+       << pad("max/mean", 10) << pad("dropped", 10) << pad("dropped %", 10) << "\n";
+    for (const auto& b : m.blocks) {
+      const auto [lo, hi] = std::minmax_element(b.tokens.begin(), b.tokens.end());
+      os << pad(std::to_string(b.layer), 8, false) << pad(std::to_string(b.tokens.size()), 8)
+         << pad(b.tokens.empty() ? "-" : fmt("%.0f", *lo), 10)
+         << pad(b.tokens.empty() ? "-" : fmt("%.0f", *hi), 10)
+         << pad(fmt("%.3f", b.imbalance()), 10) << pad(fmt("%.0f", b.dropped), 10)
+         << pad(fmt("%.2f", 100.0 * b.dropped_fraction()), 10) << "\n";
+    }
+  }
+}
+
 void print_loss_scaling(const LossScaling& ls, std::ostream& os) {
   if (ls.steps == 0) return;
   os << "\nfp16 loss scaling: skipped steps " << ls.skipped << " of " << ls.steps
@@ -578,6 +648,7 @@ int run_report(const ReportArgs& args) {
     } else {
       print_report(a, std::cout);
       print_compression(a.comp, std::cout);
+      print_moe(a.moe, std::cout);
       print_loss_scaling(a.scaling, std::cout);
     }
     return 0;

@@ -331,9 +331,12 @@ void print_progress(const Scenario& s, const runtime::StepResult& r) {
   std::string bar(static_cast<size_t>(done), '#');
   bar.resize(width, '.');
   char line[256];
-  std::snprintf(line, sizeof line, "step %*d/%d  loss %.4f  %s  [%s]%s",
+  // MoE: this rank's load-balancing loss apart from the LM loss (model/moe.hpp).
+  char aux[48] = "";
+  if (s.model.moe.enabled()) std::snprintf(aux, sizeof aux, "  aux %.4f", r.aux_loss);
+  std::snprintf(line, sizeof line, "step %*d/%d  loss %.4f%s  %s  [%s]%s",
                 static_cast<int>(std::to_string(s.training.steps).size()), r.step + 1,
-                s.training.steps, r.loss,
+                s.training.steps, r.loss, aux,
                 format_duration_ns(static_cast<double>(r.duration_ns)).c_str(), bar.c_str(),
                 r.skipped ? "  skipped (fp16 overflow)" : "");
   if (tty) {

@@ -5,13 +5,47 @@
 #include <cmath>
 
 #include "orrery/common/error.hpp"
+#include "orrery/model/moe.hpp"
 
 namespace orrery::model {
 
 ModelShape model_shape(const Scenario& s) {
-  return ModelShape{s.model.d_model, s.model.heads, s.model.vocab,      s.model.seq,
-                    s.model.layers,  s.parallel.tp, block_arch(s.model)};
+  ModelShape m{s.model.d_model, s.model.heads, s.model.vocab,      s.model.seq,
+               s.model.layers,  s.parallel.tp, block_arch(s.model)};
+  m.moe = s.model.moe;
+  m.ep = std::max(1, s.parallel.ep);
+  return m;
 }
+
+namespace {
+// One FFN of width `width` (the dense MLP, a shared or a routed expert) under prefix `p`: fcw fcb
+// fcprojw fcprojb, cut over tp as Megatron's MLP (model.hpp).
+void ffn_specs(std::vector<ParamSpec>& specs, const std::string& p, int l, int C, int width, int tp,
+               const BlockArch& a, float std_w, float std_res, bool expert) {
+  const int up = a.swiglu() ? 2 : 1, Wl = width / tp;
+  const std::vector<int> bands = a.swiglu() ? std::vector<int>{width, width} : std::vector<int>{};
+  const std::size_t first = specs.size();
+  specs.push_back({p + "fcw",
+                   l,
+                   up * Wl,
+                   C,
+                   up * width,
+                   C,
+                   a.swiglu() ? Slice::Bands : Slice::Rows,
+                   Init::Normal,
+                   std_w,
+                   bands,
+                   {}});
+  if (a.bias) {
+    ParamSpec b{p + "fcb", l, 1, up * Wl, 1, up * width, Slice::Bands, Init::Zero, 0, {}, {}};
+    b.bands = a.swiglu() ? bands : std::vector<int>{width};
+    specs.push_back(b);
+  }
+  specs.push_back({p + "fcprojw", l, C, Wl, C, width, Slice::Cols, Init::Normal, std_res, {}, {}});
+  if (a.bias) specs.push_back({p + "fcprojb", l, 1, C, 1, C, Slice::None, Init::Zero, 0, {}, {}});
+  for (std::size_t i = first; i < specs.size(); ++i) specs[i].expert = expert;
+}
+}  // namespace
 
 int chunks_per_stage(const Scenario& s) {
   return schedule_of(s.parallel) == Schedule::Interleaved ? std::max(1, s.parallel.virtual_stages)
@@ -134,6 +168,21 @@ std::vector<ParamSpec> parameter_tensors(const ModelShape& m, const StageContent
       if (a.bias) specs.push_back(zero(p + "projb", l, C, C));
       specs.push_back(gain(p + "ln2w", l));
       if (norm_bias) specs.push_back(zero(p + "ln2b", l, C, C));
+      if (moe::is_moe_block(m.moe, l)) {
+        const int E = m.moe.experts;
+        const int W = m.moe.expert_ffn_hidden > 0 ? m.moe.expert_ffn_hidden : F;
+        specs.push_back({p + "router", l, E, C, E, C, Slice::None, Init::Normal, std_w, {}, {}});
+        for (int j = 0; j < m.moe.shared_experts; ++j) {
+          ffn_specs(specs, p + "shared." + std::to_string(j) + ".", l, C, W, tp, a, std_w, std_res,
+                    false);
+        }
+        const moe::ExpertRange r = moe::local_experts(E, m.ep, m.ep_rank);
+        for (int j = r.first; j < r.first + r.count; ++j) {
+          ffn_specs(specs, p + "expert." + std::to_string(j) + ".", l, C, W, tp, a, std_w, std_res,
+                    true);
+        }
+        continue;
+      }
       specs.push_back({p + "fcw",
                        l,
                        up * Fl,

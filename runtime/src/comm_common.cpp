@@ -1,6 +1,7 @@
 // What every communicator shares (comm.hpp): the completion of an operation and its trace span.
 #include <chrono>
 
+#include "orrery/common/error.hpp"
 #include "orrery/model/names.hpp"
 #include "orrery/profiler/flight_recorder.hpp"
 #include "orrery/profiler/recorder.hpp"
@@ -25,6 +26,12 @@ bool Completion::wait_for(double limit_s) {
   return true;
 }
 
+Handle Communicator::all_to_all_v(const void*, const int64_t*, std::size_t, void*, int64_t*,
+                                  std::size_t, DType, const OpLabel&) {
+  throw InputError("communicator " + info().name +
+                   ": all_to_all_v (expert parallelism, parallel.ep > 1) is not implemented here");
+}
+
 bool Completion::done() const {
   std::lock_guard lock(mu_);
   return done_;
@@ -32,6 +39,7 @@ bool Completion::done() const {
 
 int32_t comm_stream_of(traces::CommKind kind, traces::CollOp op) {
   namespace n = model::names;
+  if (op == traces::CollOp::AllToAll) return n::kStreamEp;
   switch (kind) {
     case traces::CommKind::TP:
       return n::kStreamTp;

@@ -47,6 +47,21 @@ class LocalCommunicator final : public Communicator {
     if (send != recv) std::memmove(recv, send, send_count * dtype_size(dtype));
     return done_handle();
   }
+  Handle all_to_all_v(const void* send, const int64_t* send_counts, std::size_t groups, void* recv,
+                      int64_t* recv_counts, std::size_t recv_capacity, DType dtype,
+                      const OpLabel&) override {
+    std::size_t total = 0;
+    for (std::size_t g = 0; g < groups; ++g) {
+      recv_counts[g] = send_counts[g];
+      total += static_cast<std::size_t>(send_counts[g]);
+    }
+    if (total > recv_capacity) {
+      throw InternalError("all_to_all_v on " + info_.name + ": " + std::to_string(total) +
+                          " elements for a receive buffer of " + std::to_string(recv_capacity));
+    }
+    if (send != recv && total > 0) std::memmove(recv, send, total * dtype_size(dtype));
+    return done_handle();
+  }
   Handle broadcast(void*, size_t, DType, int root, const OpLabel&) override {
     check_peer(root);
     return done_handle();

@@ -28,6 +28,37 @@ std::vector<int> ready_order(const Gpt& model) {
 
 }  // namespace
 
+std::vector<DdpBucket> make_expert_buckets(const Gpt& model, double bucket_mb) {
+  std::vector<model::BucketSegment> order;
+  std::vector<ParamRange> ranges;
+  for (int seg = model.shard.layer_end - 1; seg >= model.shard.layer_begin; --seg) {
+    const ParamRange r = model.expert_range(seg);
+    if (r.count == 0) continue;
+    ranges.push_back(r);
+    order.push_back({seg, static_cast<int64_t>(r.count)});
+  }
+  std::vector<DdpBucket> buckets;
+  for (const auto& plan : model::ddp_buckets(order, bucket_mb * 1024.0 * 1024.0, sizeof(float))) {
+    DdpBucket b;
+    b.index = static_cast<int>(buckets.size());
+    b.range = ranges[plan.begin];
+    b.lowest_layer = plan.lowest_segment;
+    for (std::size_t i = plan.begin; i < plan.end; ++i) {
+      if (i > plan.begin) {
+        if (ranges[i].end() != b.range.offset) {
+          throw InternalError("DDP: the experts of block " + std::to_string(order[i].segment) +
+                              " are not adjacent to their bucket in the gradient array");
+        }
+        b.range.offset = ranges[i].offset;
+        b.range.count += ranges[i].count;
+      }
+      b.segments.push_back(order[i].segment);
+    }
+    buckets.push_back(std::move(b));
+  }
+  return buckets;
+}
+
 std::vector<DdpBucket> make_ddp_buckets(const Gpt& model, double bucket_mb) {
   if (!(bucket_mb > 0)) {
     throw InputError("parallel.bucket_mb: expected a size in MiB > 0, got " +
@@ -130,7 +161,7 @@ void DataParallel::on_grads_ready(int segment) {
 
 void DataParallel::issue(DdpBucket& b) {
   OpLabel label;
-  label.name = kBucketSpanName;
+  label.name = opt_.span_name != nullptr ? opt_.span_name : kBucketSpanName;
   label.step = step_;
   label.micro_batch = micro_batch_;
   label.layer = b.lowest_layer;

@@ -78,13 +78,20 @@ void fill_tensor(float* dst, const TensorSpec& t, uint64_t seed, const BlockDims
 
 // The model's parameter table (model/parameters.hpp) for this shard.
 std::vector<TensorSpec> tensor_specs(const GptConfig& cfg, const GptShard& sh) {
-  const model::ModelShape shape{cfg.n_embd,  cfg.n_head, cfg.vocab, cfg.max_seq,
-                                cfg.n_layer, sh.tp_size, cfg.arch};
+  model::ModelShape shape{cfg.n_embd,  cfg.n_head, cfg.vocab, cfg.max_seq,
+                          cfg.n_layer, sh.tp_size, cfg.arch};
   model::StageContents stage;
   stage.embed = sh.has_embed;
   stage.head = sh.has_head;
   stage.layers.emplace_back(sh.layer_begin, sh.layer_end);
-  return model::parameter_tensors(shape, stage);
+  shape.moe = cfg.moe;
+  shape.ep = sh.ep_size;
+  shape.ep_rank = sh.ep_rank;
+  auto specs = model::parameter_tensors(shape, stage);
+  // The routed experts' tensors after every dense one (model.hpp): the dense segments stay
+  // contiguous for DDP's buckets, the experts' are reduced over their own group.
+  std::stable_partition(specs.begin(), specs.end(), [](const TensorSpec& t) { return !t.expert; });
+  return specs;
 }
 
 // The pointer of tensor `name` in `base`, or null when the table has no such tensor.
@@ -115,10 +122,61 @@ BlockParams block_pointers(float* base, const std::vector<ParamTensor>& tensors,
   return b;
 }
 
+// An FFN's pointers under prefix `p` ("h.3.expert.5.").
+FfnParams ffn_pointers(float* base, const std::vector<ParamTensor>& tensors, const std::string& p) {
+  return FfnParams{tensor_ptr(base, tensors, p + "fcw"), tensor_ptr(base, tensors, p + "fcb"),
+                   tensor_ptr(base, tensors, p + "fcprojw"),
+                   tensor_ptr(base, tensors, p + "fcprojb")};
+}
+
+// MoE block `layer`'s pointers into `base` (empty for a dense block).
+MoeParams moe_pointers(float* base, const Gpt& m, int layer) {
+  MoeParams out;
+  if (!m.is_moe_block(layer)) return out;
+  const std::string p = "h." + std::to_string(layer) + ".";
+  out.router = tensor_ptr(base, m.tensors, p + "router");
+  for (int j = 0; j < m.moe_dims.S; ++j) {
+    out.shared.push_back(ffn_pointers(base, m.tensors, p + "shared." + std::to_string(j) + "."));
+  }
+  for (int j = 0; j < m.moe_dims.El; ++j) {
+    out.experts.push_back(
+        ffn_pointers(base, m.tensors, p + "expert." + std::to_string(m.moe_dims.first + j) + "."));
+  }
+  return out;
+}
+
+// MoE sizes of a shard, checked (the scenario's validation names the keys first).
+MoeDims moe_dims_of(const GptConfig& c, const BlockArch& arch, const GptShard& sh) {
+  MoeDims d;
+  if (!c.moe.enabled()) return d;
+  const int W = c.moe.expert_ffn_hidden > 0 ? c.moe.expert_ffn_hidden : arch.ffn_hidden;
+  if (sh.ep_size < 1 || c.moe.experts % sh.ep_size != 0 || sh.ep_rank < 0 ||
+      sh.ep_rank >= sh.ep_size || c.moe.top_k < 1 || c.moe.top_k > c.moe.experts ||
+      W % sh.tp_size != 0 || c.moe.every < 1) {
+    throw InputError("model: MoE with " + std::to_string(c.moe.experts) + " experts, top_k " +
+                     std::to_string(c.moe.top_k) + ", expert width " + std::to_string(W) +
+                     " needs parallel.ep " + std::to_string(sh.ep_size) +
+                     " dividing model.moe.experts, 1 <= top_k <= experts, model.moe.every >= 1 "
+                     "and parallel.tp " +
+                     std::to_string(sh.tp_size) + " dividing the expert width");
+  }
+  d.E = c.moe.experts;
+  d.K = c.moe.top_k;
+  d.ep = sh.ep_size;
+  const model::moe::ExpertRange r = model::moe::local_experts(d.E, d.ep, sh.ep_rank);
+  d.El = r.count;
+  d.first = r.first;
+  d.We = W / sh.tp_size;
+  d.S = c.moe.shared_experts;
+  return d;
+}
+
 }  // namespace
 
 GptConfig gpt_config(const orrery::ModelConfig& m) {
-  return GptConfig{m.layers, m.d_model, m.heads, m.vocab, m.seq, block_arch(m)};
+  GptConfig c{m.layers, m.d_model, m.heads, m.vocab, m.seq, block_arch(m)};
+  c.moe = m.moe;
+  return c;
 }
 
 GptShard GptShard::pipeline_stage(const GptConfig& cfg, int stage, int stages,
@@ -139,13 +197,26 @@ GptShard GptShard::pipeline_stage(const GptConfig& cfg, int stage, int stages,
 ParamRange Gpt::segment_range(int segment) const {
   std::size_t lo = params.size(), hi = 0;
   for (const auto& t : tensors) {
-    if (t.segment != segment) continue;
+    if (t.segment != segment || t.expert) continue;
     lo = std::min(lo, t.offset);
     hi = std::max(hi, t.offset + t.count);
   }
   if (hi == 0) return ParamRange{0, 0};
   return ParamRange{lo, hi - lo};
 }
+
+ParamRange Gpt::expert_range(int layer) const {
+  std::size_t lo = params.size(), hi = 0;
+  for (const auto& t : tensors) {
+    if (t.segment != layer || !t.expert) continue;
+    lo = std::min(lo, t.offset);
+    hi = std::max(hi, t.offset + t.count);
+  }
+  if (hi == 0) return ParamRange{0, 0};
+  return ParamRange{lo, hi - lo};
+}
+
+bool Gpt::is_moe_block(int layer) const { return model::moe::is_moe_block(config.moe, layer); }
 
 std::vector<ParamRange> Gpt::decay_ranges() const {
   std::vector<ParamRange> out;
@@ -214,6 +285,7 @@ Gpt gpt_create(const GptConfig& config, const GptShard& shard_in, uint64_t seed)
   m.dims.NKV = arch.kv_heads_per_rank(sh.tp_size);
   m.dims.Ckvl = m.dims.NKV * m.dims.hs;
   m.dims.up = arch.swiglu() ? 2 : 1;
+  m.moe_dims = moe_dims_of(c, arch, sh);
 
   const auto specs = tensor_specs(m.config, sh);
   std::size_t offset = 0;
@@ -229,6 +301,7 @@ Gpt gpt_create(const GptConfig& config, const GptShard& shard_in, uint64_t seed)
     t.slice = s.slice;
     t.bands = s.bands;
     t.band_shards = s.band_shards;
+    t.expert = s.expert;
     offset += t.count;
     m.tensors.push_back(t);
   }
@@ -245,6 +318,8 @@ Gpt gpt_create(const GptConfig& config, const GptShard& shard_in, uint64_t seed)
   for (int l = sh.layer_begin; l < sh.layer_end; ++l) {
     m.blocks.push_back(block_pointers(P, m.tensors, l));
     m.dblocks.push_back(block_pointers(G, m.tensors, l));
+    m.moe.push_back(moe_pointers(P, m, l));
+    m.dmoe.push_back(moe_pointers(G, m, l));
   }
   if (sh.has_head) {
     m.head = HeadParams{tensor_ptr(P, m.tensors, "lnfw"), tensor_ptr(P, m.tensors, "lnfb"),
@@ -272,6 +347,7 @@ GptActivations gpt_activations(const Gpt& m, int B, int T, Recompute recompute) 
       a, buffer_shape(m.dims, m.config, m.shard, std::size_t(m.num_blocks()), B, T, recompute), 16);
   a.inputs.assign(std::size_t(B) * T, 0);
   a.targets.assign(std::size_t(B) * T, 0);
+  if (m.config.moe.enabled()) a.moe.resize(std::size_t(m.num_blocks()));
   return a;
 }
 

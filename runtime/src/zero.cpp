@@ -16,8 +16,16 @@ void rebase(BlockParams& b, const float* o, float* n) {
                     &b.fcw, &b.fcb, &b.fcprojw, &b.fcprojb})
     rebase(*p, o, n);
 }
+void rebase(MoeParams& m, const float* o, float* n) {
+  rebase(m.router, o, n);
+  for (auto* ffns : {&m.shared, &m.experts}) {
+    for (auto& f : *ffns) {
+      for (float** p : {&f.fcw, &f.fcb, &f.fcprojw, &f.fcprojb}) rebase(*p, o, n);
+    }
+  }
+}
 void repad(FloatArray& a, std::size_t padded, EmbedParams& e, std::vector<BlockParams>& blocks,
-           HeadParams& h) {
+           std::vector<MoeParams>& moe, HeadParams& h) {
   FloatArray fresh(padded);  // zero-filled
   std::copy(a.begin(), a.end(), fresh.begin());
   const float* o = a.data();
@@ -25,6 +33,7 @@ void repad(FloatArray& a, std::size_t padded, EmbedParams& e, std::vector<BlockP
   rebase(e.wte, o, n);
   rebase(e.wpe, o, n);
   for (auto& b : blocks) rebase(b, o, n);
+  for (auto& b : moe) rebase(b, o, n);
   rebase(h.lnfw, o, n);
   rebase(h.lnfb, o, n);
   rebase(h.lmw, o, n);
@@ -36,8 +45,8 @@ void gpt_pad_storage(Gpt& m, std::size_t padded) {
   if (padded < m.params.size())
     throw std::invalid_argument("gpt_pad_storage: smaller than the model");
   if (padded == m.params.size()) return;
-  repad(m.params, padded, m.embed, m.blocks, m.head);
-  repad(m.grads, padded, m.dembed, m.dblocks, m.dhead);
+  repad(m.params, padded, m.embed, m.blocks, m.moe, m.head);
+  repad(m.grads, padded, m.dembed, m.dblocks, m.dmoe, m.dhead);
 }
 
 void Zero3Segment::bind(float* params, float* grads) const {

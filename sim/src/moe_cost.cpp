@@ -175,9 +175,7 @@ MoeBlockParams moe_block_params(const Scenario& s) {
     const int64_t up = sw ? 2 : 1, ws = w / tp;
     return up * ws * C + C * ws + (bias ? up * ws + C : 0);
   };
-  const int64_t dense_mlp = slice(a.ffn_hidden);
   const int64_t ew = moe::expert_width(s.model);
-  p.dense_delta = moe::router_parameters(C, c.experts) + c.shared_experts * slice(ew) - dense_mlp;
   p.expert = int64_t(c.experts / std::max(1, s.parallel.ep)) * slice(ew);
   return p;
 }
@@ -197,8 +195,8 @@ int64_t stage_dense_params(const Scenario& s, int stage) {
   int64_t n = 0;
   for (const auto& p :
        model::parameter_tensors(model::model_shape(s), model::stage_contents(s, stage)))
-    n += p.count();
-  return n + stage_moe_blocks(s, stage) * moe_block_params(s).dense_delta;
+    if (!p.expert) n += p.count();
+  return n;
 }
 
 double moe_activation_bytes(const Scenario& s, int act_bytes) {

@@ -63,6 +63,7 @@ std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage) {
   // parallel.vocab_parallel: each tp rank holds V/tp rows of the embedding table and LM head.
   const bool vocab_split = s.parallel.vocab_parallel && s.parallel.tp > 1;
   for (const auto& p : specs) {
+    if (p.expert) continue;  // dense parameters only: the experts are counted by moe_cost.hpp
     const bool vocab_rows = p.name == "wte" || p.name == "lmw";
     out.push_back(
         {p.name, vocab_split && vocab_rows ? p.count() / s.parallel.tp : p.count(), p.segment});
@@ -501,12 +502,10 @@ class StageBuilder {
     seg_mats_.assign(size_t(per_stage_) + 2, {});
     for (const auto& p :
          model::parameter_tensors(model::model_shape(s_), model::stage_contents(s_, st_))) {
+      if (p.expert) continue;  // the local experts' tensors: edp buckets (plan_moe_segments)
       prog_.param_count += p.count();
       seg_params_[slot(p.segment)] += p.count();
-      // An MoE block has no dense MLP (its fc tensors): moe_block_params corrects the counts.
-      const bool moe_fc = p.segment >= 0 && p.segment < L_ && is_moe(p.segment) &&
-                          p.name.find(".fc") != std::string::npos;
-      if (compression_ == Compression::PowerSgd && !moe_fc &&
+      if (compression_ == Compression::PowerSgd &&
           model::powersgd_compresses(size_t(p.rows), size_t(p.cols), s_.compression.powersgd_rank))
         seg_mats_[slot(p.segment)].emplace_back(p.rows, p.cols);
     }
@@ -556,8 +555,6 @@ class StageBuilder {
       const int l0 = chunk_l0(k), l1 = l0 + per_chunk_;
       for (int l = l1 - 1; l >= l0; --l) {
         if (!is_moe(l)) continue;
-        seg_params_[slot(l)] += mp.dense_delta;
-        prog_.param_count += mp.dense_delta;
         prog_.expert_param_count += mp.expert;
         order.push_back({l, mp.expert});
       }

@@ -25,6 +25,8 @@
 #  6. Fewer kv heads than tp ranks (llama-mqa-*, llama-kv2-tp4-sp: recorded when replicated kv heads
 #     were added): one tp.kv_grad_all_reduce per block a step (ZeRO 0), per block and micro-batch
 #     (ZeRO 2 and 3); none where the kv heads divide over tp.
+#  7. MoE (moe-*: recorded when the runtime's MoE blocks were added, issue 19): the MoE spans and
+#     all-to-alls per rank in closed form, and the simulator's MoE ops against them as for the others.
 # Usage: reference_spans.sh ORRERY SPAN_TOOL SOURCE_DIR WORK_DIR [--record]
 # (ONLY=<layout> in the environment runs, or records, that layout alone.)
 set -uo pipefail
@@ -51,6 +53,10 @@ YAML
 # RMSNorm, RoPE, an untied LM head, no biases.
 LLAMA="model.heads=4 model.kv_heads=2 model.ffn_hidden=88 model.activation=swiglu model.norm=rmsnorm"
 LLAMA="$LLAMA model.position=rope model.tied_embeddings=false model.bias=false"
+# Mixture of experts (issue 19, model/moe.hpp): 4 experts, top 2, in blocks 0 and 2, a capacity
+# factor, expert parallelism 2. Recorded when the runtime's MoE blocks were added; compared with the
+# simulator's MoE ops (2) like every layout; their all-to-alls are counted in closed form (7 below).
+MOE="model.moe.experts=4 model.moe.top_k=2 model.moe.every=2 model.moe.capacity_factor=1.25 parallel.ep=2"
 # layout name, ranks, overrides
 layouts=(
   "dp2 2 parallel.dp=2"
@@ -74,6 +80,8 @@ layouts=(
   "llama-kv2-tp4-sp 4 parallel.dp=1 parallel.tp=4 parallel.sequence_parallel=true $LLAMA"
   "llama-mqa-dp2-tp2-zero2 4 parallel.dp=2 parallel.tp=2 parallel.zero=2 $LLAMA model.kv_heads=1"
   "llama-mqa-dp2-tp2-zero3 4 parallel.dp=2 parallel.tp=2 parallel.zero=3 $LLAMA model.kv_heads=1"
+  "moe-dp2-ep2 2 parallel.dp=2 $MOE"
+  "moe-dp2-ep2-tp2 4 parallel.dp=2 parallel.tp=2 $MOE"
 )
 for entry in "${layouts[@]}"; do
   read -r name ranks rest <<< "$entry"
@@ -171,6 +179,24 @@ if [ "$RECORD" != "--record" ]; then
     [ -f "$name.tsv" ] || continue
     for ((r = 0; r < ranks; r++)); do
       check_count "$name rank $r tp.kv_grad_all_reduce" "$(count_of "$name.tsv" $r tp.kv_grad_all_reduce)" "$want"
+    done
+  done
+fi
+
+# 7. MoE: per rank 2 steps x 2 micro-batches x 2 MoE blocks of each all-to-all, router and
+#    experts span; the tp gate-gradient sum per MoE block and micro-batch under tp only; no
+#    edp.all_reduce with dp = ep (each edp group is one rank).
+if [ "$RECORD" != "--record" ]; then
+  for lw in "moe-dp2-ep2 2 0" "moe-dp2-ep2-tp2 4 8"; do
+    read -r name ranks gate <<< "$lw"
+    [ -f "$name.tsv" ] || continue
+    for ((r = 0; r < ranks; r++)); do
+      for op in moe.router moe.dispatch moe.experts moe.combine moe.gated_sum moe.gated_sum.bwd \
+                moe.combine.bwd moe.experts.bwd moe.dispatch.bwd moe.router.bwd; do
+        check_count "$name rank $r $op" "$(count_of "$name.tsv" $r $op)" $((2 * 2 * 2))
+      done
+      check_count "$name rank $r tp.moe_gate_all_reduce" "$(count_of "$name.tsv" $r tp.moe_gate_all_reduce)" "$gate"
+      check_count "$name rank $r edp.all_reduce" "$(count_of "$name.tsv" $r edp.all_reduce)" 0
     done
   done
 fi

@@ -61,6 +61,12 @@ void check_supported_cuda(const Scenario& s) {
     throw InputError(origin + ": key 'parallel.schedule': '" + s.parallel.schedule +
                      "' is not available on device cuda; expected gpipe or 1f1b");
   }
+  if (s.model.moe.enabled()) {
+    throw InputError(origin + ": key 'model.moe.experts': mixture-of-experts blocks (" +
+                     std::to_string(s.model.moe.experts) +
+                     " experts) are not implemented on device cuda; expected 0, or runtime.device "
+                     "cpu");
+  }
   Scenario c = s;
   // Everything the CPU runtime checks (layout, batch, threads) holds here too.
   c.runtime.device = "cpu";

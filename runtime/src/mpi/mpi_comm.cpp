@@ -219,9 +219,10 @@ class Task final : public Work {
   enum class Kind { Collective, Send, Recv, Fence, Stop };
 
   Kind kind = Kind::Collective;
-  std::function<void()> run;               // Collective, blocking form (setup calls)
-  std::function<void(MPI_Request*)> post;  // Collective, non-blocking form (operations)
-  std::function<void()> after;             // run once the posted collective is complete
+  std::function<void()> run;                    // Collective, blocking form (setup calls)
+  std::function<void(MPI_Request*)> post;       // Collective, non-blocking form (operations)
+  std::function<void()> after;                  // run once the posted collective is complete
+  std::function<void(MPI_Request*)> post_next;  // then a second non-blocking collective (or none)
   // Send / Recv:
   const void* send_buf = nullptr;
   void* recv_buf = nullptr;
@@ -433,6 +434,11 @@ class Engine {
         t->post(&req);
         wait_polling(req, t->what);
         if (t->after) t->after();
+        if (t->post_next) {
+          req = MPI_REQUEST_NULL;
+          t->post_next(&req);
+          wait_polling(req, t->what);
+        }
       } else {
         t->run();
       }
@@ -574,6 +580,60 @@ class MpiCommunicator final : public Communicator {
       const bool in_place = send == static_cast<const uint8_t*>(recv) + block_bytes * my_rank;
       ORRERY_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n,
                                       mpi_type(dtype), comm, req));
+    };
+    return submit(t);
+  }
+
+  // Counts first (MPI_Ialltoall of `groups` int64 per peer), then the data (MPI_Ialltoallv of
+  // the per-peer totals), one task: the span covers both.
+  Handle all_to_all_v(const void* send, const int64_t* send_counts, std::size_t groups, void* recv,
+                      int64_t* recv_counts, std::size_t recv_capacity, DType dtype,
+                      const OpLabel& label) override {
+    const auto peers = static_cast<std::size_t>(size_);
+    std::size_t sent = 0;
+    for (std::size_t i = 0; i < peers * groups; ++i)
+      sent += static_cast<std::size_t>(send_counts[i]);
+    checked_count(sent);
+    const int ng = checked_count(groups);
+    auto t = make_task(CollOp::AllToAll, label, sent * dtype_size(dtype), -1, dtype);
+    struct Plan {
+      std::vector<int> scount, sdispl, rcount, rdispl;
+    };
+    auto plan = std::make_shared<Plan>();
+    MPI_Comm comm = comm_;
+    const std::string what = "all_to_all_v on " + info_.name;
+    t->post = [=](MPI_Request* req) {
+      ORRERY_MPI_CHECK(
+          MPI_Ialltoall(send_counts, ng, MPI_INT64_T, recv_counts, ng, MPI_INT64_T, comm, req));
+    };
+    t->after = [=] {
+      plan->scount.assign(peers, 0);
+      plan->sdispl.assign(peers, 0);
+      plan->rcount.assign(peers, 0);
+      plan->rdispl.assign(peers, 0);
+      int64_t so = 0, ro = 0;
+      for (std::size_t p = 0; p < peers; ++p) {
+        int64_t sc = 0, rc = 0;
+        for (std::size_t g = 0; g < groups; ++g) {
+          sc += send_counts[p * groups + g];
+          rc += recv_counts[p * groups + g];
+        }
+        if (ro + rc > static_cast<int64_t>(recv_capacity) || ro + rc > INT32_MAX) {
+          throw InternalError(what + ": more than the receive buffer's " +
+                              std::to_string(recv_capacity) + " elements");
+        }
+        plan->scount[p] = static_cast<int>(sc);
+        plan->sdispl[p] = static_cast<int>(so);
+        plan->rcount[p] = static_cast<int>(rc);
+        plan->rdispl[p] = static_cast<int>(ro);
+        so += sc;
+        ro += rc;
+      }
+    };
+    t->post_next = [=](MPI_Request* req) {
+      const MPI_Datatype type = mpi_type(dtype);
+      ORRERY_MPI_CHECK(MPI_Ialltoallv(send, plan->scount.data(), plan->sdispl.data(), type, recv,
+                                      plan->rcount.data(), plan->rdispl.data(), type, comm, req));
     };
     return submit(t);
   }

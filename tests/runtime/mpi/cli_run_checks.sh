@@ -48,6 +48,31 @@ j = json.loads(open('noprof.json').read().strip().splitlines()[-1])
 assert j['trace'] is None and j['ranks'] == 1 and not os.path.exists('noprof.db'), j
 " || fail "--no-profile JSON"
 
+# 2b. scenarios/moe-tiny.yaml (dp2 ep2, 8 experts in blocks 0 and 2, top 2), 2 steps: the aux
+#     loss on the progress line; orrery report's MoE figures: the four all-to-alls with busbw =
+#     algbw x (2-1)/2, and per block the assignments per expert summing to steps x ranks x
+#     micro-batch tokens x top_k = 2 x 2 x (8 x 128) x 2 = 8192.
+if ! timeout 300 "$ORRERY" run "$SRC/scenarios/moe-tiny.yaml" --set training.steps=2 --out moe.db \
+    > moe.out 2> moe.err; then
+  fail "moe-tiny run exited non-zero"; tail -20 moe.err
+fi
+grep -q "aux 0\.0" moe.err || fail "moe-tiny: no aux loss on the progress line"
+"$ORRERY" report moe.db --json > moe_report.json 2> moe_report.err || fail "moe-tiny report"
+python3 - <<'EOF' || fail "moe-tiny report JSON"
+import json
+m = json.load(open("moe_report.json"))["moe"]
+names = sorted(a["name"] for a in m["all_to_alls"])
+assert names == ["moe.combine", "moe.combine.bwd", "moe.dispatch", "moe.dispatch.bwd"], names
+for a in m["all_to_alls"]:
+    assert a["calls"] == 2 * 2 * 2 and a["group_size"] == 2, a  # steps x ranks x MoE blocks
+    assert abs(a["busbw_gbps"] - a["algbw_gbps"] / 2) < 1e-9, a
+assert 0 < m["exposed_all_to_all_ns"] <= m["all_to_all_ns"], m
+assert [b["layer"] for b in m["blocks"]] == [0, 2], m["blocks"]
+for b in m["blocks"]:
+    assert len(b["tokens_per_expert"]) == 8 and sum(b["tokens_per_expert"]) == 8192, b
+    assert b["imbalance"] >= 1 and 0 <= b["dropped_fraction"] < 1, b
+EOF
+
 # 3. Bad input: exit 2, a message naming the key, nothing left behind.
 expect_input_error() {  # NAME PATTERN COMMAND...
   local name=$1 pattern=$2
@@ -69,6 +94,17 @@ expect_input_error tp "parallel.tp" "$ORRERY" run tiny.yaml --set parallel.tp=3 
 expect_input_error schedule "parallel.schedule" "$ORRERY" run tiny.yaml --set parallel.pp=2 \
   --set parallel.dp=1 --set parallel.schedule=interleaved
 expect_input_error no_mpirun "mpirun not found" env PATH=/nonexistent "$ORRERY" run tiny.yaml
+# Mixture of experts (issue 19): what the scenario refuses and what the CPU runtime does not take.
+MOE_SCN="$SRC/scenarios/moe-tiny.yaml"
+expect_input_error moe_ep "key 'parallel.ep'" "$ORRERY" run "$MOE_SCN" --set parallel.ep=3
+expect_input_error moe_top_k "key 'model.moe.top_k'" "$ORRERY" run "$MOE_SCN" --set model.moe.top_k=9
+expect_input_error moe_capacity "key 'model.moe.capacity_factor'" "$ORRERY" run "$MOE_SCN" \
+  --set model.moe.capacity_factor=-1
+expect_input_error moe_zero "key 'parallel.zero'" "$ORRERY" run "$MOE_SCN" --set parallel.zero=3
+expect_input_error moe_compression "key 'parallel.grad_compression'" "$ORRERY" run "$MOE_SCN" \
+  --set parallel.grad_compression=int8 --set parallel.ep=1 --set parallel.zero=1
+expect_input_error moe_checkpoint "key 'checkpoint.every'" "$ORRERY" run "$MOE_SCN" \
+  --set checkpoint.every=2
 # Started under mpirun by hand with the wrong number of ranks: the ranks exit 2 before MPI_Init
 # (mpirun stops the job at the first one and passes its exit code on), no hang.
 expect_input_error launcher_size "launcher started 3 ranks" \

@@ -65,7 +65,36 @@
 // the step's micro-batches: moe_tokens_counter(l, e) (assignments routed to expert e of block l on
 // this rank, before the drop) and moe_dropped_counter(l).
 //
+// What the CPU runtime records within these rules (runtime/src/moe_block.cpp, issue 19), for the
+// simulator to match span by span. N = a micro-batch's tokens on the rank, C, E, K = top_k, S =
+// the rows this rank dispatches (its kept assignments), R = the rows its experts receive, We = the
+// expert width / tp, up = 2 for SwiGLU else 1, Sh = shared experts:
+//   FLOPs  moe.router 2·N·C·E; moe.experts (R + N·Sh)·2·C·We·(up+1); moe.gated_sum 2·S·C;
+//          moe.gated_sum.bwd 4·S·C; moe.experts.bwd 2× moe.experts'; moe.router.bwd 4·N·C·E.
+//          The MoE block's fwd.block pieces: [Ln1 .. Ln2] flops::block_attention_forward (tp > 1:
+//          that on the piece before the attention's tp all-reduce, 0 on the one after),
+//          [MlpResidual] 0; backward [MlpResidual] 0, then 2·block_attention_forward on the piece
+//          before the attention's tp all-reduce and 0 after it.
+//   The counts exchange is inside the all-to-all's span (one span per moe.dispatch, ...).
+//   Expert gradients: DDP buckets of the experts' tensors (model/buckets.hpp's rule on the MoE
+//   blocks' expert ranges in ready order, the last block first; parallel.bucket_mb), named
+//   kEdpAllReduce, averaged over the edp group as each bucket's blocks complete in the step's last
+//   micro-batch (as DDP's, after the dense bucket that the same block completes), on the comm.dp
+//   stream; then multiplied by 1/ep (sum over edp / dp). No edp.all_reduce when edp has one rank
+//   (dp = ep). The experts' tensors are not in DDP's dense buckets nor in its parameter broadcast.
+//   The reported loss stays the LM loss; the aux losses (coef included, summed over the rank's MoE
+//   blocks, mean over micro-batches) are StepResult::aux_loss; their gradients are in the backward.
+//
 // Not yet (refused by validate_layout): sequence parallelism and full recomputation with MoE blocks.
+// ZeRO 1/2: with ep = 1 the experts are replicated over dp = edp and sharded with the dense
+// tensors by the one dp partition of the whole array (no edp.all_reduce). With ep > 1 the dense
+// prefix is partitioned over dp and the experts' range over their edp group: per reduction (one a
+// step for ZeRO 1, one per micro-batch for ZeRO 2) the dense zero.reduce_scatter on dp, then the
+// experts' zero.reduce_scatter on edp (averaged, then x 1/ep; none when edp has one rank); AdamW on
+// both shards; zero.all_gather of the dense shards on dp, then of the expert shards on edp. Not yet
+// in the runtime (refused by check_supported naming the key): ZeRO 3, gradient compression with
+// ZeRO, checkpoints with ep > 1, device cuda. Gradient compression (ZeRO 0) compresses DDP's dense
+// buckets only; the experts' edp.all_reduce stays fp32.
 #pragma once
 
 #include <cstdint>

@@ -13,6 +13,13 @@
 // sliced, biases replicated), norms replicated, lmw replicated. Segments (the unit of gradient
 // readiness and of ZeRO 3's partition): -1 the embedding (wte, wpe, or the last stage's wte copy),
 // l for block l, L for the final norm and lmw.
+//
+// MoE blocks (model/moe.hpp; model.moe.experts > 0, block l with l % every == 0): fcw fcb fcprojw
+// fcprojb are replaced by router (E, C) (replicated), then per shared expert j "h.l.shared.j."
+// fcw fcb fcprojw fcprojb, then per expert j this ep rank holds "h.l.expert.j." fcw fcb fcprojw
+// fcprojb (expert = true), all of the expert width W and sliced over tp as the dense MLP's. The
+// experts' tensors stay in segment l (the simulator counts them with their block); the runtime
+// lays them out after every dense tensor so the dense segments stay contiguous (model.hpp).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +56,9 @@ struct ParamSpec {
   // tp when a band is replicated: qkv's k and v bands with fewer kv heads than tp ranks, one head
   // per rank, shared by tp / kv_heads consecutive ranks.
   std::vector<int> band_shards;
+  // A routed expert's tensor (model/moe.hpp): held by one ep rank, its gradient summed over the
+  // expert-data-parallel group instead of averaged over dp with the dense ones.
+  bool expert = false;
   int64_t count() const { return int64_t(rows) * cols; }
 };
 
@@ -74,7 +84,10 @@ struct ModelShape {
   int layers = 0;   // L
   int tp = 1;  // tensor-parallel slices (divides heads and the MLP width; divides or is a multiple
                // of the kv heads)
-  BlockArch arch;  // kv heads, MLP width, activation, norm, position, tied head, biases
+  BlockArch arch;   // kv heads, MLP width, activation, norm, position, tied head, biases
+  MoeConfig moe{};  // model.moe: MoE blocks (off by default)
+  int ep = 1;       // parallel.ep, and this rank's ep rank (which experts it holds)
+  int ep_rank = 0;
 };
 ModelShape model_shape(const Scenario& s);
 

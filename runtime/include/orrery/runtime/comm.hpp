@@ -105,6 +105,16 @@ class Communicator {
   virtual Handle recv(void* data, size_t count, DType dtype, int peer,
                       const OpLabel& label = {}) = 0;
   virtual Handle barrier(const OpLabel& label = {}) = 0;
+  // Variable all-to-all with the sizes exchanged first (on MPI: MPI_Alltoall of the counts, then
+  // MPI_Alltoallv of the data; model/moe.hpp's dispatch and combine). `send` holds, peer by peer,
+  // `groups` blocks each: block (p, g) of send_counts[p·groups + g] elements ((size()·groups)
+  // counts). On completion recv_counts[p·groups + g] is what peer p sent for group g and `recv`
+  // holds the received blocks in the same (peer, group) order; more than recv_capacity elements
+  // fail the operation. One CollOp::AllToAll span (stream comm.ep), bytes: the whole send buffer.
+  // Communicators without it (the CUDA ones for now) throw InputError.
+  virtual Handle all_to_all_v(const void* send, const int64_t* send_counts, std::size_t groups,
+                              void* recv, int64_t* recv_counts, std::size_t recv_capacity,
+                              DType dtype, const OpLabel& label = {});
 
   // Blocks until every operation this process issued before the call is complete.
   virtual void synchronize() = 0;
@@ -183,7 +193,8 @@ uint64_t schedule_flight_record(int32_t comm, int64_t seq, traces::CollOp op, st
 // Collective, or P2P for send and receive; named by the label, else by the op; on `stream`.
 // The trace stream of an operation on a communicator of `kind` (model/names.hpp, the simulator's
 // streams): tp -> comm.tp; pp receives -> comm.pp.recv, pp sends and collectives -> comm.pp.send;
-// dp, world and the tied-embedding pair (kind Other) -> comm.dp.
+// dp, world and the tied-embedding pair (kind Other) -> comm.dp; every all-to-all (the ep group's)
+// -> comm.ep.
 int32_t comm_stream_of(traces::CommKind kind, traces::CollOp op);
 
 traces::Span comm_op_span(profiler::Recorder& rec, int32_t stream, traces::CollOp op,

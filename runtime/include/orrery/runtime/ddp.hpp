@@ -42,6 +42,8 @@ struct DdpOptions {
   // and rounds to the format), then widened back into the fp32 gradients and divided by the group
   // size in fp32. Host arrays only; not with compression (the scenario refuses both).
   DType wire = DType::F32;
+  // The buckets' span name (null: "ddp.all_reduce"); the experts' buckets are "edp.all_reduce".
+  const char* span_name = nullptr;
 };
 
 struct DdpBucket {
@@ -54,6 +56,10 @@ struct DdpBucket {
 
 // Splits the model's segments into buckets (pure function; used by DataParallel and the tests).
 std::vector<DdpBucket> make_ddp_buckets(const Gpt& model, double bucket_mb);
+// The routed experts' buckets (model/moe.hpp): the MoE blocks' expert ranges (Gpt::expert_range)
+// in ready order (the last block first), cut by the same rule; a bucket's segments are its blocks,
+// so DataParallel::on_grads_ready(l) of an MoE block completes them. Reduced over the edp group.
+std::vector<DdpBucket> make_expert_buckets(const Gpt& model, double bucket_mb);
 
 class DataParallel {
  public:

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "orrery/model/block.hpp"
@@ -31,6 +32,7 @@
 #include "orrery/model/names.hpp"
 #include "orrery/runtime/kernels.hpp"
 #include "orrery/runtime/model.hpp"
+#include "orrery/runtime/moe_block.hpp"
 
 namespace orrery::runtime {
 
@@ -293,12 +295,30 @@ void block_forward(const Kernels& k, const Model& m, Acts& acts, int layer, cons
     return;
   }
 
-  OpSpan span(hooks.observer, name, layer, flops::block_piece(fd, true, 0, tp ? 3 : 1));
+  // An MoE block (CPU model only; the CUDA backend refuses MoE): its FFN is moe_block.hpp's,
+  // between the block's [Ln1 .. Ln2] and [MlpResidual] pieces (model/moe.hpp's span order).
+  bool moe = false;
+  if constexpr (std::is_same_v<Kernels, CpuKernels>) moe = g.is_moe_block(layer);
+  OpSpan span(
+      hooks.observer, name, layer,
+      moe ? flops::block_attention_forward(fd) : flops::block_piece(fd, true, 0, tp ? 3 : 1));
   attention_half(k, g, p, a, x, B, T);
   if (tp) {
     span.close();
     tp_reduce(hooks, TpPoint::kAttnProjForward, layer, a.attproj, n);
-    span.reopen(hooks.observer, name, layer, flops::block_piece(fd, true, 1, 3));
+    span.reopen(hooks.observer, name, layer, moe ? 0.0 : flops::block_piece(fd, true, 1, 3));
+  }
+  if constexpr (std::is_same_v<Kernels, CpuKernels>) {
+    if (moe) {
+      k.bias_residual_forward(a.res2, x, a.attproj, p.projb, B, T, d.C);
+      norm_forward(k, g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, B, T);
+      span.close();
+      moe_ffn_forward(m, acts, layer, hooks);  // a.fcproj: this tp rank's partial
+      if (tp) tp_reduce(hooks, TpPoint::kMlpProjForward, layer, a.fcproj, n);
+      span.reopen(hooks.observer, name, layer, 0.0);
+      k.bias_residual_forward(y, a.res2, a.fcproj, nullptr, B, T, d.C);
+      return;
+    }
   }
   mlp_front(k, g, p, a, x, B, T);
   // y = res2 + fc2(fch_gelu) + fcprojb.
@@ -487,6 +507,29 @@ void sp_block_backward(const Kernels& k, const Gpt& gl, const BlockParams& p, co
   }
 }
 
+// A block's backward from the gradient of its ln2 output s.dln (summed over tp) on: ln2, then the
+// attention half, then ln1; s.dres holds dy on entry and dx on exit. With tp (`split_flops` >= 0)
+// `span` is cut around the tp all-reduce of ln1's output gradient, reopened with `split_flops`.
+template <class Kernels, class Scratch>
+void attention_half_backward(const Kernels& k, const Gpt& gl, const BlockParams& p,
+                             const BlockParams& g, const BlockActivations& a, Scratch& s,
+                             const float* x, int layer, const GptHooks& hooks, OpSpan& span,
+                             double split_flops) {
+  const BlockDims& d = gl.dims;
+  const int B = s.B, T = s.T;
+  norm_backward(k, gl, s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, B, T);
+  // Attention: res2 = x + proj(attn(qkv(ln1(x)))) + b; s.dres now holds dres2.
+  bias_grad(k, g.projb, s.dres, B, T, d.C);
+  k.matmul_backward(s.datty, g.projw, nullptr, s.dres, a.atty, p.projw, B, T, d.Cl, d.C, false);
+  qkv_attention_backward(k, gl, p, g, a, s, B, T);
+  if (split_flops >= 0) {
+    span.close();
+    tp_reduce(hooks, TpPoint::kAttnInputBackward, layer, s.dln, std::size_t(B) * T * d.C);
+    span.reopen(hooks.observer, names::kBlockBackward.data(), layer, split_flops);
+  }
+  norm_backward(k, gl, s.dres, g.ln1w, g.ln1b, s.dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd, B, T);
+}
+
 template <class Kernels, class Model, class Acts, class Scratch>
 void block_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, int layer,
                     const GptHooks& hooks) {
@@ -509,6 +552,19 @@ void block_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, int laye
     if (hooks.on_grads_ready) hooks.on_grads_ready(layer);
     return;
   }
+  if constexpr (std::is_same_v<Kernels, CpuKernels>) {
+    if (gl.is_moe_block(layer)) {
+      { OpSpan residual(hooks.observer, name, layer, 0.0); }  // [MlpResidual]: no bias to reduce
+      moe_ffn_backward(m, acts, s, layer, hooks);             // s.dln: this tp rank's partial
+      if (tp) tp_reduce(hooks, TpPoint::kMlpInputBackward, layer, s.dln, n);
+      const double attn = 2.0 * flops::block_attention_forward(fd);
+      OpSpan span(hooks.observer, name, layer, attn);
+      attention_half_backward(k, gl, p, g, a, s, x, layer, hooks, span, tp ? 0.0 : -1.0);
+      span.close();
+      if (hooks.on_grads_ready) hooks.on_grads_ready(layer);
+      return;
+    }
+  }
   {
     OpSpan span(hooks.observer, name, layer, flops::block_piece(fd, false, 0, tp ? 3 : 1));
     // MLP: y = res2 + fc2(act(fc1(ln2(res2)))) + b; s.dres holds dy.
@@ -522,18 +578,8 @@ void block_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, int laye
       tp_reduce(hooks, TpPoint::kMlpInputBackward, layer, s.dln, n);
       span.reopen(hooks.observer, name, layer, flops::block_piece(fd, false, 1, 3));
     }
-    norm_backward(k, gl, s.dres, g.ln2w, g.ln2b, s.dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, B,
-                  T);
-    // Attention: res2 = x + proj(attn(qkv(ln1(x)))) + b; s.dres now holds dres2.
-    bias_grad(k, g.projb, s.dres, B, T, d.C);
-    k.matmul_backward(s.datty, g.projw, nullptr, s.dres, a.atty, p.projw, B, T, d.Cl, d.C, false);
-    qkv_attention_backward(k, gl, p, g, a, s, B, T);
-    if (tp) {
-      span.close();
-      tp_reduce(hooks, TpPoint::kAttnInputBackward, layer, s.dln, n);
-      span.reopen(hooks.observer, name, layer, flops::block_piece(fd, false, 2, 3));
-    }
-    norm_backward(k, gl, s.dres, g.ln1w, g.ln1b, s.dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd, B, T);
+    attention_half_backward(k, gl, p, g, a, s, x, layer, hooks, span,
+                            tp ? flops::block_piece(fd, false, 2, 3) : -1.0);
   }
   if (hooks.on_grads_ready) hooks.on_grads_ready(layer);
 }
@@ -577,6 +623,7 @@ void backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, float loss_sca
   if (s.B != acts.B || s.T != acts.T)
     throw std::logic_error("gpt: scratch and activations differ in (B, T)");
   const GptShard& sh = layout_of(m).shard;
+  acts.objective_scale = loss_scale;  // the MoE blocks' aux-loss gradients (moe_block.hpp)
   if (sh.has_head) head_backward(k, m, acts, s, loss_scale, hooks);
   for (int l = sh.layer_end - 1; l >= sh.layer_begin; --l) block_backward(k, m, acts, s, l, hooks);
   if (sh.has_embed) {

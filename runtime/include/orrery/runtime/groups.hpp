@@ -16,6 +16,11 @@ struct RankGroups {
   std::unique_ptr<Communicator> pp;  // same (dp, tp)
   // pp > 1: the first and last stage of one pipeline (the other stages alone).
   std::unique_ptr<Communicator> embed;
+  // Expert parallelism (layout.ep > 1, model/moe.hpp): the ep consecutive dp ranks that exchange
+  // tokens (kind Other: its all-to-alls are on comm.ep), and the dp ranks of the same ep rank
+  // (kind DP) that sum the experts' gradients.
+  std::unique_ptr<Communicator> ep;
+  std::unique_ptr<Communicator> edp;
 };
 
 RankGroups split_rank_groups(Communicator& world, const Layout& layout);
@@ -28,6 +33,8 @@ struct DeviceGroups {
   Communicator* tp = nullptr;
   Communicator* pp = nullptr;
   Communicator* embed = nullptr;
+  Communicator* ep = nullptr;
+  Communicator* edp = nullptr;
 };
 // The host groups of more than one rank as they are (the CPU backend's connect).
 DeviceGroups host_device_groups(const RankGroups& groups);

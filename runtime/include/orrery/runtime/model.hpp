@@ -53,6 +53,7 @@
 
 #include "orrery/common/scenario.hpp"
 #include "orrery/model/flops.hpp"
+#include "orrery/model/moe.hpp"
 #include "orrery/model/names.hpp"
 #include "orrery/model/parameters.hpp"
 #include "orrery/runtime/tensor.hpp"
@@ -73,6 +74,8 @@ struct GptConfig {
   // RoPE, an untied LM head and no biases for Llama-style blocks. Zero widths are resolved by
   // gpt_create (BlockArch::resolve).
   BlockArch arch{};
+  // Mixture-of-experts blocks (model/moe.hpp; experts 0: none). CPU model only (moe_block.hpp).
+  MoeConfig moe{};
 };
 GptConfig gpt_config(const orrery::ModelConfig& m);
 
@@ -87,6 +90,10 @@ struct GptShard {
   // Megatron sequence parallelism (tp_size > 1): the residual stream, LayerNorms and residual adds
   // hold this rank's contiguous 1/tp of the B·T tokens (buffers.hpp; gpt_pieces.hpp).
   bool sequence_parallel = false;
+  // Expert parallelism (model/moe.hpp): this rank's ep rank of ep_size; it holds experts
+  // [ep_rank·E/ep_size, +E/ep_size) of every MoE block.
+  int ep_rank = 0;
+  int ep_size = 1;
   bool sp() const { return sequence_parallel && tp_size > 1; }
   // Stage `stage` of `stages`: its blocks by the model's one rule (model::stage_layer_range):
   // `stage_layers` (parallel.pp_layers) when given, else split as evenly as possible, earlier
@@ -126,6 +133,29 @@ struct BlockParams {
   float* fcprojw = nullptr;  // (C, F)
   float* fcprojb = nullptr;  // (C) row-parallel bias, added once after the tp sum
 };
+// One FFN of an MoE block (a routed or a shared expert), cut over tp as the dense MLP:
+struct FfnParams {
+  float* fcw = nullptr;      // (up·We, C), SwiGLU rows [gate | up]
+  float* fcb = nullptr;      // (up·We)
+  float* fcprojw = nullptr;  // (C, We)
+  float* fcprojb = nullptr;  // (C) added by tp rank 0 only (the expert's output is a tp partial)
+};
+// An MoE block's FFN side (model/moe.hpp); empty for a dense block.
+struct MoeParams {
+  float* router = nullptr;         // (E, C), replicated
+  std::vector<FfnParams> shared;   // (shared_experts)
+  std::vector<FfnParams> experts;  // (El) this ep rank's experts, in expert order
+};
+// MoE sizes of this shard (E = 0 without MoE).
+struct MoeDims {
+  int E = 0;      // routed experts
+  int K = 0;      // top_k
+  int El = 0;     // experts held: E / ep
+  int first = 0;  // the first expert held
+  int ep = 1;     // ep ranks
+  int We = 0;     // expert width held: expert width / tp
+  int S = 0;      // shared experts
+};
 struct EmbedParams {
   float* wte = nullptr;  // (V, C), also the LM head when tied
   float* wpe = nullptr;  // (max_seq, C); null on a head-only stage and under RoPE
@@ -155,6 +185,9 @@ struct ParamTensor {
   model::Slice slice = model::Slice::None;
   std::vector<int> bands;        // Slice::Bands: the full rows (columns of a vector) of each band
   std::vector<int> band_shards;  // and the slices each is cut into (empty: tp; model::band_cut)
+  // A routed expert's tensor (model/parameters.hpp): laid out after every dense tensor, in no
+  // segment_range, its gradient reduced over the edp group.
+  bool expert = false;
 };
 
 struct Gpt {
@@ -167,11 +200,18 @@ struct Gpt {
   EmbedParams embed, dembed;                 // pointers into params / grads
   std::vector<BlockParams> blocks, dblocks;  // index layer - layer_begin
   HeadParams head, dhead;
+  MoeDims moe_dims;
+  std::vector<MoeParams> moe, dmoe;  // index layer - layer_begin; empty entries for dense blocks
 
   int num_blocks() const { return shard.layer_end - shard.layer_begin; }
   std::size_t num_params() const { return params.size(); }
-  // The contiguous range of `segment` in params/grads (count 0 when this shard holds none of it).
+  // The contiguous range of `segment` in params/grads (count 0 when this shard holds none of it);
+  // routed experts' tensors excluded.
   ParamRange segment_range(int segment) const;
+  // The routed experts' tensors of block `layer` (count 0: a dense block), contiguous after every
+  // dense tensor, in layer order.
+  ParamRange expert_range(int layer) const;
+  bool is_moe_block(int layer) const;
   // Ranges that get weight decay (the matrices), in memory order.
   std::vector<ParamRange> decay_ranges() const;
   // Looks a tensor up by name; throws std::out_of_range when absent.
@@ -201,6 +241,23 @@ struct BlockActivations {
   float* fcproj;    // (B,T,C) fc2 product, before bias (a partial sum under tp)
 };
 
+// One MoE block's forward state for its backward (CPU model, moe_block.cpp), N = B·T tokens, R the
+// rows this rank's experts received, S the rows it sent (the kept assignments).
+struct MoeBlockState {
+  std::vector<float> probs;       // (N, E) router softmax
+  model::moe::Routing routing;    // top-k choices, weights, kept, counts (model/moe.hpp)
+  std::vector<int64_t> send_row;  // (N·K) each assignment's row of the send buffer, -1 dropped
+  std::vector<int64_t> send_counts, recv_counts;  // (ep·El) rows per (ep rank, local expert)
+  std::vector<float> send;                        // (S, C) ln2 rows dispatched
+  std::vector<float> recv;                 // (R, C) rows received, by source, expert, token, slot
+  std::vector<float> out;                  // (R, C) expert outputs, in recv's order
+  std::vector<float> back;                 // (S, C) expert outputs combined back, in send's order
+  std::vector<std::vector<int64_t>> rows;  // (El) recv rows of each local expert, in order
+  std::vector<std::vector<float>> x, h, act;  // per local expert (n, C), (n, up·We), (n, We)
+  std::vector<std::vector<float>> sh, sact;   // per shared expert (N, up·We), (N, We)
+  double aux = 0;                             // the block's load-balancing loss (coef included)
+};
+
 // Everything the backward of one micro-batch needs from its forward, over any storage: the CPU
 // model's FloatArray and host token copies, or the CUDA model's device arrays (cuda/model.hpp's
 // GpuActivations). The pointers point into `memory` (carved by buffers.hpp, one layout for both).
@@ -213,12 +270,14 @@ struct BasicActivations {
   TokenStore targets;       // (B,T) copy, for the loss backward
   float* stream = nullptr;  // (num_blocks+1, B,T,C) residual stream at each block boundary
   std::vector<BlockActivations> blocks;
-  float* lnf = nullptr;       // (B,T,C)
-  float* lnf_mean = nullptr;  // (B,T)
-  float* lnf_rstd = nullptr;  // (B,T)
-  float* logits = nullptr;    // (B,T,V) logits, then probabilities, then dlogits (in place)
-  float* losses = nullptr;    // (B,T)
-  float loss = 0.0f;          // mean over B*T, set by the head forward
+  std::vector<MoeBlockState> moe;  // (num_blocks) MoE blocks' state (CPU model; unused elsewhere)
+  float objective_scale = 1.0f;    // the backward's loss_scale (the aux loss's gradient scale)
+  float* lnf = nullptr;            // (B,T,C)
+  float* lnf_mean = nullptr;       // (B,T)
+  float* lnf_rstd = nullptr;       // (B,T)
+  float* logits = nullptr;         // (B,T,V) logits, then probabilities, then dlogits (in place)
+  float* losses = nullptr;         // (B,T)
+  float loss = 0.0f;               // mean over B*T, set by the head forward
   // What the blocks keep (buffers.hpp): under recomputation some of `blocks`' pointers are the
   // backward scratch's workspace (bind_workspace), and block_backward recomputes them.
   Recompute recompute = Recompute::None;
@@ -320,6 +379,7 @@ enum class TpPoint {
   kHeadGather,         // the final LayerNorm's output, before the LM head
   kEmbedGather,        // the first block's input gradient, before the embedding backward
   kReplicatedGrads,    // LayerNorm and row-parallel bias gradients summed over the tp group
+  kMoeGateBackward,    // MoE: the gate gradients' partial dot products (N·K) (model/moe.hpp)
 };
 // Must replace data[0..count) by its sum over the tensor-parallel group (an in-place all-reduce).
 using TpAllReduce = std::function<void(TpPoint point, int layer, float* data, std::size_t count)>;
@@ -331,8 +391,17 @@ using TpReduceScatter = std::function<void(TpPoint point, int layer, const float
 using TpAllGather = std::function<void(TpPoint point, int layer, const float* send, float* recv,
                                        std::size_t send_count)>;
 
+// Expert parallelism (model/moe.hpp): Communicator::all_to_all_v of F32 rows over the ep group for
+// one of the four all-to-alls of MoE block `layer`, named by `name` (names.hpp kMoeDispatch ...).
+using EpAllToAll = std::function<void(const char* name, int layer, const float* send,
+                                      const int64_t* send_counts, std::size_t groups, float* recv,
+                                      int64_t* recv_counts, std::size_t recv_capacity)>;
+
 struct GptHooks {
   OpObserver* observer = nullptr;
+  EpAllToAll ep_all_to_all;  // required when shard.ep_size > 1 and the shard has an MoE block
+  // After each MoE block's routing (counters, the aux loss's report); may be empty.
+  std::function<void(int layer, const model::moe::Routing& r, double aux)> on_routing;
   TpAllReduce tp_all_reduce;          // required when shard.tp_size > 1, unused otherwise
   TpReduceScatter tp_reduce_scatter;  // required under sequence parallelism
   TpAllGather tp_all_gather;          // required under sequence parallelism

@@ -25,6 +25,7 @@ namespace orrery::runtime {
 struct Layout {
   int dp = 1, tp = 1, pp = 1;
   int dp_rank = 0, tp_rank = 0, pp_rank = 0;
+  int ep = 1;  // parallel.ep (model/moe.hpp): ep rank dp_rank % ep
   static Layout of(const Scenario& s, int world_rank);
 };
 
@@ -41,6 +42,9 @@ struct StepResult {
   int64_t tokens = 0;       // global tokens of the step (all dp replicas)
   bool skipped = false;     // fp16: gradients overflowed, no optimizer update (loss_scaler.hpp)
   double loss_scale = 1.0;  // fp16: the loss scale the step's backward used (1 otherwise)
+  // MoE (model/moe.hpp): the load-balancing losses of this rank's MoE blocks, mean over the
+  // step's micro-batches (not in `loss`, which stays the LM loss; the gradients include both).
+  double aux_loss = 0;
 };
 
 // Persistent bytes per category, as recorded in the mem.* counters.

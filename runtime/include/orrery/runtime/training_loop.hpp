@@ -40,7 +40,7 @@
 // comm stream holds "ddp.broadcast_parameters" (broadcast) and "barrier". Counters, sampled at
 // the end of every step (bytes): mem.parameters, mem.gradients, mem.optimizer (AdamW moments),
 // mem.activations (the saved activations of every micro-batch in flight plus the backward scratch
-// and a device's kernel scratch), mem.comm_buffers (pipeline gradient send buffers, ZeRO's
+// and a device's kernel scratch; with MoE blocks their routing state, moe_state_bytes), mem.comm_buffers (pipeline gradient send buffers, ZeRO's
 // reduce-scatter output; under ZeRO 2 also the full-size array the model writes one backward's
 // gradients into before they are scattered).
 //
@@ -198,9 +198,14 @@ class TrainingLoop : public RankTrainer {
   // they are divided by the loss scale. The same answer on every rank.
   bool unscale_and_check_overflow();
   void reduce_gradients_zero(int mb);
+  void reduce_expert_gradients_zero(int mb);  // MoE, ep > 1
+  void gather_zero_shards_ep();               // MoE, ep > 1
   void embed_all_reduce();
   void kv_grad_all_reduce(int layer, int mb);
   void kv_grad_all_reduce_blocks(int mb);
+  // MoE: the ep all-to-all, routing and expert-gradient hooks of a step; its counters.
+  void moe_hooks(GptHooks& hooks);
+  void record_moe_counters(StepResult& result);
   float* stage(float* data, std::size_t n, bool upload);
   // ZeRO 3
   void z3_gather(int segment, int slot, int mb);
@@ -222,6 +227,13 @@ class TrainingLoop : public RankTrainer {
   DeviceGroups dev_;  // the backend's communicators of the groups (null: a group of one)
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> ddp_;
+  // MoE: the routed experts' gradient buckets over the edp group (null without MoE), the blocks
+  // that have some (index segment), and the step's routing tallies: assignments per (held block,
+  // expert) before the drop, drops per held block, the aux losses' sum.
+  std::unique_ptr<DataParallel> edp_;
+  std::vector<uint8_t> expert_segment_;
+  std::vector<double> moe_tokens_, moe_dropped_;
+  double moe_aux_ = 0;
   std::unique_ptr<TokenSource> source_;
   std::unique_ptr<DataLoader> loader_;
   std::vector<std::unique_ptr<typename B::Activations>> acts_;  // one per micro-batch in flight
@@ -231,6 +243,12 @@ class TrainingLoop : public RankTrainer {
   ZeroPartition zero_;
   Array zero_grads_;  // (k) ZeRO 1/2: the owned shard of the averaged gradients
   Array zero_recv_;   // (k) ZeRO 2: one micro-batch's scattered shard
+  // MoE with ep > 1 under ZeRO 1/2: the experts' partition over edp (ranks 0: none), where they
+  // start in the flat array, their shard's gradients, ZeRO 2's scattered shard and AdamW moments,
+  // and the dense all-gather's staging buffer.
+  ZeroPartition ezero_{};
+  std::size_t expert_offset_ = 0;
+  Array ezero_grads_, ezero_recv_, eadam_m_, eadam_v_, zero_stage_;
   std::unique_ptr<typename B::Zero3> z3_;
   Array z3_recv_;                              // ZeRO 3: one micro-batch's scattered shards
   Handle z3_gather_h_[4], z3_rs_h_[4];         // by working buffer (zero3_slot)

@@ -119,8 +119,21 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   shard.tp_rank = L.tp_rank;
   shard.tp_size = L.tp;
   shard.sequence_parallel = s_.parallel.sequence_parallel;
+  shard.ep_size = L.ep;
+  shard.ep_rank = model::moe::ep_rank(L.dp_rank, L.ep);
   Gpt host = gpt_create(cfg, shard, s_.training.seed);
   std::vector<DdpBucket> buckets = make_ddp_buckets(host, s_.parallel.bucket_mb);  // unpadded
+  std::vector<DdpBucket> expert_buckets = make_expert_buckets(host, s_.parallel.bucket_mb);
+  // The dense parameters come first (model.hpp): DDP broadcasts only those; the experts are the
+  // seed's on every rank that holds them.
+  std::size_t dense_elems = host.num_params();
+  for (const auto& t : host.tensors) {
+    if (t.expert) dense_elems = std::min(dense_elems, t.offset);
+  }
+  expert_segment_.assign(std::size_t(cfg.n_layer) + 2, 0);
+  for (const auto& b : expert_buckets) {
+    for (int seg : b.segments) expert_segment_[std::size_t(seg + 1)] = 1;
+  }
   const std::size_t n = host.num_params();
   decay_ = host.decay_ranges();
   adamw_ = loop_detail::adamw_config(s_.training);
@@ -138,7 +151,18 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
     moments = z3_->shard_elems();
     opt_count_ = 0;  // per segment shard
   } else {
-    if (zero) {
+    if (zero && L.ep > 1) {
+      // MoE with ep > 1 (model/moe.hpp): the dense prefix partitioned over dp, the experts over
+      // their edp group; storage padded for both (the dense all-gather goes through zero_stage_,
+      // so its padding never overwrites the experts that follow the dense tensors).
+      expert_offset_ = dense_elems;
+      zero_ = zero_partition(dense_elems, L.dp_rank, L.dp);
+      ezero_ = zero_partition(n - dense_elems, L.dp_rank / L.ep, L.dp / L.ep);
+      gpt_pad_storage(host, std::max(zero_.padded(), dense_elems + ezero_.padded()));
+      moments = zero_.shard;
+      opt_offset_ = zero_.begin();
+      opt_count_ = zero_.count();
+    } else if (zero) {
       zero_ = zero_partition(n, L.dp_rank, L.dp);
       gpt_pad_storage(host, zero_.padded());
       moments = zero_.shard;
@@ -160,9 +184,20 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
       dopt.wire = g == Precision::BF16 ? DType::BF16 : DType::F16;
     }
   }
-  ddp_ =
-      std::make_unique<DataParallel>(std::move(buckets), cfg.n_layer, model_->grads.data(),
-                                     model_->params.data(), model_->params.size(), dev_.dp, dopt);
+  ddp_ = std::make_unique<DataParallel>(std::move(buckets), cfg.n_layer, model_->grads.data(),
+                                        model_->params.data(), dense_elems, dev_.dp, dopt);
+  if (cfg.moe.enabled() && !zero) {
+    // Averaged over edp here, then divided by ep after the step's backward (backward_pass): the
+    // experts' gradients summed over their edp group and divided by dp (model/moe.hpp). Under
+    // ZeRO 1/2 (ep 1 only, check_supported) the experts are replicated over dp like the dense
+    // tensors: the whole array's reduce-scatter averages them and the partition shards their
+    // optimizer state over dp, which is the edp group.
+    DdpOptions eopt = dopt;
+    eopt.span_name = names::kEdpAllReduce.data();
+    edp_ = std::make_unique<DataParallel>(std::move(expert_buckets), cfg.n_layer,
+                                          model_->grads.data(), model_->params.data(), 0,
+                                          L.ep > 1 ? dev_.edp : dev_.dp, eopt);
+  }
   if (s_.parallel.grad_compression != "none") {
     // The compression hooks work on host memory (launch.cpp refuses other devices first).
     if constexpr (!B::kHostMemory) {
@@ -213,6 +248,13 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   if (zero) {
     zero_grads_.resize(zero_.shard);
     if (s_.parallel.zero == 2) zero_recv_.resize(zero_.shard);
+  }
+  if (ezero_.total > 0) {
+    ezero_grads_.resize(ezero_.shard);
+    if (s_.parallel.zero == 2) ezero_recv_.resize(ezero_.shard);
+    eadam_m_.resize(ezero_.shard);
+    eadam_v_.resize(ezero_.shard);
+    zero_stage_.resize(zero_.padded());
   }
   if (rec_ != nullptr) observer_ = std::make_unique<Observer>(rec_, backend_);
   backend_.synchronize();  // the model's upload is complete before any stream uses it
@@ -270,7 +312,10 @@ template <class B>
 MemoryBytes TrainingLoop<B>::memory() const {
   MemoryBytes m;
   double acts = static_cast<double>(scratch_->memory.size_bytes()) + backend_.scratch_bytes();
-  for (const auto& a : acts_) acts += static_cast<double>(a->memory.size_bytes());
+  for (const auto& a : acts_) {
+    acts += static_cast<double>(a->memory.size_bytes());
+    if constexpr (B::kHostMemory) acts += static_cast<double>(moe_state_bytes(*a));  // MoE
+  }
   m.activations = acts;
   if (z3_) {
     const double shard = static_cast<double>(z3_->shard_elems()) * sizeof(float);
@@ -292,7 +337,8 @@ MemoryBytes TrainingLoop<B>::memory() const {
   }
   m.parameters = static_cast<double>(model_->params.size_bytes());
   const double full_grads = static_cast<double>(model_->grads.size_bytes());
-  m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes());
+  m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes() +
+                                    eadam_m_.size_bytes() + eadam_v_.size_bytes());
   if (offload_) {
     m.optimizer = static_cast<double>(offload_->buffer_bytes());  // the three chunk buffers
     m.offload_nvme = static_cast<double>(offload_->file_bytes());
@@ -301,13 +347,14 @@ MemoryBytes TrainingLoop<B>::memory() const {
   for (const auto& g : grad_send_) comm += static_cast<double>(g.size_bytes());  // pipeline
   if (zero12() && s_.parallel.zero == 2) {
     // The shard is the gradient state; the full array only stages one backward before scattering.
-    m.gradients = static_cast<double>(zero_grads_.size_bytes());
-    comm += full_grads + static_cast<double>(zero_recv_.size_bytes());
+    m.gradients = static_cast<double>(zero_grads_.size_bytes() + ezero_grads_.size_bytes());
+    comm += full_grads + static_cast<double>(zero_recv_.size_bytes() + ezero_recv_.size_bytes());
   } else {
     m.gradients = full_grads;
-    comm += static_cast<double>(zero_grads_.size_bytes());  // ZeRO 1: the reduce-scatter output
+    // ZeRO 1: the reduce-scatter output (MoE, ep > 1: the experts' too, and the staging buffer)
+    comm += static_cast<double>(zero_grads_.size_bytes() + ezero_grads_.size_bytes());
   }
-  m.comm_buffers = comm;
+  m.comm_buffers = comm + static_cast<double>(zero_stage_.size_bytes());
   return m;
 }
 
@@ -345,6 +392,9 @@ bool TrainingLoop<B>::unscale_and_check_overflow() {
         break;
       }
     }
+    for (std::size_t i = 0; i < ezero_grads_.size(); ++i) {  // MoE, ep > 1, ZeRO 1/2
+      if (!std::isfinite(ezero_grads_.data()[i])) overflow = 1;
+    }
     // Over dp, then tp, then pp: the max over the whole world, so every rank skips together.
     for (Communicator* c : {groups_.dp.get(), groups_.tp.get(), groups_.pp.get()}) {
       if (c == nullptr || c->size() < 2) continue;
@@ -355,6 +405,7 @@ bool TrainingLoop<B>::unscale_and_check_overflow() {
     if (overflow != 0) return true;
     const auto inv = static_cast<float>(1.0 / scaler_->scale());
     for (std::size_t i = 0; i < n; ++i) g[i] *= inv;
+    for (std::size_t i = 0; i < ezero_grads_.size(); ++i) ezero_grads_.data()[i] *= inv;
     return false;
   }
 }
@@ -498,6 +549,63 @@ void TrainingLoop<B>::restore_counters(int32_t steps_done, int64_t adamw_steps,
 
 // --- one step
 
+// MoE: DDP's hook also completes the experts' buckets; the all-to-alls over the ep group; the
+// routing tallied for the step's counters.
+template <class B>
+void TrainingLoop<B>::moe_hooks(GptHooks& hooks) {
+  if constexpr (!B::kHostMemory) {
+    throw InputError("key 'model.moe.experts': MoE blocks run on device cpu only");
+  } else {
+    if (edp_) {
+      hooks.on_grads_ready = [this](int segment) {
+        ddp_->on_grads_ready(segment);
+        if (expert_segment_[std::size_t(segment + 1)]) edp_->on_grads_ready(segment);
+      };
+    }
+    if (dev_.ep != nullptr) {
+      hooks.ep_all_to_all = [this](const char* name, int layer, const float* send,
+                                   const int64_t* send_counts, std::size_t groups, float* recv,
+                                   int64_t* recv_counts, std::size_t capacity) {
+        dev_.ep
+            ->all_to_all_v(send, send_counts, groups, recv, recv_counts, capacity, DType::F32,
+                           OpLabel{name, step_, cur_mb_, layer})
+            .wait();
+      };
+    }
+    const Gpt& g = layout_of(*model_);
+    const auto E = std::size_t(g.moe_dims.E);
+    moe_tokens_.assign(std::size_t(g.num_blocks()) * E, 0.0);
+    moe_dropped_.assign(std::size_t(g.num_blocks()), 0.0);
+    moe_aux_ = 0;
+    hooks.on_routing = [this, E, first = g.shard.layer_begin](
+                           int layer, const model::moe::Routing& r, double aux) {
+      const auto b = std::size_t(layer - first);
+      for (std::size_t e = 0; e < E; ++e) moe_tokens_[b * E + e] += double(r.routed[e]);
+      moe_dropped_[b] += double(r.dropped);
+      moe_aux_ += aux;
+    };
+  }
+}
+
+// The step's MoE counters (model/moe.hpp: per held MoE block and expert, summed over the step's
+// micro-batches) and its aux loss.
+template <class B>
+void TrainingLoop<B>::record_moe_counters(StepResult& result) {
+  result.aux_loss = moe_aux_ / micro_batches_;
+  if (rec_ == nullptr) return;
+  const Gpt& g = layout_of(*model_);
+  const int64_t now = profiler::steady_now_ns();
+  const auto E = std::size_t(g.moe_dims.E);
+  for (int l = g.shard.layer_begin; l < g.shard.layer_end; ++l) {
+    if (!g.is_moe_block(l)) continue;
+    const auto b = std::size_t(l - g.shard.layer_begin);
+    for (std::size_t e = 0; e < E; ++e) {
+      rec_->counter(model::moe::moe_tokens_counter(l, int(e)).c_str(), moe_tokens_[b * E + e], now);
+    }
+    rec_->counter(model::moe::moe_dropped_counter(l).c_str(), moe_dropped_[b], now);
+  }
+}
+
 // A pass of micro-batch `mb` begins: its labels and the slot of its activations (mb % in flight).
 template <class B>
 std::size_t TrainingLoop<B>::begin_pass(int mb) {
@@ -567,8 +675,19 @@ void TrainingLoop<B>::backward_pass(int mb, const GptHooks& hooks, float loss_sc
     // ZeRO 1 with a compressed step: DDP's compressed reduction of the whole gradient, then each
     // rank keeps its shard of the average (reduce_gradients_zero) instead of a reduce-scatter.
     ddp_->begin_backward((!zero12() || ddp_->compresses(step)) && last_mb, step, mb);
+    if (edp_) edp_->begin_backward(last_mb, step, mb);
     pieces::backward(backend_.kernels(), *model_, acts, *scratch_, loss_scale, hooks);
     ddp_->finish_backward();
+    if (edp_) {
+      edp_->finish_backward();
+      if (last_mb && layout_.ep > 1) {
+        const auto inv = static_cast<float>(1.0 / layout_.ep);
+        for (const auto& b : edp_->buckets()) {
+          float* g = model_->grads.data() + b.range.offset;
+          for (std::size_t i = 0; i < b.range.count; ++i) g[i] *= inv;
+        }
+      }
+    }
   }
   if (!sh.has_embed) {
     grad_send_h_[slot].wait();
@@ -646,9 +765,59 @@ void TrainingLoop<B>::reduce_gradients_zero(int mb) {
           OpLabel{kZeroReduceScatterName, step_, mb,
                   holds_embedding_segment(layout_of(*model_)) ? kEmbedSegment : sh.layer_begin})
       .wait();
+  if (ezero_.total > 0) reduce_expert_gradients_zero(mb);
   if (s_.parallel.zero == 2) {
     backend_.add(zero_grads_.data(), out, zero_.shard);         // the shard gradient accumulates
     backend_.zero(model_->grads.data(), model_->grads.size());  // the next backward: a clean array
+  }
+}
+
+// MoE with ep > 1 under ZeRO 1/2: the experts' reduce-scatter over their edp group, averaged there
+// and divided by ep (sum over edp / dp, model/moe.hpp), into this rank's expert shard.
+template <class B>
+void TrainingLoop<B>::reduce_expert_gradients_zero(int mb) {
+  if constexpr (B::kHostMemory) {
+    float* out = s_.parallel.zero == 2 ? ezero_recv_.data() : ezero_grads_.data();
+    const float* g = model_->grads.data() + expert_offset_;
+    if (dev_.edp != nullptr) {
+      const Gpt& m = layout_of(*model_);
+      int lowest = m.shard.layer_end;
+      for (int l = m.shard.layer_begin; l < m.shard.layer_end; ++l) {
+        if (m.expert_range(l).count > 0) lowest = std::min(lowest, l);
+      }
+      dev_.edp
+          ->reduce_scatter(g, out, ezero_.shard, DType::F32, ReduceOp::Avg,
+                           OpLabel{kZeroReduceScatterName, step_, mb, lowest})
+          .wait();
+    } else {
+      std::copy(g, g + ezero_.shard, out);  // an edp group of one: the whole expert range
+    }
+    const auto inv = static_cast<float>(1.0 / layout_.ep);
+    for (std::size_t i = 0; i < ezero_.shard; ++i) out[i] *= inv;
+    if (s_.parallel.zero == 2) backend_.add(ezero_grads_.data(), out, ezero_.shard);
+  }
+}
+
+// MoE with ep > 1 under ZeRO 1/2: the dense shards all-gathered over dp through zero_stage_ (its
+// padding would overwrite the experts after the dense tensors), the expert shards over edp in place
+// (their padding lies past the array's real end).
+template <class B>
+void TrainingLoop<B>::gather_zero_shards_ep() {
+  if constexpr (B::kHostMemory) {
+    float* p = model_->params.data();
+    std::copy(p + zero_.begin(), p + zero_.begin() + zero_.count(),
+              zero_stage_.data() + zero_.begin());
+    dev_.dp
+        ->all_gather(zero_stage_.data() + zero_.begin(), zero_stage_.data(), zero_.shard,
+                     DType::F32, OpLabel{kZeroAllGatherName, step_, -1, -1})
+        .wait();
+    std::copy(zero_stage_.data(), zero_stage_.data() + expert_offset_, p);
+    if (dev_.edp != nullptr) {
+      dev_.edp
+          ->all_gather(p + expert_offset_ + ezero_.begin(), p + expert_offset_, ezero_.shard,
+                       DType::F32, OpLabel{kZeroAllGatherName, step_, -1, -1})
+          .wait();
+    }
   }
 }
 
@@ -836,8 +1005,15 @@ void TrainingLoop<B>::optimizer_phase(bool apply) {
     const float* grads = zero12() ? zero_grads_.data() : model_->grads.data();
     adamw_range(model_->params.data() + opt_offset_, grads, 0, opt_offset_, opt_count_);
   }
+  if (apply && ezero_.total > 0 && ezero_.count() > 0) {  // MoE, ep > 1: the expert shard
+    const std::size_t off = expert_offset_ + ezero_.begin();
+    backend_.adamw(model_->params.data() + off, ezero_grads_.data(), eadam_m_.data(),
+                   eadam_v_.data(), off, ezero_.count(), decay_, adam_steps_, adamw_);
+  }
   close(adamw);
-  if (zero12() && apply) {
+  if (zero12() && apply && ezero_.total > 0) {
+    gather_zero_shards_ep();
+  } else if (zero12() && apply) {
     // In place: this rank's shard is block dp_rank of the gathered array.
     dev_.dp
         ->all_gather(model_->params.data() + zero_.begin(), model_->params.data(), zero_.shard,
@@ -884,6 +1060,7 @@ StepResult TrainingLoop<B>::step() {
     const int zg = open(traces::SpanKind::Compute, names::kZeroGrad.data(), -1);
     backend_.zero(model_->grads.data(), model_->grads.size());  // none under ZeRO 3
     if (zero12()) backend_.zero(zero_grads_.data(), zero_grads_.size());
+    if (ezero_.total > 0) backend_.zero(ezero_grads_.data(), ezero_grads_.size());
     if (z3_) backend_.zero(z3_->grads(), z3_->shard_elems());
     close(zg);
   }
@@ -892,10 +1069,12 @@ StepResult TrainingLoop<B>::step() {
   GptHooks hooks;
   hooks.observer = observer_.get();
   hooks.on_grads_ready = [this](int segment) { ddp_->on_grads_ready(segment); };
+  if (layout_of(*model_).config.moe.enabled()) moe_hooks(hooks);
   if (dev_.tp != nullptr) {
     hooks.tp_all_reduce = [this](TpPoint point, int layer, float* data, std::size_t count) {
-      const char* name =
-          point == TpPoint::kReplicatedGrads ? names::kTpGradAllReduce.data() : kTpAllReduceName;
+      const char* name = point == TpPoint::kReplicatedGrads   ? names::kTpGradAllReduce.data()
+                         : point == TpPoint::kMoeGateBackward ? names::kTpMoeGateAllReduce.data()
+                                                              : kTpAllReduceName;
       dev_.tp
           ->all_reduce(data, count, DType::F32, ReduceOp::Sum, OpLabel{name, step_, cur_mb_, layer})
           .wait();  // on a device the compute stream (not the host) waits for the sum
@@ -937,6 +1116,7 @@ StepResult TrainingLoop<B>::step() {
   }
   result.skipped = !apply;
   result.loss_scale = scale_used;
+  if (layout_of(*model_).config.moe.enabled()) record_moe_counters(result);
   float loss = static_cast<float>(loss_sum / micro_batches_);
   if (layout_.pp > 1) {
     // Only the last stage computed the loss: it broadcasts it over the pipeline (host, 4 bytes).

@@ -66,12 +66,10 @@ std::vector<Kernel> expert_ffn_kernels(const ModelDims& d, const Scenario& s, do
 // A forward kernel list's backward (2x FLOPs and bytes, GEMMs as their two products), reversed.
 std::vector<Kernel> backward_kernels(std::vector<Kernel> ks);
 
-// Parameters one rank holds in one MoE block, against the dense block model::parameter_tensors
-// lists: `dense_delta` (router E·C, replicated over tp, plus shared experts' tp slices, minus the
-// dense MLP's fc1 and fc2 tensors it replaces) joins the block's dense parameters (reduced over
-// dp); `expert` (the E / ep local experts' tp slices) is reduced over the edp group.
+// Expert parameters one rank holds in one MoE block: the E / ep local experts' tp slices, reduced
+// over the edp group (closed form; model::parameter_tensors lists the same tensors with `expert`
+// set, and its router and shared experts, which are dense, reduced over dp with the rest).
 struct MoeBlockParams {
-  int64_t dense_delta = 0;
   int64_t expert = 0;
 };
 MoeBlockParams moe_block_params(const Scenario& s);

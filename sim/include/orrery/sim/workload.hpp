@@ -151,6 +151,7 @@ struct ParamTensor {
 using model::chunks_per_stage;
 // The stage's parameter tensors (model/parameters.hpp's table): wte and wpe (stage 0), the last
 // stage's wte copy, its chunks' blocks in chunk order, the final LayerNorm (last stage).
+// Dense tensors only: an MoE block's routed experts (ParamSpec::expert) are left out (moe_cost.hpp).
 std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage);
 
 // Bytes per parameter, per gradient and of optimizer state per parameter, and per activation.
