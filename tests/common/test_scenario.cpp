@@ -307,3 +307,15 @@ TEST(Scenario, MoeKeysParseAndBadValuesNameTheKey) {
   EXPECT_EQ(error_of(moe, {"training.recompute=selective"}), "");
 }
 }  // namespace orrery
+
+namespace orrery {
+TEST(Scenario, MoeWithOffloadIsRefusedNamingTheKey) {
+  const std::string moe =
+      "model:\n  moe:\n    experts: 4\nparallel:\n  dp: 2\n  zero: 1\ntraining:\n  micro_batch: "
+      "4\n";
+  EXPECT_EQ(error_of(moe), "");
+  EXPECT_NE(error_of(moe, {"zero.offload_optimizer=nvme", "zero.nvme_path=/tmp"})
+                .find("key 'zero.offload_optimizer': offload with mixture-of-experts blocks"),
+            std::string::npos);
+}
+}  // namespace orrery
