@@ -224,6 +224,17 @@ void make_moe_costs(const Scenario& s, const ModelDims& d, const CostModel& cost
   c.experts_b = kernels_piece(backward_kernels(experts), cost);
   c.gated_f = kernels_piece(gated, cost);
   c.gated_b = kernels_piece(backward_kernels(gated), cost);
+  // The FLOPs the runtime's MoE spans carry (model/moe.hpp): the gated sum 2·S·C forward and
+  // 4·S·C backward (S the rows this rank dispatches); the block's own pieces the attention half's
+  // model FLOPs (flops::block_attention_forward; twice backward) on the piece before the attention's
+  // tp all-reduce, 0 on the others. Their times stay those of their kernels.
+  c.gated_f.flops = 2.0 * m.send_rows * double(d.d_model);
+  c.gated_b.flops = 2.0 * c.gated_f.flops;
+  const double attn = model::flops::block_attention_forward(flop_dims(d));
+  for (auto* v : {&c.moe_head_f, &c.moe_head_b, &c.moe_tail_f, &c.moe_tail_b})
+    for (Piece& pc : *v) pc.flops = 0.0;
+  c.moe_head_f.front().flops = attn;
+  c.moe_head_b.front().flops = 2.0 * attn;
   c.a2a_bytes = moe_all_to_all_bytes(m, s, int(d.act_bytes));
   c.gate_bytes = moe_gate_all_reduce_bytes(s, int(d.act_bytes));
 }

@@ -5,7 +5,9 @@
 //                                compute ops in program order (name, step, micro-batch, layer, FLOPs),
 //                                per communicator the collectives in sequence order and the transfers
 //                                as a set (name, op, step, micro-batch, layer, bytes), each with the
-//                                name of its stream (the same for both). Spans outside a step (the
+//                                name of its stream (the same for both); the MoE experts' FLOPs and
+//                                the all-to-alls' bytes, which follow the data's routing, only as
+//                                present. Spans outside a step (the
 //                                real run's set-up broadcast and barrier) and phases are not compared.
 // Exit 0 when equal (compare) / written (counts), 1 with the first differences on stderr, 2 on bad use.
 #include <algorithm>
@@ -38,6 +40,15 @@ bool is_compute(SpanKind k) {
 }
 bool is_comm(SpanKind k) { return k == SpanKind::Collective || k == SpanKind::P2P; }
 
+// Mixture of experts (model/moe.hpp): what the experts compute and what the all-to-alls carry
+// follow the real run's routing, which depends on the data; the simulator prices the expected
+// load. Those FLOPs and bytes are compared as present ("routed"), not by value; the router, the
+// block's own pieces and every other collective exactly.
+bool routed_flops(const std::string& name) {
+  return name == "moe.experts" || name == "moe.experts.bwd" || name == "moe.gated_sum" ||
+         name == "moe.gated_sum.bwd";
+}
+
 // One rank's comparable program: compute ops in start order, communication per communicator name.
 struct Program {
   std::vector<std::string> compute;
@@ -66,14 +77,18 @@ std::map<int, Program> programs(const Trace& t) {
         std::string(to_string(s->kind)) + " " + t.name_of(*s) + " step " + std::to_string(s->step) +
         " mb " + std::to_string(s->micro_batch) + " layer " + std::to_string(s->layer) + " on " +
         (sn == stream_names.end() ? "stream " + std::to_string(s->stream) : sn->second);
-    if (is_compute(s->kind)) {
+    const std::string name = t.name_of(*s);
+    if (is_compute(s->kind) && routed_flops(name)) {
+      p.compute.push_back(op + " flops routed");
+    } else if (is_compute(s->kind)) {
       std::snprintf(buf, sizeof buf, " flops %.6g", s->flops);
       p.compute.push_back(op + buf);
     } else {
       const auto* c = t.comm(s->comm);
       const std::string comm = c != nullptr ? c->name : "comm " + std::to_string(s->comm);
       const std::string entry =
-          op + " op " + std::string(to_string(s->op)) + " bytes " + std::to_string(s->bytes);
+          op + " op " + std::string(to_string(s->op)) + " bytes " +
+          (s->op == orrery::traces::CollOp::AllToAll ? "routed" : std::to_string(s->bytes));
       // Collectives in their communicator's sequence; transfers as a set (below): the simulator
       // numbers a pipeline's sends and receives by matching pair, not in the communicator's order.
       if (s->kind == SpanKind::Collective)
