@@ -25,6 +25,9 @@
 #  6. Fewer kv heads than tp ranks (llama-mqa-*, llama-kv2-tp4-sp: recorded when replicated kv heads
 #     were added): one tp.kv_grad_all_reduce per block a step (ZeRO 0), per block and micro-batch
 #     (ZeRO 2 and 3); none where the kv heads divide over tp.
+#  7. dp2-pp4-zero2 (tied embeddings, 4 micro-batches: recorded when the simulator stopped
+#     deadlocking on it): the tied wte's sum and the reduce-scatter after every backward, in the
+#     runtime's order.
 # Usage: reference_spans.sh ORRERY SPAN_TOOL SOURCE_DIR WORK_DIR [--record]
 # (ONLY=<layout> in the environment runs, or records, that layout alone.)
 set -uo pipefail
@@ -74,6 +77,7 @@ layouts=(
   "llama-kv2-tp4-sp 4 parallel.dp=1 parallel.tp=4 parallel.sequence_parallel=true $LLAMA"
   "llama-mqa-dp2-tp2-zero2 4 parallel.dp=2 parallel.tp=2 parallel.zero=2 $LLAMA model.kv_heads=1"
   "llama-mqa-dp2-tp2-zero3 4 parallel.dp=2 parallel.tp=2 parallel.zero=3 $LLAMA model.kv_heads=1"
+  "dp2-pp4-zero2 8 parallel.dp=2 parallel.pp=4 parallel.zero=2 training.global_batch=16"
 )
 for entry in "${layouts[@]}"; do
   read -r name ranks rest <<< "$entry"
