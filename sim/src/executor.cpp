@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -131,19 +132,8 @@ class Executor {
       for (int s = 0; s < kStreamCount; ++s) try_start(static_cast<int32_t>(i), s);
     engine_.run();
     // Every op must have run; anything left is a cycle in the programs (a bug, not bad input).
-    for (size_t i = 0; i < runs_.size(); ++i) {
-      const auto& p = *runs_[i].program;
-      for (int s = 0; s < kStreamCount; ++s) {
-        if (state_[i].cursor[s] < p.stream_ops[s].size()) {
-          const Op& op = p.ops[p.stream_ops[s][state_[i].cursor[s]]];
-          std::ostringstream o;
-          o << "simulation deadlock: rank " << runs_[i].rank << " stream " << stream_name(s)
-            << " stuck at op '" << w_.names[op.name] << "' (step " << op.step << ", micro-batch "
-            << op.micro_batch << ", layer " << op.layer << ")";
-          throw InternalError(o.str());
-        }
-      }
-    }
+    const std::string stuck = stuck_report();
+    if (!stuck.empty()) throw InternalError("simulation deadlock: " + stuck);
     ExecResult r;
     r.events = engine_.events_processed();
     if (net_) r.network = net_->stats();
@@ -154,6 +144,55 @@ class Executor {
   }
 
  private:
+  // Every stream with ops left: its rank, the op at its head and what it waits for (its first
+  // unfinished dependency, or the peers of a collective / the other end of a transfer).
+  std::string stuck_report() const {
+    std::ostringstream o;
+    int listed = 0;
+    for (size_t i = 0; i < runs_.size(); ++i) {
+      const auto& p = *runs_[i].program;
+      for (int s = 0; s < kStreamCount; ++s) {
+        if (state_[i].cursor[s] >= p.stream_ops[s].size()) continue;
+        const uint32_t id = p.stream_ops[s][state_[i].cursor[s]];
+        if (listed++ > 0) o << "; ";
+        o << "rank " << runs_[i].rank << " stream " << stream_name(s) << " stuck at "
+          << describe(p, id);
+        if (state_[i].pending[id] > 0) {
+          for (uint32_t k = 0; k < p.ops[id].dep_count; ++k) {
+            const uint32_t dep = p.deps[p.ops[id].dep_begin + k];
+            if (runs_[i].ops[dep].end_ns >= 0) continue;  // done
+            o << " waiting for " << describe(p, dep) << " on stream "
+              << stream_name(p.ops[dep].stream);
+            break;
+          }
+        } else {
+          o << " waiting for its peers";
+        }
+      }
+    }
+    for (size_t i = 0; i < runs_.size(); ++i) {
+      const auto& p = *runs_[i].program;
+      for (uint32_t id = 0; id < p.ops.size(); ++id) {
+        if (!posted_send(p.ops[id]) || runs_[i].ops[id].start_ns < 0 ||
+            runs_[i].ops[id].end_ns >= 0)
+          continue;
+        if (listed++ > 0) o << "; ";
+        o << "rank " << runs_[i].rank << " posted " << describe(p, id)
+          << ", never received by its peer";
+      }
+    }
+    return o.str();
+  }
+  static bool posted_send(const Op& op) {
+    return op.kind == traces::SpanKind::P2P && op.coll == traces::CollOp::Send;
+  }
+  std::string describe(const StageProgram& p, uint32_t id) const {
+    const Op& op = p.ops[id];
+    std::ostringstream o;
+    o << "op '" << w_.names[op.name] << "' (step " << op.step << ", micro-batch " << op.micro_batch
+      << ", layer " << op.layer << ")";
+    return o.str();
+  }
   struct RankState {
     double jitter_var = 0;  // ns², op_jitter variance of the compute since its last collective
     std::vector<uint32_t> pending;  // deps not yet done, per op
@@ -173,9 +212,9 @@ class Executor {
     int simulated = 0;  // members that are simulated
     bool intra_node = true;
   };
+  // Posted sends and receives of one direction, matched in issue order (the runtime's rule).
   struct Channel {
-    Member send{-1, 0};
-    Member recv{-1, 0};
+    std::deque<Member> sends, recvs;
   };
 
   const GroupInfo& group(int32_t rank, GroupRole role) {
@@ -206,7 +245,17 @@ class Executor {
         arrive_collective(ri, id, op);
         break;
       case traces::SpanKind::P2P:
-        post_p2p(ri, id, op);
+        if (op.coll == traces::CollOp::Send) {
+          // The runtime posts a send (MPI_Isend) and goes on: the next send of the stream does not
+          // wait for this one to be matched (a send to the next stage may wait for a receiver
+          // while the gradient to the previous stage is what unblocks it).
+          st.busy[stream] = false;
+          ++st.cursor[stream];
+          post_p2p(ri, id, op);
+          try_start(ri, stream);
+        } else {
+          post_p2p(ri, id, op);
+        }
         break;
       default: {
         t.active_ns = t.start_ns;
@@ -244,8 +293,10 @@ class Executor {
     const StageProgram& p = *runs_[ri].program;
     runs_[ri].ops[id].end_ns = engine_.now();
     const int stream = p.ops[id].stream;
-    st.busy[stream] = false;
-    ++st.cursor[stream];
+    if (!posted_send(p.ops[id])) {  // a send released its stream when posted
+      st.busy[stream] = false;
+      ++st.cursor[stream];
+    }
     const Dependents& d = dependents_[p.stage];
     for (uint32_t k = d.begin[id]; k < d.begin[id + 1]; ++k) {
       const uint32_t dep = d.list[k];
@@ -391,13 +442,16 @@ class Executor {
     // Activations (even seq) and gradients (odd seq) match on channels of their own: with the
     // interleaved schedule on pp = 2 both flow from stage 0 to stage 1, in orders that differ.
     Channel& ch = channels_[op.seq & 1][(uint64_t(uint32_t(src)) << 32) | uint32_t(dst)];
-    (is_send ? ch.send : ch.recv) = Member{ri, id};
-    const bool peer_simulated = sim_index_[peer] >= 0;
-    if (peer_simulated && (ch.send.first < 0 || ch.recv.first < 0)) return;
     std::vector<Member> members;
-    if (ch.send.first >= 0) members.push_back(ch.send);
-    if (ch.recv.first >= 0) members.push_back(ch.recv);
-    ch = Channel{};
+    if (sim_index_[peer] < 0) {
+      members.push_back(Member{ri, id});
+    } else {
+      (is_send ? ch.sends : ch.recvs).push_back(Member{ri, id});
+      if (ch.sends.empty() || ch.recvs.empty()) return;
+      members = {ch.sends.front(), ch.recvs.front()};
+      ch.sends.pop_front();
+      ch.recvs.pop_front();
+    }
     CollectiveRequest req;
     req.op = traces::CollOp::Send;
     req.members = {src, dst};

@@ -685,12 +685,14 @@ class StageBuilder {
                        seq_dp_++, ph, mb, layer),
                   deps);
   }
-  uint32_t embed_all_reduce(int mb, const std::vector<uint32_t>& deps) {
+  // Labelled micro-batch -1 on every call, as the runtime's (training_loop_impl.hpp), which issues
+  // it once a step (ZeRO 0/1) or after every backward (ZeRO 2/3).
+  uint32_t embed_all_reduce(const std::vector<uint32_t>& deps) {
     return b_.add(comm(names::kEmbedAllReduce, traces::SpanKind::Collective,
                        traces::CollOp::AllReduce, kStreamDp, GroupRole::Embedding,
                        int64_t(s_.model.vocab) * s_.model.d_model * prec_.grad_bytes /
                            (s_.parallel.vocab_parallel ? s_.parallel.tp : 1),
-                       seq_embed_++, PhaseKind::Backward, mb, -1),
+                       seq_embed_++, PhaseKind::Backward, -1, -1),
                   deps);
   }
   // ZeRO 3 (the runtime's Zero3Storage): one all-gather per segment, issued on the comm thread in
@@ -1051,7 +1053,7 @@ class StageBuilder {
     if (dp_ > 1 && par_.zero == 3) {
       // z3_finish_backward: the tied wte's sum, the embedding's scatter, then wait for all.
       uint32_t after = prev;
-      if (embed_sum_) after = embed_all_reduce(mb, {after});
+      if (embed_sum_) after = embed_all_reduce({after});
       if (has_embed_segment_) z3_scatter(mb, -1, after);
       blocker_ = grad_ops_;
     } else if (dp_ > 1 && pass.chunk == 0 && (par_.zero == 2 || (par_.zero == 1 && mb == m_ - 1))) {
@@ -1064,13 +1066,13 @@ class StageBuilder {
         std::vector<uint32_t> deps = grad_ops_;
         deps.push_back(prev);
         if (kv_values_ > 0) deps = {kv_blocks(mb, deps)};
-        if (embed_sum_) deps = {embed_all_reduce(mb, deps)};
+        if (embed_sum_) deps = {embed_all_reduce(deps)};
         grad_ops_.insert(grad_ops_.end(), deps.begin(), deps.end());
         blocker_ = deps;
         return;
       }
       if (kv_values_ > 0) after = kv_blocks(mb, {after});
-      if (embed_sum_) after = embed_all_reduce(mb, {after});
+      if (embed_sum_) after = embed_all_reduce({after});
       const uint32_t rs = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
                                   padded(prog_.param_count) * prec_.grad_bytes, PhaseKind::Backward,
                                   mb, has_embed_segment_ ? -1 : l0, {after});
@@ -1087,8 +1089,7 @@ class StageBuilder {
     opt_deps.push_back(last_backward_op_);
     opt_deps.insert(opt_deps.end(), blocker_.begin(), blocker_.end());
     if (kv_values_ > 0 && (par_.zero == 0 || dp_ == 1)) opt_deps.push_back(kv_blocks(-1, opt_deps));
-    if (embed_sum_ && (par_.zero == 0 || dp_ == 1))
-      opt_deps.push_back(embed_all_reduce(-1, opt_deps));
+    if (embed_sum_ && (par_.zero == 0 || dp_ == 1)) opt_deps.push_back(embed_all_reduce(opt_deps));
     // ZeRO 1/2: the dense optimizer state sharded over dp, the experts' over edp.
     const double opt_params =
         par_.zero >= 1 ? double(prog_.param_count) / dp_ + double(prog_.expert_param_count) / edp_

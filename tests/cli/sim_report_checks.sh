@@ -2,7 +2,8 @@
 # One bubble definition from the command line: `orrery sim --out sim.db` and `orrery report sim.db`
 # (no options) give the same step time and the same breakdown (profiler::account_step), for a
 # pipeline with tp and for a pp = 1 layout; the report's default warm-up is the simulation's own
-# (its first step of three), and --skip-steps still overrides it.
+# (its first step of three), and --skip-steps still overrides it; the report's MFU is the
+# simulator's for a trace of one rank per stage and one of every rank.
 # Usage: sim_report_checks.sh ORRERY SOURCE_DIR
 set -u
 ORRERY=$1
@@ -57,6 +58,39 @@ PY
     fail "$name: report and sim disagree"
   fi
 done
+
+# MFU of a trace that records a subset of the ranks: the model FLOPs are the whole world's, so the
+# report divides by the peak of meta.world_size ranks, not of the ranks recorded. The report's MFU
+# equals the simulator's, for one rank per stage (4 of 8 ranks here, 1 of 64 for llama3-8b) and for
+# every rank. The layout is also the one that deadlocked (pp 4, dp 2, ZeRO 2, tied, 4 micro-batches).
+mfu_case() {  # name, scenario, sim options...
+  local name=$1 scenario=$2
+  shift 2
+  if ! timeout 120 "$ORRERY" sim "$scenario" "$@" --steps 3 --json --out "$TMP/$name.db" \
+      > "$TMP/$name.sim.json" 2> "$TMP/$name.err"; then
+    fail "$name: orrery sim exited non-zero: $(tail -3 "$TMP/$name.err")"; return
+  fi
+  if ! "$ORRERY" report "$TMP/$name.db" --json > "$TMP/$name.report.json" 2>> "$TMP/$name.err"; then
+    fail "$name: orrery report exited non-zero: $(tail -3 "$TMP/$name.err")"; return
+  fi
+  if python3 - "$TMP/$name.sim.json" "$TMP/$name.report.json" <<'PY'
+import json, sys
+sim = json.load(open(sys.argv[1]))
+rep = json.load(open(sys.argv[2]))["summary"]
+assert 0 < sim["mfu"] < 1, sim["mfu"]
+assert abs(rep["mfu"] - sim["mfu"]) <= 1e-6 * sim["mfu"] + 1e-9, f"report MFU {rep['mfu']} vs sim {sim['mfu']}"
+PY
+  then
+    echo "ok: $name: the report's MFU is the simulator's"
+  else
+    fail "$name: report MFU differs from the simulator's"
+  fi
+}
+dense=(--set parallel.dp=2 --set parallel.pp=4 --set parallel.zero=2 --set training.global_batch=16
+  --set training.micro_batch=2)
+mfu_case dense-representative "$SRC/scenarios/gpt-tiny.yaml" "${dense[@]}" --representative
+mfu_case dense-all-ranks "$SRC/scenarios/gpt-tiny.yaml" "${dense[@]}" --all-ranks
+mfu_case llama3-8b-representative "$SRC/scenarios/llama/llama3-8b.yaml" --representative
 
 if [ "$failures" -ne 0 ]; then echo "$failures check(s) failed"; exit 1; fi
 echo "all sim/report checks passed"

@@ -27,6 +27,9 @@
 #     (ZeRO 2 and 3); none where the kv heads divide over tp.
 #  7. MoE (moe-*: recorded when the runtime's MoE blocks were added, issue 19): the MoE spans and
 #     all-to-alls per rank in closed form, and the simulator's MoE ops against them as for the others.
+#  8. dp2-pp4-zero2 (tied embeddings, 4 micro-batches: recorded when the simulator stopped
+#     deadlocking on it): the tied wte's sum and the reduce-scatter after every backward, in the
+#     runtime's order.
 # Usage: reference_spans.sh ORRERY SPAN_TOOL SOURCE_DIR WORK_DIR [--record]
 # (ONLY=<layout> in the environment runs, or records, that layout alone.)
 set -uo pipefail
@@ -82,6 +85,7 @@ layouts=(
   "llama-mqa-dp2-tp2-zero3 4 parallel.dp=2 parallel.tp=2 parallel.zero=3 $LLAMA model.kv_heads=1"
   "moe-dp2-ep2 2 parallel.dp=2 $MOE"
   "moe-dp2-ep2-tp2 4 parallel.dp=2 parallel.tp=2 $MOE"
+  "dp2-pp4-zero2 8 parallel.dp=2 parallel.pp=4 parallel.zero=2 training.global_batch=16"
 )
 for entry in "${layouts[@]}"; do
   read -r name ranks rest <<< "$entry"

@@ -749,8 +749,13 @@ Throughput throughput(const traces::Trace& t, const MetricsOptions& opt, const M
   out.peak_flops_per_rank =
       opt.peak_flops_per_rank > 0 ? opt.peak_flops_per_rank : t.meta.peak_flops_per_rank;
   if (out.peak_flops_per_rank > 0 && !m.ranks.empty()) {
-    const double model = out.model_flops_per_s > 0 ? out.model_flops_per_s : out.achieved_flops;
-    out.mfu = model / (out.peak_flops_per_rank * double(m.ranks.size()));
+    // The model's FLOPs are the whole world's (meta.world_size ranks), the achieved FLOPs those of
+    // the ranks recorded: a trace of a subset of the ranks (the simulator's one rank per stage, a
+    // real run's files of some ranks) divides each by its own ranks.
+    const double recorded = double(m.ranks.size());
+    const double world = std::max(recorded, double(t.meta.world_size));
+    out.mfu = out.model_flops_per_s > 0 ? out.model_flops_per_s / (out.peak_flops_per_rank * world)
+                                        : out.achieved_flops / (out.peak_flops_per_rank * recorded);
   }
   return out;
 }

@@ -152,8 +152,9 @@ struct Metrics {
   double step_mean_ns = 0, step_p50_ns = 0, step_p90_ns = 0;
   double tokens_per_s = 0;    // 0 when tokens per step are unknown
   double achieved_flops = 0;  // FLOP/s over all ranks, from span flops
-  double mfu = 0;             // model (else achieved) FLOP/s / (peak * ranks); 0: peak unknown
-  double bubble_pct = 0;      // mean over ranks, pipeline traces only
+  double mfu =
+      0;  // model FLOP/s / (peak * meta.world_size), else achieved / (peak * ranks recorded)
+  double bubble_pct = 0;  // mean over ranks, pipeline traces only
   std::vector<CollectiveStats> collectives;
   std::vector<int32_t> stragglers;   // ranks consistently late
   int64_t span_count = 0;            // spans overlapping the window

@@ -117,7 +117,9 @@ struct Op {
 };
 
 // What every rank of one pipeline stage executes. Ops are in program order; each stream runs its
-// ops in that order, and an op also waits for its deps (ops of the same rank, any stream).
+// ops in that order, and an op also waits for its deps (ops of the same rank, any stream). A pp
+// send, as the runtime's MPI_Isend, frees its stream once posted; sends and receives match in
+// issue order per direction.
 struct StageProgram {
   int stage = 0;
   int layers = 0;  // blocks the stage holds (parallel.pp_layers, or layers / pp)
