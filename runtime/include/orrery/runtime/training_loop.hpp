@@ -188,6 +188,7 @@ class TrainingLoop : public RankTrainer {
                    std::size_t flat_offset, std::size_t count);
   // NVMe offload: the set-up (planes: 2 moments, 3 with ZeRO 3's parameters) and the checkpoint
   // copies of the file's planes.
+  void make_optimizer_state(std::size_t moments, bool zero);
   void make_offload(std::size_t moments);
   void read_offload_state();
   // ZeRO 3 with zero.offload_params: the shard of `segment` in memory (working buffer `slot`'s

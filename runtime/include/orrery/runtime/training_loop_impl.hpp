@@ -239,6 +239,16 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
     const std::size_t rows = 2 * std::size_t(d.Ckvl);  // k | v
     kv_buf_.resize(std::size_t(arch.kv_heads) * rows * (std::size_t(d.C) + (arch.bias ? 1 : 0)));
   }
+  make_optimizer_state(moments, zero);
+  if (rec_ != nullptr) observer_ = std::make_unique<Observer>(rec_, backend_);
+  backend_.synchronize();  // the model's upload is complete before any stream uses it
+}
+
+// The optimizer's state of this rank: the AdamW moments of the `moments` elements it updates (in
+// memory, or NVMe offload's file), ZeRO 1/2's gradient shards (`zero`), and with MoE's expert
+// partition over edp the experts' shards and moments.
+template <class B>
+void TrainingLoop<B>::make_optimizer_state(std::size_t moments, bool zero) {
   if (s_.zero.nvme()) {
     make_offload(moments);
   } else {
@@ -256,8 +266,6 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
     eadam_v_.resize(ezero_.shard);
     zero_stage_.resize(zero_.padded());
   }
-  if (rec_ != nullptr) observer_ = std::make_unique<Observer>(rec_, backend_);
-  backend_.synchronize();  // the model's upload is complete before any stream uses it
 }
 
 // zero.offload_optimizer nvme: the file of this rank (offload.hpp), its planes the moments and,
