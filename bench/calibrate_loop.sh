@@ -3,7 +3,8 @@
 #   1. real runs of gpt-tiny: the calibration set (serial, dp2), a block of CALIB_EVERY layouts to
 #      predict (dp4, dp8, tp, pp, ZeRO, 3-D, recomputation, sequence parallelism, uneven stages, Llama-style blocks,
 #      and issue 18's dp2 int8 / PowerSGD rank 4 / top-k 1 % / bf16 / fp16 and dp2 ZeRO 1 with NVMe
-#      offload; the calibration set has a serial NVMe-offload run for the disk), the calibration set again, the next block, ..., the
+#      offload; issue 19's MoE dp2 ep2, dp4 ep2, dp2 ep2 pp2; the calibration set has a serial
+#      NVMe-offload run for the disk), the calibration set again, the next block, ..., the
 #      calibration set: the machine is shared and its load swings, so each prediction uses
 #      calibration runs measured just before and just after the runs it predicts;
 #   2. per block, `orrery calibrate` on those two calibration sets only -> a profile of this machine;
@@ -43,6 +44,9 @@ NVME_DIR=${NVME_DIR:-$OUT/nvme}
 mkdir -p "$NVME_DIR"
 NVME="zero.offload_optimizer=nvme zero.nvme_path=$NVME_DIR"
 CALIB_SET=${CALIB_SET:-serial dp2 serial-nvme}
+# Mixture of experts (issue 19): 4 experts, top 2, in every other block, a capacity factor; the
+# expert-parallel layouts are predicted from the dense calibration set.
+MOE="model.moe.experts=4 model.moe.top_k=2 model.moe.every=2 model.moe.capacity_factor=1.25"
 # name | ranks | --set options (beyond steps and global batch) | global batch | role
 LAYOUT_TABLE="
 serial|1|parallel.dp=1|8|calib
@@ -75,6 +79,9 @@ dp2-topk1|2|parallel.dp=2 parallel.grad_compression=topk compression.topk_ratio=
 dp2-bf16|2|parallel.dp=2 runtime.precision=bf16|16|predict
 dp2-fp16|2|parallel.dp=2 runtime.precision=fp16|16|predict
 dp2-zero1-nvme|2|parallel.dp=2 parallel.zero=1 $NVME|16|predict
+dp2-ep2|2|parallel.dp=2 parallel.ep=2 $MOE|16|predict
+dp4-ep2|4|parallel.dp=4 parallel.ep=2 $MOE|32|predict
+dp2-ep2-pp2|4|parallel.dp=2 parallel.ep=2 parallel.pp=2 training.micro_batch=4 $MOE|16|predict
 "
 
 row_of() { grep "^$1|" <<<"$LAYOUT_TABLE"; }
