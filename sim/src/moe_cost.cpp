@@ -8,6 +8,7 @@
 #include "orrery/model/activations.hpp"
 #include "orrery/model/moe.hpp"
 #include "orrery/model/parameters.hpp"
+#include "orrery/sim/workload.hpp"
 
 namespace orrery::sim {
 
@@ -193,9 +194,7 @@ int64_t stage_expert_params(const Scenario& s, int stage) {
 
 int64_t stage_dense_params(const Scenario& s, int stage) {
   int64_t n = 0;
-  for (const auto& p :
-       model::parameter_tensors(model::model_shape(s), model::stage_contents(s, stage)))
-    if (!p.expert) n += p.count();
+  for (const auto& t : stage_parameters(s, stage)) n += t.count;  // the experts left out there
   return n;
 }
 
