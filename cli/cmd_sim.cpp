@@ -62,7 +62,8 @@ Command setup(CLI::App& root) {
       ->capture_default_str();
   app->add_flag("--all-ranks", a->all_ranks,
                 "Simulate every rank (default: one representative per stage, or every rank where "
-                "replicas contend on the fabric: oversubscribed or not rail-optimized)");
+                "replicas contend on the fabric: a fat-tree that is oversubscribed, not "
+                "rail-optimized or whose rails span several leaves, a ring or a torus)");
   app->add_flag("--representative", a->representative,
                 "One representative rank per stage even where replicas contend on the fabric");
   app->add_flag("--allow-oom", a->allow_oom,

@@ -15,7 +15,16 @@ uint64_t Engine::schedule_at(TimeNs t, Callback cb) {
                         " ns < now=" + std::to_string(now_) + " ns");
   }
   const uint64_t seq = next_seq_++;
-  queue_.push(Event{t, seq, std::move(cb)});
+  uint32_t slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+    slots_[slot] = std::move(cb);
+  } else {
+    slot = static_cast<uint32_t>(slots_.size());
+    slots_.push_back(std::move(cb));
+  }
+  queue_.push(Event{t, seq, slot});
   return seq;
 }
 
@@ -42,9 +51,12 @@ bool Engine::step(TimeNs limit) {
     return true;
   }
   if (queue_t == kNever || queue_t > limit) return false;
-  // Move the callback out before popping: it may schedule more events.
-  Callback cb = std::move(const_cast<Event&>(queue_.top()).cb);
+  // Move the callback out and free its slot before running it: it may schedule more events.
+  const uint32_t slot = queue_.top().slot;
   queue_.pop();
+  Callback cb = std::move(slots_[slot]);
+  slots_[slot] = nullptr;
+  free_slots_.push_back(slot);
   now_ = queue_t;
   ++events_;
   cb();

@@ -118,13 +118,14 @@ class Executor {
     if (opt.rank_jitter > 0 && every_rank_)
       jitter_q_ = expected_normal_order_statistics(static_cast<int>(runs_.size()));
     state_.resize(runs_.size());
+    group_of_.assign(runs_.size() * kRoles, -1);
     if (gpu_share_) gpus_.resize(runs_.size());
     for (size_t i = 0; i < runs_.size(); ++i) {
       const auto& p = *runs_[i].program;
       state_[i].pending.resize(p.ops.size());
       for (size_t k = 0; k < p.ops.size(); ++k) state_[i].pending[k] = p.ops[k].dep_count;
     }
-    if (!opt.comm_time) net_ = make_network(opt.network, c, engine_);
+    if (!opt.comm_time) net_ = make_network(opt.network, c, engine_, opt.flow_whole_components);
   }
 
   ExecResult run() {
@@ -203,31 +204,59 @@ class Executor {
     std::vector<uint32_t> begin, list;
   };
   using Member = std::pair<int32_t, uint32_t>;  // (simulated rank index, op)
-  struct Pending {
-    int arrived = 0;
-    std::vector<Member> members;
-  };
+  // A communicator: its request (members in communicator order; op and bytes set at each launch),
+  // and the simulated members that reached its next collective so far.
   struct GroupInfo {
-    std::vector<int32_t> members;
+    CollectiveRequest req;
     int simulated = 0;  // members that are simulated
     bool intra_node = true;
+    int arrived = 0;
+    std::vector<Member> waiting;
   };
   // Posted sends and receives of one direction, matched in issue order (the runtime's rule).
   struct Channel {
     std::deque<Member> sends, recvs;
   };
 
-  const GroupInfo& group(int32_t rank, GroupRole role) {
-    const uint64_t key = (uint64_t(role) << 32) | uint32_t(rank);
-    auto it = groups_.find(key);
-    if (it != groups_.end()) return it->second;
-    GroupInfo g;
-    g.members = group_members(w_.layout, rank, role, w_.scenario.parallel.ep);
-    for (int32_t m : g.members) {
+  // The group of `role` of simulated rank ri, created on first use (one per communicator, found
+  // through a flat table per (simulated rank, role)).
+  GroupInfo& group(int32_t ri, GroupRole role) {
+    const size_t slot = size_t(ri) * kRoles + size_t(role);
+    if (group_of_[slot] >= 0) return groups_[size_t(group_of_[slot])];
+    std::vector<int32_t> members =
+        group_members(w_.layout, runs_[ri].rank, role, w_.scenario.parallel.ep);
+    const uint64_t key = (uint64_t(role) << 32) | uint32_t(members[0]);
+    auto [it, inserted] = group_ids_.try_emplace(key, static_cast<int32_t>(groups_.size()));
+    group_of_[slot] = it->second;
+    if (!inserted) return groups_[size_t(it->second)];
+    GroupInfo& g = groups_.emplace_back();
+    for (int32_t m : members) {
       if (sim_index_[m] >= 0) ++g.simulated;
-      if (c_.node_of(m) != c_.node_of(g.members[0])) g.intra_node = false;
+      if (c_.node_of(m) != c_.node_of(members[0])) g.intra_node = false;
     }
-    return groups_.emplace(key, std::move(g)).first->second;
+    g.req.members = std::move(members);
+    return g;
+  }
+
+  // Member lists of collectives in flight, reused (a completion captures only its slot).
+  uint32_t member_slot() {
+    if (free_member_lists_.empty()) {
+      member_lists_.emplace_back();
+      return static_cast<uint32_t>(member_lists_.size() - 1);
+    }
+    const uint32_t slot = free_member_lists_.back();
+    free_member_lists_.pop_back();
+    return slot;
+  }
+  // Completes the members of a finished collective in arrival order and frees their list. By
+  // index: a completion may launch collectives that add lists.
+  void complete_members(uint32_t slot) {
+    for (size_t i = 0; i < member_lists_[slot].size(); ++i) {
+      const Member m = member_lists_[slot][i];
+      complete(m.first, m.second);
+    }
+    member_lists_[slot].clear();
+    free_member_lists_.push_back(slot);
   }
 
   void try_start(int32_t ri, int stream) {
@@ -419,18 +448,15 @@ class Executor {
   }
 
   void arrive_collective(int32_t ri, uint32_t id, const Op& op) {
-    const GroupInfo& g = group(runs_[ri].rank, op.group);
-    const uint64_t key = (uint64_t(op.group) << 32) | uint32_t(g.members[0]);
-    Pending& pend = pending_[key];
-    pend.members.emplace_back(ri, id);
-    if (++pend.arrived < g.simulated) return;
-    std::vector<Member> members = std::move(pend.members);
-    pending_.erase(key);
-    CollectiveRequest req;
-    req.op = op.coll;
-    req.members = g.members;
-    req.bytes = op.bytes;
-    launch(req, g.intra_node, std::move(members));
+    GroupInfo& g = group(ri, op.group);
+    g.waiting.emplace_back(ri, id);
+    if (++g.arrived < g.simulated) return;
+    const uint32_t slot = member_slot();
+    member_lists_[slot].swap(g.waiting);  // the group keeps the free list's old capacity
+    g.arrived = 0;
+    g.req.op = op.coll;
+    g.req.bytes = op.bytes;
+    launch(g.req, g.intra_node, slot);
   }
 
   void post_p2p(int32_t ri, uint32_t id, const Op& op) {
@@ -442,21 +468,25 @@ class Executor {
     // Activations (even seq) and gradients (odd seq) match on channels of their own: with the
     // interleaved schedule on pp = 2 both flow from stage 0 to stage 1, in orders that differ.
     Channel& ch = channels_[op.seq & 1][(uint64_t(uint32_t(src)) << 32) | uint32_t(dst)];
-    std::vector<Member> members;
+    const uint32_t slot = member_slot();
+    std::vector<Member>& members = member_lists_[slot];
     if (sim_index_[peer] < 0) {
       members.push_back(Member{ri, id});
     } else {
       (is_send ? ch.sends : ch.recvs).push_back(Member{ri, id});
-      if (ch.sends.empty() || ch.recvs.empty()) return;
-      members = {ch.sends.front(), ch.recvs.front()};
+      if (ch.sends.empty() || ch.recvs.empty()) {
+        free_member_lists_.push_back(slot);
+        return;
+      }
+      members.push_back(ch.sends.front());
+      members.push_back(ch.recvs.front());
       ch.sends.pop_front();
       ch.recvs.pop_front();
     }
-    CollectiveRequest req;
-    req.op = traces::CollOp::Send;
-    req.members = {src, dst};
-    req.bytes = op.bytes;
-    launch(req, c_.node_of(src) == c_.node_of(dst), std::move(members));
+    p2p_req_.op = traces::CollOp::Send;
+    p2p_req_.members.assign({src, dst});
+    p2p_req_.bytes = op.bytes;
+    launch(p2p_req_, c_.node_of(src) == c_.node_of(dst), slot);
   }
 
   // A collective's progress threads join (sign +1) or leave (-1) the cores of its members' nodes.
@@ -498,8 +528,10 @@ class Executor {
     return v;
   }
 
-  void launch(const CollectiveRequest& req, bool intra_node, std::vector<Member> members) {
+  // Starts a collective or transfer whose simulated members (member_lists_[slot]) have all arrived.
+  void launch(const CollectiveRequest& req, bool intra_node, uint32_t slot) {
     const int64_t now = engine_.now();
+    const std::vector<Member>& members = member_lists_[slot];
     for (const auto& [ri, id] : members) runs_[ri].ops[id].active_ns = now;
     // op_jitter: a collective waits, on average, for the last of its members' independently late
     // arrivals: σ · E[max of n], σ² the members' mean variance since their previous collective.
@@ -512,24 +544,21 @@ class Executor {
       jitter_wait = static_cast<int64_t>(std::llround(std::sqrt(var / n) * expected_max(n)));
     }
     // The progress threads join the cores now and leave them when it completes (the request is kept
-    // only then: every other completion carries just its members).
-    const std::vector<Member> members_of_done = gpu_share_ ? members : std::vector<Member>{};
+    // only then: every other completion carries just its slot).
     std::function<void()> done;
     if (sharing_ && opt_.core_sharing->comm_thread_weight > 0) {
       comm_threads(req, +1.0);
-      done = [this, members = std::move(members), req] {
+      done = [this, slot, req] {
         comm_threads(req, -1.0);
-        for (const auto& [ri, id] : members) complete(ri, id);
+        complete_members(slot);
       };
     } else {
-      done = [this, members = std::move(members)] {
-        for (const auto& [ri, id] : members) complete(ri, id);
-      };
+      done = [this, slot] { complete_members(slot); };
     }
     // The members' compute shares their GPUs with this communication until it ends.
     if (gpu_share_) {
       std::vector<int32_t> ranks;
-      for (const auto& [ri, id] : members_of_done) ranks.push_back(ri);
+      for (const auto& [ri, id] : members) ranks.push_back(ri);
       std::sort(ranks.begin(), ranks.end());
       ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
       gpu_comm(ranks, +1);
@@ -581,8 +610,13 @@ class Executor {
   std::vector<RankRun> runs_;
   std::vector<RankState> state_;
   std::vector<Dependents> dependents_;
-  std::unordered_map<uint64_t, GroupInfo> groups_;
-  std::unordered_map<uint64_t, Pending> pending_;
+  static constexpr size_t kRoles = size_t(GroupRole::EDP) + 1;
+  std::vector<int32_t> group_of_;  // per (simulated rank, role): index into groups_, -1 unused
+  std::vector<GroupInfo> groups_;
+  std::unordered_map<uint64_t, int32_t> group_ids_;  // (role, first member) -> groups_ index
+  std::vector<std::vector<Member>> member_lists_;    // of collectives in flight (member_slot)
+  std::vector<uint32_t> free_member_lists_;
+  CollectiveRequest p2p_req_;  // reused for every transfer (start() does not keep it)
   std::unordered_map<uint64_t, Channel> channels_[2];  // activations, gradients
   bool sharing_ = false;
   bool gpu_share_ = false;         // ExecutorOptions::comm_compute_share > 0

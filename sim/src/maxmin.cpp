@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <queue>
 
 namespace orrery::sim {
 
@@ -39,35 +38,33 @@ void MaxMinSolver::solve(std::span<const double> capacity, std::span<const MaxMi
   }
   for (size_t k = 0; k < nl; ++k) csr_offsets_[k + 1] += csr_offsets_[k];
   csr_flows_.resize(csr_offsets_[nl]);
-  {
-    std::vector<int32_t> fill(csr_offsets_.begin(), csr_offsets_.end() - 1);
-    for (size_t fi = 0; fi < nf; ++fi) {
-      const MaxMinFlow& f = flows[fi];
-      for (int32_t i = 0; i < f.num_links; ++i) {
-        const int32_t k = link_slot_[f.links[i]];
-        csr_flows_[fill[k]++] = static_cast<int32_t>(fi);
-      }
+  fill_.assign(csr_offsets_.begin(), csr_offsets_.end() - 1);
+  for (size_t fi = 0; fi < nf; ++fi) {
+    const MaxMinFlow& f = flows[fi];
+    for (int32_t i = 0; i < f.num_links; ++i) {
+      const int32_t k = link_slot_[f.links[i]];
+      csr_flows_[fill_[k]++] = static_cast<int32_t>(fi);
     }
   }
   frozen_.assign(nf, 0);
 
-  struct Entry {
-    double share;
-    int32_t link;  // compact index; ties broken by it for determinism
-    uint32_t version;
+  // A min-heap of link shares in a reused vector; ties go to the lower compact link index.
+  const auto greater = [](const HeapEntry& a, const HeapEntry& b) {
+    return a.share != b.share ? a.share > b.share : a.link > b.link;
   };
-  struct Greater {
-    bool operator()(const Entry& a, const Entry& b) const {
-      return a.share != b.share ? a.share > b.share : a.link > b.link;
-    }
+  auto& heap = heap_;
+  heap.clear();
+  const auto push = [&](const HeapEntry& e) {
+    heap.push_back(e);
+    std::push_heap(heap.begin(), heap.end(), greater);
   };
-  std::priority_queue<Entry, std::vector<Entry>, Greater> heap;
   for (size_t k = 0; k < nl; ++k) {
-    if (weight_[k] > 0) heap.push({remaining_[k] / weight_[k], static_cast<int32_t>(k), 0});
+    if (weight_[k] > 0) push({remaining_[k] / weight_[k], static_cast<int32_t>(k), 0});
   }
   while (!heap.empty()) {
-    const Entry e = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end(), greater);
+    const HeapEntry e = heap.back();
+    heap.pop_back();
     if (e.version != version_[e.link] || weight_[e.link] <= 0) continue;
     const double share = std::max(0.0, e.share);
     for (int32_t p = csr_offsets_[e.link]; p < csr_offsets_[e.link + 1]; ++p) {
@@ -82,7 +79,7 @@ void MaxMinSolver::solve(std::span<const double> capacity, std::span<const MaxMi
         weight_[k] -= f.weight;
         ++version_[k];
         if (k != e.link && weight_[k] > 1e-12) {
-          heap.push({remaining_[k] / weight_[k], k, version_[k]});
+          push({remaining_[k] / weight_[k], k, version_[k]});
         } else if (weight_[k] <= 1e-12) {
           weight_[k] = 0;
         }

@@ -8,6 +8,7 @@
 #include <map>
 #include <queue>
 #include <tuple>
+#include <unordered_map>
 
 #include "orrery/common/error.hpp"
 #include "orrery/sim/maxmin.hpp"
@@ -67,7 +68,12 @@ struct FlowTemplate {
 };
 struct PhaseTemplate {
   std::vector<FlowTemplate> flows;
-  TimeNs latency_ns = 0;  // latency_steps * alpha
+  TimeNs latency_ns = 0;        // latency_steps * alpha
+  std::vector<int32_t> links;   // every link its flows cross, once
+  bool all_flows_carry = true;  // every flow carries bytes (> 0 per byte of request)
+  // The flow model's rates for this phase alone on idle links (max-min does not depend on the
+  // bytes): computed once, on the first start that finds all `links` idle.
+  mutable std::vector<double> solo_rates;
 };
 struct PlanTemplate {
   Algorithm algo = Algorithm::Ring;
@@ -122,6 +128,23 @@ class PlanCache {
  public:
   explicit PlanCache(const Cluster& c) : c_(c) {}
 
+  // The plan a request runs, its (algorithm, protocol, channels) resolved at its size: cached per
+  // request (op, algorithm, protocol, channels, root, bytes, members), so a repeated collective
+  // costs one hash of its members and no allocation.
+  const PlanTemplate& plan_for(const CollectiveRequest& req) {
+    auto& bucket = by_request_[request_hash(req)];
+    for (const RequestEntry& e : bucket) {
+      if (e.op == req.op && e.algo == req.algo && e.protocol == req.protocol &&
+          e.channels == req.channels && e.root == req.root && e.bytes == req.bytes &&
+          e.members == req.members)
+        return *e.plan;
+    }
+    const PlanTemplate& t = get(req, resolve(req));
+    bucket.push_back(RequestEntry{req.op, req.algo, req.protocol, req.channels, req.root, req.bytes,
+                                  req.members, &t});
+    return t;
+  }
+
   const PlanTemplate& get(const CollectiveRequest& req, const CollectiveChoice& ch) {
     if (req.bytes < 0) throw InputError("collective size must be >= 0 bytes");
     Key k{static_cast<int>(req.op == traces::CollOp::Recv ? traces::CollOp::Send : req.op),
@@ -163,8 +186,30 @@ class PlanCache {
 
  private:
   using Key = std::tuple<int, int, int, int, int32_t, std::vector<int32_t>>;
+  struct RequestEntry {
+    traces::CollOp op;
+    Algorithm algo;
+    Protocol protocol;
+    int channels;
+    int32_t root;
+    int64_t bytes;
+    std::vector<int32_t> members;
+    const PlanTemplate* plan;  // a node of cache_ (stable)
+  };
+  static uint64_t request_hash(const CollectiveRequest& r) {
+    uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the fields and members
+    const auto add = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ULL; };
+    add(static_cast<uint64_t>(r.op));
+    add(static_cast<uint64_t>(r.algo));
+    add(static_cast<uint64_t>(r.protocol));
+    add(static_cast<uint64_t>(r.channels));
+    add(static_cast<uint64_t>(r.root));
+    add(static_cast<uint64_t>(r.bytes));
+    for (int32_t m : r.members) add(static_cast<uint32_t>(m));
+    return h;
+  }
 
-  PlanTemplate build(CollectiveRequest r, const CollectiveChoice& ch) const {
+  PlanTemplate build(CollectiveRequest r, const CollectiveChoice& ch) {
     constexpr double kRef = 1 << 30;  // plan at 1 GiB: no flow is dropped as empty
     r.bytes = static_cast<int64_t>(kRef);
     r.algo = ch.algo;
@@ -173,8 +218,10 @@ class PlanCache {
     const CollectivePlan plan = plan_collective(c_, r);
     const Topology& topo = *c_.topology;
     const auto& links = topo.links();
-    std::vector<double> load(links.size(), 0.0);
-    std::vector<int32_t> touched;
+    // Scratch reused across builds: a build touches only its own flows' links.
+    std::vector<double>& load = load_;
+    if (load.size() < links.size()) load.assign(links.size(), 0.0);
+    std::vector<int32_t>& touched = touched_;
     PlanTemplate t;
     t.algo = plan.algo;
     // With the nccl model each byte moves at the protocol's efficiency: a flow carries bytes /
@@ -208,6 +255,13 @@ class PlanCache {
         worst = std::max(worst, load[l] / links[l].gb_per_s);
         load[l] = 0;
       }
+      // Each link once (a link with zero load, e.g. a flow of zero bytes, is added apart).
+      for (const FlowTemplate& ft : pt.flows) {
+        pt.all_flows_carry = pt.all_flows_carry && ft.bytes_per_byte > 0;
+        for (int32_t l : ft.route) pt.links.push_back(l);
+      }
+      std::sort(pt.links.begin(), pt.links.end());
+      pt.links.erase(std::unique(pt.links.begin(), pt.links.end()), pt.links.end());
       data_ns += worst;
       steps += ph.latency_steps;
       pt.latency_ns = nccl ? 0 : static_cast<TimeNs>(ph.latency_steps) * lat.alpha_ns(ph, c_);
@@ -227,6 +281,9 @@ class PlanCache {
 
   const Cluster& c_;
   std::map<Key, PlanTemplate> cache_;
+  std::unordered_map<uint64_t, std::vector<RequestEntry>> by_request_;  // lookup only
+  std::vector<double> load_;
+  std::vector<int32_t> touched_;
 };
 
 class AnalyticalNetwork final : public NetworkSim {
@@ -237,7 +294,7 @@ class AnalyticalNetwork final : public NetworkSim {
 
   void start(const CollectiveRequest& req, std::function<void()> on_done) override {
     ++stats_.collectives;
-    const PlanTemplate& t = cache_.get(req, cache_.resolve(req));
+    const PlanTemplate& t = cache_.plan_for(req);
     e_.schedule_at(e_.now() + t.cost.at(req.bytes), std::move(on_done));
   }
   const NetworkStats& stats() const override { return stats_; }
@@ -254,17 +311,19 @@ class AnalyticalNetwork final : public NetworkSim {
 // connected to them through shared links (transitively) are re-solved; the others keep theirs.
 class FlowNetwork final : public NetworkSim {
  public:
-  FlowNetwork(const Cluster& c, Engine& e) : c_(c), e_(e), cache_(c) {
+  FlowNetwork(const Cluster& c, Engine& e, bool whole_components)
+      : c_(c), e_(e), cache_(c), whole_components_(whole_components) {
     const auto& links = c.topology->links();
     capacity_.resize(links.size());
     for (size_t i = 0; i < links.size(); ++i) capacity_[i] = links[i].gb_per_s;
     link_flows_.resize(links.size());
     link_mark_.assign(links.size(), 0);
+    residual_ = capacity_;
   }
 
   void start(const CollectiveRequest& req, std::function<void()> on_done) override {
     ++stats_.collectives;
-    const PlanTemplate& t = cache_.get(req, cache_.resolve(req));
+    const PlanTemplate& t = cache_.plan_for(req);
     int32_t id;
     if (!free_colls_.empty()) {
       id = free_colls_.back();
@@ -306,7 +365,8 @@ class FlowNetwork final : public NetworkSim {
       done_.push_back(h.flow);
     }
     seed_links_.clear();
-    std::vector<int32_t> finished_colls;
+    std::vector<int32_t>& finished_colls = finished_colls_;
+    finished_colls.clear();
     for (int32_t fi : done_) {
       Flow& f = flows_[fi];
       f.active = false;
@@ -371,17 +431,32 @@ class FlowNetwork final : public NetworkSim {
     const PhaseTemplate& ph = co.plan->phases[co.phase];
     seed_links_.clear();
     co.pending = 0;
+    // Flow slots in increasing index order along the template (the solve's order, see resolve).
+    new_flows_.clear();
+    for (const FlowTemplate& ft : ph.flows) {
+      if (ft.bytes_per_byte * co.bytes <= 0) continue;
+      if (!free_.empty()) {
+        new_flows_.push_back(free_.back());
+        free_.pop_back();
+      } else {
+        new_flows_.push_back(static_cast<int32_t>(flows_.size()));
+        flows_.emplace_back();
+      }
+    }
+    if (new_flows_.empty()) {
+      end_phase(ci, now);
+      return;
+    }
+    std::sort(new_flows_.begin(), new_flows_.end());
+    // Alone on idle links, the phase's rates are its cached solo rates: the same solve on the same
+    // flows in the same order (see resolve), done once per phase template.
+    bool solo = ph.all_flows_carry;
+    for (size_t i = 0; solo && i < ph.links.size(); ++i) solo = link_flows_[ph.links[i]].empty();
+    size_t k = 0;
     for (const FlowTemplate& ft : ph.flows) {
       const double bytes = ft.bytes_per_byte * co.bytes;
       if (bytes <= 0) continue;
-      int32_t fi;
-      if (!free_.empty()) {
-        fi = free_.back();
-        free_.pop_back();
-      } else {
-        fi = static_cast<int32_t>(flows_.size());
-        flows_.emplace_back();
-      }
+      const int32_t fi = new_flows_[k++];
       Flow& f = flows_[fi];
       f.coll = ci;
       f.remaining = bytes;
@@ -394,16 +469,29 @@ class FlowNetwork final : public NetworkSim {
       f.route = &ft.route;
       for (int32_t l : ft.route) {
         link_flows_[l].push_back(fi);
-        seed_links_.push_back(l);
+        if (!solo) seed_links_.push_back(l);
       }
       ++co.pending;
       ++stats_.flows;
     }
-    if (co.pending == 0) {
-      end_phase(ci, now);
+    if (!solo) {
+      resolve(seed_links_, now);
       return;
     }
-    resolve(seed_links_, now);
+    if (ph.solo_rates.empty()) {
+      mm_flows_.resize(ph.flows.size());
+      for (size_t i = 0; i < ph.flows.size(); ++i) {
+        const FlowTemplate& ft = ph.flows[i];
+        mm_flows_[i] =
+            MaxMinFlow{ft.route.data(), static_cast<int32_t>(ft.route.size()), ft.weight};
+      }
+      solver_.solve(capacity_, mm_flows_, ph.solo_rates);
+      ++stats_.solves;
+      stats_.solved_flows += ph.flows.size();
+    } else {
+      ++stats_.cached_solves;
+    }
+    for (size_t i = 0; i < new_flows_.size(); ++i) rate_flow(new_flows_[i], ph.solo_rates[i], now);
   }
 
   void end_phase(int32_t ci, TimeNs now) {
@@ -413,18 +501,97 @@ class FlowNetwork final : public NetworkSim {
     e_.schedule_at(now + lat, [this, ci] { start_phase(ci); });
   }
 
-  // Re-rates every active flow connected (through shared links, transitively) to seed_links.
+  // Re-rates the flows a change at seed_links (flows started or finished there) can affect.
+  //
+  // Reference (whole_components_): every active flow connected to seed_links through shared links,
+  // transitively. Default: the sub-problem S reached from seed_links through links that are
+  // saturated in the current allocation (a link with slack constrains nobody, so it does not
+  // couple the flows that cross it). S is solved with the capacity its links have left by the flows
+  // outside S, which keep their rates. If that solution saturates a link shared with an outside
+  // flow, the link joins S (with its flows) and S is solved again. On return S's flows and the
+  // others together form the max-min allocation of the whole network: every outside flow keeps a
+  // saturated bottleneck that no flow of S crosses, and every flow of S has one inside S (the
+  // maths is in maxmin.hpp). The two differ only by floating-point rounding.
   void resolve(const std::vector<int32_t>& seed_links, TimeNs now) {
     ++mark_epoch_;
     comp_flows_.clear();
+    boundary_.clear();
     stack_.clear();
-    for (int32_t l : seed_links) {
-      if (link_mark_[l] != mark_epoch_) {
-        link_mark_[l] = mark_epoch_;
+    if (flow_mark_.size() < flows_.size()) flow_mark_.resize(flows_.size(), 0);
+    for (int32_t l : seed_links) join_link(l);
+    expand();
+    if (comp_flows_.empty()) return;
+    for (;;) {
+      std::sort(comp_flows_.begin(), comp_flows_.end());  // independent of discovery order
+      mm_flows_.resize(comp_flows_.size());
+      for (size_t i = 0; i < comp_flows_.size(); ++i) {
+        Flow& f = flows_[comp_flows_[i]];
+        // Bring progress up to now at the old rate.
+        if (now > f.updated) {
+          f.remaining = std::max(0.0, f.remaining - f.rate * static_cast<double>(now - f.updated));
+          f.updated = now;
+        }
+        mm_flows_[i] = MaxMinFlow{f.route->data(), static_cast<int32_t>(f.route->size()), f.weight};
+      }
+      // Boundary links: the capacity the flows outside S leave. One whose flows have all joined S
+      // since is interior.
+      for (size_t b = 0; b < boundary_.size();) {
+        const int32_t l = boundary_[b];
+        double outside = 0;
+        bool any = false;
+        for (int32_t fi : link_flows_[l]) {
+          if (flow_mark_[fi] == mark_epoch_) continue;
+          outside += flows_[fi].weight * flows_[fi].rate;
+          any = true;
+        }
+        if (any) {
+          residual_[l] = capacity_[l] - outside;
+          ++b;
+        } else {
+          residual_[l] = capacity_[l];
+          boundary_[b] = boundary_.back();
+          boundary_.pop_back();
+        }
+      }
+      solver_.solve(residual_, mm_flows_, rates_);
+      ++stats_.solves;
+      stats_.solved_flows += comp_flows_.size();
+      if (!join_saturated_boundary()) break;
+      expand();
+    }
+    for (int32_t l : boundary_) residual_[l] = capacity_[l];
+    for (size_t i = 0; i < comp_flows_.size(); ++i) rate_flow(comp_flows_[i], rates_[i], now);
+  }
+
+  // S's flows use a boundary link to within kSaturated of what the outside flows leave: it joins
+  // S (and with it the links its flows reach). False when none did.
+  bool join_saturated_boundary() {
+    bool joined = false;
+    for (size_t b = 0; b < boundary_.size();) {
+      const int32_t l = boundary_[b];
+      double inside = 0;  // S's flows on l at their new rates (S is sorted)
+      for (int32_t fi : link_flows_[l]) {
+        if (flow_mark_[fi] != mark_epoch_) continue;
+        const size_t i = size_t(std::lower_bound(comp_flows_.begin(), comp_flows_.end(), fi) -
+                                comp_flows_.begin());
+        inside += flows_[fi].weight * rates_[i];
+      }
+      if (inside >= residual_[l] * (1.0 - kSaturated)) {
+        residual_[l] = capacity_[l];
+        boundary_[b] = boundary_.back();
+        boundary_.pop_back();
         stack_.push_back(l);
+        joined = true;
+      } else {
+        ++b;
       }
     }
-    if (flow_mark_.size() < flows_.size()) flow_mark_.resize(flows_.size(), 0);
+    return joined;
+  }
+
+  // Adds to S every flow of the interior links on stack_ and, through their routes, the links they
+  // reach: saturated ones (or all, with whole_components_) become interior, the others boundary.
+  void expand() {
     while (!stack_.empty()) {
       const int32_t l = stack_.back();
       stack_.pop_back();
@@ -433,49 +600,49 @@ class FlowNetwork final : public NetworkSim {
         flow_mark_[fi] = mark_epoch_;
         comp_flows_.push_back(fi);
         for (int32_t l2 : *flows_[fi].route) {
-          if (link_mark_[l2] != mark_epoch_) {
+          if (link_mark_[l2] == mark_epoch_) continue;
+          if (whole_components_ || saturated(l2)) {
+            join_link(l2);
+          } else {
             link_mark_[l2] = mark_epoch_;
-            stack_.push_back(l2);
+            boundary_.push_back(l2);
           }
         }
       }
     }
-    if (comp_flows_.empty()) return;
-    std::sort(comp_flows_.begin(),
-              comp_flows_.end());  // solve order independent of discovery order
-    mm_flows_.resize(comp_flows_.size());
-    for (size_t i = 0; i < comp_flows_.size(); ++i) {
-      Flow& f = flows_[comp_flows_[i]];
-      // Bring progress up to now at the old rate.
-      if (now > f.updated) {
-        f.remaining = std::max(0.0, f.remaining - f.rate * static_cast<double>(now - f.updated));
-        f.updated = now;
-      }
-      mm_flows_[i] = MaxMinFlow{f.route->data(), static_cast<int32_t>(f.route->size()), f.weight};
-    }
-    solver_.solve(capacity_, mm_flows_, rates_);
-    ++stats_.solves;
-    stats_.solved_flows += comp_flows_.size();
-    for (size_t i = 0; i < comp_flows_.size(); ++i) {
-      const int32_t fi = comp_flows_[i];
-      Flow& f = flows_[fi];
-      const double r = rates_[i];
-      const double old_rate = f.rate;
-      f.rate = r;
-      // An unchanged rate keeps its completion time (no re-rounding of flows the change missed).
-      if (f.scheduled && old_rate == r) continue;
-      f.scheduled = true;
-      ++f.version;
-      const double dt =
-          (r > 0 && std::isfinite(r)) ? std::ceil(f.remaining / r) : (r > 0 ? 0.0 : 1e18);
-      heap_.push(HeapEntry{now + static_cast<TimeNs>(dt), fi, f.version});
-    }
+  }
+  void join_link(int32_t l) {
+    if (link_mark_[l] == mark_epoch_) return;
+    link_mark_[l] = mark_epoch_;
+    stack_.push_back(l);
+  }
+  // The link's capacity is used to within kSaturated by the current rates.
+  bool saturated(int32_t l) const {
+    double used = 0;
+    for (int32_t fi : link_flows_[l]) used += flows_[fi].weight * flows_[fi].rate;
+    return used >= capacity_[l] * (1.0 - kSaturated);
+  }
+  static constexpr double kSaturated = 1e-9;
+
+  // Sets a flow's rate (its progress is up to date at `now`) and schedules its completion.
+  void rate_flow(int32_t fi, double r, TimeNs now) {
+    Flow& f = flows_[fi];
+    const double old_rate = f.rate;
+    f.rate = r;
+    // An unchanged rate keeps its completion time (no re-rounding of flows the change missed).
+    if (f.scheduled && old_rate == r) return;
+    f.scheduled = true;
+    ++f.version;
+    const double dt =
+        (r > 0 && std::isfinite(r)) ? std::ceil(f.remaining / r) : (r > 0 ? 0.0 : 1e18);
+    heap_.push(HeapEntry{now + static_cast<TimeNs>(dt), fi, f.version});
   }
 
   const Cluster& c_;
   Engine& e_;
   NetworkStats stats_;
   PlanCache cache_;
+  bool whole_components_;  // the reference resolve (resolve())
   std::vector<double> capacity_;
   std::vector<std::vector<int32_t>> link_flows_;
   std::vector<Flow> flows_;
@@ -485,7 +652,9 @@ class FlowNetwork final : public NetworkSim {
   mutable std::priority_queue<HeapEntry, std::vector<HeapEntry>, Later> heap_;
   std::vector<uint32_t> link_mark_, flow_mark_;
   uint32_t mark_epoch_ = 0;
-  std::vector<int32_t> comp_flows_, stack_, seed_links_, done_;
+  std::vector<int32_t> comp_flows_, stack_, seed_links_, done_, new_flows_, finished_colls_;
+  std::vector<int32_t> boundary_;  // links of S's flows that outside flows share (resolve)
+  std::vector<double> residual_;   // capacity_, with what outside flows leave on boundary_
   std::vector<MaxMinFlow> mm_flows_;
   std::vector<double> rates_;
   MaxMinSolver solver_;
@@ -493,12 +662,12 @@ class FlowNetwork final : public NetworkSim {
 
 }  // namespace
 
-std::unique_ptr<NetworkSim> make_network(NetworkModel model, const Cluster& cluster,
-                                         Engine& engine) {
+std::unique_ptr<NetworkSim> make_network(NetworkModel model, const Cluster& cluster, Engine& engine,
+                                         bool whole_components) {
   if (!cluster.topology) throw InternalError("cluster topology not built (call build_topology)");
   std::unique_ptr<NetworkSim> n;
   if (model == NetworkModel::Flow)
-    n = std::make_unique<FlowNetwork>(cluster, engine);
+    n = std::make_unique<FlowNetwork>(cluster, engine, whole_components);
   else
     n = std::make_unique<AnalyticalNetwork>(cluster, engine);
   engine.add_model(n.get());

@@ -57,9 +57,7 @@ class FatTreeTopology final : public Topology {
     if (t.radix < 4) throw InputError("topology.radix must be at least 4");
     if (t.oversubscription < 1.0)
       throw InputError("topology.oversubscription must be >= 1 (down:up)");
-    down_ports_ =
-        static_cast<int>(std::lround(t.radix * t.oversubscription / (1.0 + t.oversubscription)));
-    down_ports_ = std::clamp(down_ports_, 1, t.radix - 1);
+    down_ports_ = fat_tree_leaf_down_ports(t);
     up_ports_ = t.radix - down_ports_;
     for (int g = 0; g < n; ++g) add_vertex("gpu" + std::to_string(g));
     for (int k = 0; k < nodes; ++k)
@@ -274,6 +272,12 @@ class TorusTopology final : public Topology {
 };
 
 }  // namespace
+
+int fat_tree_leaf_down_ports(const TopologyConfig& t) {
+  const int down =
+      static_cast<int>(std::lround(t.radix * t.oversubscription / (1.0 + t.oversubscription)));
+  return std::clamp(down, 1, std::max(1, t.radix - 1));
+}
 
 int Topology::add_vertex(std::string name) {
   vertex_names_.push_back(std::move(name));

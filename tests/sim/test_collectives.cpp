@@ -46,12 +46,14 @@ CollectiveRequest request(CollOp op, int n, Algorithm a, int64_t bytes = kS) {
   return r;
 }
 
-void expect_close(double got, double want) { EXPECT_NEAR(got, want, want * 1e-3) << "got " << got << " want " << want; }
+void expect_close(double got, double want) {
+  EXPECT_NEAR(got, want, want * 1e-3) << "got " << got << " want " << want;
+}
 
 // Both models must agree with the closed form on a contention-free network.
 void check(const Cluster& c, const CollectiveRequest& r, double want_ns) {
-  SCOPED_TRACE(std::string(orrery::traces::to_string(r.op)) + " " + std::string(to_string(r.algo)) + " n=" +
-               std::to_string(r.members.size()));
+  SCOPED_TRACE(std::string(orrery::traces::to_string(r.op)) + " " + std::string(to_string(r.algo)) +
+               " n=" + std::to_string(r.members.size()));
   expect_close(static_cast<double>(collective_time_ns(c, r, NetworkModel::Analytical)), want_ns);
   expect_close(static_cast<double>(collective_time_ns(c, r, NetworkModel::Flow)), want_ns);
 }
@@ -86,11 +88,14 @@ TEST(Collectives, HalvingDoublingClosedForm) {
     const double lg = std::log2(n);
     check(c, request(CollOp::AllReduce, n, Algorithm::HalvingDoubling),
           2 * lg * kAlphaXbar + 2.0 * (n - 1) / n * kS / kB);
-    check(c, request(CollOp::ReduceScatter, n, Algorithm::HalvingDoubling), lg * kAlphaXbar + (n - 1.0) / n * kS / kB);
-    check(c, request(CollOp::AllGather, n, Algorithm::HalvingDoubling), lg * kAlphaXbar + (n - 1.0) / n * kS / kB);
+    check(c, request(CollOp::ReduceScatter, n, Algorithm::HalvingDoubling),
+          lg * kAlphaXbar + (n - 1.0) / n * kS / kB);
+    check(c, request(CollOp::AllGather, n, Algorithm::HalvingDoubling),
+          lg * kAlphaXbar + (n - 1.0) / n * kS / kB);
   }
-  EXPECT_THROW(plan_collective(crossbar(6), request(CollOp::AllReduce, 6, Algorithm::HalvingDoubling)),
-               orrery::InputError);
+  EXPECT_THROW(
+      plan_collective(crossbar(6), request(CollOp::AllReduce, 6, Algorithm::HalvingDoubling)),
+      orrery::InputError);
 }
 
 TEST(Collectives, DoubleBinaryTreeClosedForm) {
@@ -98,7 +103,8 @@ TEST(Collectives, DoubleBinaryTreeClosedForm) {
   // two children and its leaf-tree parent: 4 flows of S/2 = 2S; depth log2(n) up and down.
   for (int n : {8, 16, 32}) {
     const Cluster c = crossbar(n);
-    check(c, request(CollOp::AllReduce, n, Algorithm::Tree), 2 * std::log2(n) * kAlphaXbar + 2.0 * kS / kB);
+    check(c, request(CollOp::AllReduce, n, Algorithm::Tree),
+          2 * std::log2(n) * kAlphaXbar + 2.0 * kS / kB);
   }
 }
 
@@ -135,7 +141,8 @@ TEST(Collectives, RingOnAPhysicalRing) {
   c.coll.step_latency_ns = 500;
   build_topology(c);
   const int n = 8;
-  check(c, request(CollOp::AllReduce, n, Algorithm::Ring), 2.0 * (n - 1) * 2000 + 2.0 * (n - 1) / n * kS / 25);
+  check(c, request(CollOp::AllReduce, n, Algorithm::Ring),
+        2.0 * (n - 1) * 2000 + 2.0 * (n - 1) / n * kS / 25);
 }
 
 TEST(Collectives, HierarchicalClosedFormOnDgxNodes) {
@@ -157,8 +164,8 @@ TEST(Collectives, HierarchicalClosedFormOnDgxNodes) {
   const double g = 8, m = 4, S = kS;
   const double a_intra = 2 * 300 + 1000;
   const double a_inter = 2 * 900 + 1000;  // GPU -> NIC -> leaf -> NIC -> GPU, same rail, same leaf
-  const double want = 2 * ((g - 1) * a_intra + (g - 1) / g * S / 400) +
-                      2 * (m - 1) * a_inter + 2 * (m - 1) / m * (S / g) / 50;
+  const double want = 2 * ((g - 1) * a_intra + (g - 1) / g * S / 400) + 2 * (m - 1) * a_inter +
+                      2 * (m - 1) / m * (S / g) / 50;
   check(c, request(CollOp::AllReduce, 32, Algorithm::Hierarchical), want);
 }
 
@@ -255,6 +262,68 @@ TEST(FlowModel, ConcurrentCollectivesAreDeterministic) {
   EXPECT_EQ(a, b);
 }
 
+// The default flow model re-rates only the flows a change reaches through saturated links; the
+// reference re-rates whole connected components. On concurrent collectives and transfers that
+// contend on an oversubscribed fat-tree both give the same completion times, to the nanosecond,
+// while the default re-rates fewer flows.
+TEST(FlowModel, SaturatedSubproblemMatchesWholeComponents) {
+  Cluster c;
+  c.name = "ft";
+  c.device = *device_preset("H100-SXM");
+  c.nodes = 16;
+  c.gpus_per_node = 8;
+  c.topo.kind = TopologyKind::FatTree;
+  c.topo.radix = 16;
+  c.topo.oversubscription = 3;
+  c.topo.rail_optimized = false;
+  build_topology(c);
+  auto run = [&](bool whole, NetworkStats& stats) {
+    Engine e;
+    auto net = make_network(NetworkModel::Flow, c, e, whole);
+    std::vector<TimeNs> done(40, -1);
+    for (int k = 0; k < 40; ++k) {
+      CollectiveRequest r;
+      if (k % 5 == 0) {
+        r.op = CollOp::AllReduce;
+        for (int g = k % 8; g < c.num_gpus(); g += 8) r.members.push_back(g);
+      } else {
+        r.op = CollOp::Send;
+        r.members = {(k * 37) % c.num_gpus(), (k * 53 + 11) % c.num_gpus()};
+        if (r.members[0] == r.members[1]) r.members[1] = (r.members[1] + 9) % c.num_gpus();
+      }
+      r.bytes = int64_t(1 + k % 7) << 22;
+      e.schedule_at(k * 20'000, [&, r, k] { net->start(r, [&, k] { done[k] = e.now(); }); });
+    }
+    e.run();
+    stats = net->stats();
+    return done;
+  };
+  NetworkStats fast, ref;
+  const auto a = run(false, fast);
+  const auto b = run(true, ref);
+  for (TimeNs t : a) EXPECT_GT(t, 0);
+  EXPECT_EQ(a, b);
+  EXPECT_LT(fast.solved_flows, ref.solved_flows);
+}
+
+// A phase that starts alone on idle links takes the rates of its template's first solve: the
+// second of two identical all-reduces, one after the other, solves nothing and takes as long.
+TEST(FlowModel, IdlePhasesReuseTheirSolve) {
+  const Cluster c = crossbar(8);
+  Engine e;
+  auto net = make_network(NetworkModel::Flow, c, e);
+  const CollectiveRequest r = request(CollOp::AllReduce, 8, Algorithm::Ring, kS);
+  TimeNs first = -1, second = -1;
+  net->start(r, [&] {
+    first = e.now();
+    net->start(r, [&] { second = e.now(); });
+  });
+  e.run();
+  EXPECT_EQ(net->stats().solves, 1u);
+  EXPECT_EQ(net->stats().cached_solves, 1u);
+  EXPECT_EQ(second - first, first);
+}
+
 TEST(NcclTable, BusBandwidthFollowsTheNcclTestsFactors) {
   // With no latency, a ring's busbw equals the link bandwidth for all-reduce, all-gather and
   // reduce-scatter (that is what the nccl-tests factors are for).
@@ -262,7 +331,8 @@ TEST(NcclTable, BusBandwidthFollowsTheNcclTestsFactors) {
   c.topo.nvlink_latency_ns = 0;
   c.coll.step_latency_ns = 0;
   build_topology(c);
-  for (CollOp op : {CollOp::AllReduce, CollOp::AllGather, CollOp::ReduceScatter, CollOp::AllToAll}) {
+  for (CollOp op :
+       {CollOp::AllReduce, CollOp::AllGather, CollOp::ReduceScatter, CollOp::AllToAll}) {
     NcclSweep s;
     s.op = op;
     s.ranks = 8;
@@ -289,7 +359,7 @@ TEST(NcclTable, SizesStepByTheFactorAndRoundToElements) {
   s.max_bytes = 1 << 10;
   s.factor = 2;
   const auto rows = predict_nccl_table(c, s);
-  ASSERT_EQ(rows.size(), 8u);  // 8, 16, ..., 1024
+  ASSERT_EQ(rows.size(), 8u);   // 8, 16, ..., 1024
   EXPECT_EQ(rows[0].bytes, 0);  // 8 B cannot hold one float per rank
   EXPECT_EQ(rows[2].bytes, 32);
   EXPECT_EQ(rows[2].count, 8);
@@ -308,7 +378,8 @@ TEST(Collectives, AutoPicksRingOnOneNodeAndTreeForSmallMultiNodeMessages) {
   c.coll.step_latency_ns = 2000;
   build_topology(c);
   // 256 ranks: a ring pays 510 latency steps, a tree about 2*log2(256).
-  EXPECT_EQ(choose_algorithm(c, request(CollOp::AllReduce, 256, Algorithm::Auto, 1 << 16)), Algorithm::Tree);
+  EXPECT_EQ(choose_algorithm(c, request(CollOp::AllReduce, 256, Algorithm::Auto, 1 << 16)),
+            Algorithm::Tree);
   // Large: whichever is cheaper (here the multi-node tree has the ring's bandwidth and less latency).
   for (int64_t bytes : {1LL << 26, 1LL << 32}) {
     CollectiveRequest r = request(CollOp::AllReduce, 256, Algorithm::Auto, bytes);
@@ -372,7 +443,8 @@ TEST(Collectives, MultiNodeTreeUsesEveryNicLikeARing) {
   c.topo.switch_latency_ns = 0;
   c.coll.step_latency_ns = 1000;
   build_topology(c);
-  check(c, request(CollOp::AllReduce, 32, Algorithm::Tree), 2 * (2 + 7) * 1000.0 + 2.0 * kS / (8 * 50));
+  check(c, request(CollOp::AllReduce, 32, Algorithm::Tree),
+        2 * (2 + 7) * 1000.0 + 2.0 * kS / (8 * 50));
 }
 
 TEST(FlowModel, ReSolvesOnlyTheFlowsThatShareLinks) {

@@ -18,6 +18,7 @@
 namespace orrery::sim {
 namespace {
 
+using testing::gpt3_175b;
 using testing::h100_cluster;
 using testing::small_scenario;
 
@@ -271,6 +272,21 @@ TEST(SimTarget, ReplicaContentionMattersOnSharedFabricsOnly) {
   c.topo.rail_optimized = false;
   EXPECT_TRUE(replica_contention_matters(two_nodes, c));
   EXPECT_FALSE(replica_contention_matters(one_node, h100_cluster(8)));  // crossbar
+  // Rail-optimized and non-blocking, but a rail's NICs fill more than one leaf: radix 4 leaves have
+  // 2 ports down, so 2 nodes fit one leaf per rail and 4 do not (their rails cross the spines).
+  Cluster small_leaves = h100_cluster(16);
+  small_leaves.gpus_per_node = 2;
+  small_leaves.topo.radix = 4;
+  ASSERT_EQ(fat_tree_leaf_down_ports(small_leaves.topo), 2);
+  small_leaves.nodes = 2;
+  build_topology(small_leaves);
+  EXPECT_FALSE(replica_contention_matters(small_scenario(4, 4, 1, 1, 1), small_leaves));
+  small_leaves.nodes = 4;
+  build_topology(small_leaves);
+  EXPECT_TRUE(replica_contention_matters(small_scenario(4, 8, 1, 1, 1), small_leaves));
+  // GPT-3 175B on 16,384 GPUs of h100-1024's design (2,048 nodes, 32 per leaf): every rank.
+  EXPECT_TRUE(replica_contention_matters(gpt3_175b(128), h100_cluster(16384)));
+  EXPECT_FALSE(replica_contention_matters(gpt3_175b(2), h100_cluster(256)));  // 32 nodes: one leaf
 }
 
 }  // namespace

@@ -171,6 +171,11 @@ struct Cluster {
 // do not multiply to the GPU count, a 2-tier fat-tree too large for the radix).
 void build_topology(Cluster& cluster);
 
+// A fat-tree leaf's ports down to NICs: round(radix · o / (1 + o)) for oversubscription o, within
+// [1, radix − 1] (the rest go up). On a rail-optimized fat-tree a rail's NICs fill
+// ceil(nodes / down ports) leaves.
+int fat_tree_leaf_down_ports(const TopologyConfig& t);
+
 // Reads a cluster file. Unknown keys, devices or topologies throw InputError naming the file, the
 // line and the key.
 Cluster load_cluster(const std::string& path);

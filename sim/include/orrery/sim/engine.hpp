@@ -49,10 +49,12 @@ class Engine {
   size_t queued() const { return queue_.size(); }
 
  private:
+  // The queue orders small entries; the callbacks stay in slots_ (reused through free_slots_), so
+  // sifting the heap never moves a std::function.
   struct Event {
     TimeNs t;
     uint64_t seq;
-    Callback cb;
+    uint32_t slot;
   };
   struct Later {
     bool operator()(const Event& a, const Event& b) const {
@@ -66,6 +68,8 @@ class Engine {
   uint64_t next_seq_ = 0;
   uint64_t events_ = 0;
   std::priority_queue<Event, std::vector<Event>, Later> queue_;
+  std::vector<Callback> slots_;
+  std::vector<uint32_t> free_slots_;
   std::vector<Model*> models_;
 };
 

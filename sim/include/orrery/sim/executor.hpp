@@ -58,6 +58,9 @@ struct ExecutorOptions {
   // ops progress at (1 - comm_compute_share) of their rate, re-rated whenever one starts or ends;
   // communication itself is not slowed. 0 = none. Not with core sharing (CPU profiles).
   double comm_compute_share = 0;
+  // Flow network: re-rate whole connected components on every change (make_network's reference,
+  // for tests) instead of the flows connected to it through saturated links.
+  bool flow_whole_components = false;
 };
 
 // E[Z_(i)], i = 1..n, of n independent standard normals, ascending (numerical integration of the

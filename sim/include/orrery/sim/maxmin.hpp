@@ -23,7 +23,7 @@ namespace orrery::sim {
 struct MaxMinFlow {
   const int32_t* links = nullptr;  // link ids (into the capacity array)
   int32_t num_links = 0;
-  double weight = 1.0;             // number of identical unit flows this entry stands for (> 0)
+  double weight = 1.0;  // number of identical unit flows this entry stands for (> 0)
 };
 
 class MaxMinSolver {
@@ -35,14 +35,21 @@ class MaxMinSolver {
 
  private:
   // Scratch reused between calls (solving is hot in the flow-level model).
-  std::vector<int32_t> link_slot_;     // link id -> compact index, -1 when untouched
-  std::vector<int32_t> touched_;       // compact index -> link id
+  std::vector<int32_t> link_slot_;  // link id -> compact index, -1 when untouched
+  std::vector<int32_t> touched_;    // compact index -> link id
   std::vector<double> remaining_;
   std::vector<double> weight_;
   std::vector<uint32_t> version_;
-  std::vector<int32_t> csr_offsets_;   // compact link -> flows crossing it
+  std::vector<int32_t> csr_offsets_;  // compact link -> flows crossing it
   std::vector<int32_t> csr_flows_;
   std::vector<uint8_t> frozen_;
+  std::vector<int32_t> fill_;
+  struct HeapEntry {
+    double share;
+    int32_t link;  // compact index; ties broken by it for determinism
+    uint32_t version;
+  };
+  std::vector<HeapEntry> heap_;
 };
 
 // Convenience for tests and small problems: links given as vectors.

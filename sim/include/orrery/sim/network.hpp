@@ -24,9 +24,10 @@ std::optional<NetworkModel> network_model_from_string(std::string_view s);  // a
 
 struct NetworkStats {
   uint64_t collectives = 0;
-  uint64_t flows = 0;         // unit-flow entries started (after aggregation)
-  uint64_t solves = 0;        // max-min solves (flow model)
-  uint64_t solved_flows = 0;  // flows re-rated over all solves
+  uint64_t flows = 0;          // unit-flow entries started (after aggregation)
+  uint64_t solves = 0;         // max-min solves (flow model)
+  uint64_t solved_flows = 0;   // flows re-rated over all solves
+  uint64_t cached_solves = 0;  // phases started alone on idle links, rated from their cached solve
 };
 
 class NetworkSim : public Model {
@@ -39,9 +40,11 @@ class NetworkSim : public Model {
 };
 
 // Creates the model and registers it with the engine (engine.add_model); cluster and engine must
-// outlive it.
-std::unique_ptr<NetworkSim> make_network(NetworkModel model, const Cluster& cluster,
-                                         Engine& engine);
+// outlive it. whole_components (flow model, for tests): re-rate every flow connected to a change
+// through shared links, the reference for the default, which re-rates only the flows connected to it
+// through saturated links (the same allocation up to floating-point rounding; network.cpp).
+std::unique_ptr<NetworkSim> make_network(NetworkModel model, const Cluster& cluster, Engine& engine,
+                                         bool whole_components = false);
 
 // What a request resolves to: Auto algorithm and protocol chosen like NCCL's tuner (the lowest
 // analytical estimate at the request's size), and the channels NCCL would use (nccl_channels).

@@ -56,10 +56,12 @@ void check_simulation_fits(const Scenario& s, const Cluster& cluster, const SimO
 // Whether the collectives of symmetric groups (the replicas' dp all-reduces, the stages' pp
 // transfers) contend on the fabric, so that one representative rank per stage would leave out time
 // the real job spends (executor.hpp): the job spans more than one node of a fat-tree whose leaves
-// are oversubscribed (leaf down-ports > up-ports) or that is not rail-optimized (the nodes' NICs
-// share leaf uplinks), or of a ring or torus (links shared between neighbours' traffic). A
-// crossbar, one node, or a non-blocking rail-optimized fat-tree: no (their groups use disjoint
-// links). `orrery sim` simulates every rank by default when this holds.
+// are oversubscribed (leaf down-ports > up-ports), that is not rail-optimized (the nodes' NICs
+// share leaf uplinks), or whose rails fill more than one leaf each (rail-optimized and non-blocking,
+// but nodes > the leaf's down-ports: traffic between a rail's leaves crosses spine links that ECMP
+// shares between groups), or of a ring or torus (links shared between neighbours' traffic). A
+// crossbar, one node, or a rail-optimized non-blocking fat-tree whose rails each fit one leaf: no
+// (their groups use disjoint links). `orrery sim` simulates every rank by default when this holds.
 bool replica_contention_matters(const Scenario& s, const Cluster& cluster);
 
 }  // namespace orrery::sim
