@@ -11,8 +11,9 @@
 //
 // By default the simulated ranks are one representative per pipeline stage (dp = 0, tp = 0): every
 // other rank runs the same program with the same timing. What this leaves out: contention between
-// the collectives of symmetric groups on shared links (on a rail-optimized fat-tree these use
-// disjoint NICs and rails; on oversubscribed fabrics run with all_ranks to see it).
+// the collectives of symmetric groups on shared links (on a rail-optimized fat-tree whose rails
+// each fit one leaf these use disjoint NICs and rails; elsewhere run with all_ranks to see it, which
+// `orrery sim` does by default where replica_contention_matters, sim_target.hpp).
 #pragma once
 
 #include <cstdint>
