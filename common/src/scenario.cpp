@@ -136,6 +136,7 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("model.moe.experts", Type::Int, model.moe.experts, int),
       ORRERY_KEY("model.moe.top_k", Type::Int, model.moe.top_k, int),
       ORRERY_KEY("model.moe.every", Type::Int, model.moe.every, int),
+      ORRERY_KEY("model.moe.first_dense", Type::Int, model.moe.first_dense, int),
       ORRERY_KEY("model.moe.expert_ffn_hidden", Type::Int, model.moe.expert_ffn_hidden, int),
       ORRERY_KEY("model.moe.shared_experts", Type::Int, model.moe.shared_experts, int),
       ORRERY_KEY("model.moe.capacity_factor", Type::Double, model.moe.capacity_factor, double),
@@ -362,6 +363,18 @@ void check_moe(const Scenario& s, const std::string& origin) {
               "must be between 1 and model.moe.experts (" + std::to_string(e.experts) + "), got " +
                   std::to_string(e.top_k));
   check_range(e.every >= 1, origin, "model.moe.every", "must be >= 1");
+  check_range(
+      e.first_dense >= 0, origin, "model.moe.first_dense",
+      "must be >= 0 (the number of leading dense blocks), got " + std::to_string(e.first_dense));
+  {
+    bool any = false;
+    for (int l = e.first_dense; l < s.model.layers && !any; ++l) any = l % e.every == 0;
+    check_range(any, origin, "model.moe.first_dense",
+                "leaves no MoE block: blocks " + std::to_string(e.first_dense) + ".." +
+                    std::to_string(s.model.layers - 1) + " of model.layers " +
+                    std::to_string(s.model.layers) + " hold none with l % model.moe.every (" +
+                    std::to_string(e.every) + ") == 0; lower it or set model.moe.experts 0");
+  }
   check_range(e.expert_ffn_hidden >= 0, origin, "model.moe.expert_ffn_hidden",
               "must be >= 0 (0: the dense FFN width)");
   check_range(e.shared_experts >= 0, origin, "model.moe.shared_experts", "must be >= 0");

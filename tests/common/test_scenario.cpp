@@ -305,6 +305,15 @@ TEST(Scenario, MoeKeysParseAndBadValuesNameTheKey) {
   EXPECT_NE(error_of(moe, {"training.recompute=full"}).find("key 'training.recompute'"),
             std::string::npos);
   EXPECT_EQ(error_of(moe, {"training.recompute=selective"}), "");
+  // model.moe.first_dense: the leading dense blocks (4 layers by default, every 2: MoE blocks 0, 2).
+  EXPECT_EQ(parse_scenario(moe, "s.yaml", {"model.moe.first_dense=1"}).model.moe.first_dense, 1);
+  EXPECT_EQ(error_of(moe, {"model.moe.first_dense=-1"}),
+            "s.yaml: key 'model.moe.first_dense': must be >= 0 (the number of leading dense "
+            "blocks), got -1");
+  EXPECT_EQ(error_of(moe, {"model.moe.first_dense=3"}),
+            "s.yaml: key 'model.moe.first_dense': leaves no MoE block: blocks 3..3 of "
+            "model.layers 4 hold none with l % model.moe.every (2) == 0; lower it or set "
+            "model.moe.experts 0");
 }
 }  // namespace orrery
 

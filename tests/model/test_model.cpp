@@ -405,6 +405,18 @@ TEST(Moe, BlocksExpertsAndShares) {
   EXPECT_FALSE(moe::is_moe_block(cfg, 1));
   EXPECT_EQ(moe::moe_blocks(cfg, 0, 12), 6);
   EXPECT_EQ(moe::moe_blocks(cfg, 3, 8), 2);  // 4, 6
+  // DeepSeek-V3's 61 blocks, the first three dense: 58 MoE blocks, block 3 the first.
+  MoeConfig ds;
+  ds.experts = 256;
+  ds.first_dense = 3;
+  EXPECT_FALSE(moe::is_moe_block(ds, 2));
+  EXPECT_TRUE(moe::is_moe_block(ds, 3));
+  EXPECT_EQ(moe::moe_blocks(ds, 0, 61), 58);
+  cfg.first_dense = 3;  // with every 2: blocks 4, 6, 8, 10 of 12
+  EXPECT_FALSE(moe::is_moe_block(cfg, 0));
+  EXPECT_FALSE(moe::is_moe_block(cfg, 3));
+  EXPECT_EQ(moe::moe_blocks(cfg, 0, 12), 4);
+  cfg.first_dense = 0;
   EXPECT_EQ(moe::local_experts(8, 4, 3).first, 6);
   EXPECT_EQ(moe::local_experts(8, 4, 3).count, 2);
   EXPECT_EQ(moe::ep_rank(5, 2), 1);

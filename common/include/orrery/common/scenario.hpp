@@ -19,8 +19,10 @@ namespace orrery {
 struct MoeConfig {
   int experts = 0;  // routed experts per MoE block; 0 = a dense model (every other key unused)
   int top_k = 2;    // experts each token is routed to, 1 <= top_k <= experts
-  int every = 1;    // an MoE FFN in block l when l % every == 0 (Megatron's moe_layer_freq), dense
-                    // FFN otherwise
+  int every = 1;    // an MoE FFN in block l when l >= first_dense and l % every == 0 (Megatron's
+                    // moe_layer_freq), dense FFN otherwise
+  int first_dense = 0;  // blocks [0, first_dense) keep the dense FFN (DeepSeek-V3's first three;
+                        // Hugging Face's first_k_dense_replace); 0 <= first_dense < layers
   int expert_ffn_hidden = 0;  // each expert's FFN width; 0 = the dense FFN width (model.ffn_hidden)
   int shared_experts = 0;     // always-on experts of that width (DeepSeek), summed ungated
   double capacity_factor = 0.0;  // > 0: each expert takes at most ceil(factor * tokens * top_k /
