@@ -141,6 +141,13 @@ struct ZeroConfig {
   std::string offload_params = "none";
   std::string nvme_path;          // an existing, writable directory; one file per rank in it
   double offload_chunk_mb = 4.0;  // the I/O chunk per state array, MiB (> 0): 3 chunks in memory
+  // ZeRO 1/2 as Megatron-LM's distributed optimizer (model/buckets.hpp zero_buckets): the shard
+  // cut per DDP bucket, each bucket's reduce-scatter issued as its gradients are ready (every
+  // micro-batch under ZeRO 2); with overlap_param_gather (needs overlap_grad_reduce) each bucket's
+  // all-gather after the optimizer is waited for only before the next step's first forward that
+  // uses it. Both false: one reduce-scatter and one all-gather of the whole array.
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
   bool nvme() const { return offload_optimizer == "nvme"; }
 };
 
