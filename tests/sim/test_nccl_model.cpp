@@ -350,8 +350,22 @@ TEST(NcclModel, SectionErrorsNameTheKey) {
   } catch (const orrery::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("nccl.protocol"), std::string::npos) << e.what();
   }
+  const std::pair<const char*, const char*> bad_keys[] = {
+      {"nccl:\n  ll_max_busbw_gb_per_s: -1\n", "nccl.ll_max_busbw_gb_per_s"},
+      {"nccl:\n  net_overhead_us: -1\n", "nccl.net_overhead_us"},
+      {"nccl:\n  ll128: {tree_net_step_latency_us: -2}\n", "nccl.ll128.tree_net_step_latency_us"}};
+  for (const auto& [yaml, key] : bad_keys) {
+    try {
+      parse_cluster(base + yaml, "t.yaml");
+      FAIL() << "expected InputError for " << key;
+    } catch (const orrery::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
   const Cluster h = parse_cluster(base + "nccl: {}\n", "t.yaml");
-  EXPECT_TRUE(h.nccl.nvls);  // Hopper
+  EXPECT_TRUE(h.nccl.nvls);                                      // Hopper
+  EXPECT_DOUBLE_EQ(h.nccl.ll_max_busbw_2_nodes_gb_per_s, 45.0);  // NCCL llMaxBws Hopper N2
+  EXPECT_DOUBLE_EQ(h.nccl.ll_max_busbw_gb_per_s, 35.0);          // and N4
   EXPECT_NEAR(h.nccl.nvlink_efficiency, 20.6 / 25.0, 1e-12);
   const Cluster a = parse_cluster("device: A100\ntopology: {kind: crossbar}\nnccl: {}\n", "t.yaml");
   EXPECT_FALSE(a.nccl.nvls);
