@@ -109,15 +109,21 @@ TEST(NcclCurves, H100TwoNodesInfinibandAllReduce) {
   check_curve("h100-16384", "h100_2node_ib.tsv", 16);
 }
 
+// A second 2-node cluster of the same thread, held out (not fitted): from 64 MiB (below, its 1 MiB
+// point, 93 us where the development cluster took 72 us, is 31 % off; the rest within 23 %).
+TEST(NcclCurves, H100TwoNodesSecondClusterHeldOutFrom64MiB) {
+  check_curve("h100-1024", "h100_2node_ib_b.tsv", 16, 64LL << 20);
+}
+
 TEST(NcclCurves, H100FourNodesInfinibandAllReduceFrom64MiB) {
   check_curve("h100-1024", "h100_4node_ib.tsv", 32, 64LL << 20);
 }
 
 TEST(NcclCurves, EveryCurveFileCitesItsSource) {
-  for (const char* f :
-       {"a100_8gpu_nvlink.tsv", "h100_8gpu_nvlink.tsv", "h100_8gpu_nvlink_dgx.tsv",
-        "h100_2node_ib_degraded.tsv", "h100_2node_ib.tsv", "h100_4node_ib.tsv",
-        "h100_2node_ib_ring.tsv", "h100_8node_ib.tsv", "h100_8node_ib_default.tsv"}) {
+  for (const char* f : {"a100_8gpu_nvlink.tsv", "h100_8gpu_nvlink.tsv", "h100_8gpu_nvlink_dgx.tsv",
+                        "h100_2node_ib_degraded.tsv", "h100_2node_ib.tsv", "h100_2node_ib_b.tsv",
+                        "h100_4node_ib.tsv", "h100_2node_ib_ring.tsv", "h100_8node_ib.tsv",
+                        "h100_8node_ib_default.tsv"}) {
     std::ifstream in(kSrc + "/tests/data/nccl_tests/" + f);
     std::stringstream ss;
     ss << in.rdbuf();
