@@ -158,8 +158,11 @@ double shape_eff(const Machine& m, const Kernel& k) {
 
 // The observation rows under the current estimates: which GEMM and attention kernels are
 // memory-bound (their time fixed at the bandwidth side, subtracted), the rest per class.
+// roofline false: every GEMM and attention kernel on its FLOP side (the first pass: the preset's
+// efficiencies may be far from the traces', and a kernel put on its bytes side never moves its
+// class's estimate).
 Design design(const std::vector<GpuItem>& items, const Machine& m, const Estimates& e,
-              bool with_overhead) {
+              bool with_overhead, bool roofline) {
   Design d;
   for (const auto& it : items) {
     std::vector<double> row(kGpuCols, 0.0);
@@ -175,7 +178,7 @@ Design design(const std::vector<GpuItem>& items, const Machine& m, const Estimat
       if (flop_cls(k.cls)) {
         const double tc = k.flops / (m.peak * e.flops_eff[c] * shape_eff(m, k));
         const double tm = k.bytes / (m.bw * e.bw_eff[c]);
-        mem = tm > tc;
+        mem = roofline && tm > tc;
         if (mem)
           target -= tm;
         else
@@ -237,6 +240,7 @@ struct GpuFit {
   Estimates e;
   std::array<bool, kGpuCols> fitted{};
   std::array<std::string, kGpuCols> why{};
+  std::vector<char> memory_bound;  // per (item, kernel) of the last design: priced on its bytes
   int iterations = 0;
 };
 
@@ -258,7 +262,7 @@ GpuFit fit_gpu(const std::vector<GpuItem>& items, const Machine& m, const Hardwa
         "told from a rate";
   std::vector<char> last;
   for (f.iterations = 1; f.iterations <= 10; ++f.iterations) {
-    const Design d = design(items, m, f.e, with_overhead);
+    const Design d = design(items, m, f.e, with_overhead, f.iterations > 1);
     const std::vector<double> x = solve(d, items.size());
     for (int j = 0; j < kGpuCols; ++j) {
       f.fitted[j] = j == 0 ? with_overhead : d.used[j] && x[j] > 0;
@@ -276,7 +280,8 @@ GpuFit fit_gpu(const std::vector<GpuItem>& items, const Machine& m, const Hardwa
     for (int j = 1; j < kGpuCols; ++j)
       if (d.used[j] && x[j] <= 0)
         f.why[j] = "the fit gives it no time (its kernels are explained by the overhead alone)";
-    if (d.memory_bound == last) break;
+    f.memory_bound = d.memory_bound;
+    if (f.iterations > 1 && d.memory_bound == last) break;
     last = d.memory_bound;
   }
   return f;
@@ -406,10 +411,13 @@ std::vector<GpuFitRow> apply_fit(const GpuFit& f, const std::vector<GpuItem>& it
                                  std::vector<std::string>& notes) {
   std::vector<GpuFitRow> rows(kGpuCols);
   std::array<std::set<std::string>, kGpuCols> from;
+  size_t at = 0;  // (item, kernel) index into f.memory_bound
   for (const auto& it : items) {
     rows[0].kernels += int64_t(it.launched) * it.count;
     from[0].insert(label_of(ts[it.trace], it.trace));
     for (const auto& k : it.kernels) {
+      // A GEMM or attention kernel on the bytes side of its roofline says nothing of its rate.
+      if (at < f.memory_bound.size() && f.memory_bound[at++]) continue;
       rows[col_of(k.cls)].kernels += int64_t(it.launched) * it.count / int64_t(it.kernels.size());
       from[col_of(k.cls)].insert(label_of(ts[it.trace], it.trace));
     }
