@@ -106,6 +106,21 @@ TEST(KernelWork, OperatorRules) {
   ASSERT_TRUE(causal && full);
   EXPECT_DOUBLE_EQ(causal->flops, 2.0 * 2 * 4 * 256 * 256 * 64);
   EXPECT_DOUBLE_EQ(full->flops, 2 * causal->flops);
+  // The op that launches the kernel in PyTorch 2.x takes [B, T, H, D]: the same work.
+  std::vector<traces::OpInput> inner = {tensor({2, 256, 4, 64}),
+                                        tensor({2, 256, 4, 64}),
+                                        tensor({2, 256, 4, 64}),
+                                        {},
+                                        {},
+                                        {},
+                                        {},
+                                        {},
+                                        {}};
+  inner[8].concrete = "True";
+  const auto fa = traces::op_work("aten::_flash_attention_forward", inner);
+  ASSERT_TRUE(fa);
+  EXPECT_DOUBLE_EQ(fa->flops, causal->flops);
+  EXPECT_DOUBLE_EQ(fa->bytes, causal->bytes);
   EXPECT_FALSE(traces::op_work("aten::conv2d", {tensor({1, 3, 8, 8}), tensor({4, 3, 3, 3})}));
 }
 

@@ -93,20 +93,27 @@ std::optional<OpWork> gemm_work(std::string_view op, const std::vector<OpInput>&
   return gemm(double(A[A.size() - 2]), double(B.back()), double(A.back()), lead(A, 2), e);
 }
 
-// Fused attention: the query's input index and is_causal's (in "Concrete Inputs").
+// Fused attention: the query's input index, is_causal's (in "Concrete Inputs"; the efficient
+// kernels' custom_mask_type, 1 or 2 causal), and the layout: the scaled_dot_product ops take
+// [B, H, T, D], the kernels' own ops they call ([B, T, H, D]) launch the kernels in PyTorch 2.x.
 struct AttentionOp {
   std::string_view name;
   size_t query;
   size_t causal;
   bool backward;
+  bool bthd;
 };
 constexpr AttentionOp kAttention[] = {
-    {"aten::_scaled_dot_product_flash_attention", 0, 4, false},
-    {"aten::_scaled_dot_product_efficient_attention", 0, 6, false},
-    {"aten::_scaled_dot_product_cudnn_attention", 0, 6, false},
-    {"aten::_scaled_dot_product_flash_attention_backward", 1, 11, true},
-    {"aten::_scaled_dot_product_efficient_attention_backward", 1, 11, true},
-    {"aten::_scaled_dot_product_cudnn_attention_backward", 1, 14, true},
+    {"aten::_scaled_dot_product_flash_attention", 0, 4, false, false},
+    {"aten::_scaled_dot_product_efficient_attention", 0, 6, false, false},
+    {"aten::_scaled_dot_product_cudnn_attention", 0, 6, false, false},
+    {"aten::_scaled_dot_product_flash_attention_backward", 1, 11, true, false},
+    {"aten::_scaled_dot_product_efficient_attention_backward", 1, 11, true, false},
+    {"aten::_scaled_dot_product_cudnn_attention_backward", 1, 14, true, false},
+    {"aten::_flash_attention_forward", 0, 8, false, true},
+    {"aten::_flash_attention_backward", 1, 11, true, true},
+    {"aten::_efficient_attention_forward", 0, 9, false, true},
+    {"aten::_efficient_attention_backward", 1, 14, true, true},
 };
 
 std::optional<OpWork> attention_work(const AttentionOp& a, const std::vector<OpInput>& in) {
@@ -115,16 +122,17 @@ std::optional<OpWork> attention_work(const AttentionOp& a, const std::vector<OpI
   if (!q || !k || q->dims.size() != 4 || k->dims.size() != 4 || !positive(q->dims) ||
       !positive(k->dims))
     return std::nullopt;
-  const auto& Q = q->dims;  // [B, H, T, D]
-  const auto& K = k->dims;  // [B, H, S, D]
+  const auto& Q = q->dims;  // [B, H, T, D], or [B, T, H, D]
+  const auto& K = k->dims;
   if (Q[0] != K[0] || Q[3] != K[3]) return std::nullopt;
+  const size_t t_at = a.bthd ? 1 : 2, h_at = a.bthd ? 2 : 1;
   std::string c = a.causal < in.size() ? in[a.causal].concrete : std::string();
   std::transform(c.begin(), c.end(), c.begin(), [](unsigned char x) { return std::tolower(x); });
-  const bool causal = c == "true" || c == "1";
+  const bool causal = c == "true" || c == "1" || c == "2";
   OpWork w;
   w.cls = "attention";
-  w.m = double(Q[2]), w.n = double(K[2]), w.k = double(Q[3]);
-  w.batch = double(Q[0]) * double(Q[1]);
+  w.m = double(Q[t_at]), w.n = double(K[t_at]), w.k = double(Q[3]);
+  w.batch = double(Q[0]) * double(Q[h_at]);
   w.elem_bytes = type_bytes(q->type) > 0 ? type_bytes(q->type) : 2;
   w.backward = a.backward;
   const double mult = a.backward ? 2.0 : 1.0;

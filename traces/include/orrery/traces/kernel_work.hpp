@@ -23,7 +23,9 @@
 //     gemm, flops 2·b·M·N·K, bytes e·b·(M·K + K·N + M·N).
 //   aten::_scaled_dot_product_{flash,efficient,cudnn}_attention and their _backward: q [B,H,T,D],
 //   k [B,H,S,D] (the query's index in the op's inputs differs in the backward ops), is_causal from
-//   "Concrete Inputs": attention, with the simulator's counting (cost_model.hpp): forward 2·B·H·T·S·D
+//   "Concrete Inputs"; the ops they call, which launch the kernels, aten::_flash_attention_forward /
+//   _backward and aten::_efficient_attention_forward / _backward: q [B,T,H,D], k [B,S,H,D], causal
+//   from is_causal or custom_mask_type (1, 2): attention, with the simulator's counting (cost_model.hpp): forward 2·B·H·T·S·D
 //   causal, 4·B·H·T·S·D not, backward twice the forward; bytes e·B·H·D·(2T + 2S) (q, k, v read, out
 //   written), backward twice.
 //   Norms (native_layer_norm, rms_norm, ... and backward): layernorm; softmax, log_softmax, nll_loss,
