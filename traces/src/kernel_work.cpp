@@ -269,6 +269,40 @@ std::optional<OpWork> op_work_unchecked(std::string_view op, const std::vector<O
 }
 }  // namespace
 
+std::optional<std::pair<std::string, std::vector<OpInput>>> parse_nvtx_op(std::string_view text) {
+  const size_t comma = text.find(',');
+  const size_t at = text.find(", sizes = [");
+  if (comma == std::string_view::npos || at == std::string_view::npos) return std::nullopt;
+  // The balanced [...] after "sizes = ".
+  const size_t open = at + 10;
+  int depth = 0;
+  size_t close = std::string_view::npos;
+  for (size_t i = open; i < text.size() && close == std::string_view::npos; ++i) {
+    if (text[i] == '[') ++depth;
+    if (text[i] == ']' && --depth == 0) close = i;
+  }
+  if (close == std::string_view::npos) return std::nullopt;
+  nlohmann::json sizes;
+  try {
+    sizes = nlohmann::json::parse(text.substr(open, close - open + 1));
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+  if (!sizes.is_array()) return std::nullopt;
+  std::vector<OpInput> in;
+  for (const auto& v : sizes) {
+    OpInput x;
+    if (!v.is_array()) return std::nullopt;
+    for (const auto& d : v) {
+      if (!d.is_number_integer()) return std::nullopt;
+      x.dims.push_back(d.get<int64_t>());
+    }
+    x.kind = x.dims.empty() ? OpInput::Kind::None : OpInput::Kind::Tensor;
+    in.push_back(std::move(x));
+  }
+  return std::make_pair(std::string(text.substr(0, comma)), std::move(in));
+}
+
 // ---- the record in extra_json
 
 namespace {

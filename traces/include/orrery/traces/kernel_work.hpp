@@ -6,7 +6,12 @@
 //
 // Where it comes from: `orrery import kineto` reads it from PyTorch's profiler with
 // record_shapes=True, which writes "Input Dims", "Input type" and "Concrete Inputs" on each cpu_op
-// event; a kernel names its launching op through its "External id" (or its launch's). The work of
+// event; a kernel names its launching op through its "External id" (or its launch's).
+// `orrery import nsys` reads it from the NVTX ranges of emit_nvtx(record_shapes=True) (parse_nvtx_op):
+// a kernel's op is the innermost such range open on the thread when its launch (the runtime call
+// with its correlation id) was made. NVTX carries no dtypes, so only GEMM and attention ops are
+// attributed there (their FLOPs need none; their operands are taken as 16-bit), not the
+// memory-bound ones, whose bytes would be a guess. The work of
 // an op launching several kernels (split-K and its reduction, a fused optimizer's chunks) belongs
 // to the op instance (`group`): calibrate sums the kernels of a group, and each kernel span carries
 // an equal share of the op's flops and bytes, so sums over spans stay exact.
@@ -42,6 +47,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "orrery/traces/trace.hpp"
@@ -86,6 +92,13 @@ struct OpInput {
 // The work of an operator from its profiler arguments; nullopt when the op is not one of the rules
 // above or its shapes do not fit them.
 std::optional<OpWork> op_work(std::string_view op, const std::vector<OpInput>& inputs);
+
+// An operator range of PyTorch's NVTX annotations (torch.autograd.profiler.emit_nvtx with
+// record_shapes=True, as nsys records them): "aten::mm, seq = 12, op_id = 40, sizes = [[64, 128],
+// [128, 32]], input_op_ids = [...]" -> the op's name and its inputs' dims (no dtypes: NVTX does not
+// carry them). nullopt for a range without "sizes = [...]" or with sizes that are not lists of
+// integers.
+std::optional<std::pair<std::string, std::vector<OpInput>>> parse_nvtx_op(std::string_view text);
 
 // The kernel work recorded in a trace (empty when it has none). InputError naming the trace when
 // "kernel_work" is present but malformed.
