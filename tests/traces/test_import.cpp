@@ -524,6 +524,7 @@ TEST(ImportNsys, KernelWorkFromNvtxShapes) {
     EXPECT_DOUBLE_EQ(k.work.flops, flops);
   }
   EXPECT_EQ(rows[0].group, rows[1].group);
+  EXPECT_EQ(recorded_gpu_names(t).front(), "NVIDIA H100");  // TARGET_INFO_GPU
   const auto sgemm = spans_named(t, "sgemm_kernel", 0);
   ASSERT_EQ(sgemm.size(), 2u);
   EXPECT_DOUBLE_EQ(sgemm[0]->flops, flops / 2);  // launched at 800

@@ -283,6 +283,16 @@ void FileReader::run() {
   add_device_spans(rows, rank_of, streams, launch);
   attach_work(rows, rank_of, launch, shaped_ranges(nvtx), first_span);
   add_nvtx_spans(nvtx, rank_of, streams);
+  // The GPUs' names (TARGET_INFO_GPU), which say the device preset calibrate fits.
+  if (optional_table(db_, "TARGET_INFO_GPU", {"name"})) {
+    Db::Query q(db_, "SELECT name FROM TARGET_INFO_GPU");
+    while (q.next()) {
+      if (q.is_null(0)) continue;
+      const std::string n = q.text(0);
+      if (!n.empty() && std::find(d_.devices.begin(), d_.devices.end(), n) == d_.devices.end())
+        d_.devices.push_back(n);
+    }
+  }
 }
 
 FileReader::ShapedRanges FileReader::shaped_ranges(const std::vector<NvtxRow>& nvtx) {

@@ -96,7 +96,8 @@
 //   not imported.
 // - Kernel work (kernel_work.hpp): PyTorch's emit_nvtx(record_shapes=True) ranges ("aten::mm,
 //   seq = 3, sizes = [[64, 128], [128, 32]]") give the GEMM and attention work of the kernels
-//   launched inside them (the innermost such range open on the launching thread at the launch).
+//   launched inside them (the innermost such range open on the launching thread at the launch);
+//   TARGET_INFO_GPU's names go to extra_json "import"."devices".
 #pragma once
 
 #include <array>
