@@ -104,7 +104,8 @@ std::vector<GpuItem> imported_items(const traces::Trace& t, size_t trace_index,
     it->second.ns += double(rows[r].end_ns - rows[r].start_ns);
     it->second.kernels += 1;
   }
-  using Key = std::tuple<std::string, std::string, int>;  // op, shape, kernels launched
+  // op, shape, kernels launched, FLOPs (a causal and a full attention of one shape differ)
+  using Key = std::tuple<std::string, std::string, int, double>;
   std::map<Key, std::pair<GpuItem, std::vector<double>>> groups;
   for (const auto& [key, i] : inst) {
     const traces::KernelWork& w = rows[i.row];
@@ -113,7 +114,7 @@ std::vector<GpuItem> imported_items(const traces::Trace& t, size_t trace_index,
       unknown_classes.insert(w.work.cls);
       continue;
     }
-    auto& g = groups[{w.op, shape_text(w.work), i.kernels}];
+    auto& g = groups[{w.op, shape_text(w.work), i.kernels, w.work.flops}];
     if (g.second.empty()) {
       g.first.name = w.op;
       g.first.shape = shape_text(w.work);
