@@ -58,7 +58,10 @@ Cluster default_cluster(const Scenario& s) {
     c.gpus_per_node = s.world_size();
     build_topology(c);
   } else {
-    c.name = cpu ? "cpu-node" : "h100-node";
+    // Not started from the source tree: an ideal crossbar, named so that the output says which
+    // default ran (the files above give other figures).
+    c.name = cpu ? "cpu-node (ideal links: scenarios/clusters/cpu-local.yaml not found)"
+                 : "h100-node (ideal links: scenarios/clusters/h100-8.yaml not found)";
     c.device = *device_preset(cpu ? "cpu" : "H100-SXM");
     c.nodes = 1;
     c.gpus_per_node = s.world_size();
