@@ -24,6 +24,30 @@ struct CalibrateArgs {
   bool json = false;
 };
 
+// A GPU fit (calibrate.hpp step 5): the parameters, where each came from, the fit per operator.
+int print_gpu(const sim::CalibrationResult& r, const CalibrateArgs& a, size_t traces) {
+  std::printf("calibrated GPU profile '%s' (%s, %s) written to %s from %zu trace(s)\n",
+              r.profile.name.c_str(), r.profile.device.c_str(),
+              std::string(to_string(r.profile.precision)).c_str(), a.out.c_str(), traces);
+  for (const auto& g : r.gpu) {
+    if (g.fitted)
+      std::printf("  %-34s %9.4f  fitted from %lld kernels\n", g.parameter.c_str(), g.value,
+                  static_cast<long long>(g.kernels));
+    else
+      std::printf("  %-34s %9.4f  NOT FITTED (default kept): %s\n", g.parameter.c_str(), g.value,
+                  g.why.c_str());
+  }
+  std::printf("\n  %-44s %-30s %6s %14s %14s %8s\n", "op", "shape", "count", "measured", "fitted",
+              "error");
+  for (const auto& o : r.ops)
+    std::printf("  %-44s %-30s %6lld %11.2f us %11.2f us %+7.2f%%\n", o.name.c_str(),
+                o.shape.c_str(), static_cast<long long>(o.count), o.measured_ns / 1e3,
+                o.fitted_ns / 1e3, o.error_pct());
+  std::printf("  time-weighted relative RMS error of the fit: %.2f %%\n", 100 * r.compute_rel_rms);
+  for (const auto& n : r.notes) std::printf("  note: %s\n", n.c_str());
+  return 0;
+}
+
 int run_calibrate(const CalibrateArgs& a) {
   std::vector<traces::Trace> ts;
   for (const auto& p : a.traces) {
@@ -71,9 +95,18 @@ int run_calibrate(const CalibrateArgs& a) {
                                   {"busbw_bytes_per_s", c.busbw_bytes_per_s},
                                   {"r2", c.r2}});
     j["notes"] = r.notes;
+    j["gpu"] = nlohmann::json::array();
+    for (const auto& g : r.gpu)
+      j["gpu"].push_back({{"parameter", g.parameter},
+                          {"value", g.value},
+                          {"fitted", g.fitted},
+                          {"kernels", g.kernels},
+                          {"traces", g.traces},
+                          {"why", g.why}});
     std::cout << j.dump(2) << "\n";
     return 0;
   }
+  if (!r.gpu.empty()) return print_gpu(r, a, ts.size());
   const auto& p = r.profile;
   std::printf("calibrated profile '%s' written to %s from %zu trace(s)\n", p.name.c_str(),
               a.out.c_str(), ts.size());
@@ -132,6 +165,12 @@ Command setup(CLI::App& root) {
   app->add_flag(
       "--roofline-only", [a](std::int64_t) { a->opt.measured_ops = false; },
       "Leave the measured op times out of the profile: every op costs the fitted roofline");
+  app->add_option("--device", a->opt.device,
+                  "GPU traces: the device preset they ran on (A100-SXM-80GB, H100-SXM, H200) when "
+                  "the traces do not name it");
+  app->add_flag("--flat-gemm", a->opt.flat_gemm,
+                "GPU traces: fit every GEMM at one rate, without the gemm_shape model (for "
+                "comparison)");
   app->add_flag("--json", a->json, "Print one JSON object");
   return {app, [a]() { return run_calibrate(*a); }};
 }

@@ -136,6 +136,7 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("model.moe.experts", Type::Int, model.moe.experts, int),
       ORRERY_KEY("model.moe.top_k", Type::Int, model.moe.top_k, int),
       ORRERY_KEY("model.moe.every", Type::Int, model.moe.every, int),
+      ORRERY_KEY("model.moe.first_dense", Type::Int, model.moe.first_dense, int),
       ORRERY_KEY("model.moe.expert_ffn_hidden", Type::Int, model.moe.expert_ffn_hidden, int),
       ORRERY_KEY("model.moe.shared_experts", Type::Int, model.moe.shared_experts, int),
       ORRERY_KEY("model.moe.capacity_factor", Type::Double, model.moe.capacity_factor, double),
@@ -189,6 +190,8 @@ const std::vector<KeySpec>& key_table() {
       ORRERY_KEY("zero.offload_params", Type::String, zero.offload_params, std::string),
       ORRERY_KEY("zero.nvme_path", Type::String, zero.nvme_path, std::string),
       ORRERY_KEY("zero.offload_chunk_mb", Type::Double, zero.offload_chunk_mb, double),
+      ORRERY_KEY("zero.overlap_grad_reduce", Type::Bool, zero.overlap_grad_reduce, bool),
+      ORRERY_KEY("zero.overlap_param_gather", Type::Bool, zero.overlap_param_gather, bool),
       ORRERY_KEY("runtime.device", Type::String, runtime.device, std::string),
       ORRERY_KEY("runtime.threads", Type::Int, runtime.threads, int),
       ORRERY_KEY("runtime.precision", Type::String, runtime.precision, std::string),
@@ -362,6 +365,18 @@ void check_moe(const Scenario& s, const std::string& origin) {
               "must be between 1 and model.moe.experts (" + std::to_string(e.experts) + "), got " +
                   std::to_string(e.top_k));
   check_range(e.every >= 1, origin, "model.moe.every", "must be >= 1");
+  check_range(
+      e.first_dense >= 0, origin, "model.moe.first_dense",
+      "must be >= 0 (the number of leading dense blocks), got " + std::to_string(e.first_dense));
+  {
+    bool any = false;
+    for (int l = e.first_dense; l < s.model.layers && !any; ++l) any = l % e.every == 0;
+    check_range(any, origin, "model.moe.first_dense",
+                "leaves no MoE block: blocks " + std::to_string(e.first_dense) + ".." +
+                    std::to_string(s.model.layers - 1) + " of model.layers " +
+                    std::to_string(s.model.layers) + " hold none with l % model.moe.every (" +
+                    std::to_string(e.every) + ") == 0; lower it or set model.moe.experts 0");
+  }
   check_range(e.expert_ffn_hidden >= 0, origin, "model.moe.expert_ffn_hidden",
               "must be >= 0 (0: the dense FFN width)");
   check_range(e.shared_experts >= 0, origin, "model.moe.shared_experts", "must be >= 0");
@@ -430,6 +445,34 @@ void check_offload(const Scenario& s, const std::string& origin) {
                   z.offload_optimizer + "')");
   check_range(!z.nvme() || !z.nvme_path.empty(), origin, "zero.nvme_path",
               "zero.offload_optimizer is nvme but zero.nvme_path is not set (a directory)");
+}
+}  // namespace
+
+namespace {
+// zero.overlap_grad_reduce / overlap_param_gather (the per-bucket distributed optimizer) against
+// the stage and what it does not cover yet.
+void check_zero_overlap(const Scenario& s, const std::string& origin) {
+  const ZeroConfig& z = s.zero;
+  const ParallelConfig& p = s.parallel;
+  check_range(!z.overlap_param_gather || z.overlap_grad_reduce, origin, "zero.overlap_param_gather",
+              "needs zero.overlap_grad_reduce true (the all-gathers go per bucket of its "
+              "partition), as Megatron-LM's --overlap-param-gather needs --overlap-grad-reduce");
+  if (!z.overlap_grad_reduce) return;
+  const std::string key = "zero.overlap_grad_reduce";
+  check_range(p.zero == 1 || p.zero == 2, origin, key,
+              "buckets ZeRO 1/2's reduce-scatter: needs parallel.zero 1 or 2 (got " +
+                  std::to_string(p.zero) +
+                  "; zero 0 overlaps DDP's all-reduce through parallel.overlap, zero 3 "
+                  "scatters per segment already)");
+  check_range(p.grad_compression == "none", origin, key,
+              "not with parallel.grad_compression '" + p.grad_compression +
+                  "' (a compressed step replaces the reduce-scatter): use none");
+  check_range(!s.model.moe.enabled(), origin, key,
+              "not supported with mixture-of-experts blocks (model.moe.experts) yet");
+  check_range(z.offload_optimizer == "none", origin, key,
+              "not supported with zero.offload_optimizer '" + z.offload_optimizer + "' yet");
+  check_range(schedule_of(p) != Schedule::Interleaved, origin, key,
+              "not supported with parallel.schedule interleaved yet");
 }
 }  // namespace
 
@@ -564,6 +607,7 @@ Scenario parse_scenario(const std::string& yaml_text, const std::string& origin,
                   std::to_string(p.zero) +
                   " replaces with a reduce-scatter: use parallel.zero 0 or 1, or none");
   check_offload(s, origin);
+  check_zero_overlap(s, origin);
   check_range(s.runtime.watchdog_s > 0, origin, "runtime.watchdog_s", "must be > 0");
   check_range(s.checkpoint.every >= 0, origin, "checkpoint.every",
               "must be >= 0 (0: no checkpoints)");
@@ -680,6 +724,13 @@ void validate_layout(const Scenario& s) {
                      std::to_string(int64_t(t.micro_batch) * m.seq) +
                      " tokens of a micro-batch (training.micro_batch x model.seq) must be "
                      "divisible by tp to shard them");
+  }
+  if (s.zero.overlap_grad_reduce && p.tp > 1 && block_arch(m).kv_heads < p.tp) {
+    throw InputError(
+        "key 'zero.overlap_grad_reduce': " + layout +
+        ": not supported yet with key/value heads replicated over tp (model.kv_heads " +
+        std::to_string(block_arch(m).kv_heads) +
+        " < tp): their tp sum would have to come before each bucket's reduce-scatter");
   }
   if (p.vocab_parallel && m.vocab % p.tp != 0) {
     throw InputError("key 'parallel.vocab_parallel': " + layout + ": the vocabulary of " +

@@ -96,6 +96,29 @@ std::vector<DdpBucket> make_ddp_buckets(const Gpt& model, double bucket_mb) {
   return buckets;
 }
 
+std::vector<DdpBucket> make_zero_buckets(const Gpt& model, double bucket_mb, int dp_size) {
+  if (!(bucket_mb > 0)) {
+    throw InputError("parallel.bucket_mb: expected a size in MiB > 0, got " +
+                     std::to_string(bucket_mb));
+  }
+  std::vector<model::BucketSegment> order;
+  for (int seg : ready_order(model))
+    order.push_back({seg, static_cast<int64_t>(model.segment_range(seg).count)});
+  std::vector<DdpBucket> buckets;
+  for (const auto& z :
+       model::zero_buckets(order, bucket_mb * 1024.0 * 1024.0, sizeof(float), dp_size)) {
+    DdpBucket b;
+    b.index = static_cast<int>(buckets.size());
+    b.range = ParamRange{static_cast<std::size_t>(z.offset), static_cast<std::size_t>(z.elements)};
+    b.lowest_layer = z.lowest_segment;
+    b.shard = static_cast<std::size_t>(z.shard);
+    b.shard_offset = static_cast<std::size_t>(z.shard_offset);
+    for (std::size_t i = z.begin; i < z.end; ++i) b.segments.push_back(order[i].segment);
+    buckets.push_back(std::move(b));
+  }
+  return buckets;
+}
+
 DataParallel::DataParallel(std::vector<DdpBucket> buckets, int n_layer, float* grads, float* params,
                            std::size_t n_params, Communicator* dp, const DdpOptions& opt)
     : buckets_(std::move(buckets)),
@@ -152,8 +175,12 @@ void DataParallel::on_grads_ready(int segment) {
     throw InternalError("DDP: segment " + std::to_string(segment) + " reported ready twice");
   }
   if (!opt_.overlap) return;
-  // Issue in index order only, so every rank sends the same sequence of all-reduces.
-  while (next_to_issue_ < static_cast<int>(buckets_.size()) &&
+  // Issue in index order only, so every rank sends the same sequence of all-reduces; a held
+  // bucket (opt.hold_segment) waits for finish_backward.
+  const int held = opt_.hold_segment == DdpOptions::kNoSegment
+                       ? -1
+                       : bucket_of_segment_[static_cast<size_t>(opt_.hold_segment + 1)];
+  while (next_to_issue_ < static_cast<int>(buckets_.size()) && next_to_issue_ != held &&
          pending_[static_cast<size_t>(next_to_issue_)] == 0) {
     issue(buckets_[static_cast<size_t>(next_to_issue_++)]);
   }
@@ -167,6 +194,12 @@ void DataParallel::issue(DdpBucket& b) {
   label.layer = b.lowest_layer;
   if (compressing_) {
     hook_->issue(b, label);
+    return;
+  }
+  if (opt_.reduce_scatter) {
+    if (scatter_into_ == nullptr) throw InternalError("DDP: no shard array to scatter into");
+    handles_.push_back(dp_->reduce_scatter(grads_ + b.range.offset, scatter_into_ + b.shard_offset,
+                                           b.shard, DType::F32, ReduceOp::Avg, label));
     return;
   }
   if (!wire16_.empty()) {

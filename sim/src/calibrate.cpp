@@ -20,6 +20,7 @@
 #include <thread>
 #include <tuple>
 
+#include "calibrate_gpu.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
 #include "orrery/common/stats.hpp"
@@ -1499,8 +1500,50 @@ std::vector<traces::Trace> without_offload_adamw(const std::vector<traces::Trace
 }
 }  // namespace
 
+namespace detail {
+
+std::vector<GpuItem> orrery_gpu_items(const traces::Trace& t, size_t trace_index, int skip_steps,
+                                      std::vector<std::string>& notes) {
+  const TraceInfo info = trace_info(t, skip_steps);
+  const TraceOps ops = observe_compute(info);
+  for (const auto& u : ops.unknown)
+    if (u.rfind("fwd.", 0) == 0 || u.rfind("bwd.", 0) == 0)
+      notes.push_back(info.label + ": op spans named '" + u + "' have no simulator op: left out");
+  const auto prec = precision_from_string(info.s.runtime.precision);
+  const int32_t elem = prec == Precision::BF16 || prec == Precision::FP16 ? 2 : 4;
+  std::vector<GpuItem> out;
+  for (const auto& [key, o] : ops.ops) {
+    if (key.name == names::kZeroGrad || o.durations.empty()) continue;  // a memset: no class
+    GpuItem it;
+    it.name = key.name;
+    it.shape = key.shape + (key.pieces > 1 ? " piece " + std::to_string(key.piece) : "");
+    it.kernels = o.kernels;
+    it.launched = double(o.kernels.size());
+    it.measured_ns = median(o.durations);
+    it.count = static_cast<int64_t>(o.durations.size());
+    bool flop = false;
+    for (const auto& k : o.kernels) flop = flop || flop_class(k.cls);
+    it.elem_bytes = flop ? elem : 0;
+    it.trace = trace_index;
+    out.push_back(std::move(it));
+  }
+  return out;
+}
+
+}  // namespace detail
+
 CalibrationResult calibrate(const std::vector<traces::Trace>& traces_all,
                             const CalibrationOptions& opt) {
+  size_t gpu_traces = 0;
+  for (const auto& t : traces_all) gpu_traces += is_gpu_trace(t) ? 1 : 0;
+  if (gpu_traces > 0) {
+    if (gpu_traces != traces_all.size())
+      throw InputError(
+          "orrery calibrate: GPU and CPU traces given together: a profile describes one device; "
+          "calibrate them apart");
+    check_options(traces_all, opt);
+    return detail::calibrate_gpu(traces_all, opt);
+  }
   const OffloadFit offload = fit_offload(traces_all);
   std::vector<traces::Trace> filtered;
   if (offload.any) filtered = without_offload_adamw(traces_all);
@@ -1583,7 +1626,47 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_all,
   return out;
 }
 
+namespace {
+
+// A GPU fit's YAML: the profile, then per parameter where its number came from.
+std::string calibrated_gpu_yaml(const CalibrationResult& r) {
+  std::ostringstream o;
+  o << "# Calibrated GPU hardware profile, written by `orrery calibrate` from GPU traces\n"
+       "# (sim/include/orrery/sim/calibrate.hpp, step 5; scenarios/hardware/README.md has the\n"
+       "# defaults' sources). Peaks are the device preset's datasheet figures; each efficiency is\n"
+       "# measured against them. Every parameter says below which traces and kernels fitted it.\n";
+  o << to_yaml(r.profile);
+  char buf[512];
+  for (const auto& g : r.gpu) {
+    std::string from;
+    for (const auto& t : g.traces) from += (from.empty() ? "" : ", ") + t;
+    if (g.fitted)
+      std::snprintf(buf, sizeof buf, "# fit: %-34s %10.4f  from %lld kernels of %s\n",
+                    g.parameter.c_str(), g.value, static_cast<long long>(g.kernels), from.c_str());
+    else
+      std::snprintf(buf, sizeof buf, "# fit: %-34s %10.4f  NOT FITTED, the default kept: %s\n",
+                    g.parameter.c_str(), g.value, g.why.c_str());
+    o << buf;
+  }
+  o << "# Fit per operator and shape (median instance, measured and predicted by this profile):\n";
+  for (const auto& f : r.ops) {
+    std::snprintf(buf, sizeof buf,
+                  "#   %-44s %-30s n=%-5lld measured %10.2f us  fitted %10.2f us  %+6.2f %%\n",
+                  f.name.c_str(), f.shape.c_str(), static_cast<long long>(f.count),
+                  f.measured_ns / 1e3, f.fitted_ns / 1e3, f.error_pct());
+    o << buf;
+  }
+  std::snprintf(buf, sizeof buf, "#   time-weighted relative RMS error %.2f %%\n",
+                100 * r.compute_rel_rms);
+  o << buf;
+  for (const auto& n : r.notes) o << "# note: " << n << "\n";
+  return o.str();
+}
+
+}  // namespace
+
 std::string calibrated_yaml(const CalibrationResult& r) {
+  if (!r.gpu.empty()) return calibrated_gpu_yaml(r);
   std::ostringstream o;
   // One source line per line of the written header.
   // clang-format off

@@ -237,16 +237,30 @@ double non_negative_us(const Parser& p, const YAML::Node& map, const std::string
   return v;
 }
 
+double non_negative_gb_per_s(const Parser& p, const YAML::Node& map, const std::string& where,
+                             const std::string& key, double def) {
+  const double v = p.get<double>(map, where, key, def);
+  if (!(v >= 0)) p.fail(map[key], where + key, "expected GB/s >= 0 (0 = no limit)");
+  return v;
+}
+
 void parse_protocol(const Parser& p, const YAML::Node& n, const std::string& where,
                     NcclProtocolParams& pp) {
   p.check_keys(n, where,
-               {"efficiency", "base_latency_us", "nvlink_step_latency_us", "net_step_latency_us"});
+               {"efficiency", "base_latency_us", "nvlink_step_latency_us", "net_step_latency_us",
+                "tree_base_latency_us", "tree_nvlink_step_latency_us", "tree_net_step_latency_us"});
   const std::string w = where + ".";
   pp.efficiency = fraction(p, n, w, "efficiency", pp.efficiency);
   pp.base_latency_us = non_negative_us(p, n, w, "base_latency_us", pp.base_latency_us);
   pp.nvlink_step_latency_us =
       non_negative_us(p, n, w, "nvlink_step_latency_us", pp.nvlink_step_latency_us);
   pp.net_step_latency_us = non_negative_us(p, n, w, "net_step_latency_us", pp.net_step_latency_us);
+  pp.tree_base_latency_us =
+      non_negative_us(p, n, w, "tree_base_latency_us", pp.tree_base_latency_us);
+  pp.tree_nvlink_step_latency_us =
+      non_negative_us(p, n, w, "tree_nvlink_step_latency_us", pp.tree_nvlink_step_latency_us);
+  pp.tree_net_step_latency_us =
+      non_negative_us(p, n, w, "tree_net_step_latency_us", pp.tree_net_step_latency_us);
 }
 
 // The `nccl:` section. Defaults by device: NVLink efficiency from NCCL's per-link bandwidths
@@ -260,7 +274,8 @@ void parse_nccl(const Parser& p, const YAML::Node& n, Cluster& c) {
     p.check_keys(
         n, "nccl",
         {"nvlink_efficiency", "nic_efficiency", "nvls", "nvls_efficiency", "nvls_latency_us",
-         "nvls_tree_net_step_latency_us", "max_channels", "ll", "ll128", "simple"});
+         "nvls_tree_latency_us", "nvls_tree_net_step_latency_us", "ll_max_busbw_2_nodes_gb_per_s",
+         "ll_max_busbw_gb_per_s", "net_overhead_us", "max_channels", "ll", "ll128", "simple"});
   }
   NcclModel& m = c.nccl;
   m.enabled = true;
@@ -271,6 +286,9 @@ void parse_nccl(const Parser& p, const YAML::Node& n, Cluster& c) {
   m.nvlink_efficiency = hopper ? 20.6 / 25.0 : ampere ? 20.0 / 25.0 : 1.0;
   m.nic_efficiency = 0.94;
   m.nvls = hopper;
+  // LL between nodes: NCCL's llMaxBws for 2 and for 4+ nodes (tuning.cc, Hopper 45/35, Ampere 22.5/19).
+  m.ll_max_busbw_2_nodes_gb_per_s = hopper ? 45.0 : ampere ? 22.5 : 0.0;
+  m.ll_max_busbw_gb_per_s = hopper ? 35.0 : ampere ? 19.0 : 0.0;
   // LL: NCCL's llMaxBws cap on one node (tuning.cc: Ampere 87.7 GB/s, Hopper 141 GB/s of busbw) as a
   // share of the effective NVLink rate, when it is below LL's half.
   auto ll_default = [&] {
@@ -289,8 +307,14 @@ void parse_nccl(const Parser& p, const YAML::Node& n, Cluster& c) {
   m.nvls = p.get<bool>(n, w, "nvls", m.nvls);
   m.nvls_efficiency = fraction(p, n, w, "nvls_efficiency", m.nvls_efficiency);
   m.nvls_latency_us = non_negative_us(p, n, w, "nvls_latency_us", m.nvls_latency_us);
+  m.nvls_tree_latency_us = non_negative_us(p, n, w, "nvls_tree_latency_us", m.nvls_tree_latency_us);
   m.nvls_tree_net_step_latency_us =
       non_negative_us(p, n, w, "nvls_tree_net_step_latency_us", m.nvls_tree_net_step_latency_us);
+  m.ll_max_busbw_2_nodes_gb_per_s = non_negative_gb_per_s(p, n, w, "ll_max_busbw_2_nodes_gb_per_s",
+                                                          m.ll_max_busbw_2_nodes_gb_per_s);
+  m.ll_max_busbw_gb_per_s =
+      non_negative_gb_per_s(p, n, w, "ll_max_busbw_gb_per_s", m.ll_max_busbw_gb_per_s);
+  m.net_overhead_us = non_negative_us(p, n, w, "net_overhead_us", m.net_overhead_us);
   m.max_channels = p.get<int>(n, w, "max_channels", 0);
   if (m.max_channels < 0)
     p.fail(n["max_channels"], "nccl.max_channels", "expected a whole number >= 0");

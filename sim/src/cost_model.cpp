@@ -10,6 +10,7 @@
 // so that simulated and real spans carry the same FLOPs (checked in test_cost_model.cpp).
 #include "orrery/model/block.hpp"
 #include "orrery/model/flops.hpp"
+#include "orrery/model/moe.hpp"
 #include "orrery/model/names.hpp"
 
 namespace orrery::sim {
@@ -461,8 +462,7 @@ double model_flops_per_step(const Scenario& s) {
     const double moe_block = tokens * (2.0 * c * m.experts + (m.top_k + m.shared_experts) * expert);
     const double dense_mlp = model::flops::block_op_forward(d, int(model::BlockOp::Fc1)) +
                              model::flops::block_op_forward(d, int(model::BlockOp::Fc2));
-    int blocks = 0;
-    for (int l = 0; l < s.model.layers; ++l) blocks += l % m.every == 0 ? 1 : 0;
+    const int blocks = model::moe::moe_blocks(m, 0, s.model.layers);
     per_micro_batch += 3.0 * blocks * (moe_block - dense_mlp);
   }
   return per_micro_batch * double(s.micro_batches_per_step()) * double(s.parallel.dp);

@@ -12,6 +12,7 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/sim/maxmin.hpp"
+#include "orrery/traces/span.hpp"
 
 namespace orrery::sim {
 
@@ -55,9 +56,6 @@ struct PhaseLatency {
 struct Affine {
   double latency_ns = 0;
   double ns_per_byte = 0;
-  int64_t at(int64_t bytes) const {
-    return std::llround(latency_ns + ns_per_byte * static_cast<double>(bytes));
-  }
 };
 
 // A plan routed once, with bytes per byte of request size.
@@ -75,10 +73,36 @@ struct PhaseTemplate {
   // bytes): computed once, on the first start that finds all `links` idle.
   mutable std::vector<double> solo_rates;
 };
+// NCCL's tuner lowers a tree all-reduce's bandwidth at medium sizes by a measured factor (tuning.cc
+// treeCorrectionFactor, by protocol, for sizes 64 B << i, i = 0..23); the model moves bytes / factor.
+double tree_correction(Protocol proto, int64_t bytes) {
+  static constexpr double kLL[24] = {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5,
+                                     .4,  .4,  .5,  .6,  .7, .8, .9, 1., 1., 1., 1., 1.};
+  static constexpr double kLL128[24] = {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6,
+                                        .6,  .6,  .6,  .6,  .8,  .9, .9, .9, .9, 1., 1., 1.};
+  static constexpr double kSimple[24] = {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5,
+                                         .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9};
+  int log_size = -1;
+  for (int64_t v = bytes >> 6; v > 0; v >>= 1) ++log_size;
+  if (log_size < 0 || log_size >= 23) return 1.0;
+  const double* t = proto == Protocol::LL ? kLL : proto == Protocol::LL128 ? kLL128 : kSimple;
+  return t[log_size];
+}
+
 struct PlanTemplate {
   Algorithm algo = Algorithm::Ring;
+  Protocol protocol = Protocol::Simple;
+  bool tree_corrected = false;  // an NCCL tree all-reduce: bytes scaled by 1 / tree_correction
   std::vector<PhaseTemplate> phases;
   Affine cost;  // analytical: latency + most loaded link's bytes / bandwidth, per phase
+  // The bytes the plan's flows move per request of `bytes` (its flows scale linearly).
+  double moved(int64_t bytes) const {
+    const double b = static_cast<double>(bytes);
+    return tree_corrected ? b / tree_correction(protocol, bytes) : b;
+  }
+  int64_t time_at(int64_t bytes) const {
+    return std::llround(cost.latency_ns + cost.ns_per_byte * moved(bytes));
+  }
 };
 
 // With the cluster's nccl model: the protocol's efficiency on top of the links' effective capacity,
@@ -95,6 +119,22 @@ double protocol_efficiency(const Cluster& c, Algorithm algo, Protocol proto) {
   }
 }
 
+// Between nodes the network carries each protocol's wire format at the NIC's rate (nic_efficiency):
+// LL's 8-byte lines are half flags, LL128's 128-byte lines carry 8 bytes of flags (NCCL's 120/128),
+// Simple (and an NVLS tree's rail trees) moves the data alone. The fitted `efficiency` values are of
+// NVLink copies.
+double wire_efficiency(Algorithm algo, Protocol proto) {
+  if (algo == Algorithm::NvlsTree) return 1.0;
+  return proto == Protocol::LL ? 0.5 : proto == Protocol::LL128 ? 120.0 / 128.0 : 1.0;
+}
+
+int node_count(const Cluster& c, const std::vector<int32_t>& members) {
+  std::vector<int> nodes;
+  for (int32_t g : members) nodes.push_back(c.node_of(g));
+  std::sort(nodes.begin(), nodes.end());
+  return static_cast<int>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
+}
+
 double nccl_latency_us(const Cluster& c, const CollectiveRequest& req, Algorithm algo,
                        Protocol proto, int plan_steps) {
   const NcclModel& m = c.nccl;
@@ -102,26 +142,26 @@ double nccl_latency_us(const Cluster& c, const CollectiveRequest& req, Algorithm
   const NcclProtocolParams& p = proto == Protocol::LL      ? m.ll
                                 : proto == Protocol::LL128 ? m.ll128
                                                            : m.simple;
-  std::vector<int> nodes;
-  for (int32_t g : req.members) nodes.push_back(c.node_of(g));
-  std::sort(nodes.begin(), nodes.end());
-  const int n_nodes = static_cast<int>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
+  const int n_nodes = node_count(c, req.members);
   const bool all_reduce = req.op == traces::CollOp::AllReduce || req.op == traces::CollOp::Barrier;
   int lg_nodes = 0;
   while ((1 << (lg_nodes + 1)) <= n_nodes) ++lg_nodes;
   if (algo == Algorithm::NvlsTree)
-    return m.nvls_latency_us + 2.0 * lg_nodes * m.nvls_tree_net_step_latency_us;
+    return m.nvls_tree_latency_us + 2.0 * lg_nodes * m.nvls_tree_net_step_latency_us;
   if (algo == Algorithm::Tree && all_reduce && n_nodes > 1) {
-    // Up and down the chain inside a node and the double binary tree between nodes.
+    // Up and down the chain inside a node and the double binary tree between nodes, at the tree's
+    // own latency constants.
     const int ppn = static_cast<int>(req.members.size()) / n_nodes;
-    int lg = 0;
-    while ((1 << (lg + 1)) <= n_nodes) ++lg;
-    return p.base_latency_us +
-           2.0 * ((ppn - 1) * p.nvlink_step_latency_us + lg * p.net_step_latency_us);
+    return p.tree_base_latency_us + 2.0 * ((ppn - 1) * p.tree_nvlink_step_latency_us +
+                                           lg_nodes * p.tree_net_step_latency_us);
   }
   const int inter = n_nodes <= 1 ? 0 : std::min(plan_steps, (all_reduce ? 2 : 1) * (n_nodes - 1));
-  return p.base_latency_us + (plan_steps - inter) * p.nvlink_step_latency_us +
-         inter * p.net_step_latency_us;
+  // Across nodes every step pays at least NCCL's network overhead (3x for Simple).
+  const double intra = n_nodes <= 1
+                           ? p.nvlink_step_latency_us
+                           : std::max(p.nvlink_step_latency_us,
+                                      m.net_overhead_us * (proto == Protocol::Simple ? 3.0 : 1.0));
+  return p.base_latency_us + (plan_steps - inter) * intra + inter * p.net_step_latency_us;
 }
 
 class PlanCache {
@@ -172,7 +212,7 @@ class PlanCache {
       for (Protocol p : protos) {
         CollectiveChoice ch{a, p, nccl_channels(c_, req, a, p)};
         if (algos.size() == 1 && protos.size() == 1) return ch;
-        const int64_t t = get(req, ch).cost.at(req.bytes);
+        const int64_t t = get(req, ch).time_at(req.bytes);
         if (best_t < 0 || t < best_t) {
           best = ch;
           best_t = t;
@@ -228,7 +268,7 @@ class PlanCache {
     // efficiency (an NVLS tree's flows between nodes are Simple copies, its NVLS ones at NVLS's).
     const bool nccl = c_.nccl.enabled;
     const double eff = nccl ? protocol_efficiency(c_, plan.algo, plan.protocol) : 1.0;
-    const double net_eff = plan.algo == Algorithm::NvlsTree ? c_.nccl.simple.efficiency : eff;
+    const double net_eff = nccl ? wire_efficiency(plan.algo, plan.protocol) : 1.0;
     double data_ns = 0;
     int steps = 0;
     for (const Phase& ph : plan.phases) {
@@ -275,8 +315,36 @@ class PlanCache {
       t.phases.back().latency_ns = lat_ns;
       t.cost.latency_ns = static_cast<double>(lat_ns);
     }
+    if (nccl) {
+      t.protocol = plan.protocol;
+      t.tree_corrected = plan.algo == Algorithm::Tree &&
+                         (r.op == traces::CollOp::AllReduce || r.op == traces::CollOp::Barrier);
+      // LL between nodes runs no faster than NCCL's llMaxBws ceiling: every flow slows alike.
+      const double floor_ns = ll_floor_ns(r, plan.algo, plan.protocol, kRef);
+      if (data_ns > 0 && floor_ns > data_ns) {
+        for (PhaseTemplate& pt : t.phases)
+          for (FlowTemplate& ft : pt.flows) ft.bytes_per_byte *= floor_ns / data_ns;
+        data_ns = floor_ns;
+      }
+    }
     t.cost.ns_per_byte = data_ns / kRef;
     return t;
+  }
+
+  // The least time NCCL's LL protocol takes for `bytes` between nodes (0 inside one node or without a
+  // ceiling): the llMaxBws busbw ceiling as algorithm bandwidth (ring: busbw / busbw_factor; tree:
+  // NCCL's ratio 1/2).
+  double ll_floor_ns(const CollectiveRequest& r, Algorithm algo, Protocol proto,
+                     double bytes) const {
+    if (proto != Protocol::LL || (algo != Algorithm::Ring && algo != Algorithm::Tree)) return 0;
+    const int nodes = node_count(c_, r.members);
+    if (nodes < 2) return 0;
+    const double cap =
+        nodes == 2 ? c_.nccl.ll_max_busbw_2_nodes_gb_per_s : c_.nccl.ll_max_busbw_gb_per_s;
+    if (cap <= 0) return 0;
+    const int n = static_cast<int>(r.members.size());
+    const double algbw = algo == Algorithm::Tree ? cap * 0.5 : cap / traces::busbw_factor(r.op, n);
+    return bytes / algbw;  // GB/s = bytes per ns
   }
 
   const Cluster& c_;
@@ -295,7 +363,7 @@ class AnalyticalNetwork final : public NetworkSim {
   void start(const CollectiveRequest& req, std::function<void()> on_done) override {
     ++stats_.collectives;
     const PlanTemplate& t = cache_.plan_for(req);
-    e_.schedule_at(e_.now() + t.cost.at(req.bytes), std::move(on_done));
+    e_.schedule_at(e_.now() + t.time_at(req.bytes), std::move(on_done));
   }
   const NetworkStats& stats() const override { return stats_; }
 
@@ -334,7 +402,7 @@ class FlowNetwork final : public NetworkSim {
     }
     Coll& co = colls_[id];
     co.plan = &t;
-    co.bytes = static_cast<double>(req.bytes);
+    co.bytes = t.moved(req.bytes);
     co.on_done = std::move(on_done);
     co.phase = 0;
     start_phase(id);
@@ -683,7 +751,7 @@ int64_t collective_time_ns(const Cluster& cluster, const CollectiveRequest& req,
                            NetworkModel model) {
   if (model == NetworkModel::Analytical) {
     PlanCache cache(cluster);
-    return cache.get(req, cache.resolve(req)).cost.at(req.bytes);
+    return cache.get(req, cache.resolve(req)).time_at(req.bytes);
   }
   Engine e;
   auto net = make_network(model, cluster, e);

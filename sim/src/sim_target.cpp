@@ -50,8 +50,18 @@ Cluster default_cluster(const Scenario& s) {
   const bool cpu = device_of(s.runtime) == orrery::Device::Cpu;
   if (cpu && std::filesystem::exists("scenarios/clusters/cpu-local.yaml")) {
     c = load_cluster("scenarios/clusters/cpu-local.yaml");
+  } else if (!cpu && std::filesystem::exists("scenarios/clusters/h100-8.yaml")) {
+    // The DGX H100 node whose NCCL model reproduces the published nccl-tests curves
+    // (scenarios/clusters/README.md), widened to the scenario's world as one NVSwitch crossbar.
+    c = load_cluster("scenarios/clusters/h100-8.yaml");
+    c.name = "h100-node";
+    c.gpus_per_node = s.world_size();
+    build_topology(c);
   } else {
-    c.name = cpu ? "cpu-node" : "h100-node";
+    // Not started from the source tree: an ideal crossbar, named so that the output says which
+    // default ran (the files above give other figures).
+    c.name = cpu ? "cpu-node (ideal links: scenarios/clusters/cpu-local.yaml not found)"
+                 : "h100-node (ideal links: scenarios/clusters/h100-8.yaml not found)";
     c.device = *device_preset(cpu ? "cpu" : "H100-SXM");
     c.nodes = 1;
     c.gpus_per_node = s.world_size();

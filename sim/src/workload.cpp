@@ -3,6 +3,7 @@
 #include "orrery/sim/workload.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <limits>
 #include <sstream>
@@ -328,8 +329,11 @@ double workload_ops_bound(const Scenario& s, int steps) {
   // collectives, the extra prefetch); per step at most one DDP bucket per segment and 10 more
   // (zero_grad, ZeRO 3's start gathers, tied-embedding all-reduce, optimizer, all-gather, loss).
   // Interleaved: per micro-batch and chunk at most the 10 (a chunk's pass has the same extras).
+  // zero.overlap_grad_reduce: at most one reduce-scatter per segment and micro-batch (ZeRO 2) and
+  // one all-gather per segment a step.
+  const double zero_buckets = s.zero.overlap_grad_reduce ? (per_stage + 2) * (m + 1) : 0;
   const double per_step = m * (per_stage * per_layer + (10 + (sp ? 4 : 0)) * chunks_per_stage(s)) +
-                          (per_stage + 2) * (s.model.moe.enabled() ? 2 : 1) + 10;
+                          (per_stage + 2) * (s.model.moe.enabled() ? 2 : 1) + 10 + zero_buckets;
   return double(std::max(1, steps)) * per_step;
 }
 
@@ -461,6 +465,8 @@ class StageBuilder {
         compression_(compression_of(s)),
         ep_(std::max(1, s.parallel.ep)),
         edp_(std::max(1, s.parallel.dp / std::max(1, s.parallel.ep))),
+        zero_rs_(s.parallel.dp > 1 && (s.parallel.zero == 1 || s.parallel.zero == 2) &&
+                 s.zero.overlap_grad_reduce),
         prog_(prog),
         b_(prog, names) {
     ranks_per_node_ = std::max(1, opt.ranks_per_node);
@@ -536,6 +542,7 @@ class StageBuilder {
     order.reserve(ready_order.size());
     for (const auto& sg : ready_order) order.push_back({sg.id, sg.params});
     const double cap_bytes = par_.bucket_mb * 1024.0 * 1024.0;
+    if (zero_rs_) return plan_zero_buckets(ready_order, order, cap_bytes);
     for (const auto& plan : model::ddp_buckets(order, cap_bytes, prec_.grad_bytes)) {
       Bucket bk;
       bk.params = plan.elements;
@@ -553,6 +560,48 @@ class StageBuilder {
       buckets_.push_back(bk);
     }
     for (const auto& bk : buckets_) prog_.bucket_params.push_back(bk.params);
+  }
+
+  // ZeRO's buckets (model/buckets.hpp zero_buckets: boundaries moved up to multiples of dp), the
+  // ready position of each, and which of them every segment's parameters lie in: the segments sit
+  // in memory in the reverse of the ready order (the runtime's flat array), the first at the top.
+  void plan_zero_buckets(const std::vector<Segment>& ready_order,
+                         const std::vector<model::BucketSegment>& order, double cap_bytes) {
+    const auto plans = model::zero_buckets(order, cap_bytes, prec_.grad_bytes, dp_);
+    for (const auto& z : plans) {
+      Bucket bk;
+      bk.params = z.elements;
+      bk.lowest = z.lowest_segment;
+      for (size_t i = z.begin; i < z.end; ++i) {
+        bk.ready = std::max(bk.ready, ready_order[i].position);
+        if (ready_order[i].id == -1 && embed_sum_) held_bucket_ = buckets_.size();
+      }
+      buckets_.push_back(bk);
+      prog_.bucket_params.push_back(bk.params);
+    }
+    zero_reads_.assign(size_t(per_stage_) + 2, {-1, -1});
+    int64_t top = 0;
+    for (const auto& sg : ready_order) top += sg.params;
+    for (const auto& sg : ready_order) {
+      top -= sg.params;
+      const auto over = model::zero_buckets_overlapping(plans, top, sg.params);
+      if (over.size() > 2) throw InternalError("zero buckets: a segment over more than 2 buckets");
+      for (size_t i = 0; i < over.size(); ++i) zero_reads_[slot(sg.id)][i] = over[i];
+    }
+    pending_ag_.assign(buckets_.size(), kNone);
+  }
+  // zero.overlap_param_gather: the previous step's all-gathers of the buckets segment `seg` reads,
+  // waited for once (the runtime's before_forward hook); kNone where none is pending.
+  std::array<uint32_t, 2> gathers_for(int seg) {
+    std::array<uint32_t, 2> out{kNone, kNone};
+    if (!first_forward_ || zero_reads_.empty()) return out;
+    for (size_t i = 0; i < 2; ++i) {
+      const int b = zero_reads_[slot(seg)][i];
+      if (b < 0) continue;
+      out[i] = pending_ag_[size_t(b)];
+      pending_ag_[size_t(b)] = kNone;
+    }
+    return out;
   }
 
   // MoE blocks (model/moe.hpp): their dense parameters corrected (router and shared experts in, the
@@ -725,8 +774,9 @@ class StageBuilder {
     next_bucket_ = 0;
     next_expert_bucket_ = 0;
     experts_ready_.clear();
+    first_forward_ = true;
     const uint32_t zero_grad = b_.add(
-        compute(names::kZeroGrad, zero_grad_piece_, PhaseKind::None, -1, -1), {after_prev_step_});
+        compute(names::kZeroGrad, zero_grad_piece_, PhaseKind::None, -1, -1), after_prev_step_);
     // The op the next pass's first op waits for: the runtime's blocking collectives between passes
     // (the previous step's ZeRO all-gather and pp.loss, ZeRO 1/2 reductions, ZeRO 3's end of backward).
     blocker_ = {zero_grad};
@@ -765,6 +815,7 @@ class StageBuilder {
     if (embed) {
       std::vector<uint32_t> deps = wait;
       deps.push_back(data);
+      for (uint32_t g : gathers_for(-1)) deps.push_back(g);
       prev = b_.add(compute(names::kEmbedForward, cc_.embed_f, PhaseKind::Forward, mb, -1), deps);
     } else {
       prev = b_.add(
@@ -782,18 +833,21 @@ class StageBuilder {
         prev = block(names::kBlockForward, cc_.block_f, PhaseKind::Forward, mb, l,
                      {prev, this_gather});
       } else {
-        prev = forward_block(mb, l, {prev});
+        const auto g = gathers_for(l);
+        prev = forward_block(mb, l, {prev, g[0], g[1]});
       }
     }
     if (head) {
+      // The head reads the final LayerNorm and, on a last stage with the tied wte, its copy.
+      const auto gl = gathers_for(L_), ge = gathers_for(-1);
+      const std::vector<uint32_t> deps{prev, data, gl[0], gl[1], ge[0], ge[1]};
       if (sp_) {  // the final LayerNorm on this rank's tokens, all-gathered for the LM head
-        const uint32_t ln =
-            b_.add(compute(names::kHeadForward, cc_.head_f_sp[0], PhaseKind::Forward, mb, L_),
-                   {prev, data});
+        const uint32_t ln = b_.add(
+            compute(names::kHeadForward, cc_.head_f_sp[0], PhaseKind::Forward, mb, L_), deps);
         const uint32_t ag = tp_sp_coll(true, PhaseKind::Forward, mb, L_, ln);
         b_.add(compute(names::kHeadForward, cc_.head_f_sp[1], PhaseKind::Forward, mb, L_), {ag});
       } else {
-        b_.add(compute(names::kHeadForward, cc_.head_f, PhaseKind::Forward, mb, L_), {prev, data});
+        b_.add(compute(names::kHeadForward, cc_.head_f, PhaseKind::Forward, mb, L_), deps);
       }
     } else {
       b_.add(
@@ -801,12 +855,21 @@ class StageBuilder {
                GroupRole::PPNext, act_msg_bytes_, 2 * seq_act_next_++, PhaseKind::Forward, mb, -1),
           {prev});
     }
+    first_forward_ = false;
   }
 
   // DDP (zero 0): per bucket on the last micro-batch (each chunk's last backward), overlapped with
   // the backward; the step's last backward (chunk 0's) issues what is left.
   void issue_bucket(int mb, uint32_t after) {
     const Bucket& bk = buckets_[next_bucket_++];
+    if (zero_rs_) {  // ZeRO's bucket: its reduce-scatter (the runtime's DataParallel issues it)
+      const uint32_t rs =
+          dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
+                  bk.params * prec_.grad_bytes, PhaseKind::Backward, mb, bk.lowest, {after});
+      grad_ops_.push_back(rs);
+      pass_rs_.push_back(rs);
+      return;
+    }
     if (compressing()) {
       if (compression_ == Compression::PowerSgd)
         grad_ops_.push_back(powersgd_bucket(bk, mb, after));
@@ -963,8 +1026,9 @@ class StageBuilder {
 
   // With overlap, a bucket goes out as soon as its last segment's gradient is ready.
   void issue_ready(bool ddp_sync, int mb, int position, uint32_t producer) {
-    if (!(ddp_sync && par_.overlap)) return;
-    while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready <= position)
+    if (!(ddp_sync && (par_.overlap || zero_rs_))) return;
+    while (next_bucket_ < buckets_.size() && next_bucket_ != held_bucket_ &&
+           buckets_[next_bucket_].ready <= position)
       issue_bucket(mb, producer);
   }
 
@@ -1005,8 +1069,11 @@ class StageBuilder {
     const std::vector<uint32_t> wait = std::move(blocker_);
     blocker_.clear();
     // ZeRO 1 with a compressed step: DDP's compressed reduction, then each rank's shard of it.
+    // zero.overlap_grad_reduce: ZeRO's buckets the same way, every micro-batch under ZeRO 2.
     const bool ddp_sync =
-        dp_ > 1 && (par_.zero == 0 || (par_.zero == 1 && compressing())) && mb == m_ - 1;
+        (dp_ > 1 && (par_.zero == 0 || (par_.zero == 1 && compressing())) && mb == m_ - 1) ||
+        (zero_rs_ && (par_.zero == 2 || mb == m_ - 1));
+    if (zero_rs_) next_bucket_ = 0;
     const bool step_last_backward = mb == m_ - 1 && pass.chunk == 0;
     uint32_t prev = kNone;
     if (head) {
@@ -1040,7 +1107,7 @@ class StageBuilder {
       while (next_expert_bucket_ < expert_buckets_.size()) issue_expert_bucket(mb, prev);
     // Without overlap: every bucket after the whole backward of this pass (interleaved: of the
     // step's last pass, chunk 0's backward of micro-batch m-1).
-    if (ddp_sync && step_last_backward) {
+    if (ddp_sync && step_last_backward && !zero_rs_) {
       while (next_bucket_ < buckets_.size()) issue_bucket(mb, last_backward_op_);
       decompress_gathered(mb);
     }
@@ -1061,6 +1128,14 @@ class StageBuilder {
       // reduce_gradients_zero: the replicated kv heads' sums, the tied wte's, then one
       // reduce-scatter of the whole array; all blocking.
       uint32_t after = prev;
+      if (zero_rs_) {
+        // The tied wte's sum, then the buckets held for it; the pass ends with every scatter.
+        if (embed_sum_) after = embed_all_reduce({after});
+        while (next_bucket_ < buckets_.size()) issue_bucket(mb, after);
+        blocker_ = std::move(pass_rs_);
+        pass_rs_.clear();
+        return;
+      }
       if (par_.zero == 1 && compressing()) {
         // The compressed average is complete: the sums after it, then the shard is a copy.
         std::vector<uint32_t> deps = grad_ops_;
@@ -1104,16 +1179,37 @@ class StageBuilder {
                        : b_.add(compute(names::kOptimizerStep, opt_piece, PhaseKind::Optimizer, -1,
                                         -1, traces::SpanKind::Optimizer),
                                 opt_deps);
-    after_prev_step_ = optim;
-    if (dp_ > 1 && (par_.zero == 1 || par_.zero == 2))
-      after_prev_step_ = dp_coll(names::kDpAllGather, traces::CollOp::AllGather,
-                                 padded(prog_.param_count) * prec_.param_bytes,
-                                 PhaseKind::Optimizer, -1, -1, {optim});
+    after_prev_step_ = {optim};
+    if (zero_rs_) {
+      gather_buckets(optim);
+    } else if (dp_ > 1 && (par_.zero == 1 || par_.zero == 2)) {
+      after_prev_step_ = {dp_coll(names::kDpAllGather, traces::CollOp::AllGather,
+                                  padded(prog_.param_count) * prec_.param_bytes,
+                                  PhaseKind::Optimizer, -1, -1, {optim})};
+    }
     if (pp_ > 1)
-      after_prev_step_ =
+      after_prev_step_ = {
           b_.add(comm(names::kPipelineLoss, traces::SpanKind::Collective, traces::CollOp::Broadcast,
                       kStreamPpSend, GroupRole::PPNext, 4, seq_pp_++, PhaseKind::None, -1, -1),
-                 {after_prev_step_});
+                 after_prev_step_)};
+  }
+
+  // zero.overlap_grad_reduce: each bucket's all-gather after the optimizer, in forward order (the
+  // runtime's gather_zero_buckets). With zero.overlap_param_gather the next step's first forward
+  // of each segment waits for its buckets (gathers_for), the scenario's last step for all of them;
+  // without, the step does.
+  void gather_buckets(uint32_t optim) {
+    std::vector<uint32_t> all;
+    for (size_t i = buckets_.size(); i-- > 0;) {
+      pending_ag_[i] = dp_coll(names::kDpAllGather, traces::CollOp::AllGather,
+                               buckets_[i].params * prec_.param_bytes, PhaseKind::Optimizer, -1,
+                               buckets_[i].lowest, {optim});
+      all.push_back(pending_ag_[i]);
+    }
+    if (!s_.zero.overlap_param_gather || step_ + 1 == steps_) {
+      after_prev_step_ = all;
+      std::fill(pending_ag_.begin(), pending_ag_.end(), kNone);
+    }
   }
 
   // zero.offload_optimizer nvme (workload.hpp): the chunked reads, AdamW pieces and writes; the
@@ -1167,6 +1263,15 @@ class StageBuilder {
   const Compression compression_;
   int ranks_per_node_ = 1;  // sharing the node's NVMe bandwidth
   const int ep_, edp_;      // expert parallelism: the ep and edp group sizes (model/moe.hpp)
+  // zero.overlap_grad_reduce (model/buckets.hpp zero_buckets): buckets_ are ZeRO's, each
+  // reduce-scattered when ready and all-gathered after the optimizer; the buckets each segment's
+  // forward reads (by slot), the bucket held for the tied wte's sum (npos: none), this backward
+  // pass's scatters, and the previous step's gathers not yet waited for (by bucket; kNone: done).
+  const bool zero_rs_;
+  std::vector<std::array<int, 2>> zero_reads_;
+  size_t held_bucket_ = std::numeric_limits<size_t>::max();
+  std::vector<uint32_t> pass_rs_, pending_ag_;
+  bool first_forward_ = false;  // the step's first forward pass is being built
   StageProgram& prog_;
   ProgramBuilder b_;
   std::vector<int64_t> seg_params_;
@@ -1194,8 +1299,8 @@ class StageBuilder {
   int32_t seq_tp_ = 0, seq_dp_ = 0, seq_act_next_ = 0, seq_act_prev_ = 0, seq_grad_next_ = 0,
           seq_grad_prev_ = 0;
   int32_t seq_embed_ = 0, seq_pp_ = 0;
-  uint32_t after_prev_step_ =
-      kNone;  // the op the next step's first pass waits for (optimizer, all-gather, loss)
+  // The ops the next step's first pass waits for (optimizer, all-gathers, loss).
+  std::vector<uint32_t> after_prev_step_;
   // The step being built.
   int step_ = 0;
   std::vector<uint32_t> grad_ops_;  // DP gradient ops of this step (the optimizer waits for all)

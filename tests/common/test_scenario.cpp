@@ -305,6 +305,15 @@ TEST(Scenario, MoeKeysParseAndBadValuesNameTheKey) {
   EXPECT_NE(error_of(moe, {"training.recompute=full"}).find("key 'training.recompute'"),
             std::string::npos);
   EXPECT_EQ(error_of(moe, {"training.recompute=selective"}), "");
+  // model.moe.first_dense: the leading dense blocks (4 layers by default, every 2: MoE blocks 0, 2).
+  EXPECT_EQ(parse_scenario(moe, "s.yaml", {"model.moe.first_dense=1"}).model.moe.first_dense, 1);
+  EXPECT_EQ(error_of(moe, {"model.moe.first_dense=-1"}),
+            "s.yaml: key 'model.moe.first_dense': must be >= 0 (the number of leading dense "
+            "blocks), got -1");
+  EXPECT_EQ(error_of(moe, {"model.moe.first_dense=3"}),
+            "s.yaml: key 'model.moe.first_dense': leaves no MoE block: blocks 3..3 of "
+            "model.layers 4 hold none with l % model.moe.every (2) == 0; lower it or set "
+            "model.moe.experts 0");
 }
 }  // namespace orrery
 
@@ -316,6 +325,38 @@ TEST(Scenario, MoeWithOffloadIsRefusedNamingTheKey) {
   EXPECT_EQ(error_of(moe), "");
   EXPECT_NE(error_of(moe, {"zero.offload_optimizer=nvme", "zero.nvme_path=/tmp"})
                 .find("key 'zero.offload_optimizer': offload with mixture-of-experts blocks"),
+            std::string::npos);
+}
+}  // namespace orrery
+
+namespace orrery {
+// zero.overlap_grad_reduce / overlap_param_gather: defaults off; on with ZeRO 1/2 only; every
+// combination they do not cover refused naming the key.
+TEST(Scenario, ZeroOverlapKeysAndTheirRefusals) {
+  const std::string z1 = "parallel:\n  dp: 2\n  zero: 1\ntraining:\n  micro_batch: 4\n";
+  const Scenario off = parse_scenario(z1, "s.yaml");
+  EXPECT_FALSE(off.zero.overlap_grad_reduce);
+  EXPECT_FALSE(off.zero.overlap_param_gather);
+  const std::vector<std::string> on{"zero.overlap_grad_reduce=true",
+                                    "zero.overlap_param_gather=true"};
+  const Scenario s = parse_scenario(z1, "s.yaml", on);
+  EXPECT_TRUE(s.zero.overlap_grad_reduce);
+  EXPECT_TRUE(s.zero.overlap_param_gather);
+  EXPECT_EQ(error_of(z1, {"zero.overlap_grad_reduce=true", "parallel.zero=2"}), "");
+  auto refused = [&](std::vector<std::string> sets, const std::string& key) {
+    for (const auto& o : on) sets.insert(sets.begin(), o);
+    const std::string e = error_of(z1, sets);
+    EXPECT_NE(e.find("key '" + key + "'"), std::string::npos) << e;
+  };
+  refused({"parallel.zero=0"}, "zero.overlap_grad_reduce");
+  refused({"parallel.zero=3"}, "zero.overlap_grad_reduce");
+  refused({"parallel.grad_compression=int8"}, "zero.overlap_grad_reduce");
+  refused({"model.moe.experts=4"}, "zero.overlap_grad_reduce");
+  refused({"zero.offload_optimizer=nvme", "zero.nvme_path=/tmp"}, "zero.overlap_grad_reduce");
+  refused({"parallel.tp=2", "model.heads=2", "model.kv_heads=1"}, "zero.overlap_grad_reduce");
+  refused({"zero.overlap_grad_reduce=false"}, "zero.overlap_param_gather");
+  EXPECT_NE(error_of(z1, {"zero.overlap_param_gather=yes please"})
+                .find("key 'zero.overlap_param_gather'"),
             std::string::npos);
 }
 }  // namespace orrery

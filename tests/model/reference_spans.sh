@@ -27,6 +27,13 @@
 #     (ZeRO 2 and 3); none where the kv heads divide over tp.
 #  7. MoE (moe-*: recorded when the runtime's MoE blocks were added, issue 19): the MoE spans and
 #     all-to-alls per rank in closed form, and the simulator's MoE ops against them as for the others.
+#  9. dp2-zero1-overlap, dp2-zero2-overlap, dp2-pp2-zero1-overlap (zero.overlap_grad_reduce and
+#     zero.overlap_param_gather: recorded when they were added, issue 17 item 3): one
+#     zero.reduce_scatter and one zero.all_gather per bucket (6 buckets at bucket_mb 0.01 on one
+#     stage: final LayerNorm, each block, the embedding; on pp2 stage 0 its 2 blocks and the
+#     embedding, stage 1 the final LayerNorm, 2 blocks and the tied wte's copy: 3 and 4), ZeRO 2's
+#     scatters every micro-batch; compared with the
+#     simulator as every layout.
 #  8. dp2-pp4-zero2 (tied embeddings, 4 micro-batches: recorded when the simulator stopped
 #     deadlocking on it): the tied wte's sum and the reduce-scatter after every backward, in the
 #     runtime's order.
@@ -60,6 +67,9 @@ LLAMA="$LLAMA model.position=rope model.tied_embeddings=false model.bias=false"
 # factor, expert parallelism 2. Recorded when the runtime's MoE blocks were added; compared with the
 # simulator's MoE ops (2) like every layout; their all-to-alls are counted in closed form (7 below).
 MOE="model.moe.experts=4 model.moe.top_k=2 model.moe.every=2 model.moe.capacity_factor=1.25 parallel.ep=2"
+# Megatron's distributed optimizer (issue 17 item 3): ZeRO's reduce-scatter and all-gather per
+# bucket, overlapped with the backward and with the next step's forward.
+ZOVERLAP="zero.overlap_grad_reduce=true zero.overlap_param_gather=true"
 # layout name, ranks, overrides
 layouts=(
   "dp2 2 parallel.dp=2"
@@ -86,6 +96,9 @@ layouts=(
   "moe-dp2-ep2 2 parallel.dp=2 $MOE"
   "moe-dp2-ep2-tp2 4 parallel.dp=2 parallel.tp=2 $MOE"
   "dp2-pp4-zero2 8 parallel.dp=2 parallel.pp=4 parallel.zero=2 training.global_batch=16"
+  "dp2-zero1-overlap 2 parallel.dp=2 parallel.zero=1 $ZOVERLAP"
+  "dp2-zero2-overlap 2 parallel.dp=2 parallel.zero=2 $ZOVERLAP"
+  "dp2-pp2-zero1-overlap 4 parallel.dp=2 parallel.pp=2 parallel.zero=1 $ZOVERLAP"
 )
 for entry in "${layouts[@]}"; do
   read -r name ranks rest <<< "$entry"
@@ -201,6 +214,21 @@ if [ "$RECORD" != "--record" ]; then
       done
       check_count "$name rank $r tp.moe_gate_all_reduce" "$(count_of "$name.tsv" $r tp.moe_gate_all_reduce)" "$gate"
       check_count "$name rank $r edp.all_reduce" "$(count_of "$name.tsv" $r edp.all_reduce)" 0
+    done
+  done
+fi
+
+# 9. ZeRO per bucket: per rank 2 steps x buckets all-gathers, and as many reduce-scatters (ZeRO 1)
+#    or x 2 micro-batches (ZeRO 2).
+if [ "$RECORD" != "--record" ]; then
+  for lw in "dp2-zero1-overlap 1 6 6" "dp2-zero2-overlap 2 6 6" "dp2-pp2-zero1-overlap 1 3 3 4 4"; do
+    read -r name per_step rank_buckets <<< "$lw"
+    [ -f "$name.tsv" ] || continue
+    r=0
+    for buckets in $rank_buckets; do
+      check_count "$name rank $r zero.reduce_scatter" "$(count_of "$name.tsv" $r zero.reduce_scatter)" $((2 * buckets * per_step))
+      check_count "$name rank $r zero.all_gather" "$(count_of "$name.tsv" $r zero.all_gather)" $((2 * buckets))
+      r=$((r + 1))
     done
   done
 fi

@@ -142,6 +142,74 @@ TEST(DdpBuckets, ClosedBeforeTheSegmentThatWouldPassTheCap) {
   EXPECT_EQ(ddp_buckets(exact, 100.0, 4).size(), 1u);
 }
 
+TEST(ZeroBuckets, BoundariesMovedUpToMultiplesOfTheRanks) {
+  // Memory: segment 0 [0, 7), 1 [7, 17), 2 [17, 27), 3 [27, 37); one segment per bucket (cap 10
+  // elements); 4 ranks: the array padded to 40. Each bucket's bottom rounded up to a multiple of 4:
+  // bucket 0 = [28, 40), 1 = [20, 28), 2 = [8, 20), 3 = [0, 8).
+  const std::vector<BucketSegment> order{{3, 10}, {2, 10}, {1, 10}, {0, 7}};
+  const auto z = zero_buckets(order, 40.0, 4, 4);
+  ASSERT_EQ(z.size(), 4u);
+  const int64_t offset[] = {28, 20, 8, 0}, elements[] = {12, 8, 12, 8},
+                shard_offset[] = {0, 3, 5, 8};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(z[i].begin, i);
+    EXPECT_EQ(z[i].end, i + 1);
+    EXPECT_EQ(z[i].lowest_segment, 3 - int(i));
+    EXPECT_EQ(z[i].offset, offset[i]) << i;
+    EXPECT_EQ(z[i].elements, elements[i]) << i;
+    EXPECT_EQ(z[i].shard, elements[i] / 4) << i;
+    EXPECT_EQ(z[i].shard_offset, shard_offset[i]) << i;
+  }
+  // A segment lies in its bucket and the one below that took its bottom elements.
+  EXPECT_EQ(zero_buckets_overlapping(z, 27, 10), (std::vector<int>{0, 1}));
+  EXPECT_EQ(zero_buckets_overlapping(z, 7, 10), (std::vector<int>{2, 3}));
+  EXPECT_EQ(zero_buckets_overlapping(z, 0, 7), (std::vector<int>{3}));
+  // One rank: the DDP buckets unchanged.
+  const auto one = zero_buckets(order, 40.0, 4, 1);
+  ASSERT_EQ(one.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(one[i].elements, order[i].elements);
+  // A bucket of 2 elements emptied by the move joins the next: memory 1 [0, 10), 2 [10, 12),
+  // 3 [12, 22), padded to 24: [12, 24) and [0, 12) holding segments 2 and 1.
+  const std::vector<BucketSegment> small{{3, 10}, {2, 2}, {1, 10}};
+  const auto e = zero_buckets(small, 40.0, 4, 4);
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_EQ(e[0].offset, 12);
+  EXPECT_EQ(e[0].elements, 12);
+  EXPECT_EQ(e[1].begin, 1u);
+  EXPECT_EQ(e[1].end, 3u);
+  EXPECT_EQ(e[1].lowest_segment, 1);
+  EXPECT_EQ(e[1].offset, 0);
+  EXPECT_EQ(e[1].elements, 12);
+  EXPECT_EQ(e[1].shard_offset, 3);
+  // Any sizes: the buckets tile [0, N·ceil(n / N)) downwards, each a multiple of N and equal to
+  // N·(ceil(hi / N) - ceil(lo / N)) for its DDP bucket's range [lo, hi) (no bucket emptied here).
+  for (int ranks : {2, 3, 5, 8}) {
+    std::vector<BucketSegment> segs;
+    int64_t n = 0;
+    for (int i = 0; i < 9; ++i) {
+      segs.push_back({8 - i, 37 + 11 * i});
+      n += 37 + 11 * i;
+    }
+    const auto d = ddp_buckets(segs, 4.0 * 120, 4);
+    const auto zb = zero_buckets(segs, 4.0 * 120, 4, ranks);
+    ASSERT_EQ(zb.size(), d.size());
+    auto up = [ranks](int64_t x) { return (x + ranks - 1) / ranks * ranks; };
+    int64_t hi = n, top = up(n), shards = 0;
+    for (size_t i = 0; i < zb.size(); ++i) {
+      const int64_t lo = hi - d[i].elements;
+      EXPECT_EQ(zb[i].elements, up(hi) - up(lo)) << ranks << " bucket " << i;
+      EXPECT_EQ(zb[i].elements % ranks, 0);
+      EXPECT_EQ(zb[i].offset + zb[i].elements, top);
+      EXPECT_EQ(zb[i].shard_offset, shards);
+      shards += zb[i].shard;
+      top = zb[i].offset;
+      hi = lo;
+    }
+    EXPECT_EQ(top, 0);
+    EXPECT_EQ(shards * ranks, up(n));
+  }
+}
+
 TEST(ZeroPartition, PadsToAMultipleOfTheRanks) {
   const std::vector<size_t> expect{3, 3, 3, 1};
   for (int r = 0; r < 4; ++r) {
@@ -338,6 +406,41 @@ TEST_P(RuntimeAndSimulator, SameParametersAndBucketsPerStage) {
       EXPECT_EQ(int64_t(rb[i].range.count), sb[i]) << st << " bucket " << i;
   }
 }
+// zero.overlap_grad_reduce: the runtime's ZeRO buckets (make_zero_buckets) and the simulator's are
+// the same, dp = 3 so that the boundaries move (the blocks hold 12·64² + 13·64 ≡ 1 (mod 3)).
+TEST(RuntimeAndSimulatorZero, SameZeroBucketsPerStage) {
+  Scenario s = model_scenario(4, 64, 4, 512, 32, 1, 2);
+  s.parallel.dp = 3;
+  s.parallel.zero = 1;
+  s.zero.overlap_grad_reduce = true;
+  s.parallel.bucket_mb = 0.05;
+  s.training.global_batch = 12, s.training.micro_batch = 4;
+  const sim::Device d = *sim::device_preset("H100-SXM");
+  const sim::CostModel cost(sim::default_hardware_profile("H100-SXM", true), d.peak_bf16_flops,
+                            d.mem_bandwidth_bytes_per_s);
+  sim::WorkloadOptions opt;
+  opt.precision = sim::precision_config("fp32");
+  const auto w = sim::build_workload(s, cost, opt);
+  int moved = 0;
+  for (int st = 0; st < 2; ++st) {
+    const runtime::GptShard sh =
+        runtime::GptShard::pipeline_stage(runtime::gpt_config(s.model), st, 2, {});
+    const runtime::Gpt g = runtime::gpt_create(runtime::gpt_config(s.model), sh, 7);
+    const auto rb = runtime::make_zero_buckets(g, s.parallel.bucket_mb, 3);
+    const auto plain = runtime::make_ddp_buckets(g, s.parallel.bucket_mb);
+    const auto& sb = w.stages[size_t(st)].bucket_params;
+    ASSERT_EQ(rb.size(), sb.size()) << st;
+    ASSERT_EQ(rb.size(), plain.size()) << st;
+    for (size_t i = 0; i < rb.size(); ++i) {
+      EXPECT_EQ(int64_t(rb[i].range.count), sb[i]) << st << " bucket " << i;
+      EXPECT_EQ(rb[i].range.count % 3, 0u);
+      EXPECT_EQ(rb[i].shard * 3, rb[i].range.count);
+      moved += rb[i].range.count != plain[i].range.count;
+    }
+  }
+  EXPECT_GT(moved, 0);  // the check covers moved boundaries
+}
+
 INSTANTIATE_TEST_SUITE_P(PpLayers, RuntimeAndSimulator,
                          ::testing::Values(std::vector<int>{}, std::vector<int>{1, 3}),
                          [](const auto& tp_info) {
@@ -405,6 +508,18 @@ TEST(Moe, BlocksExpertsAndShares) {
   EXPECT_FALSE(moe::is_moe_block(cfg, 1));
   EXPECT_EQ(moe::moe_blocks(cfg, 0, 12), 6);
   EXPECT_EQ(moe::moe_blocks(cfg, 3, 8), 2);  // 4, 6
+  // DeepSeek-V3's 61 blocks, the first three dense: 58 MoE blocks, block 3 the first.
+  MoeConfig ds;
+  ds.experts = 256;
+  ds.first_dense = 3;
+  EXPECT_FALSE(moe::is_moe_block(ds, 2));
+  EXPECT_TRUE(moe::is_moe_block(ds, 3));
+  EXPECT_EQ(moe::moe_blocks(ds, 0, 61), 58);
+  cfg.first_dense = 3;  // with every 2: blocks 4, 6, 8, 10 of 12
+  EXPECT_FALSE(moe::is_moe_block(cfg, 0));
+  EXPECT_FALSE(moe::is_moe_block(cfg, 3));
+  EXPECT_EQ(moe::moe_blocks(cfg, 0, 12), 4);
+  cfg.first_dense = 0;
   EXPECT_EQ(moe::local_experts(8, 4, 3).first, 6);
   EXPECT_EQ(moe::local_experts(8, 4, 3).count, 2);
   EXPECT_EQ(moe::ep_rank(5, 2), 1);

@@ -201,6 +201,21 @@ TEST(MoeModel, FiniteDifferencesGeluWithDrops) {
 TEST(MoeModel, FiniteDifferencesSwigluWithDrops) {
   check_finite_differences(tiny_moe(true, 1.25), 31);
 }
+// model.moe.first_dense 1 with every 1: block 0 keeps the dense MLP (no router, 4C fc), block 1 is
+// the MoE block, and the gradients through both are still the finite differences'.
+TEST(MoeModel, FirstDenseBlockKeepsTheDenseMlp) {
+  GptConfig cfg = tiny_moe(false, 0);
+  cfg.moe.every = 1;
+  cfg.moe.first_dense = 1;
+  const Gpt m = gpt_create(cfg, GptShard{}, 1);
+  for (const auto& n : names_of(m))
+    EXPECT_FALSE(n.rfind("h.0.", 0) == 0 &&
+                 (n.find("router") != std::string::npos || n.find("expert") != std::string::npos))
+        << n;
+  EXPECT_EQ(m.tensor("h.0.fcw").rows, 64);
+  EXPECT_EQ(m.tensor("h.1.router").rows, 4);
+  check_finite_differences(cfg, 41);
+}
 
 // Router weights 0: every token's probabilities tie at 1/E, so (ties to the lower index) every
 // token picks experts 0 then 1 with weights 1/2. N = 16 tokens, top 2 of 4, capacity factor f:

@@ -191,6 +191,33 @@ TEST(MoeWorkload, ModelFlopsMatchTheSpans) {
               1e-9 * dense);
 }
 
+// model.moe.first_dense: the leading blocks run the dense MLP. With every 1 and first_dense 1 on 4
+// blocks, blocks 1-3 are MoE: three MoE blocks' FLOPs over the dense model's, and no MoE op in
+// block 0.
+TEST(MoeWorkload, FirstDenseBlocksRunTheDenseMlp) {
+  Scenario s = moe_scenario(2, 1, 1, 2, 2);
+  s.model.moe.every = 1;
+  s.model.moe.first_dense = 1;
+  const Workload w = build_workload(s, h100_cost());
+  const double tokens = 2.0 * 128 * s.micro_batches_per_step() * s.parallel.dp, C = 256;
+  const double expert = double(model::moe::expert_parameters(256, 1024, false, true));
+  const double dense =
+      build_workload(small_scenario(4, 2, 1, 1, 2), h100_cost()).model_flops_per_step;
+  EXPECT_NEAR(w.model_flops_per_step - dense,
+              3 * 3 * tokens * ((2 * C * 4 + 2 * 2 * expert) - 2 * (2 * C * 1024 + 1024 + C)),
+              1e-9 * dense);
+  std::map<int, int> routers;  // block -> router ops
+  for (const auto& op : w.stages[0].ops)
+    if (w.names[op.name] == names::kMoeRouter) ++routers[op.layer];
+  EXPECT_EQ(routers.count(0), 0u);
+  EXPECT_EQ(routers.size(), 3u);
+  // The sim's model FLOPs (MFU's numerator) count the same three blocks.
+  double span_flops = 0;
+  for (const auto& p : w.stages)
+    for (const auto& op : p.ops) span_flops += op.flops;
+  EXPECT_NEAR(span_flops * s.parallel.dp, w.model_flops_per_step, 1e-9 * w.model_flops_per_step);
+}
+
 TEST(MoeWorkload, OpsStayWithinTheClosedFormBound) {
   // workload_ops_bound sizes the simulation before building it (sweep.hpp's memory check).
   for (const auto& [tp, pp, zero, schedule] : std::vector<std::tuple<int, int, int, const char*>>{

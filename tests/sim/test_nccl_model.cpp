@@ -4,6 +4,7 @@
 // choice, the latency and the channel count the model defines.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <numeric>
@@ -62,13 +63,15 @@ NcclRow predict(const Cluster& c, int ranks, int64_t bytes,
   return rows.front();
 }
 
-// Within 10 % at >= 64 MiB and 25 % from 64 KiB up (issue 17 item 2), in both network models.
-void check_curve(const std::string& cluster_name, const std::string& curve, int ranks) {
+// Within 10 % at >= 64 MiB and 25 % from 64 KiB up (issue 17 item 2), in both network models; from
+// `from_bytes` up where a curve is asserted only in part (the README says why).
+void check_curve(const std::string& cluster_name, const std::string& curve, int ranks,
+                 int64_t from_bytes = 64 << 10) {
   const Cluster c = cluster(cluster_name);
   const auto pts = load_curve(curve);
   ASSERT_FALSE(pts.empty());
   for (const Point& p : pts) {
-    if (p.bytes < (64 << 10)) continue;
+    if (p.bytes < std::max<int64_t>(from_bytes, 64 << 10)) continue;
     const double tol = p.bytes >= (64LL << 20) ? 0.10 : 0.25;
     for (NetworkModel m : {NetworkModel::Flow, NetworkModel::Analytical}) {
       const NcclRow r = predict(c, ranks, p.bytes, m);
@@ -97,9 +100,30 @@ TEST(NcclCurves, H100NodeOfTheLargeClustersMatchesTheOneNodeFit) {
   check_curve("h100-16384", "h100_8gpu_nvlink_dgx.tsv", 8);
 }
 
+// Between nodes: 2 x 8 H100 with 8 x 400 Gb/s InfiniBand per node (NVIDIA/nccl-tests#309, default
+// NCCL), the development curve of the inter-node parameters of h100-1024.yaml, every point from
+// 64 KiB; the same thread's 4-node curve (VMs) from 64 MiB (below, the model is up to 41 % off:
+// scenarios/clusters/README.md).
+TEST(NcclCurves, H100TwoNodesInfinibandAllReduce) {
+  check_curve("h100-1024", "h100_2node_ib.tsv", 16);
+  check_curve("h100-16384", "h100_2node_ib.tsv", 16);
+}
+
+// A second 2-node cluster of the same thread, held out (not fitted): from 64 MiB (below, its 1 MiB
+// point, 93 us where the development cluster took 72 us, is 31 % off; the rest within 23 %).
+TEST(NcclCurves, H100TwoNodesSecondClusterHeldOutFrom64MiB) {
+  check_curve("h100-1024", "h100_2node_ib_b.tsv", 16, 64LL << 20);
+}
+
+TEST(NcclCurves, H100FourNodesInfinibandAllReduceFrom64MiB) {
+  check_curve("h100-1024", "h100_4node_ib.tsv", 32, 64LL << 20);
+}
+
 TEST(NcclCurves, EveryCurveFileCitesItsSource) {
-  for (const char* f :
-       {"a100_8gpu_nvlink.tsv", "h100_8gpu_nvlink.tsv", "h100_2node_ib_degraded.tsv"}) {
+  for (const char* f : {"a100_8gpu_nvlink.tsv", "h100_8gpu_nvlink.tsv", "h100_8gpu_nvlink_dgx.tsv",
+                        "h100_2node_ib_degraded.tsv", "h100_2node_ib.tsv", "h100_2node_ib_b.tsv",
+                        "h100_4node_ib.tsv", "h100_2node_ib_ring.tsv", "h100_8node_ib.tsv",
+                        "h100_8node_ib_default.tsv"}) {
     std::ifstream in(kSrc + "/tests/data/nccl_tests/" + f);
     std::stringstream ss;
     ss << in.rdbuf();
@@ -211,12 +235,12 @@ TEST(NcclModel, NvlsTreeBetweenTwoNodes) {
   // 2 nodes of 8 H100 (the first 16 GPUs of h100-1024): large all-reduces take NCCL's NVLS tree,
   // NVLS inside each node while each GPU's 1/8 share crosses its own rail, pipelined. Its time is
   // the slower of NVLS (7/8 S over 450 * 0.824 * 0.625 GB/s) and the rail (S/8 each way over
-  // 50 * 0.94 * 0.944 GB/s) plus 84 + 2 * 1 * 20.9 us.
+  // 50 * 0.94 GB/s: Simple moves the data alone on the wire) plus 150 + 2 * 1 * 20.9 us.
   const Cluster c = cluster("h100-1024");
   const int64_t s = 1LL << 30;
   const double nvls_ns = 0.875 * s / (450 * 20.6 / 25 * 0.625);
-  const double rail_ns = s / 8.0 / (50 * 0.94 * 0.944);
-  const double want = 1000 * (84 + 2 * 20.9) + std::max(nvls_ns, rail_ns);
+  const double rail_ns = s / 8.0 / (50 * 0.94);
+  const double want = 1000 * (150 + 2 * 20.9) + std::max(nvls_ns, rail_ns);
   for (NetworkModel m : {NetworkModel::Analytical, NetworkModel::Flow}) {
     const NcclRow r = predict(c, 16, s, m);
     EXPECT_EQ(r.algo, Algorithm::NvlsTree) << to_string(m);
@@ -225,6 +249,78 @@ TEST(NcclModel, NvlsTreeBetweenTwoNodes) {
   // Not across nodes with unequal members, nor for small messages (the tree with LL wins).
   EXPECT_EQ(predict(c, 16, 64 << 10).algo, Algorithm::Tree);
   EXPECT_EQ(predict(c, 12, s).algo == Algorithm::NvlsTree, false);
+}
+
+namespace {
+CollectiveRequest all_reduce(int ranks, Algorithm a, Protocol p, int64_t bytes) {
+  CollectiveRequest r;
+  r.op = CollOp::AllReduce;
+  r.members.resize(ranks);
+  std::iota(r.members.begin(), r.members.end(), 0);
+  r.algo = a;
+  r.protocol = p;
+  r.bytes = bytes;
+  return r;
+}
+double time_ns(const Cluster& c, const CollectiveRequest& r, NetworkModel m) {
+  return static_cast<double>(collective_time_ns(c, r, m));
+}
+}  // namespace
+
+// NCCL's tree latency (tuning.cc): tree baseLat + 2 ((ppn - 1) NVLink tree steps + log2(nodes) NET
+// tree steps); LL between nodes is held to NCCL's llMaxBws ceiling (Hopper: 45 GB/s of busbw on 2
+// nodes, 35 beyond), as algorithm bandwidth half of it for the tree, busbw / (2 (n-1)/n) for rings.
+// At 1 GiB the tree correction is 1.
+TEST(NcclModel, TreeLatencyAndTheLlCeilingBetweenNodes) {
+  const Cluster c = cluster("h100-1024");
+  const int64_t s = 1LL << 30;
+  for (NetworkModel m : {NetworkModel::Analytical, NetworkModel::Flow}) {
+    // 2 nodes: 6.8 + 2 (7 * 0.6 + 1 * 5.0) us, then S at 45 / 2 GB/s.
+    double want = 1000 * (6.8 + 2 * (7 * 0.6 + 5.0)) + s / 22.5;
+    EXPECT_NEAR(time_ns(c, all_reduce(16, Algorithm::Tree, Protocol::LL, s), m), want, want * 1e-3);
+    // 4 nodes: 2 network steps each way, 35 / 2 GB/s.
+    want = 1000 * (6.8 + 2 * (7 * 0.6 + 2 * 5.0)) + s / 17.5;
+    EXPECT_NEAR(time_ns(c, all_reduce(32, Algorithm::Tree, Protocol::LL, s), m), want, want * 1e-3);
+    // Ring on 2 nodes: 45 * 16 / 30 GB/s; every one of the 28 NVLink steps pays the network
+    // overhead 1.5 us (> LL's 0.76), the 2 network steps 2.7 us.
+    want = 1000 * (6.6 + 28 * 1.5 + 2 * 2.7) + s / (45.0 * 16 / 30);
+    EXPECT_NEAR(time_ns(c, all_reduce(16, Algorithm::Ring, Protocol::LL, s), m), want, want * 1e-3);
+  }
+}
+
+// NCCL's treeCorrectionFactor: a tree all-reduce of 1 MiB moves its bytes at 1/2 (Simple, 2^14 * 64
+// B) of the rate it has at 1 GiB (factor 1 from 2^23 * 64 B); the ring has no such factor.
+TEST(NcclModel, TreeCorrectionAtMediumSizes) {
+  const Cluster c = cluster("h100-1024");
+  for (NetworkModel m : {NetworkModel::Analytical, NetworkModel::Flow}) {
+    for (Algorithm a : {Algorithm::Tree, Algorithm::Ring}) {
+      const double lat = time_ns(c, all_reduce(32, a, Protocol::Simple, 0), m);
+      const double big = time_ns(c, all_reduce(32, a, Protocol::Simple, 1LL << 30), m) - lat;
+      const double mid = time_ns(c, all_reduce(32, a, Protocol::Simple, 1LL << 20), m) - lat;
+      const double factor = a == Algorithm::Tree ? 0.5 : 1.0;
+      EXPECT_NEAR(mid, big / 1024 / factor, big / 1024 * 0.01) << to_string(a);
+    }
+  }
+}
+
+// Between nodes the network carries the protocol's wire format at the NIC's effective rate: one GPU
+// on each of 2 nodes, a ring all-reduce moves S each way through one 50 * 0.94 GB/s NIC (Simple), or
+// S / (120/128) (LL128) - not at the NVLink-fitted efficiencies.
+TEST(NcclModel, NetworkFlowsAtTheWireEfficiency) {
+  const Cluster c = cluster("h100-1024");
+  CollectiveRequest r = all_reduce(2, Algorithm::Ring, Protocol::Simple, 1LL << 30);
+  r.members = {0, 8};
+  r.channels = 1;
+  for (NetworkModel m : {NetworkModel::Analytical, NetworkModel::Flow}) {
+    for (Protocol p : {Protocol::Simple, Protocol::LL128}) {
+      r.protocol = p;
+      CollectiveRequest r0 = r;
+      r0.bytes = 0;
+      const double wire = p == Protocol::Simple ? 1.0 : 120.0 / 128.0;
+      const double want = static_cast<double>(r.bytes) / (50 * 0.94 * wire);
+      EXPECT_NEAR(time_ns(c, r, m) - time_ns(c, r0, m), want, want * 1e-3) << to_string(p);
+    }
+  }
 }
 
 TEST(NcclModel, ClustersWithoutTheSectionKeepTheAlphaBetaModel) {
@@ -260,8 +356,22 @@ TEST(NcclModel, SectionErrorsNameTheKey) {
   } catch (const orrery::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("nccl.protocol"), std::string::npos) << e.what();
   }
+  const std::pair<const char*, const char*> bad_keys[] = {
+      {"nccl:\n  ll_max_busbw_gb_per_s: -1\n", "nccl.ll_max_busbw_gb_per_s"},
+      {"nccl:\n  net_overhead_us: -1\n", "nccl.net_overhead_us"},
+      {"nccl:\n  ll128: {tree_net_step_latency_us: -2}\n", "nccl.ll128.tree_net_step_latency_us"}};
+  for (const auto& [yaml, key] : bad_keys) {
+    try {
+      parse_cluster(base + yaml, "t.yaml");
+      FAIL() << "expected InputError for " << key;
+    } catch (const orrery::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
   const Cluster h = parse_cluster(base + "nccl: {}\n", "t.yaml");
-  EXPECT_TRUE(h.nccl.nvls);  // Hopper
+  EXPECT_TRUE(h.nccl.nvls);                                      // Hopper
+  EXPECT_DOUBLE_EQ(h.nccl.ll_max_busbw_2_nodes_gb_per_s, 45.0);  // NCCL llMaxBws Hopper N2
+  EXPECT_DOUBLE_EQ(h.nccl.ll_max_busbw_gb_per_s, 35.0);          // and N4
   EXPECT_NEAR(h.nccl.nvlink_efficiency, 20.6 / 25.0, 1e-12);
   const Cluster a = parse_cluster("device: A100\ntopology: {kind: crossbar}\nnccl: {}\n", "t.yaml");
   EXPECT_FALSE(a.nccl.nvls);

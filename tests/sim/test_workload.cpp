@@ -2,6 +2,7 @@
 // names, placement, and that GPT-3 175B builds cheaply.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -15,6 +16,7 @@ namespace {
 
 using testing::h100_cost;
 using testing::small_scenario;
+constexpr uint32_t kNoOp = 0xffffffffu;
 
 std::string order_string(const std::vector<int>& order) {
   std::string s;
@@ -287,6 +289,88 @@ TEST(Workload, ZeroStagesOps) {
       const std::string& name = w.names[op.name];
       if (zero <= 2 && (name == names::kDpReduceScatter || name == names::kDpAllGather))
         EXPECT_EQ(op.bytes, 4 * padded);
+    }
+  }
+}
+
+TEST(Workload, ZeroOverlapOpsPerBucketAndTheGathersConsumers) {
+  // zero.overlap_grad_reduce: one reduce-scatter per ZeRO bucket (every segment a bucket here:
+  // final LayerNorm, 4 blocks, embedding) on each synchronised micro-batch (ZeRO 1: the last; 2:
+  // each), one all-gather per bucket after the optimizer. dp = 3: the boundaries move up to
+  // multiples of 3. Memory (c = 256): embedding [0, 1152c), block l from 1152c + l·B (B = 12c² +
+  // 13c, B ≡ 1 mod 3), the final LayerNorm's 2c at the top; n ≡ 0 mod 3. Rounding each bucket's
+  // bottom up: lnf 2c - 2, block 3 B + 2, block 2 B - 1, block 1 B - 1, block 0 B + 2, embedding.
+  const int m = 3, L = 4, dp = 3;
+  const int64_t c = 256, B = 12 * c * c + 13 * c;
+  for (int zero : {1, 2}) {
+    for (bool param_gather : {false, true}) {
+      Scenario s = small_scenario(L, dp, 1, 1, m);
+      s.parallel.zero = zero;
+      s.parallel.bucket_mb = 1e-9;
+      s.zero.overlap_grad_reduce = true;
+      s.zero.overlap_param_gather = param_gather;
+      const Workload w = build_workload(s, h100_cost(), {2, {}});
+      const auto& p = w.stages[0];
+      EXPECT_EQ(p.bucket_params,
+                (std::vector<int64_t>{2 * c - 2, B + 2, B - 1, B - 1, B + 2, 1152 * c}));
+      auto n = count_by_name(w, p);
+      const int K = L + 2;
+      EXPECT_EQ(n[std::string(names::kDpReduceScatter)], 2 * K * (zero == 1 ? 1 : m));
+      EXPECT_EQ(n[std::string(names::kDpAllGather)], 2 * K);
+      // Every collective moves its bucket (the precision's bytes per element).
+      const int64_t bytes = w.precision.grad_bytes;
+      std::vector<uint32_t> gathers;  // step 0's, in issue order
+      uint32_t first_rs = kNoOp, bwd_head = kNoOp;
+      for (uint32_t i = 0; i < p.ops.size(); ++i) {
+        const Op& op = p.ops[i];
+        const std::string& name = w.names[op.name];
+        if (op.step != 0) continue;
+        if (name == names::kHeadBackward && op.micro_batch == m - 1) bwd_head = i;
+        if (name == names::kDpReduceScatter && first_rs == kNoOp && op.micro_batch == m - 1)
+          first_rs = i;
+        if (name == names::kDpAllGather) gathers.push_back(i);
+      }
+      // Forward order: the embedding's bucket (layer -1) first, the final LayerNorm's last.
+      ASSERT_EQ(gathers.size(), size_t(K));
+      EXPECT_EQ(p.ops[gathers.front()].layer, -1);
+      EXPECT_EQ(p.ops[gathers.back()].layer, L);
+      EXPECT_EQ(p.ops[gathers.front()].bytes, 1152 * c * w.precision.param_bytes);
+      // The final LayerNorm's bucket goes out right after its backward, during the blocks'.
+      ASSERT_NE(first_rs, kNoOp);
+      EXPECT_EQ(p.ops[first_rs].bytes, (2 * c - 2) * bytes);
+      ASSERT_EQ(p.ops[first_rs].dep_count, 1u);
+      EXPECT_EQ(p.deps[p.ops[first_rs].dep_begin], bwd_head);
+      // Step 1's consumers: with overlap_param_gather fwd.embed (mb 0) waits for the embedding's
+      // gather, block 0's forward for its bucket's, block 1's for its own (the bottom 2 elements
+      // it gave to block 0's bucket are waited for already: each gather is waited for once);
+      // zero_grad for none. Without, zero_grad waits for all of them.
+      auto deps_of = [&](uint32_t i) {
+        const Op& op = p.ops[i];
+        return std::vector<uint32_t>(p.deps.begin() + op.dep_begin,
+                                     p.deps.begin() + op.dep_begin + op.dep_count);
+      };
+      auto has = [](const std::vector<uint32_t>& v, uint32_t x) {
+        return std::find(v.begin(), v.end(), x) != v.end();
+      };
+      for (uint32_t i = 0; i < p.ops.size(); ++i) {
+        const Op& op = p.ops[i];
+        const std::string& name = w.names[op.name];
+        if (op.step != 1 || (op.micro_batch > 0 && name != names::kZeroGrad)) continue;
+        const auto d = deps_of(i);
+        if (name == names::kZeroGrad) {
+          for (uint32_t g : gathers) EXPECT_EQ(has(d, g), !param_gather) << zero;
+        } else if (name == names::kEmbedForward) {
+          EXPECT_EQ(has(d, gathers[0]), param_gather);
+          EXPECT_FALSE(has(d, gathers[1]));
+        } else if (name == names::kBlockForward && op.layer == 0) {
+          EXPECT_EQ(has(d, gathers[1]), param_gather);  // block 0's bucket
+          EXPECT_FALSE(has(d, gathers[2]));
+        } else if (name == names::kBlockForward && op.layer == 1) {
+          EXPECT_EQ(has(d, gathers[2]), param_gather);  // block 1's
+          EXPECT_FALSE(has(d, gathers[1]));             // waited for by block 0 already
+          EXPECT_FALSE(has(d, gathers[3]));
+        }
+      }
     }
   }
 }

@@ -22,6 +22,7 @@
 #include "orrery/common/error.hpp"
 #include "orrery/profiler/metrics.hpp"
 #include "orrery/traces/import.hpp"
+#include "orrery/traces/kernel_work.hpp"
 #include "orrery/traces/store.hpp"
 #include "test_util.hpp"
 
@@ -55,7 +56,8 @@ void expect_input_error(F&& f, std::initializer_list<std::string> parts) {
     f();
     ADD_FAILURE() << "no InputError";
   } catch (const InputError& e) {
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    for (const auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
   }
 }
 
@@ -188,8 +190,11 @@ TEST(ImportKineto, RankComesFromDistributedInfoNotFileOrder) {
   const auto steps1 = spans_named(t, "step", 1);
   ASSERT_EQ(steps1.size(), 2u);
   EXPECT_EQ(steps1[0]->start_ns, 5'000);
-  expect_input_error([&] { import_kineto({data("kineto_gpu_rank0.json"), data("kineto_gpu_rank0.json")}); },
-                     {"kineto_gpu_rank0.json", "rank 0 again"});
+  expect_input_error(
+      [&] {
+        import_kineto({data("kineto_gpu_rank0.json"), data("kineto_gpu_rank0.json")});
+      },
+      {"kineto_gpu_rank0.json", "rank 0 again"});
 }
 
 TEST(ImportKineto, ExactNanosecondsFromDecimalMicroseconds) {
@@ -203,7 +208,7 @@ TEST(ImportKineto, ExactNanosecondsFromDecimalMicroseconds) {
   const auto k = spans_named(t, "k", 0), k2 = spans_named(t, "k2", 0), k3 = spans_named(t, "k3", 0);
   ASSERT_EQ(k.size(), 1u);
   EXPECT_EQ(k[0]->start_ns, 0);
-  EXPECT_EQ(k[0]->end_ns, 1);  // 0.5 ns rounds away from zero
+  EXPECT_EQ(k[0]->end_ns, 1);     // 0.5 ns rounds away from zero
   EXPECT_EQ(k2[0]->start_ns, 0);  // .7894 us = 789.4 ns -> 789
   EXPECT_EQ(k2[0]->duration_ns(), 1);
   EXPECT_EQ(k3[0]->start_ns, 211);
@@ -296,15 +301,18 @@ TEST(ImportKineto, MalformedInputsAreInputErrorsNamingTheFile) {
   expect_input_error([&] { import_kineto({p}); }, {"bad.json", "not an array"});
   write_file(p, "42");
   expect_input_error([&] { import_kineto({p}); }, {"bad.json", "traceEvents"});
-  write_file(p, R"({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "soon", "dur": 1}]})");
+  write_file(
+      p, R"({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "soon", "dur": 1}]})");
   expect_input_error([&] { import_kineto({p}); }, {"bad.json", "traceEvents[0]", "\"ts\""});
   write_file(p, R"({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1}]})");
   expect_input_error([&] { import_kineto({p}); }, {"bad.json", "\"dur\""});
-  write_file(p, R"({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1e300, "dur": 1}]})");
+  write_file(
+      p, R"({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1e300, "dur": 1}]})");
   expect_input_error([&] { import_kineto({p}); }, {"bad.json", "\"ts\""});
   write_file(p, R"({"distributedInfo": {"rank": "first"}, "traceEvents": []})");
   expect_input_error([&] { import_kineto({p}); }, {"bad.json", "distributedInfo.rank"});
-  expect_input_error([&] { import_kineto({dir.path("missing.json")}); }, {"missing.json", "cannot open"});
+  expect_input_error([&] { import_kineto({dir.path("missing.json")}); },
+                     {"missing.json", "cannot open"});
 }
 
 TEST(ImportKineto, OddButValidJsonDoesNotCrash) {
@@ -312,7 +320,9 @@ TEST(ImportKineto, OddButValidJsonDoesNotCrash) {
   std::string deep = "{\"traceEvents\": [";
   for (int i = 0; i < 100000; ++i) deep += "[";
   for (int i = 0; i < 100000; ++i) deep += "]";
-  deep += ", 1, \"x\", null, {\"ph\": 3}, {\"ph\": \"X\", \"cat\": 7}, {\"ph\": \"i\", \"name\": \"[memory]\", \"ts\": 1}]}";
+  deep +=
+      ", 1, \"x\", null, {\"ph\": 3}, {\"ph\": \"X\", \"cat\": 7}, {\"ph\": \"i\", \"name\": "
+      "\"[memory]\", \"ts\": 1}]}";
   const Trace t = import_kineto_texts({deep}, {"deep.json"});
   EXPECT_TRUE(t.spans.empty());
   EXPECT_EQ(t.ranks.size(), 1u);
@@ -377,7 +387,9 @@ CREATE TABLE NVTX_EVENTS (start INTEGER NOT NULL, end INTEGER, eventType INTEGER
 //   a memcpy HtoD [500, 900) of 4096 B; NVTX "step 0" [0, 10000), "step 1" [10000, 20000) and
 //   "forward" [100, 3000) (by textId); a mark and a domain creation (not ranges).
 // pid 5000: sgemm [1000, 5000) on stream 7, NCCL all-reduce [4500, 8000) on stream 13.
-void make_nsys(const std::string& path, bool with_session_start = true) {
+// `extra_sql` runs last, with @A standing for pid 7000's thread's globalTid.
+void make_nsys(const std::string& path, bool with_session_start = true,
+               std::string extra_sql = "") {
   NsysFile f(path);
   f.exec(kNsysSchema);
   f.exec(R"(INSERT INTO StringIds VALUES (1, 'sgemm_kernel'),
@@ -388,25 +400,48 @@ void make_nsys(const std::string& path, bool with_session_start = true) {
   if (with_session_start) {
     f.exec("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (1700000000000000000, '', '')");
   }
-  f.exec("INSERT INTO TARGET_INFO_GPU VALUES (0, 'NVIDIA H100', '0000:01:00.0'), (1, 'NVIDIA H100', '0000:02:00.0')");
+  f.exec(
+      "INSERT INTO TARGET_INFO_GPU VALUES (0, 'NVIDIA H100', '0000:01:00.0'), (1, 'NVIDIA H100', "
+      "'0000:02:00.0')");
   const auto a = std::to_string(gpid(7000)), b = std::to_string(gpid(5000));
   const auto at = std::to_string(gtid(7000, 7001)), bt = std::to_string(gtid(5000, 5001));
   f.exec("INSERT INTO ThreadNames VALUES (6, 0, " + at + ")");
-  f.exec("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, "
-         "correlationId, globalPid, demangledName, shortName) VALUES "
-         "(1000, 5000, 0, 1, 7, 1, " + a + ", 7, 1), (5000, 6000, 0, 1, 7, 2, " + a + ", 9, 3), "
-         "(11000, 14000, 0, 1, 7, 4, " + a + ", 7, 1), (4000, 8000, 0, 1, 13, 3, " + a + ", 8, 2), "
-         "(1000, 5000, 1, 1, 7, 1, " + b + ", 7, 1), (4500, 8000, 1, 1, 13, 2, " + b + ", 8, 2)");
-  f.exec("INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, end, deviceId, contextId, streamId, "
-         "correlationId, globalPid, bytes, copyKind) VALUES (500, 900, 0, 1, 7, 9, " + a + ", 4096, 1)");
-  f.exec("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, "
-         "nameId, returnValue) VALUES (800, 810, 0, " + at + ", 1, 5, 0), (850, 860, 0, " + at +
-         ", 2, 5, 0), (900, 910, 0, " + at + ", 3, 5, 0), (10500, 10510, 0, " + at + ", 4, 5, 0), "
-         "(800, 810, 0, " + bt + ", 1, 5, 0), (900, 910, 0, " + bt + ", 2, 5, 0)");
-  f.exec("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, textId) VALUES "
-         "(0, 10000, 59, 'step 0', " + at + ", NULL), (10000, 20000, 59, 'step 1', " + at + ", NULL), "
-         "(100, 3000, 59, NULL, " + at + ", 4), (50, NULL, 34, 'a mark', " + at + ", NULL), "
-         "(0, NULL, 75, 'NCCL', " + at + ", NULL)");
+  f.exec(
+      "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, "
+      "correlationId, globalPid, demangledName, shortName) VALUES "
+      "(1000, 5000, 0, 1, 7, 1, " +
+      a + ", 7, 1), (5000, 6000, 0, 1, 7, 2, " + a +
+      ", 9, 3), "
+      "(11000, 14000, 0, 1, 7, 4, " +
+      a + ", 7, 1), (4000, 8000, 0, 1, 13, 3, " + a +
+      ", 8, 2), "
+      "(1000, 5000, 1, 1, 7, 1, " +
+      b + ", 7, 1), (4500, 8000, 1, 1, 13, 2, " + b + ", 8, 2)");
+  f.exec(
+      "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, end, deviceId, contextId, streamId, "
+      "correlationId, globalPid, bytes, copyKind) VALUES (500, 900, 0, 1, 7, 9, " +
+      a + ", 4096, 1)");
+  f.exec(
+      "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, "
+      "nameId, returnValue) VALUES (800, 810, 0, " +
+      at + ", 1, 5, 0), (850, 860, 0, " + at + ", 2, 5, 0), (900, 910, 0, " + at +
+      ", 3, 5, 0), (10500, 10510, 0, " + at +
+      ", 4, 5, 0), "
+      "(800, 810, 0, " +
+      bt + ", 1, 5, 0), (900, 910, 0, " + bt + ", 2, 5, 0)");
+  f.exec(
+      "INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, textId) VALUES "
+      "(0, 10000, 59, 'step 0', " +
+      at + ", NULL), (10000, 20000, 59, 'step 1', " + at +
+      ", NULL), "
+      "(100, 3000, 59, NULL, " +
+      at + ", 4), (50, NULL, 34, 'a mark', " + at +
+      ", NULL), "
+      "(0, NULL, 75, 'NCCL', " +
+      at + ", NULL)");
+  for (size_t p = extra_sql.find("@A"); p != std::string::npos; p = extra_sql.find("@A"))
+    extra_sql.replace(p, 2, at);
+  if (!extra_sql.empty()) f.exec(extra_sql);
 }
 
 TEST(ImportNsys, CountsRanksStreamsAndSteps) {
@@ -464,6 +499,47 @@ TEST(ImportNsys, CountsRanksStreamsAndSteps) {
   EXPECT_EQ(s.collectives, 2);
 }
 
+// PyTorch's NVTX ranges with shapes (emit_nvtx(record_shapes=True)): pid 7000's launches at 800
+// (the sgemm) and 850 (the elementwise kernel) are inside "aten::mm ... sizes = [[64, 128],
+// [128, 32]]" [700, 950), itself inside an aten::linear range: the innermost range is the op, its
+// two kernels share its work. The launch at 900 (an NCCL kernel) is no compute; the one at 10500 is
+// inside an aten::add range, a memory-bound op, which NVTX (no dtypes) does not attribute.
+TEST(ImportNsys, KernelWorkFromNvtxShapes) {
+  testing::TempDir dir;
+  const auto path = dir.path("shapes.sqlite");
+  make_nsys(path, true,
+            "INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) VALUES "
+            "(600, 1000, 59, 'aten::linear, seq = 2, op_id = 8, sizes = [[4, 16, 128], [32, 128], "
+            "[32]]', @A), (700, 950, 59, 'aten::mm, seq = 3, op_id = 9, sizes = [[64, 128], [128, "
+            "32]], input_op_ids = [(8, 0)]', @A), (10400, 10600, 59, 'aten::add, seq = 4, sizes = "
+            "[[64, 32], [64, 32], []]', @A)");
+  const Trace t = import_nsys({path});
+  const auto rows = read_kernel_work(t);
+  ASSERT_EQ(rows.size(), 2u);
+  const double flops = 2.0 * 64 * 32 * 128;
+  for (const auto& k : rows) {
+    EXPECT_EQ(k.rank, 0);
+    EXPECT_EQ(k.op, "aten::mm");
+    EXPECT_EQ(k.work.cls, "gemm");
+    EXPECT_DOUBLE_EQ(k.work.flops, flops);
+  }
+  EXPECT_EQ(rows[0].group, rows[1].group);
+  EXPECT_EQ(recorded_gpu_names(t).front(), "NVIDIA H100");  // TARGET_INFO_GPU
+  const auto sgemm = spans_named(t, "sgemm_kernel", 0);
+  ASSERT_EQ(sgemm.size(), 2u);
+  EXPECT_DOUBLE_EQ(sgemm[0]->flops, flops / 2);  // launched at 800
+  EXPECT_DOUBLE_EQ(sgemm[1]->flops, 0);          // launched at 10500, inside aten::add
+  EXPECT_DOUBLE_EQ(spans_named(t, "elementwise_kernel", 0).front()->flops, flops / 2);
+  // The parser: name and dims; a range without sizes is no op.
+  const auto mm = parse_nvtx_op("aten::bmm, seq = 1, sizes = [[2, 3, 4], [2, 4, 5]]");
+  ASSERT_TRUE(mm);
+  EXPECT_EQ(mm->first, "aten::bmm");
+  ASSERT_EQ(mm->second.size(), 2u);
+  EXPECT_EQ(mm->second[1].dims, (std::vector<int64_t>{2, 4, 5}));
+  EXPECT_FALSE(parse_nvtx_op("forward"));
+  EXPECT_FALSE(parse_nvtx_op("aten::mm, seq = 1, sizes = [[1, x]]"));
+}
+
 // Rank 0: compute [1000, 6000) + [11000, 14000) = 8000 ns, communication [4000, 8000) = 4000 ns,
 // overlap [4000, 6000) = 2000 ns (50 %).
 TEST(ImportNsys, MetricsOfTheImport) {
@@ -496,11 +572,13 @@ TEST(ImportNsys, OptionalTablesMayBeMissing) {
   {
     NsysFile f(path);
     f.exec("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL)");
-    f.exec("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, "
-           "streamId INTEGER, globalPid INTEGER, demangledName INTEGER)");
+    f.exec(
+        "CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, "
+        "streamId INTEGER, globalPid INTEGER, demangledName INTEGER)");
     f.exec("INSERT INTO StringIds VALUES (1, 'k')");
-    f.exec("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (10, 20, 0, 7, " + std::to_string(gpid(1)) +
-           ", 1), (30, 25, 0, 7, " + std::to_string(gpid(1)) + ", 1)");  // the second ends early
+    f.exec("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (10, 20, 0, 7, " +
+           std::to_string(gpid(1)) + ", 1), (30, 25, 0, 7, " + std::to_string(gpid(1)) +
+           ", 1)");  // the second ends early
   }
   const Trace t = import_nsys({path});
   ASSERT_EQ(t.spans.size(), 1u);
@@ -521,20 +599,23 @@ TEST(ImportNsys, MalformedInputsNameTheFileAndTheTable) {
   {
     NsysFile f(path);
     f.exec("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL)");
-    f.exec("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, "
-           "streamId INTEGER, globalPid INTEGER)");
+    f.exec(
+        "CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, "
+        "streamId INTEGER, globalPid INTEGER)");
   }
   expect_input_error([&] { import_nsys({path}); },
                      {"bad.sqlite", "CUPTI_ACTIVITY_KIND_KERNEL", "shortName or demangledName"});
   {
     NsysFile f(path);
-    f.exec("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, streamId INTEGER, "
-           "globalPid INTEGER, shortName INTEGER)");
+    f.exec(
+        "CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, streamId INTEGER, "
+        "globalPid INTEGER, shortName INTEGER)");
   }
   expect_input_error([&] { import_nsys({path}); }, {"bad.sqlite", "no column deviceId"});
   write_file(path, "not a database at all, just text that is long enough");
   expect_input_error([&] { import_nsys({path}); }, {"bad.sqlite", "not an SQLite file"});
-  expect_input_error([&] { import_nsys({dir.path("none.sqlite")}); }, {"none.sqlite", "cannot open"});
+  expect_input_error([&] { import_nsys({dir.path("none.sqlite")}); },
+                     {"none.sqlite", "cannot open"});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -587,7 +668,7 @@ TEST(ImportCli, KinetoJsonSummary) {
   testing::TempDir dir;
   const auto out = dir.path("t.db");
   const CliResult r = run_orrery("import kineto " + data("kineto_gpu_rank0.json") + " " +
-                           data("kineto_gpu_rank1.json") + " --out " + out + " --json");
+                                 data("kineto_gpu_rank1.json") + " --out " + out + " --json");
   ASSERT_EQ(r.rc, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["ranks"], 2);
@@ -595,7 +676,8 @@ TEST(ImportCli, KinetoJsonSummary) {
   EXPECT_EQ(j["spans_by_kind"]["compute"], 4);
   EXPECT_EQ(j["spans_by_kind"]["collective"], 4);
   EXPECT_EQ(j["steps"], nlohmann::json::array({2, 3}));
-  const CliResult text = run_orrery("import kineto " + data("kineto_gpu_rank0.json") + " --out " + out);
+  const CliResult text =
+      run_orrery("import kineto " + data("kineto_gpu_rank0.json") + " --out " + out);
   EXPECT_EQ(text.rc, 0) << text.out;
   EXPECT_NE(text.out.find("steps: 2 (2..3)"), std::string::npos) << text.out;
 }

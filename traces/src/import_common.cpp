@@ -8,6 +8,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "orrery/common/atomic_file.hpp"
@@ -258,6 +259,10 @@ Trace finish_import(Draft&& d) {
     rebase(sp.start_ns);
     rebase(sp.end_ns);
     t.spans.push_back(sp);
+    if (s.work >= 0 && static_cast<size_t>(s.work) < d.works.size()) {
+      KernelWork& w = d.works[static_cast<size_t>(s.work)];
+      w.rank = sp.rank, w.stream = sp.stream, w.start_ns = sp.start_ns, w.end_ns = sp.end_ns;
+    }
   }
   for (auto& c : t.counters) rebase(c.ts_ns);
   t.sort_spans();
@@ -274,7 +279,14 @@ Trace finish_import(Draft&& d) {
   extra["import"] = {{"format", std::string(to_string(d.format))},
                      {"files", d.files},
                      {"skipped_events", d.skipped_events}};
+  if (!d.devices.empty()) extra["import"]["devices"] = d.devices;
   t.meta.extra_json = extra.dump();
+  if (!d.works.empty()) {
+    std::sort(d.works.begin(), d.works.end(), [](const KernelWork& a, const KernelWork& b) {
+      return std::tie(a.rank, a.stream, a.start_ns) < std::tie(b.rank, b.stream, b.start_ns);
+    });
+    write_kernel_work(t, d.works);
+  }
   std::sort(t.ranks.begin(), t.ranks.end(),
             [](const RankInfo& a, const RankInfo& b) { return a.rank < b.rank; });
   return t;

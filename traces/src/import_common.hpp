@@ -12,14 +12,16 @@
 #include <vector>
 
 #include "orrery/traces/import.hpp"
+#include "orrery/traces/kernel_work.hpp"
 #include "orrery/traces/trace.hpp"
 
 namespace orrery::traces::detail {
 
 struct DraftSpan {
-  Span span;                // rank, stream, kind, name, times (absolute ns), bytes, op
-  int64_t issue_ns = 0;     // host time it was issued at: the step it belongs to
-  int32_t comm_key = -1;    // index into Draft::comms, -1: the default "world" communicator
+  Span span;              // rank, stream, kind, name, times (absolute ns), bytes, op
+  int64_t issue_ns = 0;   // host time it was issued at: the step it belongs to
+  int32_t comm_key = -1;  // index into Draft::comms, -1: the default "world" communicator
+  int32_t work = -1;      // index into Draft::works: the kernel's share of its op's work
 };
 
 struct DraftComm {
@@ -36,9 +38,12 @@ struct Draft {
   std::vector<DraftSpan> spans;
   std::vector<DraftComm> comms;
   std::map<std::string, int32_t> comm_index;
-  int32_t world_size = 0;         // 0: the number of ranks
+  int32_t world_size = 0;                 // 0: the number of ranks
   std::optional<int64_t> unix_origin_ns;  // Unix time of absolute 0, when known
   int64_t skipped_events = 0;
+  std::vector<KernelWork>
+      works;  // kernel work (kernel_work.hpp); positions filled by finish_import
+  std::vector<std::string> devices;  // GPU names the files record (Kineto deviceProperties)
 
   int32_t comm(const std::string& key);  // index of the communicator with that key (added)
 };

@@ -16,6 +16,7 @@
 #include "import_common.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/traces/import.hpp"
+#include "orrery/traces/kernel_work.hpp"
 
 namespace orrery::traces {
 
@@ -391,6 +392,10 @@ class FileReader {
     std::unordered_map<int64_t, const Ev*> comms_by_external;
     std::vector<const Ev*> comms_calls;  // record_param_comms, by start
     bool has_backend_ops = false;        // gloo:/nccl:/mpi:/ucc: ops on the host
+    // Kernel work (kernel_work.hpp): the cpu_ops with recorded shapes by External id, and the
+    // External id of each launch by correlation id.
+    std::unordered_map<int64_t, const Ev*> shaped_ops;
+    std::unordered_map<int64_t, int64_t> launch_external;
   };
   // CPU-only ranks with backend ops: the k-th op of a kind takes the arguments of the k-th
   // record_param_comms call of that kind.
@@ -420,6 +425,9 @@ class FileReader {
   void add_spans(const Events& in, const HostCalls& host, const std::vector<char>& leaf);
   int64_t issue_of(const Ev& ev, const HostCalls& host) const;
   void add_kernel(const Ev& ev, const HostCalls& host);
+  std::optional<int64_t> launching_op(const Ev& ev, const HostCalls& host) const;
+  void attach_work(detail::DraftSpan& s, const Ev& ev, const HostCalls& host);
+  void read_devices();
   void add_copy(const Ev& ev, const HostCalls& host);
   void add_host_event(const Ev& ev, bool leaf, bool device_work, const HostCalls& host,
                       BackendCalls& backend);
@@ -429,6 +437,9 @@ class FileReader {
   int32_t rank_;
   detail::Draft& d_;
   int64_t base_ns_ = 0;
+  // Per launching op (External id): its work (nullopt: none) and its compute kernels.
+  std::unordered_map<int64_t, std::optional<OpWork>> op_work_;
+  std::unordered_map<int64_t, int> op_kernels_;
 };
 
 int32_t FileReader::comm_for(const CollArgs& a) {
@@ -473,7 +484,19 @@ void FileReader::run() {
   const HostCalls host = host_calls(in.evs);
   const std::vector<char> leaf =
       in.device_work ? std::vector<char>(in.evs.size(), 0) : leaf_ops(in.evs);
+  read_devices();
   add_spans(in, host, leaf);
+}
+
+// Kineto's deviceProperties: the GPUs' names, which say the device preset calibrate fits.
+void FileReader::read_devices() {
+  const json* props = member(root_, "deviceProperties");
+  if (!props || !props->is_array()) return;
+  for (const auto& p : *props) {
+    const std::string n = trim(as_str(member(p, "name")));
+    if (!n.empty() && std::find(d_.devices.begin(), d_.devices.end(), n) == d_.devices.end())
+      d_.devices.push_back(n);
+  }
 }
 
 // The traceEvents array (the root itself in PyTorch's legacy exporter); the time base.
@@ -635,7 +658,13 @@ FileReader::HostCalls FileReader::host_calls(const std::vector<Ev>& evs) const {
   for (const auto& ev : evs) {
     const json* args = member(*ev.e, "args");
     if (ev.cat == Cat::Runtime && args) {
-      if (auto c = as_int(member(*args, "correlation"))) h.launch_ns.emplace(*c, ev.start_ns);
+      if (auto c = as_int(member(*args, "correlation"))) {
+        h.launch_ns.emplace(*c, ev.start_ns);
+        if (auto x = as_int(member(*args, "External id"))) h.launch_external.emplace(*c, *x);
+      }
+    }
+    if (ev.cat == Cat::CpuOp && args && member(*args, "Input Dims")) {
+      if (auto x = as_int(member(*args, "External id"))) h.shaped_ops.emplace(*x, &ev);
     }
     if (ev.name == "record_param_comms" && !is_device(ev.cat)) {
       h.comms_calls.push_back(&ev);
@@ -681,6 +710,9 @@ std::vector<char> FileReader::leaf_ops(const std::vector<Ev>& evs) const {
 
 // Every event as a span, in file order.
 void FileReader::add_spans(const Events& in, const HostCalls& host, const std::vector<char>& leaf) {
+  for (const auto& ev : in.evs)
+    if (ev.cat == Cat::Kernel && !detail::nccl_kernel_op(ev.name))
+      if (const auto x = launching_op(ev, host)) op_kernels_[*x] += 1;
   BackendCalls backend;
   if (!in.device_work && host.has_backend_ops) {
     for (const Ev* c : host.comms_calls)
@@ -730,6 +762,7 @@ void FileReader::add_kernel(const Ev& ev, const HostCalls& host) {
   const auto nccl = detail::nccl_kernel_op(ev.name);
   if (!nccl) {
     add(ev, SpanKind::Compute, issue);
+    attach_work(d_.spans.back(), ev, host);
     return;
   }
   CollArgs a = coll_args(*ev.e, file_);
@@ -748,6 +781,75 @@ void FileReader::add_kernel(const Ev& ev, const HostCalls& host) {
   }
   CollOp op = a.present && a.op != CollOp::None ? a.op : *nccl;
   add(ev, detail::kind_of_op(op), issue, {}, &a, op);
+}
+
+// The External id of the op that launched a kernel: the kernel's own, else its launch's.
+std::optional<int64_t> FileReader::launching_op(const Ev& ev, const HostCalls& host) const {
+  const json* args = member(*ev.e, "args");
+  if (!args) return std::nullopt;
+  if (auto x = as_int(member(*args, "External id")); x && host.shaped_ops.count(*x)) return x;
+  if (auto c = as_int(member(*args, "correlation"))) {
+    if (auto it = host.launch_external.find(*c); it != host.launch_external.end())
+      if (host.shaped_ops.count(it->second)) return it->second;
+  }
+  return std::nullopt;
+}
+
+// The recorded inputs of a cpu_op ("Input Dims", "Input type", "Concrete Inputs").
+std::vector<OpInput> op_inputs(const json& args) {
+  std::vector<OpInput> in;
+  const json* dims = member(args, "Input Dims");
+  const json* types = member(args, "Input type");
+  const json* concrete = member(args, "Concrete Inputs");
+  if (!dims || !dims->is_array()) return in;
+  auto dim_list = [](const json& v, std::vector<int64_t>& out) {
+    for (const auto& x : v) {
+      const auto d = x.is_number() ? as_int(&x) : std::nullopt;
+      if (!d) return false;
+      out.push_back(*d);
+    }
+    return true;
+  };
+  for (size_t i = 0; i < dims->size(); ++i) {
+    const json& v = (*dims)[i];
+    OpInput x;
+    if (v.is_array() && !v.empty() && v.front().is_array()) {
+      x.kind = OpInput::Kind::List;
+      for (const auto& t : v) {
+        std::vector<int64_t> d;
+        if (t.is_array() && dim_list(t, d)) x.list.push_back(std::move(d));
+      }
+    } else if (v.is_array() && !v.empty()) {
+      x.kind = dim_list(v, x.dims) ? OpInput::Kind::Tensor : OpInput::Kind::None;
+    }
+    if (types && types->is_array() && i < types->size()) x.type = as_str(&(*types)[i]);
+    if (concrete && concrete->is_array() && i < concrete->size())
+      x.concrete = as_str(&(*concrete)[i]);
+    in.push_back(std::move(x));
+  }
+  return in;
+}
+
+// A compute kernel whose launching op has recorded shapes: its share of the op's work.
+void FileReader::attach_work(detail::DraftSpan& s, const Ev& ev, const HostCalls& host) {
+  const auto x = launching_op(ev, host);
+  if (!x) return;
+  auto it = op_work_.find(*x);
+  if (it == op_work_.end()) {
+    const Ev* op = host.shaped_ops.at(*x);
+    const json* args = member(*op->e, "args");
+    it = op_work_.emplace(*x, args ? op_work(op->name, op_inputs(*args)) : std::nullopt).first;
+  }
+  if (!it->second) return;
+  const double share = 1.0 / std::max(1, op_kernels_[*x]);
+  s.span.flops = it->second->flops * share;
+  s.span.bytes = static_cast<int64_t>(std::llround(it->second->bytes * share));
+  KernelWork k;
+  k.group = *x;
+  k.op = host.shaped_ops.at(*x)->name;
+  k.work = *it->second;
+  s.work = static_cast<int32_t>(d_.works.size());
+  d_.works.push_back(std::move(k));
 }
 
 void FileReader::add_copy(const Ev& ev, const HostCalls& host) {

@@ -6,6 +6,7 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include "import_common.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/traces/import.hpp"
+#include "orrery/traces/kernel_work.hpp"
 
 namespace orrery::traces {
 
@@ -193,8 +195,24 @@ class FileReader {
     std::map<int32_t, std::map<int64_t, int32_t>> host;
   };
   using Ranks = std::map<int64_t, int32_t>;  // process -> rank
-  using Launches =
-      std::map<std::pair<int64_t, int64_t>, int64_t>;  // (process, correlation) -> start
+  struct Launch {
+    int64_t start = 0;
+    int64_t tid = 0;  // globalTid of the thread that made the call
+  };
+  using Launches = std::map<std::pair<int64_t, int64_t>, Launch>;  // (process, correlation)
+  // NVTX operator ranges with GEMM or attention work (kernel_work.hpp), per thread by start.
+  struct ShapedRange {
+    int64_t start = 0, end = 0;
+    int64_t group = 0;  // the range's index: the op instance
+    std::string op;
+    OpWork work;
+  };
+  using ShapedRanges = std::map<int64_t, std::vector<ShapedRange>>;
+  static ShapedRanges shaped_ranges(const std::vector<NvtxRow>& nvtx);
+  // The innermost shaped range open on the launching thread when a kernel was launched.
+  static const ShapedRange* launching_op(const ShapedRanges& ranges, const Launch& l);
+  void attach_work(const std::vector<DeviceRow>& rows, const Ranks& rank_of, const Launches& launch,
+                   const ShapedRanges& ranges, size_t first_span);
   KernelTable check_kernel_table();
   std::vector<DeviceRow> read_kernels(const KernelTable& kt);
   Ranks assign_ranks(const std::vector<DeviceRow>& rows);
@@ -261,8 +279,86 @@ void FileReader::run() {
   const Launches launch = launch_times();
   const std::vector<NvtxRow> nvtx = read_nvtx(rank_of);
   Streams streams = assign_streams(rows, nvtx, rank_of);
+  const size_t first_span = d_.spans.size();
   add_device_spans(rows, rank_of, streams, launch);
+  attach_work(rows, rank_of, launch, shaped_ranges(nvtx), first_span);
   add_nvtx_spans(nvtx, rank_of, streams);
+  // The GPUs' names (TARGET_INFO_GPU), which say the device preset calibrate fits.
+  if (optional_table(db_, "TARGET_INFO_GPU", {"name"})) {
+    Db::Query q(db_, "SELECT name FROM TARGET_INFO_GPU");
+    while (q.next()) {
+      if (q.is_null(0)) continue;
+      const std::string n = q.text(0);
+      if (!n.empty() && std::find(d_.devices.begin(), d_.devices.end(), n) == d_.devices.end())
+        d_.devices.push_back(n);
+    }
+  }
+}
+
+FileReader::ShapedRanges FileReader::shaped_ranges(const std::vector<NvtxRow>& nvtx) {
+  ShapedRanges out;
+  for (size_t i = 0; i < nvtx.size(); ++i) {
+    const auto parsed = parse_nvtx_op(nvtx[i].text);
+    if (!parsed) continue;
+    const auto w = op_work(parsed->first, parsed->second);
+    if (!w || (w->cls != "gemm" && w->cls != "attention")) continue;
+    out[nvtx[i].tid].push_back(
+        {nvtx[i].start, nvtx[i].end, static_cast<int64_t>(i), parsed->first, *w});
+  }
+  for (auto& [tid, v] : out)
+    std::stable_sort(v.begin(), v.end(),
+                     [](const ShapedRange& a, const ShapedRange& b) { return a.start < b.start; });
+  return out;
+}
+
+const FileReader::ShapedRange* FileReader::launching_op(const ShapedRanges& ranges,
+                                                        const Launch& l) {
+  const auto it = ranges.find(l.tid);
+  if (it == ranges.end()) return nullptr;
+  const auto& v = it->second;
+  // Ranges of one thread nest: the latest-starting one still open at the launch is the innermost.
+  auto ub = std::upper_bound(v.begin(), v.end(), l.start,
+                             [](int64_t t, const ShapedRange& r) { return t < r.start; });
+  while (ub != v.begin()) {
+    --ub;
+    if (ub->end >= l.start) return &*ub;
+  }
+  return nullptr;
+}
+
+// Compute kernels launched inside a shaped NVTX range: each its share of the range's op work
+// (spans [first_span, ...) of the draft are `rows`, in order, but for the rows of no rank).
+void FileReader::attach_work(const std::vector<DeviceRow>& rows, const Ranks& rank_of,
+                             const Launches& launch, const ShapedRanges& ranges,
+                             size_t first_span) {
+  if (ranges.empty()) return;
+  std::vector<const ShapedRange*> op_of(d_.spans.size() - first_span, nullptr);
+  std::map<int64_t, int> kernels;  // per group
+  size_t span = first_span;
+  for (const auto& r : rows) {
+    if (!rank_of.count(r.process)) continue;  // add_device_spans skipped it
+    if (span >= d_.spans.size()) break;
+    const size_t at = span++ - first_span;
+    if (r.kind != SpanKind::Compute || !r.correlation) continue;
+    const auto l = launch.find({r.process, *r.correlation});
+    if (l == launch.end()) continue;
+    op_of[at] = launching_op(ranges, l->second);
+    if (op_of[at]) kernels[op_of[at]->group] += 1;
+  }
+  for (size_t i = 0; i < op_of.size(); ++i) {
+    const ShapedRange* op = op_of[i];
+    if (!op) continue;
+    detail::DraftSpan& s = d_.spans[first_span + i];
+    const double share = 1.0 / std::max(1, kernels[op->group]);
+    s.span.flops = op->work.flops * share;
+    s.span.bytes = static_cast<int64_t>(std::llround(op->work.bytes * share));
+    KernelWork k;
+    k.group = op->group;
+    k.op = op->op;
+    k.work = op->work;
+    s.work = static_cast<int32_t>(d_.works.size());
+    d_.works.push_back(std::move(k));
+  }
 }
 
 // Required: the kernel table and the strings it refers to.
@@ -363,7 +459,8 @@ FileReader::Launches FileReader::launch_times() {
     while (q.next()) {
       int64_t t = 0;
       if (!q.is_int(0) || __builtin_add_overflow(q.integer(0), offset_, &t)) continue;
-      launch.emplace(std::make_pair(process_of(q.integer(2)), q.integer(1)), t);
+      launch.emplace(std::make_pair(process_of(q.integer(2)), q.integer(1)),
+                     Launch{t, q.integer(2)});
     }
   }
   return launch;
@@ -455,7 +552,7 @@ void FileReader::add_device_spans(const std::vector<DeviceRow>& rows, const Rank
     s.issue_ns = r.start;
     if (r.correlation) {
       auto l = launch.find({r.process, *r.correlation});
-      if (l != launch.end()) s.issue_ns = l->second;
+      if (l != launch.end()) s.issue_ns = l->second.start;
     }
     d_.spans.push_back(s);
   }

@@ -7,6 +7,8 @@
 #  2. Resharding: the dp2 step-3 checkpoint resumed on dp1, and the ZeRO-1 one on dp1 (zero 0): the
 #     first loss equals the reference's step-4 loss within 1e-6 relative (not bit-identical: dp1
 #     sums the same sequences in another grouping). A dp1 checkpoint resumed on dp2 with ZeRO 1.
+#     ZeRO 1 with zero.overlap_grad_reduce (per-bucket parts) killed and resumed bit for bit, and
+#     its checkpoint resumed without the key and the other way round.
 #  3. A damaged checkpoint is refused (exit 2, the file named), a partial newer one skipped, a tp
 #     change refused naming parallel.tp.
 # Usage: checkpoint_checks.sh ORRERY_BINARY WORK_DIR
@@ -75,6 +77,9 @@ EOF
 kill_and_resume fg
 kill_and_resume bg --set checkpoint.background=true
 kill_and_resume zero1 --set parallel.zero=1
+# ZeRO 1 per bucket (zero.overlap_grad_reduce): each rank saves its part of every bucket.
+ZOVERLAP=(--set zero.overlap_grad_reduce=true --set zero.overlap_param_gather=true)
+kill_and_resume zero1-overlap --set parallel.zero=1 "${ZOVERLAP[@]}"
 # A profiled run's trace holds the checkpoint phases (the write on its own stream in background).
 if run traced --nproc 2 --out traced.db --set checkpoint.dir=traced --set checkpoint.background=true \
    && "$ORRERY" export traced.db --format chrome --out traced.json > /dev/null 2>&1; then
@@ -108,6 +113,9 @@ EOF
 }
 reshard dp1 fg-ref/step-3 fg-ref --nproc 1 --set parallel.dp=1
 reshard zero1-dp1 zero1-ref/step-3 zero1-ref --nproc 1 --set parallel.dp=1
+# The per-bucket parts resumed as one contiguous shard and the other way round (ZeRO 1, dp2).
+reshard zero1-overlap-off zero1-overlap-ref/step-3 zero1-ref --nproc 2 --set parallel.zero=1
+reshard zero1-overlap-on zero1-ref/step-3 zero1-ref --nproc 2 --set parallel.zero=1 "${ZOVERLAP[@]}"
 run serial --nproc 1 --no-profile --set parallel.dp=1 --set checkpoint.dir=serial \
   || { fail "dp1 reference run"; cat serial.err; }
 reshard dp2-zero1 serial/step-3 serial --nproc 2 --set parallel.zero=1

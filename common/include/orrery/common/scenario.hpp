@@ -19,8 +19,10 @@ namespace orrery {
 struct MoeConfig {
   int experts = 0;  // routed experts per MoE block; 0 = a dense model (every other key unused)
   int top_k = 2;    // experts each token is routed to, 1 <= top_k <= experts
-  int every = 1;    // an MoE FFN in block l when l % every == 0 (Megatron's moe_layer_freq), dense
-                    // FFN otherwise
+  int every = 1;    // an MoE FFN in block l when l >= first_dense and l % every == 0 (Megatron's
+                    // moe_layer_freq), dense FFN otherwise
+  int first_dense = 0;  // blocks [0, first_dense) keep the dense FFN (DeepSeek-V3's first three;
+                        // Hugging Face's first_k_dense_replace); 0 <= first_dense < layers
   int expert_ffn_hidden = 0;  // each expert's FFN width; 0 = the dense FFN width (model.ffn_hidden)
   int shared_experts = 0;     // always-on experts of that width (DeepSeek), summed ungated
   double capacity_factor = 0.0;  // > 0: each expert takes at most ceil(factor * tokens * top_k /
@@ -139,6 +141,13 @@ struct ZeroConfig {
   std::string offload_params = "none";
   std::string nvme_path;          // an existing, writable directory; one file per rank in it
   double offload_chunk_mb = 4.0;  // the I/O chunk per state array, MiB (> 0): 3 chunks in memory
+  // ZeRO 1/2 as Megatron-LM's distributed optimizer (model/buckets.hpp zero_buckets): the shard
+  // cut per DDP bucket, each bucket's reduce-scatter issued as its gradients are ready (every
+  // micro-batch under ZeRO 2); with overlap_param_gather (needs overlap_grad_reduce) each bucket's
+  // all-gather after the optimizer is waited for only before the next step's first forward that
+  // uses it. Both false: one reduce-scatter and one all-gather of the whole array.
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
   bool nvme() const { return offload_optimizer == "nvme"; }
 };
 

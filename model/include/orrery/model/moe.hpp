@@ -2,8 +2,9 @@
 // description the runtime (CPU kernels, the training loop) and the simulator (op graph, costs,
 // memory) follow, so a real and a simulated trace of one MoE scenario line up span by span.
 //
-// Which blocks: block l has an MoE FFN when l % every == 0 (Megatron's moe_layer_freq), else the
-// dense MLP. In an MoE block the dense fc1/act/fc2 are replaced by a router and experts; the
+// Which blocks: block l has an MoE FFN when l >= first_dense and l % every == 0 (Megatron's
+// moe_layer_freq; DeepSeek-V3's first three blocks dense are first_dense 3, Hugging Face's
+// first_k_dense_replace), else the dense MLP. In an MoE block the dense fc1/act/fc2 are replaced by a router and experts; the
 // attention half, the LayerNorms and the residuals are the dense block's.
 //
 // Routing (route() below, for a micro-batch's tokens on one rank): router logits x·Wr (Wr (E, C), no
@@ -108,7 +109,7 @@ namespace orrery::model::moe {
 using ::orrery::MoeConfig;
 
 inline bool is_moe_block(const MoeConfig& m, int layer) {
-  return m.enabled() && layer % m.every == 0;
+  return m.enabled() && layer >= m.first_dense && layer % m.every == 0;
 }
 // MoE blocks among blocks [first, last).
 int moe_blocks(const MoeConfig& m, int first, int last);

@@ -16,6 +16,9 @@
 // with step, micro_batch, layer = the lowest layer in the bucket (-1 for the embedding), and the
 // bucket's bytes; buckets go out in index order 0, 1, ... every step.
 //
+// ZeRO 1/2 with zero.overlap_grad_reduce (make_zero_buckets, DdpOptions::reduce_scatter): the same
+// machinery issues each bucket's reduce-scatter into its part of the rank's shard array.
+//
 // Gradient compression (parallel.grad_compression, ddp_compression.hpp): enable_compression()
 // installs a CompressionHook; from compression.start_step on, a bucket's all-reduce is the hook's
 // collectives instead (int8 / top-k all-gathers started as the bucket completes and decompressed in
@@ -44,6 +47,14 @@ struct DdpOptions {
   DType wire = DType::F32;
   // The buckets' span name (null: "ddp.all_reduce"); the experts' buckets are "edp.all_reduce".
   const char* span_name = nullptr;
+  // ZeRO 1/2 with zero.overlap_grad_reduce (make_zero_buckets): each bucket is reduce-scattered
+  // (averaged) into its part of the rank's shard array (set_scatter_target) instead of all-reduced.
+  bool reduce_scatter = false;
+  // The bucket holding this segment (and so every later one) is issued by finish_backward only:
+  // the tied wte's gradient is summed over the first and last stage before it is scattered, and
+  // that sum waits for the pipeline's send (kEmbedSegment; kNoSegment: none held back).
+  int hold_segment = kNoSegment;
+  static constexpr int kNoSegment = -1000;
 };
 
 struct DdpBucket {
@@ -51,6 +62,9 @@ struct DdpBucket {
   ParamRange range;           // in the flat gradient array
   std::vector<int> segments;  // in ready order
   int lowest_layer = 0;       // smallest segment id (kEmbedSegment = -1 for the embedding)
+  // ZeRO buckets (make_zero_buckets): this rank's part of the bucket is range.offset + rank·shard,
+  // kept at shard_offset of the shard array; range.count = dp·shard.
+  std::size_t shard = 0, shard_offset = 0;
   size_t bytes() const { return range.count * sizeof(float); }
 };
 
@@ -60,6 +74,10 @@ std::vector<DdpBucket> make_ddp_buckets(const Gpt& model, double bucket_mb);
 // in ready order (the last block first), cut by the same rule; a bucket's segments are its blocks,
 // so DataParallel::on_grads_ready(l) of an MoE block completes them. Reduced over the edp group.
 std::vector<DdpBucket> make_expert_buckets(const Gpt& model, double bucket_mb);
+// ZeRO 1/2 with zero.overlap_grad_reduce: the same buckets with every boundary moved up to a
+// multiple of `dp_size` elements (model/buckets.hpp zero_buckets), bucket 0 reaching the top of
+// the array padded to dp·ceil(n / dp) (gpt_pad_storage), so each divides over the dp group.
+std::vector<DdpBucket> make_zero_buckets(const Gpt& model, double bucket_mb, int dp_size);
 
 class DataParallel {
  public:
@@ -83,6 +101,9 @@ class DataParallel {
   bool compresses(int32_t step) const { return hook_ != nullptr && hook_->active(step); }
 
   const std::vector<DdpBucket>& buckets() const { return buckets_; }
+  // opt.reduce_scatter: the rank's shard array the buckets are scattered into (device memory
+  // with a device communicator), sum of the buckets' shards long.
+  void set_scatter_target(float* shards) { scatter_into_ = shards; }
   const DdpOptions& options() const { return opt_; }
 
   // Starts the backward pass of one micro-batch. With `sync` (the step's last micro-batch) buckets
@@ -120,8 +141,9 @@ class DataParallel {
   std::vector<int> pending_;            // segments still to come, per bucket
   std::vector<Handle> handles_;
   std::unique_ptr<CompressionHook> hook_;
-  std::vector<uint16_t> wire16_;  // (n grads) opt.wire BF16 / F16: the buckets as sent
-  bool compressing_ = false;      // this backward pass's reduction goes through hook_
+  std::vector<uint16_t> wire16_;   // (n grads) opt.wire BF16 / F16: the buckets as sent
+  float* scatter_into_ = nullptr;  // opt.reduce_scatter: the shard array
+  bool compressing_ = false;       // this backward pass's reduction goes through hook_
   int next_to_issue_ = 0;  // buckets go out in index order, so every rank issues the same sequence
   bool sync_ = false;
   int32_t step_ = -1;

@@ -609,10 +609,20 @@ template <class Kernels, class Model, class Acts>
 float forward(const Kernels& k, const Model& m, Acts& acts, const int32_t* inputs,
               const int32_t* targets, const GptHooks& hooks) {
   const GptShard& sh = layout_of(m).shard;
-  if (sh.has_embed) embed_forward(k, m, acts, inputs, hooks);
-  for (int l = sh.layer_begin; l < sh.layer_end; ++l) block_forward(k, m, acts, l, hooks);
-  if (sh.has_head) return head_forward(k, m, acts, targets, hooks);
-  return 0.0f;
+  auto before = [&](int segment) {
+    if (hooks.before_forward) hooks.before_forward(segment);
+  };
+  if (sh.has_embed) {
+    before(kEmbedSegment);
+    embed_forward(k, m, acts, inputs, hooks);
+  }
+  for (int l = sh.layer_begin; l < sh.layer_end; ++l) {
+    before(l);
+    block_forward(k, m, acts, l, hooks);
+  }
+  if (!sh.has_head) return 0.0f;
+  before(layout_of(m).config.n_layer);
+  return head_forward(k, m, acts, targets, hooks);
 }
 
 // Head (if held; otherwise scratch.dres holds the output gradient), blocks in reverse, embedding (if

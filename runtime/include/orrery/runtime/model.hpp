@@ -406,6 +406,10 @@ struct GptHooks {
   TpReduceScatter tp_reduce_scatter;  // required under sequence parallelism
   TpAllGather tp_all_gather;          // required under sequence parallelism
   std::function<void(int segment)> on_grads_ready;  // see the layout note at the top
+  // Before the forward of a segment (kEmbedSegment, each block, n_layer for the head) in the
+  // whole-stage forward (gpt_forward, pieces::forward): the trainer waits there for the segment's
+  // parameters (zero.overlap_param_gather's per-bucket all-gathers). May be empty.
+  std::function<void(int segment)> before_forward;
 };
 
 // --- pieces, in execution order. Each reads/writes the micro-batch's GptActivations.

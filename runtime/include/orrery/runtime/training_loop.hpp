@@ -63,7 +63,10 @@
 //    every rank reports it.
 //  - zero 1/2 (zero.hpp): "zero.reduce_scatter" instead of "ddp.all_reduce" (one per step for
 //    zero 1, one per micro-batch for zero 2, after the backward pass), AdamW on the owned shard,
-//    then "zero.all_gather" of the parameters (Phase "optimizer").
+//    then "zero.all_gather" of the parameters (Phase "optimizer"). With zero.overlap_grad_reduce
+//    one "zero.reduce_scatter" per bucket during the backward (as "ddp.all_reduce"; the bucket of
+//    the tied wte after "pp.embed_all_reduce") and one "zero.all_gather" per bucket, the
+//    embedding's first (zero.hpp).
 //  - zero 3 (zero.hpp, the backend's Zero3 storage): "zero.fetch_layer" all-gathers (a block before
 //    its forward and before its backward, the next one prefetched; the embedding and final
 //    LayerNorm once per step), "zero.reduce_scatter" per segment as its backward completes, every
@@ -201,6 +204,14 @@ class TrainingLoop : public RankTrainer {
   void reduce_gradients_zero(int mb);
   void reduce_expert_gradients_zero(int mb);  // MoE, ep > 1
   void gather_zero_shards_ep();               // MoE, ep > 1
+  // zero.overlap_grad_reduce (ZeRO 1/2 per bucket): the plan, the all-gathers after the optimizer,
+  // and the waits for them (a segment's buckets, or all).
+  void use_zero_buckets(std::vector<DdpBucket>& buckets, std::vector<DdpBucket> zbuckets,
+                        DdpOptions& dopt);
+  void plan_zero_buckets(const std::vector<DdpBucket>& buckets);
+  void gather_zero_buckets();
+  void wait_zero_gathers(int segment);
+  void wait_zero_gathers();
   void embed_all_reduce();
   void kv_grad_all_reduce(int layer, int mb);
   void kv_grad_all_reduce_blocks(int mb);
@@ -269,6 +280,16 @@ class TrainingLoop : public RankTrainer {
   int z3_staged_[4] = {-99, -99, -99, -99};
   uint64_t z3_stage_ticket_[4] = {0, 0, 0, 0};
   std::size_t opt_offset_ = 0, opt_count_ = 0;  // that range in the flat array (not ZeRO 3)
+  // zero.overlap_grad_reduce: ddp_'s buckets are ZeRO's (make_zero_buckets); this rank's part of
+  // each (flat offset, offset in the shard and moment arrays, real elements), the buckets each
+  // segment's forward waits for (index segment + 1), and the buckets' all-gathers in flight.
+  struct OptRange {
+    std::size_t flat = 0, moment = 0, count = 0;
+  };
+  bool zbuckets_ = false;
+  std::vector<OptRange> opt_ranges_;
+  std::vector<std::vector<int>> zero_gather_waits_;
+  std::vector<Handle> zero_ag_h_;
   std::vector<ParamRange> decay_;
   AdamWConfig adamw_;
   int64_t adam_steps_ = 0;

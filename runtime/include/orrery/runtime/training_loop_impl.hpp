@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "orrery/common/error.hpp"
+#include "orrery/model/buckets.hpp"
 #include "orrery/model/names.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/buffers.hpp"
@@ -143,6 +144,7 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   const bool zero = !z3 && s_.parallel.zero >= 1 && L.dp > 1;  // ZeRO 1/2
   std::size_t moments = n;
   opt_count_ = n;
+  std::vector<DdpBucket> zbuckets;  // zero.overlap_grad_reduce: ZeRO 1/2 per bucket
   if (z3) {
     zero_ = zero_partition(n, L.dp_rank, L.dp);
     model_ = std::make_unique<Model>(backend_.make_model(std::move(host), false));
@@ -168,6 +170,8 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
       moments = zero_.shard;
       opt_offset_ = zero_.begin();
       opt_count_ = zero_.count();
+      if (s_.zero.overlap_grad_reduce)
+        zbuckets = make_zero_buckets(host, s_.parallel.bucket_mb, L.dp);
     } else {
       zero_ = zero_partition(n, 0, 1);
     }
@@ -184,6 +188,7 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
       dopt.wire = g == Precision::BF16 ? DType::BF16 : DType::F16;
     }
   }
+  if (!zbuckets.empty()) use_zero_buckets(buckets, std::move(zbuckets), dopt);
   ddp_ = std::make_unique<DataParallel>(std::move(buckets), cfg.n_layer, model_->grads.data(),
                                         model_->params.data(), dense_elems, dev_.dp, dopt);
   if (cfg.moe.enabled() && !zero) {
@@ -240,6 +245,8 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
     kv_buf_.resize(std::size_t(arch.kv_heads) * rows * (std::size_t(d.C) + (arch.bias ? 1 : 0)));
   }
   make_optimizer_state(moments, zero);
+  if (zbuckets_)
+    ddp_->set_scatter_target(s_.parallel.zero == 2 ? zero_recv_.data() : zero_grads_.data());
   if (rec_ != nullptr) observer_ = std::make_unique<Observer>(rec_, backend_);
   backend_.synchronize();  // the model's upload is complete before any stream uses it
 }
@@ -268,6 +275,70 @@ void TrainingLoop<B>::make_optimizer_state(std::size_t moments, bool zero) {
   }
 }
 
+// zero.overlap_grad_reduce (Megatron's distributed optimizer): DDP's machinery over ZeRO's buckets
+// issues each bucket's reduce-scatter as its gradients are ready; the tied wte's bucket waits for
+// its sum over the first and last stage.
+template <class B>
+void TrainingLoop<B>::use_zero_buckets(std::vector<DdpBucket>& buckets,
+                                       std::vector<DdpBucket> zbuckets, DdpOptions& dopt) {
+  zbuckets_ = true;
+  dopt.overlap = true;
+  dopt.reduce_scatter = true;
+  dopt.span_name = kZeroReduceScatterName;
+  if (dev_.embed != nullptr && layout_of(*model_).config.arch.tied_embeddings)
+    dopt.hold_segment = kEmbedSegment;
+  plan_zero_buckets(zbuckets);
+  buckets = std::move(zbuckets);
+}
+
+// zero.overlap_grad_reduce: what this rank updates (its part of each bucket: flat offset, place in
+// the shard array, real elements) and, per segment, the buckets its forward waits for.
+template <class B>
+void TrainingLoop<B>::plan_zero_buckets(const std::vector<DdpBucket>& buckets) {
+  const Gpt& g = layout_of(*model_);
+  std::vector<model::ZeroBucketPlan> plans;
+  for (const auto& b : buckets) {
+    const std::size_t flat = b.range.offset + std::size_t(layout_.dp_rank) * b.shard;
+    const std::size_t n = flat_elems();  // the real elements (params may be padded)
+    const std::size_t count = flat >= n ? 0 : std::min(b.shard, n - flat);
+    if (count > 0) opt_ranges_.push_back({flat, b.shard_offset, count});
+    model::ZeroBucketPlan p;
+    p.offset = int64_t(b.range.offset);
+    p.elements = int64_t(b.range.count);
+    plans.push_back(p);
+  }
+  const int L = g.config.n_layer;
+  zero_gather_waits_.assign(std::size_t(L) + 2, {});
+  for (int seg = kEmbedSegment; seg <= L; ++seg) {
+    const ParamRange r = g.segment_range(seg);
+    zero_gather_waits_[std::size_t(seg + 1)] =
+        model::zero_buckets_overlapping(plans, int64_t(r.offset), int64_t(r.count));
+  }
+  zero_ag_h_.resize(buckets.size());
+}
+
+// zero.overlap_param_gather: the parameters of `segment` are gathered (the head's too, with the
+// copy of the tied wte that a last stage holds in its embedding segment).
+template <class B>
+void TrainingLoop<B>::wait_zero_gathers(int segment) {
+  if (zero_ag_h_.empty()) return;
+  const int L = layout_of(*model_).config.n_layer;
+  for (int seg : {segment, segment == L ? kEmbedSegment : segment}) {
+    for (int b : zero_gather_waits_[std::size_t(seg + 1)]) {
+      zero_ag_h_[std::size_t(b)].wait();
+      zero_ag_h_[std::size_t(b)] = Handle();
+    }
+  }
+}
+
+template <class B>
+void TrainingLoop<B>::wait_zero_gathers() {
+  for (auto& h : zero_ag_h_) {
+    h.wait();
+    h = Handle();
+  }
+}
+
 // zero.offload_optimizer nvme: the file of this rank (offload.hpp), its planes the moments and,
 // with zero.offload_params, ZeRO 3's parameter shards (the storage's array then freed).
 template <class B>
@@ -292,6 +363,11 @@ void TrainingLoop<B>::make_offload(std::size_t moments) {
 
 template <class B>
 TrainingLoop<B>::~TrainingLoop() {
+  try {
+    wait_zero_gathers();  // none still writes into the parameters
+  } catch (...) {
+    // A failed collective: the job is ending; drain below waits for the rest.
+  }
   backend_.drain();                 // nothing queued still reads a buffer when the members go
   if (offload_) offload_->drain();  // nor a read-ahead into z3_stage_
 }
@@ -449,6 +525,7 @@ std::vector<float> TrainingLoop<B>::parameters() {
     }
     return out;
   }
+  wait_zero_gathers();
   backend_.synchronize();
   backend_.download(out.data(), model_->params.data(), out.size());
   return out;
@@ -473,6 +550,7 @@ float* TrainingLoop<B>::stage(float* data, std::size_t n, bool upload) {
 
 template <class B>
 std::vector<StateRange> TrainingLoop<B>::state_to_save() {
+  wait_zero_gathers();
   staged_.clear();
   backend_.synchronize();
   std::vector<StateRange> out;
@@ -494,6 +572,13 @@ std::vector<StateRange> TrainingLoop<B>::state_to_save() {
     return out;
   }
   if (s_.parallel.zero == 0 && layout_.dp_rank != 0) return out;  // dp rank 0 holds the same
+  if (zbuckets_) {                                                // this rank's part of each bucket
+    for (const auto& r : opt_ranges_) {
+      add(r.flat, r.count, model_->params.data() + r.flat, mom_m + r.moment, mom_v + r.moment,
+          false);
+    }
+    return out;
+  }
   if (opt_count_ > 0) {
     add(opt_offset_, opt_count_, model_->params.data() + opt_offset_, mom_m, mom_v, false);
   }
@@ -508,10 +593,18 @@ std::vector<StateRange> TrainingLoop<B>::state_to_load() {
     off_upload_ = offload_ != nullptr;          // and into the offload file
     return out;
   }
+  wait_zero_gathers();
   staged_.clear();
   std::vector<StateRange> out;
   const std::size_t n = flat_elems();
   out.push_back({0, n, stage(model_->params.data(), n, true), nullptr, nullptr});
+  if (zbuckets_) {
+    for (const auto& r : opt_ranges_) {
+      out.push_back({r.flat, r.count, nullptr, stage(adam_m_.data() + r.moment, r.count, true),
+                     stage(adam_v_.data() + r.moment, r.count, true)});
+    }
+    return out;
+  }
   if (opt_count_ > 0) {
     read_offload_state();
     off_upload_ = offload_ != nullptr;
@@ -682,10 +775,13 @@ void TrainingLoop<B>::backward_pass(int mb, const GptHooks& hooks, float loss_sc
   } else {
     // ZeRO 1 with a compressed step: DDP's compressed reduction of the whole gradient, then each
     // rank keeps its shard of the average (reduce_gradients_zero) instead of a reduce-scatter.
-    ddp_->begin_backward((!zero12() || ddp_->compresses(step)) && last_mb, step, mb);
+    // zero.overlap_grad_reduce: the buckets' reduce-scatters (every micro-batch under ZeRO 2),
+    // waited for in reduce_gradients_zero after the pipeline send.
+    const bool zsync = zbuckets_ && (s_.parallel.zero == 2 || last_mb);
+    ddp_->begin_backward(((!zero12() || ddp_->compresses(step)) && last_mb) || zsync, step, mb);
     if (edp_) edp_->begin_backward(last_mb, step, mb);
     pieces::backward(backend_.kernels(), *model_, acts, *scratch_, loss_scale, hooks);
-    ddp_->finish_backward();
+    if (!zbuckets_) ddp_->finish_backward();
     if (edp_) {
       edp_->finish_backward();
       if (last_mb && layout_.ep > 1) {
@@ -767,12 +863,16 @@ void TrainingLoop<B>::reduce_gradients_zero(int mb) {
   }
   const GptShard& sh = layout_of(*model_).shard;
   float* out = s_.parallel.zero == 2 ? zero_recv_.data() : zero_grads_.data();
-  dev_.dp
-      ->reduce_scatter(
-          model_->grads.data(), out, zero_.shard, DType::F32, ReduceOp::Avg,
-          OpLabel{kZeroReduceScatterName, step_, mb,
-                  holds_embedding_segment(layout_of(*model_)) ? kEmbedSegment : sh.layer_begin})
-      .wait();
+  if (zbuckets_) {
+    ddp_->finish_backward();  // the held bucket issued; every bucket's part scattered into `out`
+  } else {
+    dev_.dp
+        ->reduce_scatter(
+            model_->grads.data(), out, zero_.shard, DType::F32, ReduceOp::Avg,
+            OpLabel{kZeroReduceScatterName, step_, mb,
+                    holds_embedding_segment(layout_of(*model_)) ? kEmbedSegment : sh.layer_begin})
+        .wait();
+  }
   if (ezero_.total > 0) reduce_expert_gradients_zero(mb);
   if (s_.parallel.zero == 2) {
     backend_.add(zero_grads_.data(), out, zero_.shard);         // the shard gradient accumulates
@@ -1008,6 +1108,12 @@ void TrainingLoop<B>::optimizer_phase(bool apply) {
     // offload_params: the staged shards are the old parameters.
     for (int& st : z3_staged_) st = -99;
     for (int& g : z3_gathered_) g = -99;  // the buffers hold the old parameters
+  } else if (apply && zbuckets_) {
+    // Per bucket: this rank's part, its gradients and moments at the part's place in the shard.
+    for (const auto& r : opt_ranges_) {
+      adamw_range(model_->params.data() + r.flat, zero_grads_.data() + r.moment, r.moment, r.flat,
+                  r.count);
+    }
   } else if (apply && opt_count_ > 0) {
     // ZeRO 1/2: the owned shard [begin, begin + count) only, its gradients in the shard array.
     const float* grads = zero12() ? zero_grads_.data() : model_->grads.data();
@@ -1021,6 +1127,8 @@ void TrainingLoop<B>::optimizer_phase(bool apply) {
   close(adamw);
   if (zero12() && apply && ezero_.total > 0) {
     gather_zero_shards_ep();
+  } else if (zero12() && apply && zbuckets_) {
+    gather_zero_buckets();
   } else if (zero12() && apply) {
     // In place: this rank's shard is block dp_rank of the gathered array.
     dev_.dp
@@ -1029,6 +1137,22 @@ void TrainingLoop<B>::optimizer_phase(bool apply) {
         .wait();
   }
   close(opt);
+}
+
+// zero.overlap_grad_reduce: each bucket's parts all-gathered in place, in forward order (the
+// embedding's bucket first, as Megatron dispatches them); with zero.overlap_param_gather each is
+// waited for before the first forward that reads it (before_forward), else all here.
+template <class B>
+void TrainingLoop<B>::gather_zero_buckets() {
+  const auto& buckets = ddp_->buckets();
+  for (std::size_t i = buckets.size(); i-- > 0;) {
+    const DdpBucket& b = buckets[i];
+    float* p = model_->params.data() + b.range.offset;
+    zero_ag_h_[i] =
+        dev_.dp->all_gather(p + std::size_t(layout_.dp_rank) * b.shard, p, b.shard, DType::F32,
+                            OpLabel{kZeroAllGatherName, step_, -1, b.lowest_layer});
+  }
+  if (!s_.zero.overlap_param_gather) wait_zero_gathers();
 }
 
 template <class B>
@@ -1077,6 +1201,7 @@ StepResult TrainingLoop<B>::step() {
   GptHooks hooks;
   hooks.observer = observer_.get();
   hooks.on_grads_ready = [this](int segment) { ddp_->on_grads_ready(segment); };
+  if (zbuckets_) hooks.before_forward = [this](int segment) { wait_zero_gathers(segment); };
   if (layout_of(*model_).config.moe.enabled()) moe_hooks(hooks);
   if (dev_.tp != nullptr) {
     hooks.tp_all_reduce = [this](TpPoint point, int layer, float* data, std::size_t count) {
@@ -1117,6 +1242,8 @@ StepResult TrainingLoop<B>::step() {
   const double scale_used = scaler_ ? scaler_->scale() : 1.0;
   if (scaler_) apply = scaler_->update(unscale_and_check_overflow());
   optimizer_phase(apply);
+  // The scenario's last step ends with the parameters gathered.
+  if (step_ + 1 >= s_.training.steps) wait_zero_gathers();
   if (scaler_ && rec_ != nullptr) {
     const int64_t now = profiler::steady_now_ns();
     rec_->counter(names::kLossScale.data(), scale_used, now);

@@ -12,6 +12,13 @@
 //   stage 2: reduce-scatter after every micro-batch's backward, accumulated into a shard gradient
 //            buffer of k elements; the full array only holds one backward's gradients.
 // Padding: at most N-1 elements per array (parameters and gradients are reallocated to N*k).
+// zero.overlap_grad_reduce (Megatron-LM's distributed optimizer; model/buckets.hpp zero_buckets):
+//   the same padded array cut into DDP's buckets with every boundary moved up to a multiple of N;
+//   rank r owns part r of each bucket (its AdamW state in bucket order). DataParallel issues each
+//   bucket's reduce-scatter as its gradients are ready (ZeRO 2: every micro-batch), into the part's
+//   place in the shard array; after AdamW each bucket is all-gathered in place, in forward order,
+//   waited for there or (zero.overlap_param_gather) before the next step's first forward reading it
+//   (GptHooks::before_forward). Span layer = the bucket's lowest segment, as DDP's.
 //
 // Stage 3 (Zero3Storage): every segment of the flat array (the embedding, each block, the final
 // LayerNorm; model.hpp) is partitioned on its own, k_g = ceil(c_g / N), and a rank keeps only its

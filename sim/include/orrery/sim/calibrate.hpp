@@ -63,6 +63,29 @@
 //  4. The machine: `cluster:` (device cpu with the fitted peak and bandwidth, ranks_per_node, the
 //     rank-to-rank link with the fitted per-step latency and busbw) and `sharing:`.
 //
+//  5. GPU traces (issue 17): when the traces are GPU traces (imported Kineto traces with kernel
+//     work, kernel_work.hpp; Orrery's own CUDA traces, runtime.device cuda), none of the above: the
+//     device preset's default profile (hardware.hpp) is the start, and a GPU fit replaces what the
+//     traces measure. Observations are operators at one shape each (an imported op instance's
+//     kernels summed, the median over instances of that op and shape; Orrery's op spans with the
+//     cost model's kernels). Each takes
+//        t = n · o + Σ_k [ flops_k / shape_k · s_class   (gemm, attention: seconds per FLOP)
+//                        | bytes_k · s_class ]            (elementwise, layernorm, softmax_loss,
+//                                                          optimizer: seconds per byte)
+//     with n the kernels it launched, o the per-kernel overhead (launch, ramp and tail: the
+//     intercept of time against work), shape_k the gemm_shape efficiency of the GEMM's (M, N, K)
+//     (1 for attention, and for every GEMM with `flat_gemm`). Non-negative least squares on
+//     relative errors (each observation weighted by the square root of its instances). A GEMM or
+//     attention kernel the current estimate puts on the memory side of its roofline is priced at
+//     the preset's bandwidth efficiency instead (its time subtracted), and the fit repeats until
+//     that split stops changing. The profile's numbers: flops_efficiency = 1 / (s · peak) (for
+//     gemm the ceiling the shape model scales), bandwidth_efficiency = 1 / (s · bandwidth), every
+//     class's overhead_us = o, with the datasheet peaks of the device preset at the precision of
+//     the GEMMs (16-bit operands: bf16; 32-bit: fp32). o is fitted only when some class has
+//     observations of more than one size per kernel (else an overhead cannot be told from a
+//     rate). Whatever the traces do not measure keeps the preset's default, with a note naming
+//     it; the YAML says per parameter which traces and how many kernels fitted it.
+//
 // The simulator (sweep.hpp's simulate, i.e. `orrery sim`) applies the law dynamically: the node's
 // cores are a processor-sharing server (ExecutorOptions::core_sharing), each computing rank running
 // at 1 / compute_slowdown(n) while n ranks of the node compute at that instant, so ranks idle in a
@@ -135,6 +158,11 @@ struct CalibrationOptions {
   int64_t memory_capacity_bytes = 0;  // per rank slot; 0 = this machine's memory / ranks_per_node
   // Write the measured lone-rank op times (the profile's `ops:`), see step 2.
   bool measured_ops = true;
+  // GPU traces (step 5): the device preset they ran on when the traces do not name it
+  // (A100-SXM-80GB, H100-SXM, H200); "" = from the traces' GPU names.
+  std::string device;
+  // GPU traces: fit every GEMM at one flat rate (no shape model), for comparison.
+  bool flat_gemm = false;
 };
 
 // One fitted op: the median measured time (normalised to a lone rank) and the fitted profile's time
@@ -167,6 +195,16 @@ struct SharingRow {
   double model = 1;   // compute_slowdown of the fitted law
 };
 
+// A parameter of a GPU fit (step 5): its value and where it came from.
+struct GpuFitRow {
+  std::string parameter;  // "gemm.flops_efficiency", "overhead_us", ...
+  double value = 0;
+  bool fitted = false;              // false: the preset's default kept
+  int64_t kernels = 0;              // kernels that fitted it
+  std::vector<std::string> traces;  // the traces they came from
+  std::string why;                  // not fitted: why
+};
+
 struct CalibrationResult {
   HardwareProfile profile;
   std::vector<OpFitRow> ops;
@@ -174,10 +212,18 @@ struct CalibrationResult {
   std::vector<SharingRow> sharing;
   double compute_rel_rms = 0;      // time-weighted relative RMS error of the compute fit
   std::vector<std::string> notes;  // what could not be fitted and what was assumed instead
+  std::vector<GpuFitRow> gpu;      // GPU traces: the fitted (or kept) parameters
 };
 
-// Fits a profile from real traces (each with its scenario in meta.scenario_text). InputError when
-// no trace has compute spans the simulator knows, or a trace has no scenario.
+// A GPU trace (step 5): one with kernel work (traces/kernel_work.hpp) or from a CUDA run.
+bool is_gpu_trace(const traces::Trace& t);
+// The device preset of a GPU's name ("NVIDIA H100 80GB HBM3" -> "H100-SXM", "NVIDIA A100-SXM4-80GB"
+// -> "A100-SXM-80GB", "NVIDIA H200" -> "H200"); "" when none matches.
+std::string gpu_preset_of(const std::string& gpu_name);
+
+// Fits a profile from real traces (each with its scenario in meta.scenario_text; GPU traces: step
+// 5, imported ones need none). InputError when no trace has compute spans the simulator knows, a
+// CPU trace has no scenario, CPU and GPU traces are mixed, or the GPU is not known.
 CalibrationResult calibrate(const std::vector<traces::Trace>& traces,
                             const CalibrationOptions& opt = {});
 

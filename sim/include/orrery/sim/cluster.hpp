@@ -120,10 +120,15 @@ std::optional<Protocol> protocol_from_string(std::string_view s);  // auto, ll, 
 // S bytes takes base + intra_steps * nvlink_step + inter_steps * net_step (us) plus its link time at
 // `efficiency` times the links' effective capacity.
 struct NcclProtocolParams {
-  double efficiency = 1.0;
+  double efficiency =
+      1.0;  // of NVLink copies; between nodes the protocol's wire format (network.cpp)
   double base_latency_us = 0;
   double nvlink_step_latency_us = 0;
   double net_step_latency_us = 0;
+  // NCCL's tree all-reduce has latency constants of its own (tuning.cc baseLat / hwLat Tree).
+  double tree_base_latency_us = 0;
+  double tree_nvlink_step_latency_us = 0;
+  double tree_net_step_latency_us = 0;
 };
 
 // The NCCL model (cluster file section `nccl:`, scenarios/clusters/README.md). Off unless the cluster
@@ -136,16 +141,24 @@ struct NcclModel {
   double nic_efficiency = 1.0;
   // Defaults: NCCL's tuning constants (tuning.cc: baseLat, hwLat ring NVLINK/NET, LL at .5 and LL128 at
   // 120/128 of the bandwidth); cluster files override them with fitted values.
-  NcclProtocolParams ll{0.5, 6.6, 0.6, 2.7};
-  NcclProtocolParams ll128{120.0 / 128.0, 14.0, 1.9, 4.0};
-  NcclProtocolParams simple{1.0, 8.4, 3.4, 14.0};
+  NcclProtocolParams ll{0.5, 6.6, 0.6, 2.7, 6.8, 0.6, 5.0};
+  NcclProtocolParams ll128{120.0 / 128.0, 14.0, 1.9, 4.0, 14.0, 1.25, 8.5};
+  NcclProtocolParams simple{1.0, 8.4, 3.4, 14.0, 8.4, 4.0, 14.0};
+  // LL between nodes: NCCL's llMaxBws busbw ceiling for 2 nodes and for more (tuning.cc, Hopper 45 and
+  // 35 GB/s, Ampere 22.5 and 19); 0 = none.
+  double ll_max_busbw_2_nodes_gb_per_s = 0;
+  double ll_max_busbw_gb_per_s = 0;
+  // A ring across nodes pays at least this per intra-node step (3x for Simple): NCCL's network
+  // overhead (tuning.cc getNetOverhead: 1 us on Intel x86, 2 us on AMD).
+  double net_overhead_us = 1.0;
   // NVLink SHARP all-reduce inside one NVSwitch node (H100/H200): each GPU moves (n-1)/n of the
   // buffer each way, half of a ring's, at nvls_efficiency of its links; NCCL's latency is 25 us.
   bool nvls = false;
   double nvls_efficiency = 0.85;  // NCCL's nvlsEfficiency (Hopper)
   double nvls_latency_us = 25.0;  // NCCL's hwLat NVLS Simple
-  // NVLS tree between nodes (NCCL's NVLSTree): each network step of the tree costs this (NCCL's
-  // hwLat NET NVLSTree Simple).
+  // NVLS tree between nodes (NCCL's NVLSTree): nvls_tree_latency_us (NCCL's hwLat NVLink NVLSTree) plus
+  // 2 log2(nodes) network steps of nvls_tree_net_step_latency_us (hwLat NET NVLSTree Simple).
+  double nvls_tree_latency_us = 25.0;
   double nvls_tree_net_step_latency_us = 20.9;
   int max_channels = 0;  // channels NCCL starts from (0: the `collective:` channels)
 };

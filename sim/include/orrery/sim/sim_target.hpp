@@ -33,9 +33,11 @@ SimTarget load_target(const std::string& cluster);
 // describes (its `cluster:` section), with at least the scenario's ranks; else default_cluster(s).
 SimTarget sim_target(const Scenario& s, const std::string& cluster, const std::string& hw);
 
-// Without --cluster: scenarios/clusters/cpu-local.yaml for a cpu scenario when that file exists,
-// else one crossbar node of the scenario's device (cpu, or H100-SXM otherwise); then resized to the
-// scenario's dp·tp·pp GPUs when its size differs.
+// Without --cluster: scenarios/clusters/cpu-local.yaml for a cpu scenario, or for a GPU scenario
+// scenarios/clusters/h100-8.yaml's node (its NCCL model) widened to the world, when that file is
+// found from the working directory; else one ideal crossbar node of the scenario's device (cpu, or
+// H100-SXM otherwise, links at 100 %), whose name says the file was not found; then resized to
+// the scenario's dp·tp·pp GPUs when its size differs.
 Cluster default_cluster(const Scenario& s);
 
 // The profile of a target: the --hw file `hw` when given, else the default of the cluster's device

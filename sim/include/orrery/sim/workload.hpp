@@ -28,7 +28,14 @@
 //   last stage's 4-byte loss broadcast over the pp group ("pp.loss").
 //   ZeRO 1/2 instead (the runtime's zero.hpp): after the backward pass (ZeRO 1: the last micro-batch,
 //   ZeRO 2: every one) the tied-embedding all-reduce (pp > 1) and ONE reduce-scatter of the whole
-//   padded array, both blocking; after AdamW one all-gather of the whole array.
+//   padded array, both blocking; after AdamW one all-gather of the whole array. With
+//   zero.overlap_grad_reduce (Megatron's distributed optimizer): ZeRO's buckets (model/buckets.hpp
+//   zero_buckets) each reduce-scattered as soon as its last gradient is ready, as DDP's (every
+//   micro-batch under ZeRO 2), the bucket holding the tied wte after the tied-embedding
+//   all-reduce; the next pass waits for all; after AdamW one all-gather per bucket in forward
+//   order, which the step's end waits for, or with zero.overlap_param_gather the next step's first
+//   forward op of each segment whose parameters lie in the bucket (the scenario's last step: its
+//   end).
 //   Mixture of experts (model/moe.hpp has the span order): an MoE block's forward is fwd.block
 //   [Ln1 .. Ln2] (tp > 1: two pieces around the attention's tp all-reduce), moe.router,
 //   moe.dispatch (all_to_all over the ep group on comm.ep, ep > 1), moe.experts, moe.combine

@@ -70,6 +70,11 @@
 //   are read as all cpu_op on a CPU-only rank.
 // - "[memory]" instant events become counters "mem.cpu" / "mem.cuda" (args "Device Type" 0 / 1)
 //   with value args "Total Allocated" in bytes.
+// - Kernel work (kernel_work.hpp): a compute kernel whose launching cpu_op (its "External id", or
+//   its launch's) recorded "Input Dims" (record_shapes=True) and is a GEMM, fused attention or
+//   memory-bound op of kernel_work.hpp's rules carries its share of the op's flops and bytes, and
+//   a row in extra_json "kernel_work"; "deviceProperties" names go to extra_json
+//   "import"."devices".
 //
 // Nsight Systems (SQLite export)
 // - Required: table StringIds(id, value) and CUPTI_ACTIVITY_KIND_KERNEL(start, end, deviceId,
@@ -89,6 +94,10 @@
 // - NVTX push/pop and start/end ranges (eventType 59, 60) with an end are Phase spans on the host
 //   thread's stream (named from ThreadNames, else "thread <tid>"); marks and other event types are
 //   not imported.
+// - Kernel work (kernel_work.hpp): PyTorch's emit_nvtx(record_shapes=True) ranges ("aten::mm,
+//   seq = 3, sizes = [[64, 128], [128, 32]]") give the GEMM and attention work of the kernels
+//   launched inside them (the innermost such range open on the launching thread at the launch);
+//   TARGET_INFO_GPU's names go to extra_json "import"."devices".
 #pragma once
 
 #include <array>

@@ -1,0 +1,503 @@
+// Calibration from GPU traces (calibrate.hpp, step 5): the observations (imported kernels with
+// their operators' work, traces/kernel_work.hpp; Orrery's op spans, calibrate.cpp), the fit of the
+// per-kernel overhead and the class rates under the GEMM shape model, and the profile it gives.
+#include "calibrate_gpu.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "orrery/common/error.hpp"
+#include "orrery/sim/cluster.hpp"
+#include "orrery/traces/kernel_work.hpp"
+
+namespace orrery::sim {
+
+bool is_gpu_trace(const traces::Trace& t) {
+  if (!traces::read_kernel_work(t).empty()) return true;
+  if (t.meta.layout.device == "cuda") return true;
+  for (const auto& r : t.ranks)
+    if (r.device.rfind("cuda", 0) == 0) return true;
+  return false;
+}
+
+std::string gpu_preset_of(const std::string& gpu_name) {
+  std::string n = gpu_name;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::toupper(c); });
+  if (n.find("H200") != std::string::npos) return "H200";
+  if (n.find("H100") != std::string::npos) return "H100-SXM";
+  if (n.find("A100") != std::string::npos) return "A100-SXM-80GB";
+  return {};
+}
+
+namespace detail {
+namespace {
+
+constexpr int kGpuCols = 1 + kOpClassCount;  // overhead, then one rate per class
+int col_of(OpClass c) { return 1 + static_cast<int>(c); }
+bool flop_cls(OpClass c) { return c == OpClass::Gemm || c == OpClass::Attention; }
+
+std::optional<OpClass> class_of(const std::string& s) {
+  for (int c = 0; c < kOpClassCount; ++c)
+    if (to_string(static_cast<OpClass>(c)) == s) return static_cast<OpClass>(c);
+  return std::nullopt;
+}
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string fmt(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.0f", v);
+  return b;
+}
+
+// The simulator's kernel for an imported op's work (a batched GEMM's products stacked as rows:
+// the same tiles, as cost_model's unfused attention prices them).
+Kernel kernel_of(const traces::OpWork& w, OpClass cls) {
+  Kernel k;
+  k.cls = cls;
+  k.flops = w.flops;
+  k.bytes = w.bytes;
+  if (cls == OpClass::Gemm) k.gm = w.m * w.batch, k.gn = w.n, k.gk = w.k;
+  if (cls == OpClass::Attention) {
+    k.gm = w.m, k.gn = w.n, k.gk = w.k, k.gbatch = w.batch, k.gemm_backward = w.backward;
+    k.elem_bytes = w.elem_bytes;
+  }
+  return k;
+}
+
+std::string shape_text(const traces::OpWork& w) {
+  const std::string e = w.elem_bytes > 0 ? " e" + std::to_string(w.elem_bytes) : "";
+  if (w.cls == "gemm")
+    return (w.batch > 1 ? fmt(w.batch) + "x " : "") + fmt(w.m) + "x" + fmt(w.n) + "x" + fmt(w.k) +
+           e;
+  if (w.cls == "attention")
+    return fmt(w.batch) + "x T" + fmt(w.m) + " S" + fmt(w.n) + " D" + fmt(w.k) +
+           (w.backward ? " bwd" : " fwd") + e;
+  return fmt(w.bytes) + " B";
+}
+
+// Imported kernels: per op instance (rank, group) the kernels' summed duration; per (op, work,
+// kernels launched) the median instance.
+std::vector<GpuItem> imported_items(const traces::Trace& t, size_t trace_index,
+                                    std::set<std::string>& unknown_classes) {
+  const std::vector<traces::KernelWork> rows = traces::read_kernel_work(t);
+  struct Instance {
+    size_t row = 0;
+    double ns = 0;
+    int kernels = 0;
+  };
+  std::map<std::pair<int32_t, int64_t>, Instance> inst;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    auto [it, fresh] = inst.try_emplace({rows[r].rank, rows[r].group});
+    if (fresh) it->second.row = r;
+    it->second.ns += double(rows[r].end_ns - rows[r].start_ns);
+    it->second.kernels += 1;
+  }
+  // op, shape, kernels launched, FLOPs (a causal and a full attention of one shape differ)
+  using Key = std::tuple<std::string, std::string, int, double>;
+  std::map<Key, std::pair<GpuItem, std::vector<double>>> groups;
+  for (const auto& [key, i] : inst) {
+    const traces::KernelWork& w = rows[i.row];
+    const auto cls = class_of(w.work.cls);
+    if (!cls) {
+      unknown_classes.insert(w.work.cls);
+      continue;
+    }
+    auto& g = groups[{w.op, shape_text(w.work), i.kernels, w.work.flops}];
+    if (g.second.empty()) {
+      g.first.name = w.op;
+      g.first.shape = shape_text(w.work);
+      g.first.kernels = {kernel_of(w.work, *cls)};
+      g.first.launched = i.kernels;
+      g.first.elem_bytes = flop_cls(*cls) ? w.work.elem_bytes : 0;
+      g.first.trace = trace_index;
+    }
+    g.second.push_back(i.ns);
+  }
+  std::vector<GpuItem> out;
+  for (auto& [k, g] : groups) {
+    g.first.measured_ns = median_of(g.second);
+    g.first.count = static_cast<int64_t>(g.second.size());
+    out.push_back(std::move(g.first));
+  }
+  return out;
+}
+
+// ---- the fit
+
+struct Estimates {
+  std::array<double, kOpClassCount> flops_eff{};
+  std::array<double, kOpClassCount> bw_eff{};
+  double overhead_s = 0;
+};
+
+struct Design {
+  std::vector<double> a, b;        // rows x kGpuCols, weighted
+  std::vector<char> memory_bound;  // per (item, kernel): priced on its bytes side
+  std::array<bool, kGpuCols> used{};
+};
+
+struct Machine {
+  double peak = 0, bw = 0;
+  GemmShapeModel shape;
+};
+
+double shape_eff(const Machine& m, const Kernel& k) {
+  return k.cls == OpClass::Gemm ? gemm_shape_efficiency(m.shape, k) : 1.0;
+}
+
+// The observation rows under the current estimates: which GEMM and attention kernels are
+// memory-bound (their time fixed at the bandwidth side, subtracted), the rest per class.
+// roofline false: every GEMM and attention kernel on its FLOP side (the first pass: the preset's
+// efficiencies may be far from the traces', and a kernel put on its bytes side never moves its
+// class's estimate).
+Design design(const std::vector<GpuItem>& items, const Machine& m, const Estimates& e,
+              bool with_overhead, bool roofline) {
+  Design d;
+  for (const auto& it : items) {
+    std::vector<double> row(kGpuCols, 0.0);
+    double target = it.measured_ns * 1e-9;
+    // Without a fitted overhead, the preset's stands and the rates explain the rest.
+    if (with_overhead)
+      row[0] = it.launched;
+    else
+      target -= it.launched * e.overhead_s;
+    for (const auto& k : it.kernels) {
+      const int c = static_cast<int>(k.cls);
+      bool mem = false;
+      if (flop_cls(k.cls)) {
+        const double tc = k.flops / (m.peak * e.flops_eff[c] * shape_eff(m, k));
+        const double tm = k.bytes / (m.bw * e.bw_eff[c]);
+        mem = roofline && tm > tc;
+        if (mem)
+          target -= tm;
+        else
+          row[col_of(k.cls)] += k.flops / shape_eff(m, k);
+      } else {
+        row[col_of(k.cls)] += k.bytes;
+      }
+      d.memory_bound.push_back(mem);
+    }
+    const double w =
+        std::sqrt(double(std::max<int64_t>(1, it.count))) / std::max(1e-12, it.measured_ns * 1e-9);
+    for (int j = 0; j < kGpuCols; ++j) {
+      if (row[j] > 0) d.used[j] = true;
+      d.a.push_back(row[j] * w);
+    }
+    d.b.push_back(target * w);
+  }
+  return d;
+}
+
+// NNLS on the design with unit-norm columns (unused columns stay 0).
+std::vector<double> solve(Design d, size_t rows) {
+  std::array<double, kGpuCols> scale{};
+  for (int j = 0; j < kGpuCols; ++j) {
+    double s = 0;
+    for (size_t i = 0; i < rows; ++i) s += d.a[i * kGpuCols + j] * d.a[i * kGpuCols + j];
+    scale[j] = s > 0 ? std::sqrt(s) : 0.0;
+    for (size_t i = 0; i < rows; ++i)
+      d.a[i * kGpuCols + j] = scale[j] > 0 ? d.a[i * kGpuCols + j] / scale[j] : 0.0;
+  }
+  std::vector<double> x = nnls(d.a, static_cast<int>(rows), kGpuCols, d.b);
+  for (int j = 0; j < kGpuCols; ++j) x[j] = scale[j] > 0 ? x[j] / scale[j] : 0.0;
+  return x;
+}
+
+// An overhead can be told from a rate only when some class has observations of different work
+// per launched kernel.
+bool overhead_identifiable(const std::vector<GpuItem>& items) {
+  std::map<int, std::vector<double>> per_class;
+  for (const auto& it : items) {
+    if (it.kernels.size() != 1) continue;
+    const Kernel& k = it.kernels.front();
+    per_class[static_cast<int>(k.cls)].push_back((flop_cls(k.cls) ? k.flops : k.bytes) /
+                                                 it.launched);
+  }
+  for (auto& [c, v] : per_class) {
+    if (v.size() < 2) continue;
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    if (*hi > 1.05 * *lo) return true;
+  }
+  // Multi-kernel observations (Orrery's ops) of more than one shape do too.
+  std::set<std::string> shapes;
+  for (const auto& it : items)
+    if (it.kernels.size() > 1) shapes.insert(it.name + " " + it.shape);
+  return shapes.size() > 1;
+}
+
+struct GpuFit {
+  Estimates e;
+  std::array<bool, kGpuCols> fitted{};
+  std::array<std::string, kGpuCols> why{};
+  std::vector<char> memory_bound;  // per (item, kernel) of the last design: priced on its bytes
+  int iterations = 0;
+};
+
+GpuFit fit_gpu(const std::vector<GpuItem>& items, const Machine& m, const HardwareProfile& base) {
+  GpuFit f;
+  for (int c = 0; c < kOpClassCount; ++c) {
+    f.e.flops_eff[c] = base.classes[c].flops_efficiency;
+    f.e.bw_eff[c] = base.classes[c].bandwidth_efficiency;
+  }
+  f.e.overhead_s = double(base.classes[0].overhead_ns) * 1e-9;
+  if (items.empty()) {
+    f.why[0] = "no kernels with shapes";
+    return f;
+  }
+  const bool with_overhead = overhead_identifiable(items);
+  if (!with_overhead)
+    f.why[0] =
+        "every observation of a class has the same work per kernel: an overhead cannot be "
+        "told from a rate";
+  std::vector<char> last;
+  for (f.iterations = 1; f.iterations <= 10; ++f.iterations) {
+    const Design d = design(items, m, f.e, with_overhead, f.iterations > 1);
+    const std::vector<double> x = solve(d, items.size());
+    for (int j = 0; j < kGpuCols; ++j) {
+      f.fitted[j] = j == 0 ? with_overhead : d.used[j] && x[j] > 0;
+      if (!f.fitted[j]) continue;
+      if (j == 0) {
+        f.e.overhead_s = x[0];
+        continue;
+      }
+      const int c = j - 1;
+      if (flop_cls(static_cast<OpClass>(c)))
+        f.e.flops_eff[c] = 1.0 / (x[j] * m.peak);
+      else
+        f.e.bw_eff[c] = 1.0 / (x[j] * m.bw);
+    }
+    for (int j = 1; j < kGpuCols; ++j)
+      if (d.used[j] && x[j] <= 0)
+        f.why[j] = "the fit gives it no time (its kernels are explained by the overhead alone)";
+    f.memory_bound = d.memory_bound;
+    if (f.iterations > 1 && d.memory_bound == last) break;
+    last = d.memory_bound;
+  }
+  return f;
+}
+
+// ---- the traces, the device, the profile
+
+std::string label_of(const traces::Trace& t, size_t i) {
+  return t.path.empty() ? "trace " + std::to_string(i + 1) : t.path;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// The device preset the traces ran on: --device, else the one their GPU names say.
+std::string traces_device(const std::vector<traces::Trace>& ts, const CalibrationOptions& opt) {
+  if (!opt.device.empty()) {
+    const auto d = device_preset(opt.device);
+    if (!d || d->name == "cpu")
+      throw InputError("orrery calibrate: --device '" + opt.device +
+                       "' is not a GPU preset (A100-SXM-80GB, H100-SXM, H200)");
+    return d->name;
+  }
+  std::set<std::string> presets;
+  std::vector<std::string> names;
+  for (const auto& t : ts)
+    for (const auto& n : traces::recorded_gpu_names(t)) {
+      names.push_back(n);
+      if (const std::string p = gpu_preset_of(n); !p.empty()) presets.insert(p);
+    }
+  if (presets.size() == 1) return *presets.begin();
+  if (presets.size() > 1)
+    throw InputError("orrery calibrate: the traces ran on different GPUs (" + join(names) +
+                     "): calibrate one device at a time, or name it with --device");
+  throw InputError("orrery calibrate: the traces do not say which GPU they ran on" +
+                   (names.empty() ? std::string() : " (" + join(names) + ": no device preset)") +
+                   "; give --device A100-SXM-80GB, H100-SXM or H200");
+}
+
+// The precision of the GEMMs (FLOP-weighted operand size: 2 bytes bf16, 4 fp32); a CUDA run's
+// runtime.precision when no observation says; bf16 otherwise.
+Precision items_precision(const std::vector<GpuItem>& items, const std::vector<traces::Trace>& ts) {
+  std::map<int32_t, double> flops_by_size;
+  for (const auto& it : items)
+    if (it.elem_bytes > 0)
+      for (const auto& k : it.kernels) flops_by_size[it.elem_bytes] += k.flops * double(it.count);
+  if (!flops_by_size.empty()) {
+    const auto best = std::max_element(flops_by_size.begin(), flops_by_size.end(),
+                                       [](auto& a, auto& b) { return a.second < b.second; });
+    return best->first <= 2 ? Precision::BF16 : Precision::FP32;
+  }
+  for (const auto& t : ts)
+    if (const auto p = precision_from_string(t.meta.layout.precision)) return *p;
+  return Precision::BF16;
+}
+
+struct Observations {
+  std::vector<GpuItem> items;
+  std::vector<std::string> notes;
+};
+
+Observations observe(const std::vector<traces::Trace>& ts, const CalibrationOptions& opt) {
+  Observations o;
+  std::set<std::string> unknown;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    std::vector<GpuItem> got;
+    if (!traces::read_kernel_work(ts[i]).empty())
+      got = imported_items(ts[i], i, unknown);
+    else if (!ts[i].meta.scenario_text.empty())
+      got = orrery_gpu_items(ts[i], i, opt.skip_steps, o.notes);
+    if (got.empty())
+      o.notes.push_back(label_of(ts[i], i) +
+                        ": no kernel with its operator's shapes (import a PyTorch profile recorded "
+                        "with record_shapes=True, or give a trace of `orrery run` on cuda)");
+    for (auto& g : got) o.items.push_back(std::move(g));
+  }
+  for (const auto& u : unknown)
+    o.notes.push_back("kernel work of class '" + u + "' is not a simulator op class: left out");
+  return o;
+}
+
+// Drops the GEMM and attention observations of another operand size than `p`'s.
+void keep_precision(Observations& o, Precision p) {
+  const int32_t want = p == Precision::FP32 || p == Precision::TF32 ? 4 : 2;
+  int64_t dropped = 0;
+  std::vector<GpuItem> kept;
+  for (auto& it : o.items) {
+    if (it.elem_bytes > 0 && it.elem_bytes != want)
+      dropped += it.count;
+    else
+      kept.push_back(std::move(it));
+  }
+  o.items = std::move(kept);
+  if (dropped > 0)
+    o.notes.push_back(std::to_string(dropped) + " GEMM / attention op(s) with " +
+                      (want == 2 ? "other than 16-bit" : "other than 32-bit") +
+                      " operands left out (the profile describes one precision, " +
+                      std::string(to_string(p)) + ")");
+}
+
+const char* kParamNames[kGpuCols] = {
+    "overhead_us",
+    "gemm.flops_efficiency",
+    "attention.flops_efficiency",
+    "elementwise.bandwidth_efficiency",
+    "layernorm.bandwidth_efficiency",
+    "softmax_loss.bandwidth_efficiency",
+    "optimizer.bandwidth_efficiency",
+};
+
+const char* kNoKernels[kGpuCols] = {
+    "no kernels",
+    "no GEMM kernels (aten::mm, addmm, bmm, linear, matmul) with shapes",
+    "no fused attention kernels (scaled_dot_product flash / efficient / cudnn) with shapes",
+    "no elementwise kernels (add, mul, gelu, ...) with shapes",
+    "no norm kernels (layer_norm, rms_norm) with shapes",
+    "no softmax or loss kernels with shapes",
+    "no optimizer kernels (_fused_adam(w)_, _foreach_*) with shapes",
+};
+
+// The profile's numbers from the fit (the preset's where not fitted), and the rows saying so.
+std::vector<GpuFitRow> apply_fit(const GpuFit& f, const std::vector<GpuItem>& items,
+                                 const std::vector<traces::Trace>& ts, HardwareProfile& p,
+                                 std::vector<std::string>& notes) {
+  std::vector<GpuFitRow> rows(kGpuCols);
+  std::array<std::set<std::string>, kGpuCols> from;
+  size_t at = 0;  // (item, kernel) index into f.memory_bound
+  for (const auto& it : items) {
+    rows[0].kernels += int64_t(it.launched) * it.count;
+    from[0].insert(label_of(ts[it.trace], it.trace));
+    for (const auto& k : it.kernels) {
+      // A GEMM or attention kernel on the bytes side of its roofline says nothing of its rate.
+      if (at < f.memory_bound.size() && f.memory_bound[at++]) continue;
+      rows[col_of(k.cls)].kernels += int64_t(it.launched) * it.count / int64_t(it.kernels.size());
+      from[col_of(k.cls)].insert(label_of(ts[it.trace], it.trace));
+    }
+  }
+  for (int j = 0; j < kGpuCols; ++j) {
+    GpuFitRow& r = rows[j];
+    r.parameter = kParamNames[j];
+    r.fitted = f.fitted[j];
+    r.traces.assign(from[j].begin(), from[j].end());
+    const int c = j - 1;
+    if (r.fitted && j == 0) {
+      const int64_t ns = std::llround(f.e.overhead_s * 1e9);
+      for (auto& cc : p.classes) cc.overhead_ns = ns;
+    } else if (r.fitted) {
+      double& v = flop_cls(static_cast<OpClass>(c)) ? p.classes[c].flops_efficiency
+                                                    : p.classes[c].bandwidth_efficiency;
+      const double fitted = flop_cls(static_cast<OpClass>(c)) ? f.e.flops_eff[c] : f.e.bw_eff[c];
+      if (fitted > 1.0)
+        notes.push_back(std::string(kParamNames[j]) + " fitted " + std::to_string(fitted) +
+                        " > 1 (faster than the datasheet peak: is --device right?): 1 written");
+      v = std::min(1.0, fitted);
+    } else {
+      r.why = !f.why[j].empty() ? f.why[j] : kNoKernels[j];
+      r.kernels = 0;
+      notes.push_back(std::string(kParamNames[j]) + " not fitted (" + r.why + "): kept the " +
+                      p.device + " default");
+    }
+    r.value = j == 0                              ? double(p.classes[0].overhead_ns) / 1e3
+              : flop_cls(static_cast<OpClass>(c)) ? p.classes[c].flops_efficiency
+                                                  : p.classes[c].bandwidth_efficiency;
+  }
+  return rows;
+}
+
+// Measured against fitted, per observation (the real cost model on the profile).
+void report_items(const std::vector<GpuItem>& items, const HardwareProfile& p, const Machine& m,
+                  CalibrationResult& out) {
+  const CostModel cm(p, m.peak, m.bw);
+  double num = 0, den = 0;
+  for (const auto& it : items) {
+    double ns = 0;
+    for (const auto& k : it.kernels) ns += double(cm.kernel_ns(k));
+    ns += (it.launched - double(it.kernels.size())) * double(p.classes[0].overhead_ns);
+    OpFitRow r{it.name, it.shape, it.count, it.measured_ns, ns};
+    const double w = double(it.count) * it.measured_ns;
+    num += w * std::pow(r.error_pct() / 100.0, 2);
+    den += w;
+    out.ops.push_back(std::move(r));
+  }
+  out.compute_rel_rms = den > 0 ? std::sqrt(num / den) : 0.0;
+}
+
+}  // namespace
+
+CalibrationResult calibrate_gpu(const std::vector<traces::Trace>& ts,
+                                const CalibrationOptions& opt) {
+  CalibrationResult out;
+  const std::string preset = traces_device(ts, opt);
+  const Device dev = *device_preset(preset);
+  Observations obs = observe(ts, opt);
+  const Precision prec = items_precision(obs.items, ts);
+  keep_precision(obs, prec);
+  HardwareProfile& p = out.profile;
+  p = default_hardware_profile(preset, true);
+  p.name = opt.name;
+  p.precision = prec;
+  if (opt.flat_gemm) p.gemm_shape = {};
+  Machine m{dev.peak_flops(prec), dev.mem_bandwidth_bytes_per_s, p.gemm_shape};
+  const GpuFit f = fit_gpu(obs.items, m, p);
+  out.notes = obs.notes;
+  out.gpu = apply_fit(f, obs.items, ts, p, out.notes);
+  std::vector<std::string> labels;
+  for (size_t i = 0; i < ts.size(); ++i) labels.push_back(label_of(ts[i], i));
+  p.machine = {{"source", "orrery calibrate from GPU traces: " + join(labels)}, {"gpus", preset}};
+  if (opt.flat_gemm)
+    out.notes.push_back("--flat-gemm: every GEMM fitted at one rate (no gemm_shape model)");
+  report_items(obs.items, p, m, out);
+  return out;
+}
+
+}  // namespace detail
+}  // namespace orrery::sim

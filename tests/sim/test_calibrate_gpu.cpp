@@ -1,0 +1,274 @@
+// Calibration from GPU traces (sim/calibrate.hpp step 5, traces/kernel_work.hpp): a Kineto trace
+// of one H100 whose kernel durations come from a known profile
+// (tests/data/calibrate/make_kineto_h100_fixture.py: gemm ceiling 0.80 under the H100 gemm_shape
+// model, attention 0.62, elementwise 0.90, layernorm 0.75, softmax_loss 0.70, optimizer 0.78 of
+// HBM bandwidth, 4.5 us per kernel) must give that profile back; a trace without shapes fits
+// nothing and says so.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "calibration_fixtures.hpp"
+#include "orrery/common/error.hpp"
+#include "orrery/sim/calibrate.hpp"
+#include "orrery/sim/hardware.hpp"
+#include "orrery/traces/import.hpp"
+#include "orrery/traces/kernel_work.hpp"
+
+namespace orrery::sim {
+namespace {
+
+const std::string kData = std::string(ORRERY_SOURCE_DIR) + "/tests/data/calibrate/";
+
+traces::Trace load(const std::string& name) {
+  traces::Trace t = traces::import_kineto({kData + name});
+  t.path = name;
+  return t;
+}
+
+const GpuFitRow& row(const CalibrationResult& r, const std::string& param) {
+  for (const auto& g : r.gpu)
+    if (g.parameter == param) return g;
+  throw std::runtime_error("no row " + param);
+}
+
+// The relative error of the fit for the operator rows whose shape starts with `shape`.
+double worst_error_pct(const CalibrationResult& r, const std::string& shape) {
+  double worst = -1;
+  for (const auto& o : r.ops)
+    if (o.shape.rfind(shape, 0) == 0) worst = std::max(worst, std::fabs(o.error_pct()));
+  return worst;
+}
+
+TEST(KernelWork, ImporterKeepsEachKernelsShareOfItsOpsWork) {
+  const traces::Trace t = load("kineto_h100_calib.json");
+  const auto rows = traces::read_kernel_work(t);
+  // 36 ops, of which the split-K product launches 2 kernels and the fused AdamW 3: 39 kernels.
+  ASSERT_EQ(rows.size(), 39u);
+  std::map<int64_t, int> per_group;
+  for (const auto& k : rows) per_group[k.group] += 1;
+  EXPECT_EQ(per_group.size(), 36u);
+  // Each row names a kernel span of the trace carrying 1/n of its op's FLOPs and bytes.
+  double gemm_flops = 0;
+  for (const auto& k : rows) {
+    const auto it = std::find_if(t.spans.begin(), t.spans.end(), [&](const traces::Span& s) {
+      return s.rank == k.rank && s.stream == k.stream && s.start_ns == k.start_ns &&
+             s.end_ns == k.end_ns;
+    });
+    ASSERT_NE(it, t.spans.end());
+    EXPECT_DOUBLE_EQ(it->flops, k.work.flops / per_group[k.group]);
+    if (k.work.cls == "gemm") gemm_flops += it->flops;
+  }
+  // The GEMMs' FLOPs, 2·M·N·K each, summed over the fixture's products.
+  const double expect =
+      2.0 * (8192.0 * 8192 * 8192 + 3 * 4096.0 * 4096 * 4096 + 2048.0 * 4608 * 12288 +
+             2048.0 * 12288 * 1536 + 2 * 1024.0 * 1024 * 1024 + 2 * 16896.0 * 512 * 8192 +
+             2 * 16896.0 * 520 * 8192 + 8 * 1024.0 * 1024 * 2048 + 2048.0 * 1024 * 1024 +
+             16.0 * 4096 * 4096 + 2 * 256.0 * 256 * 256 + 512.0 * 512 * 8192);
+  EXPECT_NEAR(gemm_flops / expect, 1.0, 1e-12);
+  EXPECT_EQ(traces::recorded_gpu_names(t).front(), "NVIDIA H100 80GB HBM3");
+}
+
+TEST(KernelWork, OperatorRules) {
+  using K = traces::OpInput::Kind;
+  auto tensor = [](std::vector<int64_t> d, std::string type = "c10::BFloat16") {
+    traces::OpInput x;
+    x.kind = K::Tensor;
+    x.dims = std::move(d);
+    x.type = std::move(type);
+    return x;
+  };
+  const auto mm = traces::op_work("aten::mm", {tensor({64, 128}), tensor({128, 32})});
+  ASSERT_TRUE(mm);
+  EXPECT_EQ(mm->cls, "gemm");
+  EXPECT_DOUBLE_EQ(mm->flops, 2.0 * 64 * 32 * 128);
+  EXPECT_DOUBLE_EQ(mm->bytes, 2.0 * (64 * 128 + 128 * 32 + 64 * 32));
+  // K differs between the operands: not a product the rule knows.
+  EXPECT_FALSE(traces::op_work("aten::mm", {tensor({64, 128}), tensor({127, 32})}));
+  const auto lin = traces::op_work("aten::linear", {tensor({4, 8, 128}), tensor({32, 128})});
+  ASSERT_TRUE(lin);
+  EXPECT_DOUBLE_EQ(lin->m, 32);
+  EXPECT_DOUBLE_EQ(lin->n, 32);
+  // fp32 operands: 4 bytes each.
+  EXPECT_EQ(
+      traces::op_work("aten::mm", {tensor({2, 2}, "float"), tensor({2, 2}, "float")})->elem_bytes,
+      4);
+  // Attention: causal counts half the scores (the simulator's counting), backward twice.
+  std::vector<traces::OpInput> sdpa = {
+      tensor({2, 4, 256, 64}), tensor({2, 4, 256, 64}), tensor({2, 4, 256, 64}), {}, {}, {}, {}};
+  sdpa[4].concrete = "True";
+  const auto causal = traces::op_work("aten::_scaled_dot_product_flash_attention", sdpa);
+  sdpa[4].concrete = "False";
+  const auto full = traces::op_work("aten::_scaled_dot_product_flash_attention", sdpa);
+  ASSERT_TRUE(causal && full);
+  EXPECT_DOUBLE_EQ(causal->flops, 2.0 * 2 * 4 * 256 * 256 * 64);
+  EXPECT_DOUBLE_EQ(full->flops, 2 * causal->flops);
+  // The op that launches the kernel in PyTorch 2.x takes [B, T, H, D]: the same work.
+  std::vector<traces::OpInput> inner = {tensor({2, 256, 4, 64}),
+                                        tensor({2, 256, 4, 64}),
+                                        tensor({2, 256, 4, 64}),
+                                        {},
+                                        {},
+                                        {},
+                                        {},
+                                        {},
+                                        {}};
+  inner[8].concrete = "True";
+  const auto fa = traces::op_work("aten::_flash_attention_forward", inner);
+  ASSERT_TRUE(fa);
+  EXPECT_DOUBLE_EQ(fa->flops, causal->flops);
+  EXPECT_DOUBLE_EQ(fa->bytes, causal->bytes);
+  EXPECT_FALSE(traces::op_work("aten::conv2d", {tensor({1, 3, 8, 8}), tensor({4, 3, 3, 3})}));
+}
+
+TEST(CalibrateGpu, RecoversTheProfileTheKernelsWereGeneratedFrom) {
+  CalibrationOptions opt;
+  opt.name = "h100-test";
+  const CalibrationResult r = calibrate({load("kineto_h100_calib.json")}, opt);
+  const HardwareProfile& p = r.profile;
+  EXPECT_EQ(p.device, "H100-SXM");
+  EXPECT_EQ(p.precision, Precision::BF16);
+  // Within 0.5 % of the generating profile (the durations are whole nanoseconds).
+  const double tol = 0.005;
+  EXPECT_NEAR(p.cost(OpClass::Gemm).flops_efficiency / 0.80, 1.0, tol);
+  EXPECT_NEAR(p.cost(OpClass::Attention).flops_efficiency / 0.62, 1.0, tol);
+  EXPECT_NEAR(p.cost(OpClass::Elementwise).bandwidth_efficiency / 0.90, 1.0, tol);
+  EXPECT_NEAR(p.cost(OpClass::LayerNorm).bandwidth_efficiency / 0.75, 1.0, tol);
+  EXPECT_NEAR(p.cost(OpClass::SoftmaxLoss).bandwidth_efficiency / 0.70, 1.0, tol);
+  EXPECT_NEAR(p.cost(OpClass::Optimizer).bandwidth_efficiency / 0.78, 1.0, tol);
+  for (const auto& c : p.classes) EXPECT_NEAR(double(c.overhead_ns) / 4500.0, 1.0, 0.01);
+  for (const auto& g : r.gpu) {
+    EXPECT_TRUE(g.fitted) << g.parameter;
+    EXPECT_GT(g.kernels, 0) << g.parameter;
+    ASSERT_EQ(g.traces.size(), 1u);
+    EXPECT_EQ(g.traces.front(), "kineto_h100_calib.json");
+  }
+  // 18 products in 19 kernels, less the memory-bound 16 x 4096 x 4096 (its time is its bytes').
+  EXPECT_EQ(row(r, "gemm.flops_efficiency").kernels, 18);
+  EXPECT_EQ(row(r, "optimizer.bandwidth_efficiency").kernels, 4);  // AdamW's 3 and foreach's 1
+  EXPECT_LT(r.compute_rel_rms, 0.001);
+  // The YAML carries the fitted numbers, and says where each came from.
+  const std::string yaml = calibrated_yaml(r);
+  EXPECT_NE(yaml.find("# fit: gemm.flops_efficiency"), std::string::npos);
+  EXPECT_NE(yaml.find("from 18 kernels of kineto_h100_calib.json"), std::string::npos);
+  const HardwareProfile back = parse_hardware_profile(yaml, "calibrated.yaml");
+  EXPECT_NEAR(back.cost(OpClass::Gemm).flops_efficiency, p.cost(OpClass::Gemm).flops_efficiency,
+              1e-3);
+  EXPECT_TRUE(back.gemm_shape.enabled());
+}
+
+// The third wave: 16896 x 520 x 8192 needs a third wave of 128 x 256 tiles where 16896 x 512 x
+// 8192 fills two, so it takes about 1.5x as long for 1.6 % more FLOPs. Only the shape model tells
+// the two apart: with one flat GEMM rate the fit cannot price both.
+TEST(CalibrateGpu, TheThirdWaveIsFittedOnlyWithTheShapeModel) {
+  const traces::Trace t = load("kineto_h100_calib.json");
+  CalibrationOptions opt;
+  const CalibrationResult shaped = calibrate({t}, opt);
+  opt.flat_gemm = true;
+  const CalibrationResult flat = calibrate({t}, opt);
+  double t512 = 0, t520 = 0;
+  for (const auto& o : shaped.ops) {
+    if (o.shape == "16896x512x8192 e2") t512 = o.measured_ns;
+    if (o.shape == "16896x520x8192 e2") t520 = o.measured_ns;
+  }
+  ASSERT_GT(t512, 0);
+  EXPECT_GT(t520 / t512, 1.4);
+  EXPECT_LT(worst_error_pct(shaped, "16896x5"), 0.5);
+  EXPECT_GT(worst_error_pct(flat, "16896x5"), 15.0);
+  // The flat fit's "ceiling" is no longer the 0.80 the kernels were generated with.
+  EXPECT_GT(std::fabs(flat.profile.cost(OpClass::Gemm).flops_efficiency / 0.80 - 1.0), 0.05);
+  EXPECT_FALSE(flat.profile.gemm_shape.enabled());
+}
+
+TEST(CalibrateGpu, ATraceWithoutShapesKeepsTheDefaultsAndSaysWhich) {
+  const CalibrationResult r = calibrate({load("kineto_h100_noshapes.json")}, {});
+  const HardwareProfile def = default_hardware_profile("H100-SXM", true);
+  ASSERT_EQ(r.gpu.size(), 7u);
+  for (const auto& g : r.gpu) {
+    EXPECT_FALSE(g.fitted) << g.parameter;
+    EXPECT_FALSE(g.why.empty()) << g.parameter;
+    bool noted = false;
+    for (const auto& n : r.notes)
+      noted = noted || (n.rfind(g.parameter + " not fitted", 0) == 0 &&
+                        n.find("kept the H100-SXM default") != std::string::npos);
+    EXPECT_TRUE(noted) << g.parameter;
+  }
+  for (int c = 0; c < kOpClassCount; ++c) {
+    EXPECT_EQ(r.profile.classes[c].flops_efficiency, def.classes[c].flops_efficiency);
+    EXPECT_EQ(r.profile.classes[c].bandwidth_efficiency, def.classes[c].bandwidth_efficiency);
+    EXPECT_EQ(r.profile.classes[c].overhead_ns, def.classes[c].overhead_ns);
+  }
+  bool why = false;
+  for (const auto& n : r.notes) why = why || n.find("record_shapes=True") != std::string::npos;
+  EXPECT_TRUE(why);
+  EXPECT_NE(calibrated_yaml(r).find("NOT FITTED"), std::string::npos);
+}
+
+TEST(CalibrateGpu, AnUnknownGpuNeedsDevice) {
+  traces::Trace t = load("kineto_h100_calib.json");
+  t.meta.extra_json = R"({"import":{"format":"kineto"}})";  // no devices, no kernel work
+  for (auto& r : t.ranks) r.device = "cuda:0";
+  try {
+    (void)calibrate({t}, {});
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--device"), std::string::npos) << e.what();
+  }
+  CalibrationOptions opt;
+  opt.device = "A100-SXM-80GB";
+  EXPECT_EQ(calibrate({t}, opt).profile.device, "A100-SXM-80GB");
+  opt.device = "cpu";
+  EXPECT_THROW((void)calibrate({t}, opt), InputError);
+}
+
+// Orrery's own CUDA traces: op spans (fwd.block, bwd.head, adamw, ...) with the cost model's kernels
+// for them. Three runs whose op times are linear in known rates (calibration_fixtures.hpp's
+// Truth), marked as runs on an H100, at shapes where the GEMMs (tokens x C^2), attention (tokens x
+// T x C) and the softmax (tokens x V) scale apart: micro-batch 4, sequence 64, d_model 64; 2, 128,
+// 64; 2, 64, 128. The fit gives those rates back as efficiencies of the H100's fp32 peaks (the
+// scenario's runtime.precision), with the flat GEMM rate the Truth has. Elementwise and LayerNorm
+// bytes both scale as tokens x C in every op, so op spans cannot tell them apart: only their op
+// times are checked.
+Scenario sized(int micro_batch, int seq, int d_model) {
+  return parse_scenario(
+      "name: t\nmodel: {layers: 2, d_model: " + std::to_string(d_model) +
+          ", heads: 2, vocab: 512, seq: " + std::to_string(seq) +
+          "}\ntraining: {steps: 4, global_batch: " + std::to_string(micro_batch) +
+          ", micro_batch: " + std::to_string(micro_batch) +
+          "}\nparallel: {dp: 1, bucket_mb: 1}\nruntime: {device: cpu, threads: 1}\n",
+      "test.yaml");
+}
+
+TEST(CalibrateGpu, OrrerysOwnCudaOpSpans) {
+  using testing_fixtures::make_run;
+  const testing_fixtures::Truth truth;
+  std::vector<traces::Trace> runs = {make_run(sized(4, 64, 64), truth, 1.0),
+                                     make_run(sized(2, 128, 64), truth, 1.0),
+                                     make_run(sized(2, 64, 128), truth, 1.0)};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    runs[i].path = "run" + std::to_string(i) + ".db";
+    runs[i].meta.layout.device = "cuda";
+    for (auto& r : runs[i].ranks) r.device = "cuda:0 NVIDIA H100 80GB HBM3";
+  }
+  CalibrationOptions opt;
+  opt.flat_gemm = true;
+  const CalibrationResult r = calibrate(runs, opt);
+  const Device h100 = *device_preset("H100-SXM");
+  const double peak = h100.peak_flops(Precision::FP32), bw = h100.mem_bandwidth_bytes_per_s;
+  EXPECT_EQ(r.profile.precision, Precision::FP32);
+  const auto& p = r.profile;
+  EXPECT_NEAR(p.cost(OpClass::Gemm).flops_efficiency * peak * truth.s_flop[0], 1.0, 0.01);
+  EXPECT_NEAR(p.cost(OpClass::Attention).flops_efficiency * peak * truth.s_flop[1], 1.0, 0.01);
+  EXPECT_NEAR(p.cost(OpClass::SoftmaxLoss).bandwidth_efficiency * bw * truth.s_byte[2], 1.0, 0.01);
+  EXPECT_NEAR(p.cost(OpClass::Optimizer).bandwidth_efficiency * bw * truth.s_byte[3], 1.0, 0.01);
+  EXPECT_NEAR(double(p.classes[0].overhead_ns) / (truth.overhead_s * 1e9), 1.0, 0.01);
+  EXPECT_LT(r.compute_rel_rms, 0.01);
+  EXPECT_TRUE(row(r, "gemm.flops_efficiency").fitted);
+  EXPECT_EQ(row(r, "gemm.flops_efficiency").traces.size(), 3u);
+}
+
+}  // namespace
+}  // namespace orrery::sim
