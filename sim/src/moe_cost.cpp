@@ -51,8 +51,10 @@ MoeLoad moe_load(const Scenario& s, const std::vector<double>& measured) {
     }
   }
   const auto range = moe::local_experts(c.experts, m.ep, m.busiest_rank);
-  for (int e = range.first; e < range.first + range.count; ++e)
+  for (int e = range.first; e < range.first + range.count; ++e) {
     m.busiest_rows.push_back(m.ep * m.kept[size_t(e)]);
+    m.busiest_received_rows += m.busiest_rows.back();
+  }
   return m;
 }
 
@@ -83,7 +85,11 @@ std::vector<double> measured_expert_shares(const std::vector<traces::Trace>& tra
 }
 
 int64_t moe_all_to_all_bytes(const MoeLoad& m, const Scenario& s, int act_bytes) {
-  return int64_t(std::llround(m.send_rows * double(s.model.d_model) * act_bytes));
+  // A uniform router's busiest rank receives send_rows up to the rounding of the shares' sums:
+  // those bytes stay the send buffer's, as the runtime's spans carry them.
+  double rows = std::max(m.send_rows, m.busiest_received_rows);
+  if (rows - m.send_rows <= 1e-9 * m.send_rows) rows = m.send_rows;
+  return int64_t(std::llround(rows * double(s.model.d_model) * act_bytes));
 }
 
 int64_t moe_gate_all_reduce_bytes(const Scenario& s, int act_bytes) {

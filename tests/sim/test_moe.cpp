@@ -247,6 +247,21 @@ TEST(MoeWorkload, SkewPricesTheBusiestRankAndTheCapacityCapsIt) {
   EXPECT_NEAR(k.busiest_rows[1], ep * n * top_k * (0.5 / h), 1e-9);
   EXPECT_NEAR(u.busiest_rows[0], ep * n * top_k / 4, 1e-9);
   EXPECT_DOUBLE_EQ(k.send_rows, n * top_k);  // dropless: every assignment sent
+  // The all-to-alls at the busiest rank's volume: it receives 2·n·top_k·(1 + 1/2)/h rows, 1.44
+  // times the n·top_k every rank sends; uniform, the send buffer (fp32 activations here).
+  EXPECT_NEAR(k.busiest_received_rows, ep * n * top_k * 1.5 / h, 1e-9);
+  EXPECT_EQ(moe_all_to_all_bytes(k, s, 4), std::llround(ep * n * top_k * 1.5 / h * 256 * 4));
+  EXPECT_EQ(moe_all_to_all_bytes(u, s, 4), int64_t(n * top_k * 256 * 4));
+  {
+    const Workload wk = build_workload(s, h100_cost());
+    int a2a = 0;
+    for (const auto& op : wk.stages[0].ops)
+      if (op.group == GroupRole::EP) {
+        ++a2a;
+        EXPECT_EQ(op.bytes, moe_all_to_all_bytes(k, s, 4)) << wk.names[op.name];
+      }
+    EXPECT_GT(a2a, 0);
+  }
   // FLOPs of moe.experts: 2 per expert parameter per row it receives (tp 1).
   const double per_row = 2.0 * double(model::moe::expert_parameters(256, 1024, false, true));
   const Workload wk = build_workload(s, h100_cost());
@@ -264,7 +279,10 @@ TEST(MoeWorkload, SkewPricesTheBusiestRankAndTheCapacityCapsIt) {
   EXPECT_NEAR(c.busiest_rows[1], ep * routed1, 1e-9);
   EXPECT_NEAR(c.dropped_rows, routed0 - 128, 1e-9);
   EXPECT_NEAR(c.send_rows, n * top_k - (routed0 - 128), 1e-9);
-  EXPECT_EQ(moe_all_to_all_bytes(c, s, 2), int64_t(std::llround(c.send_rows * 256 * 2)));
+  // The all-to-all at the busiest rank's received rows (2·128 + 2·122.9 = 501.8), not the
+  // 394.2 rows every rank sends.
+  EXPECT_EQ(moe_all_to_all_bytes(c, s, 2),
+            int64_t(std::llround((ep * 128 + ep * routed1) * 256 * 2)));
   // The busiest rank's expert time: skewed above uniform (491.5 + 245.8 rows against 2 x 256),
   // and the capacity cuts it back (256 + 245.8).
   const ModelDims d = model_dims(s, 2);

@@ -13,7 +13,10 @@
 // rank of the group waits for it at the combine all-to-all, and all dp ranks of a stage run one
 // program (workload.hpp's symmetry), so the program prices every rank at the busiest one's rows.
 // Expert GEMMs are priced by shape (M = rows_e), which makes an expert with few rows slower per
-// FLOP, as on real GPUs.
+// FLOP, as on real GPUs. The all-to-alls likewise: the busiest rank receives Σ rows_e of its local
+// experts (its dispatch; it sends as many back at the combine), more than the mean send_rows when
+// the router is uneven, and the exchange ends when that rank's bytes have moved; the simulator
+// prices the exchange as a balanced one of max(send_rows, busiest received rows) per rank.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +39,7 @@ struct MoeLoad {
   int busiest_rank = 0;              // the ep rank with the most received rows
   std::vector<double> busiest_rows;  // (E / ep) rows_e of its local experts
   double mean_rows_per_rank = 0;     // ep · send_rows / ep = send_rows
+  double busiest_received_rows = 0;  // Σ busiest_rows: what the busiest rank's experts receive
 };
 // The load of one MoE block (all MoE blocks route alike in the simulator): the shares from
 // `measured` (a profile's moe_expert_shares, normalised) when it has one entry per expert, else
@@ -46,8 +50,11 @@ MoeLoad moe_load(const Scenario& s, const std::vector<double>& measured = {});
 // (model/moe.hpp) summed over blocks, ranks and steps, normalised; empty when there are none.
 std::vector<double> measured_expert_shares(const std::vector<traces::Trace>& traces);
 
-// Bytes of one all-to-all (moe.dispatch, moe.combine and their backward): this rank's whole send
-// buffer, send_rows · C · act_bytes, rounded to the nearest byte.
+// Bytes of one all-to-all (moe.dispatch, moe.combine and their backward) per rank, as the simulator
+// prices it: max(send_rows, busiest_received_rows) · C · act_bytes, rounded to the nearest byte.
+// A uniform router gives this rank's whole send buffer (send_rows; the runtime's span bytes); an
+// uneven one the busiest member's volume, which decides when the exchange ends (and the size of
+// that rank's receive buffer).
 int64_t moe_all_to_all_bytes(const MoeLoad& m, const Scenario& s, int act_bytes);
 // Bytes of tp.moe_gate_all_reduce: tokens · top_k values of act_bytes.
 int64_t moe_gate_all_reduce_bytes(const Scenario& s, int act_bytes);
