@@ -1629,6 +1629,23 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_all,
 namespace {
 
 // A GPU fit's YAML: the profile, then per parameter where its number came from.
+// The per-operator fit table of a written profile and its time-weighted error: the operator and
+// shape columns `name_w` and `shape_w` wide, times with `decimals` decimals.
+void write_op_fits(std::ostringstream& o, const CalibrationResult& r, int name_w, int shape_w,
+                   int decimals) {
+  char buf[320];
+  for (const auto& f : r.ops) {
+    std::snprintf(
+        buf, sizeof buf, "#   %-*s %-*s n=%-5lld measured %10.*f us  fitted %10.*f us  %+6.*f %%\n",
+        name_w, f.name.c_str(), shape_w, f.shape.c_str(), static_cast<long long>(f.count), decimals,
+        f.measured_ns / 1e3, decimals, f.fitted_ns / 1e3, decimals, f.error_pct());
+    o << buf;
+  }
+  std::snprintf(buf, sizeof buf, "#   time-weighted relative RMS error %.2f %%\n",
+                100 * r.compute_rel_rms);
+  o << buf;
+}
+
 std::string calibrated_gpu_yaml(const CalibrationResult& r) {
   std::ostringstream o;
   o << "# Calibrated GPU hardware profile, written by `orrery calibrate` from GPU traces\n"
@@ -1649,16 +1666,7 @@ std::string calibrated_gpu_yaml(const CalibrationResult& r) {
     o << buf;
   }
   o << "# Fit per operator and shape (median instance, measured and predicted by this profile):\n";
-  for (const auto& f : r.ops) {
-    std::snprintf(buf, sizeof buf,
-                  "#   %-44s %-30s n=%-5lld measured %10.2f us  fitted %10.2f us  %+6.2f %%\n",
-                  f.name.c_str(), f.shape.c_str(), static_cast<long long>(f.count),
-                  f.measured_ns / 1e3, f.fitted_ns / 1e3, f.error_pct());
-    o << buf;
-  }
-  std::snprintf(buf, sizeof buf, "#   time-weighted relative RMS error %.2f %%\n",
-                100 * r.compute_rel_rms);
-  o << buf;
+  write_op_fits(o, r, 44, 30, 2);
   for (const auto& n : r.notes) o << "# note: " << n << "\n";
   return o.str();
 }
@@ -1687,16 +1695,7 @@ std::string calibrated_yaml(const CalibrationResult& r) {
   o << "# Fit (lone-rank times: measured median / slowdown of its run, and this profile's "
        "prediction):\n";
   char buf[256];
-  for (const auto& f : r.ops) {
-    std::snprintf(buf, sizeof buf,
-                  "#   %-16s %-28s n=%-5lld measured %10.1f us  fitted %10.1f us  %+6.1f %%\n",
-                  f.name.c_str(), f.shape.c_str(), static_cast<long long>(f.count),
-                  f.measured_ns / 1e3, f.fitted_ns / 1e3, f.error_pct());
-    o << buf;
-  }
-  std::snprintf(buf, sizeof buf, "#   time-weighted relative RMS error %.2f %%\n",
-                100 * r.compute_rel_rms);
-  o << buf;
+  write_op_fits(o, r, 16, 28, 1);
   for (const auto& s : r.sharing) {
     std::snprintf(buf, sizeof buf, "# sharing: %d ranks: measured slowdown %.3f, law %.3f (%s)\n",
                   s.ranks, s.factor, s.model, s.trace.c_str());
