@@ -4,8 +4,9 @@
 //
 // Which blocks: block l has an MoE FFN when l >= first_dense and l % every == 0 (Megatron's
 // moe_layer_freq; DeepSeek-V3's first three blocks dense are first_dense 3, Hugging Face's
-// first_k_dense_replace), else the dense MLP. In an MoE block the dense fc1/act/fc2 are replaced by a router and experts; the
-// attention half, the LayerNorms and the residuals are the dense block's.
+// first_k_dense_replace), else the dense MLP. In an MoE block the dense fc1/act/fc2 are replaced
+// by a router and experts; the attention half, the LayerNorms and the residuals are the dense
+// block's.
 //
 // Routing (route() below, for a micro-batch's tokens on one rank): router logits x·Wr (Wr (E, C), no
 // bias), softmax over the E experts, the top_k largest probabilities (ties to the lower expert
