@@ -23,10 +23,6 @@ std::vector<BucketPlan> ddp_buckets(std::span<const BucketSegment> ready_order, 
   return buckets;
 }
 
-}  // namespace orrery::model
-
-namespace orrery::model {
-
 std::vector<ZeroBucketPlan> zero_buckets(std::span<const BucketSegment> ready_order,
                                          double cap_bytes, int bytes_per_element, int ranks) {
   const int64_t N = ranks < 1 ? 1 : ranks;

@@ -26,6 +26,19 @@ std::vector<int> ready_order(const Gpt& model) {
   return order;
 }
 
+// The model's segments in gradient-ready order with their sizes, for the bucket rules of
+// model/buckets.hpp; `bucket_mb` checked.
+std::vector<model::BucketSegment> bucket_segments(const Gpt& model, double bucket_mb) {
+  if (!(bucket_mb > 0)) {
+    throw InputError("parallel.bucket_mb: expected a size in MiB > 0, got " +
+                     std::to_string(bucket_mb));
+  }
+  std::vector<model::BucketSegment> order;
+  for (int seg : ready_order(model))
+    order.push_back({seg, static_cast<int64_t>(model.segment_range(seg).count)});
+  return order;
+}
+
 }  // namespace
 
 std::vector<DdpBucket> make_expert_buckets(const Gpt& model, double bucket_mb) {
@@ -60,16 +73,9 @@ std::vector<DdpBucket> make_expert_buckets(const Gpt& model, double bucket_mb) {
 }
 
 std::vector<DdpBucket> make_ddp_buckets(const Gpt& model, double bucket_mb) {
-  if (!(bucket_mb > 0)) {
-    throw InputError("parallel.bucket_mb: expected a size in MiB > 0, got " +
-                     std::to_string(bucket_mb));
-  }
-  std::vector<model::BucketSegment> order;
+  const std::vector<model::BucketSegment> order = bucket_segments(model, bucket_mb);
   std::vector<ParamRange> ranges;  // of order's segments
-  for (int seg : ready_order(model)) {
-    ranges.push_back(model.segment_range(seg));
-    order.push_back({seg, static_cast<int64_t>(ranges.back().count)});
-  }
+  for (const auto& sg : order) ranges.push_back(model.segment_range(sg.segment));
   const auto plans = model::ddp_buckets(order, bucket_mb * 1024.0 * 1024.0, sizeof(float));
   std::vector<DdpBucket> buckets;
   for (const auto& plan : plans) {
@@ -97,13 +103,7 @@ std::vector<DdpBucket> make_ddp_buckets(const Gpt& model, double bucket_mb) {
 }
 
 std::vector<DdpBucket> make_zero_buckets(const Gpt& model, double bucket_mb, int dp_size) {
-  if (!(bucket_mb > 0)) {
-    throw InputError("parallel.bucket_mb: expected a size in MiB > 0, got " +
-                     std::to_string(bucket_mb));
-  }
-  std::vector<model::BucketSegment> order;
-  for (int seg : ready_order(model))
-    order.push_back({seg, static_cast<int64_t>(model.segment_range(seg).count)});
+  const std::vector<model::BucketSegment> order = bucket_segments(model, bucket_mb);
   std::vector<DdpBucket> buckets;
   for (const auto& z :
        model::zero_buckets(order, bucket_mb * 1024.0 * 1024.0, sizeof(float), dp_size)) {
