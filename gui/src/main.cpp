@@ -114,8 +114,8 @@ int main(int argc, char** argv) {
                           "FILE.png");
   QCommandLineOption size(QString("size"), "Window size for --screenshot (default 1600x1000).",
                           "WxH", "1600x1000");
-  QCommandLineOption tab(QString("tab"), "Tab to show: timeline, compare or charts.", "NAME",
-                         "timeline");
+  QCommandLineOption tab(QString("tab"), "Tab to show: timeline, compare, charts or experts.",
+                         "NAME", "timeline");
   QCommandLineOption select(
       QString("select"),
       "Select the first span whose name contains TEXT, at or after the start of the view.", "TEXT");
@@ -134,12 +134,14 @@ int main(int argc, char** argv) {
   if (!parse_pair(cli.value(size), 'x', w, h) || w < 200 || h < 150 || w > 10000 || h > 10000) {
     return fail("--size: expected WxH such as 1600x1000, got '" + cli.value(size) + "'", 2);
   }
-  const QStringList groups{"rank", "dp", "tp", "pp"}, tabs{"timeline", "compare", "charts"};
+  const QStringList groups{"rank", "dp", "tp", "pp"},
+      tabs{"timeline", "compare", "charts", "experts"};
   if (!groups.contains(cli.value(group))) {
     return fail("--group: expected rank, dp, tp or pp, got '" + cli.value(group) + "'", 2);
   }
   if (!tabs.contains(cli.value(tab))) {
-    return fail("--tab: expected timeline, compare or charts, got '" + cli.value(tab) + "'", 2);
+    return fail(
+        "--tab: expected timeline, compare, charts or experts, got '" + cli.value(tab) + "'", 2);
   }
   qlonglong r0 = 0, r1 = 0, z0 = 0, z1 = 0;
   if (cli.isSet(range) && !parse_offsets(cli.value(range), r0, r1)) {

@@ -851,7 +851,7 @@ TEST(GuiCli, ScreenshotModeRendersAndExits) {
     const QString unknown_err = QString::fromLocal8Bit(unknown.readAllStandardError());
     const QString want = args[0] == "--group"
                              ? "--group: expected rank, dp, tp or pp, got 'ranks'"
-                             : "--tab: expected timeline, compare or charts, got 'flows'";
+                             : "--tab: expected timeline, compare, charts or experts, got 'flows'";
     EXPECT_TRUE(unknown_err.contains(want)) << unknown_err.toStdString();
     EXPECT_FALSE(QFileInfo::exists(kDir + "/never.png"));
   }

@@ -38,6 +38,7 @@
 #include "orrery/gui/palette.hpp"
 #include "orrery/gui/widgets/charts_view.hpp"
 #include "orrery/gui/widgets/compare_view.hpp"
+#include "orrery/gui/widgets/experts_view.hpp"
 #include "orrery/gui/widgets/timeline_view.hpp"
 
 namespace orrery::gui {
@@ -104,9 +105,11 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   timeline_ = new TimelineView(tabs_);
   compare_ = new CompareView(tabs_);
   charts_ = new ChartsView(tabs_);
+  experts_ = new ExpertsView(tabs_);
   tabs_->addTab(timeline_, tr("Timeline"));
   tabs_->addTab(compare_, tr("Compare"));
   tabs_->addTab(charts_, tr("Charts"));
+  tabs_->addTab(experts_, tr("Experts"));
   setCentralWidget(tabs_);
 
   // The timeline and both compare panes fill the details and range panels, each with its trace.
@@ -612,6 +615,7 @@ void MainWindow::refresh_compare_and_charts() {
   };
   auto cur = current_document();
   charts_->set_breakdown(cur.get(), cur ? metrics_of(cur) : nullptr);
+  experts_->set_document(cur.get());
   if (docs_.size() >= 2) {
     // A is the first trace opened, B the one in the timeline (the second while it shows the first):
     // open a real run, then its simulation, and compare shows real over simulated.
@@ -628,6 +632,8 @@ void MainWindow::show_tab(const QString& name) {
     tabs_->setCurrentWidget(compare_);
   } else if (name == "charts") {
     tabs_->setCurrentWidget(charts_);
+  } else if (name == "experts") {
+    tabs_->setCurrentWidget(experts_);
   } else {
     tabs_->setCurrentWidget(timeline_);
   }

@@ -5,6 +5,7 @@
 
 #include <QColor>
 #include <QRgb>
+#include <algorithm>
 #include <array>
 #include <cstddef>
 
@@ -123,5 +124,18 @@ inline constexpr QColor kBreakdownIdle = rgb(0xBDC1C6);
 inline QColor bar_border(const QColor& c) { return c.darker(120); }
 inline constexpr QColor kTokensPerS = kAccent;
 inline constexpr QColor kEfficiency = rgb(0xD93025);
+
+// The experts' heat map: an expert at its block's mean load is white, one with more tokens shades
+// to red (twice the mean and above: full), one with fewer to blue (none: full).
+inline constexpr QColor kLoadEven = rgb(0xFFFFFF);
+inline constexpr QColor kLoadOver = rgb(0xD93025);
+inline constexpr QColor kLoadUnder = rgb(0x4C8BF5);
+inline QColor load_color(double share) {
+  const double f = share >= 1 ? std::min(share - 1.0, 1.0) : 1.0 - std::max(share, 0.0);
+  const QColor& to = share >= 1 ? kLoadOver : kLoadUnder;
+  auto mix = [f](int a, int b) { return static_cast<int>(a + (b - a) * f + 0.5); };
+  return QColor(mix(kLoadEven.red(), to.red()), mix(kLoadEven.green(), to.green()),
+                mix(kLoadEven.blue(), to.blue()));
+}
 
 }  // namespace orrery::gui::palette

@@ -31,6 +31,7 @@ class QTreeView;
 namespace orrery::gui {
 
 class ChartsView;
+class ExpertsView;
 class CompareView;
 class TimelineView;
 
@@ -87,6 +88,7 @@ class MainWindow : public QMainWindow {
   TimelineView* timeline() const { return timeline_; }
   CompareView* compare() const { return compare_; }
   ChartsView* charts() const { return charts_; }
+  ExpertsView* experts() const { return experts_; }
   const SpanDetailsModel* details_model() const { return &details_; }
   const RangeMetricsModel* range_model() const { return &range_metrics_; }
   const CollectiveModel* collective_model() const { return &collectives_; }
@@ -148,6 +150,7 @@ class MainWindow : public QMainWindow {
   TimelineView* timeline_ = nullptr;
   CompareView* compare_ = nullptr;
   ChartsView* charts_ = nullptr;
+  ExpertsView* experts_ = nullptr;
   QComboBox* trace_combo_ = nullptr;
   QComboBox* group_combo_ = nullptr;
   QLineEdit* search_edit_ = nullptr;
