@@ -13,7 +13,9 @@
 // the process's peak RSS (VmHWM) at that point: a trace of more than 2 M spans opens through its
 // zoom levels (gui::LoadOptions); --load-all loads every span as before. For a big trace, write
 // it first with `orrery synth` and pass --trace, so that generating it does not count in the peak.
-// Prints a table and one JSON line. Figures, not a test.
+// A trace opened through its zoom levels is also searched, as the GUI searches it (over the file's
+// blocks, gui/file_search.hpp), for "layers.3.forward": its wall time. Prints a table and one JSON
+// line. Figures, not a test.
 #if __has_include(<QApplication>)
 #include <QApplication>
 #include <QImage>
@@ -31,6 +33,7 @@
 #include "orrery/common/format.hpp"
 #include "orrery/gui/critical_path.hpp"
 #include "orrery/gui/document.hpp"
+#include "orrery/gui/file_search.hpp"
 #include "orrery/gui/widgets/timeline_view.hpp"
 #include "orrery/traces/store.hpp"
 #include "orrery/traces/synth.hpp"
@@ -167,6 +170,16 @@ int main(int argc, char** argv) {
   const auto crit = orrery::gui::critical_path(doc->trace, crit_step);
   const double crit_s = seconds_since(t0);
   const double crit_cpu_s = process_cpu_s() - c0;
+  // A zoomed trace's search runs over the file's blocks (gui/file_search.hpp), off the GUI thread.
+  double search_s = -1;
+  int64_t search_count = 0;
+  if (doc->zoomed()) {
+    t0 = std::chrono::steady_clock::now();
+    search_count = orrery::gui::search_file(*doc->reader, doc->trace.strings, "layers.3.forward",
+                                            orrery::gui::kAllKinds, 1'000'000)
+                       .count;
+    search_s = seconds_since(t0);
+  }
   QImage img(view.viewport()->size(), QImage::Format_ARGB32_Premultiplied);
 
   const int64_t full = doc->index.end_ns() - doc->index.start_ns();
@@ -183,6 +196,9 @@ int main(int argc, char** argv) {
   std::printf("  generate %.2f s, write %.2f s (not part of opening)\n", gen_s, write_s);
   std::printf("  critical path of step %d: %zu spans, wall %.2f s, CPU %.2f s\n", crit_step,
               crit.links.size(), crit_s, crit_cpu_s);
+  if (search_s >= 0)
+    std::printf("  search of the file for \"layers.3.forward\": %lld matches, wall %.2f s\n",
+                static_cast<long long>(search_count), search_s);
   std::printf("  counter tracks on: %zu tracks; flow on: span %lld selected, %zu members\n",
               doc->counters.size(), static_cast<long long>(flow_span), view.flow_members().size());
   std::printf(
@@ -197,16 +213,17 @@ int main(int argc, char** argv) {
                     : "no");
   std::printf("  %-8s %12s %9s %9s %7s %9s %9s %7s %11s\n", "zoom", "visible", "wall ms", "max ms",
               "fps", "cpu ms", "max cpu", "cpu fps", "items/frame");
-  std::string json =
-      "{\"spans\":" + std::to_string(n) + ",\"open_s\":" + std::to_string(open_s) +
-      ",\"index_s\":" + std::to_string(index_s) + ",\"open_cpu_s\":" + std::to_string(open_cpu_s) +
-      ",\"index_cpu_s\":" + std::to_string(index_cpu_s) +
-      ",\"zoomed\":" + std::string(doc->zoomed() ? "true" : "false") +
-      ",\"first_frame_s\":" + std::to_string(first_frame_s) +
-      ",\"first_frame_cpu_s\":" + std::to_string(first_frame_cpu_s) +
-      ",\"first_frame_peak_rss_kib\":" + std::to_string(first_frame_rss_kib) +
-      ",\"counter_tracks\":" + std::to_string(doc->counters.size()) +
-      ",\"flow_members\":" + std::to_string(view.flow_members().size()) + ",\"levels\":[";
+  std::string json = "{\"spans\":" + std::to_string(n) + ",\"open_s\":" + std::to_string(open_s) +
+                     ",\"index_s\":" + std::to_string(index_s) +
+                     ",\"open_cpu_s\":" + std::to_string(open_cpu_s) +
+                     ",\"index_cpu_s\":" + std::to_string(index_cpu_s) +
+                     ",\"zoomed\":" + std::string(doc->zoomed() ? "true" : "false") +
+                     ",\"first_frame_s\":" + std::to_string(first_frame_s) +
+                     ",\"first_frame_cpu_s\":" + std::to_string(first_frame_cpu_s) +
+                     ",\"first_frame_peak_rss_kib\":" + std::to_string(first_frame_rss_kib) +
+                     ",\"counter_tracks\":" + std::to_string(doc->counters.size()) +
+                     ",\"flow_members\":" + std::to_string(view.flow_members().size()) +
+                     ",\"file_search_s\":" + std::to_string(search_s) + ",\"levels\":[";
   double worst_fps = 1e30, worst_cpu_fps = 1e30, worst_frame_cpu_ms = 0;
   for (const auto& lv : levels) {
     const int64_t len = std::max<int64_t>(1, static_cast<int64_t>(full * lv.fraction));

@@ -8,11 +8,14 @@
 #include <QElapsedTimer>
 #include <QImage>
 #include <QLabel>
+#include <QLineEdit>
 #include <QStatusBar>
 #include <QTest>
 #include <filesystem>
 
 #include "orrery/gui/document.hpp"
+#include "orrery/gui/file_search.hpp"
+#include "orrery/gui/span_search.hpp"
 #include "orrery/gui/widgets/main_window.hpp"
 #include "orrery/gui/widgets/timeline_view.hpp"
 #include "orrery/profiler/metrics.hpp"
@@ -141,6 +144,110 @@ TEST_F(ZoomTimeline, MainWindowOpensAZoomedTraceWithItsMetrics) {
   EXPECT_EQ(win.range_model()->value("Comm/comp ratio").toStdString(), buf);
   std::snprintf(buf, sizeof buf, "%.1f %%", m.total.overlap_pct());
   EXPECT_EQ(win.range_model()->value("Overlap %").toStdString(), buf);
+}
+
+// Search on a zoomed trace covers the file, not the spans in memory (none while zoomed out): the
+// count and total time of every match equal SpanSearch's over the fully loaded trace, and next /
+// previous zoom the timeline to each hit in time order and select it among the loaded spans.
+TEST_F(ZoomTimeline, SearchCoversTheWholeFile) {
+  MainWindow win;
+  win.set_load_options(LoadOptions{0});
+  win.timeline()->set_window_spans(50);  // as a huge trace: fitted, the view holds too many
+  win.resize(1400, 900);
+  win.show();
+  win.open_files({QString::fromStdString(path_)});
+  QElapsedTimer t;
+  t.start();
+  while (win.document_count() != 1 && t.elapsed() < 20000) QTest::qWait(5);
+  ASSERT_EQ(win.document_count(), 1);
+  ASSERT_TRUE(win.current_document()->zoomed());
+  ASSERT_FALSE(win.timeline()->window_loaded());  // zoomed out: no spans in memory
+  const traces::Trace full = traces::load_trace(path_);
+  SpanSearch want;
+  want.run(full, "Layers.2.FORWARD");
+  ASSERT_GT(want.size(), 2u);
+  int64_t want_ns = 0;
+  for (uint32_t m : want.matches()) want_ns += full.spans[m].duration_ns();
+
+  int finished = 0;
+  auto c = QObject::connect(&win, &MainWindow::searchFinished, [&] { ++finished; });
+  win.search("Layers.2.FORWARD");
+  EXPECT_TRUE(win.file_search_running());
+  t.restart();
+  while (finished == 0 && t.elapsed() < 20000) QTest::qWait(5);
+  QObject::disconnect(c);
+  ASSERT_EQ(finished, 1);
+  const FileSearchResult& r = win.file_search();
+  EXPECT_FALSE(r.cancelled);
+  EXPECT_EQ(r.count, static_cast<int64_t>(want.size()));
+  EXPECT_EQ(r.total_ns, want_ns);
+  ASSERT_EQ(r.hits.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_TRUE(is_hit(full.spans[want.matches()[i]], r.hits[i]));
+  EXPECT_TRUE(win.search_status().contains(QString("%1 matches").arg(want.size())))
+      << win.search_status().toStdString();
+
+  // Next: the first hit, zoomed to and selected among the spans the timeline loaded.
+  win.search_next();
+  EXPECT_EQ(win.file_search_cursor(), 0);
+  ASSERT_TRUE(win.timeline()->window_loaded());
+  const int64_t sel = win.timeline()->selected_span();
+  ASSERT_GE(sel, 0);
+  EXPECT_TRUE(is_hit(win.timeline()->shown().trace.spans[static_cast<size_t>(sel)], r.hits[0]));
+  EXPECT_TRUE(win.search_status().startsWith("1 / ")) << win.search_status().toStdString();
+  // Previous from the first wraps to the last.
+  win.search_previous();
+  EXPECT_EQ(win.file_search_cursor(), static_cast<int64_t>(r.hits.size()) - 1);
+  const int64_t last = win.timeline()->selected_span();
+  ASSERT_GE(last, 0);
+  EXPECT_TRUE(
+      is_hit(win.timeline()->shown().trace.spans[static_cast<size_t>(last)], r.hits.back()));
+  // Fit all shows the whole trace again, not the window of spans loaded for the last hit.
+  win.timeline()->fit_all();
+  EXPECT_LE(win.timeline()->visible_start_ns(), win.current_document()->index.start_ns());
+  EXPECT_GE(win.timeline()->visible_end_ns(), win.current_document()->index.end_ns());
+
+  // A query with no match says so.
+  finished = 0;
+  c = QObject::connect(&win, &MainWindow::searchFinished, [&] { ++finished; });
+  win.search("no such span name");
+  t.restart();
+  while (finished == 0 && t.elapsed() < 20000) QTest::qWait(5);
+  QObject::disconnect(c);
+  EXPECT_EQ(win.file_search().count, 0);
+  EXPECT_EQ(win.search_status(), "no match");
+}
+
+TEST(FileSearch, KeepsTheFirstHitsInTimeOrderAndCountsAll) {
+  traces::SynthOptions o;
+  o.ranks = 4;
+  o.steps = 3;
+  o.layers = 2;
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("orrery_gui_filesearch_" + std::to_string(::getpid()) + ".db"))
+                               .string();
+  std::filesystem::remove(path);
+  traces::write_trace(traces::synthesize(o), path);
+  const traces::TraceReader reader(path);
+  const traces::Trace full = reader.load_all();
+  SpanSearch want;
+  want.run(full, "backward", kind_bit(traces::SpanKind::Compute));
+  ASSERT_GT(want.size(), 5u);
+  const FileSearchResult r =
+      search_file(reader, full.strings, "backward", kind_bit(traces::SpanKind::Compute), 5);
+  EXPECT_EQ(r.count, static_cast<int64_t>(want.size()));
+  ASSERT_EQ(r.hits.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(is_hit(full.spans[want.matches()[i]], r.hits[i]));
+  // Another kind only: no compute span is a collective.
+  EXPECT_EQ(search_file(reader, full.strings, "backward", kind_bit(traces::SpanKind::Collective), 5)
+                .count,
+            0);
+  // Cancelled before it starts: nothing counted, said so.
+  std::atomic<bool> cancel{true};
+  const FileSearchResult c = search_file(reader, full.strings, "backward", kAllKinds, 5, &cancel);
+  EXPECT_TRUE(c.cancelled);
+  EXPECT_EQ(c.count, 0);
+  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -127,6 +127,8 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   }
   connect(&lanes_, &LaneTreeModel::visibilityChanged, this,
           [this] { timeline_->set_hidden_lanes(lanes_.hidden_lanes()); });
+  // A zoomed trace's timeline loads spans as it zooms in: the search's matches among them framed.
+  connect(timeline_, &TimelineView::windowChanged, this, [this] { highlight_window_matches(); });
 
   build_menus();
   build_docks();
@@ -145,10 +147,12 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
 }
 
 MainWindow::~MainWindow() {
+  if (file_search_cancel_) *file_search_cancel_ = true;
   for (auto* j : jobs_) j->waitForFinished();
 }
 
 void MainWindow::closeEvent(QCloseEvent* e) {
+  if (file_search_cancel_) *file_search_cancel_ = true;
   for (auto* j : jobs_) j->waitForFinished();
   QMainWindow::closeEvent(e);
 }
@@ -233,19 +237,21 @@ void MainWindow::build_menus() {
   search_edit_->setMaximumWidth(280);
   tb->addWidget(search_edit_);
   connect(search_edit_, &QLineEdit::returnPressed, this, [this] {
-    if (search_.size() == 0 || search_edit_->isModified()) {
+    if (!has_search() || search_edit_->isModified()) {
       search(search_edit_->text());
       search_edit_->setModified(false);
+      // A file's search runs in the background: its first hit is shown when it ends.
+      file_jump_pending_ = file_search_running_;
     }
     search_next();
     // With a match shown, the keys go back to the timeline (W/S/A/D, F); with none, the box
     // keeps the focus so the query can be fixed.
-    if (search_.size()) timeline_->setFocus();
+    if (search_.size() || file_search_active()) timeline_->setFocus();
   });
   // Clearing the box (its clear button, or deleting the text) clears the search and its label.
   connect(search_edit_, &QLineEdit::textChanged, this, [this](const QString& text) {
     if (!text.isEmpty()) return;
-    search_.clear();
+    clear_search();
     search_label_->clear();
     timeline_->set_highlighted({});
   });
@@ -376,7 +382,7 @@ void MainWindow::set_current_document(int i) {
   ++range_generation_;  // a range computed on the previous trace is not shown on this one
   range_metrics_.clear();
   collectives_.set_collectives({});
-  search_.clear();
+  clear_search();
   search_label_->clear();
   if (!search_edit_->text().isEmpty()) search(search_edit_->text());
   setWindowTitle(tr("Orrery - %1").arg(trace_combo_->itemText(i)));
@@ -398,7 +404,7 @@ void MainWindow::close_current_document() {
     ++range_generation_;
     range_metrics_.clear();
     collectives_.set_collectives({});
-    search_.clear();
+    clear_search();
     search_label_->clear();
     timeline_->set_highlighted({});
     setWindowTitle(tr("Orrery"));
@@ -700,61 +706,6 @@ void MainWindow::on_range_selected(TimelineView* src, qint64 t0, qint64 t1) {
   }));
 }
 
-void MainWindow::search(const QString& text) {
-  auto d = current_document();
-  if (!d) return;
-  search_edit_->setText(text);
-  if (text.isEmpty()) {  // an empty query matches nothing and says nothing
-    search_.clear();
-    search_label_->clear();
-    timeline_->set_highlighted({});
-    return;
-  }
-  search_.run(d->trace, text.toStdString(), timeline_->kind_mask());
-  // Every match is framed in the timeline.
-  std::vector<uint8_t> flags(d->trace.spans.size(), 0);
-  for (uint32_t m : search_.matches()) flags[m] = 1;
-  timeline_->set_highlighted(std::move(flags));
-  search_label_->setText(search_status());
-}
-
-QString MainWindow::search_status() const {
-  auto d = current_document();
-  if (!d || search_edit_->text().isEmpty()) return {};
-  if (search_.size() == 0) return tr("no match");
-  int64_t total = 0;
-  for (uint32_t m : search_.matches()) total += d->trace.spans[m].duration_ns();
-  const QString where = search_.current() >= 0 ? tr("%1 / ").arg(search_.current() + 1) : QString();
-  return tr("%1%2 matches, %3")
-      .arg(where)
-      .arg(search_.size())
-      .arg(QString::fromStdString(format_duration_ns(static_cast<double>(total))));
-}
-
-void MainWindow::search_next() {
-  const int64_t s = search_.next();
-  if (s >= 0) {
-    timeline_->select_span(s, true);
-    search_label_->setText(search_status());
-  }
-}
-
-bool MainWindow::search_from(int64_t t_ns) {
-  const int64_t s = search_.first_at_or_after(t_ns);
-  if (s < 0) return false;
-  timeline_->select_span(s, true);
-  search_label_->setText(search_status());
-  return true;
-}
-
-void MainWindow::search_previous() {
-  const int64_t s = search_.previous();
-  if (s >= 0) {
-    timeline_->select_span(s, true);
-    search_label_->setText(search_status());
-  }
-}
-
 void MainWindow::set_kind_visible(traces::SpanKind k, bool visible) {
   KindMask m = timeline_->kind_mask();
   m = visible ? (m | kind_bit(k)) : (m & ~kind_bit(k));
@@ -767,7 +718,7 @@ void MainWindow::set_kind_visible(traces::SpanKind k, bool visible) {
   if (auto d = current_document())
     lanes_.set_trace(timeline_->index(), d->trace.ranks, timeline_->group_by());
   lanes_view_->expandToDepth(0);
-  if (search_.size() && !search_edit_->text().isEmpty()) search(search_edit_->text());
+  if (has_search() && !search_edit_->text().isEmpty()) search(search_edit_->text());
 }
 
 void MainWindow::set_group_by(GroupBy by) {

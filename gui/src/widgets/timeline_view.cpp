@@ -85,6 +85,14 @@ void TimelineView::rebuild_index() {
   relayout();
 }
 
+void TimelineView::ensure_window() {
+  try {
+    update_window();
+  } catch (const std::exception& e) {
+    zoom_error_ = QString::fromStdString(e.what());
+  }
+}
+
 void TimelineView::update_window() {
   if (!doc_ || !doc_->zoomed() || !zoom_error_.isEmpty()) return;
   const int64_t t0 = visible_start_ns(), t1 = visible_end_ns();
@@ -119,6 +127,7 @@ void TimelineView::update_window() {
   highlight_.clear();
   hovered_ = -1;
   rebuild_index();
+  emit windowChanged();
 }
 
 void TimelineView::relayout() {
@@ -209,8 +218,9 @@ void TimelineView::set_shift_ns(int64_t shift) {
 
 void TimelineView::fit_all() {
   if (!index_) return;
-  const int64_t t0 = index_->start_ns() + shift_ns_;
-  const int64_t t1 = index_->end_ns() + shift_ns_;
+  const TraceIndex& extent = doc_ && doc_->zoomed() ? doc_->index : *index_;  // not the window's
+  const int64_t t0 = extent.start_ns() + shift_ns_;
+  const int64_t t1 = extent.end_ns() + shift_ns_;
   const int64_t margin = std::max<int64_t>(1, (t1 - t0) / 100);
   pinned_ = true;
   pinned_t0_ = t0 - margin;
@@ -224,7 +234,9 @@ bool TimelineView::bound_view() {
   if (!index_) return false;
   const TimeMapping before = map_;
   const double w = track_width();
-  const int64_t lo = index_->start_ns() + shift_ns_, hi = index_->end_ns() + shift_ns_;
+  // A zoomed document's window of loaded spans is not the trace's extent: its own index is.
+  const TraceIndex& extent = doc_ && doc_->zoomed() ? doc_->index : *index_;
+  const int64_t lo = extent.start_ns() + shift_ns_, hi = extent.end_ns() + shift_ns_;
   // Zoomed out at most to fit_all's view.
   const double len = static_cast<double>(hi - lo);
   const double max_npp =
@@ -491,11 +503,7 @@ void TimelineView::paintEvent(QPaintEvent*) {
     paint_empty(p);
     return;
   }
-  try {
-    update_window();
-  } catch (const std::exception& e) {
-    zoom_error_ = QString::fromStdString(e.what());
-  }
+  ensure_window();
   if (!zoom_error_.isEmpty()) {
     p.setPen(palette::kEmptyText);
     p.drawText(rect().adjusted(20, 0, -20, 0), Qt::AlignCenter | Qt::TextWordWrap, zoom_error_);

@@ -6,12 +6,14 @@
 #include <QFutureWatcher>
 #include <QMainWindow>
 #include <QStringList>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "orrery/gui/document.hpp"
+#include "orrery/gui/file_search.hpp"
 #include "orrery/gui/models.hpp"
 #include "orrery/gui/span_search.hpp"
 
@@ -98,6 +100,11 @@ class MainWindow : public QMainWindow {
   QString search_status() const;
   const LaneTreeModel* lane_model() const { return &lanes_; }
   const SpanSearch& span_search() const { return search_; }
+  // A zoomed trace's search over its file (file_search.hpp): running, then its result and the hit
+  // shown (-1 before the first next()).
+  bool file_search_running() const { return file_search_running_; }
+  const FileSearchResult& file_search() const { return file_search_; }
+  int64_t file_search_cursor() const { return file_cursor_; }
   QMessageBox* last_error() const { return last_error_; }
   QStringList recent_files() const;
 
@@ -106,6 +113,7 @@ class MainWindow : public QMainWindow {
   void loadFailed(const QString& path, const QString& reason);
   void rangeMetricsReady();
   void metricsReady();
+  void searchFinished();  // a zoomed trace's file search ended (not when cancelled)
 
  protected:
   void dragEnterEvent(QDragEnterEvent* e) override;
@@ -115,6 +123,13 @@ class MainWindow : public QMainWindow {
 
  private:
   void build_menus();
+  // Search (main_window_search.cpp).
+  void clear_search();
+  bool has_search() const;          // a search has matches or is running
+  bool file_search_active() const;  // a zoomed trace's file search has hits to go to
+  void start_file_search(const std::shared_ptr<TraceDocument>& d, const QString& text);
+  void jump_to_file_hit(int64_t i);
+  void highlight_window_matches();  // frames the matches among the timeline's loaded spans
   void build_docks();
   // Go to step, markers, the wheel's mode and the shortcut overlay (main_window_nav.cpp).
   void build_navigation(QMenu* view, QToolBar* tb);
@@ -180,6 +195,12 @@ class MainWindow : public QMainWindow {
   LaneTreeModel lanes_;
   CriticalPathModel critical_;
   SpanSearch search_;
+  FileSearchResult file_search_;
+  int64_t file_cursor_ = -1;
+  bool file_search_running_ = false;
+  bool file_jump_pending_ = false;  // show the first hit when the search ends (Enter pressed)
+  uint64_t file_search_generation_ = 0;
+  std::shared_ptr<std::atomic<bool>> file_search_cancel_;
 };
 
 }  // namespace orrery::gui

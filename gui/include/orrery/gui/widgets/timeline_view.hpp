@@ -47,6 +47,9 @@ class TimelineView : public QAbstractScrollArea {
   void set_window_spans(int64_t spans) { window_spans_ = spans; }
   // Whether a zoomed document is drawn from its spans (a window is loaded) now.
   bool window_loaded() const { return window_ != nullptr; }
+  // A zoomed document: loads (or drops) the spans around the view now, not at the next paint
+  // (search jumps to a span, then selects it).
+  void ensure_window();
   // The error a zoomed document's levels raised (a corrupt chunk), shown instead of the lanes.
   const QString& zoom_error() const { return zoom_error_; }
   const TraceIndex* index() const { return index_; }
@@ -163,6 +166,8 @@ class TimelineView : public QAbstractScrollArea {
   void markersChanged();
   void mappingChanged();
   void spanHovered(qint64 span);
+  // A zoomed document's window of loaded spans was loaded or dropped (span indices changed).
+  void windowChanged();
 
  protected:
   void paintEvent(QPaintEvent* e) override;
