@@ -13,6 +13,7 @@
 #include <QTest>
 #include <filesystem>
 
+#include "orrery/gui/critical_path.hpp"
 #include "orrery/gui/document.hpp"
 #include "orrery/gui/file_search.hpp"
 #include "orrery/gui/span_search.hpp"
@@ -216,6 +217,53 @@ TEST_F(ZoomTimeline, SearchCoversTheWholeFile) {
   QObject::disconnect(c);
   EXPECT_EQ(win.file_search().count, 0);
   EXPECT_EQ(win.search_status(), "no match");
+}
+
+// On a zoomed trace the selected span's details and a step's critical path come from the spans the
+// timeline loads (none are in memory zoomed out): the path equals the fully loaded trace's.
+TEST_F(ZoomTimeline, DetailsAndCriticalPathOfAZoomedTrace) {
+  MainWindow win;
+  win.set_load_options(LoadOptions{0});
+  win.timeline()->set_window_spans(50);
+  win.resize(1400, 900);
+  win.show();
+  win.open_files({QString::fromStdString(path_)});
+  QElapsedTimer t;
+  t.start();
+  while (win.document_count() != 1 && t.elapsed() < 20000) QTest::qWait(5);
+  ASSERT_EQ(win.document_count(), 1);
+  const auto doc = win.current_document();
+  ASSERT_TRUE(doc->zoomed());
+  const traces::Trace full = traces::load_trace(path_);
+  ASSERT_GE(doc->steps.size(), 3u);
+  const StepWindow step = doc->steps[2];
+  const CriticalPath want = critical_path(full, step.step);
+  ASSERT_FALSE(want.empty());
+  // Zoomed out, centred on step 2: P zooms to the step, loads it, and draws its path.
+  win.timeline()->zoom_to(step.start_ns - (step.end_ns - step.start_ns) * 20,
+                          step.end_ns + (step.end_ns - step.start_ns) * 20);
+  win.timeline()->ensure_window();
+  ASSERT_FALSE(win.timeline()->window_loaded());
+  win.timeline()->set_window_spans(100000);  // the step itself fits a window
+  ASSERT_TRUE(win.toggle_critical_path());
+  const CriticalPath& got = win.timeline()->critical_path_shown();
+  EXPECT_EQ(got.step, step.step);
+  EXPECT_EQ(got.links.size(), want.links.size());
+  EXPECT_EQ(got.length_ns(), want.length_ns());
+  EXPECT_EQ(got.wait_ns, want.wait_ns);
+  EXPECT_EQ(win.critical_path_model()->rowCount(), static_cast<int>(want.links.size()));
+  // Selecting a span of the window fills the details with its name.
+  const auto& shown = win.timeline()->shown().trace;
+  const int64_t last = static_cast<int64_t>(got.links.back().span);
+  win.timeline()->select_span(last);
+  EXPECT_EQ(win.details_model()->span(), last);
+  EXPECT_EQ(win.details_model()->value("Name").toStdString(),
+            shown.strings.str(shown.spans[static_cast<size_t>(last)].name));
+  // Zoomed far away, the window changes: the path on the old one's spans goes.
+  win.timeline()->zoom_to(doc->index.end_ns() - 1000, doc->index.end_ns());
+  win.timeline()->ensure_window();
+  EXPECT_TRUE(win.timeline()->critical_path_shown().empty());
+  EXPECT_EQ(win.critical_path_model()->rowCount(), 0);
 }
 
 TEST(FileSearch, KeepsTheFirstHitsInTimeOrderAndCountsAll) {

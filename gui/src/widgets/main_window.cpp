@@ -128,7 +128,14 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   connect(&lanes_, &LaneTreeModel::visibilityChanged, this,
           [this] { timeline_->set_hidden_lanes(lanes_.hidden_lanes()); });
   // A zoomed trace's timeline loads spans as it zooms in: the search's matches among them framed.
-  connect(timeline_, &TimelineView::windowChanged, this, [this] { highlight_window_matches(); });
+  // Its span indices change with the window: a critical path on the previous one goes.
+  connect(timeline_, &TimelineView::windowChanged, this, [this] {
+    highlight_window_matches();
+    if (critical_.rowCount() > 0) {
+      critical_.set_path(nullptr, {});
+      crit_box_->hide();
+    }
+  });
 
   build_menus();
   build_docks();
@@ -646,7 +653,8 @@ void MainWindow::show_tab(const QString& name) {
 }
 
 void MainWindow::on_span_selected(TimelineView* src, qint64 span) {
-  auto d = src->document();
+  // The spans the view shows: a zoomed trace's are those of its loaded window.
+  const TraceDocument* d = src->document() ? &src->shown() : nullptr;
   details_.set_span(d ? &d->trace : nullptr, span, src->index() ? src->index()->start_ns() : 0,
                     d ? &d->flows : nullptr);
   details_view_->resizeColumnToContents(0);

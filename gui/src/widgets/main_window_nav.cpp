@@ -138,10 +138,29 @@ bool MainWindow::toggle_critical_path() {
     statusBar()->clearMessage();
     return false;
   }
-  const auto& tr_ = t->document()->trace;
-  int32_t step = t->selected_span() >= 0 ? tr_.spans[static_cast<size_t>(t->selected_span())].step
+  const auto& sel = t->shown().trace;  // a zoomed trace's selection is in its loaded window
+  int32_t step = t->selected_span() >= 0 ? sel.spans[static_cast<size_t>(t->selected_span())].step
                                          : t->step_at_center();
   if (step < 0) step = t->step_at_center();
+  if (t->document()->zoomed()) {
+    // Its spans are in the file: zoomed to the step, the timeline loads all of them.
+    const auto w = find_step(t->document()->steps, step);
+    if (!w) {
+      statusBar()->showMessage(tr("no step here: select a span of a step, or centre one"), 5000);
+      return false;
+    }
+    t->zoom_to(w->start_ns, w->end_ns);
+    t->ensure_window();
+    if (!t->window_loaded()) {
+      statusBar()->showMessage(
+          tr("step %1 holds more spans than the timeline loads at once: its critical path needs "
+             "them all")
+              .arg(step),
+          8000);
+      return false;
+    }
+  }
+  const auto& tr_ = t->shown().trace;
   CriticalPath path = critical_path(tr_, step);
   if (path.empty()) {
     statusBar()->showMessage(tr("no step here: select a span of a step, or centre one"), 5000);

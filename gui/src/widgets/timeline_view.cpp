@@ -125,6 +125,7 @@ void TimelineView::update_window() {
   selected_ = -1;
   flow_.clear();
   highlight_.clear();
+  critical_ = CriticalPath{};
   hovered_ = -1;
   rebuild_index();
   emit windowChanged();
