@@ -89,13 +89,14 @@ void apply_offload(const Scenario& s, const PrecisionConfig& p, int stage, Memor
 
 // The stage's expert states (model/moe.hpp): the local experts' parameters (tp slice) and their
 // gradients whole (summed over edp by all-reduce), their optimizer state sharded over the edp
-// group under ZeRO 1/2; the stage's dense count corrected (router and shared experts in, the
-// dense MLP of its MoE blocks out).
+// group under ZeRO 1/2, all three under ZeRO 3 (each block's experts a segment over edp); the
+// stage's dense count corrected (router and shared experts in, the dense MLP of its MoE blocks out).
 void add_moe_states(const Scenario& s, const PrecisionConfig& p, int st, MemoryEstimate& e) {
   const int64_t dense = stage_dense_params(s, st), expert = stage_expert_params(s, st);
   const int edp = std::max(1, s.parallel.dp / std::max(1, s.parallel.ep));
   const auto d = model_state_bytes(double(dense), s.parallel.zero, s.parallel.dp, p);
-  const auto x = model_state_bytes(double(expert), std::min(1, s.parallel.zero), edp, p);
+  const int expert_zero = s.parallel.zero == 3 ? 3 : std::min(1, s.parallel.zero);
+  const auto x = model_state_bytes(double(expert), expert_zero, edp, p);
   e.param_count = dense + expert;
   e.parameters_bytes = d.parameters + x.parameters;
   e.gradients_bytes = d.gradients + x.gradients;

@@ -188,8 +188,11 @@ INSTANTIATE_TEST_SUITE_P(
 
 class ZeroEquivalence : public ::testing::TestWithParam<EpCase> {};
 
-// ZeRO 1/2 with MoE against ZeRO 0 on the same layout: ep 1 (the experts replicated over dp and
-// sharded with the dense tensors) and ep > 1 (the experts' shards over their edp group).
+// ZeRO 1/2/3 with MoE against ZeRO 0 on the same layout: ep 1 (the experts replicated over dp and
+// sharded with the dense tensors) and ep > 1 (the experts' shards over their edp group; ZeRO 3
+// gathers them per block over edp, dp4_ep4 with an edp group of one). Not bit-identical: ZeRO 2/3
+// reduce-scatter every micro-batch's gradients and sum the shards, ZeRO 0 sums the micro-batches
+// first and all-reduces once, so the tolerances of the file's header apply.
 TEST_P(ZeroEquivalence, SameAsZero0) {
   const EpCase c = GetParam();
   const Layers& l = c.par;
@@ -218,7 +221,15 @@ INSTANTIATE_TEST_SUITE_P(
                       EpCase{"dp2_ep2_zero2_swiglu", {2, 2, 1, 1, 2}, true, 1.25},
                       EpCase{"dp4_ep2_zero1", {4, 2, 1, 1, 1}, false, 1.25},
                       EpCase{"dp4_ep2_zero2", {4, 2, 1, 1, 2}, false, 1.25},
-                      EpCase{"dp2_ep2_pp2_zero1", {2, 2, 1, 2, 1}, false, 1.25}),
+                      EpCase{"dp2_ep2_pp2_zero1", {2, 2, 1, 2, 1}, false, 1.25},
+                      // ZeRO 3: the dense segments over dp, each block's experts over edp
+                      EpCase{"dp2_zero3", {2, 1, 1, 1, 3}, false, 1.25},
+                      EpCase{"dp2_ep2_zero3", {2, 2, 1, 1, 3}, false, 1.25},
+                      EpCase{"dp2_ep2_zero3_swiglu_dropless", {2, 2, 1, 1, 3}, true, 0.0},
+                      EpCase{"dp4_ep2_zero3", {4, 2, 1, 1, 3}, false, 1.25},
+                      EpCase{"dp4_ep4_zero3", {4, 4, 1, 1, 3}, true, 1.25},
+                      EpCase{"dp2_ep2_pp2_zero3", {2, 2, 1, 2, 3}, false, 1.25},
+                      EpCase{"dp2_ep2_tp2_zero3", {2, 2, 2, 1, 3}, true, 1.25}),
     [](const ::testing::TestParamInfo<EpCase>& i) { return std::string(i.param.name); });
 
 class SerialEquivalence : public ::testing::TestWithParam<EpCase> {};

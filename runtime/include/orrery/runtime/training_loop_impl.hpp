@@ -136,6 +136,7 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
     for (int seg : b.segments) expert_segment_[std::size_t(seg + 1)] = 1;
   }
   const std::size_t n = host.num_params();
+  dense_elems_ = dense_elems;
   decay_ = host.decay_ranges();
   adamw_ = loop_detail::adamw_config(s_.training);
   if (precision_of(s_.runtime) == Precision::FP16)
@@ -148,7 +149,7 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   if (z3) {
     zero_ = zero_partition(n, L.dp_rank, L.dp);
     model_ = std::make_unique<Model>(backend_.make_model(std::move(host), false));
-    z3_ = backend_.make_zero3(*model_, L.dp_rank, L.dp);
+    z3_ = backend_.make_zero3(*model_, L.dp_rank, L.dp, L.ep);
     z3_recv_.resize(z3_->shard_elems());
     moments = z3_->shard_elems();
     opt_count_ = 0;  // per segment shard
@@ -191,12 +192,12 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   if (!zbuckets.empty()) use_zero_buckets(buckets, std::move(zbuckets), dopt);
   ddp_ = std::make_unique<DataParallel>(std::move(buckets), cfg.n_layer, model_->grads.data(),
                                         model_->params.data(), dense_elems, dev_.dp, dopt);
-  if (cfg.moe.enabled() && !zero) {
+  if (cfg.moe.enabled() && !zero && !z3) {
     // Averaged over edp here, then divided by ep after the step's backward (backward_pass): the
     // experts' gradients summed over their edp group and divided by dp (model/moe.hpp). Under
-    // ZeRO 1/2 (ep 1 only, check_supported) the experts are replicated over dp like the dense
-    // tensors: the whole array's reduce-scatter averages them and the partition shards their
-    // optimizer state over dp, which is the edp group.
+    // ZeRO 1/2 with ep 1 the experts are replicated over dp like the dense tensors: the whole
+    // array's reduce-scatter averages them and the partition shards their optimizer state over dp,
+    // which is the edp group (ep > 1: reduce_expert_gradients_zero; ZeRO 3: z3_reduce_scatter).
     DdpOptions eopt = dopt;
     eopt.span_name = names::kEdpAllReduce.data();
     edp_ = std::make_unique<DataParallel>(std::move(expert_buckets), cfg.n_layer,
@@ -519,7 +520,7 @@ std::vector<float> TrainingLoop<B>::parameters() {
         offload_->read(2, sg.shard_offset, sg.part.shard, mine.data(), step_);
         send = mine.data();
       }
-      dev_.dp->all_gather(send, full.data(), sg.part.shard, DType::F32).wait();
+      z3_all_gather(sg, send, full.data(), OpLabel{}).wait();
       backend_.synchronize();
       backend_.download(out.data() + sg.range.offset, full.data(), sg.range.count);
     }
@@ -571,8 +572,15 @@ std::vector<StateRange> TrainingLoop<B>::state_to_save() {
     }
     return out;
   }
-  if (s_.parallel.zero == 0 && layout_.dp_rank != 0) return out;  // dp rank 0 holds the same
-  if (zbuckets_) {                                                // this rank's part of each bucket
+  if (s_.parallel.zero == 0 && layout_.dp_rank != 0) {
+    // dp rank 0 holds the same, but for the experts of the other ep ranks (MoE, ep > 1): their
+    // first holders (dp ranks 1..ep-1, the first of their edp groups) save those.
+    const std::size_t n = flat_elems(), e = dense_elems_;
+    if (layout_.dp_rank < layout_.ep && e < n)
+      add(e, n - e, model_->params.data() + e, mom_m + e, mom_v + e, false);
+    return out;
+  }
+  if (zbuckets_) {  // this rank's part of each bucket
     for (const auto& r : opt_ranges_) {
       add(r.flat, r.count, model_->params.data() + r.flat, mom_m + r.moment, mom_v + r.moment,
           false);
@@ -581,6 +589,10 @@ std::vector<StateRange> TrainingLoop<B>::state_to_save() {
   }
   if (opt_count_ > 0) {
     add(opt_offset_, opt_count_, model_->params.data() + opt_offset_, mom_m, mom_v, false);
+  }
+  if (ezero_.count() > 0) {  // MoE, ep > 1, ZeRO 1/2: this rank's shard of its experts
+    const std::size_t off = expert_offset_ + ezero_.begin();
+    add(off, ezero_.count(), model_->params.data() + off, eadam_m_.data(), eadam_v_.data(), false);
   }
   return out;
 }
@@ -612,6 +624,11 @@ std::vector<StateRange> TrainingLoop<B>::state_to_load() {
     float* mom_v = offload_ ? off_ckpt_[1].data() : adam_v_.data();
     out.push_back({opt_offset_, opt_count_, nullptr, stage(mom_m, opt_count_, true),
                    stage(mom_v, opt_count_, true)});
+  }
+  if (ezero_.count() > 0) {  // MoE, ep > 1, ZeRO 1/2: the moments of this rank's expert shard
+    out.push_back({expert_offset_ + ezero_.begin(), ezero_.count(), nullptr,
+                   stage(eadam_m_.data(), ezero_.count(), true),
+                   stage(eadam_v_.data(), ezero_.count(), true)});
   }
   return out;
 }
@@ -940,7 +957,39 @@ void TrainingLoop<B>::z3_gather(int segment, int slot, int mb) {
   const float* send = offload_params_ ? z3_shard(segment, slot) : z3_->params() + sg.shard_offset;
   z3_gather_h_[slot] = dev_.dp->all_gather(send, z3_->param_buffer(slot), sg.part.shard, DType::F32,
                                            OpLabel{kZeroFetchLayerName, step_, mb, segment});
+  // MoE: the block's experts, over their edp group, into the experts' buffer of this slot.
+  if (const Zero3Segment* e = slot < 2 ? z3_->expert_segment(segment) : nullptr) {
+    z3_egather_h_[slot] =
+        z3_all_gather(*e, z3_->params() + e->shard_offset, z3_->expert_param_buffer(slot),
+                      OpLabel{kZeroFetchLayerName, step_, mb, segment});
+  }
   z3_gathered_[slot] = segment;
+}
+
+template <class B>
+Communicator* TrainingLoop<B>::z3_group(const Zero3Segment& sg) const {
+  if (!sg.expert) return dev_.dp;
+  return layout_.ep > 1 ? dev_.edp : dev_.dp;
+}
+
+template <class B>
+Handle TrainingLoop<B>::z3_all_gather(const Zero3Segment& sg, const float* send, float* recv,
+                                      const OpLabel& label) {
+  if (Communicator* c = z3_group(sg)) {
+    return c->all_gather(send, recv, sg.part.shard, DType::F32, label);
+  }
+  backend_.copy(recv, send, sg.part.shard);  // a group of one: the shard is the whole segment
+  return Handle();
+}
+
+template <class B>
+Handle TrainingLoop<B>::z3_scatter_avg(const Zero3Segment& sg, const float* send, float* recv,
+                                       const OpLabel& label) {
+  if (Communicator* c = z3_group(sg)) {
+    return c->reduce_scatter(send, recv, sg.part.shard, DType::F32, ReduceOp::Avg, label);
+  }
+  backend_.copy(recv, send, sg.part.shard);
+  return Handle();
 }
 
 // offload_params: the staging of working buffer `slot` is free once that buffer's gather is done
@@ -987,6 +1036,7 @@ void TrainingLoop<B>::z3_bind_block(int layer, int next_layer, int mb) {
   const int slot = zero3_slot(layer, layout_of(*model_).config.n_layer, sh.layer_begin);
   if (z3_gathered_[slot] != layer) z3_gather(layer, slot, mb);
   z3_gather_h_[slot].wait();
+  z3_egather_h_[slot].wait();
   auto held = [&](int l) { return l >= sh.layer_begin && l < sh.layer_end; };
   // Prefetch: the next block's gather runs on the communicator while this one computes.
   if (held(next_layer)) z3_gather(next_layer, slot ^ 1, mb);
@@ -995,6 +1045,8 @@ void TrainingLoop<B>::z3_bind_block(int layer, int next_layer, int mb) {
   const int after_next = 2 * next_layer - layer;
   if (offload_params_ && held(after_next)) z3_prefetch_shard(after_next, slot);
   z3_->segment(layer).bind(z3_->param_buffer(slot), z3_->grad_buffer(slot));
+  if (const Zero3Segment* e = z3_->expert_segment(layer))
+    e->bind(z3_->expert_param_buffer(slot), z3_->expert_grad_buffer(slot));
 }
 
 template <class B>
@@ -1003,6 +1055,13 @@ void TrainingLoop<B>::z3_reduce_scatter(int segment, int slot, int mb) {
   z3_rs_h_[slot] = dev_.dp->reduce_scatter(
       z3_->grad_buffer(slot), z3_recv_.data() + sg.shard_offset, sg.part.shard, DType::F32,
       ReduceOp::Avg, OpLabel{kZeroReduceScatterName, step_, mb, segment});
+  // MoE: the block's experts averaged over edp (divided by ep in z3_finish_backward: the sum over
+  // edp / dp, model/moe.hpp).
+  if (const Zero3Segment* e = slot < 2 ? z3_->expert_segment(segment) : nullptr) {
+    z3_ers_h_[slot] =
+        z3_scatter_avg(*e, z3_->expert_grad_buffer(slot), z3_recv_.data() + e->shard_offset,
+                       OpLabel{kZeroReduceScatterName, step_, mb, segment});
+  }
 }
 
 template <class B>
@@ -1025,7 +1084,8 @@ void TrainingLoop<B>::z3_backward(typename B::Activations& acts, int mb, const G
   const GptShard& sh = layout_of(*model_).shard;
   const int L = layout_of(*model_).config.n_layer;
   GptHooks h = hooks;
-  h.on_grads_ready = nullptr;  // no DDP buckets: each segment is scattered below
+  h.on_grads_ready = nullptr;         // no DDP buckets: each segment is scattered below
+  acts.objective_scale = loss_scale;  // MoE: the aux loss's gradient scale (as pieces::backward)
   auto clear = [&](int slot, int segment) {
     backend_.zero(z3_->grad_buffer(slot), z3_->segment(segment).part.padded());
   };
@@ -1039,8 +1099,11 @@ void TrainingLoop<B>::z3_backward(typename B::Activations& acts, int mb, const G
   for (int l = sh.layer_end - 1; l >= sh.layer_begin; --l) {
     const int slot = zero3_slot(l, L, sh.layer_begin);
     z3_rs_h_[slot].wait();  // the buffer's previous gradients are scattered
+    z3_ers_h_[slot].wait();
     z3_bind_block(l, l - 1, mb);
     clear(slot, l);
+    if (const Zero3Segment* e = z3_->expert_segment(l))
+      backend_.zero(z3_->expert_grad_buffer(slot), e->part.padded());
     pieces::block_backward(k, *model_, acts, *scratch_, l, h);
     if (kv_replicas_ > 1) kv_grad_all_reduce(l, mb);
     z3_reduce_scatter(l, slot, mb);
@@ -1058,6 +1121,17 @@ void TrainingLoop<B>::z3_finish_backward(int mb) {
     z3_reduce_scatter(kEmbedSegment, 2, mb);
   }
   for (auto& hd : z3_rs_h_) hd.wait();
+  for (auto& hd : z3_ers_h_) hd.wait();
+  if (layout_.ep > 1) {
+    if constexpr (B::kHostMemory) {  // MoE (device cpu only): the experts' sum over edp / dp
+      const auto inv = static_cast<float>(1.0 / layout_.ep);
+      for (const auto& sg : z3_->segments()) {
+        if (!sg.expert) continue;
+        float* g = z3_recv_.data() + sg.shard_offset;
+        for (std::size_t i = 0; i < sg.part.shard; ++i) g[i] *= inv;
+      }
+    }
+  }
   backend_.add(z3_->grads(), z3_recv_.data(), z3_->shard_elems());
 }
 
