@@ -14,6 +14,7 @@
 #include "calibration_fixtures.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/model/moe.hpp"
+#include "orrery/model/zero_partition.hpp"
 #include "orrery/sim/calibrate.hpp"
 #include "orrery/sim/collectives.hpp"
 #include "orrery/sim/memory.hpp"
