@@ -44,11 +44,6 @@ void check_supported_moe(const Scenario& s, const std::string& origin) {
                      "' with " + moe + " and parallel.zero = " + std::to_string(s.parallel.zero) +
                      " is not implemented in the runtime; expected none, or parallel.zero = 0");
   }
-  // ZeRO 3 gathers the experts' shards from memory (training_loop_impl.hpp z3_gather).
-  if (s.parallel.zero == 3 && s.zero.offload_params != "none") {
-    throw InputError(origin + ": key 'zero.offload_params': '" + s.zero.offload_params + "' with " +
-                     moe + " is not implemented in the runtime; expected none");
-  }
 }
 }  // namespace
 

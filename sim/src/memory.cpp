@@ -73,7 +73,12 @@ namespace {
 void apply_offload(const Scenario& s, const PrecisionConfig& p, int stage, MemoryEstimate& e) {
   const int dp = s.parallel.dp;
   const bool sharded = s.parallel.zero >= 1 && dp > 1;
-  const double updated = sharded ? double(e.param_count) / dp : double(e.param_count);
+  double updated = sharded ? double(e.param_count) / dp : double(e.param_count);
+  if (sharded && s.model.moe.enabled()) {  // MoE: the experts' state is sharded over edp instead
+    const int edp = std::max(1, dp / std::max(1, s.parallel.ep));
+    updated =
+        double(stage_dense_params(s, stage)) / dp + double(stage_expert_params(s, stage)) / edp;
+  }
   const bool params = s.zero.offload_params == "nvme";
   const std::vector<int64_t> chunks = offload_chunks(s, int64_t(std::llround(updated)));
   const double chunk = chunks.empty() ? 0.0 : double(chunks.front());

@@ -312,6 +312,12 @@ TEST(MoeMemory, ExpertStatesInClosedForm) {
                                              : 2 * (dense + expert));
     near(mem[0].optimizer_bytes,
          zero >= 1 ? 12 * dense / dp + 12 * expert / edp : 12 * (dense + expert));
+    // NVMe offload: the file holds the state of what this rank updates, the experts' over edp.
+    Scenario o = s;
+    o.zero.offload_optimizer = "nvme";
+    o.zero.nvme_path = "/tmp";
+    near(estimate_memory(o, p, 0)[0].offload_nvme_bytes,
+         offload_bytes_per_param(o, p) * (zero >= 1 ? dense / dp + expert / edp : dense + expert));
   }
   // Activations: each MoE block's routed rows instead of its dense act and fc2 terms, plus one
   // dispatch's send and receive buffers.

@@ -5,7 +5,8 @@
 #  1. dp2 ep2, 6 steps, a checkpoint every 3, killed after the checkpoint of step 3 and resumed:
 #     the losses of steps 4..6 and the step-6 checkpoint (parameters and AdamW moments, every file
 #     byte for byte) equal the uninterrupted run's bit for bit: ZeRO 0 (foreground and background),
-#     ZeRO 1, 2 and 3 (the experts' shards over the edp group); dp4 ep2 ZeRO 2 with 4 ranks.
+#     ZeRO 1, 2 and 3 (the experts' shards over the edp group), ZeRO 2 and 3 with NVMe offload
+#     (ZeRO 3 with the parameter shards in the file too); dp4 ep2 ZeRO 2 with 4 ranks.
 #  2. Another layout: the dp2 ep2 step-3 checkpoint resumed at ep1 (dp2) runs steps 4..6 with the
 #     losses of the ep2 run within 1e-5 relative and step-6 parameters within 1e-4 (max|Δ| / max|p|
 #     over the global array): issue 19 item 3's tolerances for ep1 against ep2 on the same data; an
@@ -118,6 +119,12 @@ kill_and_resume ep2-bg 2 --set checkpoint.background=true
 kill_and_resume ep2-zero1 2 --set parallel.zero=1
 kill_and_resume ep2-zero2 2 --set parallel.zero=2
 kill_and_resume ep2-zero3 2 --set parallel.zero=3
+# NVMe offload: the experts' moments (and ZeRO 3's shards) come from and go back to the file.
+mkdir -p nvme
+kill_and_resume ep2-zero2-nvme 2 --set parallel.zero=2 --set zero.offload_optimizer=nvme \
+  --set zero.nvme_path=nvme
+kill_and_resume ep2-zero3-nvme 2 --set parallel.zero=3 --set zero.offload_optimizer=nvme \
+  --set zero.offload_params=nvme --set zero.nvme_path=nvme
 # ZeRO 0 at ep2: dp rank 0 writes the dense tensors and experts 0-1, dp rank 1 experts 2-3.
 python3 -c "
 import json

@@ -264,12 +264,13 @@ class TrainingLoop : public RankTrainer {
   Array zero_grads_;  // (k) ZeRO 1/2: the owned shard of the averaged gradients
   Array zero_recv_;   // (k) ZeRO 2: one micro-batch's scattered shard
   // MoE with ep > 1 under ZeRO 1/2: the experts' partition over edp (ranks 0: none), where they
-  // start in the flat array, their shard's gradients, ZeRO 2's scattered shard and AdamW moments,
-  // and the dense all-gather's staging buffer.
+  // start in the flat array, their shard's gradients, ZeRO 2's scattered shard (its AdamW moments
+  // at [k, k + its shard) of the moment planes, k = zero_.shard), and the dense all-gather's
+  // staging buffer.
   ZeroPartition ezero_{};
   std::size_t expert_offset_ = 0;
   std::size_t dense_elems_ = 0;  // where the routed experts start in the flat array (model.hpp)
-  Array ezero_grads_, ezero_recv_, eadam_m_, eadam_v_, zero_stage_;
+  Array ezero_grads_, ezero_recv_, zero_stage_;  // (their moments: adam_m_ / adam_v_ after k)
   std::unique_ptr<typename B::Zero3> z3_;
   Array z3_recv_;                              // ZeRO 3: one micro-batch's scattered shards
   Handle z3_gather_h_[4], z3_rs_h_[4];         // by working buffer (zero3_slot)
@@ -287,6 +288,7 @@ class TrainingLoop : public RankTrainer {
   std::vector<float> off_ckpt_[3];  // checkpoint copies of the planes (state_to_save / _load)
   bool off_upload_ = false;         // commit_loaded_state writes off_ckpt_ back
   FloatArray z3_stage_[4];          // offload_params: a segment's shard by working buffer
+  FloatArray z3_estage_[2];         // and an MoE block's experts' shard
   int z3_staged_[4] = {-99, -99, -99, -99};
   uint64_t z3_stage_ticket_[4] = {0, 0, 0, 0};
   std::size_t opt_offset_ = 0, opt_count_ = 0;  // that range in the flat array (not ZeRO 3)

@@ -257,11 +257,13 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
 // partition over edp the experts' shards and moments.
 template <class B>
 void TrainingLoop<B>::make_optimizer_state(std::size_t moments, bool zero) {
+  // MoE, ep > 1, ZeRO 1/2: the experts' shard's moments follow the dense shard's.
+  const std::size_t all = moments + ezero_.shard;
   if (s_.zero.nvme()) {
-    make_offload(moments);
+    make_offload(all);
   } else {
-    adam_m_.resize(moments);
-    adam_v_.resize(moments);
+    adam_m_.resize(all);
+    adam_v_.resize(all);
   }
   if (zero) {
     zero_grads_.resize(zero_.shard);
@@ -270,8 +272,6 @@ void TrainingLoop<B>::make_optimizer_state(std::size_t moments, bool zero) {
   if (ezero_.total > 0) {
     ezero_grads_.resize(ezero_.shard);
     if (s_.parallel.zero == 2) ezero_recv_.resize(ezero_.shard);
-    eadam_m_.resize(ezero_.shard);
-    eadam_v_.resize(ezero_.shard);
     zero_stage_.resize(zero_.padded());
   }
 }
@@ -414,6 +414,7 @@ MemoryBytes TrainingLoop<B>::memory() const {
     if (offload_params_) {
       m.parameters = 0;  // the staging of the shards being gathered instead
       for (const auto& st : z3_stage_) m.parameters += static_cast<double>(st.size_bytes());
+      for (const auto& st : z3_estage_) m.parameters += static_cast<double>(st.size_bytes());
     }
     m.comm_buffers =
         static_cast<double>(z3_->buffer_bytes() + z3_recv_.size_bytes() + kv_buf_.size_bytes());
@@ -422,8 +423,7 @@ MemoryBytes TrainingLoop<B>::memory() const {
   }
   m.parameters = static_cast<double>(model_->params.size_bytes());
   const double full_grads = static_cast<double>(model_->grads.size_bytes());
-  m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes() +
-                                    eadam_m_.size_bytes() + eadam_v_.size_bytes());
+  m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes());
   if (offload_) {
     m.optimizer = static_cast<double>(offload_->buffer_bytes());  // the three chunk buffers
     m.offload_nvme = static_cast<double>(offload_->file_bytes());
@@ -591,8 +591,8 @@ std::vector<StateRange> TrainingLoop<B>::state_to_save() {
     add(opt_offset_, opt_count_, model_->params.data() + opt_offset_, mom_m, mom_v, false);
   }
   if (ezero_.count() > 0) {  // MoE, ep > 1, ZeRO 1/2: this rank's shard of its experts
-    const std::size_t off = expert_offset_ + ezero_.begin();
-    add(off, ezero_.count(), model_->params.data() + off, eadam_m_.data(), eadam_v_.data(), false);
+    const std::size_t off = expert_offset_ + ezero_.begin(), k = zero_.shard;
+    add(off, ezero_.count(), model_->params.data() + off, mom_m + k, mom_v + k, false);
   }
   return out;
 }
@@ -617,18 +617,19 @@ std::vector<StateRange> TrainingLoop<B>::state_to_load() {
     }
     return out;
   }
+  if (opt_count_ == 0 && ezero_.count() == 0) return out;
+  read_offload_state();
+  off_upload_ = offload_ != nullptr;
+  float* mom_m = offload_ ? off_ckpt_[0].data() : adam_m_.data();
+  float* mom_v = offload_ ? off_ckpt_[1].data() : adam_v_.data();
   if (opt_count_ > 0) {
-    read_offload_state();
-    off_upload_ = offload_ != nullptr;
-    float* mom_m = offload_ ? off_ckpt_[0].data() : adam_m_.data();
-    float* mom_v = offload_ ? off_ckpt_[1].data() : adam_v_.data();
     out.push_back({opt_offset_, opt_count_, nullptr, stage(mom_m, opt_count_, true),
                    stage(mom_v, opt_count_, true)});
   }
   if (ezero_.count() > 0) {  // MoE, ep > 1, ZeRO 1/2: the moments of this rank's expert shard
-    out.push_back({expert_offset_ + ezero_.begin(), ezero_.count(), nullptr,
-                   stage(eadam_m_.data(), ezero_.count(), true),
-                   stage(eadam_v_.data(), ezero_.count(), true)});
+    const std::size_t n = ezero_.count(), k = zero_.shard;
+    out.push_back({expert_offset_ + ezero_.begin(), n, nullptr, stage(mom_m + k, n, true),
+                   stage(mom_v + k, n, true)});
   }
   return out;
 }
@@ -959,9 +960,16 @@ void TrainingLoop<B>::z3_gather(int segment, int slot, int mb) {
                                            OpLabel{kZeroFetchLayerName, step_, mb, segment});
   // MoE: the block's experts, over their edp group, into the experts' buffer of this slot.
   if (const Zero3Segment* e = slot < 2 ? z3_->expert_segment(segment) : nullptr) {
-    z3_egather_h_[slot] =
-        z3_all_gather(*e, z3_->params() + e->shard_offset, z3_->expert_param_buffer(slot),
-                      OpLabel{kZeroFetchLayerName, step_, mb, segment});
+    const float* esend = offload_params_ ? nullptr : z3_->params() + e->shard_offset;
+    if constexpr (B::kHostMemory) {
+      if (offload_params_) {  // the shard read from the file (the slot's previous gather is done)
+        z3_estage_[slot].resize(e->part.shard);
+        offload_->read(2, e->shard_offset, e->part.shard, z3_estage_[slot].data(), step_);
+        esend = z3_estage_[slot].data();
+      }
+    }
+    z3_egather_h_[slot] = z3_all_gather(*e, esend, z3_->expert_param_buffer(slot),
+                                        OpLabel{kZeroFetchLayerName, step_, mb, segment});
   }
   z3_gathered_[slot] = segment;
 }
@@ -1195,8 +1203,7 @@ void TrainingLoop<B>::optimizer_phase(bool apply) {
   }
   if (apply && ezero_.total > 0 && ezero_.count() > 0) {  // MoE, ep > 1: the expert shard
     const std::size_t off = expert_offset_ + ezero_.begin();
-    backend_.adamw(model_->params.data() + off, ezero_grads_.data(), eadam_m_.data(),
-                   eadam_v_.data(), off, ezero_.count(), decay_, adam_steps_, adamw_);
+    adamw_range(model_->params.data() + off, ezero_grads_.data(), zero_.shard, off, ezero_.count());
   }
   close(adamw);
   if (zero12() && apply && ezero_.total > 0) {
