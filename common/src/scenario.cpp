@@ -694,12 +694,6 @@ void check_moe_layout(const Scenario& s, const std::string& layout) {
                      ": sequence parallelism with mixture-of-experts blocks is not supported yet "
                      "(the router would see 1/tp of the tokens); turn one of them off");
   }
-  if (s.zero.offload_optimizer != "none") {
-    throw InputError(
-        "key 'zero.offload_optimizer': offload with mixture-of-experts blocks is not "
-        "supported yet (the experts' optimizer state is sharded over the edp group, "
-        "which offload does not follow); use none");
-  }
   if (recompute_of(s.training) == Recompute::Full) {
     throw InputError(
         "key 'training.recompute': full recomputation of mixture-of-experts blocks is "

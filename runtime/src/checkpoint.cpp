@@ -64,6 +64,32 @@ int64_t step_of(const std::string& name) {
   return k;
 }
 
+// A state range of a rank's flat array cut where its global coordinates jump (model.hpp
+// global_flat_runs): each piece's global offset and its local stretch. One piece for a dense model.
+struct GlobalPiece {
+  uint64_t global = 0;
+  StateRange local;
+};
+std::vector<GlobalPiece> global_pieces(const StateRange& r, const std::vector<FlatRun>& runs) {
+  std::vector<GlobalPiece> out;
+  std::size_t covered = 0;
+  auto at = [](float* p, std::size_t d) { return p != nullptr ? p + d : nullptr; };
+  for (const FlatRun& run : runs) {
+    const std::size_t lo = std::max(r.offset, run.local);
+    const std::size_t hi = std::min(r.offset + r.count, run.local + run.count);
+    if (lo >= hi) continue;
+    const std::size_t d = lo - r.offset;
+    out.push_back({run.global + (lo - run.local),
+                   StateRange{lo, hi - lo, at(r.params, d), at(r.m, d), at(r.v, d)}});
+    covered += hi - lo;
+  }
+  if (covered != r.count) {
+    throw InternalError("checkpoint: state range [" + std::to_string(r.offset) + ", +" +
+                        std::to_string(r.count) + ") lies outside the flat array's tensors");
+  }
+  return out;
+}
+
 // One file's entry, in the manifest and in the record each rank sends rank 0.
 json file_to_json(const CheckpointFile& f) {
   json rs = json::array();
@@ -116,13 +142,21 @@ std::string manifest_to_json(const CheckpointManifest& m) {
   j["scenario"] = m.scenario;
   j["step"] = m.step;
   j["adamw_steps"] = m.adamw_steps;
-  j["layout"] = {
-      {"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}, {"zero", m.zero}, {"pp_layers", m.pp_layers}};
+  j["layout"] = {{"dp", m.dp},     {"tp", m.tp}, {"pp", m.pp},
+                 {"zero", m.zero}, {"ep", m.ep}, {"pp_layers", m.pp_layers}};
   j["model"] = {{"layers", m.layers},
                 {"d_model", m.d_model},
                 {"heads", m.heads},
                 {"vocab", m.vocab},
                 {"seq", m.seq}};
+  if (m.moe.recorded) {  // every manifest written now; experts 0: a dense model
+    j["model"]["moe"] = {{"experts", m.moe.experts},
+                         {"top_k", m.moe.top_k},
+                         {"every", m.moe.every},
+                         {"first_dense", m.moe.first_dense},
+                         {"expert_ffn_hidden", m.moe.expert_ffn_hidden},
+                         {"shared_experts", m.moe.shared_experts}};
+  }
   j["rng"] = {{"seed", m.seed},
               {"streams", "counter-based: (seed, stream, index) -> xoshiro256**; no other state"}};
   j["data"] = {{"source", m.data_source},
@@ -146,6 +180,7 @@ CheckpointManifest parse_manifest(const std::string& text, const std::string& or
     throw InputError(origin + ": not valid JSON (" + e.what() + "): the manifest is damaged");
   }
   CheckpointManifest m;
+  m.path = origin;
   const char* key = "format";
   try {
     if (!j.is_object() || j.value("format", "") != kFormat) {
@@ -169,6 +204,7 @@ CheckpointManifest parse_manifest(const std::string& text, const std::string& or
     m.pp = l.at("pp").get<int>();
     m.zero = l.at("zero").get<int>();
     if (l.contains("pp_layers")) m.pp_layers = l.at("pp_layers").get<std::vector<int>>();
+    if (l.contains("ep")) m.ep = l.at("ep").get<int>();
     key = "model";
     const json& md = j.at("model");
     m.layers = md.at("layers").get<int>();
@@ -176,6 +212,17 @@ CheckpointManifest parse_manifest(const std::string& text, const std::string& or
     m.heads = md.at("heads").get<int>();
     m.vocab = md.at("vocab").get<int>();
     m.seq = md.at("seq").get<int>();
+    if (md.contains("moe")) {
+      key = "model.moe";
+      const json& e = md.at("moe");
+      m.moe.recorded = true;
+      m.moe.experts = e.at("experts").get<int>();
+      m.moe.top_k = e.at("top_k").get<int>();
+      m.moe.every = e.at("every").get<int>();
+      m.moe.first_dense = e.at("first_dense").get<int>();
+      m.moe.expert_ffn_hidden = e.at("expert_ffn_hidden").get<int>();
+      m.moe.shared_experts = e.at("shared_experts").get<int>();
+    }
     key = "rng";
     m.seed = j.at("rng").at("seed").get<uint64_t>();
     key = "data";
@@ -356,7 +403,31 @@ void check_stage_layers(const CheckpointManifest& m, const Scenario& s, const st
   throw InputError(where + ": key 'parallel.pp_layers': the checkpoint was written with " +
                    "pp_layers=" + list(written) +
                    " (layers per pipeline stage), the scenario has " + list(now) +
-                   " (resuming may change parallel.dp and parallel.zero only)");
+                   " (resuming may change parallel.dp, parallel.zero and parallel.ep only)");
+}
+
+// model.moe against the manifest's record (the experts' count fixes the global flat array; the
+// rest the parameters or the routing): a difference names the manifest file and the key. A
+// manifest without the record (written before it existed) is left to restore_trainer's check of
+// the flat array's size.
+void check_moe_keys(const CheckpointManifest& m, const Scenario& s, const std::string& where) {
+  if (!m.moe.recorded) return;  // a manifest from before the record: the flat sizes decide
+  const MoeConfig& e = s.model.moe;
+  const std::string file = m.path.empty() ? std::string("the checkpoint's manifest") : m.path;
+  auto differ = [&](const char* key, int ckpt, int now) {
+    if (ckpt == now) return;
+    throw InputError(file + ": key '" + key + "': the checkpoint was written with " + key + "=" +
+                     std::to_string(ckpt) + ", the scenario (" + where + ") has " +
+                     std::to_string(now) +
+                     " (the experts and their shape are the model's; parallel.ep may change)");
+  };
+  differ("model.moe.experts", m.moe.experts, e.experts);
+  if (!e.enabled()) return;
+  differ("model.moe.top_k", m.moe.top_k, e.top_k);
+  differ("model.moe.every", m.moe.every, e.every);
+  differ("model.moe.first_dense", m.moe.first_dense, e.first_dense);
+  differ("model.moe.expert_ffn_hidden", m.moe.expert_ffn_hidden, e.expert_ffn_hidden);
+  differ("model.moe.shared_experts", m.moe.shared_experts, e.shared_experts);
 }
 }  // namespace
 
@@ -367,7 +438,7 @@ void check_resume_compatible(const CheckpointManifest& m, const Scenario& s,
     throw InputError(where + ": key '" + key + "': the checkpoint was written with " + key + "=" +
                      std::to_string(ckpt) + ", the scenario has " + std::to_string(now) + extra);
   };
-  const char* layout = " (resuming may change parallel.dp and parallel.zero only)";
+  const char* layout = " (resuming may change parallel.dp, parallel.zero and parallel.ep only)";
   differ("parallel.tp", m.tp, s.parallel.tp, layout);
   differ("parallel.pp", m.pp, s.parallel.pp, layout);
   differ("model.layers", m.layers, s.model.layers, "");
@@ -376,6 +447,7 @@ void check_resume_compatible(const CheckpointManifest& m, const Scenario& s,
   differ("model.vocab", m.vocab, s.model.vocab, "");
   differ("model.seq", m.seq, s.model.seq, "");
   check_stage_layers(m, s, where);
+  check_moe_keys(m, s, where);
   if (m.seed != s.training.seed) {
     throw InputError(where + ": key 'training.seed': the checkpoint was written with seed " +
                      std::to_string(m.seed) + ", the scenario has " +
@@ -467,19 +539,23 @@ void restore_trainer(RankTrainer& trainer, const Scenario& s, const std::string&
                      const CheckpointManifest& m) {
   check_resume_compatible(m, s, s.path.empty() ? std::string("scenario") : s.path);
   const Layout& L = trainer.layout();
+  const std::size_t elems = trainer.checkpoint_elems();  // global coordinates
   for (const auto& f : m.files) {
-    if (f.tp == L.tp_rank && f.pp == L.pp_rank && f.flat_elems != trainer.flat_elems()) {
+    if (f.tp == L.tp_rank && f.pp == L.pp_rank && f.flat_elems != elems) {
       throw InputError("checkpoint '" + step_dir + "': '" + f.name + "' holds a flat array of " +
                        std::to_string(f.flat_elems) + " elements, this rank's shard has " +
-                       std::to_string(trainer.flat_elems()) + " (another model)");
+                       std::to_string(elems) + " (another model)");
     }
   }
   CheckpointReader reader(step_dir, m);
   using F = CheckpointReader::Field;
-  for (const auto& r : trainer.state_to_load()) {
-    if (r.params) reader.read(L.tp_rank, L.pp_rank, F::Params, r.offset, r.count, r.params);
-    if (r.m) reader.read(L.tp_rank, L.pp_rank, F::M, r.offset, r.count, r.m);
-    if (r.v) reader.read(L.tp_rank, L.pp_rank, F::V, r.offset, r.count, r.v);
+  const std::vector<FlatRun> runs = trainer.checkpoint_runs();
+  for (const auto& range : trainer.state_to_load()) {
+    for (const auto& [g, r] : global_pieces(range, runs)) {
+      if (r.params) reader.read(L.tp_rank, L.pp_rank, F::Params, g, r.count, r.params);
+      if (r.m) reader.read(L.tp_rank, L.pp_rank, F::M, g, r.count, r.m);
+      if (r.v) reader.read(L.tp_rank, L.pp_rank, F::V, g, r.count, r.v);
+    }
   }
   trainer.commit_loaded_state();  // a device copies the state in
   // The data position in global sequences, mapped onto this run's sequences per call.
@@ -576,16 +652,26 @@ void CheckpointSession::snapshot_and_write() {
   // now; its files are replaced below.
   if (world_.rank() == 0) fs::remove(fs::path(p->step_dir) / kManifest, ec);
 
-  const std::vector<StateRange> ranges = trainer_.state_to_save();
+  // In global coordinates: a range that crosses into another expert's place is cut there.
+  const std::vector<FlatRun> runs = trainer_.checkpoint_runs();
+  std::vector<StateRange> ranges;
+  std::vector<uint64_t> global;
+  for (const StateRange& r : trainer_.state_to_save()) {
+    for (const auto& [g, piece] : global_pieces(r, runs)) {
+      ranges.push_back(piece);
+      global.push_back(g);
+    }
+  }
   p->file.tp = L.tp_rank;
   p->file.pp = L.pp_rank;
   p->file.dp = L.dp_rank;
-  p->file.flat_elems = trainer_.flat_elems();
+  p->file.flat_elems = trainer_.checkpoint_elems();
   p->file.data_calls = trainer_.loader().position();
   if (!ranges.empty()) {
     p->file.name = "tp" + std::to_string(L.tp_rank) + "-pp" + std::to_string(L.pp_rank) + "-dp" +
                    std::to_string(L.dp_rank) + ".bin";
-    for (const auto& r : ranges) p->file.ranges.push_back({r.offset, r.count});
+    for (std::size_t i = 0; i < ranges.size(); ++i)
+      p->file.ranges.push_back({global[i], ranges[i].count});
     if (s_.checkpoint.background) {
       // Copy now: the next step changes the parameters and moments while the thread writes.
       size_t total = 0;
@@ -661,6 +747,9 @@ void CheckpointSession::complete(Pending& p) {
   m.dp = s_.parallel.dp;
   m.tp = s_.parallel.tp;
   m.pp = s_.parallel.pp;
+  m.ep = trainer_.layout().ep;
+  const MoeConfig& e = s_.model.moe;
+  m.moe = {true, e.experts, e.top_k, e.every, e.first_dense, e.expert_ffn_hidden, e.shared_experts};
   m.pp_layers = model::stage_layer_counts(s_);
   m.zero = s_.parallel.zero;
   m.layers = s_.model.layers;

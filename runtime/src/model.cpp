@@ -8,6 +8,8 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
+#include <utility>
 
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
@@ -178,6 +180,41 @@ GptConfig gpt_config(const orrery::ModelConfig& m) {
   c.moe = m.moe;
   return c;
 }
+
+namespace {
+// The ep = 1 table of `m`'s (tp, pp) shard: its tensors' offsets by name, and its end.
+std::pair<std::unordered_map<std::string, std::size_t>, std::size_t> ep1_offsets(const Gpt& m) {
+  GptShard one = m.shard;
+  one.ep_size = 1;
+  one.ep_rank = 0;
+  std::unordered_map<std::string, std::size_t> at;
+  std::size_t offset = 0;
+  for (const auto& t : tensor_specs(m.config, one)) {
+    at.emplace(t.name, offset);
+    offset += static_cast<std::size_t>(t.rows) * t.cols;
+  }
+  return {std::move(at), offset};
+}
+}  // namespace
+
+std::vector<FlatRun> global_flat_runs(const Gpt& m) {
+  const auto [at, total] = ep1_offsets(m);
+  std::vector<FlatRun> runs;
+  for (const auto& t : m.tensors) {  // memory order
+    const auto it = at.find(t.name);
+    if (it == at.end()) throw std::logic_error("global_flat_runs: no ep 1 tensor " + t.name);
+    FlatRun* last = runs.empty() ? nullptr : &runs.back();
+    if (last != nullptr && last->local + last->count == t.offset &&
+        last->global + last->count == it->second) {
+      last->count += t.count;
+    } else {
+      runs.push_back({t.offset, it->second, t.count});
+    }
+  }
+  return runs;
+}
+
+std::size_t global_flat_elems(const Gpt& m) { return ep1_offsets(m).second; }
 
 GptShard GptShard::pipeline_stage(const GptConfig& cfg, int stage, int stages,
                                   const std::vector<int>& stage_layers) {

@@ -37,21 +37,12 @@ namespace {
 // refused bad values, sequence parallelism and full recomputation already.
 void check_supported_moe(const Scenario& s, const std::string& origin) {
   const std::string moe = "model.moe.experts = " + std::to_string(s.model.moe.experts);
-  if (s.parallel.zero == 3) {
-    throw InputError(origin + ": key 'parallel.zero': ZeRO 3 with " + moe +
-                     " is not implemented in the runtime; expected parallel.zero = 0, 1 or 2");
-  }
   // Compression runs on DDP's dense buckets (the experts' edp.all_reduce stays uncompressed);
   // under ZeRO 1 it replaces the reduce-scatter of the whole array, experts included: not there.
   if (s.parallel.grad_compression != "none" && s.parallel.zero != 0) {
     throw InputError(origin + ": key 'parallel.grad_compression': '" + s.parallel.grad_compression +
                      "' with " + moe + " and parallel.zero = " + std::to_string(s.parallel.zero) +
                      " is not implemented in the runtime; expected none, or parallel.zero = 0");
-  }
-  if (s.checkpoint.every > 0 && s.parallel.ep > 1) {
-    throw InputError(origin + ": key 'checkpoint.every': checkpoints with parallel.ep = " +
-                     std::to_string(s.parallel.ep) +
-                     " are not implemented (each ep rank holds its own experts); expected 0");
   }
 }
 }  // namespace

@@ -73,7 +73,12 @@ namespace {
 void apply_offload(const Scenario& s, const PrecisionConfig& p, int stage, MemoryEstimate& e) {
   const int dp = s.parallel.dp;
   const bool sharded = s.parallel.zero >= 1 && dp > 1;
-  const double updated = sharded ? double(e.param_count) / dp : double(e.param_count);
+  double updated = sharded ? double(e.param_count) / dp : double(e.param_count);
+  if (sharded && s.model.moe.enabled()) {  // MoE: the experts' state is sharded over edp instead
+    const int edp = std::max(1, dp / std::max(1, s.parallel.ep));
+    updated =
+        double(stage_dense_params(s, stage)) / dp + double(stage_expert_params(s, stage)) / edp;
+  }
   const bool params = s.zero.offload_params == "nvme";
   const std::vector<int64_t> chunks = offload_chunks(s, int64_t(std::llround(updated)));
   const double chunk = chunks.empty() ? 0.0 : double(chunks.front());
@@ -89,13 +94,14 @@ void apply_offload(const Scenario& s, const PrecisionConfig& p, int stage, Memor
 
 // The stage's expert states (model/moe.hpp): the local experts' parameters (tp slice) and their
 // gradients whole (summed over edp by all-reduce), their optimizer state sharded over the edp
-// group under ZeRO 1/2; the stage's dense count corrected (router and shared experts in, the
-// dense MLP of its MoE blocks out).
+// group under ZeRO 1/2, all three under ZeRO 3 (each block's experts a segment over edp); the
+// stage's dense count corrected (router and shared experts in, the dense MLP of its MoE blocks out).
 void add_moe_states(const Scenario& s, const PrecisionConfig& p, int st, MemoryEstimate& e) {
   const int64_t dense = stage_dense_params(s, st), expert = stage_expert_params(s, st);
   const int edp = std::max(1, s.parallel.dp / std::max(1, s.parallel.ep));
   const auto d = model_state_bytes(double(dense), s.parallel.zero, s.parallel.dp, p);
-  const auto x = model_state_bytes(double(expert), std::min(1, s.parallel.zero), edp, p);
+  const int expert_zero = s.parallel.zero == 3 ? 3 : std::min(1, s.parallel.zero);
+  const auto x = model_state_bytes(double(expert), expert_zero, edp, p);
   e.param_count = dense + expert;
   e.parameters_bytes = d.parameters + x.parameters;
   e.gradients_bytes = d.gradients + x.gradients;

@@ -389,9 +389,16 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
   if (z == 3)
     dp_total +=
         2 * m * coll(traces::CollOp::AllGather, dpg, int64_t(double(params) * prec.param_bytes));
-  if (s.model.moe.enabled())  // the expert gradients over the edp group
-    dp_total += coll(traces::CollOp::AllReduce, group_members(l, 0, GroupRole::EDP, s.parallel.ep),
-                     int64_t(double(stage_expert_params(s, 0)) * prec.grad_bytes));
+  if (s.model.moe.enabled()) {  // the expert gradients over the edp group
+    const auto edpg = group_members(l, 0, GroupRole::EDP, s.parallel.ep);
+    const auto experts = double(stage_expert_params(s, 0));
+    if (z == 3)  // ZeRO 3: each block's experts gathered twice and scattered per micro-batch
+      dp_total +=
+          m * (coll(traces::CollOp::ReduceScatter, edpg, int64_t(experts * prec.grad_bytes)) +
+               2 * coll(traces::CollOp::AllGather, edpg, int64_t(experts * prec.param_bytes)));
+    else
+      dp_total += coll(traces::CollOp::AllReduce, edpg, int64_t(experts * prec.grad_bytes));
+  }
   // Backward of the last micro-batch hides some of it; the rest is exposed.
   est += std::max(0.0, dp_total - lps * tb);
   if (s.zero.nvme()) {
@@ -487,7 +494,7 @@ std::vector<Candidate> search_candidates(const Scenario& s, const Cluster& c, in
       if (gb % dp != 0) continue;
       for (int mb = 1; mb <= gb / dp && mb <= 16; mb *= 2) {
         if ((gb / dp) % mb != 0) continue;
-        // MoE: every ep dividing dp and the experts (model/moe.hpp), ZeRO 0-2 (3 not simulated).
+        // MoE: every ep dividing dp and the experts (model/moe.hpp), ZeRO 0-3.
         std::vector<int> eps{1};
         if (s.model.moe.enabled()) {
           eps.clear();
@@ -495,7 +502,7 @@ std::vector<Candidate> search_candidates(const Scenario& s, const Cluster& c, in
             if (s.model.moe.experts % ep == 0) eps.push_back(ep);
         }
         for (int ep : eps)
-          for (int zero = 0; zero <= (s.model.moe.enabled() ? 2 : 3); ++zero) {
+          for (int zero = 0; zero <= 3; ++zero) {
             if (zero > 0 && dp < 2) continue;
             // Gradient compression replaces the dp all-reduce, which ZeRO 2/3 do not have.
             if (zero >= 2 && s.parallel.grad_compression != "none") continue;

@@ -323,8 +323,10 @@ double workload_ops_bound(const Scenario& s, int steps) {
   // An MoE block (model/moe.hpp) adds at most 8 ops to its forward (one more dense piece, three
   // moe.* compute ops, two all-to-alls, the tp all-reduce) and 9 to its backward (the gate's too).
   const double moe_ops = s.model.moe.enabled() ? 17 : 0;
-  const double per_layer = 2 * (2 * pieces - 1) + (par.zero == 3 ? 3 : 0) + recompute_ops +
-                           (sp ? 1 : 0) + (kv_grad_values(s) > 0 ? 1 : 0) + moe_ops;
+  // ZeRO 3 with MoE: the experts' gathers (forward and backward) and reduce-scatter, 3 more.
+  const double z3_ops = par.zero == 3 ? (s.model.moe.enabled() ? 6 : 3) : 0;
+  const double per_layer = 2 * (2 * pieces - 1) + z3_ops + recompute_ops + (sp ? 1 : 0) +
+                           (kv_grad_values(s) > 0 ? 1 : 0) + moe_ops;
   // Per micro-batch at most 10 more (data, embedding or receive, head or send, ZeRO's blocking
   // collectives, the extra prefetch); per step at most one DDP bucket per segment and 10 more
   // (zero_grad, ZeRO 3's start gathers, tied-embedding all-reduce, optimizer, all-gather, loss).
@@ -374,10 +376,6 @@ void check_buildable(const Scenario& s, const WorkloadOptions& opt) {
           s.path + ": key 'parallel.zero': ZeRO 3 with the interleaved schedule is not simulated " +
           "(use zero 0 or 1, or schedule 1f1b)");
   }
-  if (s.model.moe.enabled() && s.parallel.zero == 3)
-    throw InputError(s.path +
-                     ": key 'parallel.zero': ZeRO 3 with mixture-of-experts blocks (model.moe) is "
-                     "not simulated (use zero 0, 1 or 2)");
   // Op ids, dependency offsets and sequence numbers are 32-bit (Op): refuse before building.
   if (const double ops = workload_ops_bound(s, opt.steps); ops > double(kMaxStageOps)) {
     char buf[32];
@@ -619,6 +617,8 @@ class StageBuilder {
         order.push_back({l, mp.expert});
       }
     }
+    expert_block_params_ = mp.expert;
+    if (par_.zero == 3) return;  // ZeRO 3: per block over edp (z3_experts), no edp buckets
     const double cap_bytes = par_.bucket_mb * 1024.0 * 1024.0;
     for (const auto& plan : model::ddp_buckets(order, cap_bytes, prec_.grad_bytes)) {
       expert_buckets_.push_back({plan.elements, order[plan.end - 1].segment, plan.lowest_segment});
@@ -746,17 +746,34 @@ class StageBuilder {
   }
   // ZeRO 3 (the runtime's Zero3Storage): one all-gather per segment, issued on the comm thread in
   // the order the trainer binds them (a block's gather when the block before it is bound, so one
-  // block ahead), and one reduce-scatter per segment as its backward completes.
+  // block ahead), and one reduce-scatter per segment as its backward completes. An MoE block's
+  // experts are a segment of their own over the edp group, gathered and scattered right after the
+  // block's (none when edp is one rank: the runtime copies). Returns the later of the two.
   uint32_t z3_gather(PhaseKind ph, int mb, int segment, uint32_t after) {
-    return dp_coll(names::kZeroAllGather, traces::CollOp::AllGather,
-                   padded(segment_params(segment)) * prec_.param_bytes, ph, mb, segment, {after});
+    const uint32_t op =
+        dp_coll(names::kZeroAllGather, traces::CollOp::AllGather,
+                padded(segment_params(segment)) * prec_.param_bytes, ph, mb, segment, {after});
+    return z3_experts(names::kZeroAllGather, traces::CollOp::AllGather, prec_.param_bytes, ph, mb,
+                      segment, op);
   }
   uint32_t z3_scatter(int mb, int segment, uint32_t after) {
-    const uint32_t op = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
-                                padded(segment_params(segment)) * prec_.grad_bytes,
-                                PhaseKind::Backward, mb, segment, {after});
+    uint32_t op = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
+                          padded(segment_params(segment)) * prec_.grad_bytes, PhaseKind::Backward,
+                          mb, segment, {after});
     grad_ops_.push_back(op);
-    return op;
+    const uint32_t experts = z3_experts(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
+                                        prec_.grad_bytes, PhaseKind::Backward, mb, segment, op);
+    if (experts != op) grad_ops_.push_back(experts);
+    return experts;
+  }
+  uint32_t z3_experts(std::string_view n, traces::CollOp c, int64_t elem_bytes, PhaseKind ph,
+                      int mb, int segment, uint32_t after) {
+    if (edp_ <= 1 || segment < 0 || segment >= L_ || !is_moe(segment)) return after;
+    const int64_t n_edp =
+        int64_t(model::zero_partition(size_t(expert_block_params_), 0, edp_).padded());
+    return b_.add(comm(n, traces::SpanKind::Collective, c, kStreamDp, GroupRole::EDP,
+                       n_edp * elem_bytes, seq_edp_++, ph, mb, segment),
+                  {after});
   }
 
   std::vector<PipelinePass> pass_order() const {
@@ -830,8 +847,7 @@ class StageBuilder {
         const uint32_t this_gather = gathered;
         // Prefetch of the next block, issued once this one's gather is waited for.
         gathered = l + 1 < l1 ? z3_gather(PhaseKind::Forward, mb, l + 1, prev) : kNone;
-        prev = block(names::kBlockForward, cc_.block_f, PhaseKind::Forward, mb, l,
-                     {prev, this_gather});
+        prev = forward_block(mb, l, {prev, this_gather});
       } else {
         const auto g = gathers_for(l);
         prev = forward_block(mb, l, {prev, g[0], g[1]});
@@ -1046,10 +1062,8 @@ class StageBuilder {
         // The block's gradient buffer is the one of the block two layers up: its scatter first.
         const uint32_t buffer_free = l + 2 < l1 ? rs_of_layer[l + 2 - l0] : kNone;
         const uint32_t rc = recompute_ops(mb, l, {prev, this_gather});
-        prev = rc == kNone ? block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l,
-                                   {prev, this_gather, buffer_free})
-                           : block(names::kBlockBackward, cc_.block_b, PhaseKind::Backward, mb, l,
-                                   {rc, buffer_free});
+        prev = rc == kNone ? backward_block(mb, l, {prev, this_gather, buffer_free})
+                           : backward_block(mb, l, {rc, buffer_free});
         if (sp_) prev = tp_grad_all_reduce(mb, l, block_replicated_, prev);
         if (kv_values_ > 0) prev = kv_grad_all_reduce(mb, l, {prev});
         rs_of_layer[l - l0] = z3_scatter(mb, l, prev);
@@ -1294,6 +1308,7 @@ class StageBuilder {
   size_t next_expert_bucket_ = 0;   // issued so far this step
   std::vector<int> experts_ready_;  // MoE blocks whose expert gradients are complete this step
   int32_t seq_ep_ = 0, seq_edp_ = 0;
+  int64_t expert_block_params_ = 0;  // an MoE block's local experts' parameters (tp slice)
   Piece zero_grad_piece_;
   // Sequence numbers per communicator role, over the whole run.
   int32_t seq_tp_ = 0, seq_dp_ = 0, seq_act_next_ = 0, seq_act_prev_ = 0, seq_grad_next_ = 0,

@@ -318,14 +318,16 @@ TEST(Scenario, MoeKeysParseAndBadValuesNameTheKey) {
 }  // namespace orrery
 
 namespace orrery {
-TEST(Scenario, MoeWithOffloadIsRefusedNamingTheKey) {
+// NVMe offload takes MoE blocks (the experts' moments follow the dense shard's in the file).
+TEST(Scenario, MoeWithOffloadIsAccepted) {
   const std::string moe =
-      "model:\n  moe:\n    experts: 4\nparallel:\n  dp: 2\n  zero: 1\ntraining:\n  micro_batch: "
-      "4\n";
+      "model:\n  moe:\n    experts: 4\nparallel:\n  dp: 2\n  ep: 2\n  zero: 3\ntraining:\n  "
+      "micro_batch: 4\n";
   EXPECT_EQ(error_of(moe), "");
-  EXPECT_NE(error_of(moe, {"zero.offload_optimizer=nvme", "zero.nvme_path=/tmp"})
-                .find("key 'zero.offload_optimizer': offload with mixture-of-experts blocks"),
-            std::string::npos);
+  EXPECT_EQ(error_of(moe, {"zero.offload_optimizer=nvme", "zero.nvme_path=/tmp"}), "");
+  EXPECT_EQ(error_of(moe, {"zero.offload_optimizer=nvme", "zero.offload_params=nvme",
+                           "zero.nvme_path=/tmp"}),
+            "");
 }
 }  // namespace orrery
 

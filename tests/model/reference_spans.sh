@@ -26,7 +26,8 @@
 #     were added): one tp.kv_grad_all_reduce per block a step (ZeRO 0), per block and micro-batch
 #     (ZeRO 2 and 3); none where the kv heads divide over tp.
 #  7. MoE (moe-*: recorded when the runtime's MoE blocks were added, issue 19): the MoE spans and
-#     all-to-alls per rank in closed form, and the simulator's MoE ops against them as for the others.
+#     all-to-alls per rank in closed form, and the simulator's MoE ops against them as for the others;
+#     moe-dp4-ep2-zero3 (recorded when ZeRO 3 took MoE blocks) its gathers and scatters (7b below).
 #  9. dp2-zero1-overlap, dp2-zero2-overlap, dp2-pp2-zero1-overlap (zero.overlap_grad_reduce and
 #     zero.overlap_param_gather: recorded when they were added, issue 17 item 3): one
 #     zero.reduce_scatter and one zero.all_gather per bucket (6 buckets at bucket_mb 0.01 on one
@@ -95,6 +96,7 @@ layouts=(
   "llama-mqa-dp2-tp2-zero3 4 parallel.dp=2 parallel.tp=2 parallel.zero=3 $LLAMA model.kv_heads=1"
   "moe-dp2-ep2 2 parallel.dp=2 $MOE"
   "moe-dp2-ep2-tp2 4 parallel.dp=2 parallel.tp=2 $MOE"
+  "moe-dp4-ep2-zero3 4 parallel.dp=4 parallel.zero=3 $MOE"
   "dp2-pp4-zero2 8 parallel.dp=2 parallel.pp=4 parallel.zero=2 training.global_batch=16"
   "dp2-zero1-overlap 2 parallel.dp=2 parallel.zero=1 $ZOVERLAP"
   "dp2-zero2-overlap 2 parallel.dp=2 parallel.zero=2 $ZOVERLAP"
@@ -215,6 +217,19 @@ if [ "$RECORD" != "--record" ]; then
       check_count "$name rank $r tp.moe_gate_all_reduce" "$(count_of "$name.tsv" $r tp.moe_gate_all_reduce)" "$gate"
       check_count "$name rank $r edp.all_reduce" "$(count_of "$name.tsv" $r edp.all_reduce)" 0
     done
+  done
+fi
+
+# 7b. MoE under ZeRO 3 (moe-dp4-ep2-zero3: recorded when ZeRO 3 took MoE blocks): per rank and step
+#    (1 micro-batch) the embedding's and final LayerNorm's gathers, each block's twice (forward and
+#    backward) and the 2 MoE blocks' experts twice over edp: 2 + 8 + 4 = 14 zero.fetch_layer; the
+#    6 segments' reduce-scatters and the 2 experts' over edp: 8 zero.reduce_scatter; no
+#    edp.all_reduce (the experts' gradients go by those reduce-scatters).
+if [ "$RECORD" != "--record" ] && [ -f moe-dp4-ep2-zero3.tsv ]; then
+  for r in 0 1 2 3; do
+    check_count "moe-dp4-ep2-zero3 rank $r zero.fetch_layer" "$(count_of moe-dp4-ep2-zero3.tsv $r zero.fetch_layer)" $((2 * 14))
+    check_count "moe-dp4-ep2-zero3 rank $r zero.reduce_scatter" "$(count_of moe-dp4-ep2-zero3.tsv $r zero.reduce_scatter)" $((2 * 8))
+    check_count "moe-dp4-ep2-zero3 rank $r edp.all_reduce" "$(count_of moe-dp4-ep2-zero3.tsv $r edp.all_reduce)" 0
   done
 fi
 

@@ -14,6 +14,7 @@
 #include "calibration_fixtures.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/model/moe.hpp"
+#include "orrery/model/zero_partition.hpp"
 #include "orrery/sim/calibrate.hpp"
 #include "orrery/sim/collectives.hpp"
 #include "orrery/sim/memory.hpp"
@@ -293,7 +294,7 @@ TEST(MoeWorkload, SkewPricesTheBusiestRankAndTheCapacityCapsIt) {
 }
 
 TEST(MoeMemory, ExpertStatesInClosedForm) {
-  for (int zero : {0, 1, 2}) {
+  for (int zero : {0, 1, 2, 3}) {
     Scenario s = moe_scenario(4, 1, 1, 2, 2);
     s.parallel.zero = zero;
     const PrecisionConfig p = precision_config("mixed");  // 2 / 2 / 12 bytes
@@ -303,10 +304,20 @@ TEST(MoeMemory, ExpertStatesInClosedForm) {
                  expert = double(w.stages[0].expert_param_count), dp = 4, edp = 2;
     EXPECT_EQ(mem[0].param_count, int64_t(dense + expert));
     const auto near = [](double got, double want) { EXPECT_NEAR(got, want, 1e-9 * want); };
-    near(mem[0].parameters_bytes, 2 * (dense + expert));
-    near(mem[0].gradients_bytes, 2 * (zero >= 2 ? dense / dp : dense) + 2 * expert);
+    // ZeRO 3: every state of the dense tensors over dp, of the experts over edp.
+    near(mem[0].parameters_bytes,
+         zero == 3 ? 2 * dense / dp + 2 * expert / edp : 2 * (dense + expert));
+    near(mem[0].gradients_bytes, zero == 3   ? 2 * dense / dp + 2 * expert / edp
+                                 : zero == 2 ? 2 * dense / dp + 2 * expert
+                                             : 2 * (dense + expert));
     near(mem[0].optimizer_bytes,
          zero >= 1 ? 12 * dense / dp + 12 * expert / edp : 12 * (dense + expert));
+    // NVMe offload: the file holds the state of what this rank updates, the experts' over edp.
+    Scenario o = s;
+    o.zero.offload_optimizer = "nvme";
+    o.zero.nvme_path = "/tmp";
+    near(estimate_memory(o, p, 0)[0].offload_nvme_bytes,
+         offload_bytes_per_param(o, p) * (zero >= 1 ? dense / dp + expert / edp : dense + expert));
   }
   // Activations: each MoE block's routed rows instead of its dense act and fc2 terms, plus one
   // dispatch's send and receive buffers.
@@ -410,14 +421,26 @@ TEST(MoeSimulate, EveryScheduleAndZeroStageSimulatesAndZero3IsRefused) {
       EXPECT_EQ(r.breakdown.exposed_ep_ns, 0);
     }
   }
-  Scenario z3 = moe_scenario(4, 1, 1, 2, 2);
+  // ZeRO 3 (the runtime's Zero3Storage): each MoE block's experts gathered over edp before its
+  // forward and its backward and reduce-scattered after its backward, every micro-batch, right after
+  // the block's own, with the padded bytes of the block's local experts over edp; no edp buckets.
+  Scenario z3 = moe_scenario(4, 1, 1, 2, 2);  // dp 4, ep 2: edp 2; m 2 micro-batches
   z3.parallel.zero = 3;
-  try {
-    build_workload(z3, h100_cost());
-    FAIL() << "ZeRO 3 with MoE built";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.zero"), std::string::npos) << e.what();
+  const Workload w = build_workload(z3, h100_cost());
+  const StageProgram& p = w.stages[0];
+  const int64_t per_block = p.expert_param_count / 2;  // blocks 0 and 2
+  const auto padded = int64_t(model::zero_partition(size_t(per_block), 0, 2).padded());
+  std::map<std::string, int> edp;
+  for (const auto& op : p.ops) {
+    if (op.group != GroupRole::EDP) continue;
+    ++edp[w.names[op.name]];
+    EXPECT_EQ(op.bytes, padded * 4) << w.names[op.name];
+    EXPECT_TRUE(op.layer == 0 || op.layer == 2) << op.layer;
   }
+  EXPECT_EQ(edp[std::string(names::kZeroAllGather)], 2 * 2 * 2);  // blocks x micro-batches x 2
+  EXPECT_EQ(edp[std::string(names::kDpReduceScatter)], 2 * 2);
+  EXPECT_EQ(edp[std::string(names::kEdpAllReduce)], 0);
+  EXPECT_GT(simulate(z3, h100_cluster(4), {}).step_time_ns, 0);
 }
 
 }  // namespace
@@ -439,18 +462,19 @@ TEST(MoeSweep, SearchTriesEveryEpAndSaysTheAllToAll) {
   const auto rows = sweep(s, h100_cluster(4), opt);
   ASSERT_EQ(rows.size(), 1u);
   ASSERT_TRUE(rows[0].ok) << rows[0].note;
-  std::set<int> eps;
+  std::set<int> eps, zeros;
   std::vector<SimResult> all = rows[0].others;
   all.push_back(rows[0].result);
   for (const SimResult& r : all) {
     EXPECT_TRUE(r.moe);
     EXPECT_EQ(r.dp % r.ep, 0);
     EXPECT_EQ(4 % r.ep, 0);
-    EXPECT_LE(r.zero, 2);  // ZeRO 3 is not simulated with MoE
+    zeros.insert(r.zero);
     eps.insert(r.ep);
   }
   // dp 4 (tp 1, pp 1): ep 1, 2 and 4 (4 experts); dp 2 and 1 as far as they divide.
   EXPECT_EQ(eps, (std::set<int>{1, 2, 4}));
+  EXPECT_EQ(zeros, (std::set<int>{0, 1, 2, 3}));  // ZeRO 3 with MoE is simulated too
   EXPECT_EQ(rows[0].simulated, rows[0].candidates);
   const SimResult& x = rows[0].result;
   char want[96];

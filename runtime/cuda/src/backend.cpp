@@ -307,7 +307,8 @@ CudaBackend::Model CudaBackend::make_model(Gpt host, bool storage) {
   return m;
 }
 
-std::unique_ptr<CudaBackend::Zero3> CudaBackend::make_zero3(Model& m, int dp_rank, int dp_size) {
+std::unique_ptr<CudaBackend::Zero3> CudaBackend::make_zero3(Model& m, int dp_rank, int dp_size,
+                                                            int /*ep: MoE runs on cpu only*/) {
   auto z = std::make_unique<GpuZero3Storage>(m, dp_rank, dp_size);
   ORRERY_CUDA_CHECK(cudaDeviceSynchronize());  // its shards' uploads, as make_model's
   return z;

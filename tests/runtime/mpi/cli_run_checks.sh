@@ -100,11 +100,8 @@ expect_input_error moe_ep "key 'parallel.ep'" "$ORRERY" run "$MOE_SCN" --set par
 expect_input_error moe_top_k "key 'model.moe.top_k'" "$ORRERY" run "$MOE_SCN" --set model.moe.top_k=9
 expect_input_error moe_capacity "key 'model.moe.capacity_factor'" "$ORRERY" run "$MOE_SCN" \
   --set model.moe.capacity_factor=-1
-expect_input_error moe_zero "key 'parallel.zero'" "$ORRERY" run "$MOE_SCN" --set parallel.zero=3
 expect_input_error moe_compression "key 'parallel.grad_compression'" "$ORRERY" run "$MOE_SCN" \
   --set parallel.grad_compression=int8 --set parallel.ep=1 --set parallel.zero=1
-expect_input_error moe_checkpoint "key 'checkpoint.every'" "$ORRERY" run "$MOE_SCN" \
-  --set checkpoint.every=2
 # Started under mpirun by hand with the wrong number of ranks: the ranks exit 2 before MPI_Init
 # (mpirun stops the job at the first one and passes its exit code on), no hang.
 expect_input_error launcher_size "launcher started 3 ranks" \

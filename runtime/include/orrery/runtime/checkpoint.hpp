@@ -6,6 +6,12 @@
 //                           then `count` AdamW first moments, then `count` second moments
 //                           (little-endian, no header). Without ZeRO dp rank 0 of each (t, p) writes
 //                           the whole array; under ZeRO each dp rank writes the range(s) it owns.
+//                           Offsets are global coordinates (model.hpp global_flat_runs): the flat
+//                           array of the (t, p) shard with every routed expert held, as at ep = 1,
+//                           so expert e of block l has one place whichever ep rank held it. MoE with
+//                           ep > 1: without ZeRO dp ranks 1..ep-1 also write their own experts;
+//                           under ZeRO 1/2 each rank writes its dense shard and its shard of its
+//                           experts over the expert-data-parallel group.
 //   manifest.json           written last, by world rank 0, after every rank's file is on disk:
 //                           scenario, step, layout, model, AdamW step count, data position, seed,
 //                           and per file its name, bytes, CRC32C and ranges.
@@ -17,8 +23,9 @@
 // by its index), so the seed and the loader's position are the whole of it; nothing else draws.
 //
 // Resuming: every rank reads, for each stretch it needs (RankTrainer::state_to_load), the pieces of
-// whichever files hold it, so the data-parallel size and the ZeRO stage may differ from the run
-// that wrote the checkpoint; tp, pp, the model and the seed must be equal. The data position is
+// whichever files hold it, so the data-parallel size, the ZeRO stage and parallel.ep may differ
+// from the run that wrote the checkpoint; tp, pp, the model (model.moe's experts included) and the
+// seed must be equal. The data position is
 // kept in global sequences: call c at G sequences per call becomes call c*G/G' (data.hpp; within
 // an epoch, which is where a run continues).
 #pragma once
@@ -46,7 +53,7 @@ namespace orrery::runtime {
 using orrery::crc32c;
 
 struct CheckpointRange {
-  uint64_t offset = 0;  // in the (tp, pp) shard's flat array
+  uint64_t offset = 0;  // in the (tp, pp) shard's flat array, global coordinates (ep = 1)
   uint64_t count = 0;
 };
 
@@ -55,20 +62,30 @@ struct CheckpointFile {
   uint64_t bytes = 0;
   uint32_t crc32c = 0;
   int tp = 0, pp = 0, dp = 0;           // the writer's coordinates
-  uint64_t flat_elems = 0;              // of its (tp, pp) shard's flat array
+  uint64_t flat_elems = 0;              // of its (tp, pp) shard's global flat array
   int64_t data_calls = 0;               // the writer's loader position
   std::vector<CheckpointRange> ranges;  // in file order; 12 * count bytes each
 };
 
+// model.moe's keys that shape the parameters or the routing (a manifest without them: not
+// recorded, written before MoE checkpoints existed).
+struct CheckpointMoe {
+  bool recorded = false;
+  int experts = 0, top_k = 0, every = 0, first_dense = 0, expert_ffn_hidden = 0, shared_experts = 0;
+};
+
 struct CheckpointManifest {
+  std::string path;  // the manifest file it was parsed from ("" when built in memory)
   std::string scenario;
   int32_t step = 0;         // steps done
   int64_t adamw_steps = 0;  // AdamW's step count (bias corrections)
   int dp = 1, tp = 1, pp = 1, zero = 0;
+  int ep = 1;  // parallel.ep of the writer (informative: the files are in global coordinates)
   // Blocks per pipeline stage (model::stage_layer_counts: parallel.pp_layers or the even split);
   // empty in a manifest that does not record it (the even split).
   std::vector<int> pp_layers;
   int layers = 0, d_model = 0, heads = 0, vocab = 0, seq = 0;
+  CheckpointMoe moe;
   uint64_t seed = 0;
   std::string data_source;
   int64_t data_calls = 0;          // world rank 0's loader calls
@@ -119,7 +136,8 @@ bool take_first_verified(const std::vector<std::pair<int64_t, std::string>>& ste
 ResumePoint find_resume_point(const std::string& dir);
 
 // Throws InputError naming the key when `s` cannot continue from `m`: a different model, tp, pp or
-// seed, a data position that does not map onto s's data-parallel size, or no steps left.
+// seed, a data position that does not map onto s's data-parallel size, or no steps left. A
+// different model.moe (experts, top_k, every, ...) names the manifest file and the key.
 void check_resume_compatible(const CheckpointManifest& m, const Scenario& s,
                              const std::string& where);
 

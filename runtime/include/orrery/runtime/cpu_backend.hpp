@@ -44,8 +44,8 @@ class CpuBackend {
     return host_device_groups(groups);
   }
   Model make_model(Gpt host, bool /*storage: the host's arrays serve*/) { return host; }
-  std::unique_ptr<Zero3> make_zero3(Model& m, int dp_rank, int dp_size) {
-    return std::make_unique<Zero3Storage>(m, dp_rank, dp_size);
+  std::unique_ptr<Zero3> make_zero3(Model& m, int dp_rank, int dp_size, int ep) {
+    return std::make_unique<Zero3Storage>(m, dp_rank, dp_size, ep);
   }
   Activations activations(const Model& m, int B, int T, Recompute rc) {
     return gpt_activations(m, B, T, rc);

@@ -218,6 +218,18 @@ struct Gpt {
   const ParamTensor& tensor(const std::string& name) const;
 };
 
+// Global coordinates of a shard's flat array (checkpoint.hpp): the flat array of the same (tp, pp)
+// shard with every routed expert held (ep = 1), where expert e of block l sits at one place
+// whichever ep rank holds it. A run of this shard's array is contiguous in both.
+struct FlatRun {
+  std::size_t local = 0, global = 0, count = 0;
+};
+// The runs covering [0, num tensors' end) of `m`, in local order, adjacent tensors merged (a dense
+// model or ep = 1: one run, local == global).
+std::vector<FlatRun> global_flat_runs(const Gpt& m);
+// Elements of the global array (the ep = 1 shard's flat array).
+std::size_t global_flat_elems(const Gpt& m);
+
 // Allocates and initialises (gpt.md): linear and embedding weights N(0, 0.02), attention output
 // projection and fc2 N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1 and biases 0.
 // Throws InputError for an impossible config or shard (heads % tp, 4C % tp, layers out of range).

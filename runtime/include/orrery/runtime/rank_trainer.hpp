@@ -13,6 +13,7 @@
 #include "orrery/runtime/comm.hpp"
 #include "orrery/runtime/data.hpp"
 #include "orrery/runtime/ddp.hpp"
+#include "orrery/runtime/model.hpp"
 
 namespace orrery::profiler {
 class Recorder;
@@ -91,13 +92,17 @@ class RankTrainer {
 
   // Checkpoints (checkpoint.hpp). What this rank saves: everything it owns (ZeRO: its shard of
   // every field; without ZeRO dp rank 0 of each (tp, pp) saves the whole array, the others
-  // nothing). Valid until the next call of a state_* function or step().
+  // nothing, except under MoE with ep > 1, where dp ranks 1..ep-1 save their own experts). Valid until the next call of a state_* function or step().
   virtual std::vector<StateRange> state_to_save() = 0;
   // What it must read back to continue: the parameters it holds (all of them, unless ZeRO 3) and
   // the moments of the range its optimizer updates. Fill them, then call commit_loaded_state()
   // (a device copies them in), then restore_counters().
   virtual std::vector<StateRange> state_to_load() = 0;
   virtual void commit_loaded_state() = 0;
+  // The checkpoint's global coordinates of this rank's flat array (model.hpp global_flat_runs:
+  // the experts where ep = 1 holds them) and the global array's elements.
+  virtual std::vector<FlatRun> checkpoint_runs() const = 0;
+  virtual std::size_t checkpoint_elems() const = 0;
   virtual int64_t adamw_steps() const = 0;
   virtual const DataLoader& loader() const = 0;
   // Continues from a checkpoint: steps done, AdamW's step count, the loader's position (calls).

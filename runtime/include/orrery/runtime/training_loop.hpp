@@ -84,7 +84,7 @@
 //            count), Model, Activations, Scratch, Zero3 (a BasicZero3Storage<Array>);
 //            kHostMemory (whether Array is host memory: checkpoint state needs no staging)
 //   setup    static check_supported(s); B(s, rec, options); connect(host groups, layout) -> the
-//            device communicators; make_model(host Gpt, device storage?); make_zero3(model, r, n);
+//            device communicators; make_model(host Gpt, device storage?); make_zero3(model, r, n, ep);
 //            activations(model, B, T, recompute); scratch(model, B, T, recompute)
 //   ops      kernels() (gpt_pieces.hpp's Kernels); zero, add (acc += in), copy, adamw
 //            (optimizer.hpp's maths), download / upload (host <-> Array memory, synchronous),
@@ -148,6 +148,10 @@ class TrainingLoop : public RankTrainer {
   std::vector<StateRange> state_to_save() override;
   std::vector<StateRange> state_to_load() override;
   void commit_loaded_state() override;
+  std::vector<FlatRun> checkpoint_runs() const override {
+    return global_flat_runs(layout_of(*model_));
+  }
+  std::size_t checkpoint_elems() const override { return global_flat_elems(layout_of(*model_)); }
   int64_t adamw_steps() const override { return adam_steps_; }
   const DataLoader& loader() const override { return *loader_; }
   void restore_counters(int32_t steps_done, int64_t adamw_steps, int64_t data_calls) override;
@@ -227,6 +231,10 @@ class TrainingLoop : public RankTrainer {
   float z3_forward(typename B::Activations& acts, int mb, const GptHooks& hooks);
   void z3_backward(typename B::Activations& acts, int mb, const GptHooks& hooks, float loss_scale);
   void z3_finish_backward(int mb);
+  // MoE under ZeRO 3: the experts' segments over their edp group (edp of one: a copy).
+  Communicator* z3_group(const Zero3Segment& sg) const;
+  Handle z3_all_gather(const Zero3Segment& sg, const float* send, float* recv, const OpLabel& l);
+  Handle z3_scatter_avg(const Zero3Segment& sg, const float* send, float* recv, const OpLabel& l);
 
   Scenario s_;
   Communicator& world_;
@@ -256,14 +264,17 @@ class TrainingLoop : public RankTrainer {
   Array zero_grads_;  // (k) ZeRO 1/2: the owned shard of the averaged gradients
   Array zero_recv_;   // (k) ZeRO 2: one micro-batch's scattered shard
   // MoE with ep > 1 under ZeRO 1/2: the experts' partition over edp (ranks 0: none), where they
-  // start in the flat array, their shard's gradients, ZeRO 2's scattered shard and AdamW moments,
-  // and the dense all-gather's staging buffer.
+  // start in the flat array, their shard's gradients, ZeRO 2's scattered shard (its AdamW moments
+  // at [k, k + its shard) of the moment planes, k = zero_.shard), and the dense all-gather's
+  // staging buffer.
   ZeroPartition ezero_{};
   std::size_t expert_offset_ = 0;
-  Array ezero_grads_, ezero_recv_, eadam_m_, eadam_v_, zero_stage_;
+  std::size_t dense_elems_ = 0;  // where the routed experts start in the flat array (model.hpp)
+  Array ezero_grads_, ezero_recv_, zero_stage_;  // (their moments: adam_m_ / adam_v_ after k)
   std::unique_ptr<typename B::Zero3> z3_;
   Array z3_recv_;                              // ZeRO 3: one micro-batch's scattered shards
   Handle z3_gather_h_[4], z3_rs_h_[4];         // by working buffer (zero3_slot)
+  Handle z3_egather_h_[2], z3_ers_h_[2];       // MoE: the experts' of block buffers 0/1
   int z3_gathered_[4] = {-99, -99, -99, -99};  // the segment each parameter buffer holds
   // Key/value heads replicated over tp (fewer kv heads than tp ranks): the ranks sharing one
   // (kv_replicas_ > 1 of them) sum its gradient through kv_buf_, one slot per kv head.
@@ -277,6 +288,7 @@ class TrainingLoop : public RankTrainer {
   std::vector<float> off_ckpt_[3];  // checkpoint copies of the planes (state_to_save / _load)
   bool off_upload_ = false;         // commit_loaded_state writes off_ckpt_ back
   FloatArray z3_stage_[4];          // offload_params: a segment's shard by working buffer
+  FloatArray z3_estage_[2];         // and an MoE block's experts' shard
   int z3_staged_[4] = {-99, -99, -99, -99};
   uint64_t z3_stage_ticket_[4] = {0, 0, 0, 0};
   std::size_t opt_offset_ = 0, opt_count_ = 0;  // that range in the flat array (not ZeRO 3)

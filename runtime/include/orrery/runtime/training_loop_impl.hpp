@@ -136,6 +136,7 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
     for (int seg : b.segments) expert_segment_[std::size_t(seg + 1)] = 1;
   }
   const std::size_t n = host.num_params();
+  dense_elems_ = dense_elems;
   decay_ = host.decay_ranges();
   adamw_ = loop_detail::adamw_config(s_.training);
   if (precision_of(s_.runtime) == Precision::FP16)
@@ -148,7 +149,7 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   if (z3) {
     zero_ = zero_partition(n, L.dp_rank, L.dp);
     model_ = std::make_unique<Model>(backend_.make_model(std::move(host), false));
-    z3_ = backend_.make_zero3(*model_, L.dp_rank, L.dp);
+    z3_ = backend_.make_zero3(*model_, L.dp_rank, L.dp, L.ep);
     z3_recv_.resize(z3_->shard_elems());
     moments = z3_->shard_elems();
     opt_count_ = 0;  // per segment shard
@@ -191,12 +192,12 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
   if (!zbuckets.empty()) use_zero_buckets(buckets, std::move(zbuckets), dopt);
   ddp_ = std::make_unique<DataParallel>(std::move(buckets), cfg.n_layer, model_->grads.data(),
                                         model_->params.data(), dense_elems, dev_.dp, dopt);
-  if (cfg.moe.enabled() && !zero) {
+  if (cfg.moe.enabled() && !zero && !z3) {
     // Averaged over edp here, then divided by ep after the step's backward (backward_pass): the
     // experts' gradients summed over their edp group and divided by dp (model/moe.hpp). Under
-    // ZeRO 1/2 (ep 1 only, check_supported) the experts are replicated over dp like the dense
-    // tensors: the whole array's reduce-scatter averages them and the partition shards their
-    // optimizer state over dp, which is the edp group.
+    // ZeRO 1/2 with ep 1 the experts are replicated over dp like the dense tensors: the whole
+    // array's reduce-scatter averages them and the partition shards their optimizer state over dp,
+    // which is the edp group (ep > 1: reduce_expert_gradients_zero; ZeRO 3: z3_reduce_scatter).
     DdpOptions eopt = dopt;
     eopt.span_name = names::kEdpAllReduce.data();
     edp_ = std::make_unique<DataParallel>(std::move(expert_buckets), cfg.n_layer,
@@ -256,11 +257,13 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
 // partition over edp the experts' shards and moments.
 template <class B>
 void TrainingLoop<B>::make_optimizer_state(std::size_t moments, bool zero) {
+  // MoE, ep > 1, ZeRO 1/2: the experts' shard's moments follow the dense shard's.
+  const std::size_t all = moments + ezero_.shard;
   if (s_.zero.nvme()) {
-    make_offload(moments);
+    make_offload(all);
   } else {
-    adam_m_.resize(moments);
-    adam_v_.resize(moments);
+    adam_m_.resize(all);
+    adam_v_.resize(all);
   }
   if (zero) {
     zero_grads_.resize(zero_.shard);
@@ -269,8 +272,6 @@ void TrainingLoop<B>::make_optimizer_state(std::size_t moments, bool zero) {
   if (ezero_.total > 0) {
     ezero_grads_.resize(ezero_.shard);
     if (s_.parallel.zero == 2) ezero_recv_.resize(ezero_.shard);
-    eadam_m_.resize(ezero_.shard);
-    eadam_v_.resize(ezero_.shard);
     zero_stage_.resize(zero_.padded());
   }
 }
@@ -413,6 +414,7 @@ MemoryBytes TrainingLoop<B>::memory() const {
     if (offload_params_) {
       m.parameters = 0;  // the staging of the shards being gathered instead
       for (const auto& st : z3_stage_) m.parameters += static_cast<double>(st.size_bytes());
+      for (const auto& st : z3_estage_) m.parameters += static_cast<double>(st.size_bytes());
     }
     m.comm_buffers =
         static_cast<double>(z3_->buffer_bytes() + z3_recv_.size_bytes() + kv_buf_.size_bytes());
@@ -421,8 +423,7 @@ MemoryBytes TrainingLoop<B>::memory() const {
   }
   m.parameters = static_cast<double>(model_->params.size_bytes());
   const double full_grads = static_cast<double>(model_->grads.size_bytes());
-  m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes() +
-                                    eadam_m_.size_bytes() + eadam_v_.size_bytes());
+  m.optimizer = static_cast<double>(adam_m_.size_bytes() + adam_v_.size_bytes());
   if (offload_) {
     m.optimizer = static_cast<double>(offload_->buffer_bytes());  // the three chunk buffers
     m.offload_nvme = static_cast<double>(offload_->file_bytes());
@@ -519,7 +520,7 @@ std::vector<float> TrainingLoop<B>::parameters() {
         offload_->read(2, sg.shard_offset, sg.part.shard, mine.data(), step_);
         send = mine.data();
       }
-      dev_.dp->all_gather(send, full.data(), sg.part.shard, DType::F32).wait();
+      z3_all_gather(sg, send, full.data(), OpLabel{}).wait();
       backend_.synchronize();
       backend_.download(out.data() + sg.range.offset, full.data(), sg.range.count);
     }
@@ -571,8 +572,15 @@ std::vector<StateRange> TrainingLoop<B>::state_to_save() {
     }
     return out;
   }
-  if (s_.parallel.zero == 0 && layout_.dp_rank != 0) return out;  // dp rank 0 holds the same
-  if (zbuckets_) {                                                // this rank's part of each bucket
+  if (s_.parallel.zero == 0 && layout_.dp_rank != 0) {
+    // dp rank 0 holds the same, but for the experts of the other ep ranks (MoE, ep > 1): their
+    // first holders (dp ranks 1..ep-1, the first of their edp groups) save those.
+    const std::size_t n = flat_elems(), e = dense_elems_;
+    if (layout_.dp_rank < layout_.ep && e < n)
+      add(e, n - e, model_->params.data() + e, mom_m + e, mom_v + e, false);
+    return out;
+  }
+  if (zbuckets_) {  // this rank's part of each bucket
     for (const auto& r : opt_ranges_) {
       add(r.flat, r.count, model_->params.data() + r.flat, mom_m + r.moment, mom_v + r.moment,
           false);
@@ -581,6 +589,10 @@ std::vector<StateRange> TrainingLoop<B>::state_to_save() {
   }
   if (opt_count_ > 0) {
     add(opt_offset_, opt_count_, model_->params.data() + opt_offset_, mom_m, mom_v, false);
+  }
+  if (ezero_.count() > 0) {  // MoE, ep > 1, ZeRO 1/2: this rank's shard of its experts
+    const std::size_t off = expert_offset_ + ezero_.begin(), k = zero_.shard;
+    add(off, ezero_.count(), model_->params.data() + off, mom_m + k, mom_v + k, false);
   }
   return out;
 }
@@ -605,13 +617,19 @@ std::vector<StateRange> TrainingLoop<B>::state_to_load() {
     }
     return out;
   }
+  if (opt_count_ == 0 && ezero_.count() == 0) return out;
+  read_offload_state();
+  off_upload_ = offload_ != nullptr;
+  float* mom_m = offload_ ? off_ckpt_[0].data() : adam_m_.data();
+  float* mom_v = offload_ ? off_ckpt_[1].data() : adam_v_.data();
   if (opt_count_ > 0) {
-    read_offload_state();
-    off_upload_ = offload_ != nullptr;
-    float* mom_m = offload_ ? off_ckpt_[0].data() : adam_m_.data();
-    float* mom_v = offload_ ? off_ckpt_[1].data() : adam_v_.data();
     out.push_back({opt_offset_, opt_count_, nullptr, stage(mom_m, opt_count_, true),
                    stage(mom_v, opt_count_, true)});
+  }
+  if (ezero_.count() > 0) {  // MoE, ep > 1, ZeRO 1/2: the moments of this rank's expert shard
+    const std::size_t n = ezero_.count(), k = zero_.shard;
+    out.push_back({expert_offset_ + ezero_.begin(), n, nullptr, stage(mom_m + k, n, true),
+                   stage(mom_v + k, n, true)});
   }
   return out;
 }
@@ -940,7 +958,46 @@ void TrainingLoop<B>::z3_gather(int segment, int slot, int mb) {
   const float* send = offload_params_ ? z3_shard(segment, slot) : z3_->params() + sg.shard_offset;
   z3_gather_h_[slot] = dev_.dp->all_gather(send, z3_->param_buffer(slot), sg.part.shard, DType::F32,
                                            OpLabel{kZeroFetchLayerName, step_, mb, segment});
+  // MoE: the block's experts, over their edp group, into the experts' buffer of this slot.
+  if (const Zero3Segment* e = slot < 2 ? z3_->expert_segment(segment) : nullptr) {
+    const float* esend = offload_params_ ? nullptr : z3_->params() + e->shard_offset;
+    if constexpr (B::kHostMemory) {
+      if (offload_params_) {  // the shard read from the file (the slot's previous gather is done)
+        z3_estage_[slot].resize(e->part.shard);
+        offload_->read(2, e->shard_offset, e->part.shard, z3_estage_[slot].data(), step_);
+        esend = z3_estage_[slot].data();
+      }
+    }
+    z3_egather_h_[slot] = z3_all_gather(*e, esend, z3_->expert_param_buffer(slot),
+                                        OpLabel{kZeroFetchLayerName, step_, mb, segment});
+  }
   z3_gathered_[slot] = segment;
+}
+
+template <class B>
+Communicator* TrainingLoop<B>::z3_group(const Zero3Segment& sg) const {
+  if (!sg.expert) return dev_.dp;
+  return layout_.ep > 1 ? dev_.edp : dev_.dp;
+}
+
+template <class B>
+Handle TrainingLoop<B>::z3_all_gather(const Zero3Segment& sg, const float* send, float* recv,
+                                      const OpLabel& label) {
+  if (Communicator* c = z3_group(sg)) {
+    return c->all_gather(send, recv, sg.part.shard, DType::F32, label);
+  }
+  backend_.copy(recv, send, sg.part.shard);  // a group of one: the shard is the whole segment
+  return Handle();
+}
+
+template <class B>
+Handle TrainingLoop<B>::z3_scatter_avg(const Zero3Segment& sg, const float* send, float* recv,
+                                       const OpLabel& label) {
+  if (Communicator* c = z3_group(sg)) {
+    return c->reduce_scatter(send, recv, sg.part.shard, DType::F32, ReduceOp::Avg, label);
+  }
+  backend_.copy(recv, send, sg.part.shard);
+  return Handle();
 }
 
 // offload_params: the staging of working buffer `slot` is free once that buffer's gather is done
@@ -987,6 +1044,7 @@ void TrainingLoop<B>::z3_bind_block(int layer, int next_layer, int mb) {
   const int slot = zero3_slot(layer, layout_of(*model_).config.n_layer, sh.layer_begin);
   if (z3_gathered_[slot] != layer) z3_gather(layer, slot, mb);
   z3_gather_h_[slot].wait();
+  z3_egather_h_[slot].wait();
   auto held = [&](int l) { return l >= sh.layer_begin && l < sh.layer_end; };
   // Prefetch: the next block's gather runs on the communicator while this one computes.
   if (held(next_layer)) z3_gather(next_layer, slot ^ 1, mb);
@@ -995,6 +1053,8 @@ void TrainingLoop<B>::z3_bind_block(int layer, int next_layer, int mb) {
   const int after_next = 2 * next_layer - layer;
   if (offload_params_ && held(after_next)) z3_prefetch_shard(after_next, slot);
   z3_->segment(layer).bind(z3_->param_buffer(slot), z3_->grad_buffer(slot));
+  if (const Zero3Segment* e = z3_->expert_segment(layer))
+    e->bind(z3_->expert_param_buffer(slot), z3_->expert_grad_buffer(slot));
 }
 
 template <class B>
@@ -1003,6 +1063,13 @@ void TrainingLoop<B>::z3_reduce_scatter(int segment, int slot, int mb) {
   z3_rs_h_[slot] = dev_.dp->reduce_scatter(
       z3_->grad_buffer(slot), z3_recv_.data() + sg.shard_offset, sg.part.shard, DType::F32,
       ReduceOp::Avg, OpLabel{kZeroReduceScatterName, step_, mb, segment});
+  // MoE: the block's experts averaged over edp (divided by ep in z3_finish_backward: the sum over
+  // edp / dp, model/moe.hpp).
+  if (const Zero3Segment* e = slot < 2 ? z3_->expert_segment(segment) : nullptr) {
+    z3_ers_h_[slot] =
+        z3_scatter_avg(*e, z3_->expert_grad_buffer(slot), z3_recv_.data() + e->shard_offset,
+                       OpLabel{kZeroReduceScatterName, step_, mb, segment});
+  }
 }
 
 template <class B>
@@ -1025,7 +1092,8 @@ void TrainingLoop<B>::z3_backward(typename B::Activations& acts, int mb, const G
   const GptShard& sh = layout_of(*model_).shard;
   const int L = layout_of(*model_).config.n_layer;
   GptHooks h = hooks;
-  h.on_grads_ready = nullptr;  // no DDP buckets: each segment is scattered below
+  h.on_grads_ready = nullptr;         // no DDP buckets: each segment is scattered below
+  acts.objective_scale = loss_scale;  // MoE: the aux loss's gradient scale (as pieces::backward)
   auto clear = [&](int slot, int segment) {
     backend_.zero(z3_->grad_buffer(slot), z3_->segment(segment).part.padded());
   };
@@ -1039,8 +1107,11 @@ void TrainingLoop<B>::z3_backward(typename B::Activations& acts, int mb, const G
   for (int l = sh.layer_end - 1; l >= sh.layer_begin; --l) {
     const int slot = zero3_slot(l, L, sh.layer_begin);
     z3_rs_h_[slot].wait();  // the buffer's previous gradients are scattered
+    z3_ers_h_[slot].wait();
     z3_bind_block(l, l - 1, mb);
     clear(slot, l);
+    if (const Zero3Segment* e = z3_->expert_segment(l))
+      backend_.zero(z3_->expert_grad_buffer(slot), e->part.padded());
     pieces::block_backward(k, *model_, acts, *scratch_, l, h);
     if (kv_replicas_ > 1) kv_grad_all_reduce(l, mb);
     z3_reduce_scatter(l, slot, mb);
@@ -1058,6 +1129,17 @@ void TrainingLoop<B>::z3_finish_backward(int mb) {
     z3_reduce_scatter(kEmbedSegment, 2, mb);
   }
   for (auto& hd : z3_rs_h_) hd.wait();
+  for (auto& hd : z3_ers_h_) hd.wait();
+  if (layout_.ep > 1) {
+    if constexpr (B::kHostMemory) {  // MoE (device cpu only): the experts' sum over edp / dp
+      const auto inv = static_cast<float>(1.0 / layout_.ep);
+      for (const auto& sg : z3_->segments()) {
+        if (!sg.expert) continue;
+        float* g = z3_recv_.data() + sg.shard_offset;
+        for (std::size_t i = 0; i < sg.part.shard; ++i) g[i] *= inv;
+      }
+    }
+  }
   backend_.add(z3_->grads(), z3_recv_.data(), z3_->shard_elems());
 }
 
@@ -1121,8 +1203,7 @@ void TrainingLoop<B>::optimizer_phase(bool apply) {
   }
   if (apply && ezero_.total > 0 && ezero_.count() > 0) {  // MoE, ep > 1: the expert shard
     const std::size_t off = expert_offset_ + ezero_.begin();
-    backend_.adamw(model_->params.data() + off, ezero_grads_.data(), eadam_m_.data(),
-                   eadam_v_.data(), off, ezero_.count(), decay_, adam_steps_, adamw_);
+    adamw_range(model_->params.data() + off, ezero_grads_.data(), zero_.shard, off, ezero_.count());
   }
   close(adamw);
   if (zero12() && apply && ezero_.total > 0) {

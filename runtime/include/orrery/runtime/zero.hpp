@@ -31,6 +31,11 @@
 // L: both ends of every micro-batch use them, the tied wte included) and dropped after the last
 // backward. Each segment's gradient is written into a gather-sized buffer and reduce-scattered
 // ("zero.reduce_scatter", layer = segment) as soon as its backward is done, every micro-batch.
+// Mixture of experts (model/moe.hpp): a block's router and shared experts are in its segment; its
+// routed experts (this ep rank's, after every dense tensor) are a segment of their own, partitioned
+// over the expert-data-parallel group (the dp ranks of the same ep rank: N / ep of them, edp rank
+// dp_rank / ep), gathered with the block into their own working buffers (by layer parity) and
+// reduce-scattered over edp after its backward, both named as the block's (layer = the block).
 #pragma once
 
 #include <cstddef>
@@ -65,12 +70,16 @@ struct GptPointers {
   std::vector<BlockParams>& dblocks;
   HeadParams& head;
   HeadParams& dhead;
+  // MoE blocks' pointers (index layer - layer_begin); null: the model has none bound here.
+  std::vector<MoeParams>* moe = nullptr;
+  std::vector<MoeParams>* dmoe = nullptr;
 };
 
 struct Zero3Segment {
   int id = 0;                    // kEmbedSegment, a layer, or n_layer
+  bool expert = false;           // block `id`'s routed experts (MoE), partitioned over edp
   ParamRange range;              // in the original flat array
-  ZeroPartition part;            // of range.count over the dp group
+  ZeroPartition part;            // of range.count over the dp group (experts: the edp group)
   std::size_t shard_offset = 0;  // of this rank's k elements in the shard arrays
   // The bound pointers of this segment and their offsets from range.offset.
   std::vector<float**> param_ptrs, grad_ptrs;
@@ -82,13 +91,18 @@ struct Zero3Segment {
 // ZeRO 3's segment table of `layout` (its params still allocated: the offsets are read from its
 // pointers) over dp_size ranks, segments in memory order with their shard offsets, the pointers of
 // `bound` (null fields skipped, e.g. wpe on a head-only stage). `bound` may be `layout`'s own
-// pointers or those of a device copy with the same layout.
+// pointers or those of a device copy with the same layout. MoE: the experts' segments follow the
+// dense ones, over the edp group of ep (dividing dp_size); `bound` must carry moe and dmoe.
 std::vector<Zero3Segment> zero3_segments(const Gpt& layout, int dp_rank, int dp_size,
-                                         GptPointers bound);
-// The segment `id` of a table (std::out_of_range when it holds none).
+                                         GptPointers bound, int ep = 1);
+// The (dense) segment `id` of a table (std::out_of_range when it holds none).
 Zero3Segment& zero3_segment(std::vector<Zero3Segment>& segments, int id);
-// The largest block segment's padded size, the size of a block working buffer.
+// Block `layer`'s experts' segment; null when it has none (a dense block, or no MoE).
+Zero3Segment* zero3_expert_segment(std::vector<Zero3Segment>& segments, int layer);
+// The largest (dense) block segment's padded size, the size of a block working buffer.
 std::size_t zero3_max_block(const std::vector<Zero3Segment>& segments, int n_layer);
+// The largest experts' segment's padded size (0 without MoE), the size of an expert buffer.
+std::size_t zero3_max_experts(const std::vector<Zero3Segment>& segments);
 // Working buffer of a segment: 0/1 the blocks (alternating by layer parity from layer_begin), 2 the
 // embedding, 3 the final LayerNorm.
 inline int zero3_slot(int segment, int n_layer, int layer_begin) {
@@ -105,6 +119,7 @@ class BasicZero3Storage {
   using Segment = Zero3Segment;
   std::vector<Segment>& segments() { return segments_; }
   Segment& segment(int id) { return zero3_segment(segments_, id); }
+  Segment* expert_segment(int layer) { return zero3_expert_segment(segments_, layer); }
   float* params() { return params_.data(); }  // the owned shards, segments in memory order
   float* grads() { return grads_.data(); }
   std::size_t shard_elems() const { return grads_.size(); }
@@ -113,9 +128,13 @@ class BasicZero3Storage {
   void release_params() { params_ = Array(); }
   float* param_buffer(int slot) { return pbuf_[static_cast<std::size_t>(slot)].data(); }
   float* grad_buffer(int slot) { return gbuf_[static_cast<std::size_t>(slot)].data(); }
+  // MoE: the experts' working buffers of the block working buffer `slot` (0/1).
+  float* expert_param_buffer(int slot) { return epbuf_[static_cast<std::size_t>(slot)].data(); }
+  float* expert_grad_buffer(int slot) { return egbuf_[static_cast<std::size_t>(slot)].data(); }
   std::size_t buffer_bytes() const {
     std::size_t b = 0;
     for (int i = 0; i < 4; ++i) b += pbuf_[i].size_bytes() + gbuf_[i].size_bytes();
+    for (int i = 0; i < 2; ++i) b += epbuf_[i].size_bytes() + egbuf_[i].size_bytes();
     return b;
   }
 
@@ -129,12 +148,15 @@ class BasicZero3Storage {
     params_.resize(total_shard);
     grads_.resize(total_shard);
     const std::size_t max_block = zero3_max_block(segments_, n_layer);
+    const std::size_t max_experts = zero3_max_experts(segments_);
     for (int slot = 0; slot < 2; ++slot) {
       pbuf_[slot].resize(max_block);
       gbuf_[slot].resize(max_block);
+      epbuf_[slot].resize(max_experts);
+      egbuf_[slot].resize(max_experts);
     }
     for (const auto& sg : segments_) {
-      if (sg.id != kEmbedSegment && sg.id != n_layer) continue;
+      if (sg.expert || (sg.id != kEmbedSegment && sg.id != n_layer)) continue;
       const int slot = sg.id == kEmbedSegment ? 2 : 3;
       pbuf_[slot].resize(sg.part.padded());
       gbuf_[slot].resize(sg.part.padded());
@@ -144,12 +166,14 @@ class BasicZero3Storage {
   std::vector<Segment> segments_;
   Array params_, grads_;
   Array pbuf_[4], gbuf_[4];
+  Array epbuf_[2], egbuf_[2];
 };
 
 class Zero3Storage : public BasicZero3Storage<FloatArray> {
  public:
-  // Takes the shards of the model's current values and frees the model's flat arrays.
-  Zero3Storage(Gpt& model, int dp_rank, int dp_size);
+  // Takes the shards of the model's current values and frees the model's flat arrays (MoE: the
+  // experts' over the edp group of `ep`).
+  Zero3Storage(Gpt& model, int dp_rank, int dp_size, int ep = 1);
 };
 
 }  // namespace orrery::runtime

@@ -121,7 +121,7 @@ class CudaBackend {
   DeviceGroups connect(const RankGroups& groups, const Layout& layout);
   // The model (and ZeRO 3's shards) on the device, their uploads complete.
   Model make_model(Gpt host, bool storage);
-  std::unique_ptr<Zero3> make_zero3(Model& m, int dp_rank, int dp_size);
+  std::unique_ptr<Zero3> make_zero3(Model& m, int dp_rank, int dp_size, int ep);
   Activations activations(const Model& m, int B, int T, Recompute rc) {
     return gpu_activations(m, B, T, rc);
   }
