@@ -29,7 +29,8 @@ struct SimArgs {
   int steps = 1;
   int gpus = -1;  // -1: the cluster's own size
   bool all_ranks = false;
-  bool representative = false;  // one rank per stage even where replicas contend on the fabric
+  bool representative = false;    // one rank per stage even where replicas contend on the fabric
+  bool no_rail_symmetry = false;  // every rank literally, without the executor's rail symmetry
   bool fill = false;  // dp grows to fill a larger cluster (the behaviour before issue 17 item 4)
   bool allow_oom = false;
   bool json = false;
@@ -66,6 +67,10 @@ Command setup(CLI::App& root) {
                 "rail-optimized or whose rails span several leaves, a ring or a torus)");
   app->add_flag("--representative", a->representative,
                 "One representative rank per stage even where replicas contend on the fabric");
+  app->add_flag("--no-rail-symmetry", a->no_rail_symmetry,
+                "With every rank: simulate each one literally instead of tp rank 0 of each group "
+                "with copies for its peers on the other rails (the same times to the nanosecond "
+                "where the symmetry applies; a check, 1/tp of the speed)");
   app->add_flag("--allow-oom", a->allow_oom,
                 "Simulate even when the model does not fit device memory");
   app->add_flag("--json", a->json, "Print one JSON object");
@@ -126,6 +131,7 @@ Command setup(CLI::App& root) {
     if (opt.all_ranks && !a->all_ranks && !a->json)
       std::cerr << "orrery sim: every rank simulated: replicas contend on the fabric of "
                 << cluster.name << " (--representative: one rank per stage)\n";
+    opt.rail_symmetry = !a->no_rail_symmetry;
     opt.steps = a->steps;
     opt.precision = a->precision;
     opt.profile = sim::target_profile(target, a->hw);

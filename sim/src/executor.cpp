@@ -28,6 +28,16 @@ std::vector<int32_t> representative_ranks(const Layout& l, bool all_ranks) {
   return r;
 }
 
+bool rail_symmetry_applies(const Layout& l, const Cluster& c) {
+  if (l.tp < 2 || c.gpus_per_node != l.tp || !c.topology || !c.topology->rails_are_copies())
+    return false;
+  for (int r = 0; r < l.world(); ++r) {
+    const auto k = l.coord(r);
+    if (c.local_of(r) != k.tp || c.node_of(r) != c.node_of(l.rank_of(k.dp, 0, k.pp))) return false;
+  }
+  return true;
+}
+
 int pp_peer(const Layout& l, int stage, GroupRole role) {
   // Modulo pp: the interleaved schedule sends from the last stage's chunk c to stage 0's chunk c+1.
   return (stage + (role == GroupRole::PPNext ? 1 : -1) + l.pp) % l.pp;
@@ -82,6 +92,13 @@ class Executor {
     gpu_share_ = !sharing_ && opt.comm_compute_share > 0;
     std::vector<int32_t> ranks =
         opt.ranks.empty() ? representative_ranks(l, opt.all_ranks || sharing_) : opt.ranks;
+    // Rail symmetry (executor.hpp): tp rank 0 of every group stands for its peers.
+    rail_copies_ = opt.ranks.empty() && opt.all_ranks && opt.rail_symmetry && !sharing_ &&
+                   opt.rank_jitter == 0 && opt.op_jitter == 0 && rail_symmetry_applies(l, c);
+    if (rail_copies_)
+      ranks.erase(std::remove_if(ranks.begin(), ranks.end(),
+                                 [&l](int32_t r) { return l.coord(r).tp != 0; }),
+                  ranks.end());
     if (sharing_) cpus_.resize(c.nodes > 0 ? c.nodes : 1);
     std::sort(ranks.begin(), ranks.end());
     ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
@@ -140,6 +157,13 @@ class Executor {
     if (net_) r.network = net_->stats();
     for (const auto& run : runs_)
       for (const auto& t : run.ops) r.makespan_ns = std::max(r.makespan_ns, t.end_ns);
+    if (rail_copies_) {
+      const Layout& l = w_.layout;
+      for (int32_t k = 0; k < l.world(); ++k) {
+        const auto c = l.coord(k);
+        if (c.tp != 0) r.copies.emplace_back(k, sim_index_[l.rank_of(c.dp, 0, c.pp)]);
+      }
+    }
     r.ranks = std::move(runs_);
     return r;
   }
@@ -624,6 +648,7 @@ class Executor {
   std::vector<NodeCpu> cpus_;      // per node, with core sharing
   std::vector<double> jitter_q_;   // per simulated rank slot (rotated by step); empty: no spread
   bool every_rank_ = false;        // every rank of the layout is simulated
+  bool rail_copies_ = false;       // tp rank 0 stands for its peers (rail symmetry)
   std::vector<double> max_cache_;  // expected_max per n (-1: not computed)
 };
 
@@ -750,19 +775,28 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
                        bwd_name = t.strings.intern(names::kBackward),
                        opt_name = t.strings.intern(names::kOptimizer);
 
+  // Every rank whose timeline is known, in rank order: the simulated ones and their copies (the
+  // rail symmetry, executor.hpp).
+  std::vector<std::pair<int32_t, const RankRun*>> timelines;
+  for (const auto& run : r.ranks) timelines.emplace_back(run.rank, &run);
+  for (const auto& [rank, k] : r.copies) timelines.emplace_back(rank, &r.ranks[size_t(k)]);
+  std::sort(timelines.begin(), timelines.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
   size_t total = 0;
-  for (const auto& run : r.ranks) total += run.ops.size();
+  for (const auto& tl : timelines) total += tl.second->ops.size();
   t.spans.reserve(total + total / 8);
-  for (const auto& run : r.ranks) {
+  for (const auto& [rank, run_ptr] : timelines) {
+    const RankRun& run = *run_ptr;
+    const Layout::Coord coord = l.coord(rank);
     const auto& p = *run.program;
     traces::RankInfo ri;
-    ri.rank = run.rank;
-    ri.host = "node" + std::to_string(cluster.node_of(run.rank));
-    ri.device = cluster.device.name + ":" + std::to_string(cluster.local_of(run.rank));
-    ri.dp = run.coord.dp, ri.tp = run.coord.tp, ri.pp = run.coord.pp;
+    ri.rank = rank;
+    ri.host = "node" + std::to_string(cluster.node_of(rank));
+    ri.device = cluster.device.name + ":" + std::to_string(cluster.local_of(rank));
+    ri.dp = coord.dp, ri.tp = coord.tp, ri.pp = coord.pp;
     t.ranks.push_back(ri);
     for (int s = 0; s < kStreamCount; ++s)
-      if (!p.stream_ops[s].empty()) t.streams.push_back({run.rank, s, std::string(stream_name(s))});
+      if (!p.stream_ops[s].empty()) t.streams.push_back({rank, s, std::string(stream_name(s))});
     // Phase extents: step per step; forward/backward per (step, micro-batch); optimizer per step.
     struct Extent {
       int64_t start = INT64_MAX, end = INT64_MIN;
@@ -778,7 +812,7 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
       const Op& op = p.ops[i];
       const OpTiming& tm = run.ops[i];
       traces::Span sp;
-      sp.rank = run.rank;
+      sp.rank = rank;
       sp.stream = op.stream;
       sp.kind = op.kind;
       sp.name = name_ids[op.name];
@@ -791,11 +825,11 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
       sp.flops = op.flops;
       sp.op = op.coll;
       if (op.group != GroupRole::None) {
-        sp.comm = comm_of(run.rank, op.group);
+        sp.comm = comm_of(rank, op.group);
         sp.seq = op.seq;
         if (op.kind == traces::SpanKind::P2P &&
             (op.group == GroupRole::PPNext || op.group == GroupRole::PPPrev))
-          sp.peer = l.rank_of(run.coord.dp, run.coord.tp, pp_peer(l, run.coord.pp, op.group));
+          sp.peer = l.rank_of(coord.dp, coord.tp, pp_peer(l, coord.pp, op.group));
       }
       t.spans.push_back(sp);
       if (op.step >= 0) step_ext[op.step].add(tm);
@@ -807,7 +841,7 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
     auto phase = [&](traces::NameId name, const Extent& e, int step, int mb) {
       if (e.start > e.end) return;
       traces::Span sp;
-      sp.rank = run.rank;
+      sp.rank = rank;
       sp.stream = kStreamCompute;
       sp.kind = traces::SpanKind::Phase;
       sp.name = name;

@@ -28,9 +28,11 @@ std::optional<NetworkModel> network_model_from_string(std::string_view s) {
 
 namespace {
 
-// ECMP hash of a flow: its endpoints (the same pair always takes the same path).
-uint64_t flow_hash(int32_t src, int32_t dst) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(src)) << 32) ^ static_cast<uint32_t>(dst) ^
+// ECMP hash of a flow: its endpoints as the topology keys them (Topology::ecmp_endpoints; the same
+// pair always takes the same path).
+uint64_t flow_hash(const Topology& topo, int32_t src, int32_t dst) {
+  const auto [a, b] = topo.ecmp_endpoints(src, dst);
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) ^ static_cast<uint32_t>(b) ^
          0x5bd1e995ULL;
 }
 
@@ -278,7 +280,7 @@ class PlanCache {
       pt.flows.reserve(ph.flows.size());
       for (const FlowSpec& f : ph.flows) {
         FlowTemplate ft;
-        topo.route(f.src, f.dst, flow_hash(f.src, f.dst), ft.route);
+        topo.route(f.src, f.dst, flow_hash(topo, f.src, f.dst), ft.route);
         const double e = c_.node_of(f.src) == c_.node_of(f.dst) ? eff : net_eff;
         const double bytes = f.bytes / e;
         ft.bytes_per_byte = bytes / kRef;

@@ -259,6 +259,7 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   eo.rank_jitter = prof.rank_jitter;
   eo.op_jitter = prof.op_jitter;
   eo.comm_compute_share = prof.comm_compute_share;
+  eo.rail_symmetry = opt.rail_symmetry;
   const ExecResult r = execute(w, cluster, eo);
 
   SimResult out;
@@ -275,6 +276,7 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   out.profile_name = prof.name;
   out.peak_flops = cost.peak_flops();
   out.simulated_ranks = r.ranks.size();
+  out.copied_ranks = r.copies.size();
   out.events = r.events;
   for (const auto& rk : r.ranks) out.ops += rk.ops.size();
 
@@ -301,18 +303,21 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
     out.trace = make_trace(w, r, cluster, out.peak_flops);
     // Memory counters per simulated rank (the estimate is constant over the step).
     auto& t = *out.trace;
-    for (const auto& rk : r.ranks) {
-      const MemoryEstimate& m = out.memory[rk.coord.pp];
+    std::vector<std::pair<int32_t, int>> ranks;  // (rank, stage), simulated and copied
+    for (const auto& rk : r.ranks) ranks.emplace_back(rk.rank, rk.coord.pp);
+    for (const auto& [rank, k] : r.copies) ranks.emplace_back(rank, r.ranks[size_t(k)].coord.pp);
+    std::sort(ranks.begin(), ranks.end());
+    for (const auto& [rank, stage] : ranks) {
+      const MemoryEstimate& m = out.memory[size_t(stage)];
       const std::pair<const char*, double> cats[] = {
           {names::kMemParameters.data(), m.parameters_bytes},
           {names::kMemGradients.data(), m.gradients_bytes},
           {names::kMemOptimizer.data(), m.optimizer_bytes},
           {names::kMemActivations.data(), m.activations_bytes}};
-      for (const auto& [name, v] : cats)
-        t.counters.push_back({rk.rank, t.strings.intern(name), 0, v});
+      for (const auto& [name, v] : cats) t.counters.push_back({rank, t.strings.intern(name), 0, v});
       if (s.zero.nvme())
         t.counters.push_back(
-            {rk.rank, t.strings.intern(names::kMemOffloadNvme.data()), 0, m.offload_nvme_bytes});
+            {rank, t.strings.intern(names::kMemOffloadNvme.data()), 0, m.offload_nvme_bytes});
     }
   }
   out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -702,6 +707,7 @@ std::string results_to_wire(const std::vector<SimResult>& results) {
                  {"fits", r.fits},
                  {"capacity_bytes", r.capacity_bytes},
                  {"simulated_ranks", r.simulated_ranks},
+                 {"copied_ranks", r.copied_ranks},
                  {"ops", r.ops},
                  {"events", r.events},
                  {"wall_s", r.wall_s}});
@@ -729,6 +735,7 @@ std::vector<SimResult> results_from_wire(const std::string& bytes) {
       x.at("peak_memory_bytes").get_to(r.peak_memory_bytes), x.at("fits").get_to(r.fits);
       x.at("capacity_bytes").get_to(r.capacity_bytes);
       x.at("simulated_ranks").get_to(r.simulated_ranks), x.at("ops").get_to(r.ops);
+      x.at("copied_ranks").get_to(r.copied_ranks);
       x.at("events").get_to(r.events), x.at("wall_s").get_to(r.wall_s);
       out.push_back(std::move(r));
     }
@@ -856,6 +863,7 @@ nlohmann::json to_json(const SimResult& r) {
   j["capacity_bytes"] = r.capacity_bytes;
   j["fits"] = r.fits;
   j["simulated_ranks"] = r.simulated_ranks;
+  j["copied_ranks"] = r.copied_ranks;
   j["ops"] = r.ops;
   j["events"] = r.events;
   j["wall_s"] = r.wall_s;
@@ -915,7 +923,9 @@ std::string format_report(const SimResult& r, const Scenario& s, const Cluster& 
       << " other stages in --json)\n";
   }
   o << "simulated " << r.simulated_ranks << " of " << r.dp * r.tp * r.pp << " ranks";
-  if (r.simulated_ranks < size_t(r.dp * r.tp * r.pp))
+  if (r.copied_ranks > 0)
+    o << " (tp rank 0 of each group: its tp peers on the other rails run copies of its timeline)";
+  else if (r.simulated_ranks < size_t(r.dp * r.tp * r.pp))
     o << " (one per pipeline stage: the other dp x tp ranks of a stage run the same timeline)";
   o << ", " << r.ops << " ops, " << r.events << " events in " << fmt("%.2f s", r.wall_s) << "\n";
   return o.str();

@@ -156,6 +156,23 @@ class FatTreeTopology final : public Topology {
                    " up per leaf, " + std::to_string(num_leaves_) + " leaves)";
   }
 
+  std::pair<int32_t, int32_t> ecmp_endpoints(int32_t a, int32_t b) const override {
+    if (!rail_ || a / gpn_ == b / gpn_ || a % gpn_ != b % gpn_) return {a, b};
+    return {a - a % gpn_, b - b % gpn_};
+  }
+
+  bool rails_are_copies() const override {
+    if (!rail_) return false;
+    if (tiers_ == 2 || leaves_per_rail_ % leaves_per_pod_ == 0) return true;
+    // Otherwise each rail must stay inside one pod (its traffic never reaches the aggregation
+    // switches' uplinks, which the pod's other rails use).
+    for (int r = 0; r < gpn_; ++r)
+      if ((r * leaves_per_rail_) / leaves_per_pod_ !=
+          ((r + 1) * leaves_per_rail_ - 1) / leaves_per_pod_)
+        return false;
+    return true;
+  }
+
   void route(int32_t a, int32_t b, uint64_t hash, std::vector<int32_t>& out) const override {
     const int ka = a / gpn_, kb = b / gpn_;
     if (ka == kb) {

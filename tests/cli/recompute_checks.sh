@@ -49,7 +49,12 @@ sed 's/^  oversubscription: 1$/  oversubscription: 2/; s/^name: selene-a100$/nam
   "$SRC/scenarios/clusters/selene-a100.yaml" > "$TMP/oversub.yaml"
 expect 0 "every rank simulated: replicas contend on the fabric of selene-oversubscribed" \
   sim scenarios/megatron/gpt3-175b.yaml --cluster "$TMP/oversub.yaml"
-expect 0 "simulated 64 of 64 ranks" sim scenarios/megatron/gpt3-175b.yaml --cluster "$TMP/oversub.yaml"
+# Every rank through tp rank 0 of each group (the rails are copies: sim/README.md, "Rail symmetry");
+# --no-rail-symmetry simulates each rank literally.
+expect 0 "simulated 8 of 64 ranks (tp rank 0 of each group: its tp peers on the other rails run copies" \
+  sim scenarios/megatron/gpt3-175b.yaml --cluster "$TMP/oversub.yaml"
+expect 0 "simulated 64 of 64 ranks" sim scenarios/megatron/gpt3-175b.yaml --cluster "$TMP/oversub.yaml" \
+  --no-rail-symmetry
 expect 0 "simulated 8 of 64 ranks" sim scenarios/megatron/gpt3-175b.yaml --cluster "$TMP/oversub.yaml" --representative
 expect 0 "simulated 8 of 64 ranks" sim scenarios/megatron/gpt3-175b.yaml --cluster selene-a100
 expect 2 "--all-ranks and --representative: give one of them" \

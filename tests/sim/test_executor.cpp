@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include "orrery/common/error.hpp"
 #include "orrery/sim/executor.hpp"
@@ -189,6 +190,7 @@ TEST(Executor, FlowSubproblemsMatchWholeComponents) {
   const Workload w = build_workload(s, h100_cost());
   ExecutorOptions fast, ref;
   fast.all_ranks = ref.all_ranks = true;
+  fast.rail_symmetry = ref.rail_symmetry = false;  // every rank's flows (RailSymmetry... below)
   ref.flow_whole_components = true;
   const ExecResult a = execute(w, c, fast), b = execute(w, c, ref);
   ASSERT_EQ(a.ranks.size(), 16u);
@@ -199,6 +201,126 @@ TEST(Executor, FlowSubproblemsMatchWholeComponents) {
       ASSERT_EQ(a.ranks[k].ops[i].end_ns, b.ranks[k].ops[i].end_ns);
     }
   EXPECT_GT(b.network.solves, 0u);  // the flows did contend
+}
+
+// A rail-optimized fat-tree of `nodes` DGX-like nodes of `gpn` GPUs and radix-`radix` switches.
+Cluster rail_fat_tree(int nodes, int gpn, int radix, int tiers, bool rail = true) {
+  Cluster c;
+  c.name = "rail-radix" + std::to_string(radix);
+  c.device = *device_preset("H100-SXM");
+  c.nodes = nodes;
+  c.gpus_per_node = gpn;
+  c.topo.kind = TopologyKind::FatTree;
+  c.topo.radix = radix;
+  c.topo.tiers = tiers;
+  c.topo.rail_optimized = rail;
+  build_topology(c);
+  return c;
+}
+
+// The rail symmetry (executor.hpp): every rank simulated through tp rank 0 of each group gives
+// every op of every rank, copies included, the times of the literal simulation of every rank, to
+// the nanosecond, on fabrics where the replicas' traffic contends on the spines: dp 4 x tp 2 x pp 2
+// on 8 nodes of 2 GPUs, a rail spanning 4 leaves (radix 4: two pods of a 3-tier fabric; radix 8:
+// one spine tier), across schedules, ZeRO 1 with overlapped buckets, sequence parallelism, MoE
+// all-to-alls and NCCL's share of the GPU; and the simulated trace is span for span the same.
+TEST(Executor, RailSymmetryMatchesEveryRankLiterally) {
+  struct Case {
+    const char* what;
+    int radix, tiers;
+    Scenario s;
+    double comm_share = 0;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"1f1b, 3 tiers", 4, 3, small_scenario(8, 4, 2, 2, 6)});
+  cases.push_back({"1f1b, 2 tiers, nccl share", 8, 2, small_scenario(8, 4, 2, 2, 6), 0.074});
+  cases.push_back({"interleaved", 4, 3, small_scenario(8, 4, 2, 2, 4, "interleaved")});
+  cases.back().s.parallel.virtual_stages = 2;
+  cases.push_back({"zero 1, overlapped buckets", 4, 3, small_scenario(8, 4, 2, 2, 4)});
+  cases.back().s.parallel.zero = 1;
+  cases.back().s.zero.overlap_grad_reduce = true;
+  cases.back().s.parallel.bucket_mb = 0.25;
+  cases.push_back({"sequence parallel, gpipe", 4, 3, small_scenario(8, 4, 2, 2, 4, "gpipe")});
+  cases.back().s.parallel.sequence_parallel = true;
+  cases.push_back({"moe, ep 2", 4, 3, small_scenario(8, 4, 2, 2, 4)});
+  cases.back().s.model.moe.experts = 4;
+  cases.back().s.model.moe.every = 2;
+  cases.back().s.parallel.ep = 2;
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    const Cluster c = rail_fat_tree(8, 2, k.radix, k.tiers);
+    ASSERT_TRUE(c.topology->rails_are_copies());
+    const Workload w = build_workload(k.s, h100_cost(), {2, precision_config("mixed")});
+    ASSERT_TRUE(rail_symmetry_applies(w.layout, c));
+    ExecutorOptions sym, lit, rep;
+    sym.all_ranks = lit.all_ranks = true;
+    lit.rail_symmetry = false;
+    sym.comm_compute_share = lit.comm_compute_share = rep.comm_compute_share = k.comm_share;
+    const ExecResult a = execute(w, c, sym), b = execute(w, c, lit), r = execute(w, c, rep);
+    ASSERT_EQ(a.ranks.size(), 8u);
+    ASSERT_EQ(a.copies.size(), 8u);
+    ASSERT_EQ(b.ranks.size(), 16u);
+    EXPECT_TRUE(b.copies.empty());
+    EXPECT_EQ(a.makespan_ns, b.makespan_ns);
+    EXPECT_LT(a.events, b.events);
+    // The replicas do contend: one representative per stage misses time every rank spends.
+    EXPECT_NE(r.makespan_ns, b.makespan_ns);
+    std::vector<const RankRun*> by_rank(16, nullptr);
+    for (const auto& run : a.ranks) by_rank[size_t(run.rank)] = &run;
+    for (const auto& [rank, i] : a.copies) {
+      ASSERT_EQ(w.layout.coord(rank).tp, 1);
+      by_rank[size_t(rank)] = &a.ranks[size_t(i)];
+    }
+    for (const auto& full : b.ranks) {
+      const RankRun* mine = by_rank[size_t(full.rank)];
+      ASSERT_NE(mine, nullptr);
+      ASSERT_EQ(mine->program, full.program);
+      for (size_t i = 0; i < full.ops.size(); ++i) {
+        ASSERT_EQ(mine->ops[i].start_ns, full.ops[i].start_ns)
+            << "rank " << full.rank << " op " << i;
+        ASSERT_EQ(mine->ops[i].active_ns, full.ops[i].active_ns)
+            << "rank " << full.rank << " op " << i;
+        ASSERT_EQ(mine->ops[i].end_ns, full.ops[i].end_ns) << "rank " << full.rank << " op " << i;
+      }
+    }
+    const traces::Trace ta = make_trace(w, a, c, 989e12), tb = make_trace(w, b, c, 989e12);
+    ASSERT_EQ(ta.spans.size(), tb.spans.size());
+    ASSERT_EQ(ta.ranks.size(), 16u);
+    ASSERT_EQ(ta.comms.size(), tb.comms.size());
+    for (size_t i = 0; i < ta.spans.size(); ++i) {
+      const traces::Span &x = ta.spans[i], &y = tb.spans[i];
+      ASSERT_EQ(std::tie(x.rank, x.stream, x.name, x.start_ns, x.end_ns, x.comm, x.peer, x.seq),
+                std::tie(y.rank, y.stream, y.name, y.start_ns, y.end_ns, y.comm, y.peer, y.seq));
+    }
+  }
+}
+
+// Where the symmetry is not exact, every rank is simulated literally: a 3-tier fabric whose pods
+// hold two rails' leaves, one rail spanning two pods (6 nodes, radix 4: rail 0 on leaves 0-2, rail
+// 1 on 3-5, pod 1 holds leaves 2 and 3); a fat-tree that is not rail-optimized; tp smaller than the
+// node; the ranks' spread.
+TEST(Executor, RailSymmetryOnlyWhereExact) {
+  EXPECT_FALSE(rail_fat_tree(6, 2, 4, 3).topology->rails_are_copies());
+  EXPECT_FALSE(rail_fat_tree(8, 2, 4, 3, false).topology->rails_are_copies());
+  EXPECT_TRUE(rail_fat_tree(8, 4, 8, 2).topology->rails_are_copies());
+  const Cluster shared = rail_fat_tree(6, 2, 4, 3);
+  const Workload w6 = build_workload(small_scenario(8, 3, 2, 2, 3), h100_cost());
+  EXPECT_FALSE(rail_symmetry_applies(w6.layout, shared));
+  ExecutorOptions all;
+  all.all_ranks = true;
+  EXPECT_EQ(execute(w6, shared, all).ranks.size(), 12u);
+  const Cluster c4 = rail_fat_tree(8, 4, 8, 2);
+  const Workload tp2 = build_workload(small_scenario(8, 8, 2, 2, 2), h100_cost());
+  EXPECT_FALSE(rail_symmetry_applies(tp2.layout, c4));
+  const Workload tp4 = build_workload(small_scenario(8, 4, 4, 2, 2), h100_cost());
+  EXPECT_TRUE(rail_symmetry_applies(tp4.layout, c4));
+  ExecutorOptions jitter = all;
+  jitter.rank_jitter = 0.02;
+  EXPECT_EQ(execute(tp4, c4, jitter).ranks.size(), 32u);
+  EXPECT_EQ(execute(tp4, c4, all).ranks.size(), 8u);
+  Scenario dp_first = small_scenario(8, 4, 4, 2, 2);
+  dp_first.parallel.placement = "dp,tp,pp";
+  EXPECT_FALSE(rail_symmetry_applies(build_workload(dp_first, h100_cost()).layout, c4));
 }
 
 TEST(Executor, DeterministicBitIdentical) {

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "orrery/common/scenario.hpp"
@@ -85,6 +86,18 @@ class Topology {
   // policy on top: on a rail-optimized fat-tree a transfer between nodes and rails first crosses
   // NVLink to the source node's NIC on the destination's rail (NCCL's PXN), then takes a shortest path.
   virtual void route(int32_t src, int32_t dst, uint64_t hash, std::vector<int32_t>& out) const = 0;
+  // The endpoints that key a flow's ECMP hash (network.cpp): the flow's own, except on a
+  // rail-optimized fat-tree, where a flow between two nodes on one rail (GPUs of the same local
+  // index) is keyed by the local-0 GPUs of those nodes: every rail picks the spines rail 0 picks.
+  virtual std::pair<int32_t, int32_t> ecmp_endpoints(int32_t src, int32_t dst) const {
+    return {src, dst};
+  }
+  // Whether the rails of this fabric are exact copies of each other: a rail-optimized fat-tree
+  // whose rails share no link (their leaves are their own; with 3 tiers a rail's pods hold no other
+  // rail's leaves, or each rail stays inside one pod) and route alike (ecmp_endpoints). Traffic
+  // between the nodes on rail t then meets exactly the contention the same traffic on rail 0 meets
+  // (the executor's rail symmetry, executor.hpp).
+  virtual bool rails_are_copies() const { return false; }
   // A shortest path between any two vertices by breadth-first search (small topologies; tests check
   // route() with it).
   void route_bfs(int32_t src, int32_t dst, uint64_t hash, std::vector<int32_t>& out) const;

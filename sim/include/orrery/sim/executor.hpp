@@ -14,11 +14,24 @@
 // the collectives of symmetric groups on shared links (on a rail-optimized fat-tree whose rails
 // each fit one leaf these use disjoint NICs and rails; elsewhere run with all_ranks to see it, which
 // `orrery sim` does by default where replica_contention_matters, sim_target.hpp).
+//
+// Rail symmetry (all_ranks, exact). When each tp group is one node's GPUs (tp = gpus per node, tp
+// rank = local index) on a fabric whose rails are exact copies (Topology::rails_are_copies: a
+// rail-optimized fat-tree), tp rank t of every group talks to the other nodes only over rail t: its
+// dp, pp, embedding, ep and edp groups hold the GPUs of local index t. Rail t's traffic then shares
+// no link with rail 0's and meets exactly the contention rail 0's meets, so every tp rank of a
+// group reaches every op at the same nanosecond, and the tp collectives, the only traffic between
+// rails, start when tp rank 0 arrives as they would when the last of them does. "Every rank" then
+// simulates the ranks of tp rank 0 (1/tp of them) and their traffic on rail 0; the others'
+// timelines are copies (ExecResult::copies). Not with the ranks' or the ops' spread (rank_jitter,
+// op_jitter, which tell the tp ranks apart) or core sharing. tests/sim/test_executor.cpp checks
+// every op's times against the literal simulation (rail_symmetry = false).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "orrery/sim/cluster.hpp"
@@ -62,6 +75,9 @@ struct ExecutorOptions {
   // Flow network: re-rate whole connected components on every change (make_network's reference,
   // for tests) instead of the flows connected to it through saturated links.
   bool flow_whole_components = false;
+  // With all_ranks: simulate tp rank 0 of each group and copy its timeline to its tp peers where
+  // that is exact (rail_symmetry_applies, above); false simulates every rank literally.
+  bool rail_symmetry = true;
 };
 
 // E[Z_(i)], i = 1..n, of n independent standard normals, ascending (numerical integration of the
@@ -84,6 +100,9 @@ struct RankRun {
 
 struct ExecResult {
   std::vector<RankRun> ranks;  // in rank order
+  // With the rail symmetry: every rank not simulated, whose timeline is an exact copy of a simulated
+  // rank's (its tp rank 0), as (rank, index into `ranks`), in rank order. Empty otherwise.
+  std::vector<std::pair<int32_t, int32_t>> copies;
   int64_t makespan_ns = 0;
   uint64_t events = 0;  // engine events processed
   NetworkStats network;
@@ -91,6 +110,10 @@ struct ExecResult {
 
 // The ranks simulated by default: one per pipeline stage (dp = 0, tp = 0), or all.
 std::vector<int32_t> representative_ranks(const Layout& l, bool all_ranks);
+
+// Whether the layout on this cluster has the rail symmetry (above): tp > 1 equals the GPUs per node,
+// every tp group is one node with tp rank = local index, and the fabric's rails are exact copies.
+bool rail_symmetry_applies(const Layout& l, const Cluster& c);
 
 // The pipeline stage that a point-to-point op of `role` (PPNext, PPPrev) on `stage` talks to, modulo
 // pp (the interleaved schedule's last stage sends to stage 0 and back).

@@ -46,6 +46,9 @@ struct SimOptions {
   std::string precision;  // fp32 | mixed; "" = from the profile (bf16/fp16 -> mixed)
   std::optional<HardwareProfile> profile;  // none: default_hardware_profile(cluster device)
   bool keep_trace = false;                 // build the simulated trace (SimResult::trace)
+  // all_ranks: tp rank 0 of each group stands for its peers where that is exact (the executor's
+  // rail symmetry, executor.hpp); false simulates every rank literally (a check).
+  bool rail_symmetry = true;
 };
 
 struct StepBreakdown {
@@ -82,7 +85,9 @@ struct SimResult {
   bool fits = true;
   int64_t capacity_bytes = 0;
   size_t simulated_ranks = 0;
-  size_t ops = 0;       // ops executed (over the simulated ranks)
+  size_t copied_ranks =
+      0;           // ranks whose timelines are exact copies of a simulated one's (rail symmetry)
+  size_t ops = 0;  // ops executed (over the simulated ranks)
   uint64_t events = 0;  // engine events
   double wall_s = 0;    // host time of build + execution
   std::optional<traces::Trace> trace;
