@@ -922,6 +922,16 @@ struct DbCloser {
   ~DbCloser() { sqlite3_close(db); }
 };
 
+// A connection of its own for reading each block once: plain reads into a small page cache, not a
+// mapping of the whole file (whose touched pages would count as this process's memory) nor the
+// reader's 32 MiB cache.
+sqlite3* open_streaming(const std::string& path) {
+  sqlite3* db = open_readonly(path);
+  sqlite3_exec(db, "PRAGMA mmap_size=0", nullptr, nullptr, nullptr);
+  sqlite3_exec(db, "PRAGMA cache_size=-2048", nullptr, nullptr, nullptr);
+  return db;
+}
+
 // Where the block index (read through the blocks_by_stream index) puts one span block's spans.
 struct BlockPlace {
   size_t pos = 0, count = 0;
@@ -1367,17 +1377,23 @@ std::vector<TraceReader::StepAggregate> TraceReader::step_aggregates() const {
 std::vector<CounterSample> TraceReader::counters() const { return counters(nullptr); }
 
 std::vector<CounterSample> TraceReader::counters(const std::function<bool(NameId)>& keep) const {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  // Filtered, the rows left out are still scanned (no index by name): on a connection of its own,
+  // so that their pages are not mapped into this process.
+  sqlite3* const own = keep ? open_streaming(path_) : nullptr;
+  DbCloser closer{own};
+  if (own) lock.unlock();
+  sqlite3* const conn = own ? own : db_;
   std::vector<CounterSample> out;
   const auto kept = [&keep](int64_t name) {
     return !keep || (name >= 0 && name <= UINT32_MAX && keep(static_cast<NameId>(name)));
   };
   if (checksums()) {
     // Blocks in arrival order, each in time order: a stable sort keeps arrival order among ties.
-    auto st = rprep(db_, path_,
+    auto st = rprep(conn, path_,
                     "SELECT id, rank, name, count, crc32c, packed FROM counter_blocks ORDER BY id");
     std::vector<CounterSample> block;
-    while (rstep(db_, path_, st)) {
+    while (rstep(conn, path_, st)) {
       if (!kept(sqlite3_column_int64(st.get(), 2))) continue;
       read_counter_block(path_, st.get(), true, block);
       out.insert(out.end(), block.begin(), block.end());
@@ -1387,9 +1403,9 @@ std::vector<CounterSample> TraceReader::counters(const std::function<bool(NameId
     });
     return out;
   }
-  auto st =
-      rprep(db_, path_, "SELECT rank, name, ts_ns, value FROM counters ORDER BY rank, name, ts_ns");
-  while (rstep(db_, path_, st)) {
+  auto st = rprep(conn, path_,
+                  "SELECT rank, name, ts_ns, value FROM counters ORDER BY rank, name, ts_ns");
+  while (rstep(conn, path_, st)) {
     CounterSample c;
     c.rank = static_cast<int32_t>(sqlite3_column_int64(st.get(), 0));
     c.name = static_cast<NameId>(sqlite3_column_int64(st.get(), 1));
@@ -1705,11 +1721,8 @@ Trace TraceReader::load_header(const CounterFilter& keep) const {
 
 void TraceReader::for_each_span_run(const SpanRunVisitor& visit) const {
   const auto n_strings = static_cast<NameId>(strings().size());
-  sqlite3* db = open_readonly(path_);
+  sqlite3* db = open_streaming(path_);  // each block is read once
   DbCloser closer{db};
-  // Each block is read once: plain reads into SQLite's bounded page cache, not a mapping of the
-  // whole file (whose touched pages would count as this process's memory).
-  sqlite3_exec(db, "PRAGMA mmap_size=0", nullptr, nullptr, nullptr);
   const std::vector<IndexedBlock> rows = indexed_blocks(db, path_);
   const std::string sql = std::string("SELECT id, rank, stream, count, ") +
                           crc_column(checksums()) + ", packed FROM blocks WHERE id=?1";
@@ -1740,9 +1753,8 @@ void TraceReader::for_each_span_run(const SpanRunVisitor& visit) const {
 
 void TraceReader::for_each_block_by_time(const SpanBlockVisitor& visit) const {
   const auto n_strings = static_cast<NameId>(strings().size());
-  sqlite3* db = open_readonly(path_);
+  sqlite3* db = open_streaming(path_);
   DbCloser closer{db};
-  sqlite3_exec(db, "PRAGMA mmap_size=0", nullptr, nullptr, nullptr);  // as for_each_span_run
   std::vector<IndexedBlock> rows = indexed_blocks(db, path_);
   std::sort(rows.begin(), rows.end(), [](const IndexedBlock& a, const IndexedBlock& b) {
     return std::tie(a.min_start_ns, a.id) < std::tie(b.min_start_ns, b.id);
@@ -1838,9 +1850,8 @@ void TraceReader::for_each_counter_run(const CounterFilter& keep,
     flush();
     return;
   }
-  sqlite3* db = open_readonly(path_);
+  sqlite3* db = open_streaming(path_);
   DbCloser closer{db};
-  sqlite3_exec(db, "PRAGMA mmap_size=0", nullptr, nullptr, nullptr);  // as for_each_span_run
   // (rank, name) -> its blocks by id
   std::map<std::pair<int32_t, NameId>, CounterSeries> series;
   {
@@ -1903,12 +1914,22 @@ void TraceReader::for_each_counter_run(const CounterFilter& keep,
   }
 }
 
-std::optional<int32_t> TraceReader::first_counter_rank() const {
+std::vector<int32_t> TraceReader::span_ranks() const {
   std::lock_guard lock(mu_);
+  std::vector<int32_t> out;
+  auto st = rprep(db_, path_, "SELECT DISTINCT rank FROM blocks ORDER BY rank");  // the index's
+  while (rstep(db_, path_, st))
+    out.push_back(static_cast<int32_t>(sqlite3_column_int64(st.get(), 0)));
+  return out;
+}
+
+std::optional<int32_t> TraceReader::first_counter_rank() const {
+  sqlite3* conn = open_streaming(path_);  // a scan: its pages are not to stay mapped
+  DbCloser closer{conn};
   auto st = rprep(
-      db_, path_,
+      conn, path_,
       checksums() ? "SELECT MIN(rank) FROM counter_blocks" : "SELECT MIN(rank) FROM counters");
-  if (!rstep(db_, path_, st) || sqlite3_column_type(st.get(), 0) != SQLITE_INTEGER)
+  if (!rstep(conn, path_, st) || sqlite3_column_type(st.get(), 0) != SQLITE_INTEGER)
     return std::nullopt;
   return static_cast<int32_t>(sqlite3_column_int64(st.get(), 0));
 }

@@ -1296,10 +1296,8 @@ Metrics compute_metrics_streamed(const traces::TraceReader& reader, const traces
   // needed before any rank's breakdown) and the lateness. Both step definitions are gathered; the
   // "step" phases win when there are any.
   ScanBuilder builder(header, ws, we, true, true);
-  std::vector<int32_t> ranks_with_spans;
-  for (const auto& b : reader.stream_bounds()) ranks_with_spans.push_back(b.rank);
   std::optional<InstanceTracker> tracker;
-  tracker.emplace(header, std::move(ranks_with_spans), opt.straggler_threshold_ns);
+  tracker.emplace(header, reader.span_ranks(), opt.straggler_threshold_ns);
   size_t index = 0;
   reader.for_each_block_by_time([&](const traces::TraceReader::SpanBlockView& b) {
     for (uint32_t k = 0; k < b.spans.size(); ++k) {

@@ -191,6 +191,8 @@ class TraceReader {
   // without block checksums (its samples in a table) is read whole.
   using CounterRunVisitor = std::function<void(std::span<const CounterSample>)>;
   void for_each_counter_run(const CounterFilter& keep, const CounterRunVisitor& visit) const;
+  // The ranks with span blocks, ascending (from the block index alone).
+  std::vector<int32_t> span_ranks() const;
   // The lowest rank with counter samples (counters().front().rank); nullopt when none.
   std::optional<int32_t> first_counter_rank() const;
 
