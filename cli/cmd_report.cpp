@@ -1,9 +1,11 @@
 // `orrery report`: the first metrics a performance engineer asks for (profiler/metrics.hpp), as
 // readable tables or one JSON object; --compare puts two traces' summaries side by side.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <sstream>
@@ -651,25 +653,60 @@ json span_compare_json(const profiler::SpanComparison& c) {
 
 // breakdown_json(t).dump(2) with every line after the first indented by `indent` more, written
 // field by field (nlohmann's key order and number format) instead of built.
-void write_breakdown(const TimeBreakdown& t, const std::string& indent, std::ostream& os) {
+void write_breakdown(const TimeBreakdown& t, const std::string& indent, std::string& out) {
   const std::string in = indent + "  ";
-  const auto real = [](double x) { return json(x).dump(); };
-  os << "{\n"
-     << in << "\"comm_comp_ratio\": " << real(t.comm_comp_ratio()) << ",\n"
-     << in << "\"comm_ns\": " << t.comm_ns << ",\n"
-     << in << "\"compute_ns\": " << t.compute_ns << ",\n"
-     << in << "\"exposed_comm_ns\": " << t.exposed_comm_ns << ",\n"
-     << in << "\"idle_ns\": " << t.idle_ns << ",\n"
-     << in << "\"memcpy_ns\": " << t.memcpy_ns << ",\n"
-     << in << "\"overlap_ns\": " << t.overlap_ns << ",\n"
-     << in << "\"overlap_pct\": " << real(t.overlap_pct()) << ",\n"
-     << in << "\"window_ns\": " << t.window_ns << "\n"
-     << indent << "}";
+  const auto field = [&](const char* key, int64_t v, const char* end) {
+    char digits[24];
+    const auto r = std::to_chars(digits, digits + sizeof digits, v);
+    out.append(in).append(key).append(digits, r.ptr).append(end);
+  };
+  const auto real = [&](const char* key, double v, const char* end) {
+    out.append(in).append(key).append(json(v).dump()).append(end);
+  };
+  out.append("{\n");
+  real("\"comm_comp_ratio\": ", t.comm_comp_ratio(), ",\n");
+  field("\"comm_ns\": ", t.comm_ns, ",\n");
+  field("\"compute_ns\": ", t.compute_ns, ",\n");
+  field("\"exposed_comm_ns\": ", t.exposed_comm_ns, ",\n");
+  field("\"idle_ns\": ", t.idle_ns, ",\n");
+  field("\"memcpy_ns\": ", t.memcpy_ns, ",\n");
+  field("\"overlap_ns\": ", t.overlap_ns, ",\n");
+  real("\"overlap_pct\": ", t.overlap_pct(), ",\n");
+  field("\"window_ns\": ", t.window_ns, "\n");
+  out.append(indent).append("}");
+}
+
+// A rank's by_step object as dump(2) writes it at `indent`, keys in its (string) order, written
+// to `os` a megabyte at a time.
+void write_by_step(const std::map<int32_t, TimeBreakdown>& by_step, const std::string& indent,
+                   std::ostream& os) {
+  if (by_step.empty()) {
+    os << "{}";
+    return;
+  }
+  std::vector<std::pair<std::string, const TimeBreakdown*>> keyed;
+  keyed.reserve(by_step.size());
+  for (const auto& [step, tb] : by_step) keyed.emplace_back(std::to_string(step), &tb);
+  std::sort(keyed.begin(), keyed.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  const std::string in = indent + "  ";
+  std::string buf = "{\n";
+  for (size_t k = 0; k < keyed.size(); ++k) {
+    buf.append(in).append("\"").append(keyed[k].first).append("\": ");
+    write_breakdown(*keyed[k].second, in, buf);
+    buf.append(k + 1 < keyed.size() ? ",\n" : "\n");
+    if (buf.size() > (1 << 20)) {
+      os.write(buf.data(), std::streamsize(buf.size()));
+      buf.clear();
+    }
+  }
+  buf.append(indent).append("}");
+  os.write(buf.data(), std::streamsize(buf.size()));
 }
 
 // report_json(l).dump(2), byte for byte, without building the per-step breakdowns of every rank
 // (the bulk of a long trace's report): the rest is built and dumped with placeholders, and each
-// rank's by_step object is written in their place, keys in the dump's (string) order.
+// rank's by_step object is written in their place.
 void write_report_json(const Loaded& l, std::ostream& os) {
   const std::string text = report_json(l, true).dump(2);
   size_t at = 0;
@@ -679,27 +716,9 @@ void write_report_json(const Loaded& l, std::ostream& os) {
     if (hit == std::string::npos)
       throw InternalError("report JSON: a by_step placeholder is missing");
     const size_t line = text.rfind('\n', hit) + 1;
-    const std::string indent(hit - line, ' ');
     os.write(text.data() + at, std::streamsize(hit - at));
     os << "\"by_step\": ";
-    const auto& by_step = l.m.ranks[ri].by_step;
-    if (by_step.empty()) {
-      os << "{}";
-    } else {
-      std::vector<std::pair<std::string, const TimeBreakdown*>> keyed;
-      keyed.reserve(by_step.size());
-      for (const auto& [step, tb] : by_step) keyed.emplace_back(std::to_string(step), &tb);
-      std::sort(keyed.begin(), keyed.end(),
-                [](const auto& a, const auto& b) { return a.first < b.first; });
-      const std::string in = indent + "  ";
-      os << "{\n";
-      for (size_t k = 0; k < keyed.size(); ++k) {
-        os << in << '"' << keyed[k].first << "\": ";
-        write_breakdown(*keyed[k].second, in, os);
-        os << (k + 1 < keyed.size() ? ",\n" : "\n");
-      }
-      os << indent << "}";
-    }
+    write_by_step(l.m.ranks[ri].by_step, std::string(hit - line, ' '), os);
     at = hit + mark.size();
   }
   os.write(text.data() + at, std::streamsize(text.size() - at));
