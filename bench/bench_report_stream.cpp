@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "orrery/profiler/compression_metrics.hpp"
 #include "orrery/profiler/metrics.hpp"
@@ -72,7 +73,9 @@ std::string report_in_memory(const std::string& path) {
 
 std::string report_streamed(const std::string& path) {
   traces::TraceReader reader(path);
-  const traces::Trace header = reader.load_header();
+  // As orrery report: the memory counters stay in the file (compute_metrics_streamed reads them).
+  const traces::Trace header =
+      reader.load_header([](std::string_view name) { return name.rfind("mem.", 0) != 0; });
   profiler::CompressionAccumulator comp(header);
   const profiler::Metrics m = profiler::compute_metrics_streamed(
       reader, header, {}, [&comp](std::span<const traces::Span> spans) {

@@ -1,9 +1,11 @@
 // `orrery report`: the first metrics a performance engineer asks for (profiler/metrics.hpp), as
 // readable tables or one JSON object; --compare puts two traces' summaries side by side.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <sstream>
@@ -58,11 +60,11 @@ struct LossScaling {
   double first_scale = 0, last_scale = 0, min_scale = 0;
 };
 
-LossScaling loss_scaling_of(const traces::Trace& t) {
+// `rank`: the lowest with counters (of any name: the header may hold only some).
+LossScaling loss_scaling_of(const traces::Trace& t, int32_t rank) {
   LossScaling ls;
   const traces::NameId scale = t.strings.find(model::names::kLossScale);
   const traces::NameId skipped = t.strings.find(model::names::kSkippedSteps);
-  const int32_t rank = t.counters.empty() ? 0 : t.counters.front().rank;
   int64_t last_ts = -1;
   for (const auto& c : t.counters) {
     if (c.rank != rank) continue;
@@ -88,6 +90,7 @@ struct Loaded {
   profiler::MoeMetrics moe;           // empty without MoE blocks
   LossScaling scaling;                // steps 0 without fp16 loss scaling
   bool complete = true;  // false when the trace's writer never closed it (a run that died)
+  int32_t first_counter_rank = 0;
 };
 
 // `streamed`: the metrics and the compression figures from two streaming passes over the span
@@ -99,7 +102,12 @@ Loaded load_and_compute(const std::string& path, const profiler::MetricsOptions&
   {
     traces::TraceReader reader(path);
     l.complete = reader.complete();
-    l.trace = streamed ? reader.load_header() : reader.load_all();
+    // Streamed, the memory counters stay in the file (compute_metrics_streamed reads them).
+    l.trace =
+        streamed
+            ? reader.load_header([](std::string_view name) { return name.rfind("mem.", 0) != 0; })
+            : reader.load_all();
+    l.first_counter_rank = reader.first_counter_rank().value_or(0);
     l.trace.path = path;
     profiler::MetricsOptions o = opt;
     if (o.skip_steps < 0) o.skip_steps = warmup_steps_of(l.trace.meta);
@@ -121,7 +129,7 @@ Loaded load_and_compute(const std::string& path, const profiler::MetricsOptions&
       l.moe = profiler::moe_metrics(l.trace);
     }
   }
-  l.scaling = loss_scaling_of(l.trace);  // counters: in the header too
+  l.scaling = loss_scaling_of(l.trace, l.first_counter_rank);  // counters: in the header too
   if (!l.complete) {
     std::cerr << "orrery: warning: " << path
               << " is incomplete (its writer never closed it); the figures cover what it holds\n";
@@ -264,7 +272,10 @@ profiler::StepAccount mean_step_account(const Metrics& m) {
           sum.exposed_dp_ns / n, sum.p2p_ns / n,     sum.rest_ns / n};
 }
 
-json report_json(const Loaded& l) {
+// The placeholder report_json puts for rank ri's by_step when write_report_json writes them.
+std::string by_step_placeholder(size_t ri) { return "\x01by_step " + std::to_string(ri); }
+
+json report_json(const Loaded& l, bool by_step_placeholders = false) {
   const Metrics& m = l.m;
   json j;
   j["trace"] = l.trace.path;
@@ -308,9 +319,13 @@ json report_json(const Loaded& l) {
     jr["collectives_late"] = r.collectives_late;
     jr["peak_memory_bytes"] = r.peak_memory_bytes;
     jr["peak_memory_total_bytes"] = r.peak_memory_total_bytes;
-    json steps = json::object();
-    for (const auto& [s, tb] : r.by_step) steps[std::to_string(s)] = breakdown_json(tb);
-    jr["by_step"] = std::move(steps);
+    if (by_step_placeholders) {
+      jr["by_step"] = by_step_placeholder(size_t(ranks.size()));
+    } else {
+      json steps = json::object();
+      for (const auto& [s, tb] : r.by_step) steps[std::to_string(s)] = breakdown_json(tb);
+      jr["by_step"] = std::move(steps);
+    }
     ranks.push_back(std::move(jr));
   }
   j["ranks"] = std::move(ranks);
@@ -636,6 +651,79 @@ json span_compare_json(const profiler::SpanComparison& c) {
           {"by_class", rows(c.by_class)}, {"by_name", rows(c.by_name)}};
 }
 
+// breakdown_json(t).dump(2) with every line after the first indented by `indent` more, written
+// field by field (nlohmann's key order and number format) instead of built.
+void write_breakdown(const TimeBreakdown& t, const std::string& indent, std::string& out) {
+  const std::string in = indent + "  ";
+  const auto field = [&](const char* key, int64_t v, const char* end) {
+    char digits[24];
+    const auto r = std::to_chars(digits, digits + sizeof digits, v);
+    out.append(in).append(key).append(digits, r.ptr).append(end);
+  };
+  const auto real = [&](const char* key, double v, const char* end) {
+    out.append(in).append(key).append(json(v).dump()).append(end);
+  };
+  out.append("{\n");
+  real("\"comm_comp_ratio\": ", t.comm_comp_ratio(), ",\n");
+  field("\"comm_ns\": ", t.comm_ns, ",\n");
+  field("\"compute_ns\": ", t.compute_ns, ",\n");
+  field("\"exposed_comm_ns\": ", t.exposed_comm_ns, ",\n");
+  field("\"idle_ns\": ", t.idle_ns, ",\n");
+  field("\"memcpy_ns\": ", t.memcpy_ns, ",\n");
+  field("\"overlap_ns\": ", t.overlap_ns, ",\n");
+  real("\"overlap_pct\": ", t.overlap_pct(), ",\n");
+  field("\"window_ns\": ", t.window_ns, "\n");
+  out.append(indent).append("}");
+}
+
+// A rank's by_step object as dump(2) writes it at `indent`, keys in its (string) order, written
+// to `os` a megabyte at a time.
+void write_by_step(const std::map<int32_t, TimeBreakdown>& by_step, const std::string& indent,
+                   std::ostream& os) {
+  if (by_step.empty()) {
+    os << "{}";
+    return;
+  }
+  std::vector<std::pair<std::string, const TimeBreakdown*>> keyed;
+  keyed.reserve(by_step.size());
+  for (const auto& [step, tb] : by_step) keyed.emplace_back(std::to_string(step), &tb);
+  std::sort(keyed.begin(), keyed.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  const std::string in = indent + "  ";
+  std::string buf = "{\n";
+  for (size_t k = 0; k < keyed.size(); ++k) {
+    buf.append(in).append("\"").append(keyed[k].first).append("\": ");
+    write_breakdown(*keyed[k].second, in, buf);
+    buf.append(k + 1 < keyed.size() ? ",\n" : "\n");
+    if (buf.size() > (1 << 20)) {
+      os.write(buf.data(), std::streamsize(buf.size()));
+      buf.clear();
+    }
+  }
+  buf.append(indent).append("}");
+  os.write(buf.data(), std::streamsize(buf.size()));
+}
+
+// report_json(l).dump(2), byte for byte, without building the per-step breakdowns of every rank
+// (the bulk of a long trace's report): the rest is built and dumped with placeholders, and each
+// rank's by_step object is written in their place.
+void write_report_json(const Loaded& l, std::ostream& os) {
+  const std::string text = report_json(l, true).dump(2);
+  size_t at = 0;
+  for (size_t ri = 0; ri < l.m.ranks.size(); ++ri) {
+    const std::string mark = "\"by_step\": " + json(by_step_placeholder(ri)).dump();
+    const size_t hit = text.find(mark, at);
+    if (hit == std::string::npos)
+      throw InternalError("report JSON: a by_step placeholder is missing");
+    const size_t line = text.rfind('\n', hit) + 1;
+    os.write(text.data() + at, std::streamsize(hit - at));
+    os << "\"by_step\": ";
+    write_by_step(l.m.ranks[ri].by_step, std::string(hit - line, ' '), os);
+    at = hit + mark.size();
+  }
+  os.write(text.data() + at, std::streamsize(text.size() - at));
+}
+
 int run_report(const ReportArgs& args) {
   if (args.peak_tflops < 0) throw InputError("--peak-tflops: expected a value >= 0");
   profiler::MetricsOptions opt = args.opt;
@@ -644,7 +732,8 @@ int run_report(const ReportArgs& args) {
   const Loaded a = load_and_compute(args.trace, opt, streamed);
   if (args.compare.empty()) {
     if (args.json) {
-      std::cout << report_json(a).dump(2) << "\n";
+      write_report_json(a, std::cout);
+      std::cout << "\n";
     } else {
       print_report(a, std::cout);
       print_compression(a.comp, std::cout);

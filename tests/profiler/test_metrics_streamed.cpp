@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "builder.hpp"
@@ -324,6 +325,115 @@ TEST(MetricsStreamed, OutOfOrderStreamsAreVisitedInLoadOrder) {
     ASSERT_EQ(visited[i].seq, t.spans[i].seq);
   }
   expect_same_metrics(path);
+  remove_trace(path);
+}
+
+// Many collective instances on a declared world, a declared pair and an undeclared communicator,
+// with tied starts, a straggler and a rank that stops recording two thirds through (its instances
+// are then settled when its last block has been read), and memory counters over several flushes
+// with equal times across names: the streamed figures equal the loaded ones, and the lateness and
+// memory peaks have their closed forms.
+TEST(MetricsStreamed, ManyCollectivesAndCountersGiveIdenticalMetrics) {
+  const std::string path = temp_trace("many");
+  constexpr int kRanks = 5, kIters = 1200, kDeadAfter = 800;
+  constexpr int64_t kDelay = 500'000, kPeriod = 1'000'000;
+  {
+    traces::TraceWriter w(path, 256);  // many flushes: a series spans many blocks
+    traces::RunMeta meta;
+    meta.world_size = kRanks;
+    w.set_meta(meta);
+    std::vector<int32_t> world;
+    for (int r = 0; r < kRanks; ++r) {
+      w.add_rank({r, "host", "cpu", r, 0, 0});
+      world.push_back(r);
+    }
+    w.add_communicator({0, traces::CommKind::World, "world", world});
+    w.add_communicator({1, traces::CommKind::TP, "pair", {0, 1}});
+    const traces::NameId fwd = w.intern("fwd"), ar = w.intern("ar"), ag = w.intern("ag");
+    const traces::NameId mem_a = w.intern("mem.a"), mem_b = w.intern("mem.b");
+    const int64_t offset[kRanks] = {0, 0, 10, kDelay, 20};  // rank 3 straggles
+    for (int i = 0; i < kIters; ++i) {
+      const int64_t t = i * kPeriod;
+      for (int r = 0; r < kRanks; ++r) {
+        if (r == 4 && i >= kDeadAfter) continue;
+        Span c;
+        c.rank = r;
+        c.kind = SpanKind::Compute;
+        c.name = fwd;
+        c.start_ns = t;
+        c.end_ns = t + 300'000;
+        c.flops = 1e9 / 3;
+        w.add_span(c);
+        Span a = c;
+        a.stream = 1;
+        a.kind = SpanKind::Collective;
+        a.name = ar;
+        a.op = CollOp::AllReduce;
+        a.comm = 0;
+        a.seq = i;
+        a.bytes = 1 << 20;
+        a.start_ns = t + 300'000 + offset[r];
+        a.end_ns = t + 900'000;
+        w.add_span(a);
+        if (r < 2 || (r == 2 && i % 3 == 0)) {  // the pair's, and an undeclared group's
+          Span g = a;
+          g.stream = 2;
+          g.name = ag;
+          g.op = CollOp::AllGather;
+          g.comm = r < 2 ? 1 : 2;
+          g.start_ns = t + 100'000 + r;
+          g.end_ns = t + 200'000;
+          w.add_span(g);
+        }
+        if (i < 300) {  // a rises as b falls: their sum stays 300 at the end of every instant
+          w.add_counter({r, mem_a, t, double(i)});
+          w.add_counter({r, mem_b, t, double(300 - i)});
+        }
+      }
+    }
+    w.close();
+  }
+  const Metrics m = expect_same_metrics(path);
+  ASSERT_EQ(m.ranks.size(), size_t(kRanks));
+  const RankMetrics& late = m.ranks[3];
+  // Against the median of 5 starts (t, t, t+10, t+20, t+D): D - 10; of 4 (t, t, t+10, t+D): D - 5.
+  EXPECT_EQ(late.collectives_checked, kIters);
+  EXPECT_EQ(late.late_ns_mean,
+            double(kDeadAfter * (kDelay - 10) + (kIters - kDeadAfter) * (kDelay - 5)) / kIters);
+  EXPECT_EQ(m.stragglers, std::vector<int32_t>{3});
+  EXPECT_EQ(m.ranks[4].collectives_checked, kDeadAfter);
+  for (const RankMetrics& r : m.ranks) {
+    EXPECT_EQ(r.peak_memory_total_bytes, 300.0) << "rank " << r.rank;
+    EXPECT_EQ(r.peak_memory_bytes.at("mem.a"), 299.0);
+    EXPECT_EQ(r.peak_memory_bytes.at("mem.b"), 300.0);
+  }
+  // The header without the memory counters gives the same figures (they are read from the file).
+  traces::TraceReader reader(path);
+  const traces::Trace header =
+      reader.load_header([](std::string_view n) { return n.rfind("mem.", 0) != 0; });
+  EXPECT_TRUE(header.counters.empty());
+  expect_metrics_eq(m, compute_metrics_streamed(reader, header, {}));
+  remove_trace(path);
+}
+
+// A (comm, seq) that repeats after its instance was complete (a second attempt numbering its
+// collectives from 0 again): grouped as the loaded trace groups it, all four members at once.
+TEST(MetricsStreamed, RepeatedInstancesGiveIdenticalMetrics) {
+  testing::Builder b(2);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    for (int i = 0; i < 20; ++i) {
+      const int64_t t = attempt * 200'000 + i * 10'000;
+      for (int r = 0; r < 2; ++r)
+        b.coll(r, t + r * (attempt + 1) * 700, t + 5'000, CollOp::AllReduce, 0, i, 64);
+    }
+  }
+  const std::string path = temp_trace("repeated");
+  traces::write_trace(b.t, path);
+  const Metrics m = expect_same_metrics(path);
+  ASSERT_EQ(m.ranks.size(), 2u);
+  EXPECT_EQ(m.ranks[1].collectives_checked, 40);
+  // Starts t, t + 700 (first attempt) and T, T + 1400: the median lies between the attempts.
+  EXPECT_GT(m.ranks[1].late_ns_mean, 0);
   remove_trace(path);
 }
 

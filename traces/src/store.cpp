@@ -922,6 +922,16 @@ struct DbCloser {
   ~DbCloser() { sqlite3_close(db); }
 };
 
+// A connection of its own for reading each block once: plain reads into a small page cache, not a
+// mapping of the whole file (whose touched pages would count as this process's memory) nor the
+// reader's 32 MiB cache.
+sqlite3* open_streaming(const std::string& path) {
+  sqlite3* db = open_readonly(path);
+  sqlite3_exec(db, "PRAGMA mmap_size=0", nullptr, nullptr, nullptr);
+  sqlite3_exec(db, "PRAGMA cache_size=-2048", nullptr, nullptr, nullptr);
+  return db;
+}
+
 // Where the block index (read through the blocks_by_stream index) puts one span block's spans.
 struct BlockPlace {
   size_t pos = 0, count = 0;
@@ -1364,15 +1374,27 @@ std::vector<TraceReader::StepAggregate> TraceReader::step_aggregates() const {
   return out;
 }
 
-std::vector<CounterSample> TraceReader::counters() const {
-  std::lock_guard lock(mu_);
+std::vector<CounterSample> TraceReader::counters() const { return counters(nullptr); }
+
+std::vector<CounterSample> TraceReader::counters(const std::function<bool(NameId)>& keep) const {
+  std::unique_lock lock(mu_);
+  // Filtered, the rows left out are still scanned (no index by name): on a connection of its own,
+  // so that their pages are not mapped into this process.
+  sqlite3* const own = keep ? open_streaming(path_) : nullptr;
+  DbCloser closer{own};
+  if (own) lock.unlock();
+  sqlite3* const conn = own ? own : db_;
   std::vector<CounterSample> out;
+  const auto kept = [&keep](int64_t name) {
+    return !keep || (name >= 0 && name <= UINT32_MAX && keep(static_cast<NameId>(name)));
+  };
   if (checksums()) {
     // Blocks in arrival order, each in time order: a stable sort keeps arrival order among ties.
-    auto st = rprep(db_, path_,
+    auto st = rprep(conn, path_,
                     "SELECT id, rank, name, count, crc32c, packed FROM counter_blocks ORDER BY id");
     std::vector<CounterSample> block;
-    while (rstep(db_, path_, st)) {
+    while (rstep(conn, path_, st)) {
+      if (!kept(sqlite3_column_int64(st.get(), 2))) continue;
       read_counter_block(path_, st.get(), true, block);
       out.insert(out.end(), block.begin(), block.end());
     }
@@ -1381,15 +1403,15 @@ std::vector<CounterSample> TraceReader::counters() const {
     });
     return out;
   }
-  auto st =
-      rprep(db_, path_, "SELECT rank, name, ts_ns, value FROM counters ORDER BY rank, name, ts_ns");
-  while (rstep(db_, path_, st)) {
+  auto st = rprep(conn, path_,
+                  "SELECT rank, name, ts_ns, value FROM counters ORDER BY rank, name, ts_ns");
+  while (rstep(conn, path_, st)) {
     CounterSample c;
     c.rank = static_cast<int32_t>(sqlite3_column_int64(st.get(), 0));
     c.name = static_cast<NameId>(sqlite3_column_int64(st.get(), 1));
     c.ts_ns = sqlite3_column_int64(st.get(), 2);
     c.value = sqlite3_column_double(st.get(), 3);
-    out.push_back(c);
+    if (kept(c.name)) out.push_back(c);
   }
   return out;
 }
@@ -1670,14 +1692,22 @@ void append_in_order(std::vector<Span>& pending, const std::vector<Span>& block)
 
 }  // namespace
 
-Trace TraceReader::load_header() const {
+Trace TraceReader::load_header() const { return load_header(CounterFilter()); }
+
+Trace TraceReader::load_header(const CounterFilter& keep) const {
   Trace t;
   t.path = path_;
   t.meta = meta();
   t.ranks = ranks();
   t.streams = streams();
   t.comms = communicators();
-  t.counters = counters();
+  if (keep) {
+    // The names of a live file's newest samples are committed with them: strings read after.
+    const StringTable names = strings();
+    t.counters = counters([&](NameId n) { return n >= names.size() || keep(names.str(n)); });
+  } else {
+    t.counters = counters();
+  }
   t.strings = strings();
   const auto n_strings = static_cast<NameId>(t.strings.size());
   for (const auto& c : t.counters) {
@@ -1691,11 +1721,8 @@ Trace TraceReader::load_header() const {
 
 void TraceReader::for_each_span_run(const SpanRunVisitor& visit) const {
   const auto n_strings = static_cast<NameId>(strings().size());
-  sqlite3* db = open_readonly(path_);
+  sqlite3* db = open_streaming(path_);  // each block is read once
   DbCloser closer{db};
-  // Each block is read once: plain reads into SQLite's bounded page cache, not a mapping of the
-  // whole file (whose touched pages would count as this process's memory).
-  sqlite3_exec(db, "PRAGMA mmap_size=0", nullptr, nullptr, nullptr);
   const std::vector<IndexedBlock> rows = indexed_blocks(db, path_);
   const std::string sql = std::string("SELECT id, rank, stream, count, ") +
                           crc_column(checksums()) + ", packed FROM blocks WHERE id=?1";
@@ -1722,6 +1749,189 @@ void TraceReader::for_each_span_run(const SpanRunVisitor& visit) const {
     }
     i = j;
   }
+}
+
+void TraceReader::for_each_block_by_time(const SpanBlockVisitor& visit) const {
+  const auto n_strings = static_cast<NameId>(strings().size());
+  sqlite3* db = open_streaming(path_);
+  DbCloser closer{db};
+  std::vector<IndexedBlock> rows = indexed_blocks(db, path_);
+  std::sort(rows.begin(), rows.end(), [](const IndexedBlock& a, const IndexedBlock& b) {
+    return std::tie(a.min_start_ns, a.id) < std::tie(b.min_start_ns, b.id);
+  });
+  const std::string sql = std::string("SELECT id, rank, stream, count, ") +
+                          crc_column(checksums()) + ", packed FROM blocks WHERE id=?1";
+  Stmt st = rprep(db, path_, sql.c_str());
+  std::map<int32_t, size_t> last_of_rank;  // position of each rank's last block
+  for (size_t i = 0; i < rows.size(); ++i) last_of_rank[rows[i].rank] = i;
+  std::vector<Span> block;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const IndexedBlock& b = rows[i];
+    read_indexed_block(db, path_, checksums(), st, b, n_strings, block);
+    visit({b.rank, b.stream, b.id, last_of_rank[b.rank] == i,
+           std::span<const Span>(block.data(), block.size())});
+  }
+}
+
+namespace {
+
+// One counter name's samples of a rank, pulled in counters()'s order: its blocks by id, each block
+// merged into the pending samples by time (ties in arrival order); samples at or before every
+// later block's first time are final.
+struct CounterSeries {
+  struct Block {
+    int64_t id, min_ts_ns;
+  };
+  std::vector<Block> blocks;   // by id
+  std::vector<int64_t> later;  // later[k]: earliest first time of blocks[k..]
+  size_t next_block = 0, pos = 0, final_end = 0;
+  std::vector<CounterSample> pending;
+
+  void prepare() {
+    later.assign(blocks.size() + 1, std::numeric_limits<int64_t>::max());
+    for (size_t k = blocks.size(); k-- > 0;) later[k] = std::min(later[k + 1], blocks[k].min_ts_ns);
+  }
+  // The next sample, or nullptr when the series is done; `read` decodes a block by id.
+  template <typename Read>
+  const CounterSample* head(Read&& read, std::vector<CounterSample>& block) {
+    while (pos == final_end && next_block < blocks.size()) {
+      pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(pos));
+      pos = 0;
+      read(blocks[next_block], block);
+      const size_t mid = pending.size();
+      pending.insert(pending.end(), block.begin(), block.end());
+      const auto by_ts = [](const CounterSample& a, const CounterSample& b) {
+        return a.ts_ns < b.ts_ns;
+      };
+      if (!std::is_sorted(block.begin(), block.end(), by_ts)) {
+        std::stable_sort(pending.begin(), pending.end(), by_ts);
+      } else if (mid > 0 && !block.empty() && pending[mid - 1].ts_ns > block.front().ts_ns) {
+        std::inplace_merge(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(mid),
+                           pending.end(), by_ts);
+      }
+      const int64_t bound = later[++next_block];
+      final_end = static_cast<size_t>(
+          std::upper_bound(pending.begin(), pending.end(), bound,
+                           [](int64_t t, const CounterSample& c) { return t < c.ts_ns; }) -
+          pending.begin());
+    }
+    return pos < final_end ? &pending[pos] : nullptr;
+  }
+};
+
+}  // namespace
+
+void TraceReader::for_each_counter_run(const CounterFilter& keep,
+                                       const CounterRunVisitor& visit) const {
+  const StringTable names = strings();
+  const auto n_strings = static_cast<NameId>(names.size());
+  const auto name_problem = [&](int64_t name) {
+    return InputError(path_ + ": corrupt trace (counter name id " + std::to_string(name) +
+                      " outside the string table of " + std::to_string(n_strings) + ")");
+  };
+  std::vector<CounterSample> run;
+  const auto flush = [&] {
+    if (!run.empty()) visit(std::span<const CounterSample>(run.data(), run.size()));
+    run.clear();
+  };
+  if (!checksums()) {  // samples in a table: read whole, stably sorted by (rank, time)
+    std::vector<CounterSample> all = counters();
+    for (const auto& c : all) {
+      if (c.name >= n_strings) throw name_problem(c.name);
+    }
+    std::erase_if(all, [&](const CounterSample& c) { return !keep(names.str(c.name)); });
+    std::stable_sort(all.begin(), all.end(), [](const CounterSample& a, const CounterSample& b) {
+      return std::tie(a.rank, a.ts_ns) < std::tie(b.rank, b.ts_ns);
+    });
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (i > 0 && all[i].rank != all[i - 1].rank) flush();
+      run.push_back(all[i]);
+    }
+    flush();
+    return;
+  }
+  sqlite3* db = open_streaming(path_);
+  DbCloser closer{db};
+  // (rank, name) -> its blocks by id
+  std::map<std::pair<int32_t, NameId>, CounterSeries> series;
+  {
+    Stmt st = rprep(db, path_, "SELECT id, rank, name, min_ts_ns FROM counter_blocks ORDER BY id");
+    while (rstep(db, path_, st)) {
+      const int64_t name = sqlite3_column_int64(st.get(), 2);
+      if (name < 0 || name >= n_strings) throw name_problem(name);
+      if (!keep(names.str(static_cast<NameId>(name)))) continue;
+      const int64_t min_ts = sqlite3_column_type(st.get(), 3) == SQLITE_INTEGER
+                                 ? sqlite3_column_int64(st.get(), 3)
+                                 : std::numeric_limits<int64_t>::min();
+      series[{static_cast<int32_t>(sqlite3_column_int64(st.get(), 1)), static_cast<NameId>(name)}]
+          .blocks.push_back({sqlite3_column_int64(st.get(), 0), min_ts});
+    }
+  }
+  Stmt st = rprep(db, path_,
+                  "SELECT id, rank, name, count, crc32c, packed FROM counter_blocks WHERE id=?1");
+  const auto read = [&](const CounterSeries::Block& b, std::vector<CounterSample>& out) {
+    sqlite3_reset(st.get());
+    sqlite3_bind_int64(st.get(), 1, b.id);
+    if (!rstep(db, path_, st)) {
+      throw InputError(path_ + ": corrupt trace (counter block " + std::to_string(b.id) +
+                       " vanished while read)");
+    }
+    read_counter_block(path_, st.get(), true, out);
+    for (const CounterSample& c : out) {
+      if (c.ts_ns < b.min_ts_ns) {
+        corrupt_block(path_, counter_block_label(packed_row(st.get())),
+                      "a sample at " + std::to_string(c.ts_ns) +
+                          " ns, before the block index's first time " +
+                          std::to_string(b.min_ts_ns));
+      }
+    }
+  };
+  std::vector<CounterSample> block;
+  for (auto it = series.begin(); it != series.end();) {
+    std::vector<CounterSeries*> rank_series;  // the rank's, by name id
+    const int32_t rank = it->first.first;
+    for (; it != series.end() && it->first.first == rank; ++it) {
+      it->second.prepare();
+      rank_series.push_back(&it->second);
+    }
+    for (;;) {  // the earliest head; ties to the lowest name id
+      CounterSeries* best = nullptr;
+      const CounterSample* best_c = nullptr;
+      for (CounterSeries* sr : rank_series) {
+        const CounterSample* c = sr->head(read, block);
+        if (c && (!best_c || c->ts_ns < best_c->ts_ns)) {
+          best = sr;
+          best_c = c;
+        }
+      }
+      if (!best) break;
+      run.push_back(*best_c);
+      ++best->pos;
+      if (run.size() == 4096) flush();
+    }
+    flush();
+    for (CounterSeries* sr : rank_series) *sr = CounterSeries{};
+  }
+}
+
+std::vector<int32_t> TraceReader::span_ranks() const {
+  std::lock_guard lock(mu_);
+  std::vector<int32_t> out;
+  auto st = rprep(db_, path_, "SELECT DISTINCT rank FROM blocks ORDER BY rank");  // the index's
+  while (rstep(db_, path_, st))
+    out.push_back(static_cast<int32_t>(sqlite3_column_int64(st.get(), 0)));
+  return out;
+}
+
+std::optional<int32_t> TraceReader::first_counter_rank() const {
+  sqlite3* conn = open_streaming(path_);  // a scan: its pages are not to stay mapped
+  DbCloser closer{conn};
+  auto st = rprep(
+      conn, path_,
+      checksums() ? "SELECT MIN(rank) FROM counter_blocks" : "SELECT MIN(rank) FROM counters");
+  if (!rstep(conn, path_, st) || sqlite3_column_type(st.get(), 0) != SQLITE_INTEGER)
+    return std::nullopt;
+  return static_cast<int32_t>(sqlite3_column_int64(st.get(), 0));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,9 +14,11 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -223,6 +225,9 @@ struct SpanScan {
 struct StepPhase {
   int32_t rank, step;
   int64_t start_ns, end_ns;
+  // Position in trace order among the rank's phases of equal start: the span's index, or (stream,
+  // block id, index in the block) when the blocks are read out of trace order.
+  std::tuple<int64_t, int64_t, int64_t> order;
 };
 
 bool has_step_phases(const traces::Trace& t, traces::NameId step_name) {
@@ -236,8 +241,8 @@ bool has_step_phases(const traces::Trace& t, traces::NameId step_name) {
 // A "step" phase without a step number is the k-th "step" phase of its rank, by start.
 std::unordered_map<int32_t, StepExtent> phase_step_extents(std::vector<StepPhase> phases) {
   std::unordered_map<int32_t, StepExtent> ext;
-  std::stable_sort(phases.begin(), phases.end(), [](const auto& a, const auto& b) {
-    return a.rank != b.rank ? a.rank < b.rank : a.start_ns < b.start_ns;
+  std::sort(phases.begin(), phases.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.rank, a.start_ns, a.order) < std::tie(b.rank, b.start_ns, b.order);
   });
   int32_t ordinal = 0;
   for (size_t i = 0; i < phases.size(); ++i) {
@@ -276,7 +281,9 @@ class ScanBuilder {
   }
   traces::NameId step_name() const { return step_name_; }
 
-  void add(const Span& s, size_t i) {
+  // `order`: where the span lies in trace order (see StepPhase); `i` its index when read in order.
+  void add(const Span& s, size_t i) { add(s, i, {int64_t(i), 0, 0}); }
+  void add(const Span& s, size_t i, const std::tuple<int64_t, int64_t, int64_t>& order) {
     check_span(t_, s);
     if (s.rank != prev_rank_) {
       if (s.rank < prev_rank_) sc_.rank_sorted = false;
@@ -291,7 +298,7 @@ class ScanBuilder {
     sc_.last_idx[size_t(s.rank)] = i + 1;
     sc_.max_rank = std::max(sc_.max_rank, s.rank);
     if (phases_ && s.kind == SpanKind::Phase && s.name == step_name_)
-      step_phases_.push_back({s.rank, s.step, s.start_ns, s.end_ns});
+      step_phases_.push_back({s.rank, s.step, s.start_ns, s.end_ns, order});
     if (tags_ && s.step >= 0) {
       if (s.step != cached_step_) {
         cached_step_ = s.step;
@@ -639,19 +646,43 @@ RankRun run_ranks(const RankInput& in, const std::vector<int32_t>& rank_ids, siz
 
 // ---- Lateness at collective entry: each (comm, seq) entered inside the window, against the
 // median entry of its members.
+// Lateness against a median is a multiple of half a nanosecond: summed as integers of half
+// nanoseconds, the sums do not depend on the order the instances are visited in (and equal the
+// double sums these were while those were exact, below 2^52 ns).
 struct Lateness {
-  std::vector<double> late_sum;  // by dense rank index
+  std::vector<int64_t> late_sum2;  // by rank (dense index or id): twice the summed lateness
   std::vector<int64_t> checked, late;
   std::unordered_map<CollKey, int64_t, CollKeyHash> ops;  // distinct (comm, seq) per (op, comm)
+
+  void resize(size_t n) {
+    late_sum2.resize(n, 0);
+    checked.resize(n, 0);
+    late.resize(n, 0);
+  }
+  // One instance: its n members' starts, sorted (ties in trace order), and rank slots
+  // (start(k), slot(k) for k < n).
+  template <typename Start, typename Slot>
+  void add_instance(CollOp op, int32_t comm, size_t n, Start start, Slot slot,
+                    int64_t threshold_ns) {
+    ++ops[CollKey{op, comm}];
+    if (n < 2) return;
+    const int64_t threshold2 = threshold_ns > INT64_MAX / 2 ? INT64_MAX : 2 * threshold_ns;
+    const int64_t a = start(n % 2 ? n / 2 : n / 2 - 1), b = start(n / 2);  // median (a + b) / 2
+    for (size_t k = 0; k < n; ++k) {
+      const size_t ri = slot(k);
+      const int64_t late2 = (start(k) - a) + (start(k) - b);
+      late_sum2[ri] += late2;
+      ++checked[ri];
+      if (late2 > threshold2) ++late[ri];
+    }
+  }
 };
 
 Lateness collective_lateness(const traces::Trace& t, const RankIndex& ix, int64_t ws, int64_t we,
                              int64_t threshold_ns) {
   const auto& spans = t.spans;
   Lateness out;
-  out.late_sum.assign(ix.ids.size(), 0);
-  out.checked.assign(ix.ids.size(), 0);
-  out.late.assign(ix.ids.size(), 0);
+  out.resize(ix.ids.size());
   traces::CollectiveOptions copt;
   copt.require_comm = false;  // a communicator-less collective numbered by seq is grouped too
   copt.keep = [ws, we](const Span& s) { return s.start_ns >= ws && s.start_ns < we; };
@@ -661,19 +692,11 @@ Lateness collective_lateness(const traces::Trace& t, const RankIndex& ix, int64_
     for (uint32_t k : ci.members) arrivals.emplace_back(spans[k].start_ns, k);
     std::stable_sort(arrivals.begin(), arrivals.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
-    ++out.ops[CollKey{spans[arrivals.front().second].op, ci.comm}];
-    const size_t n = arrivals.size();
-    if (n < 2) continue;
-    const double median =
-        n % 2 ? double(arrivals[n / 2].first)
-              : 0.5 * (double(arrivals[n / 2 - 1].first) + double(arrivals[n / 2].first));
-    for (const auto& [start, k] : arrivals) {
-      const size_t ri = size_t(ix.dense[size_t(spans[k].rank)]);
-      const double late = double(start) - median;
-      out.late_sum[ri] += late;
-      ++out.checked[ri];
-      if (late > double(threshold_ns)) ++out.late[ri];
-    }
+    out.add_instance(
+        spans[arrivals.front().second].op, ci.comm, arrivals.size(),
+        [&](size_t k) { return arrivals[k].first; },
+        [&](size_t k) { return size_t(ix.dense[size_t(spans[arrivals[k].second].rank)]); },
+        threshold_ns);
   }
   return out;
 }
@@ -687,7 +710,7 @@ std::vector<int32_t> apply_lateness(const Lateness& l, const MetricsOptions& opt
     rm.collectives_checked = l.checked[ri];
     rm.collectives_late = l.late[ri];
     if (rm.collectives_checked == 0) continue;
-    rm.late_ns_mean = l.late_sum[ri] / double(rm.collectives_checked);
+    rm.late_ns_mean = 0.5 * double(l.late_sum2[ri]) / double(rm.collectives_checked);
     // Late often but early by more on the whole (seen with 2 ranks, where each is the other's
     // mirror) is not a rank that holds the others back.
     if (double(rm.collectives_late) >
@@ -777,53 +800,65 @@ struct MemoryPeaks {
   double total = 0;
 };
 
-// The samples of one rank, sorted by time; `current` and `seen` are zeroed scratch indexed by name
-// id, returned zeroed.
-MemoryPeaks rank_memory_peaks(const traces::Trace& t,
-                              std::vector<const traces::CounterSample*>& samples,
-                              traces::NameId total_name, std::vector<double>& current,
-                              std::vector<char>& seen) {
-  MemoryPeaks out;
-  std::vector<traces::NameId> names;
-  double sum = 0, peak_sum = 0, peak_total = 0;
-  bool has_total = false;
-  for (size_t i = 0; i < samples.size();) {
-    size_t j = i;
-    for (; j < samples.size() && samples[j]->ts_ns == samples[i]->ts_ns; ++j) {
-      const auto* c = samples[j];
-      if (!seen[c->name]) {
-        seen[c->name] = 1;
-        names.push_back(c->name);
-        peak_total = c->name == total_name ? c->value : peak_total;
-        out.by_name[t.strings.str(c->name)] = c->value;
-      }
-      double& peak = out.by_name[t.strings.str(c->name)];
-      peak = std::max(peak, c->value);
-      if (c->name == total_name) {
-        has_total = true;
-        peak_total = std::max(peak_total, c->value);
-      } else {
-        sum += c->value - current[c->name];
-        current[c->name] = c->value;
-      }
+// The samples of one rank, in time order, one at a time; `current` and `seen` are zeroed scratch
+// indexed by name id, returned zeroed by finish().
+class RankMemory {
+ public:
+  RankMemory(const traces::Trace& t, traces::NameId total_name, std::vector<double>& current,
+             std::vector<char>& seen)
+      : t_(t), total_name_(total_name), current_(current), seen_(seen) {}
+
+  void add(const traces::CounterSample& c) {
+    if (any_ && c.ts_ns != group_ts_) peak_sum_ = std::max(peak_sum_, sum_);  // a group's end
+    any_ = true;
+    group_ts_ = c.ts_ns;
+    if (!seen_[c.name]) {
+      seen_[c.name] = 1;
+      names_.push_back(c.name);
+      peak_total_ = c.name == total_name_ ? c.value : peak_total_;
+      out_.by_name[t_.strings.str(c.name)] = c.value;
     }
-    peak_sum = std::max(peak_sum, sum);
-    i = j;
+    double& peak = out_.by_name[t_.strings.str(c.name)];
+    peak = std::max(peak, c.value);
+    if (c.name == total_name_) {
+      has_total_ = true;
+      peak_total_ = std::max(peak_total_, c.value);
+    } else {
+      sum_ += c.value - current_[c.name];
+      current_[c.name] = c.value;
+    }
   }
-  out.total = has_total ? peak_total : peak_sum;
-  for (traces::NameId n : names) {
-    seen[n] = 0;
-    current[n] = 0;
+
+  MemoryPeaks finish() {
+    if (any_) peak_sum_ = std::max(peak_sum_, sum_);
+    out_.total = has_total_ ? peak_total_ : peak_sum_;
+    for (traces::NameId n : names_) {
+      seen_[n] = 0;
+      current_[n] = 0;
+    }
+    return std::move(out_);
   }
-  return out;
-}
+
+ private:
+  const traces::Trace& t_;
+  traces::NameId total_name_;
+  std::vector<double>& current_;
+  std::vector<char>& seen_;
+  MemoryPeaks out_;
+  std::vector<traces::NameId> names_;
+  double sum_ = 0, peak_sum_ = 0, peak_total_ = 0;
+  bool has_total_ = false, any_ = false;
+  int64_t group_ts_ = 0;
+};
+
+bool is_mem_name(std::string_view name) { return name.rfind("mem.", 0) == 0; }
 
 // Per dense rank index; ranks without samples get none.
 std::vector<std::optional<MemoryPeaks>> memory_peaks(const traces::Trace& t, const RankIndex& ix,
                                                      int64_t ws, int64_t we) {
   std::vector<char> is_mem(t.strings.size(), 0);
   for (size_t i = 0; i < t.strings.size(); ++i)
-    is_mem[i] = t.strings.str(traces::NameId(i)).rfind("mem.", 0) == 0;
+    is_mem[i] = is_mem_name(t.strings.str(traces::NameId(i)));
   const traces::NameId total_name = t.strings.find("mem.total");
   const int32_t max_rank = int32_t(ix.dense.size()) - 1;
   std::vector<std::vector<const traces::CounterSample*>> by_rank(ix.ids.size());
@@ -840,8 +875,45 @@ std::vector<std::optional<MemoryPeaks>> memory_peaks(const traces::Trace& t, con
     if (samples.empty()) continue;
     std::stable_sort(samples.begin(), samples.end(),
                      [](const auto* a, const auto* b) { return a->ts_ns < b->ts_ns; });
-    out[ri] = rank_memory_peaks(t, samples, total_name, current, seen);
+    RankMemory acc(t, total_name, current, seen);
+    for (const auto* c : samples) acc.add(*c);
+    out[ri] = acc.finish();
   }
+  return out;
+}
+
+// The same from the file's counter blocks, a rank's samples at a time (the header's strings name
+// them); nothing of the header's own counters is used.
+std::vector<std::optional<MemoryPeaks>> memory_peaks_streamed(const traces::TraceReader& reader,
+                                                              const traces::Trace& t,
+                                                              const RankIndex& ix, int64_t ws,
+                                                              int64_t we) {
+  const traces::NameId total_name = t.strings.find("mem.total");
+  const int32_t max_rank = int32_t(ix.dense.size()) - 1;
+  std::vector<double> current(t.strings.size(), 0);
+  std::vector<char> seen(t.strings.size(), 0);
+  std::vector<std::optional<MemoryPeaks>> out(ix.ids.size());
+  std::optional<RankMemory> acc;
+  size_t acc_index = 0;
+  int32_t acc_rank = -1;
+  const auto finish = [&] {
+    if (acc) out[acc_index] = acc->finish();
+    acc.reset();
+  };
+  reader.for_each_counter_run(is_mem_name, [&](std::span<const traces::CounterSample> run) {
+    for (const auto& c : run) {
+      if (c.name >= t.strings.size() || c.ts_ns < ws || c.ts_ns >= we) continue;
+      if (c.rank < 0 || c.rank > max_rank || ix.dense[size_t(c.rank)] < 0) continue;
+      if (!acc || c.rank != acc_rank) {
+        finish();
+        acc_rank = c.rank;
+        acc_index = size_t(ix.dense[size_t(c.rank)]);
+        acc.emplace(t, total_name, current, seen);
+      }
+      acc->add(c);
+    }
+  });
+  finish();
   return out;
 }
 
@@ -897,7 +969,8 @@ Prepared prepare(const traces::Trace& t, const SpanScan& scan, const MetricsOpti
 
 // Everything after the ranks: totals, lateness, collectives, throughput, bubble, memory.
 void finish_metrics(const traces::Trace& t, const MetricsOptions& opt, const Prepared& p,
-                    RankRun& run, const Lateness& lateness, Metrics& m) {
+                    RankRun& run, const Lateness& lateness,
+                    std::vector<std::optional<MemoryPeaks>> memory, Metrics& m) {
   double counted_flops_sum = 0, window_flops_sum = 0;
   m.start_ns = INT64_MAX;
   m.end_ns = INT64_MIN;
@@ -926,7 +999,6 @@ void finish_metrics(const traces::Trace& t, const MetricsOptions& opt, const Pre
   m.mfu = tp.mfu;
   if (m.pipeline) m.bubble_pct = bubble_pct(m.ranks);
 
-  auto memory = memory_peaks(t, p.ix, opt.window_start_ns, opt.window_end_ns);
   for (size_t ri = 0; ri < m.ranks.size(); ++ri) {
     if (!memory[ri]) continue;
     m.ranks[ri].peak_memory_bytes = std::move(memory[ri]->by_name);
@@ -934,7 +1006,175 @@ void finish_metrics(const traces::Trace& t, const MetricsOptions& opt, const Pre
   }
 }
 
-// ---- Streaming: a compact record per grouped collective span instead of the span.
+// ---- Streaming lateness: the collective instances grouped while the span blocks arrive in time
+// order (TraceReader::for_each_block_by_time), each settled as soon as its members are in, so only
+// the instances in flight are held. An instance of communicator c waits for c's declared ranks
+// that have spans (every rank with spans when c is undeclared); a rank whose last block has been
+// read no longer holds one up. Members are ordered as collective_lateness orders them: by start,
+// ties in trace order (rank, stream, block id, index in the block).
+class InstanceTracker {
+ public:
+  InstanceTracker(const traces::Trace& header, std::vector<int32_t> ranks_with_spans,
+                  int64_t threshold_ns)
+      : present_(std::move(ranks_with_spans)), threshold_(threshold_ns) {
+    std::sort(present_.begin(), present_.end());
+    present_.erase(std::unique(present_.begin(), present_.end()), present_.end());
+    for (const auto& c : header.comms) {
+      std::vector<int32_t> r;
+      for (int32_t x : c.ranks) {
+        if (std::binary_search(present_.begin(), present_.end(), x)) r.push_back(x);
+      }
+      std::sort(r.begin(), r.end());
+      r.erase(std::unique(r.begin(), r.end()), r.end());
+      expected_[c.id] = {std::move(r), 0};
+    }
+  }
+
+  // A grouped collective span (seq >= 0, starting in the window) of a block; false when its
+  // (comm, seq) was settled already (a repeated instance: the grouping then needs the whole trace).
+  bool add(const Span& s, int32_t stream, int64_t block, uint32_t idx) {
+    const Key key{s.comm, s.seq};
+    auto it = open_.find(key);
+    if (it == open_.end()) {
+      if (settled(key)) return false;
+      it = open_.emplace(key, Open{}).first;
+    }
+    it->second.members.push_back({s.start_ns, s.rank, stream, block, idx, s.op});
+    if (complete(key.first, it->second)) {
+      settle(key, it->second);
+      open_.erase(it);
+    }
+    return true;
+  }
+
+  // No more spans of `rank`: the instances waiting only for ranks that are done are settled.
+  void rank_done(int32_t rank) {
+    done_.insert(rank);
+    for (auto& [comm, e] : expected_) {
+      if (std::binary_search(e.ranks.begin(), e.ranks.end(), rank)) ++e.done;
+    }
+    for (auto it = open_.begin(); it != open_.end();) {
+      if (complete(it->first.first, it->second)) {
+        settle(it->first, it->second);
+        it = open_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // Settles what is still open (members outside the window, ...); the lateness by dense index.
+  Lateness finish(const RankIndex& ix) {
+    for (auto& [key, inst] : open_) settle(key, inst);
+    open_.clear();
+    Lateness out;
+    out.ops = std::move(by_rank_.ops);
+    out.resize(ix.ids.size());
+    for (size_t r = 0; r < by_rank_.checked.size(); ++r) {
+      if (by_rank_.checked[r] == 0) continue;
+      const size_t ri = size_t(ix.dense.at(r));
+      out.late_sum2[ri] = by_rank_.late_sum2[r];
+      out.checked[ri] = by_rank_.checked[r];
+      out.late[ri] = by_rank_.late[r];
+    }
+    return out;
+  }
+
+ private:
+  struct Member {
+    int64_t start_ns;
+    int32_t rank, stream;
+    int64_t block;
+    uint32_t idx;
+    CollOp op;
+    auto order() const { return std::tie(start_ns, rank, stream, block, idx); }
+  };
+  struct Open {
+    std::vector<Member> members;
+  };
+  struct Expected {
+    std::vector<int32_t> ranks;  // sorted
+    size_t done = 0;             // of them done
+  };
+  using Key = std::pair<int32_t, int64_t>;  // (comm, seq)
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<int64_t>()(k.second * 0x9E3779B97F4A7C15LL ^ int64_t(k.first));
+    }
+  };
+
+  bool complete(int32_t comm, const Open& inst) const {
+    const auto e = expected_.find(comm);
+    const std::vector<int32_t>& want = e != expected_.end() ? e->second.ranks : present_;
+    const size_t done = e != expected_.end() ? e->second.done : done_.size();
+    if (inst.members.size() + done < want.size()) return false;
+    scratch_.clear();
+    for (const Member& m : inst.members) scratch_.push_back(m.rank);
+    std::sort(scratch_.begin(), scratch_.end());
+    for (int32_t r : want) {
+      if (!std::binary_search(scratch_.begin(), scratch_.end(), r) && !done_.count(r)) return false;
+    }
+    return true;
+  }
+
+  // Settled seqs per communicator as disjoint closed intervals; past 256 of them, one interval
+  // over all (a seq first seen inside it then reads as repeated: the exact fallback, not an error).
+  bool settled(const Key& key) const {
+    const auto m = settled_.find(key.first);
+    if (m == settled_.end()) return false;
+    auto it = m->second.upper_bound(key.second);
+    return it != m->second.begin() && std::prev(it)->second >= key.second;
+  }
+  void mark_settled(const Key& key) {
+    auto& m = settled_[key.first];
+    int64_t a = key.second, b = key.second;
+    auto next = m.upper_bound(a);
+    if (next != m.begin()) {
+      const auto prev = std::prev(next);
+      if (a == INT64_MIN || prev->second >= a - 1) {
+        a = prev->first;
+        b = std::max(b, prev->second);
+        m.erase(prev);
+      }
+    }
+    if (next != m.end() && next->first - 1 <= b) {
+      b = std::max(b, next->second);
+      m.erase(next);
+    }
+    m[a] = b;
+    if (m.size() > 256) {
+      const int64_t lo = m.begin()->first, hi = m.rbegin()->second;
+      m.clear();
+      m[lo] = hi;
+    }
+  }
+
+  void settle(const Key& key, Open& inst) {
+    auto& v = inst.members;
+    std::sort(v.begin(), v.end(),
+              [](const Member& x, const Member& y) { return x.order() < y.order(); });
+    const size_t max_rank = size_t(std::max_element(v.begin(), v.end(), [](auto& x, auto& y) {
+                                     return x.rank < y.rank;
+                                   })->rank);
+    if (max_rank >= by_rank_.checked.size()) by_rank_.resize(max_rank + 1);
+    by_rank_.add_instance(
+        v.front().op, key.first, v.size(), [&](size_t k) { return v[k].start_ns; },
+        [&](size_t k) { return size_t(v[k].rank); }, threshold_);
+    mark_settled(key);
+  }
+
+  std::vector<int32_t> present_;
+  int64_t threshold_;
+  std::unordered_map<int32_t, Expected> expected_;  // by declared communicator id
+  std::unordered_map<Key, Open, KeyHash> open_;
+  std::unordered_set<int32_t> done_;
+  std::unordered_map<int32_t, std::map<int64_t, int64_t>> settled_;
+  Lateness by_rank_;  // by rank id
+  mutable std::vector<int32_t> scratch_;
+};
+
+// ---- Streaming: a compact record per grouped collective span instead of the span (the exact
+// fallback when an instance repeats).
 struct CollRecord {
   int64_t start_ns;
   int64_t seq;
@@ -951,9 +1191,7 @@ static_assert(sizeof(CollRecord) == 24);
 Lateness lateness_from_records(const std::vector<CollRecord>& recs, size_t n_ranks,
                                int64_t threshold_ns) {
   Lateness out;
-  out.late_sum.assign(n_ranks, 0);
-  out.checked.assign(n_ranks, 0);
-  out.late.assign(n_ranks, 0);
+  out.resize(n_ranks);
   if (recs.size() > UINT32_MAX) throw InternalError("more than 2^32 collective spans");
   std::vector<uint32_t> idx(recs.size());
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = uint32_t(i);
@@ -970,21 +1208,11 @@ Lateness lateness_from_records(const std::vector<CollRecord>& recs, size_t n_ran
     std::stable_sort(arrivals.begin(), arrivals.end(), [&recs](uint32_t a, uint32_t b) {
       return recs[a].start_ns < recs[b].start_ns;
     });
-    ++out.ops[CollKey{recs[arrivals.front()].op(), first.comm}];
-    const size_t n = arrivals.size();
+    out.add_instance(
+        recs[arrivals.front()].op(), first.comm, arrivals.size(),
+        [&](size_t k) { return recs[arrivals[k]].start_ns; },
+        [&](size_t k) { return size_t(recs[arrivals[k]].rank_index()); }, threshold_ns);
     i = j;
-    if (n < 2) continue;
-    const double median = n % 2 ? double(recs[arrivals[n / 2]].start_ns)
-                                : 0.5 * (double(recs[arrivals[n / 2 - 1]].start_ns) +
-                                         double(recs[arrivals[n / 2]].start_ns));
-    for (uint32_t k : arrivals) {
-      const CollRecord& r = recs[k];
-      const size_t ri = r.rank_index();
-      const double late = double(r.start_ns) - median;
-      out.late_sum[ri] += late;
-      ++out.checked[ri];
-      if (late > double(threshold_ns)) ++out.late[ri];
-    }
   }
   return out;
 }
@@ -992,7 +1220,7 @@ Lateness lateness_from_records(const std::vector<CollRecord>& recs, size_t n_ran
 // The second streaming pass: the ranks one after another (the file is in rank order), one
 // worker's lists reused; the collective records for the lateness.
 RankRun stream_ranks(const traces::TraceReader& reader, const RankInput& in, const RankIndex& ix,
-                     std::vector<CollRecord>& records,
+                     std::vector<CollRecord>* records,
                      const traces::TraceReader::SpanRunVisitor& also) {
   RankRun run;
   run.ranks.resize(ix.ids.size());
@@ -1015,10 +1243,10 @@ RankRun stream_ranks(const traces::TraceReader& reader, const RankInput& in, con
           (in_window(s, in.ws, in.we) && ix.dense[size_t(s.rank)] < 0))
         throw InputError(reader.path() + ": trace changed while read (rank " +
                          std::to_string(s.rank) + " new in the second pass)");
-      if (s.kind == SpanKind::Collective && s.seq >= 0 && s.start_ns >= in.ws &&
+      if (records && s.kind == SpanKind::Collective && s.seq >= 0 && s.start_ns >= in.ws &&
           s.start_ns < in.we) {
         const int32_t ri = ix.dense[size_t(s.rank)];
-        records.push_back({s.start_ns, s.seq, s.comm, uint32_t(ri) << 8 | uint32_t(s.op)});
+        records->push_back({s.start_ns, s.seq, s.comm, uint32_t(ri) << 8 | uint32_t(s.op)});
       }
       if (!in_window(s, in.ws, in.we)) continue;
       if (!cur || cur->rank != s.rank) {
@@ -1054,7 +1282,7 @@ Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt) {
   const RankInput in{t.spans, scan, order, p.steps, m.pipeline, ws, we, p.tp_comm};
   RankRun run = run_ranks(in, p.ix.ids, thread_count(opt, m.span_count));
   const Lateness lateness = collective_lateness(t, p.ix, ws, we, opt.straggler_threshold_ns);
-  finish_metrics(t, opt, p, run, lateness, m);
+  finish_metrics(t, opt, p, run, lateness, memory_peaks(t, p.ix, ws, we), m);
   return m;
 }
 
@@ -1064,12 +1292,22 @@ Metrics compute_metrics_streamed(const traces::TraceReader& reader, const traces
   check_options(opt);
   const int64_t ws = opt.window_start_ns, we = opt.window_end_ns;
   Metrics m;
-  // Pass 1: ranks, counts and the steps (every rank's step windows are needed before any rank's
-  // breakdown). Both step definitions are gathered; the "step" phases win when there are any.
+  // Pass 1, the blocks in time order: ranks, counts, the steps (every rank's step windows are
+  // needed before any rank's breakdown) and the lateness. Both step definitions are gathered; the
+  // "step" phases win when there are any.
   ScanBuilder builder(header, ws, we, true, true);
+  std::optional<InstanceTracker> tracker;
+  tracker.emplace(header, reader.span_ranks(), opt.straggler_threshold_ns);
   size_t index = 0;
-  reader.for_each_span_run([&](std::span<const Span> spans) {
-    for (const Span& s : spans) builder.add(s, index++);
+  reader.for_each_block_by_time([&](const traces::TraceReader::SpanBlockView& b) {
+    for (uint32_t k = 0; k < b.spans.size(); ++k) {
+      const Span& s = b.spans[k];
+      builder.add(s, index++, {b.stream, b.id, k});
+      if (tracker && s.kind == SpanKind::Collective && s.seq >= 0 && s.start_ns >= ws &&
+          s.start_ns < we && !tracker->add(s, b.stream, b.id, k))
+        tracker.reset();  // a repeated instance: grouped from records in pass 2 instead
+    }
+    if (tracker && b.rank_done) tracker->rank_done(b.rank);
   });
   const SpanScan scan = builder.finish();
   const Prepared p = prepare(header, scan, opt, m);
@@ -1078,12 +1316,14 @@ Metrics compute_metrics_streamed(const traces::TraceReader& reader, const traces
   const RankOrder no_order;
   const RankInput in{no_spans, scan, no_order, p.steps, m.pipeline, ws, we, p.tp_comm};
   std::vector<CollRecord> records;
-  records.reserve(size_t(scan.grouped_count));  // exact: no growth slack on huge traces
-  RankRun run = stream_ranks(reader, in, p.ix, records, also);
+  if (!tracker) records.reserve(size_t(scan.grouped_count));  // exact: no growth slack
+  RankRun run = stream_ranks(reader, in, p.ix, tracker ? nullptr : &records, also);
   const Lateness lateness =
-      lateness_from_records(records, p.ix.ids.size(), opt.straggler_threshold_ns);
+      tracker ? tracker->finish(p.ix)
+              : lateness_from_records(records, p.ix.ids.size(), opt.straggler_threshold_ns);
   std::vector<CollRecord>().swap(records);
-  finish_metrics(header, opt, p, run, lateness, m);
+  finish_metrics(header, opt, p, run, lateness, memory_peaks_streamed(reader, header, p.ix, ws, we),
+                 m);
   return m;
 }
 

@@ -181,12 +181,17 @@ double percentile(std::vector<double> values, double q);
 
 Metrics compute_metrics(const traces::Trace& t, const MetricsOptions& opt = {});
 
-// The same figures, identical field for field, from a trace file read in two streaming passes
-// (traces::TraceReader::for_each_span_run): the first finds the ranks and the steps, the second
-// processes one rank at a time. Memory: the header (strings, communicators, counters), one
-// rank's interval lists, and a 24-byte record per grouped collective span (for the lateness),
-// not the spans. `header` is reader.load_header(). `also`, when set, sees every span run of the
-// second pass (the caller's own accumulators share the read, e.g. CompressionAccumulator).
+// The same figures, identical field for field, from a trace file read in two streaming passes:
+// the first (TraceReader::for_each_block_by_time, the blocks in time order) finds the ranks and
+// the steps and groups the collective instances for the lateness, settling each once its members
+// are in; the second (for_each_span_run) processes one rank at a time. The memory counters are
+// streamed rank by rank (for_each_counter_run). Memory: the header (strings, communicators, the
+// counters it holds), one rank's interval lists, the collective instances in flight and a block
+// per stream or counter name read, not the spans or samples. (A (comm, seq) that repeats after
+// its instance was settled falls back to a 24-byte record per grouped collective span, grouped at
+// the end.) `header` is reader.load_header(), with or without the "mem.*" counters. `also`, when
+// set, sees every span run of the second pass (the caller's own accumulators share the read,
+// e.g. CompressionAccumulator).
 Metrics compute_metrics_streamed(const traces::TraceReader& reader, const traces::Trace& header,
                                  const MetricsOptions& opt = {},
                                  const traces::TraceReader::SpanRunVisitor& also = {});

@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "orrery/traces/trace.hpp"
@@ -146,6 +147,8 @@ class TraceReader {
   std::vector<StepAggregate> step_aggregates() const;
 
   std::vector<CounterSample> counters() const;
+  // Those whose name id `keep` accepts (nullptr: all).
+  std::vector<CounterSample> counters(const std::function<bool(NameId)>& keep) const;
   // Everything, spans sorted by (rank, stream, start_ns); equal starts in the order they were
   // added. Reads the spans on up to min(8, hardware threads) connections in parallel.
   Trace load_all() const;
@@ -162,9 +165,36 @@ class TraceReader {
   // span count. The runs are valid only during the call.
   using SpanRunVisitor = std::function<void(std::span<const Span>)>;
   void for_each_span_run(const SpanRunVisitor& visit) const;
+  // The span blocks one at a time in the order of their index's first start (then id), so the
+  // spans of all ranks arrive roughly in time order: what groups collective instances across ranks
+  // with only the instances in flight in memory. Each block is checked as for_each_span_run()
+  // checks it; its spans come as stored (a stream's spans in load_all()'s order are its blocks by
+  // id, each block's spans in place, stably sorted by start). Memory is one block.
+  struct SpanBlockView {
+    int32_t rank = 0, stream = 0;
+    int64_t id = 0;          // the block's id
+    bool rank_done = false;  // no later block of this rank follows
+    std::span<const Span> spans;
+  };
+  using SpanBlockVisitor = std::function<void(const SpanBlockView&)>;
+  void for_each_block_by_time(const SpanBlockVisitor& visit) const;
   // Everything load_all() gives but the spans (meta, ranks, streams, communicators, strings,
   // counters): what a streaming reader needs beside for_each_span_run().
   Trace load_header() const;
+  // The same with only the counters whose name `keep` accepts (the others can be streamed).
+  using CounterFilter = std::function<bool(std::string_view name)>;
+  Trace load_header(const CounterFilter& keep) const;
+  // Streaming the counters: the samples whose name `keep` accepts, rank by rank (ascending), each
+  // rank's in time order, equal times by name id, then in counters()'s order (so a rank's samples
+  // of counters(), stably sorted by time); a run lies in one rank. Blocks are read one at a time,
+  // checked as counters() checks them; memory is a block per counter name of a rank. A file
+  // without block checksums (its samples in a table) is read whole.
+  using CounterRunVisitor = std::function<void(std::span<const CounterSample>)>;
+  void for_each_counter_run(const CounterFilter& keep, const CounterRunVisitor& visit) const;
+  // The ranks with span blocks, ascending (from the block index alone).
+  std::vector<int32_t> span_ranks() const;
+  // The lowest rank with counter samples (counters().front().rank); nullopt when none.
+  std::optional<int32_t> first_counter_rank() const;
 
   // `orrery info --verify`: checks every span and counter block, one at a time (memory bounded by
   // a block): its checksum (when the file has them), that it decodes to its count, and that its
