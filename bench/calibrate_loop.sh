@@ -43,7 +43,12 @@ LLAMA="model.kv_heads=2 model.ffn_hidden=704 model.activation=swiglu model.norm=
 NVME_DIR=${NVME_DIR:-$OUT/nvme}
 mkdir -p "$NVME_DIR"
 NVME="zero.offload_optimizer=nvme zero.nvme_path=$NVME_DIR"
-CALIB_SET=${CALIB_SET:-serial dp2 serial-nvme}
+# The calibration set: serial, dp2 and a serial NVMe-offload run always; and, when a layout to
+# predict uses gradient compression or a 16-bit precision, a run of that scheme or precision in a
+# layout of its own (calib_for): the scheme at dp2 without overlap, the precision on one rank.
+# Those fit the scheme's compression compute and the precision's rounding (orrery calibrate), so
+# the held-out layouts are never their own calibration.
+CALIB_SET=${CALIB_SET:-}
 # Mixture of experts (issue 19): 4 experts, top 2, in every other block, a capacity factor; the
 # expert-parallel layouts are predicted from the dense calibration set.
 MOE="model.moe.experts=4 model.moe.top_k=2 model.moe.every=2 model.moe.capacity_factor=1.25"
@@ -73,11 +78,17 @@ llama|1|parallel.dp=1 $LLAMA|8|predict
 llama-tp2|2|parallel.dp=1 parallel.tp=2 $LLAMA|8|predict
 llama-dp2-full|2|parallel.dp=2 training.recompute=full $LLAMA|16|predict
 serial-nvme|1|parallel.dp=1 $NVME|8|calib
+serial-bf16|1|parallel.dp=1 runtime.precision=bf16|8|calib
+serial-fp16|1|parallel.dp=1 runtime.precision=fp16|8|calib
+dp2-int8-no-overlap|2|parallel.dp=2 parallel.overlap=false parallel.grad_compression=int8|16|calib
+dp2-powersgd4-no-overlap|2|parallel.dp=2 parallel.overlap=false parallel.grad_compression=powersgd compression.powersgd_rank=4|16|calib
+dp2-topk1-no-overlap|2|parallel.dp=2 parallel.overlap=false parallel.grad_compression=topk compression.topk_ratio=0.01|16|calib
 dp2-int8|2|parallel.dp=2 parallel.grad_compression=int8|16|predict
 dp2-powersgd4|2|parallel.dp=2 parallel.grad_compression=powersgd compression.powersgd_rank=4|16|predict
 dp2-topk1|2|parallel.dp=2 parallel.grad_compression=topk compression.topk_ratio=0.01|16|predict
 dp2-bf16|2|parallel.dp=2 runtime.precision=bf16|16|predict
 dp2-fp16|2|parallel.dp=2 runtime.precision=fp16|16|predict
+dp2-zero1|2|parallel.dp=2 parallel.zero=1|16|predict
 dp2-zero1-nvme|2|parallel.dp=2 parallel.zero=1 $NVME|16|predict
 dp2-ep2|2|parallel.dp=2 parallel.ep=2 $MOE|16|predict
 dp4-ep2|4|parallel.dp=4 parallel.ep=2 $MOE|32|predict
@@ -149,11 +160,35 @@ PY
   fi
 }
 
-PRED=()
-while IFS='|' read -r name _ _ _ role; do
-  [ -n "$name" ] && [ "$role" = predict ] && want "$name" && PRED+=("$name")
-done <<<"$LAYOUT_TABLE"
+# The calibration runs a predicted layout needs beyond serial, dp2 and serial-nvme: its gradient
+# compression scheme's (without overlap, ranks as in the layout) and its precision's.
+calib_for() {
+  local sets=$1 kv
+  for kv in $sets; do
+    case $kv in
+      parallel.grad_compression=int8) echo dp2-int8-no-overlap ;;
+      parallel.grad_compression=powersgd) echo dp2-powersgd4-no-overlap ;;
+      parallel.grad_compression=topk) echo dp2-topk1-no-overlap ;;
+      runtime.precision=bf16) echo serial-bf16 ;;
+      runtime.precision=fp16) echo serial-fp16 ;;
+    esac
+  done
+}
 
+PRED=()
+EXTRA=""
+while IFS='|' read -r name _ sets _ role; do
+  if [ -n "$name" ] && [ "$role" = predict ] && want "$name"; then
+    PRED+=("$name")
+    EXTRA="$EXTRA $(calib_for "$sets")"
+  fi
+done <<<"$LAYOUT_TABLE"
+if [ -z "$CALIB_SET" ]; then
+  CALIB_SET="serial dp2 serial-nvme"
+  for c in $(tr ' ' '\n' <<<"$EXTRA" | grep . | sort -u); do CALIB_SET="$CALIB_SET $c"; done
+fi
+
+echo "== calibration set: $CALIB_SET"
 echo "== $STEPS steps per run, $(nproc) cores, load at start $(cut -d' ' -f1-3 /proc/loadavg); blocks of $EVERY layouts"
 nblocks=$(( (${#PRED[@]} + EVERY - 1) / EVERY ))
 # Runs: calibration set, block 0, calibration set, block 1, ..., calibration set.
