@@ -4,7 +4,9 @@
 #      predict (dp4, dp8, tp, pp, ZeRO, 3-D, recomputation, sequence parallelism, uneven stages, Llama-style blocks,
 #      and issue 18's dp2 int8 / PowerSGD rank 4 / top-k 1 % / bf16 / fp16 and dp2 ZeRO 1 with NVMe
 #      offload; issue 19's MoE dp2 ep2, dp4 ep2, dp2 ep2 pp2; the calibration set has a serial
-#      NVMe-offload run for the disk), the calibration set again, the next block, ..., the
+#      NVMe-offload run for the disk and, when a layout to predict needs them, a dp2 run without
+#      overlap of each compression scheme and a serial run at each 16-bit precision: calib_for),
+#      the calibration set again, the next block, ..., the
 #      calibration set: the machine is shared and its load swings, so each prediction uses
 #      calibration runs measured just before and just after the runs it predicts;
 #   2. per block, `orrery calibrate` on those two calibration sets only -> a profile of this machine;
@@ -20,6 +22,7 @@
 # scenarios/gpt-tiny.yaml), ORRERY_RUN (the binary for the real runs, default the build's), ORRERY_CAL
 # (the binary for `orrery calibrate`: one that reads ORRERY_RUN's trace schema; default the build's),
 # SKIP_RUNS=1 (reuse the runs already in OUT_DIR: refit and predict only), RUNS_ONLY=1 (stop after them),
+# CALIB_SET (the calibration runs by name; default serial dp2 serial-nvme and what calib_for adds),
 # COMMBENCH (the rank counts of the `orrery commbench` collective sweeps in each calibration set,
 # default "2 4 8"; empty: none, collectives fitted from the dp2 run alone).
 set -u
