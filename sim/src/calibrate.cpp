@@ -340,6 +340,11 @@ struct TraceInfo {
   // runtime.precision bf16 / fp16 on the CPU: its ops include the emulated rounding, so they fit
   // only the rounding rate (fit_rounding), nothing of the fp32 profile.
   bool emulated_16bit = false;
+  // A run that fits only host compute (HostComputeRates): a 16-bit run, or one with gradient
+  // compression (fit_compression; its own slowdown measured, to normalise its spans). Neither
+  // enters the sharing law, the class fit, the measured ops, the spread or the collectives, so the
+  // fp32 profile is the same with or without them.
+  bool host_only = false;
 };
 
 // The kernels of a compute span of the runtime (nullopt for names the simulator does not model).
@@ -443,6 +448,8 @@ TraceInfo trace_info(const traces::Trace& t, int skip_steps) {
   ti.bench = is_commbench(t);
   if (ti.bench) ti.first_counted_step = 0;
   ti.emulated_16bit = !ti.bench && model_dims(ti.s, 4).emulated_16bit;
+  ti.host_only = ti.emulated_16bit ||
+                 (!ti.bench && ti.s.parallel.grad_compression != "none" && ti.s.parallel.dp > 1);
   return ti;
 }
 
@@ -655,7 +662,7 @@ SharingFit fit_sharing_law(const std::vector<TraceInfo>& infos, const std::vecto
   for (size_t i = 0; i < infos.size(); ++i) {
     const double busy = double(infos[i].ranks_on_node) * threads;
     const double u = busy / cores;
-    if (busy <= 1.0 || infos[i].bench || infos[i].emulated_16bit) continue;
+    if (busy <= 1.0 || infos[i].bench || infos[i].host_only) continue;
     if (u <= 1.0 + 1e-9) {
       const double x = cores > 1 ? (busy - 1.0) / (cores - 1.0) : 1.0;
       sxy += x * (factor[i] - 1.0), sxx += x * x;
@@ -688,7 +695,7 @@ std::vector<SharingRow> sharing_rows(const std::vector<TraceInfo>& infos, const 
                                      const CoreSharing& sharing) {
   std::vector<SharingRow> rows;
   for (size_t i = 0; i < infos.size(); ++i)
-    if (!infos[i].bench && !infos[i].emulated_16bit)
+    if (!infos[i].bench && !infos[i].host_only)
       rows.push_back({infos[i].label, infos[i].ranks_on_node, sl.factor[i],
                       compute_slowdown(sharing, infos[i].ranks_on_node) /
                           compute_slowdown(sharing, infos[sl.ref].ranks_on_node)});
@@ -726,7 +733,7 @@ WeightFit fit_comm_thread_weight(const std::vector<TraceInfo>& infos,
   WeightFit out;
   double v_sum = 0, w_sum = 0;
   for (size_t i = 0; i < infos.size(); ++i) {
-    if (infos[i].bench || i == sl.ref) continue;
+    if (infos[i].bench || infos[i].host_only || i == sl.ref) continue;
     double num = 0, den = 0, m_sum = 0, n_sum = 0;
     for (const auto& [k, o] : obs[i]) {
       const auto r = obs[sl.ref].find(k);
@@ -759,7 +766,7 @@ WeightFit fit_comm_thread_weight(const std::vector<TraceInfo>& infos,
 std::pair<double, double> rank_spread(const std::vector<TraceInfo>& infos) {
   double ss = 0, dof = 0;
   for (const auto& info : infos) {
-    if (info.bench || info.emulated_16bit || info.ranks < 2) continue;
+    if (info.bench || info.host_only || info.ranks < 2) continue;
     std::map<int32_t, std::map<int32_t, double>> per_step;  // step -> rank -> compute ns
     for (const auto& sp : info.t->spans)
       if (is_compute(sp) && sp.step >= info.first_counted_step)
@@ -782,7 +789,7 @@ std::pair<double, double> rank_spread(const std::vector<TraceInfo>& infos) {
 std::pair<double, double> op_spread(const std::vector<TraceInfo>& infos) {
   double wsum = 0, cvsum = 0;
   for (const auto& info : infos) {
-    if (info.bench || info.emulated_16bit || info.ranks < 2) continue;
+    if (info.bench || info.host_only || info.ranks < 2) continue;
     std::map<std::tuple<int32_t, uint32_t, int32_t>, std::vector<double>> reps;
     for (const auto& sp : info.t->spans)
       if (is_compute(sp) && sp.step >= info.first_counted_step)
@@ -857,7 +864,8 @@ PooledOps pool_ops(const std::vector<TraceInfo>& infos,
                    const std::vector<double>& factor, const CoreSharing& sharing, int threads,
                    int skip_steps) {
   std::map<OpKey, Row> rows_by_key;
-  for (size_t i = 0; i < infos.size(); ++i)
+  for (size_t i = 0; i < infos.size(); ++i) {
+    if (infos[i].host_only) continue;
     for (const auto& [k, o] : obs[i]) {
       Row& r = rows_by_key[k];
       r.key = k;
@@ -875,6 +883,7 @@ PooledOps pool_ops(const std::vector<TraceInfo>& infos,
         r.count += static_cast<int64_t>(n);
       }
     }
+  }
   if (rows_by_key.empty())
     throw InputError(
         "orrery calibrate: the traces have no compute spans the simulator models (fwd.block, "
@@ -1155,6 +1164,7 @@ std::vector<Transfer> p2p_transfers(const TraceInfo& info) {
 CollectiveObs collect_collectives(const std::vector<TraceInfo>& infos) {
   CollectiveObs out;
   for (const auto& info : infos) {
+    if (info.host_only) continue;
     const auto& t = *info.t;
     const ComputeIntervals busy(info);
     for (const CollGroup& g : collective_groups(info)) {

@@ -172,14 +172,14 @@ TEST(HostCompute, ProfileYamlRoundTripsAndBadRatesAreNamed) {
             std::string::npos);
 }
 
-// A dp2 run with int8 compression (the fixture's ops at slowdown 1.2, as the plain dp2 run) whose
-// counted steps each hold one ddp.compress and one ddp.decompress span per rank, of the known rates
-// times the step's units (every parameter compressed; n x dp gathered) times the slowdown, placed
-// where no collective is in flight.
+// A dp2 run with int8 compression (the fixture's ops at slowdown 1.5, busier than the plain dp2
+// run's 1.2: it must not move the sharing law) whose counted steps each hold one ddp.compress and
+// one ddp.decompress span per rank, of the known rates times the step's units (every parameter
+// compressed; n x dp gathered) times the slowdown, placed where no collective is in flight.
 traces::Trace int8_run(double compress_ns, double decompress_ns) {
   Scenario s = tiny(2);
   s.parallel.grad_compression = "int8";
-  traces::Trace t = make_run(s, Truth{}, 1.2);
+  traces::Trace t = make_run(s, Truth{}, 1.5, 40'000, 2.0);
   t.path = "run-dp2-int8.db";
   int64_t params = 0;
   for (const auto& p : stage_parameters(s, 0)) params += p.count;
@@ -195,7 +195,7 @@ traces::Trace int8_run(double compress_ns, double decompress_ns) {
         sp.rank = r, sp.stream = 0, sp.kind = traces::SpanKind::Compute, sp.name = name;
         sp.step = step, sp.micro_batch = 0, sp.layer = -1;
         sp.start_ns = at + 1'000'000;
-        sp.end_ns = sp.start_ns + std::llround(ns * 1.2);
+        sp.end_ns = sp.start_ns + std::llround(ns * 1.5);
         at = sp.end_ns;
         t.spans.push_back(sp);
       }
@@ -237,8 +237,20 @@ TEST(Calibrate, FitsCompressionAndRoundingRatesExactly) {
   EXPECT_NEAR(c.decompress_ns, 0.8, 0.8e-6);
   ASSERT_EQ(r.profile.host.rounding_ns.count("fp16"), 1u);
   EXPECT_NEAR(r.profile.host.rounding_ns.at("fp16"), 2.25, 2.25e-6);
-  // The 16-bit run changes nothing of the fp32 fit: the 2-rank slowdown stays 1.2.
+  // The int8 and fp16 runs change nothing of the fp32 fit: the same profile as without them.
   EXPECT_NEAR(r.profile.sharing.contention_at_full, 1.2, 1e-6);
+  const CalibrationResult base = calibrate({runs[0], runs[1]}, opt);
+  EXPECT_EQ(base.profile.sharing.contention_at_full, r.profile.sharing.contention_at_full);
+  EXPECT_EQ(base.profile.peak_flops, r.profile.peak_flops);
+  EXPECT_EQ(base.profile.memory_bandwidth_bytes_per_s, r.profile.memory_bandwidth_bytes_per_s);
+  EXPECT_EQ(base.profile.op_jitter, r.profile.op_jitter);
+  EXPECT_EQ(base.profile.rank_jitter, r.profile.rank_jitter);
+  ASSERT_EQ(base.profile.ops.size(), r.profile.ops.size());
+  for (size_t i = 0; i < base.profile.ops.size(); ++i)
+    EXPECT_EQ(base.profile.ops[i].time_ns, r.profile.ops[i].time_ns) << base.profile.ops[i].name;
+  ASSERT_EQ(base.profile.collectives.size(), r.profile.collectives.size());
+  for (size_t i = 0; i < base.profile.collectives.size(); ++i)
+    EXPECT_EQ(base.profile.collectives[i].latency_ns, r.profile.collectives[i].latency_ns);
   // The schemes and formats without a run fall back to the roofline, and say so.
   int fallbacks = 0;
   for (const auto& n : r.notes)
