@@ -44,6 +44,9 @@
 //     of the counted steps, each divided by span_factor (its run's slowdown and the progress
 //     threads in flight), summed per op, over the units of the same ops (the simulator's workload
 //     of that run's scenario built at 1 ns per unit):  ns per unit = Σ time / Σ units.
+//     Both kinds of run fit only these rates: they stay out of the sharing law, the class fit, the
+//     measured ops, the spread and the collectives (a compression run's own measured slowdown
+//     still normalises its spans), so the fp32 profile is the same with or without them.
 //     Schemes and formats no run measures keep the roofline estimate, with a note.
 //
 //  3. Collectives. Spans are grouped by (communicator, sequence number) across ranks; a
