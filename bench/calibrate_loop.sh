@@ -4,7 +4,9 @@
 #      predict (dp4, dp8, tp, pp, ZeRO, 3-D, recomputation, sequence parallelism, uneven stages, Llama-style blocks,
 #      and issue 18's dp2 int8 / PowerSGD rank 4 / top-k 1 % / bf16 / fp16 and dp2 ZeRO 1 with NVMe
 #      offload; issue 19's MoE dp2 ep2, dp4 ep2, dp2 ep2 pp2; the calibration set has a serial
-#      NVMe-offload run for the disk), the calibration set again, the next block, ..., the
+#      NVMe-offload run for the disk and, when a layout to predict needs them, a dp2 run without
+#      overlap of each compression scheme and of each 16-bit precision: calib_for),
+#      the calibration set again, the next block, ..., the
 #      calibration set: the machine is shared and its load swings, so each prediction uses
 #      calibration runs measured just before and just after the runs it predicts;
 #   2. per block, `orrery calibrate` on those two calibration sets only -> a profile of this machine;
@@ -20,6 +22,7 @@
 # scenarios/gpt-tiny.yaml), ORRERY_RUN (the binary for the real runs, default the build's), ORRERY_CAL
 # (the binary for `orrery calibrate`: one that reads ORRERY_RUN's trace schema; default the build's),
 # SKIP_RUNS=1 (reuse the runs already in OUT_DIR: refit and predict only), RUNS_ONLY=1 (stop after them),
+# CALIB_SET (the calibration runs by name; default serial dp2 serial-nvme and what calib_for adds),
 # COMMBENCH (the rank counts of the `orrery commbench` collective sweeps in each calibration set,
 # default "2 4 8"; empty: none, collectives fitted from the dp2 run alone).
 set -u
@@ -43,7 +46,15 @@ LLAMA="model.kv_heads=2 model.ffn_hidden=704 model.activation=swiglu model.norm=
 NVME_DIR=${NVME_DIR:-$OUT/nvme}
 mkdir -p "$NVME_DIR"
 NVME="zero.offload_optimizer=nvme zero.nvme_path=$NVME_DIR"
-CALIB_SET=${CALIB_SET:-serial dp2 serial-nvme}
+# The calibration set: serial, dp2 and a serial NVMe-offload run always; and, when a layout to
+# predict uses gradient compression or a 16-bit precision, a run of that scheme or precision in a
+# layout of its own (calib_for): the scheme or precision at dp2 without overlap (2 ranks, as the
+# layouts predicted: the emulated rounding slows more than the GEMMs when 2 ranks share the cores,
+# fp16's by 2.9x against the law's 1.9x in one loop here; serial-bf16 / serial-fp16 remain for
+# CALIB_SET).
+# Those fit the scheme's compression compute and the precision's rounding (orrery calibrate), so
+# the held-out layouts are never their own calibration.
+CALIB_SET=${CALIB_SET:-}
 # Mixture of experts (issue 19): 4 experts, top 2, in every other block, a capacity factor; the
 # expert-parallel layouts are predicted from the dense calibration set.
 MOE="model.moe.experts=4 model.moe.top_k=2 model.moe.every=2 model.moe.capacity_factor=1.25"
@@ -73,11 +84,19 @@ llama|1|parallel.dp=1 $LLAMA|8|predict
 llama-tp2|2|parallel.dp=1 parallel.tp=2 $LLAMA|8|predict
 llama-dp2-full|2|parallel.dp=2 training.recompute=full $LLAMA|16|predict
 serial-nvme|1|parallel.dp=1 $NVME|8|calib
+serial-bf16|1|parallel.dp=1 runtime.precision=bf16|8|calib
+serial-fp16|1|parallel.dp=1 runtime.precision=fp16|8|calib
+dp2-bf16-no-overlap|2|parallel.dp=2 parallel.overlap=false runtime.precision=bf16|16|calib
+dp2-fp16-no-overlap|2|parallel.dp=2 parallel.overlap=false runtime.precision=fp16|16|calib
+dp2-int8-no-overlap|2|parallel.dp=2 parallel.overlap=false parallel.grad_compression=int8|16|calib
+dp2-powersgd4-no-overlap|2|parallel.dp=2 parallel.overlap=false parallel.grad_compression=powersgd compression.powersgd_rank=4|16|calib
+dp2-topk1-no-overlap|2|parallel.dp=2 parallel.overlap=false parallel.grad_compression=topk compression.topk_ratio=0.01|16|calib
 dp2-int8|2|parallel.dp=2 parallel.grad_compression=int8|16|predict
 dp2-powersgd4|2|parallel.dp=2 parallel.grad_compression=powersgd compression.powersgd_rank=4|16|predict
 dp2-topk1|2|parallel.dp=2 parallel.grad_compression=topk compression.topk_ratio=0.01|16|predict
 dp2-bf16|2|parallel.dp=2 runtime.precision=bf16|16|predict
 dp2-fp16|2|parallel.dp=2 runtime.precision=fp16|16|predict
+dp2-zero1|2|parallel.dp=2 parallel.zero=1|16|predict
 dp2-zero1-nvme|2|parallel.dp=2 parallel.zero=1 $NVME|16|predict
 dp2-ep2|2|parallel.dp=2 parallel.ep=2 $MOE|16|predict
 dp4-ep2|4|parallel.dp=4 parallel.ep=2 $MOE|32|predict
@@ -149,11 +168,35 @@ PY
   fi
 }
 
-PRED=()
-while IFS='|' read -r name _ _ _ role; do
-  [ -n "$name" ] && [ "$role" = predict ] && want "$name" && PRED+=("$name")
-done <<<"$LAYOUT_TABLE"
+# The calibration runs a predicted layout needs beyond serial, dp2 and serial-nvme: its gradient
+# compression scheme's and its precision's (dp2 without overlap).
+calib_for() {
+  local sets=$1 kv
+  for kv in $sets; do
+    case $kv in
+      parallel.grad_compression=int8) echo dp2-int8-no-overlap ;;
+      parallel.grad_compression=powersgd) echo dp2-powersgd4-no-overlap ;;
+      parallel.grad_compression=topk) echo dp2-topk1-no-overlap ;;
+      runtime.precision=bf16) echo dp2-bf16-no-overlap ;;
+      runtime.precision=fp16) echo dp2-fp16-no-overlap ;;
+    esac
+  done
+}
 
+PRED=()
+EXTRA=""
+while IFS='|' read -r name _ sets _ role; do
+  if [ -n "$name" ] && [ "$role" = predict ] && want "$name"; then
+    PRED+=("$name")
+    EXTRA="$EXTRA $(calib_for "$sets")"
+  fi
+done <<<"$LAYOUT_TABLE"
+if [ -z "$CALIB_SET" ]; then
+  CALIB_SET="serial dp2 serial-nvme"
+  for c in $(tr ' ' '\n' <<<"$EXTRA" | grep . | sort -u); do CALIB_SET="$CALIB_SET $c"; done
+fi
+
+echo "== calibration set: $CALIB_SET"
 echo "== $STEPS steps per run, $(nproc) cores, load at start $(cut -d' ' -f1-3 /proc/loadavg); blocks of $EVERY layouts"
 nblocks=$(( (${#PRED[@]} + EVERY - 1) / EVERY ))
 # Runs: calibration set, block 0, calibration set, block 1, ..., calibration set.

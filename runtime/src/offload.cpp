@@ -7,9 +7,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -75,6 +79,31 @@ OffloadFile::OffloadFile(const std::string& dir, const std::string& tag, std::si
   ::fstat(fd_, &st);
   dev_ = st.st_dev;
   ino_ = st.st_ino;
+  // O_DIRECT after creation: a filesystem that refuses it leaves the descriptor as it was.
+  const int flags = ::fcntl(fd_, F_GETFL);
+  direct_ = flags >= 0 && ::fcntl(fd_, F_SETFL, flags | O_DIRECT) == 0;
+  if (!direct_) buffered(errno == EINVAL);
+}
+
+void OffloadFile::buffered(bool why_einval) const {
+  direct_ = false;
+  const int flags = ::fcntl(fd_, F_GETFL);
+  if (flags >= 0 && (flags & O_DIRECT) != 0) ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT);
+  std::fprintf(stderr,
+               "orrery: offload file '%s': %s; buffered I/O instead (the page cache holds a copy "
+               "of the offloaded state)\n",
+               path_.c_str(),
+               why_einval ? "the filesystem refuses O_DIRECT" : "O_DIRECT could not be set");
+}
+
+char* OffloadFile::bounce(std::size_t bytes) const {
+  if (bytes > bounce_bytes_) {
+    void* p = std::aligned_alloc(kDirectAlign, bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    bounce_.reset(static_cast<char*>(p));
+    bounce_bytes_ = bytes;
+  }
+  return bounce_.get();
 }
 
 OffloadFile::~OffloadFile() {
@@ -87,24 +116,23 @@ OffloadFile::~OffloadFile() {
     ::unlink(path_.c_str());
 }
 
-void OffloadFile::read(void* dst, std::size_t bytes, uint64_t offset) const {
-  auto* p = static_cast<char*>(dst);
+bool OffloadFile::raw_read(char* p, std::size_t bytes, uint64_t offset) const {
   while (bytes > 0) {
     const ssize_t got = ::pread(fd_, p, bytes, static_cast<off_t>(offset));
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) io_failed(path_, "read", errno);
     if (got == 0) {
-      throw InternalError("offload file '" + path_ + "': read failed: the file ends at byte " +
-                          std::to_string(offset) + " (truncated?)");
+      std::memset(p, 0, bytes);  // past the end: what a later write extends the file by
+      return false;
     }
     p += got;
     offset += static_cast<uint64_t>(got);
     bytes -= static_cast<std::size_t>(got);
   }
+  return true;
 }
 
-void OffloadFile::write(const void* src, std::size_t bytes, uint64_t offset) const {
-  const auto* p = static_cast<const char*>(src);
+void OffloadFile::raw_write(const char* p, std::size_t bytes, uint64_t offset) const {
   while (bytes > 0) {
     const ssize_t put = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
     if (put < 0 && errno == EINTR) continue;
@@ -113,6 +141,50 @@ void OffloadFile::write(const void* src, std::size_t bytes, uint64_t offset) con
     offset += static_cast<uint64_t>(put);
     bytes -= static_cast<std::size_t>(put);
   }
+}
+
+namespace {
+bool aligned(const void* p, std::size_t bytes, uint64_t offset) {
+  constexpr std::size_t a = OffloadFile::kDirectAlign;
+  return reinterpret_cast<std::uintptr_t>(p) % a == 0 && bytes % a == 0 && offset % a == 0;
+}
+[[noreturn]] void ends_at(const std::string& path, uint64_t offset) {
+  throw InternalError("offload file '" + path + "': read failed: the file ends before byte " +
+                      std::to_string(offset) + " (truncated?)");
+}
+}  // namespace
+
+void OffloadFile::read(void* dst, std::size_t bytes, uint64_t offset) const {
+  auto* p = static_cast<char*>(dst);
+  if (!direct_ || aligned(p, bytes, offset)) {
+    if (!raw_read(p, bytes, offset)) ends_at(path_, offset + bytes);
+    return;
+  }
+  // The aligned blocks around the range, through the bounce buffer.
+  const uint64_t a0 = offset / kDirectAlign * kDirectAlign;
+  const uint64_t a1 = (offset + bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  char* b = bounce(static_cast<std::size_t>(a1 - a0));
+  if (!raw_read(b, static_cast<std::size_t>(a1 - a0), a0)) {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || uint64_t(st.st_size) < offset + bytes)
+      ends_at(path_, offset + bytes);
+  }
+  std::memcpy(p, b + (offset - a0), bytes);
+}
+
+void OffloadFile::write(const void* src, std::size_t bytes, uint64_t offset) const {
+  const auto* p = static_cast<const char*>(src);
+  if (!direct_ || aligned(p, bytes, offset)) return raw_write(p, bytes, offset);
+  const uint64_t a0 = offset / kDirectAlign * kDirectAlign;
+  const uint64_t a1 = (offset + bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  char* b = bounce(static_cast<std::size_t>(a1 - a0));
+  // The partial edge blocks keep the bytes the file holds there (read-modify-write).
+  if (offset != a0) raw_read(b, kDirectAlign, a0);
+  const uint64_t last = a1 - kDirectAlign;
+  if ((offset + bytes) % kDirectAlign != 0 && (last != a0 || offset == a0))
+    raw_read(b + (last - a0), kDirectAlign, last);
+  std::memcpy(b + (offset - a0), p, bytes);
+  raw_write(b, static_cast<std::size_t>(a1 - a0), a0);
 }
 
 void OffloadFile::check_present() const {

@@ -337,6 +337,14 @@ struct TraceInfo {
   int ranks_on_node = 1;
   int first_counted_step = 0;
   std::string label;
+  // runtime.precision bf16 / fp16 on the CPU: its ops include the emulated rounding, so they fit
+  // only the rounding rate (fit_rounding), nothing of the fp32 profile.
+  bool emulated_16bit = false;
+  // A run that fits only host compute (HostComputeRates): a 16-bit run, or one with gradient
+  // compression (fit_compression; its own slowdown measured, to normalise its spans). Neither
+  // enters the sharing law, the class fit, the measured ops, the spread or the collectives, so the
+  // fp32 profile is the same with or without them.
+  bool host_only = false;
 };
 
 // The kernels of a compute span of the runtime (nullopt for names the simulator does not model).
@@ -353,7 +361,8 @@ double held_params(const std::string& name, const Scenario& s, const traces::Ran
 }
 std::optional<std::vector<Kernel>> kernels_of(const std::string& name, int piece, const Scenario& s,
                                               const traces::RankInfo* coord) {
-  const ModelDims d = model_dims(s, 4);  // the CPU runtime is fp32
+  ModelDims d = model_dims(s, 4);  // the CPU runtime is fp32
+  d.emulated_16bit = false;        // a 16-bit run's rounding is fitted apart (fit_rounding)
   const int pieces =
       (name == names::kBlockForward || name == names::kBlockBackward) && d.tp > 1 ? 3 : 1;
   return op_kernels(name, piece, pieces, d, held_params(name, s, coord));
@@ -438,6 +447,9 @@ TraceInfo trace_info(const traces::Trace& t, int skip_steps) {
   // counts.
   ti.bench = is_commbench(t);
   if (ti.bench) ti.first_counted_step = 0;
+  ti.emulated_16bit = !ti.bench && model_dims(ti.s, 4).emulated_16bit;
+  ti.host_only = ti.emulated_16bit ||
+                 (!ti.bench && ti.s.parallel.grad_compression != "none" && ti.s.parallel.dp > 1);
   return ti;
 }
 
@@ -516,6 +528,7 @@ TraceOps observe_compute(const TraceInfo& info) {
     if (o.kernels.empty()) {
       o.kernels = std::move(*ks);
       o.dims = model_dims(info.s, 4);
+      o.dims.emulated_16bit = false;
       o.params = held_params(name, info.s, coord);
     }
     o.durations.push_back(double(sp.duration_ns()));
@@ -525,20 +538,26 @@ TraceOps observe_compute(const TraceInfo& info) {
 }
 
 struct ComputeObs {
-  std::vector<std::map<OpKey, OpObs>> per_trace;  // empty for commbench traces
+  // Empty for commbench traces and 16-bit runs (those in per_trace_16bit).
+  std::vector<std::map<OpKey, OpObs>> per_trace;
+  std::vector<std::map<OpKey, OpObs>> per_trace_16bit;  // the 16-bit runs' ops (fit_rounding)
   std::vector<std::string> notes;
 };
 
 ComputeObs collect_compute(const std::vector<TraceInfo>& infos) {
   ComputeObs out;
   out.per_trace.resize(infos.size());
+  out.per_trace_16bit.resize(infos.size());
   std::set<std::string> unknown;
   for (size_t ti = 0; ti < infos.size(); ++ti) {
     if (infos[ti].bench) continue;
     TraceOps o = observe_compute(infos[ti]);
-    out.per_trace[ti] = std::move(o.ops);
+    (infos[ti].emulated_16bit ? out.per_trace_16bit : out.per_trace)[ti] = std::move(o.ops);
     unknown.insert(o.unknown.begin(), o.unknown.end());
   }
+  // Gradient compression's compute: fitted apart (fit_compression).
+  unknown.erase(std::string(names::kDpCompress));
+  unknown.erase(std::string(names::kDpDecompress));
   for (const auto& u : unknown)
     out.notes.push_back("compute spans named '" + u + "' have no simulator op: not fitted");
   return out;
@@ -575,6 +594,15 @@ size_t reference_run(const std::vector<TraceInfo>& infos) {
         "serial run and a dp2 run) for the compute ops");
   for (size_t i = 0; i < infos.size(); ++i)
     if (!infos[i].bench && infos[i].ranks_on_node < infos[ref].ranks_on_node) ref = i;
+  // An fp32 run of that crowding rather than a 16-bit one (whose ops include the rounding).
+  for (size_t i = 0; i < infos.size() && infos[ref].emulated_16bit; ++i)
+    if (!infos[i].bench && !infos[i].emulated_16bit &&
+        infos[i].ranks_on_node == infos[ref].ranks_on_node)
+      ref = i;
+  if (infos[ref].emulated_16bit)
+    throw InputError(
+        "orrery calibrate: every run given is at a 16-bit runtime.precision; add an "
+        "fp32 run (e.g. a serial one): the 16-bit runs fit only their rounding");
   return ref;
 }
 
@@ -594,7 +622,9 @@ Slowdowns measure_slowdowns(const std::vector<TraceInfo>& infos,
                         " (" + std::to_string(infos[ref].ranks_on_node) + " ranks)");
   out.factor.assign(infos.size(), 1.0);
   for (size_t i = 0; i < infos.size(); ++i) {
-    if (infos[i].bench || infos[i].ranks_on_node == infos[ref].ranks_on_node) continue;
+    if (infos[i].bench || infos[i].emulated_16bit ||
+        infos[i].ranks_on_node == infos[ref].ranks_on_node)
+      continue;
     double num = 0, den = 0;
     // Only the spans with no communication in flight: what sharing the cores among the ranks costs.
     for (const auto& [k, o] : obs[i]) {
@@ -632,7 +662,7 @@ SharingFit fit_sharing_law(const std::vector<TraceInfo>& infos, const std::vecto
   for (size_t i = 0; i < infos.size(); ++i) {
     const double busy = double(infos[i].ranks_on_node) * threads;
     const double u = busy / cores;
-    if (busy <= 1.0 || infos[i].bench) continue;
+    if (busy <= 1.0 || infos[i].bench || infos[i].host_only) continue;
     if (u <= 1.0 + 1e-9) {
       const double x = cores > 1 ? (busy - 1.0) / (cores - 1.0) : 1.0;
       sxy += x * (factor[i] - 1.0), sxx += x * x;
@@ -665,7 +695,7 @@ std::vector<SharingRow> sharing_rows(const std::vector<TraceInfo>& infos, const 
                                      const CoreSharing& sharing) {
   std::vector<SharingRow> rows;
   for (size_t i = 0; i < infos.size(); ++i)
-    if (!infos[i].bench)
+    if (!infos[i].bench && !infos[i].host_only)
       rows.push_back({infos[i].label, infos[i].ranks_on_node, sl.factor[i],
                       compute_slowdown(sharing, infos[i].ranks_on_node) /
                           compute_slowdown(sharing, infos[sl.ref].ranks_on_node)});
@@ -703,7 +733,7 @@ WeightFit fit_comm_thread_weight(const std::vector<TraceInfo>& infos,
   WeightFit out;
   double v_sum = 0, w_sum = 0;
   for (size_t i = 0; i < infos.size(); ++i) {
-    if (infos[i].bench || i == sl.ref) continue;
+    if (infos[i].bench || infos[i].host_only || i == sl.ref) continue;
     double num = 0, den = 0, m_sum = 0, n_sum = 0;
     for (const auto& [k, o] : obs[i]) {
       const auto r = obs[sl.ref].find(k);
@@ -736,7 +766,7 @@ WeightFit fit_comm_thread_weight(const std::vector<TraceInfo>& infos,
 std::pair<double, double> rank_spread(const std::vector<TraceInfo>& infos) {
   double ss = 0, dof = 0;
   for (const auto& info : infos) {
-    if (info.bench || info.ranks < 2) continue;
+    if (info.bench || info.host_only || info.ranks < 2) continue;
     std::map<int32_t, std::map<int32_t, double>> per_step;  // step -> rank -> compute ns
     for (const auto& sp : info.t->spans)
       if (is_compute(sp) && sp.step >= info.first_counted_step)
@@ -759,7 +789,7 @@ std::pair<double, double> rank_spread(const std::vector<TraceInfo>& infos) {
 std::pair<double, double> op_spread(const std::vector<TraceInfo>& infos) {
   double wsum = 0, cvsum = 0;
   for (const auto& info : infos) {
-    if (info.bench || info.ranks < 2) continue;
+    if (info.bench || info.host_only || info.ranks < 2) continue;
     std::map<std::tuple<int32_t, uint32_t, int32_t>, std::vector<double>> reps;
     for (const auto& sp : info.t->spans)
       if (is_compute(sp) && sp.step >= info.first_counted_step)
@@ -834,7 +864,8 @@ PooledOps pool_ops(const std::vector<TraceInfo>& infos,
                    const std::vector<double>& factor, const CoreSharing& sharing, int threads,
                    int skip_steps) {
   std::map<OpKey, Row> rows_by_key;
-  for (size_t i = 0; i < infos.size(); ++i)
+  for (size_t i = 0; i < infos.size(); ++i) {
+    if (infos[i].host_only) continue;
     for (const auto& [k, o] : obs[i]) {
       Row& r = rows_by_key[k];
       r.key = k;
@@ -852,6 +883,7 @@ PooledOps pool_ops(const std::vector<TraceInfo>& infos,
         r.count += static_cast<int64_t>(n);
       }
     }
+  }
   if (rows_by_key.empty())
     throw InputError(
         "orrery calibrate: the traces have no compute spans the simulator models (fwd.block, "
@@ -1132,6 +1164,7 @@ std::vector<Transfer> p2p_transfers(const TraceInfo& info) {
 CollectiveObs collect_collectives(const std::vector<TraceInfo>& infos) {
   CollectiveObs out;
   for (const auto& info : infos) {
+    if (info.host_only) continue;
     const auto& t = *info.t;
     const ComputeIntervals busy(info);
     for (const CollGroup& g : collective_groups(info)) {
@@ -1500,6 +1533,139 @@ std::vector<traces::Trace> without_offload_adamw(const std::vector<traces::Trace
 }
 }  // namespace
 
+namespace {
+// ---- 2b. host compute beyond the model's kernels (HostComputeRates; hardware.hpp)
+
+struct HostFit {
+  HostComputeRates rates;
+  std::vector<std::string> notes;
+};
+
+// The emulated 16-bit formats' rounding: each op of a 16-bit run (its lone-rank time: its median
+// over the run's compute slowdown by the sharing law) against the same op of the fp32 runs (the
+// pooled row), the difference per element rounded (rounded_elements of its fp32 kernels):
+//   ns per element = Σ count · (t16 − t32) / Σ count · elements, per format.
+// Exact when the 16-bit ops take their fp32 time plus a rate per element.
+void fit_rounding(const std::vector<TraceInfo>& infos, const ComputeObs& obs, const PooledOps& ops,
+                  const Slowdowns& sl, const CoreSharing& sharing, HostFit& out) {
+  std::map<OpKey, const Row*> fp32;
+  for (const auto& r : ops.rows) fp32[r.key] = &r;
+  std::map<std::string, std::pair<double, double>> sums;  // format -> (Σ c·extra ns, Σ c·elements)
+  const double ref_law = compute_slowdown(sharing, infos[sl.ref].ranks_on_node);
+  for (size_t i = 0; i < infos.size(); ++i) {
+    if (!infos[i].emulated_16bit) continue;
+    const std::string format(to_string(model_dims(infos[i].s, 4).emulated_format));
+    const double f = compute_slowdown(sharing, infos[i].ranks_on_node) / ref_law;
+    auto& [extra, elements] = sums[format];
+    for (const auto& [k, o] : obs.per_trace_16bit[i]) {
+      const auto it = fp32.find(k);
+      const double units = rounded_elements(o.kernels);
+      if (it == fp32.end() || units <= 0 || o.durations.empty()) continue;
+      const double c = double(o.durations.size());
+      extra += c * (median(o.durations) / f - it->second->measured);
+      elements += c * units;
+    }
+  }
+  for (const auto& [format, sum] : sums) {
+    if (sum.second <= 0) {
+      out.notes.push_back("rounding: the " + format +
+                          " runs have no GEMM op in common with the fp32 runs: not fitted");
+      continue;
+    }
+    const double rate = std::max(0.0, sum.first / sum.second);
+    out.rates.rounding_ns[format] = rate;
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "rounding: %s %.4f ns per element rounded (%.3g elements of the %s runs' GEMM "
+                  "ops against the fp32 runs')",
+                  format.c_str(), rate, sum.second, format.c_str());
+    out.notes.push_back(buf);
+  }
+  for (const char* format : {"bf16", "fp16"})
+    if (!sums.count(format))
+      out.notes.push_back(std::string("rounding: no ") + format +
+                          " run: its emulated rounding is priced by the roofline estimate "
+                          "(elementwise passes)");
+}
+
+// The units of work (HostComputeRates) of a run's compression ops per (name, step), over its ranks:
+// the simulator's own workload of the run's scenario built at 1 ns per unit.
+std::map<std::pair<std::string, int>, double> compression_units(const Scenario& s) {
+  HardwareProfile unit = default_hardware_profile("cpu", false);
+  unit.host.compression[s.parallel.grad_compression] = CompressionRate{1.0, 1.0};
+  const CostModel cost(unit, 1e10, 1e10);
+  WorkloadOptions wo;
+  wo.steps = s.training.steps;
+  wo.precision = precision_config("fp32");
+  const Workload w = build_workload(s, cost, wo);
+  const double ranks_per_stage = double(s.world_size()) / double(std::max(1, s.parallel.pp));
+  std::map<std::pair<std::string, int>, double> out;
+  for (const auto& prog : w.stages)
+    for (const auto& op : prog.ops) {
+      const std::string& n = w.names[op.name];
+      if (n == names::kDpCompress || n == names::kDpDecompress)
+        out[{n, op.step}] += double(op.duration_ns) * ranks_per_stage;
+    }
+  return out;
+}
+
+// Gradient compression's compute, per scheme: the runs' ddp.compress / ddp.decompress spans of the
+// counted steps (each normalised to a lone rank: its run's slowdown and the progress threads in
+// flight, span_factor) over the units of the same ops of the run's workload:
+//   ns per unit = Σ normalised span time / Σ units, per scheme and op.
+void fit_compression(const std::vector<TraceInfo>& infos, const std::vector<double>& factor,
+                     const CoreSharing& sharing, int threads, HostFit& out) {
+  std::map<std::string, std::array<double, 4>> sums;  // scheme -> compress t, u, decompress t, u
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const TraceInfo& info = infos[i];
+    const std::string& scheme = info.s.parallel.grad_compression;
+    if (info.bench || info.emulated_16bit || scheme == "none" || info.s.parallel.dp < 2) continue;
+    std::map<std::pair<std::string, int>, double> units;
+    try {
+      units = compression_units(info.s);
+    } catch (const InputError& e) {
+      out.notes.push_back(info.label + ": compression not fitted (" + e.what() + ")");
+      continue;
+    }
+    const CommInFlight in_flight(info);
+    std::map<std::pair<std::string, int>, double> measured;
+    for (const auto& sp : info.t->spans) {
+      const std::string& n = info.t->name_of(sp);
+      if (sp.step < info.first_counted_step ||
+          (n != names::kDpCompress && n != names::kDpDecompress))
+        continue;
+      const double m = in_flight.at(sp.start_ns + sp.duration_ns() / 2);
+      measured[{n, sp.step}] +=
+          double(sp.duration_ns()) / span_factor(info, factor[i], sharing, threads, m);
+    }
+    auto& acc = sums[scheme];
+    for (const auto& [key, t] : measured) {
+      const auto u = units.find(key);
+      if (u == units.end() || u->second <= 0) continue;
+      const int k = key.first == names::kDpCompress ? 0 : 2;
+      acc[k] += t, acc[k + 1] += u->second;
+    }
+  }
+  for (const auto& [scheme, a] : sums) {
+    CompressionRate r;
+    r.compress_ns = a[1] > 0 ? a[0] / a[1] : 0.0;
+    r.decompress_ns = a[3] > 0 ? a[2] / a[3] : 0.0;
+    if (r.compress_ns <= 0 && r.decompress_ns <= 0) continue;
+    out.rates.compression[scheme] = r;
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "compression: %s compress %.4f ns per unit (%.3g units), decompress %.4f ns per "
+                  "unit (%.3g units), from its runs' ddp.compress / ddp.decompress spans",
+                  scheme.c_str(), r.compress_ns, a[1], r.decompress_ns, a[3]);
+    out.notes.push_back(buf);
+  }
+  for (const char* scheme : {"int8", "topk", "powersgd"})
+    if (!out.rates.compression.count(scheme))
+      out.notes.push_back(std::string("compression: no run with grad_compression ") + scheme +
+                          ": its compute is priced by the roofline estimate");
+}
+}  // namespace
+
 namespace detail {
 
 std::vector<GpuItem> orrery_gpu_items(const traces::Trace& t, size_t trace_index, int skip_steps,
@@ -1597,6 +1763,12 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_all,
   p.data_load_ns = data_load.ns;
   append(out.notes, data_load.notes);
   p.offload = offload.links;
+  // 2b. host compute: the 16-bit formats' rounding and the compression schemes' compute
+  HostFit host;
+  fit_rounding(infos, obs, ops, sl, sharing, host);
+  fit_compression(infos, sl.factor, sharing, threads, host);
+  p.host = host.rates;
+  append(out.notes, host.notes);
 
   // 3. collectives
   const int ranks_per_node = described_ranks_per_node(infos, opt.ranks_per_node);

@@ -33,6 +33,7 @@ ModelDims model_dims(const Scenario& s, int64_t act_bytes) {
   const auto p = precision_from_string(s.runtime.precision);
   d.emulated_16bit = parse_device(s.runtime.device) == orrery::Device::Cpu && p &&
                      (*p == Precision::BF16 || *p == Precision::FP16);
+  if (d.emulated_16bit) d.emulated_format = *p;
   return d;
 }
 
@@ -235,15 +236,12 @@ std::optional<std::vector<Kernel>> sp_block_kernels(std::string_view name, int p
 namespace {
 std::optional<std::vector<Kernel>> op_kernels_fp32(std::string_view name, int piece, int pieces,
                                                    const ModelDims& d, double opt_params);
-}
 
-std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, int pieces,
-                                              const ModelDims& d, double opt_params) {
-  auto ks = op_kernels_fp32(name, piece, pieces, d, opt_params);
-  if (!ks || !d.emulated_16bit) return ks;
-  // The rounding passes of the emulated 16-bit products (ModelDims::emulated_16bit).
+// One elementwise pass per GEMM kernel of `ks` over the elements it rounds (8 bytes each: read and
+// write): a, w and out forward; dout, inp, W and dinp backward.
+std::vector<Kernel> rounding_kernels(const std::vector<Kernel>& ks) {
   std::vector<Kernel> rounding;
-  for (const Kernel& k : *ks) {
+  for (const Kernel& k : ks) {
     if (k.cls != OpClass::Gemm || k.gm <= 0) continue;
     const double a = k.gm * k.gk, w = k.gk * k.gn, out = k.gm * k.gn;
     Kernel r;
@@ -251,8 +249,22 @@ std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, 
     r.bytes = 8.0 * (k.gemm_backward ? out + a + w + a : a + w + out);
     rounding.push_back(r);
   }
+  return rounding;
+}
+}  // namespace
+
+std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, int pieces,
+                                              const ModelDims& d, double opt_params) {
+  auto ks = op_kernels_fp32(name, piece, pieces, d, opt_params);
+  if (!ks || !d.emulated_16bit) return ks;
+  // The rounding passes of the emulated 16-bit products (ModelDims::emulated_16bit).
+  const std::vector<Kernel> rounding = rounding_kernels(*ks);
   ks->insert(ks->end(), rounding.begin(), rounding.end());
   return ks;
+}
+
+double rounded_elements(const std::vector<Kernel>& ks) {
+  return total_bytes(rounding_kernels(ks)) / 8.0;
 }
 
 namespace {
@@ -412,6 +424,16 @@ int64_t CostModel::named_op_ns(std::string_view name, int piece, int pieces, con
   if (!ks)
     throw InputError("cost model: no op named '" + std::string(name) + "' (piece " +
                      std::to_string(piece) + " of " + std::to_string(pieces) + ")");
+  if (d.emulated_16bit) {
+    const auto r = profile_.host.rounding_ns.find(std::string(to_string(d.emulated_format)));
+    if (r != profile_.host.rounding_ns.end() && r->second > 0) {
+      ModelDims f = d;
+      f.emulated_16bit = false;
+      const double elements = rounded_elements(*op_kernels(name, piece, pieces, f, opt_params));
+      return named_op_ns(name, piece, pieces, f, opt_params) +
+             static_cast<int64_t>(std::llround(elements * r->second));
+    }
+  }
   const int64_t modelled = op_ns(*ks);
   const MeasuredOp* best = nullptr;
   double best_dist = 0;
@@ -444,6 +466,19 @@ int64_t CostModel::named_op_ns(std::string_view name, int piece, int pieces, con
   const int64_t ref = mks ? op_ns(*mks) : 0;
   if (ref <= 0) return modelled;
   return static_cast<int64_t>(std::llround(double(best->time_ns) * double(modelled) / double(ref)));
+}
+
+double CostModel::compression_rate(std::string_view scheme, bool decompress) const {
+  const auto it = profile_.host.compression.find(std::string(scheme));
+  if (it == profile_.host.compression.end()) return 0;
+  return decompress ? it->second.decompress_ns : it->second.compress_ns;
+}
+
+int64_t CostModel::compression_ns(std::string_view scheme, bool decompress, double units,
+                                  const std::vector<Kernel>& kernels) const {
+  const double rate = compression_rate(scheme, decompress);
+  if (rate > 0) return static_cast<int64_t>(std::llround(units * rate));
+  return op_ns(kernels);
 }
 
 double model_flops_per_step(const Scenario& s) {

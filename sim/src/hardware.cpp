@@ -120,12 +120,29 @@ YAML::Node load_document(const std::string& yaml_text, const std::string& origin
     throw InputError(origin + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
   if (!root.IsMap()) throw InputError(origin + ": a hardware profile must be a YAML mapping");
-  check_keys(
-      root,
-      {"name", "device", "precision", "peak_flops", "memory_bandwidth_gbps", "data_load_us",
-       "kernels", "collectives", "machine", "cluster", "sharing", "ops", "rank_jitter", "op_jitter",
-       "gemm_shape", "attention_kernel", "comm_compute_share", "offload", "moe_expert_shares"},
-      origin, "");
+  check_keys(root,
+             {"name",
+              "device",
+              "precision",
+              "peak_flops",
+              "memory_bandwidth_gbps",
+              "data_load_us",
+              "kernels",
+              "collectives",
+              "machine",
+              "cluster",
+              "sharing",
+              "ops",
+              "rank_jitter",
+              "op_jitter",
+              "gemm_shape",
+              "attention_kernel",
+              "comm_compute_share",
+              "offload",
+              "moe_expert_shares",
+              "compression",
+              "rounding"},
+             origin, "");
   return root;
 }
 
@@ -416,6 +433,48 @@ OffloadLinks parse_offload(const YAML::Node& n, const std::string& origin, Offlo
   return dflt;
 }
 
+// A rate of the `compression:` or `rounding:` section: ns per unit, >= 0.
+double parse_rate(const YAML::Node& n, const std::string& origin, const std::string& key) {
+  const double v = get_number(n, origin, key);
+  if (!(v >= 0) || !std::isfinite(v))
+    throw InputError(where(origin, n, key) +
+                     ": expected a number >= 0 (ns per unit; 0: not measured)");
+  return v;
+}
+
+// The `compression:` section: per scheme, compress_ns and decompress_ns (HostComputeRates).
+std::map<std::string, CompressionRate> parse_compression(const YAML::Node& n,
+                                                         const std::string& origin) {
+  if (!n.IsMap()) throw InputError(where(origin, n, "compression") + ": expected a mapping");
+  check_keys(n, {"int8", "topk", "powersgd"}, origin, "compression.");
+  std::map<std::string, CompressionRate> out;
+  for (const auto& kv : n) {
+    const std::string scheme = kv.first.as<std::string>();
+    const std::string at = "compression." + scheme;
+    if (!kv.second.IsMap()) throw InputError(where(origin, kv.second, at) + ": expected a mapping");
+    check_keys(kv.second, {"compress_ns", "decompress_ns"}, origin, at + ".");
+    CompressionRate r;
+    if (kv.second["compress_ns"])
+      r.compress_ns = parse_rate(kv.second["compress_ns"], origin, at + ".compress_ns");
+    if (kv.second["decompress_ns"])
+      r.decompress_ns = parse_rate(kv.second["decompress_ns"], origin, at + ".decompress_ns");
+    out[scheme] = r;
+  }
+  return out;
+}
+
+// The `rounding:` section: ns per element rounded, per emulated 16-bit format.
+std::map<std::string, double> parse_rounding(const YAML::Node& n, const std::string& origin) {
+  if (!n.IsMap()) throw InputError(where(origin, n, "rounding") + ": expected a mapping");
+  check_keys(n, {"bf16", "fp16"}, origin, "rounding.");
+  std::map<std::string, double> out;
+  for (const auto& kv : n) {
+    const std::string f = kv.first.as<std::string>();
+    out[f] = parse_rate(kv.second, origin, "rounding." + f);
+  }
+  return out;
+}
+
 // The `sharing:` section (ranks sharing the cores of a node).
 CoreSharing parse_sharing(const YAML::Node& sh, const std::string& origin) {
   if (!sh.IsMap()) throw InputError(where(origin, sh, "sharing") + ": expected a mapping");
@@ -526,6 +585,8 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (const auto sh = root["sharing"]) p.sharing = parse_sharing(sh, origin);
   p.offload = offload_defaults(p.device, p.device != "cpu");
   if (const auto off = root["offload"]) p.offload = parse_offload(off, origin, p.offload);
+  if (const auto c = root["compression"]) p.host.compression = parse_compression(c, origin);
+  if (const auto r = root["rounding"]) p.host.rounding_ns = parse_rounding(r, origin);
   if (const auto m = root["machine"]) p.machine = parse_machine(m, origin);
   if (const auto g = root["gemm_shape"]) p.gemm_shape = parse_gemm_shape(g, origin);
   if (const auto a = root["attention_kernel"]) {
@@ -655,6 +716,21 @@ std::string to_yaml(const HardwareProfile& p) {
     e << YAML::Key << "comm_exponent" << YAML::Value << cs.comm_exponent;
     e << YAML::Key << "comm_compute_weight" << YAML::Value << cs.comm_compute_weight;
     e << YAML::Key << "comm_thread_weight" << YAML::Value << cs.comm_thread_weight;
+    e << YAML::EndMap;
+  }
+  if (!p.host.compression.empty()) {
+    e << YAML::Key << "compression" << YAML::Value << YAML::BeginMap;
+    for (const auto& [scheme, r] : p.host.compression) {
+      e << YAML::Key << scheme << YAML::Value << YAML::Flow << YAML::BeginMap;
+      e << YAML::Key << "compress_ns" << YAML::Value << r.compress_ns;
+      e << YAML::Key << "decompress_ns" << YAML::Value << r.decompress_ns;
+      e << YAML::EndMap;
+    }
+    e << YAML::EndMap;
+  }
+  if (!p.host.rounding_ns.empty()) {
+    e << YAML::Key << "rounding" << YAML::Value << YAML::BeginMap;
+    for (const auto& [f, ns] : p.host.rounding_ns) e << YAML::Key << f << YAML::Value << ns;
     e << YAML::EndMap;
   }
   if (!p.ops.empty()) {

@@ -901,14 +901,18 @@ class StageBuilder {
                                 {after}));
   }
   // --- Gradient compression (runtime ddp_compression.hpp): the same collectives, names and bytes
-  // (model/compression.hpp's closed forms) as the runtime's hooks. Their host compute is priced by
-  // the roofline of its passes over the bucket (elementwise, or GEMM for PowerSGD's products); not
-  // calibrated. The first "ddp.compress" of a bucket carries its fp32 bytes, as the runtime's.
+  // (model/compression.hpp's closed forms) as the runtime's hooks. Their host compute: the
+  // profile's measured rate per unit of work for the scheme (HostComputeRates, fitted by `orrery
+  // calibrate` from a run with that scheme), or without one the roofline of its passes over the
+  // bucket (elementwise, or GEMM for PowerSGD's products). The first "ddp.compress" of a bucket
+  // carries its fp32 bytes, as the runtime's.
   bool compressing() const {
     return compression_ != Compression::None && dp_ > 1 && step_ >= s_.compression.start_step;
   }
-  Piece compression_piece(std::vector<Kernel> ks, int64_t span_bytes) const {
-    return Piece{0.0, double(span_bytes), cost_.op_ns(ks)};
+  Piece compression_piece(bool decompress, double units, const std::vector<Kernel>& ks,
+                          int64_t span_bytes) const {
+    return Piece{0.0, double(span_bytes),
+                 cost_.compression_ns(s_.parallel.grad_compression, decompress, units, ks)};
   }
   // int8 / top-k: compress, then the all-gather of every rank's payload; decompressed after the
   // backward (decompress_gathered), as the runtime's finish_backward.
@@ -920,7 +924,8 @@ class StageBuilder {
     const double bytes = int8 ? 17.0 * double(n) : 24.0 * double(n);
     const uint32_t c = b_.add(
         compute(names::kDpCompress,
-                compression_piece({Kernel{OpClass::Elementwise, 4.0 * double(n), bytes}}, 4 * n),
+                compression_piece(false, double(n),
+                                  {Kernel{OpClass::Elementwise, 4.0 * double(n), bytes}}, 4 * n),
                 PhaseKind::Backward, mb, bk.lowest),
         {after});
     const int64_t payload =
@@ -931,14 +936,18 @@ class StageBuilder {
                 payload * dp_, PhaseKind::Backward, mb, bk.lowest, {c});
     gathers_.push_back({g, n, bk.lowest});
   }
+  // Units (HostComputeRates): int8 the n x dp elements gathered, top-k the bucket's n.
   void decompress_gathered(int mb) {
     for (const auto& [g, n, layer] : gathers_) {
-      const double gathered = double(n) * (compression_ == Compression::Int8 ? 1.0 : 0.0) * dp_;
+      const bool int8 = compression_ == Compression::Int8;
+      const double gathered = double(n) * (int8 ? 1.0 : 0.0) * dp_;
       const std::vector<Kernel> ks{
           Kernel{OpClass::Elementwise, 2.0 * double(n) * dp_, gathered + 8.0 * double(n)}};
-      grad_ops_.push_back(b_.add(
-          compute(names::kDpDecompress, compression_piece(ks, 0), PhaseKind::Backward, mb, layer),
-          {g}));
+      const double units = int8 ? double(n) * dp_ : double(n);
+      grad_ops_.push_back(
+          b_.add(compute(names::kDpDecompress, compression_piece(true, units, ks, 0),
+                         PhaseKind::Backward, mb, layer),
+                 {g}));
     }
     gathers_.clear();
   }
@@ -950,9 +959,10 @@ class StageBuilder {
     uint32_t prev = after;
     int64_t span_bytes = 4 * bk.params;
     double approx_flops = 0, approx_bytes = 0;  // the previous matrix's P Qᵀ and residual
+    // Units (HostComputeRates): the FLOPs of the stretch's products.
     auto compress = [&](double flops, double bytes) {
       const std::vector<Kernel> ks{Kernel{OpClass::Gemm, flops, bytes}};
-      prev = b_.add(compute(names::kDpCompress, compression_piece(ks, span_bytes),
+      prev = b_.add(compute(names::kDpCompress, compression_piece(false, flops, ks, span_bytes),
                             PhaseKind::Backward, mb, bk.lowest),
                     {prev});
       span_bytes = 0;
@@ -975,9 +985,10 @@ class StageBuilder {
     if (bk.plain == 0) return prev;
     all_reduce(names::kDpPowerSgdVectors, 4 * bk.plain);
     const std::vector<Kernel> ks{Kernel{OpClass::Elementwise, 0.0, 8.0 * double(bk.plain)}};
-    return prev = b_.add(compute(names::kDpDecompress, compression_piece(ks, 0),
-                                 PhaseKind::Backward, mb, bk.lowest),
-                         {prev});
+    return prev = b_.add(
+               compute(names::kDpDecompress, compression_piece(true, double(bk.plain), ks, 0),
+                       PhaseKind::Backward, mb, bk.lowest),
+               {prev});
   }
 
   // --- Mixture-of-experts blocks (model/moe.hpp's span order; workload.hpp).

@@ -19,9 +19,11 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -56,12 +58,29 @@ class OffloadFile {
   void check_present() const;
   const std::string& path() const { return path_; }
   std::size_t size_bytes() const { return bytes_; }
+  // Whether the file bypasses the page cache (O_DIRECT): set after creation where the filesystem
+  // allows it; where it refuses (EINVAL: some network and FUSE filesystems, tmpfs before Linux 6.6)
+  // the file stays buffered and one line on stderr says so. Direct I/O moves whole aligned blocks
+  // (kDirectAlign): a request not aligned in address, offset or size goes through an aligned
+  // bounce buffer, its partial edge blocks read first (a read-modify-write; the file's I/O is on
+  // one thread at a time), so the file may end up to one block longer than size_bytes().
+  bool direct() const { return direct_; }
+  static constexpr std::size_t kDirectAlign = 4096;
 
  private:
+  void buffered(bool why_einval) const;  // O_DIRECT off, with the message
+  // Aligned transfers of the whole range (raw_read: false at the end of the file).
+  bool raw_read(char* p, std::size_t bytes, uint64_t offset) const;
+  void raw_write(const char* p, std::size_t bytes, uint64_t offset) const;
+  char* bounce(std::size_t bytes) const;
+
   std::string path_;
   std::size_t bytes_ = 0;
   int fd_ = -1;
   uint64_t dev_ = 0, ino_ = 0;
+  mutable bool direct_ = false;
+  mutable std::unique_ptr<char, void (*)(void*)> bounce_{nullptr, std::free};
+  mutable std::size_t bounce_bytes_ = 0;
 };
 
 class OffloadStore {

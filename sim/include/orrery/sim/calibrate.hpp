@@ -34,6 +34,21 @@
 //     shapes (tp shards, other micro-batches) at the nearest measured time scaled by the fitted
 //     roofline's ratio (CostModel::named_op_ns), so the class fit only has to get ratios right.
 //
+//  2b. Host compute beyond the model's kernels (hardware.hpp's HostComputeRates). A run at a 16-bit
+//     runtime.precision (bf16, fp16 on the CPU) fits only its format's rounding: each of its ops
+//     (its median over the run's law slowdown) minus the same op of the fp32 runs (the pooled
+//     lone-rank time), over the op's rounded elements (rounded_elements), count-weighted:
+//        ns per element = Σ count · (t16 − t32) / Σ count · elements.
+//     Its ops stay out of every other fit (slowdowns, class rates, ops:, spread). A run with
+//     parallel.grad_compression (dp > 1) fits its scheme: the ddp.compress / ddp.decompress spans
+//     of the counted steps, each divided by span_factor (its run's slowdown and the progress
+//     threads in flight), summed per op, over the units of the same ops (the simulator's workload
+//     of that run's scenario built at 1 ns per unit):  ns per unit = Σ time / Σ units.
+//     Both kinds of run fit only these rates: they stay out of the sharing law, the class fit, the
+//     measured ops, the spread and the collectives (a compression run's own measured slowdown
+//     still normalises its spans), so the fp32 profile is the same with or without them.
+//     Schemes and formats no run measures keep the roofline estimate, with a note.
+//
 //  3. Collectives. Spans are grouped by (communicator, sequence number) across ranks; a
 //     collective's transfer time is min(end) − max(start) over its members (the time after the
 //     last member arrived). Per op and group size n, t = α + β · bytes · busbw_factor(op, n) is

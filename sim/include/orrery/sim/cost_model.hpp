@@ -57,6 +57,9 @@ struct ModelDims {
   // elementwise pass (8 bytes: read and write) per element of A, W and out (forward), and of dout,
   // inp, W and dinp (backward); op_kernels adds those passes. The sgemm itself stays fp32.
   bool emulated_16bit = false;
+  // Which format it emulates (bf16 or fp16): a profile's measured rounding rate is per format
+  // (HostComputeRates::rounding_ns).
+  Precision emulated_format = Precision::BF16;
 };
 ModelDims model_dims(const Scenario& s, int64_t act_bytes);
 // The FLOP-count dimensions (model/flops.hpp) of these shapes: the runtime's, for the same block.
@@ -118,6 +121,11 @@ std::vector<Kernel> optimizer_kernels(double params, double bytes_per_param);
 std::optional<std::vector<Kernel>> op_kernels(std::string_view name, int piece, int pieces,
                                               const ModelDims& d, double opt_params = 0);
 
+// The elements the emulated 16-bit products of `ks` round (ModelDims::emulated_16bit): per GEMM
+// kernel its operands and output (a + w + out forward; dout, inp, W and dinp backward); `ks` are
+// the op's fp32 kernels (without the rounding passes).
+double rounded_elements(const std::vector<Kernel>& ks);
+
 double total_flops(const std::vector<Kernel>& ks);
 double total_bytes(const std::vector<Kernel>& ks);
 
@@ -139,8 +147,17 @@ class CostModel {
   // tokens, channels, heads, vocabulary and tp, or parameters for adamw; a different piece split costs
   // more than any shape difference) times the roofline ratio op_ns(this op) / op_ns(that entry's op),
   // so an op at a measured shape costs exactly what was measured and other shapes scale from it.
+  // An emulated 16-bit op (ModelDims::emulated_16bit) under a profile with a measured rounding rate
+  // for its format costs its fp32 time plus rounded_elements x that rate.
   int64_t named_op_ns(std::string_view name, int piece, int pieces, const ModelDims& d,
                       double opt_params = 0) const;
+  // Gradient compression's host compute (HostComputeRates): `units` of the op's work (their
+  // definition per scheme: hardware.hpp) at the profile's measured rate for `scheme` ("int8",
+  // "topk", "powersgd"), compress or decompress; without one, the roofline of `kernels`.
+  int64_t compression_ns(std::string_view scheme, bool decompress, double units,
+                         const std::vector<Kernel>& kernels) const;
+  // The measured rate of that op, 0 when the profile has none.
+  double compression_rate(std::string_view scheme, bool decompress) const;
   double peak_flops() const { return peak_flops_; }
   double memory_bandwidth() const { return bandwidth_; }
   const HardwareProfile& profile() const { return profile_; }

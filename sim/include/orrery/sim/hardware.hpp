@@ -48,6 +48,12 @@
 //     - {name: adamw, params: 5.3e6, time_us: 29695}   #   the optimizer: by parameters held
 //                               #   an op of the workload with a measured entry of the same name costs
 //                               #   the nearest entry's time x the roofline ratio of the two shapes
+//   compression:                # optional (calibrated CPU profiles): gradient compression's host
+//     int8: {compress_ns: 1.9, decompress_ns: 0.8}   #   compute, ns per unit (HostComputeRates)
+//     powersgd: {compress_ns: 0.4, decompress_ns: 1.1}
+//   rounding:                   # optional (calibrated CPU profiles): ns per element rounded by the
+//     bf16: 0.7                 #   emulated 16-bit formats (runtime.precision on device cpu)
+//     fp16: 3.2
 //   machine:                    # the machine the profile was measured on (free-form strings)
 //     host: ..., cpu: ..., gpus: ..., driver: ..., date: ..., source: ...
 #pragma once
@@ -184,6 +190,30 @@ struct OffloadLinks {
 };
 OffloadLinks offload_defaults(const std::string& device, bool is_gpu);
 
+// Host compute the runtime does outside the model's kernels, measured (`orrery calibrate`) rather
+// than estimated by the roofline; issue 18 item 4. A missing entry or a rate of 0: the roofline
+// estimate of the workload's kernels for that op (cost_model.hpp).
+//  - `compression:` per scheme (int8, topk, powersgd; runtime ddp_compression.cpp), the time of a
+//    ddp.compress / ddp.decompress op per unit of its work, the units being:
+//      int8      compress: gradient elements of the bucket; decompress: elements gathered (n x dp)
+//      topk      compress: gradient elements of the bucket; decompress: gradient elements of the
+//                bucket (its zero fill and scaling passes; the k x dp scatter-adds are few)
+//      powersgd  compress: FLOPs of its products (P = M Q, Q = M^T P and the approximation P Q^T,
+//                2 m n r each, and the orthonormalisation's 2 m r^2), the elementwise passes over
+//                the matrix (residual, error feedback) folded into that rate; decompress: plain
+//                (vector) entries copied back
+//  - `rounding:` per emulated 16-bit format (bf16, fp16; runtime half.hpp), ns per element rounded
+//    (ModelDims::emulated_16bit's passes over each GEMM's operands and output).
+struct CompressionRate {
+  double compress_ns = 0;    // per unit (0: not measured)
+  double decompress_ns = 0;  // per unit (0: not measured)
+};
+struct HostComputeRates {
+  std::map<std::string, CompressionRate> compression;  // by scheme: int8, topk, powersgd
+  std::map<std::string, double> rounding_ns;           // by format: bf16, fp16
+  bool empty() const { return compression.empty() && rounding_ns.empty(); }
+};
+
 struct HardwareProfile {
   std::string name;
   std::string path;                         // file it was read from ("" for built-in defaults)
@@ -227,7 +257,8 @@ struct HardwareProfile {
   // `attention_kernel: fused` (default: FlashAttention-style, the class's roofline) or `unfused`
   // (two batched GEMMs and the T x T scores through memory, CostModel::unfused_attention_ns).
   bool attention_fused = true;
-  OffloadLinks offload;  // the `offload:` section (or the preset's defaults)
+  OffloadLinks offload;   // the `offload:` section (or the preset's defaults)
+  HostComputeRates host;  // the `compression:` and `rounding:` sections
 
   const ClassCost& cost(OpClass c) const { return classes[static_cast<int>(c)]; }
   // The override for `op` over a group that is (or is not) inside one node, or null. With
