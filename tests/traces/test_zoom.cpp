@@ -347,5 +347,50 @@ TEST(Zoom, MergedLevelsFromTheInputsEqualThoseOfTheMergedSpans) {
   same(m2);
 }
 
+// Per-rank files on one grid (the usual case: the ranks of one run): the merge copies each lane's
+// stored chunks instead of decoding and re-deriving them, and the chunks are the same as the
+// re-derived ones, byte for byte; a damaged chunk of an input is still an error naming it.
+TEST(Zoom, MergedLevelsCopiedFromInputsOnTheSameGridEqualTheDerivedOnes) {
+  TempDir dir;
+  std::vector<std::string> inputs;
+  for (int r = 0; r < 3; ++r) {
+    Trace t = testing::make_trace(1, 900, 21);  // the same time range: one grid
+    for (auto& s : t.spans) s.rank = r;
+    for (auto& s : t.streams) s.rank = r;
+    for (auto& c : t.counters) c.rank = r;
+    t.ranks[0].rank = r;
+    inputs.push_back(dir.path("r" + std::to_string(r) + ".db"));
+    write_trace(t, inputs.back());
+  }
+  const auto m = dir.path("m.db");
+  merge_traces(inputs, m);
+  const ZoomGrid g = ZoomIndex(m).grid();
+  for (const auto& in : inputs) {
+    const ZoomGrid gi = ZoomIndex(in).grid();
+    ASSERT_EQ(gi.origin_ns, g.origin_ns);
+    ASSERT_EQ(gi.base_ns, g.base_ns);
+    ASSERT_EQ(gi.levels, g.levels);
+  }
+  const auto copied = merge_zoom_levels(inputs, m, true);
+  const auto derived = merge_zoom_levels(inputs, m, false);
+  ASSERT_TRUE(copied && derived);
+  ASSERT_GT(copied->chunks.size(), 3u);
+  ASSERT_EQ(copied->chunks.size(), derived->chunks.size());
+  for (size_t i = 0; i < copied->chunks.size(); ++i) {
+    const ZoomChunk &a = copied->chunks[i], &b = derived->chunks[i];
+    EXPECT_EQ(std::tie(a.rank, a.stream, a.row, a.level, a.chunk, a.buckets, a.crc32c),
+              std::tie(b.rank, b.stream, b.row, b.level, b.chunk, b.buckets, b.crc32c));
+    EXPECT_EQ(a.packed, b.packed);
+  }
+  exec(inputs[2], "UPDATE zoom_chunks SET packed = zeroblob(length(packed)) WHERE rowid = 1");
+  try {
+    merge_zoom_levels(inputs, m, true);
+    FAIL() << "a damaged chunk was copied";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(inputs[2]), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace orrery::traces

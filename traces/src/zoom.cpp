@@ -691,10 +691,57 @@ bool row_on_grid(const ZoomIndex& in, const ZoomLane& lane, int row, const ZoomG
   return true;
 }
 
+// The stored chunks of one lane of `path`, each one's CRC32C checked but not decoded: where the
+// merged grid is its input's, the input's chunks are the merged file's (the same buckets, and
+// the key the checksum covers is the same rank, stream, row, level and chunk).
+void copy_lane_chunks(const std::string& path, int32_t rank, int32_t stream,
+                      std::vector<ZoomChunk>& out) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    sqlite3_close(db);
+    throw InputError(path + ": cannot open trace to read its zoom levels");
+  }
+  std::unique_ptr<sqlite3, int (*)(sqlite3*)> closer(db, sqlite3_close);
+  Stmt st = prep(db, path,
+                 "SELECT row, level, chunk, buckets, crc32c, packed FROM zoom_chunks WHERE "
+                 "rank=?1 AND stream=?2 ORDER BY row, level, chunk");
+  sqlite3_bind_int64(st.get(), 1, rank);
+  sqlite3_bind_int64(st.get(), 2, stream);
+  int rc;
+  while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
+    ZoomChunk c;
+    c.rank = rank;
+    c.stream = stream;
+    c.row = static_cast<int32_t>(sqlite3_column_int64(st.get(), 0));
+    c.level = static_cast<int32_t>(sqlite3_column_int64(st.get(), 1));
+    c.chunk = sqlite3_column_int64(st.get(), 2);
+    c.buckets = sqlite3_column_int64(st.get(), 3);
+    c.crc32c = static_cast<uint32_t>(sqlite3_column_int64(st.get(), 4));
+    const auto* blob = static_cast<const char*>(sqlite3_column_blob(st.get(), 5));
+    c.packed.assign(blob ? blob : "", static_cast<size_t>(sqlite3_column_bytes(st.get(), 5)));
+    if (const uint32_t crc = chunk_crc(c); crc != c.crc32c) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "checksum mismatch: CRC32C 0x%08x, the chunk records 0x%08x",
+                    crc, c.crc32c);
+      throw InputError(path + ": corrupt zoom levels (chunk " + std::to_string(c.chunk) +
+                       " of rank " + std::to_string(rank) + ", stream " + std::to_string(stream) +
+                       ", row " + std::to_string(c.row) + ", level " + std::to_string(c.level) +
+                       "): " + buf + "; rebuild them with `orrery info --index " + path + "`");
+    }
+    out.push_back(std::move(c));
+  }
+  if (rc != SQLITE_DONE)
+    throw InputError(path + ": cannot read zoom levels (" + sqlite3_errmsg(db) + ")");
+}
+
+bool same_grid(const ZoomGrid& a, const ZoomGrid& b) {
+  return a.origin_ns == b.origin_ns && a.base_ns == b.base_ns && a.levels == b.levels;
+}
+
 }  // namespace
 
 std::optional<ZoomLevels> merge_zoom_levels(const std::vector<std::string>& inputs,
-                                            const std::string& merged) {
+                                            const std::string& merged, bool copy_same_grid) {
   TraceReader out(merged);
   const auto range = out.time_range();
   if (!range || range->start_ns < 0) return std::nullopt;
@@ -725,6 +772,10 @@ std::optional<ZoomLevels> merge_zoom_levels(const std::vector<std::string>& inpu
   for (const auto& [key, entry] : lanes) {
     const auto& [input, lane] = entry;
     z.lanes.push_back(lane);
+    if (copy_same_grid && same_grid(zs[input]->grid(), z.grid)) {
+      copy_lane_chunks(inputs[input], lane.rank, lane.stream, z.chunks);
+      continue;
+    }
     for (int row = 0; row < lane.rows; ++row) {
       std::vector<ZoomBucket> level;
       if (!row_on_grid(*zs[input], lane, row, z.grid, level)) return std::nullopt;

@@ -111,8 +111,11 @@ std::vector<ZoomBucket> decode_zoom_chunk(const ZoomChunk& c, const ZoomGrid& g,
 // nest). Needs every input's levels current and each lane of `merged` to be one input's lane with
 // its span count; nullopt otherwise (the caller computes them from the spans). Throws InputError
 // for an input's damaged chunk.
+// Where an input's grid is the merged one (per-rank files of one run usually), its lanes' chunks
+// are copied as stored, each CRC32C checked (copy_same_grid; false re-derives every lane, the
+// same chunks).
 std::optional<ZoomLevels> merge_zoom_levels(const std::vector<std::string>& inputs,
-                                            const std::string& merged);
+                                            const std::string& merged, bool copy_same_grid = true);
 
 // Replaces the zoom tables of the trace at `path` with `z`, in one transaction.
 void write_zoom_levels(sqlite3* db, const std::string& path, const ZoomLevels& z);
