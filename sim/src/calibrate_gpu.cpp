@@ -96,13 +96,22 @@ std::vector<GpuItem> imported_items(const traces::Trace& t, size_t trace_index,
     size_t row = 0;
     double ns = 0;
     int kernels = 0;
+    bool tf32 = false;
   };
+  // The kernel spans' names, by the (rank, stream, start, end) a row names its span with.
+  std::map<std::tuple<int32_t, int32_t, int64_t, int64_t>, traces::NameId> names;
+  for (const auto& s : t.spans)
+    if (s.kind == traces::SpanKind::Compute)
+      names.emplace(std::make_tuple(s.rank, s.stream, s.start_ns, s.end_ns), s.name);
   std::map<std::pair<int32_t, int64_t>, Instance> inst;
   for (size_t r = 0; r < rows.size(); ++r) {
     auto [it, fresh] = inst.try_emplace({rows[r].rank, rows[r].group});
     if (fresh) it->second.row = r;
     it->second.ns += double(rows[r].end_ns - rows[r].start_ns);
     it->second.kernels += 1;
+    const auto n = names.find({rows[r].rank, rows[r].stream, rows[r].start_ns, rows[r].end_ns});
+    if (n != names.end() && traces::tf32_tensor_core_kernel(t.strings.str(n->second)))
+      it->second.tf32 = true;
   }
   // op, shape, kernels launched, FLOPs (a causal and a full attention of one shape differ)
   using Key = std::tuple<std::string, std::string, int, double>;
@@ -123,6 +132,7 @@ std::vector<GpuItem> imported_items(const traces::Trace& t, size_t trace_index,
       g.first.elem_bytes = flop_cls(*cls) ? w.work.elem_bytes : 0;
       g.first.trace = trace_index;
     }
+    g.first.tf32 = g.first.tf32 || (g.first.elem_bytes == 4 && i.tf32);
     g.second.push_back(i.ns);
   }
   std::vector<GpuItem> out;
@@ -325,17 +335,23 @@ std::string traces_device(const std::vector<traces::Trace>& ts, const Calibratio
                    "; give --device A100-SXM-80GB, H100-SXM or H200");
 }
 
-// The precision of the GEMMs (FLOP-weighted operand size: 2 bytes bf16, 4 fp32); a CUDA run's
-// runtime.precision when no observation says; bf16 otherwise.
+// The precision of the GEMMs (FLOP-weighted operand size: 2 bytes bf16, 4 fp32, or tf32 when most
+// of the 4-byte FLOPs ran on TF32 tensor-core kernels); a CUDA run's runtime.precision when no
+// observation says; bf16 otherwise.
 Precision items_precision(const std::vector<GpuItem>& items, const std::vector<traces::Trace>& ts) {
   std::map<int32_t, double> flops_by_size;
+  double tf32_flops = 0;
   for (const auto& it : items)
     if (it.elem_bytes > 0)
-      for (const auto& k : it.kernels) flops_by_size[it.elem_bytes] += k.flops * double(it.count);
+      for (const auto& k : it.kernels) {
+        flops_by_size[it.elem_bytes] += k.flops * double(it.count);
+        if (it.tf32) tf32_flops += k.flops * double(it.count);
+      }
   if (!flops_by_size.empty()) {
     const auto best = std::max_element(flops_by_size.begin(), flops_by_size.end(),
                                        [](auto& a, auto& b) { return a.second < b.second; });
-    return best->first <= 2 ? Precision::BF16 : Precision::FP32;
+    if (best->first <= 2) return Precision::BF16;
+    return tf32_flops > 0.5 * best->second ? Precision::TF32 : Precision::FP32;
   }
   for (const auto& t : ts)
     if (const auto p = precision_from_string(t.meta.layout.precision)) return *p;
@@ -384,6 +400,24 @@ void keep_precision(Observations& o, Precision p) {
                       (want == 2 ? "other than 16-bit" : "other than 32-bit") +
                       " operands left out (the profile describes one precision, " +
                       std::string(to_string(p)) + ")");
+}
+
+// TF32: the share of the 4-byte GEMM FLOPs that ran on CUDA-core kernels, fitted against the
+// TF32 peak all the same (the simulator prices a TF32 run's GEMMs so).
+void note_tf32(Observations& o) {
+  double all = 0, cuda_cores = 0;
+  for (const auto& it : o.items)
+    if (it.elem_bytes == 4)
+      for (const auto& k : it.kernels) {
+        all += k.flops * double(it.count);
+        if (!it.tf32) cuda_cores += k.flops * double(it.count);
+      }
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.1f", all > 0 ? 100.0 * cuda_cores / all : 0.0);
+  o.notes.push_back(
+      "the 32-bit GEMMs ran on TF32 tensor-core kernels (their names say so): fitted against the "
+      "TF32 peak; " +
+      std::string(pct) + " % of their FLOPs ran on CUDA-core kernels (sgemm), priced so too");
 }
 
 const char* kParamNames[kGpuCols] = {
@@ -481,6 +515,7 @@ CalibrationResult calibrate_gpu(const std::vector<traces::Trace>& ts,
   Observations obs = observe(ts, opt);
   const Precision prec = items_precision(obs.items, ts);
   keep_precision(obs, prec);
+  if (prec == Precision::TF32) note_tf32(obs);
   HardwareProfile& p = out.profile;
   p = default_hardware_profile(preset, true);
   p.name = opt.name;

@@ -22,6 +22,7 @@ struct GpuItem {
   double measured_ns = 0;  // median over instances
   int64_t count = 0;       // instances
   int32_t elem_bytes = 0;  // operands' element size (gemm and attention), 0 unknown
+  bool tf32 = false;       // 4-byte operands on TF32 tensor-core kernels (tf32_tensor_core_kernel)
   size_t trace = 0;        // index of the trace it came from
 };
 

@@ -207,6 +207,59 @@ TEST(CalibrateGpu, ATraceWithoutShapesKeepsTheDefaultsAndSaysWhich) {
   EXPECT_NE(calibrated_yaml(r).find("NOT FITTED"), std::string::npos);
 }
 
+// An fp32 PyTorch job on an A100 (deviceProperties) whose three GEMMs ran on kernels named
+// `kernel`: one per op, each op [1000 i, 1000 i + 500) us launching at 1000 i + 100 us.
+std::string fp32_gemm_job(const std::string& kernel) {
+  std::string ev;
+  const int dims[3][3] = {{1024, 1024, 1024}, {2048, 1024, 4096}, {4096, 4096, 1024}};
+  for (int i = 0; i < 3; ++i) {
+    const std::string m = std::to_string(dims[i][0]), n = std::to_string(dims[i][1]),
+                      k = std::to_string(dims[i][2]), ts = std::to_string(1000 * (i + 1)),
+                      c = std::to_string(50 + i);
+    ev += R"({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": )" + ts +
+          R"(, "dur": 500, "args": {"External id": )" + std::to_string(i + 1) +
+          R"(, "Input Dims": [[)" + m + ", " + k + "], [" + k + ", " + n +
+          R"(]], "Input type": ["float", "float"]}},)";
+    ev +=
+        R"({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": )" +
+        std::to_string(1000 * (i + 1) + 100) + R"(, "dur": 5, "args": {"External id": )" +
+        std::to_string(i + 1) + R"(, "correlation": )" + c + "}},";
+    ev += R"({"ph": "X", "cat": "kernel", "name": ")" + kernel +
+          R"(", "pid": 0, "tid": 7, "ts": )" + std::to_string(1000 * (i + 1) + 200) +
+          R"(, "dur": )" + std::to_string(100 * (i + 1)) +
+          R"(, "args": {"device": 0, "stream": 7, "correlation": )" + c + "}}" + (i < 2 ? "," : "");
+  }
+  return R"({"deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}], "traceEvents": [)" +
+         ev + "]}";
+}
+
+// fp32 operands on tensor-core kernels are a TF32 job, fitted against the TF32 peak; on CUDA-core
+// kernels (sgemm) an fp32 one.
+TEST(CalibrateGpu, Fp32OperandsOnTensorCoreKernelsAreTf32) {
+  const auto run = [](const std::string& kernel) {
+    return calibrate({traces::import_kineto_texts({fp32_gemm_job(kernel)}, {"job.json"})}, {});
+  };
+  const auto noted = [](const CalibrationResult& r) {
+    for (const auto& n : r.notes)
+      if (n.find("TF32 tensor-core kernels") != std::string::npos) return true;
+    return false;
+  };
+  const CalibrationResult tc =
+      run("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4>");
+  EXPECT_EQ(tc.profile.device, "A100-SXM-80GB");
+  EXPECT_EQ(tc.profile.precision, Precision::TF32);
+  EXPECT_TRUE(noted(tc));
+  const CalibrationResult simt = run("ampere_sgemm_128x64_nn");
+  EXPECT_EQ(simt.profile.precision, Precision::FP32);
+  EXPECT_FALSE(noted(simt));
+  for (const char* name :
+       {"ampere_tf32_s1688gemm_tf32_128x128_32x3", "sm80_xmma_gemm_tf32f32_tf32f32_f32_tn_n",
+        "volta_h884gemm_64x64_ldg8_nn hmma"})
+    EXPECT_TRUE(traces::tf32_tensor_core_kernel(name)) << name;
+  for (const char* name : {"volta_sgemm_32x128_tt", "ampere_sgemm_128x64_nn", "gemv2T_kernel_val"})
+    EXPECT_FALSE(traces::tf32_tensor_core_kernel(name)) << name;
+}
+
 TEST(CalibrateGpu, AnUnknownGpuNeedsDevice) {
   traces::Trace t = load("kineto_h100_calib.json");
   t.meta.extra_json = R"({"import":{"format":"kineto"}})";  // no devices, no kernel work

@@ -216,6 +216,59 @@ TEST(ImportKineto, ExactNanosecondsFromDecimalMicroseconds) {
   EXPECT_EQ(t.ranks[0].rank, 0);  // no distributedInfo: the file's position
 }
 
+// Kineto before PyTorch 1.13 (e.g. HolisticTraceAnalysis' A100 test traces of 2022): launches
+// and kernels carry their correlation id as "External id", and only time links a launch to its
+// operator. Thread 100: aten::linear [1000, 2000) encloses aten::t [1010, 1020) and aten::addmm
+// [1100, 1900), whose launch at 1200 starts the kernel at 3000; aten::mm [5000, 5500) launches at
+// 5100 the kernel at 6000. The launch at 7000 is in no op (no work); on thread 200, aten::mm
+// [7900, 8100) launches at 8000 the kernel at 9000, while thread 100's aten::add [7950, 8050) is
+// open at the same time on another thread.
+TEST(ImportKineto, OlderSchemaLinksLaunchesToTheirOperatorByTime) {
+  const std::string text = R"({"traceEvents": [
+    {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 100, "ts": 1000, "dur": 1000,
+     "args": {"External id": 5, "Input Dims": [[64, 128], [32, 128], [32]], "Input type": ["float", "float", "float"]}},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::t", "pid": 1, "tid": 100, "ts": 1010, "dur": 10,
+     "args": {"External id": 6, "Input Dims": [[32, 128]], "Input type": ["float"]}},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "pid": 1, "tid": 100, "ts": 1100, "dur": 800,
+     "args": {"External id": 7, "Input Dims": [[32], [64, 128], [128, 32], [], []], "Input type": ["float", "float", "float", "Scalar", "Scalar"]}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 100, "ts": 1200, "dur": 5,
+     "args": {"External id": 900, "correlation": 900}},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 100, "ts": 5000, "dur": 500,
+     "args": {"External id": 8, "Input Dims": [[16, 256], [256, 8]], "Input type": ["float", "float"]}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 100, "ts": 5100, "dur": 5,
+     "args": {"External id": 901, "correlation": 901}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 100, "ts": 7000, "dur": 5,
+     "args": {"External id": 902, "correlation": 902}},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 100, "ts": 7950, "dur": 100,
+     "args": {"External id": 9, "Input Dims": [[4], [4], []], "Input type": ["float", "float", "Scalar"]}},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 200, "ts": 7900, "dur": 200,
+     "args": {"External id": 10, "Input Dims": [[8, 8], [8, 4]], "Input type": ["float", "float"]}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 200, "ts": 8000, "dur": 5,
+     "args": {"External id": 903, "correlation": 903}},
+    {"ph": "X", "cat": "kernel", "name": "gemm_a", "pid": 0, "tid": 7, "ts": 3000, "dur": 1000,
+     "args": {"External id": 900, "correlation": 900, "device": 0, "stream": 7}},
+    {"ph": "X", "cat": "kernel", "name": "gemm_b", "pid": 0, "tid": 7, "ts": 6000, "dur": 500,
+     "args": {"External id": 901, "correlation": 901, "device": 0, "stream": 7}},
+    {"ph": "X", "cat": "kernel", "name": "orphan", "pid": 0, "tid": 7, "ts": 7100, "dur": 100,
+     "args": {"External id": 902, "correlation": 902, "device": 0, "stream": 7}},
+    {"ph": "X", "cat": "kernel", "name": "gemm_c", "pid": 0, "tid": 7, "ts": 9000, "dur": 100,
+     "args": {"External id": 903, "correlation": 903, "device": 0, "stream": 7}}]})";
+  const Trace t = import_kineto_texts({text}, {"old_schema.json"});
+  const auto rows = read_kernel_work(t);
+  ASSERT_EQ(rows.size(), 3u);
+  std::map<std::string, double> flops;
+  for (const auto& k : rows) {
+    EXPECT_EQ(k.work.cls, "gemm");
+    flops[k.op] += k.work.flops;
+  }
+  EXPECT_DOUBLE_EQ(flops["aten::addmm"], 2.0 * 64 * 32 * 128);
+  EXPECT_DOUBLE_EQ(flops["aten::mm"], 2.0 * 16 * 8 * 256 + 2.0 * 8 * 4 * 8);
+  EXPECT_DOUBLE_EQ(spans_named(t, "gemm_a", 0).front()->flops, 2.0 * 64 * 32 * 128);
+  EXPECT_DOUBLE_EQ(spans_named(t, "gemm_b", 0).front()->flops, 2.0 * 16 * 8 * 256);
+  EXPECT_DOUBLE_EQ(spans_named(t, "gemm_c", 0).front()->flops, 2.0 * 8 * 4 * 8);
+  EXPECT_DOUBLE_EQ(spans_named(t, "orphan", 0).front()->flops, 0);
+}
+
 TEST(ImportKineto, CpuOnlyRankLeavesAreComputeAndRecordParamCommsIsCollective) {
   // A CPU-only rank: aten::linear [0, 100) encloses aten::addmm [10, 90) which encloses
   // aten::copy_ [20, 30); a sibling aten::relu [100, 120); record_param_comms [120, 150).

@@ -396,6 +396,10 @@ class FileReader {
     // External id of each launch by correlation id.
     std::unordered_map<int64_t, const Ev*> shaped_ops;
     std::unordered_map<int64_t, int64_t> launch_external;
+    // Kineto before PyTorch 1.13 gave launches and kernels their correlation id as External id,
+    // not their operator's: then launch_external holds the innermost shaped cpu_op of the
+    // launching thread open at the launch, and a kernel's own External id is not an op's.
+    bool external_is_correlation = false;
   };
   // CPU-only ranks with backend ops: the k-th op of a kind takes the arguments of the k-th
   // record_param_comms call of that kind.
@@ -421,6 +425,7 @@ class FileReader {
   bool read_complete_event(const std::string& ph, const json& e, Ev& ev);
   void assign_streams(Events& in, const ThreadNames& names);
   HostCalls host_calls(const std::vector<Ev>& evs) const;
+  static void link_launches_by_time(const std::vector<Ev>& evs, HostCalls& h);
   std::vector<char> leaf_ops(const std::vector<Ev>& evs) const;
   void add_spans(const Events& in, const HostCalls& host, const std::vector<char>& leaf);
   int64_t issue_of(const Ev& ev, const HostCalls& host) const;
@@ -676,7 +681,50 @@ FileReader::HostCalls FileReader::host_calls(const std::vector<Ev>& evs) const {
   }
   std::stable_sort(h.comms_calls.begin(), h.comms_calls.end(),
                    [](const Ev* a, const Ev* b) { return a->start_ns < b->start_ns; });
+  // Every launch's External id its correlation id (and there are some): the older schema.
+  h.external_is_correlation = !h.launch_external.empty() &&
+                              std::all_of(h.launch_external.begin(), h.launch_external.end(),
+                                          [](const auto& kv) { return kv.first == kv.second; });
+  if (h.external_is_correlation) link_launches_by_time(evs, h);
   return h;
+}
+
+// The older schema: each launch's operator is the innermost cpu_op with recorded shapes open on
+// the launching thread (stream) when the launch started. A thread's ops nest, so one sweep over
+// the thread's ops and launches in time order, with a stack of the open ops, finds it.
+void FileReader::link_launches_by_time(const std::vector<Ev>& evs, HostCalls& h) {
+  struct Item {
+    int64_t t, end;
+    int order;  // at one time: ops open before launches look for them
+    const Ev* ev;
+  };
+  std::map<int32_t, std::vector<Item>> by_thread;
+  for (const auto& [x, op] : h.shaped_ops)
+    by_thread[op->stream].push_back({op->start_ns, op->end_ns, 0, op});
+  for (const auto& ev : evs) {
+    const json* args = member(*ev.e, "args");
+    if (ev.cat == Cat::Runtime && args && as_int(member(*args, "correlation")))
+      by_thread[ev.stream].push_back({ev.start_ns, ev.start_ns, 1, &ev});
+  }
+  h.launch_external.clear();
+  for (auto& [thread, items] : by_thread) {
+    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+      if (a.t != b.t) return a.t < b.t;
+      if (a.order != b.order) return a.order < b.order;
+      return a.end > b.end;  // the enclosing op first
+    });
+    std::vector<const Item*> open;
+    for (const Item& it : items) {
+      while (!open.empty() && open.back()->end < it.t) open.pop_back();
+      if (it.order == 0) {
+        open.push_back(&it);
+      } else if (!open.empty()) {
+        const json& args = *member(*it.ev->e, "args");
+        h.launch_external[*as_int(member(args, "correlation"))] =
+            *as_int(member(*member(*open.back()->ev->e, "args"), "External id"));
+      }
+    }
+  }
 }
 
 // CPU-only ranks: a cpu_op enclosing no other cpu_op of its thread is a leaf (Compute).
@@ -787,7 +835,9 @@ void FileReader::add_kernel(const Ev& ev, const HostCalls& host) {
 std::optional<int64_t> FileReader::launching_op(const Ev& ev, const HostCalls& host) const {
   const json* args = member(*ev.e, "args");
   if (!args) return std::nullopt;
-  if (auto x = as_int(member(*args, "External id")); x && host.shaped_ops.count(*x)) return x;
+  if (auto x = as_int(member(*args, "External id"));
+      x && !host.external_is_correlation && host.shaped_ops.count(*x))
+    return x;
   if (auto c = as_int(member(*args, "correlation"))) {
     if (auto it = host.launch_external.find(*c); it != host.launch_external.end())
       if (host.shaped_ops.count(it->second)) return it->second;

@@ -374,6 +374,15 @@ std::vector<KernelWork> read_kernel_work(const Trace& t) {
   return out;
 }
 
+bool tf32_tensor_core_kernel(std::string_view kernel_name) {
+  std::string lower(kernel_name);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (const char* mark : {"tf32", "tensorop", "xmma", "hmma"})
+    if (lower.find(mark) != std::string::npos) return true;
+  return false;
+}
+
 std::vector<std::string> recorded_gpu_names(const Trace& t) {
   std::set<std::string> names;
   try {

@@ -6,7 +6,10 @@
 //
 // Where it comes from: `orrery import kineto` reads it from PyTorch's profiler with
 // record_shapes=True, which writes "Input Dims", "Input type" and "Concrete Inputs" on each cpu_op
-// event; a kernel names its launching op through its "External id" (or its launch's).
+// event; a kernel names its launching op through its "External id" (or its launch's). Kineto
+// before PyTorch 1.13 gave launches and kernels their correlation id as "External id": in such a
+// file (every launch's External id its correlation id) a launch's op is the innermost shaped
+// cpu_op open on its thread when the launch started.
 // `orrery import nsys` reads it from the NVTX ranges of emit_nvtx(record_shapes=True) (parse_nvtx_op):
 // a kernel's op is the innermost such range open on the thread when its launch (the runtime call
 // with its correlation id) was made. NVTX carries no dtypes, so only GEMM and attention ops are
@@ -105,6 +108,14 @@ std::optional<std::pair<std::string, std::vector<OpInput>>> parse_nvtx_op(std::s
 std::vector<KernelWork> read_kernel_work(const Trace& t);
 // Records `rows` in t.meta.extra_json (replacing any earlier kernel_work).
 void write_kernel_work(Trace& t, const std::vector<KernelWork>& rows);
+
+// A GEMM kernel that multiplies 32-bit operands on tensor cores in TF32 (PyTorch with
+// allow_tf32, cuBLAS's default for fp32 on Ampere and Hopper), by its name: NVIDIA's tensor-core
+// GEMM kernels say "tf32" (cuBLAS's "ampere_tf32_s1688gemm_...", "sm80_xmma_gemm_tf32f32_..."),
+// "tensorop" (CUTLASS's "cutlass_80_tensorop_s1688gemm_..."), "xmma" or "hmma"; the CUDA-core
+// kernels ("ampere_sgemm_128x64_nn", "volta_sgemm_...", "gemv2T_kernel...") do not. Only meaningful
+// for a kernel whose operator's operands are 4 bytes.
+bool tf32_tensor_core_kernel(std::string_view kernel_name);
 
 // The GPU names a trace records (Kineto's deviceProperties, kept by the importer under
 // extra_json "import"."devices", and the ranks' device descriptions). Empty when none.
