@@ -711,7 +711,8 @@ void FileReader::link_launches_by_time(const std::vector<Ev>& evs, HostCalls& h)
     std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
       if (a.t != b.t) return a.t < b.t;
       if (a.order != b.order) return a.order < b.order;
-      return a.end > b.end;  // the enclosing op first
+      if (a.end != b.end) return a.end > b.end;  // the enclosing op first
+      return a.ev->index < b.ev->index;          // then file order: the same on every run
     });
     std::vector<const Item*> open;
     for (const Item& it : items) {
