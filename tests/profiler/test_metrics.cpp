@@ -370,10 +370,15 @@ TEST(Metrics, PeakMemoryPerCategoryAndOfTheSum) {
   b.counter(0, "other.counter", 5, 1e9);  // not memory
   b.counter(1, "mem.total", 3, 42);
   b.counter(1, "mem.activations", 3, 40);
+  // ZeRO offload's counters: listed, not summed (the state they hold left the rank's memory).
+  b.counter(0, "mem.offload_host", 10, 1000);
+  b.counter(0, "mem.offload_nvme", 10, 500);
   const Metrics m = compute_metrics(b.t);
   EXPECT_DOUBLE_EQ(m.ranks[0].peak_memory_bytes.at("mem.activations"), 300);
   EXPECT_DOUBLE_EQ(m.ranks[0].peak_memory_bytes.at("mem.gradients"), 250);
   EXPECT_EQ(m.ranks[0].peak_memory_bytes.count("other.counter"), 0u);
+  EXPECT_DOUBLE_EQ(m.ranks[0].peak_memory_bytes.at("mem.offload_host"), 1000);
+  EXPECT_DOUBLE_EQ(m.ranks[0].peak_memory_bytes.at("mem.offload_nvme"), 500);
   EXPECT_DOUBLE_EQ(m.ranks[0].peak_memory_total_bytes, 300);
   EXPECT_DOUBLE_EQ(m.ranks[1].peak_memory_total_bytes, 42);  // "mem.total" when present
 }

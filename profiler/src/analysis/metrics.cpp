@@ -823,11 +823,16 @@ class RankMemory {
     if (c.name == total_name_) {
       has_total_ = true;
       peak_total_ = std::max(peak_total_, c.value);
-    } else {
+    } else if (in_sum(t_.strings.str(c.name))) {
       sum_ += c.value - current_[c.name];
       current_[c.name] = c.value;
     }
   }
+
+  // ZeRO offload's counters ("mem.offload_nvme": the rank's file; "mem.offload_host": pinned host
+  // memory of a GPU run) hold the state moved out of the rank's memory: peaks by name, not in the
+  // sum, which shows the saving rather than adding the moved state back.
+  static bool in_sum(std::string_view name) { return name.rfind("mem.offload_", 0) != 0; }
 
   MemoryPeaks finish() {
     if (any_) peak_sum_ = std::max(peak_sum_, sum_);

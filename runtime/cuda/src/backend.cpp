@@ -332,6 +332,7 @@ void CudaBackend::finish() {
 void CudaBackend::drain() noexcept {
   // Let queued work finish before buffers go (errors cannot be reported from here).
   if (stream_) cudaStreamSynchronize(stream_->get());
+  if (offload_) offload_->drain();
   for (Communicator* c : {dp_.get(), tp_.get(), pp_.get(), embed_.get()}) {
     if (c == nullptr) continue;
     try {

@@ -3,7 +3,11 @@
 // for bit, as without (the same arithmetic, chunk by chunk); ZeRO 3 with the parameter shards in
 // the file too equals ZeRO 3; and the offload spans carry the closed-form bytes: ZeRO 1 reads and
 // writes 2 moments x 4 bytes x the rank's shard per step; ZeRO 3 with offload_params writes
-// 3 planes (moments and parameters) x 4 bytes x its shard.
+// 3 planes (moments and parameters) x 4 bytes x its shard. ZeRO-Offload's device path of the
+// training loop (zero.offload_optimizer host and nvme on a backend whose memory is not the host's;
+// ../host_device_backend.hpp runs it on the CPU with memcpy for the device's copies) under ZeRO
+// 1, 2 and 3 equals the CPU trainer without offload bit for bit, one pipeline range a step (ZeRO
+// 1/2: the shard) or a segment (ZeRO 3: each segment's shard).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,13 +17,17 @@
 #include <string>
 #include <vector>
 
+#include "../host_device_backend.hpp"
 #include "mpi_env.hpp"
 #include "orrery/model/names.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/trainer.hpp"
+#include "orrery/runtime/training_loop_impl.hpp"
 #include "orrery/traces/store.hpp"
 
 namespace orrery::runtime {
+template class TrainingLoop<testing::HostDeviceBackend>;
+
 namespace {
 
 using testing::world;
@@ -100,6 +108,38 @@ INSTANTIATE_TEST_SUITE_P(Stages, OffloadDp,
                            return "zero" + std::to_string(p.param.zero) +
                                   (std::string(p.param.params) == "nvme" ? "_params" : "");
                          });
+
+// ZeRO-Offload's device path (host, nvme) against the CPU trainer without offload, ZeRO 1/2/3.
+class DeviceOffloadDp : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeviceOffloadDp, EqualsTheCpuRunBitForBit) {
+  const int zero = GetParam(), n = world().size();
+  const RunOut want = run(tiny(n, zero, "none", "none"));
+  for (const char* mode : {"host", "nvme"}) {
+    testing::HostDeviceLoop t(tiny(n, zero, mode, "none"), world(), nullptr);
+    t.prepare();
+    RunOut got;
+    for (int i = 0; i < 3; ++i) got.losses.push_back(t.step().loss);
+    got.params = t.parameters();
+    EXPECT_EQ(got.losses, want.losses) << mode;
+    ASSERT_EQ(got.params.size(), want.params.size()) << mode;
+    EXPECT_EQ(0, std::memcmp(got.params.data(), want.params.data(), want.params.size() * 4))
+        << mode;
+    // Ranges a step: ZeRO 1/2 the shard, ZeRO 3 each segment's shard, those not empty.
+    int stepped = t.zero().count() > 0 ? 1 : 0;
+    if (zero == 3) {
+      stepped = 0;
+      for (const auto& sg : t.zero3()->segments()) stepped += sg.part.count() > 0 ? 1 : 0;
+    }
+    EXPECT_EQ(t.backend().host_offload()->ranges, 3 * stepped) << mode;
+  }
+  world().barrier().wait();
+  if (world().rank() == 0) fs::remove_all(shared_dir());
+  world().barrier().wait();
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, DeviceOffloadDp, ::testing::Values(1, 2, 3),
+                         [](const auto& p) { return "zero" + std::to_string(p.param); });
 
 // Bytes of this rank's offload spans of `name` in step `step` of a run of `s` (two steps).
 struct Bytes {

@@ -42,6 +42,14 @@ inline constexpr std::string_view kOptimizerStep = "adamw";
 // on the stream "offload", with the bytes each request moved between the file and memory.
 inline constexpr std::string_view kOffloadRead = "offload.read";
 inline constexpr std::string_view kOffloadWrite = "offload.write";
+// ZeRO-Offload on a device (zero.offload_optimizer host or nvme on device cuda; runtime
+// offload_pipeline.hpp): per chunk of the range a rank updates, its gradients copied to the host
+// ("offload.d2h", Memcpy on the stream "offload"), AdamW stepped there ("offload.adamw", Optimizer,
+// on the compute stream: the host thread that issues the device's work runs it) and its updated
+// parameters copied back ("offload.h2d", Memcpy on "offload"); each carries the chunk's fp32 bytes.
+inline constexpr std::string_view kOffloadD2H = "offload.d2h";
+inline constexpr std::string_view kOffloadH2D = "offload.h2d";
+inline constexpr std::string_view kOffloadAdamW = "offload.adamw";
 
 // Collectives and point-to-point transfers.
 inline constexpr std::string_view kDpAllReduce = "ddp.all_reduce";            // DDP bucket
@@ -143,6 +151,11 @@ inline constexpr std::string_view kMemCommBuffers = "mem.comm_buffers";
 // Bytes this rank keeps in its NVMe offload file (zero.offload_optimizer nvme); mem.optimizer
 // (and under offload_params mem.parameters) then count only the bounded buffers in memory.
 inline constexpr std::string_view kMemOffloadNvme = "mem.offload_nvme";
+// Pinned host memory that ZeRO-Offload on a device holds for this rank (zero.offload_optimizer host
+// or nvme on device cuda): the master weights of the range it updates, with host the AdamW moments,
+// the staging buffers (with nvme the store's chunk buffers too). mem.optimizer (device memory) is
+// then 0.
+inline constexpr std::string_view kMemOffloadHost = "mem.offload_host";
 
 // fp16 dynamic loss scaling (runtime loss_scaler.hpp), sampled at the end of every step: the scale
 // the step's backward used, and the steps skipped so far (gradients with an inf or NaN). The

@@ -43,7 +43,8 @@
 // collectives but early by more in the rest does not hold the others back.
 //
 // Memory: counters named "mem.<category>"; peak per counter name, and the peak over time of the
-// sum of the categories' latest values (samples with equal timestamps applied together), or the
+// sum of the categories' latest values (samples with equal timestamps applied together; ZeRO
+// offload's "mem.offload_*", the state moved to a file or to host memory, left out of it), or the
 // peak of "mem.total" when the trace has that counter.
 #pragma once
 

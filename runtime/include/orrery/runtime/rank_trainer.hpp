@@ -52,6 +52,8 @@ struct StepResult {
 struct MemoryBytes {
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0, comm_buffers = 0;
   double offload_nvme = 0;  // bytes in the NVMe offload file (zero.offload_optimizer nvme)
+  // pinned host bytes of ZeRO-Offload on a device (zero.offload_optimizer host, or nvme on cuda)
+  double offload_host = 0;
 };
 
 // A stretch [offset, offset + count) of this rank's flat array (unpadded, the model's layout)

@@ -72,6 +72,11 @@
 //    LayerNorm once per step), "zero.reduce_scatter" per segment as its backward completes, every
 //    micro-batch; AdamW per segment shard; no parameter broadcast (every rank makes the same model
 //    from the seed and keeps its shard) and no all-gather after the optimizer.
+//  - zero.offload_optimizer: nvme streams the moments through the rank's file inside "adamw"
+//    ("offload.read" / "offload.write", Memcpy on the stream "offload"; offload.hpp); on a device
+//    (host, or nvme) AdamW steps on the host's master weights chunk by chunk inside "adamw"
+//    ("offload.d2h" and "offload.h2d" on "offload", "offload.adamw" on the compute stream;
+//    offload_pipeline.hpp), with the counter "mem.offload_host" (pinned host bytes).
 //  - runtime.precision fp16 (host memory only; loss_scaler.hpp): the backward's loss gradient is
 //    multiplied by the loss scale; after the gradient reductions the gradients this rank updates
 //    are checked for inf / NaN, the flag max-all-reduced over dp, tp and pp
@@ -198,6 +203,17 @@ class TrainingLoop : public RankTrainer {
   void make_optimizer_state(std::size_t moments, bool zero);
   void make_offload(std::size_t moments);
   void read_offload_state();
+  // ZeRO-Offload on a device (offload_pipeline.hpp; zero.offload_optimizer host, or nvme on a
+  // device): the backend's pinned master weights (and moments), AdamW on the host through them,
+  // the memory they move, whether the moments are host memory (no checkpoint staging), and moment
+  // plane j (0: m, 1: v) as the checkpoint sees it.
+  void make_host_offload(std::size_t moments, bool pinned_moments);
+  void offloaded_adamw(float* params, const float* grads, std::size_t moment_begin,
+                       std::size_t flat_offset, std::size_t count);
+  void count_host_offload(MemoryBytes& m) const;
+  bool host_moments() const;
+  float* stage_moments(float* data, std::size_t n, bool upload);
+  float* moment_plane(int j);
   // ZeRO 3 with zero.offload_params: the shard of `segment` in memory (working buffer `slot`'s
   // staging), read from the file unless read ahead; prefetch_shard starts such a read.
   const float* z3_shard(int segment, int slot);
@@ -287,8 +303,9 @@ class TrainingLoop : public RankTrainer {
   bool offload_params_ = false;
   std::vector<float> off_ckpt_[3];  // checkpoint copies of the planes (state_to_save / _load)
   bool off_upload_ = false;         // commit_loaded_state writes off_ckpt_ back
-  FloatArray z3_stage_[4];          // offload_params: a segment's shard by working buffer
-  FloatArray z3_estage_[2];         // and an MoE block's experts' shard
+  bool master_stale_ = false;  // a device's offload: the master weights to read from the device
+  FloatArray z3_stage_[4];     // offload_params: a segment's shard by working buffer
+  FloatArray z3_estage_[2];    // and an MoE block's experts' shard
   int z3_staged_[4] = {-99, -99, -99, -99};
   uint64_t z3_stage_ticket_[4] = {0, 0, 0, 0};
   std::size_t opt_offset_ = 0, opt_count_ = 0;  // that range in the flat array (not ZeRO 3)

@@ -14,6 +14,7 @@
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/buffers.hpp"
 #include "orrery/runtime/gpt_pieces.hpp"
+#include "orrery/runtime/offload_pipeline.hpp"
 #include "orrery/runtime/pipeline.hpp"
 #include "orrery/runtime/tensor_parallel.hpp"
 #include "orrery/runtime/training_loop.hpp"
@@ -261,6 +262,8 @@ void TrainingLoop<B>::make_optimizer_state(std::size_t moments, bool zero) {
   const std::size_t all = moments + ezero_.shard;
   if (s_.zero.nvme()) {
     make_offload(all);
+  } else if (s_.zero.offload_optimizer == "host") {
+    make_host_offload(all, true);
   } else {
     adam_m_.resize(all);
     adam_v_.resize(all);
@@ -341,24 +344,52 @@ void TrainingLoop<B>::wait_zero_gathers() {
 }
 
 // zero.offload_optimizer nvme: the file of this rank (offload.hpp), its planes the moments and,
-// with zero.offload_params, ZeRO 3's parameter shards (the storage's array then freed).
+// with zero.offload_params, ZeRO 3's parameter shards (the storage's array then freed). On a
+// device the master weights go to pinned host memory too (make_host_offload).
 template <class B>
 void TrainingLoop<B>::make_offload(std::size_t moments) {
+  offload_params_ = z3_ && s_.zero.offload_params == "nvme";
   if constexpr (!B::kHostMemory) {
-    throw InputError(loop_detail::origin_of(s_) + ": key 'zero.offload_optimizer': '" +
-                     s_.zero.offload_optimizer + "' is implemented on runtime.device cpu only");
+    if (offload_params_) {  // launch.cpp refuses it first; this for a caller that did not ask
+      throw InputError(loop_detail::origin_of(s_) +
+                       ": key 'zero.offload_params': 'nvme' is implemented on runtime.device cpu "
+                       "only; use none");
+    }
+  }
+  const auto chunk = static_cast<std::size_t>(s_.zero.offload_chunk_mb * 1048576.0 / 4.0);
+  offload_ =
+      std::make_unique<OffloadStore>(s_.zero.nvme_path, "rank" + std::to_string(world_.rank()),
+                                     offload_params_ ? 3 : 2, moments, chunk, rec_);
+  if constexpr (!B::kHostMemory) {
+    make_host_offload(moments, false);
   } else {
-    offload_params_ = z3_ && s_.zero.offload_params == "nvme";
-    const auto chunk = static_cast<std::size_t>(s_.zero.offload_chunk_mb * 1048576.0 / 4.0);
-    offload_ =
-        std::make_unique<OffloadStore>(s_.zero.nvme_path, "rank" + std::to_string(world_.rank()),
-                                       offload_params_ ? 3 : 2, moments, chunk, rec_);
     if (!offload_params_) return;
     offload_->write(2, 0, moments, z3_->params(), -1);
     z3_->release_params();
     std::size_t max_shard = 0;
     for (const auto& sg : z3_->segments()) max_shard = std::max(max_shard, sg.part.shard);
     for (auto& st : z3_stage_) st.resize(max_shard);
+  }
+}
+
+// ZeRO-Offload on a device (offload_pipeline.hpp): the master weights of the `moments` elements
+// this rank updates, with `pinned_moments` their AdamW moments too, in the backend's pinned host
+// memory; AdamW steps there (offloaded_adamw). Host memory already holds everything on device cpu,
+// where the scenario refuses 'host'.
+template <class B>
+void TrainingLoop<B>::make_host_offload(std::size_t moments, bool pinned_moments) {
+  if constexpr (B::kHostMemory) {
+    (void)moments;
+    (void)pinned_moments;
+    throw InputError(loop_detail::origin_of(s_) +
+                     ": key 'zero.offload_optimizer': 'host' needs a device whose memory is not "
+                     "the host's (runtime.device cuda)");
+  } else {
+    const auto chunk = offload_
+                           ? offload_->chunk_elems()
+                           : static_cast<std::size_t>(s_.zero.offload_chunk_mb * 1048576.0 / 4.0);
+    backend_.make_host_offload(moments, pinned_moments, chunk);
+    master_stale_ = true;
   }
 }
 
@@ -411,6 +442,7 @@ MemoryBytes TrainingLoop<B>::memory() const {
       m.optimizer = static_cast<double>(offload_->buffer_bytes());
       m.offload_nvme = static_cast<double>(offload_->file_bytes());
     }
+    count_host_offload(m);
     if (offload_params_) {
       m.parameters = 0;  // the staging of the shards being gathered instead
       for (const auto& st : z3_stage_) m.parameters += static_cast<double>(st.size_bytes());
@@ -428,6 +460,7 @@ MemoryBytes TrainingLoop<B>::memory() const {
     m.optimizer = static_cast<double>(offload_->buffer_bytes());  // the three chunk buffers
     m.offload_nvme = static_cast<double>(offload_->file_bytes());
   }
+  count_host_offload(m);
   double comm = static_cast<double>(ddp_->comm_buffer_bytes() + kv_buf_.size_bytes());
   for (const auto& g : grad_send_) comm += static_cast<double>(g.size_bytes());  // pipeline
   if (zero12() && s_.parallel.zero == 2) {
@@ -443,6 +476,28 @@ MemoryBytes TrainingLoop<B>::memory() const {
   return m;
 }
 
+// ZeRO-Offload on a device: no optimizer state in device memory; the pinned arrays (and with nvme
+// the store's chunk buffers, host memory too) counted as mem.offload_host.
+template <class B>
+void TrainingLoop<B>::count_host_offload(MemoryBytes& m) const {
+  if constexpr (!B::kHostMemory) {
+    if (const auto* h = backend_.host_offload()) {
+      m.optimizer = 0;
+      m.offload_host = static_cast<double>(h->pinned_bytes());
+      if (offload_) m.offload_host += static_cast<double>(offload_->buffer_bytes());
+    }
+  }
+}
+
+template <class B>
+bool TrainingLoop<B>::host_moments() const {
+  if constexpr (B::kHostMemory) {
+    return true;
+  } else {
+    return offload_ != nullptr || backend_.host_offload() != nullptr;
+  }
+}
+
 template <class B>
 void TrainingLoop<B>::record_memory() {
   if (rec_ == nullptr) return;
@@ -454,6 +509,8 @@ void TrainingLoop<B>::record_memory() {
   rec_->counter(names::kMemActivations.data(), m.activations, now);
   rec_->counter(names::kMemCommBuffers.data(), m.comm_buffers, now);
   if (offload_) rec_->counter(names::kMemOffloadNvme.data(), m.offload_nvme, now);
+  if (!B::kHostMemory && host_moments())
+    rec_->counter(names::kMemOffloadHost.data(), m.offload_host, now);
 }
 
 template <class B>
@@ -557,12 +614,13 @@ std::vector<StateRange> TrainingLoop<B>::state_to_save() {
   std::vector<StateRange> out;
   auto add = [&](std::size_t offset, std::size_t count, float* p, float* m, float* v, bool load) {
     out.push_back({offset, count, p ? stage(p, count, load) : nullptr,
-                   m ? stage(m, count, load) : nullptr, v ? stage(v, count, load) : nullptr});
+                   m ? stage_moments(m, count, load) : nullptr,
+                   v ? stage_moments(v, count, load) : nullptr});
   };
   // The offload file's planes copied to memory (off_ckpt_), valid as long as the ranges.
   read_offload_state();
-  float* mom_m = offload_ ? off_ckpt_[0].data() : adam_m_.data();
-  float* mom_v = offload_ ? off_ckpt_[1].data() : adam_v_.data();
+  float* mom_m = moment_plane(0);
+  float* mom_v = moment_plane(1);
   if (z3_) {
     float* params = offload_params_ ? off_ckpt_[2].data() : z3_->params();
     for (const auto& sg : z3_->segments()) {
@@ -620,18 +678,35 @@ std::vector<StateRange> TrainingLoop<B>::state_to_load() {
   if (opt_count_ == 0 && ezero_.count() == 0) return out;
   read_offload_state();
   off_upload_ = offload_ != nullptr;
-  float* mom_m = offload_ ? off_ckpt_[0].data() : adam_m_.data();
-  float* mom_v = offload_ ? off_ckpt_[1].data() : adam_v_.data();
+  float* mom_m = moment_plane(0);
+  float* mom_v = moment_plane(1);
   if (opt_count_ > 0) {
-    out.push_back({opt_offset_, opt_count_, nullptr, stage(mom_m, opt_count_, true),
-                   stage(mom_v, opt_count_, true)});
+    out.push_back({opt_offset_, opt_count_, nullptr, stage_moments(mom_m, opt_count_, true),
+                   stage_moments(mom_v, opt_count_, true)});
   }
   if (ezero_.count() > 0) {  // MoE, ep > 1, ZeRO 1/2: the moments of this rank's expert shard
-    const std::size_t n = ezero_.count(), k = zero_.shard;
-    out.push_back({expert_offset_ + ezero_.begin(), n, nullptr, stage(mom_m + k, n, true),
-                   stage(mom_v + k, n, true)});
+    const std::size_t en = ezero_.count(), k = zero_.shard;
+    out.push_back({expert_offset_ + ezero_.begin(), en, nullptr, stage_moments(mom_m + k, en, true),
+                   stage_moments(mom_v + k, en, true)});
   }
   return out;
+}
+
+// The moments' checkpoint copies: host memory already under offload (the file's planes read into
+// off_ckpt_, or a device's pinned arrays), else staged like any device array.
+template <class B>
+float* TrainingLoop<B>::stage_moments(float* data, std::size_t n, bool upload) {
+  return host_moments() ? data : stage(data, n, upload);
+}
+
+// Moment plane j (0: m, 1: v) as the checkpoint reads and writes it.
+template <class B>
+float* TrainingLoop<B>::moment_plane(int j) {
+  if (offload_) return off_ckpt_[j].data();
+  if constexpr (!B::kHostMemory) {
+    if (auto* h = backend_.host_offload()) return j == 0 ? h->m() : h->v();
+  }
+  return j == 0 ? adam_m_.data() : adam_v_.data();
 }
 
 template <class B>
@@ -655,6 +730,7 @@ void TrainingLoop<B>::commit_loaded_state() {
   off_upload_ = false;
   for (auto& c : off_ckpt_) c = std::vector<float>();
   for (int& st : z3_staged_) st = -99;  // offload_params: the file holds the loaded shards
+  master_stale_ = true;                 // a device's offload: the loaded parameters are the master
   backend_.synchronize();
 }
 
@@ -1205,6 +1281,7 @@ void TrainingLoop<B>::optimizer_phase(bool apply) {
     const std::size_t off = expert_offset_ + ezero_.begin();
     adamw_range(model_->params.data() + off, ezero_grads_.data(), zero_.shard, off, ezero_.count());
   }
+  if (apply) master_stale_ = false;
   close(adamw);
   if (zero12() && apply && ezero_.total > 0) {
     gather_zero_shards_ep();
@@ -1239,6 +1316,12 @@ void TrainingLoop<B>::gather_zero_buckets() {
 template <class B>
 void TrainingLoop<B>::adamw_range(float* params, const float* grads, std::size_t moment_begin,
                                   std::size_t flat_offset, std::size_t count) {
+  if constexpr (!B::kHostMemory) {
+    if (backend_.host_offload() != nullptr) {
+      offloaded_adamw(params, grads, moment_begin, flat_offset, count);
+      return;
+    }
+  }
   if (!offload_) {
     backend_.adamw(params, grads, adam_m_.data() + moment_begin, adam_v_.data() + moment_begin,
                    flat_offset, count, decay_, adam_steps_, adamw_);
@@ -1252,6 +1335,32 @@ void TrainingLoop<B>::adamw_range(float* params, const float* grads, std::size_t
                              backend_.adamw(p, grads + d, plane[0], plane[1], flat_offset + d, n,
                                             decay_, adam_steps_, adamw_);
                            });
+}
+
+// ZeRO-Offload on a device (offload_pipeline.hpp): the range's gradients down chunk by chunk, AdamW
+// on the host's master weights and moments (pinned arrays, or the file's planes), the parameters
+// back up. The master weights start as the device's parameters (the same bits: fp32 on both), read
+// once after the model is made or a checkpoint loaded.
+template <class B>
+void TrainingLoop<B>::offloaded_adamw(float* params, const float* grads, std::size_t moment_begin,
+                                      std::size_t flat_offset, std::size_t count) {
+  if constexpr (!B::kHostMemory) {
+    auto& h = *backend_.host_offload();
+    OffloadRange r;
+    r.master = h.master() + moment_begin;
+    r.m = h.m();
+    r.v = h.v();
+    r.store = offload_.get();
+    r.moment_begin = moment_begin;
+    r.flat_offset = flat_offset;
+    r.count = count;
+    if (master_stale_) backend_.download(r.master, params, count);
+    h.begin(params, grads, r.master, step_);
+    offload_adamw_range(h, r, h.chunk(), decay_, adam_steps_, adamw_, rec_, step_);
+    h.end();
+  } else {
+    (void)params, (void)grads, (void)moment_begin, (void)flat_offset, (void)count;
+  }
 }
 
 template <class B>

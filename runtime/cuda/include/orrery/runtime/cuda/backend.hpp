@@ -30,6 +30,7 @@
 #include "orrery/common/scenario.hpp"
 #include "orrery/runtime/comm.hpp"
 #include "orrery/runtime/cuda/device.hpp"
+#include "orrery/runtime/cuda/host_offload.hpp"
 #include "orrery/runtime/cuda/kernels.hpp"
 #include "orrery/runtime/cuda/model.hpp"
 #include "orrery/runtime/cuda/zero3.hpp"
@@ -143,6 +144,13 @@ class CudaBackend {
   // Handle::wait ordered it after).
   void synchronize();
   double scratch_bytes() const { return static_cast<double>(ctx_->scratch_bytes()); }
+  // ZeRO-Offload (zero.offload_optimizer host or nvme): made once by the training loop for its
+  // optimizer range (host_offload.hpp's arguments); null until then.
+  HostOffload* make_host_offload(std::size_t elems, bool moments, std::size_t chunk) {
+    offload_ = std::make_unique<HostOffload>(elems, moments, chunk, stream_->get(), rec_);
+    return offload_.get();
+  }
+  HostOffload* host_offload() const { return offload_.get(); }
 
   void begin_step() { spans_->anchor(); }
   int open(const traces::Span& proto, const char* annotation) {
@@ -186,6 +194,7 @@ class CudaBackend {
   std::unique_ptr<Context> ctx_;
   CudaKernels kernels_;
   std::unique_ptr<EventSpans> spans_;
+  std::unique_ptr<HostOffload> offload_;  // before the stream goes: its copies wait on it
   std::unique_ptr<Communicator> dp_, tp_, pp_, embed_;  // device buffers; null when not needed
   std::string comm_name_ = "none";
   std::unique_ptr<Tracer> tracer_;

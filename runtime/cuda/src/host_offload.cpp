@@ -1,0 +1,116 @@
+// ZeRO-Offload's device half on CUDA (cuda/host_offload.hpp): pinned arrays, the copy stream and
+// the chunks' copies.
+#include "orrery/runtime/cuda/host_offload.hpp"
+
+#include <algorithm>
+
+#include "orrery/model/names.hpp"
+#include "orrery/profiler/recorder.hpp"
+#include "orrery/runtime/cuda/backend.hpp"
+
+namespace orrery::runtime::cuda {
+
+// ------------------------------------------------------------------------------------ PinnedArray
+
+PinnedArray::PinnedArray(std::size_t count) {
+  if (count == 0) return;
+  const std::size_t bytes = count * sizeof(float);
+  void* p = nullptr;
+  cuda_check(cudaHostAlloc(&p, bytes, cudaHostAllocDefault), "cudaHostAlloc", bytes);
+  data_ = static_cast<float*>(p);
+  size_ = count;
+  std::fill(data_, data_ + size_, 0.0f);
+}
+
+PinnedArray::~PinnedArray() {
+  if (data_ != nullptr) cudaFreeHost(data_);  // errors cannot be reported from a destructor
+}
+
+PinnedArray& PinnedArray::operator=(PinnedArray&& o) noexcept {
+  if (this != &o) {
+    if (data_ != nullptr) cudaFreeHost(data_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+// ------------------------------------------------------------------------------------ HostOffload
+
+HostOffload::HostOffload(std::size_t elems, bool moments, std::size_t chunk, cudaStream_t compute,
+                         profiler::Recorder* rec)
+    : compute_(compute),
+      chunk_(std::max<std::size_t>(1, std::min(chunk, elems))),
+      master_(elems),
+      m_(moments ? elems : 0),
+      v_(moments ? elems : 0),
+      rec_(rec != nullptr && rec->enabled() ? rec : nullptr) {
+  for (auto& s : staging_) s = PinnedArray(chunk_);
+  if (rec_ != nullptr) {
+    rec_->ensure_stream(model::names::kStreamOffload,
+                        model::names::stream_name(model::names::kStreamOffload));
+  }
+  spans_ = std::make_unique<EventSpans>(rec_, copy_.get(), model::names::kStreamOffload);
+}
+
+HostOffload::~HostOffload() { drain(); }
+
+std::size_t HostOffload::pinned_bytes() const {
+  std::size_t b = master_.size_bytes() + m_.size_bytes() + v_.size_bytes();
+  for (const auto& s : staging_) b += s.size_bytes();
+  return b;
+}
+
+void HostOffload::begin(float* params, const float* grads, float* master, int32_t step) {
+  params_ = params;
+  grads_ = grads;
+  host_ = master;
+  step_ = step;
+  spans_->anchor();  // the copy stream is idle: end() resolved the previous range
+  ready_.record(compute_);
+  ORRERY_CUDA_CHECK(cudaStreamWaitEvent(copy_.get(), ready_.get(), 0));
+}
+
+void HostOffload::end() {
+  done_.record(copy_.get());
+  ORRERY_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_.get(), 0));
+  spans_->resolve();
+}
+
+namespace {
+traces::Span copy_span(profiler::Recorder* rec, std::string_view name, std::size_t n,
+                       int32_t step) {
+  traces::Span s;
+  s.kind = traces::SpanKind::Memcpy;
+  if (rec != nullptr) s.name = rec->intern(name);
+  s.step = step;
+  s.bytes = static_cast<int64_t>(n * sizeof(float));
+  return s;
+}
+}  // namespace
+
+void HostOffload::download(std::size_t first, std::size_t n, int buffer) {
+  const auto b = static_cast<std::size_t>(buffer);
+  const int span = spans_->open(copy_span(rec_, model::names::kOffloadD2H, n, step_));
+  ORRERY_CUDA_CHECK(cudaMemcpyAsync(staging_[b].data(), grads_ + first, n * sizeof(float),
+                                    cudaMemcpyDeviceToHost, copy_.get()));
+  spans_->close(span);
+  staged_[b].record(copy_.get());
+}
+
+const float* HostOffload::downloaded(int buffer) {
+  const auto b = static_cast<std::size_t>(buffer);
+  staged_[b].synchronize();
+  return staging_[b].data();
+}
+
+void HostOffload::upload(std::size_t first, std::size_t n) {
+  const int span = spans_->open(copy_span(rec_, model::names::kOffloadH2D, n, step_));
+  ORRERY_CUDA_CHECK(cudaMemcpyAsync(params_ + first, host_ + first, n * sizeof(float),
+                                    cudaMemcpyHostToDevice, copy_.get()));
+  spans_->close(span);
+}
+
+void HostOffload::drain() noexcept { cudaStreamSynchronize(copy_.get()); }
+
+}  // namespace orrery::runtime::cuda
