@@ -6,6 +6,8 @@
 // what computing them from the merged spans would cost instead.
 //
 //   bench_merge [SPANS=5000000] [RANKS=64] [REPEATS=3] [DIR=/tmp]
+//   bench_merge --inputs SPANS RANKS DIR   (only writes the per-rank files into DIR, for profiling
+//                                           `bench_merge --child OUT DIR/rank*.db` under callgrind)
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -109,10 +111,13 @@ int main(int argc, char** argv) {
     traces::merge_traces(inputs, argv[2]);
     return 0;
   }
+  const bool inputs_only = argc == 5 && std::string(argv[1]) == "--inputs";
+  if (inputs_only) ++argv, --argc;
   const int64_t spans = argc > 1 ? std::atoll(argv[1]) : 5'000'000;
   const int ranks = argc > 2 ? std::atoi(argv[2]) : 64;
-  const int repeats = argc > 3 ? std::atoi(argv[3]) : 3;
-  const fs::path dir = fs::path(argc > 4 ? argv[4] : "/tmp") / "orrery-bench-merge";
+  const int repeats = argc > 3 && !inputs_only ? std::atoi(argv[3]) : 3;
+  const fs::path dir = inputs_only ? fs::path(argv[3])
+                                   : fs::path(argc > 4 ? argv[4] : "/tmp") / "orrery-bench-merge";
   fs::remove_all(dir);
   fs::create_directories(dir);
 
@@ -143,6 +148,7 @@ int main(int argc, char** argv) {
     std::printf("%zu spans, %zu counter samples in %d per-rank files, %.1f MiB\n",
                 full.spans.size(), full.counters.size(), ranks, double(input_bytes) / 1048576.0);
   }
+  if (inputs_only) return 0;
   const std::string self = fs::canonical("/proc/self/exe").string();
   std::vector<double> merge_s, copy_s, rss_mib, zoom_s, spans_zoom_s;
   for (int i = 0; i < repeats; ++i) {

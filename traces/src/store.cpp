@@ -40,7 +40,9 @@
 //   handle).
 #include "orrery/traces/store.hpp"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -2129,59 +2131,49 @@ bool is_store_table(const std::string& name) {
   return false;
 }
 
-// Appends the rows of every table of `inputs` that the store does not own (the profiler's
-// flight_records, rank_status) to the same table of `output`, creating it from the first input's
-// definition. Each input is attached read-only.
-void copy_foreign_tables(const std::vector<std::string>& inputs, const std::string& output) {
-  sqlite3* db = nullptr;
-  int rc = sqlite3_open_v2(output.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_URI, nullptr);
-  DbCloser closer{db};
-  if (rc != SQLITE_OK) writer_fail(output, db, "open to copy tables");
-  sqlite3_busy_timeout(db, 5000);
-  for (const auto& in : inputs) {
-    {
-      Stmt attach = wprep(db, output, "ATTACH DATABASE ?1 AS src");
-      const std::string uri = sqlite_uri(in, "mode=ro");
-      sqlite3_bind_text(attach.get(), 1, uri.c_str(), -1, SQLITE_TRANSIENT);
-      if (sqlite3_step(attach.get()) != SQLITE_DONE) {
-        throw InputError(in + ": cannot read trace (" + sqlite3_errmsg(db) + ")");
-      }
+// Attaches `in` read-only to `db` as "src" (InputError naming it when it cannot be read).
+void attach_input(sqlite3* db, const std::string& in, const std::string& output) {
+  Stmt attach = wprep(db, output, "ATTACH DATABASE ?1 AS src");
+  const std::string uri = sqlite_uri(in, "mode=ro");
+  sqlite3_bind_text(attach.get(), 1, uri.c_str(), -1, SQLITE_TRANSIENT);
+  if (sqlite3_step(attach.get()) != SQLITE_DONE)
+    throw InputError(in + ": cannot read trace (" + sqlite3_errmsg(db) + ")");
+}
+
+// Appends the rows of every table of the attached input `in` ("src") that the store does not own
+// (the profiler's flight_records, rank_status) to the same table of `output`, creating it from the
+// first input's definition. Runs inside the caller's transaction.
+void copy_foreign_tables(sqlite3* db, const std::string& in, const std::string& output) {
+  std::vector<std::pair<std::string, std::string>> tables;  // (name, CREATE statement)
+  std::string error;
+  {
+    Stmt list = wprep(db, output,
+                      "SELECT name, sql FROM src.sqlite_master WHERE type='table' ORDER BY name");
+    int rc;
+    while ((rc = sqlite3_step(list.get())) == SQLITE_ROW) {
+      std::string name = column_text(list.get(), 0);
+      if (!is_store_table(name)) tables.emplace_back(std::move(name), column_text(list.get(), 1));
     }
-    std::vector<std::pair<std::string, std::string>> tables;  // (name, CREATE statement)
-    std::string error;
-    {
-      Stmt list = wprep(db, output,
-                        "SELECT name, sql FROM src.sqlite_master WHERE type='table' ORDER BY name");
-      while ((rc = sqlite3_step(list.get())) == SQLITE_ROW) {
-        std::string name = column_text(list.get(), 0);
-        if (!is_store_table(name)) tables.emplace_back(std::move(name), column_text(list.get(), 1));
-      }
-      if (rc != SQLITE_DONE) error = sqlite3_errmsg(db);
-    }
-    if (error.empty() && !tables.empty()) {
-      std::string sql = "BEGIN;";
-      for (const auto& [name, create] : tables) {
-        Stmt has =
-            wprep(db, output, "SELECT 1 FROM main.sqlite_master WHERE type='table' AND name=?1");
-        sqlite3_bind_text(has.get(), 1, name.c_str(), -1, SQLITE_TRANSIENT);
-        // The CREATE statement as SQLite stored it names no schema, so it creates in main.
-        if (sqlite3_step(has.get()) != SQLITE_ROW) sql += create + ";";
-        sql += "INSERT OR REPLACE INTO main." + quoted_name(name) + " SELECT * FROM src." +
-               quoted_name(name) + ";";
-      }
-      sql += "COMMIT;";
-      char* err = nullptr;
-      if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
-        error = err ? err : "unknown error";
-        sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
-      }
-      sqlite3_free(err);
-    }
-    sqlite3_exec(db, "DETACH DATABASE src", nullptr, nullptr, nullptr);
-    if (!error.empty()) {
-      throw InputError(in + ": cannot copy its tables into " + output + " (" + error + ")");
-    }
+    if (rc != SQLITE_DONE) error = sqlite3_errmsg(db);
   }
+  if (error.empty() && !tables.empty()) {
+    std::string sql;
+    for (const auto& [name, create] : tables) {
+      Stmt has =
+          wprep(db, output, "SELECT 1 FROM main.sqlite_master WHERE type='table' AND name=?1");
+      sqlite3_bind_text(has.get(), 1, name.c_str(), -1, SQLITE_TRANSIENT);
+      // The CREATE statement as SQLite stored it names no schema, so it creates in main.
+      if (sqlite3_step(has.get()) != SQLITE_ROW) sql += create + ";";
+      sql += "INSERT OR REPLACE INTO main." + quoted_name(name) + " SELECT * FROM src." +
+             quoted_name(name) + ";";
+    }
+    char* err = nullptr;
+    if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK)
+      error = err ? err : "unknown error";
+    sqlite3_free(err);
+  }
+  if (!error.empty())
+    throw InputError(in + ": cannot copy its tables into " + output + " (" + error + ")");
 }
 
 }  // namespace
@@ -2286,40 +2278,82 @@ void copy_checked_blocks(sqlite3* db, const std::string& in, const std::string& 
   }
 }
 
-void copy_blocks_verbatim(const std::vector<std::string>& inputs, const std::string& output) {
-  if (inputs.empty()) return;
+// A connection that writes after the TraceWriter's close() (the blocks of inputs copied as they
+// are, every input's foreign tables; then the zoom levels). `output` is a temporary
+// that AtomicFile fsyncs before renaming it into place: a crash before then leaves no output, so
+// the commits need not sync, and a failure throws and AtomicFile discards the whole file, so no
+// rollback journal is kept either. One thread uses it: no mutexes.
+sqlite3* open_unjournaled(const std::string& output) {
   sqlite3* db = nullptr;
-  const int rc =
-      sqlite3_open_v2(output.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_URI, nullptr);
-  DbCloser closer{db};
-  if (rc != SQLITE_OK) writer_fail(output, db, "open to copy blocks");
+  const int rc = sqlite3_open_v2(
+      output.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    DbCloser closer{db};
+    writer_fail(output, db, "open to write");
+  }
   sqlite3_busy_timeout(db, 5000);
-  // The output is a temporary file that AtomicFile fsyncs before renaming it into place: a crash
-  // before then leaves no output, so the per-input commits need not sync.
-  exec_or_throw(db, "PRAGMA synchronous=OFF", output);
-  // No rollback journal either: a failed copy throws and AtomicFile discards the whole file.
-  exec_or_throw(db, "PRAGMA journal_mode=OFF", output);
-  exec_or_throw(db, "PRAGMA cache_size=-65536", output);
-  for (const auto& in : inputs) {
-    {
-      Stmt attach = wprep(db, output, "ATTACH DATABASE ?1 AS src");
-      const std::string uri = sqlite_uri(in, "mode=ro");
-      sqlite3_bind_text(attach.get(), 1, uri.c_str(), -1, SQLITE_TRANSIENT);
-      if (sqlite3_step(attach.get()) != SQLITE_DONE)
-        throw InputError(in + ": cannot read trace (" + sqlite3_errmsg(db) + ")");
+  try {
+    exec_or_throw(db, "PRAGMA synchronous=OFF", output);
+    exec_or_throw(db, "PRAGMA journal_mode=OFF", output);
+    exec_or_throw(db, "PRAGMA cache_size=-8192", output);
+  } catch (...) {
+    sqlite3_close(db);
+    throw;
+  }
+  return db;
+}
+
+// Starts the disk writing the output's pages already written (sync_file_range, Linux; elsewhere
+// nothing) without waiting for it: the merge goes on with the next input while the disk works, so
+// AtomicFile's final fsync waits for the last input's pages rather than for the whole file.
+// Durability is that fsync's business alone: this only moves the writing earlier.
+class EarlyWriteback {
+ public:
+  explicit EarlyWriteback(const std::string& path)
+      : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
+  ~EarlyWriteback() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  EarlyWriteback(const EarlyWriteback&) = delete;
+  EarlyWriteback& operator=(const EarlyWriteback&) = delete;
+  void start() const {
+#ifdef __linux__
+    if (fd_ >= 0) ::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
+#endif
+  }
+
+ private:
+  int fd_;
+};
+
+// Each input attached once, one transaction each (DETACH needs none open), in input order:
+// those in `verbatim` (schema 3, string ids already the output's) have their span blocks,
+// counter blocks and step rows copied as they are, each block's CRC32C checked (a damaged input is
+// an InputError naming it and the block, as a read would be; step rows of a rank and step already
+// present are combined: earliest start, latest end, sums); every input has its foreign tables
+// copied.
+void copy_inputs(sqlite3* db, const std::vector<std::string>& inputs,
+                 const std::vector<bool>& verbatim, const std::string& output) {
+  const EarlyWriteback writeback(output);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string& in = inputs[i];
+    attach_input(db, in, output);
+    exec_or_throw(db, "BEGIN", output);
+    if (verbatim[i]) {
+      copy_checked_blocks(db, in, output, false);
+      copy_checked_blocks(db, in, output, true);
+      exec_or_throw(db,
+                    "INSERT INTO main.steps SELECT * FROM src.steps WHERE true "
+                    "ON CONFLICT(rank, step) DO UPDATE SET start_ns = min(start_ns, "
+                    "excluded.start_ns), end_ns = max(end_ns, excluded.end_ns), compute_ns = "
+                    "compute_ns + excluded.compute_ns, collective_ns = collective_ns + "
+                    "excluded.collective_ns, span_count = span_count + excluded.span_count",
+                    output);
     }
-    exec_or_throw(db, "BEGIN", output);  // one transaction per input: DETACH needs none open
-    copy_checked_blocks(db, in, output, false);
-    copy_checked_blocks(db, in, output, true);
-    exec_or_throw(db,
-                  "INSERT INTO main.steps SELECT * FROM src.steps WHERE true "
-                  "ON CONFLICT(rank, step) DO UPDATE SET start_ns = min(start_ns, "
-                  "excluded.start_ns), end_ns = max(end_ns, excluded.end_ns), compute_ns = "
-                  "compute_ns + excluded.compute_ns, collective_ns = collective_ns + "
-                  "excluded.collective_ns, span_count = span_count + excluded.span_count",
-                  output);
+    copy_foreign_tables(db, in, output);
     exec_or_throw(db, "COMMIT", output);
     exec_or_throw(db, "DETACH DATABASE src", output);
+    writeback.start();
   }
 }
 
@@ -2330,7 +2364,7 @@ void copy_blocks_verbatim(const std::vector<std::string>& inputs, const std::str
 void stream_into(const std::vector<std::string>& inputs, const std::string& output, bool sql_spans,
                  bool merging) {
   AtomicFile f(output, AtomicFile::ByName{{"-wal", "-shm", "-journal"}});
-  std::vector<std::string> verbatim;  // inputs whose blocks are copied as they are
+  std::vector<bool> verbatim(inputs.size());  // inputs whose blocks are copied as they are
   {
     TraceWriter w(f.temp_path(), 1 << 18, sql_spans);
     // Merging, the blocks of inputs whose name ids are already the output's are copied after
@@ -2342,8 +2376,8 @@ void stream_into(const std::vector<std::string>& inputs, const std::string& outp
     std::map<int32_t, CommunicatorInfo> comms;
     std::vector<std::string> incomplete;
     bool first = true;
-    verbatim.clear();
-    for (const auto& path : inputs) {
+    for (size_t index = 0; index < inputs.size(); ++index) {
+      const std::string& path = inputs[index];
       TraceReader reader(path);
       if (!reader.complete()) incomplete.push_back(path);
       const RunMeta m = reader.meta();
@@ -2370,7 +2404,7 @@ void stream_into(const std::vector<std::string>& inputs, const std::string& outp
         same_ids = same_ids && remap[i] == static_cast<NameId>(i);
       }
       if (merging && same_ids && reader.checksums()) {
-        verbatim.push_back(path);
+        verbatim[index] = true;
         continue;
       }
       merge_spans_of(reader, remap, w);
@@ -2401,8 +2435,11 @@ void stream_into(const std::vector<std::string>& inputs, const std::string& outp
     w.set_meta(meta);
     w.close();
   }
+  {
+    DbCloser copying{open_unjournaled(f.temp_path())};
+    copy_inputs(copying.db, inputs, verbatim, f.temp_path());
+  }  // closed before the zoom levels are read: its page cache is not held through them
   if (merging) {
-    copy_blocks_verbatim(verbatim, f.temp_path());
     // From the inputs' levels when they have them (per-rank files of one run), else from the
     // merged spans; an input's damaged levels are not the merge's business: computed then too.
     std::optional<ZoomLevels> z;
@@ -2411,9 +2448,11 @@ void stream_into(const std::vector<std::string>& inputs, const std::string& outp
     } catch (const InputError&) {
       z.reset();
     }
-    write_zoom_levels(f.temp_path(), z ? *z : compute_zoom_levels(TraceReader(f.temp_path())));
+    const ZoomLevels levels = z ? std::move(*z) : compute_zoom_levels(TraceReader(f.temp_path()));
+    z.reset();
+    DbCloser writing{open_unjournaled(f.temp_path())};
+    write_zoom_levels(writing.db, f.temp_path(), levels);
   }
-  copy_foreign_tables(inputs, f.temp_path());
   f.commit();
 }
 

@@ -691,17 +691,11 @@ bool row_on_grid(const ZoomIndex& in, const ZoomLane& lane, int row, const ZoomG
   return true;
 }
 
-// The stored chunks of one lane of `path`, each one's CRC32C checked but not decoded: where the
-// merged grid is its input's, the input's chunks are the merged file's (the same buckets, and
-// the key the checksum covers is the same rank, stream, row, level and chunk).
-void copy_lane_chunks(const std::string& path, int32_t rank, int32_t stream,
+// The stored chunks of one lane of `path` (open as `db`), each one's CRC32C checked but not
+// decoded: where the merged grid is its input's, the input's chunks are the merged file's (the
+// same buckets, and the key the checksum covers is the same rank, stream, row, level and chunk).
+void copy_lane_chunks(sqlite3* db, const std::string& path, int32_t rank, int32_t stream,
                       std::vector<ZoomChunk>& out) {
-  sqlite3* db = nullptr;
-  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
-    sqlite3_close(db);
-    throw InputError(path + ": cannot open trace to read its zoom levels");
-  }
-  std::unique_ptr<sqlite3, int (*)(sqlite3*)> closer(db, sqlite3_close);
   Stmt st = prep(db, path,
                  "SELECT row, level, chunk, buckets, crc32c, packed FROM zoom_chunks WHERE "
                  "rank=?1 AND stream=?2 ORDER BY row, level, chunk");
@@ -740,6 +734,17 @@ bool same_grid(const ZoomGrid& a, const ZoomGrid& b) {
 
 }  // namespace
 
+void ZoomIndex::stored_chunks(int32_t rank, int32_t stream, std::vector<ZoomChunk>& out) const {
+  if (!from_file_) {
+    throw InternalError(path_ + ": stored_chunks on zoom levels computed on open (" + note_ + ")");
+  }
+  std::lock_guard lock(mu_);
+  copy_lane_chunks(db_, path_, rank, stream, out);
+  // The chunks are the caller's now: a merge holds every input's index at once, and their page
+  // caches would otherwise keep a second copy of every chunk until it ends.
+  sqlite3_db_release_memory(db_);
+}
+
 std::optional<ZoomLevels> merge_zoom_levels(const std::vector<std::string>& inputs,
                                             const std::string& merged, bool copy_same_grid) {
   TraceReader out(merged);
@@ -773,7 +778,7 @@ std::optional<ZoomLevels> merge_zoom_levels(const std::vector<std::string>& inpu
     const auto& [input, lane] = entry;
     z.lanes.push_back(lane);
     if (copy_same_grid && same_grid(zs[input]->grid(), z.grid)) {
-      copy_lane_chunks(inputs[input], lane.rank, lane.stream, z.chunks);
+      zs[input]->stored_chunks(lane.rank, lane.stream, z.chunks);
       continue;
     }
     for (int row = 0; row < lane.rows; ++row) {

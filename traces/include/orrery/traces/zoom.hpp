@@ -146,6 +146,10 @@ class ZoomIndex {
   // Non-empty buckets of a row at `level` with index in [b0, b1), sorted by index.
   std::vector<ZoomBucket> buckets(int32_t rank, int32_t stream, int row, int level, int64_t b0,
                                   int64_t b1) const;
+  // Appends the stored chunks of one lane (row, level, chunk order) to `out`, each one's CRC32C
+  // checked but not decoded (InputError naming a damaged one). Only for levels read from the file
+  // (from_file()); merge_zoom_levels copies an input's lanes with it.
+  void stored_chunks(int32_t rank, int32_t stream, std::vector<ZoomChunk>& out) const;
 
  private:
   std::string path_;
