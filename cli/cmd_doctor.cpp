@@ -46,14 +46,15 @@ int run_doctor(const DoctorArgs& a) {
   if (!(a.straggler_ms > 0 && a.straggler_ms <= 1e12))
     throw InputError("--straggler-ms: must be > 0 and at most 1e12");
   const auto files = expand(a.traces);
-  const profiler::DoctorInput in = profiler::load_doctor_input(files);
   profiler::DoctorOptions opt;
   opt.straggler_ns = static_cast<int64_t>(a.straggler_ms * 1e6);
-  const profiler::DoctorReport rep = profiler::diagnose(in, opt);
+  // Streamed: memory bounded by the collectives in flight, not the trace (profiler/doctor.hpp).
+  const profiler::DoctorResult res = profiler::diagnose_traces(files, opt);
+  const profiler::DoctorReport& rep = res.report;
   if (a.json) {
     json j;
     j["files"] = files;
-    j["records"] = in.records.size();
+    j["records"] = res.records;
     j["collectives_matched"] = rep.collectives_matched;
     j["diagnosis"] = rep.paragraph;
     j["findings"] = json::array();

@@ -3,7 +3,8 @@
 // renamed when whole. `--format sqlite --out FILE.db`: a copy of the trace with the per-span SQL
 // table `spans` (one row per span, every attribute a column, indexed), for SQL users.
 // `--format chakra --out PREFIX`: Chakra execution traces for ASTRA-sim, PREFIX.<rank>.et per
-// rank and PREFIX.comm_groups.json (traces/chakra.hpp), all renamed into place when all are whole.
+// rank and PREFIX.comm_groups.json (traces/chakra.hpp), all renamed into place when all are whole,
+// read a rank at a time.
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -28,9 +29,9 @@ struct ExportArgs {
 
 int run_chakra(const ExportArgs& a) {
   if (!traces::chakra_available()) traces::export_chakra({}, a.out);  // says why, exit 2
-  traces::Trace t = traces::load_trace(a.trace);
-  t.path = a.trace;
-  const traces::ChakraExportSummary s = traces::export_chakra(t, a.out);
+  // Streamed from the file: one rank's spans and counters in memory at a time.
+  traces::TraceReader r(a.trace);
+  const traces::ChakraExportSummary s = traces::export_chakra_file(r, a.out);
   if (a.json) {
     nlohmann::json j;
     j["trace"] = a.trace;
@@ -45,7 +46,7 @@ int run_chakra(const ExportArgs& a) {
     j["data_deps"] = s.data_deps;
     j["comm_nodes"] = s.comm_nodes;
     j["metadata_nodes"] = s.phase_nodes;
-    j["spans"] = t.spans.size();
+    j["spans"] = s.nodes;  // one node per span
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << "wrote " << s.ranks << " Chakra execution trace" << (s.ranks == 1 ? "" : "s")

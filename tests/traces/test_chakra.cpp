@@ -13,6 +13,7 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/traces/chakra.hpp"
+#include "orrery/traces/store.hpp"
 #include "orrery/traces/synth.hpp"
 #include "test_util.hpp"
 
@@ -240,6 +241,70 @@ TEST(Chakra, RoundTripOfAPipelineTraceKeepsSendsAndReceives) {
     }
   EXPECT_EQ(static_cast<int64_t>(sends.size() + recvs.size()), p2p);
   EXPECT_EQ(sends, recvs);
+}
+
+// Writes `t` in blocks of at most `batch` spans per flush (many blocks per stream).
+void write_in_blocks(const Trace& t, const std::string& path, size_t batch) {
+  TraceWriter w(path, batch);
+  w.set_meta(t.meta);
+  for (const auto& r : t.ranks) w.add_rank(r);
+  for (const auto& s : t.streams) w.add_stream(s);
+  for (const auto& c : t.comms) w.add_communicator(c);
+  for (const auto& s : t.strings.all()) w.intern(s);
+  w.add_spans(t.spans);
+  for (const auto& c : t.counters) w.add_counter(c);
+  w.close();
+}
+
+// `orrery export --format chakra` reads a rank at a time (export_chakra_file): the same files, byte
+// for byte, and the same summary as the export of the whole loaded trace.
+void expect_streamed_export_same(const Trace& t, const TempDir& dir, const std::string& name) {
+  SCOPED_TRACE(name);
+  const std::string db = dir.path(name + ".db");
+  write_in_blocks(t, db, 61);
+  TraceReader reader(db);
+  Trace whole = reader.load_all();
+  const ChakraExportSummary a = export_chakra(whole, dir.path(name + "_whole"));
+  const ChakraExportSummary b = export_chakra_file(reader, dir.path(name + "_streamed"));
+  EXPECT_EQ(a.ranks, b.ranks);
+  EXPECT_EQ(a.nodes_by_rank, b.nodes_by_rank);
+  EXPECT_EQ(a.nodes, b.nodes);
+  EXPECT_EQ(a.data_deps, b.data_deps);
+  EXPECT_EQ(a.comm_nodes, b.comm_nodes);
+  EXPECT_EQ(a.phase_nodes, b.phase_nodes);
+  ASSERT_EQ(a.files.size(), b.files.size());
+  for (size_t i = 0; i < a.files.size(); ++i) {
+    const std::string x = slurp(a.files[i]), y = slurp(b.files[i]);
+    EXPECT_FALSE(x.empty());
+    EXPECT_TRUE(x == y) << a.files[i] << " and " << b.files[i] << " differ";
+  }
+}
+
+TEST(Chakra, StreamedExportIsTheWholeTracesExportByteForByte) {
+  SKIP_WITHOUT_PROTOBUF();
+  TempDir dir;
+  Trace random = testing::make_trace(3, 200, 11);
+  random.spans[7].name = random.strings.intern(std::string("bad \xff name"));
+  expect_streamed_export_same(random, dir, "random");
+  SynthOptions o;
+  o.ranks = 4;
+  o.pp = 2;
+  o.layers = 4;
+  o.steps = 3;
+  expect_streamed_export_same(synthesize(o), dir, "pipeline");
+  o.pp = 1;
+  o.jitter_ns = 30'000;
+  expect_streamed_export_same(synthesize(o), dir, "ddp");
+  // A span of rank -1: the same refusal, naming the first such span.
+  Trace bad = testing::make_trace(2, 20, 3);
+  for (auto& s : bad.spans)
+    if (s.rank == 1) s.rank = -1;
+  write_in_blocks(bad, dir.path("bad.db"), 61);
+  TraceReader reader(dir.path("bad.db"));
+  const std::string want =
+      input_error([&] { export_chakra(reader.load_all(), dir.path("bad_whole")); });
+  EXPECT_NE(want.find("has rank -1"), std::string::npos) << want;
+  EXPECT_EQ(input_error([&] { export_chakra_file(reader, dir.path("bad_streamed")); }), want);
 }
 
 TEST(Chakra, CommGroupsFileNamesEveryCommunicator) {

@@ -261,14 +261,12 @@ void export_chrome_json(const TraceReader& r, std::ostream& out) {
   const std::vector<StreamInfo> streams = r.streams();
   const StringTable strings = r.strings();
   const std::vector<CommunicatorInfo> comms = r.communicators();
-  const std::vector<CounterSample> counters = r.counters();
   ChromeWriter w(out, {meta, ranks, streams, strings, comm_index(comms)});
   std::vector<std::pair<int32_t, int32_t>> tracks;
   for (const auto& b : r.stream_bounds())
     if (b.count > 0) tracks.emplace_back(b.rank, b.stream);
-  std::vector<int32_t> counter_ranks;
-  for (const auto& c : counters) counter_ranks.push_back(c.rank);
-  w.begin(tracks, counter_ranks);
+  // Counters are written a rank at a time, after the spans; their ranks label tracks first.
+  w.begin(tracks, counter_ranks(r));
   for_each_span_chunk(r, [&](std::vector<Span>& spans) {
     for (const auto& s : spans) {
       if (s.name >= strings.size())
@@ -277,12 +275,14 @@ void export_chrome_json(const TraceReader& r, std::ostream& out) {
       w.span(s);
     }
   });
-  for (const auto& c : counters) {
-    if (c.name >= strings.size())
-      throw InputError(r.path() + ": corrupt trace (counter name " + std::to_string(c.name) +
-                       " beyond the string table)");
-    w.counter(c);
-  }
+  for_each_counter_rank(r, [&](std::vector<CounterSample>& samples) {
+    for (const auto& c : samples) {
+      if (c.name >= strings.size())
+        throw InputError(r.path() + ": corrupt trace (counter name " + std::to_string(c.name) +
+                         " beyond the string table)");
+      w.counter(c);
+    }
+  });
   w.end(out);
 }
 

@@ -26,7 +26,10 @@ bool is_comm(const Span& s) { return s.kind == SpanKind::Collective || s.kind ==
 }  // namespace
 
 std::vector<SpanDependencies> span_dependencies(const Trace& t) {
-  const auto& S = t.spans;
+  return span_dependencies(t.spans);
+}
+
+std::vector<SpanDependencies> span_dependencies(std::span<const Span> S) {
   std::vector<SpanDependencies> deps(S.size());
   std::vector<int64_t> work;  // span indices of the non-phase spans
   for (size_t i = 0; i < S.size(); ++i)

@@ -24,6 +24,7 @@
 #include "orrery/common/crc32c.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/traces/meta_json.hpp"
+#include "orrery/traces/store.hpp"
 
 namespace orrery::traces {
 
@@ -638,24 +639,21 @@ std::vector<std::string> chakra_input_files(const std::vector<std::string>& inpu
 
 namespace {
 
-// Send/receive tags: the k-th transfer of a flow (communicator, source, destination) in each
+// Send/receive tags: the k-th transfer of a flow (communicator, source, destination) in the
 // rank's recorded order, stream by stream (how replay pairs them), is tag k on both sides.
-std::vector<int32_t> p2p_tags(const Trace& t,
-                              const std::map<int32_t, std::vector<size_t>>& by_rank) {
-  std::vector<int32_t> tag(t.spans.size(), -1);
-  for (const auto& [r, v] : by_rank) {
-    std::vector<size_t> p2p;
-    for (const size_t i : v)
-      if (t.spans[i].kind == SpanKind::P2P) p2p.push_back(i);
-    std::stable_sort(p2p.begin(), p2p.end(), [&](size_t a, size_t b) {
-      const Span &x = t.spans[a], &y = t.spans[b];
-      return std::tie(x.stream, x.start_ns, x.end_ns) < std::tie(y.stream, y.start_ns, y.end_ns);
-    });
-    std::map<std::tuple<int32_t, int32_t, int32_t>, int32_t> next;  // (comm, peer, is recv)
-    for (const size_t i : p2p) {
-      const Span& s = t.spans[i];
-      tag[i] = next[{s.comm, s.peer, s.op == CollOp::Recv ? 1 : 0}]++;
-    }
+std::vector<int32_t> p2p_tags(std::span<const Span> spans) {
+  std::vector<int32_t> tag(spans.size(), -1);
+  std::vector<size_t> p2p;
+  for (size_t i = 0; i < spans.size(); ++i)
+    if (spans[i].kind == SpanKind::P2P) p2p.push_back(i);
+  std::stable_sort(p2p.begin(), p2p.end(), [&](size_t a, size_t b) {
+    const Span &x = spans[a], &y = spans[b];
+    return std::tie(x.stream, x.start_ns, x.end_ns) < std::tie(y.stream, y.start_ns, y.end_ns);
+  });
+  std::map<std::tuple<int32_t, int32_t, int32_t>, int32_t> next;  // (comm, peer, is recv)
+  for (const size_t i : p2p) {
+    const Span& s = spans[i];
+    tag[i] = next[{s.comm, s.peer, s.op == CollOp::Recv ? 1 : 0}]++;
   }
   return tag;
 }
@@ -700,108 +698,161 @@ void node_attributes(pb::Node& n, const Span& s, int32_t rank, int32_t tag,
   if (s.seq != -1) attr_i64(n, "orrery.seq", s.seq);
 }
 
+// The GlobalMetadata of a rank's file: the format, the rank, the trace's meta and its counters.
+void append_global_metadata(std::string& bytes, int32_t rank, const std::string& meta_text,
+                            const Trace& header, std::span<const CounterSample> counters,
+                            const std::string& path) {
+  pb::GlobalMetadata gm;
+  gm.set_version(kChakraVersion);
+  add_attr(gm.mutable_attr(), "orrery.format")->set_int64_val(kOrreryChakraFormat);
+  add_attr(gm.mutable_attr(), "orrery.rank")->set_int32_val(rank);
+  add_attr(gm.mutable_attr(), "orrery.meta")->set_string_val(meta_text);
+  json j = json::array();
+  for (const auto& c : counters)
+    j.push_back(json::array({header.strings.str(c.name), c.ts_ns, c.value}));
+  add_attr(gm.mutable_attr(), "orrery.counters")
+      ->set_string_val(j.dump(-1, ' ', false, json::error_handler_t::replace));
+  seal(gm);
+  append_message(bytes, gm, path);
+}
+
+// One rank's file: its spans (in the trace's order; a node's id is its position there) and its
+// counter samples (in the trace's order), with the names of `header`.
+std::string rank_file_bytes(const Trace& header, int32_t rank, std::span<const Span> spans,
+                            std::span<const CounterSample> counters, const std::string& meta_text,
+                            const std::string& path, ChakraExportSummary& sum) {
+  std::string bytes;
+  append_global_metadata(bytes, rank, meta_text, header, counters, path);
+  const std::vector<SpanDependencies> deps = span_dependencies(spans);
+  const std::vector<int32_t> tag = p2p_tags(spans);
+  // File order: by (start, end, id), an order in which every dependency comes first.
+  std::vector<size_t> order(spans.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const Span &x = spans[a], &y = spans[b];
+    return std::tie(x.start_ns, x.end_ns, a) < std::tie(y.start_ns, y.end_ns, b);
+  });
+  pb::Node n;
+  for (const size_t i : order) {
+    const Span& s = spans[i];
+    n.Clear();
+    n.set_id(i);
+    const std::string& name = header.strings.str(s.name);
+    bool changed = false;
+    n.set_name(as_utf8(name, changed));
+    if (changed) add_attr(n.mutable_attr(), "orrery.name")->set_bytes_val(name);
+    n.set_type(node_type_of(s));
+    for (const int64_t d : {deps[i].pred, deps[i].cross}) {
+      if (d < 0) continue;
+      n.add_data_deps(static_cast<uint64_t>(d));
+      sum.data_deps++;
+    }
+    node_attributes(n, s, rank, tag[i], sum);
+    seal(n);
+    append_message(bytes, n, path);
+    sum.nodes++;
+    sum.nodes_by_rank[rank]++;
+  }
+  return bytes;
+}
+
+// The files of an export, renamed into place together when all are whole.
+class ExportFiles {
+ public:
+  explicit ExportFiles(ChakraExportSummary& sum) : sum_(sum) {}
+  void add(const std::string& path, const std::string& bytes) {
+    auto f = std::make_unique<AtomicFile>(path);
+    f->write(bytes);
+    outs_.push_back(std::move(f));
+    sum_.files.push_back(path);
+  }
+  // ASTRA-sim's communicator groups (pg_name -> member ranks), then every file renamed.
+  void finish(const std::vector<CommunicatorInfo>& comms, const std::string& prefix) {
+    json groups = json::object();
+    for (const auto& c : comms) groups[std::to_string(c.id)] = c.ranks;
+    add(prefix + ".comm_groups.json", groups.dump(2) + "\n");
+    for (auto& f : outs_) f->commit();
+  }
+
+ private:
+  ChakraExportSummary& sum_;
+  std::vector<std::unique_ptr<AtomicFile>> outs_;
+};
+
+std::string trace_name(const Trace& t) { return t.path.empty() ? std::string("trace") : t.path; }
+
+[[noreturn]] void negative_rank(const Trace& t, size_t i, int32_t rank) {
+  throw InputError(trace_name(t) + ": span " + std::to_string(i) + " has rank " +
+                   std::to_string(rank) + "; Chakra files are per rank >= 0");
+}
+
+// JSON text must be UTF-8 (and protobuf strings too): bytes that are not become U+FFFD.
+std::string meta_text_of(const Trace& header, const std::vector<int32_t>& exported) {
+  return meta_json(header, exported).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 }  // namespace
 
 ChakraExportSummary export_chakra(const Trace& t, const std::string& prefix) {
-  if (t.spans.empty())
-    throw InputError((t.path.empty() ? std::string("trace") : t.path) + ": no spans to export");
+  if (t.spans.empty()) throw InputError(trace_name(t) + ": no spans to export");
   if (prefix.empty()) throw InputError("--out: an empty Chakra file prefix");
-  const std::vector<SpanDependencies> deps = span_dependencies(t);
-
-  // Each rank's spans in trace order; a span's node id is its position there.
-  std::map<int32_t, std::vector<size_t>> by_rank;
-  std::vector<uint64_t> local(t.spans.size());
+  // Each rank's spans in trace order.
+  std::map<int32_t, std::vector<Span>> by_rank;
   for (size_t i = 0; i < t.spans.size(); ++i) {
-    if (t.spans[i].rank < 0)
-      throw InputError((t.path.empty() ? std::string("trace") : t.path) + ": span " +
-                       std::to_string(i) + " has rank " + std::to_string(t.spans[i].rank) +
-                       "; Chakra files are per rank >= 0");
-    auto& v = by_rank[t.spans[i].rank];
-    local[i] = v.size();
-    v.push_back(i);
+    if (t.spans[i].rank < 0) negative_rank(t, i, t.spans[i].rank);
+    by_rank[t.spans[i].rank].push_back(t.spans[i]);
   }
   std::vector<int32_t> exported;
   for (const auto& [r, v] : by_rank) exported.push_back(r);
-  // JSON text must be UTF-8 (and protobuf strings too): bytes that are not become U+FFFD.
-  const std::string meta_text =
-      meta_json(t, exported).dump(-1, ' ', false, json::error_handler_t::replace);
-
-  const std::vector<int32_t> tag = p2p_tags(t, by_rank);
-
-  // Counters per rank.
-  std::map<int32_t, json> counters;
-  for (const auto& c : t.counters) {
-    auto& j = counters[c.rank];
-    if (j.is_null()) j = json::array();
-    j.push_back(json::array({t.strings.str(c.name), c.ts_ns, c.value}));
-  }
-
+  const std::string meta_text = meta_text_of(t, exported);
   ChakraExportSummary sum;
   sum.ranks = static_cast<int32_t>(exported.size());
-  std::vector<std::unique_ptr<AtomicFile>> outs;
+  ExportFiles files(sum);
   for (const auto& [rank, v] : by_rank) {
+    std::vector<CounterSample> counters;
+    for (const auto& c : t.counters)
+      if (c.rank == rank) counters.push_back(c);
     const std::string path = rank_file_name(prefix, rank);
-    std::string bytes;
-    pb::GlobalMetadata gm;
-    gm.set_version(kChakraVersion);
-    add_attr(gm.mutable_attr(), "orrery.format")->set_int64_val(kOrreryChakraFormat);
-    add_attr(gm.mutable_attr(), "orrery.rank")->set_int32_val(rank);
-    add_attr(gm.mutable_attr(), "orrery.meta")->set_string_val(meta_text);
-    {
-      auto it = counters.find(rank);
-      add_attr(gm.mutable_attr(), "orrery.counters")
-          ->set_string_val(it == counters.end()
-                               ? "[]"
-                               : it->second.dump(-1, ' ', false, json::error_handler_t::replace));
-    }
-    seal(gm);
-    append_message(bytes, gm, path);
+    files.add(path, rank_file_bytes(t, rank, v, counters, meta_text, path, sum));
+  }
+  files.finish(t.comms, prefix);
+  return sum;
+}
 
-    // File order: by (start, end, id), an order in which every dependency comes first.
-    std::vector<size_t> order = v;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      const Span &x = t.spans[a], &y = t.spans[b];
-      return std::tie(x.start_ns, x.end_ns, local[a]) < std::tie(y.start_ns, y.end_ns, local[b]);
-    });
-    pb::Node n;
-    for (const size_t i : order) {
-      const Span& s = t.spans[i];
-      n.Clear();
-      n.set_id(local[i]);
-      const std::string& name = t.strings.str(s.name);
-      bool changed = false;
-      n.set_name(as_utf8(name, changed));
-      if (changed) add_attr(n.mutable_attr(), "orrery.name")->set_bytes_val(name);
-      n.set_type(node_type_of(s));
-      for (const int64_t d : {deps[i].pred, deps[i].cross}) {
-        if (d < 0) continue;
-        n.add_data_deps(local[static_cast<size_t>(d)]);
-        sum.data_deps++;
+ChakraExportSummary export_chakra_file(const TraceReader& reader, const std::string& prefix) {
+  // The header without counters: each rank's are read with its spans.
+  Trace header = reader.load_header([](std::string_view) { return false; });
+  if (reader.span_count() == 0) throw InputError(trace_name(header) + ": no spans to export");
+  if (prefix.empty()) throw InputError("--out: an empty Chakra file prefix");
+  const std::vector<int32_t> exported = reader.span_ranks();
+  if (!exported.empty() && exported.front() < 0) negative_rank(header, 0, exported.front());
+  const std::string meta_text = meta_text_of(header, exported);
+  ChakraExportSummary sum;
+  sum.ranks = static_cast<int32_t>(exported.size());
+  ExportFiles files(sum);
+  std::vector<Span> spans;  // the current rank's, in load_all()'s order
+  const auto flush = [&]() {
+    if (spans.empty()) return;
+    const int32_t rank = spans.front().rank;
+    const std::vector<CounterSample> counters = reader.counters_of_rank(rank);
+    const auto n_strings = static_cast<NameId>(header.strings.size());
+    for (const auto& c : counters) {
+      if (c.name >= n_strings) {
+        throw InputError(reader.path() + ": corrupt trace (counter name id " +
+                         std::to_string(c.name) + " outside the string table of " +
+                         std::to_string(n_strings) + ")");
       }
-      node_attributes(n, s, rank, tag[i], sum);
-      seal(n);
-      append_message(bytes, n, path);
-      sum.nodes++;
-      sum.nodes_by_rank[rank]++;
     }
-    auto f = std::make_unique<AtomicFile>(path);
-    f->write(bytes);
-    outs.push_back(std::move(f));
-    sum.files.push_back(path);
-  }
-
-  // ASTRA-sim's communicator groups: pg_name -> member ranks.
-  {
-    json groups = json::object();
-    for (const auto& c : t.comms) groups[std::to_string(c.id)] = c.ranks;
-    const std::string path = prefix + ".comm_groups.json";
-    auto f = std::make_unique<AtomicFile>(path);
-    f->write(groups.dump(2) + "\n");
-    outs.push_back(std::move(f));
-    sum.files.push_back(path);
-  }
-  // Renamed only when every file is whole.
-  for (auto& f : outs) f->commit();
+    const std::string path = rank_file_name(prefix, rank);
+    files.add(path, rank_file_bytes(header, rank, spans, counters, meta_text, path, sum));
+    spans.clear();
+  };
+  reader.for_each_span_run([&](std::span<const Span> run) {
+    if (!spans.empty() && spans.front().rank != run.front().rank) flush();
+    spans.insert(spans.end(), run.begin(), run.end());
+  });
+  flush();
+  files.finish(header.comms, prefix);
   return sum;
 }
 

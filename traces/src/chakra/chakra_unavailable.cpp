@@ -2,6 +2,7 @@
 // so, as bad input (exit 2), since the user asked for what this build cannot do.
 #include "orrery/common/error.hpp"
 #include "orrery/traces/chakra.hpp"
+#include "orrery/traces/store.hpp"
 
 namespace orrery::traces {
 
@@ -17,6 +18,7 @@ namespace {
 
 bool chakra_available() { return false; }
 ChakraExportSummary export_chakra(const Trace&, const std::string&) { unavailable(); }
+ChakraExportSummary export_chakra_file(const TraceReader&, const std::string&) { unavailable(); }
 std::vector<std::string> chakra_input_files(const std::vector<std::string>&) { unavailable(); }
 Trace import_chakra(const std::vector<std::string>&) { unavailable(); }
 ChakraFileInfo read_chakra_file(const std::string&) { unavailable(); }

@@ -45,7 +45,27 @@ struct DoctorInput {
 DoctorReport diagnose(const DoctorInput& in, const DoctorOptions& opt = {});
 
 // Reads trace files (a merged trace or per-rank files): flight records where present, else the
-// collective spans as completed records; communicators from each file.
+// collective spans as completed records; communicators from each file. The first record of a
+// key (rank, comm, seq) counts: files in order, a file's flight records before its spans. Holds
+// every record of every rank: diagnose_traces() streams instead, and uses this only as its
+// fallback (and tests as its reference).
 DoctorInput load_doctor_input(const std::vector<std::string>& trace_paths);
+
+struct DoctorResult {
+  DoctorReport report;
+  int64_t records = 0;   // load_doctor_input(...).records.size(): the distinct keys read
+  bool streamed = true;  // false: the data needed the in-memory fallback
+  size_t peak_held = 0;  // most records held at once (the fallback: all of them)
+};
+
+// diagnose(load_doctor_input(trace_paths), opt), streamed: the span blocks of all files are read
+// in one time order and a collective's records are dropped once it is judged, so memory is
+// bounded by the collectives in flight (about a block of spans per rank and stream), the flight
+// records and, per (rank, communicator), the runs of seqs it recorded, not by the span count.
+// Spans of a rank and communicator that arrive out of seq order (or one key recorded both as a
+// transfer and as a collective) are diagnosed by the in-memory path instead (`streamed` false);
+// the result is the same either way.
+DoctorResult diagnose_traces(const std::vector<std::string>& trace_paths,
+                             const DoctorOptions& opt = {});
 
 }  // namespace orrery::profiler

@@ -24,12 +24,15 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "orrery/traces/trace.hpp"
 
 namespace orrery::traces {
+
+class TraceReader;  // store.hpp
 
 // Whether this build reads and writes Chakra files (it was built with protobuf).
 bool chakra_available();
@@ -42,6 +45,9 @@ struct SpanDependencies {
 // Per span of `t` (in t.spans order): the edges of sim/replay.hpp's graph. Phase spans have none,
 // and no span depends on a Phase span. Does not need protobuf.
 std::vector<SpanDependencies> span_dependencies(const Trace& t);
+// The same over spans alone (indices into `spans`). The edges never leave a rank, so one rank's
+// spans, in the trace's order, give that rank's edges.
+std::vector<SpanDependencies> span_dependencies(std::span<const Span> spans);
 
 struct ChakraExportSummary {
   std::vector<std::string> files;  // the .et files, by rank, then the comm-groups file
@@ -58,6 +64,11 @@ struct ChakraExportSummary {
 // written beside its target and renamed when all are whole. Throws InputError for an empty trace
 // or an unwritable place.
 ChakraExportSummary export_chakra(const Trace& t, const std::string& prefix);
+// The same files from the trace file `reader` reads, streamed (`orrery export --format chakra`):
+// one rank's spans and counters in memory at a time (with the header: meta, ranks, streams,
+// communicators, strings), so memory is bounded by one rank's output, not the trace. The files
+// are byte for byte those of export_chakra(reader.load_all(), prefix).
+ChakraExportSummary export_chakra_file(const TraceReader& reader, const std::string& prefix);
 
 // The .et files an import reads: each input is a file, or a prefix P naming P.0.et, P.1.et, ...
 // (every P.<rank>.et in its folder). InputError when a prefix matches no file.

@@ -149,6 +149,9 @@ class TraceReader {
   std::vector<CounterSample> counters() const;
   // Those whose name id `keep` accepts (nullptr: all).
   std::vector<CounterSample> counters(const std::function<bool(NameId)>& keep) const;
+  // Those of one rank: counters()'s samples of that rank, in its order (the Chakra export, a
+  // rank at a time).
+  std::vector<CounterSample> counters_of_rank(int32_t rank) const;
   // Everything, spans sorted by (rank, stream, start_ns); equal starts in the order they were
   // added. Reads the spans on up to min(8, hardware threads) connections in parallel.
   Trace load_all() const;
@@ -178,6 +181,25 @@ class TraceReader {
   };
   using SpanBlockVisitor = std::function<void(const SpanBlockView&)>;
   void for_each_block_by_time(const SpanBlockVisitor& visit) const;
+  // for_each_block_by_time() pulled one block at a time, so that the blocks of several files can
+  // be taken in one time order (`orrery doctor` on per-rank files). The same blocks, order and
+  // checks; a view is valid until the next call of next(). The reader must outlive the cursor.
+  class BlockCursor {
+   public:
+    explicit BlockCursor(const TraceReader& reader);
+    ~BlockCursor();
+    BlockCursor(const BlockCursor&) = delete;
+    BlockCursor& operator=(const BlockCursor&) = delete;
+    // The next block, or nullptr after the last.
+    const SpanBlockView* next();
+    // The index's first start of the block next() gives next (INT64_MAX after the last): no span
+    // of this file still to come starts earlier.
+    int64_t next_start_ns() const;
+
+   private:
+    struct Impl;  // the connection, the sorted block index and the decoded block (store.cpp)
+    std::unique_ptr<Impl> impl_;
+  };
   // Everything load_all() gives but the spans (meta, ranks, streams, communicators, strings,
   // counters): what a streaming reader needs beside for_each_span_run().
   Trace load_header() const;
@@ -211,6 +233,8 @@ class TraceReader {
   Verification verify() const;
 
  private:
+  std::vector<CounterSample> counters_where(const std::function<bool(NameId)>& keep,
+                                            std::optional<int32_t> rank) const;
   std::string path_;
   sqlite3* db_ = nullptr;  // opened without SQLite's mutex; mu_ serialises its use
   mutable std::mutex mu_;

@@ -1,7 +1,8 @@
 // Reading a trace file's spans without holding them all: stream by stream, in windows of start
 // time, each window's spans in (rank, stream, start) order, so that concatenating the chunks gives
 // the order TraceReader::load_all() sorts into. Memory is bounded by a window (about `chunk` spans
-// and the blocks it touches), not by the file. Used by merge_traces and the Chrome export.
+// and a block), not by the file. Used by merge_traces (and so export --format sqlite) and the
+// Chrome export; its counter samples a rank at a time, likewise.
 #pragma once
 
 #include <cstdint>
@@ -17,5 +18,12 @@ namespace orrery::traces {
 void for_each_span_chunk(const TraceReader& reader,
                          const std::function<void(std::vector<Span>&)>& fn,
                          int64_t chunk = int64_t{1} << 16);
+
+// The ranks with counter samples, ascending (those of counters()).
+std::vector<int32_t> counter_ranks(const TraceReader& reader);
+// Calls `fn` with each rank's counter samples (ranks ascending, each rank's in counters()'s
+// order: together counters()), read a rank at a time on a connection of its own.
+void for_each_counter_rank(const TraceReader& reader,
+                           const std::function<void(std::vector<CounterSample>&)>& fn);
 
 }  // namespace orrery::traces
