@@ -51,6 +51,10 @@ int run_doctor(const DoctorArgs& a) {
   // Streamed: memory bounded by the collectives in flight, not the trace (profiler/doctor.hpp).
   const profiler::DoctorResult res = profiler::diagnose_traces(files, opt);
   const profiler::DoctorReport& rep = res.report;
+  if (!res.streamed)
+    std::cerr << "orrery doctor: a rank's collectives arrived out of seq order; diagnosed with "
+                 "every record in memory ("
+              << res.records << " records): the same answer, more memory" << std::endl;
   if (a.json) {
     json j;
     j["files"] = files;
