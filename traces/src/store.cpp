@@ -907,7 +907,10 @@ sqlite3* open_readonly(const std::string& path) {
   const int rc =
       sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr);
   if (rc != SQLITE_OK) {
-    const std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    // The operating system's reason (e.g. "Too many open files") where SQLite kept it.
+    if (const int e = db ? sqlite3_system_errno(db) : 0; e != 0)
+      msg += ": " + std::string(std::strerror(e));
     sqlite3_close(db);
     throw InputError(path + ": cannot open trace (" + msg + ")");
   }

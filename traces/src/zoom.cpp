@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -565,7 +566,9 @@ ZoomIndex::ZoomIndex(const std::string& path) : path_(path) {
   TraceReader r(path);
   if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr) !=
       SQLITE_OK) {
-    const std::string msg = db_ ? sqlite3_errmsg(db_) : "cannot open";
+    std::string msg = db_ ? sqlite3_errmsg(db_) : "cannot open";
+    if (const int e = db_ ? sqlite3_system_errno(db_) : 0; e != 0)
+      msg += ": " + std::string(std::strerror(e));  // e.g. "Too many open files"
     sqlite3_close(db_);
     db_ = nullptr;
     throw InputError(path + ": cannot open trace (" + msg + ")");
