@@ -335,23 +335,33 @@ std::string traces_device(const std::vector<traces::Trace>& ts, const Calibratio
                    "; give --device A100-SXM-80GB, H100-SXM or H200");
 }
 
+// The FLOPs of the items with a known operand size (GEMM and attention), by that size, and of the
+// 4-byte ones those that ran on TF32 tensor-core kernels.
+struct FlopsBySize {
+  std::map<int32_t, double> by_size;
+  double tf32 = 0;
+};
+FlopsBySize flops_by_size(const std::vector<GpuItem>& items) {
+  FlopsBySize f;
+  for (const auto& it : items)
+    if (it.elem_bytes > 0)
+      for (const auto& k : it.kernels) {
+        f.by_size[it.elem_bytes] += k.flops * double(it.count);
+        if (it.tf32) f.tf32 += k.flops * double(it.count);
+      }
+  return f;
+}
+
 // The precision of the GEMMs (FLOP-weighted operand size: 2 bytes bf16, 4 fp32, or tf32 when most
 // of the 4-byte FLOPs ran on TF32 tensor-core kernels); a CUDA run's runtime.precision when no
 // observation says; bf16 otherwise.
 Precision items_precision(const std::vector<GpuItem>& items, const std::vector<traces::Trace>& ts) {
-  std::map<int32_t, double> flops_by_size;
-  double tf32_flops = 0;
-  for (const auto& it : items)
-    if (it.elem_bytes > 0)
-      for (const auto& k : it.kernels) {
-        flops_by_size[it.elem_bytes] += k.flops * double(it.count);
-        if (it.tf32) tf32_flops += k.flops * double(it.count);
-      }
-  if (!flops_by_size.empty()) {
-    const auto best = std::max_element(flops_by_size.begin(), flops_by_size.end(),
+  const FlopsBySize f = flops_by_size(items);
+  if (!f.by_size.empty()) {
+    const auto best = std::max_element(f.by_size.begin(), f.by_size.end(),
                                        [](auto& a, auto& b) { return a.second < b.second; });
     if (best->first <= 2) return Precision::BF16;
-    return tf32_flops > 0.5 * best->second ? Precision::TF32 : Precision::FP32;
+    return f.tf32 > 0.5 * best->second ? Precision::TF32 : Precision::FP32;
   }
   for (const auto& t : ts)
     if (const auto p = precision_from_string(t.meta.layout.precision)) return *p;
@@ -405,13 +415,9 @@ void keep_precision(Observations& o, Precision p) {
 // TF32: the share of the 4-byte GEMM FLOPs that ran on CUDA-core kernels, fitted against the
 // TF32 peak all the same (the simulator prices a TF32 run's GEMMs so).
 void note_tf32(Observations& o) {
-  double all = 0, cuda_cores = 0;
-  for (const auto& it : o.items)
-    if (it.elem_bytes == 4)
-      for (const auto& k : it.kernels) {
-        all += k.flops * double(it.count);
-        if (!it.tf32) cuda_cores += k.flops * double(it.count);
-      }
+  const FlopsBySize f = flops_by_size(o.items);
+  const auto four = f.by_size.find(4);
+  const double all = four == f.by_size.end() ? 0.0 : four->second, cuda_cores = all - f.tf32;
   char pct[32];
   std::snprintf(pct, sizeof pct, "%.1f", all > 0 ? 100.0 * cuda_cores / all : 0.0);
   o.notes.push_back(
