@@ -1,6 +1,7 @@
 // `orrery sim SCENARIO [--cluster C] [--hw PROFILE] [--out TRACE] [--set k=v ...] [--json]`: one
 // simulated training step of a scenario on a cluster: step time, tokens/s, TFLOP/s and MFU per GPU,
 // the breakdown, memory per rank; optionally the simulated trace (source = sim).
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -81,8 +82,11 @@ Command setup(CLI::App& root) {
     // compressed dp collectives' bytes and the compression compute.
     if (a->steps < 1) throw InputError("--steps must be >= 1");
     // Before anything is sized by the scenario (the default cluster has one GPU per rank): layers,
-    // ranks, ops and the estimated memory against this machine's (sweep.hpp).
-    sim::check_simulation_size(loaded, a->steps, a->all_ranks, !a->out.empty());
+    // ranks, ops and the estimated memory against this machine's (sweep.hpp). The cluster is not
+    // known yet: with --all-ranks the rail symmetry is assumed (the smallest size), and
+    // check_simulation_fits repeats the check exactly once it is.
+    sim::check_simulation_size(loaded, a->steps, a->all_ranks, !a->out.empty(), 0,
+                               a->all_ranks ? std::max(1, loaded.parallel.tp) : 1);
     sim::SimTarget target = sim::sim_target(loaded, a->cluster, a->hw);
     if (a->gpus != -1 && a->gpus < 1)
       throw InputError("--gpus must be >= 1, got " + std::to_string(a->gpus));

@@ -38,6 +38,12 @@ bool rail_symmetry_applies(const Layout& l, const Cluster& c) {
   return true;
 }
 
+bool rail_copies_apply(const Layout& l, const Cluster& c, const ExecutorOptions& opt) {
+  const bool sharing = opt.core_sharing && opt.core_sharing->cores > 0;
+  return opt.ranks.empty() && opt.all_ranks && opt.rail_symmetry && !sharing &&
+         opt.rank_jitter == 0 && opt.op_jitter == 0 && rail_symmetry_applies(l, c);
+}
+
 int pp_peer(const Layout& l, int stage, GroupRole role) {
   // Modulo pp: the interleaved schedule sends from the last stage's chunk c to stage 0's chunk c+1.
   return (stage + (role == GroupRole::PPNext ? 1 : -1) + l.pp) % l.pp;
@@ -93,8 +99,7 @@ class Executor {
     std::vector<int32_t> ranks =
         opt.ranks.empty() ? representative_ranks(l, opt.all_ranks || sharing_) : opt.ranks;
     // Rail symmetry (executor.hpp): tp rank 0 of every group stands for its peers.
-    rail_copies_ = opt.ranks.empty() && opt.all_ranks && opt.rail_symmetry && !sharing_ &&
-                   opt.rank_jitter == 0 && opt.op_jitter == 0 && rail_symmetry_applies(l, c);
+    rail_copies_ = rail_copies_apply(l, c, opt);
     if (rail_copies_)
       ranks.erase(std::remove_if(ranks.begin(), ranks.end(),
                                  [&l](int32_t r) { return l.coord(r).tp != 0; }),

@@ -89,11 +89,12 @@ int max_stage_layers(const Scenario& s) {
 }  // namespace
 
 SimulationSize estimate_simulation_size(const Scenario& s, int steps, bool every_rank,
-                                        bool keep_trace) {
+                                        bool keep_trace, int rail_copies) {
   SimulationSize z;
   const auto& p = s.parallel;
   z.world = int64_t(std::max(1, p.dp)) * std::max(1, p.tp) * std::max(1, p.pp);
-  z.simulated_ranks = every_rank ? z.world : std::max(1, p.pp);
+  z.simulated_ranks = every_rank ? z.world / std::max(1, rail_copies) : std::max(1, p.pp);
+  const double trace_ranks = double(every_rank ? z.world : z.simulated_ranks);
   z.ops_per_stage = workload_ops_bound(s, steps);
   const double ops = z.ops_per_stage, stages = std::max(1, p.pp);
   // A stage program: the op, up to three deps, its stream entry; vectors up to twice their size
@@ -106,22 +107,24 @@ SimulationSize estimate_simulation_size(const Scenario& s, int steps, bool every
   const double executor = stages * ops * 5 * sizeof(uint32_t) +
                           double(z.simulated_ranks) * ops * (sizeof(OpTiming) + sizeof(uint32_t)) +
                           ops * 4 * 2 * sizeof(int64_t);
-  // The trace: every op of every simulated rank a span (reserved with an eighth more for phases).
-  const double trace =
-      keep_trace ? double(z.simulated_ranks) * ops * 1.125 * sizeof(traces::Span) : 0.0;
+  // The trace: every op of every simulated or copied rank a span, with phases and what writing it
+  // holds (its blocks, per-(rank, step) aggregates): 1.4 spans an op, measured on GPT-3 175B over
+  // 16,384 H100s (every rank, --out): 2.67 GB beyond the bare process literally, 2.19 GB with the
+  // rail symmetry, against 2.67 and 2.24 GB estimated.
+  const double trace = keep_trace ? trace_ranks * ops * 1.4 * sizeof(traces::Span) : 0.0;
   z.bytes = programs + executor + trace + double(z.world) * 512.0;
   return z;
 }
 
 void check_simulation_size(const Scenario& s, int steps, bool every_rank, bool keep_trace,
-                           int64_t memory_bytes) {
+                           int64_t memory_bytes, int rail_copies) {
   const std::string where = s.path.empty() ? std::string("scenario") : s.path;
   if (s.model.layers > kMaxSimulatedLayers)
     throw InputError(
         where + ": key 'model.layers': " + std::to_string(s.model.layers) +
         " layers; the simulator takes at most " + std::to_string(kMaxSimulatedLayers) +
         " (100 times the deepest published transformer, DeepNet's 1,000; GPT-3 has 96)");
-  const SimulationSize z = estimate_simulation_size(s, steps, every_rank, keep_trace);
+  const SimulationSize z = estimate_simulation_size(s, steps, every_rank, keep_trace, rail_copies);
   const auto& p = s.parallel;
   if (z.world > std::numeric_limits<int32_t>::max())
     throw InputError(
@@ -149,6 +152,9 @@ void check_simulation_size(const Scenario& s, int steps, bool every_rank, bool k
   what += ", simulated on " + std::to_string(z.simulated_ranks) + " of " + std::to_string(z.world) +
           " ranks";
   if (every_rank) what += " (every rank: --all-ranks or a core-sharing profile)";
+  if (every_rank && rail_copies > 1)
+    what += " (tp rank 0 of each group simulated for its " + std::to_string(rail_copies) +
+            " tp ranks: the rail symmetry)";
   if (keep_trace) what += " with the trace (--out)";
   throw InputError(what + ": about " + format_memory_bytes(z.bytes) + " of memory, more than " +
                    (memory_bytes > 0 ? "the limit of " : "this machine's physical memory, ") +
@@ -229,7 +235,28 @@ StepBreakdown mean_breakdown(const ExecResult& r, const StepWindows& win, bool p
   return b;
 }
 
+// The executor's options for simulate(): `prof` must outlive the result.
+ExecutorOptions executor_options(const SimOptions& opt, const HardwareProfile& prof) {
+  ExecutorOptions eo;
+  eo.network = opt.network;
+  eo.all_ranks = opt.all_ranks;
+  eo.profile = &prof;
+  if (prof.sharing.cores > 0) eo.core_sharing = &prof.sharing;
+  eo.rank_jitter = prof.rank_jitter;
+  eo.op_jitter = prof.op_jitter;
+  eo.comm_compute_share = prof.comm_compute_share;
+  eo.rail_symmetry = opt.rail_symmetry;
+  return eo;
+}
+
 }  // namespace
+
+int rail_copies(const Scenario& s, const Cluster& cluster, const SimOptions& opt,
+                const HardwareProfile& profile) {
+  if (!opt.all_ranks || s.parallel.tp < 2 || s.world_size() != cluster.num_gpus()) return 1;
+  return rail_copies_apply(Layout::from(s), cluster, executor_options(opt, profile)) ? s.parallel.tp
+                                                                                     : 1;
+}
 
 SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -241,7 +268,8 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   // ranks on a node here, compute shared among the busy ranks by the executor.
   const HardwareProfile given = opt.profile ? *opt.profile : profile_for(cluster);
   const bool shared_cores = given.sharing.cores > 0;
-  check_simulation_size(s, opt.steps, opt.all_ranks || shared_cores, opt.keep_trace);
+  check_simulation_size(s, opt.steps, opt.all_ranks || shared_cores, opt.keep_trace, 0,
+                        rail_copies(s, cluster, opt, given));
   const HardwareProfile prof =
       shared_cores ? profile_for_ranks(given, ranks_on_node(s, cluster), /*scale_compute=*/false)
                    : given;
@@ -250,17 +278,7 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
   const CostModel cost(prof, peak, cluster.device.mem_bandwidth_bytes_per_s);
   const Workload w =
       build_workload(s, cost, {opt.steps, prec, std::min(cluster.gpus_per_node, s.world_size())});
-
-  ExecutorOptions eo;
-  eo.network = opt.network;
-  eo.all_ranks = opt.all_ranks;
-  eo.profile = &prof;
-  if (shared_cores) eo.core_sharing = &prof.sharing;
-  eo.rank_jitter = prof.rank_jitter;
-  eo.op_jitter = prof.op_jitter;
-  eo.comm_compute_share = prof.comm_compute_share;
-  eo.rail_symmetry = opt.rail_symmetry;
-  const ExecResult r = execute(w, cluster, eo);
+  const ExecResult r = execute(w, cluster, executor_options(opt, prof));
 
   SimResult out;
   out.dp = s.parallel.dp, out.tp = s.parallel.tp, out.pp = s.parallel.pp,
@@ -562,8 +580,10 @@ std::optional<Cluster> sized_cluster(const Cluster& cluster, int gpus, std::stri
 
 std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const SweepOptions& opt) {
   // The scenario as given (each row's simulate() checks its own size): refuses model.layers above
-  // kMaxSimulatedLayers before the search sizes the stages of every candidate layout.
-  check_simulation_size(s, opt.sim.steps, opt.sim.all_ranks, false);
+  // kMaxSimulatedLayers before the search sizes the stages of every candidate layout (with every
+  // rank, the rail symmetry assumed: the smallest size).
+  check_simulation_size(s, opt.sim.steps, opt.sim.all_ranks, false, 0,
+                        opt.sim.all_ranks ? std::max(1, s.parallel.tp) : 1);
   std::vector<SweepRow> rows;
   std::vector<SweepJob> jobs;  // every simulation of the sweep, planned first
   auto say = [&](const std::string& line) {

@@ -17,6 +17,7 @@ namespace {
 
 using testing::h100_cluster;
 using testing::h100_cost;
+using testing::rail_fat_tree;
 using testing::small_scenario;
 
 // Sets every compute op of a pure pipeline workload (tp = dp = 1) to equal stage costs: the forward
@@ -201,21 +202,6 @@ TEST(Executor, FlowSubproblemsMatchWholeComponents) {
       ASSERT_EQ(a.ranks[k].ops[i].end_ns, b.ranks[k].ops[i].end_ns);
     }
   EXPECT_GT(b.network.solves, 0u);  // the flows did contend
-}
-
-// A rail-optimized fat-tree of `nodes` DGX-like nodes of `gpn` GPUs and radix-`radix` switches.
-Cluster rail_fat_tree(int nodes, int gpn, int radix, int tiers, bool rail = true) {
-  Cluster c;
-  c.name = "rail-radix" + std::to_string(radix);
-  c.device = *device_preset("H100-SXM");
-  c.nodes = nodes;
-  c.gpus_per_node = gpn;
-  c.topo.kind = TopologyKind::FatTree;
-  c.topo.radix = radix;
-  c.topo.tiers = tiers;
-  c.topo.rail_optimized = rail;
-  build_topology(c);
-  return c;
 }
 
 // The rail symmetry (executor.hpp): every rank simulated through tp rank 0 of each group gives

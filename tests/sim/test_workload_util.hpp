@@ -1,6 +1,8 @@
 // Helpers shared by the workload, executor and sweep tests: scenarios and clusters built in code.
 #pragma once
 
+#include <string>
+
 #include "orrery/common/scenario.hpp"
 #include "orrery/sim/cluster.hpp"
 #include "orrery/sim/cost_model.hpp"
@@ -9,7 +11,8 @@
 namespace orrery::sim::testing {
 
 // A small GPT with the given layout; global batch = dp · micro_batch · m.
-inline Scenario small_scenario(int layers, int dp, int tp, int pp, int m, const char* schedule = "1f1b") {
+inline Scenario small_scenario(int layers, int dp, int tp, int pp, int m,
+                               const char* schedule = "1f1b") {
   Scenario s;
   s.path = "test.yaml";
   s.name = "test";
@@ -62,9 +65,25 @@ inline Cluster h100_cluster(int gpus) {
   return c;
 }
 
+// A rail-optimized fat-tree of `nodes` DGX-like nodes of `gpn` GPUs and radix-`radix` switches.
+inline Cluster rail_fat_tree(int nodes, int gpn, int radix, int tiers, bool rail = true) {
+  Cluster c;
+  c.name = "rail-radix" + std::to_string(radix);
+  c.device = *device_preset("H100-SXM");
+  c.nodes = nodes;
+  c.gpus_per_node = gpn;
+  c.topo.kind = TopologyKind::FatTree;
+  c.topo.radix = radix;
+  c.topo.tiers = tiers;
+  c.topo.rail_optimized = rail;
+  build_topology(c);
+  return c;
+}
+
 inline CostModel h100_cost() {
   const Device d = *device_preset("H100-SXM");
-  return CostModel(default_hardware_profile("H100-SXM", true), d.peak_bf16_flops, d.mem_bandwidth_bytes_per_s);
+  return CostModel(default_hardware_profile("H100-SXM", true), d.peak_bf16_flops,
+                   d.mem_bandwidth_bytes_per_s);
 }
 
 }  // namespace orrery::sim::testing

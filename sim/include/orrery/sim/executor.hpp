@@ -115,6 +115,11 @@ std::vector<int32_t> representative_ranks(const Layout& l, bool all_ranks);
 // every tp group is one node with tp rank = local index, and the fabric's rails are exact copies.
 bool rail_symmetry_applies(const Layout& l, const Cluster& c);
 
+// Whether execute() with `opt` simulates tp rank 0 of each group for its tp peers (the rail symmetry
+// above): every rank asked for (all_ranks, no explicit ranks), rail_symmetry on, no core sharing,
+// no jitter, and rail_symmetry_applies. check_simulation_size (sweep.hpp) sizes the run by it.
+bool rail_copies_apply(const Layout& l, const Cluster& c, const ExecutorOptions& opt);
+
 // The pipeline stage that a point-to-point op of `role` (PPNext, PPPrev) on `stage` talks to, modulo
 // pp (the interleaved schedule's last stage sends to stage 0 and back).
 int pp_peer(const Layout& l, int stage, GroupRole role);

@@ -113,8 +113,11 @@ struct SimulationSize {
   double ops_per_stage = 0;     // workload_ops_bound
   double bytes = 0;
 };
+// rail_copies: the ranks one simulated rank stands for when every rank is asked for (tp with the
+// executor's rail symmetry, rail_copies below; 1 without): the executor then simulates world /
+// rail_copies ranks, while the trace (keep_trace) still holds every rank's spans.
 SimulationSize estimate_simulation_size(const Scenario& s, int steps, bool every_rank,
-                                        bool keep_trace);
+                                        bool keep_trace, int rail_copies = 1);
 
 // Refuses, with an InputError naming the scenario keys (and --steps, --all-ranks, --out) and their
 // values, a simulation that cannot run before it allocates anything: model.layers above
@@ -122,7 +125,12 @@ SimulationSize estimate_simulation_size(const Scenario& s, int steps, bool every
 // estimated size above `memory_bytes` (0: this machine's physical memory, sysconf). every_rank:
 // --all-ranks, or a profile with core sharing (the executor then simulates every rank).
 void check_simulation_size(const Scenario& s, int steps, bool every_rank, bool keep_trace,
-                           int64_t memory_bytes = 0);
+                           int64_t memory_bytes = 0, int rail_copies = 1);
+
+// tp when simulate(s, cluster, opt) with `profile` (its core sharing and jitters) would simulate
+// tp rank 0 of each group for its peers (executor.hpp: rail_copies_apply), else 1.
+int rail_copies(const Scenario& s, const Cluster& cluster, const SimOptions& opt,
+                const HardwareProfile& profile);
 
 // Simulates `opt.steps` steps of the scenario (whose layout must use every GPU of the cluster: see
 // fit_layout). Throws InputError for bad layouts and for a simulation too large for this machine
