@@ -424,6 +424,62 @@ TEST(Store, FileOfAWriterThatDiedStillOpens) {
   EXPECT_EQ(step_spans, 2500);
 }
 
+// Each flush adds its batch's part of a (rank, step) to the step row (nothing per step is held
+// between flushes): spans of two ranks' steps over three streams, added stream by stream as the
+// export streams them and in batches of 5, so every step is split over several flushes; the rows
+// equal a fold over all spans, and each stream's spans come back in start order.
+TEST(Store, StepRowsAddUpOverFlushes) {
+  TempDir dir;
+  const auto path = dir.path("steps.db");
+  std::vector<Span> spans;
+  for (int32_t rank = 0; rank < 2; ++rank)
+    for (int32_t stream = 0; stream < 3; ++stream)
+      for (int32_t i = 0; i < 12; ++i) {
+        Span s;
+        s.rank = rank, s.stream = stream, s.step = i % 4;
+        s.kind = stream == 0 ? SpanKind::Compute
+                             : (stream == 1 ? SpanKind::Collective : SpanKind::Memcpy);
+        // Starts out of order inside a batch (odd i before even i of a pair).
+        s.start_ns = 1000 * (i ^ 1) + 37 * stream + 5 * rank;
+        s.end_ns = s.start_ns + 100 + 7 * i + stream;
+        spans.push_back(s);
+      }
+  {
+    TraceWriter w(path, 5);
+    w.intern("x");
+    for (const auto& s : spans) w.add_span(s);
+    w.close();
+  }
+  std::map<std::pair<int32_t, int32_t>, TraceReader::StepAggregate> want;
+  for (const auto& s : spans) {
+    auto [it, fresh] =
+        want.try_emplace({s.rank, s.step},
+                         TraceReader::StepAggregate{s.rank, s.step, s.start_ns, s.end_ns, 0, 0, 0});
+    auto& a = it->second;
+    a.start_ns = std::min(a.start_ns, s.start_ns), a.end_ns = std::max(a.end_ns, s.end_ns);
+    (s.kind == SpanKind::Compute ? a.compute_ns : a.collective_ns) +=
+        s.kind == SpanKind::Memcpy ? 0 : s.end_ns - s.start_ns;
+    a.span_count += 1;
+  }
+  TraceReader r(path);
+  const auto got = r.step_aggregates();
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& g : got) {
+    const auto& w = want.at({g.rank, g.step});
+    EXPECT_EQ(g.start_ns, w.start_ns) << g.rank << "/" << g.step;
+    EXPECT_EQ(g.end_ns, w.end_ns);
+    EXPECT_EQ(g.compute_ns, w.compute_ns);
+    EXPECT_EQ(g.collective_ns, w.collective_ns);
+    EXPECT_EQ(g.span_count, 9);  // 3 per stream
+  }
+  for (int32_t rank = 0; rank < 2; ++rank)
+    for (int32_t stream = 0; stream < 3; ++stream) {
+      const auto back = r.spans_in_window(rank, stream, INT64_MIN, INT64_MAX);
+      ASSERT_EQ(back.size(), 12u);
+      for (size_t i = 1; i < back.size(); ++i) EXPECT_LT(back[i - 1].start_ns, back[i].start_ns);
+    }
+}
+
 TEST(Store, SeveralWriterThreads) {
   TempDir dir;
   const auto path = dir.path("mt.db");
