@@ -51,6 +51,9 @@
 //   compression:                # optional (calibrated CPU profiles): gradient compression's host
 //     int8: {compress_ns: 1.9, decompress_ns: 0.8}   #   compute, ns per unit (HostComputeRates)
 //     powersgd: {compress_ns: 0.4, decompress_ns: 1.1}
+//   offload:                    # optional: ZeRO offload's links (OffloadLinks; absent: the preset's)
+//     {host_link_gbps: 63, host_link_shared_by: 1, host_adamw_gbps: 614.4, nvme_read_gbps: 56,
+//      nvme_write_gbps: 30.4}
 //   rounding:                   # optional (calibrated CPU profiles): ns per element rounded by the
 //     bf16: 0.7                 #   emulated 16-bit formats (runtime.precision on device cpu)
 //     fp16: 3.2
