@@ -358,8 +358,11 @@ double workload_ops_bound(const Scenario& s, int steps) {
   // zero.overlap_grad_reduce: at most one reduce-scatter per segment and micro-batch (ZeRO 2) and
   // one all-gather per segment a step.
   const double zero_buckets = s.zero.overlap_grad_reduce ? (per_stage + 2) * (m + 1) : 0;
+  // Offload: per chunk a read (download), an AdamW piece (host step) and a write (upload).
+  const double offload = s.zero.offload_optimizer != "none" ? 3.0 * kMaxOffloadChunks : 0;
   const double per_step = m * (per_stage * per_layer + (10 + (sp ? 4 : 0)) * chunks_per_stage(s)) +
-                          (per_stage + 2) * (s.model.moe.enabled() ? 2 : 1) + 10 + zero_buckets;
+                          (per_stage + 2) * (s.model.moe.enabled() ? 2 : 1) + 10 + zero_buckets +
+                          offload;
   return double(std::max(1, steps)) * per_step;
 }
 

@@ -4,7 +4,8 @@
 //    at fp32, time bytes / the rank's share of its host link) and one offload.adamw on the compute
 //    stream (time 28 bytes per element / the rank's share of the node's host AdamW bandwidth), no
 //    GPU adamw; the copy stream in the host's issue order D0 D1 U0 D2 U1 ..., step i after
-//    download i, upload i after step i, download i+1 and upload i-1 queued before step i;
+//    download i, upload i after step i, download i+1 and upload i-1 queued before step i; 3 ops
+//    per chunk in place of the GPU's adamw, within workload_ops_bound (host and nvme);
 //  - the executed pipeline's makespan equals its closed form on one rank with 3 chunks, host-bound
 //    (d0 + a0 + a1 + a2 + u2) and link-bound (every copy back to back: Σd + Σu);
 //  - memory: mem.optimizer 0 on the device, mem.offload_host 12n + 8c (the runtime's closed form,
@@ -149,6 +150,23 @@ TEST(SimHostOffload, ChunksHaveTheRuntimesSpansBytesTimesAndOrder) {
     down += d.bytes;
   }
   EXPECT_EQ(down, 4 * updated);
+}
+
+TEST(SimHostOffload, OpsBoundCountsTheChunks) {
+  // Chunks of 1 element: the simulator's cap of kMaxOffloadChunks, 3 ops each, within the bound.
+  for (const char* o : {"host", "nvme"}) {
+    Scenario s = host_offloaded(small_scenario(1, 1, 1, 1, 1), 1);
+    s.zero.offload_optimizer = o;
+    s.zero.nvme_path = "nvme";
+    const Workload w = build(s, h100_links(20, 100), 1);
+    const size_t ops = w.stages[0].ops.size();
+    EXPECT_LE(double(ops), workload_ops_bound(s, 1)) << o;
+    Scenario plain = s;
+    plain.zero.offload_optimizer = "none";
+    EXPECT_EQ(ops - build(plain, h100_links(20, 100), 1).stages[0].ops.size(),
+              3u * kMaxOffloadChunks - 1)
+        << o;  // the GPU's adamw replaced
+  }
 }
 
 // One rank, 3 chunks (2 of `n`, the last the rest): the executed optimizer pipeline's makespan,

@@ -255,7 +255,8 @@ std::vector<StageCompute> stage_compute(const Workload& w);
 // closed form and in double (absurd scenarios overflow int64), without building anything: per
 // step, micro-batches x (layers per stage x (2·(2·pieces − 1) + 3 with ZeRO 3) + 10) + layers per
 // stage + 12, pieces = 3 with tp > 1 else 1; MoE blocks add 17 per layer and micro-batch and the
-// expert buckets per step. The simulator's memory check (sweep.hpp) uses it.
+// expert buckets per step; offload (nvme or host) 3 per chunk, at most 3 · kMaxOffloadChunks per
+// step. The simulator's memory check (sweep.hpp) uses it.
 double workload_ops_bound(const Scenario& s, int steps);
 // Fewer kv heads than tp ranks (each head replicated on tp / kv_heads ranks): the values of each
 // block's "tp.kv_grad_all_reduce", kv_heads x 2 x head size x (d_model + 1 with biases); else 0.
