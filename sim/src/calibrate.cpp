@@ -1842,9 +1842,12 @@ std::string calibrated_gpu_yaml(const CalibrationResult& r) {
   for (const auto& g : r.gpu) {
     std::string from;
     for (const auto& t : g.traces) from += (from.empty() ? "" : ", ") + t;
+    // Offload's rates are fitted from spans (calibrate_offload.hpp), the rest from kernels.
+    const char* unit = g.parameter.rfind("offload.", 0) == 0 ? "spans" : "kernels";
     if (g.fitted)
-      std::snprintf(buf, sizeof buf, "# fit: %-34s %10.4f  from %lld kernels of %s\n",
-                    g.parameter.c_str(), g.value, static_cast<long long>(g.kernels), from.c_str());
+      std::snprintf(buf, sizeof buf, "# fit: %-34s %10.4f  from %lld %s of %s\n",
+                    g.parameter.c_str(), g.value, static_cast<long long>(g.kernels), unit,
+                    from.c_str());
     else
       std::snprintf(buf, sizeof buf, "# fit: %-34s %10.4f  NOT FITTED, the default kept: %s\n",
                     g.parameter.c_str(), g.value, g.why.c_str());

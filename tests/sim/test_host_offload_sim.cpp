@@ -350,6 +350,8 @@ TEST(CalibrateHostOffload, RecoversLinkAndHostRateFromGpuSpans) {
   ASSERT_NE(adamw, nullptr);
   EXPECT_EQ(adamw->kernels, 3 * 2 * 3);
   EXPECT_EQ(adamw->traces, std::vector<std::string>{runs[0].path});
+  EXPECT_NE(calibrated_yaml(r).find("# fit: offload.host_link_gbps"), std::string::npos);
+  EXPECT_NE(calibrated_yaml(r).find("from 36 spans of " + runs[0].path), std::string::npos);
   // The offloading run's adamw spans left the optimizer class's fit: the other run's give it.
   const Device h100 = *device_preset("H100-SXM");
   EXPECT_NEAR(r.profile.cost(OpClass::Optimizer).bandwidth_efficiency *
