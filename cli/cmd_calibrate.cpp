@@ -31,8 +31,9 @@ int print_gpu(const sim::CalibrationResult& r, const CalibrateArgs& a, size_t tr
               std::string(to_string(r.profile.precision)).c_str(), a.out.c_str(), traces);
   for (const auto& g : r.gpu) {
     if (g.fitted)
-      std::printf("  %-34s %9.4f  fitted from %lld kernels\n", g.parameter.c_str(), g.value,
-                  static_cast<long long>(g.kernels));
+      std::printf("  %-34s %9.4f  fitted from %lld %s\n", g.parameter.c_str(), g.value,
+                  static_cast<long long>(g.kernels),
+                  g.parameter.rfind("offload.", 0) == 0 ? "spans" : "kernels");
     else
       std::printf("  %-34s %9.4f  NOT FITTED (default kept): %s\n", g.parameter.c_str(), g.value,
                   g.why.c_str());

@@ -21,6 +21,7 @@
 #include <tuple>
 
 #include "calibrate_gpu.hpp"
+#include "calibrate_offload.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/common/scenario.hpp"
 #include "orrery/common/stats.hpp"
@@ -1517,19 +1518,30 @@ OffloadFit fit_offload(const std::vector<traces::Trace>& traces) {
   return f;
 }
 
-// The traces with the adamw spans of offload runs dropped: those include the waits for the disk,
-// which is fitted apart (fit_offload), not as optimizer compute.
-std::vector<traces::Trace> without_offload_adamw(const std::vector<traces::Trace>& in) {
-  std::vector<traces::Trace> out = in;
-  for (auto& t : out) {
-    const bool offload = std::any_of(t.spans.begin(), t.spans.end(), [&](const traces::Span& sp) {
-      return t.name_of(sp) == names::kOffloadRead;
-    });
-    if (!offload) continue;
-    std::erase_if(t.spans,
-                  [&](const traces::Span& sp) { return t.name_of(sp) == names::kOptimizerStep; });
+// This CPU's AdamW, the host step of ZeRO-Offload on a GPU machine with this CPU (the runtime's
+// adamw_update either way): each run's adamw spans of the counted steps, kHostAdamWBytesPerParam
+// per parameter the rank updates over their time, times the run's ranks on the node (the ranks
+// step at once and share its memory). Offload runs' adamw spans are gone already
+// (without_offload_adamw: they wait for the disk).
+detail::PooledRate cpu_host_adamw(const std::vector<TraceInfo>& infos) {
+  detail::PooledRate r;
+  for (const auto& info : infos) {
+    if (info.bench) continue;
+    const auto& t = *info.t;
+    std::map<int32_t, const traces::RankInfo*> coords;
+    for (const auto& rk : t.ranks) coords[rk.rank] = &rk;
+    double bytes = 0, ns = 0;
+    int64_t spans = 0;
+    for (const auto& sp : t.spans) {
+      if (sp.step < info.first_counted_step || t.name_of(sp) != names::kOptimizerStep) continue;
+      const auto it = coords.find(sp.rank);
+      const double params = held_params(std::string(names::kOptimizerStep), info.s,
+                                        it == coords.end() ? nullptr : it->second);
+      bytes += kHostAdamWBytesPerParam * params, ns += double(sp.duration_ns()), ++spans;
+    }
+    r.add_run(bytes, ns, double(info.ranks_on_node), spans, info.label);
   }
-  return out;
+  return r;
 }
 }  // namespace
 
@@ -1711,9 +1723,8 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_all,
     return detail::calibrate_gpu(traces_all, opt);
   }
   const OffloadFit offload = fit_offload(traces_all);
-  std::vector<traces::Trace> filtered;
-  if (offload.any) filtered = without_offload_adamw(traces_all);
-  const std::vector<traces::Trace>& traces_in = offload.any ? filtered : traces_all;
+  detail::HostOffloadFit host_offload = detail::fit_host_offload(traces_all, opt.skip_steps);
+  const std::vector<traces::Trace> traces_in = detail::without_offload_adamw(traces_all);
   check_options(traces_in, opt);
   CalibrationResult out;
   append(out.notes, offload.notes);
@@ -1763,6 +1774,8 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_all,
   p.data_load_ns = data_load.ns;
   append(out.notes, data_load.notes);
   p.offload = offload.links;
+  if (!host_offload.adamw.any()) host_offload.adamw = cpu_host_adamw(infos);
+  detail::apply_host_offload(host_offload, p, nullptr, out.notes);
   // 2b. host compute: the 16-bit formats' rounding and the compression schemes' compute
   HostFit host;
   fit_rounding(infos, obs, ops, sl, sharing, host);
@@ -1829,9 +1842,12 @@ std::string calibrated_gpu_yaml(const CalibrationResult& r) {
   for (const auto& g : r.gpu) {
     std::string from;
     for (const auto& t : g.traces) from += (from.empty() ? "" : ", ") + t;
+    // Offload's rates are fitted from spans (calibrate_offload.hpp), the rest from kernels.
+    const char* unit = g.parameter.rfind("offload.", 0) == 0 ? "spans" : "kernels";
     if (g.fitted)
-      std::snprintf(buf, sizeof buf, "# fit: %-34s %10.4f  from %lld kernels of %s\n",
-                    g.parameter.c_str(), g.value, static_cast<long long>(g.kernels), from.c_str());
+      std::snprintf(buf, sizeof buf, "# fit: %-34s %10.4f  from %lld %s of %s\n",
+                    g.parameter.c_str(), g.value, static_cast<long long>(g.kernels), unit,
+                    from.c_str());
     else
       std::snprintf(buf, sizeof buf, "# fit: %-34s %10.4f  NOT FITTED, the default kept: %s\n",
                     g.parameter.c_str(), g.value, g.why.c_str());

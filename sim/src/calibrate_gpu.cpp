@@ -12,6 +12,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "calibrate_offload.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/sim/cluster.hpp"
 #include "orrery/traces/kernel_work.hpp"
@@ -513,8 +514,11 @@ void report_items(const std::vector<GpuItem>& items, const HardwareProfile& p, c
 
 }  // namespace
 
-CalibrationResult calibrate_gpu(const std::vector<traces::Trace>& ts,
+CalibrationResult calibrate_gpu(const std::vector<traces::Trace>& all,
                                 const CalibrationOptions& opt) {
+  // Host offload's adamw spans hold the copies and the host's steps: fitted apart, not as kernels.
+  const HostOffloadFit host = fit_host_offload(all, opt.skip_steps);
+  const std::vector<traces::Trace> ts = without_offload_adamw(all);
   CalibrationResult out;
   const std::string preset = traces_device(ts, opt);
   const Device dev = *device_preset(preset);
@@ -536,6 +540,7 @@ CalibrationResult calibrate_gpu(const std::vector<traces::Trace>& ts,
   p.machine = {{"source", "orrery calibrate from GPU traces: " + join(labels)}, {"gpus", preset}};
   if (opt.flat_gemm)
     out.notes.push_back("--flat-gemm: every GEMM fitted at one rate (no gemm_shape model)");
+  apply_host_offload(host, p, &out.gpu, out.notes);
   report_items(obs.items, p, m, out);
   return out;
 }

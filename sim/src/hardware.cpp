@@ -418,7 +418,10 @@ MachineDescription parse_cluster(const YAML::Node& c, const std::string& origin)
 // The `offload:` section: what it gives, the rest from `dflt`.
 OffloadLinks parse_offload(const YAML::Node& n, const std::string& origin, OffloadLinks dflt) {
   if (!n.IsMap()) throw InputError(where(origin, n, "offload") + ": expected a mapping");
-  check_keys(n, {"host_link_gbps", "nvme_read_gbps", "nvme_write_gbps"}, origin, "offload.");
+  check_keys(n,
+             {"host_link_gbps", "host_link_shared_by", "host_adamw_gbps", "nvme_read_gbps",
+              "nvme_write_gbps"},
+             origin, "offload.");
   auto num = [&](const char* key, double& out) {
     if (!n[key]) return;
     const double v = get_number(n[key], origin, std::string("offload.") + key);
@@ -428,8 +431,16 @@ OffloadLinks parse_offload(const YAML::Node& n, const std::string& origin, Offlo
     out = v * 1e9;
   };
   num("host_link_gbps", dflt.host_link_bytes_per_s);
+  num("host_adamw_gbps", dflt.host_adamw_bytes_per_s);
   num("nvme_read_gbps", dflt.nvme_read_bytes_per_s);
   num("nvme_write_gbps", dflt.nvme_write_bytes_per_s);
+  if (const auto k = n["host_link_shared_by"]) {
+    const double v = get_number(k, origin, "offload.host_link_shared_by");
+    if (!(v >= 1) || v != std::floor(v) || v > 1024)
+      throw InputError(where(origin, k, "offload.host_link_shared_by") +
+                       ": expected an integer >= 1 (GPUs behind one host link)");
+    dflt.host_link_shared_by = static_cast<int>(v);
+  }
   return dflt;
 }
 
@@ -703,6 +714,8 @@ std::string to_yaml(const HardwareProfile& p) {
   }
   e << YAML::Key << "offload" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "host_link_gbps" << YAML::Value << p.offload.host_link_bytes_per_s / 1e9;
+  e << YAML::Key << "host_link_shared_by" << YAML::Value << p.offload.host_link_shared_by;
+  e << YAML::Key << "host_adamw_gbps" << YAML::Value << p.offload.host_adamw_bytes_per_s / 1e9;
   e << YAML::Key << "nvme_read_gbps" << YAML::Value << p.offload.nvme_read_bytes_per_s / 1e9;
   e << YAML::Key << "nvme_write_gbps" << YAML::Value << p.offload.nvme_write_bytes_per_s / 1e9;
   e << YAML::EndMap;
@@ -798,6 +811,10 @@ OffloadLinks offload_defaults(const std::string& device, bool is_gpu) {
   const bool hopper = device == "H100-SXM" || device == "H200";
   // PCIe 4.0 x16 (A100) / 5.0 x16 (H100, H200): 16 / 32 GT/s x 16 lanes x 128b/130b, per direction.
   o.host_link_bytes_per_s = hopper ? 63.0e9 : 31.5e9;
+  // The host's DRAM peak, a bound on AdamW's state traffic: DGX A100's two AMD EPYC 7742 with 8
+  // channels of DDR4-3200 each (2 x 8 x 25.6 GB/s), DGX H100/H200's two Xeon Platinum 8480C with
+  // 8 channels of DDR5-4800 each (2 x 8 x 38.4 GB/s).
+  o.host_adamw_bytes_per_s = hopper ? 614.4e9 : 409.6e9;
   // DGX A100: 4, DGX H100/H200: 8 U.2 NVMe drives per node (NVIDIA DGX datasheets), each assumed
   // PCIe 4.0 datacenter class at 7.0 GB/s read and 3.8 GB/s write sequential (Samsung PM1733
   // datasheet), striped.

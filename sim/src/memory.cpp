@@ -69,16 +69,31 @@ double recompute_workspace_bytes(const Scenario& s, const PrecisionConfig& p) {
 }
 
 namespace {
+// The elements whose optimizer state a rank of `stage` holds (Ψ/N under ZeRO >= 1, else Ψ).
+double updated_elements(const Scenario& s, int stage, const MemoryEstimate& e) {
+  const int dp = s.parallel.dp;
+  const bool sharded = s.parallel.zero >= 1 && dp > 1;
+  if (sharded && s.model.moe.enabled()) {  // MoE: the experts' state is sharded over edp instead
+    const int edp = std::max(1, dp / std::max(1, s.parallel.ep));
+    return double(stage_dense_params(s, stage)) / dp + double(stage_expert_params(s, stage)) / edp;
+  }
+  return sharded ? double(e.param_count) / dp : double(e.param_count);
+}
+
+// Host offload's memory (memory.hpp): no optimizer state on the device, the runtime's pinned
+// arrays in host memory.
+void apply_host_offload(const Scenario& s, const PrecisionConfig& p, int stage, MemoryEstimate& e) {
+  const double updated = updated_elements(s, stage, e);
+  const double chunk =
+      std::min(std::max(1.0, std::floor(s.zero.offload_chunk_mb * 1048576.0 / 4.0)), updated);
+  e.optimizer_bytes = 0;
+  e.offload_host_bytes = 12.0 * updated + 2.0 * chunk * p.grad_bytes;
+}
+
 // NVMe offload's memory (memory.hpp): the state moved to the file, the buffers kept.
 void apply_offload(const Scenario& s, const PrecisionConfig& p, int stage, MemoryEstimate& e) {
   const int dp = s.parallel.dp;
-  const bool sharded = s.parallel.zero >= 1 && dp > 1;
-  double updated = sharded ? double(e.param_count) / dp : double(e.param_count);
-  if (sharded && s.model.moe.enabled()) {  // MoE: the experts' state is sharded over edp instead
-    const int edp = std::max(1, dp / std::max(1, s.parallel.ep));
-    updated =
-        double(stage_dense_params(s, stage)) / dp + double(stage_expert_params(s, stage)) / edp;
-  }
+  const double updated = updated_elements(s, stage, e);
   const bool params = s.zero.offload_params == "nvme";
   const std::vector<int64_t> chunks = offload_chunks(s, int64_t(std::llround(updated)));
   const double chunk = chunks.empty() ? 0.0 : double(chunks.front());
@@ -134,6 +149,7 @@ std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionCo
     e.optimizer_bytes = ms.optimizer;
     if (s.model.moe.enabled()) add_moe_states(s, p, st, e);
     if (s.zero.nvme()) apply_offload(s, p, st, e);
+    if (host_offload(s)) apply_host_offload(s, p, st, e);
     const double embed_act =
         st == 0 ? double(s.model.seq) * s.training.micro_batch * s.model.d_model * 2.0 : 0.0;
     if (schedule_of(s.parallel) == Schedule::Interleaved && pp > 1) {

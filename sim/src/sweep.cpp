@@ -31,6 +31,7 @@ std::string layout_string(const Scenario& s) {
 }
 
 std::string offload_label(const Scenario& s) {
+  if (host_offload(s)) return "host";
   if (!s.zero.nvme()) return "none";
   return s.zero.offload_params == "nvme" ? "nvme+params" : "nvme";
 }
@@ -336,6 +337,9 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
       if (s.zero.nvme())
         t.counters.push_back(
             {rank, t.strings.intern(names::kMemOffloadNvme.data()), 0, m.offload_nvme_bytes});
+      if (host_offload(s))
+        t.counters.push_back(
+            {rank, t.strings.intern(names::kMemOffloadHost.data()), 0, m.offload_host_bytes});
     }
   }
   out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -343,6 +347,19 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
 }
 
 namespace {
+
+// Host offload (workload.hpp): the copies and the host steps overlap, so the larger of the link's
+// time (gradients down, parameters up, on one copy stream) and the host's bounds the optimizer.
+double host_offload_estimate_ns(const Scenario& s, const Cluster& c, const CostModel& cost,
+                                const PrecisionConfig& prec, double params) {
+  const double updated =
+      s.parallel.zero >= 1 && s.parallel.dp > 1 ? params / s.parallel.dp : params;
+  const int share = std::min(c.gpus_per_node, s.world_size());
+  const OffloadLinks& links = cost.profile().offload;
+  const double link = links.host_link_bytes_per_s / host_link_sharers(links, share);
+  const double copies = double(offload_io_ns(updated * (prec.grad_bytes + prec.param_bytes), link));
+  return std::max(copies, double(host_adamw_ns(updated, links, share)));
+}
 
 // A closed-form step estimate, only to rank the search's candidates before simulating the best few:
 // the pipeline (m + p - 1 slots of one micro-batch's stage work, TP all-reduces in line; interleaved
@@ -435,6 +452,7 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
     est += double(offload_io_ns(bytes, links.nvme_read_bytes_per_s / share) +
                   offload_io_ns(bytes, links.nvme_write_bytes_per_s / share));
   }
+  if (host_offload(s)) est += host_offload_estimate_ns(s, c, cost, prec, double(params));
   return est;
 }
 
@@ -476,7 +494,7 @@ bool fits_memory(const Scenario& s, const Cluster& c, const PrecisionConfig& pre
 // short); with `compression` (the scenario has none) also int8 gradient compression on ZeRO 0/1
 // with dp > 1 (bandwidth short: the estimate and the simulation decide whether it pays).
 std::vector<Candidate> search_variants(const Candidate& cd, const Cluster& c,
-                                       const PrecisionConfig& prec, bool compression) {
+                                       const PrecisionConfig& prec, bool compression, bool host) {
   std::vector<Candidate> out;
   std::vector<Candidate> base{cd};
   if (compression && cd.s.parallel.grad_compression == "none" && cd.s.parallel.zero <= 1 &&
@@ -489,7 +507,12 @@ std::vector<Candidate> search_variants(const Candidate& cd, const Cluster& c,
       out.push_back(b);
       continue;
     }
-    if (b.s.zero.nvme()) continue;
+    if (b.s.zero.offload_optimizer != "none") continue;
+    if (host) {  // ZeRO-Offload (a GPU profile with a host link): both it and nvme are candidates
+      Candidate h = b;
+      h.s.zero.offload_optimizer = "host";
+      if (fits_memory(h.s, c, prec)) out.push_back(h);
+    }
     b.s.zero.offload_optimizer = "nvme";
     if (b.s.zero.nvme_path.empty()) b.s.zero.nvme_path = "nvme";  // simulated: any directory
     if (fits_memory(b.s, c, prec)) {
@@ -509,6 +532,8 @@ std::vector<Candidate> search_candidates(const Scenario& s, const Cluster& c, in
                                          bool search_compression) {
   std::vector<Candidate> cands;
   const int gb = s.training.global_batch;
+  const OffloadLinks& links = cost.profile().offload;
+  const bool host_capable = links.host_link_bytes_per_s > 0 && links.host_adamw_bytes_per_s > 0;
   for (int tp = 1; tp <= std::min(gpus, c.gpus_per_node); tp *= 2) {
     if (s.model.heads % tp != 0 || s.model.d_model % tp != 0) continue;
     for (int pp : divisors(s.model.layers)) {
@@ -541,7 +566,7 @@ std::vector<Candidate> search_candidates(const Scenario& s, const Cluster& c, in
             } catch (const InputError&) {
               continue;
             }
-            for (Candidate& v : search_variants(cd, c, prec, search_compression)) {
+            for (Candidate& v : search_variants(cd, c, prec, search_compression, host_capable)) {
               v.estimate = estimate_step_ns(v.s, c, cost, prec);
               cands.push_back(std::move(v));
             }
@@ -695,8 +720,9 @@ std::vector<SweepRow> sweep(const Scenario& s, const Cluster& cluster, const Swe
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(StepBreakdown, window_ns, compute_ns, exposed_tp_ns,
                                    exposed_dp_ns, exposed_pp_ns, exposed_ep_ns, bubble_ns, idle_ns)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MemoryEstimate, stage, layers, param_count, parameters_bytes,
-                                   gradients_bytes, optimizer_bytes, activations_bytes,
-                                   micro_batches_in_flight, total_bytes, capacity_bytes, fits)
+                                   gradients_bytes, optimizer_bytes, offload_nvme_bytes,
+                                   offload_host_bytes, activations_bytes, micro_batches_in_flight,
+                                   total_bytes, capacity_bytes, fits)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(StageCompute, stage, layers, compute_ns, flops, block_flops)
 
 std::string results_to_wire(const std::vector<SimResult>& results) {
@@ -861,7 +887,7 @@ nlohmann::json to_json(const SimResult& r) {
                        {"idle", b.idle_ns}};
   if (r.moe) j["breakdown_ns"]["exposed_ep_all_to_all"] = b.exposed_ep_ns;
   j["memory"] = nlohmann::json::array();
-  for (const auto& m : r.memory)
+  for (const auto& m : r.memory) {
     j["memory"].push_back({{"stage", m.stage},
                            {"layers", m.layers},
                            {"parameters", m.param_count},
@@ -872,6 +898,10 @@ nlohmann::json to_json(const SimResult& r) {
                            {"micro_batches_in_flight", m.micro_batches_in_flight},
                            {"total_bytes", m.total_bytes},
                            {"fits", m.fits}});
+    // Outside the device's total: the NVMe file and host offload's pinned host memory.
+    if (m.offload_nvme_bytes > 0) j["memory"].back()["offload_nvme_bytes"] = m.offload_nvme_bytes;
+    if (m.offload_host_bytes > 0) j["memory"].back()["offload_host_bytes"] = m.offload_host_bytes;
+  }
   j["stages"] = nlohmann::json::array();
   for (const auto& c : r.stages)
     j["stages"].push_back({{"stage", c.stage},
@@ -928,7 +958,9 @@ std::string format_report(const SimResult& r, const Scenario& s, const Cluster& 
       << "): " << bytes_str(m.parameters_bytes) << " + " << bytes_str(m.gradients_bytes) << " + "
       << bytes_str(m.optimizer_bytes) << " + " << bytes_str(m.activations_bytes) << " ("
       << m.micro_batches_in_flight << " micro-batches in flight) = " << bytes_str(m.total_bytes)
-      << (m.fits ? "  fits" : "  DOES NOT FIT") << "\n";
+      << (m.fits ? "  fits" : "  DOES NOT FIT")
+      << (m.offload_host_bytes > 0 ? "; pinned host " + bytes_str(m.offload_host_bytes) : "")
+      << "\n";
   };
   if (r.memory.size() <= 4) {
     for (const auto& m : r.memory) mem_line(m);
@@ -979,7 +1011,8 @@ double pct_of_step(double ns, const StepBreakdown& b) {
 std::string layout_label(const SimResult& x) {
   return "dp=" + std::to_string(x.dp) + " tp=" + std::to_string(x.tp) +
          " pp=" + std::to_string(x.pp) + (x.moe ? " ep=" + std::to_string(x.ep) : "") + " zero " +
-         std::to_string(x.zero) + " mb " + std::to_string(x.micro_batch);
+         std::to_string(x.zero) + " mb " + std::to_string(x.micro_batch) +
+         extras_label(x.offload, x.grad_compression);
 }
 // MoE layouts: the exposed all-to-all share (part of exposed dp), for the why line.
 std::string a2a_note(const SimResult& x) {

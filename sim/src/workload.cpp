@@ -56,6 +56,30 @@ int64_t offload_io_ns(double bytes, double bytes_per_s) {
   return int64_t(std::ceil(bytes / bytes_per_s * 1e9));
 }
 
+bool host_offload(const Scenario& s) { return s.zero.offload_optimizer == "host"; }
+
+int host_link_sharers(const OffloadLinks& links, int ranks_per_node) {
+  return std::max(1, std::min(links.host_link_shared_by, ranks_per_node));
+}
+
+int64_t host_adamw_ns(double params, const OffloadLinks& links, int ranks_per_node) {
+  return offload_io_ns(kHostAdamWBytesPerParam * params,
+                       links.host_adamw_bytes_per_s / std::max(1, ranks_per_node));
+}
+
+void check_host_offload(const Scenario& s, const HardwareProfile& p) {
+  if (!host_offload(s)) return;
+  const OffloadLinks& o = p.offload;
+  if (o.host_link_bytes_per_s > 0 && o.host_adamw_bytes_per_s > 0) return;
+  throw InputError(s.path + ": key 'zero.offload_optimizer': host offload needs a GPU's host " +
+                   "link and the host's AdamW rate, but the hardware profile '" + p.name +
+                   "' (device " + p.device + ") has offload.host_link_gbps " +
+                   std::to_string(o.host_link_bytes_per_s / 1e9) + " and offload.host_adamw_gbps " +
+                   std::to_string(o.host_adamw_bytes_per_s / 1e9) +
+                   " (a CPU device keeps its state in host memory already; simulate on a GPU "
+                   "cluster or set both keys)");
+}
+
 std::vector<ParamTensor> stage_parameters(const Scenario& s, int stage) {
   const auto specs =
       model::parameter_tensors(model::model_shape(s), model::stage_contents(s, stage));
@@ -334,8 +358,11 @@ double workload_ops_bound(const Scenario& s, int steps) {
   // zero.overlap_grad_reduce: at most one reduce-scatter per segment and micro-batch (ZeRO 2) and
   // one all-gather per segment a step.
   const double zero_buckets = s.zero.overlap_grad_reduce ? (per_stage + 2) * (m + 1) : 0;
+  // Offload: per chunk a read (download), an AdamW piece (host step) and a write (upload).
+  const double offload = s.zero.offload_optimizer != "none" ? 3.0 * kMaxOffloadChunks : 0;
   const double per_step = m * (per_stage * per_layer + (10 + (sp ? 4 : 0)) * chunks_per_stage(s)) +
-                          (per_stage + 2) * (s.model.moe.enabled() ? 2 : 1) + 10 + zero_buckets;
+                          (per_stage + 2) * (s.model.moe.enabled() ? 2 : 1) + 10 + zero_buckets +
+                          offload;
   return double(std::max(1, steps)) * per_step;
 }
 
@@ -1200,10 +1227,11 @@ class StageBuilder {
                           cost_.named_op_ns(names::kOptimizerStep, 0, 1,
                                             model_dims(s_, prec_.act_bytes), opt_params)};
     const uint32_t optim =
-        s_.zero.nvme() ? offloaded_optimizer(opt_params, opt_deps)
-                       : b_.add(compute(names::kOptimizerStep, opt_piece, PhaseKind::Optimizer, -1,
-                                        -1, traces::SpanKind::Optimizer),
-                                opt_deps);
+        host_offload(s_) ? host_offloaded_optimizer(opt_params, opt_deps)
+        : s_.zero.nvme() ? offloaded_optimizer(opt_params, opt_deps)
+                         : b_.add(compute(names::kOptimizerStep, opt_piece, PhaseKind::Optimizer,
+                                          -1, -1, traces::SpanKind::Optimizer),
+                                  opt_deps);
     after_prev_step_ = {optim};
     if (zero_rs_) {
       gather_buckets(optim);
@@ -1270,6 +1298,35 @@ class StageBuilder {
     return last;
   }
 
+  // zero.offload_optimizer host (workload.hpp): per chunk the download, the host step and the
+  // upload in the host's issue order D0 D1 S0 U0 D2 S1 U1 ...; the last upload, which the
+  // optimizer's end waits for.
+  uint32_t host_offloaded_optimizer(double opt_params, const std::vector<uint32_t>& deps) {
+    const std::vector<int64_t> chunks = offload_chunks(s_, int64_t(std::llround(opt_params)));
+    const OffloadLinks& links = cost_.profile().offload;
+    const double link = links.host_link_bytes_per_s / host_link_sharers(links, ranks_per_node_);
+    auto copy = [&](std::string_view n, size_t i, int elem_bytes, std::vector<uint32_t> after) {
+      const double bytes = double(elem_bytes) * double(chunks[i]);
+      Op op = comm(n, traces::SpanKind::Memcpy, traces::CollOp::None, names::kStreamOffload,
+                   GroupRole::None, int64_t(bytes), -1, PhaseKind::Optimizer, -1, -1);
+      op.duration_ns = offload_io_ns(bytes, link);
+      return b_.add(op, after);
+    };
+    std::vector<uint32_t> downs{copy(names::kOffloadD2H, 0, prec_.grad_bytes, deps)};
+    uint32_t last = downs[0];
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (i + 1 < chunks.size())
+        downs.push_back(copy(names::kOffloadD2H, i + 1, prec_.grad_bytes, deps));
+      const double n = double(chunks[i]);
+      const Piece pc{0.0, 4.0 * n, host_adamw_ns(n, links, ranks_per_node_)};
+      const uint32_t step = b_.add(compute(names::kOffloadAdamW, pc, PhaseKind::Optimizer, -1, -1,
+                                           traces::SpanKind::Optimizer),
+                                   {downs[i]});
+      last = copy(names::kOffloadH2D, i, prec_.param_bytes, {step});
+    }
+    return last;
+  }
+
   const Scenario& s_;
   const ParallelConfig& par_;
   const CostModel& cost_;
@@ -1286,7 +1343,7 @@ class StageBuilder {
   const bool sp_;                // sequence parallelism (tp > 1)
   const int64_t sp_coll_bytes_;  // its all-gathers and reduce-scatters: the whole (B,T,C)
   const Compression compression_;
-  int ranks_per_node_ = 1;  // sharing the node's NVMe bandwidth
+  int ranks_per_node_ = 1;  // sharing the node's NVMe bandwidth and host memory
   const int ep_, edp_;      // expert parallelism: the ep and edp group sizes (model/moe.hpp)
   // zero.overlap_grad_reduce (model/buckets.hpp zero_buckets): buckets_ are ZeRO's, each
   // reduce-scattered when ready and all-gathered after the optimizer; the buckets each segment's
@@ -1340,6 +1397,7 @@ class StageBuilder {
 
 Workload build_workload(const Scenario& s, const CostModel& cost, const WorkloadOptions& opt) {
   check_buildable(s, opt);
+  check_host_offload(s, cost.profile());
   Workload w;
   w.scenario = s;
   w.layout = Layout::from(s);

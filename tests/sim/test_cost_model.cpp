@@ -287,6 +287,11 @@ TEST(HardwareProfile, ShippedDefaultsLoadAndMatchTheBuiltIns) {
           << name << " " << c;
       EXPECT_EQ(p.classes[c].overhead_ns, b.classes[c].overhead_ns) << name << " " << c;
     }
+    EXPECT_DOUBLE_EQ(p.offload.host_link_bytes_per_s, b.offload.host_link_bytes_per_s) << name;
+    EXPECT_EQ(p.offload.host_link_shared_by, b.offload.host_link_shared_by) << name;
+    EXPECT_DOUBLE_EQ(p.offload.host_adamw_bytes_per_s, b.offload.host_adamw_bytes_per_s) << name;
+    EXPECT_DOUBLE_EQ(p.offload.nvme_read_bytes_per_s, b.offload.nvme_read_bytes_per_s) << name;
+    EXPECT_DOUBLE_EQ(p.offload.nvme_write_bytes_per_s, b.offload.nvme_write_bytes_per_s) << name;
     EXPECT_EQ(p.gemm_shape.sms, b.gemm_shape.sms) << name;
     EXPECT_EQ(p.gemm_shape.k_fixed, b.gemm_shape.k_fixed) << name;
     EXPECT_EQ(p.gemm_shape.max_split_k, b.gemm_shape.max_split_k) << name;

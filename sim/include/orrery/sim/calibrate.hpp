@@ -48,6 +48,13 @@
 //     measured ops, the spread and the collectives (a compression run's own measured slowdown
 //     still normalises its spans), so the fp32 profile is the same with or without them.
 //     Schemes and formats no run measures keep the roofline estimate, with a note.
+//     Offload (calibrate_offload.hpp; hardware.hpp's OffloadLinks): the NVMe pair from
+//     offload.read / offload.write spans, the host link from offload.d2h / offload.h2d spans
+//     (bytes over busy time per run, byte-weighted over runs), the host AdamW bandwidth from
+//     offload.adamw spans (kHostAdamWBytesPerParam per element over busy time, times the run's
+//     ranks on a node) or, without any, from the runs' own adamw spans (the parameters each rank
+//     updates): the CPU's adamw_update is the host step of ZeRO-Offload on a GPU machine with this
+//     CPU. Offload runs' adamw spans (waits for the disk or the copies) leave the compute fit.
 //
 //  3. Collectives. Spans are grouped by (communicator, sequence number) across ranks; a
 //     collective's transfer time is min(end) − max(start) over its members (the time after the
@@ -99,7 +106,9 @@
 //     the GEMMs (16-bit operands: bf16; 32-bit: fp32). o is fitted only when some class has
 //     observations of more than one size per kernel (else an overhead cannot be told from a
 //     rate). Whatever the traces do not measure keeps the preset's default, with a note naming
-//     it; the YAML says per parameter which traces and how many kernels fitted it.
+//     it; the YAML says per parameter which traces and how many kernels fitted it. A run with host
+//     offload (Orrery's CUDA traces) adds the rows offload.host_link_gbps and
+//     offload.host_adamw_gbps (as in 2b; "kernels" then counts spans), its adamw spans left out.
 //
 // The simulator (sweep.hpp's simulate, i.e. `orrery sim`) applies the law dynamically: the node's
 // cores are a processor-sharing server (ExecutorOptions::core_sharing), each computing rank running

@@ -51,6 +51,9 @@
 //   compression:                # optional (calibrated CPU profiles): gradient compression's host
 //     int8: {compress_ns: 1.9, decompress_ns: 0.8}   #   compute, ns per unit (HostComputeRates)
 //     powersgd: {compress_ns: 0.4, decompress_ns: 1.1}
+//   offload:                    # optional: ZeRO offload's links (OffloadLinks; absent: the preset's)
+//     {host_link_gbps: 63, host_link_shared_by: 1, host_adamw_gbps: 614.4, nvme_read_gbps: 56,
+//      nvme_write_gbps: 30.4}
 //   rounding:                   # optional (calibrated CPU profiles): ns per element rounded by the
 //     bf16: 0.7                 #   emulated 16-bit formats (runtime.precision on device cpu)
 //     fp16: 3.2
@@ -178,16 +181,26 @@ struct MeasuredOp {
   int64_t time_ns = 0;
 };
 
-// Offload's links (the `offload:` section; issue 18 item 4), GB/s = 1e9 bytes/s: the host link
-// (PCIe) of one GPU, per direction, and the NVMe bandwidth of one node, shared by its ranks (each
-// of k ranks offloading at once gets 1/k). A profile without the section takes the device
-// preset's (offload_defaults; sources in scenarios/hardware/README.md); `orrery calibrate` measures
-// the NVMe pair from a run's offload.read / offload.write spans.
+// Offload's links (the `offload:` section; issue 18 items 3 and 4), GB/s = 1e9 bytes/s: the host
+// link (PCIe) of one GPU, per direction, shared by `host_link_shared_by` GPUs (a PCIe switch's one
+// uplink: each of k GPUs copying at once gets 1/k); the host's memory bandwidth for ZeRO-Offload's
+// AdamW step, per node, in bytes of state traffic (kHostAdamWBytesPerParam per parameter), shared
+// by the node's ranks; and the NVMe bandwidth of one node, shared by its ranks (each of k ranks
+// offloading at once gets 1/k). A profile without the section takes the device preset's
+// (offload_defaults; sources in scenarios/hardware/README.md); `orrery calibrate` measures the NVMe
+// pair from a run's offload.read / offload.write spans, the host link from offload.d2h /
+// offload.h2d and the host AdamW from offload.adamw (or a CPU run's own adamw spans).
 struct OffloadLinks {
   double host_link_bytes_per_s = 0;
+  int host_link_shared_by = 1;
+  double host_adamw_bytes_per_s = 0;
   double nvme_read_bytes_per_s = 0;
   double nvme_write_bytes_per_s = 0;
 };
+// Bytes of host memory traffic per parameter of the host's AdamW step (the runtime's adamw_update
+// on fp32 arrays): master weight, both moments and the staged gradient read, the master weight
+// and both moments written.
+inline constexpr double kHostAdamWBytesPerParam = 28.0;
 OffloadLinks offload_defaults(const std::string& device, bool is_gpu);
 
 // Host compute the runtime does outside the model's kernels, measured (`orrery calibrate`) rather

@@ -30,6 +30,13 @@
 // o·u (+ p·u with offload_params), and memory keeps three chunk buffers of each plane, 3·c·(o [+ p])
 // with c the chunk's elements; with offload_params the parameters are four staging buffers of the
 // largest segment's shard, 4·p·max_seg/N.
+// Host offload (zero.offload_optimizer host, ZeRO-Offload on a GPU; workload.hpp): the device holds
+// no optimizer state (optimizer_bytes 0) and the rank's pinned host memory, offload_host_bytes,
+// holds the runtime's arrays: fp32 master weights and both fp32 moments of the updated elements
+// (12·u, at either precision: under fp32 the host keeps its own master copy) and two staging
+// buffers of one chunk's gradients, 2·c·g with c = min(zero.offload_chunk_mb · 2^20 / 4, u) (the
+// runtime's chunk, not the simulator's op cap) and g the gradient bytes: 12u + 8c at fp32, as the
+// CUDA runtime's mem.offload_host counts it.
 // Mixture of experts (model/moe.hpp, sim/moe_cost.hpp): Ψ is the dense parameters (the router and
 // shared experts in, the dense MLP of the MoE blocks out) under the formulas above over dp, plus
 // the local experts' Ψe = (E/ep) · one expert's tp slice per MoE block: parameters and gradients
@@ -56,6 +63,7 @@ struct MemoryEstimate {
   double gradients_bytes = 0;
   double optimizer_bytes = 0;
   double offload_nvme_bytes = 0;  // in the NVMe file, not in total_bytes
+  double offload_host_bytes = 0;  // pinned host memory (host offload), not in total_bytes
   double activations_bytes = 0;
   int micro_batches_in_flight = 0;
   double total_bytes = 0;

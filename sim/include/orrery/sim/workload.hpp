@@ -178,7 +178,8 @@ PrecisionConfig precision_config(const std::string& name);
 struct WorkloadOptions {
   int steps = 1;
   PrecisionConfig precision;
-  int ranks_per_node = 1;  // ranks sharing one node's NVMe bandwidth (zero.offload_optimizer nvme)
+  // ranks sharing one node's NVMe bandwidth and host memory (zero.offload_optimizer nvme, host)
+  int ranks_per_node = 1;
 };
 
 // NVMe offload (zero.offload_optimizer nvme; runtime offload.hpp), modelled as the runtime runs it:
@@ -197,6 +198,28 @@ double offload_bytes_per_param(const Scenario& s, const PrecisionConfig& p);
 std::vector<int64_t> offload_chunks(const Scenario& s, int64_t params);
 // Time of moving `bytes` at `bytes_per_s` (ceil, ns).
 int64_t offload_io_ns(double bytes, double bytes_per_s);
+
+// ZeRO-Offload on a GPU (zero.offload_optimizer host; runtime offload_pipeline.hpp), modelled as
+// the CUDA runtime runs it: per chunk of offload_chunks (the same chunks as nvme's) the gradients
+// go down ("offload.d2h", Memcpy on the stream "offload", grad_bytes per element), the host steps
+// AdamW ("offload.adamw", Optimizer on the compute stream, bytes 4 per element as the runtime's
+// span, time kHostAdamWBytesPerParam x elements / the rank's share of the node's host_adamw
+// bandwidth) and the parameters go up ("offload.h2d", param_bytes per element); each copy takes
+// bytes / the rank's share of its host link. The copy stream runs in the host's issue order
+//   D0 D1 U0 D2 U1 ... D(c-1) U(c-2) U(c-1)
+// (offload_chunk_schedule), step i after download i and step i-1, upload i after step i: while the
+// host steps chunk i the stream holds download i+1 and upload i-1, and the executor overlaps them.
+// The GPU's own AdamW is then absent; the step waits for the last upload. At fp32 the copies carry
+// the runtime's 4 bytes per element; at mixed precision 2 (ZeRO-Offload's 16-bit gradients down
+// and parameters up).
+bool host_offload(const Scenario& s);
+// Ranks sharing one host link: min(host_link_shared_by, ranks on the node).
+int host_link_sharers(const OffloadLinks& links, int ranks_per_node);
+// The host step of `params` elements on one of `ranks_per_node` ranks (ceil, ns; 0 without a rate).
+int64_t host_adamw_ns(double params, const OffloadLinks& links, int ranks_per_node);
+// InputError when a scenario with zero.offload_optimizer host meets a profile without a host
+// link or host AdamW rate (device cpu: its state is in host memory already).
+void check_host_offload(const Scenario& s, const HardwareProfile& p);
 
 struct Workload {
   Scenario scenario;
@@ -232,7 +255,8 @@ std::vector<StageCompute> stage_compute(const Workload& w);
 // closed form and in double (absurd scenarios overflow int64), without building anything: per
 // step, micro-batches x (layers per stage x (2·(2·pieces − 1) + 3 with ZeRO 3) + 10) + layers per
 // stage + 12, pieces = 3 with tp > 1 else 1; MoE blocks add 17 per layer and micro-batch and the
-// expert buckets per step. The simulator's memory check (sweep.hpp) uses it.
+// expert buckets per step; offload (nvme or host) 3 per chunk, at most 3 · kMaxOffloadChunks per
+// step. The simulator's memory check (sweep.hpp) uses it.
 double workload_ops_bound(const Scenario& s, int steps);
 // Fewer kv heads than tp ranks (each head replicated on tp / kv_heads ranks): the values of each
 // block's "tp.kv_grad_all_reduce", kv_heads x 2 x head size x (d_model + 1 with biases); else 0.
