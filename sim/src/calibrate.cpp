@@ -1710,6 +1710,8 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_all,
     check_options(traces_all, opt);
     return detail::calibrate_gpu(traces_all, opt);
   }
+  if (opt.check)
+    throw InputError("orrery calibrate: --check prices GPU traces' kernels; these are CPU traces");
   const OffloadFit offload = fit_offload(traces_all);
   std::vector<traces::Trace> filtered;
   if (offload.any) filtered = without_offload_adamw(traces_all);

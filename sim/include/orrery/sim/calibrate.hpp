@@ -111,6 +111,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -178,6 +179,10 @@ struct CalibrationOptions {
   std::string device;
   // GPU traces: fit every GEMM at one flat rate (no shape model), for comparison.
   bool flat_gemm = false;
+  // GPU traces: price the traces' kernels with this profile instead of fitting one (a held-out
+  // check of a profile, calibrated or preset); the result's profile is this one, its ops rows that
+  // profile's times, and no parameter row.
+  std::optional<HardwareProfile> check;
 };
 
 // One fitted op: the median measured time (normalised to a lone rank) and the fitted profile's time
