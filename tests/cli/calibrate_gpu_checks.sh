@@ -37,6 +37,11 @@ grep -q "^# fit: gemm.flops_efficiency .* from 18 kernels of h100.trace" "$TMP/h
 expect 0 "hardware profile h100" sim "$SRC/scenarios/gpt3-175b.yaml" \
   --cluster "$SRC/scenarios/clusters/h100-1024.yaml" --hw h100.yaml
 expect 0 '"fitted": true' calibrate h100.trace --out h100j.yaml --json
+# --check: the fitted profile prices its own trace (nothing fitted, nothing written); without
+# --out or --check calibrate exits 2.
+expect 0 "checked against 1 trace(s)" calibrate h100.trace --check h100.yaml
+grep -qF "aten::mm" "$TMP/out" || fail "--check printed no operator rows"
+expect 2 "--out PROFILE is required" calibrate h100.trace
 
 expect 0 "1 rank" import kineto "$DATA/kineto_h100_noshapes.json" --out plain.trace
 expect 0 "gemm.flops_efficiency not fitted" calibrate plain.trace --out plain.yaml

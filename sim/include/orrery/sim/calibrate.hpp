@@ -98,8 +98,13 @@
 //     class's overhead_us = o, with the datasheet peaks of the device preset at the precision of
 //     the GEMMs (16-bit operands: bf16; 32-bit: fp32). o is fitted only when some class has
 //     observations of more than one size per kernel (else an overhead cannot be told from a
-//     rate). Whatever the traces do not measure keeps the preset's default, with a note naming
-//     it; the YAML says per parameter which traces and how many kernels fitted it.
+//     rate). shape_k depends on the GEMM main loop's iteration latency (GemmShapeModel::
+//     iteration_latency_cycles), which is not linear in t: it is searched (a log grid of 1 to
+//     8192 cycles and 0, then a golden-section search between the best point's neighbours), the
+//     rates fitted as above at each point, and the latency whose fit has the least weighted
+//     squared relative error kept. Whatever the traces do not measure keeps the preset's default,
+//     with a note naming it; the YAML says per parameter which traces and how many kernels fitted
+//     it. With `check` nothing is fitted: the observations are priced with that profile.
 //
 // The simulator (sweep.hpp's simulate, i.e. `orrery sim`) applies the law dynamically: the node's
 // cores are a processor-sharing server (ExecutorOptions::core_sharing), each computing rank running
