@@ -12,6 +12,7 @@
 #include "orrery/common/atomic_file.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/sim/calibrate.hpp"
+#include "orrery/sim/hardware.hpp"
 #include "orrery/traces/store.hpp"
 
 namespace orrery::cli {
@@ -20,15 +21,21 @@ namespace {
 struct CalibrateArgs {
   std::vector<std::string> traces;
   std::string out;
+  std::string check;  // --check PROFILE
   sim::CalibrationOptions opt;
   bool json = false;
 };
 
 // A GPU fit (calibrate.hpp step 5): the parameters, where each came from, the fit per operator.
 int print_gpu(const sim::CalibrationResult& r, const CalibrateArgs& a, size_t traces) {
-  std::printf("calibrated GPU profile '%s' (%s, %s) written to %s from %zu trace(s)\n",
-              r.profile.name.c_str(), r.profile.device.c_str(),
-              std::string(to_string(r.profile.precision)).c_str(), a.out.c_str(), traces);
+  if (a.check.empty())
+    std::printf("calibrated GPU profile '%s' (%s, %s) written to %s from %zu trace(s)\n",
+                r.profile.name.c_str(), r.profile.device.c_str(),
+                std::string(to_string(r.profile.precision)).c_str(), a.out.c_str(), traces);
+  else
+    std::printf("GPU profile '%s' (%s) checked against %zu trace(s) at %s, nothing fitted\n",
+                r.profile.name.c_str(), a.check.c_str(), traces,
+                std::string(to_string(r.profile.precision)).c_str());
   for (const auto& g : r.gpu) {
     if (g.fitted)
       std::printf("  %-34s %9.4f  fitted from %lld %s\n", g.parameter.c_str(), g.value,
@@ -58,8 +65,12 @@ int run_calibrate(const CalibrateArgs& a) {
   }
   sim::CalibrationOptions opt = a.opt;
   if (opt.name.empty()) opt.name = std::filesystem::path(a.out).stem().string();
+  if (!a.check.empty())
+    opt.check = sim::load_hardware_profile(a.check);
+  else if (a.out.empty())
+    throw InputError("orrery calibrate: --out PROFILE is required (unless --check PROFILE)");
   const sim::CalibrationResult r = sim::calibrate(ts, opt);
-  write_file_atomic(a.out, sim::calibrated_yaml(r));
+  if (!a.out.empty()) write_file_atomic(a.out, sim::calibrated_yaml(r));
 
   if (a.json) {
     nlohmann::json j;
@@ -107,7 +118,7 @@ int run_calibrate(const CalibrateArgs& a) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  if (!r.gpu.empty()) return print_gpu(r, a, ts.size());
+  if (!r.gpu.empty() || !a.check.empty()) return print_gpu(r, a, ts.size());
   const auto& p = r.profile;
   std::printf("calibrated profile '%s' written to %s from %zu trace(s)\n", p.name.c_str(),
               a.out.c_str(), ts.size());
@@ -153,7 +164,7 @@ Command setup(CLI::App& root) {
       "Fit the simulator's hardware profile (and the machine's description) from real traces");
   app->add_option("TRACE", a->traces, "Traces of `orrery run` (e.g. a serial run and a dp2 run)")
       ->required();
-  app->add_option("--out", a->out, "Profile to write (YAML)")->required();
+  app->add_option("--out", a->out, "Profile to write (YAML); not needed with --check");
   app->add_option("--name", a->opt.name, "Profile name (default: the file's stem)");
   a->opt.name.clear();
   app->add_option("--cores", a->opt.cores, "Cores the ranks shared (default: this machine's)");
@@ -172,6 +183,10 @@ Command setup(CLI::App& root) {
   app->add_flag("--flat-gemm", a->opt.flat_gemm,
                 "GPU traces: fit every GEMM at one rate, without the gemm_shape model (for "
                 "comparison)");
+  app->add_option("--check", a->check,
+                  "GPU traces: price their kernels with this profile instead of fitting (a "
+                  "held-out check; the fit table's 'fitted' column is the profile's time)")
+      ->check(CLI::ExistingFile);
   app->add_flag("--json", a->json, "Print one JSON object");
   return {app, [a]() { return run_calibrate(*a); }};
 }

@@ -1722,6 +1722,8 @@ CalibrationResult calibrate(const std::vector<traces::Trace>& traces_all,
     check_options(traces_all, opt);
     return detail::calibrate_gpu(traces_all, opt);
   }
+  if (opt.check)
+    throw InputError("orrery calibrate: --check prices GPU traces' kernels; these are CPU traces");
   const OffloadFit offload = fit_offload(traces_all);
   detail::HostOffloadFit host_offload = detail::fit_host_offload(traces_all, opt.skip_steps);
   const std::vector<traces::Trace> traces_in = detail::without_offload_adamw(traces_all);

@@ -69,7 +69,8 @@ Kernel kernel_of(const traces::OpWork& w, OpClass cls) {
   k.cls = cls;
   k.flops = w.flops;
   k.bytes = w.bytes;
-  if (cls == OpClass::Gemm) k.gm = w.m * w.batch, k.gn = w.n, k.gk = w.k;
+  if (cls == OpClass::Gemm)
+    k.gm = w.m * w.batch, k.gn = w.n, k.gk = w.k, k.elem_bytes = w.elem_bytes;
   if (cls == OpClass::Attention) {
     k.gm = w.m, k.gn = w.n, k.gk = w.k, k.gbatch = w.batch, k.gemm_backward = w.backward;
     k.elem_bytes = w.elem_bytes;
@@ -164,8 +165,15 @@ struct Machine {
   GemmShapeModel shape;
 };
 
-double shape_eff(const Machine& m, const Kernel& k) {
-  return k.cls == OpClass::Gemm ? gemm_shape_efficiency(m.shape, k) : 1.0;
+// The shape efficiency of every (item, kernel), in order: it depends on the shape model and the
+// device, not on the rates being fitted, so one pass serves every iteration of a fit.
+std::vector<double> shape_effs(const std::vector<GpuItem>& items, const Machine& m) {
+  std::vector<double> out;
+  for (const auto& it : items)
+    for (const auto& k : it.kernels)
+      out.push_back(k.cls == OpClass::Gemm ? gemm_shape_efficiency(m.shape, k, {m.peak, m.bw})
+                                           : 1.0);
+  return out;
 }
 
 // The observation rows under the current estimates: which GEMM and attention kernels are
@@ -173,9 +181,10 @@ double shape_eff(const Machine& m, const Kernel& k) {
 // roofline false: every GEMM and attention kernel on its FLOP side (the first pass: the preset's
 // efficiencies may be far from the traces', and a kernel put on its bytes side never moves its
 // class's estimate).
-Design design(const std::vector<GpuItem>& items, const Machine& m, const Estimates& e,
-              bool with_overhead, bool roofline) {
+Design design(const std::vector<GpuItem>& items, const Machine& m, const std::vector<double>& effs,
+              const Estimates& e, bool with_overhead, bool roofline) {
   Design d;
+  size_t at = 0;  // (item, kernel) index into effs
   for (const auto& it : items) {
     std::vector<double> row(kGpuCols, 0.0);
     double target = it.measured_ns * 1e-9;
@@ -186,15 +195,16 @@ Design design(const std::vector<GpuItem>& items, const Machine& m, const Estimat
       target -= it.launched * e.overhead_s;
     for (const auto& k : it.kernels) {
       const int c = static_cast<int>(k.cls);
+      const double shape = effs[at++];
       bool mem = false;
       if (flop_cls(k.cls)) {
-        const double tc = k.flops / (m.peak * e.flops_eff[c] * shape_eff(m, k));
+        const double tc = k.flops / (m.peak * e.flops_eff[c] * shape);
         const double tm = k.bytes / (m.bw * e.bw_eff[c]);
         mem = roofline && tm > tc;
         if (mem)
           target -= tm;
         else
-          row[col_of(k.cls)] += k.flops / shape_eff(m, k);
+          row[col_of(k.cls)] += k.flops / shape;
       } else {
         row[col_of(k.cls)] += k.bytes;
       }
@@ -273,8 +283,9 @@ GpuFit fit_gpu(const std::vector<GpuItem>& items, const Machine& m, const Hardwa
         "every observation of a class has the same work per kernel: an overhead cannot be "
         "told from a rate";
   std::vector<char> last;
+  const std::vector<double> effs = shape_effs(items, m);
   for (f.iterations = 1; f.iterations <= 10; ++f.iterations) {
-    const Design d = design(items, m, f.e, with_overhead, f.iterations > 1);
+    const Design d = design(items, m, effs, f.e, with_overhead, f.iterations > 1);
     const std::vector<double> x = solve(d, items.size());
     for (int j = 0; j < kGpuCols; ++j) {
       f.fitted[j] = j == 0 ? with_overhead : d.used[j] && x[j] > 0;
@@ -297,6 +308,81 @@ GpuFit fit_gpu(const std::vector<GpuItem>& items, const Machine& m, const Hardwa
     last = d.memory_bound;
   }
   return f;
+}
+
+// The fit's weighted error, Σ count · ((modelled − measured) / measured)², each item priced as
+// the design prices it: the overhead per kernel launched, each kernel on its roofline.
+double fit_error(const std::vector<GpuItem>& items, const Machine& m, const Estimates& e) {
+  const std::vector<double> effs = shape_effs(items, m);
+  double err = 0;
+  size_t at = 0;
+  for (const auto& it : items) {
+    double s = it.launched * e.overhead_s;
+    for (const auto& k : it.kernels) {
+      const int c = static_cast<int>(k.cls);
+      const double tm = k.bytes / (m.bw * e.bw_eff[c]);
+      const double shape = effs[at++];
+      s += flop_cls(k.cls) ? std::max(k.flops / (m.peak * e.flops_eff[c] * shape), tm) : tm;
+    }
+    const double measured = it.measured_ns * 1e-9;
+    err += double(it.count) * std::pow((s - measured) / measured, 2);
+  }
+  return err;
+}
+
+struct LatencyFit {
+  double cycles = 0;
+  bool fitted = false;
+  std::string why;
+};
+
+bool has_shaped_gemm(const std::vector<GpuItem>& items) {
+  for (const auto& it : items)
+    for (const auto& k : it.kernels)
+      if (k.cls == OpClass::Gemm && k.gm > 0) return true;
+  return false;
+}
+
+// The main loop's iteration latency (GemmShapeModel::iteration_latency_cycles) under which the
+// rates fitted explain the items best. The rates are linear given the latency, the latency is
+// not: a log grid of 1 to 8192 cycles (and 0), then a golden-section search between the best
+// grid point's neighbours, each point a whole fit of the rates.
+LatencyFit fit_latency(const std::vector<GpuItem>& items, Machine m, const HardwareProfile& base) {
+  LatencyFit out{m.shape.iteration_latency_cycles, false, {}};
+  if (!m.shape.enabled())
+    out.why = "no gemm_shape model";
+  else if (!(m.shape.clock_hz > 0))
+    out.why = "the gemm_shape model has no clock_mhz";
+  else if (!has_shaped_gemm(items))
+    out.why = "no GEMM kernels with shapes";
+  if (!out.why.empty()) return out;
+  auto error_at = [&](double cycles) {
+    m.shape.iteration_latency_cycles = cycles;
+    return fit_error(items, m, fit_gpu(items, m, base).e);
+  };
+  std::vector<double> grid = {0}, errs;
+  for (int i = 0; i <= 26; ++i) grid.push_back(std::pow(2.0, i / 2.0));
+  for (double c : grid) errs.push_back(error_at(c));
+  const auto [lo_it, hi_it] = std::minmax_element(errs.begin(), errs.end());
+  if (*hi_it - *lo_it <= 1e-9 * std::max(1.0, *lo_it)) {
+    out.why = "every latency explains the GEMMs equally well";
+    return out;
+  }
+  const size_t b = static_cast<size_t>(lo_it - errs.begin());
+  double lo = grid[b > 0 ? b - 1 : 0], hi = grid[std::min(b + 1, grid.size() - 1)];
+  const double phi = (std::sqrt(5.0) - 1) / 2;
+  double x1 = hi - phi * (hi - lo), x2 = lo + phi * (hi - lo);
+  double f1 = error_at(x1), f2 = error_at(x2);
+  for (int i = 0; i < 60; ++i) {
+    if (f1 <= f2)
+      hi = x2, x2 = x1, f2 = f1, x1 = hi - phi * (hi - lo), f1 = error_at(x1);
+    else
+      lo = x1, x1 = x2, f1 = f2, x2 = lo + phi * (hi - lo), f2 = error_at(x2);
+  }
+  const double golden = f1 <= f2 ? x1 : x2;
+  out.cycles = std::min(f1, f2) <= *lo_it ? golden : grid[b];
+  out.fitted = true;
+  return out;
 }
 
 // ---- the traces, the device, the profile
@@ -494,6 +580,21 @@ std::vector<GpuFitRow> apply_fit(const GpuFit& f, const std::vector<GpuItem>& it
   return rows;
 }
 
+// The latency's row: fitted from the GEMM kernels the ceiling was (`gemm`, apply_fit's row), or
+// why it was not.
+GpuFitRow latency_row(const LatencyFit& l, const GpuFitRow& gemm, const HardwareProfile& p,
+                      std::vector<std::string>& notes) {
+  GpuFitRow r;
+  r.parameter = "gemm_shape.iteration_latency_cycles";
+  r.value = p.gemm_shape.iteration_latency_cycles;
+  r.fitted = l.fitted;
+  r.why = l.why;
+  if (l.fitted) r.kernels = gemm.kernels, r.traces = gemm.traces;
+  if (!l.fitted)
+    notes.push_back(r.parameter + " not fitted (" + r.why + "): kept the " + p.device + " default");
+  return r;
+}
+
 // Measured against fitted, per observation (the real cost model on the profile).
 void report_items(const std::vector<GpuItem>& items, const HardwareProfile& p, const Machine& m,
                   CalibrationResult& out) {
@@ -512,6 +613,26 @@ void report_items(const std::vector<GpuItem>& items, const HardwareProfile& p, c
   out.compute_rel_rms = den > 0 ? std::sqrt(num / den) : 0.0;
 }
 
+// --check: the traces' kernels priced with `given` at the traces' precision (its efficiencies are
+// fractions of that precision's peak, as when the simulator runs a job of that precision).
+CalibrationResult check_profile(const HardwareProfile& given, const Observations& obs,
+                                const std::vector<traces::Trace>& ts, const Device& dev,
+                                const std::string& preset, Precision prec) {
+  CalibrationResult out;
+  out.profile = given;
+  out.profile.precision = prec;
+  out.notes = obs.notes;
+  out.notes.push_back("--check: the " + std::to_string(ts.size()) +
+                      " trace(s) priced with profile '" + given.name + "' at " +
+                      std::string(to_string(prec)) + ", nothing fitted");
+  if (given.device != preset)
+    out.notes.push_back("the profile is for " + given.device + ", the traces ran on " + preset +
+                        " (its peaks are the traces' device's)");
+  const Machine m{dev.peak_flops(prec), dev.mem_bandwidth_bytes_per_s, given.gemm_shape};
+  report_items(obs.items, out.profile, m, out);
+  return out;
+}
+
 }  // namespace
 
 CalibrationResult calibrate_gpu(const std::vector<traces::Trace>& all,
@@ -527,14 +648,18 @@ CalibrationResult calibrate_gpu(const std::vector<traces::Trace>& all,
   keep_precision(obs, prec);
   if (prec == Precision::TF32) note_tf32(obs);
   HardwareProfile& p = out.profile;
+  if (opt.check) return check_profile(*opt.check, obs, ts, dev, preset, prec);
   p = default_hardware_profile(preset, true);
   p.name = opt.name;
   p.precision = prec;
   if (opt.flat_gemm) p.gemm_shape = {};
   Machine m{dev.peak_flops(prec), dev.mem_bandwidth_bytes_per_s, p.gemm_shape};
+  const LatencyFit lat = fit_latency(obs.items, m, p);
+  m.shape.iteration_latency_cycles = p.gemm_shape.iteration_latency_cycles = lat.cycles;
   const GpuFit f = fit_gpu(obs.items, m, p);
   out.notes = obs.notes;
   out.gpu = apply_fit(f, obs.items, ts, p, out.notes);
+  out.gpu.push_back(latency_row(lat, out.gpu[col_of(OpClass::Gemm)], p, out.notes));
   std::vector<std::string> labels;
   for (size_t i = 0; i < ts.size(); ++i) labels.push_back(label_of(ts[i], i));
   p.machine = {{"source", "orrery calibrate from GPU traces: " + join(labels)}, {"gpus", preset}};

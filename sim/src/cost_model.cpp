@@ -82,6 +82,7 @@ Kernel layernorm(const Shape& x, bool sliced_flops) {
 Kernel linear(const Shape& x, double ic, double oc, double bias_count) {
   Kernel k{OpClass::Gemm, x.n * 2.0 * (ic * oc + bias_count),
            x.e * (x.n * ic + ic * oc + x.n * oc)};
+  k.elem_bytes = x.e;
   k.gm = x.n;
   k.gn = oc;
   k.gk = ic;
@@ -353,31 +354,62 @@ CostModel::CostModel(HardwareProfile profile, double peak_flops,
                      "memory_bandwidth_gbps in the profile or the cluster's device)");
 }
 
-double gemm_shape_efficiency(const GemmShapeModel& g, double m, double n, double k) {
+namespace {
+// The model's time of one candidate (tile, split) in units of one SM's MMA step at the best
+// tile's rate (one tile element over one K element), so that without a device (peak 0) it is the
+// pure tile and wave count. `unit_s` is that step in seconds (0 without a device).
+double candidate_steps(const GemmShapeModel& g, const GemmTile& t, int split, double m, double n,
+                       double k, const GemmDevice& dev, double unit_s) {
+  const double tiles = std::ceil(m / t.m) * std::ceil(n / t.n);
+  const double waves = std::ceil(tiles * split / g.sms);
+  const double mma = double(t.m) * double(t.n) / t.relative;  // per K element
+  const double chunk = k / split;                             // each split's K
+  if (!(unit_s > 0)) return waves * (chunk + g.k_fixed) * mma;
+  const double e = dev.elem_bytes > 0 ? dev.elem_bytes : 2.0;
+  const double tile_k = std::max(1.0, g.tile_k_bytes / e);
+  double per_k = mma;
+  if (g.l2_bytes_per_s > 0)
+    per_k = std::max(mma, double(t.m + t.n) * e * g.sms / g.l2_bytes_per_s / unit_s);
+  // The latency of every iteration, at least one even for a chunk shallower than tile_k.
+  const double latency =
+      g.clock_hz > 0 ? g.iteration_latency_cycles / g.clock_hz / unit_s / tile_k : 0.0;
+  // The fp32 partial outputs stay in L2: with tiles x split <= sms they are at most 4 bytes x sms
+  // tiles (14 MB on an A100, 17 on an H100, against 40 and 50 MB of L2). Without an L2 figure,
+  // memory's bandwidth stands in.
+  const double partials_bw =
+      g.l2_bytes_per_s > 0 ? g.l2_bytes_per_s : dev.memory_bandwidth_bytes_per_s;
+  const double reduction =
+      split > 1 && partials_bw > 0 ? 8.0 * split * m * n / partials_bw / unit_s : 0.0;
+  return waves * (chunk * per_k + std::max(chunk, tile_k) * latency + g.k_fixed * mma) + reduction;
+}
+}  // namespace
+
+double gemm_shape_efficiency(const GemmShapeModel& g, double m, double n, double k,
+                             const GemmDevice& dev) {
   if (!g.enabled() || !(m > 0 && n > 0 && k > 0)) return 1.0;
   const double sms = g.sms;
-  const double ideal = m * n * k / sms;  // tile-steps per SM with the work spread perfectly
+  const double unit_s = dev.peak_flops > 0 ? 2.0 * sms / dev.peak_flops : 0.0;
   double best = 0;
   for (const GemmTile& t : g.tiles) {
     const double tiles = std::ceil(m / t.m) * std::ceil(n / t.n);
     for (int split = 1; split <= g.max_split_k; ++split) {
       // cuBLAS splits K only to occupy SMs a too-small grid leaves idle.
       if (split > 1 && (tiles * split > sms || k / split < 1)) break;
-      const double waves = std::ceil(tiles * split / sms);
-      const double per_sm =
-          waves * double(t.m) * double(t.n) * (k / split + g.k_fixed) / t.relative;
-      best = std::max(best, ideal / per_sm);
+      const double steps = candidate_steps(g, t, split, m, n, k, dev, unit_s);
+      best = std::max(best, m * n * k / sms / steps);
     }
   }
   return std::min(1.0, best);
 }
 
-double gemm_shape_efficiency(const GemmShapeModel& g, const Kernel& k) {
+double gemm_shape_efficiency(const GemmShapeModel& g, const Kernel& k, const GemmDevice& dev) {
   if (!g.enabled() || k.cls != OpClass::Gemm || !(k.gm > 0)) return 1.0;
-  if (!k.gemm_backward) return gemm_shape_efficiency(g, k.gm, k.gn, k.gk);
+  GemmDevice d = dev;
+  if (k.elem_bytes > 0) d.elem_bytes = k.elem_bytes;
+  if (!k.gemm_backward) return gemm_shape_efficiency(g, k.gm, k.gn, k.gk, d);
   // Input gradient (m x k over n) and weight gradient (k x n over m): equal FLOPs each.
-  const double a = gemm_shape_efficiency(g, k.gm, k.gk, k.gn);
-  const double b = gemm_shape_efficiency(g, k.gk, k.gn, k.gm);
+  const double a = gemm_shape_efficiency(g, k.gm, k.gk, k.gn, d);
+  const double b = gemm_shape_efficiency(g, k.gk, k.gn, k.gm, d);
   return 2.0 / (1.0 / a + 1.0 / b);
 }
 
@@ -390,10 +422,13 @@ int64_t CostModel::unfused_attention_ns(const Kernel& k) const {
   const ClassCost& el = profile_.cost(OpClass::Elementwise);
   const double rows = k.gm * k.gbatch;  // the batch stacked as rows: the same tiles
   const double gemm_flops = 2.0 * rows * k.gn * k.gk;
-  const double qk = gemm_flops / (peak_flops_ * g.flops_efficiency *
-                                  gemm_shape_efficiency(profile_.gemm_shape, rows, k.gn, k.gk));
-  const double pv = gemm_flops / (peak_flops_ * g.flops_efficiency *
-                                  gemm_shape_efficiency(profile_.gemm_shape, rows, k.gk, k.gn));
+  const GemmDevice dev{peak_flops_, bandwidth_, k.elem_bytes > 0 ? k.elem_bytes : 2.0};
+  const double qk =
+      gemm_flops / (peak_flops_ * g.flops_efficiency *
+                    gemm_shape_efficiency(profile_.gemm_shape, rows, k.gn, k.gk, dev));
+  const double pv =
+      gemm_flops / (peak_flops_ * g.flops_efficiency *
+                    gemm_shape_efficiency(profile_.gemm_shape, rows, k.gk, k.gn, dev));
   const double scores = 4.0 * k.elem_bytes * rows * k.gn / (bandwidth_ * el.bandwidth_efficiency);
   const double io = k.bytes / (bandwidth_ * g.bandwidth_efficiency);
   const double s = (k.gemm_backward ? 2.0 : 1.0) * (qk + pv + scores);
@@ -406,7 +441,8 @@ int64_t CostModel::kernel_ns(const Kernel& k) const {
     return unfused_attention_ns(k);
   const ClassCost& c = profile_.cost(k.cls);
   const double compute_s =
-      k.flops / (peak_flops_ * c.flops_efficiency * gemm_shape_efficiency(profile_.gemm_shape, k));
+      k.flops / (peak_flops_ * c.flops_efficiency *
+                 gemm_shape_efficiency(profile_.gemm_shape, k, {peak_flops_, bandwidth_}));
   const double memory_s = k.bytes / (bandwidth_ * c.bandwidth_efficiency);
   // Rounded up to whole nanoseconds so that a non-empty kernel never takes zero time.
   return static_cast<int64_t>(std::ceil(std::max(compute_s, memory_s) * 1e9)) + c.overhead_ns;

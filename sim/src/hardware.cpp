@@ -537,7 +537,10 @@ std::map<std::string, std::string> parse_machine(const YAML::Node& m, const std:
 GemmShapeModel parse_gemm_shape(const YAML::Node& n, const std::string& origin) {
   const std::string pre = "gemm_shape.";
   if (!n.IsMap()) throw InputError(where(origin, n, "gemm_shape") + ": expected a mapping");
-  check_keys(n, {"sms", "tiles", "k_fixed", "max_split_k"}, origin, pre);
+  check_keys(n,
+             {"sms", "tiles", "k_fixed", "max_split_k", "clock_mhz", "l2_bandwidth_gbps",
+              "iteration_latency_cycles", "tile_k_bytes"},
+             origin, pre);
   GemmShapeModel g;
   auto whole = [&](const char* key, int lo) {
     const double v = get_number(n[key], origin, pre + key);
@@ -550,11 +553,22 @@ GemmShapeModel parse_gemm_shape(const YAML::Node& n, const std::string& origin) 
     throw InputError(where(origin, n, "gemm_shape") + ": needs sms and tiles");
   g.sms = whole("sms", 1);
   if (n["max_split_k"]) g.max_split_k = whole("max_split_k", 1);
-  if (n["k_fixed"]) {
-    g.k_fixed = get_number(n["k_fixed"], origin, pre + "k_fixed");
-    if (!(g.k_fixed >= 0) || g.k_fixed > 1e9)
-      throw InputError(where(origin, n["k_fixed"], pre + "k_fixed") + ": expected >= 0");
-  }
+  if (n["tile_k_bytes"]) g.tile_k_bytes = whole("tile_k_bytes", 1);
+  auto non_negative = [&](const char* key, double scale, double& out) {
+    if (!n[key]) return;
+    const double v = get_number(n[key], origin, pre + key);
+    if (!(v >= 0) || v > 1e9)
+      throw InputError(where(origin, n[key], pre + key) + ": expected >= 0");
+    out = v * scale;
+  };
+  non_negative("k_fixed", 1.0, g.k_fixed);
+  non_negative("clock_mhz", 1e6, g.clock_hz);
+  non_negative("l2_bandwidth_gbps", 1e9, g.l2_bytes_per_s);
+  non_negative("iteration_latency_cycles", 1.0, g.iteration_latency_cycles);
+  if (g.iteration_latency_cycles > 0 && !(g.clock_hz > 0))
+    throw InputError(
+        where(origin, n["iteration_latency_cycles"], pre + "iteration_latency_cycles") +
+        ": needs clock_mhz (the clock its cycles are counted in)");
   const YAML::Node ts = n["tiles"];
   if (!ts.IsSequence() || ts.size() == 0)
     throw InputError(where(origin, ts, pre + "tiles") + ": expected a list of {m, n, relative}");
@@ -672,6 +686,10 @@ std::string to_yaml(const HardwareProfile& p) {
     e << YAML::EndSeq;
     e << YAML::Key << "k_fixed" << YAML::Value << g.k_fixed;
     e << YAML::Key << "max_split_k" << YAML::Value << g.max_split_k;
+    e << YAML::Key << "clock_mhz" << YAML::Value << g.clock_hz / 1e6;
+    e << YAML::Key << "l2_bandwidth_gbps" << YAML::Value << g.l2_bytes_per_s / 1e9;
+    e << YAML::Key << "iteration_latency_cycles" << YAML::Value << g.iteration_latency_cycles;
+    e << YAML::Key << "tile_k_bytes" << YAML::Value << g.tile_k_bytes;
     e << YAML::EndMap;
   }
   if (!p.collectives.empty()) {
@@ -779,22 +797,35 @@ std::string to_yaml(const HardwareProfile& p) {
 GemmShapeModel gemm_shape_model(const std::string& device) {
   GemmShapeModel g;
   // SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper (108 on A100), NVIDIA H100 Tensor
-  // Core GPU Architecture whitepaper (132 on H100 SXM5; H200 is the same GH100 with HBM3e).
-  if (device == "A100-SXM-80GB")
+  // Core GPU Architecture whitepaper (132 on H100 SXM5; H200 is the same GH100 with HBM3e). Clocks:
+  // the boost clocks their dense peaks are counted at, peak / (SMs x FLOP per clock per SM): A100
+  // 312 TFLOP/s / (108 x 2048) = 1410 MHz (the whitepaper's boost clock), H100 989.4 TFLOP/s /
+  // (132 x 4096) = 1830 MHz (the H100 whitepaper: twice the A100 SM's dense MMA rate per clock).
+  // L2: the A100 whitepaper's 5120 bytes per clock at 1410 MHz; no published H100 figure was
+  // found, so the operand-bytes term is off there (scenarios/hardware/README.md).
+  if (device == "A100-SXM-80GB") {
     g.sms = 108;
-  else if (device == "H100-SXM" || device == "H200")
+    g.clock_hz = 1410e6;
+    g.l2_bytes_per_s = 5120.0 * 1410e6;
+  } else if (device == "H100-SXM" || device == "H200") {
     g.sms = 132;
-  else
+    g.clock_hz = 1830e6;
+  } else {
     return g;
+  }
   // cuBLAS's tile shapes (NVIDIA, Matrix Multiplication Background User's Guide, "Tile
   // quantization": 256x128 down to 64x64); a tile's rate relative to the largest by its operand
   // reuse, tm·tn / (tm + tn) over 128·256 / 384 (the guide: larger tiles reuse more data).
   g.tiles = {{128, 256, 1.0}, {256, 128, 1.0}, {128, 128, 0.75},
              {64, 128, 0.5},  {128, 64, 0.5},  {64, 64, 0.375}};
-  // Fitted, with the ceiling, to two published H100-class maxima (scenarios/hardware/README.md):
-  // bf16 6144x17920x2816 at 792.1 TFLOP/s and 8192^3 at about 790; both then give ceiling 0.827.
+  // Fitted, with the ceiling, to two published H100-class maxima (scenarios/hardware/README.md).
   g.k_fixed = 32;
-  g.max_split_k = 4;
+  // Split K until the grid fills the SMs once, whatever the factor (cuBLAS's grids do).
+  g.max_split_k = g.sms;
+  // Chosen, not sourced (README): a barrier and the wait for the next stage per iteration;
+  // `orrery calibrate` fits it from GPU traces with shapes.
+  g.iteration_latency_cycles = 64;
+  g.tile_k_bytes = 128;  // 32 TF32 or 64 16-bit elements: CUTLASS's and cuBLAS's kernel names
   return g;
 }
 
@@ -841,8 +872,8 @@ HardwareProfile default_hardware_profile(const std::string& device, bool is_gpu)
     p.precision = Precision::BF16;
     p.data_load_ns = 20'000;
     p.gemm_shape = gemm_shape_model(device);
-    const double gemm_ceiling = device == "A100-SXM-80GB"                  ? 0.872
-                                : device == "H100-SXM" || device == "H200" ? 0.827
+    const double gemm_ceiling = device == "A100-SXM-80GB"                  ? 0.899
+                                : device == "H100-SXM" || device == "H200" ? 0.878
                                                                            : 0.70;
     set(OpClass::Gemm, gemm_ceiling, 0.85, 4'000);
     set(OpClass::Attention, 0.50, 0.85, 6'000);

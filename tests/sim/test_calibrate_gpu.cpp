@@ -8,12 +8,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <string>
 
 #include "calibration_fixtures.hpp"
 #include "orrery/common/error.hpp"
 #include "orrery/sim/calibrate.hpp"
+#include "orrery/sim/cluster.hpp"
+#include "orrery/sim/cost_model.hpp"
 #include "orrery/sim/hardware.hpp"
 #include "orrery/traces/import.hpp"
 #include "orrery/traces/kernel_work.hpp"
@@ -140,6 +143,8 @@ TEST(CalibrateGpu, RecoversTheProfileTheKernelsWereGeneratedFrom) {
   EXPECT_NEAR(p.cost(OpClass::SoftmaxLoss).bandwidth_efficiency / 0.70, 1.0, tol);
   EXPECT_NEAR(p.cost(OpClass::Optimizer).bandwidth_efficiency / 0.78, 1.0, tol);
   for (const auto& c : p.classes) EXPECT_NEAR(double(c.overhead_ns) / 4500.0, 1.0, 0.01);
+  // The main loop's iteration latency the GEMMs were generated with (the preset's is 64).
+  EXPECT_NEAR(p.gemm_shape.iteration_latency_cycles / 96.0, 1.0, 0.01);
   for (const auto& g : r.gpu) {
     EXPECT_TRUE(g.fitted) << g.parameter;
     EXPECT_GT(g.kernels, 0) << g.parameter;
@@ -148,6 +153,7 @@ TEST(CalibrateGpu, RecoversTheProfileTheKernelsWereGeneratedFrom) {
   }
   // 18 products in 19 kernels, less the memory-bound 16 x 4096 x 4096 (its time is its bytes').
   EXPECT_EQ(row(r, "gemm.flops_efficiency").kernels, 18);
+  EXPECT_EQ(row(r, "gemm_shape.iteration_latency_cycles").kernels, 18);
   EXPECT_EQ(row(r, "optimizer.bandwidth_efficiency").kernels, 4);  // AdamW's 3 and foreach's 1
   EXPECT_LT(r.compute_rel_rms, 0.001);
   // The YAML carries the fitted numbers, and says where each came from.
@@ -186,7 +192,7 @@ TEST(CalibrateGpu, TheThirdWaveIsFittedOnlyWithTheShapeModel) {
 TEST(CalibrateGpu, ATraceWithoutShapesKeepsTheDefaultsAndSaysWhich) {
   const CalibrationResult r = calibrate({load("kineto_h100_noshapes.json")}, {});
   const HardwareProfile def = default_hardware_profile("H100-SXM", true);
-  ASSERT_EQ(r.gpu.size(), 7u);
+  ASSERT_EQ(r.gpu.size(), 8u);  // overhead, six class rates, the GEMM iteration latency
   for (const auto& g : r.gpu) {
     EXPECT_FALSE(g.fitted) << g.parameter;
     EXPECT_FALSE(g.why.empty()) << g.parameter;
@@ -196,6 +202,7 @@ TEST(CalibrateGpu, ATraceWithoutShapesKeepsTheDefaultsAndSaysWhich) {
                         n.find("kept the H100-SXM default") != std::string::npos);
     EXPECT_TRUE(noted) << g.parameter;
   }
+  EXPECT_EQ(r.profile.gemm_shape.iteration_latency_cycles, def.gemm_shape.iteration_latency_cycles);
   for (int c = 0; c < kOpClassCount; ++c) {
     EXPECT_EQ(r.profile.classes[c].flops_efficiency, def.classes[c].flops_efficiency);
     EXPECT_EQ(r.profile.classes[c].bandwidth_efficiency, def.classes[c].bandwidth_efficiency);
@@ -258,6 +265,101 @@ TEST(CalibrateGpu, Fp32OperandsOnTensorCoreKernelsAreTf32) {
     EXPECT_TRUE(traces::tf32_tensor_core_kernel(name)) << name;
   for (const char* name : {"volta_sgemm_32x128_tt", "ampere_sgemm_128x64_nn", "gemv2T_kernel_val"})
     EXPECT_FALSE(traces::tf32_tensor_core_kernel(name)) << name;
+}
+
+// A PyTorch job on an A100 whose GEMMs' kernel times are what the cost model itself gives under a
+// known profile: the preset's shape model (the L2 term, split-K with its reduction) with a main-loop
+// iteration latency of 300 cycles, the GEMM ceiling 0.7 of the TF32 peak and 5 us per kernel. fp32
+// operands on tensor-core kernels (TF32). Shapes from large to skinny and small, so that the
+// latency (a share of each iteration that grows as the tile's MMAs shrink) is told from the ceiling.
+struct GemmShapeCase {
+  int64_t m, n, k;
+};
+const GemmShapeCase kLatencyShapes[] = {{4096, 4096, 4096}, {2048, 8192, 1024}, {1024, 1024, 1024},
+                                        {512, 512, 8192},   {64, 4096, 4096},   {4096, 64, 2048},
+                                        {256, 256, 256},    {128, 128, 65536},  {2048, 2048, 128},
+                                        {8192, 256, 512},   {96, 8192, 1024},   {1024, 96, 512}};
+
+HardwareProfile latency_truth() {
+  HardwareProfile p = default_hardware_profile("A100-SXM-80GB", true);
+  p.precision = Precision::TF32;
+  p.gemm_shape.iteration_latency_cycles = 300;
+  p.classes[static_cast<int>(OpClass::Gemm)].flops_efficiency = 0.7;
+  for (auto& c : p.classes) c.overhead_ns = 5000;
+  return p;
+}
+
+std::string model_priced_job(const HardwareProfile& truth) {
+  const Device a100 = *device_preset("A100-SXM-80GB");
+  const CostModel cm(truth, a100.peak_flops(Precision::TF32), a100.mem_bandwidth_bytes_per_s);
+  std::string ev;
+  int i = 0;
+  for (const auto& s : kLatencyShapes) {
+    Kernel k{OpClass::Gemm, 2.0 * s.m * s.n * s.k, 4.0 * (s.m * s.k + s.k * s.n + s.m * s.n)};
+    k.gm = double(s.m), k.gn = double(s.n), k.gk = double(s.k), k.elem_bytes = 4;
+    const double dur_us = double(cm.kernel_ns(k)) / 1000.0;
+    const std::string ts = std::to_string(10000 * (i + 1)), id = std::to_string(i + 1),
+                      c = std::to_string(100 + i);
+    char dur[32];
+    std::snprintf(dur, sizeof dur, "%.3f", dur_us);
+    ev += std::string(i ? "," : "") +
+          R"({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": )" + ts +
+          R"(, "dur": 5000, "args": {"External id": )" + id + R"(, "Input Dims": [[)" +
+          std::to_string(s.m) + ", " + std::to_string(s.k) + "], [" + std::to_string(s.k) + ", " +
+          std::to_string(s.n) + R"(]], "Input type": ["float", "float"]}},)";
+    ev += R"({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, )"
+          R"("ts": )" +
+          std::to_string(10000 * (i + 1) + 100) + R"(, "dur": 5, "args": {"External id": )" + id +
+          R"(, "correlation": )" + c + "}},";
+    ev += R"({"ph": "X", "cat": "kernel", "name": "sm80_xmma_gemm_tf32f32_tf32f32_f32_nn", )"
+          R"("pid": 0, "tid": 7, "ts": )" +
+          std::to_string(10000 * (i + 1) + 200) + R"(, "dur": )" + dur +
+          R"(, "args": {"device": 0, "stream": 7, "correlation": )" + c + "}}";
+    ++i;
+  }
+  return R"({"deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}], "traceEvents": [)" +
+         ev + "]}";
+}
+
+TEST(CalibrateGpu, RecoversTheIterationLatencyOfKernelsTheModelPriced) {
+  const HardwareProfile truth = latency_truth();
+  const CalibrationResult r =
+      calibrate({traces::import_kineto_texts({model_priced_job(truth)}, {"job.json"})}, {});
+  const HardwareProfile& p = r.profile;
+  EXPECT_EQ(p.precision, Precision::TF32);
+  // Exact but for the kernel times' whole nanoseconds.
+  EXPECT_NEAR(p.gemm_shape.iteration_latency_cycles / 300.0, 1.0, 0.005);
+  EXPECT_NEAR(p.cost(OpClass::Gemm).flops_efficiency / 0.7, 1.0, 0.005);
+  EXPECT_NEAR(double(p.classes[0].overhead_ns) / 5000.0, 1.0, 0.005);
+  EXPECT_TRUE(row(r, "gemm_shape.iteration_latency_cycles").fitted);
+  // 12 products, less 128 x 128 x 65536: split 108 ways it is on its bytes' side.
+  EXPECT_EQ(row(r, "gemm_shape.iteration_latency_cycles").kernels, 11);
+  EXPECT_LT(r.compute_rel_rms, 0.001);
+  // The fitted latency goes into the profile's YAML.
+  const HardwareProfile back = parse_hardware_profile(calibrated_yaml(r), "calibrated.yaml");
+  EXPECT_NEAR(back.gemm_shape.iteration_latency_cycles, p.gemm_shape.iteration_latency_cycles,
+              1e-3 * p.gemm_shape.iteration_latency_cycles);
+  // Without the shape model (--flat-gemm) the latency is not fitted, and the notes say why.
+  CalibrationOptions flat;
+  flat.flat_gemm = true;
+  const CalibrationResult f =
+      calibrate({traces::import_kineto_texts({model_priced_job(truth)}, {"job.json"})}, flat);
+  EXPECT_FALSE(row(f, "gemm_shape.iteration_latency_cycles").fitted);
+}
+
+// --check prices the traces with a given profile and fits nothing: the generating profile
+// explains its own kernels, the preset (latency 64, ceiling 0.899) does not.
+TEST(CalibrateGpu, CheckPricesTheTracesWithAGivenProfile) {
+  const HardwareProfile truth = latency_truth();
+  const auto trace = traces::import_kineto_texts({model_priced_job(truth)}, {"job.json"});
+  CalibrationOptions opt;
+  opt.check = truth;
+  const CalibrationResult own = calibrate({trace}, opt);
+  EXPECT_TRUE(own.gpu.empty());
+  ASSERT_EQ(own.ops.size(), 12u);
+  for (const auto& o : own.ops) EXPECT_NEAR(o.fitted_ns, o.measured_ns, 1.0) << o.shape;
+  opt.check = default_hardware_profile("A100-SXM-80GB", true);
+  EXPECT_GT(calibrate({trace}, opt).compute_rel_rms, 0.05);
 }
 
 TEST(CalibrateGpu, AnUnknownGpuNeedsDevice) {

@@ -295,6 +295,10 @@ TEST(HardwareProfile, ShippedDefaultsLoadAndMatchTheBuiltIns) {
     EXPECT_EQ(p.gemm_shape.sms, b.gemm_shape.sms) << name;
     EXPECT_EQ(p.gemm_shape.k_fixed, b.gemm_shape.k_fixed) << name;
     EXPECT_EQ(p.gemm_shape.max_split_k, b.gemm_shape.max_split_k) << name;
+    EXPECT_EQ(p.gemm_shape.clock_hz, b.gemm_shape.clock_hz) << name;
+    EXPECT_EQ(p.gemm_shape.l2_bytes_per_s, b.gemm_shape.l2_bytes_per_s) << name;
+    EXPECT_EQ(p.gemm_shape.iteration_latency_cycles, b.gemm_shape.iteration_latency_cycles) << name;
+    EXPECT_EQ(p.gemm_shape.tile_k_bytes, b.gemm_shape.tile_k_bytes) << name;
     ASSERT_EQ(p.gemm_shape.tiles.size(), b.gemm_shape.tiles.size()) << name;
     for (size_t i = 0; i < p.gemm_shape.tiles.size(); ++i) {
       EXPECT_EQ(p.gemm_shape.tiles[i].m, b.gemm_shape.tiles[i].m) << name << " tile " << i;
@@ -347,6 +351,54 @@ TEST(GemmShape, TheFastestCandidateTileWins) {
   EXPECT_DOUBLE_EQ(gemm_shape_efficiency(g, 128, 128, 1000), 0.5);
   // 256 x 256: the big tile fills the SMs.
   EXPECT_DOUBLE_EQ(gemm_shape_efficiency(g, 256, 256, 1000), 1.0);
+}
+
+// The device terms in closed form: 4 SMs, one 128 x 128 tile, a peak that makes one SM's MMA of
+// one output element over one K element 1 ps (unit = 2 · sms / peak), 16-bit operands (64 of K per
+// 128-byte iteration). The tile's MMAs take 128 · 128 = 16384 ps per K element.
+constexpr double kUnitPeak = 8e12;  // 2 · 4 / 8e12 = 1 ps
+
+TEST(GemmShape, IterationLatencyInClosedForm) {
+  GemmShapeModel g = one_tile_model(4, 0, 1);
+  g.clock_hz = 1e9;
+  g.iteration_latency_cycles = 64;  // 64 ns per 64-element iteration: 1000 ps per K element
+  const GemmDevice dev{kUnitPeak, 0, 2};
+  // 2 x 2 tiles in one wave over K = 1024: 16384 of MMA and 1000 of latency per K element.
+  EXPECT_NEAR(gemm_shape_efficiency(g, 256, 256, 1024, dev), 16384.0 / 17384, 1e-12);
+  // K = 16, a quarter of an iteration: its MMAs, and one whole iteration's latency.
+  EXPECT_NEAR(gemm_shape_efficiency(g, 256, 256, 16, dev), 16.0 * 16384 / (16 * 16384 + 64000),
+              1e-12);
+  // Without a device (or a clock) no latency: the quantisation alone.
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(g, 256, 256, 1024), 1.0);
+  // fp32 operands: 32 of K per iteration, twice the latency per K element.
+  EXPECT_NEAR(gemm_shape_efficiency(g, 256, 256, 1024, {kUnitPeak, 0, 4}), 16384.0 / 18384, 1e-12);
+}
+
+TEST(GemmShape, OperandBytesAtTheSmsShareOfL2) {
+  GemmShapeModel g = one_tile_model(4, 0, 1);
+  // (128 + 128) x 2 bytes per K element at l2 / 4 per SM: 2048 / l2 s, twice the MMAs' 16384 ps.
+  g.l2_bytes_per_s = 2048.0 / 32768e-12;
+  EXPECT_NEAR(gemm_shape_efficiency(g, 256, 256, 1024, {kUnitPeak, 0, 2}), 0.5, 1e-12);
+  // Four times the bandwidth: the MMAs bound it again.
+  g.l2_bytes_per_s *= 4;
+  EXPECT_NEAR(gemm_shape_efficiency(g, 256, 256, 1024, {kUnitPeak, 0, 2}), 1.0, 1e-12);
+}
+
+TEST(GemmShape, SplitKPaysForItsPartialOutputs) {
+  const GemmShapeModel g = one_tile_model(4, 0, 4);
+  // One 128 x 128 tile over K = 1024. Split s: (1024 / s) x 16384 ps of MMAs, and 8 · s · 128²
+  // bytes of fp32 partials at 1.25e11 B/s: s x 1048576 ps. s = 1, 2, 3, 4: 16.8, 10.5, 8.7 and
+  // 8.4 million ps, so 4 ways, at half the ideal 4194304.
+  EXPECT_NEAR(gemm_shape_efficiency(g, 128, 128, 1024, {kUnitPeak, 1.25e11, 2}), 0.5, 1e-12);
+  // With an L2 figure the partials go through L2 at its bandwidth instead (they fit in it).
+  GemmShapeModel l2 = g;
+  l2.l2_bytes_per_s = 1.25e11;
+  EXPECT_NEAR(gemm_shape_efficiency(l2, 128, 128, 1024, {kUnitPeak, 1e15, 2}), 0.5, 1e-12);
+  // Free partials (no bandwidth given): the ideal, as before.
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(g, 128, 128, 1024, {kUnitPeak, 0, 2}), 1.0);
+  // The presets split until the grid fills the SMs once, not at most 4 ways.
+  EXPECT_EQ(gemm_shape_model("A100-SXM-80GB").max_split_k, 108);
+  EXPECT_EQ(gemm_shape_model("H100-SXM").max_split_k, 132);
 }
 
 TEST(GemmShape, OffWithoutAModelOrAShape) {
@@ -410,7 +462,7 @@ TEST(GemmShape, PresetsReachThePublishedMaxima) {
   EXPECT_LT(tflops("H100-SXM", 16, 4096, 4096), 100.0);
   EXPECT_LT(tflops("H100-SXM", 1024, 1024, 1024), 0.9 * 790.0);
   // 132 x 2 tiles of 128 x 256 are two full waves on the 132 SMs; 8 more columns need a third
-  // (or smaller tiles): 0.996 -> 0.674 of the ceiling (both compute-bound: 512 FLOP per byte).
+  // (or smaller tiles): 0.938 -> 0.635 of the ceiling (both compute-bound: 512 FLOP per byte).
   const double full = tflops("H100-SXM", 16896, 512, 8192);
   const double more = tflops("H100-SXM", 16896, 520, 8192);
   EXPECT_NEAR(more / full, 0.6744 / 0.9961, 0.005);
@@ -469,7 +521,8 @@ TEST(HardwareProfile, GemmShapeRoundTripAndBadInput) {
   const HardwareProfile p = parse_hardware_profile(
       base +
           "gemm_shape: {sms: 8, tiles: [{m: 64, n: 32, relative: 0.5}, {m: 16, n: 16}], "
-          "k_fixed: 12.5, max_split_k: 3}\n",
+          "k_fixed: 12.5, max_split_k: 3, clock_mhz: 1500, l2_bandwidth_gbps: 6000, "
+          "iteration_latency_cycles: 48.5, tile_k_bytes: 64}\n",
       "g.yaml");
   ASSERT_TRUE(p.gemm_shape.enabled());
   EXPECT_EQ(p.gemm_shape.sms, 8);
@@ -485,6 +538,10 @@ TEST(HardwareProfile, GemmShapeRoundTripAndBadInput) {
   EXPECT_EQ(q.gemm_shape.tiles[0].m, 64);
   EXPECT_EQ(q.gemm_shape.k_fixed, 12.5);
   EXPECT_EQ(q.gemm_shape.max_split_k, 3);
+  EXPECT_EQ(q.gemm_shape.clock_hz, 1500e6);
+  EXPECT_EQ(q.gemm_shape.l2_bytes_per_s, 6000e9);
+  EXPECT_EQ(q.gemm_shape.iteration_latency_cycles, 48.5);
+  EXPECT_EQ(q.gemm_shape.tile_k_bytes, 64);
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"gemm_shape: {sms: 8}", "needs sms and tiles"},
       {"gemm_shape: {sms: 0, tiles: [{m: 1, n: 1}]}", "gemm_shape.sms"},
@@ -494,6 +551,9 @@ TEST(HardwareProfile, GemmShapeRoundTripAndBadInput) {
       {"gemm_shape: {sms: 8, tiles: [{m: 1.5, n: 1}]}", "gemm_shape.tiles[0].m"},
       {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1}], k_fixed: -1}", "gemm_shape.k_fixed"},
       {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1}], waves: 2}", "waves"},
+      {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1}], iteration_latency_cycles: 9}", "clock_mhz"},
+      {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1}], clock_mhz: -5}", "gemm_shape.clock_mhz"},
+      {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1}], tile_k_bytes: 0}", "gemm_shape.tile_k_bytes"},
   };
   for (const auto& [yaml, want] : bad) {
     try {

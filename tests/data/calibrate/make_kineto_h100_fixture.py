@@ -6,7 +6,9 @@ linked to their op by "External id" and correlation), whose kernel durations com
 profile, so that `orrery calibrate` must recover it (tests/sim/test_calibrate_gpu.cpp):
 
   H100-SXM preset peaks (989 TFLOP/s bf16, 3.35 TB/s), the preset's gemm_shape model (132 SMs,
-  tiles 128x256 .. 64x64, k_fixed 32, split-K up to 4), and
+  tiles 128x256 .. 64x64, k_fixed 32, split-K until the grid fills the SMs with its fp32 partial
+  outputs through memory, 1830 MHz, no L2 term, 64 bf16 elements of K per main-loop iteration)
+  with a main-loop iteration latency of 96 cycles (the preset's is 64), and
     gemm ceiling 0.80, attention 0.62, elementwise 0.90, layernorm 0.75, softmax_loss 0.70,
     optimizer 0.78 of HBM bandwidth, 4.5 us per kernel launched;
   GEMM and attention kernels on the memory side of their roofline at the preset's 0.85.
@@ -31,7 +33,10 @@ SMS = 132
 TILES = [(128, 256, 1.0), (256, 128, 1.0), (128, 128, 0.75), (64, 128, 0.5), (128, 64, 0.5),
          (64, 64, 0.375)]
 K_FIXED = 32
-MAX_SPLIT = 4
+MAX_SPLIT = SMS
+CLOCK_HZ = 1830e6
+LATENCY_CYCLES = 96
+TILE_K = 64  # 128 bytes of bf16
 TRUTH = {"gemm": 0.80, "attention": 0.62, "elementwise": 0.90, "layernorm": 0.75,
          "softmax_loss": 0.70, "optimizer": 0.78}
 GEMM_BW_EFF = 0.85  # the preset's (not fitted)
@@ -40,17 +45,25 @@ BF16 = "c10::BFloat16"
 
 
 def shape_eff(m, n, k):
-    ideal = m * n * k / SMS
-    best = 0.0
+    """The fraction of the ceiling: the ideal time (m n k MMAs over every SM at its share of the
+    peak) over the fastest tile and split-K factor's time."""
+    step = 2.0 * SMS / PEAK  # one SM's MMA of one output element over one K element
+    ideal = m * n * k / SMS * step
+    best = float("inf")
     for tm, tn, rel in TILES:
         tiles = math.ceil(m / tm) * math.ceil(n / tn)
         for split in range(1, MAX_SPLIT + 1):
             if split > 1 and (tiles * split > SMS or k / split < 1):
                 break
             waves = math.ceil(tiles * split / SMS)
-            per_sm = waves * tm * tn * (k / split + K_FIXED) / rel
-            best = max(best, ideal / per_sm)
-    return min(1.0, best)
+            mma = tm * tn / rel * step  # seconds per K element of the tile
+            chunk = k / split
+            latency = LATENCY_CYCLES / CLOCK_HZ / TILE_K  # seconds per K element
+            t = waves * (chunk * mma + max(chunk, TILE_K) * latency + K_FIXED * mma)
+            if split > 1:
+                t += 8.0 * split * m * n / BW  # fp32 partials written and read
+            best = min(best, t)
+    return min(1.0, ideal / best)
 
 
 def numel(d):

@@ -105,9 +105,14 @@
 //     class's overhead_us = o, with the datasheet peaks of the device preset at the precision of
 //     the GEMMs (16-bit operands: bf16; 32-bit: fp32). o is fitted only when some class has
 //     observations of more than one size per kernel (else an overhead cannot be told from a
-//     rate). Whatever the traces do not measure keeps the preset's default, with a note naming
-//     it; the YAML says per parameter which traces and how many kernels fitted it. A run with host
-//     offload (Orrery's CUDA traces) adds the rows offload.host_link_gbps and
+//     rate). shape_k depends on the GEMM main loop's iteration latency (GemmShapeModel::
+//     iteration_latency_cycles), which is not linear in t: it is searched (a log grid of 1 to
+//     8192 cycles and 0, then a golden-section search between the best point's neighbours), the
+//     rates fitted as above at each point, and the latency whose fit has the least weighted
+//     squared relative error kept. Whatever the traces do not measure keeps the preset's default,
+//     with a note naming it; the YAML says per parameter which traces and how many kernels fitted
+//     it. With `check` nothing is fitted: the observations are priced with that profile. A run
+//     with host offload (Orrery's CUDA traces) adds the rows offload.host_link_gbps and
 //     offload.host_adamw_gbps (as in 2b; "kernels" then counts spans), its adamw spans left out.
 //
 // The simulator (sweep.hpp's simulate, i.e. `orrery sim`) applies the law dynamically: the node's
@@ -120,6 +125,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -187,6 +193,10 @@ struct CalibrationOptions {
   std::string device;
   // GPU traces: fit every GEMM at one flat rate (no shape model), for comparison.
   bool flat_gemm = false;
+  // GPU traces: price the traces' kernels with this profile instead of fitting one (a held-out
+  // check of a profile, calibrated or preset); the result's profile is this one, its ops rows that
+  // profile's times, and no parameter row.
+  std::optional<HardwareProfile> check;
 };
 
 // One fitted op: the median measured time (normalised to a lone rank) and the fitted profile's time

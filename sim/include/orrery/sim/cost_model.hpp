@@ -78,20 +78,37 @@ struct Kernel {
   // Attention kernels: queries (gm) x keys (gn) over the head size (gk), gbatch = sequences x
   // this rank's heads; gemm_backward marks the backward kernel. Used by unfused attention only.
   double gbatch = 1;
-  double elem_bytes = 0;  // bytes per activation element (attention kernels)
+  double elem_bytes = 0;  // bytes per operand element (GEMM and attention kernels), 0 unknown
+};
+
+// What the GEMM shape model needs of the device and the operands beyond the shape: the dense peak
+// of the GEMM's precision (each SM's MMA rate is peak / sms), the memory bandwidth (split-K's
+// partial outputs, without an L2 figure) and the operands' element size (a main-loop iteration's K depth, its bytes).
+// Without a peak (0) the model is the tile and wave quantisation alone, in units of the best
+// tile's rate: no latency, operand-bytes or reduction term.
+struct GemmDevice {
+  double peak_flops = 0;
+  double memory_bandwidth_bytes_per_s = 0;
+  double elem_bytes = 2;
 };
 
 // The fraction of its class ceiling a GEMM of shape (m x n, over k) reaches under `g`
-// (hardware.hpp's GemmShapeModel): of the candidate tiles and split-K factors the one with the
-// shortest time, where a wave of up to `sms` thread blocks each computes a (tile.m x tile.n)
-// output tile over k / split + k_fixed steps at tile.relative of the best tile's rate, against
-// the ideal m·n·k spread over every SM: 1 for a large shape cut evenly into full waves (less only
-// k / (k + k_fixed)), far less for skinny or small products and shapes a wave leaves part empty.
-// 1 when `g` is off or the shape unknown.
-double gemm_shape_efficiency(const GemmShapeModel& g, double m, double n, double k);
-// The same for a kernel: its forward product, or the FLOP-weighted harmonic mean of the two
-// products of a backward kernel.
-double gemm_shape_efficiency(const GemmShapeModel& g, const Kernel& k);
+// (hardware.hpp's GemmShapeModel) on `dev`: the ideal time, m·n·k MMAs spread over every SM at
+// its share of the peak, over the model's time for the fastest candidate tile and split-K factor.
+// A tile of (tm x tn) runs k / split over tile_k iterations, each the longer of its MMAs (at
+// `relative` of the SM's share) and its operand bytes (tm + tn) x tile_k at the SM's share of the
+// L2 bandwidth, plus the iteration latency; plus k_fixed of K at the MMA rate; waves of up to
+// `sms` tiles run one after another; split > 1 (only while tiles x split <= sms) adds its fp32
+// partial outputs written and read once (8 · split · m · n bytes) at the L2 bandwidth (the
+// memory's without an L2 figure). 1 for
+// a large shape cut evenly into full waves (less only k / (k + k_fixed) and the latency's share),
+// far less for skinny or small products and shapes a wave leaves part empty. 1 when `g` is off or
+// the shape unknown.
+double gemm_shape_efficiency(const GemmShapeModel& g, double m, double n, double k,
+                             const GemmDevice& dev = {});
+// The same for a kernel (its elem_bytes, if set, for the device's): its forward product, or the
+// FLOP-weighted harmonic mean of the two products of a backward kernel.
+double gemm_shape_efficiency(const GemmShapeModel& g, const Kernel& k, const GemmDevice& dev = {});
 
 // Kernels of each compute op of the step (one micro-batch, one rank).
 std::vector<Kernel> embedding_forward_kernels(const ModelDims& d);

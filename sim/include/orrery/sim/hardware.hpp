@@ -42,7 +42,11 @@
 //     sms: 132
 //     tiles: [{m: 128, n: 256, relative: 1.0}, {m: 128, n: 128, relative: 0.75}, ...]
 //     k_fixed: 32
-//     max_split_k: 4
+//     max_split_k: 132
+//     clock_mhz: 1830           #   the SM clock a main-loop iteration's latency is counted in
+//     l2_bandwidth_gbps: 0      #   the SMs' shared L2 bandwidth (0: no operand-bytes term)
+//     iteration_latency_cycles: 64   # a main-loop iteration's pipeline latency (calibrate fits it)
+//     tile_k_bytes: 128         #   K depth of a main-loop iteration, in operand bytes
 //   ops:                        # optional (calibrated profiles): measured lone-rank op times
 //     - {name: fwd.block, batch: 8, seq: 128, d_model: 256, heads: 4, vocab: 8192, tp: 1, time_us: 24784}
 //     - {name: adamw, params: 5.3e6, time_us: 29695}   #   the optimizer: by parameters held
@@ -153,9 +157,13 @@ struct CoreSharing {
 // at its class's flat efficiency, as CPU profiles and older calibrated ones are). cuBLAS cuts the
 // (M x N) output into tiles, one thread block each, and runs them in waves over the SMs (NVIDIA,
 // "Matrix Multiplication Background User's Guide": tile quantisation, wave quantisation). Of the
-// candidate tiles it picks the fastest for the shape; a tile's main loop runs K/tile_k iterations
-// after a fixed prologue and before an epilogue worth `k_fixed` of K. The class's flops_efficiency
-// is then the ceiling a large, well-shaped GEMM reaches (gemm_efficiency in cost_model.hpp).
+// candidate tiles and split-K factors it picks the fastest for the shape. A tile's main loop runs
+// K / tile_k iterations, after a prologue and before an epilogue worth `k_fixed` of K; each
+// iteration takes the longer of the tile's MMAs at its SM's share of the peak (times `relative`)
+// and the tile's operand bytes at its SM's share of the L2 bandwidth, plus a pipeline latency of
+// `iteration_latency_cycles` at `clock_mhz`. A split-K product also writes and reads its fp32
+// partial outputs once per split, through L2 (memory's bandwidth without an L2 figure). The class's flops_efficiency is then the ceiling a large,
+// well-shaped GEMM reaches, scaling the whole kernel (gemm_shape_efficiency in cost_model.hpp).
 struct GemmTile {
   int m = 0, n = 0;       // output tile
   double relative = 1.0;  // its per-SM throughput against the best tile's, (0, 1]
@@ -165,6 +173,10 @@ struct GemmShapeModel {
   std::vector<GemmTile> tiles;  // candidates, best first
   double k_fixed = 0;           // a tile's fixed cost in units of K (prologue, epilogue)
   int max_split_k = 1;          // split-K factors cuBLAS may use when tiles < sms (1: never)
+  double clock_hz = 0;          // SM clock the latency is counted in (0: no latency term)
+  double l2_bytes_per_s = 0;    // L2 bandwidth shared by the SMs (0: no operand-bytes term)
+  double iteration_latency_cycles = 0;  // a main-loop iteration's latency beyond its work
+  int tile_k_bytes = 128;               // a main-loop iteration's depth of K, in operand bytes
   bool enabled() const { return sms > 0 && !tiles.empty(); }
 };
 
