@@ -46,6 +46,23 @@ int local_world_size() {
   return 1;
 }
 
+// Mixture-of-experts blocks run on the device with all experts on each rank (moe_pieces.hpp over
+// the CUDA kernels); expert parallelism and ZeRO 3's expert segments are not wired here yet.
+void check_supported_moe_cuda(const Scenario& s, const std::string& origin) {
+  const std::string moe = "model.moe.experts = " + std::to_string(s.model.moe.experts);
+  if (s.parallel.ep > 1) {
+    throw InputError(origin + ": key 'parallel.ep': " + std::to_string(s.parallel.ep) + " with " +
+                     moe +
+                     " is not implemented on device cuda (the all-to-all groups are not "
+                     "connected there); expected 1, or runtime.device cpu");
+  }
+  if (s.parallel.zero == 3) {
+    throw InputError(origin + ": key 'parallel.zero': 3 with " + moe +
+                     " is not implemented on device cuda (ZeRO 3's expert segments); expected 0, "
+                     "1 or 2, or runtime.device cpu");
+  }
+}
+
 }  // namespace
 
 CommBackend parse_comm_backend(const std::string& text, const std::string& key) {
@@ -61,12 +78,7 @@ void check_supported_cuda(const Scenario& s) {
     throw InputError(origin + ": key 'parallel.schedule': '" + s.parallel.schedule +
                      "' is not available on device cuda; expected gpipe or 1f1b");
   }
-  if (s.model.moe.enabled()) {
-    throw InputError(origin + ": key 'model.moe.experts': mixture-of-experts blocks (" +
-                     std::to_string(s.model.moe.experts) +
-                     " experts) are not implemented on device cuda; expected 0, or runtime.device "
-                     "cpu");
-  }
+  if (s.model.moe.enabled()) check_supported_moe_cuda(s, origin);
   Scenario c = s;
   // Everything the CPU runtime checks (layout, batch, threads) holds here too.
   c.runtime.device = "cpu";
@@ -271,6 +283,8 @@ void CudaBackend::add(float* acc, const float* in, std::size_t n) {
   residual_forward(*ctx_, acc, acc, in, n);
 }
 
+void CudaBackend::scale(float* p, float s, std::size_t n) { cuda::scale(*ctx_, p, p, s, n); }
+
 void CudaBackend::copy(float* dst, const float* src, std::size_t n) {
   if (n == 0) return;
   ORRERY_CUDA_CHECK(
@@ -308,7 +322,7 @@ CudaBackend::Model CudaBackend::make_model(Gpt host, bool storage) {
 }
 
 std::unique_ptr<CudaBackend::Zero3> CudaBackend::make_zero3(Model& m, int dp_rank, int dp_size,
-                                                            int /*ep: MoE runs on cpu only*/) {
+                                                            int /*ep: 1 (check_supported_cuda)*/) {
   auto z = std::make_unique<GpuZero3Storage>(m, dp_rank, dp_size);
   ORRERY_CUDA_CHECK(cudaDeviceSynchronize());  // its shards' uploads, as make_model's
   return z;

@@ -25,6 +25,19 @@ BlockParams rebase(const BlockParams& p, const float* hb, float* db) {
                      rebase(p.fcb, hb, db),  rebase(p.fcprojw, hb, db), rebase(p.fcprojb, hb, db)};
 }
 
+FfnParams rebase(const FfnParams& p, const float* hb, float* db) {
+  return FfnParams{rebase(p.fcw, hb, db), rebase(p.fcb, hb, db), rebase(p.fcprojw, hb, db),
+                   rebase(p.fcprojb, hb, db)};
+}
+
+MoeParams rebase(const MoeParams& p, const float* hb, float* db) {
+  MoeParams out;
+  out.router = rebase(p.router, hb, db);
+  for (const auto& f : p.shared) out.shared.push_back(rebase(f, hb, db));
+  for (const auto& f : p.experts) out.experts.push_back(rebase(f, hb, db));
+  return out;
+}
+
 void zero_async(const Context& ctx, float* p, std::size_t n) {
   if (n == 0) return;
   ORRERY_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), ctx.stream()));
@@ -59,6 +72,8 @@ GpuGpt gpu_gpt_create(Gpt host, bool device_storage) {
   m.dembed = EmbedParams{rebase(m.host.dembed.wte, hg, dg), rebase(m.host.dembed.wpe, hg, dg)};
   for (const auto& b : m.host.blocks) m.blocks.push_back(rebase(b, hp, dp));
   for (const auto& b : m.host.dblocks) m.dblocks.push_back(rebase(b, hg, dg));
+  for (const auto& b : m.host.moe) m.moe.push_back(rebase(b, hp, dp));
+  for (const auto& b : m.host.dmoe) m.dmoe.push_back(rebase(b, hg, dg));
   m.head = HeadParams{rebase(m.host.head.lnfw, hp, dp), rebase(m.host.head.lnfb, hp, dp),
                       rebase(m.host.head.lmw, hp, dp)};
   m.dhead = HeadParams{rebase(m.host.dhead.lnfw, hg, dg), rebase(m.host.dhead.lnfb, hg, dg),
@@ -83,6 +98,7 @@ GpuActivations gpu_activations(const GpuGpt& m, int B, int T, Recompute recomput
                     64);
   a.inputs.resize(std::size_t(B) * T);
   a.targets.resize(std::size_t(B) * T);
+  if (m.config().moe.enabled()) a.moe.resize(std::size_t(m.host.num_blocks()));
   return a;
 }
 
@@ -107,6 +123,21 @@ void CudaKernels::copy(float* dst, const float* src, std::size_t n) const {
 void CudaKernels::upload_tokens(int32_t* dst, const int32_t* src, std::size_t n) const {
   ORRERY_CUDA_CHECK(
       cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice, ctx->stream()));
+}
+
+const float* CudaKernels::to_host(const float* p, std::size_t n,
+                                  std::vector<float>& staging) const {
+  staging.resize(n);
+  if (n == 0) return staging.data();
+  ORRERY_CUDA_CHECK(
+      cudaMemcpyAsync(staging.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost, ctx->stream()));
+  ORRERY_CUDA_CHECK(cudaStreamSynchronize(ctx->stream()));
+  return staging.data();
+}
+
+void CudaKernels::upload_bytes(void* dst, const void* src, std::size_t bytes) const {
+  if (bytes == 0) return;
+  ORRERY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx->stream()));
 }
 
 void gpu_embed_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts,

@@ -430,7 +430,7 @@ MemoryBytes TrainingLoop<B>::memory() const {
   double acts = static_cast<double>(scratch_->memory.size_bytes()) + backend_.scratch_bytes();
   for (const auto& a : acts_) {
     acts += static_cast<double>(a->memory.size_bytes());
-    if constexpr (B::kHostMemory) acts += static_cast<double>(moe_state_bytes(*a));  // MoE
+    acts += static_cast<double>(moe_state_bytes(*a));  // MoE blocks' state
   }
   m.activations = acts;
   if (z3_) {
@@ -748,38 +748,34 @@ void TrainingLoop<B>::restore_counters(int32_t steps_done, int64_t adamw_steps,
 // routing tallied for the step's counters.
 template <class B>
 void TrainingLoop<B>::moe_hooks(GptHooks& hooks) {
-  if constexpr (!B::kHostMemory) {
-    throw InputError("key 'model.moe.experts': MoE blocks run on device cpu only");
-  } else {
-    if (edp_) {
-      hooks.on_grads_ready = [this](int segment) {
-        ddp_->on_grads_ready(segment);
-        if (expert_segment_[std::size_t(segment + 1)]) edp_->on_grads_ready(segment);
-      };
-    }
-    if (dev_.ep != nullptr) {
-      hooks.ep_all_to_all = [this](const char* name, int layer, const float* send,
-                                   const int64_t* send_counts, std::size_t groups, float* recv,
-                                   int64_t* recv_counts, std::size_t capacity) {
-        dev_.ep
-            ->all_to_all_v(send, send_counts, groups, recv, recv_counts, capacity, DType::F32,
-                           OpLabel{name, step_, cur_mb_, layer})
-            .wait();
-      };
-    }
-    const Gpt& g = layout_of(*model_);
-    const auto E = std::size_t(g.moe_dims.E);
-    moe_tokens_.assign(std::size_t(g.num_blocks()) * E, 0.0);
-    moe_dropped_.assign(std::size_t(g.num_blocks()), 0.0);
-    moe_aux_ = 0;
-    hooks.on_routing = [this, E, first = g.shard.layer_begin](
-                           int layer, const model::moe::Routing& r, double aux) {
-      const auto b = std::size_t(layer - first);
-      for (std::size_t e = 0; e < E; ++e) moe_tokens_[b * E + e] += double(r.routed[e]);
-      moe_dropped_[b] += double(r.dropped);
-      moe_aux_ += aux;
+  if (edp_) {
+    hooks.on_grads_ready = [this](int segment) {
+      ddp_->on_grads_ready(segment);
+      if (expert_segment_[std::size_t(segment + 1)]) edp_->on_grads_ready(segment);
     };
   }
+  if (dev_.ep != nullptr) {
+    hooks.ep_all_to_all = [this](const char* name, int layer, const float* send,
+                                 const int64_t* send_counts, std::size_t groups, float* recv,
+                                 int64_t* recv_counts, std::size_t capacity) {
+      dev_.ep
+          ->all_to_all_v(send, send_counts, groups, recv, recv_counts, capacity, DType::F32,
+                         OpLabel{name, step_, cur_mb_, layer})
+          .wait();
+    };
+  }
+  const Gpt& g = layout_of(*model_);
+  const auto E = std::size_t(g.moe_dims.E);
+  moe_tokens_.assign(std::size_t(g.num_blocks()) * E, 0.0);
+  moe_dropped_.assign(std::size_t(g.num_blocks()), 0.0);
+  moe_aux_ = 0;
+  hooks.on_routing = [this, E, first = g.shard.layer_begin](int layer, const model::moe::Routing& r,
+                                                            double aux) {
+    const auto b = std::size_t(layer - first);
+    for (std::size_t e = 0; e < E; ++e) moe_tokens_[b * E + e] += double(r.routed[e]);
+    moe_dropped_[b] += double(r.dropped);
+    moe_aux_ += aux;
+  };
 }
 
 // The step's MoE counters (model/moe.hpp: per held MoE block and expert, summed over the step's
@@ -880,10 +876,8 @@ void TrainingLoop<B>::backward_pass(int mb, const GptHooks& hooks, float loss_sc
       edp_->finish_backward();
       if (last_mb && layout_.ep > 1) {
         const auto inv = static_cast<float>(1.0 / layout_.ep);
-        for (const auto& b : edp_->buckets()) {
-          float* g = model_->grads.data() + b.range.offset;
-          for (std::size_t i = 0; i < b.range.count; ++i) g[i] *= inv;
-        }
+        for (const auto& b : edp_->buckets())
+          backend_.scale(model_->grads.data() + b.range.offset, inv, b.range.count);
       }
     }
   }
