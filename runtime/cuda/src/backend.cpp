@@ -46,20 +46,17 @@ int local_world_size() {
   return 1;
 }
 
-// Mixture-of-experts blocks run on the device with all experts on each rank (moe_pieces.hpp over
-// the CUDA kernels); expert parallelism and ZeRO 3's expert segments are not wired here yet.
+// Mixture-of-experts blocks run on the device (moe_pieces.hpp over the CUDA kernels), expert
+// parallelism over the device communicators' all_to_all_v with DDP (ZeRO 0); the experts' ZeRO
+// partitions over their edp group (ZeRO 1/2 with ep > 1, ZeRO 3) are not wired here yet.
 void check_supported_moe_cuda(const Scenario& s, const std::string& origin) {
   const std::string moe = "model.moe.experts = " + std::to_string(s.model.moe.experts);
-  if (s.parallel.ep > 1) {
-    throw InputError(origin + ": key 'parallel.ep': " + std::to_string(s.parallel.ep) + " with " +
-                     moe +
-                     " is not implemented on device cuda (the all-to-all groups are not "
-                     "connected there); expected 1, or runtime.device cpu");
-  }
-  if (s.parallel.zero == 3) {
-    throw InputError(origin + ": key 'parallel.zero': 3 with " + moe +
-                     " is not implemented on device cuda (ZeRO 3's expert segments); expected 0, "
-                     "1 or 2, or runtime.device cpu");
+  if (s.parallel.zero == 3 || (s.parallel.zero >= 1 && s.parallel.ep > 1)) {
+    throw InputError(origin + ": key 'parallel.zero': " + std::to_string(s.parallel.zero) +
+                     " with " + moe + " and parallel.ep = " + std::to_string(s.parallel.ep) +
+                     " is not implemented on device cuda (the experts' ZeRO partition over their "
+                     "edp group); expected parallel.zero 0, 1 or 2 with parallel.ep 1, 0 with "
+                     "parallel.ep > 1, or runtime.device cpu");
   }
 }
 
@@ -274,9 +271,15 @@ DeviceGroups CudaBackend::connect(const RankGroups& g, const Layout& L) {
     if (g.embed->size() > 1) embed_ = make_device_comm(*g.embed, pipe);
     pipeline_staged = pipe != backend;
   }
+  if (L.ep > 1) {
+    // Expert parallelism (model/moe.hpp): the ep group's all-to-alls and the experts' gradient
+    // all-reduce over their edp group (none when it is one rank: dp = ep).
+    ep_ = make_device_comm(*g.ep, backend);
+    if (g.edp && g.edp->size() > 1) edp_ = make_device_comm(*g.edp, backend);
+  }
   comm_name_ =
       backend == CommBackend::kNccl ? (pipeline_staged ? "nccl+staged-pp" : "nccl") : "staged";
-  return DeviceGroups{dp_.get(), tp_.get(), pp_.get(), embed_.get()};
+  return DeviceGroups{dp_.get(), tp_.get(), pp_.get(), embed_.get(), ep_.get(), edp_.get()};
 }
 
 void CudaBackend::add(float* acc, const float* in, std::size_t n) {
@@ -336,7 +339,7 @@ void CudaBackend::end_step() {
 
 void CudaBackend::finish() {
   ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
-  for (Communicator* c : {dp_.get(), tp_.get(), pp_.get(), embed_.get()}) {
+  for (Communicator* c : {dp_.get(), tp_.get(), pp_.get(), embed_.get(), ep_.get(), edp_.get()}) {
     if (c == nullptr) continue;
     c->synchronize();
     c->set_recorder(nullptr);
@@ -347,7 +350,7 @@ void CudaBackend::drain() noexcept {
   // Let queued work finish before buffers go (errors cannot be reported from here).
   if (stream_) cudaStreamSynchronize(stream_->get());
   if (offload_) offload_->drain();
-  for (Communicator* c : {dp_.get(), tp_.get(), pp_.get(), embed_.get()}) {
+  for (Communicator* c : {dp_.get(), tp_.get(), pp_.get(), embed_.get(), ep_.get(), edp_.get()}) {
     if (c == nullptr) continue;
     try {
       c->set_recorder(nullptr);

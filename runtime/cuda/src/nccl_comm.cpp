@@ -754,7 +754,8 @@ class NcclCommunicator final : public Communicator {
 
   // all_to_all_v's counts: recv_counts[p·groups + g] = peer p's send_counts[rank·groups + g], by a
   // send and a receive of `groups` int64 per peer in one NCCL group on the comm stream (through a
-  // device table), waited for on the host. Not an operation of its own in the trace.
+  // device table), waited for on the host. Not an operation of its own in the trace (under the
+  // CUPTI tracer its kernel, launched without an annotation, is a span of kind Other).
   void exchange_counts(const int64_t* send_counts, int64_t* recv_counts, std::size_t groups,
                        const std::string& what) {
     const std::size_t n = static_cast<std::size_t>(size_) * groups;

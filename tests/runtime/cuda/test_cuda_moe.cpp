@@ -9,8 +9,8 @@
 //    steps, micro-batches, FLOPs) in its order, and the same moe.tokens / moe.dropped counters
 //    (the routing is decided on the host from the router's probabilities, so the same choices);
 //  - what is not done on device cuda is refused naming the key (no device needed).
-// Expert parallelism is refused on device cuda; a GPU test of it would need two GPUs (NCCL refuses
-// two ranks on one device).
+// Expert parallelism on the GPU trainer (2 ranks sharing a GPU, staged communicator) is checked in
+// test_cuda_parallel.cpp; over NCCL it needs two GPUs (NCCL refuses two ranks on one device).
 // Suites named Gpu* need a device and skip with the reason without one.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -22,6 +22,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "orrery/common/error.hpp"
@@ -199,20 +200,27 @@ void expect_refused(const Scenario& s, const std::string& key) {
   }
 }
 
-// No device needed: the MoE combinations device cuda does not run are refused before the device
-// is looked for, naming the key; what it runs gets as far as the device check.
+// No device needed: the MoE combinations device cuda does not run (the experts' ZeRO partition
+// over their edp group: ZeRO 1/2 with ep > 1, ZeRO 3) are refused before the device is looked for,
+// naming the key; what it runs gets as far as the device check.
 TEST(CudaMoe, UnsupportedCombinationsAreRefusedNamingTheKey) {
   Scenario s = moe_scenario(1.25);
   s.runtime.device = "cuda";
   s.parallel.dp = 2;
-  s.parallel.ep = 2;
   s.training.global_batch = 8;
-  expect_refused(s, "parallel.ep");
-  s.parallel.ep = 1;
-  s.parallel.zero = 3;
-  expect_refused(s, "parallel.zero");
-  s.parallel.zero = 1;
-  if (device_count() == 0) expect_refused(s, "runtime.device");
+  const bool no_device = device_count() == 0;
+  for (const auto& [ep, zero] : {std::pair{2, 1}, {2, 2}, {2, 3}, {1, 3}}) {
+    s.parallel.ep = ep;
+    s.parallel.zero = zero;
+    SCOPED_TRACE("ep " + std::to_string(ep) + ", zero " + std::to_string(zero));
+    expect_refused(s, "parallel.zero");
+  }
+  for (const auto& [ep, zero] : {std::pair{2, 0}, {1, 0}, {1, 1}, {1, 2}}) {
+    s.parallel.ep = ep;
+    s.parallel.zero = zero;
+    SCOPED_TRACE("ep " + std::to_string(ep) + ", zero " + std::to_string(zero));
+    if (no_device) expect_refused(s, "runtime.device");
+  }
 }
 
 }  // namespace

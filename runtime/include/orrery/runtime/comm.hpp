@@ -113,8 +113,8 @@ class Communicator {
   // holds the received blocks in the same (peer, group) order; more than recv_capacity elements
   // fail the operation. One CollOp::AllToAll span (stream comm.ep), bytes: the whole send buffer.
   // NCCL: the counts in one NCCL group of sends and receives, waited for on the host, then the
-  // data in another (a send and a receive per peer). Communicators without it (the host-staged
-  // CUDA one) throw InputError.
+  // data in another (a send and a receive per peer); the host-staged CUDA communicator: the host's
+  // on staged copies, only what arrived copied back. A communicator without it throws InputError.
   virtual Handle all_to_all_v(const void* send, const int64_t* send_counts, std::size_t groups,
                               void* recv, int64_t* recv_counts, std::size_t recv_capacity,
                               DType dtype, const OpLabel& label = {});

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "orrery/runtime/model.hpp"
@@ -94,19 +95,21 @@ std::size_t moe_buffer_bytes(const Buf& b) {
   }
 }
 
-// Bytes the MoE blocks' forward state and working buffers hold (routing, dispatched and received
-// rows, the experts' activations; sized by the last forward and backward): part of
-// mem.activations.
+// Bytes the MoE blocks' forward state and working buffers hold in the backend's memory (routing,
+// dispatched and received rows, the experts' activations; sized by the last forward and backward):
+// part of mem.activations. On a device the host-side plan (routing, index tables) is not counted.
 template <class Acts>
 std::size_t moe_state_bytes(const Acts& acts) {
   std::size_t n = 0;
   auto add = [&n](const auto& v) { n += moe_buffer_bytes(v); };
   for (const auto& st : acts.moe) {
-    add(st.routing.expert);
-    add(st.routing.weight);
-    add(st.routing.kept);
-    for (const auto* v : {&st.send_row, &st.send_token, &st.expert_rows}) add(*v);
-    for (const auto* v : {&st.host_probs, &st.host_dgate, &st.dlogits}) add(*v);
+    if constexpr (std::is_same_v<std::decay_t<decltype(st.probs)>, std::vector<float>>) {
+      add(st.routing.expert);
+      add(st.routing.weight);
+      add(st.routing.kept);
+      for (const auto* v : {&st.send_row, &st.send_token, &st.expert_rows}) add(*v);
+      for (const auto* v : {&st.host_probs, &st.host_dgate, &st.dlogits}) add(*v);
+    }
     for (const auto* v : {&st.probs, &st.send, &st.recv, &st.out, &st.back, &st.weight}) add(*v);
     for (const auto* v : {&st.send_row_dev, &st.send_token_dev, &st.expert_rows_dev}) add(*v);
     for (const auto* vv : {&st.x, &st.h, &st.act, &st.sh, &st.sact}) {

@@ -196,7 +196,8 @@ class CudaBackend {
   CudaKernels kernels_;
   std::unique_ptr<EventSpans> spans_;
   std::unique_ptr<HostOffload> offload_;  // before the stream goes: its copies wait on it
-  std::unique_ptr<Communicator> dp_, tp_, pp_, embed_;  // device buffers; null when not needed
+  // Device buffers; null when not needed. ep_ and edp_: expert parallelism (MoE, parallel.ep > 1).
+  std::unique_ptr<Communicator> dp_, tp_, pp_, embed_, ep_, edp_;
   std::string comm_name_ = "none";
   std::unique_ptr<Tracer> tracer_;
 };
