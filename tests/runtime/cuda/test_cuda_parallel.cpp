@@ -18,7 +18,8 @@
 //    GPU's losses;
 //  - MoE blocks with expert parallelism (dp2 ep2: each rank holds 2 of the 4 experts, the tokens go
 //    to them by the staged communicator's all_to_all_v) give the CPU trainer's ep2 losses and the
-//    GPU's ep1 losses (every expert on each rank) within 1e-4;
+//    GPU's ep1 losses (every expert on each rank) within 1e-4, and with ZeRO 1/2 end with its
+//    parameters (the ZeRO bounds);
 //  - a profiled GPU run records the CPU run's compute and collective spans (names, layers, steps,
 //    micro-batches), in order, on rank 0; under pp2 every rank's compute, P2P and collective spans
 //    are the CPU run's, with the counts of the schedule.
@@ -365,6 +366,19 @@ TEST(GpuMoe, Ep2MatchesTheCpuTrainerAndEp1) {
   const GpuRun ep1 = run_gpu(tiny_moe(1), world());
   expect_losses_near(ep2.losses, ep1.losses, 1e-4, "moe ep2 vs ep1 gpu");
   EXPECT_GT(param_rel_diff(ep2.final_params, ep2.initial), 1e-5);
+}
+
+// ZeRO 1 and 2 with ep2: the dense shards over dp, the experts' over their edp group (here one
+// rank: dp = ep), against ep2 with DDP: the same initial parameters, losses and final parameters
+// within the ZeRO bounds.
+TEST(GpuMoe, Ep2Zero1And2EndWithTheDdpParameters) {
+  SKIP_WITHOUT_GPU();
+  const GpuRun ddp = run_gpu(tiny_moe(2), world());
+  for (int zero : {1, 2}) {
+    Scenario s = tiny_moe(2);
+    s.parallel.zero = zero;
+    expect_matches_ddp(run_gpu(s, world()), ddp, "moe ep2 zero " + std::to_string(zero));
+  }
 }
 
 // A stage of a pp2 run as the CPU trainer makes it (dp = tp = 1: the pp rank is the world rank).

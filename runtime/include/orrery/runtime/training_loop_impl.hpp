@@ -972,26 +972,23 @@ void TrainingLoop<B>::reduce_gradients_zero(int mb) {
 // and divided by ep (sum over edp / dp, model/moe.hpp), into this rank's expert shard.
 template <class B>
 void TrainingLoop<B>::reduce_expert_gradients_zero(int mb) {
-  if constexpr (B::kHostMemory) {
-    float* out = s_.parallel.zero == 2 ? ezero_recv_.data() : ezero_grads_.data();
-    const float* g = model_->grads.data() + expert_offset_;
-    if (dev_.edp != nullptr) {
-      const Gpt& m = layout_of(*model_);
-      int lowest = m.shard.layer_end;
-      for (int l = m.shard.layer_begin; l < m.shard.layer_end; ++l) {
-        if (m.expert_range(l).count > 0) lowest = std::min(lowest, l);
-      }
-      dev_.edp
-          ->reduce_scatter(g, out, ezero_.shard, DType::F32, ReduceOp::Avg,
-                           OpLabel{kZeroReduceScatterName, step_, mb, lowest})
-          .wait();
-    } else {
-      std::copy(g, g + ezero_.shard, out);  // an edp group of one: the whole expert range
+  float* out = s_.parallel.zero == 2 ? ezero_recv_.data() : ezero_grads_.data();
+  const float* g = model_->grads.data() + expert_offset_;
+  if (dev_.edp != nullptr) {
+    const Gpt& m = layout_of(*model_);
+    int lowest = m.shard.layer_end;
+    for (int l = m.shard.layer_begin; l < m.shard.layer_end; ++l) {
+      if (m.expert_range(l).count > 0) lowest = std::min(lowest, l);
     }
-    const auto inv = static_cast<float>(1.0 / layout_.ep);
-    for (std::size_t i = 0; i < ezero_.shard; ++i) out[i] *= inv;
-    if (s_.parallel.zero == 2) backend_.add(ezero_grads_.data(), out, ezero_.shard);
+    dev_.edp
+        ->reduce_scatter(g, out, ezero_.shard, DType::F32, ReduceOp::Avg,
+                         OpLabel{kZeroReduceScatterName, step_, mb, lowest})
+        .wait();
+  } else {
+    backend_.copy(out, g, ezero_.shard);  // an edp group of one: the whole expert range
   }
+  backend_.scale(out, static_cast<float>(1.0 / layout_.ep), ezero_.shard);
+  if (s_.parallel.zero == 2) backend_.add(ezero_grads_.data(), out, ezero_.shard);
 }
 
 // MoE with ep > 1 under ZeRO 1/2: the dense shards all-gathered over dp through zero_stage_ (its
@@ -999,21 +996,18 @@ void TrainingLoop<B>::reduce_expert_gradients_zero(int mb) {
 // (their padding lies past the array's real end).
 template <class B>
 void TrainingLoop<B>::gather_zero_shards_ep() {
-  if constexpr (B::kHostMemory) {
-    float* p = model_->params.data();
-    std::copy(p + zero_.begin(), p + zero_.begin() + zero_.count(),
-              zero_stage_.data() + zero_.begin());
-    dev_.dp
-        ->all_gather(zero_stage_.data() + zero_.begin(), zero_stage_.data(), zero_.shard,
+  float* p = model_->params.data();
+  backend_.copy(zero_stage_.data() + zero_.begin(), p + zero_.begin(), zero_.count());
+  dev_.dp
+      ->all_gather(zero_stage_.data() + zero_.begin(), zero_stage_.data(), zero_.shard, DType::F32,
+                   OpLabel{kZeroAllGatherName, step_, -1, -1})
+      .wait();
+  backend_.copy(p, zero_stage_.data(), expert_offset_);
+  if (dev_.edp != nullptr) {
+    dev_.edp
+        ->all_gather(p + expert_offset_ + ezero_.begin(), p + expert_offset_, ezero_.shard,
                      DType::F32, OpLabel{kZeroAllGatherName, step_, -1, -1})
         .wait();
-    std::copy(zero_stage_.data(), zero_stage_.data() + expert_offset_, p);
-    if (dev_.edp != nullptr) {
-      dev_.edp
-          ->all_gather(p + expert_offset_ + ezero_.begin(), p + expert_offset_, ezero_.shard,
-                       DType::F32, OpLabel{kZeroAllGatherName, step_, -1, -1})
-          .wait();
-    }
   }
 }
 
