@@ -46,18 +46,6 @@ int local_world_size() {
   return 1;
 }
 
-// Mixture-of-experts blocks run on the device (moe_pieces.hpp over the CUDA kernels), expert
-// parallelism over the device communicators' all_to_all_v, with DDP or ZeRO 1/2; ZeRO 3's expert
-// segments (zero3.hpp's GpuZero3Storage holds the dense ones only) are not wired here yet.
-void check_supported_moe_cuda(const Scenario& s, const std::string& origin) {
-  if (s.parallel.zero == 3) {
-    throw InputError(origin + ": key 'parallel.zero': 3 with model.moe.experts = " +
-                     std::to_string(s.model.moe.experts) +
-                     " is not implemented on device cuda (ZeRO 3's expert segments); expected 0, "
-                     "1 or 2, or runtime.device cpu");
-  }
-}
-
 }  // namespace
 
 CommBackend parse_comm_backend(const std::string& text, const std::string& key) {
@@ -73,7 +61,6 @@ void check_supported_cuda(const Scenario& s) {
     throw InputError(origin + ": key 'parallel.schedule': '" + s.parallel.schedule +
                      "' is not available on device cuda; expected gpipe or 1f1b");
   }
-  if (s.model.moe.enabled()) check_supported_moe_cuda(s, origin);
   Scenario c = s;
   // Everything the CPU runtime checks (layout, batch, threads) holds here too.
   c.runtime.device = "cpu";
@@ -323,8 +310,8 @@ CudaBackend::Model CudaBackend::make_model(Gpt host, bool storage) {
 }
 
 std::unique_ptr<CudaBackend::Zero3> CudaBackend::make_zero3(Model& m, int dp_rank, int dp_size,
-                                                            int /*ep: 1 (check_supported_cuda)*/) {
-  auto z = std::make_unique<GpuZero3Storage>(m, dp_rank, dp_size);
+                                                            int ep) {
+  auto z = std::make_unique<GpuZero3Storage>(m, dp_rank, dp_size, ep);
   ORRERY_CUDA_CHECK(cudaDeviceSynchronize());  // its shards' uploads, as make_model's
   return z;
 }

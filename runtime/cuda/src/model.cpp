@@ -13,8 +13,9 @@
 namespace orrery::runtime::cuda {
 namespace {
 
+// A host pointer's place in a device array of the same layout (dev_base null: unbound, null).
 float* rebase(const float* host_ptr, const float* host_base, float* dev_base) {
-  if (host_ptr == nullptr) return nullptr;
+  if (host_ptr == nullptr || dev_base == nullptr) return nullptr;
   return dev_base + (host_ptr - host_base);
 }
 
@@ -58,6 +59,9 @@ GpuGpt gpu_gpt_create(Gpt host, bool device_storage) {
   if (!device_storage) {  // ZeRO 3 (cuda/zero3.hpp) binds every pointer to its working buffers
     m.blocks.resize(m.host.blocks.size());
     m.dblocks.resize(m.host.dblocks.size());
+    // The MoE blocks' pointer structs in the host's shape (experts, shared experts), unbound.
+    for (const auto& b : m.host.moe) m.moe.push_back(rebase(b, nullptr, nullptr));
+    m.dmoe = m.moe;
     return m;
   }
   const std::size_t n = m.host.params.size();

@@ -18,8 +18,8 @@
 //    GPU's losses;
 //  - MoE blocks with expert parallelism (dp2 ep2: each rank holds 2 of the 4 experts, the tokens go
 //    to them by the staged communicator's all_to_all_v) give the CPU trainer's ep2 losses and the
-//    GPU's ep1 losses (every expert on each rank) within 1e-4, and with ZeRO 1/2 end with its
-//    parameters (the ZeRO bounds);
+//    GPU's ep1 losses (every expert on each rank) within 1e-4; ZeRO 1/2/3 with ep2 and ZeRO 3 with
+//    ep1 end with DDP's parameters (the ZeRO bounds);
 //  - a profiled GPU run records the CPU run's compute and collective spans (names, layers, steps,
 //    micro-batches), in order, on rank 0; under pp2 every rank's compute, P2P and collective spans
 //    are the CPU run's, with the counts of the schedule.
@@ -368,16 +368,19 @@ TEST(GpuMoe, Ep2MatchesTheCpuTrainerAndEp1) {
   EXPECT_GT(param_rel_diff(ep2.final_params, ep2.initial), 1e-5);
 }
 
-// ZeRO 1 and 2 with ep2: the dense shards over dp, the experts' over their edp group (here one
-// rank: dp = ep), against ep2 with DDP: the same initial parameters, losses and final parameters
-// within the ZeRO bounds.
-TEST(GpuMoe, Ep2Zero1And2EndWithTheDdpParameters) {
+// ZeRO 1, 2 and 3 with MoE blocks: the dense shards over dp, the experts' over their edp group
+// (ep2: one rank, dp = ep; ep1: the dp group), against DDP with the same ep: the same initial
+// parameters, losses and final parameters within the ZeRO bounds.
+TEST(GpuMoe, Zero1To3EndWithTheDdpParameters) {
   SKIP_WITHOUT_GPU();
-  const GpuRun ddp = run_gpu(tiny_moe(2), world());
-  for (int zero : {1, 2}) {
-    Scenario s = tiny_moe(2);
-    s.parallel.zero = zero;
-    expect_matches_ddp(run_gpu(s, world()), ddp, "moe ep2 zero " + std::to_string(zero));
+  for (int ep : {2, 1}) {
+    const GpuRun ddp = run_gpu(tiny_moe(ep), world());
+    for (int zero : ep == 2 ? std::vector<int>{1, 2, 3} : std::vector<int>{3}) {
+      Scenario s = tiny_moe(ep);
+      s.parallel.zero = zero;
+      expect_matches_ddp(run_gpu(s, world()), ddp,
+                         "moe ep" + std::to_string(ep) + " zero " + std::to_string(zero));
+    }
   }
 }
 

@@ -1194,14 +1194,10 @@ void TrainingLoop<B>::z3_finish_backward(int mb) {
   }
   for (auto& hd : z3_rs_h_) hd.wait();
   for (auto& hd : z3_ers_h_) hd.wait();
-  if (layout_.ep > 1) {
-    if constexpr (B::kHostMemory) {  // MoE (device cpu only): the experts' sum over edp / dp
-      const auto inv = static_cast<float>(1.0 / layout_.ep);
-      for (const auto& sg : z3_->segments()) {
-        if (!sg.expert) continue;
-        float* g = z3_recv_.data() + sg.shard_offset;
-        for (std::size_t i = 0; i < sg.part.shard; ++i) g[i] *= inv;
-      }
+  if (layout_.ep > 1) {  // MoE: the experts' sum over edp / dp
+    const auto inv = static_cast<float>(1.0 / layout_.ep);
+    for (const auto& sg : z3_->segments()) {
+      if (sg.expert) backend_.scale(z3_recv_.data() + sg.shard_offset, inv, sg.part.shard);
     }
   }
   backend_.add(z3_->grads(), z3_recv_.data(), z3_->shard_elems());

@@ -7,8 +7,7 @@
 // Each rank holds the CPU trainer's shard (GptShard::pipeline_stage with its tp slice; same host
 // layout, so the same initial values, copied to the device). ZeRO 3 needs dp >= 2
 // (runtime::check_supported, as on CPUs). Not on GPUs in this version: the interleaved pipeline
-// schedule (refused on CPUs too), and ZeRO 3 with MoE blocks (its expert segments; backend.cpp's
-// check_supported_cuda).
+// schedule (refused on CPUs too).
 #pragma once
 
 #include "orrery/runtime/cuda/backend.hpp"
