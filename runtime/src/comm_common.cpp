@@ -1,4 +1,5 @@
-// What every communicator shares (comm.hpp): the completion of an operation and its trace span.
+// What every communicator shares (comm.hpp): the completion of an operation, the layout of an
+// all_to_all_v, and an operation's trace span.
 #include <chrono>
 
 #include "orrery/common/error.hpp"
@@ -30,6 +31,34 @@ Handle Communicator::all_to_all_v(const void*, const int64_t*, std::size_t, void
                                   std::size_t, DType, const OpLabel&) {
   throw InputError("communicator " + info().name +
                    ": all_to_all_v (expert parallelism, parallel.ep > 1) is not implemented here");
+}
+
+AllToAllPlan all_to_all_plan(const int64_t* send_counts, const int64_t* recv_counts,
+                             std::size_t peers, std::size_t groups, std::size_t recv_capacity,
+                             const std::string& what) {
+  AllToAllPlan p;
+  for (auto* v : {&p.send_count, &p.send_offset, &p.recv_count, &p.recv_offset})
+    v->assign(peers, 0);
+  for (std::size_t q = 0; q < peers; ++q) {
+    int64_t sc = 0, rc = 0;
+    for (std::size_t g = 0; g < groups; ++g) {
+      const int64_t s = send_counts[q * groups + g], r = recv_counts[q * groups + g];
+      if (s < 0 || r < 0) throw InternalError(what + ": a negative element count");
+      sc += s;
+      rc += r;
+    }
+    p.send_offset[q] = p.sent;
+    p.recv_offset[q] = p.received;
+    p.send_count[q] = sc;
+    p.recv_count[q] = rc;
+    p.sent += sc;
+    p.received += rc;
+    if (p.received > static_cast<int64_t>(recv_capacity)) {
+      throw InternalError(what + ": more than the receive buffer's " +
+                          std::to_string(recv_capacity) + " elements");
+    }
+  }
+  return p;
 }
 
 bool Completion::done() const {

@@ -22,6 +22,10 @@ void CpuBackend::add(float* acc, const float* in, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) acc[i] += in[i];
 }
 
+void CpuBackend::scale(float* p, float s, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) p[i] *= s;
+}
+
 void CpuBackend::copy(float* dst, const float* src, std::size_t n) {
   if (n > 0) std::copy(src, src + n, dst);
 }

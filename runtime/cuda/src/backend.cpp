@@ -61,12 +61,6 @@ void check_supported_cuda(const Scenario& s) {
     throw InputError(origin + ": key 'parallel.schedule': '" + s.parallel.schedule +
                      "' is not available on device cuda; expected gpipe or 1f1b");
   }
-  if (s.model.moe.enabled()) {
-    throw InputError(origin + ": key 'model.moe.experts': mixture-of-experts blocks (" +
-                     std::to_string(s.model.moe.experts) +
-                     " experts) are not implemented on device cuda; expected 0, or runtime.device "
-                     "cpu");
-  }
   Scenario c = s;
   // Everything the CPU runtime checks (layout, batch, threads) holds here too.
   c.runtime.device = "cpu";
@@ -262,14 +256,22 @@ DeviceGroups CudaBackend::connect(const RankGroups& g, const Layout& L) {
     if (g.embed->size() > 1) embed_ = make_device_comm(*g.embed, pipe);
     pipeline_staged = pipe != backend;
   }
+  if (L.ep > 1) {
+    // Expert parallelism (model/moe.hpp): the ep group's all-to-alls and the experts' gradient
+    // all-reduce over their edp group (none when it is one rank: dp = ep).
+    ep_ = make_device_comm(*g.ep, backend);
+    if (g.edp && g.edp->size() > 1) edp_ = make_device_comm(*g.edp, backend);
+  }
   comm_name_ =
       backend == CommBackend::kNccl ? (pipeline_staged ? "nccl+staged-pp" : "nccl") : "staged";
-  return DeviceGroups{dp_.get(), tp_.get(), pp_.get(), embed_.get()};
+  return DeviceGroups{dp_.get(), tp_.get(), pp_.get(), embed_.get(), ep_.get(), edp_.get()};
 }
 
 void CudaBackend::add(float* acc, const float* in, std::size_t n) {
   residual_forward(*ctx_, acc, acc, in, n);
 }
+
+void CudaBackend::scale(float* p, float s, std::size_t n) { cuda::scale(*ctx_, p, p, s, n); }
 
 void CudaBackend::copy(float* dst, const float* src, std::size_t n) {
   if (n == 0) return;
@@ -308,8 +310,8 @@ CudaBackend::Model CudaBackend::make_model(Gpt host, bool storage) {
 }
 
 std::unique_ptr<CudaBackend::Zero3> CudaBackend::make_zero3(Model& m, int dp_rank, int dp_size,
-                                                            int /*ep: MoE runs on cpu only*/) {
-  auto z = std::make_unique<GpuZero3Storage>(m, dp_rank, dp_size);
+                                                            int ep) {
+  auto z = std::make_unique<GpuZero3Storage>(m, dp_rank, dp_size, ep);
   ORRERY_CUDA_CHECK(cudaDeviceSynchronize());  // its shards' uploads, as make_model's
   return z;
 }
@@ -322,7 +324,7 @@ void CudaBackend::end_step() {
 
 void CudaBackend::finish() {
   ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
-  for (Communicator* c : {dp_.get(), tp_.get(), pp_.get(), embed_.get()}) {
+  for (Communicator* c : {dp_.get(), tp_.get(), pp_.get(), embed_.get(), ep_.get(), edp_.get()}) {
     if (c == nullptr) continue;
     c->synchronize();
     c->set_recorder(nullptr);
@@ -333,7 +335,7 @@ void CudaBackend::drain() noexcept {
   // Let queued work finish before buffers go (errors cannot be reported from here).
   if (stream_) cudaStreamSynchronize(stream_->get());
   if (offload_) offload_->drain();
-  for (Communicator* c : {dp_.get(), tp_.get(), pp_.get(), embed_.get()}) {
+  for (Communicator* c : {dp_.get(), tp_.get(), pp_.get(), embed_.get(), ep_.get(), edp_.get()}) {
     if (c == nullptr) continue;
     try {
       c->set_recorder(nullptr);

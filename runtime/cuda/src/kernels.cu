@@ -524,6 +524,90 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::
   }
 }
 
+// --- mixture-of-experts blocks (moe_block.hpp's CPU kernels, one thread per output element)
+
+// One warp per row of (N, E): max, exponentials summed in double, then the row scaled.
+__global__ void moe_softmax_kernel(float* p, int64_t N, int E) {
+  const int64_t row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;  // whole warps leave together
+  float* r = p + row * E;
+  float mx = -INFINITY;
+  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, r[e]);
+  mx = warp_max(mx);
+  double sum = 0.0;
+  for (int e = lane; e < E; e += 32) {
+    const float v = expf(r[e] - mx);
+    r[e] = v;
+    sum += v;
+  }
+  sum = warp_sum(sum);
+  const auto inv = static_cast<float>(1.0 / sum);
+  for (int e = lane; e < E; e += 32) r[e] *= inv;
+}
+
+// dst row i = src row idx[i] (gather), or dst row idx[i] = src row i (scatter); n·C elements.
+__global__ void moe_move_rows_kernel(float* dst, const float* src, const int64_t* idx, int C,
+                                     std::size_t n, bool scatter) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t row = i / C, c = i % C;
+    const std::size_t other = static_cast<std::size_t>(idx[row]) * C + c;
+    if (scatter) {
+      dst[other] = src[i];
+    } else {
+      dst[i] = src[other];
+    }
+  }
+}
+
+// out (N, C) += Σ_k w_k · rows[row_k] (weighted), or += Σ_k rows[row_k] (weight null), over the
+// token's kept assignments in k order.
+__global__ void moe_gated_sum_kernel(float* out, const float* rows, const int64_t* row,
+                                     const float* weight, int K, int C, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t t = i / C, c = i % C;
+    float acc = out[i];
+    for (int k = 0; k < K; ++k) {
+      const std::size_t a = t * K + k;
+      const int64_t r = row[a];
+      if (r < 0) continue;
+      const float x = rows[static_cast<std::size_t>(r) * C + c];
+      acc += weight != nullptr ? weight[a] * x : x;
+    }
+    out[i] = acc;
+  }
+}
+
+// drows row row[a] = weight[a] · dy row a / K, for each kept assignment a; N·K·C elements.
+__global__ void moe_gated_rows_backward_kernel(float* drows, const float* dy, const int64_t* row,
+                                               const float* weight, int K, int C, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t a = i / C, c = i % C;
+    const int64_t r = row[a];
+    if (r >= 0) drows[static_cast<std::size_t>(r) * C + c] = weight[a] * dy[(a / K) * C + c];
+  }
+}
+
+// One warp per assignment a: dgate[a] = <dy row a / K, rows row row[a]> in double (0 if dropped).
+__global__ void moe_gate_grad_kernel(float* dgate, const float* dy, const float* rows,
+                                     const int64_t* row, int K, int C, int64_t assignments) {
+  const int64_t a = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (a >= assignments) return;  // whole warps leave together
+  const int64_t r = row[a];
+  double dot = 0.0;
+  if (r >= 0) {
+    const float* d = dy + (a / K) * C;
+    const float* b = rows + r * C;
+    for (int c = lane; c < C; c += 32) dot += static_cast<double>(d[c]) * b[c];
+  }
+  dot = warp_sum(dot);
+  if (lane == 0) dgate[a] = static_cast<float>(dot);
+}
+
 void check_dims(const char* what, long long a, long long b = 1, long long c = 1) {
   if (a < 0 || b < 0 || c < 0)
     throw std::invalid_argument(std::string(what) + ": negative dimension");
@@ -989,6 +1073,74 @@ void scale(const Context& ctx, float* out, const float* in, float s, std::size_t
   if (N == 0) return;
   scale_kernel<<<grid_for(N), kThreads, 0, ctx.stream()>>>(out, in, s, N);
   ORRERY_KERNEL_CHECK("scale_kernel");
+}
+
+// ------------------------------------------------------------------------ mixture of experts
+
+namespace {
+
+// Blocks of kThreads threads for one warp per item.
+unsigned warp_grid_for(const char* what, int64_t items) {
+  const int64_t warps_per_block = kThreads / 32;
+  const int64_t blocks = (items + warps_per_block - 1) / warps_per_block;
+  if (blocks > 0x7fffffff) throw std::invalid_argument(std::string(what) + ": too many rows");
+  return static_cast<unsigned>(blocks);
+}
+
+void move_rows(const Context& ctx, float* dst, const float* src, const int64_t* idx, int64_t n,
+               int C, bool scatter) {
+  const std::size_t total = static_cast<std::size_t>(n) * C;
+  if (total == 0) return;
+  moe_move_rows_kernel<<<grid_for(total), kThreads, 0, ctx.stream()>>>(dst, src, idx, C, total,
+                                                                       scatter);
+  ORRERY_KERNEL_CHECK("moe_move_rows_kernel");
+}
+
+}  // namespace
+
+void moe_softmax(const Context& ctx, float* probs, int64_t N, int E) {
+  if (N == 0 || E == 0) return;
+  moe_softmax_kernel<<<warp_grid_for("moe_softmax", N), kThreads, 0, ctx.stream()>>>(probs, N, E);
+  ORRERY_KERNEL_CHECK("moe_softmax_kernel");
+}
+
+void moe_gather_rows(const Context& ctx, float* dst, const float* src, const int64_t* idx,
+                     int64_t n, int C) {
+  move_rows(ctx, dst, src, idx, n, C, false);
+}
+
+void moe_scatter_rows(const Context& ctx, float* dst, const float* src, const int64_t* idx,
+                      int64_t n, int C) {
+  move_rows(ctx, dst, src, idx, n, C, true);
+}
+
+void moe_gated_sum(const Context& ctx, float* out, const float* rows, const int64_t* row,
+                   const float* weight, int64_t N, int K, int C) {
+  const std::size_t n = static_cast<std::size_t>(N) * C;
+  if (n == 0 || K == 0) return;
+  moe_gated_sum_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(out, rows, row, weight, K, C, n);
+  ORRERY_KERNEL_CHECK("moe_gated_sum_kernel");
+}
+
+void moe_gated_sum_backward(const Context& ctx, float* drows, float* dgate, const float* dy,
+                            const float* rows, const int64_t* row, const float* weight, int64_t N,
+                            int K, int C) {
+  const int64_t assignments = N * K;
+  if (assignments == 0) return;
+  const std::size_t n = static_cast<std::size_t>(assignments) * C;
+  if (n > 0) {
+    moe_gated_rows_backward_kernel<<<grid_for(n), kThreads, 0, ctx.stream()>>>(drows, dy, row,
+                                                                               weight, K, C, n);
+    ORRERY_KERNEL_CHECK("moe_gated_rows_backward_kernel");
+  }
+  moe_gate_grad_kernel<<<warp_grid_for("moe_gated_sum_backward", assignments), kThreads, 0,
+                         ctx.stream()>>>(dgate, dy, rows, row, K, C, assignments);
+  ORRERY_KERNEL_CHECK("moe_gate_grad_kernel");
+}
+
+void moe_rows_add(const Context& ctx, float* d, const float* rows, const int64_t* row, int64_t N,
+                  int K, int C) {
+  moe_gated_sum(ctx, d, rows, row, nullptr, N, K, C);
 }
 
 }  // namespace orrery::runtime::cuda

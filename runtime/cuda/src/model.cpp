@@ -13,8 +13,9 @@
 namespace orrery::runtime::cuda {
 namespace {
 
+// A host pointer's place in a device array of the same layout (dev_base null: unbound, null).
 float* rebase(const float* host_ptr, const float* host_base, float* dev_base) {
-  if (host_ptr == nullptr) return nullptr;
+  if (host_ptr == nullptr || dev_base == nullptr) return nullptr;
   return dev_base + (host_ptr - host_base);
 }
 
@@ -23,6 +24,19 @@ BlockParams rebase(const BlockParams& p, const float* hb, float* db) {
                      rebase(p.qkvb, hb, db), rebase(p.projw, hb, db),   rebase(p.projb, hb, db),
                      rebase(p.ln2w, hb, db), rebase(p.ln2b, hb, db),    rebase(p.fcw, hb, db),
                      rebase(p.fcb, hb, db),  rebase(p.fcprojw, hb, db), rebase(p.fcprojb, hb, db)};
+}
+
+FfnParams rebase(const FfnParams& p, const float* hb, float* db) {
+  return FfnParams{rebase(p.fcw, hb, db), rebase(p.fcb, hb, db), rebase(p.fcprojw, hb, db),
+                   rebase(p.fcprojb, hb, db)};
+}
+
+MoeParams rebase(const MoeParams& p, const float* hb, float* db) {
+  MoeParams out;
+  out.router = rebase(p.router, hb, db);
+  for (const auto& f : p.shared) out.shared.push_back(rebase(f, hb, db));
+  for (const auto& f : p.experts) out.experts.push_back(rebase(f, hb, db));
+  return out;
 }
 
 void zero_async(const Context& ctx, float* p, std::size_t n) {
@@ -45,6 +59,9 @@ GpuGpt gpu_gpt_create(Gpt host, bool device_storage) {
   if (!device_storage) {  // ZeRO 3 (cuda/zero3.hpp) binds every pointer to its working buffers
     m.blocks.resize(m.host.blocks.size());
     m.dblocks.resize(m.host.dblocks.size());
+    // The MoE blocks' pointer structs in the host's shape (experts, shared experts), unbound.
+    for (const auto& b : m.host.moe) m.moe.push_back(rebase(b, nullptr, nullptr));
+    m.dmoe = m.moe;
     return m;
   }
   const std::size_t n = m.host.params.size();
@@ -59,6 +76,8 @@ GpuGpt gpu_gpt_create(Gpt host, bool device_storage) {
   m.dembed = EmbedParams{rebase(m.host.dembed.wte, hg, dg), rebase(m.host.dembed.wpe, hg, dg)};
   for (const auto& b : m.host.blocks) m.blocks.push_back(rebase(b, hp, dp));
   for (const auto& b : m.host.dblocks) m.dblocks.push_back(rebase(b, hg, dg));
+  for (const auto& b : m.host.moe) m.moe.push_back(rebase(b, hp, dp));
+  for (const auto& b : m.host.dmoe) m.dmoe.push_back(rebase(b, hg, dg));
   m.head = HeadParams{rebase(m.host.head.lnfw, hp, dp), rebase(m.host.head.lnfb, hp, dp),
                       rebase(m.host.head.lmw, hp, dp)};
   m.dhead = HeadParams{rebase(m.host.dhead.lnfw, hg, dg), rebase(m.host.dhead.lnfb, hg, dg),
@@ -83,6 +102,7 @@ GpuActivations gpu_activations(const GpuGpt& m, int B, int T, Recompute recomput
                     64);
   a.inputs.resize(std::size_t(B) * T);
   a.targets.resize(std::size_t(B) * T);
+  if (m.config().moe.enabled()) a.moe.resize(std::size_t(m.host.num_blocks()));
   return a;
 }
 
@@ -107,6 +127,21 @@ void CudaKernels::copy(float* dst, const float* src, std::size_t n) const {
 void CudaKernels::upload_tokens(int32_t* dst, const int32_t* src, std::size_t n) const {
   ORRERY_CUDA_CHECK(
       cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice, ctx->stream()));
+}
+
+const float* CudaKernels::to_host(const float* p, std::size_t n,
+                                  std::vector<float>& staging) const {
+  staging.resize(n);
+  if (n == 0) return staging.data();
+  ORRERY_CUDA_CHECK(
+      cudaMemcpyAsync(staging.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost, ctx->stream()));
+  ORRERY_CUDA_CHECK(cudaStreamSynchronize(ctx->stream()));
+  return staging.data();
+}
+
+void CudaKernels::upload_bytes(void* dst, const void* src, std::size_t bytes) const {
+  if (bytes == 0) return;
+  ORRERY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx->stream()));
 }
 
 void gpu_embed_forward(const Context& ctx, const GpuGpt& m, GpuActivations& acts,

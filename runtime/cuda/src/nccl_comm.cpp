@@ -516,6 +516,7 @@ class NcclCommunicator final : public Communicator {
     }
     engine_->remove_comm(comm_);
     if (scratch_ != nullptr) cudaFree(scratch_);
+    if (counts_ != nullptr) cudaFree(counts_);
     cudaEventDestroy(ready_);
   }
 
@@ -574,6 +575,38 @@ class NcclCommunicator final : public Communicator {
     ncclComm_t c = comm_;
     return issue(CollOp::Recv, label, count * dtype_size(dtype), global_rank(peer), dtype,
                  [=](cudaStream_t s) { return ncclRecv(data, count, t, peer, c, s); });
+  }
+
+  // Counts first, then the data (comm.hpp). The receive layout depends on the counts, so the host
+  // waits for their exchange (bounded by the watchdog); the data's NCCL group is queued as any
+  // operation and is this call's one AllToAll span.
+  Handle all_to_all_v(const void* send, const int64_t* send_counts, std::size_t groups, void* recv,
+                      int64_t* recv_counts, std::size_t recv_capacity, DType dtype,
+                      const OpLabel& label) override {
+    const std::string what = "all_to_all_v on " + info_.name;
+    const auto peers = static_cast<std::size_t>(size_);
+    exchange_counts(send_counts, recv_counts, groups, what);
+    const AllToAllPlan plan =
+        all_to_all_plan(send_counts, recv_counts, peers, groups, recv_capacity, what);
+    const ncclDataType_t t = nccl_type(dtype);
+    const std::size_t es = dtype_size(dtype);
+    ncclComm_t c = comm_;
+    return issue(CollOp::AllToAll, label, static_cast<size_t>(plan.sent) * es, -1, dtype,
+                 [=](cudaStream_t s) {
+                   const auto* from = static_cast<const char*>(send);
+                   auto* to = static_cast<char*>(recv);
+                   return nccl_group(peers, [&](std::size_t p, ncclResult_t& rc) {
+                     const int q = static_cast<int>(p);
+                     if (ok(rc) && plan.send_count[p] > 0) {
+                       rc = ncclSend(from + plan.send_offset[p] * es,
+                                     static_cast<size_t>(plan.send_count[p]), t, q, c, s);
+                     }
+                     if (ok(rc) && plan.recv_count[p] > 0) {
+                       rc = ncclRecv(to + plan.recv_offset[p] * es,
+                                     static_cast<size_t>(plan.recv_count[p]), t, q, c, s);
+                     }
+                   });
+                 });
   }
 
   // NCCL has no barrier: a one-element all-reduce on a scratch device word.
@@ -705,6 +738,64 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  static bool ok(ncclResult_t rc) { return rc == ncclSuccess || rc == ncclInProgress; }
+
+  // One NCCL group of `peers` calls of `each(peer, rc)` (which leaves rc unchanged on success); the
+  // first failure's code, else ncclGroupEnd's (ncclInProgress on a non-blocking communicator).
+  template <class Each>
+  static ncclResult_t nccl_group(std::size_t peers, Each each) {
+    ncclResult_t rc = ncclGroupStart();
+    if (!ok(rc)) return rc;
+    rc = ncclSuccess;
+    for (std::size_t p = 0; p < peers; ++p) each(p, rc);
+    const ncclResult_t end = ncclGroupEnd();
+    return ok(rc) ? end : rc;
+  }
+
+  // all_to_all_v's counts: recv_counts[p·groups + g] = peer p's send_counts[rank·groups + g], by a
+  // send and a receive of `groups` int64 per peer in one NCCL group on the comm stream (through a
+  // device table), waited for on the host. Not an operation of its own in the trace (under the
+  // CUPTI tracer its kernel, launched without an annotation, is a span of kind Other).
+  void exchange_counts(const int64_t* send_counts, int64_t* recv_counts, std::size_t groups,
+                       const std::string& what) {
+    const std::size_t n = static_cast<std::size_t>(size_) * groups;
+    if (n == 0) return;
+    ORRERY_CUDA_CHECK(cudaSetDevice(engine_->device()));
+    if (counts_elems_ < 2 * n) {
+      if (counts_ != nullptr) cudaFree(counts_);
+      counts_ = nullptr;
+      cuda_check(cudaMalloc(reinterpret_cast<void**>(&counts_), 2 * n * sizeof(int64_t)),
+                 "cudaMalloc (NCCL all-to-all counts)", 2 * n * sizeof(int64_t));
+      counts_elems_ = 2 * n;
+    }
+    int64_t* sd = counts_;
+    int64_t* rd = counts_ + n;
+    ncclComm_t c = comm_;
+    const auto deadline = deadline_after(engine_->watchdog_s());
+    const ncclResult_t rc = engine_->call([&] {
+      ORRERY_CUDA_CHECK(cudaMemcpyAsync(sd, send_counts, n * sizeof(int64_t),
+                                        cudaMemcpyHostToDevice, engine_->stream()));
+      const ncclResult_t launched =
+          nccl_group(std::size_t(size_), [&](std::size_t p, ncclResult_t& r) {
+            const int q = static_cast<int>(p);
+            if (ok(r)) r = ncclSend(sd + p * groups, groups, ncclInt64, q, c, engine_->stream());
+            if (ok(r)) r = ncclRecv(rd + p * groups, groups, ncclInt64, q, c, engine_->stream());
+          });
+      return settle(c, launched, deadline);
+    });
+    if (rc != ncclSuccess) {
+      const std::string msg = what + ": the counts' exchange " +
+                              (rc == ncclInProgress ? "was not accepted within " +
+                                                          std::to_string(engine_->watchdog_s()) +
+                                                          " s (runtime.watchdog_s)"
+                                                    : "failed: " + nccl_error_text(rc, c));
+      engine_->abort_all(msg);
+      throw InternalError(msg);
+    }
+    engine_->synchronize(what + " (the counts' exchange)");
+    ORRERY_CUDA_CHECK(cudaMemcpy(recv_counts, rd, n * sizeof(int64_t), cudaMemcpyDeviceToHost));
+  }
+
   Handle issue(CollOp op, const OpLabel& label, size_t bytes, int peer_global, DType dtype,
                const std::function<ncclResult_t(cudaStream_t)>& launch) {
     auto o = std::make_shared<Op>();
@@ -745,6 +836,8 @@ class NcclCommunicator final : public Communicator {
   int world_size_;
   cudaEvent_t ready_ = nullptr;  // compute stream's position at issue (reused: waits capture it)
   void* scratch_ = nullptr;      // barrier word
+  int64_t* counts_ = nullptr;    // all_to_all_v's counts: (2, size·groups) send | receive
+  std::size_t counts_elems_ = 0;
   int rank_ = 0;
   int size_ = 1;
   int64_t seq_ = 0;

@@ -118,6 +118,9 @@ class StagedTask final : public Work {
   Pinned in, out;  // out.ptr may equal in.ptr (in-place operations)
   void* dev_out = nullptr;
   size_t out_bytes = 0;
+  // When set, what to copy back, known once the host operation is done (all_to_all_v: what
+  // arrived); out_bytes is then the capacity.
+  std::function<size_t()> result_bytes;
   cudaEvent_t ready = nullptr;     // compute stream at issue
   cudaEvent_t d2h_done = nullptr;  // input staged (nullptr: no input)
   cudaEvent_t h2d_done = nullptr;  // result copied back (nullptr: no output)
@@ -291,8 +294,9 @@ class Completer {
           return false;
         }
         t.keep_buffers = true;  // until the copy is seen done
+        const size_t bytes = t.result_bytes ? std::min(t.result_bytes(), t.out_bytes) : t.out_bytes;
         ORRERY_CUDA_CHECK(
-            cudaMemcpyAsync(t.dev_out, t.out.ptr, t.out_bytes, cudaMemcpyHostToDevice, h2d_));
+            cudaMemcpyAsync(t.dev_out, t.out.ptr, bytes, cudaMemcpyHostToDevice, h2d_));
         ORRERY_CUDA_CHECK(cudaEventRecord(t.h2d_done, h2d_));
         a.copying = true;
         // The copy has a deadline of its own (the host operation may have finished just in time).
@@ -486,6 +490,30 @@ class StagedCommunicator final : public Communicator {
                  });
   }
 
+  // The host all_to_all_v on staged copies: the blocks sent go out, and only what arrived (the
+  // received counts, known once the host operation is done) comes back.
+  Handle all_to_all_v(const void* send, const int64_t* send_counts, std::size_t groups, void* recv,
+                      int64_t* recv_counts, std::size_t recv_capacity, DType dtype,
+                      const OpLabel& label) override {
+    const std::size_t n = static_cast<std::size_t>(size()) * groups, es = dtype_size(dtype);
+    auto counts = std::make_shared<std::vector<int64_t>>(send_counts, send_counts + n);
+    std::size_t sent = 0;
+    for (int64_t c : *counts) sent += static_cast<std::size_t>(std::max<int64_t>(c, 0));
+    Communicator& h = host_;
+    return stage(
+        "all_to_all_v", label, send, sent * es, recv, recv_capacity * es, false,
+        [&h, counts, groups, recv_counts, recv_capacity, dtype](void* in, void* out,
+                                                                const OpLabel& l) {
+          return h.all_to_all_v(in, counts->data(), groups, out, recv_counts, recv_capacity, dtype,
+                                l);
+        },
+        [recv_counts, n, es] {
+          std::size_t r = 0;
+          for (std::size_t i = 0; i < n; ++i) r += static_cast<std::size_t>(recv_counts[i]);
+          return r * es;
+        });
+  }
+
   Handle barrier(const OpLabel& label) override {
     Communicator& h = host_;
     return stage("barrier", label, nullptr, 0, nullptr, 0, false,
@@ -529,9 +557,11 @@ class StagedCommunicator final : public Communicator {
 
   // Queues one staged operation: `dev_in` (in_bytes) is copied out, `op` runs on the pinned buffers,
   // the pinned output (the input buffer when `in_place`) is copied back to `dev_out` (out_bytes).
+  // With `result_bytes`, only that many bytes (at most out_bytes) are copied back.
   Handle stage(const char* op_name, const OpLabel& label, const void* dev_in, size_t in_bytes,
                void* dev_out, size_t out_bytes, bool in_place,
-               std::function<Handle(void*, void*, const OpLabel&)> op) {
+               std::function<Handle(void*, void*, const OpLabel&)> op,
+               std::function<size_t()> result_bytes = {}) {
     auto t = std::make_shared<StagedTask>();
     t->name = std::string(label.name);
     t->label = label;
@@ -554,6 +584,7 @@ class StagedCommunicator final : public Communicator {
     if (dev_out != nullptr && out_bytes > 0) {
       t->dev_out = dev_out;
       t->out_bytes = out_bytes;
+      t->result_bytes = std::move(result_bytes);
       ORRERY_CUDA_CHECK(cudaEventCreateWithFlags(&t->h2d_done, cudaEventDisableTiming));
     }
     void* in = t->in.ptr;

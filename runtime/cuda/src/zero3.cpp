@@ -3,9 +3,11 @@
 
 namespace orrery::runtime::cuda {
 
-GpuZero3Storage::GpuZero3Storage(GpuGpt& m, int dp_rank, int dp_size) {
+GpuZero3Storage::GpuZero3Storage(GpuGpt& m, int dp_rank, int dp_size, int ep) {
   allocate(zero3_segments(m.host, dp_rank, dp_size,
-                          GptPointers{m.embed, m.dembed, m.blocks, m.dblocks, m.head, m.dhead}),
+                          GptPointers{m.embed, m.dembed, m.blocks, m.dblocks, m.head, m.dhead,
+                                      &m.moe, &m.dmoe},
+                          ep),
            m.config().n_layer);
   for (const auto& sg : segments_) {
     const std::size_t n = sg.part.count();

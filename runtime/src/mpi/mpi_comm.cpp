@@ -607,28 +607,18 @@ class MpiCommunicator final : public Communicator {
           MPI_Ialltoall(send_counts, ng, MPI_INT64_T, recv_counts, ng, MPI_INT64_T, comm, req));
     };
     t->after = [=] {
-      plan->scount.assign(peers, 0);
-      plan->sdispl.assign(peers, 0);
-      plan->rcount.assign(peers, 0);
-      plan->rdispl.assign(peers, 0);
-      int64_t so = 0, ro = 0;
-      for (std::size_t p = 0; p < peers; ++p) {
-        int64_t sc = 0, rc = 0;
-        for (std::size_t g = 0; g < groups; ++g) {
-          sc += send_counts[p * groups + g];
-          rc += recv_counts[p * groups + g];
-        }
-        if (ro + rc > static_cast<int64_t>(recv_capacity) || ro + rc > INT32_MAX) {
-          throw InternalError(what + ": more than the receive buffer's " +
-                              std::to_string(recv_capacity) + " elements");
-        }
-        plan->scount[p] = static_cast<int>(sc);
-        plan->sdispl[p] = static_cast<int>(so);
-        plan->rcount[p] = static_cast<int>(rc);
-        plan->rdispl[p] = static_cast<int>(ro);
-        so += sc;
-        ro += rc;
+      const AllToAllPlan p =
+          all_to_all_plan(send_counts, recv_counts, peers, groups, recv_capacity, what);
+      if (p.received > INT32_MAX) {
+        throw InternalError(what + ": more than MPI's " + std::to_string(INT32_MAX) + " elements");
       }
+      auto ints = [](const std::vector<int64_t>& v) {
+        return std::vector<int>(v.begin(), v.end());
+      };
+      plan->scount = ints(p.send_count);
+      plan->sdispl = ints(p.send_offset);
+      plan->rcount = ints(p.recv_count);
+      plan->rdispl = ints(p.recv_offset);
     };
     t->post_next = [=](MPI_Request* req) {
       const MPI_Datatype type = mpi_type(dtype);

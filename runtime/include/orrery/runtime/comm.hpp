@@ -27,6 +27,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "orrery/traces/span.hpp"
 
@@ -111,7 +112,9 @@ class Communicator {
   // counts). On completion recv_counts[p·groups + g] is what peer p sent for group g and `recv`
   // holds the received blocks in the same (peer, group) order; more than recv_capacity elements
   // fail the operation. One CollOp::AllToAll span (stream comm.ep), bytes: the whole send buffer.
-  // Communicators without it (the CUDA ones for now) throw InputError.
+  // NCCL: the counts in one NCCL group of sends and receives, waited for on the host, then the
+  // data in another (a send and a receive per peer); the host-staged CUDA communicator: the host's
+  // on staged copies, only what arrived copied back. A communicator without it throws InputError.
   virtual Handle all_to_all_v(const void* send, const int64_t* send_counts, std::size_t groups,
                               void* recv, int64_t* recv_counts, std::size_t recv_capacity,
                               DType dtype, const OpLabel& label = {});
@@ -188,6 +191,18 @@ class Completion {
 // every communicator does before it issues one; returns the record's id.
 uint64_t schedule_flight_record(int32_t comm, int64_t seq, traces::CollOp op, std::size_t bytes,
                                 int32_t dtype, int32_t peer_global, int32_t step);
+
+// The per-peer layout of an all_to_all_v (Communicator::all_to_all_v's (peer, group) counts over
+// `peers` peers of `groups` groups each): each peer's element count and offset in the send and in
+// the receive buffer, blocks packed peer by peer. Throws InternalError naming `what` when more than
+// `recv_capacity` elements would arrive, or a count is negative.
+struct AllToAllPlan {
+  std::vector<int64_t> send_count, send_offset, recv_count, recv_offset;
+  int64_t sent = 0, received = 0;  // totals
+};
+AllToAllPlan all_to_all_plan(const int64_t* send_counts, const int64_t* recv_counts,
+                             std::size_t peers, std::size_t groups, std::size_t recv_capacity,
+                             const std::string& what);
 
 // The trace span of one communication operation, as every communicator records it (MPI, NCCL):
 // Collective, or P2P for send and receive; named by the label, else by the op; on `stream`.

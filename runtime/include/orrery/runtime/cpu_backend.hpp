@@ -57,6 +57,7 @@ class CpuBackend {
   const CpuKernels& kernels() const { return kernels_; }
   void zero(float* p, std::size_t n) { kernels_.zero(p, n); }
   void add(float* acc, const float* in, std::size_t n);
+  void scale(float* p, float s, std::size_t n);
   void copy(float* dst, const float* src, std::size_t n);
   void adamw(float* params, const float* grads, float* m, float* v, std::size_t offset,
              std::size_t n, std::span<const ParamRange> decay, int64_t step,

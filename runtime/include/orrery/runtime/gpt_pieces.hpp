@@ -8,6 +8,7 @@
 //   copy(float* dst, const float* src, size_t n)     dst[0, n) = src[0, n)
 //   upload_tokens(int32_t* dst, const int32_t* src, size_t n)
 //                                                    host token ids into the activations' storage
+// and for the mixture-of-experts blocks the MoE kernels and buffers moe_pieces.hpp lists.
 // Each call is issued in program order on the backend's one compute stream; the CPU runs it there
 // and then, the CUDA kernels queue it (softmax_crossentropy_forward waits: it returns the loss).
 //
@@ -24,8 +25,8 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "orrery/model/block.hpp"
 #include "orrery/model/flops.hpp"
@@ -33,6 +34,7 @@
 #include "orrery/runtime/kernels.hpp"
 #include "orrery/runtime/model.hpp"
 #include "orrery/runtime/moe_block.hpp"
+#include "orrery/runtime/moe_pieces.hpp"
 
 namespace orrery::runtime {
 
@@ -46,10 +48,24 @@ struct CpuKernels {
     return ::orrery::runtime::name(std::forward<A>(a)...); \
   }
   ORRERY_MODEL_KERNELS(ORRERY_CPU_KERNEL)
+  ORRERY_MOE_KERNELS(ORRERY_CPU_KERNEL)
 #undef ORRERY_CPU_KERNEL
   void zero(float* p, std::size_t n) const;
   void copy(float* dst, const float* src, std::size_t n) const;
   void upload_tokens(int32_t* dst, const int32_t* src, std::size_t n) const;
+  // moe_pieces.hpp's buffers: host vectors, resized to what they hold; nothing is staged.
+  template <class T>
+  using Buffer = std::vector<T>;
+  template <class T>
+  T* fit(std::vector<T>& b, std::size_t n) const {
+    b.resize(n);
+    return b.data();
+  }
+  const float* to_host(const float* p, std::size_t, std::vector<float>&) const { return p; }
+  template <class T>
+  const T* to_device(const T* h, std::size_t, std::vector<T>&) const {
+    return h;
+  }
 };
 
 namespace pieces {
@@ -295,10 +311,9 @@ void block_forward(const Kernels& k, const Model& m, Acts& acts, int layer, cons
     return;
   }
 
-  // An MoE block (CPU model only; the CUDA backend refuses MoE): its FFN is moe_block.hpp's,
-  // between the block's [Ln1 .. Ln2] and [MlpResidual] pieces (model/moe.hpp's span order).
-  bool moe = false;
-  if constexpr (std::is_same_v<Kernels, CpuKernels>) moe = g.is_moe_block(layer);
+  // An MoE block: its FFN is moe_pieces.hpp's, between the block's [Ln1 .. Ln2] and [MlpResidual]
+  // pieces (model/moe.hpp's span order).
+  const bool moe = g.is_moe_block(layer);
   OpSpan span(
       hooks.observer, name, layer,
       moe ? flops::block_attention_forward(fd) : flops::block_piece(fd, true, 0, tp ? 3 : 1));
@@ -308,17 +323,15 @@ void block_forward(const Kernels& k, const Model& m, Acts& acts, int layer, cons
     tp_reduce(hooks, TpPoint::kAttnProjForward, layer, a.attproj, n);
     span.reopen(hooks.observer, name, layer, moe ? 0.0 : flops::block_piece(fd, true, 1, 3));
   }
-  if constexpr (std::is_same_v<Kernels, CpuKernels>) {
-    if (moe) {
-      k.bias_residual_forward(a.res2, x, a.attproj, p.projb, B, T, d.C);
-      norm_forward(k, g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, B, T);
-      span.close();
-      moe_ffn_forward(m, acts, layer, hooks);  // a.fcproj: this tp rank's partial
-      if (tp) tp_reduce(hooks, TpPoint::kMlpProjForward, layer, a.fcproj, n);
-      span.reopen(hooks.observer, name, layer, 0.0);
-      k.bias_residual_forward(y, a.res2, a.fcproj, nullptr, B, T, d.C);
-      return;
-    }
+  if (moe) {
+    k.bias_residual_forward(a.res2, x, a.attproj, p.projb, B, T, d.C);
+    norm_forward(k, g, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, B, T);
+    span.close();
+    moe_pieces::forward(k, m, acts, layer, hooks);  // a.fcproj: this tp rank's partial
+    if (tp) tp_reduce(hooks, TpPoint::kMlpProjForward, layer, a.fcproj, n);
+    span.reopen(hooks.observer, name, layer, 0.0);
+    k.bias_residual_forward(y, a.res2, a.fcproj, nullptr, B, T, d.C);
+    return;
   }
   mlp_front(k, g, p, a, x, B, T);
   // y = res2 + fc2(fch_gelu) + fcprojb.
@@ -552,18 +565,16 @@ void block_backward(const Kernels& k, Model& m, Acts& acts, Scratch& s, int laye
     if (hooks.on_grads_ready) hooks.on_grads_ready(layer);
     return;
   }
-  if constexpr (std::is_same_v<Kernels, CpuKernels>) {
-    if (gl.is_moe_block(layer)) {
-      { OpSpan residual(hooks.observer, name, layer, 0.0); }  // [MlpResidual]: no bias to reduce
-      moe_ffn_backward(m, acts, s, layer, hooks);             // s.dln: this tp rank's partial
-      if (tp) tp_reduce(hooks, TpPoint::kMlpInputBackward, layer, s.dln, n);
-      const double attn = 2.0 * flops::block_attention_forward(fd);
-      OpSpan span(hooks.observer, name, layer, attn);
-      attention_half_backward(k, gl, p, g, a, s, x, layer, hooks, span, tp ? 0.0 : -1.0);
-      span.close();
-      if (hooks.on_grads_ready) hooks.on_grads_ready(layer);
-      return;
-    }
+  if (gl.is_moe_block(layer)) {
+    { OpSpan residual(hooks.observer, name, layer, 0.0); }  // [MlpResidual]: no bias to reduce
+    moe_pieces::backward(k, m, acts, s, layer, hooks);      // s.dln: this tp rank's partial
+    if (tp) tp_reduce(hooks, TpPoint::kMlpInputBackward, layer, s.dln, n);
+    const double attn = 2.0 * flops::block_attention_forward(fd);
+    OpSpan span(hooks.observer, name, layer, attn);
+    attention_half_backward(k, gl, p, g, a, s, x, layer, hooks, span, tp ? 0.0 : -1.0);
+    span.close();
+    if (hooks.on_grads_ready) hooks.on_grads_ready(layer);
+    return;
   }
   {
     OpSpan span(hooks.observer, name, layer, flops::block_piece(fd, false, 0, tp ? 3 : 1));

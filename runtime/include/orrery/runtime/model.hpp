@@ -74,7 +74,7 @@ struct GptConfig {
   // RoPE, an untied LM head and no biases for Llama-style blocks. Zero widths are resolved by
   // gpt_create (BlockArch::resolve).
   BlockArch arch{};
-  // Mixture-of-experts blocks (model/moe.hpp; experts 0: none). CPU model only (moe_block.hpp).
+  // Mixture-of-experts blocks (model/moe.hpp; experts 0: none): moe_pieces.hpp.
   MoeConfig moe{};
 };
 GptConfig gpt_config(const orrery::ModelConfig& m);
@@ -253,27 +253,54 @@ struct BlockActivations {
   float* fcproj;    // (B,T,C) fc2 product, before bias (a partial sum under tp)
 };
 
-// One MoE block's forward state for its backward (CPU model, moe_block.cpp), N = B·T tokens, R the
-// rows this rank's experts received, S the rows it sent (the kept assignments).
-struct MoeBlockState {
-  std::vector<float> probs;       // (N, E) router softmax
-  model::moe::Routing routing;    // top-k choices, weights, kept, counts (model/moe.hpp)
-  std::vector<int64_t> send_row;  // (N·K) each assignment's row of the send buffer, -1 dropped
+// One MoE block's forward state for its backward (moe_pieces.hpp), N = B·T tokens, R the rows this
+// rank's experts received, S the rows it sent (the kept assignments). The routing and the index
+// tables are decided on the host (this part, the same on every backend); the rows and the experts'
+// activations are in the backend's memory (BasicMoeBlockState's buffers).
+struct MoeRoutingPlan {
+  model::moe::Routing routing;      // top-k choices, weights, kept, counts (model/moe.hpp)
+  std::vector<int64_t> send_row;    // (N·K) each assignment's row of the send buffer, -1 dropped
+  std::vector<int64_t> send_token;  // (S) the token whose ln2 row each send row is
   std::vector<int64_t> send_counts, recv_counts;  // (ep·El) rows per (ep rank, local expert)
-  std::vector<float> send;                        // (S, C) ln2 rows dispatched
-  std::vector<float> recv;                 // (R, C) rows received, by source, expert, token, slot
-  std::vector<float> out;                  // (R, C) expert outputs, in recv's order
-  std::vector<float> back;                 // (S, C) expert outputs combined back, in send's order
-  std::vector<std::vector<int64_t>> rows;  // (El) recv rows of each local expert, in order
-  std::vector<std::vector<float>> x, h, act;  // per local expert (n, C), (n, up·We), (n, We)
-  std::vector<std::vector<float>> sh, sact;   // per shared expert (N, up·We), (N, We)
-  double aux = 0;                             // the block's load-balancing loss (coef included)
+  std::vector<int64_t> expert_rows;   // (R) recv rows of each local expert, expert by expert
+  std::vector<int64_t> expert_begin;  // (El + 1) where each local expert's rows begin there
+  int64_t send_rows = 0;              // S
+  int64_t recv_rows = 0;              // R
+  std::vector<float> host_probs;      // (N, E) the host's copy of probs (empty on the CPU)
+  std::vector<float> host_dgate;      // (N·K) the host's copy of the gates' gradient (idem)
+  std::vector<float> dlogits;         // (N, E) the router logits' gradient, made on the host
+  double aux = 0;                     // the block's load-balancing loss (coef included)
 };
+// `FloatBuf`: std::vector<float> on the CPU, cuda::DeviceArray<float> on CUDA; `IndexBuf` holds
+// the device's copies of the plan's index tables (unused on the CPU, whose kernels read the plan).
+template <class FloatBuf, class IndexBuf>
+struct BasicMoeBlockState : MoeRoutingPlan {
+  FloatBuf probs;                   // (N, E) router softmax
+  FloatBuf send;                    // (S, C) ln2 rows dispatched
+  FloatBuf recv;                    // (R, C) rows received, by source, expert, token, slot
+  FloatBuf out;                     // (R, C) expert outputs, in recv's order
+  FloatBuf back;                    // (S, C) expert outputs combined back, in send's order
+  std::vector<FloatBuf> x, h, act;  // per local expert (n, C), (n, up·We), (n, We)
+  std::vector<FloatBuf> sh, sact;   // per shared expert (N, up·We), (N, We)
+  FloatBuf weight;                  // (N·K) the device's copy of routing.weight
+  IndexBuf send_row_dev, send_token_dev, expert_rows_dev;  // the device's copies of the tables
+  // Working buffers of one block's forward or backward at a time (BasicActivations::moe_work).
+  struct Work {
+    FloatBuf y;              // (n, C) one FFN's output
+    FloatBuf dback, dgate;   // (S, C), (N·K)
+    FloatBuf dout_recv, dx;  // (R, C) each
+    FloatBuf dxs_recv;       // (S, C)
+    FloatBuf dy_e, dx_e;     // (n, C) one expert's rows
+    FloatBuf dact, dh;       // (n, We), (n, up·We)
+    FloatBuf dlogits;        // (N, E) the device's copy of MoeRoutingPlan::dlogits
+  };
+};
+using MoeBlockState = BasicMoeBlockState<std::vector<float>, std::vector<int64_t>>;
 
 // Everything the backward of one micro-batch needs from its forward, over any storage: the CPU
 // model's FloatArray and host token copies, or the CUDA model's device arrays (cuda/model.hpp's
 // GpuActivations). The pointers point into `memory` (carved by buffers.hpp, one layout for both).
-template <class FloatStore, class TokenStore>
+template <class FloatStore, class TokenStore, class MoeState = MoeBlockState>
 struct BasicActivations {
   int B = 0;
   int T = 0;
@@ -282,14 +309,15 @@ struct BasicActivations {
   TokenStore targets;       // (B,T) copy, for the loss backward
   float* stream = nullptr;  // (num_blocks+1, B,T,C) residual stream at each block boundary
   std::vector<BlockActivations> blocks;
-  std::vector<MoeBlockState> moe;  // (num_blocks) MoE blocks' state (CPU model; unused elsewhere)
-  float objective_scale = 1.0f;    // the backward's loss_scale (the aux loss's gradient scale)
-  float* lnf = nullptr;            // (B,T,C)
-  float* lnf_mean = nullptr;       // (B,T)
-  float* lnf_rstd = nullptr;       // (B,T)
-  float* logits = nullptr;         // (B,T,V) logits, then probabilities, then dlogits (in place)
-  float* losses = nullptr;         // (B,T)
-  float loss = 0.0f;               // mean over B*T, set by the head forward
+  std::vector<MoeState> moe;         // (num_blocks) MoE blocks' state (empty without MoE)
+  typename MoeState::Work moe_work;  // the MoE blocks' working buffers, one block at a time
+  float objective_scale = 1.0f;      // the backward's loss_scale (the aux loss's gradient scale)
+  float* lnf = nullptr;              // (B,T,C)
+  float* lnf_mean = nullptr;         // (B,T)
+  float* lnf_rstd = nullptr;         // (B,T)
+  float* logits = nullptr;           // (B,T,V) logits, then probabilities, then dlogits (in place)
+  float* losses = nullptr;           // (B,T)
+  float loss = 0.0f;                 // mean over B*T, set by the head forward
   // What the blocks keep (buffers.hpp): under recomputation some of `blocks`' pointers are the
   // backward scratch's workspace (bind_workspace), and block_backward recomputes them.
   Recompute recompute = Recompute::None;

@@ -91,7 +91,7 @@
 //   setup    static check_supported(s); B(s, rec, options); connect(host groups, layout) -> the
 //            device communicators; make_model(host Gpt, device storage?); make_zero3(model, r, n, ep);
 //            activations(model, B, T, recompute); scratch(model, B, T, recompute)
-//   ops      kernels() (gpt_pieces.hpp's Kernels); zero, add (acc += in), copy, adamw
+//   ops      kernels() (gpt_pieces.hpp's Kernels); zero, add (acc += in), scale (p *= s), copy, adamw
 //            (optimizer.hpp's maths), download / upload (host <-> Array memory, synchronous),
 //            synchronize (every queued operation done), scratch_bytes()
 //   spans    begin_step() / end_step() around a step (end_step: everything the step queued is done

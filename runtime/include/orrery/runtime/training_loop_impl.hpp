@@ -430,7 +430,7 @@ MemoryBytes TrainingLoop<B>::memory() const {
   double acts = static_cast<double>(scratch_->memory.size_bytes()) + backend_.scratch_bytes();
   for (const auto& a : acts_) {
     acts += static_cast<double>(a->memory.size_bytes());
-    if constexpr (B::kHostMemory) acts += static_cast<double>(moe_state_bytes(*a));  // MoE
+    acts += static_cast<double>(moe_state_bytes(*a));  // MoE blocks' state
   }
   m.activations = acts;
   if (z3_) {
@@ -748,38 +748,34 @@ void TrainingLoop<B>::restore_counters(int32_t steps_done, int64_t adamw_steps,
 // routing tallied for the step's counters.
 template <class B>
 void TrainingLoop<B>::moe_hooks(GptHooks& hooks) {
-  if constexpr (!B::kHostMemory) {
-    throw InputError("key 'model.moe.experts': MoE blocks run on device cpu only");
-  } else {
-    if (edp_) {
-      hooks.on_grads_ready = [this](int segment) {
-        ddp_->on_grads_ready(segment);
-        if (expert_segment_[std::size_t(segment + 1)]) edp_->on_grads_ready(segment);
-      };
-    }
-    if (dev_.ep != nullptr) {
-      hooks.ep_all_to_all = [this](const char* name, int layer, const float* send,
-                                   const int64_t* send_counts, std::size_t groups, float* recv,
-                                   int64_t* recv_counts, std::size_t capacity) {
-        dev_.ep
-            ->all_to_all_v(send, send_counts, groups, recv, recv_counts, capacity, DType::F32,
-                           OpLabel{name, step_, cur_mb_, layer})
-            .wait();
-      };
-    }
-    const Gpt& g = layout_of(*model_);
-    const auto E = std::size_t(g.moe_dims.E);
-    moe_tokens_.assign(std::size_t(g.num_blocks()) * E, 0.0);
-    moe_dropped_.assign(std::size_t(g.num_blocks()), 0.0);
-    moe_aux_ = 0;
-    hooks.on_routing = [this, E, first = g.shard.layer_begin](
-                           int layer, const model::moe::Routing& r, double aux) {
-      const auto b = std::size_t(layer - first);
-      for (std::size_t e = 0; e < E; ++e) moe_tokens_[b * E + e] += double(r.routed[e]);
-      moe_dropped_[b] += double(r.dropped);
-      moe_aux_ += aux;
+  if (edp_) {
+    hooks.on_grads_ready = [this](int segment) {
+      ddp_->on_grads_ready(segment);
+      if (expert_segment_[std::size_t(segment + 1)]) edp_->on_grads_ready(segment);
     };
   }
+  if (dev_.ep != nullptr) {
+    hooks.ep_all_to_all = [this](const char* name, int layer, const float* send,
+                                 const int64_t* send_counts, std::size_t groups, float* recv,
+                                 int64_t* recv_counts, std::size_t capacity) {
+      dev_.ep
+          ->all_to_all_v(send, send_counts, groups, recv, recv_counts, capacity, DType::F32,
+                         OpLabel{name, step_, cur_mb_, layer})
+          .wait();
+    };
+  }
+  const Gpt& g = layout_of(*model_);
+  const auto E = std::size_t(g.moe_dims.E);
+  moe_tokens_.assign(std::size_t(g.num_blocks()) * E, 0.0);
+  moe_dropped_.assign(std::size_t(g.num_blocks()), 0.0);
+  moe_aux_ = 0;
+  hooks.on_routing = [this, E, first = g.shard.layer_begin](int layer, const model::moe::Routing& r,
+                                                            double aux) {
+    const auto b = std::size_t(layer - first);
+    for (std::size_t e = 0; e < E; ++e) moe_tokens_[b * E + e] += double(r.routed[e]);
+    moe_dropped_[b] += double(r.dropped);
+    moe_aux_ += aux;
+  };
 }
 
 // The step's MoE counters (model/moe.hpp: per held MoE block and expert, summed over the step's
@@ -880,10 +876,8 @@ void TrainingLoop<B>::backward_pass(int mb, const GptHooks& hooks, float loss_sc
       edp_->finish_backward();
       if (last_mb && layout_.ep > 1) {
         const auto inv = static_cast<float>(1.0 / layout_.ep);
-        for (const auto& b : edp_->buckets()) {
-          float* g = model_->grads.data() + b.range.offset;
-          for (std::size_t i = 0; i < b.range.count; ++i) g[i] *= inv;
-        }
+        for (const auto& b : edp_->buckets())
+          backend_.scale(model_->grads.data() + b.range.offset, inv, b.range.count);
       }
     }
   }
@@ -978,26 +972,23 @@ void TrainingLoop<B>::reduce_gradients_zero(int mb) {
 // and divided by ep (sum over edp / dp, model/moe.hpp), into this rank's expert shard.
 template <class B>
 void TrainingLoop<B>::reduce_expert_gradients_zero(int mb) {
-  if constexpr (B::kHostMemory) {
-    float* out = s_.parallel.zero == 2 ? ezero_recv_.data() : ezero_grads_.data();
-    const float* g = model_->grads.data() + expert_offset_;
-    if (dev_.edp != nullptr) {
-      const Gpt& m = layout_of(*model_);
-      int lowest = m.shard.layer_end;
-      for (int l = m.shard.layer_begin; l < m.shard.layer_end; ++l) {
-        if (m.expert_range(l).count > 0) lowest = std::min(lowest, l);
-      }
-      dev_.edp
-          ->reduce_scatter(g, out, ezero_.shard, DType::F32, ReduceOp::Avg,
-                           OpLabel{kZeroReduceScatterName, step_, mb, lowest})
-          .wait();
-    } else {
-      std::copy(g, g + ezero_.shard, out);  // an edp group of one: the whole expert range
+  float* out = s_.parallel.zero == 2 ? ezero_recv_.data() : ezero_grads_.data();
+  const float* g = model_->grads.data() + expert_offset_;
+  if (dev_.edp != nullptr) {
+    const Gpt& m = layout_of(*model_);
+    int lowest = m.shard.layer_end;
+    for (int l = m.shard.layer_begin; l < m.shard.layer_end; ++l) {
+      if (m.expert_range(l).count > 0) lowest = std::min(lowest, l);
     }
-    const auto inv = static_cast<float>(1.0 / layout_.ep);
-    for (std::size_t i = 0; i < ezero_.shard; ++i) out[i] *= inv;
-    if (s_.parallel.zero == 2) backend_.add(ezero_grads_.data(), out, ezero_.shard);
+    dev_.edp
+        ->reduce_scatter(g, out, ezero_.shard, DType::F32, ReduceOp::Avg,
+                         OpLabel{kZeroReduceScatterName, step_, mb, lowest})
+        .wait();
+  } else {
+    backend_.copy(out, g, ezero_.shard);  // an edp group of one: the whole expert range
   }
+  backend_.scale(out, static_cast<float>(1.0 / layout_.ep), ezero_.shard);
+  if (s_.parallel.zero == 2) backend_.add(ezero_grads_.data(), out, ezero_.shard);
 }
 
 // MoE with ep > 1 under ZeRO 1/2: the dense shards all-gathered over dp through zero_stage_ (its
@@ -1005,21 +996,18 @@ void TrainingLoop<B>::reduce_expert_gradients_zero(int mb) {
 // (their padding lies past the array's real end).
 template <class B>
 void TrainingLoop<B>::gather_zero_shards_ep() {
-  if constexpr (B::kHostMemory) {
-    float* p = model_->params.data();
-    std::copy(p + zero_.begin(), p + zero_.begin() + zero_.count(),
-              zero_stage_.data() + zero_.begin());
-    dev_.dp
-        ->all_gather(zero_stage_.data() + zero_.begin(), zero_stage_.data(), zero_.shard,
+  float* p = model_->params.data();
+  backend_.copy(zero_stage_.data() + zero_.begin(), p + zero_.begin(), zero_.count());
+  dev_.dp
+      ->all_gather(zero_stage_.data() + zero_.begin(), zero_stage_.data(), zero_.shard, DType::F32,
+                   OpLabel{kZeroAllGatherName, step_, -1, -1})
+      .wait();
+  backend_.copy(p, zero_stage_.data(), expert_offset_);
+  if (dev_.edp != nullptr) {
+    dev_.edp
+        ->all_gather(p + expert_offset_ + ezero_.begin(), p + expert_offset_, ezero_.shard,
                      DType::F32, OpLabel{kZeroAllGatherName, step_, -1, -1})
         .wait();
-    std::copy(zero_stage_.data(), zero_stage_.data() + expert_offset_, p);
-    if (dev_.edp != nullptr) {
-      dev_.edp
-          ->all_gather(p + expert_offset_ + ezero_.begin(), p + expert_offset_, ezero_.shard,
-                       DType::F32, OpLabel{kZeroAllGatherName, step_, -1, -1})
-          .wait();
-    }
   }
 }
 
@@ -1206,14 +1194,10 @@ void TrainingLoop<B>::z3_finish_backward(int mb) {
   }
   for (auto& hd : z3_rs_h_) hd.wait();
   for (auto& hd : z3_ers_h_) hd.wait();
-  if (layout_.ep > 1) {
-    if constexpr (B::kHostMemory) {  // MoE (device cpu only): the experts' sum over edp / dp
-      const auto inv = static_cast<float>(1.0 / layout_.ep);
-      for (const auto& sg : z3_->segments()) {
-        if (!sg.expert) continue;
-        float* g = z3_recv_.data() + sg.shard_offset;
-        for (std::size_t i = 0; i < sg.part.shard; ++i) g[i] *= inv;
-      }
+  if (layout_.ep > 1) {  // MoE: the experts' sum over edp / dp
+    const auto inv = static_cast<float>(1.0 / layout_.ep);
+    for (const auto& sg : z3_->segments()) {
+      if (sg.expert) backend_.scale(z3_recv_.data() + sg.shard_offset, inv, sg.part.shard);
     }
   }
   backend_.add(z3_->grads(), z3_recv_.data(), z3_->shard_elems());

@@ -133,6 +133,7 @@ class CudaBackend {
   const CudaKernels& kernels() const { return kernels_; }
   void zero(float* p, std::size_t n) { kernels_.zero(p, n); }
   void add(float* acc, const float* in, std::size_t n);
+  void scale(float* p, float s, std::size_t n);
   void copy(float* dst, const float* src, std::size_t n);
   void adamw(float* params, const float* grads, float* m, float* v, std::size_t offset,
              std::size_t n, std::span<const ParamRange> decay, int64_t step,
@@ -195,7 +196,8 @@ class CudaBackend {
   CudaKernels kernels_;
   std::unique_ptr<EventSpans> spans_;
   std::unique_ptr<HostOffload> offload_;  // before the stream goes: its copies wait on it
-  std::unique_ptr<Communicator> dp_, tp_, pp_, embed_;  // device buffers; null when not needed
+  // Device buffers; null when not needed. ep_ and edp_: expert parallelism (MoE, parallel.ep > 1).
+  std::unique_ptr<Communicator> dp_, tp_, pp_, embed_, ep_, edp_;
   std::string comm_name_ = "none";
   std::unique_ptr<Tracer> tracer_;
 };

@@ -19,15 +19,18 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "orrery/common/scenario.hpp"
 #include "orrery/runtime/cuda/device.hpp"
-#include "orrery/runtime/kernels.hpp"  // ORRERY_MODEL_KERNELS
+#include "orrery/runtime/kernels.hpp"    // ORRERY_MODEL_KERNELS
+#include "orrery/runtime/moe_block.hpp"  // ORRERY_MOE_KERNELS
 #include "orrery/runtime/optimizer.hpp"
 #include "orrery/runtime/tensor.hpp"
 
@@ -150,6 +153,24 @@ void adamw_update(const Context& ctx, float* params, const float* grads, float* 
 // out (N) = in * scale, in place allowed (used for loss scaling and averaging).
 void scale(const Context& ctx, float* out, const float* in, float s, std::size_t N);
 
+// --- the mixture-of-experts kernels of runtime/moe_block.hpp (ORRERY_MOE_KERNELS), same
+// arguments, index tables in device memory. The softmax gives a warp to a row and sums in double;
+// rows are moved and weighted one thread per element, each output element summed over its token's
+// top_k choices in k order (no atomics: deterministic); the gates' gradient gives a warp to an
+// assignment, its dot product summed in double.
+void moe_softmax(const Context& ctx, float* probs, int64_t N, int E);
+void moe_gather_rows(const Context& ctx, float* dst, const float* src, const int64_t* idx,
+                     int64_t n, int C);
+void moe_scatter_rows(const Context& ctx, float* dst, const float* src, const int64_t* idx,
+                      int64_t n, int C);
+void moe_gated_sum(const Context& ctx, float* out, const float* rows, const int64_t* row,
+                   const float* weight, int64_t N, int K, int C);
+void moe_gated_sum_backward(const Context& ctx, float* drows, float* dgate, const float* dy,
+                            const float* rows, const int64_t* row, const float* weight, int64_t N,
+                            int K, int C);
+void moe_rows_add(const Context& ctx, float* d, const float* rows, const int64_t* row, int64_t N,
+                  int K, int C);
+
 // The kernels above as gpt_pieces.hpp's `Kernels`: each call queued on the context's stream.
 struct CudaKernels {
   const Context* ctx = nullptr;
@@ -159,6 +180,7 @@ struct CudaKernels {
     return ::orrery::runtime::cuda::name(*ctx, std::forward<A>(a)...); \
   }
   ORRERY_MODEL_KERNELS(ORRERY_CUDA_KERNEL)
+  ORRERY_MOE_KERNELS(ORRERY_CUDA_KERNEL)
 #undef ORRERY_CUDA_KERNEL
   void zero(float* p, std::size_t n) const;  // cudaMemsetAsync
   void copy(float* dst, const float* src,
@@ -166,6 +188,33 @@ struct CudaKernels {
   // Host token ids copied into device storage on the stream (pageable source: the copy is staged
   // before the call returns, so the host buffer may be refilled at once).
   void upload_tokens(int32_t* dst, const int32_t* src, std::size_t n) const;
+
+  // moe_pieces.hpp's buffers: device arrays that only grow (by half again at least, so routing
+  // that varies from step to step soon stops reallocating). Growing waits for the stream first
+  // (queued kernels may still read the old storage) and drops the contents.
+  template <class T>
+  using Buffer = DeviceArray<T>;
+  template <class T>
+  T* fit(DeviceArray<T>& b, std::size_t n) const {
+    if (b.size() < n) {
+      ORRERY_CUDA_CHECK(cudaStreamSynchronize(ctx->stream()));
+      b.resize(std::max(n, b.size() + b.size() / 2));
+    }
+    return b.data();
+  }
+  // The n device values at p, downloaded into `staging` (the host waits for the stream).
+  const float* to_host(const float* p, std::size_t n, std::vector<float>& staging) const;
+  // The n host values at h, uploaded into `staging` on the stream (pageable: staged before the
+  // call returns, so the host array may change at once).
+  template <class T>
+  const T* to_device(const T* h, std::size_t n, DeviceArray<T>& staging) const {
+    T* d = fit(staging, n);
+    upload_bytes(d, h, n * sizeof(T));
+    return d;
+  }
+
+ private:
+  void upload_bytes(void* dst, const void* src, std::size_t bytes) const;
 };
 
 }  // namespace orrery::runtime::cuda

@@ -31,6 +31,12 @@
 //    on_grads_ready(kEmbedSegment) last (its wte copy), as gpt_backward.
 //  - A host model padded for ZeRO (gpt_pad_storage) is moved as is: params/grads keep the padded
 //    length (num_params() then counts the padding), zero-filled beyond the tensors.
+//  - Mixture-of-experts blocks (model/moe.hpp): the CPU model's moe_pieces.hpp over the CUDA
+//    kernels, the routers' and experts' tensors at the host layout's places (moe, dmoe). The routing
+//    is decided on the host from the router probabilities downloaded per block (N·E floats; the
+//    host waits for the stream there), the index tables uploaded; the rows and every matmul stay on
+//    the device. In the backward the gates' gradient (N·K floats) comes down for the router's
+//    (N, E) gradient maths, whose result goes up for the router's matmul backward.
 #pragma once
 
 #include <cstddef>
@@ -49,6 +55,7 @@ struct GpuGpt {
   EmbedParams embed, dembed;         // device pointers into params / grads
   std::vector<BlockParams> blocks, dblocks;
   HeadParams head, dhead;
+  std::vector<MoeParams> moe, dmoe;  // MoE blocks' routers and experts (empty entries: dense)
 
   const GptConfig& config() const { return host.config; }
   const BlockDims& dims() const { return host.dims; }
@@ -68,8 +75,10 @@ GpuGpt gpu_gpt_create(Gpt host, bool device_storage = true);
 // Zeroes the gradients on ctx's stream.
 void gpu_zero_grad(const Context& ctx, GpuGpt& model);
 
-// The CPU model's activation and scratch layout (model.hpp) over device arrays.
-using GpuActivations = BasicActivations<DeviceArray<float>, DeviceArray<int32_t>>;
+// The CPU model's activation and scratch layout (model.hpp) over device arrays; the MoE blocks'
+// rows and index tables in device arrays too.
+using GpuMoeBlockState = BasicMoeBlockState<DeviceArray<float>, DeviceArray<int64_t>>;
+using GpuActivations = BasicActivations<DeviceArray<float>, DeviceArray<int32_t>, GpuMoeBlockState>;
 GpuActivations gpu_activations(const GpuGpt& model, int B, int T,
                                Recompute recompute = Recompute::None);
 

@@ -16,6 +16,10 @@
 //    or destruction). Flight-recorder entries as the MPI communicator's. Under the CUPTI tracer
 //    the NCCL kernel of an operation carries the same identity and is the counted span; this span
 //    is then kind Other (profiler/range_hooks.hpp says who counts what when).
+// all_to_all_v (expert parallelism): NCCL exchanges the counts first in one NCCL group and waits
+// for them on the host (the receive layout depends on them), then the data in one group of a send
+// and a receive per peer; the staged communicator runs the host's on staged copies and copies back
+// only what arrived.
 // Errors (no GPU, NCCL failing to start, an NCCL async error) throw InternalError with the cause
 // (cudaGetErrorString / ncclGetErrorString, ncclCommGetAsyncError); nothing here exits.
 #pragma once

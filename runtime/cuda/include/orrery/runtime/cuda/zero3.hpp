@@ -25,8 +25,9 @@ class GpuZero3Storage : public BasicZero3Storage<DeviceArray<float>> {
   // `model` from gpu_gpt_create(host, /*device_storage=*/false): its host copy holds the initial
   // parameters and its device pointers are unbound. Uploads this rank's shard of each segment, then
   // frees the host copy's flat arrays (the layout, tensors and dims stay); full device arrays, if
-  // the model has them, are freed too.
-  GpuZero3Storage(GpuGpt& model, int dp_rank, int dp_size);
+  // the model has them, are freed too. MoE: the routed experts' segments over the edp group of
+  // `ep` (runtime/zero.hpp), bound to the experts' working buffers as on the CPU.
+  GpuZero3Storage(GpuGpt& model, int dp_rank, int dp_size, int ep = 1);
 };
 
 }  // namespace orrery::runtime::cuda
