@@ -188,6 +188,21 @@ TEST(Zoom, InMemoryEqualsFile) {
     EXPECT_EQ(a.chunks[i].packed, b.chunks[i].packed);
     EXPECT_EQ(a.chunks[i].crc32c, b.chunks[i].crc32c);
   }
+  // What the writer stored, a lane at a time as it computed them (write_zoom_levels from the
+  // reader), is the same chunks, lanes and grid.
+  ZoomIndex stored(path);
+  ASSERT_TRUE(stored.from_file()) << stored.note();
+  EXPECT_EQ(stored.grid().base_ns, a.grid.base_ns);
+  EXPECT_EQ(stored.grid().levels, a.grid.levels);
+  ASSERT_EQ(stored.lanes().size(), a.lanes.size());
+  std::vector<ZoomChunk> chunks;
+  for (const auto& l : stored.lanes()) stored.stored_chunks(l.rank, l.stream, chunks);
+  ASSERT_EQ(chunks.size(), a.chunks.size());
+  for (size_t i = 0; i < a.chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i].packed, a.chunks[i].packed) << i;
+    EXPECT_EQ(chunks[i].level, a.chunks[i].level) << i;
+    EXPECT_EQ(chunks[i].row, a.chunks[i].row) << i;
+  }
 }
 
 TEST(Zoom, FileWithoutLevelsComputesThemOnOpenAndIndexWritesThem) {

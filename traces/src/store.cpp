@@ -857,7 +857,7 @@ void TraceWriter::close() {
   // of the spans when zoomed out).
   std::exception_ptr zoom_error;
   try {
-    if (zoom_levels_) write_zoom_levels(db_, path_, compute_zoom_levels(TraceReader(path_)));
+    if (zoom_levels_) write_zoom_levels(db_, path_, TraceReader(path_));
   } catch (...) {
     zoom_error = std::current_exception();
   }

@@ -298,8 +298,10 @@ ZoomGrid make_grid(int64_t t0, int64_t t1, int64_t lane_spans) {
   return aligned_grid(t0, std::max(t1, t0 + 1), levels_for(lane_spans), 1);
 }
 
-template <class Feed>
-ZoomLevels compute(const ZoomGrid& g, int64_t span_count, Feed&& feed) {
+// The levels of the spans `feed` visits, lane by lane; after each lane, lane_done(z) may take its
+// chunks out of z (the streamed write keeps one lane's).
+template <class Feed, class LaneDone>
+ZoomLevels compute(const ZoomGrid& g, int64_t span_count, Feed&& feed, LaneDone&& lane_done) {
   ZoomLevels z;
   z.grid = g;
   z.span_count = span_count;
@@ -307,15 +309,101 @@ ZoomLevels compute(const ZoomGrid& g, int64_t span_count, Feed&& feed) {
   bool open = false;
   feed([&](const Span& s) {
     if (!open || s.rank != lane.rank() || s.stream != lane.stream()) {
-      if (open) lane.finish(z);
+      if (open) lane.finish(z), lane_done(z);
       lane.begin(s.rank, s.stream);
       open = true;
     }
     lane.add(s);
   });
-  if (open) lane.finish(z);
+  if (open) lane.finish(z), lane_done(z);
   return z;
 }
+
+template <class Feed>
+ZoomLevels compute(const ZoomGrid& g, int64_t span_count, Feed&& feed) {
+  return compute(g, span_count, feed, [](ZoomLevels&) {});
+}
+
+// The levels of a file's spans, streaming its blocks; lane_done as compute's.
+template <class LaneDone>
+ZoomLevels compute_from_file(const TraceReader& r, LaneDone&& lane_done) {
+  const auto range = r.time_range();
+  const int64_t n = r.span_count();
+  int64_t most = 0;
+  for (const auto& b : r.stream_bounds()) most = std::max(most, b.count);
+  const ZoomGrid g = range ? make_grid(range->start_ns, range->end_ns, most) : make_grid(0, 1, 0);
+  return compute(
+      g, n,
+      [&](const auto& visit) {
+        r.for_each_span_run([&](std::span<const Span> run) {
+          for (const auto& s : run) visit(s);
+        });
+      },
+      lane_done);
+}
+
+// Writes zoom tables in one transaction (BEGIN IMMEDIATE, the tables replaced): chunks as they
+// come, then the grid and lanes; rolled back unless finish() committed.
+class ZoomTableWriter {
+ public:
+  ZoomTableWriter(sqlite3* db, const std::string& path) : db_(db), path_(path) {
+    exec("BEGIN IMMEDIATE");
+    open_ = true;
+    exec(kZoomSchema);
+    chunk_ = prepare("INSERT INTO zoom_chunks VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+  }
+  ~ZoomTableWriter() {
+    chunk_.reset();
+    if (open_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  ZoomTableWriter(const ZoomTableWriter&) = delete;
+  ZoomTableWriter& operator=(const ZoomTableWriter&) = delete;
+
+  void chunks(const std::vector<ZoomChunk>& cs) {
+    for (const auto& c : cs) {
+      const int64_t v[] = {c.rank, c.stream, c.row, c.level, c.chunk, c.buckets, c.crc32c};
+      for (int i = 0; i < 7; ++i) sqlite3_bind_int64(chunk_.get(), i + 1, v[i]);
+      sqlite3_bind_blob(chunk_.get(), 8, c.packed.data(), static_cast<int>(c.packed.size()),
+                        SQLITE_STATIC);
+      done(chunk_);
+    }
+  }
+  // The grid and lanes of `z` (its chunks already written), and commits.
+  void finish(const ZoomLevels& z) {
+    Stmt head = prepare("INSERT INTO zoom_levels VALUES(?1, ?2, ?3, ?4, ?5, ?6)");
+    const int64_t head_values[] = {kZoomVersion,  z.grid.origin_ns, z.grid.base_ns,
+                                   z.grid.levels, z.span_count,     header_crc(z)};
+    for (int i = 0; i < 6; ++i) sqlite3_bind_int64(head.get(), i + 1, head_values[i]);
+    done(head);
+    Stmt lane = prepare("INSERT INTO zoom_lanes VALUES(?1, ?2, ?3, ?4)");
+    for (const auto& l : z.lanes) {
+      const int64_t v[] = {l.rank, l.stream, l.rows, l.spans};
+      for (int i = 0; i < 4; ++i) sqlite3_bind_int64(lane.get(), i + 1, v[i]);
+      done(lane);
+    }
+    chunk_.reset();
+    exec("COMMIT");
+    open_ = false;
+  }
+
+ private:
+  void exec(const char* sql) {
+    if (sqlite3_exec(db_, sql, nullptr, nullptr, nullptr) != SQLITE_OK) fail(db_, path_, sql);
+  }
+  Stmt prepare(const char* sql) {
+    sqlite3_stmt* st = nullptr;
+    if (sqlite3_prepare_v2(db_, sql, -1, &st, nullptr) != SQLITE_OK) fail(db_, path_, sql);
+    return Stmt(st);
+  }
+  void done(Stmt& st) {
+    if (sqlite3_step(st.get()) != SQLITE_DONE) fail(db_, path_, "insert");
+    sqlite3_reset(st.get());
+  }
+  sqlite3* db_;
+  const std::string& path_;
+  Stmt chunk_;
+  bool open_ = false;
+};
 
 }  // namespace
 
@@ -361,16 +449,7 @@ ZoomLevels compute_zoom_levels(const Trace& t, const std::optional<ZoomGrid>& gr
 }
 
 ZoomLevels compute_zoom_levels(const TraceReader& r) {
-  const auto range = r.time_range();
-  const int64_t n = r.span_count();
-  int64_t most = 0;
-  for (const auto& b : r.stream_bounds()) most = std::max(most, b.count);
-  const ZoomGrid g = range ? make_grid(range->start_ns, range->end_ns, most) : make_grid(0, 1, 0);
-  return compute(g, n, [&](const auto& visit) {
-    r.for_each_span_run([&](std::span<const Span> run) {
-      for (const auto& s : run) visit(s);
-    });
-  });
+  return compute_from_file(r, [](ZoomLevels&) {});
 }
 
 std::vector<ZoomBucket> decode_zoom_chunk(const ZoomChunk& c, const ZoomGrid& g,
@@ -417,45 +496,18 @@ std::vector<ZoomBucket> decode_zoom_chunk(const ZoomChunk& c, const ZoomGrid& g,
 }
 
 void write_zoom_levels(sqlite3* db, const std::string& path, const ZoomLevels& z) {
-  auto exec = [&](const char* sql) {
-    if (sqlite3_exec(db, sql, nullptr, nullptr, nullptr) != SQLITE_OK) fail(db, path, sql);
-  };
-  auto wprep = [&](const char* sql) {
-    sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) != SQLITE_OK) fail(db, path, sql);
-    return Stmt(st);
-  };
-  auto done = [&](Stmt& st) {
-    if (sqlite3_step(st.get()) != SQLITE_DONE) fail(db, path, "insert");
-    sqlite3_reset(st.get());
-  };
-  exec("BEGIN IMMEDIATE");
-  try {
-    exec(kZoomSchema);
-    Stmt head = wprep("INSERT INTO zoom_levels VALUES(?1, ?2, ?3, ?4, ?5, ?6)");
-    const int64_t head_values[] = {kZoomVersion,  z.grid.origin_ns, z.grid.base_ns,
-                                   z.grid.levels, z.span_count,     header_crc(z)};
-    for (int i = 0; i < 6; ++i) sqlite3_bind_int64(head.get(), i + 1, head_values[i]);
-    done(head);
-    Stmt lane = wprep("INSERT INTO zoom_lanes VALUES(?1, ?2, ?3, ?4)");
-    for (const auto& l : z.lanes) {
-      const int64_t v[] = {l.rank, l.stream, l.rows, l.spans};
-      for (int i = 0; i < 4; ++i) sqlite3_bind_int64(lane.get(), i + 1, v[i]);
-      done(lane);
-    }
-    Stmt chunk = wprep("INSERT INTO zoom_chunks VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
-    for (const auto& c : z.chunks) {
-      const int64_t v[] = {c.rank, c.stream, c.row, c.level, c.chunk, c.buckets, c.crc32c};
-      for (int i = 0; i < 7; ++i) sqlite3_bind_int64(chunk.get(), i + 1, v[i]);
-      sqlite3_bind_blob(chunk.get(), 8, c.packed.data(), static_cast<int>(c.packed.size()),
-                        SQLITE_STATIC);
-      done(chunk);
-    }
-    exec("COMMIT");
-  } catch (...) {
-    sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
-    throw;
-  }
+  ZoomTableWriter w(db, path);
+  w.chunks(z.chunks);
+  w.finish(z);
+}
+
+void write_zoom_levels(sqlite3* db, const std::string& path, const TraceReader& r) {
+  ZoomTableWriter w(db, path);
+  const ZoomLevels z = compute_from_file(r, [&w](ZoomLevels& lane) {
+    w.chunks(lane.chunks);
+    lane.chunks.clear();
+  });
+  w.finish(z);
 }
 
 void write_zoom_levels(const std::string& path, const ZoomLevels& z) {

@@ -119,6 +119,10 @@ std::optional<ZoomLevels> merge_zoom_levels(const std::vector<std::string>& inpu
 
 // Replaces the zoom tables of the trace at `path` with `z`, in one transaction.
 void write_zoom_levels(sqlite3* db, const std::string& path, const ZoomLevels& z);
+// The same with the levels of `r`'s spans (the file `db` writes, or another), computed and written
+// a lane at a time: memory holds one lane's chunks, not the trace's (0.5 GB of a 64-rank 50 M-span
+// trace's 320 lanes). `db` must be a connection other than r's, in WAL mode when it is r's file.
+void write_zoom_levels(sqlite3* db, const std::string& path, const TraceReader& r);
 void write_zoom_levels(const std::string& path, const ZoomLevels& z);
 // `orrery info --index`: computes the levels of the trace at `path` and writes them into it.
 ZoomLevels build_zoom_levels(const std::string& path);
