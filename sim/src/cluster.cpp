@@ -32,7 +32,7 @@ const std::vector<Device>& presets() {
       {"H100-SXM", 67 * kT, 495 * kT, 989 * kT, 3350 * kG, 80LL * 1000 * 1000 * 1000},
       {"H200", 67 * kT, 495 * kT, 989 * kT, 4800 * kG, 141LL * 1000 * 1000 * 1000},
       // A rough 2-core x86 machine (AVX2 FMA, ~2.5 GHz: 2 x 32 FLOP/cycle); calibration replaces it.
-      {"cpu", 160e9, 160e9, 160e9, 20 * kG, 8LL * 1000 * 1000 * 1000},
+      {"cpu", 160e9, 160e9, 160e9, 20 * kG, 8LL * 1000 * 1000 * 1000, false},
   };
   return p;
 }

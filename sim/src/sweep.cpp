@@ -78,7 +78,7 @@ HardwareProfile profile_for(const Cluster& c, const std::string& search_dir) {
     const auto file = std::filesystem::path(search_dir) / (c.device.name + ".yaml");
     if (std::filesystem::exists(file)) return load_hardware_profile(file.string());
   }
-  return default_hardware_profile(c.device.name, c.device.name != "cpu");
+  return default_hardware_profile(c.device.name, c.device.gpu);
 }
 
 namespace {

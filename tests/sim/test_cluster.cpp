@@ -6,6 +6,7 @@
 
 #include "orrery/common/error.hpp"
 #include "orrery/sim/cluster.hpp"
+#include "orrery/sim/sweep.hpp"
 
 using namespace orrery::sim;
 
@@ -94,6 +95,15 @@ TEST(ClusterFiles, ShippedFilesLoad) {
   const Cluster e = load_cluster(cluster_path("cpu-local.yaml"));
   EXPECT_EQ(e.device.name, "cpu-2core");
   EXPECT_DOUBLE_EQ(e.device.peak_fp32_flops, 0.16e12);
+  // A device based on the cpu preset is a CPU whatever its name: its default profile is the CPU's
+  // (fp32, no host link), not a GPU's bf16 one.
+  EXPECT_FALSE(e.device.gpu);
+  EXPECT_TRUE(b.device.gpu);
+  const HardwareProfile cpu = profile_for(e);
+  EXPECT_EQ(cpu.precision, Precision::FP32);
+  EXPECT_EQ(cpu.offload.host_link_bytes_per_s, 0);
+  EXPECT_DOUBLE_EQ(cpu.cost(OpClass::Gemm).flops_efficiency, 0.5);
+  EXPECT_EQ(profile_for(b).precision, Precision::BF16);
 }
 
 TEST(ClusterFiles, BadFilesNameFileLineAndKey) {
@@ -105,7 +115,8 @@ TEST(ClusterFiles, BadFilesNameFileLineAndKey) {
     }
     return std::string("no error");
   };
-  const std::string unknown_key = error_of("device: H100-SXM\nnodes: 1\ntopology:\n  kind: crossbar\n  bandwith: 5\n");
+  const std::string unknown_key =
+      error_of("device: H100-SXM\nnodes: 1\ntopology:\n  kind: crossbar\n  bandwith: 5\n");
   EXPECT_NE(unknown_key.find("bad.yaml:5"), std::string::npos) << unknown_key;
   EXPECT_NE(unknown_key.find("topology.bandwith"), std::string::npos) << unknown_key;
   const std::string unknown_dev = error_of("device: B300\ntopology: {kind: crossbar}\n");
@@ -116,20 +127,25 @@ TEST(ClusterFiles, BadFilesNameFileLineAndKey) {
   EXPECT_NE(unknown_topo.find("dragonfly"), std::string::npos) << unknown_topo;
   const std::string top_key = error_of("device: H200\ngpus: 8\ntopology: {kind: crossbar}\n");
   EXPECT_NE(top_key.find("bad.yaml:2: gpus"), std::string::npos) << top_key;
-  const std::string wrong_type = error_of("device: H200\nnodes: many\ntopology: {kind: crossbar}\n");
+  const std::string wrong_type =
+      error_of("device: H200\nnodes: many\ntopology: {kind: crossbar}\n");
   EXPECT_NE(wrong_type.find("nodes"), std::string::npos) << wrong_type;
-  EXPECT_NE(error_of("device: H200\nnodes: 2\ntopology: {kind: crossbar}\n").find("one node"), std::string::npos);
-  EXPECT_NE(error_of("device: H200\nnodes: 4\ngpus_per_node: 1\ntopology: {kind: torus, dims: [3, 2]}\n").find("multiply"),
+  EXPECT_NE(error_of("device: H200\nnodes: 2\ntopology: {kind: crossbar}\n").find("one node"),
             std::string::npos);
-  EXPECT_NE(error_of("device: H200\nnodes: 64\ntopology: {kind: fat-tree, radix: 8, tiers: 2}\n").find("tiers: 3"),
+  EXPECT_NE(
+      error_of("device: H200\nnodes: 4\ngpus_per_node: 1\ntopology: {kind: torus, dims: [3, 2]}\n")
+          .find("multiply"),
+      std::string::npos);
+  EXPECT_NE(error_of("device: H200\nnodes: 64\ntopology: {kind: fat-tree, radix: 8, tiers: 2}\n")
+                .find("tiers: 3"),
             std::string::npos);
   EXPECT_THROW(load_cluster("/nonexistent/cluster.yaml"), orrery::InputError);
 }
 
 TEST(Topology, FatTreeRoutesAreShortestPaths) {
-  check_routes_are_shortest(fat_tree(8, 4, 2, 8, true));          // rail-optimized, 2 tiers
-  check_routes_are_shortest(fat_tree(8, 4, 2, 8, false, 3));      // plain, oversubscribed 3:1
-  check_routes_are_shortest(fat_tree(16, 4, 3, 8, true), 3);      // 3 tiers, several pods
+  check_routes_are_shortest(fat_tree(8, 4, 2, 8, true));      // rail-optimized, 2 tiers
+  check_routes_are_shortest(fat_tree(8, 4, 2, 8, false, 3));  // plain, oversubscribed 3:1
+  check_routes_are_shortest(fat_tree(16, 4, 3, 8, true), 3);  // 3 tiers, several pods
   check_routes_are_shortest(fat_tree(8, 2, 3, 4, false));
 }
 
@@ -143,7 +159,8 @@ TEST(Topology, RingAndTorusRoutesAreShortestPaths) {
     build_topology(c);
     check_routes_are_shortest(c);
   }
-  for (std::vector<int> dims : {std::vector<int>{4, 3}, std::vector<int>{3, 2, 4}, std::vector<int>{2, 2, 2}}) {
+  for (std::vector<int> dims :
+       {std::vector<int>{4, 3}, std::vector<int>{3, 2, 4}, std::vector<int>{2, 2, 2}}) {
     Cluster c;
     c.device = *device_preset("H100-SXM");
     c.nodes = dims[0] * dims[1] * (dims.size() > 2 ? dims[2] : 1);
@@ -213,9 +230,11 @@ TEST(ClusterFile, FuzzFindingsAreInputErrors) {
     return "";
   };
   // A key that is a list (was YAML::TypedBadConversion).
-  EXPECT_NE(error_of("device: H200\ntopology:\n  kind: crossbar\n  ? [a]\n  : 5\n").find("a key must be a name"),
+  EXPECT_NE(error_of("device: H200\ntopology:\n  kind: crossbar\n  ? [a]\n  : 5\n")
+                .find("a key must be a name"),
             std::string::npos);
   // An empty tagged scalar as the device (was YAML::BadSubscript).
-  EXPECT_NE(error_of("device: !x\ntopology: {kind: crossbar}\n").find("c.yaml:1: device: without a preset"),
+  EXPECT_NE(error_of("device: !x\ntopology: {kind: crossbar}\n")
+                .find("c.yaml:1: device: without a preset"),
             std::string::npos);
 }

@@ -593,6 +593,36 @@ TEST(ImportNsys, KernelWorkFromNvtxShapes) {
   EXPECT_FALSE(parse_nvtx_op("aten::mm, seq = 1, sizes = [[1, x]]"));
 }
 
+// A device name that is not UTF-8 (a fuzz finding: the JSON of the trace's extra metadata threw
+// out of the importer and ended the process) is imported with each bad byte replaced by U+FFFD;
+// an operator name of the kernel work rows likewise.
+TEST(ImportNsys, NamesThatAreNotUtf8AreReplacedNotFatal) {
+  testing::TempDir dir;
+  const auto path = dir.path("bytes.sqlite");
+  make_nsys(path, true);
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "UPDATE TARGET_INFO_GPU SET name = CAST(X'4E5649444941FE' AS TEXT)",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  const Trace t = import_nsys({path});
+  EXPECT_NO_THROW((void)nlohmann::json::parse(t.meta.extra_json));
+  ASSERT_FALSE(recorded_gpu_names(t).empty());
+  EXPECT_EQ(recorded_gpu_names(t).front(), "NVIDIA\xEF\xBF\xBD");
+  // An operator name (from NVTX ranges) the same way into the kernel work rows.
+  Trace w;
+  KernelWork k;
+  k.op = "aten::\xFFmm";
+  k.work.cls = "gemm";
+  write_kernel_work(w, {k});
+  const auto rows = read_kernel_work(w);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].op, "aten::\xEF\xBF\xBDmm");
+}
+
 // Rank 0: compute [1000, 6000) + [11000, 14000) = 8000 ns, communication [4000, 8000) = 4000 ns,
 // overlap [4000, 6000) = 2000 ns (50 %).
 TEST(ImportNsys, MetricsOfTheImport) {

@@ -280,7 +280,9 @@ Trace finish_import(Draft&& d) {
                      {"files", d.files},
                      {"skipped_events", d.skipped_events}};
   if (!d.devices.empty()) extra["import"]["devices"] = d.devices;
-  t.meta.extra_json = extra.dump();
+  // Names from the file (its devices) may hold bytes that are not UTF-8: replaced (U+FFFD), as
+  // JSON cannot carry them, rather than thrown out of the importer as a JSON error.
+  t.meta.extra_json = extra.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (!d.works.empty()) {
     std::sort(d.works.begin(), d.works.end(), [](const KernelWork& a, const KernelWork& b) {
       return std::tie(a.rank, a.stream, a.start_ns) < std::tie(b.rank, b.stream, b.start_ns);

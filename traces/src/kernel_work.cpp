@@ -329,7 +329,8 @@ void write_kernel_work(Trace& t, const std::vector<KernelWork>& rows) {
                    k.work.backward ? 1 : 0});
     extra["kernel_work"] = {{"columns", kColumns}, {"rows", std::move(r)}};
   }
-  t.meta.extra_json = extra.dump();
+  // Operator names come from imported files and may hold bytes that are not UTF-8: replaced.
+  t.meta.extra_json = extra.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::vector<KernelWork> read_kernel_work(const Trace& t) {

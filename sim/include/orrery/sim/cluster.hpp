@@ -29,6 +29,9 @@ struct Device {
   double peak_bf16_flops = 0;  // FLOP/s, dense (FP16 the same)
   double mem_bandwidth_bytes_per_s = 0;
   int64_t mem_capacity_bytes = 0;
+  // A GPU (its default profile bf16 with GPU kernel efficiencies), or a CPU: the `cpu` preset and
+  // every device a cluster file bases on it, whatever its name (fp32, CPU defaults).
+  bool gpu = true;
   double peak_flops(Precision p) const;
 };
 
