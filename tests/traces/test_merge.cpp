@@ -18,6 +18,7 @@
 #include "orrery/common/error.hpp"
 #include "orrery/traces/store.hpp"
 #include "orrery/traces/synth.hpp"
+#include "orrery/traces/zoom.hpp"
 #include "test_util.hpp"
 
 namespace orrery::traces {
@@ -206,6 +207,41 @@ std::string merge_error(const std::vector<std::string>& inputs, const std::strin
 std::string file_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// A damaged zoom chunk in the third rank's file: the merge writes the lanes of ranks 0 and 1 from
+// their files' levels before it meets it; that transaction rolls back and the levels come from the
+// merged spans instead (what an input's damaged levels get), the same levels as the merge of the
+// undamaged files.
+TEST(MergeRun, DamagedZoomChunkOfAnInputRollsBackToTheLevelsOfTheMergedSpans) {
+  TempDir dir;
+  const RunFiles run = write_run(dir, 4, 5);
+  const auto good = dir.path("good.db");
+  merge_traces(run.per_rank, good);
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(run.per_rank[2].c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db,
+                           "UPDATE zoom_chunks SET crc32c = crc32c + 1 WHERE rowid = (SELECT "
+                           "max(rowid) FROM zoom_chunks)",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    EXPECT_EQ(sqlite3_changes(db), 1);
+    sqlite3_close(db);
+  }
+  ASSERT_FALSE(verify_zoom_levels(run.per_rank[2]).damaged.empty());
+  const auto out = dir.path("merged.db");
+  merge_traces(run.per_rank, out);
+  for (const char* q :
+       {"SELECT * FROM zoom_levels", "SELECT * FROM zoom_lanes ORDER BY rank, stream",
+        "SELECT rank, stream, row, level, chunk, buckets, crc32c, hex(packed) FROM zoom_chunks "
+        "ORDER BY rank, stream, row, level, chunk"})
+    EXPECT_EQ(rows(out, q), rows(good, q)) << q;
+  EXPECT_GT(rows(out, "SELECT DISTINCT rank FROM zoom_chunks").size(), 2u);
+  const ZoomVerification v = verify_zoom_levels(out);
+  EXPECT_EQ(v.unused, "");
+  EXPECT_TRUE(v.damaged.empty());
+  EXPECT_GT(v.chunks, 0);
 }
 
 TEST(MergeRun, FlippedBitInAnInputBlockNamesFileAndBlockAndLeavesNoOutput) {

@@ -2593,18 +2593,26 @@ void stream_into(const std::vector<std::string>& inputs, const std::string& outp
     copy_inputs(copying.db, inputs, verbatim, f.temp_path());
   }  // closed before the zoom levels are read: its page cache is not held through them
   if (merging) {
-    // From the inputs' levels when they have them (per-rank files of one run), else from the
-    // merged spans; an input's damaged levels are not the merge's business: computed then too.
-    std::optional<ZoomLevels> z;
-    try {
-      z = merge_zoom_levels(inputs, f.temp_path());
-    } catch (const InputError&) {
-      z.reset();
+    // From the inputs' levels when they have them (per-rank files of one run), written a lane at
+    // a time; else from the merged spans. An input's damaged levels are not the merge's business:
+    // computed then too. The lanes are written with a rollback journal (only the pages the
+    // tables' replacement touches: a new table's pages are appended), so that a lane found off
+    // the grid midway rolls back cleanly.
+    bool merged_levels = false;
+    {
+      DbCloser writing{open_unjournaled(f.temp_path())};
+      exec_or_throw(writing.db, "PRAGMA journal_mode=DELETE", f.temp_path());
+      try {
+        merged_levels = write_merged_zoom_levels(writing.db, f.temp_path(), inputs);
+      } catch (const InputError&) {
+        merged_levels = false;
+      }
     }
-    const ZoomLevels levels = z ? std::move(*z) : compute_zoom_levels(TraceReader(f.temp_path()));
-    z.reset();
-    DbCloser writing{open_unjournaled(f.temp_path())};
-    write_zoom_levels(writing.db, f.temp_path(), levels);
+    if (!merged_levels) {
+      const ZoomLevels levels = compute_zoom_levels(TraceReader(f.temp_path()));
+      DbCloser writing{open_unjournaled(f.temp_path())};
+      write_zoom_levels(writing.db, f.temp_path(), levels);
+    }
   }
   f.commit();
 }

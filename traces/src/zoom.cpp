@@ -800,23 +800,35 @@ void ZoomIndex::stored_chunks(int32_t rank, int32_t stream, std::vector<ZoomChun
   sqlite3_db_release_memory(db_);
 }
 
-std::optional<ZoomLevels> merge_zoom_levels(const std::vector<std::string>& inputs,
-                                            const std::string& merged, bool copy_same_grid) {
+namespace {
+
+// A merge's zoom levels before their chunks: the merged grid, span count and lanes (in z), each
+// lane's input, and the inputs' indexes.
+struct ZoomMergePlan {
+  ZoomLevels z;
+  std::vector<size_t> input;  // per lane of z
+  std::vector<std::unique_ptr<ZoomIndex>> zs;
+};
+
+// nullopt where merge_zoom_levels says so (an input without current levels, lanes that are not
+// the inputs'); reads `merged`'s header and closes it again.
+std::optional<ZoomMergePlan> plan_zoom_merge(const std::vector<std::string>& inputs,
+                                             const std::string& merged) {
   TraceReader out(merged);
   const auto range = out.time_range();
   if (!range || range->start_ns < 0) return std::nullopt;
-  std::vector<std::unique_ptr<ZoomIndex>> zs;
+  ZoomMergePlan plan;
   std::map<std::pair<int32_t, int32_t>, std::pair<size_t, ZoomLane>> lanes;
   int64_t most = 0, min_base = 1;
   for (const auto& in : inputs) {
     auto z = std::make_unique<ZoomIndex>(in);
     if (!z->from_file() || z->grid().origin_ns < 0) return std::nullopt;
     for (const auto& l : z->lanes()) {
-      if (!lanes.try_emplace({l.rank, l.stream}, zs.size(), l).second) return std::nullopt;
+      if (!lanes.try_emplace({l.rank, l.stream}, plan.zs.size(), l).second) return std::nullopt;
       most = std::max(most, l.spans);
     }
     min_base = std::max(min_base, z->grid().base_ns);
-    zs.push_back(std::move(z));
+    plan.zs.push_back(std::move(z));
   }
   // The merged file's lanes must be the inputs' lanes, with their spans.
   const auto bounds = out.stream_bounds();
@@ -825,27 +837,63 @@ std::optional<ZoomLevels> merge_zoom_levels(const std::vector<std::string>& inpu
     auto it = lanes.find({b.rank, b.stream});
     if (it == lanes.end() || it->second.second.spans != b.count) return std::nullopt;
   }
-  ZoomLevels z;
-  z.grid = aligned_grid(range->start_ns, std::max(range->end_ns, range->start_ns + 1),
-                        levels_for(most), min_base);
-  z.span_count = out.span_count();
+  plan.z.grid = aligned_grid(range->start_ns, std::max(range->end_ns, range->start_ns + 1),
+                             levels_for(most), min_base);
+  plan.z.span_count = out.span_count();
   for (const auto& [key, entry] : lanes) {
-    const auto& [input, lane] = entry;
-    z.lanes.push_back(lane);
-    if (copy_same_grid && same_grid(zs[input]->grid(), z.grid)) {
-      zs[input]->stored_chunks(lane.rank, lane.stream, z.chunks);
-      continue;
-    }
-    for (int row = 0; row < lane.rows; ++row) {
-      std::vector<ZoomBucket> level;
-      if (!row_on_grid(*zs[input], lane, row, z.grid, level)) return std::nullopt;
-      for (int k = 0; k <= z.grid.levels; ++k) {
-        if (k > 0) level = coarser(level);
-        pack_level(lane.rank, lane.stream, row, k, level, z.grid, z.chunks);
-      }
+    plan.input.push_back(entry.first);
+    plan.z.lanes.push_back(entry.second);
+  }
+  return plan;
+}
+
+// Appends the merged chunks of the plan's lane `i` to `out`: its input's as stored where the
+// grids are the same (copy_same_grid), else re-derived on the merged grid; false when a row is
+// not on it.
+bool merged_lane_chunks(const ZoomMergePlan& plan, size_t i, bool copy_same_grid,
+                        std::vector<ZoomChunk>& out) {
+  const ZoomLane& lane = plan.z.lanes[i];
+  const ZoomIndex& in = *plan.zs[plan.input[i]];
+  const ZoomGrid& g = plan.z.grid;
+  if (copy_same_grid && same_grid(in.grid(), g)) {
+    in.stored_chunks(lane.rank, lane.stream, out);
+    return true;
+  }
+  for (int row = 0; row < lane.rows; ++row) {
+    std::vector<ZoomBucket> level;
+    if (!row_on_grid(in, lane, row, g, level)) return false;
+    for (int k = 0; k <= g.levels; ++k) {
+      if (k > 0) level = coarser(level);
+      pack_level(lane.rank, lane.stream, row, k, level, g, out);
     }
   }
-  return z;
+  return true;
+}
+
+}  // namespace
+
+std::optional<ZoomLevels> merge_zoom_levels(const std::vector<std::string>& inputs,
+                                            const std::string& merged, bool copy_same_grid) {
+  std::optional<ZoomMergePlan> plan = plan_zoom_merge(inputs, merged);
+  if (!plan) return std::nullopt;
+  for (size_t i = 0; i < plan->z.lanes.size(); ++i)
+    if (!merged_lane_chunks(*plan, i, copy_same_grid, plan->z.chunks)) return std::nullopt;
+  return std::move(plan->z);
+}
+
+bool write_merged_zoom_levels(sqlite3* db, const std::string& merged,
+                              const std::vector<std::string>& inputs) {
+  const std::optional<ZoomMergePlan> plan = plan_zoom_merge(inputs, merged);
+  if (!plan) return false;
+  ZoomTableWriter w(db, merged);
+  std::vector<ZoomChunk> chunks;
+  for (size_t i = 0; i < plan->z.lanes.size(); ++i) {
+    chunks.clear();
+    if (!merged_lane_chunks(*plan, i, true, chunks)) return false;  // rolled back by w
+    w.chunks(chunks);
+  }
+  w.finish(plan->z);
+  return true;
 }
 
 ZoomVerification verify_zoom_levels(const std::string& path) {

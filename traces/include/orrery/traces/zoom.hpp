@@ -116,6 +116,12 @@ std::vector<ZoomBucket> decode_zoom_chunk(const ZoomChunk& c, const ZoomGrid& g,
 // same chunks).
 std::optional<ZoomLevels> merge_zoom_levels(const std::vector<std::string>& inputs,
                                             const std::string& merged, bool copy_same_grid = true);
+// The same written into `merged` (open as `db`, with a rollback journal or WAL: a failure midway
+// rolls back) a lane at a time, so memory holds one lane's chunks, not every lane's; false, with
+// nothing written, where merge_zoom_levels gives nullopt. Throws InputError for an input's damaged
+// chunk (rolled back too).
+bool write_merged_zoom_levels(sqlite3* db, const std::string& merged,
+                              const std::vector<std::string>& inputs);
 
 // Replaces the zoom tables of the trace at `path` with `z`, in one transaction.
 void write_zoom_levels(sqlite3* db, const std::string& path, const ZoomLevels& z);
