@@ -243,25 +243,12 @@ TEST(Chakra, RoundTripOfAPipelineTraceKeepsSendsAndReceives) {
   EXPECT_EQ(sends, recvs);
 }
 
-// Writes `t` in blocks of at most `batch` spans per flush (many blocks per stream).
-void write_in_blocks(const Trace& t, const std::string& path, size_t batch) {
-  TraceWriter w(path, batch);
-  w.set_meta(t.meta);
-  for (const auto& r : t.ranks) w.add_rank(r);
-  for (const auto& s : t.streams) w.add_stream(s);
-  for (const auto& c : t.comms) w.add_communicator(c);
-  for (const auto& s : t.strings.all()) w.intern(s);
-  w.add_spans(t.spans);
-  for (const auto& c : t.counters) w.add_counter(c);
-  w.close();
-}
-
 // `orrery export --format chakra` reads a rank at a time (export_chakra_file): the same files, byte
 // for byte, and the same summary as the export of the whole loaded trace.
 void expect_streamed_export_same(const Trace& t, const TempDir& dir, const std::string& name) {
   SCOPED_TRACE(name);
   const std::string db = dir.path(name + ".db");
-  write_in_blocks(t, db, 61);
+  write_trace(t, db, false, 61);  // many blocks per stream
   TraceReader reader(db);
   Trace whole = reader.load_all();
   const ChakraExportSummary a = export_chakra(whole, dir.path(name + "_whole"));
@@ -299,7 +286,7 @@ TEST(Chakra, StreamedExportIsTheWholeTracesExportByteForByte) {
   Trace bad = testing::make_trace(2, 20, 3);
   for (auto& s : bad.spans)
     if (s.rank == 1) s.rank = -1;
-  write_in_blocks(bad, dir.path("bad.db"), 61);
+  write_trace(bad, dir.path("bad.db"), false, 61);
   TraceReader reader(dir.path("bad.db"));
   const std::string want =
       input_error([&] { export_chakra(reader.load_all(), dir.path("bad_whole")); });

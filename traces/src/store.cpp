@@ -906,8 +906,8 @@ void TraceWriter::fill_spans_table() {
   }
 }
 
-void write_trace(const Trace& t, const std::string& path, bool sql_spans) {
-  TraceWriter w(path, 1 << 18, sql_spans);
+void write_trace(const Trace& t, const std::string& path, bool sql_spans, size_t batch_spans) {
+  TraceWriter w(path, batch_spans, sql_spans);
   w.set_meta(t.meta);
   for (const auto& r : t.ranks) w.add_rank(r);
   for (const auto& s : t.streams) w.add_stream(s);

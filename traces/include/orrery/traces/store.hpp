@@ -78,8 +78,10 @@ class TraceWriter {
 };
 
 // Writes a whole in-memory trace to `path` (used by synth, sim, import, merge); with `sql_spans`
-// the file also gets the per-span SQL table.
-void write_trace(const Trace& t, const std::string& path, bool sql_spans = false);
+// the file also gets the per-span SQL table. `batch_spans`: spans per flush (TraceWriter's batch;
+// a small one gives many blocks per stream).
+void write_trace(const Trace& t, const std::string& path, bool sql_spans = false,
+                 size_t batch_spans = size_t{1} << 18);
 
 // `orrery export --format sqlite`: a copy of the trace at `input` written to `output` with the
 // per-span SQL table `spans` and its indexes, for SQL users. Written beside `output` and renamed
