@@ -2,7 +2,7 @@
 # The prediction-accuracy loop of "measure here, predict there" on this machine:
 #   1. real runs of gpt-tiny: the calibration set (serial, dp2), a block of CALIB_EVERY layouts to
 #      predict (dp4, dp8, tp, pp, ZeRO, 3-D, recomputation, sequence parallelism, uneven stages, Llama-style blocks,
-#      and issue 18's dp2 int8 / PowerSGD rank 4 / top-k 1 % / bf16 / fp16 and dp2 ZeRO 1 with NVMe
+#      and issue 18's dp2 int8 / PowerSGD rank 4 (and ranks 1 and 16, predicted from the rank-4 calibration run) / top-k 1 % / bf16 / fp16 and dp2 ZeRO 1 with NVMe
 #      offload; issue 19's MoE dp2 ep2, dp4 ep2, dp2 ep2 pp2; the calibration set has a serial
 #      NVMe-offload run for the disk and, when a layout to predict needs them, a dp2 run without
 #      overlap of each compression scheme and of each 16-bit precision: calib_for),
@@ -93,6 +93,8 @@ dp2-powersgd4-no-overlap|2|parallel.dp=2 parallel.overlap=false parallel.grad_co
 dp2-topk1-no-overlap|2|parallel.dp=2 parallel.overlap=false parallel.grad_compression=topk compression.topk_ratio=0.01|16|calib
 dp2-int8|2|parallel.dp=2 parallel.grad_compression=int8|16|predict
 dp2-powersgd4|2|parallel.dp=2 parallel.grad_compression=powersgd compression.powersgd_rank=4|16|predict
+dp2-powersgd1|2|parallel.dp=2 parallel.grad_compression=powersgd compression.powersgd_rank=1|16|predict
+dp2-powersgd16|2|parallel.dp=2 parallel.grad_compression=powersgd compression.powersgd_rank=16|16|predict
 dp2-topk1|2|parallel.dp=2 parallel.grad_compression=topk compression.topk_ratio=0.01|16|predict
 dp2-bf16|2|parallel.dp=2 runtime.precision=bf16|16|predict
 dp2-fp16|2|parallel.dp=2 runtime.precision=fp16|16|predict

@@ -23,6 +23,7 @@
 set -uo pipefail
 ORRERY=$1
 WORK=$2
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 failures=0
@@ -187,25 +188,12 @@ expect_input_error nohosts "--hostfile 'missing-hosts': cannot read it" \
   --nproc 2 --out nohosts.db --max-restarts 1 --hostfile missing-hosts
 
 # 5. Mixture of experts.
-cat > moe.yaml <<'EOF'
-name: moe-elastic
-model:
-  layers: 4
-  d_model: 32
-  heads: 4
-  vocab: 64
-  seq: 16
-  moe: {experts: 4, top_k: 2, every: 2, expert_ffn_hidden: 48, shared_experts: 1,
-        capacity_factor: 1.25, aux_loss_coef: 0.01}
-training: {steps: 8, global_batch: 8, micro_batch: 2, seed: 7, lr: 1.0e-3, warmup_steps: 0}
-parallel: {dp: 2, ep: 2, bucket_mb: 0.01}
-runtime: {threads: 1}
-checkpoint: {every: 2}
-EOF
+# moe_small.yaml beside this script (moe_checkpoint_checks.sh's model), 8 steps, a checkpoint every 2.
+cp "$HERE/moe_small.yaml" moe.yaml || exit 1
 moe() {  # NAME ARGS... : orrery run moe.yaml ARGS --json > NAME.json 2> NAME.err
   local name=$1
   shift
-  timeout 150 "$ORRERY" run moe.yaml --json "$@" > "$name.json" 2> "$name.err"
+  timeout 150 "$ORRERY" run moe.yaml --json --set training.steps=8 --set checkpoint.every=2 "$@" > "$name.json" 2> "$name.err"
 }
 moe moeref --nproc 2 --no-profile --set checkpoint.dir=moeref || { fail "moe reference run"; cat moeref.err; }
 moe moeel --nproc 2 --out moeel.db --set checkpoint.dir=moeel --max-restarts 2 \

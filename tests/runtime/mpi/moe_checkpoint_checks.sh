@@ -20,29 +20,15 @@
 set -uo pipefail
 ORRERY=$1
 WORK=$2
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 FOUR=${3:-4}
 rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-# test_moe.cpp's model: 4 blocks, MoE FFNs in blocks 0 and 2, 4 experts of width 48, top 2, one
-# shared expert, capacity factor 1.25 (tokens are dropped).
-cat > moe.yaml <<'EOF'
-name: moe-ckpt
-model:
-  layers: 4
-  d_model: 32
-  heads: 4
-  vocab: 64
-  seq: 16
-  moe: {experts: 4, top_k: 2, every: 2, expert_ffn_hidden: 48, shared_experts: 1,
-        capacity_factor: 1.25, aux_loss_coef: 0.01}
-training: {steps: 6, global_batch: 8, micro_batch: 2, seed: 7, lr: 1.0e-3, warmup_steps: 0}
-parallel: {dp: 2, ep: 2, bucket_mb: 0.01}
-runtime: {threads: 1}
-checkpoint: {every: 3}
-EOF
+# test_moe.cpp's model (moe_small.yaml beside this script): 6 steps, a checkpoint every 3.
+cp "$HERE/moe_small.yaml" moe.yaml || exit 1
 
 run() {  # NAME ARGS... : orrery run moe.yaml ARGS --json > NAME.json 2> NAME.err
   local name=$1
