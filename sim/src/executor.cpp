@@ -84,6 +84,11 @@ std::vector<int32_t> group_members(const Layout& l, int rank, GroupRole role, in
 
 namespace {
 
+// A queue's name in messages: the trace stream's, the I/O queue's "offload.io".
+std::string queue_name(int queue) {
+  return queue == kStreamOffloadIo ? std::string("offload.io") : std::string(stream_name(queue));
+}
+
 class Executor {
  public:
   Executor(const Workload& w, const Cluster& c, const ExecutorOptions& opt)
@@ -152,7 +157,7 @@ class Executor {
 
   ExecResult run() {
     for (size_t i = 0; i < runs_.size(); ++i)
-      for (int s = 0; s < kStreamCount; ++s) try_start(static_cast<int32_t>(i), s);
+      for (int s = 0; s < kSimStreams; ++s) try_start(static_cast<int32_t>(i), s);
     engine_.run();
     // Every op must have run; anything left is a cycle in the programs (a bug, not bad input).
     const std::string stuck = stuck_report();
@@ -181,18 +186,18 @@ class Executor {
     int listed = 0;
     for (size_t i = 0; i < runs_.size(); ++i) {
       const auto& p = *runs_[i].program;
-      for (int s = 0; s < kStreamCount; ++s) {
+      for (int s = 0; s < kSimStreams; ++s) {
         if (state_[i].cursor[s] >= p.stream_ops[s].size()) continue;
         const uint32_t id = p.stream_ops[s][state_[i].cursor[s]];
         if (listed++ > 0) o << "; ";
-        o << "rank " << runs_[i].rank << " stream " << stream_name(s) << " stuck at "
+        o << "rank " << runs_[i].rank << " stream " << queue_name(s) << " stuck at "
           << describe(p, id);
         if (state_[i].pending[id] > 0) {
           for (uint32_t k = 0; k < p.ops[id].dep_count; ++k) {
             const uint32_t dep = p.deps[p.ops[id].dep_begin + k];
             if (runs_[i].ops[dep].end_ns >= 0) continue;  // done
             o << " waiting for " << describe(p, dep) << " on stream "
-              << stream_name(p.ops[dep].stream);
+              << queue_name(p.ops[dep].stream);
             break;
           }
         } else {
@@ -226,8 +231,8 @@ class Executor {
   struct RankState {
     double jitter_var = 0;  // ns², op_jitter variance of the compute since its last collective
     std::vector<uint32_t> pending;  // deps not yet done, per op
-    std::array<uint32_t, kStreamCount> cursor{};
-    std::array<bool, kStreamCount> busy{};
+    std::array<uint32_t, kSimStreams> cursor{};
+    std::array<bool, kSimStreams> busy{};
   };
   struct Dependents {
     std::vector<uint32_t> begin, list;
@@ -317,8 +322,9 @@ class Executor {
         break;
       default: {
         t.active_ns = t.start_ns;
-        if (op.stream == names::kStreamOffload) {
-          // NVMe offload I/O (workload.hpp): the disk's time, off the cores and the GPU.
+        if (trace_stream(op.stream) == names::kStreamOffload) {
+          // Offload's I/O and copies (workload.hpp): the disk's or the link's time, off the cores
+          // and the GPU.
           engine_.schedule_at(engine_.now() + op.duration_ns, [this, ri, id] { complete(ri, id); });
           break;
         }
@@ -800,8 +806,12 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
     ri.device = cluster.device.name + ":" + std::to_string(cluster.local_of(rank));
     ri.dp = coord.dp, ri.tp = coord.tp, ri.pp = coord.pp;
     t.ranks.push_back(ri);
-    for (int s = 0; s < kStreamCount; ++s)
-      if (!p.stream_ops[s].empty()) t.streams.push_back({rank, s, std::string(stream_name(s))});
+    // The trace's streams: the I/O queue's ops are on "offload" (workload.hpp kStreamOffloadIo).
+    for (int s = 0; s < kStreamCount; ++s) {
+      const bool io = s == names::kStreamOffload && !p.stream_ops[kStreamOffloadIo].empty();
+      if (!p.stream_ops[s].empty() || io)
+        t.streams.push_back({rank, s, std::string(stream_name(s))});
+    }
     // Phase extents: step per step; forward/backward per (step, micro-batch); optimizer per step.
     struct Extent {
       int64_t start = INT64_MAX, end = INT64_MIN;
@@ -818,7 +828,7 @@ traces::Trace make_trace(const Workload& w, const ExecResult& r, const Cluster& 
       const OpTiming& tm = run.ops[i];
       traces::Span sp;
       sp.rank = rank;
-      sp.stream = op.stream;
+      sp.stream = trace_stream(op.stream);
       sp.kind = op.kind;
       sp.name = name_ids[op.name];
       sp.start_ns = tm.start_ns;

@@ -80,14 +80,27 @@ double updated_elements(const Scenario& s, int stage, const MemoryEstimate& e) {
   return sharded ? double(e.param_count) / dp : double(e.param_count);
 }
 
+// The runtime's chunk of `updated` elements: zero.offload_chunk_mb of floats, at most all of them.
+double runtime_chunk(const Scenario& s, double updated) {
+  return std::min(std::max(1.0, std::floor(s.zero.offload_chunk_mb * 1048576.0 / 4.0)), updated);
+}
+
 // Host offload's memory (memory.hpp): no optimizer state on the device, the runtime's pinned
 // arrays in host memory.
 void apply_host_offload(const Scenario& s, const PrecisionConfig& p, int stage, MemoryEstimate& e) {
   const double updated = updated_elements(s, stage, e);
-  const double chunk =
-      std::min(std::max(1.0, std::floor(s.zero.offload_chunk_mb * 1048576.0 / 4.0)), updated);
   e.optimizer_bytes = 0;
-  e.offload_host_bytes = 12.0 * updated + 2.0 * chunk * p.grad_bytes;
+  e.offload_host_bytes = 12.0 * updated + 2.0 * runtime_chunk(s, updated) * p.grad_bytes;
+}
+
+// NVMe offload on a device (memory.hpp): the moments in the file, the master weights and the
+// buffers in pinned host memory, nothing on the device.
+void apply_device_nvme(const Scenario& s, const PrecisionConfig& p, int stage, MemoryEstimate& e) {
+  const double updated = updated_elements(s, stage, e);
+  const double chunk = runtime_chunk(s, updated);
+  e.optimizer_bytes = 0;
+  e.offload_nvme_bytes = kDeviceNvmeBytesPerParam * updated;
+  e.offload_host_bytes = 4.0 * updated + 2.0 * chunk * p.grad_bytes + 3.0 * 2.0 * chunk * 4.0;
 }
 
 // NVMe offload's memory (memory.hpp): the state moved to the file, the buffers kept.
@@ -125,7 +138,7 @@ void add_moe_states(const Scenario& s, const PrecisionConfig& p, int st, MemoryE
 }  // namespace
 
 std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionConfig& p,
-                                            int64_t capacity_bytes) {
+                                            int64_t capacity_bytes, bool device_nvme) {
   const int pp = s.parallel.pp;
   const int m = s.micro_batches_per_step();
   const double per_block = activation_bytes_per_layer(s, p);
@@ -148,7 +161,8 @@ std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionCo
     e.gradients_bytes = ms.gradients;
     e.optimizer_bytes = ms.optimizer;
     if (s.model.moe.enabled()) add_moe_states(s, p, st, e);
-    if (s.zero.nvme()) apply_offload(s, p, st, e);
+    const bool on_device = device_nvme && s.zero.nvme() && s.zero.offload_params != "nvme";
+    if (s.zero.nvme()) (on_device ? apply_device_nvme : apply_offload)(s, p, st, e);
     if (host_offload(s)) apply_host_offload(s, p, st, e);
     const double embed_act =
         st == 0 ? double(s.model.seq) * s.training.micro_batch * s.model.d_model * 2.0 : 0.0;

@@ -107,8 +107,9 @@ void check_simulation_fits(const Scenario& s, const Cluster& cluster, const SimO
   const HardwareProfile& profile = opt.profile ? *opt.profile : *fallback;
   check_simulation_size(s, opt.steps, opt.all_ranks || profile.sharing.cores > 0, opt.keep_trace, 0,
                         rail_copies(s, cluster, opt, profile));
-  const auto mem = estimate_memory(s, precision_config(precision_name(opt.precision, profile)),
-                                   cluster.device.mem_capacity_bytes);
+  const auto mem =
+      estimate_memory(s, precision_config(precision_name(opt.precision, profile)),
+                      cluster.device.mem_capacity_bytes, device_nvme_offload(s, profile.offload));
   for (const auto& m : mem) {
     if (m.fits || allow_oom) continue;
     char buf[512];

@@ -313,7 +313,7 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
 
   out.stages = stage_compute(w);
   out.capacity_bytes = cluster.device.mem_capacity_bytes;
-  out.memory = estimate_memory(s, prec, out.capacity_bytes);
+  out.memory = estimate_memory(s, prec, out.capacity_bytes, device_nvme_offload(s, prof.offload));
   for (const auto& m : out.memory) {
     out.peak_memory_bytes = std::max(out.peak_memory_bytes, m.total_bytes);
     out.fits = out.fits && m.fits;
@@ -337,7 +337,7 @@ SimResult simulate(const Scenario& s, const Cluster& cluster, const SimOptions& 
       if (s.zero.nvme())
         t.counters.push_back(
             {rank, t.strings.intern(names::kMemOffloadNvme.data()), 0, m.offload_nvme_bytes});
-      if (host_offload(s))
+      if (host_offload(s) || m.offload_host_bytes > 0)  // host, or nvme on a device
         t.counters.push_back(
             {rank, t.strings.intern(names::kMemOffloadHost.data()), 0, m.offload_host_bytes});
     }
@@ -443,14 +443,20 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
   est += std::max(0.0, dp_total - lps * tb);
   if (s.zero.nvme()) {
     // NVMe offload (workload.hpp): the updated state read and written through the node's disk,
-    // shared by its ranks; overlapped with AdamW, so the disk's time is the bound.
+    // shared by its ranks; overlapped with AdamW, so the disk's time is the bound. On a device the
+    // moments only go through the file, and the host link's copies and the host's AdamW overlap
+    // the disk's: the largest of the three.
     const double updated =
         z >= 1 && s.parallel.dp > 1 ? double(params) / s.parallel.dp : double(params);
-    const double bytes = offload_bytes_per_param(s, prec) * updated;
-    const double share = std::min(c.gpus_per_node, s.world_size());
     const OffloadLinks& links = cost.profile().offload;
-    est += double(offload_io_ns(bytes, links.nvme_read_bytes_per_s / share) +
-                  offload_io_ns(bytes, links.nvme_write_bytes_per_s / share));
+    const bool device = device_nvme_offload(s, links);
+    const double bytes =
+        (device ? kDeviceNvmeBytesPerParam : offload_bytes_per_param(s, prec)) * updated;
+    const double share = std::min(c.gpus_per_node, s.world_size());
+    const double disk = double(offload_io_ns(bytes, links.nvme_read_bytes_per_s / share) +
+                               offload_io_ns(bytes, links.nvme_write_bytes_per_s / share));
+    est +=
+        device ? std::max(disk, host_offload_estimate_ns(s, c, cost, prec, double(params))) : disk;
   }
   if (host_offload(s)) est += host_offload_estimate_ns(s, c, cost, prec, double(params));
   return est;
@@ -483,9 +489,11 @@ std::vector<SimResult> run_sweep_jobs(const std::vector<SweepJob>& jobs,
 
 namespace {
 
-bool fits_memory(const Scenario& s, const Cluster& c, const PrecisionConfig& prec) {
+// `host_link`: the profile has one (NVMe offload then runs the device's path, memory.hpp).
+bool fits_memory(const Scenario& s, const Cluster& c, const PrecisionConfig& prec, bool host_link) {
   bool fits = true;
-  for (const auto& m : estimate_memory(s, prec, c.device.mem_capacity_bytes)) fits = fits && m.fits;
+  for (const auto& m : estimate_memory(s, prec, c.device.mem_capacity_bytes, host_link))
+    fits = fits && m.fits;
   return fits;
 }
 
@@ -494,7 +502,12 @@ bool fits_memory(const Scenario& s, const Cluster& c, const PrecisionConfig& pre
 // short); with `compression` (the scenario has none) also int8 gradient compression on ZeRO 0/1
 // with dp > 1 (bandwidth short: the estimate and the simulation decide whether it pays).
 std::vector<Candidate> search_variants(const Candidate& cd, const Cluster& c,
-                                       const PrecisionConfig& prec, bool compression, bool host) {
+                                       const PrecisionConfig& prec, bool compression,
+                                       const OffloadLinks& links) {
+  // ZeRO-Offload needs a GPU profile with a host link and a host AdamW rate; with a host link NVMe
+  // offload runs the device's path (workload.hpp), its memory too.
+  const bool link = links.host_link_bytes_per_s > 0;
+  const bool host = link && links.host_adamw_bytes_per_s > 0;
   std::vector<Candidate> out;
   std::vector<Candidate> base{cd};
   if (compression && cd.s.parallel.grad_compression == "none" && cd.s.parallel.zero <= 1 &&
@@ -503,7 +516,7 @@ std::vector<Candidate> search_variants(const Candidate& cd, const Cluster& c,
     base.back().s.parallel.grad_compression = "int8";
   }
   for (Candidate& b : base) {
-    if (fits_memory(b.s, c, prec)) {
+    if (fits_memory(b.s, c, prec, link)) {
       out.push_back(b);
       continue;
     }
@@ -511,17 +524,17 @@ std::vector<Candidate> search_variants(const Candidate& cd, const Cluster& c,
     if (host) {  // ZeRO-Offload (a GPU profile with a host link): both it and nvme are candidates
       Candidate h = b;
       h.s.zero.offload_optimizer = "host";
-      if (fits_memory(h.s, c, prec)) out.push_back(h);
+      if (fits_memory(h.s, c, prec, link)) out.push_back(h);
     }
     b.s.zero.offload_optimizer = "nvme";
     if (b.s.zero.nvme_path.empty()) b.s.zero.nvme_path = "nvme";  // simulated: any directory
-    if (fits_memory(b.s, c, prec)) {
+    if (fits_memory(b.s, c, prec, link)) {
       out.push_back(b);
       continue;
     }
     if (b.s.parallel.zero != 3) continue;
     b.s.zero.offload_params = "nvme";
-    if (fits_memory(b.s, c, prec)) out.push_back(b);
+    if (fits_memory(b.s, c, prec, link)) out.push_back(b);
   }
   return out;
 }
@@ -533,7 +546,6 @@ std::vector<Candidate> search_candidates(const Scenario& s, const Cluster& c, in
   std::vector<Candidate> cands;
   const int gb = s.training.global_batch;
   const OffloadLinks& links = cost.profile().offload;
-  const bool host_capable = links.host_link_bytes_per_s > 0 && links.host_adamw_bytes_per_s > 0;
   for (int tp = 1; tp <= std::min(gpus, c.gpus_per_node); tp *= 2) {
     if (s.model.heads % tp != 0 || s.model.d_model % tp != 0) continue;
     for (int pp : divisors(s.model.layers)) {
@@ -566,7 +578,7 @@ std::vector<Candidate> search_candidates(const Scenario& s, const Cluster& c, in
             } catch (const InputError&) {
               continue;
             }
-            for (Candidate& v : search_variants(cd, c, prec, search_compression, host_capable)) {
+            for (Candidate& v : search_variants(cd, c, prec, search_compression, links)) {
               v.estimate = estimate_step_ns(v.s, c, cost, prec);
               cands.push_back(std::move(v));
             }

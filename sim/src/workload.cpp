@@ -67,9 +67,21 @@ int64_t host_adamw_ns(double params, const OffloadLinks& links, int ranks_per_no
                        links.host_adamw_bytes_per_s / std::max(1, ranks_per_node));
 }
 
+bool device_nvme_offload(const Scenario& s, const OffloadLinks& links) {
+  return s.zero.nvme() && s.zero.offload_params != "nvme" && links.host_link_bytes_per_s > 0;
+}
+
 void check_host_offload(const Scenario& s, const HardwareProfile& p) {
-  if (!host_offload(s)) return;
   const OffloadLinks& o = p.offload;
+  if (device_nvme_offload(s, o) && !(o.host_adamw_bytes_per_s > 0)) {
+    throw InputError(s.path + ": key 'zero.offload_optimizer': nvme offload on a device steps " +
+                     "AdamW on the host, but the hardware profile '" + p.name + "' (device " +
+                     p.device + ") has a host link and offload.host_adamw_gbps " +
+                     std::to_string(o.host_adamw_bytes_per_s / 1e9) +
+                     " (set it, or offload.host_link_gbps 0 for a device whose memory is the "
+                     "host's)");
+  }
+  if (!host_offload(s)) return;
   if (o.host_link_bytes_per_s > 0 && o.host_adamw_bytes_per_s > 0) return;
   throw InputError(s.path + ": key 'zero.offload_optimizer': host offload needs a GPU's host " +
                    "link and the host's AdamW rate, but the hardware profile '" + p.name +
@@ -358,8 +370,11 @@ double workload_ops_bound(const Scenario& s, int steps) {
   // zero.overlap_grad_reduce: at most one reduce-scatter per segment and micro-batch (ZeRO 2) and
   // one all-gather per segment a step.
   const double zero_buckets = s.zero.overlap_grad_reduce ? (per_stage + 2) * (m + 1) : 0;
-  // Offload: per chunk a read (download), an AdamW piece (host step) and a write (upload).
-  const double offload = s.zero.offload_optimizer != "none" ? 3.0 * kMaxOffloadChunks : 0;
+  // Offload: per chunk at most a read, a download, an AdamW piece (host step), an upload and a
+  // write; per range at most kMaxOffloadChunks chunks; ZeRO 3 a range per segment (the blocks,
+  // their experts, the embedding and the head), else at most 2 (the dense and the experts' shard).
+  const double ranges = par.zero == 3 ? 2 * per_stage + 2 : 2;
+  const double offload = s.zero.offload_optimizer != "none" ? 5.0 * kMaxOffloadChunks * ranges : 0;
   const double per_step = m * (per_stage * per_layer + (10 + (sp ? 4 : 0)) * chunks_per_stage(s)) +
                           (per_stage + 2) * (s.model.moe.enabled() ? 2 : 1) + 10 + zero_buckets +
                           offload;
@@ -1226,19 +1241,20 @@ class StageBuilder {
     const Piece opt_piece{0.0, total_bytes(opt_kernels),
                           cost_.named_op_ns(names::kOptimizerStep, 0, 1,
                                             model_dims(s_, prec_.act_bytes), opt_params)};
-    const uint32_t optim =
-        host_offload(s_) ? host_offloaded_optimizer(opt_params, opt_deps)
-        : s_.zero.nvme() ? offloaded_optimizer(opt_params, opt_deps)
-                         : b_.add(compute(names::kOptimizerStep, opt_piece, PhaseKind::Optimizer,
-                                          -1, -1, traces::SpanKind::Optimizer),
-                                  opt_deps);
-    after_prev_step_ = {optim};
+    const std::vector<uint32_t> optim =
+        s_.zero.offload_optimizer != "none"
+            ? offloaded_optimizer(opt_deps)
+            : std::vector<uint32_t>{
+                  b_.add(compute(names::kOptimizerStep, opt_piece, PhaseKind::Optimizer, -1, -1,
+                                 traces::SpanKind::Optimizer),
+                         opt_deps)};
+    after_prev_step_ = optim;
     if (zero_rs_) {
       gather_buckets(optim);
     } else if (dp_ > 1 && (par_.zero == 1 || par_.zero == 2)) {
       after_prev_step_ = {dp_coll(names::kDpAllGather, traces::CollOp::AllGather,
                                   padded(prog_.param_count) * prec_.param_bytes,
-                                  PhaseKind::Optimizer, -1, -1, {optim})};
+                                  PhaseKind::Optimizer, -1, -1, optim)};
     }
     if (pp_ > 1)
       after_prev_step_ = {
@@ -1251,12 +1267,12 @@ class StageBuilder {
   // runtime's gather_zero_buckets). With zero.overlap_param_gather the next step's first forward
   // of each segment waits for its buckets (gathers_for), the scenario's last step for all of them;
   // without, the step does.
-  void gather_buckets(uint32_t optim) {
+  void gather_buckets(const std::vector<uint32_t>& optim) {
     std::vector<uint32_t> all;
     for (size_t i = buckets_.size(); i-- > 0;) {
       pending_ag_[i] = dp_coll(names::kDpAllGather, traces::CollOp::AllGather,
                                buckets_[i].params * prec_.param_bytes, PhaseKind::Optimizer, -1,
-                               buckets_[i].lowest, {optim});
+                               buckets_[i].lowest, optim);
       all.push_back(pending_ag_[i]);
     }
     if (!s_.zero.overlap_param_gather || step_ + 1 == steps_) {
@@ -1265,26 +1281,85 @@ class StageBuilder {
     }
   }
 
-  // zero.offload_optimizer nvme (workload.hpp): the chunked reads, AdamW pieces and writes; the
-  // last write, which the optimizer's end waits for.
-  uint32_t offloaded_optimizer(double opt_params, const std::vector<uint32_t>& deps) {
-    const std::vector<int64_t> chunks = offload_chunks(s_, int64_t(std::llround(opt_params)));
+  // The ranges the runtime's optimizer steps one after another (workload.hpp, "Ranges"), in
+  // elements of this rank.
+  std::vector<double> optimizer_ranges() const {
+    auto shard = [](int64_t n, int ranks) { return double((n + ranks - 1) / ranks); };
+    const double experts = double(prog_.expert_param_count);
+    if (par_.zero == 3 && dp_ > 1) {
+      std::vector<double> out;
+      if (has_embed_segment_) out.push_back(shard(segment_params(-1), dp_));
+      for (int k = 0; k < chunks_; ++k)
+        for (int l = chunk_l0(k); l < chunk_l0(k) + per_chunk_; ++l)
+          out.push_back(shard(segment_params(l), dp_));
+      if (last_) out.push_back(shard(segment_params(L_), dp_));
+      for (int k = 0; k < chunks_; ++k)
+        for (int l = chunk_l0(k); l < chunk_l0(k) + per_chunk_; ++l)
+          if (is_moe(l)) out.push_back(shard(expert_block_params_, edp_));
+      return out;
+    }
+    if (par_.zero == 0) return {double(prog_.param_count) + experts};
+    const double dense = double(prog_.param_count) / dp_;
+    if (experts > 0 && dp_ > 1 && ep_ > 1) return {dense, experts / edp_};
+    return {dense + experts / edp_};
+  }
+
+  // zero.offload_optimizer host or nvme (workload.hpp): each range's pipeline in turn; the last
+  // range's final ops, which the optimizer's end waits for (each stream runs the ranges in order).
+  std::vector<uint32_t> offloaded_optimizer(const std::vector<uint32_t>& deps) {
+    const OffloadLinks& links = cost_.profile().offload;
+    std::vector<uint32_t> ends;
+    for (const double n : optimizer_ranges()) {
+      const std::vector<int64_t> chunks = offload_chunks(s_, int64_t(std::llround(n)));
+      if (chunks.empty()) continue;
+      ends = host_offload(s_)                 ? host_range(chunks, deps)
+             : device_nvme_offload(s_, links) ? device_nvme_range(chunks, deps)
+                                              : nvme_range(chunks, deps);
+    }
+    return ends.empty() ? deps : ends;
+  }
+
+  // A Memcpy of offload: `elem_bytes` x chunk i's elements at `bytes_per_s`, on `queue`.
+  uint32_t offload_copy(std::string_view n, int queue, const std::vector<int64_t>& chunks, size_t i,
+                        double elem_bytes, double bytes_per_s, const std::vector<uint32_t>& after) {
+    const double bytes = elem_bytes * double(chunks[i]);
+    Op op = comm(n, traces::SpanKind::Memcpy, traces::CollOp::None, queue, GroupRole::None,
+                 int64_t(bytes), -1, PhaseKind::Optimizer, -1, -1);
+    op.duration_ns = offload_io_ns(bytes, bytes_per_s);
+    return b_.add(op, after);
+  }
+
+  // The host's AdamW of chunk i (host and device nvme offload).
+  uint32_t host_step(const std::vector<int64_t>& chunks, size_t i,
+                     const std::vector<uint32_t>& after) {
+    const double n = double(chunks[i]);
+    const Piece pc{0.0, 4.0 * n, host_adamw_ns(n, cost_.profile().offload, ranks_per_node_)};
+    return b_.add(compute(names::kOffloadAdamW, pc, PhaseKind::Optimizer, -1, -1,
+                          traces::SpanKind::Optimizer),
+                  after);
+  }
+
+  // The rank's share of its host link.
+  double host_link_share() const {
+    const OffloadLinks& links = cost_.profile().offload;
+    return links.host_link_bytes_per_s / host_link_sharers(links, ranks_per_node_);
+  }
+
+  // zero.offload_optimizer nvme on the CPU runtime's path (workload.hpp): one range's chunked
+  // reads, AdamW pieces and writes; its last write.
+  std::vector<uint32_t> nvme_range(const std::vector<int64_t>& chunks,
+                                   const std::vector<uint32_t>& deps) {
     const double per = offload_bytes_per_param(s_, prec_);
     const OffloadLinks& links = cost_.profile().offload;
     const double rd = links.nvme_read_bytes_per_s / ranks_per_node_;
     const double wr = links.nvme_write_bytes_per_s / ranks_per_node_;
     const ModelDims d = model_dims(s_, prec_.act_bytes);
-    auto io = [&](std::string_view n, size_t i, double bw, std::vector<uint32_t> after) {
-      Op op =
-          comm(n, traces::SpanKind::Memcpy, traces::CollOp::None, names::kStreamOffload,
-               GroupRole::None, int64_t(per * double(chunks[i])), -1, PhaseKind::Optimizer, -1, -1);
-      op.duration_ns = offload_io_ns(per * double(chunks[i]), bw);
-      return b_.add(op, after);
-    };
-    std::vector<uint32_t> reads{io(names::kOffloadRead, 0, rd, deps)};
+    const int q = names::kStreamOffload;
+    std::vector<uint32_t> reads{offload_copy(names::kOffloadRead, q, chunks, 0, per, rd, deps)};
     uint32_t last = reads[0];
     for (size_t i = 0; i < chunks.size(); ++i) {
-      if (i + 1 < chunks.size()) reads.push_back(io(names::kOffloadRead, i + 1, rd, deps));
+      if (i + 1 < chunks.size())
+        reads.push_back(offload_copy(names::kOffloadRead, q, chunks, i + 1, per, rd, deps));
       const double n = double(chunks[i]);
       const Piece pc{0.0, total_bytes(optimizer_kernels(n, 28.0)),
                      cost_.named_op_ns(names::kOptimizerStep, 0, 1, d, n)};
@@ -1293,38 +1368,57 @@ class StageBuilder {
       const uint32_t a = b_.add(compute(names::kOptimizerStep, pc, PhaseKind::Optimizer, -1, -1,
                                         traces::SpanKind::Optimizer),
                                 after);
-      last = io(names::kOffloadWrite, i, wr, {a});
+      last = offload_copy(names::kOffloadWrite, q, chunks, i, per, wr, {a});
     }
-    return last;
+    return {last};
   }
 
-  // zero.offload_optimizer host (workload.hpp): per chunk the download, the host step and the
-  // upload in the host's issue order D0 D1 S0 U0 D2 S1 U1 ...; the last upload, which the
-  // optimizer's end waits for.
-  uint32_t host_offloaded_optimizer(double opt_params, const std::vector<uint32_t>& deps) {
-    const std::vector<int64_t> chunks = offload_chunks(s_, int64_t(std::llround(opt_params)));
-    const OffloadLinks& links = cost_.profile().offload;
-    const double link = links.host_link_bytes_per_s / host_link_sharers(links, ranks_per_node_);
-    auto copy = [&](std::string_view n, size_t i, int elem_bytes, std::vector<uint32_t> after) {
-      const double bytes = double(elem_bytes) * double(chunks[i]);
-      Op op = comm(n, traces::SpanKind::Memcpy, traces::CollOp::None, names::kStreamOffload,
-                   GroupRole::None, int64_t(bytes), -1, PhaseKind::Optimizer, -1, -1);
-      op.duration_ns = offload_io_ns(bytes, link);
-      return b_.add(op, after);
-    };
-    std::vector<uint32_t> downs{copy(names::kOffloadD2H, 0, prec_.grad_bytes, deps)};
+  // zero.offload_optimizer host (workload.hpp): one range's download, host step and upload per
+  // chunk in the host's issue order D0 D1 S0 U0 D2 S1 U1 ...; its last upload.
+  std::vector<uint32_t> host_range(const std::vector<int64_t>& chunks,
+                                   const std::vector<uint32_t>& deps) {
+    const double link = host_link_share();
+    const int q = names::kStreamOffload;
+    std::vector<uint32_t> downs{
+        offload_copy(names::kOffloadD2H, q, chunks, 0, prec_.grad_bytes, link, deps)};
     uint32_t last = downs[0];
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (i + 1 < chunks.size())
-        downs.push_back(copy(names::kOffloadD2H, i + 1, prec_.grad_bytes, deps));
-      const double n = double(chunks[i]);
-      const Piece pc{0.0, 4.0 * n, host_adamw_ns(n, links, ranks_per_node_)};
-      const uint32_t step = b_.add(compute(names::kOffloadAdamW, pc, PhaseKind::Optimizer, -1, -1,
-                                           traces::SpanKind::Optimizer),
-                                   {downs[i]});
-      last = copy(names::kOffloadH2D, i, prec_.param_bytes, {step});
+        downs.push_back(
+            offload_copy(names::kOffloadD2H, q, chunks, i + 1, prec_.grad_bytes, link, deps));
+      const uint32_t step = host_step(chunks, i, {downs[i]});
+      last = offload_copy(names::kOffloadH2D, q, chunks, i, prec_.param_bytes, link, {step});
     }
-    return last;
+    return {last};
+  }
+
+  // zero.offload_optimizer nvme on a device (workload.hpp): one range's reads and writes on the I/O
+  // queue, its downloads and uploads on the copy stream and its host steps, with the dependencies
+  // of the runtime's host thread; its last upload and last write.
+  std::vector<uint32_t> device_nvme_range(const std::vector<int64_t>& chunks,
+                                          const std::vector<uint32_t>& deps) {
+    const OffloadLinks& links = cost_.profile().offload;
+    const double rd = links.nvme_read_bytes_per_s / ranks_per_node_;
+    const double wr = links.nvme_write_bytes_per_s / ranks_per_node_;
+    const double link = host_link_share(), file = kDeviceNvmeBytesPerParam;
+    const int io = kStreamOffloadIo, cp = names::kStreamOffload;
+    std::vector<uint32_t> reads{offload_copy(names::kOffloadRead, io, chunks, 0, file, rd, deps)};
+    std::vector<uint32_t> downs;
+    std::vector<uint32_t> ends;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      // The host has waited for read i: it submits read i+1, then queues the next download(s).
+      if (i + 1 < chunks.size())
+        reads.push_back(offload_copy(names::kOffloadRead, io, chunks, i + 1, file, rd, {reads[i]}));
+      std::vector<uint32_t> issued = deps;
+      issued.push_back(reads[i]);
+      for (size_t j = downs.size(); j <= std::min(i + 1, chunks.size() - 1); ++j)
+        downs.push_back(
+            offload_copy(names::kOffloadD2H, cp, chunks, j, prec_.grad_bytes, link, issued));
+      const uint32_t step = host_step(chunks, i, {downs[i], reads[i]});
+      ends = {offload_copy(names::kOffloadH2D, cp, chunks, i, prec_.param_bytes, link, {step}),
+              offload_copy(names::kOffloadWrite, io, chunks, i, file, wr, {step})};
+    }
+    return ends;
   }
 
   const Scenario& s_;

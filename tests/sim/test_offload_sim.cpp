@@ -1,5 +1,6 @@
-// NVMe offload in the simulator (zero.offload_optimizer nvme; workload.hpp, memory.hpp): the ops
-// the runtime records, in its I/O thread's order, each offload op's time the closed form bytes /
+// NVMe offload in the simulator (zero.offload_optimizer nvme; workload.hpp, memory.hpp) on the CPU
+// runtime's path (a profile without a host link; the device's path: test_device_nvme_sim.cpp): the
+// ops the runtime records, in its I/O thread's order, each offload op's time the closed form bytes /
 // (node bandwidth / ranks on the node), the memory saved the optimizer state's bytes (less the
 // chunk buffers), the executor's overlap bounded by the serial sum, the profile's `offload:` keys,
 // and `sweep --search` choosing offload when nothing fits without it.
@@ -41,6 +42,7 @@ TEST(SimOffload, OpsAreTheRuntimesAndTimesAreBytesOverBandwidth) {
   Scenario s = offloaded(small_scenario(4, 2, 1, 1, 1), 1.0);  // 262144 elements per chunk
   s.parallel.zero = 1;
   HardwareProfile prof = default_hardware_profile("H100-SXM", true);
+  prof.offload.host_link_bytes_per_s = 0;    // the CPU runtime's path (no host link)
   prof.offload.nvme_read_bytes_per_s = 4e9;  // per node, shared by its 2 ranks: 2 GB/s each
   prof.offload.nvme_write_bytes_per_s = 1e9;
   const Device d = *device_preset("H100-SXM");
@@ -111,6 +113,7 @@ TEST(SimOffload, StepTimeGrowsByTheDiskTimeAtMost) {
   const Scenario off = offloaded(plain, 1.0);
   const Cluster c = h100_cluster(2);
   HardwareProfile prof = default_hardware_profile("H100-SXM", true);
+  prof.offload.host_link_bytes_per_s = 0;      // the CPU runtime's path (no host link)
   prof.offload.nvme_read_bytes_per_s = 0.2e9;  // a slow disk: the I/O dominates AdamW
   prof.offload.nvme_write_bytes_per_s = 0.1e9;
   SimOptions opt;

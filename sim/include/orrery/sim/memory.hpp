@@ -37,6 +37,12 @@
 // buffers of one chunk's gradients, 2·c·g with c = min(zero.offload_chunk_mb · 2^20 / 4, u) (the
 // runtime's chunk, not the simulator's op cap) and g the gradient bytes: 12u + 8c at fp32, as the
 // CUDA runtime's mem.offload_host counts it.
+// NVMe offload on a device (workload.hpp device_nvme_offload; the CUDA runtime's path): the device
+// holds no optimizer state either (optimizer_bytes 0), the file the two fp32 moments,
+// offload_nvme_bytes = 8·u, and pinned host memory the fp32 master weights, the two gradient
+// staging buffers and the store's three chunk buffers of both moments: offload_host_bytes =
+// 4·u + 2·c·g + 3·2·c·4 (c as host offload's), 4u + 32c at fp32, as the CUDA runtime's
+// mem.offload_nvme and mem.offload_host count them.
 // Mixture of experts (model/moe.hpp, sim/moe_cost.hpp): Ψ is the dense parameters (the router and
 // shared experts in, the dense MLP of the MoE blocks out) under the formulas above over dp, plus
 // the local experts' Ψe = (E/ep) · one expert's tp slice per MoE block: parameters and gradients
@@ -82,8 +88,9 @@ double activation_bytes_per_layer(const Scenario& s, const PrecisionConfig& p);
 // The recomputation's workspace, once per rank (0 without recomputation).
 double recompute_workspace_bytes(const Scenario& s, const PrecisionConfig& p);
 
-// One estimate per pipeline stage.
+// One estimate per pipeline stage. `device_nvme`: NVMe offload runs the device's path
+// (workload.hpp device_nvme_offload: the profile has a host link), its memory as above.
 std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionConfig& p,
-                                            int64_t capacity_bytes);
+                                            int64_t capacity_bytes, bool device_nvme = false);
 
 }  // namespace orrery::sim

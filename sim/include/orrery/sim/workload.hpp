@@ -74,6 +74,16 @@ namespace orrery::sim {
 // dependency); sends and receives of the pipeline have one each.
 using model::names::kStreamCompute;
 using model::names::kStreamCount;
+// One queue more than the trace's streams, the simulator's own: NVMe offload on a device (workload
+// below) runs its file reads and writes on the runtime's I/O thread while the CUDA copy stream runs
+// the host-link copies, both recorded on the stream "offload". The executor runs the file's
+// requests on this queue and writes their spans on kStreamOffload (trace_stream), as the runtime.
+inline constexpr int kStreamOffloadIo = kStreamCount;
+inline constexpr int kSimStreams = kStreamCount + 1;
+// The trace stream of a queue: kStreamOffload for kStreamOffloadIo, else the queue itself.
+inline constexpr int trace_stream(int queue) {
+  return queue == kStreamOffloadIo ? model::names::kStreamOffload : queue;
+}
 using model::names::kStreamDp;
 using model::names::kStreamEp;
 using model::names::kStreamPpRecv;
@@ -131,8 +141,8 @@ struct StageProgram {
   int stage = 0;
   int layers = 0;  // blocks the stage holds (parallel.pp_layers, or layers / pp)
   std::vector<Op> ops;
-  std::vector<uint32_t> deps;                                  // op indices
-  std::array<std::vector<uint32_t>, kStreamCount> stream_ops;  // op indices per stream, in order
+  std::vector<uint32_t> deps;                                 // op indices
+  std::array<std::vector<uint32_t>, kSimStreams> stream_ops;  // op indices per queue, in order
   int64_t param_count = 0;  // parameters held by one rank of this stage (tp slice, unsharded)
   // DDP buckets (ddp.hpp's rule): runs of whole segments in gradient-ready order (L, L-1, ...,
   // -1), a bucket closed before the segment that would take it past bucket_mb of gradients.
@@ -190,6 +200,13 @@ struct WorkloadOptions {
 // node's NVMe bandwidth), AdamW in as many "adamw" pieces on the compute stream, piece i after
 // read i, write i after piece i: the overlap of chunk i's update with the read of i+1 and the
 // write of i-1 comes out of the executor.
+// Ranges (every offload path): the runtime steps the optimizer one range after another
+// (training_loop_impl.hpp optimizer_phase), each through its own pipeline: under ZeRO 3 each segment
+// of the stage in memory order (the embedding, the blocks, the head, then each MoE block's experts
+// over edp), rank 0's shard of each, ceil(n / dp) (ceil(n / edp)); under ZeRO 1/2 with MoE and
+// ep > 1 the dense shard, then the experts' shard over edp; else one range (Ψ/N or Ψ). Each range
+// has its own chunks (offload_chunks of its elements), and the next range's queue entries follow
+// the previous range's on each stream.
 inline constexpr int kMaxOffloadChunks = 64;
 // State bytes through the file per updated element: the moments (8 fp32; mixed 12 with the fp32
 // master copy), plus the parameters with zero.offload_params nvme (param_bytes).
@@ -218,8 +235,31 @@ int host_link_sharers(const OffloadLinks& links, int ranks_per_node);
 // The host step of `params` elements on one of `ranks_per_node` ranks (ceil, ns; 0 without a rate).
 int64_t host_adamw_ns(double params, const OffloadLinks& links, int ranks_per_node);
 // InputError when a scenario with zero.offload_optimizer host meets a profile without a host
-// link or host AdamW rate (device cpu: its state is in host memory already).
+// link or host AdamW rate (device cpu: its state is in host memory already), or one with
+// zero.offload_optimizer nvme a profile with a host link but no host AdamW rate.
 void check_host_offload(const Scenario& s, const HardwareProfile& p);
+
+// NVMe offload on a device (zero.offload_optimizer nvme on a profile with a host link, the CUDA
+// runtime's path; training_loop_impl.hpp offloaded_adamw, offload_pipeline.hpp, offload.hpp): the
+// AdamW moments live in the file, the fp32 master weights in pinned host memory, and AdamW steps on
+// the host. Per chunk i of a range (offload_chunks) the runtime's host thread waits for the file's
+// read of chunk i, submits the read of i+1, queues the gradients' downloads (0 and 1 at the first
+// chunk, i+1 after), waits for download i, steps chunk i and queues its upload, then submits the
+// chunk's write. Modelled with those dependencies:
+//   I/O queue (kStreamOffloadIo): R0 R1 W0 R2 W1 ... R(c-1) W(c-2) W(c-1)
+//     "offload.read" / "offload.write", kDeviceNvmeBytesPerParam x elements each, time bytes / the
+//     rank's share of the node's NVMe read / write bandwidth (as the CPU path's);
+//   copy stream ("offload"): D0 D1 U0 D2 U1 ... U(c-1), "offload.d2h" / "offload.h2d" as host
+//     offload's, D0 and D1 after read 0, D(i+1) after read i;
+//   compute stream: "offload.adamw" i after download i and read i (host offload's time);
+//   upload i and write i after step i.
+// The range ends with its last upload (the compute stream waits for it) and its last write (the
+// host waits for every write before it goes on). With zero.offload_params nvme (the CUDA runtime
+// refuses it) the CPU path's model prices it, a what-if.
+bool device_nvme_offload(const Scenario& s, const OffloadLinks& links);
+// Bytes through the file per element on a device: the two fp32 moments (the master weights stay
+// in pinned host memory), at either precision.
+inline constexpr double kDeviceNvmeBytesPerParam = 8.0;
 
 struct Workload {
   Scenario scenario;
@@ -255,8 +295,9 @@ std::vector<StageCompute> stage_compute(const Workload& w);
 // closed form and in double (absurd scenarios overflow int64), without building anything: per
 // step, micro-batches x (layers per stage x (2·(2·pieces − 1) + 3 with ZeRO 3) + 10) + layers per
 // stage + 12, pieces = 3 with tp > 1 else 1; MoE blocks add 17 per layer and micro-batch and the
-// expert buckets per step; offload (nvme or host) 3 per chunk, at most 3 · kMaxOffloadChunks per
-// step. The simulator's memory check (sweep.hpp) uses it.
+// expert buckets per step; offload (nvme or host) at most 5 per chunk (nvme on a device: read,
+// download, host step, upload, write), at most kMaxOffloadChunks chunks per range, one range per
+// ZeRO 3 segment (the stage's blocks, embedding and head, and its MoE blocks' experts), else 2. The simulator's memory check (sweep.hpp) uses it.
 double workload_ops_bound(const Scenario& s, int steps);
 // Fewer kv heads than tp ranks (each head replicated on tp / kv_heads ranks): the values of each
 // block's "tp.kv_grad_all_reduce", kv_heads x 2 x head size x (d_model + 1 with biases); else 0.
