@@ -17,8 +17,8 @@
 //  - ZeRO 3 with zero.offload_params (the shards in the NVMe file, uploaded through pinned memory
 //    before each gather): the offload_optimizer nvme run's losses, parameters and checkpoints bit
 //    for bit, the CPU trainer's losses, the in-memory run's within the ZeRO bounds, resume bit for
-//    bit, memory in closed form; profiled, the CPU run's offload.read / offload.write bytes and one
-//    offload.h2d per zero.fetch_layer;
+//    bit, memory in closed form, with MoE (ep 1, 2) too; profiled, the CPU run's offload.read /
+//    offload.write bytes and one offload.h2d per zero.fetch_layer;
 //  - the same dp2 ZeRO 2, dp2 ZeRO 3, tp2 and pp2 scenarios on the CPU trainer (same ranks, MPI) give the
 //    GPU's losses;
 //  - MoE blocks with expert parallelism (dp2 ep2: each rank holds 2 of the 4 experts, the tokens go
@@ -528,6 +528,28 @@ TEST(GpuMoe, Zero1To3EndWithTheDdpParameters) {
       expect_matches_ddp(run_gpu(s, world()), ddp,
                          "moe ep" + std::to_string(ep) + " zero " + std::to_string(zero));
     }
+  }
+}
+
+// ZeRO 3 with MoE blocks and zero.offload_params: the experts' shards staged through their own
+// slots (4, 5) and gathered over edp (ep1) or copied (ep2: an edp group of one), as the dense ones;
+// the offload_optimizer nvme run's losses and parameters bit for bit, the CPU trainer's losses
+// within the CPU-vs-GPU bound.
+TEST(GpuMoe, Zero3OffloadParamsMatchesTheNvmeOptimizerRunAndTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (int ep : {2, 1}) {
+    Scenario s = tiny_moe(ep);
+    s.parallel.zero = 3;
+    const std::string what = "moe ep" + std::to_string(ep) + " zero3 offload params";
+    const GpuRun o = run_gpu(offloaded(s, "none"), world());
+    const GpuRun v = run_gpu(offloaded(s, "nvme"), world());
+    EXPECT_EQ(v.losses, o.losses) << what;
+    ASSERT_EQ(v.final_params.size(), o.final_params.size()) << what;
+    EXPECT_EQ(0, std::memcmp(v.final_params.data(), o.final_params.data(),
+                             o.final_params.size() * sizeof(float)))
+        << what;
+    expect_losses_near(v.losses, run_cpu_losses(offloaded(s, "nvme"), world()), 1e-4,
+                       (what + " gpu vs cpu").c_str());
   }
 }
 

@@ -9,9 +9,9 @@
 // 1, 2 and 3 equals the CPU trainer without offload bit for bit, one pipeline range a step (ZeRO
 // 1/2: the shard) or a segment (ZeRO 3: each segment's shard). ZeRO 3 with zero.offload_params on
 // that device path (the shards read from the file into the backend's host staging and "uploaded"
-// before each gather, AdamW on the file's plane 2, no master weights pinned) equals it too, every
-// upload into a slot after that slot's gather was waited for, with the memory counters in closed
-// form; its checkpoints are the CPU trainer's without offload byte for byte, and a run resumed from
+// before each gather, AdamW on the file's plane 2, no master weights pinned) equals it too, dense
+// and with MoE blocks (the experts' shards in staging slots 4 and 5), every upload into a slot
+// after that slot's gather was waited for, with the memory counters in closed form; its checkpoints are the CPU trainer's without offload byte for byte, and a run resumed from
 // one ends as the uninterrupted run.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -194,6 +194,41 @@ TEST(DeviceOffloadParams, Zero3EqualsTheCpuRunBitForBit) {
   EXPECT_EQ(m.offload_nvme, 3 * f * double(k));
   EXPECT_EQ(m.offload_nvme, on_cpu.offload_nvme);
   EXPECT_EQ(m.offload_host, f * (2 * c + 9 * c + 4 * double(max_shard)));
+  world().barrier().wait();
+  if (world().rank() == 0) fs::remove_all(shared_dir());
+  world().barrier().wait();
+}
+
+// The same with MoE blocks (ep 2: each rank's experts a segment of their own over the edp group),
+// the experts' shards staged through slots 4 and 5: bit for bit, each upload after its slot's
+// release, one upload per gather (the experts' with their block's).
+TEST(DeviceOffloadParams, MoeZero3EqualsTheCpuRunBitForBit) {
+  const int n = world().size();
+  auto moe = [&](const char* optimizer, const char* params) {
+    Scenario s = tiny(n, 3, optimizer, params);
+    s.model.moe.experts = 4;
+    s.model.moe.top_k = 2;
+    s.model.moe.expert_ffn_hidden = 48;
+    s.parallel.ep = 2;
+    return s;
+  };
+  const RunOut want = run(moe("none", "none"));
+  testing::HostDeviceLoop t(moe("nvme", "nvme"), world(), nullptr);
+  t.prepare();
+  RunOut got;
+  for (int i = 0; i < 3; ++i) got.losses.push_back(t.step().loss);
+  got.params = t.parameters();
+  EXPECT_EQ(got.losses, want.losses);
+  ASSERT_EQ(got.params.size(), want.params.size());
+  EXPECT_EQ(0, std::memcmp(got.params.data(), want.params.data(), want.params.size() * 4));
+  const auto& staging = *t.backend().shard_staging();
+  int expert_segments = 0;
+  for (const auto& sg : t.zero3()->segments()) expert_segments += sg.expert ? 1 : 0;
+  EXPECT_EQ(expert_segments, 2);  // every block an MoE block
+  EXPECT_EQ(staging.slots(), 6);
+  const int blocks = 2, micro_batches = 2;
+  EXPECT_EQ(staging.uploads, 3 * (2 + 2 * (blocks + expert_segments) * micro_batches));
+  EXPECT_EQ(staging.unreleased_uploads, 0);
   world().barrier().wait();
   if (world().rank() == 0) fs::remove_all(shared_dir());
   world().barrier().wait();
