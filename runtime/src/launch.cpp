@@ -415,15 +415,10 @@ void check_supported_on_device(const Scenario& s) {
                      "' is implemented on runtime.device cpu only, not " + s.runtime.device +
                      "; use none or device cpu");
   }
-  // Offload (issue 18 item 3): the optimizer's (host or nvme) runs on both devices; ZeRO 3's
-  // parameter shards in the file (offload_params) on the CPU path only, where the gathers read them
-  // from host memory: the GPU path refuses it rather than run without it.
-  if (s.zero.offload_params != "none" && device_of(s.runtime) != orrery::Device::Cpu) {
-    throw InputError((s.path.empty() ? std::string("scenario") : s.path) +
-                     ": key 'zero.offload_params': '" + s.zero.offload_params +
-                     "' is implemented on runtime.device cpu only, not " + s.runtime.device +
-                     "; use none (zero.offload_optimizer alone) or device cpu");
-  }
+  // Offload (issue 18 item 3) runs on both devices: the optimizer's (host or nvme) and ZeRO 3's
+  // parameter shards in the file (offload_params; on a device each shard is uploaded through pinned
+  // memory before its gather). What the scenario refuses (offload_params without ZeRO 3 or without
+  // offload_optimizer nvme, host offload on the CPU) it refused when it was read.
   // Checkpoints hold parameters and AdamW moments, not the hooks' error-feedback residuals nor
   // PowerSGD's Q: a resumed run would differ from the uninterrupted one, so not allowed yet.
   if (s.parallel.grad_compression != "none" && s.checkpoint.every > 0) {

@@ -58,9 +58,10 @@ void OffloadPipeline::after_step(std::size_t i) {
 }
 
 namespace {
-void host_step(OffloadPipeline& pipe, std::size_t i, const OffloadRange& r, float* m, float* v,
-               std::span<const ParamRange> decay, int64_t adam_step, const AdamWConfig& cfg,
-               profiler::Recorder* rec, int32_t label_step) {
+// Chunk i's step: its master weights at `master`, moments at `m` / `v`.
+void host_step(OffloadPipeline& pipe, std::size_t i, const OffloadRange& r, float* master, float* m,
+               float* v, std::span<const ParamRange> decay, int64_t adam_step,
+               const AdamWConfig& cfg, profiler::Recorder* rec, int32_t label_step) {
   const float* g = pipe.before_step(i);
   const std::size_t d = pipe.first(i), n = pipe.size(i);
   {
@@ -70,7 +71,7 @@ void host_step(OffloadPipeline& pipe, std::size_t i, const OffloadRange& r, floa
     s.step = label_step;
     s.bytes = static_cast<int64_t>(n * sizeof(float));
     profiler::ScopedSpan span(rec, s);
-    adamw_update(r.master + d, g, m, v, r.flat_offset + d, n, decay, adam_step, cfg);
+    adamw_update(master, g, m, v, r.flat_offset + d, n, decay, adam_step, cfg);
   }
   pipe.after_step(i);
 }
@@ -80,23 +81,28 @@ void offload_adamw_range(OffloadTransfers& t, const OffloadRange& r, std::size_t
                          std::span<const ParamRange> decay, int64_t adam_step,
                          const AdamWConfig& cfg, profiler::Recorder* rec, int32_t label_step) {
   if (r.count == 0) return;
+  if (r.master == nullptr && (r.store == nullptr || r.store->planes() < 3))
+    throw InternalError("offload pipeline: no master weights (no array, no store plane 2)");
   if (r.store == nullptr) {
     OffloadPipeline pipe(t, r.count, chunk);
     for (std::size_t i = 0; i < pipe.chunks(); ++i) {
       const std::size_t k = r.moment_begin + pipe.first(i);
-      host_step(pipe, i, r, r.m + k, r.v + k, decay, adam_step, cfg, rec, label_step);
+      host_step(pipe, i, r, r.master + pipe.first(i), r.m + k, r.v + k, decay, adam_step, cfg, rec,
+                label_step);
     }
     return;
   }
-  // The store's chunks are the pipeline's: the moments of chunk i are read ahead while chunk i-1
-  // steps and written behind while chunk i+1 does.
+  // The store's chunks are the pipeline's: the moments (and with a null master the master
+  // weights, plane 2) of chunk i are read ahead while chunk i-1 steps and written behind while
+  // chunk i+1 does.
   OffloadPipeline pipe(t, r.count, r.store->chunk_elems());
-  r.store->for_each_chunk(r.moment_begin, r.count, label_step,
-                          [&](std::size_t first, std::size_t, float* const* plane) {
-                            const std::size_t i = (first - r.moment_begin) / r.store->chunk_elems();
-                            host_step(pipe, i, r, plane[0], plane[1], decay, adam_step, cfg, rec,
-                                      label_step);
-                          });
+  r.store->for_each_chunk(
+      r.moment_begin, r.count, label_step,
+      [&](std::size_t first, std::size_t, float* const* plane) {
+        const std::size_t i = (first - r.moment_begin) / r.store->chunk_elems();
+        float* master = r.master != nullptr ? r.master + pipe.first(i) : plane[2];
+        host_step(pipe, i, r, master, plane[0], plane[1], decay, adam_step, cfg, rec, label_step);
+      });
 }
 
 }  // namespace orrery::runtime

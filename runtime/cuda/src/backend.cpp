@@ -317,7 +317,8 @@ std::unique_ptr<CudaBackend::Zero3> CudaBackend::make_zero3(Model& m, int dp_ran
 }
 
 void CudaBackend::end_step() {
-  spans_->resolve();  // waits for the stream
+  if (shards_) shards_->resolve();  // waits for its copy stream
+  spans_->resolve();                // waits for the stream
   ORRERY_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));
   ORRERY_CUDA_CHECK(cudaGetLastError());
 }
@@ -335,6 +336,7 @@ void CudaBackend::drain() noexcept {
   // Let queued work finish before buffers go (errors cannot be reported from here).
   if (stream_) cudaStreamSynchronize(stream_->get());
   if (offload_) offload_->drain();
+  if (shards_) shards_->drain();
   for (Communicator* c : {dp_.get(), tp_.get(), pp_.get(), embed_.get(), ep_.get(), edp_.get()}) {
     if (c == nullptr) continue;
     try {

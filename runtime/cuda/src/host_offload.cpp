@@ -1,9 +1,10 @@
 // ZeRO-Offload's device half on CUDA (cuda/host_offload.hpp): pinned arrays, the copy stream and
-// the chunks' copies.
+// the chunks' copies; ZeRO 3's parameter shards staged for their gathers (offload_params).
 #include "orrery/runtime/cuda/host_offload.hpp"
 
 #include <algorithm>
 
+#include "orrery/common/error.hpp"
 #include "orrery/model/names.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/cuda/backend.hpp"
@@ -37,11 +38,11 @@ PinnedArray& PinnedArray::operator=(PinnedArray&& o) noexcept {
 
 // ------------------------------------------------------------------------------------ HostOffload
 
-HostOffload::HostOffload(std::size_t elems, bool moments, std::size_t chunk, cudaStream_t compute,
-                         profiler::Recorder* rec)
+HostOffload::HostOffload(std::size_t elems, bool moments, std::size_t chunk, bool master,
+                         cudaStream_t compute, profiler::Recorder* rec)
     : compute_(compute),
       chunk_(std::max<std::size_t>(1, std::min(chunk, elems))),
-      master_(elems),
+      master_(master ? elems : 0),
       m_(moments ? elems : 0),
       v_(moments ? elems : 0),
       rec_(rec != nullptr && rec->enabled() ? rec : nullptr) {
@@ -105,6 +106,7 @@ const float* HostOffload::downloaded(int buffer) {
 }
 
 void HostOffload::upload(std::size_t first, std::size_t n) {
+  if (params_ == nullptr) return;  // offload_params: the file holds the updated shard
   const int span = spans_->open(copy_span(rec_, model::names::kOffloadH2D, n, step_));
   ORRERY_CUDA_CHECK(cudaMemcpyAsync(params_ + first, host_ + first, n * sizeof(float),
                                     cudaMemcpyHostToDevice, copy_.get()));
@@ -112,5 +114,77 @@ void HostOffload::upload(std::size_t first, std::size_t n) {
 }
 
 void HostOffload::drain() noexcept { cudaStreamSynchronize(copy_.get()); }
+
+// ------------------------------------------------------------------------------- CudaShardStaging
+
+CudaShardStaging::CudaShardStaging(int slots, std::size_t elems, cudaStream_t compute,
+                                   profiler::Recorder* rec)
+    : compute_(compute),
+      rec_(rec != nullptr && rec->enabled() ? rec : nullptr),
+      slots_(static_cast<std::size_t>(std::max(slots, 0))) {
+  for (Slot& s : slots_) {
+    s.host = PinnedArray(elems);
+    s.device.resize(elems);
+  }
+  if (rec_ != nullptr) {
+    rec_->ensure_stream(model::names::kStreamOffload,
+                        model::names::stream_name(model::names::kStreamOffload));
+  }
+  spans_ = std::make_unique<EventSpans>(rec_, copy_.get(), model::names::kStreamOffload);
+}
+
+CudaShardStaging::~CudaShardStaging() { drain(); }
+
+CudaShardStaging::Slot& CudaShardStaging::at(int slot) {
+  return slots_.at(static_cast<std::size_t>(slot));
+}
+
+float* CudaShardStaging::host(int slot) {
+  Slot& s = at(slot);
+  if (s.used) s.uploaded.synchronize();  // the last copy out of the pinned buffer is done
+  return s.host.data();
+}
+
+const float* CudaShardStaging::upload(int slot, std::size_t n, int32_t step, int layer) {
+  Slot& s = at(slot);
+  if (n > s.host.size()) throw InternalError("shard staging: upload beyond the slot's buffer");
+  if (!s.released) s.free.record(compute_);  // conservative: after everything queued so far
+  ORRERY_CUDA_CHECK(cudaStreamWaitEvent(copy_.get(), s.free.get(), 0));
+  traces::Span proto = copy_span(rec_, model::names::kOffloadH2D, n, step);
+  proto.layer = layer;
+  const int span = spans_->open(proto);
+  ORRERY_CUDA_CHECK(cudaMemcpyAsync(s.device.data(), s.host.data(), n * sizeof(float),
+                                    cudaMemcpyHostToDevice, copy_.get()));
+  spans_->close(span);
+  s.uploaded.record(copy_.get());
+  ORRERY_CUDA_CHECK(cudaStreamWaitEvent(compute_, s.uploaded.get(), 0));
+  s.released = false;
+  s.used = true;
+  return s.device.data();
+}
+
+void CudaShardStaging::released(int slot) {
+  Slot& s = at(slot);
+  s.free.record(compute_);
+  s.released = true;
+}
+
+std::size_t CudaShardStaging::host_bytes() const {
+  std::size_t b = 0;
+  for (const Slot& s : slots_) b += s.host.size_bytes();
+  return b;
+}
+
+std::size_t CudaShardStaging::device_bytes() const {
+  std::size_t b = 0;
+  for (const Slot& s : slots_) b += s.device.size_bytes();
+  return b;
+}
+
+void CudaShardStaging::anchor() { spans_->anchor(); }
+
+void CudaShardStaging::resolve() { spans_->resolve(); }
+
+void CudaShardStaging::drain() noexcept { cudaStreamSynchronize(copy_.get()); }
 
 }  // namespace orrery::runtime::cuda

@@ -1,7 +1,9 @@
 // `orrery run --device cuda` on a machine without a usable CUDA device: a clear message naming the
 // cause on stderr, exit status 2 (bad input for this machine), no crash, no hang (a 120 s timeout
 // around the command), and no trace file left behind. Skips where a device is present. A pipeline
-// run on cuda is refused only for that cause; the interleaved schedule on any machine.
+// run on cuda is refused only for that cause; the interleaved schedule on any machine. ZeRO 3 with
+// zero.offload_params on cuda likewise only for want of a device; offload_params without ZeRO 3 or
+// without offload_optimizer nvme on any machine, naming the key.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,7 +35,8 @@ CommandResult run_command(const std::string& cmd) {
 }
 
 TEST(CudaCli, RunOnDeviceCudaWithoutADeviceExitsTwoWithTheReason) {
-  if (device_count() > 0) GTEST_SKIP() << "a CUDA device is present: the no-device path cannot be checked";
+  if (device_count() > 0)
+    GTEST_SKIP() << "a CUDA device is present: the no-device path cannot be checked";
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("orrery-cuda-cli-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -45,8 +48,8 @@ TEST(CudaCli, RunOnDeviceCudaWithoutADeviceExitsTwoWithTheReason) {
                              "runtime: {device: cuda}\n";
   const std::string out = (dir / "run.db").string();
   for (const std::string extra : {"", " --device cuda"}) {
-    const CommandResult r = run_command("timeout 120 " + std::string(ORRERY_BIN) + " run " + scenario.string() + extra +
-                              " --nproc 1 --out " + out);
+    const CommandResult r = run_command("timeout 120 " + std::string(ORRERY_BIN) + " run " +
+                                        scenario.string() + extra + " --nproc 1 --out " + out);
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find("cuda"), std::string::npos) << r.output;
     // `run` hands device cuda to the CUDA runtime (check_supported_cuda), which names the cause.
@@ -86,6 +89,48 @@ TEST(CudaCli, PipelineOnDeviceCudaIsRefusedOnlyForTheDeviceOrTheInterleavedSched
       << r.output;
   std::filesystem::remove(scenario);
   EXPECT_TRUE(std::filesystem::is_empty(dir)) << "files were left in " << dir;
+  std::filesystem::remove_all(dir);
+}
+
+// ZeRO 3 with the parameter shards in the NVMe file on device cuda: refused only for want of a
+// device (not for zero.offload_params); what the key still refuses, on any machine and before
+// mpirun starts (exit 2, naming the key): offload_params without ZeRO 3, or without
+// offload_optimizer nvme.
+TEST(CudaCli, OffloadParamsOnDeviceCudaIsRefusedOnlyForTheDeviceOrWithoutZeroThree) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("orrery-cuda-cli-offload-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "nvme");
+  const std::filesystem::path scenario = dir / "z3.yaml";
+  std::ofstream(scenario) << "name: z3\n"
+                             "model: {layers: 2, d_model: 32, heads: 2, vocab: 64, seq: 16}\n"
+                             "training: {steps: 2, global_batch: 4, micro_batch: 2}\n"
+                             "parallel: {dp: 2, zero: 3}\n"
+                             "zero: {offload_optimizer: nvme, offload_params: nvme, nvme_path: " +
+                                 (dir / "nvme").string() +
+                                 "}\n"
+                                 "runtime: {device: cuda}\n";
+  const std::string run = "timeout 120 " + std::string(ORRERY_BIN) + " run " + scenario.string() +
+                          " --nproc 2 --out " + (dir / "run.db").string();
+  if (device_count() == 0) {
+    const CommandResult r = run_command(run);
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_EQ(r.output.find("zero.offload_params"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(no_device_reason()), std::string::npos) << r.output;
+  }
+  const CommandResult z2 = run_command(run + " --set parallel.zero=2");
+  EXPECT_EQ(z2.status, 2) << z2.output;
+  EXPECT_NE(z2.output.find("key 'zero.offload_params': 'nvme' offloads ZeRO 3's parameter shards: "
+                           "needs parallel.zero 3 (got 2)"),
+            std::string::npos)
+      << z2.output;
+  const CommandResult host = run_command(run + " --set zero.offload_optimizer=host");
+  EXPECT_EQ(host.status, 2) << host.output;
+  EXPECT_NE(host.output.find("key 'zero.offload_params': 'nvme' keeps the parameter shards with "
+                             "the optimizer state: needs zero.offload_optimizer nvme (got 'host')"),
+            std::string::npos)
+      << host.output;
+  std::filesystem::remove(scenario);
+  EXPECT_TRUE(std::filesystem::is_empty(dir / "nvme")) << "files were left in " << dir;
   std::filesystem::remove_all(dir);
 }
 

@@ -21,7 +21,10 @@
 //  - a profiled host-offload run records per step one "offload.d2h" and one "offload.h2d" (Memcpy,
 //    stream "offload") and one "offload.adamw" (Optimizer, compute stream) per chunk, each
 //    carrying 4 bytes per element: 4n bytes each per step.
-// Suites are named Gpu*: they need a device and skip with the reason without one.
+// Suites are named Gpu*: they need a device and skip with the reason without one. ZeRO 3 with
+// zero.offload_params needs dp >= 2: its GPU tests are test_cuda_parallel.cpp's GpuZero.OffloadParams*;
+// here (no device needed, suite CudaOffload) every such layout, dense and MoE, gets as far as the
+// device check of `orrery run`'s path (check_supported_on_device: no longer refused for the key).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -34,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "orrery/common/error.hpp"
 #include "orrery/model/names.hpp"
 #include "orrery/runtime/checkpoint.hpp"
 #include "orrery/runtime/cuda/gpu_run.hpp"
@@ -238,6 +242,40 @@ TEST(GpuOffload, ProfiledRunRecordsTheChunksCopiesAndHostSteps) {
   }
   EXPECT_EQ(offload_host, 12.0 * double(n) + 8.0 * double(std::min<int64_t>(int64_t(kChunk), n)));
   EXPECT_EQ(optimizer, 0.0);
+  fs::remove_all(dir);
+}
+
+// No device needed: dp2 (and dp4) ZeRO 3 with the optimizer state and the parameter shards in the
+// NVMe file, dense and MoE (ep 1, 2), is accepted on device cuda up to the device check, whose
+// message names runtime.device, not zero.offload_params.
+TEST(CudaOffload, ZeroThreeParamsLayoutsGetAsFarAsTheDeviceCheck) {
+  if (device_count() > 0) GTEST_SKIP() << "a device is present: the no-device path is not taken";
+  const fs::path dir = temp_dir("-layouts");
+  for (const int dp : {2, 4}) {
+    for (const int experts : {0, 4}) {
+      for (const int ep : {1, 2}) {
+        if (experts == 0 && ep > 1) continue;
+        Scenario s = tiny("nvme", dir);
+        s.parallel.dp = dp;
+        s.parallel.zero = 3;
+        s.parallel.ep = ep;
+        s.training.global_batch = 2 * dp;
+        s.model.moe.experts = experts;
+        s.model.moe.expert_ffn_hidden = experts > 0 ? 96 : 0;
+        s.zero.offload_params = "nvme";
+        SCOPED_TRACE("dp " + std::to_string(dp) + ", experts " + std::to_string(experts) + ", ep " +
+                     std::to_string(ep));
+        try {
+          check_supported_on_device(s);
+          ADD_FAILURE() << "accepted without a device";
+        } catch (const InputError& e) {
+          const std::string what = e.what();
+          EXPECT_NE(what.find("key 'runtime.device'"), std::string::npos) << what;
+          EXPECT_EQ(what.find("zero.offload_params"), std::string::npos) << what;
+        }
+      }
+    }
+  }
   fs::remove_all(dir);
 }
 

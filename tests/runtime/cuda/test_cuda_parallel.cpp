@@ -14,6 +14,11 @@
 //    parameters (the backwards accumulate in the same micro-batch order);
 //  - ZeRO 1/2/3 with zero.offload_optimizer host and nvme: each other's results bit for bit, the
 //    in-memory run's within the ZeRO bounds, the memory counters in closed form;
+//  - ZeRO 3 with zero.offload_params (the shards in the NVMe file, uploaded through pinned memory
+//    before each gather): the offload_optimizer nvme run's losses, parameters and checkpoints bit
+//    for bit, the CPU trainer's losses, the in-memory run's within the ZeRO bounds, resume bit for
+//    bit, memory in closed form, with MoE (ep 1, 2) too; profiled, the CPU run's offload.read /
+//    offload.write bytes and one offload.h2d per zero.fetch_layer;
 //  - the same dp2 ZeRO 2, dp2 ZeRO 3, tp2 and pp2 scenarios on the CPU trainer (same ranks, MPI) give the
 //    GPU's losses;
 //  - MoE blocks with expert parallelism (dp2 ep2: each rank holds 2 of the 4 experts, the tokens go
@@ -45,13 +50,18 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "mpi_env.hpp"
 #include "orrery/model/names.hpp"
 #include "orrery/profiler/recorder.hpp"
+#include "orrery/runtime/checkpoint.hpp"
 #include "orrery/runtime/cuda/gpu_run.hpp"
 #include "orrery/runtime/cuda/trainer.hpp"
 #include "orrery/runtime/launch.hpp"
@@ -289,6 +299,143 @@ TEST(GpuZero, OffloadHostAndNvmeMatchTheInMemoryRun) {
   }
 }
 
+// `s` with zero.offload_optimizer nvme (chunks of 2621 floats, the files under the temporary
+// directory) and zero.offload_params `params`.
+Scenario offloaded(Scenario s, const char* params) {
+  s.zero.offload_optimizer = "nvme";
+  s.zero.offload_params = params;
+  s.zero.offload_chunk_mb = 0.01;
+  s.zero.nvme_path = std::filesystem::temp_directory_path().string();
+  return s;
+}
+
+// ZeRO 3's shard sizes of `s`'s model over dp 2: k_g = ceil(c_g / 2) per segment (as
+// Zero3EndsWithTheDdpParameters), by segment id (kEmbedSegment .. n_layer).
+std::map<int, double> zero3_shards(const Scenario& s) {
+  const Gpt full = gpt_create(gpt_config(s.model), GptShard{}, s.training.seed);
+  std::map<int, double> k;
+  for (int id = kEmbedSegment; id <= s.model.layers; ++id)
+    k[id] = static_cast<double>((full.segment_range(id).count + 1) / 2);
+  return k;
+}
+
+// A directory every rank agrees on (rank 0's pid), made by rank 0.
+std::filesystem::path job_dir(const std::string& prefix) {
+  int32_t pid = static_cast<int32_t>(::getpid());
+  world().broadcast(&pid, 1, DType::I32, 0).wait();
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / (prefix + std::to_string(pid));
+  if (world().rank() == 0) std::filesystem::create_directories(dir);
+  world().barrier().wait();
+  return dir;
+}
+
+// ZeRO 3 with zero.offload_params: the parameter shards live in the NVMe file and reach the device
+// through the pinned staging before each gather; AdamW steps on the host over the file's planes
+// (parameters with the moments). The host step is offload_optimizer nvme's on the same gradients
+// and the gathers send the same bits, so that run's losses and final parameters bit for bit; the
+// CPU trainer's losses (same scenario) within the CPU-vs-GPU bound; the in-memory run's within
+// ZeRO's bounds (the GPU's AdamW kernel against the host's, test_cuda_offload.cpp says why they
+// may differ in the last bit). Memory: the device holds the four staging slots of the largest
+// shard s (16 s bytes as mem.parameters, the CPU trainer's count) and no optimizer state; the file
+// three planes of the shard k (12 k); pinned host memory the two gradient staging chunks (8 c),
+// the store's three chunk buffers of three planes (36 c) and the four host slots (16 s).
+TEST(GpuZero, OffloadParamsMatchesTheNvmeOptimizerRunAndTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const Scenario plain = tiny(2, 1, 3);
+  const Scenario params = offloaded(plain, "nvme");
+  const GpuRun p = run_gpu(plain, world());
+  const GpuRun o = run_gpu(offloaded(plain, "none"), world());
+  const GpuRun v = run_gpu(params, world());
+  EXPECT_EQ(v.losses, o.losses);
+  ASSERT_EQ(v.final_params.size(), o.final_params.size());
+  EXPECT_EQ(0, std::memcmp(v.final_params.data(), o.final_params.data(),
+                           o.final_params.size() * sizeof(float)))
+      << "offload_params vs offload_optimizer nvme";
+  expect_matches_ddp(v, p, "dp2 zero3 offload params vs in memory");
+  expect_losses_near(v.losses, run_cpu_losses(params, world()), 1e-4,
+                     "dp2 zero3 offload params gpu vs cpu");
+  double k = 0, largest = 0;
+  for (const auto& [id, shard] : zero3_shards(plain)) {
+    k += shard;
+    largest = std::max(largest, shard);
+  }
+  const double c = std::min(2621.0, k);
+  EXPECT_EQ(p.memory.optimizer, 8 * k);
+  EXPECT_EQ(v.memory.parameters, 16 * largest);
+  EXPECT_EQ(v.memory.optimizer, 0.0);
+  EXPECT_EQ(v.memory.offload_nvme, 12 * k);
+  EXPECT_EQ(v.memory.offload_host, 8 * c + 36 * c + 16 * largest);
+  EXPECT_EQ(v.memory.gradients, p.memory.gradients);
+  EXPECT_EQ(v.memory.comm_buffers, p.memory.comm_buffers);
+  Scenario on_cpu = params;
+  on_cpu.runtime.device = "cpu";
+  const Trainer cpu(on_cpu, world(), nullptr);
+  EXPECT_EQ(v.memory.parameters, cpu.memory().parameters);
+  EXPECT_EQ(v.memory.offload_nvme, cpu.memory().offload_nvme);
+}
+
+// Every file of a checkpoint directory, by name, with its bytes.
+std::vector<std::pair<std::string, std::string>> files_of(const std::filesystem::path& dir) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    std::ifstream in(e.path(), std::ios::binary);
+    out.emplace_back(e.path().filename().string(),
+                     std::string(std::istreambuf_iterator<char>(in), {}));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Four steps of `s` on the GPU, a checkpoint every two under `dir`, resumed from `resume` if set.
+GpuRun run_gpu_checkpointed(Scenario s, const std::filesystem::path& dir,
+                            const std::string& resume) {
+  s.training.steps = 4;
+  s.checkpoint.every = 2;
+  s.checkpoint.dir = dir.string();
+  GpuRun r;
+  GpuTrainer t(s, world(), nullptr, staged());
+  CheckpointSession ck(s, t, world(), nullptr, s.checkpoint.dir);
+  if (!resume.empty()) restore_trainer(t, s, resume, verify_checkpoint(resume));
+  t.prepare();
+  while (t.steps_done() < s.training.steps) {
+    r.losses.push_back(t.step().loss);
+    ck.after_step();
+  }
+  ck.finish();
+  r.final_params = t.parameters();
+  t.finish();
+  return r;
+}
+
+// Checkpoints with offload_params hold the file's planes (parameters and moments): the bytes of
+// the offload_optimizer nvme run's checkpoints (the same arithmetic, the parameters there read
+// from the device's shards); a run resumed from step 2 ends with the uninterrupted run's losses,
+// parameters and step-4 checkpoint bit for bit.
+TEST(GpuZero, OffloadParamsCheckpointsAndResumeAreBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  const std::filesystem::path dir = job_dir("orrery-cuda-offload-params-");
+  const Scenario params = offloaded(tiny(2, 1, 3), "nvme");
+  const GpuRun o = run_gpu_checkpointed(offloaded(tiny(2, 1, 3), "none"), dir / "opt", "");
+  const GpuRun full = run_gpu_checkpointed(params, dir / "full", "");
+  EXPECT_EQ(full.losses, o.losses);
+  world().barrier().wait();  // every rank's files and the manifests written
+  for (const char* step : {"step-2", "step-4"})
+    EXPECT_EQ(files_of(dir / "full" / step), files_of(dir / "opt" / step)) << step;
+  const GpuRun resumed =
+      run_gpu_checkpointed(params, dir / "again", (dir / "full" / "step-2").string());
+  ASSERT_EQ(resumed.losses.size(), 2u);
+  EXPECT_EQ(resumed.losses[0], full.losses[2]);
+  EXPECT_EQ(resumed.losses[1], full.losses[3]);
+  ASSERT_EQ(resumed.final_params.size(), full.final_params.size());
+  EXPECT_EQ(0, std::memcmp(resumed.final_params.data(), full.final_params.data(),
+                           full.final_params.size() * sizeof(float)));
+  world().barrier().wait();
+  EXPECT_EQ(files_of(dir / "again" / "step-4"), files_of(dir / "full" / "step-4"));
+  world().barrier().wait();
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
 TEST(GpuTensorParallel, Tp2MatchesTp1) {
   SKIP_WITHOUT_GPU();
   const Scenario s2 = tiny(1, 2, 0);
@@ -381,6 +528,28 @@ TEST(GpuMoe, Zero1To3EndWithTheDdpParameters) {
       expect_matches_ddp(run_gpu(s, world()), ddp,
                          "moe ep" + std::to_string(ep) + " zero " + std::to_string(zero));
     }
+  }
+}
+
+// ZeRO 3 with MoE blocks and zero.offload_params: the experts' shards staged through their own
+// slots (4, 5) and gathered over edp (ep1) or copied (ep2: an edp group of one), as the dense ones;
+// the offload_optimizer nvme run's losses and parameters bit for bit, the CPU trainer's losses
+// within the CPU-vs-GPU bound.
+TEST(GpuMoe, Zero3OffloadParamsMatchesTheNvmeOptimizerRunAndTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (int ep : {2, 1}) {
+    Scenario s = tiny_moe(ep);
+    s.parallel.zero = 3;
+    const std::string what = "moe ep" + std::to_string(ep) + " zero3 offload params";
+    const GpuRun o = run_gpu(offloaded(s, "none"), world());
+    const GpuRun v = run_gpu(offloaded(s, "nvme"), world());
+    EXPECT_EQ(v.losses, o.losses) << what;
+    ASSERT_EQ(v.final_params.size(), o.final_params.size()) << what;
+    EXPECT_EQ(0, std::memcmp(v.final_params.data(), o.final_params.data(),
+                             o.final_params.size() * sizeof(float)))
+        << what;
+    expect_losses_near(v.losses, run_cpu_losses(offloaded(s, "nvme"), world()), 1e-4,
+                       (what + " gpu vs cpu").c_str());
   }
 }
 
@@ -549,6 +718,83 @@ TEST(GpuParallelSpans, ProfiledRunsRecordTheCpuSpans) {
       EXPECT_EQ(count_named(gpu, kTpAllReduceName),
                 2 * mbs * 4 * static_cast<std::size_t>(s.model.layers))
           << tag;
+    }
+  }
+  world().barrier().wait();
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Per (rank, step, name) of the offload spans and the ZeRO 3 fetches: count and bytes.
+using OffloadTally = std::map<std::tuple<int, int, std::string>, std::pair<int64_t, int64_t>>;
+OffloadTally offload_tally(const traces::Trace& t) {
+  OffloadTally out;
+  for (const auto& sp : t.spans) {
+    const std::string& name = t.name_of(sp);
+    const bool fetch = name == kZeroFetchLayerName && sp.kind == traces::SpanKind::Collective &&
+                       is_comm_stream(sp.stream);
+    if (!fetch && name.rfind("offload.", 0) != 0) continue;
+    auto& [count, bytes] = out[{sp.rank, sp.step, name}];
+    ++count;
+    bytes += sp.bytes;
+  }
+  return out;
+}
+
+// The last value of counter `name` per rank (-1: none).
+std::map<int, double> last_counter(const traces::Trace& t, std::string_view name) {
+  std::map<int, double> out{{0, -1.0}, {1, -1.0}};
+  for (const auto& c : t.counters) {
+    if (t.strings.str(c.name) == name) out[c.rank] = c.value;
+  }
+  return out;
+}
+
+// A profiled dp2 ZeRO 3 run with offload_params: per rank and step the GPU's offload.read and
+// offload.write bytes are the CPU run's (the same loop: the optimizer's three planes, the shards
+// read for the gathers); one offload.h2d (Memcpy, stream "offload") per zero.fetch_layer, carrying
+// that segment's shard (the embedding and final LayerNorm once, each block twice a micro-batch);
+// mem.offload_nvme as on the CPU and mem.offload_host recorded.
+TEST(GpuParallelSpans, OffloadParamsRecordsTheCpuReadsAndWritesAndAnUploadPerGather) {
+  SKIP_WITHOUT_GPU();
+  const std::filesystem::path dir = job_dir("orrery-cuda-offload-spans-");
+  Scenario s = offloaded(tiny(2, 1, 3), "nvme");
+  s.training.steps = 2;
+  RankRunOptions opt;
+  Scenario c = s;
+  c.runtime.device = "cpu";
+  opt.out = (dir / "cpu.db").string();
+  run_rank(c, world(), opt);
+  opt.out = (dir / "gpu.db").string();
+  EXPECT_EQ(run_rank_cuda(s, world(), opt, staged()).steps.size(), 2u);
+  world().barrier().wait();  // rank 0 merged both traces
+  if (world().rank() == 0) {
+    const traces::Trace cpu_trace = traces::load_trace((dir / "cpu.db").string());
+    const traces::Trace gpu_trace = traces::load_trace((dir / "gpu.db").string());
+    OffloadTally cpu = offload_tally(cpu_trace), gpu = offload_tally(gpu_trace);
+    const std::map<int, double> k = zero3_shards(s);
+    const int64_t mbs = s.micro_batches_per_step(), L = s.model.layers;
+    double uploaded = k.at(kEmbedSegment) + k.at(s.model.layers);
+    for (int l = 0; l < s.model.layers; ++l) uploaded += 2.0 * double(mbs) * k.at(l);
+    for (int rank : {0, 1}) {
+      for (int step : {0, 1}) {
+        const std::string at = "rank " + std::to_string(rank) + " step " + std::to_string(step);
+        for (auto name : {model::names::kOffloadRead, model::names::kOffloadWrite}) {
+          const auto key = std::make_tuple(rank, step, std::string(name));
+          EXPECT_GT(cpu[key].second, 0) << at << " " << name;
+          EXPECT_EQ(gpu[key].second, cpu[key].second) << at << " " << name;
+        }
+        const auto h2d = gpu[{rank, step, std::string(model::names::kOffloadH2D)}];
+        EXPECT_EQ(h2d.first, 2 + 2 * L * mbs) << at;
+        EXPECT_EQ(h2d.first, (gpu[{rank, step, std::string(kZeroFetchLayerName)}].first)) << at;
+        EXPECT_EQ(double(h2d.second), 4 * uploaded) << at;
+      }
+    }
+    const auto gpu_nvme = last_counter(gpu_trace, model::names::kMemOffloadNvme);
+    const auto gpu_host = last_counter(gpu_trace, model::names::kMemOffloadHost);
+    EXPECT_EQ(gpu_nvme, last_counter(cpu_trace, model::names::kMemOffloadNvme));
+    for (int rank : {0, 1}) {
+      EXPECT_GT(gpu_nvme.at(rank), 0) << rank;
+      EXPECT_GT(gpu_host.at(rank), 0) << rank;
     }
   }
   world().barrier().wait();

@@ -114,6 +114,7 @@ class OffloadStore {
   std::size_t file_bytes() const { return file_.size_bytes(); }
   std::size_t buffer_bytes() const { return buffers_.size_bytes(); }
   std::size_t elems() const { return n_; }
+  int planes() const { return planes_; }
   std::size_t chunk_elems() const { return chunk_; }  // floats per plane per chunk
 
  private:

@@ -87,8 +87,11 @@ class OffloadPipeline {
 // One range's AdamW through the pipeline: `count` elements whose master weights start at
 // `master`, moments at element `moment_begin` of `m` / `v` (host arrays) or, when `store` is not
 // null, of the store's planes 0 and 1 (streamed by for_each_chunk, whose chunks are then the
-// pipeline's), flat offset `flat_offset` (the decay ranges' coordinates). Each chunk's host step
-// is adamw_update on it, so the result is bit for bit the whole range's adamw_update (elementwise).
+// pipeline's), flat offset `flat_offset` (the decay ranges' coordinates). A null `master` (ZeRO 3
+// with zero.offload_params: the device holds no shard) takes the master weights from the store's
+// plane 2, written back with the moments; the transfers then have no parameters to upload. Each
+// chunk's host step is adamw_update on it, so the result is bit for bit the whole range's
+// adamw_update (elementwise).
 // Spans (rec may be null): "offload.adamw" per chunk, bytes 4 per element, step `label_step`.
 struct OffloadRange {
   float* master = nullptr;
@@ -100,5 +103,29 @@ struct OffloadRange {
 void offload_adamw_range(OffloadTransfers& t, const OffloadRange& r, std::size_t chunk,
                          std::span<const ParamRange> decay, int64_t adam_step,
                          const AdamWConfig& cfg, profiler::Recorder* rec, int32_t label_step);
+
+// ZeRO 3 with zero.offload_params on a device: the parameter shards live in the offload file
+// (plane 2), and each gather's send buffer must be device memory. A device provides `slots()`
+// staging slots (0-3: zero3_slot's working buffers; 4 and 5: an MoE block's experts of block
+// buffers 0 and 1, when the model has experts), each a host buffer the file's read fills and a
+// device buffer the gather reads, of the largest shard. The loop calls, per gather:
+//   host(slot)          before the file's read into the slot: waits (host) for the slot's last
+//                       upload, so the read never overwrites memory a copy still reads;
+//   upload(slot, n)     after the read: queues the copy of n elements into the device buffer and
+//                       orders the device's next work (the gather the loop issues next) after it;
+//                       returns the device buffer;
+//   released(slot)      after the slot's gather is waited for: the next upload into the slot's
+//                       device buffer may run once the device's work queued so far is done.
+class ShardStaging {
+ public:
+  virtual ~ShardStaging() = default;
+  virtual int slots() const = 0;
+  virtual float* host(int slot) = 0;
+  // `step` and `layer` (the segment) label the copy's span.
+  virtual const float* upload(int slot, std::size_t n, int32_t step, int layer) = 0;
+  virtual void released(int slot) = 0;
+  virtual std::size_t host_bytes() const = 0;    // the host buffers (pinned on CUDA)
+  virtual std::size_t device_bytes() const = 0;  // the device buffers
+};
 
 }  // namespace orrery::runtime

@@ -77,6 +77,11 @@
 //    (host, or nvme) AdamW steps on the host's master weights chunk by chunk inside "adamw"
 //    ("offload.d2h" and "offload.h2d" on "offload", "offload.adamw" on the compute stream;
 //    offload_pipeline.hpp), with the counter "mem.offload_host" (pinned host bytes).
+//    zero.offload_params (ZeRO 3): the parameter shards in the file too, each read ("offload.read")
+//    before its "zero.fetch_layer" (the one after the next read ahead), on a device uploaded
+//    through the backend's ShardStaging ("offload.h2d", layer = the segment) into the gather's
+//    send buffer; AdamW streams them with the moments (on a device no master weights in pinned
+//    memory and no upload after the step: the device holds no shard).
 //  - runtime.precision fp16 (host memory only; loss_scaler.hpp): the backward's loss gradient is
 //    multiplied by the loss scale; after the gradient reductions the gradients this rank updates
 //    are checked for inf / NaN, the flag max-all-reduced over dp, tp and pp
@@ -98,6 +103,10 @@
 //            and its spans are in the recorder); open(proto, annotation) -> handle, close(handle)
 //   the run  finish(); drain() (finish's waits, never throwing: the destructor's); device_description(); peak_flops_per_rank(); meta_fields();
 //            start_device_tracing(rec) / stop_device_tracing()
+//   offload  (not kHostMemory) make_host_offload(elems, moments, chunk, master) / host_offload()
+//            (an OffloadTransfers with master(), m(), v(), chunk(), pinned_bytes(), begin, end);
+//            make_shard_staging(slots, elems) / shard_staging() (a ShardStaging;
+//            offload_pipeline.hpp)
 #pragma once
 
 #include <cstdint>
@@ -202,6 +211,7 @@ class TrainingLoop : public RankTrainer {
   // copies of the file's planes.
   void make_optimizer_state(std::size_t moments, bool zero);
   void make_offload(std::size_t moments);
+  void offload_shards(std::size_t shard_elems);  // zero.offload_params: the shards to the file
   void read_offload_state();
   // ZeRO-Offload on a device (offload_pipeline.hpp; zero.offload_optimizer host, or nvme on a
   // device): the backend's pinned master weights (and moments), AdamW on the host through them,
@@ -214,10 +224,17 @@ class TrainingLoop : public RankTrainer {
   bool host_moments() const;
   float* stage_moments(float* data, std::size_t n, bool upload);
   float* moment_plane(int j);
-  // ZeRO 3 with zero.offload_params: the shard of `segment` in memory (working buffer `slot`'s
-  // staging), read from the file unless read ahead; prefetch_shard starts such a read.
+  // ZeRO 3 with zero.offload_params: the shard of `segment` as the gather's send buffer (working
+  // buffer `slot`'s staging; on a device uploaded from the host staging), read from the file
+  // unless read ahead; prefetch_shard starts such a read. expert_shard: an MoE block's experts'
+  // shard, read when gathered. stage_host: where the file's read of a staging slot lands;
+  // release_staging: slot's gather is waited for (a device may refill its staging after it).
   const float* z3_shard(int segment, int slot);
   void z3_prefetch_shard(int segment, int slot);
+  const float* z3_expert_shard(const Zero3Segment& e, int slot);
+  float* z3_stage_host(int slot);
+  void z3_release_staging(int slot);
+  float* stage_params(float* data, std::size_t n, bool upload);  // checkpoint: params' staging
   // fp16: true when any rank's gradients (the part this rank updates) hold an inf or NaN; else
   // they are divided by the loss scale. The same answer on every rank.
   bool unscale_and_check_overflow();
@@ -304,8 +321,10 @@ class TrainingLoop : public RankTrainer {
   std::vector<float> off_ckpt_[3];  // checkpoint copies of the planes (state_to_save / _load)
   bool off_upload_ = false;         // commit_loaded_state writes off_ckpt_ back
   bool master_stale_ = false;  // a device's offload: the master weights to read from the device
-  FloatArray z3_stage_[4];     // offload_params: a segment's shard by working buffer
-  FloatArray z3_estage_[2];    // and an MoE block's experts' shard
+  // offload_params on host memory: a segment's shard by working buffer, and an MoE block's
+  // experts' shard (a device's staging is its backend's: shard_staging()).
+  FloatArray z3_stage_[4];
+  FloatArray z3_estage_[2];
   int z3_staged_[4] = {-99, -99, -99, -99};
   uint64_t z3_stage_ticket_[4] = {0, 0, 0, 0};
   std::size_t opt_offset_ = 0, opt_count_ = 0;  // that range in the flat array (not ZeRO 3)

@@ -344,32 +344,41 @@ void TrainingLoop<B>::wait_zero_gathers() {
 }
 
 // zero.offload_optimizer nvme: the file of this rank (offload.hpp), its planes the moments and,
-// with zero.offload_params, ZeRO 3's parameter shards (the storage's array then freed). On a
-// device the master weights go to pinned host memory too (make_host_offload).
+// with zero.offload_params, ZeRO 3's parameter shards (offload_shards). On a device the master
+// weights go to pinned host memory too (make_host_offload), unless the file holds them.
 template <class B>
 void TrainingLoop<B>::make_offload(std::size_t moments) {
   offload_params_ = z3_ && s_.zero.offload_params == "nvme";
-  if constexpr (!B::kHostMemory) {
-    if (offload_params_) {  // launch.cpp refuses it first; this for a caller that did not ask
-      throw InputError(loop_detail::origin_of(s_) +
-                       ": key 'zero.offload_params': 'nvme' is implemented on runtime.device cpu "
-                       "only; use none");
-    }
-  }
   const auto chunk = static_cast<std::size_t>(s_.zero.offload_chunk_mb * 1048576.0 / 4.0);
   offload_ =
       std::make_unique<OffloadStore>(s_.zero.nvme_path, "rank" + std::to_string(world_.rank()),
                                      offload_params_ ? 3 : 2, moments, chunk, rec_);
-  if constexpr (!B::kHostMemory) {
-    make_host_offload(moments, false);
-  } else {
-    if (!offload_params_) return;
-    offload_->write(2, 0, moments, z3_->params(), -1);
-    z3_->release_params();
-    std::size_t max_shard = 0;
-    for (const auto& sg : z3_->segments()) max_shard = std::max(max_shard, sg.part.shard);
-    for (auto& st : z3_stage_) st.resize(max_shard);
+  if (offload_params_) offload_shards(moments);
+  if constexpr (!B::kHostMemory) make_host_offload(moments, false);
+}
+
+// zero.offload_params: the storage's shards (`shard_elems`, segments in memory order) written to
+// the file's plane 2 and the storage's array freed; the staging of the shards being gathered, by
+// working buffer, at the largest shard's size: four host arrays here (and an MoE block's experts'
+// two, sized when read), or on a device the backend's staging (four slots, six with experts).
+template <class B>
+void TrainingLoop<B>::offload_shards(std::size_t shard_elems) {
+  std::size_t max_shard = 0;
+  bool experts = false;
+  for (const auto& sg : z3_->segments()) {
+    max_shard = std::max(max_shard, sg.part.shard);
+    experts = experts || sg.expert;
   }
+  if constexpr (B::kHostMemory) {
+    offload_->write(2, 0, shard_elems, z3_->params(), -1);
+    for (auto& st : z3_stage_) st.resize(max_shard);
+  } else {
+    std::vector<float> shards(shard_elems);
+    backend_.download(shards.data(), z3_->params(), shard_elems);
+    offload_->write(2, 0, shard_elems, shards.data(), -1);
+    backend_.make_shard_staging(experts ? 6 : 4, max_shard);
+  }
+  z3_->release_params();
 }
 
 // ZeRO-Offload on a device (offload_pipeline.hpp): the master weights of the `moments` elements
@@ -388,7 +397,8 @@ void TrainingLoop<B>::make_host_offload(std::size_t moments, bool pinned_moments
     const auto chunk = offload_
                            ? offload_->chunk_elems()
                            : static_cast<std::size_t>(s_.zero.offload_chunk_mb * 1048576.0 / 4.0);
-    backend_.make_host_offload(moments, pinned_moments, chunk);
+    // offload_params: the file's plane 2 is the master weights (the device holds no shard).
+    backend_.make_host_offload(moments, pinned_moments, chunk, !offload_params_);
     master_stale_ = true;
   }
 }
@@ -445,8 +455,12 @@ MemoryBytes TrainingLoop<B>::memory() const {
     count_host_offload(m);
     if (offload_params_) {
       m.parameters = 0;  // the staging of the shards being gathered instead
-      for (const auto& st : z3_stage_) m.parameters += static_cast<double>(st.size_bytes());
-      for (const auto& st : z3_estage_) m.parameters += static_cast<double>(st.size_bytes());
+      if constexpr (B::kHostMemory) {
+        for (const auto& st : z3_stage_) m.parameters += static_cast<double>(st.size_bytes());
+        for (const auto& st : z3_estage_) m.parameters += static_cast<double>(st.size_bytes());
+      } else {
+        m.parameters = static_cast<double>(backend_.shard_staging()->device_bytes());
+      }
     }
     m.comm_buffers =
         static_cast<double>(z3_->buffer_bytes() + z3_recv_.size_bytes() + kv_buf_.size_bytes());
@@ -477,7 +491,8 @@ MemoryBytes TrainingLoop<B>::memory() const {
 }
 
 // ZeRO-Offload on a device: no optimizer state in device memory; the pinned arrays (and with nvme
-// the store's chunk buffers, host memory too) counted as mem.offload_host.
+// the store's chunk buffers, host memory too; with offload_params the shards' host staging)
+// counted as mem.offload_host.
 template <class B>
 void TrainingLoop<B>::count_host_offload(MemoryBytes& m) const {
   if constexpr (!B::kHostMemory) {
@@ -485,6 +500,8 @@ void TrainingLoop<B>::count_host_offload(MemoryBytes& m) const {
       m.optimizer = 0;
       m.offload_host = static_cast<double>(h->pinned_bytes());
       if (offload_) m.offload_host += static_cast<double>(offload_->buffer_bytes());
+      if (const auto* st = backend_.shard_staging())
+        m.offload_host += static_cast<double>(st->host_bytes());
     }
   }
 }
@@ -571,11 +588,17 @@ std::vector<float> TrainingLoop<B>::parameters() {
     for (const auto& sg : z3_->segments()) {
       Array full(sg.part.padded());
       std::vector<float> mine;
+      Array on_device;  // offload_params on a device: the shard uploaded for the gather
       const float* send = z3_->params() + sg.shard_offset;
       if (offload_params_) {
         mine.resize(sg.part.shard);
         offload_->read(2, sg.shard_offset, sg.part.shard, mine.data(), step_);
         send = mine.data();
+        if constexpr (!B::kHostMemory) {
+          on_device = Array(sg.part.shard);
+          backend_.upload(on_device.data(), mine.data(), sg.part.shard);
+          send = on_device.data();
+        }
       }
       z3_all_gather(sg, send, full.data(), OpLabel{}).wait();
       backend_.synchronize();
@@ -613,7 +636,7 @@ std::vector<StateRange> TrainingLoop<B>::state_to_save() {
   backend_.synchronize();
   std::vector<StateRange> out;
   auto add = [&](std::size_t offset, std::size_t count, float* p, float* m, float* v, bool load) {
-    out.push_back({offset, count, p ? stage(p, count, load) : nullptr,
+    out.push_back({offset, count, p ? stage_params(p, count, load) : nullptr,
                    m ? stage_moments(m, count, load) : nullptr,
                    v ? stage_moments(v, count, load) : nullptr});
   };
@@ -690,6 +713,13 @@ std::vector<StateRange> TrainingLoop<B>::state_to_load() {
                    stage_moments(mom_v + k, en, true)});
   }
   return out;
+}
+
+// The parameters' checkpoint copies: host memory already under offload_params (the file's plane 2
+// read into off_ckpt_[2]), else staged like any device array.
+template <class B>
+float* TrainingLoop<B>::stage_params(float* data, std::size_t n, bool upload) {
+  return offload_params_ ? data : stage(data, n, upload);
 }
 
 // The moments' checkpoint copies: host memory already under offload (the file's planes read into
@@ -1024,18 +1054,27 @@ void TrainingLoop<B>::z3_gather(int segment, int slot, int mb) {
                                            OpLabel{kZeroFetchLayerName, step_, mb, segment});
   // MoE: the block's experts, over their edp group, into the experts' buffer of this slot.
   if (const Zero3Segment* e = slot < 2 ? z3_->expert_segment(segment) : nullptr) {
-    const float* esend = offload_params_ ? nullptr : z3_->params() + e->shard_offset;
-    if constexpr (B::kHostMemory) {
-      if (offload_params_) {  // the shard read from the file (the slot's previous gather is done)
-        z3_estage_[slot].resize(e->part.shard);
-        offload_->read(2, e->shard_offset, e->part.shard, z3_estage_[slot].data(), step_);
-        esend = z3_estage_[slot].data();
-      }
-    }
+    const float* esend =
+        offload_params_ ? z3_expert_shard(*e, slot) : z3_->params() + e->shard_offset;
     z3_egather_h_[slot] = z3_all_gather(*e, esend, z3_->expert_param_buffer(slot),
                                         OpLabel{kZeroFetchLayerName, step_, mb, segment});
   }
   z3_gathered_[slot] = segment;
+}
+
+// offload_params: an MoE block's experts' shard read from the file (the slot's previous gather is
+// done), on a device through staging slot 4 + slot.
+template <class B>
+const float* TrainingLoop<B>::z3_expert_shard(const Zero3Segment& e, int slot) {
+  if constexpr (B::kHostMemory) {
+    z3_estage_[slot].resize(e.part.shard);
+    offload_->read(2, e.shard_offset, e.part.shard, z3_estage_[slot].data(), step_);
+    return z3_estage_[slot].data();
+  } else {
+    ShardStaging& st = *backend_.shard_staging();
+    offload_->read(2, e.shard_offset, e.part.shard, st.host(4 + slot), step_);
+    return st.upload(4 + slot, e.part.shard, step_, e.id);
+  }
 }
 
 template <class B>
@@ -1065,7 +1104,8 @@ Handle TrainingLoop<B>::z3_scatter_avg(const Zero3Segment& sg, const float* send
 }
 
 // offload_params: the staging of working buffer `slot` is free once that buffer's gather is done
-// (the all-gather reads it as its send buffer).
+// (the all-gather reads it as its send buffer). On a device the host staging is uploaded into the
+// device staging, the send buffer (again for each gather: the upload is the device's copy).
 template <class B>
 const float* TrainingLoop<B>::z3_shard(int segment, int slot) {
   if (z3_staged_[slot] != segment) z3_prefetch_shard(segment, slot);
@@ -1074,7 +1114,11 @@ const float* TrainingLoop<B>::z3_shard(int segment, int slot) {
     z3_stage_ticket_[slot] = 0;
     offload_->wait(t);
   }
-  return z3_stage_[slot].data();
+  if constexpr (B::kHostMemory) {
+    return z3_stage_[slot].data();
+  } else {
+    return backend_.shard_staging()->upload(slot, z3_->segment(segment).part.shard, step_, segment);
+  }
 }
 
 template <class B>
@@ -1082,8 +1126,32 @@ void TrainingLoop<B>::z3_prefetch_shard(int segment, int slot) {
   if (z3_stage_ticket_[slot] != 0) offload_->wait(z3_stage_ticket_[slot]);
   const auto& sg = z3_->segment(segment);
   z3_stage_ticket_[slot] =
-      offload_->read_async(2, sg.shard_offset, sg.part.shard, z3_stage_[slot].data(), step_);
+      offload_->read_async(2, sg.shard_offset, sg.part.shard, z3_stage_host(slot), step_);
   z3_staged_[slot] = segment;
+}
+
+template <class B>
+float* TrainingLoop<B>::z3_stage_host(int slot) {
+  if constexpr (B::kHostMemory) {
+    return z3_stage_[slot].data();
+  } else {
+    return backend_.shard_staging()->host(slot);  // waits for the slot's last upload
+  }
+}
+
+// offload_params on a device: the gathers from working buffer `slot`'s staging (and its experts')
+// are waited for, so the compute stream is behind them: the next uploads into the staging may run
+// after what it holds now.
+template <class B>
+void TrainingLoop<B>::z3_release_staging(int slot) {
+  if constexpr (!B::kHostMemory) {
+    if (!offload_params_) return;
+    ShardStaging& st = *backend_.shard_staging();
+    st.released(slot);
+    if (slot < 2 && st.slots() > 4) st.released(4 + slot);
+  } else {
+    (void)slot;
+  }
 }
 
 // The embedding and final LayerNorm serve both ends of every micro-batch: gathered once a step.
@@ -1098,6 +1166,7 @@ void TrainingLoop<B>::z3_gather_step_segments() {
     const int slot = zero3_slot(id, L, sh.layer_begin);
     z3_gather(id, slot, -1);
     z3_gather_h_[slot].wait();
+    z3_release_staging(slot);
     z3_->segment(id).bind(z3_->param_buffer(slot), z3_->grad_buffer(slot));
   }
 }
@@ -1109,6 +1178,7 @@ void TrainingLoop<B>::z3_bind_block(int layer, int next_layer, int mb) {
   if (z3_gathered_[slot] != layer) z3_gather(layer, slot, mb);
   z3_gather_h_[slot].wait();
   z3_egather_h_[slot].wait();
+  z3_release_staging(slot);
   auto held = [&](int l) { return l >= sh.layer_begin && l < sh.layer_end; };
   // Prefetch: the next block's gather runs on the communicator while this one computes.
   if (held(next_layer)) z3_gather(next_layer, slot ^ 1, mb);
@@ -1331,14 +1401,15 @@ void TrainingLoop<B>::offloaded_adamw(float* params, const float* grads, std::si
   if constexpr (!B::kHostMemory) {
     auto& h = *backend_.host_offload();
     OffloadRange r;
-    r.master = h.master() + moment_begin;
+    // offload_params (params null): the master weights are the file's plane 2.
+    r.master = params != nullptr ? h.master() + moment_begin : nullptr;
     r.m = h.m();
     r.v = h.v();
     r.store = offload_.get();
     r.moment_begin = moment_begin;
     r.flat_offset = flat_offset;
     r.count = count;
-    if (master_stale_) backend_.download(r.master, params, count);
+    if (master_stale_ && r.master != nullptr) backend_.download(r.master, params, count);
     h.begin(params, grads, r.master, step_);
     offload_adamw_range(h, r, h.chunk(), decay_, adam_steps_, adamw_, rec_, step_);
     h.end();

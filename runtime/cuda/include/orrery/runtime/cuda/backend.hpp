@@ -147,13 +147,23 @@ class CudaBackend {
   double scratch_bytes() const { return static_cast<double>(ctx_->scratch_bytes()); }
   // ZeRO-Offload (zero.offload_optimizer host or nvme): made once by the training loop for its
   // optimizer range (host_offload.hpp's arguments); null until then.
-  HostOffload* make_host_offload(std::size_t elems, bool moments, std::size_t chunk) {
-    offload_ = std::make_unique<HostOffload>(elems, moments, chunk, stream_->get(), rec_);
+  HostOffload* make_host_offload(std::size_t elems, bool moments, std::size_t chunk, bool master) {
+    offload_ = std::make_unique<HostOffload>(elems, moments, chunk, master, stream_->get(), rec_);
     return offload_.get();
   }
   HostOffload* host_offload() const { return offload_.get(); }
+  // ZeRO 3 with zero.offload_params: the shards' staging for their gathers (host_offload.hpp),
+  // made once by the training loop; null until then.
+  CudaShardStaging* make_shard_staging(int slots, std::size_t elems) {
+    shards_ = std::make_unique<CudaShardStaging>(slots, elems, stream_->get(), rec_);
+    return shards_.get();
+  }
+  CudaShardStaging* shard_staging() const { return shards_.get(); }
 
-  void begin_step() { spans_->anchor(); }
+  void begin_step() {
+    spans_->anchor();
+    if (shards_) shards_->anchor();
+  }
   int open(const traces::Span& proto, const char* annotation) {
     return spans_->open(proto, annotation);
   }
@@ -195,7 +205,8 @@ class CudaBackend {
   std::unique_ptr<Context> ctx_;
   CudaKernels kernels_;
   std::unique_ptr<EventSpans> spans_;
-  std::unique_ptr<HostOffload> offload_;  // before the stream goes: its copies wait on it
+  std::unique_ptr<HostOffload> offload_;      // before the stream goes: its copies wait on it
+  std::unique_ptr<CudaShardStaging> shards_;  // as offload_
   // Device buffers; null when not needed. ep_ and edp_: expert parallelism (MoE, parallel.ep > 1).
   std::unique_ptr<Communicator> dp_, tp_, pp_, embed_, ep_, edp_;
   std::string comm_name_ = "none";
