@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -39,7 +40,11 @@ std::string gpu_preset_of(const std::string& gpu_name) {
 namespace detail {
 namespace {
 
-constexpr int kGpuCols = 1 + kOpClassCount;  // overhead, then one rate per class
+// The overhead, one rate per class, then the GEMMs' bandwidth (their kernels on the bytes side of
+// the roofline) and their kernel latency (one per GEMM kernel, the shape model's floor).
+constexpr int kGemmBandwidthCol = 1 + kOpClassCount;
+constexpr int kGemmLatencyCol = kGemmBandwidthCol + 1;
+constexpr int kGpuCols = kGemmLatencyCol + 1;
 int col_of(OpClass c) { return 1 + static_cast<int>(c); }
 bool flop_cls(OpClass c) { return c == OpClass::Gemm || c == OpClass::Attention; }
 
@@ -69,8 +74,10 @@ Kernel kernel_of(const traces::OpWork& w, OpClass cls) {
   k.cls = cls;
   k.flops = w.flops;
   k.bytes = w.bytes;
-  if (cls == OpClass::Gemm)
+  if (cls == OpClass::Gemm) {
     k.gm = w.m * w.batch, k.gn = w.n, k.gk = w.k, k.elem_bytes = w.elem_bytes;
+    k.load_bytes = gemm_load_bytes(w.m, w.n, w.k, w.elem_bytes);  // each product's, not the stack's
+  }
   if (cls == OpClass::Attention) {
     k.gm = w.m, k.gn = w.n, k.gk = w.k, k.gbatch = w.batch, k.gemm_backward = w.backward;
     k.elem_bytes = w.elem_bytes;
@@ -152,6 +159,7 @@ struct Estimates {
   std::array<double, kOpClassCount> flops_eff{};
   std::array<double, kOpClassCount> bw_eff{};
   double overhead_s = 0;
+  double gemm_latency_s = 0;  // the shape model's kernel_latency_cycles, in seconds
 };
 
 struct Design {
@@ -163,7 +171,10 @@ struct Design {
 struct Machine {
   double peak = 0, bw = 0;
   GemmShapeModel shape;
+  // Whether GEMM kernels pay the shape model's kernel latency (CostModel::kernel_ns).
+  bool gemm_latency() const { return shape.enabled() && shape.clock_hz > 0; }
 };
+bool shaped_gemm(const Kernel& k) { return k.cls == OpClass::Gemm && k.gm > 0; }
 
 // The shape efficiency of every (item, kernel), in order: it depends on the shape model and the
 // device, not on the rates being fitted, so one pass serves every iteration of a fit.
@@ -176,20 +187,35 @@ std::vector<double> shape_effs(const std::vector<GpuItem>& items, const Machine&
   return out;
 }
 
-// The observation rows under the current estimates: which GEMM and attention kernels are
-// memory-bound (their time fixed at the bandwidth side, subtracted), the rest per class.
-// roofline false: every GEMM and attention kernel on its FLOP side (the first pass: the preset's
-// efficiencies may be far from the traces', and a kernel put on its bytes side never moves its
-// class's estimate).
+// A GEMM kernel's time on its bytes side over its time on its FLOP side, both at the peaks: it is
+// on its bytes side where this exceeds bandwidth_efficiency / flops_efficiency, one threshold for
+// every GEMM (infinite without FLOPs).
+double bytes_to_flops(const Kernel& k, const Machine& m, double shape) {
+  if (!(k.flops > 0)) return std::numeric_limits<double>::infinity();
+  return k.bytes * m.peak * shape / (m.bw * k.flops);
+}
+
+// Which of the fixed costs the rows fit (those not fitted are the estimates', subtracted).
+struct FixedCosts {
+  bool overhead = false;      // per kernel launched
+  bool gemm_latency = false;  // per GEMM kernel
+};
+
+// The observation rows: which GEMM and attention kernels are memory-bound (their time on the
+// bandwidth side: a GEMM's bytes at the GEMMs' fitted bandwidth, attention's at the estimate's,
+// subtracted), the rest per class. GEMMs are on their bytes side where bytes_to_flops >=
+// gemm_tau (fit_gpu tries each threshold); attention by the current estimates' roofline, or with
+// roofline false on its FLOP side (the first pass: the preset's efficiencies may be far from the
+// traces', and a kernel put on its bytes side never moves its class's estimate).
 Design design(const std::vector<GpuItem>& items, const Machine& m, const std::vector<double>& effs,
-              const Estimates& e, bool with_overhead, bool roofline) {
+              const Estimates& e, FixedCosts fit, bool roofline, double gemm_tau) {
   Design d;
   size_t at = 0;  // (item, kernel) index into effs
   for (const auto& it : items) {
     std::vector<double> row(kGpuCols, 0.0);
     double target = it.measured_ns * 1e-9;
     // Without a fitted overhead, the preset's stands and the rates explain the rest.
-    if (with_overhead)
+    if (fit.overhead)
       row[0] = it.launched;
     else
       target -= it.launched * e.overhead_s;
@@ -197,11 +223,22 @@ Design design(const std::vector<GpuItem>& items, const Machine& m, const std::ve
       const int c = static_cast<int>(k.cls);
       const double shape = effs[at++];
       bool mem = false;
+      if (m.gemm_latency() && shaped_gemm(k)) {
+        if (fit.gemm_latency)
+          row[kGemmLatencyCol] += 1;
+        else
+          target -= e.gemm_latency_s;
+      }
       if (flop_cls(k.cls)) {
         const double tc = k.flops / (m.peak * e.flops_eff[c] * shape);
         const double tm = k.bytes / (m.bw * e.bw_eff[c]);
-        mem = roofline && tm > tc;
-        if (mem)
+        mem =
+            k.cls == OpClass::Gemm ? bytes_to_flops(k, m, shape) >= gemm_tau : roofline && tm > tc;
+        // A GEMM on its bytes side measures the GEMMs' fraction of the bandwidth; attention's
+        // is not fitted (its time there stays the estimate's).
+        if (mem && k.cls == OpClass::Gemm)
+          row[kGemmBandwidthCol] += k.bytes;
+        else if (mem)
           target -= tm;
         else
           row[col_of(k.cls)] += k.flops / shape;
@@ -258,6 +295,24 @@ bool overhead_identifiable(const std::vector<GpuItem>& items) {
   return shapes.size() > 1;
 }
 
+bool has_shaped_gemm(const std::vector<GpuItem>& items) {
+  for (const auto& it : items)
+    for (const auto& k : it.kernels)
+      if (shaped_gemm(k)) return true;
+  return false;
+}
+
+// The GEMM kernel latency can be told from the per-kernel overhead only where some observation
+// launches other kernels than its shaped GEMMs (memory-bound classes, split-K reductions).
+bool gemm_latency_identifiable(const std::vector<GpuItem>& items) {
+  for (const auto& it : items) {
+    double gemms = 0;
+    for (const auto& k : it.kernels) gemms += shaped_gemm(k) ? 1.0 : 0.0;
+    if (gemms != it.launched) return true;
+  }
+  return false;
+}
+
 struct GpuFit {
   Estimates e;
   std::array<bool, kGpuCols> fitted{};
@@ -266,60 +321,17 @@ struct GpuFit {
   int iterations = 0;
 };
 
-GpuFit fit_gpu(const std::vector<GpuItem>& items, const Machine& m, const HardwareProfile& base) {
-  GpuFit f;
-  for (int c = 0; c < kOpClassCount; ++c) {
-    f.e.flops_eff[c] = base.classes[c].flops_efficiency;
-    f.e.bw_eff[c] = base.classes[c].bandwidth_efficiency;
-  }
-  f.e.overhead_s = double(base.classes[0].overhead_ns) * 1e-9;
-  if (items.empty()) {
-    f.why[0] = "no kernels with shapes";
-    return f;
-  }
-  const bool with_overhead = overhead_identifiable(items);
-  if (!with_overhead)
-    f.why[0] =
-        "every observation of a class has the same work per kernel: an overhead cannot be "
-        "told from a rate";
-  std::vector<char> last;
-  const std::vector<double> effs = shape_effs(items, m);
-  for (f.iterations = 1; f.iterations <= 10; ++f.iterations) {
-    const Design d = design(items, m, effs, f.e, with_overhead, f.iterations > 1);
-    const std::vector<double> x = solve(d, items.size());
-    for (int j = 0; j < kGpuCols; ++j) {
-      f.fitted[j] = j == 0 ? with_overhead : d.used[j] && x[j] > 0;
-      if (!f.fitted[j]) continue;
-      if (j == 0) {
-        f.e.overhead_s = x[0];
-        continue;
-      }
-      const int c = j - 1;
-      if (flop_cls(static_cast<OpClass>(c)))
-        f.e.flops_eff[c] = 1.0 / (x[j] * m.peak);
-      else
-        f.e.bw_eff[c] = 1.0 / (x[j] * m.bw);
-    }
-    for (int j = 1; j < kGpuCols; ++j)
-      if (d.used[j] && x[j] <= 0)
-        f.why[j] = "the fit gives it no time (its kernels are explained by the overhead alone)";
-    f.memory_bound = d.memory_bound;
-    if (f.iterations > 1 && d.memory_bound == last) break;
-    last = d.memory_bound;
-  }
-  return f;
-}
-
 // The fit's weighted error, Σ count · ((modelled − measured) / measured)², each item priced as
 // the design prices it: the overhead per kernel launched, each kernel on its roofline.
-double fit_error(const std::vector<GpuItem>& items, const Machine& m, const Estimates& e) {
-  const std::vector<double> effs = shape_effs(items, m);
+double fit_error(const std::vector<GpuItem>& items, const Machine& m, const Estimates& e,
+                 const std::vector<double>& effs) {
   double err = 0;
   size_t at = 0;
   for (const auto& it : items) {
     double s = it.launched * e.overhead_s;
     for (const auto& k : it.kernels) {
       const int c = static_cast<int>(k.cls);
+      if (m.gemm_latency() && shaped_gemm(k)) s += e.gemm_latency_s;
       const double tm = k.bytes / (m.bw * e.bw_eff[c]);
       const double shape = effs[at++];
       s += flop_cls(k.cls) ? std::max(k.flops / (m.peak * e.flops_eff[c] * shape), tm) : tm;
@@ -330,25 +342,121 @@ double fit_error(const std::vector<GpuItem>& items, const Machine& m, const Esti
   return err;
 }
 
+double fit_error(const std::vector<GpuItem>& items, const Machine& m, const Estimates& e) {
+  return fit_error(items, m, e, shape_effs(items, m));
+}
+
+// The rates under one partition of the GEMM kernels (those with bytes_to_flops >= gemm_tau on
+// their bytes side), attention's by the roofline of the current estimates, iterated until its
+// partition holds.
+void fit_partition(GpuFit& f, const std::vector<GpuItem>& items, const Machine& m,
+                   const std::vector<double>& effs, FixedCosts fit, double gemm_tau) {
+  std::vector<char> last;
+  for (f.iterations = 1; f.iterations <= 10; ++f.iterations) {
+    const Design d = design(items, m, effs, f.e, fit, f.iterations > 1, gemm_tau);
+    const std::vector<double> x = solve(d, items.size());
+    for (int j = 0; j < kGpuCols; ++j) {
+      // A latency of 0 is a fit (none); a rate of 0 is not (an infinite efficiency).
+      f.fitted[j] = j == 0                 ? fit.overhead
+                    : j == kGemmLatencyCol ? fit.gemm_latency && d.used[j]
+                                           : d.used[j] && x[j] > 0;
+      if (!f.fitted[j]) continue;
+      const int c = j == kGemmBandwidthCol ? static_cast<int>(OpClass::Gemm) : j - 1;
+      if (j == 0)
+        f.e.overhead_s = x[0];
+      else if (j == kGemmLatencyCol)
+        f.e.gemm_latency_s = x[j];
+      else if (j != kGemmBandwidthCol && flop_cls(static_cast<OpClass>(c)))
+        f.e.flops_eff[c] = 1.0 / (x[j] * m.peak);
+      else
+        f.e.bw_eff[c] = 1.0 / (x[j] * m.bw);
+    }
+    for (int j = 1; j < kGemmLatencyCol; ++j)
+      if (d.used[j] && x[j] <= 0)
+        f.why[j] = "the fit gives it no time (its kernels are explained by the overhead alone)";
+    f.memory_bound = d.memory_bound;
+    if (f.iterations > 1 && d.memory_bound == last) break;
+    last = d.memory_bound;
+  }
+}
+
+// The candidate thresholds of the GEMM partition: the GEMM kernels' bytes_to_flops (it and those
+// above on their bytes side; at most kMaxThresholds of them, evenly spaced in rank, the largest
+// always), and infinity (none).
+constexpr size_t kMaxThresholds = 32;
+std::vector<double> gemm_thresholds(const std::vector<GpuItem>& items, const Machine& m,
+                                    const std::vector<double>& effs) {
+  std::vector<double> taus = {std::numeric_limits<double>::infinity()};
+  size_t at = 0;
+  for (const auto& it : items)
+    for (const auto& k : it.kernels) {
+      const double shape = effs[at++];
+      if (k.cls == OpClass::Gemm) taus.push_back(bytes_to_flops(k, m, shape));
+    }
+  std::sort(taus.begin(), taus.end());
+  taus.erase(std::unique(taus.begin(), taus.end()), taus.end());
+  if (taus.size() <= kMaxThresholds) return taus;
+  std::vector<double> some;
+  for (size_t i = 0; i < kMaxThresholds; ++i)
+    some.push_back(taus[taus.size() - 1 - i * (taus.size() - 1) / (kMaxThresholds - 1)]);
+  std::reverse(some.begin(), some.end());
+  return some;
+}
+
+// The fit: per-kernel overhead, GEMM kernel latency and class rates by NNLS. Which GEMMs are on
+// their bytes side is not known before their rates are: each candidate threshold's partition is
+// fitted, and the one whose rates explain the items best is kept.
+GpuFit fit_gpu(const std::vector<GpuItem>& items, const Machine& m, const HardwareProfile& base) {
+  GpuFit f;
+  for (int c = 0; c < kOpClassCount; ++c) {
+    f.e.flops_eff[c] = base.classes[c].flops_efficiency;
+    f.e.bw_eff[c] = base.classes[c].bandwidth_efficiency;
+  }
+  f.e.overhead_s = double(base.classes[0].overhead_ns) * 1e-9;
+  if (m.gemm_latency()) f.e.gemm_latency_s = m.shape.kernel_latency_cycles / m.shape.clock_hz;
+  if (items.empty()) {
+    f.why[0] = "no kernels with shapes";
+    return f;
+  }
+  const bool with_overhead = overhead_identifiable(items);
+  const FixedCosts fit{with_overhead, m.gemm_latency() && has_shaped_gemm(items) && with_overhead &&
+                                          gemm_latency_identifiable(items)};
+  if (m.gemm_latency() && has_shaped_gemm(items) && !fit.gemm_latency)
+    f.why[kGemmLatencyCol] =
+        "every observation launches its GEMM kernels only: their latency cannot be told from "
+        "the per-kernel overhead";
+  if (!with_overhead)
+    f.why[0] =
+        "every observation of a class has the same work per kernel: an overhead cannot be "
+        "told from a rate";
+  const std::vector<double> effs = shape_effs(items, m);
+  GpuFit best;
+  double best_err = std::numeric_limits<double>::infinity();
+  for (const double tau : gemm_thresholds(items, m, effs)) {
+    GpuFit g = f;
+    fit_partition(g, items, m, effs, fit, tau);
+    const double err = fit_error(items, m, g.e, effs);
+    if (err < best_err) best = std::move(g), best_err = err;
+  }
+  return best;
+}
+
+// A fit of one of the shape model's parameters that the times are not linear in.
 struct LatencyFit {
-  double cycles = 0;
+  double cycles = 0;  // the parameter's value (cycles, or bytes/s for the L2 rate)
   bool fitted = false;
   std::string why;
 };
 
-bool has_shaped_gemm(const std::vector<GpuItem>& items) {
-  for (const auto& it : items)
-    for (const auto& k : it.kernels)
-      if (k.cls == OpClass::Gemm && k.gm > 0) return true;
-  return false;
-}
-
-// The main loop's iteration latency (GemmShapeModel::iteration_latency_cycles) under which the
-// rates fitted explain the items best. The rates are linear given the latency, the latency is
-// not: a log grid of 1 to 8192 cycles (and 0), then a golden-section search between the best
-// grid point's neighbours, each point a whole fit of the rates.
-LatencyFit fit_latency(const std::vector<GpuItem>& items, Machine m, const HardwareProfile& base) {
-  LatencyFit out{m.shape.iteration_latency_cycles, false, {}};
+// The value of a shape model parameter (`field`: the main loop's iteration_latency_cycles, or
+// the L2 operand rate l2_bytes_per_s) under which the rates fitted explain the items best. The
+// rates are linear given it, it is not: a grid (`grid`, ascending, 0 first: the term off), then a
+// golden-section search between the best grid point's neighbours, each point a whole fit of the
+// rates. Not fitted where every grid point explains the GEMMs equally well (the term never binds).
+LatencyFit fit_shape_parameter(const std::vector<GpuItem>& items, Machine m,
+                               const HardwareProfile& base, double GemmShapeModel::*field,
+                               const std::vector<double>& grid) {
+  LatencyFit out{m.shape.*field, false, {}};
   if (!m.shape.enabled())
     out.why = "no gemm_shape model";
   else if (!(m.shape.clock_hz > 0))
@@ -356,24 +464,30 @@ LatencyFit fit_latency(const std::vector<GpuItem>& items, Machine m, const Hardw
   else if (!has_shaped_gemm(items))
     out.why = "no GEMM kernels with shapes";
   if (!out.why.empty()) return out;
-  auto error_at = [&](double cycles) {
-    m.shape.iteration_latency_cycles = cycles;
+  auto error_at = [&](double v) {
+    m.shape.*field = v;
     return fit_error(items, m, fit_gpu(items, m, base).e);
   };
-  std::vector<double> grid = {0}, errs;
-  for (int i = 0; i <= 26; ++i) grid.push_back(std::pow(2.0, i / 2.0));
+  std::vector<double> errs;
   for (double c : grid) errs.push_back(error_at(c));
   const auto [lo_it, hi_it] = std::minmax_element(errs.begin(), errs.end());
-  if (*hi_it - *lo_it <= 1e-9 * std::max(1.0, *lo_it)) {
-    out.why = "every latency explains the GEMMs equally well";
+  const size_t b = static_cast<size_t>(lo_it - errs.begin());
+  const auto same = [&](double a) { return a - *lo_it <= 1e-9 * std::max(1.0, *lo_it); };
+  if (same(*hi_it)) {
+    out.why = "every value explains the GEMMs equally well";
     return out;
   }
-  const size_t b = static_cast<size_t>(lo_it - errs.begin());
+  // Best with the term off and as good with the grid's largest value: it binds none of the GEMMs
+  // there, and any value above where it starts to explains them as well.
+  if (b == 0 && same(errs.back())) {
+    out.why = "the term binds none of the GEMMs at the grid's largest value";
+    return out;
+  }
   double lo = grid[b > 0 ? b - 1 : 0], hi = grid[std::min(b + 1, grid.size() - 1)];
   const double phi = (std::sqrt(5.0) - 1) / 2;
   double x1 = hi - phi * (hi - lo), x2 = lo + phi * (hi - lo);
   double f1 = error_at(x1), f2 = error_at(x2);
-  for (int i = 0; i < 60; ++i) {
+  for (int i = 0; i < 40; ++i) {  // the bracket shrinks to 0.618^40, 4e-9 of itself
     if (f1 <= f2)
       hi = x2, x2 = x1, f2 = f1, x1 = hi - phi * (hi - lo), f1 = error_at(x1);
     else
@@ -383,6 +497,24 @@ LatencyFit fit_latency(const std::vector<GpuItem>& items, Machine m, const Hardw
   out.cycles = std::min(f1, f2) <= *lo_it ? golden : grid[b];
   out.fitted = true;
   return out;
+}
+
+// The iteration latency: a log grid of 1 to 8192 cycles (and 0).
+LatencyFit fit_latency(const std::vector<GpuItem>& items, const Machine& m,
+                       const HardwareProfile& base) {
+  std::vector<double> grid = {0};
+  for (int i = 0; i <= 26; ++i) grid.push_back(std::pow(2.0, i / 2.0));
+  return fit_shape_parameter(items, m, base, &GemmShapeModel::iteration_latency_cycles, grid);
+}
+
+// The L2 operand rate (the fill term that narrow loads of unaligned shapes slow down): a log grid
+// of 1 to 256 bytes per clock per SM (and 0, off).
+LatencyFit fit_fill_rate(const std::vector<GpuItem>& items, const Machine& m,
+                         const HardwareProfile& base) {
+  std::vector<double> grid = {0};
+  for (int i = 0; i <= 16; ++i)
+    grid.push_back(std::pow(2.0, i / 2.0) * m.shape.sms * m.shape.clock_hz);
+  return fit_shape_parameter(items, m, base, &GemmShapeModel::l2_bytes_per_s, grid);
 }
 
 // ---- the traces, the device, the profile
@@ -521,6 +653,8 @@ const char* kParamNames[kGpuCols] = {
     "layernorm.bandwidth_efficiency",
     "softmax_loss.bandwidth_efficiency",
     "optimizer.bandwidth_efficiency",
+    "gemm.bandwidth_efficiency",
+    "gemm_shape.kernel_latency_cycles",
 };
 
 const char* kNoKernels[kGpuCols] = {
@@ -531,6 +665,8 @@ const char* kNoKernels[kGpuCols] = {
     "no norm kernels (layer_norm, rms_norm) with shapes",
     "no softmax or loss kernels with shapes",
     "no optimizer kernels (_fused_adam(w)_, _foreach_*) with shapes",
+    "no GEMM kernel on the bytes side of its roofline",
+    "no GEMM kernels with shapes under a gemm_shape model with a clock",
 };
 
 // The profile's numbers from the fit (the preset's where not fitted), and the rows saying so.
@@ -544,10 +680,18 @@ std::vector<GpuFitRow> apply_fit(const GpuFit& f, const std::vector<GpuItem>& it
     rows[0].kernels += int64_t(it.launched) * it.count;
     from[0].insert(label_of(ts[it.trace], it.trace));
     for (const auto& k : it.kernels) {
-      // A GEMM or attention kernel on the bytes side of its roofline says nothing of its rate.
-      if (at < f.memory_bound.size() && f.memory_bound[at++]) continue;
-      rows[col_of(k.cls)].kernels += int64_t(it.launched) * it.count / int64_t(it.kernels.size());
-      from[col_of(k.cls)].insert(label_of(ts[it.trace], it.trace));
+      const int64_t n = int64_t(it.launched) * it.count / int64_t(it.kernels.size());
+      if (shaped_gemm(k)) {
+        rows[kGemmLatencyCol].kernels += n;
+        from[kGemmLatencyCol].insert(label_of(ts[it.trace], it.trace));
+      }
+      // A GEMM or attention kernel on the bytes side of its roofline says nothing of its rate;
+      // a GEMM's measures the GEMMs' bandwidth.
+      const bool mem = at < f.memory_bound.size() && f.memory_bound[at++];
+      const int col = !mem ? col_of(k.cls) : k.cls == OpClass::Gemm ? kGemmBandwidthCol : -1;
+      if (col < 0) continue;
+      rows[col].kernels += n;
+      from[col].insert(label_of(ts[it.trace], it.trace));
     }
   }
   for (int j = 0; j < kGpuCols; ++j) {
@@ -555,14 +699,17 @@ std::vector<GpuFitRow> apply_fit(const GpuFit& f, const std::vector<GpuItem>& it
     r.parameter = kParamNames[j];
     r.fitted = f.fitted[j];
     r.traces.assign(from[j].begin(), from[j].end());
-    const int c = j - 1;
+    const int c = j == kGemmBandwidthCol ? static_cast<int>(OpClass::Gemm) : j - 1;
+    // The FLOP rate of a GEMM or attention column, else a bandwidth.
+    const bool flop_rate = j != kGemmBandwidthCol && flop_cls(static_cast<OpClass>(c));
     if (r.fitted && j == 0) {
       const int64_t ns = std::llround(f.e.overhead_s * 1e9);
       for (auto& cc : p.classes) cc.overhead_ns = ns;
+    } else if (r.fitted && j == kGemmLatencyCol) {
+      p.gemm_shape.kernel_latency_cycles = f.e.gemm_latency_s * p.gemm_shape.clock_hz;
     } else if (r.fitted) {
-      double& v = flop_cls(static_cast<OpClass>(c)) ? p.classes[c].flops_efficiency
-                                                    : p.classes[c].bandwidth_efficiency;
-      const double fitted = flop_cls(static_cast<OpClass>(c)) ? f.e.flops_eff[c] : f.e.bw_eff[c];
+      double& v = flop_rate ? p.classes[c].flops_efficiency : p.classes[c].bandwidth_efficiency;
+      const double fitted = flop_rate ? f.e.flops_eff[c] : f.e.bw_eff[c];
       if (fitted > 1.0)
         notes.push_back(std::string(kParamNames[j]) + " fitted " + std::to_string(fitted) +
                         " > 1 (faster than the datasheet peak: is --device right?): 1 written");
@@ -573,9 +720,10 @@ std::vector<GpuFitRow> apply_fit(const GpuFit& f, const std::vector<GpuItem>& it
       notes.push_back(std::string(kParamNames[j]) + " not fitted (" + r.why + "): kept the " +
                       p.device + " default");
     }
-    r.value = j == 0                              ? double(p.classes[0].overhead_ns) / 1e3
-              : flop_cls(static_cast<OpClass>(c)) ? p.classes[c].flops_efficiency
-                                                  : p.classes[c].bandwidth_efficiency;
+    r.value = j == 0                 ? double(p.classes[0].overhead_ns) / 1e3
+              : j == kGemmLatencyCol ? p.gemm_shape.kernel_latency_cycles
+              : flop_rate            ? p.classes[c].flops_efficiency
+                                     : p.classes[c].bandwidth_efficiency;
   }
   return rows;
 }
@@ -583,10 +731,10 @@ std::vector<GpuFitRow> apply_fit(const GpuFit& f, const std::vector<GpuItem>& it
 // The latency's row: fitted from the GEMM kernels the ceiling was (`gemm`, apply_fit's row), or
 // why it was not.
 GpuFitRow latency_row(const LatencyFit& l, const GpuFitRow& gemm, const HardwareProfile& p,
-                      std::vector<std::string>& notes) {
+                      std::vector<std::string>& notes, bool fill = false) {
   GpuFitRow r;
-  r.parameter = "gemm_shape.iteration_latency_cycles";
-  r.value = p.gemm_shape.iteration_latency_cycles;
+  r.parameter = fill ? "gemm_shape.l2_bandwidth_gbps" : "gemm_shape.iteration_latency_cycles";
+  r.value = fill ? p.gemm_shape.l2_bytes_per_s / 1e9 : p.gemm_shape.iteration_latency_cycles;
   r.fitted = l.fitted;
   r.why = l.why;
   if (l.fitted) r.kernels = gemm.kernels, r.traces = gemm.traces;
@@ -654,12 +802,25 @@ CalibrationResult calibrate_gpu(const std::vector<traces::Trace>& all,
   p.precision = prec;
   if (opt.flat_gemm) p.gemm_shape = {};
   Machine m{dev.peak_flops(prec), dev.mem_bandwidth_bytes_per_s, p.gemm_shape};
-  const LatencyFit lat = fit_latency(obs.items, m, p);
-  m.shape.iteration_latency_cycles = p.gemm_shape.iteration_latency_cycles = lat.cycles;
+  // Coordinate descent over the two (they trade off: both slow the small tiles most): the
+  // latency, the L2 rate at it, and again, until neither moves by 0.1 % (at most 8 rounds).
+  LatencyFit lat, fill{m.shape.l2_bytes_per_s, false, {}};
+  for (int round = 0; round < 8; ++round) {
+    const double was_lat = m.shape.iteration_latency_cycles, was_fill = m.shape.l2_bytes_per_s;
+    lat = fit_latency(obs.items, m, p);
+    m.shape.iteration_latency_cycles = lat.cycles;
+    fill = fit_fill_rate(obs.items, m, p);
+    m.shape.l2_bytes_per_s = fill.cycles;
+    const auto still = [](double a, double b) { return std::fabs(a - b) <= 1e-3 * std::fabs(b); };
+    if (round > 0 && still(lat.cycles, was_lat) && still(fill.cycles, was_fill)) break;
+  }
+  p.gemm_shape.iteration_latency_cycles = m.shape.iteration_latency_cycles;
+  p.gemm_shape.l2_bytes_per_s = m.shape.l2_bytes_per_s;
   const GpuFit f = fit_gpu(obs.items, m, p);
   out.notes = obs.notes;
   out.gpu = apply_fit(f, obs.items, ts, p, out.notes);
   out.gpu.push_back(latency_row(lat, out.gpu[col_of(OpClass::Gemm)], p, out.notes));
+  out.gpu.push_back(latency_row(fill, out.gpu[col_of(OpClass::Gemm)], p, out.notes, true));
   std::vector<std::string> labels;
   for (size_t i = 0; i < ts.size(); ++i) labels.push_back(label_of(ts[i], i));
   p.machine = {{"source", "orrery calibrate from GPU traces: " + join(labels)}, {"gpus", preset}};

@@ -368,8 +368,9 @@ double candidate_steps(const GemmShapeModel& g, const GemmTile& t, int split, do
   const double e = dev.elem_bytes > 0 ? dev.elem_bytes : 2.0;
   const double tile_k = std::max(1.0, g.tile_k_bytes / e);
   double per_k = mma;
-  if (g.l2_bytes_per_s > 0)
-    per_k = std::max(mma, double(t.m + t.n) * e * g.sms / g.l2_bytes_per_s / unit_s);
+  // Narrower loads than 16 bytes bring the operands in at that fraction of the rate.
+  const double fill = g.l2_bytes_per_s * std::min(16.0, dev.load_bytes) / 16.0;
+  if (fill > 0) per_k = std::max(mma, double(t.m + t.n) * e * g.sms / fill / unit_s);
   // The latency of every iteration, at least one even for a chunk shallower than tile_k.
   const double latency =
       g.clock_hz > 0 ? g.iteration_latency_cycles / g.clock_hz / unit_s / tile_k : 0.0;
@@ -384,9 +385,22 @@ double candidate_steps(const GemmShapeModel& g, const GemmTile& t, int split, do
 }
 }  // namespace
 
+double gemm_load_bytes(double m, double n, double k, double elem_bytes) {
+  double width = 16;
+  for (const double d : {m, n, k}) {
+    const double bytes = d * (elem_bytes > 0 ? elem_bytes : 2.0);
+    if (!(bytes >= 1 && bytes < 9e15 && bytes == std::floor(bytes))) continue;
+    const auto b = static_cast<int64_t>(bytes);
+    width = std::min(width, double(b & -b));  // the lowest set bit: the largest power of two
+  }
+  return width;
+}
+
 double gemm_shape_efficiency(const GemmShapeModel& g, double m, double n, double k,
-                             const GemmDevice& dev) {
+                             const GemmDevice& device) {
   if (!g.enabled() || !(m > 0 && n > 0 && k > 0)) return 1.0;
+  GemmDevice dev = device;
+  if (!(dev.load_bytes > 0)) dev.load_bytes = gemm_load_bytes(m, n, k, dev.elem_bytes);
   const double sms = g.sms;
   const double unit_s = dev.peak_flops > 0 ? 2.0 * sms / dev.peak_flops : 0.0;
   double best = 0;
@@ -406,6 +420,7 @@ double gemm_shape_efficiency(const GemmShapeModel& g, const Kernel& k, const Gem
   if (!g.enabled() || k.cls != OpClass::Gemm || !(k.gm > 0)) return 1.0;
   GemmDevice d = dev;
   if (k.elem_bytes > 0) d.elem_bytes = k.elem_bytes;
+  if (k.load_bytes > 0) d.load_bytes = k.load_bytes;
   if (!k.gemm_backward) return gemm_shape_efficiency(g, k.gm, k.gn, k.gk, d);
   // Input gradient (m x k over n) and weight gradient (k x n over m): equal FLOPs each.
   const double a = gemm_shape_efficiency(g, k.gm, k.gk, k.gn, d);
@@ -444,8 +459,13 @@ int64_t CostModel::kernel_ns(const Kernel& k) const {
       k.flops / (peak_flops_ * c.flops_efficiency *
                  gemm_shape_efficiency(profile_.gemm_shape, k, {peak_flops_, bandwidth_}));
   const double memory_s = k.bytes / (bandwidth_ * c.bandwidth_efficiency);
+  const GemmShapeModel& g = profile_.gemm_shape;
+  const double floor_s = k.cls == OpClass::Gemm && k.gm > 0 && g.enabled() && g.clock_hz > 0
+                             ? g.kernel_latency_cycles / g.clock_hz
+                             : 0.0;
   // Rounded up to whole nanoseconds so that a non-empty kernel never takes zero time.
-  return static_cast<int64_t>(std::ceil(std::max(compute_s, memory_s) * 1e9)) + c.overhead_ns;
+  return static_cast<int64_t>(std::ceil((std::max(compute_s, memory_s) + floor_s) * 1e9)) +
+         c.overhead_ns;
 }
 
 int64_t CostModel::op_ns(const std::vector<Kernel>& ks) const {

@@ -539,7 +539,7 @@ GemmShapeModel parse_gemm_shape(const YAML::Node& n, const std::string& origin) 
   if (!n.IsMap()) throw InputError(where(origin, n, "gemm_shape") + ": expected a mapping");
   check_keys(n,
              {"sms", "tiles", "k_fixed", "max_split_k", "clock_mhz", "l2_bandwidth_gbps",
-              "iteration_latency_cycles", "tile_k_bytes"},
+              "iteration_latency_cycles", "tile_k_bytes", "kernel_latency_cycles"},
              origin, pre);
   GemmShapeModel g;
   auto whole = [&](const char* key, int lo) {
@@ -565,10 +565,11 @@ GemmShapeModel parse_gemm_shape(const YAML::Node& n, const std::string& origin) 
   non_negative("clock_mhz", 1e6, g.clock_hz);
   non_negative("l2_bandwidth_gbps", 1e9, g.l2_bytes_per_s);
   non_negative("iteration_latency_cycles", 1.0, g.iteration_latency_cycles);
-  if (g.iteration_latency_cycles > 0 && !(g.clock_hz > 0))
-    throw InputError(
-        where(origin, n["iteration_latency_cycles"], pre + "iteration_latency_cycles") +
-        ": needs clock_mhz (the clock its cycles are counted in)");
+  non_negative("kernel_latency_cycles", 1.0, g.kernel_latency_cycles);
+  for (const char* key : {"iteration_latency_cycles", "kernel_latency_cycles"})
+    if (n[key] && get_number(n[key], origin, pre + key) > 0 && !(g.clock_hz > 0))
+      throw InputError(where(origin, n[key], pre + key) +
+                       ": needs clock_mhz (the clock its cycles are counted in)");
   const YAML::Node ts = n["tiles"];
   if (!ts.IsSequence() || ts.size() == 0)
     throw InputError(where(origin, ts, pre + "tiles") + ": expected a list of {m, n, relative}");
@@ -690,6 +691,7 @@ std::string to_yaml(const HardwareProfile& p) {
     e << YAML::Key << "l2_bandwidth_gbps" << YAML::Value << g.l2_bytes_per_s / 1e9;
     e << YAML::Key << "iteration_latency_cycles" << YAML::Value << g.iteration_latency_cycles;
     e << YAML::Key << "tile_k_bytes" << YAML::Value << g.tile_k_bytes;
+    e << YAML::Key << "kernel_latency_cycles" << YAML::Value << g.kernel_latency_cycles;
     e << YAML::EndMap;
   }
   if (!p.collectives.empty()) {
@@ -826,6 +828,10 @@ GemmShapeModel gemm_shape_model(const std::string& device) {
   // `orrery calibrate` fits it from GPU traces with shapes.
   g.iteration_latency_cycles = 64;
   g.tile_k_bytes = 128;  // 32 TF32 or 64 16-bit elements: CUTLASS's and cuBLAS's kernel names
+  // An assumption, not sourced (README): the prologue waits for the first stage's operands from
+  // memory and the epilogue for the output's stores, two memory round trips of several hundred
+  // cycles; `orrery calibrate` fits it from GPU traces with shapes.
+  g.kernel_latency_cycles = 1000;
   return g;
 }
 

@@ -46,7 +46,9 @@ expect 2 "--out PROFILE is required" calibrate h100.trace
 expect 0 "1 rank" import kineto "$DATA/kineto_h100_noshapes.json" --out plain.trace
 expect 0 "gemm.flops_efficiency not fitted" calibrate plain.trace --out plain.yaml
 grep -qF "record_shapes=True" "$TMP/out" || fail "no hint to record shapes"
-[ "$(grep -c "NOT FITTED" "$TMP/plain.yaml")" -eq 8 ] || fail "plain.yaml does not list 8 unfitted parameters"
+# The overhead, six class rates, the GEMMs' bandwidth and kernel latency, the iteration latency
+# and the L2 operand rate.
+[ "$(grep -c "NOT FITTED" "$TMP/plain.yaml")" -eq 11 ] || fail "plain.yaml does not list 11 unfitted parameters"
 expect 2 "is not a GPU preset" calibrate plain.trace --out bad.yaml --device cpu
 [ -e "$TMP/bad.yaml" ] && fail "a failed calibrate wrote bad.yaml"
 

@@ -192,7 +192,9 @@ TEST(CalibrateGpu, TheThirdWaveIsFittedOnlyWithTheShapeModel) {
 TEST(CalibrateGpu, ATraceWithoutShapesKeepsTheDefaultsAndSaysWhich) {
   const CalibrationResult r = calibrate({load("kineto_h100_noshapes.json")}, {});
   const HardwareProfile def = default_hardware_profile("H100-SXM", true);
-  ASSERT_EQ(r.gpu.size(), 8u);  // overhead, six class rates, the GEMM iteration latency
+  // The overhead, six class rates, the GEMMs' bandwidth and kernel latency, the iteration latency
+  // and the L2 operand rate.
+  ASSERT_EQ(r.gpu.size(), 11u);
   for (const auto& g : r.gpu) {
     EXPECT_FALSE(g.fitted) << g.parameter;
     EXPECT_FALSE(g.why.empty()) << g.parameter;
@@ -289,12 +291,17 @@ HardwareProfile latency_truth() {
   return p;
 }
 
-std::string model_priced_job(const HardwareProfile& truth) {
+// `reduced`: every third op launches a second kernel after its GEMM (a split-K reduction), of
+// the per-kernel overhead's length, as the cost model prices a second launch.
+std::string model_priced_job(const HardwareProfile& truth,
+                             const std::vector<GemmShapeCase>& shapes = {std::begin(kLatencyShapes),
+                                                                         std::end(kLatencyShapes)},
+                             bool reduced = false) {
   const Device a100 = *device_preset("A100-SXM-80GB");
   const CostModel cm(truth, a100.peak_flops(Precision::TF32), a100.mem_bandwidth_bytes_per_s);
   std::string ev;
   int i = 0;
-  for (const auto& s : kLatencyShapes) {
+  for (const auto& s : shapes) {
     Kernel k{OpClass::Gemm, 2.0 * s.m * s.n * s.k, 4.0 * (s.m * s.k + s.k * s.n + s.m * s.n)};
     k.gm = double(s.m), k.gn = double(s.n), k.gk = double(s.k), k.elem_bytes = 4;
     const double dur_us = double(cm.kernel_ns(k)) / 1000.0;
@@ -315,6 +322,18 @@ std::string model_priced_job(const HardwareProfile& truth) {
           R"("pid": 0, "tid": 7, "ts": )" +
           std::to_string(10000 * (i + 1) + 200) + R"(, "dur": )" + dur +
           R"(, "args": {"device": 0, "stream": 7, "correlation": )" + c + "}}";
+    if (reduced && i % 3 == 0) {
+      const std::string c2 = std::to_string(5000 + i);
+      ev += R"(,{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, )"
+            R"("tid": 1, "ts": )" +
+            std::to_string(10000 * (i + 1) + 150) + R"(, "dur": 5, "args": {"External id": )" + id +
+            R"(, "correlation": )" + c2 + "}}";
+      ev += R"(,{"ph": "X", "cat": "kernel", "name": "splitKreduce_kernel", "pid": 0, "tid": 7, )"
+            R"("ts": )" +
+            std::to_string(10000 * (i + 1) + 9000) + R"(, "dur": )" +
+            std::to_string(double(truth.classes[0].overhead_ns) / 1000.0) +
+            R"(, "args": {"device": 0, "stream": 7, "correlation": )" + c2 + "}}";
+    }
     ++i;
   }
   return R"({"deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}], "traceEvents": [)" +
@@ -345,6 +364,46 @@ TEST(CalibrateGpu, RecoversTheIterationLatencyOfKernelsTheModelPriced) {
   const CalibrationResult f =
       calibrate({traces::import_kineto_texts({model_priced_job(truth)}, {"job.json"})}, flat);
   EXPECT_FALSE(row(f, "gemm_shape.iteration_latency_cycles").fitted);
+}
+
+// The new GEMM terms from kernels the cost model priced: unaligned shapes (1705, 9375, 647, 2798
+// columns: 4- and 8-byte loads, which the preset's L2 operand rate binds), skinny products on
+// the bytes side at half the preset's bandwidth efficiency, and a kernel latency of 3000 cycles
+// (told from the overhead by the split-K reductions' second launches).
+TEST(CalibrateGpu, RecoversTheGemmBandwidthKernelLatencyAndL2Rate) {
+  HardwareProfile truth = latency_truth();
+  truth.gemm_shape.kernel_latency_cycles = 3000;
+  truth.classes[static_cast<int>(OpClass::Gemm)].bandwidth_efficiency = 0.425;
+  std::vector<GemmShapeCase> shapes(std::begin(kLatencyShapes), std::end(kLatencyShapes));
+  for (const GemmShapeCase& s : std::initializer_list<GemmShapeCase>{{1024, 512, 9375},
+                                                                     {1024, 1705, 1024},
+                                                                     {647, 2048, 2048},
+                                                                     {4096, 2798, 512},
+                                                                     {98304, 647, 30},
+                                                                     {65536, 16, 4096},
+                                                                     {16, 8192, 8192},
+                                                                     {2047, 2047, 2047}})
+    shapes.push_back(s);
+  const auto job = traces::import_kineto_texts({model_priced_job(truth, shapes, true)}, {"j.json"});
+  const CalibrationResult r = calibrate({job}, {});
+  const HardwareProfile& p = r.profile;
+  EXPECT_NEAR(p.cost(OpClass::Gemm).bandwidth_efficiency / 0.425, 1.0, 0.01);
+  EXPECT_NEAR(p.gemm_shape.kernel_latency_cycles / 3000.0, 1.0, 0.02);
+  EXPECT_NEAR(p.gemm_shape.l2_bytes_per_s / truth.gemm_shape.l2_bytes_per_s, 1.0, 0.02);
+  EXPECT_NEAR(p.gemm_shape.iteration_latency_cycles / 300.0, 1.0, 0.02);
+  EXPECT_NEAR(p.cost(OpClass::Gemm).flops_efficiency / 0.7, 1.0, 0.01);
+  EXPECT_NEAR(double(p.classes[0].overhead_ns) / 5000.0, 1.0, 0.01);
+  for (const char* name : {"gemm.bandwidth_efficiency", "gemm_shape.kernel_latency_cycles",
+                           "gemm_shape.l2_bandwidth_gbps"})
+    EXPECT_TRUE(row(r, name).fitted) << name;
+  EXPECT_LT(r.compute_rel_rms, 0.002);
+  // Without the reductions every op launches its GEMM alone: the latency is not told from the
+  // overhead, and the preset's stands.
+  const CalibrationResult alone = calibrate(
+      {traces::import_kineto_texts({model_priced_job(truth, shapes, false)}, {"j.json"})}, {});
+  EXPECT_FALSE(row(alone, "gemm_shape.kernel_latency_cycles").fitted);
+  EXPECT_EQ(alone.profile.gemm_shape.kernel_latency_cycles,
+            default_hardware_profile("A100-SXM-80GB", true).gemm_shape.kernel_latency_cycles);
 }
 
 // --check prices the traces with a given profile and fits nothing: the generating profile

@@ -299,6 +299,7 @@ TEST(HardwareProfile, ShippedDefaultsLoadAndMatchTheBuiltIns) {
     EXPECT_EQ(p.gemm_shape.l2_bytes_per_s, b.gemm_shape.l2_bytes_per_s) << name;
     EXPECT_EQ(p.gemm_shape.iteration_latency_cycles, b.gemm_shape.iteration_latency_cycles) << name;
     EXPECT_EQ(p.gemm_shape.tile_k_bytes, b.gemm_shape.tile_k_bytes) << name;
+    EXPECT_EQ(p.gemm_shape.kernel_latency_cycles, b.gemm_shape.kernel_latency_cycles) << name;
     ASSERT_EQ(p.gemm_shape.tiles.size(), b.gemm_shape.tiles.size()) << name;
     for (size_t i = 0; i < p.gemm_shape.tiles.size(); ++i) {
       EXPECT_EQ(p.gemm_shape.tiles[i].m, b.gemm_shape.tiles[i].m) << name << " tile " << i;
@@ -382,6 +383,90 @@ TEST(GemmShape, OperandBytesAtTheSmsShareOfL2) {
   // Four times the bandwidth: the MMAs bound it again.
   g.l2_bytes_per_s *= 4;
   EXPECT_NEAR(gemm_shape_efficiency(g, 256, 256, 1024, {kUnitPeak, 0, 2}), 1.0, 1e-12);
+}
+
+TEST(GemmShape, LoadWidthIsTheLargestPowerOfTwoOfTheDimensionsBytes) {
+  EXPECT_EQ(gemm_load_bytes(1024, 2048, 1024, 4), 16);  // capped at 16 bytes
+  EXPECT_EQ(gemm_load_bytes(647, 30, 96, 4), 4);        // 647 floats: align1, 4-byte loads
+  EXPECT_EQ(gemm_load_bytes(1024, 2798, 64, 4), 8);     // 2798 = 2 x 1399: 8 bytes
+  EXPECT_EQ(gemm_load_bytes(255, 256, 1024, 2), 2);     // 255 bf16 elements: 2-byte loads
+  EXPECT_EQ(gemm_load_bytes(2048, 4608, 12288, 2), 16);
+  EXPECT_EQ(gemm_load_bytes(1.25, 4096, 4096, 2), 16);  // not a whole number: unknown, full width
+}
+
+// The same 4 SMs and unit peak, fp32 operands: (128 + 128) x 4 bytes per K element at l2 / 4 per
+// SM. At l2 = 2.5e11 B/s that is 16384 ps with 16-byte loads, the MMAs' time: 256 x 256 x 1024
+// runs at the ideal. K = 1023 is 4092 bytes, a multiple of 4 but not 8: 4-byte loads bring the
+// operands in at a quarter of the rate, 65536 ps per K element, 4 x the MMAs'.
+TEST(GemmShape, NarrowLoadsOfAnUnalignedShapeSlowTheOperandFill) {
+  GemmShapeModel g = one_tile_model(4, 0, 1);
+  g.l2_bytes_per_s = 2.5e11;
+  const GemmDevice dev{kUnitPeak, 0, 4};
+  const double aligned = gemm_shape_efficiency(g, 256, 256, 1024, dev);
+  const double align1 = gemm_shape_efficiency(g, 256, 256, 1023, dev);
+  EXPECT_NEAR(aligned, 1.0, 1e-12);
+  EXPECT_NEAR(align1, 0.25, 1e-12);
+  // Time per FLOP, align1 over aligned: the load width's ratio, 16 / 4.
+  EXPECT_NEAR(aligned / align1, 4.0, 1e-12);
+  // 2798-wide (8-byte loads): half the rate, 32768 ps per K element.
+  EXPECT_NEAR(gemm_shape_efficiency(g, 256, 256, 1022, dev), 0.5, 1e-12);
+  // A kernel whose rows stack a batch says its own load width (calibrate's bmm): 16 bytes here.
+  Kernel k{OpClass::Gemm, 2.0 * 256 * 256 * 1023, 0};
+  k.gm = 256, k.gn = 256, k.gk = 1023, k.elem_bytes = 4, k.load_bytes = 16;
+  EXPECT_NEAR(gemm_shape_efficiency(g, k, dev), 1.0, 1e-12);
+  // Without an L2 figure there is no operand-fill term, and alignment changes nothing.
+  g.l2_bytes_per_s = 0;
+  EXPECT_NEAR(gemm_shape_efficiency(g, 256, 256, 1023, dev), 1.0, 1e-12);
+}
+
+// A skinny product, 65536 x 16 over 4096 in bf16 on the H100 preset: its 16 columns use an eighth
+// of a 128-wide tile, while its bytes (the 65536 x 4096 input) take longer than its tiles, so it
+// costs its bytes at the gemm class's fraction of HBM bandwidth, plus the kernel latency and the
+// overhead.
+TEST(GemmShape, ASkinnyProductIsPricedByItsBytes) {
+  const HardwareProfile p = default_hardware_profile("H100-SXM", true);
+  const Device h100 = *device_preset("H100-SXM");
+  const double peak = h100.peak_flops(Precision::BF16), bw = h100.mem_bandwidth_bytes_per_s;
+  const CostModel cm(p, peak, bw);
+  const double m = 65536, n = 16, k = 4096;
+  Kernel g{OpClass::Gemm, 2 * m * n * k, 2 * (m * k + k * n + m * n)};
+  g.gm = m, g.gn = n, g.gk = k, g.elem_bytes = 2;
+  const ClassCost& c = p.cost(OpClass::Gemm);
+  const double compute_s =
+      g.flops / (peak * c.flops_efficiency * gemm_shape_efficiency(p.gemm_shape, g, {peak, bw}));
+  const double bytes_s = g.bytes / (bw * c.bandwidth_efficiency);
+  ASSERT_GT(bytes_s, 1.5 * compute_s);
+  const double latency_s = p.gemm_shape.kernel_latency_cycles / p.gemm_shape.clock_hz;
+  EXPECT_EQ(cm.kernel_ns(g),
+            static_cast<int64_t>(std::ceil((bytes_s + latency_s) * 1e9)) + c.overhead_ns);
+  // At half the bandwidth efficiency (a calibrated profile's measured fraction): twice the bytes'.
+  HardwareProfile slow = p;
+  slow.classes[static_cast<int>(OpClass::Gemm)].bandwidth_efficiency = c.bandwidth_efficiency / 2;
+  EXPECT_EQ(CostModel(slow, peak, bw).kernel_ns(g),
+            static_cast<int64_t>(std::ceil((2 * bytes_s + latency_s) * 1e9)) + c.overhead_ns);
+}
+
+// Every GEMM kernel pays the shape model's kernel latency once (its prologue and epilogue): the
+// floor under a small product. 5000 cycles at 1 GHz: 5 us on top of a 64 x 64 x 64 product's
+// roofline, which the latency dwarfs; a kernel without a shape, or of another class, does not pay it.
+TEST(GemmShape, EveryGemmKernelPaysTheKernelLatencyOnce) {
+  HardwareProfile p = default_hardware_profile("H100-SXM", true);
+  p.gemm_shape.clock_hz = 1e9;
+  p.gemm_shape.kernel_latency_cycles = 5000;
+  const double peak = 989e12, bw = 3.35e12;
+  HardwareProfile none = p;
+  none.gemm_shape.kernel_latency_cycles = 0;
+  Kernel g{OpClass::Gemm, 2.0 * 64 * 64 * 64, 2.0 * 3 * 64 * 64};
+  g.gm = 64, g.gn = 64, g.gk = 64, g.elem_bytes = 2;
+  const int64_t with = CostModel(p, peak, bw).kernel_ns(g);
+  const int64_t without = CostModel(none, peak, bw).kernel_ns(g);
+  EXPECT_NEAR(double(with - without), 5000.0, 1.0);
+  EXPECT_GT(with, 5000 + p.cost(OpClass::Gemm).overhead_ns);
+  Kernel flat = g;
+  flat.gm = flat.gn = flat.gk = 0;
+  EXPECT_EQ(CostModel(p, peak, bw).kernel_ns(flat), CostModel(none, peak, bw).kernel_ns(flat));
+  Kernel el{OpClass::Elementwise, 0, 1e6};
+  EXPECT_EQ(CostModel(p, peak, bw).kernel_ns(el), CostModel(none, peak, bw).kernel_ns(el));
 }
 
 TEST(GemmShape, SplitKPaysForItsPartialOutputs) {
@@ -522,7 +607,7 @@ TEST(HardwareProfile, GemmShapeRoundTripAndBadInput) {
       base +
           "gemm_shape: {sms: 8, tiles: [{m: 64, n: 32, relative: 0.5}, {m: 16, n: 16}], "
           "k_fixed: 12.5, max_split_k: 3, clock_mhz: 1500, l2_bandwidth_gbps: 6000, "
-          "iteration_latency_cycles: 48.5, tile_k_bytes: 64}\n",
+          "iteration_latency_cycles: 48.5, tile_k_bytes: 64, kernel_latency_cycles: 700}\n",
       "g.yaml");
   ASSERT_TRUE(p.gemm_shape.enabled());
   EXPECT_EQ(p.gemm_shape.sms, 8);
@@ -542,6 +627,7 @@ TEST(HardwareProfile, GemmShapeRoundTripAndBadInput) {
   EXPECT_EQ(q.gemm_shape.l2_bytes_per_s, 6000e9);
   EXPECT_EQ(q.gemm_shape.iteration_latency_cycles, 48.5);
   EXPECT_EQ(q.gemm_shape.tile_k_bytes, 64);
+  EXPECT_EQ(q.gemm_shape.kernel_latency_cycles, 700);
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"gemm_shape: {sms: 8}", "needs sms and tiles"},
       {"gemm_shape: {sms: 0, tiles: [{m: 1, n: 1}]}", "gemm_shape.sms"},
@@ -552,6 +638,9 @@ TEST(HardwareProfile, GemmShapeRoundTripAndBadInput) {
       {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1}], k_fixed: -1}", "gemm_shape.k_fixed"},
       {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1}], waves: 2}", "waves"},
       {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1}], iteration_latency_cycles: 9}", "clock_mhz"},
+      {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1}], kernel_latency_cycles: 9}", "clock_mhz"},
+      {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1}], kernel_latency_cycles: -1}",
+       "gemm_shape.kernel_latency_cycles"},
       {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1}], clock_mhz: -5}", "gemm_shape.clock_mhz"},
       {"gemm_shape: {sms: 8, tiles: [{m: 1, n: 1}], tile_k_bytes: 0}", "gemm_shape.tile_k_bytes"},
   };

@@ -91,25 +91,38 @@
 //     traces measure. Observations are operators at one shape each (an imported op instance's
 //     kernels summed, the median over instances of that op and shape; Orrery's op spans with the
 //     cost model's kernels). Each takes
-//        t = n · o + Σ_k [ flops_k / shape_k · s_class   (gemm, attention: seconds per FLOP)
-//                        | bytes_k · s_class ]            (elementwise, layernorm, softmax_loss,
-//                                                          optimizer: seconds per byte)
+//        t = n · o + g · l + Σ_k [ flops_k / shape_k · s_class   (gemm, attention: seconds per FLOP)
+//                                | bytes_k · s_class ]            (elementwise, layernorm, softmax_loss,
+//                                                                  optimizer: seconds per byte)
 //     with n the kernels it launched, o the per-kernel overhead (launch, ramp and tail: the
-//     intercept of time against work), shape_k the gemm_shape efficiency of the GEMM's (M, N, K)
-//     (1 for attention, and for every GEMM with `flat_gemm`). Non-negative least squares on
-//     relative errors (each observation weighted by the square root of its instances). A GEMM or
-//     attention kernel the current estimate puts on the memory side of its roofline is priced at
-//     the preset's bandwidth efficiency instead (its time subtracted), and the fit repeats until
-//     that split stops changing. The profile's numbers: flops_efficiency = 1 / (s · peak) (for
-//     gemm the ceiling the shape model scales), bandwidth_efficiency = 1 / (s · bandwidth), every
-//     class's overhead_us = o, with the datasheet peaks of the device preset at the precision of
-//     the GEMMs (16-bit operands: bf16; 32-bit: fp32). o is fitted only when some class has
-//     observations of more than one size per kernel (else an overhead cannot be told from a
-//     rate). shape_k depends on the GEMM main loop's iteration latency (GemmShapeModel::
-//     iteration_latency_cycles), which is not linear in t: it is searched (a log grid of 1 to
-//     8192 cycles and 0, then a golden-section search between the best point's neighbours), the
-//     rates fitted as above at each point, and the latency whose fit has the least weighted
-//     squared relative error kept. Whatever the traces do not measure keeps the preset's default,
+//     intercept of time against work), g its GEMM kernels and l their kernel latency (the shape
+//     model's kernel_latency_cycles: the prologue and epilogue every GEMM kernel pays once),
+//     shape_k the gemm_shape efficiency of the GEMM's (M, N, K) (1 for attention, and for every
+//     GEMM with `flat_gemm`). Non-negative least squares on relative errors (each observation
+//     weighted by the square root of its instances). A GEMM on the memory side of its roofline
+//     is priced by its bytes at the GEMMs' own bandwidth, a column of its own (gemm's
+//     bandwidth_efficiency: skinny products reach a fraction of HBM bandwidth of their own). Which
+//     GEMMs are there is one threshold on their bytes-to-FLOPs time ratio at the peaks (it is
+//     bandwidth_efficiency / flops_efficiency); each candidate threshold is fitted and the one
+//     with the least error kept. An attention kernel the current estimate puts on its memory side
+//     is priced at the preset's bandwidth efficiency instead (its time subtracted), and the fit
+//     repeats until that split stops changing. The profile's numbers: flops_efficiency =
+//     1 / (s · peak) (for gemm the ceiling the shape model scales), bandwidth_efficiency =
+//     1 / (s · bandwidth), every class's overhead_us = o, kernel_latency_cycles = l · clock, with
+//     the datasheet peaks of the device preset at the precision of the GEMMs (16-bit operands:
+//     bf16; 32-bit: fp32). o is fitted only when some class has observations of more than one
+//     size per kernel (else an overhead cannot be told from a rate), l only when some
+//     observation launches other kernels than its GEMMs (memory-bound classes, split-K
+//     reductions; else l cannot be told from o). shape_k depends on the GEMM main loop's
+//     iteration latency (GemmShapeModel::iteration_latency_cycles) and on the L2 operand rate
+//     (l2_bytes_per_s, which the narrow loads of unaligned shapes divide: cost_model.hpp
+//     gemm_load_bytes), which are not linear in t: each is searched (a log grid, of 1 to 8192
+//     cycles and 0, or of 1 to 256 bytes per clock per SM and 0, then a golden-section search
+//     between the best point's neighbours), the rates fitted as above at each point, and the
+//     value whose fit has the least weighted squared relative error kept; the two searches
+//     alternate until neither moves by 0.1 % (at most 8 rounds). A rate the GEMMs never feel (as
+//     good off as at 256 bytes per clock) is not fitted. Whatever the traces do not measure keeps
+//     the preset's default,
 //     with a note naming it; the YAML says per parameter which traces and how many kernels fitted
 //     it. With `check` nothing is fitted: the observations are priced with that profile. A run
 //     with host offload (Orrery's CUDA traces) adds the rows offload.host_link_gbps and

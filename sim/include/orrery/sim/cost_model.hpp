@@ -79,6 +79,9 @@ struct Kernel {
   // this rank's heads; gemm_backward marks the backward kernel. Used by unfused attention only.
   double gbatch = 1;
   double elem_bytes = 0;  // bytes per operand element (GEMM and attention kernels), 0 unknown
+  // A GEMM's widest operand load in bytes (gemm_load_bytes); 0: from gm, gn and gk. Set where
+  // the rows stack a batch (gm = m x batch), whose alignment is m's.
+  double load_bytes = 0;
 };
 
 // What the GEMM shape model needs of the device and the operands beyond the shape: the dense peak
@@ -90,14 +93,25 @@ struct GemmDevice {
   double peak_flops = 0;
   double memory_bandwidth_bytes_per_s = 0;
   double elem_bytes = 2;
+  double load_bytes = 0;  // the operands' widest load (gemm_load_bytes); 0: from the shape
 };
+
+// The widest load a GEMM's operands allow, in bytes: the largest power of two, up to 16, that
+// divides every dimension's size in bytes (m, n and k x elem_bytes: each may be a leading
+// dimension, depending on which operand is transposed, and a trace does not say). cuBLAS and
+// CUTLASS load tensor-core operands 16 bytes at a time where the leading dimensions are multiples
+// of 16 bytes, and run narrower `align` kernels where they are not (NVIDIA's Matrix
+// Multiplication Background User's Guide, "Tensor Core Requirements": dimensions multiples of 16
+// bytes are most efficient). 16 for a dimension that is not a whole number (unknown).
+double gemm_load_bytes(double m, double n, double k, double elem_bytes);
 
 // The fraction of its class ceiling a GEMM of shape (m x n, over k) reaches under `g`
 // (hardware.hpp's GemmShapeModel) on `dev`: the ideal time, m·n·k MMAs spread over every SM at
 // its share of the peak, over the model's time for the fastest candidate tile and split-K factor.
 // A tile of (tm x tn) runs k / split over tile_k iterations, each the longer of its MMAs (at
 // `relative` of the SM's share) and its operand bytes (tm + tn) x tile_k at the SM's share of the
-// L2 bandwidth, plus the iteration latency; plus k_fixed of K at the MMA rate; waves of up to
+// L2 bandwidth (times the load width over 16 bytes: dev.load_bytes, or the shape's
+// gemm_load_bytes), plus the iteration latency; plus k_fixed of K at the MMA rate; waves of up to
 // `sms` tiles run one after another; split > 1 (only while tiles x split <= sms) adds its fp32
 // partial outputs written and read once (8 · split · m · n bytes) at the L2 bandwidth (the
 // memory's without an L2 figure). 1 for
@@ -153,6 +167,11 @@ class CostModel {
   // `peak_flops` and `memory_bandwidth_bytes_per_s` are the device's (the profile's non-zero
   // overrides take precedence).
   CostModel(HardwareProfile profile, double peak_flops, double memory_bandwidth_bytes_per_s);
+  // The roofline plus the class's overhead; a GEMM with a shape under a shape model with a clock
+  // also pays its kernel_latency_cycles (the prologue and epilogue no tile hides), so that no
+  // product takes less than that floor: max(compute, bytes / (bandwidth x the gemm class's
+  // bandwidth_efficiency)) + kernel latency + overhead. A skinny product whose bytes take longer
+  // than its tiles is priced by its bytes.
   int64_t kernel_ns(const Kernel& k) const;
   // An attention kernel as the standard unfused implementation runs it (profile attention_fused
   // false): two batched GEMMs over the full scores and the T x T scores through HBM.

@@ -47,6 +47,7 @@
 //     l2_bandwidth_gbps: 0      #   the SMs' shared L2 bandwidth (0: no operand-bytes term)
 //     iteration_latency_cycles: 64   # a main-loop iteration's pipeline latency (calibrate fits it)
 //     tile_k_bytes: 128         #   K depth of a main-loop iteration, in operand bytes
+//     kernel_latency_cycles: 1000    # a GEMM kernel's prologue and epilogue latency, once per kernel
 //   ops:                        # optional (calibrated profiles): measured lone-rank op times
 //     - {name: fwd.block, batch: 8, seq: 128, d_model: 256, heads: 4, vocab: 8192, tp: 1, time_us: 24784}
 //     - {name: adamw, params: 5.3e6, time_us: 29695}   #   the optimizer: by parameters held
@@ -164,6 +165,13 @@ struct CoreSharing {
 // `iteration_latency_cycles` at `clock_mhz`. A split-K product also writes and reads its fp32
 // partial outputs once per split, through L2 (memory's bandwidth without an L2 figure). The class's flops_efficiency is then the ceiling a large,
 // well-shaped GEMM reaches, scaling the whole kernel (gemm_shape_efficiency in cost_model.hpp).
+// Alignment: the operands come in by loads as wide as their leading dimensions allow (the largest
+// power of two dividing every dimension's bytes, up to 16: cuBLAS's and CUTLASS's 128-bit
+// vectorised accesses), and the L2 term's rate scales with that width (gemm_load_bytes): an
+// `align1` fp32 product loads 4 bytes at a time, at a quarter of the 16-byte rate. And every GEMM
+// kernel pays `kernel_latency_cycles` once, its first tiles' prologue (the pipeline's first loads)
+// and its last tiles' epilogue (the output's stores), which no other tile's work hides: the floor
+// of a small product (CostModel::kernel_ns).
 struct GemmTile {
   int m = 0, n = 0;       // output tile
   double relative = 1.0;  // its per-SM throughput against the best tile's, (0, 1]
@@ -177,6 +185,7 @@ struct GemmShapeModel {
   double l2_bytes_per_s = 0;    // L2 bandwidth shared by the SMs (0: no operand-bytes term)
   double iteration_latency_cycles = 0;  // a main-loop iteration's latency beyond its work
   int tile_k_bytes = 128;               // a main-loop iteration's depth of K, in operand bytes
+  double kernel_latency_cycles = 0;     // a kernel's prologue and epilogue latency, once
   bool enabled() const { return sms > 0 && !tiles.empty(); }
 };
 
