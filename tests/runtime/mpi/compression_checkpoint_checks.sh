@@ -13,7 +13,8 @@
 #  2. The step-3 checkpoints hold what they should: one state file per dp rank with residuals
 #     (PowerSGD: and Q, equal on both dp ranks), the scheme and its parameters; fp16's scaler.
 #  3. A checkpoint without compression state resumed with int8, and an int8 one resumed with
-#     top-k: the run continues with fresh residuals and says so on stderr.
+#     top-k: the run continues with fresh residuals and says so on stderr. A damaged state file is
+#     refused (exit 2) naming it.
 # Usage: compression_checkpoint_checks.sh ORRERY_BINARY WORK_DIR
 set -uo pipefail
 ORRERY=$1
@@ -132,16 +133,24 @@ print("step-3 state ok; fp16 scaler at step 3", s3, "at step 6", s6)
 EOF
 
 # 3. State that does not fit: fresh residuals, said on stderr.
-mkdir -p plain && run plain --nproc 2 --no-profile --set checkpoint.dir=plain \
-  --set training.steps=3 || fail "plain: run"
-run plain-int8 --nproc 2 --no-profile --resume plain/step-3 --set checkpoint.dir=plain-int8 \
-  --set parallel.grad_compression=int8 || fail "plain checkpoint resumed with int8"
+# (fp16's step-3 checkpoint holds no compression state; resumed in fp32, its scaler is not used.)
+run plain-int8 --nproc 2 --no-profile --resume fp16/step-3 --set checkpoint.dir=plain-int8 \
+  --set parallel.grad_compression=int8 || fail "a checkpoint without compression state resumed with int8"
 grep -q "note: .*error-feedback residuals start at zero: the checkpoint holds no compression state" \
   plain-int8.err || fail "plain-int8: no note about fresh residuals: $(cat plain-int8.err)"
 run int8-topk --nproc 2 --no-profile --resume int8/step-3 --set checkpoint.dir=int8-topk \
   --set parallel.grad_compression=topk || fail "int8 checkpoint resumed with topk"
 grep -q "note: .*residuals start at zero: it was written with parallel.grad_compression int8" \
   int8-topk.err || fail "int8-topk: no note about the other scheme: $(cat int8-topk.err)"
+
+# A damaged state file: refused (exit 2) naming it, as a damaged shard is.
+mkdir -p damaged && cp -r int8/step-3 damaged/step-3
+printf '\x55' | dd of=damaged/step-3/tp0-pp0-dp1.compression.bin bs=1 seek=100 conv=notrunc status=none
+run damaged --nproc 2 --no-profile --resume damaged/step-3 --set parallel.grad_compression=int8
+rc=$?
+[ $rc -eq 2 ] || fail "damaged: exit $rc, expected 2"
+grep -q "tp0-pp0-dp1.compression.bin' fails its checksum" damaged.err \
+  || fail "damaged: message lacks the file: $(cat damaged.err)"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed"
