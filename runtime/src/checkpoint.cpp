@@ -91,33 +91,45 @@ std::vector<GlobalPiece> global_pieces(const StateRange& r, const std::vector<Fl
   return out;
 }
 
-// One file's entry, in the manifest and in the record each rank sends rank 0.
-json file_to_json(const CheckpointFile& f) {
-  json rs = json::array();
-  for (const auto& r : f.ranges) rs.push_back({{"offset", r.offset}, {"count", r.count}});
-  return {{"name", f.name},
-          {"bytes", f.bytes},
-          {"crc32c", hex32(f.crc32c)},
-          {"tp", f.tp},
-          {"pp", f.pp},
-          {"dp", f.dp},
-          {"flat_elems", f.flat_elems},
-          {"data_calls", f.data_calls},
-          {"ranges", rs}};
+// The fields every file entry has (CheckpointFile, CheckpointStateFile): its name, bytes, CRC32C and
+// the writer's coordinates.
+template <class File>
+json file_fields_to_json(const File& f) {
+  return {{"name", f.name}, {"bytes", f.bytes}, {"crc32c", hex32(f.crc32c)},
+          {"tp", f.tp},     {"pp", f.pp},       {"dp", f.dp}};
 }
 
-// Throws json exceptions on missing keys and wrong types; InputError naming `origin` otherwise.
-CheckpointFile file_from_json(const json& jf, const std::string& origin) {
-  CheckpointFile f;
+// Throws json exceptions on missing keys and wrong types; InputError naming `origin` and `key`
+// for a name that is not a plain file name.
+template <class File>
+void file_fields_from_json(const json& jf, const std::string& origin, const char* key, File& f) {
   f.name = jf.at("name").get<std::string>();
   if (f.name.empty() || f.name.find('/') != std::string::npos || f.name[0] == '.') {
-    throw InputError(origin + ": key 'files': file name '" + f.name + "' is not a plain name");
+    throw InputError(origin + ": key '" + key + "': file name '" + f.name +
+                     "' is not a plain name");
   }
   f.bytes = jf.at("bytes").get<uint64_t>();
   f.crc32c = static_cast<uint32_t>(std::stoul(jf.at("crc32c").get<std::string>(), nullptr, 16));
   f.tp = jf.at("tp").get<int>();
   f.pp = jf.at("pp").get<int>();
   f.dp = jf.at("dp").get<int>();
+}
+
+// One file's entry, in the manifest and in the record each rank sends rank 0.
+json file_to_json(const CheckpointFile& f) {
+  json rs = json::array();
+  for (const auto& r : f.ranges) rs.push_back({{"offset", r.offset}, {"count", r.count}});
+  json j = file_fields_to_json(f);
+  j["flat_elems"] = f.flat_elems;
+  j["data_calls"] = f.data_calls;
+  j["ranges"] = rs;
+  return j;
+}
+
+// Throws json exceptions on missing keys and wrong types; InputError naming `origin` otherwise.
+CheckpointFile file_from_json(const json& jf, const std::string& origin) {
+  CheckpointFile f;
+  file_fields_from_json(jf, origin, "files", f);
   f.flat_elems = jf.at("flat_elems").get<uint64_t>();
   f.data_calls = jf.at("data_calls").get<int64_t>();
   uint64_t total = 0;
@@ -132,29 +144,17 @@ CheckpointFile file_from_json(const json& jf, const std::string& origin) {
   return f;
 }
 
+// A compression state file's entry (the manifest's compression.files, and the rank's record).
 json state_file_to_json(const CheckpointStateFile& f) {
-  return {{"name", f.name},
-          {"bytes", f.bytes},
-          {"crc32c", hex32(f.crc32c)},
-          {"tp", f.tp},
-          {"pp", f.pp},
-          {"dp", f.dp},
-          {"residual_elems", f.residual_elems},
-          {"q_elems", f.q_elems}};
+  json j = file_fields_to_json(f);
+  j["residual_elems"] = f.residual_elems;
+  j["q_elems"] = f.q_elems;
+  return j;
 }
 
 CheckpointStateFile state_file_from_json(const json& jf, const std::string& origin) {
   CheckpointStateFile f;
-  f.name = jf.at("name").get<std::string>();
-  if (f.name.empty() || f.name.find('/') != std::string::npos || f.name[0] == '.') {
-    throw InputError(origin + ": key 'compression.files': file name '" + f.name +
-                     "' is not a plain name");
-  }
-  f.bytes = jf.at("bytes").get<uint64_t>();
-  f.crc32c = static_cast<uint32_t>(std::stoul(jf.at("crc32c").get<std::string>(), nullptr, 16));
-  f.tp = jf.at("tp").get<int>();
-  f.pp = jf.at("pp").get<int>();
-  f.dp = jf.at("dp").get<int>();
+  file_fields_from_json(jf, origin, "compression.files", f);
   f.residual_elems = jf.at("residual_elems").get<uint64_t>();
   f.q_elems = jf.at("q_elems").get<uint64_t>();
   if (4 * (f.residual_elems + f.q_elems) != f.bytes) {
