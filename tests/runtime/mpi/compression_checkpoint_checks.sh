@@ -13,7 +13,8 @@
 #  2. The step-3 checkpoints hold what they should: one state file per dp rank with residuals
 #     (PowerSGD: and Q, equal on both dp ranks), the scheme and its parameters; fp16's scaler.
 #  3. A checkpoint without compression state resumed with int8, and an int8 one resumed with
-#     top-k: the run continues with fresh residuals and says so on stderr. A damaged state file is
+#     top-k, and the dp2 int8 one resumed on dp4: the run continues with fresh residuals and says
+#     so on stderr. A damaged state file is
 #     refused (exit 2) naming it.
 # Usage: compression_checkpoint_checks.sh ORRERY_BINARY WORK_DIR
 set -uo pipefail
@@ -142,6 +143,13 @@ run int8-topk --nproc 2 --no-profile --resume int8/step-3 --set checkpoint.dir=i
   --set parallel.grad_compression=topk || fail "int8 checkpoint resumed with topk"
 grep -q "note: .*residuals start at zero: it was written with parallel.grad_compression int8" \
   int8-topk.err || fail "int8-topk: no note about the other scheme: $(cat int8-topk.err)"
+
+# Another dp (an elastic restart on more or fewer ranks): the dp2 int8 checkpoint on dp4 (4 ranks).
+OMPI_MCA_rmaps_base_oversubscribe=1 run int8-dp4 --nproc 4 --no-profile --resume int8/step-3 \
+  --set checkpoint.dir=int8-dp4 --set parallel.dp=4 --set parallel.grad_compression=int8 \
+  || fail "int8 dp2 checkpoint resumed on dp4: $(cat int8-dp4.err)"
+grep -q "note: .*residuals start at zero: it was written with parallel.dp 2" int8-dp4.err \
+  || fail "int8-dp4: no note about the other dp: $(cat int8-dp4.err)"
 
 # A damaged state file: refused (exit 2) naming it, as a damaged shard is.
 mkdir -p damaged && cp -r int8/step-3 damaged/step-3
