@@ -9,6 +9,7 @@
 //    their slots' host staging and are uploaded again without a read, blocks 2 and 3 (forward) and
 //    1 and 0 (backward) are read one after next ahead; each upload after its read and after the
 //    previous gather from its slot, each read after its slot's last upload;
+//  - executed, each gather starts after its upload ends, each upload after its read;
 //  - the optimizer: 12 bytes per element read and written (the moments and the shards), no upload
 //    after the host step;
 //  - memory: parameters 4 staging slots of the largest shard in fp32, offload_nvme 12u,
@@ -26,6 +27,7 @@
 
 #include "offload_test_util.hpp"
 #include "orrery/model/names.hpp"
+#include "orrery/sim/executor.hpp"
 #include "orrery/sim/hardware.hpp"
 #include "orrery/sim/memory.hpp"
 #include "orrery/sim/workload.hpp"
@@ -132,6 +134,22 @@ TEST(SimDeviceParams, EachGatherFollowsItsShardsUploadAndRead) {
   EXPECT_TRUE(depends_on(p, o.read[4], o.upload[2]));  // block 2's read after block 0's upload
   EXPECT_TRUE(depends_on(p, o.read[5], o.upload[3]));
   EXPECT_LE(double(p.ops.size()), workload_ops_bound(s, 1));
+}
+
+TEST(SimDeviceParams, ExecutedGathersStartAfterTheirUploadsAndReads) {
+  const Workload w = build_fp32(params_offloaded(), gpu_links(), 2);
+  const ShardOps o = shard_ops(w);
+  const ExecResult r = execute(w, testing::h100_cluster(2));
+  const auto& ops = r.ranks[0].ops;
+  for (size_t i = 0; i < o.gather.size(); ++i) {
+    EXPECT_GE(ops[o.gather[i]].start_ns, ops[o.upload[i]].end_ns) << i;
+    EXPECT_EQ(ops[o.upload[i]].end_ns - ops[o.upload[i]].start_ns,
+              w.stages[0].ops[o.upload[i]].duration_ns);
+  }
+  // Each upload after its segment's latest read (reads 0..5: -1, 4, 0, 1, 2, 3; 6, 7: 1, 0).
+  const std::vector<size_t> read_of{0, 1, 2, 3, 4, 5, 5, 4, 6, 7};
+  for (size_t i = 0; i < o.upload.size(); ++i)
+    EXPECT_GE(ops[o.upload[i]].start_ns, ops[o.read[read_of[i]]].end_ns) << i;
 }
 
 TEST(SimDeviceParams, OptimizerStreamsTheShardsAndUploadsNothing) {

@@ -276,8 +276,11 @@ inline constexpr double kDeviceNvmeBytesPerParam = 8.0;
 //    shards are read one after next ahead (bound to block l, the read of l + 2 in the forward, l - 2
 //    in the backward, into l's slot); a shard still held in its slot's host staging (the first two
 //    gathers of a pass after the pass that staged them) is uploaded again without a read; the
-//    experts' shard is read at each gather. Nothing held survives the optimizer (the file's shards
-//    are new);
+//    experts' shard is read at each gather (not modelled where edp is one rank: the simulator has
+//    no experts' gather there, and the runtime's read, upload and copy are left out). Nothing held
+//    survives the optimizer (the file's shards are new). Both copy streams of the runtime (the
+//    staging's and the optimizer's) are the simulator's queue "offload": their work never
+//    overlaps, the step's first gather waits for the optimizer's end;
 //  - the optimizer is the device's NVMe pipeline above with the parameters a third plane of the
 //    file (device_nvme_file_bytes: 12 bytes per element read and written) and no upload after the
 //    host step (the device holds no shard; the range ends with its last write).
