@@ -399,8 +399,11 @@ void register_device_runner(Device device, DeviceRunner runner) {
 bool has_device_runner(Device device) { return device_runners().count(device) > 0; }
 
 void check_supported_on_device(const Scenario& s) {
-  // Issue 18 item 1: the compression hooks (ddp_compression.hpp) work on host memory, so the CPU
-  // device runs them; any other device is refused rather than silently run uncompressed.
+  // Issue 18 item 1: the compression hooks (ddp_compression.hpp) run on the host; on a device over a
+  // host copy of the gradients with their collectives on the dp group's host communicator (MPI).
+  // With MoE blocks and ep 1 the experts' edp.all_reduce goes over the dp group's device
+  // communicator, which ranks sharing a GPU stage through that same host communicator from another
+  // thread: the two could reach it in different orders on different ranks, so that is refused.
   // The vocabulary-parallel head is a simulator key (common/scenario.hpp): the runtime keeps the
   // embedding and LM head whole on every tp rank, so running it would not be the run it describes.
   if (s.parallel.vocab_parallel) {
@@ -409,11 +412,13 @@ void check_supported_on_device(const Scenario& s) {
                      "whole on every tp rank; the vocabulary-parallel head is simulated only "
                      "(orrery sim), set it to false to run");
   }
-  if (s.parallel.grad_compression != "none" && device_of(s.runtime) != orrery::Device::Cpu) {
+  if (s.parallel.grad_compression != "none" && device_of(s.runtime) != orrery::Device::Cpu &&
+      s.model.moe.enabled() && std::max(1, s.parallel.ep) == 1) {
     throw InputError((s.path.empty() ? std::string("scenario") : s.path) +
                      ": key 'parallel.grad_compression': '" + s.parallel.grad_compression +
-                     "' is implemented on runtime.device cpu only, not " + s.runtime.device +
-                     "; use none or device cpu");
+                     "' with model.moe and parallel.ep 1 runs on runtime.device cpu only, not " +
+                     s.runtime.device +
+                     "; use parallel.ep > 1, grad_compression none or device cpu");
   }
   // Offload (issue 18 item 3) runs on both devices: the optimizer's (host or nvme) and ZeRO 3's
   // parameter shards in the file (offload_params; on a device each shard is uploaded through pinned

@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "orrery/common/error.hpp"
 #include "orrery/runtime/checkpoint.hpp"
 #include "orrery/runtime/cuda/gpu_run.hpp"
 #include "orrery/runtime/cuda/trainer.hpp"
@@ -313,6 +314,42 @@ TEST(GpuTraining, RunRankResumes) {
   EXPECT_EQ(r.steps[0].loss, full[2]);
   EXPECT_EQ(r.steps[1].loss, full[3]);
   std::filesystem::remove_all(dir);
+}
+
+// No device needed: dp2 with each compression scheme, ZeRO 0 and 1, is accepted on device cuda up to
+// the device check (launch.cpp no longer refuses parallel.grad_compression there), whose message
+// names runtime.device; with MoE blocks and ep 1 the compression key is refused first.
+TEST(CudaCompression, EverySchemeGetsAsFarAsTheDeviceCheck) {
+  if (device_count() > 0) GTEST_SKIP() << "a device is present: the no-device path is not taken";
+  Scenario s = tiny_scenario();
+  s.runtime.device = "cuda";
+  s.parallel.dp = 2;
+  for (const char* scheme : {"int8", "topk", "powersgd"}) {
+    for (const int zero : {0, 1}) {
+      s.parallel.grad_compression = scheme;
+      s.parallel.zero = zero;
+      SCOPED_TRACE(std::string(scheme) + ", zero " + std::to_string(zero));
+      try {
+        check_supported_on_device(s);
+        ADD_FAILURE() << "accepted without a device";
+      } catch (const InputError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("key 'runtime.device'"), std::string::npos) << what;
+        EXPECT_EQ(what.find("grad_compression"), std::string::npos) << what;
+      }
+    }
+  }
+  s.parallel.zero = 0;
+  s.model.moe.experts = 4;
+  s.model.moe.expert_ffn_hidden = 96;
+  s.parallel.ep = 1;
+  try {
+    check_supported_on_device(s);
+    ADD_FAILURE() << "MoE ep 1 with compression accepted on device cuda";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'parallel.grad_compression'"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
