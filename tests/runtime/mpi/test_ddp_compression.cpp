@@ -8,7 +8,7 @@
 // the fp32 rounding of residual = e - P Qᵀ. The training loop's device path (a backend whose
 // arrays are not host memory: ../host_device_backend.hpp, the CPU kernels with kHostMemory false)
 // runs each scheme through the hook's host copy and gives the CPU trainer's losses, parameters and
-// ddp.* spans (names, steps, layers, bytes) exactly, on 2 ranks.
+// ddp.* spans (names, steps, layers, bytes) exactly, with ZeRO 0 and 1, on 2 ranks.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -365,31 +365,35 @@ ProfiledRun run_profiled(const Scenario& s, const std::string& path) {
   return out;
 }
 
-// The device path of the training loop with each scheme (one uncompressed warm-up step) against
-// the CPU trainer: the same losses and parameters bit for bit, and the same ddp.* spans, the
-// compressed collectives' wire bytes and "ddp.compress" / "ddp.decompress" included.
+// The device path of the training loop with each scheme (one uncompressed warm-up step), ZeRO 0
+// and 1, against the CPU trainer: the same losses and parameters bit for bit, and the same ddp.*
+// spans, the compressed collectives' wire bytes and "ddp.compress" / "ddp.decompress" included.
 TEST_P(Compressed, DevicePathEqualsTheCpuTrainerBitForBit) {
   if (world().size() != 2) GTEST_SKIP() << "runs on 2 ranks (CI time)";
   const CompressionScheme scheme = GetParam();
-  Scenario s = tiny(2, 3);
-  s.parallel.grad_compression = scheme_name(scheme);
-  s.compression.powersgd_rank = 2;
-  s.compression.topk_ratio = 0.05;
-  s.compression.start_step = 1;
-  const std::string path = ::testing::TempDir() + "comp18_device_" + std::to_string(::getppid()) +
-                           "_rank" + std::to_string(world().rank()) + ".db";
-  const ProfiledRun cpu = run_profiled<Trainer>(s, path);
-  const ProfiledRun dev = run_profiled<testing::HostDeviceLoop>(s, path);
-  EXPECT_FALSE(cpu.staged);
-  EXPECT_TRUE(dev.staged);
-  EXPECT_EQ(dev.losses, cpu.losses);
-  ASSERT_EQ(dev.params.size(), cpu.params.size());
-  EXPECT_EQ(0, std::memcmp(dev.params.data(), cpu.params.data(), cpu.params.size() * 4));
-  EXPECT_EQ(dev.ddp_spans, cpu.ddp_spans);
-  // The comparison is of compressed runs: steps 1 and 2 compress (a compress span per bucket).
-  int compress = 0;
-  for (const auto& sp : cpu.ddp_spans) compress += std::get<0>(sp) == "ddp.compress" ? 1 : 0;
-  EXPECT_GE(compress, 2 * 3);
+  for (const int zero : {0, 1}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    Scenario s = tiny(2, 3);
+    s.parallel.zero = zero;
+    s.parallel.grad_compression = scheme_name(scheme);
+    s.compression.powersgd_rank = 2;
+    s.compression.topk_ratio = 0.05;
+    s.compression.start_step = 1;
+    const std::string path = ::testing::TempDir() + "comp18_device_" + std::to_string(::getppid()) +
+                             "_rank" + std::to_string(world().rank()) + ".db";
+    const ProfiledRun cpu = run_profiled<Trainer>(s, path);
+    const ProfiledRun dev = run_profiled<testing::HostDeviceLoop>(s, path);
+    EXPECT_FALSE(cpu.staged);
+    EXPECT_TRUE(dev.staged);
+    EXPECT_EQ(dev.losses, cpu.losses);
+    ASSERT_EQ(dev.params.size(), cpu.params.size());
+    EXPECT_EQ(0, std::memcmp(dev.params.data(), cpu.params.data(), cpu.params.size() * 4));
+    EXPECT_EQ(dev.ddp_spans, cpu.ddp_spans);
+    // The comparison is of compressed runs: steps 1 and 2 compress (a compress span per bucket).
+    int compress = 0;
+    for (const auto& sp : cpu.ddp_spans) compress += std::get<0>(sp) == "ddp.compress" ? 1 : 0;
+    EXPECT_GE(compress, 2 * 3);
+  }
 }
 
 }  // namespace
