@@ -11,7 +11,8 @@
 //    checkpoint every 2, resumed from step 2, gives the uninterrupted run's last two losses and
 //    final parameters bit for bit (fp32: the same kernels in the same order), and the checkpoint
 //    written on the GPU resumes on the CPU with losses within 1e-4 relative.
-// Suites are named Gpu*: they need a device and skip with the reason without one.
+// Suites are named Gpu*: they need a device and skip with the reason without one. Without one,
+// CudaCompression checks that dp2 gradient compression gets as far as the device check.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
