@@ -6,7 +6,7 @@
 #    in the trace), in `orrery sim` (its collective in the simulated trace) and in
 #    `orrery sweep --search` (ZeRO 0/1 layouts only); on the cuda device it is no longer refused:
 #    without a GPU the run gets as far as the device check (exit 2 naming runtime.device, not
-#    the compression key), with one it runs (exit 0); with MoE blocks and ep 1 device cuda
+#    the compression key), with one it runs (exit 0); with tp, pp or MoE blocks device cuda
 #    refuses it (exit 2 naming the key) on either machine;
 #  - grad_compression: none still runs.
 # Usage: compression_checks.sh ORRERY SOURCE_DIR
@@ -57,9 +57,9 @@ cuda_device_check() {
   fi
 }
 # shellcheck disable=SC2086
-expect 2 "key 'parallel.grad_compression': 'int8' with model.moe and parallel.ep 1 runs on runtime.device cpu only, not cuda" \
-  run scenarios/moe-tiny.yaml --nproc 2 --set parallel.ep=1 --set parallel.grad_compression=int8 \
-  --device cuda --out "$TMP/x.db"
+expect 2 "key 'parallel.grad_compression': 'int8' on runtime.device cuda runs with data parallelism only (parallel.tp 1, parallel.pp 1, no model.moe), got tp 2, pp 1, moe.experts 0" \
+  run $G --nproc 4 --set parallel.dp=2 --set parallel.tp=2 --set parallel.pp=1 \
+  --set parallel.grad_compression=int8 --device cuda --out "$TMP/x.db"
 for scheme in int8 powersgd topk; do
   # shellcheck disable=SC2086
   cuda_device_check run $G --nproc 2 $DP2 --set training.steps=2 \

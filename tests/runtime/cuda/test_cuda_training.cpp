@@ -12,7 +12,8 @@
 //    final parameters bit for bit (fp32: the same kernels in the same order), and the checkpoint
 //    written on the GPU resumes on the CPU with losses within 1e-4 relative.
 // Suites are named Gpu*: they need a device and skip with the reason without one. Without one,
-// CudaCompression checks that dp2 gradient compression gets as far as the device check.
+// CudaCompression checks that dp2 gradient compression gets as far as the device check (and that
+// tp, pp and MoE blocks with it are refused on a device).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -319,7 +320,8 @@ TEST(GpuTraining, RunRankResumes) {
 
 // No device needed: dp2 with each compression scheme, ZeRO 0 and 1, is accepted on device cuda up to
 // the device check (launch.cpp no longer refuses parallel.grad_compression there), whose message
-// names runtime.device; with MoE blocks and ep 1 the compression key is refused first.
+// names runtime.device; with tp 2, pp 2 or MoE blocks the compression key is refused first (on a
+// device the hook runs with data parallelism only).
 TEST(CudaCompression, EverySchemeGetsAsFarAsTheDeviceCheck) {
   if (device_count() > 0) GTEST_SKIP() << "a device is present: the no-device path is not taken";
   Scenario s = tiny_scenario();
@@ -341,15 +343,21 @@ TEST(CudaCompression, EverySchemeGetsAsFarAsTheDeviceCheck) {
     }
   }
   s.parallel.zero = 0;
-  s.model.moe.experts = 4;
-  s.model.moe.expert_ffn_hidden = 96;
-  s.parallel.ep = 1;
-  try {
-    check_supported_on_device(s);
-    ADD_FAILURE() << "MoE ep 1 with compression accepted on device cuda";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("key 'parallel.grad_compression'"), std::string::npos)
-        << e.what();
+  for (const char* layout : {"tp", "pp", "moe"}) {
+    Scenario t = s;
+    if (std::string(layout) == "tp") t.parallel.tp = 2;
+    if (std::string(layout) == "pp") t.parallel.pp = 2;
+    if (std::string(layout) == "moe") {
+      t.model.moe.experts = 4;
+      t.model.moe.expert_ffn_hidden = 96;
+    }
+    try {
+      check_supported_on_device(t);
+      ADD_FAILURE() << layout << " with compression accepted on device cuda";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("key 'parallel.grad_compression'"), std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -9,7 +9,8 @@
 // after it is decompressed. The arithmetic is the CPU's, so a device run's averaged gradients are
 // the CPU run's bit for bit; the price is PCIe traffic and host time (the copies are inside the
 // "ddp.compress" / "ddp.decompress" spans), and a bucket's download waits for the compute stream,
-// so the host stops queueing the backward while it compresses.
+// so the host stops queueing the backward while it compresses. On a device it runs with data
+// parallelism only (launch.cpp says why).
 //
 // Error feedback is always on: per bucket a residual array (the bucket's size) keeps what a step
 // could not send; the next step compresses e = g + residual, and sent + residual == e.

@@ -252,12 +252,12 @@ void TrainingLoop<B>::enable_compression() {
   if constexpr (B::kHostMemory) {
     ddp_->enable_compression(c, grad_matrices(layout_of(*model_)), rec_);
   } else {
-    // Refused by check_supported_on_device (launch.cpp): the experts' reduction over the dp group
-    // and the hook's host collectives would share its host communicator.
-    if (edp_ != nullptr && layout_.ep == 1) {
-      throw InputError(
-          loop_detail::origin_of(s_) +
-          ": key 'parallel.grad_compression': with MoE blocks on a device needs ep > 1");
+    // Refused by check_supported_on_device (launch.cpp): other groups' host-staged collectives
+    // would share the process's MPI thread with the hook's during the backward.
+    if (layout_.tp > 1 || layout_.pp > 1 || layout_of(*model_).config.moe.enabled()) {
+      throw InputError(loop_detail::origin_of(s_) +
+                       ": key 'parallel.grad_compression': on a device with dp only (tp 1, pp 1, "
+                       "no MoE blocks)");
     }
     GradStaging staging;
     staging.download = [this](float* h, const float* d, std::size_t n) {
