@@ -147,9 +147,14 @@ DataParallel::~DataParallel() = default;
 
 void DataParallel::enable_compression(const CompressionOptions& opt,
                                       const std::vector<GradMatrix>& matrices,
-                                      profiler::Recorder* rec) {
+                                      profiler::Recorder* rec, const GradStaging* staging,
+                                      Communicator* host_dp) {
   if (opt.scheme == CompressionScheme::None || dp_ == nullptr || dp_->size() <= 1) return;
-  hook_ = std::make_unique<CompressionHook>(opt, buckets_, matrices, grads_, *dp_, rec);
+  if (staging != nullptr && (host_dp == nullptr || host_dp->size() != dp_->size())) {
+    throw InternalError("DDP: compression on a device needs the dp group's host communicator");
+  }
+  hook_ = std::make_unique<CompressionHook>(opt, buckets_, matrices, grads_,
+                                            staging != nullptr ? *host_dp : *dp_, rec, staging);
 }
 
 void DataParallel::begin_backward(bool sync, int32_t step, int32_t micro_batch) {

@@ -99,10 +99,20 @@ std::size_t compressed_bucket_bytes(const CompressionOptions& opt, const ParamRa
 CompressionHook::CompressionHook(const CompressionOptions& opt,
                                  const std::vector<DdpBucket>& buckets,
                                  const std::vector<GradMatrix>& matrices, float* grads,
-                                 Communicator& dp, profiler::Recorder* rec)
+                                 Communicator& dp, profiler::Recorder* rec,
+                                 const GradStaging* staging)
     : opt_(opt), grads_(grads), dp_(dp), rec_(rec != nullptr && rec->enabled() ? rec : nullptr) {
   if (opt_.scheme == CompressionScheme::None) {
     throw InternalError("CompressionHook: scheme none needs no hook");
+  }
+  if (staging != nullptr) {
+    // The kernels below run on a host copy as long as the array the buckets reach into.
+    std::size_t end = 0;
+    for (const auto& b : buckets) end = std::max(end, b.range.end());
+    staging_ = *staging;
+    device_grads_ = grads;
+    host_grads_.assign(end, 0.0f);
+    grads_ = host_grads_.data();
   }
   std::size_t max_n = 0;
   for (const auto& b : buckets) {
@@ -165,6 +175,16 @@ void CompressionHook::span(const char* name, const Bucket& st, int64_t bytes,
   rec_->record(s);
 }
 
+void CompressionHook::stage_in(const Bucket& st) {
+  if (device_grads_ == nullptr) return;
+  staging_.download(grads_ + st.range.offset, device_grads_ + st.range.offset, st.range.count);
+}
+
+void CompressionHook::stage_out(const Bucket& st) {
+  if (device_grads_ == nullptr) return;
+  staging_.upload(device_grads_ + st.range.offset, grads_ + st.range.offset, st.range.count);
+}
+
 void CompressionHook::issue(const DdpBucket& b, const OpLabel& label) {
   Bucket& st = buckets_.at(static_cast<std::size_t>(b.index));
   st.step = label.step;
@@ -187,6 +207,7 @@ void CompressionHook::issue(const DdpBucket& b, const OpLabel& label) {
 // Payload [codes (n int8) | scales (ceil(n / chunk) fp32)], all-gathered.
 void CompressionHook::issue_int8(Bucket& st, const OpLabel& label) {
   const int64_t t0 = rec_ != nullptr ? profiler::steady_now_ns() : 0;
+  stage_in(st);
   const std::size_t n = st.range.count;
   float* g = grads_ + st.range.offset;
   auto* codes = reinterpret_cast<int8_t*>(st.send.data());
@@ -206,6 +227,7 @@ void CompressionHook::issue_int8(Bucket& st, const OpLabel& label) {
 // Payload [k uint32 indices | k fp32 values], all-gathered.
 void CompressionHook::issue_topk(Bucket& st, const OpLabel& label) {
   const int64_t t0 = rec_ != nullptr ? profiler::steady_now_ns() : 0;
+  stage_in(st);
   const std::size_t n = st.range.count;
   const float* g = grads_ + st.range.offset;
   std::vector<uint32_t> index;
@@ -233,6 +255,7 @@ void CompressionHook::run_powersgd(Bucket& st, const OpLabel& label) {
   float* g = grads_ + st.range.offset;
   const int64_t raw = static_cast<int64_t>(st.range.count * sizeof(float));
   int64_t t_open = rec_ != nullptr ? profiler::steady_now_ns() : 0;
+  stage_in(st);
   bool first = true;
   const auto close_compress = [&] {
     span(names::kDpCompress.data(), st, first ? raw : 0, t_open);
@@ -263,8 +286,12 @@ void CompressionHook::run_powersgd(Bucket& st, const OpLabel& label) {
       if (opt_.keep_sent) st.sent[i] = v;
     }
   }
+  if (st.plain_buf.empty()) {
+    stage_out(st);  // inside the last compress span: no decompress span follows
+    close_compress();
+    return;
+  }
   close_compress();
-  if (st.plain_buf.empty()) return;
   OpLabel l = label;
   l.name = names::kDpPowerSgdVectors;
   dp_.all_reduce(st.plain_buf.data(), st.plain_buf.size(), DType::F32, ReduceOp::Avg, l).wait();
@@ -273,6 +300,7 @@ void CompressionHook::run_powersgd(Bucket& st, const OpLabel& label) {
   for (const auto& [b, e] : st.plain) {
     for (std::size_t i = b; i < e; ++i) g[i] = st.plain_buf[at++];
   }
+  stage_out(st);
   span(names::kDpDecompress.data(), st, static_cast<int64_t>(st.plain_buf.size() * sizeof(float)),
        t0);
 }
@@ -304,6 +332,7 @@ void CompressionHook::finish_gathered(Bucket& st) {
   }
   const float inv = 1.0f / static_cast<float>(ranks);
   for (std::size_t i = 0; i < n; ++i) out[i] *= inv;
+  stage_out(st);
   span(names::kDpDecompress.data(), st, static_cast<int64_t>(st.recv.size()), t0);
 }
 
@@ -369,7 +398,7 @@ std::size_t CompressionHook::payload_bytes(int bucket) const {
 }
 
 std::size_t CompressionHook::buffer_bytes() const {
-  std::size_t bytes = scratch_.size() * sizeof(float);
+  std::size_t bytes = (scratch_.size() + host_grads_.size()) * sizeof(float);
   for (const auto& st : buckets_) {
     bytes += (st.residual.size() + st.sent.size() + st.plain_buf.size()) * sizeof(float);
     bytes += st.send.size() + st.recv.size();

@@ -405,8 +405,14 @@ void register_device_runner(Device device, DeviceRunner runner) {
 bool has_device_runner(Device device) { return device_runners().count(device) > 0; }
 
 void check_supported_on_device(const Scenario& s) {
-  // Issue 18 item 1: the compression hooks (ddp_compression.hpp) work on host memory, so the CPU
-  // device runs them; any other device is refused rather than silently run uncompressed.
+  // Issue 18 item 1: the compression hooks (ddp_compression.hpp) run on the host; on a device over a
+  // host copy of the gradients with their collectives on the dp group's host communicator (MPI).
+  // The process's one MPI thread runs collectives one at a time in issue order (mpi_comm.cpp), and
+  // a device's host-staged communicators (ranks sharing a GPU, comm_backend mpi, 1F1B's pipeline)
+  // issue to it from their own thread: with tp, pp or MoE blocks (their all-reduces, transfers and
+  // all-to-alls during the backward) the two threads' collectives could reach it in orders that
+  // differ between ranks and wait on each other. So on a device the hook runs with dp (and ZeRO 1)
+  // only, where no other collective is in flight while it runs.
   // The vocabulary-parallel head is a simulator key (common/scenario.hpp): the runtime keeps the
   // embedding and LM head whole on every tp rank, so running it would not be the run it describes.
   if (s.parallel.vocab_parallel) {
@@ -415,11 +421,16 @@ void check_supported_on_device(const Scenario& s) {
                      "whole on every tp rank; the vocabulary-parallel head is simulated only "
                      "(orrery sim), set it to false to run");
   }
-  if (s.parallel.grad_compression != "none" && device_of(s.runtime) != orrery::Device::Cpu) {
+  if (s.parallel.grad_compression != "none" && device_of(s.runtime) != orrery::Device::Cpu &&
+      (s.parallel.tp > 1 || s.parallel.pp > 1 || s.model.moe.enabled())) {
     throw InputError((s.path.empty() ? std::string("scenario") : s.path) +
                      ": key 'parallel.grad_compression': '" + s.parallel.grad_compression +
-                     "' is implemented on runtime.device cpu only, not " + s.runtime.device +
-                     "; use none or device cpu");
+                     "' on runtime.device " + s.runtime.device +
+                     " runs with data parallelism only (parallel.tp 1, parallel.pp 1, no "
+                     "model.moe), got tp " +
+                     std::to_string(s.parallel.tp) + ", pp " + std::to_string(s.parallel.pp) +
+                     ", moe.experts " + std::to_string(s.model.moe.experts) +
+                     "; use device cpu for those");
   }
   // Offload (issue 18 item 3) runs on both devices: the optimizer's (host or nvme) and ZeRO 3's
   // parameter shards in the file (offload_params; on a device each shard is uploaded through pinned

@@ -93,6 +93,37 @@ void apply_host_offload(const Scenario& s, const PrecisionConfig& p, int stage, 
   e.offload_host_bytes = 12.0 * updated + 2.0 * runtime_chunk(s, updated) * p.grad_bytes;
 }
 
+// The largest shard the runtime stages (its slots' size): the stage's segments' ceil(n / dp), an
+// MoE block's experts' ceil(e / edp).
+double largest_shard(const Scenario& s, int stage) {
+  const int dp = s.parallel.dp;
+  std::map<int, int64_t> segments;
+  for (const auto& t : stage_parameters(s, stage)) segments[t.segment] += t.count;
+  double largest = 0;
+  for (const auto& [seg, n] : segments) largest = std::max(largest, std::ceil(double(n) / dp));
+  const int moe_blocks = stage_moe_blocks(s, stage);
+  if (moe_blocks > 0) {
+    const int edp = std::max(1, dp / std::max(1, s.parallel.ep));
+    const double per_block = double(stage_expert_params(s, stage) / moe_blocks);
+    largest = std::max(largest, std::ceil(per_block / edp));
+  }
+  return largest;
+}
+
+// zero.offload_params on a device (memory.hpp): the file holds the shards too (12 bytes per updated
+// element), no master weights are pinned, and the parameters are the runtime's staging slots (4, 6
+// on a stage with experts) of the largest shard in fp32, on the device and pinned on the host alike.
+void apply_device_params(const Scenario& s, const PrecisionConfig& p, int stage,
+                         MemoryEstimate& e) {
+  const double updated = updated_elements(s, stage, e);
+  const double chunk = runtime_chunk(s, updated);
+  const double slots = stage_moe_blocks(s, stage) > 0 ? 6.0 : 4.0;
+  const double staging = slots * kDeviceShardBytesPerParam * largest_shard(s, stage);
+  e.parameters_bytes = staging;
+  e.offload_nvme_bytes = device_nvme_file_bytes(s) * updated;
+  e.offload_host_bytes = 2.0 * chunk * p.grad_bytes + 3.0 * 3.0 * chunk * 4.0 + staging;
+}
+
 // NVMe offload on a device (memory.hpp): the moments in the file, the master weights and the
 // buffers in pinned host memory, nothing on the device.
 void apply_device_nvme(const Scenario& s, const PrecisionConfig& p, int stage, MemoryEstimate& e) {
@@ -101,6 +132,7 @@ void apply_device_nvme(const Scenario& s, const PrecisionConfig& p, int stage, M
   e.optimizer_bytes = 0;
   e.offload_nvme_bytes = kDeviceNvmeBytesPerParam * updated;
   e.offload_host_bytes = 4.0 * updated + 2.0 * chunk * p.grad_bytes + 3.0 * 2.0 * chunk * 4.0;
+  if (s.zero.offload_params == "nvme" && s.parallel.zero == 3) apply_device_params(s, p, stage, e);
 }
 
 // NVMe offload's memory (memory.hpp): the state moved to the file, the buffers kept.
@@ -161,7 +193,7 @@ std::vector<MemoryEstimate> estimate_memory(const Scenario& s, const PrecisionCo
     e.gradients_bytes = ms.gradients;
     e.optimizer_bytes = ms.optimizer;
     if (s.model.moe.enabled()) add_moe_states(s, p, st, e);
-    const bool on_device = device_nvme && s.zero.nvme() && s.zero.offload_params != "nvme";
+    const bool on_device = device_nvme && s.zero.nvme();
     if (s.zero.nvme()) (on_device ? apply_device_nvme : apply_offload)(s, p, st, e);
     if (host_offload(s)) apply_host_offload(s, p, st, e);
     const double embed_act =

@@ -451,7 +451,7 @@ double estimate_step_ns(const Scenario& s, const Cluster& c, const CostModel& co
     const OffloadLinks& links = cost.profile().offload;
     const bool device = device_nvme_offload(s, links);
     const double bytes =
-        (device ? kDeviceNvmeBytesPerParam : offload_bytes_per_param(s, prec)) * updated;
+        (device ? device_nvme_file_bytes(s) : offload_bytes_per_param(s, prec)) * updated;
     const double share = std::min(c.gpus_per_node, s.world_size());
     const double disk = double(offload_io_ns(bytes, links.nvme_read_bytes_per_s / share) +
                                offload_io_ns(bytes, links.nvme_write_bytes_per_s / share));

@@ -68,7 +68,16 @@ int64_t host_adamw_ns(double params, const OffloadLinks& links, int ranks_per_no
 }
 
 bool device_nvme_offload(const Scenario& s, const OffloadLinks& links) {
-  return s.zero.nvme() && s.zero.offload_params != "nvme" && links.host_link_bytes_per_s > 0;
+  return s.zero.nvme() && links.host_link_bytes_per_s > 0;
+}
+
+bool device_offload_params(const Scenario& s, const OffloadLinks& links) {
+  return device_nvme_offload(s, links) && s.zero.offload_params == "nvme" && s.parallel.zero == 3;
+}
+
+double device_nvme_file_bytes(const Scenario& s) {
+  const bool params = s.zero.offload_params == "nvme" && s.parallel.zero == 3;
+  return kDeviceNvmeBytesPerParam + (params ? kDeviceShardBytesPerParam : 0.0);
 }
 
 void check_host_offload(const Scenario& s, const HardwareProfile& p) {
@@ -361,8 +370,12 @@ double workload_ops_bound(const Scenario& s, int steps) {
   const double moe_ops = s.model.moe.enabled() ? 17 : 0;
   // ZeRO 3 with MoE: the experts' gathers (forward and backward) and reduce-scatter, 3 more.
   const double z3_ops = par.zero == 3 ? (s.model.moe.enabled() ? 6 : 3) : 0;
-  const double per_layer = 2 * (2 * pieces - 1) + z3_ops + recompute_ops + (sp ? 1 : 0) +
-                           (kv_grad_values(s) > 0 ? 1 : 0) + moe_ops;
+  // zero.offload_params: a read and an upload before each gather (and the read ahead), 4 more per
+  // block (8 with experts) and 4 a step (the embedding's and the final norm's).
+  const bool shards = par.zero == 3 && s.zero.offload_params == "nvme";
+  const double shard_ops = shards ? (s.model.moe.enabled() ? 8 : 4) : 0;
+  const double per_layer = 2 * (2 * pieces - 1) + z3_ops + shard_ops + recompute_ops +
+                           (sp ? 1 : 0) + (kv_grad_values(s) > 0 ? 1 : 0) + moe_ops;
   // Per micro-batch at most 10 more (data, embedding or receive, head or send, ZeRO's blocking
   // collectives, the extra prefetch); per step at most one DDP bucket per segment and 10 more
   // (zero_grad, ZeRO 3's start gathers, tied-embedding all-reduce, optimizer, all-gather, loss).
@@ -377,7 +390,7 @@ double workload_ops_bound(const Scenario& s, int steps) {
   const double offload = s.zero.offload_optimizer != "none" ? 5.0 * kMaxOffloadChunks * ranges : 0;
   const double per_step = m * (per_stage * per_layer + (10 + (sp ? 4 : 0)) * chunks_per_stage(s)) +
                           (per_stage + 2) * (s.model.moe.enabled() ? 2 : 1) + 10 + zero_buckets +
-                          offload;
+                          offload + (shards ? 4 : 0);
   return double(std::max(1, steps)) * per_step;
 }
 
@@ -508,7 +521,8 @@ class StageBuilder {
         zero_rs_(s.parallel.dp > 1 && (s.parallel.zero == 1 || s.parallel.zero == 2) &&
                  s.zero.overlap_grad_reduce),
         prog_(prog),
-        b_(prog, names) {
+        b_(prog, names),
+        offload_params_(device_offload_params(s, cost.profile().offload)) {
     ranks_per_node_ = std::max(1, opt.ranks_per_node);
     prog_.stage = stage;
     prog_.layers = per_stage_;
@@ -791,12 +805,20 @@ class StageBuilder {
   // block ahead), and one reduce-scatter per segment as its backward completes. An MoE block's
   // experts are a segment of their own over the edp group, gathered and scattered right after the
   // block's (none when edp is one rank: the runtime copies). Returns the later of the two.
+  // With offload_params on a device each gather waits for its shard's upload (stage_shard).
   uint32_t z3_gather(PhaseKind ph, int mb, int segment, uint32_t after) {
+    const size_t k = staging_slot(segment);
+    const uint32_t up = offload_params_ ? stage_shard(ph, mb, segment, k, after) : kNone;
     const uint32_t op =
         dp_coll(names::kZeroAllGather, traces::CollOp::AllGather,
-                padded(segment_params(segment)) * prec_.param_bytes, ph, mb, segment, {after});
-    return z3_experts(names::kZeroAllGather, traces::CollOp::AllGather, prec_.param_bytes, ph, mb,
-                      segment, op);
+                padded(segment_params(segment)) * prec_.param_bytes, ph, mb, segment, {after, up});
+    if (offload_params_) staging_[k].gather = op;
+    const bool experts = offload_params_ && k < 2 && has_expert_gather(segment);
+    const uint32_t eup = experts ? stage_shard(ph, mb, segment, 4 + k, after) : kNone;
+    const uint32_t e = z3_experts(names::kZeroAllGather, traces::CollOp::AllGather,
+                                  prec_.param_bytes, ph, mb, segment, op, eup);
+    if (experts) staging_[4 + k].gather = e;
+    return e;
   }
   uint32_t z3_scatter(int mb, int segment, uint32_t after) {
     uint32_t op = dp_coll(names::kDpReduceScatter, traces::CollOp::ReduceScatter,
@@ -808,14 +830,62 @@ class StageBuilder {
     if (experts != op) grad_ops_.push_back(experts);
     return experts;
   }
+  bool has_expert_gather(int segment) const {
+    return edp_ > 1 && segment >= 0 && segment < L_ && is_moe(segment);
+  }
   uint32_t z3_experts(std::string_view n, traces::CollOp c, int64_t elem_bytes, PhaseKind ph,
-                      int mb, int segment, uint32_t after) {
-    if (edp_ <= 1 || segment < 0 || segment >= L_ || !is_moe(segment)) return after;
+                      int mb, int segment, uint32_t after, uint32_t upload = kNone) {
+    if (!has_expert_gather(segment)) return after;
     const int64_t n_edp =
         int64_t(model::zero_partition(size_t(expert_block_params_), 0, edp_).padded());
     return b_.add(comm(n, traces::SpanKind::Collective, c, kStreamDp, GroupRole::EDP,
                        n_edp * elem_bytes, seq_edp_++, ph, mb, segment),
-                  {after});
+                  {after, upload});
+  }
+
+  // zero.offload_params on a device (workload.hpp device_offload_params): the runtime's staging
+  // slot of a segment's gather (zero3_slot; 4 + it for an MoE block's experts).
+  size_t staging_slot(int segment) const {
+    if (segment < 0) return 2;
+    if (segment >= L_) return 3;
+    return size_t((segment - first_layer_) & 1);
+  }
+  // The shard's elements of staging slot k holding `segment`: ceil(n / dp), the experts' over edp.
+  int64_t staged_elems(int segment, size_t k) const {
+    if (k >= 4) return int64_t(model::zero_partition(size_t(expert_block_params_), 0, edp_).shard);
+    return padded(segment_params(segment)) / dp_;
+  }
+  // A Memcpy of a staged shard: 4 bytes per element at `bytes_per_s`, on `queue`.
+  uint32_t shard_copy(std::string_view n, int queue, int64_t elems, double bytes_per_s,
+                      PhaseKind ph, int mb, int segment, const std::vector<uint32_t>& after) {
+    const double bytes = kDeviceShardBytesPerParam * double(elems);
+    Op op = comm(n, traces::SpanKind::Memcpy, traces::CollOp::None, queue, GroupRole::None,
+                 int64_t(bytes), -1, ph, mb, segment);
+    op.duration_ns = offload_io_ns(bytes, bytes_per_s);
+    return b_.add(op, after);
+  }
+  // The file's read of `segment`'s shard into slot k's host staging, issued at `after`: after the
+  // slot's last upload (the host waits for it before refilling the pinned buffer).
+  void read_shard(PhaseKind ph, int mb, int segment, size_t k, uint32_t after) {
+    Staging& st = staging_[k];
+    const double rd = cost_.profile().offload.nvme_read_bytes_per_s / ranks_per_node_;
+    st.read = shard_copy(names::kOffloadRead, kStreamOffloadIo, staged_elems(segment, k), rd, ph,
+                         mb, segment, {after, st.upload});
+    st.segment = segment;
+  }
+  // The upload before the gather of `segment` from slot k: its read (now, unless the slot's host
+  // staging holds the shard already; the experts' always), after the slot's last gather.
+  uint32_t stage_shard(PhaseKind ph, int mb, int segment, size_t k, uint32_t after) {
+    Staging& st = staging_[k];
+    if (st.segment != segment || k >= 4) read_shard(ph, mb, segment, k, after);
+    st.upload = shard_copy(names::kOffloadH2D, names::kStreamOffload, staged_elems(segment, k),
+                           host_link_share(), ph, mb, segment, {st.read, st.gather});
+    return st.upload;
+  }
+  // The read-ahead of the runtime's z3_bind_block: block `ahead`'s shard (one after next) into the
+  // slot of the block `bound` just bound, issued at `after`.
+  void prefetch_shard(PhaseKind ph, int mb, int bound, int ahead, uint32_t after) {
+    if (offload_params_) read_shard(ph, mb, ahead, staging_slot(bound), after);
   }
 
   std::vector<PipelinePass> pass_order() const {
@@ -840,6 +910,8 @@ class StageBuilder {
     // (the previous step's ZeRO all-gather and pp.loss, ZeRO 1/2 reductions, ZeRO 3's end of backward).
     blocker_ = {zero_grad};
     if (par_.zero == 3) {
+      // offload_params: the optimizer wrote new shards; no staging holds a current one.
+      for (Staging& st : staging_) st.segment = -99;
       // The embedding and the final LayerNorm: gathered once a step, before any pass (blocking).
       uint32_t after = zero_grad;
       if (has_embed_segment_) after = z3_gather(PhaseKind::None, -1, -1, after);
@@ -889,6 +961,7 @@ class StageBuilder {
         const uint32_t this_gather = gathered;
         // Prefetch of the next block, issued once this one's gather is waited for.
         gathered = l + 1 < l1 ? z3_gather(PhaseKind::Forward, mb, l + 1, prev) : kNone;
+        if (l + 2 < l1) prefetch_shard(PhaseKind::Forward, mb, l, l + 2, prev);
         prev = forward_block(mb, l, {prev, this_gather});
       } else {
         const auto g = gathers_for(l);
@@ -1112,6 +1185,7 @@ class StageBuilder {
         if (l == l1 - 1) gathered = z3_gather(PhaseKind::Backward, mb, l, prev);
         const uint32_t this_gather = gathered;
         gathered = l - 1 >= l0 ? z3_gather(PhaseKind::Backward, mb, l - 1, prev) : kNone;
+        if (l - 2 >= l0) prefetch_shard(PhaseKind::Backward, mb, l, l - 2, prev);
         // The block's gradient buffer is the one of the block two layers up: its scatter first.
         const uint32_t buffer_free = l + 2 < l1 ? rs_of_layer[l + 2 - l0] : kNone;
         const uint32_t rc = recompute_ops(mb, l, {prev, this_gather});
@@ -1400,7 +1474,7 @@ class StageBuilder {
     const OffloadLinks& links = cost_.profile().offload;
     const double rd = links.nvme_read_bytes_per_s / ranks_per_node_;
     const double wr = links.nvme_write_bytes_per_s / ranks_per_node_;
-    const double link = host_link_share(), file = kDeviceNvmeBytesPerParam;
+    const double link = host_link_share(), file = device_nvme_file_bytes(s_);
     const int io = kStreamOffloadIo, cp = names::kStreamOffload;
     std::vector<uint32_t> reads{offload_copy(names::kOffloadRead, io, chunks, 0, file, rd, deps)};
     std::vector<uint32_t> downs;
@@ -1415,8 +1489,12 @@ class StageBuilder {
         downs.push_back(
             offload_copy(names::kOffloadD2H, cp, chunks, j, prec_.grad_bytes, link, issued));
       const uint32_t step = host_step(chunks, i, {downs[i], reads[i]});
-      ends = {offload_copy(names::kOffloadH2D, cp, chunks, i, prec_.param_bytes, link, {step}),
-              offload_copy(names::kOffloadWrite, io, chunks, i, file, wr, {step})};
+      // offload_params: the file holds the updated shard, nothing goes up.
+      const uint32_t up = offload_params_ ? kNone
+                                          : offload_copy(names::kOffloadH2D, cp, chunks, i,
+                                                         prec_.param_bytes, link, {step});
+      const uint32_t write = offload_copy(names::kOffloadWrite, io, chunks, i, file, wr, {step});
+      ends = up == kNone ? std::vector<uint32_t>{write} : std::vector<uint32_t>{up, write};
     }
     return ends;
   }
@@ -1485,6 +1563,14 @@ class StageBuilder {
   size_t next_bucket_ = 0;  // DDP buckets issued so far this step
   bool is_moe(int layer) const { return model::moe::is_moe_block(s_.model.moe, layer); }
   std::vector<uint32_t> blocker_;
+  // zero.offload_params on a device: per staging slot the segment its host buffer holds (-99:
+  // none) and the slot's last read, upload and gather.
+  struct Staging {
+    int segment = -99;
+    uint32_t read = kNone, upload = kNone, gather = kNone;
+  };
+  const bool offload_params_;
+  std::array<Staging, 6> staging_{};
 };
 
 }  // namespace

@@ -11,7 +11,9 @@
 //    checkpoint every 2, resumed from step 2, gives the uninterrupted run's last two losses and
 //    final parameters bit for bit (fp32: the same kernels in the same order), and the checkpoint
 //    written on the GPU resumes on the CPU with losses within 1e-4 relative.
-// Suites are named Gpu*: they need a device and skip with the reason without one.
+// Suites are named Gpu*: they need a device and skip with the reason without one. Without one,
+// CudaCompression checks that dp2 gradient compression gets as far as the device check (and that
+// tp, pp and MoE blocks with it are refused on a device).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -23,6 +25,7 @@
 #include <tuple>
 #include <vector>
 
+#include "orrery/common/error.hpp"
 #include "orrery/runtime/checkpoint.hpp"
 #include "orrery/runtime/cuda/gpu_run.hpp"
 #include "orrery/runtime/cuda/trainer.hpp"
@@ -313,6 +316,49 @@ TEST(GpuTraining, RunRankResumes) {
   EXPECT_EQ(r.steps[0].loss, full[2]);
   EXPECT_EQ(r.steps[1].loss, full[3]);
   std::filesystem::remove_all(dir);
+}
+
+// No device needed: dp2 with each compression scheme, ZeRO 0 and 1, is accepted on device cuda up to
+// the device check (launch.cpp no longer refuses parallel.grad_compression there), whose message
+// names runtime.device; with tp 2, pp 2 or MoE blocks the compression key is refused first (on a
+// device the hook runs with data parallelism only).
+TEST(CudaCompression, EverySchemeGetsAsFarAsTheDeviceCheck) {
+  if (device_count() > 0) GTEST_SKIP() << "a device is present: the no-device path is not taken";
+  Scenario s = tiny_scenario();
+  s.runtime.device = "cuda";
+  s.parallel.dp = 2;
+  for (const char* scheme : {"int8", "topk", "powersgd"}) {
+    for (const int zero : {0, 1}) {
+      s.parallel.grad_compression = scheme;
+      s.parallel.zero = zero;
+      SCOPED_TRACE(std::string(scheme) + ", zero " + std::to_string(zero));
+      try {
+        check_supported_on_device(s);
+        ADD_FAILURE() << "accepted without a device";
+      } catch (const InputError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("key 'runtime.device'"), std::string::npos) << what;
+        EXPECT_EQ(what.find("grad_compression"), std::string::npos) << what;
+      }
+    }
+  }
+  s.parallel.zero = 0;
+  for (const char* layout : {"tp", "pp", "moe"}) {
+    Scenario t = s;
+    if (std::string(layout) == "tp") t.parallel.tp = 2;
+    if (std::string(layout) == "pp") t.parallel.pp = 2;
+    if (std::string(layout) == "moe") {
+      t.model.moe.experts = 4;
+      t.model.moe.expert_ffn_hidden = 96;
+    }
+    try {
+      check_supported_on_device(t);
+      ADD_FAILURE() << layout << " with compression accepted on device cuda";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("key 'parallel.grad_compression'"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace

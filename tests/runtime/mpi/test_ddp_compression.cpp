@@ -5,7 +5,10 @@
 // uncompressed warm-up); PowerSGD reproduces a rank-r gradient; each scheme's loss after 40 steps
 // (5 of warm-up) on the synthetic source is within 2 % of the uncompressed run's; dp replicas stay
 // bit-identical with ZeRO 1, tp 2 and pp 2. int8 and top-k conserve bit for bit; PowerSGD up to
-// the fp32 rounding of residual = e - P Qᵀ.
+// the fp32 rounding of residual = e - P Qᵀ. The training loop's device path (a backend whose
+// arrays are not host memory: ../host_device_backend.hpp, the CPU kernels with kHostMemory false)
+// runs each scheme through the hook's host copy and gives the CPU trainer's losses, parameters and
+// ddp.* spans (names, steps, layers, bytes) exactly, with ZeRO 0 and 1, on 2 ranks.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -15,8 +18,10 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "../host_device_backend.hpp"
 #include "mpi_env.hpp"
 #include "orrery/profiler/recorder.hpp"
 #include "orrery/runtime/compression.hpp"
@@ -25,6 +30,8 @@
 #include "orrery/traces/store.hpp"
 
 namespace orrery::runtime {
+extern template class TrainingLoop<testing::HostDeviceBackend>;  // test_offload_mpi.cpp
+
 namespace {
 
 using testing::world;
@@ -320,6 +327,74 @@ INSTANTIATE_TEST_SUITE_P(Layouts, CompressedGrid,
                                            Grid{4, 1, 1, 1, "topk"}, Grid{2, 2, 1, 0, "int8"},
                                            Grid{2, 2, 1, 1, "powersgd"}, Grid{2, 1, 2, 0, "topk"},
                                            Grid{2, 1, 2, 1, "int8"}));
+
+// One rank's run: losses, parameters and its ddp.* spans as (name, kind, step, micro-batch, layer,
+// bytes), sorted (the comm thread's and the compute thread's spans interleave by timing only).
+struct ProfiledRun {
+  std::vector<float> losses, params;
+  std::vector<std::tuple<std::string, int, int32_t, int32_t, int32_t, int64_t>> ddp_spans;
+  bool staged = false;  // the hook works on a host copy (the device path)
+};
+
+template <class T>
+ProfiledRun run_profiled(const Scenario& s, const std::string& path) {
+  ProfiledRun out;
+  {
+    traces::TraceWriter writer(path);
+    profiler::Recorder rec(&writer, world().rank());
+    world().set_recorder(&rec);
+    T t(s, world(), &rec);
+    out.staged = t.ddp().compression() != nullptr && t.ddp().compression()->staged();
+    t.prepare();
+    for (int i = 0; i < s.training.steps; ++i) out.losses.push_back(t.step().loss);
+    out.params = t.parameters();
+    world().synchronize();
+    world().set_recorder(nullptr);
+    rec.flush();
+    writer.close();
+  }
+  const traces::Trace tr = traces::load_trace(path);
+  std::remove(path.c_str());
+  for (const auto& sp : tr.spans) {
+    const std::string name = tr.name_of(sp);
+    if (name.rfind("ddp.", 0) != 0) continue;
+    out.ddp_spans.emplace_back(name, static_cast<int>(sp.kind), sp.step, sp.micro_batch, sp.layer,
+                               sp.bytes);
+  }
+  std::sort(out.ddp_spans.begin(), out.ddp_spans.end());
+  return out;
+}
+
+// The device path of the training loop with each scheme (one uncompressed warm-up step), ZeRO 0
+// and 1, against the CPU trainer: the same losses and parameters bit for bit, and the same ddp.*
+// spans, the compressed collectives' wire bytes and "ddp.compress" / "ddp.decompress" included.
+TEST_P(Compressed, DevicePathEqualsTheCpuTrainerBitForBit) {
+  if (world().size() != 2) GTEST_SKIP() << "runs on 2 ranks (CI time)";
+  const CompressionScheme scheme = GetParam();
+  for (const int zero : {0, 1}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    Scenario s = tiny(2, 3);
+    s.parallel.zero = zero;
+    s.parallel.grad_compression = scheme_name(scheme);
+    s.compression.powersgd_rank = 2;
+    s.compression.topk_ratio = 0.05;
+    s.compression.start_step = 1;
+    const std::string path = ::testing::TempDir() + "comp18_device_" + std::to_string(::getppid()) +
+                             "_rank" + std::to_string(world().rank()) + ".db";
+    const ProfiledRun cpu = run_profiled<Trainer>(s, path);
+    const ProfiledRun dev = run_profiled<testing::HostDeviceLoop>(s, path);
+    EXPECT_FALSE(cpu.staged);
+    EXPECT_TRUE(dev.staged);
+    EXPECT_EQ(dev.losses, cpu.losses);
+    ASSERT_EQ(dev.params.size(), cpu.params.size());
+    EXPECT_EQ(0, std::memcmp(dev.params.data(), cpu.params.data(), cpu.params.size() * 4));
+    EXPECT_EQ(dev.ddp_spans, cpu.ddp_spans);
+    // The comparison is of compressed runs: steps 1 and 2 compress (a compress span per bucket).
+    int compress = 0;
+    for (const auto& sp : cpu.ddp_spans) compress += std::get<0>(sp) == "ddp.compress" ? 1 : 0;
+    EXPECT_GE(compress, 2 * 3);
+  }
+}
 
 }  // namespace
 }  // namespace orrery::runtime

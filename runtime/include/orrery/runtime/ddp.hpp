@@ -22,7 +22,8 @@
 // Gradient compression (parallel.grad_compression, ddp_compression.hpp): enable_compression()
 // installs a CompressionHook; from compression.start_step on, a bucket's all-reduce is the hook's
 // collectives instead (int8 / top-k all-gathers started as the bucket completes and decompressed in
-// finish_backward; PowerSGD's all-reduces run when the bucket completes). Host arrays only.
+// finish_backward; PowerSGD's all-reduces run when the bucket completes). On a device the hook
+// works on a host copy of the gradients over the dp group's host communicator (GradStaging).
 #pragma once
 
 #include <cstddef>
@@ -92,10 +93,13 @@ class DataParallel {
   ~DataParallel();
 
   // Compresses the buckets' reduction from opt.start_step on (a no-op for scheme none or a dp
-  // group of one). `matrices`: the gradients PowerSGD may compress (grad_matrices). `grads` must be
-  // host memory. `rec` may be null.
+  // group of one). `matrices`: the gradients PowerSGD may compress (grad_matrices). `rec` may be
+  // null. Host arrays: `staging` null, the hook's collectives over `dp`. Device arrays: `staging`
+  // copies each bucket to and from the hook's host copy, and `host_dp` (the dp group's host
+  // communicator, of dp's ranks) carries its collectives.
   void enable_compression(const CompressionOptions& opt, const std::vector<GradMatrix>& matrices,
-                          profiler::Recorder* rec);
+                          profiler::Recorder* rec, const GradStaging* staging = nullptr,
+                          Communicator* host_dp = nullptr);
   // The hook (null without compression) and whether step `step`'s reduction is compressed.
   const CompressionHook* compression() const { return hook_.get(); }
   CompressionHook* compression() { return hook_.get(); }
@@ -123,9 +127,11 @@ class DataParallel {
   void broadcast_parameters();
 
   // Bytes of communication buffers DDP holds beyond the gradients (0: buckets are views).
-  // (0 uncompressed: buckets are views; with compression the hook's residuals and wire buffers).
+  // (0 uncompressed: buckets are views; with compression the hook's residuals and wire buffers,
+  // which on a device are host memory and so not counted here: the arrays here are the device's).
   size_t comm_buffer_bytes() const {
-    return (hook_ ? hook_->buffer_bytes() : 0) + wire16_.size() * sizeof(uint16_t);
+    return (hook_ && !hook_->staged() ? hook_->buffer_bytes() : 0) +
+           wire16_.size() * sizeof(uint16_t);
   }
 
  private:

@@ -2,7 +2,15 @@
 // model users know): with parallel.grad_compression = int8 | topk | powersgd, each DDP bucket's
 // fp32 all-reduce on the dp group is replaced by the scheme's collectives once the step reaches
 // compression.start_step (the steps before are uncompressed warm-up, as PowerSGD's
-// start_powerSGD_iter). Host memory only (the CPU device); the kernels are compression.hpp's.
+// start_powerSGD_iter). The kernels are compression.hpp's and run on the host: on the CPU over the
+// gradients in place; on a device (GradStaging) over a host copy, a correctness-first hook as
+// PyTorch's comm hooks can be: each bucket is downloaded into the host copy before it is compressed,
+// the collectives go over the dp group's host communicator (MPI), and the average is uploaded
+// after it is decompressed. The arithmetic is the CPU's, so a device run's averaged gradients are
+// the CPU run's bit for bit; the price is PCIe traffic and host time (the copies are inside the
+// "ddp.compress" / "ddp.decompress" spans), and a bucket's download waits for the compute stream,
+// so the host stops queueing the backward while it compresses. On a device it runs with data
+// parallelism only (launch.cpp says why).
 //
 // Error feedback is always on: per bucket a residual array (the bucket's size) keeps what a step
 // could not send; the next step compresses e = g + residual, and sent + residual == e.
@@ -36,6 +44,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -79,12 +88,22 @@ std::vector<GradMatrix> grad_matrices(const Gpt& model);
 std::size_t compressed_bucket_bytes(const CompressionOptions& opt, const ParamRange& bucket,
                                     const std::vector<GradMatrix>& matrices);
 
+// The device path: the gradients are not host memory. `download` / `upload` copy n floats between
+// the host copy and the device array, synchronously (the backend's download / upload: the download
+// after every queued kernel, so the bucket's gradients are complete).
+struct GradStaging {
+  std::function<void(float* host, const float* device, std::size_t n)> download;
+  std::function<void(float* device, const float* host, std::size_t n)> upload;
+};
+
 class CompressionHook {
  public:
-  // `grads`: the host flat gradient array the buckets index; `dp` of size > 1; `rec` may be null.
+  // `grads`: the flat gradient array the buckets index, host memory unless `staging` (then the
+  // device's, reached only through staging's copies); `dp`: a host communicator of size > 1;
+  // `rec` may be null.
   CompressionHook(const CompressionOptions& opt, const std::vector<DdpBucket>& buckets,
                   const std::vector<GradMatrix>& matrices, float* grads, Communicator& dp,
-                  profiler::Recorder* rec);
+                  profiler::Recorder* rec, const GradStaging* staging = nullptr);
   ~CompressionHook();
   CompressionHook(const CompressionHook&) = delete;
   CompressionHook& operator=(const CompressionHook&) = delete;
@@ -110,8 +129,11 @@ class CompressionHook {
   std::size_t q_elems() const;
   void get_state(std::vector<float>& residuals, std::vector<float>& q) const;
   void set_state(const std::vector<float>& residuals, const std::vector<float>& q);
-  // Host bytes held beyond the gradients (residuals, wire buffers, PowerSGD's Q).
+  // Host bytes held beyond the gradients (residuals, wire buffers, PowerSGD's Q; with staging
+  // the host copy of the gradients too).
   std::size_t buffer_bytes() const;
+  // Whether the gradients are a device's, reached through GradStaging's copies.
+  bool staged() const { return device_grads_ != nullptr; }
 
  private:
   struct Bucket;
@@ -120,9 +142,14 @@ class CompressionHook {
   void run_powersgd(Bucket& st, const OpLabel& label);
   void finish_gathered(Bucket& st);
   void span(const char* name, const Bucket& st, int64_t bytes, int64_t start_ns) const;
+  void stage_in(const Bucket& st);   // staging: the bucket's device gradients into grads_
+  void stage_out(const Bucket& st);  // staging: the bucket's result back to the device
 
   CompressionOptions opt_;
-  float* grads_;
+  float* grads_;  // host memory: the gradients themselves, or with staging host_grads_
+  float* device_grads_ = nullptr;  // staging: the device's gradient array
+  GradStaging staging_;
+  std::vector<float> host_grads_;  // staging: (max bucket end) the host copy
   Communicator& dp_;
   profiler::Recorder* rec_;
   std::vector<Bucket> buckets_;

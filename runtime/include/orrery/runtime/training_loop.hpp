@@ -34,7 +34,9 @@
 // "ddp.topk_all_gather", or "ddp.powersgd_p" / "ddp.powersgd_q" per matrix and
 // "ddp.powersgd_vectors"), with Compute spans "ddp.compress" on the compute stream after the
 // bucket's last segment and "ddp.decompress" (int8 / top-k: after "bwd.embed"); under ZeRO 1 they
-// replace the step's "zero.reduce_scatter".
+// replace the step's "zero.reduce_scatter". On a device (not kHostMemory) the hook runs on a host
+// copy of each bucket (the backend's download / upload, inside those spans) and its collectives go
+// over the dp group's host communicator: the same spans, bytes and arithmetic as on the CPU.
 //
 // Compute spans carry the model FLOPs of model/flops.hpp, step, micro-batch and layer. Before step 0 the
 // comm stream holds "ddp.broadcast_parameters" (broadcast) and "barrier". Counters, sampled at
@@ -218,6 +220,7 @@ class TrainingLoop : public RankTrainer {
   // NVMe offload: the set-up (planes: 2 moments, 3 with ZeRO 3's parameters) and the checkpoint
   // copies of the file's planes.
   void make_optimizer_state(std::size_t moments, bool zero);
+  void enable_compression();  // parallel.grad_compression: DDP's hook (host copy on a device)
   void make_offload(std::size_t moments);
   void offload_shards(std::size_t shard_elems);  // zero.offload_params: the shards to the file
   void read_offload_state();

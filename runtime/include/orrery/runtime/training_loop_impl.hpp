@@ -205,21 +205,7 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
                                           model_->grads.data(), model_->params.data(), 0,
                                           L.ep > 1 ? dev_.edp : dev_.dp, eopt);
   }
-  if (s_.parallel.grad_compression != "none") {
-    // The compression hooks work on host memory (launch.cpp refuses other devices first).
-    if constexpr (!B::kHostMemory) {
-      throw InputError(loop_detail::origin_of(s_) + ": key 'parallel.grad_compression': '" +
-                       s_.parallel.grad_compression +
-                       "' is implemented on runtime.device cpu only");
-    } else {
-      CompressionOptions c;
-      c.scheme = compression_scheme_of(s_.parallel.grad_compression);
-      c.powersgd_rank = s_.compression.powersgd_rank;
-      c.topk_ratio = s_.compression.topk_ratio;
-      c.start_step = s_.compression.start_step;
-      ddp_->enable_compression(c, grad_matrices(layout_of(*model_)), rec_);
-    }
-  }
+  if (s_.parallel.grad_compression != "none") enable_compression();
   source_ = make_token_source(s_.data.source, s_.data.path, cfg.vocab, s_.training.seed);
   loader_ = std::make_unique<DataLoader>(*source_, s_.model.seq, s_.training.micro_batch, L.dp_rank,
                                          L.dp, s_.training.seed);
@@ -251,6 +237,36 @@ TrainingLoop<B>::TrainingLoop(const Scenario& s, Communicator& world, profiler::
     ddp_->set_scatter_target(s_.parallel.zero == 2 ? zero_recv_.data() : zero_grads_.data());
   if (rec_ != nullptr) observer_ = std::make_unique<Observer>(rec_, backend_);
   backend_.synchronize();  // the model's upload is complete before any stream uses it
+}
+
+// parallel.grad_compression (ddp_compression.hpp): the hook on DDP's dense buckets. Its kernels run
+// on the host: on a device over a host copy of the gradients (the backend's download / upload) with
+// its collectives on the dp group's host communicator, the same arithmetic as the CPU's.
+template <class B>
+void TrainingLoop<B>::enable_compression() {
+  CompressionOptions c;
+  c.scheme = compression_scheme_of(s_.parallel.grad_compression);
+  c.powersgd_rank = s_.compression.powersgd_rank;
+  c.topk_ratio = s_.compression.topk_ratio;
+  c.start_step = s_.compression.start_step;
+  if constexpr (B::kHostMemory) {
+    ddp_->enable_compression(c, grad_matrices(layout_of(*model_)), rec_);
+  } else {
+    // Refused by check_supported_on_device (launch.cpp): other groups' host-staged collectives
+    // would share the process's MPI thread with the hook's during the backward.
+    if (layout_.tp > 1 || layout_.pp > 1 || layout_of(*model_).config.moe.enabled()) {
+      throw InputError(loop_detail::origin_of(s_) +
+                       ": key 'parallel.grad_compression': on a device with dp only (tp 1, pp 1, "
+                       "no MoE blocks)");
+    }
+    GradStaging staging;
+    staging.download = [this](float* h, const float* d, std::size_t n) {
+      backend_.download(h, d, n);
+    };
+    staging.upload = [this](float* d, const float* h, std::size_t n) { backend_.upload(d, h, n); };
+    ddp_->enable_compression(c, grad_matrices(layout_of(*model_)), rec_, &staging,
+                             groups_.dp.get());
+  }
 }
 
 // The optimizer's state of this rank: the AdamW moments of the `moments` elements it updates (in

@@ -42,7 +42,12 @@
 // offload_nvme_bytes = 8·u, and pinned host memory the fp32 master weights, the two gradient
 // staging buffers and the store's three chunk buffers of both moments: offload_host_bytes =
 // 4·u + 2·c·g + 3·2·c·4 (c as host offload's), 4u + 32c at fp32, as the CUDA runtime's
-// mem.offload_nvme and mem.offload_host count them.
+// mem.offload_nvme and mem.offload_host count them. With zero.offload_params (ZeRO 3; workload.hpp
+// device_offload_params) the file holds the fp32 shards too, offload_nvme_bytes = 12·u; no master
+// weights are pinned; the parameters are the runtime's device staging, k slots (4, 6 on a stage with
+// MoE experts) of the largest shard s (the segments' ceil(n / dp), the experts' ceil(e / edp)) in
+// fp32, parameters_bytes = 4·k·s; offload_host_bytes = 2·c·g + 3·3·c·4 + 4·k·s (the staging's
+// pinned twins), as tests/runtime/mpi/test_offload_mpi.cpp DeviceOffloadParams counts them.
 // Mixture of experts (model/moe.hpp, sim/moe_cost.hpp): Ψ is the dense parameters (the router and
 // shared experts in, the dense MLP of the MoE blocks out) under the formulas above over dp, plus
 // the local experts' Ψe = (E/ep) · one expert's tp slice per MoE block: parameters and gradients

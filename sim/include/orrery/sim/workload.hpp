@@ -254,12 +254,42 @@ void check_host_offload(const Scenario& s, const HardwareProfile& p);
 //   compute stream: "offload.adamw" i after download i and read i (host offload's time);
 //   upload i and write i after step i.
 // The range ends with its last upload (the compute stream waits for it) and its last write (the
-// host waits for every write before it goes on). With zero.offload_params nvme (the CUDA runtime
-// refuses it) the CPU path's model prices it, a what-if.
+// host waits for every write before it goes on). With zero.offload_params see
+// device_offload_params.
 bool device_nvme_offload(const Scenario& s, const OffloadLinks& links);
 // Bytes through the file per element on a device: the two fp32 moments (the master weights stay
 // in pinned host memory), at either precision.
 inline constexpr double kDeviceNvmeBytesPerParam = 8.0;
+
+// zero.offload_params nvme on a device (ZeRO 3 on a profile with a host link, the CUDA runtime's
+// path: training_loop_impl.hpp z3_shard / z3_prefetch_shard / z3_release_staging, cuda/host_offload.hpp
+// CudaShardStaging): ZeRO 3's parameter shards live in the file as fp32 (the third plane), so
+//  - before each segment's zero.fetch_layer (every gather: the step's embedding and final norm,
+//    each block's in the forward and again in the backward) its shard, ceil(n / dp) elements (an
+//    MoE block's experts ceil(e / edp)), is read from the file ("offload.read" on the I/O queue,
+//    kDeviceShardBytesPerParam x elements at the rank's share of the NVMe read bandwidth) into the
+//    host staging of the gather's working buffer, then uploaded ("offload.h2d" on the stream
+//    "offload", the same bytes at the rank's share of the host link) into its device staging, the
+//    gather's send buffer: the gather after its upload. A staging slot (zero3_slot's four, 0/1
+//    by block parity, 2 the embedding, 3 the final norm; 4/5 an MoE block's experts) takes its
+//    next read after its last upload and its next upload after its last gather. The blocks'
+//    shards are read one after next ahead (bound to block l, the read of l + 2 in the forward, l - 2
+//    in the backward, into l's slot); a shard still held in its slot's host staging (the first two
+//    gathers of a pass after the pass that staged them) is uploaded again without a read; the
+//    experts' shard is read at each gather (not modelled where edp is one rank: the simulator has
+//    no experts' gather there, and the runtime's read, upload and copy are left out). Nothing held
+//    survives the optimizer (the file's shards are new). Both copy streams of the runtime (the
+//    staging's and the optimizer's) are the simulator's queue "offload": their work never
+//    overlaps, the step's first gather waits for the optimizer's end;
+//  - the optimizer is the device's NVMe pipeline above with the parameters a third plane of the
+//    file (device_nvme_file_bytes: 12 bytes per element read and written) and no upload after the
+//    host step (the device holds no shard; the range ends with its last write).
+bool device_offload_params(const Scenario& s, const OffloadLinks& links);
+// The runtime's shards: fp32 in the file and in both stagings, at either precision.
+inline constexpr double kDeviceShardBytesPerParam = 4.0;
+// The device path's file bytes per updated element: the moments, plus the shards with
+// zero.offload_params (8 or 12).
+double device_nvme_file_bytes(const Scenario& s);
 
 struct Workload {
   Scenario scenario;
