@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "orrery/common/error.hpp"
@@ -90,33 +91,45 @@ std::vector<GlobalPiece> global_pieces(const StateRange& r, const std::vector<Fl
   return out;
 }
 
-// One file's entry, in the manifest and in the record each rank sends rank 0.
-json file_to_json(const CheckpointFile& f) {
-  json rs = json::array();
-  for (const auto& r : f.ranges) rs.push_back({{"offset", r.offset}, {"count", r.count}});
-  return {{"name", f.name},
-          {"bytes", f.bytes},
-          {"crc32c", hex32(f.crc32c)},
-          {"tp", f.tp},
-          {"pp", f.pp},
-          {"dp", f.dp},
-          {"flat_elems", f.flat_elems},
-          {"data_calls", f.data_calls},
-          {"ranges", rs}};
+// The fields every file entry has (CheckpointFile, CheckpointStateFile): its name, bytes, CRC32C and
+// the writer's coordinates.
+template <class File>
+json file_fields_to_json(const File& f) {
+  return {{"name", f.name}, {"bytes", f.bytes}, {"crc32c", hex32(f.crc32c)},
+          {"tp", f.tp},     {"pp", f.pp},       {"dp", f.dp}};
 }
 
-// Throws json exceptions on missing keys and wrong types; InputError naming `origin` otherwise.
-CheckpointFile file_from_json(const json& jf, const std::string& origin) {
-  CheckpointFile f;
+// Throws json exceptions on missing keys and wrong types; InputError naming `origin` and `key`
+// for a name that is not a plain file name.
+template <class File>
+void file_fields_from_json(const json& jf, const std::string& origin, const char* key, File& f) {
   f.name = jf.at("name").get<std::string>();
   if (f.name.empty() || f.name.find('/') != std::string::npos || f.name[0] == '.') {
-    throw InputError(origin + ": key 'files': file name '" + f.name + "' is not a plain name");
+    throw InputError(origin + ": key '" + key + "': file name '" + f.name +
+                     "' is not a plain name");
   }
   f.bytes = jf.at("bytes").get<uint64_t>();
   f.crc32c = static_cast<uint32_t>(std::stoul(jf.at("crc32c").get<std::string>(), nullptr, 16));
   f.tp = jf.at("tp").get<int>();
   f.pp = jf.at("pp").get<int>();
   f.dp = jf.at("dp").get<int>();
+}
+
+// One file's entry, in the manifest and in the record each rank sends rank 0.
+json file_to_json(const CheckpointFile& f) {
+  json rs = json::array();
+  for (const auto& r : f.ranges) rs.push_back({{"offset", r.offset}, {"count", r.count}});
+  json j = file_fields_to_json(f);
+  j["flat_elems"] = f.flat_elems;
+  j["data_calls"] = f.data_calls;
+  j["ranges"] = rs;
+  return j;
+}
+
+// Throws json exceptions on missing keys and wrong types; InputError naming `origin` otherwise.
+CheckpointFile file_from_json(const json& jf, const std::string& origin) {
+  CheckpointFile f;
+  file_fields_from_json(jf, origin, "files", f);
   f.flat_elems = jf.at("flat_elems").get<uint64_t>();
   f.data_calls = jf.at("data_calls").get<int64_t>();
   uint64_t total = 0;
@@ -129,6 +142,48 @@ CheckpointFile file_from_json(const json& jf, const std::string& origin) {
                      std::to_string(total) + " bytes but " + std::to_string(f.bytes) + " bytes");
   }
   return f;
+}
+
+// A compression state file's entry (the manifest's compression.files, and the rank's record).
+json state_file_to_json(const CheckpointStateFile& f) {
+  json j = file_fields_to_json(f);
+  j["residual_elems"] = f.residual_elems;
+  j["q_elems"] = f.q_elems;
+  return j;
+}
+
+CheckpointStateFile state_file_from_json(const json& jf, const std::string& origin) {
+  CheckpointStateFile f;
+  file_fields_from_json(jf, origin, "compression.files", f);
+  f.residual_elems = jf.at("residual_elems").get<uint64_t>();
+  f.q_elems = jf.at("q_elems").get<uint64_t>();
+  if (4 * (f.residual_elems + f.q_elems) != f.bytes) {
+    throw InputError(origin + ": key 'compression.files': '" + f.name + "' lists " +
+                     std::to_string(f.residual_elems + f.q_elems) + " float32 but " +
+                     std::to_string(f.bytes) + " bytes");
+  }
+  return f;
+}
+
+json compression_to_json(const CheckpointCompression& c) {
+  json files = json::array();
+  for (const auto& f : c.files) files.push_back(state_file_to_json(f));
+  return {{"scheme", c.scheme},
+          {"powersgd_rank", c.powersgd_rank},
+          {"topk_ratio", c.topk_ratio},
+          {"start_step", c.start_step},
+          {"file_layout",
+           "per file: residual_elems float32 error-feedback residuals (every DDP bucket, bucket "
+           "order), then q_elems float32 PowerSGD Q (little-endian)"},
+          {"files", files}};
+}
+
+void compression_from_json(const json& j, const std::string& origin, CheckpointCompression& c) {
+  c.scheme = j.at("scheme").get<std::string>();
+  c.powersgd_rank = j.at("powersgd_rank").get<int>();
+  c.topk_ratio = j.at("topk_ratio").get<double>();
+  c.start_step = j.at("start_step").get<int>();
+  for (const json& jf : j.at("files")) c.files.push_back(state_file_from_json(jf, origin));
 }
 
 }  // namespace
@@ -169,6 +224,12 @@ std::string manifest_to_json(const CheckpointManifest& m) {
   json files = json::array();
   for (const auto& f : m.files) files.push_back(file_to_json(f));
   j["files"] = files;
+  if (m.compression.scheme != "none") j["compression"] = compression_to_json(m.compression);
+  if (m.loss_scaler.recorded) {
+    j["loss_scaler"] = {{"scale", m.loss_scaler.scale},
+                        {"clean_steps", m.loss_scaler.clean_steps},
+                        {"skipped_steps", m.loss_scaler.skipped_steps}};
+  }
   return j.dump(1) + "\n";
 }
 
@@ -233,6 +294,16 @@ CheckpointManifest parse_manifest(const std::string& text, const std::string& or
     m.calls_per_epoch = d.at("calls_per_epoch").get<int64_t>();
     key = "files";
     for (const json& jf : j.at("files")) m.files.push_back(file_from_json(jf, origin));
+    if (j.contains("compression")) {
+      key = "compression";
+      compression_from_json(j.at("compression"), origin, m.compression);
+    }
+    if (j.contains("loss_scaler")) {
+      key = "loss_scaler";
+      const json& ls = j.at("loss_scaler");
+      m.loss_scaler = {true, ls.at("scale").get<double>(), ls.at("clean_steps").get<int>(),
+                       ls.at("skipped_steps").get<int64_t>()};
+    }
   } catch (const InputError&) {
     throw;
   } catch (const std::exception& e) {
@@ -290,6 +361,46 @@ WrittenFile write_file_atomic(const std::string& path, const std::vector<ConstPi
 
 // ---------------------------------------------------------------- verifying and finding
 
+namespace {
+// Checks that `name` in `step_dir` has the manifest's size and CRC32C; InputError otherwise.
+void verify_file(const std::string& step_dir, const std::string& name, uint64_t bytes,
+                 uint32_t crc32c_want, std::vector<char>& buf) {
+  const std::string p = (fs::path(step_dir) / name).string();
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw InputError("checkpoint '" + step_dir + "': file '" + name +
+                     "' named in the manifest is missing (" + errno_text() + ")");
+  }
+  struct stat st {};
+  ::fstat(fd, &st);
+  if (static_cast<uint64_t>(st.st_size) != bytes) {
+    ::close(fd);
+    throw InputError("checkpoint '" + step_dir + "': file '" + name + "' has " +
+                     std::to_string(st.st_size) + " bytes, the manifest says " +
+                     std::to_string(bytes) +
+                     (static_cast<uint64_t>(st.st_size) < bytes ? " (truncated)" : ""));
+  }
+  uint32_t crc = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      throw InputError("checkpoint '" + step_dir + "': cannot read '" + name +
+                       "': " + errno_text());
+    }
+    if (n == 0) break;
+    crc = crc32c(buf.data(), static_cast<std::size_t>(n), crc);
+  }
+  ::close(fd);
+  if (crc != crc32c_want) {
+    throw InputError("checkpoint '" + step_dir + "': file '" + name +
+                     "' fails its checksum (CRC32C " + hex32(crc) + ", the manifest says " +
+                     hex32(crc32c_want) + "): the file is damaged");
+  }
+}
+}  // namespace
+
 CheckpointManifest verify_checkpoint(const std::string& step_dir) {
   const std::string mpath = (fs::path(step_dir) / kManifest).string();
   std::error_code ec;
@@ -302,41 +413,8 @@ CheckpointManifest verify_checkpoint(const std::string& step_dir) {
   }
   CheckpointManifest m = parse_manifest(read_text(mpath), mpath);
   std::vector<char> buf(std::size_t{8} << 20);
-  for (const auto& f : m.files) {
-    const std::string p = (fs::path(step_dir) / f.name).string();
-    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      throw InputError("checkpoint '" + step_dir + "': file '" + f.name +
-                       "' named in the manifest is missing (" + errno_text() + ")");
-    }
-    struct stat st {};
-    ::fstat(fd, &st);
-    if (static_cast<uint64_t>(st.st_size) != f.bytes) {
-      ::close(fd);
-      throw InputError("checkpoint '" + step_dir + "': file '" + f.name + "' has " +
-                       std::to_string(st.st_size) + " bytes, the manifest says " +
-                       std::to_string(f.bytes) +
-                       (static_cast<uint64_t>(st.st_size) < f.bytes ? " (truncated)" : ""));
-    }
-    uint32_t crc = 0;
-    for (;;) {
-      const ssize_t n = ::read(fd, buf.data(), buf.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        ::close(fd);
-        throw InputError("checkpoint '" + step_dir + "': cannot read '" + f.name +
-                         "': " + errno_text());
-      }
-      if (n == 0) break;
-      crc = crc32c(buf.data(), static_cast<std::size_t>(n), crc);
-    }
-    ::close(fd);
-    if (crc != f.crc32c) {
-      throw InputError("checkpoint '" + step_dir + "': file '" + f.name +
-                       "' fails its checksum (CRC32C " + hex32(crc) + ", the manifest says " +
-                       hex32(f.crc32c) + "): the file is damaged");
-    }
-  }
+  for (const auto& f : m.files) verify_file(step_dir, f.name, f.bytes, f.crc32c, buf);
+  for (const auto& f : m.compression.files) verify_file(step_dir, f.name, f.bytes, f.crc32c, buf);
   return m;
 }
 
@@ -535,8 +613,89 @@ void CheckpointReader::read(int tp, int pp, Field field, uint64_t offset, uint64
   }
 }
 
-void restore_trainer(RankTrainer& trainer, const Scenario& s, const std::string& step_dir,
-                     const CheckpointManifest& m) {
+namespace {
+
+// `count` float32 from element `first` of the checkpoint's file `name` (verified before).
+std::vector<float> read_floats(const std::string& step_dir, const std::string& name, uint64_t first,
+                               uint64_t count) {
+  std::vector<float> out(count);
+  std::ifstream in(fs::path(step_dir) / name, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(first * sizeof(float)));
+  in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(count * sizeof(float)));
+  if (!in) throw InputError("checkpoint '" + step_dir + "': cannot read '" + name + "'");
+  return out;
+}
+
+// Why the checkpoint's compression state does not fit this run ("" when it does).
+std::string compression_mismatch(const CheckpointManifest& m, const Scenario& s) {
+  const CheckpointCompression& c = m.compression;
+  if (c.scheme == "none") {
+    return "the checkpoint holds no compression state (written with parallel.grad_compression "
+           "none or dp 1)";
+  }
+  if (c.scheme != s.parallel.grad_compression)
+    return "it was written with parallel.grad_compression " + c.scheme;
+  if (c.scheme == "powersgd" && c.powersgd_rank != s.compression.powersgd_rank)
+    return "it was written with compression.powersgd_rank " + std::to_string(c.powersgd_rank);
+  if (c.scheme == "topk" && c.topk_ratio != s.compression.topk_ratio)
+    return "it was written with compression.topk_ratio " + json(c.topk_ratio).dump();
+  if (m.dp != s.parallel.dp) {
+    return "it was written with parallel.dp " + std::to_string(m.dp) +
+           " (residuals are each rank's unsent part of its own data shard)";
+  }
+  return "";
+}
+
+// This rank's compression state from the checkpoint when it fits (checkpoint.hpp: Resuming);
+// otherwise the hook keeps its fresh state and a note says why.
+void restore_compression(RankTrainer& trainer, const Scenario& s, const std::string& step_dir,
+                         const CheckpointManifest& m, std::vector<std::string>& notes) {
+  const std::optional<CompressionState> now = trainer.compression_state();
+  if (!now) return;
+  const Layout& L = trainer.layout();
+  std::string why = compression_mismatch(m, s);
+  const CheckpointStateFile* file = nullptr;
+  for (const auto& f : m.compression.files) {
+    if (f.tp == L.tp_rank && f.pp == L.pp_rank && f.dp == L.dp_rank) file = &f;
+  }
+  if (why.empty() && file == nullptr) why = "it holds no state file for this rank";
+  if (why.empty() &&
+      (file->residual_elems != now->residuals.size() || file->q_elems != now->q.size())) {
+    why = "'" + file->name + "' holds " + std::to_string(file->residual_elems) + " residuals and " +
+          std::to_string(file->q_elems) + " Q values, this run's hook " +
+          std::to_string(now->residuals.size()) + " and " + std::to_string(now->q.size()) +
+          " (another bucket layout: parallel.bucket_mb or parallel.zero)";
+  }
+  if (!why.empty()) {
+    notes.push_back("checkpoint '" + step_dir +
+                    "': parallel.grad_compression: the error-feedback residuals start at zero" +
+                    (now->q.empty() ? "" : " and PowerSGD's Q from its seed") + ": " + why);
+    return;
+  }
+  CompressionState st;
+  st.residuals = read_floats(step_dir, file->name, 0, file->residual_elems);
+  st.q = read_floats(step_dir, file->name, file->residual_elems, file->q_elems);
+  trainer.restore_compression_state(st);
+}
+
+// fp16's loss scaler from the manifest; without one it starts at training.loss_scale.
+void restore_loss_scaler(RankTrainer& trainer, const std::string& step_dir,
+                         const CheckpointManifest& m, std::vector<std::string>& notes) {
+  if (!trainer.loss_scaler_state()) return;
+  const CheckpointLossScaler& ls = m.loss_scaler;
+  if (ls.recorded) {
+    trainer.restore_loss_scaler({ls.scale, ls.clean_steps, ls.skipped_steps});
+  } else {
+    notes.push_back("checkpoint '" + step_dir +
+                    "': runtime.precision fp16: the checkpoint holds no loss scaler state "
+                    "(written without fp16); the scale starts at training.loss_scale");
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> restore_trainer(RankTrainer& trainer, const Scenario& s,
+                                         const std::string& step_dir, const CheckpointManifest& m) {
   check_resume_compatible(m, s, s.path.empty() ? std::string("scenario") : s.path);
   const Layout& L = trainer.layout();
   const std::size_t elems = trainer.checkpoint_elems();  // global coordinates
@@ -567,6 +726,10 @@ void restore_trainer(RankTrainer& trainer, const Scenario& s, const std::string&
     calls = epoch * ld.calls_per_epoch() + within / ld.sequences_per_call();
   }
   trainer.restore_counters(m.step, m.adamw_steps, calls);
+  std::vector<std::string> notes;
+  restore_compression(trainer, s, step_dir, m, notes);
+  restore_loss_scaler(trainer, step_dir, m, notes);
+  return notes;
 }
 
 // ---------------------------------------------------------------- the session
@@ -576,7 +739,10 @@ struct CheckpointSession::Pending {
   int64_t adamw_steps = 0;  // at the snapshot (a background write completes a step later)
   std::string step_dir;
   CheckpointFile file;        // this rank's (name "" when it writes none)
-  std::vector<float> buffer;  // background: the snapshot
+  CheckpointStateFile state;  // its compression state file (name "" without compression)
+  CompressionState cstate;    // copied at the snapshot: the next step changes the hook's
+  std::optional<LossScalerState> scaler;  // at the snapshot (the same on every rank)
+  std::vector<float> buffer;              // background: the snapshot
   std::vector<ConstPiece> pieces;
   std::thread thread;
   std::exception_ptr error;
@@ -694,15 +860,39 @@ void CheckpointSession::snapshot_and_write() {
       }
     }
   }
+  p->scaler = trainer_.loss_scaler_state();
+  if (auto cs = trainer_.compression_state()) {
+    p->cstate = std::move(*cs);
+    const std::string name = "tp" + std::to_string(L.tp_rank) + "-pp" + std::to_string(L.pp_rank) +
+                             "-dp" + std::to_string(L.dp_rank) + ".compression.bin";
+    p->state = {name,
+                0,
+                0,
+                L.tp_rank,
+                L.pp_rank,
+                L.dp_rank,
+                p->cstate.residuals.size(),
+                p->cstate.q.size()};
+  }
   Pending* pp = p.get();
   auto write = [pp]() {
     try {
-      if (pp->file.name.empty()) return;
       const int64_t t0 = profiler::steady_now_ns();
-      const WrittenFile w =
-          write_file_atomic((fs::path(pp->step_dir) / pp->file.name).string(), pp->pieces);
-      pp->file.bytes = w.bytes;
-      pp->file.crc32c = w.crc32c;
+      if (!pp->state.name.empty()) {
+        const auto& cs = pp->cstate;
+        const WrittenFile w =
+            write_file_atomic((fs::path(pp->step_dir) / pp->state.name).string(),
+                              {{cs.residuals.data(), cs.residuals.size() * sizeof(float)},
+                               {cs.q.data(), cs.q.size() * sizeof(float)}});
+        pp->state.bytes = w.bytes;
+        pp->state.crc32c = w.crc32c;
+      }
+      if (!pp->file.name.empty()) {
+        const WrittenFile w =
+            write_file_atomic((fs::path(pp->step_dir) / pp->file.name).string(), pp->pieces);
+        pp->file.bytes = w.bytes;
+        pp->file.crc32c = w.crc32c;
+      }
       pp->write_ns = profiler::steady_now_ns() - t0;
     } catch (...) {
       pp->error = std::current_exception();
@@ -729,8 +919,11 @@ void CheckpointSession::complete(Pending& p) {
   if (p.thread.joinable()) p.thread.join();
   if (p.error) std::rethrow_exception(p.error);
   stats_.write_ns += p.write_ns;
-  std::string mine;
-  if (!p.file.name.empty()) mine = file_to_json(p.file).dump();
+  // This rank's record: {"file": ..., "state": ...}, each only when written ("" when neither).
+  json record = json::object();
+  if (!p.file.name.empty()) record["file"] = file_to_json(p.file);
+  if (!p.state.name.empty()) record["state"] = state_file_to_json(p.state);
+  const std::string mine = record.empty() ? std::string() : record.dump();
   const OpLabel label{"checkpoint.gather", -1, -1, -1};
   int64_t len = static_cast<int64_t>(mine.size());
   world_.all_reduce(&len, 1, DType::I64, ReduceOp::Max, label).wait();
@@ -768,10 +961,25 @@ void CheckpointSession::complete(Pending& p) {
                     all.begin() + static_cast<std::ptrdiff_t>(r + 1) * len);
     while (!rec.empty() && rec.back() == ' ') rec.pop_back();
     if (rec.empty()) continue;
-    CheckpointFile f =
-        file_from_json(json::parse(rec), "checkpoint record of rank " + std::to_string(r));
-    stats_.bytes += f.bytes;
-    m.files.push_back(std::move(f));
+    const json jr = json::parse(rec);
+    const std::string origin = "checkpoint record of rank " + std::to_string(r);
+    if (jr.contains("file")) {
+      m.files.push_back(file_from_json(jr.at("file"), origin));
+      stats_.bytes += m.files.back().bytes;
+    }
+    if (jr.contains("state")) {
+      m.compression.files.push_back(state_file_from_json(jr.at("state"), origin));
+      stats_.bytes += m.compression.files.back().bytes;
+    }
+  }
+  if (!m.compression.files.empty()) {
+    m.compression.scheme = s_.parallel.grad_compression;
+    m.compression.powersgd_rank = s_.compression.powersgd_rank;
+    m.compression.topk_ratio = s_.compression.topk_ratio;
+    m.compression.start_step = s_.compression.start_step;
+  }
+  if (p.scaler) {
+    m.loss_scaler = {true, p.scaler->scale, p.scaler->clean_steps, p.scaler->skipped_steps};
   }
   if (world_.rank() == 0) {
     const std::string text = manifest_to_json(m);

@@ -346,6 +346,45 @@ void CompressionHook::finish() {
   pending_.clear();
 }
 
+std::size_t CompressionHook::residual_elems() const {
+  std::size_t n = 0;
+  for (const auto& st : buckets_) n += st.residual.size();
+  return n;
+}
+
+std::size_t CompressionHook::q_elems() const {
+  std::size_t n = 0;
+  for (const auto& st : buckets_) {
+    for (const auto& q : st.q) n += q.size();
+  }
+  return n;
+}
+
+void CompressionHook::get_state(std::vector<float>& residuals, std::vector<float>& q) const {
+  residuals.clear();
+  q.clear();
+  for (const auto& st : buckets_) {
+    residuals.insert(residuals.end(), st.residual.begin(), st.residual.end());
+    for (const auto& qm : st.q) q.insert(q.end(), qm.begin(), qm.end());
+  }
+}
+
+void CompressionHook::set_state(const std::vector<float>& residuals, const std::vector<float>& q) {
+  if (residuals.size() != residual_elems() || q.size() != q_elems()) {
+    throw InternalError("CompressionHook::set_state: state of another layout");
+  }
+  const float* r = residuals.data();
+  const float* qs = q.data();
+  for (auto& st : buckets_) {
+    std::copy(r, r + st.residual.size(), st.residual.begin());
+    r += st.residual.size();
+    for (auto& qm : st.q) {
+      std::copy(qs, qs + qm.size(), qm.begin());
+      qs += qm.size();
+    }
+  }
+}
+
 const std::vector<float>& CompressionHook::residual(int bucket) const {
   return buckets_.at(static_cast<std::size_t>(bucket)).residual;
 }

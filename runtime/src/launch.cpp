@@ -365,7 +365,13 @@ RankRunResult run_rank(const Scenario& s, Communicator& world, const RankRunOpti
                                : opt.resume.empty()      ? std::string("checkpoints")
                                                     : fs::path(opt.resume).parent_path().string();
   CheckpointSession ckpt(s, trainer, world, &rec, ckpt_dir);
-  if (!opt.resume.empty()) restore_trainer(trainer, s, opt.resume, verify_checkpoint(opt.resume));
+  if (!opt.resume.empty()) {
+    // State the checkpoint could not give this run (checkpoint.hpp: Resuming), said once.
+    const auto notes = restore_trainer(trainer, s, opt.resume, verify_checkpoint(opt.resume));
+    for (const auto& n : notes) {
+      if (world.rank() == 0) std::fprintf(stderr, "orrery run: note: %s\n", n.c_str());
+    }
+  }
   trainer.prepare();
   session.start_steps(0);
   const int64_t loop_t0 = profiler::steady_now_ns();
@@ -430,22 +436,6 @@ void check_supported_on_device(const Scenario& s) {
   // parameter shards in the file (offload_params; on a device each shard is uploaded through pinned
   // memory before its gather). What the scenario refuses (offload_params without ZeRO 3 or without
   // offload_optimizer nvme, host offload on the CPU) it refused when it was read.
-  // Checkpoints hold parameters and AdamW moments, not the hooks' error-feedback residuals nor
-  // PowerSGD's Q: a resumed run would differ from the uninterrupted one, so not allowed yet.
-  if (s.parallel.grad_compression != "none" && s.checkpoint.every > 0) {
-    throw InputError(
-        (s.path.empty() ? std::string("scenario") : s.path) +
-        ": key 'checkpoint.every': checkpoints do not hold parallel.grad_compression's "
-        "error-feedback residuals yet, so a resumed run would differ from an "
-        "uninterrupted one; use checkpoint.every: 0 or grad_compression: none");
-  }
-  // Nor fp16's loss scaler (its scale and clean-step count): refused for the same reason.
-  if (precision_of(s.runtime) == Precision::FP16 && s.checkpoint.every > 0) {
-    throw InputError((s.path.empty() ? std::string("scenario") : s.path) +
-                     ": key 'checkpoint.every': checkpoints do not hold runtime.precision fp16's "
-                     "loss scale yet, so a resumed run would differ from an uninterrupted one; "
-                     "use checkpoint.every: 0 or precision bf16");
-  }
   const auto it = device_runners().find(device_of(s.runtime));
   if (it == device_runners().end()) {
     check_supported(s);

@@ -12,11 +12,22 @@
 //                           ep > 1: without ZeRO dp ranks 1..ep-1 also write their own experts;
 //                           under ZeRO 1/2 each rank writes its dense shard and its shard of its
 //                           experts over the expert-data-parallel group.
+//   tp<t>-pp<p>-dp<d>.compression.bin
+//                           with parallel.grad_compression (dp > 1), every rank: its DDP
+//                           compression hook's state, `residual_elems` float32 error-feedback
+//                           residuals (its own unsent part, every bucket in bucket order), then
+//                           `q_elems` float32 of PowerSGD's warm-started Q (the same on every dp
+//                           replica after its all-reduce, different per (tp, pp) shard). Listed
+//                           in the manifest's "compression" object with the scheme and its
+//                           parameters (powersgd_rank, topk_ratio, start_step).
 //   manifest.json           written last, by world rank 0, after every rank's file is on disk:
 //                           scenario, step, layout, model, AdamW step count, data position, seed,
 //                           and per file its name, bytes, CRC32C and ranges.
 // Every file is written as <name>.tmp, fsync'ed and renamed (then the directory is fsync'ed), so a
 // checkpoint without a manifest is partial, and a manifest names only complete files.
+//
+// fp16's dynamic loss scaler (loss_scaler.hpp) is the same on every rank (the overflow check is
+// global): its scale, clean-step count and skipped-step count are the manifest's "loss_scaler".
 //
 // RNG state: the runtime's random streams are counter-based (xoshiro256** seeded from (seed, stream
 // name, index): initialisation per tensor, the data permutation per epoch, each synthetic sequence
@@ -25,7 +36,15 @@
 // Resuming: every rank reads, for each stretch it needs (RankTrainer::state_to_load), the pieces of
 // whichever files hold it, so the data-parallel size, the ZeRO stage and parallel.ep may differ
 // from the run that wrote the checkpoint; tp, pp, the model (model.moe's experts included) and the
-// seed must be equal. The data position is
+// seed must be equal. The compression state is restored when the checkpoint's scheme, its
+// parameter (powersgd_rank or topk_ratio), dp and state sizes equal the run's; otherwise (another
+// dp, as an elastic restart on fewer ranks, or another scheme, or a checkpoint without the state)
+// the hook starts fresh (zero residuals, Q from its seed) and restore_trainer says so in its
+// notes: residuals are each rank's unsent part of its own data shard, which has no place in
+// another partition, and error feedback holds again from the first step on (sent + residual ==
+// gradient + residual), losing at most the one step's compression error the residuals held. The
+// loss scaler continues from the manifest's state; without one it starts at training.loss_scale.
+// The data position is
 // kept in global sequences: call c at G sequences per call becomes call c*G/G' (data.hpp; within
 // an epoch, which is where a run continues).
 #pragma once
@@ -74,6 +93,31 @@ struct CheckpointMoe {
   int experts = 0, top_k = 0, every = 0, first_dense = 0, expert_ffn_hidden = 0, shared_experts = 0;
 };
 
+// One rank's compression state file (file layout above).
+struct CheckpointStateFile {
+  std::string name;
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+  int tp = 0, pp = 0, dp = 0;
+  uint64_t residual_elems = 0, q_elems = 0;
+};
+
+// parallel.grad_compression of the writer (scheme "none": it held no compression state).
+struct CheckpointCompression {
+  std::string scheme = "none";
+  int powersgd_rank = 0;
+  double topk_ratio = 0;
+  int start_step = 0;
+  std::vector<CheckpointStateFile> files;
+};
+
+struct CheckpointLossScaler {
+  bool recorded = false;  // runtime.precision fp16
+  double scale = 1.0;
+  int clean_steps = 0;
+  int64_t skipped_steps = 0;
+};
+
 struct CheckpointManifest {
   std::string path;  // the manifest file it was parsed from ("" when built in memory)
   std::string scenario;
@@ -92,6 +136,8 @@ struct CheckpointManifest {
   int64_t sequences_per_call = 0;  // G = micro_batch * dp of the writer
   int64_t calls_per_epoch = 0;
   std::vector<CheckpointFile> files;
+  CheckpointCompression compression;
+  CheckpointLossScaler loss_scaler;
 };
 
 std::string manifest_to_json(const CheckpointManifest& m);
@@ -157,9 +203,10 @@ class CheckpointReader {
   CheckpointManifest m_;
 };
 
-// Restores a trainer of any device (before prepare()) from a verified checkpoint.
-void restore_trainer(RankTrainer& trainer, const Scenario& s, const std::string& step_dir,
-                     const CheckpointManifest& m);
+// Restores a trainer of any device (before prepare()) from a verified checkpoint. Returns notes
+// for the user (stderr): state the checkpoint could not give this run (see Resuming above).
+std::vector<std::string> restore_trainer(RankTrainer& trainer, const Scenario& s,
+                                         const std::string& step_dir, const CheckpointManifest& m);
 
 struct CheckpointStats {
   int saves = 0;

@@ -102,6 +102,7 @@ class DataParallel {
                           Communicator* host_dp = nullptr);
   // The hook (null without compression) and whether step `step`'s reduction is compressed.
   const CompressionHook* compression() const { return hook_.get(); }
+  CompressionHook* compression() { return hook_.get(); }
   bool compresses(int32_t step) const { return hook_ != nullptr && hook_->active(step); }
 
   const std::vector<DdpBucket>& buckets() const { return buckets_; }

@@ -122,6 +122,13 @@ class CompressionHook {
   const std::vector<float>& residual(int bucket) const;
   const std::vector<float>& sent(int bucket) const;
   std::size_t payload_bytes(int bucket) const;
+  // Checkpoints (checkpoint.hpp): the state a step carries to the next, as two arrays: every
+  // bucket's residual in bucket order, and PowerSGD's Q of every compressed matrix in bucket and
+  // memory order (empty for int8 and topk). set_state takes arrays of the same sizes.
+  std::size_t residual_elems() const;
+  std::size_t q_elems() const;
+  void get_state(std::vector<float>& residuals, std::vector<float>& q) const;
+  void set_state(const std::vector<float>& residuals, const std::vector<float>& q);
   // Host bytes held beyond the gradients (residuals, wire buffers, PowerSGD's Q; with staging
   // the host copy of the gradients too).
   std::size_t buffer_bytes() const;

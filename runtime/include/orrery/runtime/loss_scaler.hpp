@@ -10,6 +10,13 @@
 
 namespace orrery::runtime {
 
+// What a checkpoint keeps of a LossScaler (checkpoint.hpp: the manifest's loss_scaler).
+struct LossScalerState {
+  double scale = 1.0;
+  int clean_steps = 0;
+  int64_t skipped_steps = 0;
+};
+
 class LossScaler {
  public:
   LossScaler(double initial_scale, int window) : scale_(initial_scale), window_(window) {}
@@ -17,6 +24,13 @@ class LossScaler {
   double scale() const { return scale_; }
   int64_t skipped_steps() const { return skipped_; }
   int clean_steps() const { return clean_; }
+  LossScalerState state() const { return {scale_, clean_, skipped_}; }
+  // Continues from a checkpoint's state: the next update() is the one the saved run made next.
+  void restore(const LossScalerState& st) {
+    scale_ = st.scale;
+    clean_ = st.clean_steps;
+    skipped_ = st.skipped_steps;
+  }
 
   // After a step's overflow check (the same on every rank): true when the optimizer applies it.
   bool update(bool overflow) {

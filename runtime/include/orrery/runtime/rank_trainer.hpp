@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "orrery/runtime/comm.hpp"
 #include "orrery/runtime/data.hpp"
 #include "orrery/runtime/ddp.hpp"
+#include "orrery/runtime/loss_scaler.hpp"
 #include "orrery/runtime/model.hpp"
 
 namespace orrery::profiler {
@@ -66,6 +68,12 @@ struct StateRange {
   float* v = nullptr;
 };
 
+// The DDP compression hook's state a checkpoint keeps (ddp_compression.hpp: get_state).
+struct CompressionState {
+  std::vector<float> residuals;  // every bucket's error-feedback residual, in bucket order
+  std::vector<float> q;          // PowerSGD's warm-started Q of every compressed matrix
+};
+
 class RankTrainer {
  public:
   using MemoryBytes = runtime::MemoryBytes;
@@ -110,6 +118,13 @@ class RankTrainer {
   // Continues from a checkpoint: steps done, AdamW's step count, the loader's position (calls).
   // Call after the parameters and moments are in place and before prepare().
   virtual void restore_counters(int32_t steps_done, int64_t adamw_steps, int64_t data_calls) = 0;
+  // The gradient compression hook's state (nullopt: no hook, parallel.grad_compression none or a
+  // dp group of one) and the fp16 loss scaler's (nullopt: not fp16): copies, taken between steps.
+  virtual std::optional<CompressionState> compression_state() const = 0;
+  virtual std::optional<LossScalerState> loss_scaler_state() const = 0;
+  // Continue from a checkpoint's state (before prepare()); the sizes are compression_state()'s.
+  virtual void restore_compression_state(const CompressionState& st) = 0;
+  virtual void restore_loss_scaler(const LossScalerState& st) = 0;
 
   // The run's description in the trace (launch.hpp: run_rank): the device of this rank
   // (RankInfo::device), its peak FLOP/s (0: not known) and the backend's fields of the run

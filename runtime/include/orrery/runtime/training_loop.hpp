@@ -171,6 +171,14 @@ class TrainingLoop : public RankTrainer {
   int64_t adamw_steps() const override { return adam_steps_; }
   const DataLoader& loader() const override { return *loader_; }
   void restore_counters(int32_t steps_done, int64_t adamw_steps, int64_t data_calls) override;
+  std::optional<CompressionState> compression_state() const override;
+  std::optional<LossScalerState> loss_scaler_state() const override {
+    return scaler_ ? std::optional<LossScalerState>(scaler_->state()) : std::nullopt;
+  }
+  void restore_compression_state(const CompressionState& st) override;
+  void restore_loss_scaler(const LossScalerState& st) override {
+    if (scaler_) scaler_->restore(st);
+  }
 
   std::string device_description() const override { return backend_.device_description(); }
   double peak_flops_per_rank() const override { return backend_.peak_flops_per_rank(); }

@@ -788,6 +788,22 @@ void TrainingLoop<B>::restore_counters(int32_t steps_done, int64_t adamw_steps,
   loader_->seek(data_calls);
 }
 
+template <class B>
+std::optional<CompressionState> TrainingLoop<B>::compression_state() const {
+  const CompressionHook* hook =
+      ddp_ ? static_cast<const DataParallel&>(*ddp_).compression() : nullptr;
+  if (hook == nullptr) return std::nullopt;
+  CompressionState st;
+  hook->get_state(st.residuals, st.q);
+  return st;
+}
+
+template <class B>
+void TrainingLoop<B>::restore_compression_state(const CompressionState& st) {
+  CompressionHook* hook = ddp_ ? ddp_->compression() : nullptr;
+  if (hook != nullptr) hook->set_state(st.residuals, st.q);
+}
+
 // --- one step
 
 // MoE: DDP's hook also completes the experts' buckets; the all-to-alls over the ep group; the
