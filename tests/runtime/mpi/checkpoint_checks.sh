@@ -15,25 +15,9 @@
 set -uo pipefail
 ORRERY=$1
 WORK=$2
-rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-
-cat > tiny.yaml <<'EOF'
-name: tiny
-model: {layers: 2, d_model: 32, heads: 2, vocab: 64, seq: 16}
-training: {steps: 6, global_batch: 8, micro_batch: 2, seed: 7, lr: 1.0e-3, warmup_steps: 0}
-parallel: {dp: 2, bucket_mb: 0.01}
-runtime: {threads: 1}
-checkpoint: {every: 3}
-EOF
-
-run() {  # NAME ARGS... : orrery run tiny.yaml ARGS --json > NAME.json 2> NAME.err
-  local name=$1
-  shift
-  timeout 120 "$ORRERY" run tiny.yaml --json "$@" > "$name.json" 2> "$name.err"
-}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=tiny_run_checks.sh
+source "$HERE/tiny_run_checks.sh"
 # Python: losses of a run's JSON from its first step; the manifest's files by name.
 cat > check.py <<'EOF'
 import json, sys
